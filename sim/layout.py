@@ -1,0 +1,73 @@
+"""Rank layout: which global rank sits at which (pp, dp, cp, tp) coordinate of the device mesh.
+
+The plan's ``mesh_order`` lists the axes outermost first; the innermost axis varies fastest
+over consecutive global ranks (Megatron's default ``pp, dp, cp, tp`` keeps a TP group on
+consecutive GPUs of one node). The executor builds its DeviceMesh in the same order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from itertools import product
+
+from .plan import ParallelPlan
+
+
+@dataclass(frozen=True)
+class RankLayout:
+    plan: ParallelPlan
+
+    @property
+    def order(self) -> tuple[str, ...]:
+        return self.plan.mesh_order
+
+    @cached_property
+    def sizes(self) -> dict[str, int]:
+        p = self.plan
+        return {"pp": p.pp, "dp": p.dp, "cp": p.cp, "tp": p.tp}
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.sizes[a] for a in self.order)
+
+    @property
+    def world_size(self) -> int:
+        return self.plan.num_gpus
+
+    def coords(self, rank: int) -> dict[str, int]:
+        """Global rank -> {axis: index}."""
+        out: dict[str, int] = {}
+        for axis in reversed(self.order):
+            n = self.sizes[axis]
+            out[axis] = rank % n
+            rank //= n
+        return out
+
+    def rank(self, **coords: int) -> int:
+        r = 0
+        for axis in self.order:
+            r = r * self.sizes[axis] + coords.get(axis, 0)
+        return r
+
+    def group(self, rank: int, axis: str) -> tuple[int, ...]:
+        """The ranks that differ from ``rank`` only along ``axis`` (its TP/DP/PP/CP group)."""
+        c = self.coords(rank)
+        return tuple(self.rank(**{**c, axis: i}) for i in range(self.sizes[axis]))
+
+    def groups(self, axis: str) -> list[tuple[int, ...]]:
+        """All groups along ``axis``, each sorted, ordered by their first rank."""
+        seen: dict[tuple[int, ...], None] = {}
+        for r in range(self.world_size):
+            seen.setdefault(self.group(r, axis), None)
+        return sorted(seen)
+
+    def pipeline_rank(self, rank: int) -> int:
+        return self.coords(rank)["pp"]
+
+    def representative(self) -> list[int]:
+        """One rank per pipeline rank (dp = cp = tp = 0): what the default engine simulates."""
+        return [self.rank(pp=i) for i in range(self.plan.pp)]
+
+    def all_coords(self) -> list[dict[str, int]]:
+        return [dict(zip(self.order, idx)) for idx in product(*(range(s) for s in self.shape))]

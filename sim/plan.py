@@ -1,0 +1,199 @@
+"""ParallelPlan: how one training iteration is laid out over the GPUs, validated when checked
+against a model and a cluster.
+
+A plan is model-independent data (it is written to ``plan.json`` and read by the executor);
+``check_plan`` raises one `PlanError` naming the field and the fix for the first problem found.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from .errors import PlanError
+from .specs import ClusterSpec, ModelSpec
+
+#: Schedule names; ``none`` means no pipeline (pp = 1, plain gradient accumulation).
+SCHEDULES = ("none", "gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-1p", "zb-2p", "zb-v")
+#: Schedules whose stages are split into I (input grad) and W (weight grad).
+SPLIT_BACKWARD = frozenset({"zb-h1", "zb-h2", "zb-1p", "zb-2p", "zb-v"})
+RECOMPUTE = ("none", "selective", "full")
+PRECISIONS = ("bf16", "fp16", "fp8")
+AXES = ("pp", "dp", "cp", "tp")
+#: Megatron's default: pp outermost ... tp innermost (a TP group stays inside a node).
+DEFAULT_MESH_ORDER = ("pp", "dp", "cp", "tp")
+
+
+class ParallelPlan(BaseModel):
+    """One layout of a training iteration. Sizes multiply to the GPU count."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    dp: int = Field(1, ge=1, description="data-parallel size (replicas, or ZeRO shards)")
+    tp: int = Field(1, ge=1, description="tensor-parallel size (Megatron column/row split)")
+    pp: int = Field(1, ge=1, description="pipeline-parallel size (pipeline ranks)")
+    cp: int = Field(1, ge=1, description="context-parallel size (sequence split for attention)")
+    vpp: int = Field(1, ge=1, description="model chunks (stages) per pipeline rank")
+    micro_batch_size: int = Field(1, ge=1, description="sequences per micro-batch")
+    global_batch_size: int = Field(1, ge=1, description="sequences per iteration, all replicas")
+    schedule: str = Field("1f1b", description="pipeline schedule name")
+    zero: int = Field(0, ge=0, le=3, description="ZeRO stage: 1 optimizer, 2 +grads, 3 +params")
+    recompute: Literal["none", "selective", "full"] = "none"
+    sequence_parallel: bool = False
+    precision: Literal["bf16", "fp16", "fp8"] = "bf16"
+    flash_attention: bool = Field(True, description="attention scores are not stored (FlashAttention)")
+    mesh_order: tuple[str, ...] = Field(DEFAULT_MESH_ORDER, description="mesh axes, outermost first")
+    layer_split: tuple[int, ...] | None = Field(None, description="transformer layers per stage, pp*vpp entries")
+    allow_tp_across_nodes: bool = False
+
+    @field_validator("schedule")
+    @classmethod
+    def _known_schedule(cls, v: str) -> str:
+        if v not in SCHEDULES:
+            raise ValueError(f"unknown schedule {v!r}; use one of {', '.join(SCHEDULES)}")
+        return v
+
+    @field_validator("mesh_order")
+    @classmethod
+    def _mesh(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        if sorted(v) != sorted(AXES):
+            raise ValueError(f"mesh_order must be a permutation of {', '.join(AXES)}")
+        return tuple(v)
+
+    # --- derived values ---------------------------------------------------------------
+    @property
+    def num_gpus(self) -> int:
+        return self.dp * self.tp * self.pp * self.cp
+
+    @property
+    def num_microbatches(self) -> int:
+        return self.global_batch_size // (self.dp * self.micro_batch_size)
+
+    @property
+    def num_stages(self) -> int:
+        return self.pp * self.vpp
+
+    @property
+    def split_backward(self) -> bool:
+        return self.schedule in SPLIT_BACKWARD
+
+    @property
+    def zero_shards(self) -> int:
+        """ZeRO shards optimizer/grad/param state over dp x cp (Megatron's distributed optimizer)."""
+        return self.dp * self.cp
+
+    def stage_layers(self, num_layers: int) -> tuple[int, ...]:
+        """Transformer layers in each stage (index = stage id)."""
+        if self.layer_split is not None:
+            return self.layer_split
+        n = self.num_stages
+        assert num_layers % n == 0, "check_plan rejects uneven splits without layer_split"
+        return (num_layers // n,) * n
+
+    def to_json(self) -> str:
+        return json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=True)
+
+    def write(self, path: Path) -> None:
+        path.write_text(self.to_json() + "\n")
+
+    @classmethod
+    def read(cls, path: Path) -> "ParallelPlan":
+        from .specs.loader import build, read_mapping
+
+        data = read_mapping(Path(path), "plan")
+        data = data.get("plan", data)
+        for k in ("model", "cluster", "num_gpus"):
+            data.pop(k, None)
+        return build(cls, data, f"plan file {Path(path).name}")
+
+
+def balanced_layer_split(num_layers: int, stages: int) -> tuple[int, ...]:
+    """An uneven split as published runs use it: the first and last stage (which also hold the
+    embedding and the logits) get fewer layers when layers do not divide evenly.
+
+    E.g. 22 layers over 8 stages -> (2, 3, 3, 3, 3, 3, 3, 2) (zero-bubble paper, Appendix D).
+    """
+    if stages == 1:
+        return (num_layers,)
+    per = -(-num_layers // stages)  # ceil
+    split = [per] * stages
+    excess = per * stages - num_layers
+    order = [0, stages - 1] + list(range(1, stages - 1))
+    i = 0
+    while excess > 0:
+        s = order[i % stages]
+        if split[s] > 0:
+            split[s] -= 1
+            excess -= 1
+        i += 1
+    return tuple(split)
+
+
+def check_plan(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec, num_gpus: int | None = None) -> None:
+    """Raise one PlanError (field, problem, fix) for the first rule the plan breaks."""
+    n = cluster.num_gpus if num_gpus is None else num_gpus
+    if plan.num_gpus != n:
+        raise PlanError(
+            "dp*tp*pp*cp",
+            f"{plan.dp}*{plan.tp}*{plan.pp}*{plan.cp} = {plan.num_gpus} does not equal the GPU count {n}.",
+            f"choose sizes whose product is {n} (or omit --dp to derive it).",
+        )
+    if model.heads % plan.tp:
+        raise PlanError("tp", f"tp={plan.tp} does not divide the {model.heads} attention heads.", "pick tp dividing the head count.")
+    if model.kv_heads % plan.tp and plan.tp % model.kv_heads:
+        raise PlanError("tp", f"tp={plan.tp} and the {model.kv_heads} kv heads do not divide each other.", "pick tp dividing kv_heads (or a multiple of it).")
+    if model.ffn % plan.tp:
+        raise PlanError("tp", f"tp={plan.tp} does not divide ffn={model.ffn}.", "pick tp dividing the MLP size.")
+    if plan.tp > cluster.gpus_per_node and not plan.allow_tp_across_nodes:
+        raise PlanError("tp", f"tp={plan.tp} is larger than a node ({cluster.gpus_per_node} GPUs).", "use tp <= GPUs per node, or allow it explicitly (--allow-tp-across-nodes).")
+    if plan.sequence_parallel and plan.tp == 1:
+        raise PlanError("sequence_parallel", "sequence parallelism needs tp > 1.", "drop --sequence-parallel or use tp > 1.")
+    if model.seq_len % (plan.cp * (plan.tp if plan.sequence_parallel else 1)):
+        raise PlanError("cp", f"seq_len={model.seq_len} is not divisible by cp{'*tp' if plan.sequence_parallel else ''}.", "pick cp (and tp) dividing the sequence length.")
+    per_step = plan.dp * plan.micro_batch_size
+    if plan.global_batch_size % per_step:
+        raise PlanError("gbs", f"global batch {plan.global_batch_size} is not divisible by dp*mbs = {plan.dp}*{plan.micro_batch_size} = {per_step}.", f"use a multiple of {per_step}.")
+    _check_schedule(plan)
+    _check_split(plan, model)
+
+
+def _check_schedule(plan: ParallelPlan) -> None:
+    s, m = plan.schedule, plan.num_microbatches
+    if s == "none" and plan.pp > 1:
+        raise PlanError("schedule", f"pp={plan.pp} needs a pipeline schedule.", "use --schedule 1f1b (or gpipe, interleaved-1f1b, zb-*).")
+    if s == "interleaved-1f1b" and plan.vpp < 2:
+        raise PlanError("vpp", "interleaved-1f1b needs vpp >= 2 model chunks per pipeline rank.", "pass --vpp 2 (or more).")
+    if s == "interleaved-1f1b" and plan.pp < 2:
+        raise PlanError("pp", "interleaved-1f1b needs pp >= 2.", "use pp >= 2 or --schedule none.")
+    if s == "zb-v" and plan.vpp != 2:
+        raise PlanError("vpp", f"zb-v places exactly 2 chunks per pipeline rank (V shape), got vpp={plan.vpp}.", "pass --vpp 2.")
+    if s not in ("interleaved-1f1b", "zb-v") and plan.vpp != 1:
+        raise PlanError("vpp", f"schedule {s} runs one stage per pipeline rank, got vpp={plan.vpp}.", "use --vpp 1, or --schedule interleaved-1f1b / zb-v.")
+    if s == "interleaved-1f1b" and m < plan.pp:
+        raise PlanError("gbs", f"interleaved-1f1b needs at least pp={plan.pp} microbatches, got {m}.", "raise the global batch or lower mbs/dp.")
+    if s == "interleaved-1f1b" and m % plan.pp:
+        raise PlanError("gbs", f"interleaved-1f1b needs the microbatch count ({m}) to be a multiple of pp={plan.pp}.", f"use a global batch giving a multiple of {plan.pp} microbatches.")
+    if m < 1:
+        raise PlanError("gbs", "the plan has no microbatch.", "raise the global batch.")
+
+
+def _check_split(plan: ParallelPlan, model: ModelSpec) -> None:
+    stages = plan.num_stages
+    if plan.layer_split is None:
+        if model.layers % stages:
+            raise PlanError(
+                "pp",
+                f"{model.layers} layers cannot be split evenly into pp*vpp = {stages} stages.",
+                f"pick pp*vpp dividing {model.layers}, or give an explicit layer split (e.g. {','.join(map(str, balanced_layer_split(model.layers, stages)))}).",
+            )
+        return
+    split = plan.layer_split
+    if len(split) != stages:
+        raise PlanError("layer_split", f"has {len(split)} entries, the plan has pp*vpp = {stages} stages.", f"give {stages} comma-separated layer counts.")
+    if sum(split) != model.layers or min(split) < 0:
+        raise PlanError("layer_split", f"sums to {sum(split)}, the model has {model.layers} layers.", "make the counts non-negative and sum to the layer count.")
+    if any(x == 0 for x in split[1:-1]):
+        raise PlanError("layer_split", "only the first and last stage may hold 0 transformer layers.", "give every middle stage at least one layer.")

@@ -1,0 +1,57 @@
+"""GPU specifications: dense peak FLOP/s per dtype, HBM capacity and bandwidth.
+
+Files (topologies/gpus/*.yaml) use units in key names (``peak_TFLOPS``, ``hbm_GiB``,
+``hbm_bw_GBps``); the values here are SI (FLOP/s, bytes, bytes/s).
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from ..units import GB, GiB, TFLOPS
+
+DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
+
+
+class GPUSpec(BaseModel):
+    """One accelerator. Peaks are dense (no structured sparsity)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    vendor_name: str = ""
+    peak_TFLOPS: dict[str, float] = Field(description="dense peak per dtype: fp32 (vector), tf32, bf16, fp16, fp8")
+    hbm_GiB: float = Field(gt=0, description="usable HBM capacity as the driver reports it, GiB")
+    hbm_bw_GBps: float = Field(gt=0, description="HBM bandwidth, GB/s (decimal)")
+    sms: int = Field(default=0, ge=0, description="streaming multiprocessors (informational)")
+    tdp_W: float = Field(default=0, ge=0)
+
+    @field_validator("peak_TFLOPS")
+    @classmethod
+    def _known_dtypes(cls, v: dict[str, float]) -> dict[str, float]:
+        for k, x in v.items():
+            if k not in DTYPES:
+                raise ValueError(f"unknown dtype {k!r}; use {', '.join(DTYPES)}")
+            if x <= 0:
+                raise ValueError(f"peak for {k} must be > 0")
+        if "bf16" not in v and "fp16" not in v:
+            raise ValueError("a 16-bit peak (bf16 or fp16) is required")
+        return v
+
+    def peak_flops(self, dtype: str) -> float:
+        """Dense peak in FLOP/s; fp8 falls back to the 16-bit peak where the GPU has none."""
+        if dtype in self.peak_TFLOPS:
+            return self.peak_TFLOPS[dtype] * TFLOPS
+        if dtype == "fp8":
+            return self.peak_flops("bf16")
+        if dtype in ("bf16", "fp16"):
+            return self.peak_TFLOPS.get("bf16", self.peak_TFLOPS.get("fp16", 0.0)) * TFLOPS
+        raise KeyError(dtype)
+
+    @property
+    def hbm_bytes(self) -> float:
+        return self.hbm_GiB * GiB
+
+    @property
+    def hbm_bw(self) -> float:
+        return self.hbm_bw_GBps * GB

@@ -1,0 +1,79 @@
+"""Find a preset by name or a user's file by path, read YAML/JSON, and turn pydantic's
+validation errors into one `SpecError` line that names the file and the field."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from ..errors import SpecError
+
+T = TypeVar("T", bound=BaseModel)
+
+
+def presets_dir(kind: str) -> Path:
+    """Folder of the shipped presets of one kind (`gpus`, `clusters`, `models`)."""
+    return Path(str(resources.files("simpar.topologies"))) / kind
+
+
+def preset_names(kind: str) -> list[str]:
+    return sorted(p.stem for p in presets_dir(kind).glob("*.yaml"))
+
+
+def resolve(kind: str, name_or_path: str | Path, what: str) -> Path:
+    """A preset name (``dgx-h100``) or a path to a user's YAML file."""
+    text = str(name_or_path)
+    p = Path(text)
+    if p.suffix in (".yaml", ".yml", ".json") or p.exists():
+        if not p.is_file():
+            raise SpecError(what, f"file {text!r} does not exist.", "give a preset name or an existing file.")
+        return p
+    cand = presets_dir(kind) / f"{text}.yaml"
+    if cand.is_file():
+        return cand
+    names = ", ".join(preset_names(kind))
+    raise SpecError(what, f"unknown preset {text!r}.", f"use one of: {names}; or a path to a YAML file.")
+
+
+def read_mapping(path: Path, what: str) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise SpecError(what, f"cannot read {path}: {exc.strerror}.") from None
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (yaml.YAMLError, json.JSONDecodeError) as exc:
+        first = str(exc).splitlines()[0]
+        raise SpecError(what, f"{path} is not valid YAML/JSON ({first}).", "fix the file's syntax.") from None
+    if not isinstance(data, dict):
+        raise SpecError(what, f"{path} must hold a mapping of keys to values.", "see the presets in topologies/.")
+    return data
+
+
+def build(model: type[T], data: dict[str, Any], source: str) -> T:
+    """Validate ``data`` into ``model``; one clear line on failure."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
+        msg = err["msg"]
+        if err["type"] == "missing":
+            fix = f"add `{loc}` to the file."
+        elif err["type"] == "extra_forbidden":
+            fix = f"remove or rename `{loc}` (allowed keys: {', '.join(model.model_fields)})."
+        else:
+            fix = f"correct `{loc}`."
+        raise SpecError(f"{source}: {loc}", msg + ".", fix) from None
+
+
+def load(kind: str, model: type[T], name_or_path: str | Path, what: str) -> T:
+    path = resolve(kind, name_or_path, what)
+    data = read_mapping(path, what)
+    data.setdefault("name", path.stem)
+    return build(model, data, str(path) if path.parent != presets_dir(kind) else f"{kind}/{path.name}")
