@@ -1,0 +1,111 @@
+"""`simpar memory` through the CLI: output, JSON contract, and one test per validation rule
+(exit code 2, one line naming the field and the fix, no traceback)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from simpar.sim.cli.main import cli
+
+BASE = ["memory", "--model", "gpt3-175b", "--cluster", "dgx-a100-80g", "--gpus", "1024", "--tp", "8", "--pp", "8",
+        "--mbs", "1", "--gbs", "1536", "--schedule", "1f1b", "--zero", "1", "--recompute", "selective"]
+
+
+def test_issue_command_prints_breakdown(runner) -> None:
+    res = runner.invoke(cli, BASE)
+    assert res.exit_code == 0, res.output
+    for col in ("weights", "grads", "optimizer", "activations", "other", "total", "fits"):
+        assert col in res.output
+    assert "fits: peak" in res.output
+
+
+def test_json_contract(runner) -> None:
+    res = runner.invoke(cli, BASE + ["--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output)
+    assert isinstance(doc["fits"], bool) and doc["fits"]
+    assert len(doc["peak_memory_gib"]) == 8
+    r0 = doc["ranks"][0]
+    parts = sum(r0[k] for k in ("weights_gib", "grads_gib", "optimizer_gib", "activations_gib", "other_gib"))
+    assert parts == pytest.approx(r0["total_gib"], abs=1e-3)
+    # 1F1B: rank 0 holds the most activations.
+    assert doc["peak_memory_gib"][0] == max(doc["peak_memory_gib"])
+
+
+def test_does_not_fit_is_a_result(runner) -> None:
+    res = runner.invoke(cli, ["memory", "--model", "gpt3-175b", "--cluster", "dgx-a100-80g", "--gpus", "8", "--tp", "8",
+                              "--gbs", "8", "--json"])
+    assert res.exit_code == 0
+    doc = json.loads(res.output)
+    assert doc["fits"] is False and doc["over_by_gib"] > 100
+
+
+BAD = [
+    ("product", ["--gpus", "1024", "--tp", "8", "--pp", "8", "--dp", "8"], "dp*tp*pp*cp"),
+    ("gpus-divide", ["--gpus", "1024", "--tp", "8", "--pp", "7"], "gpus"),
+    ("tp-heads", ["--model", "gpt-1.7b", "--gpus", "64", "--tp", "16", "--allow-tp-across-nodes"], "tp"),
+    ("tp-node", ["--gpus", "1024", "--tp", "16", "--pp", "4"], "tp"),
+    ("layers-split", ["--gpus", "1024", "--tp", "8", "--pp", "16", "--vpp", "7", "--schedule", "interleaved-1f1b"], "pp"),
+    ("gbs-divide", ["--gpus", "1024", "--tp", "8", "--pp", "8", "--gbs", "1000"], "gbs"),
+    ("interleaved-needs-vpp", ["--gpus", "1024", "--tp", "8", "--pp", "8", "--schedule", "interleaved-1f1b"], "vpp"),
+    ("zbv-needs-vpp2", ["--gpus", "1024", "--tp", "8", "--pp", "8", "--schedule", "zb-v"], "vpp"),
+    ("pp-needs-schedule", ["--gpus", "1024", "--tp", "8", "--pp", "8", "--schedule", "none"], "schedule"),
+    ("vpp-without-interleaving", ["--gpus", "1024", "--tp", "8", "--pp", "8", "--vpp", "2", "--schedule", "1f1b"], "vpp"),
+    ("sp-needs-tp", ["--gpus", "1024", "--tp", "1", "--pp", "8", "--sequence-parallel"], "sequence_parallel"),
+    ("whole-nodes", ["--gpus", "1020", "--tp", "4", "--pp", "1"], "gpus"),
+    ("layer-split-sum", ["--gpus", "1024", "--tp", "8", "--pp", "8", "--layer-split", "12,12,12,12,12,12,12,11"], "layer_split"),
+    ("layer-split-len", ["--gpus", "1024", "--tp", "8", "--pp", "8", "--layer-split", "48,48"], "layer_split"),
+    ("unknown-cluster", ["--cluster", "dgx-z9", "--gpus", "8"], "cluster"),
+    ("unknown-model", ["--model", "gpt-9"], "model"),
+    ("mesh-order", ["--gpus", "1024", "--tp", "8", "--pp", "8", "--mesh-order", "pp,dp,tp"], "mesh_order"),
+]
+
+
+@pytest.mark.parametrize("name,args,field", BAD, ids=[b[0] for b in BAD])
+def test_bad_input(runner, name: str, args: list[str], field: str) -> None:
+    base = {"--model": "gpt3-175b", "--cluster": "dgx-a100-80g", "--gpus": "1024", "--gbs": "1536"}
+    argv = ["memory"]
+    for k, v in base.items():
+        if k not in args:
+            argv += [k, v]
+    res = runner.invoke(cli, argv + args)
+    assert res.exit_code == 2, res.output
+    assert "Traceback" not in res.output
+    lines = [ln for ln in res.output.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1, res.output
+    assert lines[0].startswith(f"error: {field}") or f": {field}" in lines[0], lines[0]
+    assert "Fix:" in lines[0]
+
+
+def test_bad_model_file(runner, tmp_path) -> None:
+    f = tmp_path / "m.yaml"
+    f.write_text("arch: gpt\nlayers: 2\nhidden: 64\nheads: 3\nvocab: 100\nseq_len: 16\n")
+    res = runner.invoke(cli, ["memory", "--model", str(f), "--cluster", "dgx-h100", "--gpus", "8", "--gbs", "8"])
+    assert res.exit_code == 2 and "m.yaml" in res.output and "heads" in res.output
+
+
+def test_missing_field_in_model_file(runner, tmp_path) -> None:
+    f = tmp_path / "m.yaml"
+    f.write_text("arch: gpt\nlayers: 2\nhidden: 64\nheads: 4\nseq_len: 16\n")
+    res = runner.invoke(cli, ["memory", "--model", str(f), "--cluster", "dgx-h100", "--gpus", "8", "--gbs", "8"])
+    assert res.exit_code == 2 and "vocab" in res.output and "add" in res.output
+
+
+def test_hf_config(runner, tmp_path) -> None:
+    d = tmp_path / "llama"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({
+        "model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
+        "num_hidden_layers": 32, "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 8192}))
+    res = runner.invoke(cli, ["memory", "--model", str(d / "config.json"), "--cluster", "dgx-h100", "--gpus", "8",
+                              "--gbs", "8", "--zero", "3", "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["fits"] is True
+
+
+def test_version_and_help(runner) -> None:
+    assert runner.invoke(cli, ["--version"]).exit_code == 0
+    res = runner.invoke(cli, ["--help"])
+    assert res.exit_code == 0 and "memory" in res.output
