@@ -1,0 +1,153 @@
+"""How long one piece of work takes on one GPU: the default efficiency model, overridable by a
+calibration file.
+
+Default model (every constant below is a documented assumption, overridable per GPU type):
+
+- Matrix multiplies run at ``peak(dtype) * mm_eff_max * sat(m) * sat(n) * sat(k)`` where
+  ``sat(x) = x / (x + mm_half_dim)``: large GEMMs approach the sustained cuBLAS efficiency
+  (about 80 % of dense peak on A100, 70 % on H100 for bf16: NVIDIA's published cuBLAS/“Deep
+  Learning Performance” figures), small dimensions under-fill the tensor cores' tiles.
+- The attention core (FlashAttention 2) runs at ``attn_eff_fwd`` / ``attn_eff_bwd`` of peak
+  (Dao 2023, FlashAttention-2 §4: 50–73 % of A100 peak forward, lower backward).
+- Element-wise work (norms, activations, dropout, residual adds, the softmax/cross-entropy) is
+  memory-bound: bytes moved / (HBM bandwidth * hbm_eff).
+- Each kernel costs at least ``launch_s`` (CUDA launch + scheduling, ~4 µs without CUDA graphs).
+- The Adam step reads and writes 28 bytes per locally owned parameter (fp32 master, two moments,
+  grad, 16-bit copy) at HBM speed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from .model import LayerFlops, layer_flops, logits_flops
+from .plan import ParallelPlan
+from .specs import GPUSpec, ModelSpec
+
+
+@dataclass(frozen=True)
+class EfficiencyParams:
+    """Global, documented per-GPU constants of the default compute model."""
+
+    mm_eff_max: float = 0.80
+    mm_half_dim: float = 64.0
+    attn_eff_fwd: float = 0.60
+    attn_eff_bwd: float = 0.45
+    hbm_eff: float = 0.80
+    launch_s: float = 4e-6
+    #: fp8 GEMMs reach a lower fraction of their (twice as high) peak than bf16 ones.
+    fp8_mm_eff_scale: float = 0.70
+
+
+#: Defaults per GPU preset name. Starting values from public specs and sustained-throughput
+#: reports, tuned globally (never per row) against shared/validation/published.csv.
+DEFAULT_EFFICIENCY: dict[str, EfficiencyParams] = {
+    "a100-40g": EfficiencyParams(mm_eff_max=0.80),
+    "a100-80g": EfficiencyParams(mm_eff_max=0.80),
+    "h100-sxm": EfficiencyParams(mm_eff_max=0.72, attn_eff_fwd=0.55, attn_eff_bwd=0.42),
+    "h200": EfficiencyParams(mm_eff_max=0.74, attn_eff_fwd=0.55, attn_eff_bwd=0.42),
+    "b200": EfficiencyParams(mm_eff_max=0.70, attn_eff_fwd=0.50, attn_eff_bwd=0.40),
+}
+
+#: Adam step bytes per locally owned parameter: fp32 master r/w (8), moments r/w (16), grad read
+#: (2), 16-bit weight write (2).
+ADAM_BYTES_PER_PARAM = 28
+#: Element-wise bytes per layer and token, in units of hidden size, forward (norms, residuals,
+#: dropout, bias adds; GeLU/SwiGLU traffic is counted from ffn separately). Backward moves twice.
+ELEMENTWISE_BYTES_PER_TOKEN_H = 24
+#: Kernels per transformer layer forward (backward launches about twice as many).
+KERNELS_PER_LAYER_FWD = 14
+
+
+@dataclass(frozen=True)
+class PassTimes:
+    """Seconds of one pass of one unit on one GPU (per micro-batch)."""
+
+    f: float
+    i: float
+    w: float
+    attn_f: float = 0.0  # attention-core forward part of f (what selective recompute re-runs)
+
+    @property
+    def b(self) -> float:
+        return self.i + self.w
+
+
+@dataclass(frozen=True)
+class CostModel:
+    gpu: GPUSpec
+    eff: EfficiencyParams = field(default_factory=EfficiencyParams)
+    source: str = "default"
+
+    @classmethod
+    def for_gpu(cls, gpu: GPUSpec, calibration: "dict | None" = None) -> "CostModel":
+        eff = DEFAULT_EFFICIENCY.get(gpu.name, EfficiencyParams())
+        src = "default"
+        if calibration:
+            over = {k: float(v) for k, v in calibration.get("compute", {}).items() if k in EfficiencyParams.__dataclass_fields__}
+            eff = replace(eff, **over)
+            src = calibration.get("source", "calibration")
+        return cls(gpu, eff, src)
+
+    # --- primitives -------------------------------------------------------------------------
+    def _sat(self, x: float) -> float:
+        return x / (x + self.eff.mm_half_dim)
+
+    def matmul_time(self, m: float, n: float, k: float, dtype: str = "bf16") -> float:
+        flops = 2.0 * m * n * k
+        eff = self.eff.mm_eff_max * self._sat(m) * self._sat(n) * self._sat(k)
+        if dtype == "fp8":
+            eff *= self.eff.fp8_mm_eff_scale
+        return max(flops / (self.gpu.peak_flops(dtype) * eff), self.eff.launch_s)
+
+    def memory_time(self, nbytes: float) -> float:
+        return max(nbytes / (self.gpu.hbm_bw * self.eff.hbm_eff), self.eff.launch_s)
+
+    def attention_time(self, flops_fwd: float, dtype: str) -> tuple[float, float]:
+        peak = self.gpu.peak_flops("bf16" if dtype == "fp8" else dtype)  # attention stays in 16-bit
+        return flops_fwd / (peak * self.eff.attn_eff_fwd), 2 * flops_fwd / (peak * self.eff.attn_eff_bwd)
+
+    def optimizer_time(self, local_params: float) -> float:
+        return self.memory_time(ADAM_BYTES_PER_PARAM * local_params)
+
+    # --- model pieces -----------------------------------------------------------------------
+    def layer_times(self, m: ModelSpec, plan: ParallelPlan) -> PassTimes:
+        """One transformer layer, one micro-batch, on one GPU of a tp x cp group (compute only)."""
+        t, dt = plan.tp, plan.precision
+        tokens = plan.micro_batch_size * m.seq_len / plan.cp
+        h, f, kv = m.hidden, m.ffn, m.kv_heads * m.head_dim
+        shapes = [(tokens, (h + 2 * kv) / t, h), (tokens, h, h / t)]
+        shapes += [(tokens, f / t, h)] * (2 if m.gated_mlp else 1) + [(tokens, h, f / t)]
+        fwd_mm = sum(self.matmul_time(a, b, c, dt) for a, b, c in shapes)
+        # Input grads: dX = dY W^T (shape m x k x n); weight grads: dW = X^T dY (k x n x m).
+        i_mm = sum(self.matmul_time(a, c, b, dt) for a, b, c in shapes)
+        w_mm = sum(self.matmul_time(c, b, a, dt) for a, b, c in shapes)
+        lf: LayerFlops = layer_flops(m, m.seq_len, plan.micro_batch_size)
+        attn_f, attn_b = self.attention_time(lf.attn_core_f / (t * plan.cp), dt)
+        sp = t if plan.sequence_parallel else 1
+        ew_bytes = tokens * (ELEMENTWISE_BYTES_PER_TOKEN_H * h / sp + (6 if m.gated_mlp else 4) * f / t)
+        ew_f = self.memory_time(ew_bytes)
+        launch = KERNELS_PER_LAYER_FWD * self.eff.launch_s
+        f_time = max(fwd_mm + attn_f + ew_f, launch)
+        i_time = max(i_mm + attn_b + 2 * ew_f, 2 * launch)
+        w_time = max(w_mm, launch)
+        return PassTimes(f_time, i_time, w_time, attn_f)
+
+    def logits_times(self, m: ModelSpec, plan: ParallelPlan) -> PassTimes:
+        """Final norm, output projection (vocab split over tp) and cross-entropy."""
+        tokens = plan.micro_batch_size * m.seq_len / plan.cp
+        t, dt = plan.tp, plan.precision
+        shape = (tokens, m.vocab / t, m.hidden)
+        ce = self.memory_time(tokens * m.vocab / t * 4 * 3)  # fp32 logits: write, softmax read/write
+        lg = logits_flops(m, m.seq_len, plan.micro_batch_size)
+        assert lg.f > 0
+        f = self.matmul_time(*shape, dt) + ce
+        i = self.matmul_time(shape[0], shape[2], shape[1], dt) + ce
+        w = self.matmul_time(shape[2], shape[1], shape[0], dt)
+        return PassTimes(f, i, w)
+
+    def embedding_times(self, m: ModelSpec, plan: ParallelPlan) -> PassTimes:
+        """Embedding lookup (memory-bound gather) and its sparse gradient accumulation."""
+        tokens = plan.micro_batch_size * m.seq_len / plan.cp
+        nbytes = tokens * m.hidden * 2 * 2
+        return PassTimes(self.memory_time(nbytes), 0.0, self.memory_time(2 * nbytes))

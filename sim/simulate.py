@@ -1,0 +1,86 @@
+"""simulate(): model + cluster + plan -> SimResult. The one function the CLI, the sweep and
+validation call: build the cost table, the schedule (compute-only, then lowered), run the SimPy
+engine over the network backend, and assemble time, breakdown, memory and trace."""
+
+from __future__ import annotations
+
+import simpy
+
+from .costs import CostModel
+from .engine import EngineOptions, run_engine
+from .layout import RankLayout
+from .memory import memory_report, stage_activation_bytes
+from .model import hardware_flops_per_iteration, model_flops_per_iteration
+from .network import make_network
+from .plan import ParallelPlan
+from .results import BREAKDOWN_KEYS, SimResult
+from .schedules import StageCosts, lower, schedule_for_plan
+from .specs import ClusterSpec, ModelSpec
+from .workload import StageWork, stage_work
+
+
+def stage_costs(work: list[StageWork], p2p_s: float) -> StageCosts:
+    """The engine's per-stage seconds in the schedules' StageCosts form (for zb-1p/2p and the oracle)."""
+    return StageCosts(
+        t_f=tuple(w.f + w.tp_f for w in work),
+        t_i=tuple(w.i + w.tp_b for w in work),
+        t_w=tuple(w.w for w in work),
+        t_comm=(p2p_s,),
+        t_r=tuple(w.r + w.tp_r for w in work),
+    )
+
+
+def build_work(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, calibration: dict | None = None,
+               network=None) -> tuple[list[StageWork], CostModel, float]:
+    """Per-stage work table, the cost model and one pipeline transfer's time (analytical)."""
+    costs = CostModel.for_gpu(cluster.gpu, calibration)
+    net = network or make_network(cluster, "analytical", calibration=calibration)
+    layout = RankLayout(plan)
+    work = stage_work(model, plan, costs, net, layout)
+    p2p = 0.0
+    if plan.pp > 1:
+        a, b = layout.rank(pp=0), layout.rank(pp=1)
+        p2p = net.p2p_time(a, b, work[0].act_bytes)
+    return work, costs, p2p
+
+
+def simulate(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *, backend: str = "analytical",
+             calibration: dict | None = None, options: EngineOptions = EngineOptions()) -> SimResult:
+    env = simpy.Environment()
+    net = make_network(cluster, backend, env=env, calibration=calibration)
+    work, costs, p2p = build_work(model, cluster, plan, calibration, net if backend == "analytical" else None)
+    compute_only = schedule_for_plan(plan, costs=stage_costs(work, p2p))
+    sched = lower(compute_only, plan)
+    act = [stage_activation_bytes(model, plan, s) for s in range(plan.num_stages)]
+    eng, wall = run_engine(model, plan, sched, work, costs, net, env, options, act)
+    t_iter = max(g.finish for g in eng.gpus.values())
+    per_rank: dict[int, dict[str, float]] = {}
+    peaks = [0.0] * plan.pp
+    timeline: dict[int, list[tuple[float, float]]] = {}
+    for (key, pr), g in sorted(eng.gpus.items()):
+        bd = {k: g.acc.get(k, 0.0) for k in BREAKDOWN_KEYS if k != "bubble"}
+        bd["bubble"] = max(0.0, t_iter - sum(bd.values()))
+        per_rank[g.rank] = bd
+        if key == (0, 0, 0):
+            peaks[pr] = max(v for _, v in g.mem)
+            timeline[g.rank] = g.mem
+    reported = min(per_rank, key=lambda r: (per_rank[r]["bubble"], r))
+    mem = memory_report(model, plan, cluster.gpu, activation_peak=peaks)
+    gbs = plan.global_batch_size
+    return SimResult(
+        iter_time_s=t_iter,
+        tokens_per_iter=float(gbs * model.seq_len),
+        num_gpus=plan.num_gpus,
+        model_flops=model_flops_per_iteration(model, gbs),
+        hardware_flops=hardware_flops_per_iteration(model, gbs, plan.recompute),
+        peak_flops_per_gpu=cluster.gpu.peak_flops("bf16"),
+        breakdown_s=per_rank[reported],
+        reported_rank=reported,
+        rank_breakdowns=per_rank,
+        memory=mem,
+        events=tuple(eng.events),
+        memory_timeline=timeline,
+        stats={"events": len(eng.events), "sim_events": getattr(env, "_eid", 0), "wall_s": wall,
+               "schedule_actions": sched.num_actions, "backend": backend, "full": options.full,
+               "cost_source": costs.source},
+    )
