@@ -229,7 +229,10 @@ class Engine:
                 if zero3 and not self.fsdp_per_mb:
                     yield from self._wait_gather(g, s)
                 secs = {Kind.B: w.b, Kind.I: w.i, Kind.W: w.w}[k]
-                t0 = self.env.now
+                tp = 0.0 if k == Kind.W else w.tp_b
+                if self.opt.overlap_grad_reduce and self.last_bwd.get((g.prank, s)) == idx and not self.fsdp_per_mb:
+                    # gradient buckets become ready during this last weight-gradient pass
+                    self._start_reduction(g, s, self.env.now, secs + (0.0 if self.opt.overlap_tp else tp))
                 if self.fsdp_per_mb:
                     yield from self._fsdp_pass(g, a, secs, 0.0 if k == Kind.W else w.tp_b, backward=True)
                 else:
@@ -238,8 +241,6 @@ class Engine:
                     self._mem(g, -self.act_bytes[s])
                     if not lowered:
                         self._send(g, s, mb, "B")
-                if self.last_bwd.get((g.prank, s)) == idx:
-                    self._start_reduction(g, s, t0, self.env.now - t0)
             elif k == Kind.R:
                 yield from self._compute(g, str(a), "R", w.r, w.tp_r, s, mb, acc="recompute")
             elif k == Kind.SEND_F:

@@ -204,7 +204,7 @@ def memory_report(m: ModelSpec, plan: ParallelPlan, gpu: GPUSpec, inflight: Sequ
         ranks.append(RankMemory(
             pipeline_rank=r, params=psi, weights=weights, grads=grads, optimizer=opt,
             activations=acts + transient, other=other, capacity=gpu.hbm_bytes,
-            inflight=inflight[r] if activation_peak is None else 0.0,
+            inflight=inflight[r],
             detail={"activations_stored": acts, "recompute_transient": transient, "zero3_gather": gather,
                     "framework_overhead": FRAMEWORK_OVERHEAD_BYTES, "fragmentation": frag},
         ))
@@ -216,3 +216,14 @@ def deallocated_output_bytes(m: ModelSpec, plan: ParallelPlan, inflight: float) 
     once it is sent (Korthikanti et al. 2022 Appendix B: 2sbh per micro-batch, 2sbhp on the first
     stage of 1F1B). simpar assumes this optimisation, so these bytes are never counted above."""
     return 2 * m.seq_len / plan.cp * plan.micro_batch_size * m.hidden * inflight
+
+
+def schedule_memory_report(m: ModelSpec, plan: ParallelPlan, gpu: GPUSpec) -> MemoryReport:
+    """Memory with the activation peak read off the plan's schedule: per rank, the peak over
+    time of the bytes of the (stage, micro-batch) activation sets alive between F and backward."""
+    from .schedules import peak_activation_units, peak_inflight, schedule_for_plan
+
+    sched = schedule_for_plan(plan)
+    weights = [stage_activation_bytes(m, plan, s) for s in range(plan.num_stages)]
+    peaks = peak_activation_units(sched, weights)
+    return memory_report(m, plan, gpu, inflight=[float(x) for x in peak_inflight(sched)], activation_peak=peaks)

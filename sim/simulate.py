@@ -80,7 +80,13 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *, back
         memory=mem,
         events=tuple(eng.events),
         memory_timeline=timeline,
-        stats={"events": len(eng.events), "sim_events": getattr(env, "_eid", 0), "wall_s": wall,
+        stats={"events": len(eng.events), "sim_events": _scheduled_events(env), "wall_s": wall,
                "schedule_actions": sched.num_actions, "backend": backend, "full": options.full,
                "cost_source": costs.source},
     )
+
+
+def _scheduled_events(env: simpy.Environment) -> int:
+    """SimPy events scheduled during the run (SimPy numbers them with a private counter)."""
+    counter = getattr(env, "_eid", None)
+    return next(counter) if counter is not None else 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ..memory import MemoryReport, memory_report
+from ..memory import MemoryReport, schedule_memory_report
 from ..units import GiB
 from .common import plan_options, setup_from_options
 from .render import echo_json, print_table
@@ -63,5 +63,5 @@ def memory(as_json: bool, **kw) -> None:
 
 
 def schedule_aware_memory(model, plan, gpu) -> MemoryReport:
-    """Memory with activations read off the plan's schedule where the schedules package can build it."""
-    return memory_report(model, plan, gpu)
+    """Memory with activations read off the plan's schedule (schedule-aware, not a closed form)."""
+    return schedule_memory_report(model, plan, gpu)

@@ -1,0 +1,132 @@
+"""The SimPy engine in exact small cases (SimPy style): hand-made per-stage costs, a fake network
+with fixed times, and checks of sums, the list-scheduler oracle, overlap and conservation."""
+
+from __future__ import annotations
+
+import pytest
+import simpy
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from simpar.sim.engine import EngineOptions, run_engine
+from simpar.sim.plan import ParallelPlan
+from simpar.sim.schedules import StageCosts, list_schedule, lower, schedule_for_plan
+from simpar.sim.specs import ModelSpec, load_cluster
+from simpar.sim.workload import StageWork
+
+TINY = ModelSpec(name="t24", arch="gpt", layers=120, hidden=64, heads=4, vocab=512, seq_len=32)
+GPU = load_cluster("dgx-h100").gpu
+
+
+class FakeNet:
+    """Fixed-time network: every collective takes ``coll`` s, every p2p ``p2p`` s."""
+
+    def __init__(self, coll: float = 0.0, p2p: float = 0.0):
+        self.coll, self.p2p_s = coll, p2p
+
+    def collective_time(self, op, ranks, nbytes):
+        return self.coll if len(ranks) > 1 else 0.0
+
+    def p2p_time(self, src, dst, nbytes):
+        return self.p2p_s
+
+    def collective(self, env, op, ranks, nbytes):
+        yield env.timeout(self.collective_time(op, ranks, nbytes))
+
+    def p2p(self, env, src, dst, nbytes):
+        yield env.timeout(self.p2p_s)
+
+
+class FixedCosts:
+    def __init__(self, opt: float = 0.0):
+        self.opt = opt
+        self.source = "test"
+
+    def optimizer_time(self, params):
+        return self.opt
+
+
+def work(n: int, f=1.0, i=1.0, w=1.0, r=0.0, params=1000.0) -> list[StageWork]:
+    return [StageWork(stage=s, layers=1, f=f, i=i, w=w, r=r, tp_f=0.0, tp_b=0.0, tp_r=0.0, act_bytes=1.0,
+                      params=params, layer_compute=f) for s in range(n)]
+
+
+def plan(pp=1, vpp=1, m=4, schedule=None, dp=1, zero=0, recompute="none") -> ParallelPlan:
+    sched = schedule or ("none" if pp == 1 else "1f1b")
+    return ParallelPlan(dp=dp, pp=pp, vpp=vpp, micro_batch_size=1, global_batch_size=m * dp, schedule=sched,
+                        zero=zero, recompute=recompute, layer_split=None)
+
+
+def run(p: ParallelPlan, wk, net=None, opt=0.0, options=EngineOptions(), lowered=True, act=None):
+    sched = schedule_for_plan(p)
+    if lowered:
+        sched = lower(sched, p)
+    env = simpy.Environment()
+    eng, _ = run_engine(TINY, p, sched, wk, FixedCosts(opt), net or FakeNet(), env, options, act)
+    return eng, max(g.finish for g in eng.gpus.values())
+
+
+def test_single_rank_time_is_sum_of_costs() -> None:
+    p = plan(m=5)
+    eng, t = run(p, work(1, f=1.0, i=2.0, w=0.5), opt=0.25)
+    assert t == pytest.approx(5 * (1.0 + 2.5) + 0.25)
+    # exact event log of the compute stream, SimPy style
+    log = [(e.name, e.start) for e in sorted(eng.events, key=lambda e: e.start) if e.stream == "compute"]
+    assert log[:4] == [("0F0", 0.0), ("0B0", 1.0), ("0F1", 3.5), ("0B1", 4.5)]
+    assert log[-1] == ("optimizer", 17.5)
+
+
+@pytest.mark.parametrize("name,pp,vpp,m", [("gpipe", 4, 1, 8), ("1f1b", 4, 1, 8), ("1f1b", 3, 1, 7),
+                                           ("interleaved-1f1b", 2, 2, 4), ("zb-h1", 4, 1, 8), ("zb-h2", 4, 1, 8),
+                                           ("zb-v", 4, 2, 8), ("zb-1p", 4, 1, 8), ("zb-2p", 4, 1, 8)])
+def test_makespan_equals_list_scheduler_oracle(name, pp, vpp, m) -> None:
+    p = plan(pp=pp, vpp=vpp, m=m, schedule=name)
+    wk = work(pp * vpp, f=1.0, i=1.3, w=0.7)
+    _, t = run(p, wk)
+    oracle = list_schedule(schedule_for_plan(p), StageCosts.uniform(1.0, 1.3, 0.7, 0.0))
+    assert t == pytest.approx(oracle.makespan, rel=1e-9)
+
+
+def test_dp_allreduce_hides_behind_backward_when_short() -> None:
+    p = plan(m=4, dp=2)
+    opts = EngineOptions(overlap_grad_reduce=True, grad_buckets=4)
+    _, t_short = run(p, work(1), net=FakeNet(coll=0.1), options=opts)
+    # Only the last bucket (ready at the end of the last backward) is exposed.
+    assert t_short == pytest.approx(4 * 3.0 + 0.1)
+    _, t_long = run(p, work(1), net=FakeNet(coll=2.0), options=opts)
+    # Buckets ready at 9.5, 10, 10.5, 11 (last W ends at 12... B is one action: 10..12): serial 2 s each.
+    assert t_long > t_short + 5
+    eng, t_noov = run(p, work(1), net=FakeNet(coll=0.1), options=EngineOptions(overlap_grad_reduce=False, grad_buckets=1))
+    assert t_noov == pytest.approx(4 * 3.0 + 0.1)
+
+
+def test_pipeline_transfers_delay_consumers() -> None:
+    p = plan(pp=2, m=2)
+    _, t0 = run(p, work(2))
+    _, t1 = run(p, work(2), net=FakeNet(p2p=0.5))
+    assert t1 > t0
+
+
+def test_breakdown_conservation_and_busy_time() -> None:
+    from simpar.sim.results import BREAKDOWN_KEYS
+
+    p = plan(pp=4, m=8, schedule="1f1b", recompute="full")
+    wk = work(4, f=1.0, i=1.0, w=1.0, r=1.0)
+    eng, t = run(p, wk, net=FakeNet(p2p=0.1), opt=0.3)
+    for g in eng.gpus.values():
+        busy = sum(e.duration for e in eng.events if e.rank == g.rank and e.stream == "compute")
+        expected = 8 * (1.0 + 2.0 + 1.0) + 0.3  # F + B + R per microbatch, optimizer
+        assert busy == pytest.approx(expected)
+        assert g.acc["compute"] + g.acc["recompute"] + g.acc["optimizer"] == pytest.approx(expected)
+        parts = {k: g.acc.get(k, 0.0) for k in BREAKDOWN_KEYS if k != "bubble"}
+        assert sum(parts.values()) <= t + 1e-9
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.sampled_from(["gpipe", "1f1b", "zb-h1", "zb-h2"]), st.integers(2, 5), st.integers(1, 10),
+       st.floats(0.1, 3.0), st.floats(0.1, 3.0), st.floats(0.1, 3.0))
+def test_engine_matches_oracle_random(name, pp, m, f, i, w) -> None:
+    p = plan(pp=pp, m=m, schedule=name)
+    _, t = run(p, work(pp, f=f, i=i, w=w))
+    oracle = list_schedule(schedule_for_plan(p), StageCosts.uniform(f, i, w, 0.0))
+    assert t == pytest.approx(oracle.makespan, rel=1e-9)
