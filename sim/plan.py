@@ -174,8 +174,8 @@ def _check_schedule(plan: ParallelPlan) -> None:
         raise PlanError("vpp", f"schedule {s} runs one stage per pipeline rank, got vpp={plan.vpp}.", "use --vpp 1, or --schedule interleaved-1f1b / zb-v.")
     if s == "interleaved-1f1b" and m < plan.pp:
         raise PlanError("gbs", f"interleaved-1f1b needs at least pp={plan.pp} microbatches, got {m}.", "raise the global batch or lower mbs/dp.")
-    if s == "interleaved-1f1b" and m % plan.pp:
-        raise PlanError("gbs", f"interleaved-1f1b needs the microbatch count ({m}) to be a multiple of pp={plan.pp}.", f"use a global batch giving a multiple of {plan.pp} microbatches.")
+    # m need not be a multiple of pp: the interleaved generator runs Megatron's microbatch groups of
+    # pp and lets the last group absorb the remainder (sim/schedules/interleaved.py).
     if m < 1:
         raise PlanError("gbs", "the plan has no microbatch.", "raise the global batch.")
 

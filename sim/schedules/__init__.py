@@ -1,1 +1,74 @@
-"""simpar."""
+"""Pipeline schedules as data: generators (one module each), passes, analysis and CSV I/O.
+
+Flow: ``build_schedule`` / ``schedule_for_plan`` (compute only: F, B, I, W) -> ``validate`` ->
+``lower`` (send/recv, recompute, gradient reduction, ZeRO-3 unshard/reshard) -> the engine.
+``list_schedule`` is the SimPy-free oracle (makespan, idle, bubble rate); ``peak_inflight`` and
+``peak_activation_units`` feed the memory model.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+from ..errors import ScheduleError
+from .analysis import ListScheduleResult, list_schedule, peak_activation_units, peak_inflight
+from .costs import StageCosts, parse_costs
+from .csvio import read_csv, write_csv
+from .gpipe import gpipe
+from .interleaved import interleaved_1f1b
+from .ir import Action, Kind, Schedule, looped_placement, v_placement
+from .lower import lower
+from .one_f_one_b import one_f_one_b
+from .validate import validate
+from .zb_auto import zb_auto
+from .zb_h1 import zb_h1
+from .zb_h2 import zb_h2
+from .zb_v import zb_v
+
+if TYPE_CHECKING:
+    from ..plan import ParallelPlan
+
+__all__ = [
+    "Action", "Kind", "Schedule", "StageCosts", "ListScheduleResult", "SCHEDULE_NAMES", "build_schedule",
+    "schedule_for_plan", "lower", "validate", "write_csv", "read_csv", "list_schedule", "peak_inflight",
+    "peak_activation_units", "parse_costs", "looped_placement", "v_placement",
+]
+
+#: name -> (stages per rank it requires, or None for any; builder(pp, vpp, m, costs))
+_BUILDERS: dict[str, tuple[int | None, Callable[[int, int, int, "StageCosts | None"], Schedule]]] = {
+    "none": (1, lambda pp, v, m, c: _none(pp, m)),
+    "gpipe": (1, lambda pp, v, m, c: gpipe(pp, m)),
+    "1f1b": (1, lambda pp, v, m, c: one_f_one_b(pp, m)),
+    "interleaved-1f1b": (None, lambda pp, v, m, c: interleaved_1f1b(pp, v, m)),
+    "zb-h1": (1, lambda pp, v, m, c: zb_h1(pp, m)),
+    "zb-h2": (1, lambda pp, v, m, c: zb_h2(pp, m)),
+    "zb-1p": (1, lambda pp, v, m, c: zb_auto(pp, m, c, 1)),
+    "zb-2p": (1, lambda pp, v, m, c: zb_auto(pp, m, c, 2)),
+    "zb-v": (2, lambda pp, v, m, c: zb_v(pp, m)),
+}
+SCHEDULE_NAMES = tuple(_BUILDERS)
+
+
+def _none(pp: int, m: int) -> Schedule:
+    if pp != 1:
+        raise ScheduleError("schedule", f"'none' means no pipeline (pp=1), got pp={pp}.",
+                            "use --schedule 1f1b (or another pipeline schedule) for pp > 1.")
+    return one_f_one_b(1, m, name="none")
+
+
+def build_schedule(name: str, pp: int, vpp: int, num_microbatches: int, costs: StageCosts | None = None) -> Schedule:
+    """The compute-only schedule ``name`` (one of SCHEDULE_NAMES) for pp ranks, vpp stages per rank
+    and m microbatches. ``costs`` only steer zb-1p/zb-2p (default: unit F, I, W, no comm)."""
+    if name not in _BUILDERS:
+        raise ScheduleError("schedule", f"unknown schedule {name!r}.", f"use one of {', '.join(SCHEDULE_NAMES)}.")
+    need, build = _BUILDERS[name]
+    if need is not None and vpp != need:
+        hint = "pass --vpp 2." if need == 2 else "use --vpp 1, or --schedule interleaved-1f1b / zb-v."
+        raise ScheduleError("vpp", f"schedule {name} runs exactly {need} stage(s) per pipeline rank, got vpp={vpp}.", hint)
+    return build(pp, vpp, num_microbatches, costs)
+
+
+def schedule_for_plan(plan: "ParallelPlan", costs: StageCosts | None = None) -> Schedule:
+    """The compute-only schedule of a plan ('none' -> pp=1 sequential F, B per microbatch)."""
+    pp = 1 if plan.schedule == "none" else plan.pp
+    return build_schedule(plan.schedule, pp, plan.vpp, plan.num_microbatches, costs)

@@ -112,6 +112,16 @@ class Schedule:
     def rank_of(self, stage: int) -> int:
         return self.placement[stage]
 
+    @property
+    def num_actions(self) -> int:
+        return sum(len(acts) for acts in self.ranks)
+
+    def replace_ranks(self, ranks, lowered: bool | None = None) -> "Schedule":
+        """A copy with other per-rank action lists (passes return new schedules, never mutate)."""
+        low = self.lowered if lowered is None else lowered
+        ranks = tuple(tuple(acts) for acts in ranks)
+        return Schedule(self.name, self.pp, self.vpp, self.num_microbatches, self.placement, ranks, low, dict(self.meta))
+
     def compute_only(self) -> "Schedule":
         """The same order with only F/B/I/W actions (drops R and all lowered actions)."""
         keep = {Kind.F, Kind.B, Kind.I, Kind.W}

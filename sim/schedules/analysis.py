@@ -1,0 +1,229 @@
+"""Schedule analysis without SimPy: a small list scheduler (the oracle later tests compare the
+engine against), bubble rate, and activation sets in flight.
+
+`list_schedule` walks each rank's fixed order and starts every action as soon as the rank is free
+and its inputs have arrived:
+
+- ``F(s, m)`` needs ``F(s-1, m)``; ``B``/``I(s, m)`` need ``F(s, m)`` and the input-gradient of
+  ``(s+1, m)`` (from ``B`` or ``I``); ``W(s, m)`` needs ``I(s, m)``; ``R(s, m)`` needs ``F(s, m)``.
+- Crossing pipeline ranks adds ``t_comm`` of that stage boundary as latency (it does not occupy
+  the compute stream), as in the zero-bubble paper's simulation. In a lowered schedule the data goes
+  through ``SEND_*`` (posted, non-blocking, zero compute time) and ``RECV_*`` (waits for the data).
+- ``REDUCE_GRAD``/``UNSHARD``/``RESHARD`` take no time here (the engine costs them).
+
+Bubble rate (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024, §5.3):
+``(cost - m (T_F + T_B + T_W)) / cost`` where ``cost`` is the longest execution time of any stage
+(from its first action's start to its last action's end, as in the paper's reference scheduler).
+For uneven stages the work term is the busiest rank's compute time.
+
+Activation sets in flight: a ``(stage, microbatch)`` set is alive from its ``F`` until its input
+backward finishes (``B``, or ``I`` in split schedules). ``W`` keeps only the small inputs of the
+weight GEMMs, which the memory model accounts separately. With this choice ZB-H1 holds exactly what
+1F1B holds (p - rank) and ZB-H2 about twice, as in the paper's Table 2.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Sequence
+
+from ..errors import ScheduleError
+from .costs import StageCosts
+from .ir import Action, Kind, Schedule
+
+# dependency/product tags (packed into one int key with stage and microbatch)
+_F, _G, _SF, _SB, _RF, _RB = range(6)
+
+
+@dataclass(frozen=True)
+class ListScheduleResult:
+    """Start/end time of every action (``start[r][k]`` for ``schedule.ranks[r][k]``) and summaries."""
+
+    schedule: Schedule
+    costs: StageCosts
+    start: tuple[tuple[float, ...], ...]
+    end: tuple[tuple[float, ...], ...]
+    busy: tuple[float, ...]  # compute time per rank (F, B, I, W, R)
+    rank_start: tuple[float, ...]  # first compute action's start
+    rank_end: tuple[float, ...]  # last compute action's end
+
+    @property
+    def makespan(self) -> float:
+        return max(self.rank_end) if self.rank_end else 0.0
+
+    @property
+    def span(self) -> tuple[float, ...]:
+        """Each rank's execution time: first compute start to last compute end."""
+        return tuple(e - s for s, e in zip(self.rank_start, self.rank_end))
+
+    @property
+    def idle(self) -> tuple[float, ...]:
+        """Each rank's idle time within the iteration (makespan minus its compute time)."""
+        return tuple(self.makespan - b for b in self.busy)
+
+    @property
+    def bubble_rate(self) -> float:
+        """(cost - work) / cost with cost = the longest rank execution time (see module doc)."""
+        cost = max(self.span)
+        return (cost - max(self.busy)) / cost if cost > 0 else 0.0
+
+    def inflight_timeline(self, rank: int) -> list[tuple[float, int]]:
+        """(time, activation sets alive from then on) steps on ``rank``: +1 at F start, -1 at B/I end."""
+        events: list[tuple[float, int]] = []
+        for a, s, e in zip(self.schedule.ranks[rank], self.start[rank], self.end[rank]):
+            if a.kind is Kind.F:
+                events.append((s, 1))
+            elif a.kind in (Kind.B, Kind.I):
+                events.append((e, -1))
+        events.sort(key=lambda x: (x[0], x[1]))
+        out, alive = [], 0
+        for t, d in events:
+            alive += d
+            out.append((t, alive))
+        return out
+
+
+def _durations(costs: StageCosts):
+    return {Kind.F: costs.f, Kind.B: costs.b, Kind.I: costs.i, Kind.W: costs.w, Kind.R: costs.r}
+
+
+def list_schedule(schedule: Schedule, costs: StageCosts | None = None) -> ListScheduleResult:
+    """Time every action of ``schedule`` (fixed per-rank order, as-soon-as-possible).
+
+    Raises ScheduleError naming the rank and action where the order would hang (deadlock)."""
+    costs = costs or StageCosts.uniform()
+    costs.check(schedule.num_stages)
+    S, M = schedule.num_stages, max(schedule.num_microbatches, 1)
+    place = schedule.placement
+    comm = [costs.comm(b) if b + 1 < S and place[b] != place[b + 1] else 0.0 for b in range(S)]
+    dur = _durations(costs)
+    lowered = schedule.lowered
+
+    def key(tag: int, s: int, m: int) -> int:
+        return (tag * S + s) * M + m
+
+    def deps(a: Action) -> tuple[tuple[int, float], ...]:
+        s, k, m = a.stage, a.kind, a.microbatch
+        if k is Kind.F:
+            if s == 0:
+                return ()
+            if lowered and place[s - 1] != place[s]:
+                return ((key(_RF, s, m), 0.0),)
+            return ((key(_F, s - 1, m), comm[s - 1]),)
+        if k is Kind.B or k is Kind.I:
+            own = (key(_F, s, m), 0.0)
+            if s == S - 1:
+                return (own,)
+            if lowered and place[s + 1] != place[s]:
+                return (own, (key(_RB, s, m), 0.0))
+            return (own, (key(_G, s + 1, m), comm[s]))
+        if k is Kind.W:
+            return ((key(_G, s, m), 0.0),)
+        if k is Kind.R:
+            return ((key(_F, s, m), 0.0),)
+        if k is Kind.SEND_F:
+            return ((key(_F, s, m), 0.0),)
+        if k is Kind.SEND_B:
+            return ((key(_G, s, m), 0.0),)
+        if k is Kind.RECV_F:
+            return ((key(_SF, s - 1, m), comm[s - 1]),)
+        if k is Kind.RECV_B:
+            return ((key(_SB, s + 1, m), comm[s]),)
+        return ()
+
+    product = {Kind.F: _F, Kind.B: _G, Kind.I: _G, Kind.SEND_F: _SF, Kind.SEND_B: _SB, Kind.RECV_F: _RF, Kind.RECV_B: _RB}
+    P = len(schedule.ranks)
+    ptr, free = [0] * P, [0.0] * P
+    starts: list[list[float]] = [[] for _ in range(P)]
+    ends: list[list[float]] = [[] for _ in range(P)]
+    busy = [0.0] * P
+    done: dict[int, float] = {}
+    waiting: dict[int, list[int]] = {}
+    ready = deque(range(P))
+    while ready:
+        r = ready.popleft()
+        acts = schedule.ranks[r]
+        while ptr[r] < len(acts):
+            a = acts[ptr[r]]
+            t0, blocked = free[r], None
+            for k, delay in deps(a):
+                t = done.get(k)
+                if t is None:
+                    blocked = k
+                    break
+                if t + delay > t0:
+                    t0 = t + delay
+            if blocked is not None:
+                waiting.setdefault(blocked, []).append(r)
+                break
+            d = dur[a.kind](a.stage) if a.kind in dur else 0.0
+            t1 = t0 + d
+            busy[r] += d
+            starts[r].append(t0)
+            ends[r].append(t1)
+            free[r] = t1
+            ptr[r] += 1
+            tag = product.get(a.kind)
+            if tag is not None:
+                k = key(tag, a.stage, a.microbatch)
+                done[k] = t1
+                ready.extend(waiting.pop(k, ()))
+    stuck = [r for r in range(P) if ptr[r] < len(schedule.ranks[r])]
+    if stuck:
+        raise _deadlock(schedule, ptr, stuck)
+    first, last = [], []
+    for r in range(P):
+        comp = [k for k, a in enumerate(schedule.ranks[r]) if a.kind in dur]
+        first.append(starts[r][comp[0]] if comp else 0.0)
+        last.append(ends[r][comp[-1]] if comp else 0.0)
+    return ListScheduleResult(schedule, costs, tuple(map(tuple, starts)), tuple(map(tuple, ends)),
+                              tuple(busy), tuple(first), tuple(last))
+
+
+def _deadlock(schedule: Schedule, ptr: list[int], stuck: list[int]) -> ScheduleError:
+    r = stuck[0]
+    heads = ", ".join(f"rank {q} at step {ptr[q]} ({schedule.ranks[q][ptr[q]]})" for q in stuck[:4])
+    a = schedule.ranks[r][ptr[r]]
+    return ScheduleError(
+        "schedule",
+        f"deadlock: rank {r} hangs at step {ptr[r]} ({a}), waiting for an input that is never produced; stuck: {heads}.",
+        "reorder the actions so every input is computed (and sent) before it is needed.",
+    )
+
+
+def _alive_deltas(acts: Sequence[Action]):
+    for a in acts:
+        if a.kind is Kind.F:
+            yield a.stage, 1
+        elif a.kind is Kind.B or a.kind is Kind.I:
+            yield a.stage, -1
+
+
+def peak_inflight(schedule: Schedule) -> list[int]:
+    """Per rank: the most (stage, microbatch) activation sets alive at once (F until B/I ends).
+
+    Ranks run their actions in order, so the count over time is the running count over the order."""
+    out = []
+    for acts in schedule.ranks:
+        alive = peak = 0
+        for _, d in _alive_deltas(acts):
+            alive += d
+            peak = max(peak, alive)
+        out.append(peak)
+    return out
+
+
+def peak_activation_units(schedule: Schedule, stage_weight: Sequence[float]) -> list[float]:
+    """Per rank: the peak over time of the summed ``stage_weight[s]`` of alive (s, mb) sets."""
+    if len(stage_weight) != schedule.num_stages:
+        raise ScheduleError("stage_weight", f"has {len(stage_weight)} entries, the schedule has {schedule.num_stages} stages.",
+                            f"give one weight per stage ({schedule.num_stages}).")
+    out = []
+    for acts in schedule.ranks:
+        alive = peak = 0.0
+        for s, d in _alive_deltas(acts):
+            alive += d * stage_weight[s]
+            peak = max(peak, alive)
+        out.append(peak)
+    return out

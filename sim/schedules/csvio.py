@@ -1,0 +1,97 @@
+"""Schedules as CSV, exactly as torch.distributed.pipelining reads and writes them.
+
+torch's format (``PipelineScheduleMulti._dump_csv`` / ``_PipelineScheduleRuntime._load_csv``):
+one row per pipeline rank, one cell per action in its text form (``2F0``, ``1SEND_B3``,
+``0REDUCE_GRAD``), written with ``csv.writer``; an empty cell is an idle step (``None``), which
+simpar drops on reading. A compute-only CSV loads with ``format="compute_only"`` (torch lowers it
+itself); a lowered one with ``format="compute_comms"`` unless it holds ``R`` actions, which are
+simpar-only (torch recomputes inside B/I).
+
+The CSV carries only actions, so ``write_csv`` also writes a sidecar ``<file>.meta.json`` with the
+name, pp, vpp, microbatch count, placement, lowered flag and meta. ``read_csv`` uses the sidecar
+when present (exact round trip); without one it infers the placement from where each stage's
+actions appear, ``vpp = stages / pp``, ``m = 1 + the largest microbatch`` and names the schedule
+``custom``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+from ..errors import ScheduleError
+from .ir import Action, Kind, Schedule
+
+_META_FORMAT = "simpar-schedule-meta/1"
+
+
+def sidecar_path(path: Path | str) -> Path:
+    path = Path(path)
+    return path.with_name(path.name + ".meta.json")
+
+
+def write_csv(schedule: Schedule, path: Path | str) -> Path:
+    """Write the schedule (one row per rank) and its metadata sidecar; returns the CSV path."""
+    path = Path(path)
+    with open(path, "w", newline="") as fh:
+        writer = csv.writer(fh)
+        for acts in schedule.ranks:
+            writer.writerow([str(a) for a in acts])
+    meta = dict(format=_META_FORMAT, name=schedule.name, pp=schedule.pp, vpp=schedule.vpp,
+                num_microbatches=schedule.num_microbatches, placement=list(schedule.placement),
+                lowered=schedule.lowered, meta=schedule.meta)
+    sidecar_path(path).write_text(json.dumps(meta, indent=2, sort_keys=True, default=str) + "\n")
+    return path
+
+
+def _read_rows(path: Path) -> list[tuple[Action, ...]]:
+    try:
+        with open(path, newline="") as fh:
+            rows = list(csv.reader(fh))
+    except OSError as exc:
+        raise ScheduleError("csv", f"cannot read {path}: {exc.strerror}.", "give an existing schedule CSV file.") from None
+    out = []
+    for r, row in enumerate(rows):
+        try:
+            out.append(tuple(Action.parse(cell) for cell in row if cell.strip()))
+        except ValueError as exc:
+            raise ScheduleError("csv", f"{path.name} row {r}: {exc}.", "write actions as {stage}{kind}{microbatch}, e.g. 2F0.") from None
+    return out
+
+
+def _infer(path: Path, ranks: list[tuple[Action, ...]], pp: int) -> Schedule:
+    where: dict[int, int] = {}
+    for r, acts in enumerate(ranks):
+        for a in acts:
+            if where.setdefault(a.stage, r) != r:
+                raise ScheduleError("csv", f"{path.name}: stage {a.stage} appears on ranks {where[a.stage]} and {r}.",
+                                    "keep each stage on one rank.")
+    S = max(where, default=-1) + 1
+    missing = [s for s in range(S) if s not in where]
+    if S == 0 or missing or S % pp:
+        raise ScheduleError("csv", f"{path.name}: cannot infer a placement ({S} stages over {pp} ranks, missing {missing}).",
+                            "add the .meta.json sidecar written by write_csv.")
+    mbs = [a.microbatch for acts in ranks for a in acts if a.microbatch is not None]
+    lowered = any(a.kind not in (Kind.F, Kind.B, Kind.I, Kind.W) for acts in ranks for a in acts)
+    placement = tuple(where[s] for s in range(S))
+    return Schedule("custom", pp, S // pp, max(mbs, default=-1) + 1, placement, tuple(ranks), lowered)
+
+
+def read_csv(path: Path | str, pp: int | None = None) -> Schedule:
+    """Read a schedule CSV (torch's format); ``pp`` checks or pads the number of rank rows."""
+    path = Path(path)
+    ranks = _read_rows(path)
+    side = sidecar_path(path)
+    meta = json.loads(side.read_text()) if side.exists() else None
+    want = pp if pp is not None else (meta["pp"] if meta else len(ranks))
+    if len(ranks) > want:
+        raise ScheduleError("csv", f"{path.name} has {len(ranks)} rank rows, pp={want}.", "pass the pipeline size the file was written for.")
+    ranks += [()] * (want - len(ranks))
+    if meta is None:
+        return _infer(path, ranks, want)
+    if meta.get("format") != _META_FORMAT or meta["pp"] != want:
+        raise ScheduleError("csv", f"{side.name} does not describe a {want}-rank schedule ({meta.get('format')}).",
+                            "delete the stale sidecar or rewrite the CSV with write_csv.")
+    return Schedule(meta["name"], meta["pp"], meta["vpp"], meta["num_microbatches"], tuple(meta["placement"]),
+                    tuple(ranks), bool(meta["lowered"]), dict(meta.get("meta") or {}))

@@ -1,0 +1,64 @@
+"""Interleaved 1F1B (Narayanan et al., SC 2021, §2.2; Megatron-LM's virtual pipeline).
+
+Stage s = chunk * p + r lives on rank r (looped placement). Microbatches go in consecutive groups
+of ``group`` (Megatron's ``microbatch_group_size_per_vp_stage``, default p): each group runs
+through chunk 0, then chunk 1, ... in the forward order, and through the chunks in reverse for the
+backward (Megatron's ``get_schedule_table``). Rank r warms up with ``2 (p - r - 1) + (v - 1) * g``
+forwards (capped at v m), then alternates one F and one B.
+
+When m is not a multiple of the group size, Megatron refuses a final group smaller than p (it
+would stall the pipeline); simpar lets the last group absorb the remainder (group .. 2 group - 1
+microbatches) and counts the largest group ``g`` in the warm-up, so any m >= 1 works without
+deadlock and still reaches the bubble (p-1)/(v m + p - 1), at the price of (v-1) (m mod p) more
+warm-up forwards. With m a multiple of p this is exactly Megatron's and torch's
+``ScheduleInterleaved1F1B`` order (torch instead uses m // (m // p) microbatches per round and needs
+that to divide m). vpp = 1 is accepted (a 1F1B with a 2 (p - r - 1) warm-up).
+"""
+
+from __future__ import annotations
+
+from ..errors import ScheduleError
+
+from .common import check_sizes
+from .ir import B, F, Schedule, looped_placement
+
+
+def microbatch_groups(num_microbatches: int, group: int) -> list[range]:
+    """Consecutive groups of ``group`` microbatches; the last one takes the remainder."""
+    out, lo = [], 0
+    while lo < num_microbatches:
+        hi = num_microbatches if num_microbatches - lo < 2 * group else lo + group
+        out.append(range(lo, hi))
+        lo = hi
+    return out
+
+
+def interleaved_1f1b(pp: int, vpp: int, num_microbatches: int, group: int | None = None) -> Schedule:
+    check_sizes("interleaved-1f1b", pp, vpp, num_microbatches, vpp_allowed=None)
+    groups = microbatch_groups(num_microbatches, group or pp)
+    table = [(mb, c) for grp in groups for c in range(vpp) for mb in grp]  # (microbatch, chunk)
+    widest, total = max(len(g) for g in groups), len(table)
+    ranks = []
+    for r in range(pp):
+        fwd = [F(c * pp + r, mb) for mb, c in table]
+        bwd = [B((vpp - 1 - c) * pp + r, mb) for mb, c in table]
+        warm = min(2 * (pp - r - 1) + (vpp - 1) * widest, total)
+        acts = fwd[:warm]
+        for k in range(total - warm):
+            acts += [fwd[warm + k], bwd[k]]
+        acts += bwd[total - warm:]
+        ranks.append(tuple(acts))
+    meta = {"group": group or pp}
+    sched = Schedule("interleaved-1f1b", pp, vpp, num_microbatches, looped_placement(pp, vpp), tuple(ranks), meta=meta)
+    if num_microbatches % pp:
+        # The remainder-group order is not deadlock-free for every (pp, vpp, m): check it here
+        # and refuse with a clear message rather than hand the engine a hanging schedule.
+        from .validate import validate
+
+        try:
+            validate(sched)
+        except ScheduleError:
+            raise ScheduleError(
+                "gbs", f"interleaved-1f1b cannot order {num_microbatches} microbatches on pp={pp} with vpp={vpp}"
+                " (not a multiple of pp).", f"use a multiple of {pp} microbatches, or another schedule.") from None
+    return sched

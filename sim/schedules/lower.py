@@ -1,0 +1,116 @@
+"""Lowering: turn a compute-only schedule into one the engine (or torch's runtime) can execute.
+
+Added per rank, in order (the input schedule is never modified):
+
+- ``RECV_F(s, m)`` just before ``F(s, m)`` and ``SEND_F(s, m)`` just after it when stage s-1 / s+1
+  is on another rank; ``RECV_B``/``SEND_B`` likewise around ``B``/``I``. Sends are posted
+  (non-blocking) and a receive waits for the data, as in torch's runtime with its receives deferred
+  to their consumer (``_defer_recv_ops``): deadlock-free exactly when the compute order is.
+- ``R(s, m)`` (recompute forward) right before each ``B``/``I`` when recompute is ``full`` or
+  ``selective``, after the gradient has arrived (Megatron recomputes inside its backward step).
+  The engine costs R by the recompute mode; torch itself has no R (it recomputes inside B/I).
+- ``REDUCE_GRAD(s)`` right after stage s's last ``B`` or ``W`` (torch's ``_add_reduce_grad``): the
+  data-parallel gradient all-reduce, or reduce-scatter under ZeRO 2/3 (a no-op when dp*cp = 1).
+- ZeRO 3 / FSDP: ``UNSHARD(s)`` (parameter all-gather) before a stage computes and ``RESHARD(s)``
+  when it leaves the window of the next ``max_active_stages`` distinct stages the rank will run,
+  and at the end (torch's ``_add_unshard_reshard`` policy, default window 3).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..errors import ScheduleError
+from .ir import Action, Kind, Schedule
+
+if TYPE_CHECKING:
+    from ..plan import ParallelPlan
+
+_BACKWARD = (Kind.B, Kind.I)
+
+
+def _next_distinct(stages: list[int], n: int) -> list[tuple[int, ...]]:
+    """For each position i, the first ``n`` distinct stages of ``stages[i:]`` (linear time)."""
+    out: list[tuple[int, ...]] = [()] * len(stages)
+    ahead: tuple[int, ...] = ()
+    for i in range(len(stages) - 1, -1, -1):
+        s = stages[i]
+        ahead = ((s,) + tuple(x for x in ahead if x != s))[:n]
+        out[i] = ahead
+    return out
+
+
+def add_unshard_reshard(acts: tuple[Action, ...], max_active_stages: int = 3) -> list[Action]:
+    """UNSHARD/RESHARD around one rank's compute actions (torch's sliding-window policy)."""
+    window = _next_distinct([a.stage for a in acts], max_active_stages)
+    active: list[int] = []
+    out: list[Action] = []
+    for a, nxt in zip(acts, window):
+        for s in [s for s in active if s not in nxt]:
+            active.remove(s)
+            out.append(Action(s, Kind.RESHARD))
+        for s in nxt:
+            if s not in active:
+                active.append(s)
+                out.append(Action(s, Kind.UNSHARD))
+        out.append(a)
+    out += [Action(s, Kind.RESHARD) for s in active]
+    return out
+
+
+def _lower_rank(s: Schedule, acts: list[Action], recompute: bool, reduce_grad: bool) -> list[Action]:
+    place, last = s.placement, s.num_stages - 1
+    remote = [False] * (last + 2)  # remote[b]: boundary b|b+1 crosses ranks
+    for b in range(last):
+        remote[b] = place[b] != place[b + 1]
+    done: dict[int, int] = {}
+    m = s.num_microbatches
+    out: list[Action] = []
+    for a in acts:
+        st, k, mb = a.stage, a.kind, a.microbatch
+        if k is Kind.F:
+            if st > 0 and remote[st - 1]:
+                out.append(Action(st, Kind.RECV_F, mb))
+            out.append(a)
+            if st < last and remote[st]:
+                out.append(Action(st, Kind.SEND_F, mb))
+        elif k in _BACKWARD:
+            if st < last and remote[st]:
+                out.append(Action(st, Kind.RECV_B, mb))
+            if recompute:
+                out.append(Action(st, Kind.R, mb))
+            out.append(a)
+            if st > 0 and remote[st - 1]:
+                out.append(Action(st, Kind.SEND_B, mb))
+        else:
+            out.append(a)
+        if k is Kind.B or k is Kind.W:
+            done[st] = done.get(st, 0) + 1
+            if reduce_grad and done[st] == m:
+                out.append(Action(st, Kind.REDUCE_GRAD))
+    return out
+
+
+def lower(schedule: Schedule, plan: "ParallelPlan | None" = None, *, recompute: str | None = None,
+          zero: int | None = None, reduce_grad: bool = True, max_active_stages: int = 3) -> Schedule:
+    """Add send/recv, recompute, gradient-reduction and (ZeRO 3) unshard/reshard actions.
+
+    ``recompute`` and ``zero`` default to the plan's (or none/0 without a plan)."""
+    if schedule.lowered:
+        raise ScheduleError("schedule", f"{schedule.name} is already lowered.", "lower the compute-only schedule (schedule.compute_only()).")
+    if plan is not None:
+        pp = 1 if plan.schedule == "none" else plan.pp
+        if (pp, plan.vpp) != (schedule.pp, schedule.vpp):
+            raise ScheduleError("plan", f"plan has pp={plan.pp} vpp={plan.vpp}, schedule {schedule.name} has pp={schedule.pp} "
+                                f"vpp={schedule.vpp}.", "build the schedule from the plan (schedule_for_plan).")
+    recompute = recompute if recompute is not None else (plan.recompute if plan is not None else "none")
+    zero = zero if zero is not None else (plan.zero if plan is not None else 0)
+    if recompute not in ("none", "selective", "full"):
+        raise ScheduleError("recompute", f"unknown mode {recompute!r}.", "use none, selective or full.")
+    ranks = []
+    for acts in schedule.ranks:
+        seq = add_unshard_reshard(acts, max_active_stages) if zero == 3 else list(acts)
+        ranks.append(tuple(_lower_rank(schedule, seq, recompute != "none", reduce_grad)))
+    out = schedule.replace_ranks(ranks, lowered=True)
+    out.meta.update(recompute=recompute, zero=zero)
+    return out

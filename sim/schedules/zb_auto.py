@@ -1,0 +1,194 @@
+"""ZB-1p and ZB-2p: the zero-bubble paper's automatic schedule (Qi et al., ICLR 2024, §3.1).
+
+Given per-stage F/I/W times (the paper's F/B/W), the p2p latency T_comm and an activation-memory
+limit of ``mem_factor * p`` microbatch activation sets (1p: the 1F1B peak; 2p: twice it), the
+heuristic builds each rank's order while simulating its timeline:
+
+1. Warm-up: every stage runs F0; then, from the last stage up, each stage schedules as many extra
+   forwards as fit in memory and in the time before its first I can start (optionally allowing a
+   small bubble before that I); a stage never gets more warm-up forwards than the one before it.
+2. Steady state, one microbatch per round: each stage adds one F (unless doing so would delay the
+   I chain and the stage's bubble is not the largest) and then one I, from the last stage up.
+   Before an F or I that must wait for its input, the stage fills the gap with pending W; a gap
+   shorter than one W is still filled when that keeps this stage's accumulated bubble below the
+   largest one. W also runs whenever memory would otherwise overflow.
+3. The remaining W close each rank. Eight variants of three switches are tried (bubble before
+   the first I allowed, I prioritised over F, greedy W in small gaps) and the shortest longest-rank
+   execution time wins (the paper then refines with an ILP, which simpar does not).
+
+Memory accounting (as in the paper's reference scheduler): F allocates one activation set M_B
+(1 unit), I frees ``1 - w_mem_fraction`` of it and W the rest (M_W, the inputs kept for the weight
+gradient). The
+default 0.3 is about the reference code's estimate M_W/M_B = 32h / (34h + 5as) for the paper's GPT
+models at s = 1024 (0.28-0.43); any value in [0.1, 0.5] reproduces every ZB-1p and ZB-2p bubble
+rate of the paper's Table 5. Since memory >= sets alive until their I, a ZB-1p schedule never holds
+more than p sets in `analysis.peak_inflight`'s count. With 0 (W free) the 1p heuristic keeps W
+pending longer and beats ZB-H1.
+"""
+
+from __future__ import annotations
+
+from itertools import product
+
+from ..errors import ScheduleError
+from .common import check_sizes
+from .costs import StageCosts
+from .ir import Action, F, I, Schedule, W, looped_placement
+
+_F, _I, _W = 0, 1, 2
+
+
+class _Auto:
+    """One run of the heuristic for fixed switches; ``order[j]`` is stage j's action list."""
+
+    def __init__(self, p: int, m: int, costs: StageCosts, max_mem: float, w_frac: float):
+        self.p, self.m, self.c = p, m, costs
+        self.cost = [[costs.f(j), costs.i(j), costs.w(j)] for j in range(p)]
+        self.mem = (1.0, -(1.0 - w_frac), -w_frac)
+        self.max_mem = max_mem
+        self.count = [[0, 0, 0] for _ in range(p)]  # F, I, W done per stage
+        self.end = [0.0] * p  # stage's last end time
+        self.used = [0.0] * p  # activation memory in use
+        self.bubble = [0.0] * p  # idle time after the stage's first F
+        self.max_bubble = 0.0
+        self.comms = [costs.comm(j) for j in range(p)]
+        # end time of (type, stage, mb): t[type][stage][mb]
+        self.t = [[[0.0] * m for _ in range(p)] for _ in range(3)]
+        self.order: list[list[tuple[int, int]]] = [[] for _ in range(p)]  # (type, mb) per stage
+
+    def comm(self, j: int) -> float:
+        return self.comms[j]
+
+    def actions(self, j: int) -> tuple[Action, ...]:
+        return tuple((F, I, W)[kind](j, mb) for kind, mb in self.order[j])
+
+    def input_ready(self, j: int, kind: int, mb: int) -> float:
+        """When (j, kind, mb)'s input from the neighbouring stage arrives (0 if none)."""
+        if kind == _F and j > 0:
+            return self.t[_F][j - 1][mb] + self.comms[j - 1]
+        if kind == _I and j < self.p - 1:
+            return self.t[_I][j + 1][mb] + self.comms[j]
+        return 0.0
+
+    def put(self, j: int, kind: int) -> None:
+        count = self.count[j]
+        mb, end = count[kind], self.end[j]
+        start = end if kind == _W else max(end, self.input_ready(j, kind, mb))
+        if start > end and count[_F] > 0:
+            self.bubble[j] += start - end
+            self.max_bubble = max(self.max_bubble, self.bubble[j])
+        self.end[j] = self.t[kind][j][mb] = start + self.cost[j][kind]
+        self.used[j] += self.mem[kind]
+        count[kind] += 1
+        self.order[j].append((kind, mb))
+
+    def pending_w(self, j: int) -> bool:
+        return self.count[j][_W] < self.count[j][_I]
+
+    def free_memory_for(self, j: int, kind: int) -> None:
+        while self.used[j] + self.mem[kind] > self.max_mem + 1e-9:
+            if not self.pending_w(j):
+                raise ScheduleError("memory", f"zb auto-schedule: stage {j} cannot fit one more activation set "
+                                    f"under the limit of {self.max_mem:g}.", "raise the memory factor (zb-2p).")
+            self.put(j, _W)
+
+    def fill_gap(self, j: int, ready: float, greedy: bool) -> None:
+        """Run pending W while they fit before ``ready``; maybe one more into a smaller gap."""
+        while self.pending_w(j) and self.end[j] + self.cost[j][_W] <= ready:
+            self.put(j, _W)
+        if self.pending_w(j) and self.end[j] < ready:
+            if ready - self.end[j] > self.max_bubble - self.bubble[j] or greedy:
+                self.put(j, _W)
+
+    def warmup(self, allow_bubble: bool) -> None:
+        p = self.p
+        for j in range(p):
+            self.put(j, _F)
+        extra = [0] * p
+        last_t = self.t[_F][p - 1][0] + self.cost[p - 1][_I]
+        for j in range(p - 2, -1, -1):
+            used, t = self.used[j], self.end[j]
+            while self.count[j][_F] + extra[j] < self.m and used + self.mem[_F] <= self.max_mem + 1e-9:
+                f = self.cost[j][_F]
+                if (t + f > last_t + self.comm(j)) if allow_bubble else (t >= last_t + self.comm(j)):
+                    break
+                used, t, extra[j] = used + self.mem[_F], t + f, extra[j] + 1
+            last_t = max(t, last_t + self.comm(j)) + self.cost[j][_I]
+        for j in range(1, p):
+            while extra[j] > 0 and extra[j] >= extra[j - 1] and self.count[j][_F] + extra[j] < self.m:
+                extra[j] -= 1
+        for j in range(p):
+            for _ in range(extra[j]):
+                self.put(j, _F)
+        for j in range(p - 1, -1, -1):
+            self.put(j, _I)
+
+    def wants_forward(self, j: int, prioritize_b: bool) -> bool:
+        n = self.count
+        if n[j][_F] >= self.m:
+            return False
+        if not (prioritize_b and j + 1 < self.p and n[j][_F] >= n[j + 1][_F] + 2):
+            return True
+        # Would one more F here delay the I that stage j+1 sends after its next F and I?
+        nxt = self.end[j + 1] + self.cost[j + 1][_F] + self.cost[j + 1][_I] + self.comm(j)
+        if self.end[j] >= nxt:
+            return False
+        used, w_cost, k = self.used[j] + self.mem[_F], 0.0, 0
+        while used > self.max_mem + 1e-9 and n[j][_W] + k < n[j][_I]:
+            used, w_cost, k = used + self.mem[_W], w_cost + self.cost[j][_W], k + 1
+        if self.end[j] + self.cost[j][_F] + w_cost <= nxt:
+            return True
+        return nxt - self.end[j] > self.max_bubble - self.bubble[j]
+
+    def round(self, i: int, prioritize_b: bool, greedy: bool) -> None:
+        p = self.p
+        want = [self.wants_forward(j, prioritize_b) for j in range(p)]
+        for j in range(p - 2, -1, -1):
+            want[j] = want[j] and want[j + 1]
+        for j in range(p):
+            if want[j]:
+                self.free_memory_for(j, _F)
+                if j > 0:
+                    self.fill_gap(j, self.input_ready(j, _F, self.count[j][_F]), greedy)
+                self.put(j, _F)
+        for j in range(p - 1, -1, -1):
+            self.free_memory_for(j, _I)
+            if j + 1 < p:
+                self.fill_gap(j, self.input_ready(j, _I, i), greedy)
+            if j == 0 and self.count[0][_F] == self.m:
+                while self.pending_w(0):
+                    self.put(0, _W)
+            self.put(j, _I)
+
+    def run(self, allow_bubble: bool, prioritize_b: bool, greedy: bool) -> float:
+        self.warmup(allow_bubble)
+        for i in range(1, self.m):
+            self.round(i, prioritize_b, greedy)
+        for j in range(self.p):
+            while self.pending_w(j):
+                self.put(j, _W)
+        return max(self.end[j] - (self.t[_F][j][0] - self.cost[j][_F]) for j in range(self.p))
+
+
+#: M_W / M_B, see the module docstring.
+W_MEM_FRACTION = 0.3
+
+
+def zb_auto(pp: int, num_microbatches: int, costs: StageCosts | None = None, mem_factor: int = 1,
+            w_mem_fraction: float = W_MEM_FRACTION) -> Schedule:
+    """ZB-1p (``mem_factor=1``) or ZB-2p (``mem_factor=2``) for the given stage costs."""
+    name = f"zb-{mem_factor}p"
+    check_sizes(name, pp, 1, num_microbatches)
+    costs = costs or StageCosts.uniform()
+    costs.check(pp)
+    if not 0.0 <= w_mem_fraction < 1.0:
+        raise ScheduleError("w_mem_fraction", f"must be in [0, 1), got {w_mem_fraction}.", "use e.g. 0 or 0.3.")
+    best, best_run = None, None
+    for allow_bubble, prioritize_b, greedy in product((True, False), repeat=3):
+        run = _Auto(pp, num_microbatches, costs, float(mem_factor * pp), w_mem_fraction)
+        cost = run.run(allow_bubble, prioritize_b, greedy)
+        if best is None or cost < best - 1e-12:
+            best, best_run = cost, run
+    ranks = tuple(best_run.actions(j) for j in range(pp))
+    return Schedule(name, pp, 1, num_microbatches, looped_placement(pp, 1), ranks,
+                    meta={"mem_factor": mem_factor, "w_mem_fraction": w_mem_fraction})

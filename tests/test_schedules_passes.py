@@ -1,0 +1,134 @@
+"""Lowering (send/recv, recompute, gradient reduction, ZeRO-3 unshard/reshard) and validation."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from simpar.sim.errors import ScheduleError
+from simpar.sim.plan import ParallelPlan
+from simpar.sim.schedules import Action, Kind, Schedule, build_schedule, lower, schedule_for_plan, validate
+
+
+def strs(acts) -> list[str]:
+    return [str(a) for a in acts]
+
+
+def test_lower_1f1b_exact() -> None:
+    low = lower(build_schedule("1f1b", 2, 1, 2), recompute="full")
+    assert strs(low.ranks[0]) == ["0F0", "0SEND_F0", "0F1", "0SEND_F1", "0RECV_B0", "0R0", "0B0", "0RECV_B1", "0R1",
+                                  "0B1", "0REDUCE_GRAD"]
+    assert strs(low.ranks[1]) == ["1RECV_F0", "1F0", "1R0", "1B0", "1SEND_B0", "1RECV_F1", "1F1", "1R1", "1B1",
+                                  "1SEND_B1", "1REDUCE_GRAD"]
+    assert low.lowered and low.meta["recompute"] == "full"
+    validate(low)
+
+
+def test_lower_does_not_mutate_and_round_trips_compute_only() -> None:
+    s = build_schedule("zb-h1", 3, 1, 5)
+    before = s.ranks
+    low = lower(s, recompute="selective", zero=3)
+    assert s.ranks == before and not s.lowered
+    assert low.compute_only() == s
+
+
+def test_split_backward_reduces_after_last_w() -> None:
+    low = lower(build_schedule("zb-h2", 2, 1, 3))
+    for r, acts in enumerate(low.ranks):
+        names = strs(acts)
+        assert names.count(f"{r}REDUCE_GRAD") == 1
+        assert names.index(f"{r}REDUCE_GRAD") == max(i for i, a in enumerate(acts) if a.kind is Kind.W) + 1
+        assert not any(a.kind is Kind.R for a in acts)
+
+
+def test_v_shape_sends_only_across_ranks() -> None:
+    low = lower(build_schedule("zb-v", 2, 2, 2))
+    kinds = Counter(a.kind for acts in low.ranks for a in acts)
+    # boundaries 0|1 and 2|3 cross ranks, 1|2 stays on rank 1: 2 boundaries x 2 mbs, each way
+    assert kinds[Kind.SEND_F] == kinds[Kind.RECV_F] == kinds[Kind.SEND_B] == kinds[Kind.RECV_B] == 4
+    validate(low)
+
+
+def test_zero3_unshard_reshard() -> None:
+    low = lower(build_schedule("interleaved-1f1b", 2, 4, 4), zero=3)
+    for acts in low.ranks:
+        live: set[int] = set()
+        for a in acts:
+            if a.kind is Kind.UNSHARD:
+                live.add(a.stage)
+            elif a.kind is Kind.RESHARD:
+                live.discard(a.stage)
+            elif a.kind in (Kind.F, Kind.B):
+                assert a.stage in live, f"{a} computes on a sharded stage"
+            assert len(live) <= 3
+        assert not live
+    assert not any(a.kind is Kind.UNSHARD for acts in lower(build_schedule("1f1b", 2, 1, 2), zero=2).ranks for a in acts)
+    validate(low)
+
+
+def test_lower_from_plan() -> None:
+    plan = ParallelPlan(pp=2, dp=2, micro_batch_size=1, global_batch_size=8, schedule="1f1b", recompute="full", zero=3)
+    low = lower(schedule_for_plan(plan), plan)
+    assert any(a.kind is Kind.R for a in low.ranks[0]) and any(a.kind is Kind.UNSHARD for a in low.ranks[0])
+    with pytest.raises(ScheduleError, match="already lowered"):
+        lower(low, plan)
+    with pytest.raises(ScheduleError, match="plan has pp=2"):
+        lower(build_schedule("1f1b", 3, 1, 4), plan)
+
+
+# --- validation ----------------------------------------------------------------------------------
+def sched(rows: list[str], pp: int = 2, m: int = 2, lowered: bool = False, placement=None) -> Schedule:
+    ranks = tuple(tuple(Action.parse(x) for x in row.split()) for row in rows)
+    return Schedule("custom", pp, 1, m, placement or tuple(range(pp)), ranks, lowered)
+
+
+GOOD = ["0F0 0F1 0B0 0B1", "1F0 1B0 1F1 1B1"]
+
+
+@pytest.mark.parametrize("rows,match", [
+    (["0F0 0B0 0B1", "1F0 1B0 1F1 1B1"], "stage 0 microbatch 1 has 0 forwards"),
+    (["0F0 0F1 0F1 0B0 0B1", "1F0 1B0 1F1 1B1"], "appears more than once"),
+    (["0F0 0F1 0B0 0I1", "1F0 1B0 1F1 1B1"], "expected one B, or one I and one W"),
+    (["0F0 0F1 0B0 0I1 0W1 0B1", "1F0 1B0 1F1 1B1"], "B=1 I=1 W=1"),
+    (["0F0 0B0 0F1 0B1", "1B0 1F0 1F1 1B1"], "1B0 runs before 1F0"),
+    (["0F0 0F1 0B0 0W1 0I1", "1F0 1B0 1F1 1B1"], "0W1 runs before 0I1"),
+    (["0F0 0F1 0B0 0B1 1F0", "1B0 1F1 1B1"], "stage 1 is placed on rank 1"),
+    (["0F0 0F1 0B0 0B1 0F2 0B2", "1F0 1B0 1F1 1B1"], "microbatch outside"),
+    (["0F0 0B0 0F1 0B1", "1F1 1B1 1F0 1B0"], "deadlock: rank 0 hangs at step 1 \\(0B0\\)"),
+    (["0F0 0F1 0B0 0B1"], "has 1 rank rows, pp=2"),
+])
+def test_validate_rejects(rows: list[str], match: str) -> None:
+    with pytest.raises(ScheduleError, match=match):
+        validate(sched(rows))
+
+
+def test_validate_accepts_good_and_flags_lowered_kinds() -> None:
+    validate(sched(GOOD))
+    with pytest.raises(ScheduleError, match="not marked lowered"):
+        validate(sched(["0F0 0SEND_F0 0F1 0SEND_F1 0B0 0B1", "1F0 1B0 1F1 1B1"]))
+
+
+@pytest.mark.parametrize("rank,edit,match", [
+    (0, lambda r: r + ["0REDUCE_GRAD"], "0REDUCE_GRAD appears more than once"),
+    (0, lambda r: ["0REDUCE_GRAD"] + [a for a in r if a != "0REDUCE_GRAD"], "REDUCE_GRAD runs before the last backward"),
+    (1, lambda r: r + ["1RESHARD"], "RESHARD without a matching UNSHARD"),
+    (1, lambda r: ["1UNSHARD", "1UNSHARD"] + r, "already unsharded"),
+])
+def test_validate_lowered(rank: int, edit, match: str) -> None:
+    low = lower(sched(GOOD))
+    rows = [" ".join(edit(strs(acts)) if r == rank else strs(acts)) for r, acts in enumerate(low.ranks)]
+    with pytest.raises(ScheduleError, match=match):
+        validate(sched(rows, lowered=True))
+
+
+def test_recv_missing_is_reported() -> None:
+    low = lower(sched(GOOD))
+    rows = [" ".join(a for a in strs(acts) if a != "1RECV_F1") for acts in low.ranks]
+    with pytest.raises(ScheduleError, match="stage 1 microbatch 1: 0 RECV_F actions, expected 1"):
+        validate(sched(rows, lowered=True))
+
+
+def test_recompute_must_sit_between_f_and_backward() -> None:
+    with pytest.raises(ScheduleError, match="between the F and the backward"):
+        validate(sched(["0R0 0F0 0F1 0B0 0B1", "1F0 1B0 1F1 1B1"], lowered=True))
