@@ -1,1 +1,66 @@
-"""simpar."""
+"""Collectives and p2p over the cluster graph, behind one small interface (`Network`).
+
+Backends:
+
+- ``analytical``: alpha-beta per algorithm phase over the busiest link of the group (fast; no
+  interaction between transfers);
+- ``contention``: SimPy flows over the graph's links with max-min fair sharing, so concurrent
+  transfers in the same environment slow each other down.
+
+Use::
+
+    net = make_network(cluster, backend="contention", env=env)
+    t = net.collective_time("all-reduce", range(16), 2**30)   # seconds, no other traffic
+    yield env.process(net.collective(env, "all-reduce", dp_group, grad_bytes))
+    yield env.process(net.p2p(env, src_rank, dst_rank, activation_bytes))
+
+The model's constants (latencies per step and link class, efficiencies) are in `constants`;
+``calibration`` overrides them with a nested dict of the same shape.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from ..specs.cluster import ClusterSpec
+from ..topology import Topology
+from .algorithms import OPS
+from .analytical import AnalyticalNetwork
+from .base import Estimate, Network, algbw, busbw_factor
+from .constants import DEFAULT_CONSTANTS, NetworkConstants
+from .contention import ContentionNetwork
+
+BACKENDS = ("analytical", "contention")
+
+__all__ = [
+    "BACKENDS",
+    "DEFAULT_CONSTANTS",
+    "OPS",
+    "AnalyticalNetwork",
+    "ContentionNetwork",
+    "Estimate",
+    "Network",
+    "NetworkConstants",
+    "algbw",
+    "busbw_factor",
+    "make_network",
+]
+
+
+def make_network(
+    cluster: ClusterSpec,
+    backend: str = "analytical",
+    env: Any = None,
+    calibration: dict[str, Any] | None = None,
+    *,
+    placement: Sequence[int] | None = None,
+    topology: Topology | None = None,
+) -> Network:
+    """A network for ``cluster``. ``env`` (contention backend) is the SimPy environment whose
+    transfers share links (others are bound on first use); ``calibration`` overrides constants;
+    ``placement[r]`` is the GPU of global rank r (default: GPU r); ``topology`` reuses a built graph."""
+    if backend == "analytical":
+        return AnalyticalNetwork(cluster, calibration, placement, topology)
+    if backend == "contention":
+        return ContentionNetwork(cluster, calibration, placement, topology, env=env)
+    raise ValueError(f"unknown network backend {backend!r}; use one of {', '.join(BACKENDS)}")

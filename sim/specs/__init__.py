@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..errors import SpecError
 from .cluster import ClusterSpec
 from .gpu import GPUSpec
 from .loader import build, preset_names, read_mapping, resolve
@@ -27,6 +28,9 @@ def load_cluster(name_or_path: str | Path, gpus: int | None = None) -> ClusterSp
     data.setdefault("name", path.stem)
     gpu = data.get("gpu")
     if isinstance(gpu, str):
-        data["gpu"] = load_gpu(gpu)
+        try:
+            data["gpu"] = load_gpu(gpu)
+        except SpecError as exc:  # name the cluster file, not only the GPU preset
+            raise SpecError(f"cluster file {path.name}: gpu", exc.problem, exc.fix) from None
     spec = build(ClusterSpec, data, f"cluster file {path.name}")
     return spec.with_gpus(gpus) if gpus is not None else spec

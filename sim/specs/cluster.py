@@ -1,18 +1,111 @@
 """Cluster (node + fabric) specifications, read from topologies/clusters/*.yaml.
 
-This module holds what memory and FLOPs need (GPU type, GPUs per node, node count) and the
-fabric description that `simpar.sim.topology` expands into a graph. A cluster preset describes
-one node type; ``with_gpus(n)`` scales it to n GPUs in whole nodes.
+A cluster is ``num_nodes`` identical nodes. The memory model and FLOP counts only need the GPU
+type and the GPU count; `simpar.sim.topology` expands the two fabric mappings below into a
+graph:
+
+- ``node`` (`NodeFabric`): how the GPUs of one node are joined (an NVSwitch, or PCIe switches
+  under CPU sockets), and the node's NICs;
+- ``scale_out`` (`ScaleOutFabric`): the switches that join the nodes' NICs (rail-optimized fat
+  tree, plain fat tree with an oversubscription ratio, or a simple two-level switch).
+
+Conventions (as in the YAML files): every bandwidth is a *line rate per direction* (a full-duplex
+link carries that much each way at once); the protocol efficiency that NCCL reaches on each link
+class lives in `simpar.sim.network.constants`, not here. Every latency is *one way, per hop*.
+``with_gpus(n)`` scales a preset to n GPUs in whole nodes.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from ..errors import PlanError
+from ..errors import PlanError, SpecError
 from .gpu import GPUSpec
+
+
+class NodeFabric(BaseModel):
+    """Inside one node: GPUs, their NVLink/NVSwitch or PCIe switches, CPU sockets and NICs.
+
+    Layout rule: GPUs are placed on PCIe switches in blocks (GPUs 0..k-1 on switch 0, ...), the
+    switch's NICs likewise, switches over CPU sockets in blocks. GPU g uses NIC
+    ``g % nics_per_pcie_switch`` of its switch (one NIC per GPU when the counts are equal).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    interconnect: Literal["nvswitch", "pcie"] = Field(
+        description="nvswitch: every GPU has NVLink ports into one non-blocking NVSwitch fabric; "
+        "pcie: GPUs talk through PCIe switches and the CPU root complexes"
+    )
+    nvlink_generation: Literal[0, 3, 4, 5] = Field(0, description="3 A100, 4 H100/H200, 5 B200; 0 = no NVLink")
+    nvlink_bw_GBps: float | None = Field(None, gt=0, description="NVLink per GPU, per direction, line rate (GB/s)")
+    nvls: bool = Field(False, description="NVSwitch can reduce in the switch (NVLink SHARP, Hopper onward)")
+    pcie_generation: Literal[3, 4, 5, 6] = Field(4, description="informational; the rate is pcie_bw_GBps")
+    pcie_bw_GBps: float = Field(gt=0, description="one x16 PCIe link, per direction, line rate (GB/s)")
+    gpus_per_pcie_switch: int = Field(gt=0)
+    nics_per_pcie_switch: int = Field(ge=0, description="compute NICs under each PCIe switch (0: none)")
+    pcie_switches_per_cpu: int = Field(gt=0)
+    cpu_link_bw_GBps: float | None = Field(
+        None, gt=0, description="socket-to-socket link (UPI/xGMI), per direction, as NCCL's topology model rates it (GB/s)"
+    )
+    nic_bw_Gbps: float | None = Field(None, gt=0, description="one NIC port, per direction, line rate (Gb/s)")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "NodeFabric":
+        if self.interconnect == "nvswitch":
+            if self.nvlink_bw_GBps is None:
+                raise ValueError("an nvswitch node needs nvlink_bw_GBps (per GPU, per direction)")
+            if self.nvlink_generation == 0:
+                raise ValueError("an nvswitch node needs nvlink_generation (3, 4 or 5)")
+        elif self.nvls or self.nvlink_bw_GBps is not None:
+            raise ValueError("a pcie node has no NVLink: remove nvlink_bw_GBps and nvls")
+        if self.nvls and self.nvlink_generation < 4:
+            raise ValueError("nvls (NVLink SHARP) needs NVSwitch generation 3, i.e. nvlink_generation >= 4")
+        if self.nics_per_pcie_switch and self.nic_bw_Gbps is None:
+            raise ValueError("nic_bw_Gbps is required when the node has NICs")
+        return self
+
+    def pcie_switches(self, gpus: int) -> int:
+        return math.ceil(gpus / self.gpus_per_pcie_switch)
+
+    def cpus(self, gpus: int) -> int:
+        return math.ceil(self.pcie_switches(gpus) / self.pcie_switches_per_cpu)
+
+    def nics(self, gpus: int) -> int:
+        return self.pcie_switches(gpus) * self.nics_per_pcie_switch
+
+
+class ScaleOutFabric(BaseModel):
+    """The network between nodes. Leaf switches hold ``nodes_per_leaf`` nodes; spines join leaves.
+
+    - ``rail-optimized``: NIC i of every node of a group sits on leaf (rail i, group); leaves of
+      all rails and groups connect to every spine (NVIDIA DGX SuperPOD style);
+    - ``fat-tree``: all NICs of a node sit on the node's leaf; leaves connect to every spine;
+    - ``two-level``: like fat-tree with one core switch: for small setups.
+
+    A leaf's uplink capacity is its downlink capacity (NICs x nic_bw) divided by
+    ``oversubscription``, split evenly over the spines.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    topology: Literal["rail-optimized", "fat-tree", "two-level", "none"]
+    nodes_per_leaf: int = Field(32, gt=0, description="nodes whose NICs share one leaf (per rail when rail-optimized)")
+    spines: int = Field(16, gt=0, description="spine switches (two-level: always one core switch)")
+    oversubscription: float = Field(1.0, ge=1.0, description="leaf downlink : uplink capacity ratio")
+    ecmp: Literal["dmodk", "hash"] = Field(
+        "dmodk",
+        description="spine choice per flow: dmodk = destination mod spines (static fat-tree routing, "
+        "no collisions for shift patterns); hash = deterministic hash of (source, destination)",
+    )
+    switch_latency_us: float = Field(0.13, ge=0, description="one switch traversal, one way (us)")
+
+    @property
+    def num_spines(self) -> int:
+        return 1 if self.topology == "two-level" else self.spines
 
 
 class ClusterSpec(BaseModel):
@@ -25,10 +118,16 @@ class ClusterSpec(BaseModel):
     gpu: GPUSpec
     gpus_per_node: int = Field(gt=0)
     num_nodes: int = Field(default=1, gt=0, description="nodes in the preset; --gpus rescales it")
-    # Fabric description (intra-node links, NICs, scale-out network); validated and expanded by
-    # simpar.sim.topology. Kept as plain mappings here so that memory/FLOPs never need it.
-    node: dict[str, Any] = Field(default_factory=dict)
-    scale_out: dict[str, Any] = Field(default_factory=dict)
+    node: NodeFabric
+    scale_out: ScaleOutFabric = Field(ScaleOutFabric(topology="none"), validate_default=True)
+
+    @field_validator("scale_out")
+    @classmethod
+    def _connected(cls, v: ScaleOutFabric, info: ValidationInfo) -> ScaleOutFabric:
+        d = info.data
+        if "node" in d and "num_nodes" in d and "gpus_per_node" in d:
+            check_connected(d["num_nodes"], d["gpus_per_node"], d["node"], v)
+        return v
 
     @property
     def num_gpus(self) -> int:
@@ -39,11 +138,35 @@ class ClusterSpec(BaseModel):
         if n <= 0:
             raise PlanError("gpus", f"must be a positive number of GPUs, got {n}.", "pass --gpus N with N >= 1.")
         if n < self.gpus_per_node:
-            return self.model_copy(update={"num_nodes": 1, "gpus_per_node": n})
+            return self._rebuilt(num_nodes=1, gpus_per_node=n)
         if n % self.gpus_per_node:
             raise PlanError(
                 "gpus",
                 f"{n} GPUs is not a whole number of {self.name} nodes ({self.gpus_per_node} GPUs each).",
                 f"use a multiple of {self.gpus_per_node}, e.g. {(n // self.gpus_per_node + 1) * self.gpus_per_node}.",
             )
-        return self.model_copy(update={"num_nodes": n // self.gpus_per_node})
+        return self._rebuilt(num_nodes=n // self.gpus_per_node)
+
+    def _rebuilt(self, **update: int) -> "ClusterSpec":
+        """A copy with ``update`` applied and validated again (so the fabric checks run)."""
+        data = {**dict(self), **update}
+        try:
+            return ClusterSpec.model_validate(data)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            loc = ".".join(str(x) for x in err["loc"]) or "scale_out"
+            raise SpecError(
+                f"cluster {self.name}: {loc}",
+                err["msg"].removeprefix("Value error, ") + ".",
+                f"use at most {self.gpus_per_node} GPUs, or give the cluster file a scale_out network.",
+            ) from None
+
+
+def check_connected(num_nodes: int, gpus_per_node: int, node: NodeFabric, scale_out: ScaleOutFabric) -> None:
+    """Raise ValueError when the GPUs cannot all reach each other (checked before any graph is built)."""
+    if num_nodes == 1:
+        return
+    if scale_out.topology == "none":
+        raise ValueError(f"{num_nodes} nodes need a scale_out network (topology is none): the graph would be disconnected")
+    if node.nics(gpus_per_node) == 0:
+        raise ValueError(f"{num_nodes} nodes but node.nics_per_pcie_switch is 0: the graph would be disconnected")

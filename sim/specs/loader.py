@@ -62,14 +62,27 @@ def build(model: type[T], data: dict[str, Any], source: str) -> T:
     except ValidationError as exc:
         err = exc.errors()[0]
         loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
-        msg = err["msg"]
+        msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "missing":
             fix = f"add `{loc}` to the file."
         elif err["type"] == "extra_forbidden":
-            fix = f"remove or rename `{loc}` (allowed keys: {', '.join(model.model_fields)})."
+            fields = _fields_at(model, err["loc"][:-1])
+            fix = f"remove or rename `{loc}` (allowed keys: {', '.join(fields)})."
         else:
             fix = f"correct `{loc}`."
         raise SpecError(f"{source}: {loc}", msg + ".", fix) from None
+
+
+def _fields_at(model: type[BaseModel], loc: tuple) -> list[str]:
+    """Field names of the (nested) model found at ``loc``; the top model's when not a model."""
+    current: type[BaseModel] = model
+    for part in loc:
+        field = current.model_fields.get(str(part))
+        ann = getattr(field, "annotation", None)
+        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
+            return list(current.model_fields)
+        current = ann
+    return list(current.model_fields)
 
 
 def load(kind: str, model: type[T], name_or_path: str | Path, what: str) -> T:

@@ -1,0 +1,211 @@
+"""The network interface the engine uses, and the cost model both backends share.
+
+`Network` answers, for global ranks (rank r runs on GPU ``placement[r]``, GPU r by default):
+
+- ``p2p_time(src, dst, nbytes)`` and ``collective_time(op, ranks, nbytes)`` -> seconds;
+- ``p2p(env, src, dst, nbytes)`` and ``collective(env, op, ranks, nbytes)``: SimPy process
+  generators that take that much simulated time (``yield env.process(net.p2p(env, 0, 8, n))``
+  or ``yield from net.p2p(env, 0, 8, n)``).
+
+``op`` is one of `OPS`; ``nbytes`` is the per-rank buffer as nccl-tests counts it (all-gather: the
+output, reduce-scatter: the input, all-to-all: the whole send buffer). Zero bytes or a group of
+one rank take no time. The algorithm and protocol are the ones with the least predicted time in
+the absence of other traffic, as NCCL's tuner picks them (`estimate` says which).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+from ..specs.cluster import ClusterSpec
+from ..topology import Topology
+from . import algorithms
+from .algorithms import OPS, Phase, Schedule
+from .constants import DEFAULT_CONSTANTS, NetworkConstants, network_overrides
+
+
+def busbw_factor(op: str, n: int) -> float:
+    """nccl-tests' bus bandwidth factor: busbw = algbw x factor (PERFORMANCE.md)."""
+    if n <= 1:
+        return 0.0 if op != "broadcast" else 1.0
+    return {"all-reduce": 2 * (n - 1) / n, "broadcast": 1.0}.get(op, (n - 1) / n)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    time: float  # seconds
+    algorithm: str  # ring, tree, nvls, hierarchical, direct, or none (nothing to move)
+    protocol: str  # LL, LL128, Simple, or none
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A schedule run with one protocol: time(nbytes) = alpha + nbytes * beta."""
+
+    schedule: Schedule
+    protocol: str
+    alpha: float
+    beta: float
+    phase_alpha: tuple[float, ...]  # s, per phase
+    phase_eff: tuple[float, ...]  # payload fraction of the wire bytes, per phase
+
+    def time(self, nbytes: float) -> float:
+        return self.alpha + nbytes * self.beta
+
+
+class Network:
+    """Base class: algorithm choice, caches and the no-contention cost; backends add processes."""
+
+    backend = "base"
+
+    def __init__(
+        self,
+        cluster: ClusterSpec,
+        calibration: dict[str, Any] | None = None,
+        placement: Sequence[int] | None = None,
+        topology: Topology | None = None,
+    ) -> None:
+        self.cluster = cluster
+        self.topology = topology if topology is not None else Topology(cluster)
+        self.constants: NetworkConstants = DEFAULT_CONSTANTS.with_overrides(network_overrides(calibration, cluster))
+        eff = self.constants.link_efficiency
+        #: effective capacity of every directed link, bytes/s
+        self.capacity = [bw * eff[c] for bw, c in zip(self.topology.link_bw, self.topology.link_cls)]
+        n = self.topology.num_gpus
+        self.placement = tuple(range(n)) if placement is None else tuple(placement)
+        if sorted(self.placement) != list(range(n)):
+            raise ValueError(f"placement must be a permutation of the {n} GPUs")
+        self._candidates: dict[tuple[str, tuple[int, ...]], list[Candidate]] = {}
+        self._estimates: dict[tuple[str, tuple[int, ...], float], Estimate] = {}
+        self._choices: dict[tuple, Candidate | None] = {}
+
+    # --- the interface ---------------------------------------------------------------------
+    def p2p_time(self, src: int, dst: int, nbytes: float) -> float:
+        return self.estimate_p2p(src, dst, nbytes).time
+
+    def collective_time(self, op: str, ranks: Iterable[int], nbytes: float) -> float:
+        return self.estimate(op, ranks, nbytes).time
+
+    def p2p(self, env: Any, src: int, dst: int, nbytes: float):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def collective(self, env: Any, op: str, ranks: Iterable[int], nbytes: float):  # pragma: no cover
+        raise NotImplementedError
+
+    # --- estimates -------------------------------------------------------------------------
+    def estimate(self, op: str, ranks: Iterable[int], nbytes: float, algorithm: str | None = None) -> Estimate:
+        """Time, algorithm and protocol of a collective; ``algorithm`` forces one (as NCCL_ALGO)."""
+        key = (op, ranks if type(ranks) is tuple else tuple(ranks), nbytes)
+        if algorithm is None and key in self._estimates:
+            return self._estimates[key]
+        cand = self.choose(op, key[1], nbytes, algorithm)
+        est = Estimate(0.0, "none", "none") if cand is None else Estimate(self._time(cand, nbytes), cand.schedule.name, cand.protocol)
+        if algorithm is None:
+            self._estimates[key] = est
+        return est
+
+    def estimate_p2p(self, src: int, dst: int, nbytes: float) -> Estimate:
+        key = ("p2p", (src, dst), nbytes)
+        est = self._estimates.get(key)
+        if est is None:
+            cand = self.choose_p2p(src, dst, nbytes)
+            est = Estimate(0.0, "none", "none") if cand is None else Estimate(self._time(cand, nbytes), "direct", cand.protocol)
+            self._estimates[key] = est
+        return est
+
+    def _time(self, cand: Candidate, nbytes: float) -> float:
+        """Seconds for ``nbytes`` with ``cand`` (the analytical model; backends may override)."""
+        return cand.time(nbytes)
+
+    def choose(self, op: str, ranks: tuple[int, ...], nbytes: float, algorithm: str | None = None) -> Candidate | None:
+        """The fastest (schedule, protocol) without other traffic, or None when nothing moves."""
+        key = (op, ranks, nbytes, algorithm)
+        if key in self._choices:
+            return self._choices[key]
+        if op not in OPS:
+            raise ValueError(f"unknown collective {op!r}; use one of {', '.join(OPS)}")
+        if nbytes < 0:
+            raise ValueError(f"nbytes must be >= 0, got {nbytes}")
+        cands = self.candidates(op, ranks)
+        if algorithm is not None:
+            cands = [c for c in cands if c.schedule.name == algorithm]
+            if not cands and len(ranks) > 1:
+                raise ValueError(f"algorithm {algorithm!r} is not available for {op} on these ranks")
+        best = None if nbytes == 0 or not cands else min(cands, key=lambda c: c.time(nbytes))
+        self._choices[key] = best
+        return best
+
+    def choose_p2p(self, src: int, dst: int, nbytes: float) -> Candidate | None:
+        if nbytes < 0:
+            raise ValueError(f"nbytes must be >= 0, got {nbytes}")
+        a, b = self._gpu(src), self._gpu(dst)
+        if a == b or nbytes == 0:
+            return None
+        key = ("p2p", (a, b))
+        if key not in self._candidates:
+            self._candidates[key] = self._costed(algorithms.p2p(self.topology, a, b))
+        return min(self._candidates[key], key=lambda c: c.time(nbytes))
+
+    def candidates(self, op: str, ranks: tuple[int, ...]) -> list[Candidate]:
+        """Every (schedule, protocol) for ``op`` on ``ranks``, costed; cached per group."""
+        gpus = tuple(sorted(self._gpu(r) for r in ranks))
+        key = (op, gpus)
+        if key not in self._candidates:
+            if len(set(gpus)) != len(gpus):
+                raise ValueError(f"ranks of a collective must be distinct, got {ranks}")
+            out: list[Candidate] = []
+            if len(gpus) > 1:
+                for s in algorithms.schedules(self.topology, op, gpus):
+                    out += self._costed(s)
+            self._candidates[key] = out
+        return self._candidates[key]
+
+    def _gpu(self, rank: int) -> int:
+        if not 0 <= rank < len(self.placement):
+            raise ValueError(f"rank {rank} is outside 0..{len(self.placement) - 1} ({self.cluster.name})")
+        return self.placement[rank]
+
+    # --- the cost model --------------------------------------------------------------------
+    def _costed(self, s: Schedule) -> list[Candidate]:
+        loads = [self._seconds_per_byte(ph) for ph in s.phases]
+        out = []
+        for proto in s.protocols:
+            alphas = tuple(self._phase_alpha(ph, proto) for ph in s.phases)
+            effs = tuple(self._phase_eff(ph, proto) for ph in s.phases)
+            beta = sum(spb / e for spb, e in zip(loads, effs))
+            out.append(Candidate(s, proto, sum(alphas), beta, alphas, effs))
+        return out
+
+    def _seconds_per_byte(self, ph: Phase) -> float:
+        """The busiest link of the phase: its bytes per buffer byte over its capacity."""
+        load: dict[int, float] = {}
+        for f in ph.flows:
+            for link in f.links:
+                load[link] = load.get(link, 0.0) + f.share
+        return max((v / self.capacity[link] for link, v in load.items()), default=0.0)
+
+    def _phase_alpha(self, ph: Phase, proto: str) -> float:
+        c = self.constants
+        us = c.base_latency_us[ph.algo][proto]
+        for hw, count in ph.steps:
+            lat = c.step_latency_us[hw][ph.algo][proto]
+            if proto == "LL" and ph.multinode and hw != "net":
+                lat *= c.ll_multinode_intra_factor
+            us += count * lat
+        return us * 1e-6 + ph.hop_latency
+
+    def _phase_eff(self, ph: Phase, proto: str) -> float:
+        c = self.constants
+        pe = c.protocol_efficiency[ph.algo][proto]
+        if ph.algo == "tree" and proto == "LL128" and not ph.multinode:
+            pe = c.tree_ll128_single_node
+        if ph.algo == "nvls":
+            return pe * c.nvls_efficiency[self.cluster.node.nvlink_generation]
+        return pe * c.algorithm_efficiency[ph.algo]
+
+
+def algbw(nbytes: float, seconds: float) -> float:
+    """nccl-tests' algorithm bandwidth, bytes/s."""
+    return nbytes / seconds if seconds > 0 else math.inf
