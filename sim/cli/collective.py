@@ -46,7 +46,7 @@ def collective(cluster: str, gpus: int | None, op: str, sizes: list[int], backen
                                "algorithms": [f"{r.algorithm}/{r.protocol}" for r in rows]}, indent=2))
         return
     table = Table(title=f"{op} over {spec.num_gpus} GPUs of {spec.name} ({spec.num_nodes} node(s)), {backend} model",
-                  title_justify="left", caption=f"simpar collective --cluster {cluster} --gpus {spec.num_gpus} --op {op} --backend {backend}",
+                  title_justify="left", caption=f"simpar collective --cluster {cluster} --gpus {spec.num_gpus} --op {op}" + ("" if backend == "analytical" else f" --backend {backend}"),
                   caption_justify="left")
     for col in ("size (B)", "time (us)", "algbw (GB/s)", "busbw (GB/s)", "algorithm"):
         table.add_column(col, justify="left" if col == "algorithm" else "right")
