@@ -1,0 +1,198 @@
+"""Adapter to torch.distributed.pipelining: every private torch API simpar relies on lives here.
+
+simpar drives torch's own schedule runtime (``_PipelineScheduleRuntime``) with the schedule
+file the simulator wrote (torch's CSV, one row per pipeline rank), so the executed order is the
+simulated order by construction. Those APIs are private and change between releases: simpar
+pins torch 2.13.0, and ``tests/test_executor_canary.py`` loads one schedule of each kind through
+the functions below, so an upgrade that breaks them fails there first.
+
+Private names used: ``_PipelineScheduleRuntime`` (``_load_csv``, ``pipeline_order_with_comms``,
+``stage_index_to_group_rank``), ``_Action``, the lowering passes ``_add_unshard_reshard``,
+``_add_reduce_grad``, ``_add_send_recv``, the checks ``_validate_schedule`` and
+``_simulate_comms_compute``, and the module globals ``record_function`` and ``_wait_batch_p2p``
+(wrapped while a step runs, to time each action and each wait for a received tensor).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import os
+from pathlib import Path
+from typing import Callable, Iterator, Protocol
+
+import torch
+from torch import nn
+from torch.distributed._composable.replicate_with_fsdp import replicate
+from torch.distributed.pipelining import PipelineStage
+from torch.distributed.pipelining import schedules as _sched
+from torch.distributed.pipelining.schedules import (
+    _Action,
+    _add_reduce_grad,
+    _add_send_recv,
+    _add_unshard_reshard,
+    _PipelineScheduleRuntime,
+    _simulate_comms_compute,
+    _validate_schedule,
+)
+
+from ..sim.errors import ScheduleError, SimparError
+
+#: The torch release whose private pipelining APIs this module was written against.
+TORCH_VERSION = "2.13.0"
+#: Set to 1 to run with another torch release at your own risk.
+UNPINNED_ENV = "SIMPAR_UNPINNED_TORCH"
+_STAGE_WIDE = ("REDUCE_GRAD", "UNSHARD", "RESHARD")
+
+
+def check_torch_version() -> None:
+    found = torch.__version__.split("+")[0]
+    if found != TORCH_VERSION and os.environ.get(UNPINNED_ENV) != "1":
+        raise SimparError(
+            "torch",
+            f"the executor is pinned to torch {TORCH_VERSION} (private pipelining APIs), found {found}.",
+            f"pip install torch=={TORCH_VERSION}, or set {UNPINNED_ENV}=1 and run tests/test_executor_canary.py.",
+        )
+
+
+def read_rows(path: str | Path) -> list[list[str]]:
+    """A schedule CSV as text actions, one list per pipeline rank (empty cells dropped)."""
+    with open(path, newline="") as f:
+        return [[c.strip() for c in row if c.strip()] for row in csv.reader(f)]
+
+
+def _parse(rows: list[list[str]]) -> dict[int, list[_Action]]:
+    try:
+        return {r: [_Action.from_str(a) for a in row] for r, row in enumerate(rows)}
+    except RuntimeError as exc:
+        raise ScheduleError("schedule", f"torch cannot read an action ({exc}).", "write the file with simpar's write_csv.") from None
+
+
+def lower(rows: list[list[str]], num_microbatches: int, num_stages: int) -> dict[int, list[str]]:
+    """torch's lowering of a compute-only schedule, as ``_PipelineScheduleRuntime._load_csv``
+    does it: validate, add UNSHARD/RESHARD, REDUCE_GRAD, then sends and receives. Raises
+    ScheduleError when torch rejects the schedule or when it would deadlock."""
+    actions = _parse(rows)
+    try:
+        stage_to_rank = _validate_schedule(actions, len(rows), num_stages, num_microbatches)
+        lowered = {r: _add_reduce_grad(_add_unshard_reshard(a), num_microbatches) for r, a in actions.items()}
+        lowered = _add_send_recv(lowered, lambda s: stage_to_rank[s], num_stages)
+    except (AssertionError, KeyError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ScheduleError("schedule", f"torch rejects it: {first}", "regenerate it with simpar schedule for this plan.") from None
+    check_deadlock(lowered, stage_to_rank, num_stages)
+    return {r: [str(a) for a in acts] for r, acts in lowered.items()}
+
+
+def check_deadlock(lowered: dict[int, list[_Action]], stage_to_rank: dict[int, int], num_stages: int) -> None:
+    """Dry-run torch's own simulation of sends, receives and compute; raise if nothing progresses."""
+    order = {r: [a for a in acts if a.computation_type.value not in _STAGE_WIDE] for r, acts in lowered.items()}
+    with contextlib.redirect_stdout(io.StringIO()) as out:  # torch prints the stuck schedule
+        try:
+            _simulate_comms_compute(order, lambda s: stage_to_rank[s], num_stages)
+        except ValueError:
+            stuck = [ln for ln in out.getvalue().splitlines() if "next action" in ln]
+            raise ScheduleError("schedule", f"it deadlocks ({'; '.join(stuck)}).", "check the action order of each rank.") from None
+
+
+def stage_placement(rows: list[list[str]]) -> dict[int, int]:
+    """stage -> pipeline rank, from which row holds its actions."""
+    out: dict[int, int] = {}
+    for r, acts in _parse(rows).items():
+        for a in acts:
+            if a.computation_type.value not in _STAGE_WIDE or a.stage_index >= 0:
+                out.setdefault(a.stage_index, r)
+    return out
+
+
+def has_comms(rows: list[list[str]]) -> bool:
+    return any(not a.is_compute_op for acts in _parse(rows).values() for a in acts)
+
+
+def make_stage(module: nn.Module, stage: int, num_stages: int, device: torch.device, group) -> PipelineStage:
+    """A torch PipelineStage; ``module`` must be the FSDP/DDP module itself, not a wrapper of it
+    (torch checks ``isinstance(stage.submod, FSDPModule)`` to unshard, reshard and reduce)."""
+    return PipelineStage(module, stage, num_stages, device, group=group)
+
+
+def replicate_module(module: nn.Module, mesh) -> nn.Module:
+    """Data parallelism with replicated parameters on FSDP2's machinery (``replicate``): unlike
+    DDP it works with I/W schedules (the runtime's REDUCE_GRAD all-reduces) and with DTensor
+    (tensor-parallel) parameters."""
+    replicate(module, mesh=mesh)
+    return module
+
+
+class Recorder(Protocol):
+    """Receives the boundaries of each action a rank runs (see measure.ActionRecorder)."""
+
+    def begin(self, action: str) -> None: ...
+
+    def waited(self) -> None: ...
+
+    def end(self) -> None: ...
+
+
+class _Timed:
+    """Context manager standing in for ``record_function``: keeps the profiler label and tells
+    the recorder when the action starts and ends."""
+
+    def __init__(self, inner, recorder: Recorder, action: str) -> None:
+        self.inner, self.recorder, self.action = inner, recorder, action
+
+    def __enter__(self):
+        self.inner.__enter__()
+        self.recorder.begin(self.action)
+        return self
+
+    def __exit__(self, *exc):
+        self.recorder.end()
+        return self.inner.__exit__(*exc)
+
+
+@contextlib.contextmanager
+def timed_actions(recorder: Recorder | None) -> Iterator[None]:
+    """While active, every action the runtime executes (its profiler label ``PP:<action>``) and
+    every wait for received tensors inside it are reported to ``recorder``."""
+    if recorder is None:
+        yield
+        return
+    orig_rf, orig_wait = _sched.record_function, _sched._wait_batch_p2p
+
+    def rf(name: str):
+        return _Timed(orig_rf(name), recorder, name.removeprefix("PP:"))
+
+    def wait(work):
+        orig_wait(work)
+        recorder.waited()
+
+    _sched.record_function, _sched._wait_batch_p2p = rf, wait
+    try:
+        yield
+    finally:
+        _sched.record_function, _sched._wait_batch_p2p = orig_rf, orig_wait
+
+
+class PipelineRunner:
+    """torch's schedule runtime over this rank's stages, loaded from a schedule CSV.
+
+    A compute-only file is lowered by torch (it inserts sends/receives, REDUCE_GRAD and, under
+    FSDP, UNSHARD/RESHARD); a file with communication is run as written.
+    """
+
+    def __init__(self, stages: list[PipelineStage], num_microbatches: int, loss_fn: Callable, csv_path: str | Path, comms: bool) -> None:
+        self.runtime = _PipelineScheduleRuntime(stages, num_microbatches, loss_fn=loss_fn, scale_grads=True)
+        self.runtime._load_csv(str(csv_path), format="compute_comms" if comms else "compute_only")
+        self.rank = stages[0].group_rank
+
+    def actions(self) -> list[str]:
+        """This rank's actions as the runtime will execute them (communication included)."""
+        return [str(a) for a in self.runtime.pipeline_order_with_comms[self.rank]]
+
+    def step(self, inputs: torch.Tensor, targets: torch.Tensor, recorder: Recorder | None = None) -> list[torch.Tensor]:
+        """One iteration over all microbatches; returns the per-microbatch losses (last stage)."""
+        losses: list[torch.Tensor] = []
+        with timed_actions(recorder):
+            self.runtime.step(inputs, target=targets, losses=losses, return_outputs=False)
+        return losses

@@ -1,0 +1,159 @@
+"""The per-configuration work of a sweep, the same function on every backend (in-process, a
+local process pool, Ray): ``evaluate(setup, phase, configs) -> rows``.
+
+Phases: ``screen`` (check_plan, schedule-aware memory, quick estimate: every configuration),
+``refine`` (the list-scheduler oracle: the best few hundred), ``simulate`` (the engine: the best
+few, or all with --exhaustive). A worker keeps one `Evaluator` per setup, so the analytical
+network, the per-stage work tables and the schedule profiles are built once and reused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..costs import CostModel
+from ..engine import EngineOptions
+from ..model import hardware_flops_per_iteration, model_flops_per_iteration
+from ..network import make_network
+from ..plan import ParallelPlan
+from ..results import BREAKDOWN_KEYS
+from ..specs import ClusterSpec, ModelSpec
+from ..units import GiB
+from .fit import Fit, FitModel
+from .rank import Estimate, Inputs, dp_groups, oracle_estimate, quick_estimate
+from .space import Config, SearchSpace, checked_plan
+
+
+@dataclass(frozen=True)
+class SweepSetup:
+    """Everything a worker needs (pickled once per worker)."""
+
+    model: ModelSpec
+    cluster: ClusterSpec
+    num_gpus: int
+    gbs: int
+    space: SearchSpace = field(default_factory=SearchSpace)
+    calibration: dict | None = None
+    options: EngineOptions = field(default_factory=EngineOptions)
+    backend: str = "analytical"  # the engine's network backend in the simulate phase
+    token: str = ""  # identifies the sweep; a worker keeps its caches while the token is the same
+
+
+class Evaluator:
+    def __init__(self, setup: SweepSetup):
+        self.s = setup
+        self.net = make_network(setup.cluster, "analytical", calibration=setup.calibration)
+        self.costs = CostModel.for_gpu(setup.cluster.gpu, setup.calibration)
+        self._work: dict[tuple, tuple[list, float]] = {}
+        self._groups: dict[tuple, tuple[tuple[int, ...], ...]] = {}
+        self._times: dict = {}
+        self.fits = FitModel(setup.model, setup.cluster.gpu)
+
+    # --- pieces ---------------------------------------------------------------------------
+    def plan(self, cfg: Config) -> tuple[ParallelPlan | None, str]:
+        s = self.s
+        return checked_plan(cfg, s.model, s.cluster, s.gbs, s.space)
+
+    def inputs(self, plan: ParallelPlan) -> Inputs:
+        from ..simulate import build_work
+
+        key = (plan.tp, plan.cp, plan.pp, plan.dp, plan.vpp, plan.micro_batch_size, plan.sequence_parallel,
+               plan.recompute, plan.layer_split, plan.precision, plan.flash_attention)
+        hit = self._work.get(key)
+        if hit is None:
+            work, _, p2p = build_work(self.s.model, self.s.cluster, plan, self.s.calibration, self.net)
+            hit = self._work[key] = (work, p2p)
+        gkey = (plan.tp, plan.cp, plan.pp, plan.dp, plan.mesh_order)
+        groups = self._groups.get(gkey)
+        if groups is None:
+            groups = self._groups[gkey] = dp_groups(plan)
+        return Inputs(self.s.model, plan, hit[0], hit[1], self.costs, self.net, self.s.options, groups, self._times)
+
+    def base_row(self, cfg: Config, plan: ParallelPlan | None) -> dict[str, Any]:
+        row: dict[str, Any] = {"id": cfg.id, **cfg.as_dict(), "gbs": self.s.gbs, "precision": self.s.space.precision}
+        if plan is not None:
+            row["num_microbatches"] = plan.num_microbatches
+            row["layer_split"] = list(plan.layer_split) if plan.layer_split else None
+        return row
+
+    def result_fields(self, plan: ParallelPlan, t: float, bd: dict[str, float], source: str) -> dict[str, Any]:
+        m, gbs = self.s.model, self.s.gbs
+        mf = model_flops_per_iteration(m, gbs)
+        hf = hardware_flops_per_iteration(m, gbs, plan.recompute)
+        n = plan.num_gpus
+        row = {
+            "source": source, "iter_time_s": t, "tokens_per_s": gbs * m.seq_len / t, "tflops_per_gpu": mf / t / n / 1e12,
+            "hw_tflops_per_gpu": hf / t / n / 1e12, "mfu": mf / t / n / self.s.cluster.gpu.peak_flops("bf16"),
+            "bubble_fraction": bd["bubble"] / t, "model_flops": mf, "hardware_flops": hf,
+        }
+        row.update({f"{k}_s": bd[k] for k in BREAKDOWN_KEYS})
+        return row
+
+    @staticmethod
+    def memory_fields(fit: Fit) -> dict[str, Any]:
+        return {"peak_memory_gib": fit.peak / GiB, "worst_memory_rank": fit.peak_rank,
+                "over_by_gib": max(0.0, fit.over_by / GiB), "memory_per_rank_gib": [t / GiB for t in fit.totals]}
+
+    # --- phases ---------------------------------------------------------------------------
+    def screen(self, cfg: Config) -> dict[str, Any]:
+        plan, reason = self.plan(cfg)
+        row = self.base_row(cfg, plan)
+        if plan is None:
+            return {**row, "status": "invalid", "reason": reason}
+        fit = self.fits.fit(plan)
+        row.update(self.memory_fields(fit))
+        if not fit.fits:
+            return {**row, "status": "oom", "reason": fit.reason()}
+        est = quick_estimate(self.inputs(plan))
+        return {**row, **self._estimate_fields(plan, est), "status": "estimated", "quick_time_s": est.iter_time_s}
+
+    def refine(self, cfg: Config) -> dict[str, Any]:
+        plan, _ = self.plan(cfg)
+        assert plan is not None, "only valid configurations are refined"
+        row = self.base_row(cfg, plan)
+        row.update(self.memory_fields(self.fits.fit(plan)))
+        x = self.inputs(plan)
+        quick, est = quick_estimate(x), oracle_estimate(x)
+        return {**row, **self._estimate_fields(plan, est), "status": "refined", "quick_time_s": quick.iter_time_s,
+                "oracle_time_s": est.iter_time_s}
+
+    def simulate(self, cfg: Config) -> dict[str, Any]:
+        from ..simulate import simulate
+
+        plan, _ = self.plan(cfg)
+        assert plan is not None, "only valid configurations are simulated"
+        x = self.inputs(plan)
+        quick, est = quick_estimate(x), oracle_estimate(x)
+        s = self.s
+        res = simulate(s.model, s.cluster, plan, backend=s.backend, calibration=s.calibration, options=s.options)
+        fit = Fit.of(res.memory)
+        row = {**self.base_row(cfg, plan), **self.memory_fields(fit),
+               **self.result_fields(plan, res.iter_time_s, res.breakdown_s, "engine"),
+               "reported_rank": res.reported_rank, "quick_time_s": quick.iter_time_s, "oracle_time_s": est.iter_time_s,
+               "engine_time_s": res.iter_time_s, "status": "simulated"}
+        if not fit.fits:
+            row.update(status="oom", reason=fit.reason() + " (engine memory timeline)")
+        return row
+
+    def _estimate_fields(self, plan: ParallelPlan, est: Estimate) -> dict[str, Any]:
+        return self.result_fields(plan, est.iter_time_s, est.breakdown_s, est.source)
+
+
+_EVALUATOR: list = [None, None]  # (token or setup, Evaluator) of this process
+
+
+def evaluator(setup: SweepSetup) -> Evaluator:
+    """This process's evaluator for ``setup``: reused while the sweep's token is the same (a
+    setup arriving pickled in every task of a pool or a Ray cluster keeps the caches warm)."""
+    key = setup.token or setup
+    if _EVALUATOR[0] != key:
+        _EVALUATOR[:] = [key, Evaluator(setup)]
+    return _EVALUATOR[1]
+
+
+def evaluate(setup: SweepSetup, phase: str, configs: list[Config]) -> list[dict[str, Any]]:
+    """The per-configuration function: one row per configuration, in order."""
+    ev = evaluator(setup)
+    fn = {"screen": ev.screen, "refine": ev.refine, "simulate": ev.simulate}[phase]
+    return [fn(c) for c in configs]

@@ -1,0 +1,215 @@
+"""The search space of a sweep: which (tp, pp, dp, cp, vpp, micro-batch, schedule, ZeRO,
+recompute, sequence parallelism) configurations exist for a model, a cluster and a global batch,
+and which of them are valid plans (`check_plan` gives the reason when one is not).
+
+The space is the product of the axes below; combinations that are the *same* plan under another
+name are left out by construction, never reported:
+
+- ``tp`` divides the GPU count and is at most ``max_tp``; ``cp`` divides the rest and is at most
+  ``max_cp`` (both default to one node); ``pp`` divides the rest and is at most the layer count;
+  ``dp`` = GPUs / (tp cp pp).
+- ``pp = 1`` runs schedule ``none`` only; ``pp > 1`` runs every pipeline schedule asked for.
+- ``vpp``: 1, except ``zb-v`` (2) and ``interleaved-1f1b`` (every v >= 2 dividing layers // pp).
+- ZeRO stages above 0 only where dp x cp > 1 (with one shard ZeRO changes nothing).
+- sequence parallelism on and off where tp > 1 (off where tp = 1).
+
+Everything else (layers per stage, the global batch per dp x mbs, heads per tp, ...) is checked by
+`check_plan`, and a configuration that breaks a rule is kept with the rule as its reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Iterator
+
+from ..errors import PlanError, SimparError
+from ..plan import RECOMPUTE, SCHEDULES, ParallelPlan, balanced_layer_split, check_plan
+from ..specs import ClusterSpec, ModelSpec
+
+PIPELINE_SCHEDULES = tuple(s for s in SCHEDULES if s != "none")
+#: Config fields in CSV column order.
+CONFIG_FIELDS = ("tp", "pp", "dp", "cp", "vpp", "mbs", "schedule", "zero", "recompute", "sp")
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """Axis values to search; see the module docstring for how they combine."""
+
+    schedules: tuple[str, ...] = SCHEDULES
+    zero: tuple[int, ...] = (0, 1, 2, 3)
+    recompute: tuple[str, ...] = RECOMPUTE
+    mbs: tuple[int, ...] = (1, 2, 4, 8)
+    max_tp: int | None = None  # default: GPUs per node
+    max_cp: int | None = None  # default: GPUs per node
+    sequence_parallel: tuple[bool, ...] = (False, True)
+    layer_split: str = "even"  # even: layers must divide; balanced: uneven splits as published runs use
+    precision: str = "bf16"
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> "SearchSpace":
+        kw = {f.name: d[f.name] for f in fields(cls) if f.name in d}
+        for k in ("schedules", "zero", "recompute", "mbs", "sequence_parallel"):
+            if k in kw:
+                kw[k] = tuple(kw[k])
+        return cls(**kw)
+
+
+@dataclass(frozen=True, order=True)
+class Config:
+    """One point of the space (plain values, cheap to hash, pickle and compare)."""
+
+    tp: int
+    pp: int
+    dp: int
+    cp: int
+    vpp: int
+    mbs: int
+    schedule: str
+    zero: int
+    recompute: str
+    sp: bool
+
+    @property
+    def id(self) -> str:
+        return (f"tp{self.tp}-pp{self.pp}-dp{self.dp}-cp{self.cp}-v{self.vpp}-mbs{self.mbs}-{self.schedule}"
+                f"-z{self.zero}-{self.recompute}-sp{int(self.sp)}")
+
+    def label(self, other: "Config | None" = None) -> str:
+        """Short text naming the fields (only those differing from ``other``, if given)."""
+        parts = []
+        for f in CONFIG_FIELDS:
+            v = getattr(self, f)
+            if other is not None and getattr(other, f) == v:
+                continue
+            if f == "schedule":
+                parts.append(str(v))
+            elif f == "recompute":
+                parts.append(f"recompute {v}")
+            elif f == "sp":
+                parts.append("SP" if v else "no SP")
+            elif f == "zero":
+                parts.append(f"ZeRO {v}")
+            else:
+                parts.append(f"{f} {v}")
+        return " ".join(parts) if parts else "the same plan"
+
+    def as_dict(self) -> dict:
+        return {f: getattr(self, f) for f in CONFIG_FIELDS}
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _vpps(schedule: str, layers: int, pp: int) -> list[int]:
+    if schedule == "zb-v":
+        return [2]
+    if schedule != "interleaved-1f1b":
+        return [1]
+    per = layers // pp
+    return [v for v in range(2, per + 1) if per % v == 0] or [2]
+
+
+def enumerate_configs(model: ModelSpec, cluster: ClusterSpec, num_gpus: int, space: SearchSpace) -> list[Config]:
+    """Every configuration of the space, in a fixed order (nested loops over the axes)."""
+    max_tp = space.max_tp or cluster.gpus_per_node
+    max_cp = space.max_cp or cluster.gpus_per_node
+    pipe = [s for s in space.schedules if s != "none"]
+    out: list[Config] = []
+    for tp in [d for d in _divisors(num_gpus) if d <= max_tp]:
+        for cp in [d for d in _divisors(num_gpus // tp) if d <= max_cp]:
+            for pp in [d for d in _divisors(num_gpus // (tp * cp)) if d <= model.layers]:
+                dp = num_gpus // (tp * cp * pp)
+                scheds = pipe if pp > 1 else (["none"] if "none" in space.schedules else [])
+                zeros = [z for z in space.zero if z == 0 or dp * cp > 1]
+                sps = [s for s in space.sequence_parallel if tp > 1 or not s] or [False]
+                for sched in scheds:
+                    for vpp in _vpps(sched, model.layers, pp):
+                        for mbs in space.mbs:
+                            for sp in sps:
+                                for zero in zeros:
+                                    for rc in space.recompute:
+                                        out.append(Config(tp, pp, dp, cp, vpp, mbs, sched, zero, rc, sp))
+    return out
+
+
+def empty_space_reason(model: ModelSpec, cluster: ClusterSpec, num_gpus: int, space: SearchSpace) -> str:
+    """Why `enumerate_configs` found nothing (a line for the error message)."""
+    if not space.mbs or not space.recompute or not space.zero or not space.schedules:
+        return "one of --mbs, --recompute, --zero, --schedules is empty"
+    max_tp = space.max_tp or cluster.gpus_per_node
+    if not any(d <= max_tp for d in _divisors(num_gpus)):
+        return f"no tp <= --max-tp {max_tp} divides {num_gpus} GPUs"
+    only_none = set(space.schedules) == {"none"}
+    if only_none:
+        return f"--schedules none allows only pp = 1, and {num_gpus} GPUs with tp <= {max_tp}, cp <= {space.max_cp or cluster.gpus_per_node} leave no pp = 1 layout"
+    if "none" not in space.schedules:
+        return (f"--schedules has no 'none' (so pp = 1 is out) and no pp > 1 with pp <= {model.layers} layers "
+                f"divides {num_gpus} GPUs / (tp cp)")
+    return "no (tp, cp, pp) layout divides the GPU count"
+
+
+def layer_split_for(cfg: Config, model: ModelSpec, space: SearchSpace) -> tuple[int, ...] | None:
+    stages = cfg.pp * cfg.vpp
+    if space.layer_split == "balanced" and model.layers % stages and stages <= model.layers:
+        return balanced_layer_split(model.layers, stages)
+    return None
+
+
+def make_plan(cfg: Config, model: ModelSpec, cluster: ClusterSpec, gbs: int, space: SearchSpace) -> ParallelPlan:
+    """The ParallelPlan of a configuration (not yet checked)."""
+    return ParallelPlan(
+        dp=cfg.dp, tp=cfg.tp, pp=cfg.pp, cp=cfg.cp, vpp=cfg.vpp, micro_batch_size=cfg.mbs, global_batch_size=gbs,
+        schedule=cfg.schedule, zero=cfg.zero, recompute=cfg.recompute, sequence_parallel=cfg.sp,
+        precision=space.precision, layer_split=layer_split_for(cfg, model, space),
+        allow_tp_across_nodes=cfg.tp > cluster.gpus_per_node,
+    )
+
+
+def checked_plan(cfg: Config, model: ModelSpec, cluster: ClusterSpec, gbs: int, space: SearchSpace) -> tuple[ParallelPlan | None, str]:
+    """(plan, "") for a valid configuration, else (None, the rule it breaks)."""
+    plan = make_plan(cfg, model, cluster, gbs, space)
+    try:
+        check_plan(plan, model, cluster, cfg.tp * cfg.pp * cfg.dp * cfg.cp)
+    except PlanError as exc:
+        return None, f"does not divide: {exc.problem}"
+    return plan, ""
+
+
+# --- filters (--why) ---------------------------------------------------------------------
+_ALIASES = {"micro_batch_size": "mbs", "sequence_parallel": "sp", "seq_par": "sp"}
+_TRUE, _FALSE = {"1", "true", "on", "yes"}, {"0", "false", "off", "no"}
+
+
+def parse_filter(text: str) -> dict[str, str]:
+    """``"tp=4,pp=8,schedule=1f1b"`` -> {field: value}; raises SimparError on an unknown field."""
+    out: dict[str, str] = {}
+    for part in [p.strip() for p in text.split(",") if p.strip()]:
+        if "=" not in part:
+            raise SimparError("why", f"{part!r} is not field=value.", "write e.g. --why 'tp=4,pp=8'.")
+        k, v = (x.strip() for x in part.split("=", 1))
+        k = _ALIASES.get(k, k)
+        if k not in CONFIG_FIELDS:
+            raise SimparError("why", f"unknown field {k!r}.", f"use some of {', '.join(CONFIG_FIELDS)}.")
+        out[k] = v.lower()
+    return out
+
+
+def matches(values: dict[str, str], flt: dict[str, str]) -> bool:
+    """Whether a results row (strings) matches a parsed filter."""
+    for k, want in flt.items():
+        have = str(values.get(k, "")).lower()
+        if k == "sp":
+            want = "1" if want in _TRUE else "0" if want in _FALSE else want
+            have = "1" if have in _TRUE else "0" if have in _FALSE else have
+        if have != want:
+            return False
+    return True
+
+
+def iter_batches(items: list, size: int) -> Iterator[list]:
+    for i in range(0, len(items), size):
+        yield items[i:i + size]
