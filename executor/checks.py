@@ -8,64 +8,48 @@ Refused on purpose (torch 2.13 behaviour, measured):
 - ZeRO-1 (DDP + ZeroRedundancyOptimizer) with I/W actions (DDP's reducer misses the weight
   gradients of split backwards: wrong gradients on every stage but the first) or with tensor
   parallelism (DDP and ZeroRedundancyOptimizer broadcast DTensors, which fails).
-- A schedule file that already holds communication but no ``REDUCE_GRAD`` (gradients come out
-  multiplied by the number of microbatches) or, under FSDP, no ``UNSHARD``/``RESHARD``.
+- A schedule file that already holds communication (simpar's lowered form) but no
+  ``REDUCE_GRAD`` (gradients come out multiplied by the number of microbatches) or, under FSDP
+  (zero >= 2), no ``UNSHARD``/``RESHARD``. Its simpar-only R actions are dropped (torch
+  recomputes inside B/I).
 """
 
 from __future__ import annotations
 
-import csv
-from dataclasses import dataclass
 from pathlib import Path
 
 from ..sim.errors import PlanError, ScheduleError, SimparError
 from ..sim.plan import ParallelPlan, _check_schedule, _check_split
-from ..sim.schedules.ir import Action, Kind, looped_placement, v_placement
+from ..sim.schedules import read_csv
+from ..sim.schedules.ir import Kind, Schedule, looped_placement, v_placement
 from ..sim.specs import ModelSpec
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+COMPUTE_KINDS = frozenset({Kind.F, Kind.B, Kind.I, Kind.W})
 
 
-@dataclass(frozen=True)
-class ScheduleFile:
-    """A schedule CSV read as simpar actions: ``rows[r]`` is pipeline rank r's order."""
-
-    path: Path
-    rows: tuple[tuple[Action, ...], ...]
-
-    @property
-    def has_comms(self) -> bool:
-        return any(a.kind not in (Kind.F, Kind.B, Kind.I, Kind.W) for row in self.rows for a in row)
-
-    @property
-    def split_backward(self) -> bool:
-        return any(a.kind in (Kind.I, Kind.W) for row in self.rows for a in row)
-
-    def placement(self) -> tuple[int, ...]:
-        """stage -> pipeline rank, from the rows that hold each stage's actions."""
-        where: dict[int, int] = {}
-        for r, row in enumerate(self.rows):
-            for a in row:
-                if where.setdefault(a.stage, r) != r:
-                    raise ScheduleError("schedule", f"stage {a.stage} appears on pipeline ranks {where[a.stage]} and {r}.", "each stage must live on one rank.")
-        if sorted(where) != list(range(len(where))):
-            raise ScheduleError("schedule", f"stages {sorted(where)} are not numbered 0..{len(where) - 1}.", "regenerate the schedule.")
-        return tuple(where[s] for s in range(len(where)))
-
-    def microbatches(self) -> int:
-        return len({a.microbatch for row in self.rows for a in row if a.kind is Kind.F})
+def read_schedule_file(path: str | Path) -> Schedule:
+    """A schedule CSV (torch's format, one row per pipeline rank) with its simpar sidecar if any."""
+    return read_csv(path)
 
 
-def read_schedule_file(path: str | Path) -> ScheduleFile:
-    p = Path(path)
-    try:
-        with p.open(newline="") as f:
-            rows = [tuple(Action.parse(c) for c in row if c.strip()) for row in csv.reader(f)]
-    except OSError as exc:
-        raise ScheduleError("schedule", f"cannot read {p}: {exc.strerror}.") from None
-    except ValueError as exc:
-        raise ScheduleError("schedule", f"{p.name}: {exc}.", "write it with simpar's write_csv (torch's CSV, one row per pipeline rank).") from None
-    return ScheduleFile(p, tuple(rows))
+def has_comms(s: Schedule) -> bool:
+    """Whether the file already holds communication (then torch runs it as written)."""
+    return any(a.kind not in COMPUTE_KINDS and a.kind is not Kind.R for row in s.ranks for a in row)
+
+
+def split_backward(s: Schedule) -> bool:
+    return any(a.kind in (Kind.I, Kind.W) for row in s.ranks for a in row)
+
+
+def torch_rows(s: Schedule) -> list[list[str]]:
+    """The actions torch runs, per pipeline rank: simpar-only R (recompute) actions dropped,
+    since torch recomputes inside B/I."""
+    return [[str(a) for a in row if a.kind is not Kind.R] for row in s.ranks]
+
+
+def microbatches(s: Schedule) -> int:
+    return len({a.microbatch for row in s.ranks for a in row if a.kind is Kind.F})
 
 
 def check_plan_for_executor(plan: ParallelPlan, model: ModelSpec) -> None:
@@ -95,34 +79,32 @@ def check_precision(precision: str, plan: ParallelPlan, device: str) -> str:
     return chosen
 
 
-def check_run(plan: ParallelPlan, model: ModelSpec, sched: ScheduleFile, world_size: int) -> None:
+def check_run(plan: ParallelPlan, model: ModelSpec, sched: Schedule, world_size: int) -> None:
     """Everything that must agree before processes start; raises one SimparError."""
     check_plan_for_executor(plan, model)
     if world_size != plan.num_gpus:
         raise PlanError("nproc", f"the plan needs dp*tp*pp*cp = {plan.num_gpus} processes, the launch has {world_size}.", f"launch {plan.num_gpus} processes (or change the plan).")
-    if len(sched.rows) != plan.pp:
-        raise ScheduleError("schedule", f"{sched.path.name} has {len(sched.rows)} rows (pipeline ranks), the plan has pp={plan.pp}.", "write the schedule for this plan (schedule_for_plan + write_csv).")
-    placement = sched.placement()
+    if len(sched.ranks) != plan.pp:
+        raise ScheduleError("schedule", f"it has {len(sched.ranks)} rows (pipeline ranks), the plan has pp={plan.pp}.", "write the schedule for this plan (schedule_for_plan + write_csv).")
+    placement = sched.placement
     expected = v_placement(plan.pp) if plan.schedule == "zb-v" else looped_placement(plan.pp, plan.vpp)
     if placement != expected:
         raise ScheduleError("schedule", f"places stages on ranks {list(placement)}, the plan ({plan.schedule}, pp={plan.pp}, vpp={plan.vpp}) expects {list(expected)}.", "write the schedule for this plan.")
-    if sched.microbatches() != plan.num_microbatches:
-        raise ScheduleError("schedule", f"has {sched.microbatches()} microbatches, the plan has {plan.num_microbatches}.", "write the schedule for this plan's batch sizes.")
-    if plan.zero == 3 and sched.split_backward:
+    if microbatches(sched) != plan.num_microbatches:
+        raise ScheduleError("schedule", f"has {microbatches(sched)} microbatches, the plan has {plan.num_microbatches}.", "write the schedule for this plan's batch sizes.")
+    if plan.zero == 3 and split_backward(sched):
         raise PlanError("zero", "ZeRO-3 (FSDP reshard_after_forward=True) with a schedule that has I/W actions gives wrong gradients in torch 2.13.", "use --zero 2, or a schedule without I/W (gpipe, 1f1b, interleaved-1f1b).")
-    if plan.zero == 1 and plan.dp > 1 and (plan.tp > 1 or sched.split_backward):
+    if plan.zero == 1 and plan.dp > 1 and (plan.tp > 1 or split_backward(sched)):
         why = "tensor-parallel (DTensor) parameters" if plan.tp > 1 else "a schedule with I/W actions (wrong gradients)"
         raise PlanError("zero", f"ZeRO-1 runs as DDP + ZeroRedundancyOptimizer, which in torch 2.13 does not work with {why}.", "use --zero 0 or --zero 2.")
-    if sched.has_comms:
+    if has_comms(sched):
         _check_lowered(plan, sched, placement)
 
 
-def _check_lowered(plan: ParallelPlan, sched: ScheduleFile, placement: tuple[int, ...]) -> None:
+def _check_lowered(plan: ParallelPlan, sched: Schedule, placement: tuple[int, ...]) -> None:
     """A file with communication is run as written, so it must hold what torch would insert."""
-    for r, row in enumerate(sched.rows):
+    for r, row in enumerate(sched.ranks):
         kinds = {(a.stage, a.kind) for a in row}
-        if any(a.kind is Kind.R for a in row):
-            raise ScheduleError("schedule", f"rank {r} has simpar-only R (recompute) actions; torch recomputes inside B/I.", "run the compute-only schedule (write_csv of schedule_for_plan).")
         for s in (s for s, pr in enumerate(placement) if pr == r):
             if (s, Kind.REDUCE_GRAD) not in kinds:
                 raise ScheduleError("schedule", f"has communication but no {s}REDUCE_GRAD on rank {r}: gradients would be multiplied by the microbatch count.", "add REDUCE_GRAD after each stage's last backward, or run the compute-only schedule (torch inserts it).")

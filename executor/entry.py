@@ -57,22 +57,24 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         plan, model = read_plan_file(args.plan)
-        cfg = RunConfig(plan, model, args.schedule, args.steps, args.warmup, args.device, args.precision, args.seed, verify=args.verify)
-        validate(args.plan, args.schedule, int(os.environ.get("WORLD_SIZE", "1")), args.precision, args.device, deep=False)
-        if args.device == "cuda":
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dev = torch.device(args.device)
-        dist.init_process_group(dist.get_default_backend_for_device(dev), timeout=timedelta(seconds=args.timeout))
+        validate(args.plan, args.schedule, int(os.environ.get("WORLD_SIZE", "1")), args.precision, args.device)
+    except SimparError as exc:
+        print(f"error: {exc}", file=sys.stderr)  # the worker's own report, before any collective
+        return 2
+    cfg = RunConfig(plan, model, args.schedule, args.steps, args.warmup, args.device, args.precision, args.seed, verify=args.verify)
+    if args.device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    backend = dist.get_default_backend_for_device(torch.device(args.device))
+    dist.init_process_group(backend, timeout=timedelta(seconds=args.timeout))
+    try:
         results = gather(run_rank(cfg))
         if dist.get_rank() == 0:
             result, events = summarize(cfg, results)
             write_outputs(Path(args.out), result, events)
         dist.barrier()
+    finally:
         dist.destroy_process_group()
-        return 0
-    except SimparError as exc:
-        print(f"error: {exc}", file=sys.stderr)  # the worker's own report; the CLI prints the same line
-        return 2
+    return 0
 
 
 if __name__ == "__main__":

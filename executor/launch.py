@@ -24,8 +24,9 @@ from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 
+from ..sim.plan import ParallelPlan
 from ..sim.planfile import read_plan_file
-from .checks import check_precision, check_run, read_schedule_file
+from .checks import check_precision, check_run, has_comms, read_schedule_file, torch_rows
 
 DEFAULT_TIMEOUT_S = 300  # process-group timeout: a deadlock ends here, not after torch's 30 min
 
@@ -37,12 +38,20 @@ def validate(plan_path: str | Path, schedule_path: str | Path, world_size: int, 
     sched = read_schedule_file(schedule_path)
     check_run(plan, model, sched, world_size)
     check_precision(precision, plan, device)
-    if deep and not sched.has_comms:
+    if deep:
         from .torch_pipelining import check_torch_version, lower
 
         check_torch_version()
-        lower([[str(a) for a in row] for row in sched.rows], plan.num_microbatches, plan.num_stages)
+        lower(torch_rows(sched), plan.num_microbatches, plan.num_stages, has_comms(sched))
     return plan, model
+
+
+def write_schedule(plan: ParallelPlan, path: str | Path, lowered: bool = False) -> Path:
+    """The plan's compute-only schedule (or simpar's lowered form) as torch's CSV."""
+    from ..sim.schedules import lower, schedule_for_plan, write_csv
+
+    sched = schedule_for_plan(plan)
+    return write_csv(lower(sched, plan) if lowered else sched, path)
 
 
 def torchrun_command(plan: str | Path, schedule: str | Path, out: str | Path, nproc: int, *, steps: int, warmup: int, device: str, precision: str = "auto", seed: int = 0, timeout_s: int = DEFAULT_TIMEOUT_S, verify: bool = False) -> list[str]:

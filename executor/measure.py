@@ -10,12 +10,15 @@ tensors inside it):
   (``args.wait_s`` holds the wait);
 - SEND_*/RECV_* on stream ``pp``: a receive spans from its post to the end of the wait of the
   compute action that consumed it; a send spans its post (completion is not observed);
-- REDUCE_GRAD, UNSHARD, RESHARD on stream ``dp``.
+- REDUCE_GRAD on stream ``dp``; UNSHARD/RESHARD (FSDP all-gather, free) on stream ``zero``;
+- the optimizer step (kind ``OPT``, as the simulator names it) on ``compute``.
 
 Peak memory: ``torch.cuda.max_memory_allocated`` on CUDA. On CPU (no allocator statistics;
 torch's MemTracker fails with more than one microbatch per stage) it is the bytes of the
 parameters, gradients and optimizer state present before a step plus the highest net
-allocation reached during that step, read from the profiler's memory events.
+allocation reached during that step, read from the profiler's memory events; the step
+profiled is the last warm-up step (the first step when there is no warm-up, whose time then
+includes the profiler's overhead).
 """
 
 from __future__ import annotations
@@ -95,7 +98,8 @@ class ActionRecorder:
                     waits[(recv, a.stage, a.microbatch)] = tw
                 out.append(_event(rank, "compute", a, tw, t1 - tw, {"wait_s": tw - t0}))
             else:
-                out.append(_event(rank, "pp" if a.kind.value in _PP else "dp", a, t0, t1 - t0, {}))
+                stream = "pp" if a.kind.value in _PP else ("dp" if a.kind is Kind.REDUCE_GRAD else "zero")
+                out.append(_event(rank, stream, a, t0, t1 - t0, {}))
         out = [_close_recv(e, waits) for e in out]
         for name, kind, stream, start, end in self.extra:
             t0 = sec(start)

@@ -152,14 +152,16 @@ class TiedEmbeddingSync:
                 self.group = g
 
     def __call__(self, models: list[Transformer]) -> None:
-        import os
-        if not self.active or os.environ.get("NOTIE"):
+        if not self.active:
             return
         copies = [m.embed.tok.weight for m in models if m.embed is not None]
         copies += [m.output.weight for m in models if m.output is not None]
         if not copies:
             return
         with torch.no_grad():
+            for p in copies:  # a vocab-parallel embedding's grad comes back Replicate; shard it like the weight
+                if hasattr(p.grad, "placements") and p.grad.placements != p.placements:
+                    p.grad = p.grad.redistribute(p.device_mesh, p.placements)
             grads = [_local(p.grad) for p in copies]
             total = torch.stack(grads).sum(0) if len(grads) > 1 else grads[0]
             if self.group is not None:

@@ -9,8 +9,10 @@ the functions below, so an upgrade that breaks them fails there first.
 Private names used: ``_PipelineScheduleRuntime`` (``_load_csv``, ``pipeline_order_with_comms``,
 ``stage_index_to_group_rank``), ``_Action``, the lowering passes ``_add_unshard_reshard``,
 ``_add_reduce_grad``, ``_add_send_recv``, the checks ``_validate_schedule`` and
-``_simulate_comms_compute``, and the module globals ``record_function`` and ``_wait_batch_p2p``
-(wrapped while a step runs, to time each action and each wait for a received tensor).
+``_simulate_comms_compute``, the module globals ``record_function`` and ``_wait_batch_p2p``
+(wrapped while a step runs, to time each action and each wait for a received tensor), and
+``torch.distributed._composable.replicate_with_fsdp.replicate`` (DDP on FSDP2's machinery, which
+the pipeline runtime handles like FSDP).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import contextlib
 import csv
 import io
 import os
+import tempfile
 from pathlib import Path
 from typing import Callable, Iterator, Protocol
 
@@ -56,12 +59,6 @@ def check_torch_version() -> None:
         )
 
 
-def read_rows(path: str | Path) -> list[list[str]]:
-    """A schedule CSV as text actions, one list per pipeline rank (empty cells dropped)."""
-    with open(path, newline="") as f:
-        return [[c.strip() for c in row if c.strip()] for row in csv.reader(f)]
-
-
 def _parse(rows: list[list[str]]) -> dict[int, list[_Action]]:
     try:
         return {r: [_Action.from_str(a) for a in row] for r, row in enumerate(rows)}
@@ -69,17 +66,25 @@ def _parse(rows: list[list[str]]) -> dict[int, list[_Action]]:
         raise ScheduleError("schedule", f"torch cannot read an action ({exc}).", "write the file with simpar's write_csv.") from None
 
 
-def lower(rows: list[list[str]], num_microbatches: int, num_stages: int) -> dict[int, list[str]]:
-    """torch's lowering of a compute-only schedule, as ``_PipelineScheduleRuntime._load_csv``
-    does it: validate, add UNSHARD/RESHARD, REDUCE_GRAD, then sends and receives. Raises
-    ScheduleError when torch rejects the schedule or when it would deadlock."""
+def lower(rows: list[list[str]], num_microbatches: int, num_stages: int, comms: bool = False) -> dict[int, list[str]]:
+    """The actions each rank will run, as ``_PipelineScheduleRuntime._load_csv`` makes them: a
+    compute-only schedule is validated and lowered by torch's passes (UNSHARD/RESHARD,
+    REDUCE_GRAD, then sends and receives); a schedule with ``comms`` is taken as written. Either
+    is then dry-run by torch's simulator. Raises ScheduleError when torch rejects the schedule or
+    when it would deadlock."""
     actions = _parse(rows)
     try:
-        stage_to_rank = _validate_schedule(actions, len(rows), num_stages, num_microbatches)
-        lowered = {r: _add_reduce_grad(_add_unshard_reshard(a), num_microbatches) for r, a in actions.items()}
-        lowered = _add_send_recv(lowered, lambda s: stage_to_rank[s], num_stages)
+        if comms:
+            stage_to_rank = {a.stage_index: r for r, acts in actions.items() for a in acts}
+            lowered = actions
+        else:
+            stage_to_rank = _validate_schedule(actions, len(rows), num_stages, num_microbatches)
+            lowered = {r: _add_reduce_grad(_add_unshard_reshard(a), num_microbatches) for r, a in actions.items()}
+            lowered = _add_send_recv(lowered, lambda s: stage_to_rank[s], num_stages)
     except (AssertionError, KeyError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if "can't schedule sends/recvs" in first:
+            raise ScheduleError("schedule", f"it deadlocks: torch cannot order its sends and receives ({first}).", "check the action order of each rank.") from None
         raise ScheduleError("schedule", f"torch rejects it: {first}", "regenerate it with simpar schedule for this plan.") from None
     check_deadlock(lowered, stage_to_rank, num_stages)
     return {r: [str(a) for a in acts] for r, acts in lowered.items()}
@@ -94,20 +99,6 @@ def check_deadlock(lowered: dict[int, list[_Action]], stage_to_rank: dict[int, i
         except ValueError:
             stuck = [ln for ln in out.getvalue().splitlines() if "next action" in ln]
             raise ScheduleError("schedule", f"it deadlocks ({'; '.join(stuck)}).", "check the action order of each rank.") from None
-
-
-def stage_placement(rows: list[list[str]]) -> dict[int, int]:
-    """stage -> pipeline rank, from which row holds its actions."""
-    out: dict[int, int] = {}
-    for r, acts in _parse(rows).items():
-        for a in acts:
-            if a.computation_type.value not in _STAGE_WIDE or a.stage_index >= 0:
-                out.setdefault(a.stage_index, r)
-    return out
-
-
-def has_comms(rows: list[list[str]]) -> bool:
-    return any(not a.is_compute_op for acts in _parse(rows).values() for a in acts)
 
 
 def make_stage(module: nn.Module, stage: int, num_stages: int, device: torch.device, group) -> PipelineStage:
@@ -177,13 +168,19 @@ def timed_actions(recorder: Recorder | None) -> Iterator[None]:
 class PipelineRunner:
     """torch's schedule runtime over this rank's stages, loaded from a schedule CSV.
 
-    A compute-only file is lowered by torch (it inserts sends/receives, REDUCE_GRAD and, under
-    FSDP, UNSHARD/RESHARD); a file with communication is run as written.
+    ``rows`` are the schedule's actions per pipeline rank (simpar-only R actions already
+    dropped); they are written to a CSV that ``_load_csv`` reads. A compute-only schedule is
+    lowered by torch (it inserts sends/receives, REDUCE_GRAD and, under FSDP, UNSHARD/RESHARD);
+    one with communication is run as written.
     """
 
-    def __init__(self, stages: list[PipelineStage], num_microbatches: int, loss_fn: Callable, csv_path: str | Path, comms: bool) -> None:
+    def __init__(self, stages: list[PipelineStage], num_microbatches: int, loss_fn: Callable, rows: list[list[str]], comms: bool) -> None:
         self.runtime = _PipelineScheduleRuntime(stages, num_microbatches, loss_fn=loss_fn, scale_grads=True)
-        self.runtime._load_csv(str(csv_path), format="compute_comms" if comms else "compute_only")
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp, "schedule.csv")
+            with path.open("w", newline="") as f:
+                csv.writer(f).writerows(rows)
+            self.runtime._load_csv(str(path), format="compute_comms" if comms else "compute_only")
         self.rank = stages[0].group_rank
 
     def actions(self) -> list[str]:

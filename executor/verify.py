@@ -29,7 +29,7 @@ def reference(cfg) -> Reference:
     x, y = synthetic_batch(cfg.model, cfg.plan.global_batch_size, 0, cfg.seed)
     loss = loss_fn(model(x), y)
     loss.backward()
-    return Reference(float(loss), {n: p.grad.detach().clone() for n, p in model.named_parameters()})
+    return Reference(loss.item(), {n: p.grad.detach().clone() for n, p in model.named_parameters()})
 
 
 def full_grad(p: torch.nn.Parameter) -> torch.Tensor | None:

@@ -13,7 +13,6 @@ import statistics
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -23,10 +22,10 @@ from ..sim.plan import ParallelPlan
 from ..sim.specs import ModelSpec
 from ..sim.trace import TraceEvent, event_dict
 from . import measure, parallel, verify
-from .checks import check_precision, check_run, read_schedule_file
+from .checks import check_precision, check_run, has_comms, read_schedule_file, torch_rows
 from .model import build_model, loss_fn, stage_shapes, synthetic_batch
 from .precision import LossScaler
-from .torch_pipelining import PipelineRunner, check_torch_version, make_stage
+from .torch_pipelining import PipelineRunner, check_torch_version, lower, make_stage
 
 log = logging.getLogger("simpar.executor")
 
@@ -59,7 +58,7 @@ class Stages:
     def __init__(self, cfg: RunConfig, mesh, device: torch.device, dtype: str) -> None:
         plan, spec = cfg.plan, cfg.model
         sched = read_schedule_file(cfg.schedule)
-        self.placement = sched.placement()
+        self.placement = sched.placement
         self.pp_rank = RankLayout(plan).coords(dist.get_rank())["pp"]
         self.ids = [s for s, r in enumerate(self.placement) if r == self.pp_rank]
         shapes = stage_shapes(spec, plan.stage_layers(spec.layers))
@@ -74,7 +73,7 @@ class Stages:
             self.modules.append(module)
             stages.append(make_stage(module, s, len(self.placement), device, mesh.get_group("pp")))
         self.scaler = LossScaler(enabled=dtype == "fp16")
-        self.runner = PipelineRunner(stages, plan.num_microbatches, self.scaler.wrap(loss_fn), cfg.schedule, sched.has_comms)
+        self.runner = PipelineRunner(stages, plan.num_microbatches, self.scaler.wrap(loss_fn), torch_rows(sched), has_comms(sched))
         self.tie = parallel.TiedEmbeddingSync(plan, self.placement, spec.tied_embeddings)
         params = list({id(p): p for m in self.models for p in m.parameters()}.values())
         self.optimizer = parallel.make_optimizer(params, plan, mesh, cfg.lr)
@@ -100,7 +99,9 @@ def _sync(device: torch.device) -> None:
 def run_rank(cfg: RunConfig) -> dict:
     """Run ``cfg`` on this rank (process group already initialised); returns its results."""
     check_torch_version()
-    check_run(cfg.plan, cfg.model, read_schedule_file(cfg.schedule), dist.get_world_size())
+    sched = read_schedule_file(cfg.schedule)
+    check_run(cfg.plan, cfg.model, sched, dist.get_world_size())
+    lower(torch_rows(sched), cfg.plan.num_microbatches, cfg.plan.num_stages, has_comms(sched))
     dtype = check_precision(cfg.precision, cfg.plan, cfg.device)
     device = device_for(cfg.device)
     torch.manual_seed(cfg.seed)
@@ -117,16 +118,18 @@ def run_rank(cfg: RunConfig) -> dict:
         _sync(device)
         t0 = time.perf_counter()
         rec = measure.ActionRecorder(measure.Clock(device))
-        profile = device.type == "cpu" and i == cfg.warmup - 1
+        profile = device.type == "cpu" and i == max(cfg.warmup - 1, 0)  # the last warm-up step
         ctx = measure.cpu_peak_memory(measure.state_bytes(st.models, st.optimizer)) if profile else nullcontext()
         with ctx as mem:
             mb_losses = st.runner.step(x, y, rec)
-            with rec.span("tied_embedding_grad", "allreduce", "pp"):
-                st.tie(st.models)
-            with rec.span("optimizer", "optimizer", "compute"):
+            if st.tie.active:
+                with rec.span("tied_embedding_grad", "allreduce", "pp"):
+                    st.tie(st.models)
+            with rec.span("optimizer", "OPT", "compute"):
                 st.scaler.step(st.optimizer, st.models)
         _sync(device)
         times.append(time.perf_counter() - t0)
+        log.info("rank %d step %d: %.3f ms", rank, i, times[-1] * 1e3)
         if ref is not None and i == 0:  # gradients are still there after the optimizer step
             checked = verify.check_grads(st.models, ref)
         st.optimizer.zero_grad(set_to_none=True)

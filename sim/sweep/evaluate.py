@@ -93,7 +93,7 @@ class Evaluator:
     @staticmethod
     def memory_fields(fit: Fit) -> dict[str, Any]:
         return {"peak_memory_gib": fit.peak / GiB, "worst_memory_rank": fit.peak_rank,
-                "over_by_gib": max(0.0, fit.over_by / GiB), "memory_per_rank_gib": [t / GiB for t in fit.totals]}
+                "over_by_gib": max(0.0, fit.over_by / GiB), "memory_per_rank_gib": [round(t / GiB, 2) for t in fit.totals]}
 
     # --- phases ---------------------------------------------------------------------------
     def screen(self, cfg: Config) -> dict[str, Any]:

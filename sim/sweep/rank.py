@@ -34,6 +34,9 @@ from ..schedules.ir import Kind, looped_placement, v_placement
 from ..specs import ModelSpec
 from ..workload import StageWork, grad_reduce_bytes_per_param, local_params
 
+#: Weight-gradient passes that fill each rank's warm-up gap: ZB-H1 (p - 1)(T_F + T_B - T_W),
+#: ZB-H2 and ZB-V (p - 1)(T_F + T_B - 2 T_W) with per-chunk times (Qi et al. 2024 §2-3; Qi et al.,
+#: "Pipeline Parallelism with Controllable Memory", 2024); ZB-1p/2p are taken as H1/H2.
 _ZB_WEIGHT = {"zb-h1": 1.0, "zb-1p": 1.0, "zb-h2": 2.0, "zb-2p": 2.0, "zb-v": 2.0}
 
 
@@ -210,14 +213,14 @@ def _fill(x: Inputs) -> float:
     if pr == 1:
         return x.rank_work[0]
     n = len(f)
-    mf, mi, mw = sum(f) / n, sum(i) / n, sum(w) / n
+    mf, mi, mw = sum(f) / n, sum(i) / n, sum(w) / n  # one stage (chunk) on average
+    comm = 2 * (pr - 1) * c
     if p.schedule in ("gpipe", "1f1b"):
-        return sum(f) + sum(i) + sum(w) + 2 * (pr - 1) * c
+        return sum(f) + sum(i) + sum(w) + comm
     if p.schedule == "interleaved-1f1b":
-        return x.rank_work[0] + (pr - 1) * (mf + mi + mw) + 2 * (pr - 1) * c
+        return max(x.rank_work) + (pr - 1) * (mf + mi + mw) + comm
     k = _ZB_WEIGHT[p.schedule]  # zero-bubble family: k weight-gradient passes fill each gap
-    per = n / pr
-    return (mf + mi + mw) * per + (pr - 1) * max(0.0, mf + mi - (k - 1) * mw) * per + 2 * (pr - 1) * c
+    return max(x.rank_work) + (pr - 1) * max(0.0, mf + mi - k * mw) + comm
 
 
 def quick_estimate(x: Inputs) -> Estimate:
@@ -229,22 +232,25 @@ def quick_estimate(x: Inputs) -> Estimate:
         end = m * (fb + bb + w.r + (0.0 if x.options.overlap_tp else w.tp_r))
         return _finish(x, [end], [0.0], [{}], "quick")
     f, i, w = x.seconds
-    t_pipe = (m - 1) * max(x.rank_work) + _fill(x)
     pr, c = len(x.ranks), x.p2p
-    ends, first_f, last_bwd = [], [], []
-    drain = arrive = 0.0
-    for r, stages in enumerate(x.ranks):
+    # Two lower bounds for few micro-batches: no rank ends before its first input arrives and it
+    # has done all its work; the last micro-batch starts on stage 0 after m - 1 forwards there and
+    # then runs forward through every stage and back.
+    arrive = [sum(f[s] + c for s in range(min(st))) for st in x.ranks]
+    chain = (m - 1) * f[0] + sum(f) + sum(i) + 2 * (pr - 1) * c + w[0]
+    t_pipe = max((m - 1) * max(x.rank_work) + _fill(x), max(a + m * wr for a, wr in zip(arrive, x.rank_work)), chain)
+    ends, last_bwd = [], []
+    drain = 0.0
+    for stages in x.ranks:
         end = t_pipe - drain
         ends.append(end)
-        first_f.append(arrive)
         lb = {}
         for k, s in enumerate(sorted(stages)):
             d = w[s] if p.split_backward else i[s] + w[s]
             lb[s] = (end - d - k * pr * (i[s] + w[s]), d)
         last_bwd.append(lb)
         drain += i[stages[0]] + c
-        arrive += f[stages[0]] + c
-    return _finish(x, ends, first_f, last_bwd, "quick")
+    return _finish(x, ends, arrive, last_bwd, "quick")
 
 
 def oracle_estimate(x: Inputs, schedule=None) -> Estimate:

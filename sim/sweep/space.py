@@ -5,8 +5,11 @@ and which of them are valid plans (`check_plan` gives the reason when one is not
 The space is the product of the axes below; combinations that are the *same* plan under another
 name are left out by construction, never reported:
 
-- ``tp`` divides the GPU count and is at most ``max_tp``; ``cp`` divides the rest and is at most
-  ``max_cp`` (both default to one node); ``pp`` divides the rest and is at most the layer count;
+- ``tp`` divides the GPU count and is at most ``max_tp`` (default: one node); ``cp`` divides the
+  rest and is at most ``max_cp``, by default as far as each GPU keeps ``CP_MIN_TOKENS`` of the
+  sequence, within one node: context parallelism is for long sequences (Llama 3 405B ran cp = 16
+  only for its 131,072-token stage, 8,192 tokens per GPU, and cp = 1 at 8,192: Dubey et al. 2024
+  §3.3.2); ``pp`` divides the rest and is at most the layer count;
   ``dp`` = GPUs / (tp cp pp).
 - ``pp = 1`` runs schedule ``none`` only; ``pp > 1`` runs every pipeline schedule asked for.
 - ``vpp``: 1, except ``zb-v`` (2) and ``interleaved-1f1b`` (every v >= 2 dividing layers // pp).
@@ -27,6 +30,8 @@ from ..plan import RECOMPUTE, SCHEDULES, ParallelPlan, balanced_layer_split, che
 from ..specs import ClusterSpec, ModelSpec
 
 PIPELINE_SCHEDULES = tuple(s for s in SCHEDULES if s != "none")
+#: Default lower bound on sequence tokens per GPU when choosing the largest cp to search.
+CP_MIN_TOKENS = 4096
 #: Config fields in CSV column order.
 CONFIG_FIELDS = ("tp", "pp", "dp", "cp", "vpp", "mbs", "schedule", "zero", "recompute", "sp")
 
@@ -40,7 +45,7 @@ class SearchSpace:
     recompute: tuple[str, ...] = RECOMPUTE
     mbs: tuple[int, ...] = (1, 2, 4, 8)
     max_tp: int | None = None  # default: GPUs per node
-    max_cp: int | None = None  # default: GPUs per node
+    max_cp: int | None = None  # default: default_max_cp()
     sequence_parallel: tuple[bool, ...] = (False, True)
     layer_split: str = "even"  # even: layers must divide; balanced: uneven splits as published runs use
     precision: str = "bf16"
@@ -99,6 +104,16 @@ class Config:
     def as_dict(self) -> dict:
         return {f: getattr(self, f) for f in CONFIG_FIELDS}
 
+    @classmethod
+    def from_row(cls, row: dict) -> "Config":
+        """From a results row (strings, as results.csv holds them)."""
+        return cls(int(row["tp"]), int(row["pp"]), int(row["dp"]), int(row["cp"]), int(row["vpp"]), int(row["mbs"]),
+                   str(row["schedule"]), int(row["zero"]), str(row["recompute"]), str(row["sp"]).lower() in _TRUE)
+
+
+def default_max_cp(model: ModelSpec, cluster: ClusterSpec) -> int:
+    return max(1, min(cluster.gpus_per_node, model.seq_len // CP_MIN_TOKENS))
+
 
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
@@ -116,7 +131,7 @@ def _vpps(schedule: str, layers: int, pp: int) -> list[int]:
 def enumerate_configs(model: ModelSpec, cluster: ClusterSpec, num_gpus: int, space: SearchSpace) -> list[Config]:
     """Every configuration of the space, in a fixed order (nested loops over the axes)."""
     max_tp = space.max_tp or cluster.gpus_per_node
-    max_cp = space.max_cp or cluster.gpus_per_node
+    max_cp = space.max_cp or default_max_cp(model, cluster)
     pipe = [s for s in space.schedules if s != "none"]
     out: list[Config] = []
     for tp in [d for d in _divisors(num_gpus) if d <= max_tp]:
@@ -145,7 +160,7 @@ def empty_space_reason(model: ModelSpec, cluster: ClusterSpec, num_gpus: int, sp
         return f"no tp <= --max-tp {max_tp} divides {num_gpus} GPUs"
     only_none = set(space.schedules) == {"none"}
     if only_none:
-        return f"--schedules none allows only pp = 1, and {num_gpus} GPUs with tp <= {max_tp}, cp <= {space.max_cp or cluster.gpus_per_node} leave no pp = 1 layout"
+        return f"--schedules none allows only pp = 1, and {num_gpus} GPUs with tp <= {max_tp}, cp <= {space.max_cp or default_max_cp(model, cluster)} leave no pp = 1 layout"
     if "none" not in space.schedules:
         return (f"--schedules has no 'none' (so pp = 1 is out) and no pp > 1 with pp <= {model.layers} layers "
                 f"divides {num_gpus} GPUs / (tp cp)")

@@ -32,7 +32,7 @@ class Inline:
         for b in batches:
             on_done(evaluate(setup, phase, b))
 
-    def close(self) -> None:
+    def close(self, cancel: bool = False) -> None:
         pass
 
 
@@ -71,8 +71,9 @@ class RayBackend:
         except ImportError:
             raise SimparError("ray", "Ray is not installed.", "pip install 'simpar[ray]', or drop --ray to use the local pool.") from None
         self.ray = ray
-        if not ray.is_initialized():
-            ray.init(address=address, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+        self.started = not ray.is_initialized()
+        if self.started:
+            ray.init(address=address, include_dashboard=False, log_to_driver=False)
         self.task = ray.remote(evaluate)
 
     def map(self, setup: SweepSetup, phase: str, batches: list[list[Config]], on_done: OnDone) -> None:
@@ -84,7 +85,9 @@ class RayBackend:
                 on_done(self.ray.get(d))
 
     def close(self, cancel: bool = False) -> None:
-        pass
+        if self.started:  # a connection (or local instance) this sweep opened
+            self.ray.shutdown()
+            self.started = False
 
 
 def make_backend(setup: SweepSetup, workers: int, ray_address: str | None):

@@ -1,0 +1,61 @@
+"""The files of a sweep's best plans, one folder each under ``plans/``: ``plan.json`` and the
+lowered ``schedule.csv`` that `simpar run` executes unchanged (the schedule built with the same
+stage costs the engine used, so zb-1p/zb-2p match what was simulated), a Perfetto trace and a
+timeline PNG of the simulated iteration."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..plan import ParallelPlan
+from ..planfile import write_plan_file
+from ..plot import plot_timeline
+from ..results import SimResult
+from ..schedules import lower, schedule_for_plan, write_csv
+from ..simulate import build_work, simulate, stage_costs
+from ..trace import write_trace
+from .evaluate import SweepSetup
+from .space import Config, checked_plan
+
+PLAN_DIR = "plans"
+
+
+def describe(setup: SweepSetup, plan: ParallelPlan) -> str:
+    p, c = plan, setup.cluster
+    return (f"{setup.model.name} on {p.num_gpus} x {c.gpu.name} ({c.name}): tp {p.tp} pp {p.pp} dp {p.dp} cp {p.cp}"
+            f" vpp {p.vpp}, mbs {p.micro_batch_size} gbs {p.global_batch_size} ({p.num_microbatches} microbatches),"
+            f" {p.schedule}, ZeRO {p.zero}, recompute {p.recompute}{', SP' if p.sequence_parallel else ''}, {p.precision}")
+
+
+def plan_dir_name(rank: int, row: dict) -> str:
+    return f"{rank:02d}-{row['id']}"
+
+
+def write_plan_dir(setup: SweepSetup, cfg: Config, out: Path, command: str = "") -> SimResult:
+    """plan.json, schedule.csv (+ its .meta.json), trace.json and timeline.png of one plan."""
+    plan, reason = checked_plan(cfg, setup.model, setup.cluster, setup.gbs, setup.space)
+    assert plan is not None, reason
+    out.mkdir(parents=True, exist_ok=True)
+    work, _, p2p = build_work(setup.model, setup.cluster, plan, setup.calibration)
+    sched = lower(schedule_for_plan(plan, costs=stage_costs(work, p2p)), plan)
+    write_plan_file(out / "plan.json", plan, setup.model, setup.cluster.name)
+    write_csv(sched, out / "schedule.csv")
+    res = simulate(setup.model, setup.cluster, plan, backend=setup.backend, calibration=setup.calibration,
+                   options=setup.options)
+    text = describe(setup, plan)
+    write_trace(out / "trace.json", res.events, {"source": "simpar sweep", "describe": text,
+                                                 "iter_time_s": res.iter_time_s, "command": command})
+    plot_timeline(res.events, out / "timeline.png", text,
+                  f"iteration {res.iter_time_s:.3f} s, MFU {res.mfu:.1%}, bubble {res.bubble_fraction:.1%}"
+                  + (f"  |  {command}" if command and len(command) < 140 else ""))
+    return res
+
+
+def write_plan_dirs(setup: SweepSetup, rows: list[dict], out: Path, count: int, command: str = "") -> list[Path]:
+    """Folders for the ``count`` best ranked rows, ``plans/NN-<id>``."""
+    done = []
+    for row in [r for r in rows if r.get("rank")][:count]:
+        d = Path(out) / PLAN_DIR / plan_dir_name(int(row["rank"]), row)
+        write_plan_dir(setup, Config.from_row(row), d, command)
+        done.append(d)
+    return done

@@ -1,0 +1,64 @@
+"""The sweep's memory screen equals the schedule-aware memory report it stands in for."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from simpar.sim.memory import schedule_memory_report
+from simpar.sim.schedules import build_schedule, peak_activation_units, peak_inflight
+from simpar.sim.specs import load_cluster, load_model
+from simpar.sim.sweep.fit import STEADY, FitModel, alive_profile, cached_profile
+from simpar.sim.sweep.space import SearchSpace, checked_plan, enumerate_configs
+
+SCHEDS = [("1f1b", 1), ("zb-h1", 1), ("zb-h2", 1), ("zb-1p", 1), ("zb-2p", 1), ("zb-v", 2), ("interleaved-1f1b", 2),
+          ("interleaved-1f1b", 3), ("gpipe", 1)]
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.sampled_from(SCHEDS), st.integers(2, 5), st.integers(1, 14), st.lists(st.floats(0.0, 10.0), min_size=15, max_size=15))
+def test_profile_peaks_equal_peak_activation_units(sched, pp, m, weights):
+    name, vpp = sched
+    s = build_schedule(name, pp, vpp, m)
+    prof = alive_profile(s)
+    w = weights[: s.num_stages]
+    assert prof.peaks(w) == pytest.approx(peak_activation_units(s, w), rel=1e-12, abs=1e-12)
+    assert list(prof.inflight) == peak_inflight(s)
+
+
+@pytest.mark.parametrize("name,vpp", [x for x in SCHEDS if x[0] != "gpipe"])
+@pytest.mark.parametrize("pp", [2, 3, 4, 6])
+def test_profile_stops_changing_after_a_few_pp_microbatches(name, vpp, pp):
+    short = cached_profile(name, pp, vpp, STEADY * pp)
+    # interleaved 1F1B plans have a multiple of pp micro-batches (check_plan)
+    ms = (3 * pp, 5 * pp, 8 * pp) if name == "interleaved-1f1b" else (STEADY * pp + 1, 5 * pp, 7 * pp + 3)
+    for m in ms:
+        assert cached_profile(name, pp, vpp, m) == short
+
+
+def test_fit_model_equals_the_schedule_memory_report():
+    model, cluster = load_model("gpt-7.5b"), load_cluster("dgx-a100-40g", gpus=16)
+    space = SearchSpace(mbs=(1, 4), max_cp=2)
+    fm = FitModel(model, cluster.gpu)
+    checked = 0
+    for cfg in enumerate_configs(model, cluster, 16, space)[::7]:
+        plan, _ = checked_plan(cfg, model, cluster, 64, space)
+        if plan is None:
+            continue
+        ref = schedule_memory_report(model, plan, cluster.gpu)  # full schedule, no caching
+        fit = fm.fit(plan)
+        assert fit.totals == pytest.approx([r.total for r in ref.ranks], rel=1e-12), cfg.id
+        assert fit.fits == ref.fits and fit.peak_rank == ref.peak.pipeline_rank
+        checked += 1
+    assert checked > 50
+
+
+def test_oom_reason_names_rank_and_excess():
+    model, cluster = load_model("gpt-7.5b"), load_cluster("dgx-a100-40g", gpus=8)
+    from simpar.sim.sweep.space import Config
+
+    plan, _ = checked_plan(Config(1, 1, 8, 1, 1, 4, "none", 0, "none", False), model, cluster, 64, SearchSpace())
+    fit = FitModel(model, cluster.gpu).fit(plan)
+    assert not fit.fits
+    assert fit.reason().startswith(f"does not fit by {fit.over_by / 2**30:.2f} GiB on pipeline rank 0 (needs ")

@@ -1,0 +1,121 @@
+"""The sweep pipeline: pruning keeps the true best, determinism, journals, kill and resume."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from simpar.sim.errors import SimparError
+from simpar.sim.specs import load_cluster, load_model
+from simpar.sim.sweep.evaluate import SweepSetup
+from simpar.sim.sweep.run import SweepOptions, run_sweep
+from simpar.sim.sweep.space import SearchSpace
+from simpar.sim.sweep.store import COLUMNS, Journal, read_results
+
+SMALL = SearchSpace(zero=(0, 1), recompute=("none", "full"), mbs=(1, 2), sequence_parallel=(True,))
+
+
+def small_setup(gpus: int = 8, gbs: int = 16, space: SearchSpace = SMALL) -> SweepSetup:
+    return SweepSetup(load_model("gpt-7.5b"), load_cluster("dgx-a100-40g", gpus=gpus), gpus, gbs, space)
+
+
+@pytest.mark.parametrize("gpus,gbs", [(8, 16), pytest.param(16, 32, marks=pytest.mark.slow)])
+def test_pruned_sweep_finds_the_best_of_simulating_everything(tmp_path, gpus, gbs):
+    """Every fitting configuration through the engine vs a funnel that simulates only 3 of them."""
+    setup = small_setup(gpus, gbs)
+    full = run_sweep(setup, tmp_path / "all", SweepOptions(workers=2, exhaustive=True))
+    fast = run_sweep(setup, tmp_path / "fast", SweepOptions(workers=1, refine=10, simulate=3))
+    assert full.counts["simulated"] == full.counts["fitting"] > 100
+    assert fast.counts["simulated"] == 3 and fast.counts["refined"] == 10
+    assert fast.rows[0]["id"] == full.rows[0]["id"]
+    assert fast.rows[0]["iter_time_s"] == full.rows[0]["iter_time_s"]
+    assert {r["pp"] for r in full.rows if r["status"] == "simulated"} >= {"1", "2", "4"}  # pipelines compete
+
+
+def test_same_inputs_give_the_same_results_csv(tmp_path):
+    setup = small_setup()
+    run_sweep(setup, tmp_path / "a", SweepOptions(workers=1, refine=20, simulate=4))
+    run_sweep(setup, tmp_path / "b", SweepOptions(workers=2, refine=20, simulate=4))
+    a, b = (tmp_path / "a" / "results.csv").read_bytes(), (tmp_path / "b" / "results.csv").read_bytes()
+    assert a == b
+    rows = read_results(tmp_path / "a" / "results.csv")
+    assert len({r["id"] for r in rows}) == len(rows)
+    assert [r["rank"] for r in rows if r["rank"]] == [str(i) for i in range(1, 1 + sum(1 for r in rows if r["rank"]))]
+    assert {r["status"] for r in rows} == {"simulated", "refined", "estimated", "oom", "invalid"}
+    oom = next(r for r in rows if r["status"] == "oom")
+    assert oom["reason"].startswith("does not fit by ") and " GiB on pipeline rank " in oom["reason"]
+    bad = next(r for r in rows if r["status"] == "invalid")
+    assert bad["reason"].startswith("does not divide: ")
+
+
+def test_journal_cuts_a_torn_line_and_keeps_whole_ones(tmp_path):
+    j = Journal(tmp_path / "j.csv")
+    j.append([{"id": "a", "status": "invalid", "reason": "x, with a comma"}, {"id": "b", "status": "oom"}])
+    with open(j.path, "a") as fh:
+        fh.write("c,estimated,,,quick,1,2")  # killed mid-line
+    rows = j.read()
+    assert sorted(rows) == ["a", "b"] and rows["a"]["reason"] == "x, with a comma"
+    assert j.path.read_text().endswith("\n") and len(j.path.read_text().splitlines()) == 3
+    j.append([{"id": "c", "status": "estimated"}])
+    assert sorted(j.read()) == ["a", "b", "c"]
+    assert j.path.read_text().splitlines()[0] == ",".join(COLUMNS)
+
+
+def test_resume_refuses_other_inputs_and_a_finished_sweep_is_not_recomputed(tmp_path):
+    opts = SweepOptions(workers=1, refine=5, simulate=2)
+    first = run_sweep(small_setup(), tmp_path, opts)
+    again = run_sweep(small_setup(), tmp_path, opts, resume=True)
+    assert again.rows == first.rows and again.wall_s < first.wall_s
+    with pytest.raises(SimparError, match="differs in: gbs"):
+        run_sweep(small_setup(gbs=32), tmp_path, opts, resume=True)
+
+
+def _cli(args: list[str]) -> list[str]:
+    return [sys.executable, "-c", "from simpar.sim.cli.main import main; main()", "sweep", *args]
+
+
+def _wait_rows(path: Path, proc: subprocess.Popen, least: int, timeout: float = 60.0) -> None:
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if path.exists() and path.read_text().count("\n") > least:
+            return
+        if proc.poll() is not None:
+            pytest.fail(f"sweep ended before {path.name} had {least} rows: {proc.stderr.read() if proc.stderr else ''}")
+        time.sleep(0.02)
+    pytest.fail(f"no rows in {path} after {timeout} s")
+
+
+def test_killed_sweeps_resume_without_losing_or_duplicating_rows(tmp_path):
+    """Ctrl-C during the screen, kill -9 (whole process group, pool workers too) during the engine
+    runs, then --resume: results.csv equals an uninterrupted run's, byte for byte."""
+    args = ["--model", "gpt-7.5b", "--cluster", "dgx-a100-40g", "--gpus", "16", "--gbs", "32", "--refine", "30",
+            "--simulate", "12", "--plans", "1", "--workers", "2"]
+    ref = tmp_path / "ref"
+    done = subprocess.run(_cli(args + ["--out", str(ref)]), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    out, env = tmp_path / "out", {**os.environ, "PYTHONUNBUFFERED": "1"}
+    p = subprocess.Popen(_cli(args + ["--out", str(out)]), stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    _wait_rows(out / "journal" / "screen.csv", p, 40)
+    os.killpg(p.pid, signal.SIGINT)
+    assert p.wait(timeout=60) == 130
+    assert "--resume" in p.stderr.read()
+    screened = len(Journal(out / "journal" / "screen.csv").read())
+    p = subprocess.Popen(_cli(args + ["--out", str(out), "--resume"]), stderr=subprocess.PIPE, text=True, env=env,
+                         start_new_session=True)
+    _wait_rows(out / "journal" / "simulate.csv", p, 2)
+    os.killpg(p.pid, signal.SIGKILL)
+    p.wait(timeout=60)
+    assert not (out / "results.csv").exists()
+    assert len(Journal(out / "journal" / "screen.csv").read()) > screened
+    left = Journal(out / "journal" / "simulate.csv").read()
+    assert 0 < len(left) < 12
+    done = subprocess.run(_cli(args + ["--out", str(out), "--resume"]), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert (out / "results.csv").read_bytes() == (ref / "results.csv").read_bytes()
+    assert not (out / "journal").exists()
