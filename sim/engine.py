@@ -253,7 +253,7 @@ class Engine:
                 yield from self._wait_data(g, s, mb, "B")
             elif k == Kind.REDUCE_GRAD:
                 self._start_reduction(g, s, self.env.now, 0.0)
-            elif k == Kind.UNSHARD and zero3:
+            elif k == Kind.UNSHARD and zero3 and not self.fsdp_per_mb:
                 self._zero_gather(g, s)
         yield from self._finish(g)
 

@@ -18,6 +18,7 @@ from .evaluate import SweepSetup
 from .space import Config, checked_plan
 
 PLAN_DIR = "plans"
+FILES = ("plan.json", "schedule.csv", "trace.json", "timeline.png")
 
 
 def describe(setup: SweepSetup, plan: ParallelPlan) -> str:
@@ -52,10 +53,11 @@ def write_plan_dir(setup: SweepSetup, cfg: Config, out: Path, command: str = "")
 
 
 def write_plan_dirs(setup: SweepSetup, rows: list[dict], out: Path, count: int, command: str = "") -> list[Path]:
-    """Folders for the ``count`` best ranked rows, ``plans/NN-<id>``."""
+    """Folders for the ``count`` best ranked rows, ``plans/NN-<id>`` (complete ones are kept)."""
     done = []
     for row in [r for r in rows if r.get("rank")][:count]:
         d = Path(out) / PLAN_DIR / plan_dir_name(int(row["rank"]), row)
-        write_plan_dir(setup, Config.from_row(row), d, command)
+        if not all((d / f).exists() for f in FILES):  # a resumed, finished sweep keeps its folders
+            write_plan_dir(setup, Config.from_row(row), d, command)
         done.append(d)
     return done
