@@ -46,6 +46,8 @@ class _Gpu:
         self.reductions: list[simpy.Process] = []
         self.gathered: dict[int, simpy.Event] = {}
         self.reduced: set[int] = set()
+        self.unsharded = 0.0  # ZeRO-3: bytes of gathered 16-bit parameters held now, and their peak
+        self.peak_unsharded = 0.0
         self.finish = 0.0
         self.act = 0.0
         self.mem: list[tuple[float, float]] = [(0.0, 0.0)]
@@ -169,6 +171,8 @@ class Engine:
         optimizer step, ZeRO-3 on first use); returns the event to wait on."""
         ev = g.gathered.get(stage)
         if ev is None:
+            if self.plan.zero >= 3:
+                self._params_mem(g, self.work[stage].params)
             ev = g.gathered[stage] = self.env.process(
                 self._collective(g, g.zero, "all-gather", self.dp_group(g.rank), 2.0 * self.work[stage].params, ("params", stage), "zero", "ZERO_GATHER"))
         return ev
@@ -254,7 +258,9 @@ class Engine:
             elif k == Kind.REDUCE_GRAD:
                 self._start_reduction(g, s, self.env.now, 0.0)
             elif k == Kind.UNSHARD and zero3 and not self.fsdp_per_mb:
-                self._zero_gather(g, s)
+                self._zero_gather(g, s)  # a no-op while the stage is still unsharded
+            elif k == Kind.RESHARD and zero3 and not self.fsdp_per_mb:
+                self._reshard(g, s)
         yield from self._finish(g)
 
     def _fsdp_pass(self, g: _Gpu, a, seconds: float, tp: float, backward: bool):
@@ -283,6 +289,16 @@ class Engine:
         g.acc["zero_comm"] += self.env.now - t0 - seconds - tp_exposed
         g.reduced.add(a.stage)
         self._record(g, "compute", str(a), a.kind.value, t0, a.stage, a.microbatch)
+
+    def _reshard(self, g: _Gpu, s: int) -> None:
+        """ZeRO-3 RESHARD: free the stage's gathered parameters; its next UNSHARD (or use)
+        all-gathers them again. The unsharded bytes leave the memory timeline."""
+        if g.gathered.pop(s, None) is not None:
+            self._params_mem(g, -self.work[s].params)
+
+    def _params_mem(self, g: _Gpu, params: float) -> None:
+        g.unsharded += 2.0 * params  # 16-bit weights
+        g.peak_unsharded = max(g.peak_unsharded, g.unsharded)
 
     def _wait_gather(self, g: _Gpu, s: int):
         ev = self._zero_gather(g, s)

@@ -20,6 +20,7 @@ from typing import Sequence
 
 from .model import embedding_params, layer_params, output_params
 from .plan import ParallelPlan
+from .schedules.lower import MAX_ACTIVE_STAGES
 from .specs import GPUSpec, ModelSpec
 from .units import GiB
 
@@ -166,48 +167,76 @@ def rank_params(m: ModelSpec, plan: ParallelPlan, stages: Sequence[int]) -> floa
     return total
 
 
+def recompute_transient_bytes(m: ModelSpec, plan: ParallelPlan) -> float:
+    """Activations re-materialised for one layer during its backward (freed right after)."""
+    if plan.recompute == "full":
+        return layer_activation_bytes(m, plan, recompute="none")
+    if plan.recompute == "selective" and not plan.flash_attention:
+        return layer_activation_bytes(m, plan, recompute="none") - layer_activation_bytes(m, plan, recompute="selective")
+    return 0.0
+
+
+def rank_memory(m: ModelSpec, plan: ParallelPlan, gpu: GPUSpec, rank: int, psi: float, stage_params: Sequence[float],
+                layers: int, acts: float, transient: float, inflight: float = 0.0,
+                zero3_unsharded: float | None = None) -> RankMemory:
+    """Peak memory of one GPU of pipeline rank ``rank`` holding ``psi`` parameters (its stages hold
+    ``stage_params`` each, ``layers`` layers in all) with ``acts`` bytes of stored activations at
+    the peak. The one place the per-rank sum is made (memory_report and the sweep's screen use it)."""
+    nd = plan.zero_shards
+    weights, grads, opt = model_state_bytes(psi, plan.zero, nd)
+    if plan.precision == "fp8":
+        weights += psi / (nd if plan.zero >= 3 else 1)  # cached fp8 weight copies (Transformer Engine)
+    gather = 0.0
+    if plan.zero >= 3 and nd > 1 and plan.pp == 1:
+        # FSDP without a pipeline: layer-wise gather with prefetch, gradients reduce-scattered per layer
+        layer = max(psi / max(1, layers), 0.0)
+        gather = 2 * 2 * layer + 2 * layer  # two unsharded 16-bit layers (current + prefetch) + one layer's grads
+    elif plan.zero >= 3 and nd > 1:
+        # ZeRO-3 inside a pipeline, as torch.distributed.pipelining runs FSDP2: a stage stays
+        # gathered from its UNSHARD to its RESHARD (window of the next 3 distinct stages the rank
+        # runs, lower.py), and gradients accumulate unsharded over the micro-batches until the
+        # reduce-scatter of REDUCE_GRAD — so the gradients are not sharded during the iteration.
+        if zero3_unsharded is not None:
+            gather = float(zero3_unsharded)
+        else:
+            gather = 2.0 * sum(sorted(stage_params, reverse=True)[:MAX_ACTIVE_STAGES])
+        grads = 2.0 * psi
+    frag = FRAGMENTATION * (acts + transient)
+    other = gather + FRAMEWORK_OVERHEAD_BYTES + frag
+    return RankMemory(
+        pipeline_rank=rank, params=psi, weights=weights, grads=grads, optimizer=opt,
+        activations=acts + transient, other=other, capacity=gpu.hbm_bytes, inflight=inflight,
+        detail={"activations_stored": acts, "recompute_transient": transient, "zero3_gather": gather,
+                "framework_overhead": FRAMEWORK_OVERHEAD_BYTES, "fragmentation": frag},
+    )
+
+
 def memory_report(m: ModelSpec, plan: ParallelPlan, gpu: GPUSpec, inflight: Sequence[float] | None = None,
-                  activation_peak: Sequence[float] | None = None) -> MemoryReport:
+                  activation_peak: Sequence[float] | None = None,
+                  zero3_unsharded: Sequence[float] | None = None) -> MemoryReport:
     """Peak memory per pipeline rank.
 
     ``activation_peak`` (bytes per rank, from a schedule's memory timeline) overrides the
     closed form; else ``inflight`` (activation sets per rank) times the rank's mean stage bytes.
+    ``zero3_unsharded`` (bytes per rank, from the engine) is the peak of gathered 16-bit
+    parameters under ZeRO-3 with a pipeline; else the rank's largest 3 stages.
     """
     from .schedules.ir import looped_placement, v_placement
 
     placement = v_placement(plan.pp) if plan.schedule == "zb-v" else looped_placement(plan.pp, plan.vpp)
     inflight = list(inflight) if inflight is not None else closed_form_inflight(plan)
-    nd = plan.zero_shards
+    transient = recompute_transient_bytes(m, plan)
+    split = plan.stage_layers(m.layers)
     ranks = []
     for r in range(plan.pp):
         stages = [s for s, rr in enumerate(placement) if rr == r]
-        psi = rank_params(m, plan, stages)
-        weights, grads, opt = model_state_bytes(psi, plan.zero, nd)
-        if plan.precision == "fp8":
-            weights += psi / (nd if plan.zero >= 3 else 1)  # cached fp8 weight copies (Transformer Engine)
-        stage_bytes = [stage_activation_bytes(m, plan, s) for s in stages]
         if activation_peak is not None:
             acts = float(activation_peak[r])
         else:
-            acts = inflight[r] * sum(stage_bytes) / len(stage_bytes)
-        transient = 0.0
-        if plan.recompute == "full":  # one layer's activations re-materialised during its backward
-            transient = layer_activation_bytes(m, plan, recompute="none")
-        elif plan.recompute == "selective" and not plan.flash_attention:
-            transient = layer_activation_bytes(m, plan, recompute="none") - layer_activation_bytes(m, plan, recompute="selective")
-        gather = 0.0
-        if plan.zero >= 3 and nd > 1:
-            layer = max(psi / max(1, sum(plan.stage_layers(m.layers)[s] for s in stages)), 0.0)
-            gather = 2 * 2 * layer + 2 * layer  # two unsharded 16-bit layers (current + prefetch) + one layer's grads
-        frag = FRAGMENTATION * (acts + transient)
-        other = gather + FRAMEWORK_OVERHEAD_BYTES + frag
-        ranks.append(RankMemory(
-            pipeline_rank=r, params=psi, weights=weights, grads=grads, optimizer=opt,
-            activations=acts + transient, other=other, capacity=gpu.hbm_bytes,
-            inflight=inflight[r],
-            detail={"activations_stored": acts, "recompute_transient": transient, "zero3_gather": gather,
-                    "framework_overhead": FRAMEWORK_OVERHEAD_BYTES, "fragmentation": frag},
-        ))
+            acts = inflight[r] * sum(stage_activation_bytes(m, plan, s) for s in stages) / len(stages)
+        ranks.append(rank_memory(m, plan, gpu, r, rank_params(m, plan, stages), [rank_params(m, plan, [s]) for s in stages],
+                                 sum(split[s] for s in stages), acts, transient, inflight[r],
+                                 None if zero3_unsharded is None else zero3_unsharded[r]))
     return MemoryReport(tuple(ranks), gpu.hbm_bytes)
 
 

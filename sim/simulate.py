@@ -44,6 +44,13 @@ def build_work(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, calib
     return work, costs, p2p
 
 
+def plan_schedule(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, calibration: dict | None = None):
+    """The lowered schedule simulate() runs for ``plan`` (zb-1p/2p are built from the engine's stage
+    costs): what `--write-plan` and the sweep's plan folders write for the executor."""
+    work, _, p2p = build_work(model, cluster, plan, calibration)
+    return lower(schedule_for_plan(plan, costs=stage_costs(work, p2p)), plan)
+
+
 def simulate(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *, backend: str = "analytical",
              calibration: dict | None = None, options: EngineOptions = EngineOptions()) -> SimResult:
     env = simpy.Environment()
@@ -56,6 +63,7 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *, back
     t_iter = max(g.finish for g in eng.gpus.values())
     per_rank: dict[int, dict[str, float]] = {}
     peaks = [0.0] * plan.pp
+    unsharded = [0.0] * plan.pp
     timeline: dict[int, list[tuple[float, float]]] = {}
     for (key, pr), g in sorted(eng.gpus.items()):
         bd = {k: g.acc.get(k, 0.0) for k in BREAKDOWN_KEYS if k != "bubble"}
@@ -63,9 +71,11 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *, back
         per_rank[g.rank] = bd
         if key == (0, 0, 0):
             peaks[pr] = max(v for _, v in g.mem)
+            unsharded[pr] = g.peak_unsharded
             timeline[g.rank] = g.mem
     reported = min(per_rank, key=lambda r: (per_rank[r]["bubble"], r))
-    mem = memory_report(model, plan, cluster.gpu, activation_peak=peaks)
+    mem = memory_report(model, plan, cluster.gpu, activation_peak=peaks,
+                        zero3_unsharded=unsharded if plan.zero >= 3 and plan.pp > 1 else None)
     gbs = plan.global_batch_size
     return SimResult(
         iter_time_s=t_iter,

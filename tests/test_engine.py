@@ -130,3 +130,33 @@ def test_engine_matches_oracle_random(name, pp, m, f, i, w) -> None:
     _, t = run(p, work(pp, f=f, i=i, w=w))
     oracle = list_schedule(schedule_for_plan(p), StageCosts.uniform(f, i, w, 0.0))
     assert t == pytest.approx(oracle.makespan, rel=1e-9)
+
+
+def _gathers(eng, rank_key=(0, 0, 0)) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for e in eng.events:
+        if e.kind == "ZERO_GATHER" and e.rank == eng.gpus[(rank_key, 0)].rank:
+            stage = int(e.name.split("'params', ")[1].split(")")[0])
+            out[stage] = out.get(stage, 0) + 1
+    return out
+
+
+@pytest.mark.parametrize("vpp,expect_regather", [(2, False), (3, False), (4, True)])
+def test_zero3_pipeline_gathers_per_unshard_window(vpp, expect_regather) -> None:
+    """ZeRO-3 with pp > 1 gathers a stage on every UNSHARD and frees it on RESHARD (torch's window
+    of 3 stages): with <= 3 stages per rank each is gathered once, with 4 some are gathered again."""
+    p = plan(pp=2, vpp=vpp, m=4, schedule="interleaved-1f1b", dp=2, zero=3)
+    wk = work(2 * vpp, params=1000.0)
+    eng, t = run(p, wk, net=FakeNet(coll=0.05))
+    low = lower(schedule_for_plan(p), p)
+    unshards = sum(1 for a in low.ranks[0] if a.kind.value == "UNSHARD")
+    counts = _gathers(eng)
+    assert sum(counts.values()) == unshards
+    assert (max(counts.values()) > 1) == expect_regather
+    g = eng.gpus[((0, 0, 0), 0)]
+    assert g.peak_unsharded == pytest.approx(2.0 * 1000.0 * min(vpp, 3))
+    assert g.unsharded == pytest.approx(0.0)  # everything resharded at the end
+    # re-gathering costs time: ZeRO-3 is never faster than ZeRO-1 on the same plan
+    p1 = plan(pp=2, vpp=vpp, m=4, schedule="interleaved-1f1b", dp=2, zero=1)
+    _, t1 = run(p1, wk, net=FakeNet(coll=0.05))
+    assert t >= t1 - 1e-12

@@ -121,3 +121,17 @@ def test_validate_command(runner, tmp_path) -> None:
     bad_row = [r for r in doc["rows"] if r["id"] == "bad_row"][0]
     assert bad_row["status"].startswith("not simulated") and "tp" in bad_row["status"]
     assert (tmp_path / "out" / "scatter.png").exists() and (tmp_path / "out" / "validation.md").exists()
+
+
+@pytest.mark.parametrize("kw", [dict(schedule="1f1b"), dict(schedule="interleaved-1f1b", vpp=2)])
+def test_zero3_in_a_pipeline_is_not_cheaper_than_zero1(kw) -> None:
+    """ZeRO-3 inside a pipeline keeps the active stages gathered and the gradients unsharded until
+    REDUCE_GRAD (torch pipelining + FSDP2): it saves nothing over ZeRO-1 and costs gathers."""
+    cluster = load_cluster("dgx-a100-80g", gpus=16)
+    z1, z3 = (simulate(MODEL, cluster, _plan(zero=z, **kw)) for z in (1, 3))
+    for r1, r3 in zip(z1.memory.ranks, z3.memory.ranks):
+        assert r3.total >= r1.total
+        assert r3.detail["zero3_gather"] == pytest.approx(2 * r3.params)  # all (<= 3) stages gathered
+    assert z3.iter_time_s >= z1.iter_time_s
+    closed = memory_report(MODEL, _plan(zero=3, **kw), cluster.gpu)
+    assert [r.detail["zero3_gather"] for r in closed.ranks] == pytest.approx([r.detail["zero3_gather"] for r in z3.memory.ranks])

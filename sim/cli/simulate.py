@@ -36,7 +36,7 @@ def simulate(calibration, backend, full, overlap_tp, no_overlap_grad_reduce, as_
     calib = load_calibration_option(calibration, st.cluster.gpu.name)
     opts = EngineOptions(full=full, overlap_tp=overlap_tp, overlap_grad_reduce=not no_overlap_grad_reduce)
     res = run(st.model, st.cluster, st.plan, backend=backend, calibration=calib, options=opts)
-    write_outputs(st, res, trace_path, plot_path, mem_plot, plan_dir)
+    write_outputs(st, res, trace_path, plot_path, mem_plot, plan_dir, calib)
     if as_json:
         echo_json(res.to_json())
         return
@@ -61,7 +61,7 @@ def print_result(st: Setup, res: SimResult) -> None:
     click.echo(res.memory.verdict())
 
 
-def write_outputs(st: Setup, res: SimResult, trace_path, plot_path, mem_plot, plan_dir) -> None:
+def write_outputs(st: Setup, res: SimResult, trace_path, plot_path, mem_plot, plan_dir, calib=None) -> None:
     if trace_path:
         from ..trace import write_trace
 
@@ -81,14 +81,15 @@ def write_outputs(st: Setup, res: SimResult, trace_path, plot_path, mem_plot, pl
             base[rank] = r.total - r.detail.get("activations_stored", 0.0)
         plot_memory(res.memory_timeline, base, mem_plot, res.memory.capacity, describe(st))
     if plan_dir:
-        write_plan_dir(st, Path(plan_dir))
+        write_plan_dir(st, Path(plan_dir), calib)
 
 
-def write_plan_dir(st: Setup, out: Path) -> None:
-    """plan.json + the lowered schedule.csv, exactly what `simpar run` reads."""
+def write_plan_dir(st: Setup, out: Path, calibration: dict | None = None) -> None:
+    """plan.json + the lowered schedule.csv that was simulated, exactly what `simpar run` reads."""
     from ..planfile import write_plan_file
-    from ..schedules import lower, schedule_for_plan, write_csv
+    from ..schedules import write_csv
+    from ..simulate import plan_schedule
 
     out.mkdir(parents=True, exist_ok=True)
     write_plan_file(out / "plan.json", st.plan, st.model, st.cluster.name)
-    write_csv(lower(schedule_for_plan(st.plan), st.plan), out / "schedule.csv")
+    write_csv(plan_schedule(st.model, st.cluster, st.plan, calibration), out / "schedule.csv")

@@ -11,9 +11,11 @@ Added per rank, in order (the input schedule is never modified):
   The engine costs R by the recompute mode; torch itself has no R (it recomputes inside B/I).
 - ``REDUCE_GRAD(s)`` right after stage s's last ``B`` or ``W`` (torch's ``_add_reduce_grad``): the
   data-parallel gradient all-reduce, or reduce-scatter under ZeRO 2/3 (a no-op when dp*cp = 1).
-- ZeRO 3 / FSDP: ``UNSHARD(s)`` (parameter all-gather) before a stage computes and ``RESHARD(s)``
-  when it leaves the window of the next ``max_active_stages`` distinct stages the rank will run,
-  and at the end (torch's ``_add_unshard_reshard`` policy, default window 3).
+- ZeRO 2/3 (FSDP, as the executor runs them): ``UNSHARD(s)`` (parameter all-gather) before a stage
+  computes and ``RESHARD(s)`` when it leaves the window of the next ``max_active_stages`` distinct
+  stages the rank will run, and at the end (torch's ``_add_unshard_reshard`` policy, default window
+  3). Under ZeRO-2 the engine books the gather after the optimizer step (ZeRO-1/2 semantics); under
+  ZeRO-3 it gathers on every UNSHARD and frees on RESHARD.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ if TYPE_CHECKING:
     from ..plan import ParallelPlan
 
 _BACKWARD = (Kind.B, Kind.I)
+#: torch's default window of stages kept unsharded at once (_add_unshard_reshard).
+MAX_ACTIVE_STAGES = 3
 
 
 def _next_distinct(stages: list[int], n: int) -> list[tuple[int, ...]]:
@@ -40,7 +44,7 @@ def _next_distinct(stages: list[int], n: int) -> list[tuple[int, ...]]:
     return out
 
 
-def add_unshard_reshard(acts: tuple[Action, ...], max_active_stages: int = 3) -> list[Action]:
+def add_unshard_reshard(acts: tuple[Action, ...], max_active_stages: int = MAX_ACTIVE_STAGES) -> list[Action]:
     """UNSHARD/RESHARD around one rank's compute actions (torch's sliding-window policy)."""
     window = _next_distinct([a.stage for a in acts], max_active_stages)
     active: list[int] = []
@@ -92,8 +96,8 @@ def _lower_rank(s: Schedule, acts: list[Action], recompute: bool, reduce_grad: b
 
 
 def lower(schedule: Schedule, plan: "ParallelPlan | None" = None, *, recompute: str | None = None,
-          zero: int | None = None, reduce_grad: bool = True, max_active_stages: int = 3) -> Schedule:
-    """Add send/recv, recompute, gradient-reduction and (ZeRO 3) unshard/reshard actions.
+          zero: int | None = None, reduce_grad: bool = True, max_active_stages: int = MAX_ACTIVE_STAGES) -> Schedule:
+    """Add send/recv, recompute, gradient-reduction and (ZeRO 2/3) unshard/reshard actions.
 
     ``recompute`` and ``zero`` default to the plan's (or none/0 without a plan)."""
     if schedule.lowered:
@@ -109,7 +113,7 @@ def lower(schedule: Schedule, plan: "ParallelPlan | None" = None, *, recompute: 
         raise ScheduleError("recompute", f"unknown mode {recompute!r}.", "use none, selective or full.")
     ranks = []
     for acts in schedule.ranks:
-        seq = add_unshard_reshard(acts, max_active_stages) if zero == 3 else list(acts)
+        seq = add_unshard_reshard(acts, max_active_stages) if zero >= 2 else list(acts)
         ranks.append(tuple(_lower_rank(schedule, seq, recompute != "none", reduce_grad)))
     out = schedule.replace_ranks(ranks, lowered=True)
     out.meta.update(recompute=recompute, zero=zero)

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Sequence
 
-from ..memory import (FRAGMENTATION, FRAMEWORK_OVERHEAD_BYTES, MemoryReport, layer_activation_bytes, memory_report,
-                      model_state_bytes, rank_params, stage_activation_bytes)
+from ..memory import (MemoryReport, memory_report, rank_memory, rank_params, recompute_transient_bytes,
+                      stage_activation_bytes)
 from ..plan import ParallelPlan
 from ..schedules import Schedule, build_schedule
 from ..schedules.ir import Kind, looped_placement, v_placement
@@ -136,23 +136,25 @@ class FitModel:
 
     def __init__(self, model: ModelSpec, gpu: GPUSpec):
         self.m, self.gpu = model, gpu
-        self._params: dict[tuple, tuple[tuple[float, ...], tuple[int, ...]]] = {}
+        self._params: dict[tuple, tuple] = {}
         self._acts: dict[tuple, tuple[list[float], float]] = {}
         self._peaks: dict[tuple, list[float]] = {}
 
-    def _rank_params(self, plan: ParallelPlan) -> tuple[tuple[float, ...], tuple[int, ...]]:
+    def _rank_params(self, plan: ParallelPlan) -> tuple[tuple[float, ...], tuple[tuple[float, ...], ...], tuple[int, ...]]:
+        """Per pipeline rank: parameters held, parameters per stage held, layers held."""
         zbv = plan.schedule == "zb-v"
         key = (plan.tp, plan.pp, plan.vpp, zbv, plan.layer_split)
         hit = self._params.get(key)
         if hit is None:
             place = v_placement(plan.pp) if zbv else looped_placement(plan.pp, plan.vpp)
             split = plan.stage_layers(self.m.layers)
-            psis, layers = [], []
+            psis, stage_psis, layers = [], [], []
             for r in range(plan.pp):
                 stages = [s for s, rr in enumerate(place) if rr == r]
                 psis.append(rank_params(self.m, plan, stages))
+                stage_psis.append(tuple(rank_params(self.m, plan, [s]) for s in stages))
                 layers.append(sum(split[s] for s in stages))
-            hit = self._params[key] = (tuple(psis), tuple(layers))
+            hit = self._params[key] = (tuple(psis), tuple(stage_psis), tuple(layers))
         return hit
 
     @staticmethod
@@ -166,35 +168,18 @@ class FitModel:
         if hit is None:
             m = self.m
             weights = [stage_activation_bytes(m, plan, s) for s in range(plan.num_stages)]
-            transient = 0.0
-            if plan.recompute == "full":
-                transient = layer_activation_bytes(m, plan, recompute="none")
-            elif plan.recompute == "selective" and not plan.flash_attention:
-                transient = layer_activation_bytes(m, plan, recompute="none") - layer_activation_bytes(m, plan, recompute="selective")
-            hit = self._acts[key] = (weights, transient)
+            hit = self._acts[key] = (weights, recompute_transient_bytes(m, plan))
         return hit
 
     def fit(self, plan: ParallelPlan) -> Fit:
-        psis, layers = self._rank_params(plan)
+        psis, stage_psis, layers = self._rank_params(plan)
         weights, transient = self._activations(plan)
         key = (plan.schedule, plan.pp, plan.vpp, plan.num_microbatches, self._act_key(plan))
         peaks = self._peaks.get(key)
         if peaks is None:
             peaks = self._peaks[key] = plan_profile(plan).peaks(weights)
-        nd, zero = plan.zero_shards, plan.zero
-        totals = []
-        for r, psi in enumerate(psis):
-            w, g, o = model_state_bytes(psi, zero, nd)
-            if plan.precision == "fp8":
-                w += psi / (nd if zero >= 3 else 1)
-            acts = float(peaks[r])
-            gather = 0.0
-            if zero >= 3 and nd > 1:
-                layer = max(psi / max(1, layers[r]), 0.0)
-                gather = 2 * 2 * layer + 2 * layer
-            frag = FRAGMENTATION * (acts + transient)
-            other = gather + FRAMEWORK_OVERHEAD_BYTES + frag
-            totals.append(w + g + o + (acts + transient) + other)
+        totals = [rank_memory(self.m, plan, self.gpu, r, psi, stage_psis[r], layers[r], float(peaks[r]), transient).total
+                  for r, psi in enumerate(psis)]
         return Fit(tuple(totals), self.gpu.hbm_bytes)
 
 

@@ -11,8 +11,8 @@ from ..plan import ParallelPlan
 from ..planfile import write_plan_file
 from ..plot import plot_timeline
 from ..results import SimResult
-from ..schedules import lower, schedule_for_plan, write_csv
-from ..simulate import build_work, simulate, stage_costs
+from ..schedules import write_csv
+from ..simulate import plan_schedule, simulate
 from ..trace import write_trace
 from .evaluate import SweepSetup
 from .space import Config, checked_plan
@@ -37,8 +37,7 @@ def write_plan_dir(setup: SweepSetup, cfg: Config, out: Path, command: str = "")
     plan, reason = checked_plan(cfg, setup.model, setup.cluster, setup.gbs, setup.space)
     assert plan is not None, reason
     out.mkdir(parents=True, exist_ok=True)
-    work, _, p2p = build_work(setup.model, setup.cluster, plan, setup.calibration)
-    sched = lower(schedule_for_plan(plan, costs=stage_costs(work, p2p)), plan)
+    sched = plan_schedule(setup.model, setup.cluster, plan, setup.calibration)
     write_plan_file(out / "plan.json", plan, setup.model, setup.cluster.name)
     write_csv(sched, out / "schedule.csv")
     res = simulate(setup.model, setup.cluster, plan, backend=setup.backend, calibration=setup.calibration,
