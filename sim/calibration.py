@@ -9,8 +9,14 @@ A calibration is JSON::
      "network": {"<link class>": {"alpha_s": 5e-6, "bw_GBps": 350}, ...}}
 
 ``compute`` keys are fields of `simpar.sim.costs.EfficiencyParams`; ``network`` overrides the
-per-link-class alpha/beta of the network backends. ``device.gpu`` must name the GPU preset the
-simulation uses (a calibration of one GPU type does not describe another).
+per-link-class alpha/beta of the network backends (sim/network/constants.py, `network_overrides`).
+``device.gpu`` must name the GPU preset the simulation uses (a calibration of one GPU type does
+not describe another); ``device.kind`` (``cpu`` or ``cuda``) says what was measured.
+
+Optional sections (``simpar calibrate`` writes them): ``layers`` and ``optimizer``, measured
+cost tables used where they cover a plan (format and rules in `simpar.sim.measured`); ``fit``
+(how well the fitted parameters reproduce the measurements) and ``measurements`` (the file of raw
+timings beside this one), both informational.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import SpecError
+from .measured import validate_tables
 
 CALIBRATION_VERSION = 1
 REQUIRED = ("simpar_calibration_version", "device", "compute")
@@ -44,12 +51,19 @@ def validate_calibration(doc: Any, source: str, gpu_name: str | None = None) -> 
         raise SpecError(f"calibration {source}: device.gpu",
                         f"describes {dev['gpu']!r}, the cluster's GPU is {gpu_name!r}.",
                         "use a calibration measured on this GPU type, or drop --calibration.")
+    if "kind" in dev and dev["kind"] not in ("cpu", "cuda"):
+        raise SpecError(f"calibration {source}: device.kind", f"is {dev['kind']!r}.", "use cpu or cuda.")
+    if not isinstance(doc["compute"], dict):
+        raise SpecError(f"calibration {source}: compute", "must be a mapping of EfficiencyParams fields.", "re-run `simpar calibrate`.")
+    if "network" in doc and not isinstance(doc["network"], dict):
+        raise SpecError(f"calibration {source}: network", "must be a mapping of link classes / constant groups.", "re-run `simpar calibrate`.")
     fields = EfficiencyParams.__dataclass_fields__
     for k, v in doc["compute"].items():
         if k not in fields:
             raise SpecError(f"calibration {source}: compute.{k}", "unknown parameter.", f"use one of {', '.join(fields)}.")
         if not isinstance(v, (int, float)) or v <= 0:
             raise SpecError(f"calibration {source}: compute.{k}", f"must be a positive number, got {v!r}.", "fix the value.")
+    validate_tables(doc, f"calibration {source}")
     return doc
 
 
@@ -62,3 +76,35 @@ def load_calibration(path: str | Path, gpu_name: str | None = None) -> dict[str,
     except json.JSONDecodeError as exc:
         raise SpecError(f"calibration {p.name}", f"is not valid JSON ({exc.msg}, line {exc.lineno}).", "fix the file.") from None
     return validate_calibration(doc, p.name, gpu_name)
+
+
+# --- default calibrations of the GPU presets ------------------------------------------------
+#: Folder (package data, next to the GPU presets) of the default calibration of each GPU preset:
+#: ``<gpu preset name>.json``, same format, global per-GPU-type parameters with their sources
+#: (``notes``). A GPU with no file uses the code-level `EfficiencyParams` defaults.
+DEFAULT_CALIBRATIONS = "calibrations"
+
+
+def default_calibration_path(gpu_name: str) -> Path | None:
+    """The shipped default calibration of GPU preset ``gpu_name``, or None when there is none."""
+    from .specs.loader import presets_dir
+
+    p = presets_dir(DEFAULT_CALIBRATIONS) / f"{gpu_name}.json"
+    return p if p.is_file() else None
+
+
+_DEFAULTS: dict[str, tuple[float, dict[str, Any]]] = {}
+
+
+def default_calibration(gpu_name: str) -> dict[str, Any] | None:
+    """The GPU preset's default calibration (validated, cached per file version), or None.
+    A malformed default file raises `SpecError` naming it: it is never silently ignored."""
+    p = default_calibration_path(gpu_name)
+    if p is None:
+        return None
+    stamp = p.stat().st_mtime
+    hit = _DEFAULTS.get(str(p))
+    if hit is None or hit[0] != stamp:
+        hit = (stamp, load_calibration(p, gpu_name))
+        _DEFAULTS[str(p)] = hit
+    return hit[1]

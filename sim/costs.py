@@ -4,10 +4,22 @@ calibration file.
 Default model (every constant below is a documented assumption, overridable per GPU type):
 
 - Matrix multiplies run at ``peak(dtype) * mm_eff_max * sat(m) * sat(n) * sat(k)`` where
-  ``sat(x) = x / (x + mm_half_dim)``: large GEMMs approach a sustained efficiency (see
-  DEFAULT_EFFICIENCY), small dimensions under-fill the tensor cores' tiles.
+  ``sat(x) = x / (x + mm_half_dim)``: large GEMMs approach a sustained efficiency, small
+  dimensions under-fill the tensor cores' tiles.
 - The attention core (FlashAttention 2) runs at ``attn_eff_fwd`` / ``attn_eff_bwd`` of peak
-  (Dao 2023, FlashAttention-2 §4: 50–73 % of A100 peak forward, lower backward).
+  (Dao 2023, FlashAttention-2 §4: 50–73 % of A100 peak forward, lower backward) on the work a
+  causal mask leaves: FlashAttention skips the key/value blocks above the diagonal, so it does
+  ``causal_attention_fraction(s)`` = 1/2 + 64/s of the full square that FLOP counts (Megatron's
+  formula, sim/model.py) assume (blocks of 128 queries: n(n+1)/2 of n^2 blocks, n = s/128).
+  Without FlashAttention (``plan.flash_attention = False``) the scores are materialised: the
+  full square is computed and the softmax / mask / dropout over the a*s*s scores is memory-bound
+  traffic (``UNFUSED_SCORE_BYTES`` per score forward, twice that backward).
+
+The per-GPU-type parameters come from the preset's default calibration file
+(topologies/calibrations/<gpu>.json, `simpar.sim.calibration.default_calibration`): global
+figures with their sources, fitted once on all of shared/validation/published.csv (never per row).
+A GPU with no such file uses the `EfficiencyParams` defaults below; ``--calibration FILE``
+overrides either, key by key.
 - Element-wise work (norms, activations, dropout, residual adds, the softmax/cross-entropy) is
   memory-bound: bytes moved / (HBM bandwidth * hbm_eff).
 - Each kernel costs at least ``launch_s`` (CUDA launch + scheduling, ~4 µs without CUDA graphs).
@@ -19,6 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from .measured import MeasuredCosts
 from .model import LayerFlops, layer_flops, logits_flops
 from .plan import ParallelPlan
 from .specs import GPUSpec, ModelSpec
@@ -38,18 +51,19 @@ class EfficiencyParams:
     fp8_mm_eff_scale: float = 0.70
 
 
-#: Defaults per GPU preset name. Starting values from public specs and sustained-throughput
-#: reports, tuned globally (never per row) against shared/validation/published.csv.
-DEFAULT_EFFICIENCY: dict[str, EfficiencyParams] = {
-    # Sustained large-GEMM efficiency ~70 % of dense peak on A100 and ~60 % on H100-class parts
-    # in end-to-end training (kernel-level cuBLAS figures are higher; clocks under a full training
-    # load and non-ideal shapes lower them). Tuned once, globally, on published.csv.
-    "a100-40g": EfficiencyParams(mm_eff_max=0.69, attn_eff_fwd=0.52, attn_eff_bwd=0.39),
-    "a100-80g": EfficiencyParams(mm_eff_max=0.69, attn_eff_fwd=0.52, attn_eff_bwd=0.39),
-    "h100-sxm": EfficiencyParams(mm_eff_max=0.60, attn_eff_fwd=0.46, attn_eff_bwd=0.35),
-    "h200": EfficiencyParams(mm_eff_max=0.62, attn_eff_fwd=0.46, attn_eff_bwd=0.35),
-    "b200": EfficiencyParams(mm_eff_max=0.60, attn_eff_fwd=0.42, attn_eff_bwd=0.33),
-}
+#: FlashAttention's query/key block (FA2 forward, 128 on A100/H100): the diagonal blocks of a
+#: causal mask are computed in full.
+FLASH_BLOCK = 128
+#: Bytes of memory traffic per attention score of unfused attention, forward: scores written
+#: (2), read and softmax written (2 + 2), dropout mask and output (1 + 2) (Korthikanti et al.
+#: 2022 §4.1 name the same tensors for the 5as^2b activation term).
+UNFUSED_SCORE_BYTES = 9
+
+
+def causal_attention_fraction(seq_len: float) -> float:
+    """Share of the full s x s attention square a causal FlashAttention computes (1/2 + B/2s)."""
+    return min(1.0, 0.5 + FLASH_BLOCK / (2.0 * max(seq_len, 1.0)))
+
 
 #: Adam step bytes per locally owned parameter: fp32 master r/w (8), moments r/w (16), grad read
 #: (2), 16-bit weight write (2).
@@ -80,16 +94,23 @@ class CostModel:
     gpu: GPUSpec
     eff: EfficiencyParams = field(default_factory=EfficiencyParams)
     source: str = "default"
+    #: measured layer / optimizer tables of a calibration (sim/measured.py), used where they apply
+    measured: MeasuredCosts | None = None
 
     @classmethod
     def for_gpu(cls, gpu: GPUSpec, calibration: "dict | None" = None) -> "CostModel":
-        eff = DEFAULT_EFFICIENCY.get(gpu.name, EfficiencyParams())
-        src = "default"
+        from .calibration import default_calibration
+
+        eff, src = EfficiencyParams(), "default"
+        base = default_calibration(gpu.name)
+        if base:  # the GPU preset's default calibration file (global per-GPU-type figures)
+            eff = replace(eff, **{k: float(v) for k, v in base["compute"].items()})
+            src = f"default calibration {gpu.name}.json"
         if calibration:
             over = {k: float(v) for k, v in calibration.get("compute", {}).items() if k in EfficiencyParams.__dataclass_fields__}
             eff = replace(eff, **over)
             src = calibration.get("source", "calibration")
-        return cls(gpu, eff, src)
+        return cls(gpu, eff, src, MeasuredCosts.from_calibration(calibration))
 
     # --- primitives -------------------------------------------------------------------------
     def _sat(self, x: float) -> float:
@@ -110,11 +131,20 @@ class CostModel:
         return flops_fwd / (peak * self.eff.attn_eff_fwd), 2 * flops_fwd / (peak * self.eff.attn_eff_bwd)
 
     def optimizer_time(self, local_params: float) -> float:
+        measured = self.measured.optimizer_time(local_params) if self.measured else None
+        if measured is not None:
+            return measured
         return self.memory_time(ADAM_BYTES_PER_PARAM * local_params)
 
     # --- model pieces -----------------------------------------------------------------------
     def layer_times(self, m: ModelSpec, plan: ParallelPlan) -> PassTimes:
-        """One transformer layer, one micro-batch, on one GPU of a tp x cp group (compute only)."""
+        """One transformer layer, one micro-batch, on one GPU of a tp x cp group (compute only).
+        A calibration's measured layer table is used when it covers the layer (sim/measured.py)."""
+        if self.measured is not None and plan.cp == 1:
+            key = (m.arch, m.hidden, m.heads, m.kv_heads, m.ffn, m.seq_len, plan.tp)
+            hit = self.measured.layer(key, plan.micro_batch_size, plan.precision)
+            if hit is not None:
+                return PassTimes(*hit)
         t, dt = plan.tp, plan.precision
         tokens = plan.micro_batch_size * m.seq_len / plan.cp
         h, f, kv = m.hidden, m.ffn, m.kv_heads * m.head_dim
@@ -125,7 +155,13 @@ class CostModel:
         i_mm = sum(self.matmul_time(a, c, b, dt) for a, b, c in shapes)
         w_mm = sum(self.matmul_time(c, b, a, dt) for a, b, c in shapes)
         lf: LayerFlops = layer_flops(m, m.seq_len, plan.micro_batch_size)
-        attn_f, attn_b = self.attention_time(lf.attn_core_f / (t * plan.cp), dt)
+        if plan.flash_attention:
+            attn_f, attn_b = self.attention_time(lf.attn_core_f * causal_attention_fraction(m.seq_len) / (t * plan.cp), dt)
+        else:  # scores materialised: two batched matmuls over the full square + softmax traffic
+            mm_peak = self.gpu.peak_flops("bf16" if dt == "fp8" else dt) * self.eff.mm_eff_max
+            scores = m.heads / t * tokens * m.seq_len
+            attn_f = lf.attn_core_f / (t * plan.cp) / mm_peak + self.memory_time(UNFUSED_SCORE_BYTES * scores)
+            attn_b = 2 * lf.attn_core_f / (t * plan.cp) / mm_peak + self.memory_time(2 * UNFUSED_SCORE_BYTES * scores)
         sp = t if plan.sequence_parallel else 1
         ew_bytes = tokens * (ELEMENTWISE_BYTES_PER_TOKEN_H * h / sp + (6 if m.gated_mlp else 4) * f / t)
         ew_f = self.memory_time(ew_bytes)

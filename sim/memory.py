@@ -49,7 +49,10 @@ def layer_activation_bytes(m: ModelSpec, plan: ParallelPlan, recompute: str | No
     b, h, f, a, t = plan.micro_batch_size, m.hidden, m.ffn, m.heads, plan.tp
     sbh = s * b * h
     if recompute == "full":
-        return 2 * sbh  # only the layer input (Korthikanti §4.2; the 2sbh/t variant is not used)
+        # Only the layer input (Korthikanti §4.2: 2sbh). With sequence parallelism that input is
+        # itself split over the sequence (Megatron and torchtitan checkpoint the [s/t, b, h] block
+        # input), so 2sbh/t; without it the paper's 2sbh/t variant (an extra all-gather) is not used.
+        return 2 * sbh / (t if plan.sequence_parallel else 1)
     g = m.kv_ratio
     drop = 1 if m.has_dropout else 0
     # Replicated across tensor-parallel ranks unless sequence parallelism splits them:

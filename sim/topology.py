@@ -1,14 +1,16 @@
 """A cluster expanded into a networkx DiGraph, with cached routes between GPUs.
 
 Graph nodes (attribute ``kind``): ``gpu``, ``nvswitch``, ``pcie`` (switch), ``cpu`` (socket /
-root complex), ``nic``, ``leaf``, ``spine``. Names read ``n3/gpu5``, ``n3/nic5``, ``leaf/r5/g0``
+root complex), ``host`` (the memory of a ``host`` node, through which its CPU worker processes
+talk), ``nic``, ``leaf``, ``spine``. Names read ``n3/gpu5``, ``n3/nic5``, ``leaf/r5/g0``
 (rail 5, leaf group 0), ``spine2``. Every physical link is two directed edges, each with
 
 - ``bw``: line rate of that direction, bytes/s;
 - ``latency``: one-way latency of the hop, s (switch traversals; intra-node hops carry 0 because
   NCCL's per-step latency of the link class already covers them, see network.constants);
-- ``kind``: ``nvlink``, ``pcie``, ``cpu`` (socket link), ``nic`` (NIC to leaf), ``fabric`` (leaf to
-  spine); ``cls``: the efficiency class (``nvlink3/4/5``, ``pcie``, ``cpu``, ``net``);
+- ``kind``: ``nvlink``, ``pcie``, ``cpu`` (socket link), ``host`` (process to host memory), ``nic``
+  (NIC to leaf), ``fabric`` (leaf to spine); ``cls``: the efficiency class (``nvlink3/4/5``,
+  ``pcie``, ``cpu``, ``host``, ``net``);
 - ``id``: index into the flat arrays ``link_bw``, ``link_cls``, ... used by the network models.
 
 Routes are computed from the structure (no graph search per call) and cached: GPU -> PCIe switch
@@ -33,9 +35,9 @@ from .specs.cluster import ClusterSpec
 from .units import GB
 
 #: Edge kinds, in display order.
-LINK_KINDS = ("nvlink", "pcie", "cpu", "nic", "fabric")
+LINK_KINDS = ("nvlink", "pcie", "cpu", "host", "nic", "fabric")
 #: Node kinds, in display order.
-NODE_KINDS = ("gpu", "nvswitch", "pcie", "cpu", "nic", "leaf", "spine")
+NODE_KINDS = ("gpu", "nvswitch", "pcie", "cpu", "host", "nic", "leaf", "spine")
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,15 @@ class Topology:
 
     def _build_node(self, n: int) -> None:
         f, g = self.cluster.node, self.gpus_per_node
+        if f.interconnect == "host":  # worker processes, each with one link into the host's memory
+            assert f.host_bw_GBps is not None, "validated by NodeFabric"
+            self._add_node(f"n{n}/host", "host", node=n)
+            for i in range(g):
+                gpu = self.gpu_name(n * g + i)
+                self._add_node(gpu, "gpu", node=n, rank=n * g + i)
+                self._link(gpu, f"n{n}/host", f.host_bw_GBps * GB, "host", "host")
+            return
+        assert f.pcie_bw_GBps is not None, "validated by NodeFabric"
         pcie_bw = f.pcie_bw_GBps * GB
         for s in range(f.pcie_switches(g)):
             self._add_node(self.switch_name(n, s), "pcie", node=n)
@@ -205,6 +216,9 @@ class Topology:
             ids, hw = self._inter(src, dst), "net"
         elif self.cluster.node.interconnect == "nvswitch":
             ids, hw = self.nvswitch_links(src)[:1] + self.nvswitch_links(dst)[1:], "nvlink"
+        elif self.cluster.node.interconnect == "host":
+            h = f"n{self.node_of(src)}/host"
+            ids, hw = (self._link_id[(self.gpu_name(src), h)], self._link_id[(h, self.gpu_name(dst))]), "host"
         else:
             names = self._pcie_path(src, dst)
             ids, hw = tuple(self._link_id[(a, b)] for a, b in zip(names, names[1:])), "pcie"

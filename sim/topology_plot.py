@@ -11,8 +11,8 @@ from pathlib import Path
 from .topology import Topology
 
 MAX_PLOT_NODES = 600
-_ROWS = {"spine": 6, "leaf": 5, "nic": 4, "cpu": 3, "pcie": 2, "nvswitch": 1, "gpu": 0}
-_COLOURS = {"nvlink": "tab:green", "pcie": "tab:blue", "cpu": "tab:purple", "nic": "tab:orange", "fabric": "tab:red"}
+_ROWS = {"spine": 6, "leaf": 5, "nic": 4, "cpu": 3, "host": 3, "pcie": 2, "nvswitch": 1, "gpu": 0}
+_COLOURS = {"nvlink": "tab:green", "pcie": "tab:blue", "cpu": "tab:purple", "host": "tab:brown", "nic": "tab:orange", "fabric": "tab:red"}
 
 
 def positions(topo: Topology) -> dict[str, tuple[float, float]]:

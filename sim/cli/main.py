@@ -27,6 +27,7 @@ COMMANDS = [
     ("run", "run"),
     ("compare", "compare"),
     ("calibrate", "calibrate"),
+    ("accuracy", "accuracy"),
 ]
 
 

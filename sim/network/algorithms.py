@@ -73,7 +73,7 @@ class Group:
             self.by_node.setdefault(topo.node_of(g), []).append(g)
         self.nodes = list(self.by_node)
         self.M = len(self.nodes)
-        self.intra_hw = "nvlink" if topo.cluster.node.interconnect == "nvswitch" else "pcie"
+        self.intra_hw = {"nvswitch": "nvlink", "host": "host"}.get(topo.cluster.node.interconnect, "pcie")
         self.pivots = {k: self._pivots(v) for k, v in self.by_node.items()}
         self.C = min(len(p) for p in self.pivots.values())
 
@@ -118,8 +118,9 @@ def _phase(algo: str, fs: FlowSet, topo: Topology, steps: list[tuple[str, int]],
 
 
 def protocols(topo: Topology, algo: str) -> tuple[str, ...]:
-    """NCCL enables LL128 by default only where the intra-node path is NVLink; NVLS is Simple only."""
-    if algo == "nvls":
+    """NCCL enables LL128 by default only where the intra-node path is NVLink; NVLS is Simple only;
+    gloo (a host node) has one protocol, modelled as Simple."""
+    if algo == "nvls" or topo.cluster.node.interconnect == "host":
         return ("Simple",)
     if algo == "direct":
         return ("LL", "Simple")
@@ -266,6 +267,8 @@ def schedules(topo: Topology, op: str, gpus: tuple[int, ...]) -> list[Schedule]:
     if op == "all-to-all":
         return [all_to_all(topo, g)]
     out = [ring(topo, g, op)]
+    if op == "all-reduce" and topo.cluster.node.interconnect == "host":
+        return out  # gloo's all-reduce on CPU tensors is its ring algorithm (no tree, no NVLS)
     if op == "all-reduce":
         out.append(tree(topo, g))
         if g.M == 1 and topo.has_nvls:

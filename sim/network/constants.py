@@ -28,7 +28,7 @@ from typing import Any
 from ..errors import SpecError
 
 #: NCCL's hardware classes of a step (tuning.cc NCCL_HW_NVLINK / NCCL_HW_PCI / NCCL_HW_NET).
-HW_CLASSES = ("nvlink", "pcie", "net")
+HW_CLASSES = ("nvlink", "pcie", "net", "host")
 #: Algorithms whose constants exist. ``direct`` is NCCL's p2p path (send/recv, all-to-all).
 ALGOS = ("ring", "tree", "nvls", "direct")
 PROTOCOLS = ("LL", "LL128", "Simple")
@@ -50,6 +50,10 @@ LINK_EFFICIENCY = {
     # NICs and switch links: nccl-tests #290 (maintainer): 46-48 GB/s busbw per 400 Gb/s NIC
     # (50 GB/s line) -> 47/50. (nccl-tests #29: 12.2 of 12.5 GB/s on 100 Gb/s.)
     "net": 47.0 / 50.0,
+    # host (CPU worker processes through host memory, gloo): an assumption, not a measurement:
+    # gloo's transport (TCP over loopback) moves about a fifth of the nominal per-process copy
+    # rate of the cluster file. `simpar calibrate --device cpu` measures it (network.host.bw_GBps).
+    "host": 0.2,
 }
 
 # Alpha: NCCL tuning.cc (2.19+, ncclTunerConstantsDefaults), microseconds.
@@ -79,6 +83,14 @@ STEP_LATENCY_US = {
         "ring": {"LL": 2.7, "LL128": 4.0, "Simple": 14.0},
         "nvls": {"Simple": 18.0},
         "direct": {"LL": 2.7, "Simple": 14.0},
+    },
+    # gloo between processes of one host (not an NCCL class; Simple is its only protocol): an
+    # assumption of the order of a loopback TCP round trip plus gloo's per-call work, replaced by a
+    # calibration (`simpar calibrate --device cpu` fits step_latency_us.host and base_latency_us).
+    "host": {
+        "tree": {"Simple": 30.0},
+        "ring": {"Simple": 30.0},
+        "direct": {"Simple": 30.0},
     },
 }
 #: tuning.cc: "if (nNodes > 1 && p == NCCL_PROTO_LL) intraLat *= 1.8".
@@ -127,7 +139,7 @@ class NetworkConstants:
 
 #: Link classes a calibration may name with measured figures, and the hardware class of their steps.
 CALIBRATION_CLASSES = {"nvlink": "nvlink", "nvlink3": "nvlink", "nvlink4": "nvlink", "nvlink5": "nvlink",
-                       "pcie": "pcie", "cpu": "pcie", "net": "net"}
+                       "pcie": "pcie", "cpu": "pcie", "net": "net", "host": "host"}
 
 
 def network_overrides(calibration: dict[str, Any] | None, cluster: Any) -> dict[str, Any] | None:
@@ -175,7 +187,7 @@ def _class_line_rate(key: str, cluster: Any) -> tuple[str, float]:
     """(efficiency class, line rate in GB/s per direction of one link of that class)."""
     node = cluster.node
     rates = {"nvlink": node.nvlink_bw_GBps, "pcie": node.pcie_bw_GBps, "cpu": node.cpu_link_bw_GBps,
-             "net": node.nic_bw_Gbps / 8 if node.nic_bw_Gbps else None}
+             "net": node.nic_bw_Gbps / 8 if node.nic_bw_Gbps else None, "host": node.host_bw_GBps}
     base = "nvlink" if key.startswith("nvlink") else key
     rate = rates[base]
     if rate is None:

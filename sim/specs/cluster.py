@@ -21,6 +21,7 @@ import math
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic_core import InitErrorDetails
 
 from ..errors import PlanError, SpecError
 from .gpu import GPUSpec
@@ -36,18 +37,22 @@ class NodeFabric(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    interconnect: Literal["nvswitch", "pcie"] = Field(
+    interconnect: Literal["nvswitch", "pcie", "host"] = Field(
         description="nvswitch: every GPU has NVLink ports into one non-blocking NVSwitch fabric; "
-        "pcie: GPUs talk through PCIe switches and the CPU root complexes"
+        "pcie: GPUs talk through PCIe switches and the CPU root complexes; "
+        "host: CPU worker processes of one machine talk through its memory (gloo), one link each"
     )
     nvlink_generation: Literal[0, 3, 4, 5] = Field(0, description="3 A100, 4 H100/H200, 5 B200; 0 = no NVLink")
     nvlink_bw_GBps: float | None = Field(None, gt=0, description="NVLink per GPU, per direction, line rate (GB/s)")
     nvls: bool = Field(False, description="NVSwitch can reduce in the switch (NVLink SHARP, Hopper onward)")
     pcie_generation: Literal[3, 4, 5, 6] = Field(4, description="informational; the rate is pcie_bw_GBps")
-    pcie_bw_GBps: float = Field(gt=0, description="one x16 PCIe link, per direction, line rate (GB/s)")
-    gpus_per_pcie_switch: int = Field(gt=0)
-    nics_per_pcie_switch: int = Field(ge=0, description="compute NICs under each PCIe switch (0: none)")
-    pcie_switches_per_cpu: int = Field(gt=0)
+    pcie_bw_GBps: float | None = Field(None, gt=0, description="one x16 PCIe link, per direction, line rate (GB/s); required unless host")
+    gpus_per_pcie_switch: int = Field(1, gt=0)
+    nics_per_pcie_switch: int = Field(0, ge=0, description="compute NICs under each PCIe switch (0: none)")
+    pcie_switches_per_cpu: int = Field(1, gt=0)
+    host_bw_GBps: float | None = Field(
+        None, gt=0, description="host: one process's copy bandwidth into/out of host memory, per direction (GB/s)"
+    )
     cpu_link_bw_GBps: float | None = Field(
         None, gt=0, description="socket-to-socket link (UPI/xGMI), per direction, as NCCL's topology model rates it (GB/s)"
     )
@@ -55,6 +60,17 @@ class NodeFabric(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> "NodeFabric":
+        if self.interconnect == "host":
+            if self.host_bw_GBps is None:
+                raise ValueError("a host node needs host_bw_GBps (per process, per direction)")
+            if self.nvls or self.nvlink_bw_GBps is not None or self.nics_per_pcie_switch:
+                raise ValueError("a host node has no NVLink and no NICs: remove nvlink_bw_GBps, nvls and NICs")
+            return self
+        if self.host_bw_GBps is not None:
+            raise ValueError("host_bw_GBps belongs to interconnect: host")
+        if self.pcie_bw_GBps is None:  # required unless host: reported as a missing field
+            raise ValidationError.from_exception_data(
+                "NodeFabric", [InitErrorDetails(type="missing", loc=("pcie_bw_GBps",), input=self.model_dump())])
         if self.interconnect == "nvswitch":
             if self.nvlink_bw_GBps is None:
                 raise ValueError("an nvswitch node needs nvlink_bw_GBps (per GPU, per direction)")

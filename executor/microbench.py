@@ -1,0 +1,409 @@
+"""Microbenchmarks behind ``simpar calibrate``: the device's compute and communication, timed
+with torch, returned as plain JSON-able dicts (seconds, bytes, FLOP) for the fit in
+``simpar.sim.calibrate_fit`` (which needs no torch).
+
+Compute (one process, the current device): matrix multiplies over a grid of shapes and dtypes,
+the attention core forward/backward (the executor's own ``attention_core``), a memory-bound
+element-wise kernel, one transformer layer's F / I / W (the executor's own ``Block``, with the
+local shapes of a tensor-parallel shard) over (micro-batch, sequence, hidden/tp), the Adam step,
+and the launch overhead of a tiny kernel. Communication (``nproc`` processes, gloo on CPU, NCCL on
+CUDA): point-to-point ping-pong and all-reduce / all-gather / reduce-scatter versus bytes for each
+group size available.
+
+Every figure is the lower quartile of the repetitions after warm-up (`robust`): on a machine
+whose cores other work shares now and then, a repetition can only be slowed, never sped up, and
+the lower quartile ignores such outliers while staying within a few per cent of the median on a
+quiet machine. On CUDA a repetition is timed with CUDA
+events around it; on CPU with ``time.perf_counter``. On CPU the processes run one thread each
+(``torch.set_num_threads(1)``), as the executor's runs do.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field, replace
+from datetime import timedelta
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch import nn
+
+from ..sim.specs import ModelSpec
+from .model import Block, attention_core
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class LayerShape:
+    """One transformer layer to time: a model's layer dims, the tp shard, micro-batch and sequence."""
+
+    arch: str
+    hidden: int
+    heads: int
+    kv_heads: int
+    ffn: int
+    seq: int
+    mbs: int
+    tp: int = 1
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    device: str = "cpu"
+    backend: str = "gloo"
+    nproc: int = 1
+    quick: bool = False
+    dtype: str = "fp32"  # the dtype the executor computes in on this device
+    layers: tuple[LayerShape, ...] = ()
+    warmup: int = 2
+    reps: int = 7
+    comm_sizes: tuple[int, ...] = field(default_factory=tuple)
+
+
+def default_comm_sizes(device: str, quick: bool) -> tuple[int, ...]:
+    if device == "cuda":
+        return (2**16, 2**20, 2**24, 2**26) if quick else (2**14, 2**16, 2**18, 2**20, 2**22, 2**24, 2**26, 2**28)
+    return (2**12, 2**18, 2**22) if quick else (2**12, 2**16, 2**18, 2**20, 2**22, 2**24)
+
+
+# --- timing ---------------------------------------------------------------------------------
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def robust(times: list[float]) -> float:
+    """The lower quartile (see the module docstring)."""
+    xs = sorted(times)
+    return xs[(len(xs) - 1) // 4]
+
+
+def timeit(fn: Callable[[], object], device: torch.device, warmup: int, reps: int,
+           setup: Callable[[], object] | None = None) -> float:
+    """Seconds of ``fn(setup())`` (lower quartile) (or ``fn()``) over ``reps`` after ``warmup`` runs;
+    ``setup`` runs untimed before each repetition."""
+    times = []
+    for i in range(warmup + reps):
+        arg = setup() if setup is not None else None
+        _sync(device)
+        if device.type == "cuda":
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn(arg) if setup is not None else fn()
+            b.record()
+            b.synchronize()
+            dt = a.elapsed_time(b) * 1e-3
+        else:
+            t0 = time.perf_counter()
+            fn(arg) if setup is not None else fn()
+            dt = time.perf_counter() - t0
+        if i >= warmup:
+            times.append(dt)
+    return robust(times)
+
+
+# --- compute --------------------------------------------------------------------------------
+def matmul_shapes(quick: bool) -> list[tuple[int, int, int]]:
+    """Squares (the saturation curve) and the rectangles of transformer layers."""
+    dims = (64, 256, 1024) if quick else (32, 64, 128, 256, 512, 1024)
+    out = [(d, d, d) for d in dims]
+    for t in ((256, 1024) if quick else (128, 512, 2048)):
+        for h in ((256,) if quick else (128, 256, 512)):
+            out += [(t, h, h), (t, 4 * h, h), (t, h, 4 * h)]
+    return out
+
+
+def bench_matmul(device: torch.device, dtypes: list[str], quick: bool, warmup: int, reps: int) -> list[dict]:
+    rows = []
+    for dt in dtypes:
+        for m, n, k in matmul_shapes(quick):
+            a = torch.randn(m, k, device=device, dtype=DTYPES[dt])
+            b = torch.randn(k, n, device=device, dtype=DTYPES[dt])
+            t = timeit(lambda: torch.mm(a, b), device, warmup, reps)
+            rows.append({"m": m, "n": n, "k": k, "dtype": dt, "time_s": t, "flops": 2.0 * m * n * k})
+    return rows
+
+
+def bench_attention(device: torch.device, dtype: str, quick: bool, warmup: int, reps: int) -> list[dict]:
+    """The executor's causal attention core on (b, heads, s, head_dim); FLOPs as the simulator
+    counts them (sim/model.py layer_flops: 4 b s^2 h forward, twice that backward)."""
+    shapes = [(2, 4, 128, 64), (2, 4, 256, 64)] if quick else [(1, 4, 128, 64), (2, 4, 128, 64), (2, 4, 256, 64), (4, 8, 256, 32), (2, 4, 512, 64)]
+    rows = []
+    for b, heads, s, hd in shapes:
+        def make():
+            q, k, v = (torch.randn(b, heads, s, hd, device=device, dtype=DTYPES[dtype], requires_grad=True) for _ in range(3))
+            return q, k, v
+        fwd = timeit(lambda qkv: attention_core(*qkv), device, warmup, reps, setup=make)
+
+        def fwd_out():
+            qkv = make()
+            y = attention_core(*qkv)
+            return y, qkv, torch.randn_like(y)
+        bwd = timeit(lambda st: torch.autograd.grad(st[0], st[1], st[2]), device, warmup, reps, setup=fwd_out)
+        flops = 4.0 * b * s * s * heads * hd
+        rows.append({"b": b, "heads": heads, "seq": s, "head_dim": hd, "dtype": dtype, "fwd_s": fwd, "bwd_s": bwd, "flops_fwd": flops})
+    return rows
+
+
+def bench_elementwise(device: torch.device, dtype: str, quick: bool, warmup: int, reps: int) -> list[dict]:
+    """z = x + y: reads two tensors, writes one (3 x the tensor bytes)."""
+    sizes = (2**18, 2**22) if quick else (2**16, 2**18, 2**20, 2**22, 2**24)
+    rows = []
+    for n in sizes:
+        x, y = torch.randn(n, device=device, dtype=DTYPES[dtype]), torch.randn(n, device=device, dtype=DTYPES[dtype])
+        z = torch.empty_like(x)
+        t = timeit(lambda: torch.add(x, y, out=z), device, warmup, reps)
+        rows.append({"elements": n, "bytes": 3.0 * n * x.element_size(), "time_s": t})
+    return rows
+
+
+def bench_launch(device: torch.device, warmup: int, reps: int) -> dict:
+    """Seconds per tiny kernel, back to back (200 per repetition)."""
+    x = torch.zeros(1, device=device)
+
+    def many():
+        for _ in range(200):
+            x.add_(1.0)
+    return {"time_s": timeit(many, device, warmup, reps) / 200}
+
+
+def bench_optimizer(device: torch.device, quick: bool, warmup: int, reps: int) -> list[dict]:
+    """torch's Adam (as the executor builds it, parallel.make_optimizer) on fp32 parameters."""
+    rows = []
+    for n in ((2**20,) if quick else (2**18, 2**20, 2**22)):
+        p = nn.Parameter(torch.randn(n, device=device))
+        p.grad = torch.randn_like(p)
+        opt = torch.optim.Adam([p], lr=1e-3)
+        t = timeit(opt.step, device, warmup, reps)
+        rows.append({"params": n, "time_s": t})
+    return rows
+
+
+def local_block(shape: LayerShape, device: torch.device) -> nn.Module:
+    """The executor's Block with the local shapes of one tensor-parallel rank (heads, kv heads and
+    ffn split by tp; norms and the residual on the full hidden size)."""
+    spec = ModelSpec(name="bench", arch=shape.arch, layers=1, hidden=shape.hidden, heads=shape.heads,
+                     kv_heads=shape.kv_heads, ffn=shape.ffn, vocab=2, seq_len=shape.seq)
+    blk = Block(spec, "none")
+    t, h, hd, bias = shape.tp, shape.hidden, spec.head_dim, spec.has_bias
+    if t > 1:
+        att, mlp = blk.attention, blk.mlp
+        att.wq = nn.Linear(h, shape.heads // t * hd, bias=bias)
+        att.wk = nn.Linear(h, shape.kv_heads // t * hd, bias=bias)
+        att.wv = nn.Linear(h, shape.kv_heads // t * hd, bias=bias)
+        att.wo = nn.Linear(shape.heads // t * hd, h, bias=bias)
+        mlp.w1 = nn.Linear(h, shape.ffn // t, bias=bias)
+        mlp.w2 = nn.Linear(shape.ffn // t, h, bias=bias)
+        if spec.gated_mlp:
+            mlp.w3 = nn.Linear(h, shape.ffn // t, bias=False)
+    return blk.to(device)
+
+
+def bench_layer(shape: LayerShape, device: torch.device, dtype: str, warmup: int, reps: int) -> dict:
+    """F: the layer's forward; B: its whole backward; I: the backward for the input only (what
+    torch's pipelining runs as I); W = B - I (the weight-gradient rest, as torch splits it)."""
+    blk = local_block(shape, device)
+    amp = DTYPES[dtype] if dtype != "fp32" else None
+
+    def fwd(x):
+        with torch.autocast(device.type, dtype=amp) if amp else _null():
+            return blk(x)
+
+    def make_x():
+        return torch.randn(shape.mbs, shape.seq, shape.hidden, device=device, requires_grad=True)
+
+    def forward_state():
+        x = make_x()
+        y = fwd(x)
+        return x, y, torch.randn_like(y)
+    f = timeit(fwd, device, warmup, reps, setup=make_x)
+    b = timeit(lambda st: torch.autograd.backward(st[1], st[2]), device, warmup, reps, setup=forward_state)
+    i = timeit(lambda st: torch.autograd.grad(st[1], st[0], st[2]), device, warmup, reps, setup=forward_state)
+    blk.zero_grad(set_to_none=True)
+    hd, t = shape.hidden // shape.heads, shape.tp
+
+    def qkv():
+        q = torch.randn(shape.mbs, shape.heads // t, shape.seq, hd, device=device, dtype=DTYPES[dtype])
+        k = torch.randn(shape.mbs, shape.kv_heads // t, shape.seq, hd, device=device, dtype=DTYPES[dtype])
+        return q, k, torch.randn_like(k)
+    attn = timeit(lambda a: attention_core(*a), device, warmup, reps, setup=qkv)
+    return {**asdict(shape), "dtype": dtype, "f_s": f, "b_s": b, "i_s": min(i, b), "w_s": max(b - i, 0.0), "attn_f_s": attn}
+
+
+class _null:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def run_compute(cfg: BenchConfig, progress: Progress = lambda _: None) -> dict:
+    """Every single-device benchmark; ``progress(name)`` after each group."""
+    if cfg.device == "cpu":
+        torch.set_num_threads(1)
+    device = torch.device("cuda", torch.cuda.current_device()) if cfg.device == "cuda" else torch.device("cpu")
+    w, r = cfg.warmup, cfg.reps
+    dtypes = ["fp32"] if cfg.device == "cpu" else ["bf16", "fp32"]
+    out: dict = {}
+    out["launch"] = bench_launch(device, w, r)
+    progress("launch overhead")
+    out["matmul"] = bench_matmul(device, dtypes, cfg.quick, w, r)
+    progress("matrix multiplies")
+    out["attention"] = bench_attention(device, cfg.dtype, cfg.quick, w, r)
+    progress("attention")
+    out["elementwise"] = bench_elementwise(device, cfg.dtype, cfg.quick, w, r)
+    progress("element-wise")
+    out["optimizer"] = bench_optimizer(device, cfg.quick, w, r)
+    progress("optimizer step")
+    out["layers"] = []
+    for shape in cfg.layers:
+        out["layers"].append(bench_layer(shape, device, cfg.dtype, w, r))
+        progress(f"layer {shape.arch} h{shape.hidden}/tp{shape.tp} s{shape.seq} b{shape.mbs}")
+    return out
+
+
+# --- communication --------------------------------------------------------------------------
+def group_sizes(nproc: int) -> list[int]:
+    sizes = [g for g in (2, 4, 8, 16, 32, 64) if g <= nproc]
+    return sizes + ([nproc] if nproc > 1 and nproc not in sizes else [])
+
+
+def _comm_rank(rank: int, world: int, port: int, cfg: BenchConfig, out: str, compute: bool = False) -> None:
+    """One process of the communication benchmarks (and, with ``compute``, of the compute ones
+    first, on every rank at once); rank 0 writes ``comm.json`` (and ``compute.json``)."""
+    import torch.distributed as dist
+
+    import warnings
+
+    warnings.filterwarnings("ignore", category=FutureWarning)  # all_gather_into_tensor's rename notice
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    if cfg.device == "cuda":
+        torch.cuda.set_device(rank)
+        device = torch.device("cuda", rank)
+    else:
+        torch.set_num_threads(1)
+        device = torch.device("cpu")
+    dist.init_process_group(cfg.backend, timeout=timedelta(seconds=300))
+    rows: list[dict] = []
+    try:
+        if compute:  # every process computes at once, as every rank of a run does (shared caches, memory)
+            dist.barrier()
+            res = run_compute(cfg)
+            if rank == 0:
+                Path(out, "compute.json").write_text(json.dumps(res))
+            dist.barrier()
+        groups = {g: dist.new_group(list(range(g))) for g in group_sizes(world)}
+        for nbytes in cfg.comm_sizes:
+            t = torch.ones(nbytes // 4, device=device)
+            rows.append({"op": "p2p", "group": 2, "bytes": nbytes, "time_s": _pingpong(t, rank, device, cfg)})
+        for g, pg in groups.items():
+            for nbytes in cfg.comm_sizes:
+                for op in ("all-reduce", "all-gather", "reduce-scatter"):
+                    sec = _collective(op, nbytes, g, pg, rank, device, cfg) if rank < g else None
+                    dist.barrier()
+                    if sec is not None:
+                        rows.append({"op": op, "group": g, "bytes": nbytes, "time_s": sec})
+        if rank == 0:
+            Path(out, "comm.json").write_text(json.dumps(rows))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def _pingpong(t: torch.Tensor, rank: int, device: torch.device, cfg: BenchConfig) -> float | None:
+    """One-way seconds of a send/recv between ranks 0 and 1: half a round trip."""
+    import torch.distributed as dist
+
+    def rt():
+        if rank == 0:
+            dist.send(t, 1)
+            dist.recv(t, 1)
+        elif rank == 1:
+            dist.recv(t, 0)
+            dist.send(t, 0)
+    times = []
+    for i in range(cfg.warmup + cfg.reps):
+        dist.barrier()
+        _sync(device)
+        t0 = time.perf_counter()
+        rt()
+        _sync(device)
+        if i >= cfg.warmup:
+            times.append((time.perf_counter() - t0) / 2)
+    return robust(times) if rank == 0 else None
+
+
+def _collective(op: str, nbytes: int, g: int, pg, rank: int, device: torch.device, cfg: BenchConfig) -> float | None:
+    """Seconds (lower quartile) of ``op`` on a buffer of ``nbytes`` as nccl-tests counts it (all-gather: the
+    output, reduce-scatter: the input), timed on rank 0 after a group barrier each repetition."""
+    import torch.distributed as dist
+
+    n = max(nbytes // 4 // g * g, g)
+    full, shard = torch.ones(n, device=device), torch.ones(n // g, device=device)
+    fn = {"all-reduce": lambda: dist.all_reduce(full, group=pg),
+          "all-gather": lambda: dist.all_gather_into_tensor(full, shard, group=pg),
+          "reduce-scatter": lambda: dist.reduce_scatter_tensor(shard, full, group=pg)}[op]
+    times = []
+    try:
+        for i in range(cfg.warmup + cfg.reps):
+            dist.barrier(group=pg)
+            _sync(device)
+            t0 = time.perf_counter()
+            fn()
+            _sync(device)
+            if i >= cfg.warmup:
+                times.append(time.perf_counter() - t0)
+    except (RuntimeError, NotImplementedError):  # an op this backend lacks: left out of the fit
+        return None
+    return robust(times) if rank == 0 else None
+
+
+def run_comm(cfg: BenchConfig, workdir: str | Path, with_compute: bool = False) -> list[dict]:
+    """Spawn ``cfg.nproc`` processes and run the communication benchmarks; [] for one process.
+    ``with_compute``: every process first runs `run_compute` at the same time (rank 0's figures
+    are kept in ``workdir/compute.json``): the CPU calibration's way, since the processes of a run
+    share the host's caches and memory bandwidth."""
+    if cfg.nproc < 2:
+        return []
+    import torch.multiprocessing as mp
+
+    from .launch import free_port
+
+    cfg = cfg if cfg.comm_sizes else replace(cfg, comm_sizes=default_comm_sizes(cfg.device, cfg.quick))
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    Path(workdir).mkdir(parents=True, exist_ok=True)
+    mp.start_processes(_comm_rank, args=(cfg.nproc, free_port(), cfg, str(workdir), with_compute), nprocs=cfg.nproc,
+                       join=True, start_method="spawn")
+    return json.loads(Path(workdir, "comm.json").read_text())
+
+
+def device_info(cfg: BenchConfig) -> dict:
+    """What the calibration describes: device name, software versions, host."""
+    import platform
+
+    info = {"kind": cfg.device, "backend": cfg.backend, "nproc": cfg.nproc, "torch": torch.__version__,
+            "python": platform.python_version(), "host": platform.node(), "machine": platform.machine(),
+            "threads_per_process": 1 if cfg.device == "cpu" else None}
+    if cfg.device == "cuda":
+        info["name"] = torch.cuda.get_device_name(0)
+        info["cuda"] = torch.version.cuda
+    else:
+        info["name"] = _cpu_name() or platform.processor() or "cpu"
+        info["cpu_count"] = os.cpu_count()
+    return info
+
+
+def _cpu_name() -> str | None:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        return None
+    return None

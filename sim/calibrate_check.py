@@ -1,0 +1,232 @@
+"""The closed loop of ``simpar calibrate --check``: a fixed set of plans, each simulated with a
+calibration and run by the executor, compared on iteration time, peak memory and per action kind.
+
+The plans use two models derived from the ``tiny`` and ``tiny-llama`` presets, widened so that
+one action takes milliseconds on a CPU core (a launch's microseconds of noise then do not
+dominate): hidden 256, 4 heads, 128 tokens, 4 layers, vocab 512 (ffn 1024 GELU / 768 SwiGLU,
+2 kv heads for the Llama). The set covers the schedules gpipe, 1f1b, interleaved-1f1b, zb-h1 and
+zb-v, pipeline, tensor (with and without sequence parallelism) and data parallelism (ZeRO 0 and
+2), micro-batch sizes 1, 2 and 4, and the three recompute modes, on at most 2 processes.
+
+No torch here: running a plan is the caller's ``runner(plan_dir, out_dir, nproc)`` (the CLI
+passes the executor's launcher), which must leave the executor's ``result.json`` and
+``trace.json`` in ``out_dir``.
+
+Memory: the simulator's memory model describes 16-bit mixed-precision training on a GPU; the
+executor runs fp32 on a CPU and reports state bytes plus the profiler's peak of net allocations
+(executor/measure.py). The CPU comparison therefore uses the simulator's own per-rank figures
+adapted to fp32 where they differ: model states unchanged (16 bytes/parameter either way: 4+4+8
+for fp32 Adam, 2+2+12 for mixed precision), stored activations x 2 (4-byte instead of 2-byte
+elements), no framework overhead (a CUDA context and NCCL buffers; the CPU figure counts neither)
+and no fragmentation. On CUDA the simulator's figures are compared as they are.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from .compare import compare_events
+from .plan import ParallelPlan, check_plan
+from .planfile import write_plan_file
+from .schedules import schedule_for_plan, write_csv
+from .simulate import simulate
+from .specs import ClusterSpec, ModelSpec, load_model
+from .specs.loader import build
+from .trace import TraceEvent, read_trace, write_trace
+
+#: (preset, overrides): the check's models, widened from the tiny presets (see the docstring).
+CHECK_MODELS = {
+    "gpt": ("tiny", {"name": "tiny-x256", "hidden": 256, "heads": 4, "kv_heads": 4, "ffn": 1024, "seq_len": 128}),
+    "llama": ("tiny-llama", {"name": "tiny-llama-x256", "hidden": 256, "heads": 4, "kv_heads": 2, "ffn": 768, "seq_len": 128}),
+}
+
+
+@dataclass(frozen=True)
+class CheckPlan:
+    name: str
+    model: str  # key of CHECK_MODELS
+    plan: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def nproc(self) -> int:
+        p = self.plan
+        return p.get("dp", 1) * p.get("tp", 1) * p.get("pp", 1)
+
+
+CHECK_PLANS = (
+    CheckPlan("gpt-pp2-1f1b-mbs2", "gpt", dict(pp=2, micro_batch_size=2, global_batch_size=16, schedule="1f1b")),
+    CheckPlan("gpt-pp2-gpipe-mbs2", "gpt", dict(pp=2, micro_batch_size=2, global_batch_size=8, schedule="gpipe")),
+    CheckPlan("gpt-pp2-interleaved-v2", "gpt", dict(pp=2, vpp=2, micro_batch_size=2, global_batch_size=16, schedule="interleaved-1f1b")),
+    CheckPlan("gpt-pp2-zbh1-mbs2", "gpt", dict(pp=2, micro_batch_size=2, global_batch_size=16, schedule="zb-h1")),
+    CheckPlan("gpt-pp2-zbv-mbs2", "gpt", dict(pp=2, vpp=2, micro_batch_size=2, global_batch_size=16, schedule="zb-v")),
+    CheckPlan("gpt-pp2-1f1b-mbs4-selective", "gpt", dict(pp=2, micro_batch_size=4, global_batch_size=16, schedule="1f1b", recompute="selective")),
+    CheckPlan("llama-pp2-1f1b-mbs1-full", "llama", dict(pp=2, micro_batch_size=1, global_batch_size=8, schedule="1f1b", recompute="full")),
+    CheckPlan("llama-pp2-zbh1-mbs4", "llama", dict(pp=2, micro_batch_size=4, global_batch_size=16, schedule="zb-h1")),
+    CheckPlan("llama-pp2-interleaved-v2-selective", "llama", dict(pp=2, vpp=2, micro_batch_size=2, global_batch_size=8, schedule="interleaved-1f1b", recompute="selective")),
+    CheckPlan("gpt-tp2-mbs2", "gpt", dict(tp=2, micro_batch_size=2, global_batch_size=8, schedule="none", sequence_parallel=False)),
+    CheckPlan("llama-tp2-sp-mbs2", "llama", dict(tp=2, micro_batch_size=2, global_batch_size=8, schedule="none", sequence_parallel=True)),
+    CheckPlan("gpt-dp2-zero0-mbs2", "gpt", dict(dp=2, micro_batch_size=2, global_batch_size=16, schedule="none")),
+    CheckPlan("llama-dp2-zero2-mbs2", "llama", dict(dp=2, micro_batch_size=2, global_batch_size=16, schedule="none", zero=2)),
+    CheckPlan("gpt-single-mbs4-full", "gpt", dict(micro_batch_size=4, global_batch_size=8, schedule="none", recompute="full")),
+)
+
+
+def check_model(key: str) -> ModelSpec:
+    preset, over = CHECK_MODELS[key]
+    base = load_model(preset)
+    return build(ModelSpec, {**base.model_dump(), **over}, f"check model {over['name']}")
+
+
+def plan_of(case: CheckPlan, cluster: ClusterSpec) -> tuple[ModelSpec, ParallelPlan]:
+    model = check_model(case.model)
+    plan = build(ParallelPlan, case.plan, f"check plan {case.name}")
+    check_plan(plan, model, cluster, plan.num_gpus)
+    return model, plan
+
+
+def layer_grid(nproc: int, quick: bool) -> list[dict[str, int | str]]:
+    """The layer shapes ``simpar calibrate`` measures: the check models at micro-batch 1, 2, 4 and
+    tp 1 (and 2 with two or more processes); quick: the GPT model at tp 1, micro-batch 2 and 4."""
+    out = []
+    for key in (("gpt",) if quick else tuple(CHECK_MODELS)):
+        m = check_model(key)
+        for tp in ((1,) if quick or nproc < 2 else (1, 2)):
+            for mbs in ((2, 4) if quick else (1, 2, 4)):
+                out.append({"arch": m.arch, "hidden": m.hidden, "heads": m.heads, "kv_heads": m.kv_heads, "ffn": m.ffn,
+                            "seq": m.seq_len, "mbs": mbs, "tp": tp})
+    return out
+
+
+def prepare(case: CheckPlan, cluster: ClusterSpec, calibration: dict | None, out: Path) -> dict[str, Any]:
+    """Write plan.json, schedule.csv and the simulated trace into ``out``; returns the prediction
+    with the calibration as given and with its layer table left out (analytical compute)."""
+    model, plan = plan_of(case, cluster)
+    cl = cluster.with_gpus(plan.num_gpus)
+    out.mkdir(parents=True, exist_ok=True)
+    write_plan_file(out / "plan.json", plan, model, cl.name)
+    # compute-only, as `simpar run` writes it by default: torch inserts the sends/receives,
+    # REDUCE_GRAD and UNSHARD/RESHARD (a lowered file under replicate/DDP with dp > 1 lacks the
+    # UNSHARD torch 2.13 asserts on)
+    write_csv(schedule_for_plan(plan), out / "schedule.csv")
+    res = simulate(model, cl, plan, calibration=calibration)
+    write_trace(out / "sim.json", res.events, {"source": "simpar calibrate --check", "iter_time_s": res.iter_time_s})
+    analytic = None
+    if calibration and calibration.get("layers"):
+        analytic = simulate(model, cl, plan, calibration={k: v for k, v in calibration.items() if k != "layers"}).iter_time_s
+    return {"iter_time_s": res.iter_time_s, "iter_time_analytical_s": analytic, "memory": res.memory,
+            "breakdown_s": res.breakdown_s, "plan": plan, "model": model}
+
+
+def predicted_memory(mem, device: str) -> float:
+    """The largest rank's peak bytes, adapted to the CPU's fp32 runs as the docstring says."""
+    if device != "cpu":
+        return max(r.total for r in mem.ranks)
+    return max(r.weights + r.grads + r.optimizer + 2.0 * r.activations + r.detail.get("zero3_gather", 0.0) for r in mem.ranks)
+
+
+def _bubble(events: list[TraceEvent], rank: int) -> float | None:
+    evs = [e for e in events if e.rank == rank]
+    comp = [e for e in evs if e.stream == "compute"]
+    if not comp:
+        return None
+    span = max(e.end for e in evs) - min(e.start for e in evs)
+    return max(span - sum(e.duration for e in comp), 0.0)
+
+
+def kind_errors(sim: list[TraceEvent], meas: list[TraceEvent]) -> dict[str, dict[str, float]]:
+    """Per action kind over the ranks both traces hold: mean simulated and measured seconds and
+    the relative error; plus ``bubble`` (idle time of a rank's compute stream)."""
+    acc: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for r in compare_events(sim, meas):
+        if r.sim_mean is not None and r.meas_mean is not None:
+            acc[r.kind].append((r.sim_mean, r.meas_mean))
+    for rank in sorted({e.rank for e in sim} & {e.rank for e in meas}):
+        bs, bm = _bubble(sim, rank), _bubble(meas, rank)
+        if bs is not None and bm is not None:
+            acc["bubble"].append((bs, bm))
+    out = {}
+    for kind, pairs in acc.items():
+        s, m = statistics.fmean(p[0] for p in pairs), statistics.fmean(p[1] for p in pairs)
+        out[kind] = {"sim_s": s, "meas_s": m, "rel_err": (s - m) / m if m > 0 else None}
+    return out
+
+
+def evaluate(case: CheckPlan, pred: dict[str, Any], run_dir: Path, device: str) -> dict[str, Any]:
+    """One row of the check: predicted vs measured iteration time and memory, per-kind errors."""
+    res = json.loads((run_dir / "result.json").read_text())
+    meas_t = float(res["iteration_time_s"])
+    peaks = [v for v in res["peak_memory_bytes"].values() if v]
+    meas_mem = max(peaks) if peaks else None
+    pred_mem = predicted_memory(pred["memory"], device)
+    sim_events, _ = read_trace(run_dir.parent / "sim.json")
+    meas_events, _ = read_trace(run_dir / "trace.json")
+    p = pred["plan"]
+    row = {
+        "name": case.name, "model": pred["model"].name, "schedule": p.schedule, "pp": p.pp, "tp": p.tp, "dp": p.dp,
+        "vpp": p.vpp, "mbs": p.micro_batch_size, "gbs": p.global_batch_size, "recompute": p.recompute, "zero": p.zero,
+        "sp": p.sequence_parallel, "nproc": p.num_gpus,
+        "pred_iter_s": pred["iter_time_s"], "meas_iter_s": meas_t, "iter_err": (pred["iter_time_s"] - meas_t) / meas_t,
+        "meas_iter_all_s": res.get("iteration_times_s"),
+        "pred_mem_bytes": pred_mem, "meas_mem_bytes": meas_mem,
+        "mem_err": (pred_mem - meas_mem) / meas_mem if meas_mem else None,
+        "kinds": kind_errors(sim_events, meas_events),
+    }
+    if pred.get("iter_time_analytical_s"):
+        a = pred["iter_time_analytical_s"]
+        row["pred_iter_analytical_s"] = a
+        row["iter_err_analytical"] = (a - meas_t) / meas_t
+    return row
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    def stats(key: str) -> dict[str, float] | None:
+        errs = [abs(r[key]) for r in rows if r.get(key) is not None]
+        if not errs:
+            return None
+        return {"n": len(errs), "median_abs": statistics.median(errs), "max_abs": max(errs), "mean_signed": statistics.fmean(
+            r[key] for r in rows if r.get(key) is not None)}
+    kinds: dict[str, list[float]] = defaultdict(list)
+    for r in rows:
+        for k, v in r["kinds"].items():
+            if v["rel_err"] is not None:
+                kinds[k].append(v["rel_err"])
+    return {
+        "iteration_time": stats("iter_err"),
+        "iteration_time_analytical_compute": stats("iter_err_analytical"),
+        "peak_memory": stats("mem_err"),
+        "kinds": {k: {"n": len(v), "median_abs": statistics.median(abs(x) for x in v), "median_signed": statistics.median(v)}
+                  for k, v in kinds.items()},
+    }
+
+
+def run_check(cluster: ClusterSpec, calibration: dict, out: Path, runner: Callable[[Path, Path, int], None],
+              device: str = "cpu", cases: tuple[CheckPlan, ...] = CHECK_PLANS,
+              progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+    """Simulate and run every case; write check.json and check.md into ``out``; return the doc."""
+    for case in cases:  # every plan is checked before the first one runs
+        plan_of(case, cluster)
+    rows, failed = [], []
+    for case in cases:
+        d = out / case.name
+        pred = prepare(case, cluster, calibration, d)
+        try:
+            runner(d, d / "measured", case.nproc)
+        except Exception as exc:  # a plan the executor cannot run is reported, the others still run
+            failed.append({"name": case.name, "error": str(exc)})
+        else:
+            rows.append(evaluate(case, pred, d / "measured", device))
+        progress(case.name)
+    doc = {"calibration": {k: calibration.get(k) for k in ("device", "date", "software", "compute", "network")},
+           "device": device, "memory_note": __doc__.split("Memory: ", 1)[1].strip() if device == "cpu" else None,
+           "plans": rows, "failed": failed, "summary": summarize(rows)}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "check.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    from .calibrate_report import markdown
+
+    (out / "check.md").write_text(markdown(doc))
+    return doc

@@ -1,0 +1,94 @@
+"""Text of the closed-loop check (``simpar calibrate --check``): Markdown for check.md, and the
+row tuples the CLI prints as rich tables."""
+
+from __future__ import annotations
+
+from typing import Any
+
+KIND_ORDER = ("F", "B", "I", "W", "R", "SEND_F", "RECV_F", "SEND_B", "RECV_B", "REDUCE_GRAD", "allreduce", "OPT", "bubble")
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x * 100:+.1f}%"
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x * 1e3:.1f}"
+
+
+def _mib(x: float | None) -> str:
+    return "-" if x is None else f"{x / 2**20:.1f}"
+
+
+def plan_rows(doc: dict[str, Any]) -> list[tuple[str, ...]]:
+    out = []
+    for r in doc["plans"]:
+        out.append((r["name"], str(r["nproc"]), _ms(r["pred_iter_s"]), _ms(r["meas_iter_s"]), _pct(r["iter_err"]),
+                    _pct(r.get("iter_err_analytical")), _mib(r["pred_mem_bytes"]), _mib(r["meas_mem_bytes"]), _pct(r["mem_err"])))
+    return out
+
+
+PLAN_HEAD = ("plan", "procs", "pred ms", "meas ms", "time err", "err (analytical compute)", "pred MiB", "meas MiB", "mem err")
+
+
+def kind_rows(doc: dict[str, Any]) -> list[tuple[str, ...]]:
+    kinds = doc["summary"]["kinds"]
+    order = [k for k in KIND_ORDER if k in kinds] + sorted(k for k in kinds if k not in KIND_ORDER)
+    return [(k, str(kinds[k]["n"]), _pct(kinds[k]["median_signed"]), f"{kinds[k]['median_abs'] * 100:.1f}%") for k in order]
+
+
+KIND_HEAD = ("kind", "plans", "median error (sim - meas)/meas", "median |error|")
+
+
+def summary_lines(doc: dict[str, Any]) -> list[str]:
+    s = doc["summary"]
+    lines = []
+    for key, label in (("iteration_time", "iteration time"),
+                       ("iteration_time_analytical_compute", "iteration time, analytical compute (no layer table)"),
+                       ("peak_memory", "peak memory")):
+        v = s.get(key)
+        if v:
+            lines.append(f"{label}: median |error| {v['median_abs'] * 100:.1f}%, max {v['max_abs'] * 100:.1f}%, "
+                         f"mean signed {v['mean_signed'] * 100:+.1f}% over {v['n']} plans")
+    return lines
+
+
+def _table(head: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
+    out = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    cal = doc.get("calibration") or {}
+    dev = cal.get("device") or {}
+    parts = [
+        "# Closed-loop check: simulated vs measured",
+        "",
+        f"Calibration: device `{dev.get('gpu')}` ({dev.get('name')}, {dev.get('kind')}, backend {dev.get('backend')}, "
+        f"{dev.get('nproc')} processes), measured {cal.get('date')}, torch {(cal.get('software') or {}).get('torch')}.",
+        "",
+        "Errors are (predicted - measured) / measured. `err (analytical compute)` re-simulates without the calibration's "
+        "measured layer table (the fitted efficiency model alone).",
+        "",
+        "## Summary",
+        "",
+        *[f"- {x}" for x in summary_lines(doc)],
+        "",
+        "## Plans",
+        "",
+        _table(PLAN_HEAD, plan_rows(doc)),
+        "",
+        "## Per action kind (over plans; each plan's mean over the ranks both traces hold)",
+        "",
+        _table(KIND_HEAD, kind_rows(doc)),
+        "",
+        "Notes: on the executor, B/I of a recomputing plan include the recompute (torch re-runs the forward inside "
+        "the backward), while the simulator shows it as a separate R action; a send's measured span is its post only "
+        "and a receive's span is its wait, the simulator's are the transfer times.",
+    ]
+    if doc.get("failed"):
+        parts += ["", "## Plans the executor did not run", ""] + [f"- {f['name']}: {f['error']}" for f in doc["failed"]]
+    if doc.get("memory_note"):
+        parts += ["", "## Memory on a CPU", "", doc["memory_note"]]
+    return "\n".join(parts) + "\n"

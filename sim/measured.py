@@ -1,0 +1,130 @@
+"""Measured cost tables a calibration may carry, used by `CostModel` where they apply.
+
+Two optional sections of a calibration file (`simpar.sim.calibration`), both written by
+``simpar calibrate`` from timings of the executor's own code on the device:
+
+- ``layers``: one transformer layer's pass times for one micro-batch on one device, per shape::
+
+      {"arch": "gpt", "hidden": 256, "heads": 4, "kv_heads": 4, "ffn": 1024, "seq": 128,
+       "mbs": 2, "tp": 1, "dtype": "fp32", "f_s": 0.0060, "i_s": 0.0069, "w_s": 0.0049,
+       "attn_f_s": 0.0005}
+
+  (``tp``: the layer's tensor-parallel shard, compute only; ``attn_f_s``: the attention core's
+  forward, what selective recomputation re-runs.) A plan's layer is *covered* when a row has its
+  architecture, hidden, heads, kv_heads, ffn, sequence length (per cp rank, cp = 1 only) and tp;
+  its micro-batch size is then interpolated linearly between the two nearest measured ones (or
+  extrapolated from the nearest two; with one, scaled in proportion to the tokens). Layer time is
+  close to linear in the tokens of a micro-batch at these sizes, which is what the interpolation
+  assumes. An uncovered layer falls back to the analytical model.
+- ``optimizer``: ``[{"params": n, "time_s": t}, ...]``: the Adam step over n local parameters,
+  interpolated linearly in n (proportionally beyond the largest).
+
+Rows must match the dtype the plan computes in, except on a CPU (``device.kind == "cpu"``), where
+the executor computes every plan in fp32 (executor/checks.py) and the rows apply to any precision.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+LAYER_KEYS = ("arch", "hidden", "heads", "kv_heads", "ffn", "seq", "tp")
+LAYER_INT_FIELDS = ("hidden", "heads", "kv_heads", "ffn", "seq", "mbs", "tp")
+LAYER_TIME_FIELDS = ("f_s", "i_s", "w_s")
+
+
+@dataclass(frozen=True)
+class LayerRow:
+    key: tuple
+    mbs: int
+    dtype: str
+    f: float
+    i: float
+    w: float
+    attn_f: float
+
+
+@dataclass(frozen=True)
+class MeasuredCosts:
+    layers: tuple[LayerRow, ...] = ()
+    optimizer: tuple[tuple[float, float], ...] = ()  # (params, seconds), ascending
+    any_precision: bool = False
+
+    @classmethod
+    def from_calibration(cls, calibration: dict[str, Any] | None) -> "MeasuredCosts | None":
+        """The tables of a (validated) calibration document, or None when it has none."""
+        if not calibration or not (calibration.get("layers") or calibration.get("optimizer")):
+            return None
+        rows = tuple(
+            LayerRow(tuple(r[k] for k in LAYER_KEYS), int(r["mbs"]), str(r.get("dtype", "")), float(r["f_s"]),
+                     float(r["i_s"]), float(r["w_s"]), float(r.get("attn_f_s", 0.0)))
+            for r in calibration.get("layers") or ()
+        )
+        opt = tuple(sorted((float(r["params"]), float(r["time_s"])) for r in calibration.get("optimizer") or ()))
+        cpu = (calibration.get("device") or {}).get("kind") == "cpu"
+        return cls(rows, opt, cpu)
+
+    def layer(self, key: tuple, mbs: int, dtype: str) -> tuple[float, float, float, float] | None:
+        """(f, i, w, attn_f) seconds for ``key`` (LAYER_KEYS values) at micro-batch ``mbs``."""
+        rows = sorted((r for r in self.layers if r.key == key and (self.any_precision or r.dtype == dtype)), key=lambda r: r.mbs)
+        if not rows:
+            return None
+        by_mbs = {r.mbs: r for r in rows}
+        if mbs in by_mbs:
+            r = by_mbs[mbs]
+            return r.f, r.i, r.w, r.attn_f
+        if len(rows) == 1:
+            r, s = rows[0], mbs / rows[0].mbs
+            return r.f * s, r.i * s, r.w * s, r.attn_f * s
+        lo = max((r for r in rows if r.mbs < mbs), key=lambda r: r.mbs, default=rows[0])
+        hi = min((r for r in rows if r.mbs > mbs), key=lambda r: r.mbs, default=rows[-1])
+        if lo is hi:  # outside the measured range: the two nearest rows
+            lo, hi = (rows[0], rows[1]) if mbs < rows[0].mbs else (rows[-2], rows[-1])
+        x = (mbs - lo.mbs) / (hi.mbs - lo.mbs)
+        vals = [a + x * (b - a) for a, b in ((lo.f, hi.f), (lo.i, hi.i), (lo.w, hi.w), (lo.attn_f, hi.attn_f))]
+        return tuple(max(v, 0.0) for v in vals)  # type: ignore[return-value]
+
+    def optimizer_time(self, params: float) -> float | None:
+        pts = self.optimizer
+        if not pts:
+            return None
+        if params <= pts[0][0] or len(pts) == 1:
+            return pts[0][1] * params / pts[0][0]
+        for (n0, t0), (n1, t1) in zip(pts, pts[1:]):
+            if params <= n1:
+                return t0 + (params - n0) / (n1 - n0) * (t1 - t0)
+        return pts[-1][1] * params / pts[-1][0]
+
+
+def validate_tables(doc: dict[str, Any], where: str) -> None:
+    """Raise SpecError for a malformed ``layers`` or ``optimizer`` section."""
+    from .errors import SpecError
+
+    layers = doc.get("layers")
+    if layers is not None:
+        if not isinstance(layers, list):
+            raise SpecError(f"{where}: layers", "must be a list of layer rows.", "re-run `simpar calibrate`.")
+        for n, r in enumerate(layers):
+            if not isinstance(r, dict):
+                raise SpecError(f"{where}: layers[{n}]", "must be a mapping.", "see simpar/sim/measured.py.")
+            for k in (*LAYER_KEYS, "mbs", *LAYER_TIME_FIELDS):
+                if k not in r:
+                    raise SpecError(f"{where}: layers[{n}].{k}", "missing field.", "see simpar/sim/measured.py for the row format.")
+            if r["arch"] not in ("gpt", "llama"):
+                raise SpecError(f"{where}: layers[{n}].arch", f"is {r['arch']!r}.", "use gpt or llama.")
+            for k in LAYER_INT_FIELDS:
+                if not isinstance(r[k], int) or isinstance(r[k], bool) or r[k] <= 0:
+                    raise SpecError(f"{where}: layers[{n}].{k}", f"must be a positive integer, got {r[k]!r}.", "fix the row.")
+            for k in (*LAYER_TIME_FIELDS, "attn_f_s"):
+                v = r.get(k, 0.0)
+                if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0 or (k == "f_s" and v == 0):
+                    raise SpecError(f"{where}: layers[{n}].{k}", f"must be a non-negative number of seconds (f_s > 0), got {v!r}.", "fix the row.")
+    opt = doc.get("optimizer")
+    if opt is not None:
+        if not isinstance(opt, list):
+            raise SpecError(f"{where}: optimizer", "must be a list of {params, time_s} rows.", "re-run `simpar calibrate`.")
+        for n, r in enumerate(opt):
+            ok = isinstance(r, dict) and all(isinstance(r.get(k), (int, float)) and not isinstance(r.get(k), bool) and r[k] > 0
+                                              for k in ("params", "time_s"))
+            if not ok:
+                raise SpecError(f"{where}: optimizer[{n}]", "needs positive `params` and `time_s`.", "fix the row.")

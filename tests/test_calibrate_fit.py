@@ -1,0 +1,207 @@
+"""The calibration fit recovers known parameters from synthetic timings, the measured tables
+apply where they should, and bad calibration files give one clear error (exit 2)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from simpar.sim.calibrate_fit import build_calibration, fit_attention, fit_bandwidth, fit_linear, fit_matmul, fit_network
+from simpar.sim.calibration import load_calibration, validate_calibration
+from simpar.sim.cli.main import cli
+from simpar.sim.costs import CostModel
+from simpar.sim.errors import SpecError
+from simpar.sim.measured import MeasuredCosts
+from simpar.sim.network import make_network
+from simpar.sim.plan import ParallelPlan
+from simpar.sim.specs import ModelSpec, load_cluster, load_gpu
+
+PEAK = 0.16e12
+
+
+def noisy(rng: random.Random, x: float, noise: float) -> float:
+    return x * (1 + rng.uniform(-noise, noise))
+
+
+def synthetic_matmul(eff: float, half: float, rng: random.Random, noise: float = 0.02) -> list[dict]:
+    dims = (16, 32, 64, 128, 256, 512, 1024, 2048)
+    rows = []
+    for m in dims:
+        for n in (64, 256, 1024):
+            k = dims[(dims.index(m) + 3) % len(dims)]
+            s = (m / (m + half)) * (n / (n + half)) * (k / (k + half))
+            rows.append({"m": m, "n": n, "k": k, "dtype": "fp32", "time_s": noisy(rng, 2.0 * m * n * k / (PEAK * eff * s), noise)})
+    return rows
+
+
+@settings(max_examples=20, deadline=None)
+@given(eff=st.floats(0.2, 0.95), half=st.floats(8.0, 300.0), seed=st.integers(0, 10_000))
+def test_matmul_fit_recovers_efficiency_and_half_dim(eff, half, seed):
+    got_eff, got_half = fit_matmul(synthetic_matmul(eff, half, random.Random(seed)), PEAK)
+    assert got_eff == pytest.approx(eff, rel=0.05)
+    assert got_half == pytest.approx(half, rel=0.05)
+
+
+@settings(max_examples=30, deadline=None)
+@given(alpha=st.floats(1e-6, 1e-3), bw=st.floats(1e8, 1e11), seed=st.integers(0, 10_000))
+def test_linear_fit_recovers_alpha_and_beta(alpha, bw, seed):
+    assume(alpha * bw >= 2**14)  # the smallest message (1 KiB) is latency-bound: alpha is observable
+    rng = random.Random(seed)
+    xs = [2.0**k for k in range(10, 28, 2)]
+    ys = [noisy(rng, alpha + x / bw, 0.02) for x in xs]
+    a, b = fit_linear(xs, ys)
+    assert a == pytest.approx(alpha, rel=0.05)
+    assert 1 / b == pytest.approx(bw, rel=0.05)
+
+
+def test_attention_and_bandwidth_fits():
+    rng = random.Random(1)
+    att = [{"flops_fwd": f, "fwd_s": noisy(rng, f / (PEAK * 0.4), 0.02), "bwd_s": noisy(rng, 2 * f / (PEAK * 0.25), 0.02)}
+           for f in (1e7, 1e8, 1e9)]
+    assert fit_attention(att, PEAK) == pytest.approx((0.4, 0.25), rel=0.05)
+    el = [{"bytes": b, "time_s": noisy(rng, b / (20e9 * 0.6), 0.02)} for b in (1e6, 1e7, 1e8)]
+    assert fit_bandwidth(el, 20e9) == pytest.approx(0.6, rel=0.05)
+
+
+def synthetic_comm(cluster, truth: dict, rng: random.Random) -> list[dict]:
+    """Timings from the simulator's own network with known host constants, plus 2 % noise."""
+    net = make_network(cluster, "analytical", calibration=truth)
+    rows = []
+    for nbytes in (2**12, 2**16, 2**20, 2**22, 2**24):
+        rows.append({"op": "p2p", "group": 2, "bytes": nbytes, "time_s": noisy(rng, net.p2p_time(0, 1, nbytes), 0.02)})
+        for g in (2, 4):
+            rows.append({"op": "all-reduce", "group": g, "bytes": nbytes,
+                         "time_s": noisy(rng, net.collective_time("all-reduce", tuple(range(g)), nbytes), 0.02)})
+    return rows
+
+
+def test_network_fit_recovers_host_alpha_beta_and_ring_efficiency():
+    cluster = load_cluster("cpu-host", gpus=4)
+    truth = {"host": {"bw_GBps": 3.0}, "base_latency_us": {"direct": {"Simple": 0.0}, "ring": {"Simple": 12.0}},
+             "step_latency_us": {"host": {"direct": {"Simple": 40.0}, "ring": {"Simple": 25.0}}},
+             "algorithm_efficiency": {"ring": 0.6}}
+    net, _ = fit_network(synthetic_comm(cluster, truth, random.Random(7)), cluster)
+    assert net["host"]["bw_GBps"] == pytest.approx(3.0, rel=0.05)
+    assert net["step_latency_us"]["host"]["direct"]["Simple"] == pytest.approx(40.0, rel=0.05)
+    assert net["step_latency_us"]["host"]["ring"]["Simple"] == pytest.approx(25.0, rel=0.05)
+    for steps in (2, 6):  # ring all-reduce latency on 2 and 4 processes: base + steps x step
+        got = net["base_latency_us"]["ring"]["Simple"] + steps * net["step_latency_us"]["host"]["ring"]["Simple"]
+        assert got == pytest.approx(12.0 + steps * 25.0, rel=0.05)
+    assert net["algorithm_efficiency"]["ring"] == pytest.approx(0.6, rel=0.05)
+
+
+def measurements(rng: random.Random) -> dict:
+    return {
+        "device": {"kind": "cpu", "name": "synthetic", "backend": "gloo", "nproc": 2},
+        "compute": {
+            "launch": {"time_s": 3e-6},
+            "matmul": synthetic_matmul(0.6, 20.0, rng),
+            "attention": [{"flops_fwd": 1e8, "fwd_s": 1e8 / (PEAK * 0.4), "bwd_s": 2e8 / (PEAK * 0.2)}],
+            "elementwise": [{"bytes": 1e7, "time_s": 1e7 / 20e9}],
+            "optimizer": [{"params": 2**20, "time_s": 2e-3}, {"params": 2**22, "time_s": 1e-2}],
+            "layers": [{"arch": "gpt", "hidden": 256, "heads": 4, "kv_heads": 4, "ffn": 1024, "seq": 128, "mbs": mbs, "tp": 1,
+                        "dtype": "fp32", "f_s": 3e-3 * mbs, "b_s": 6e-3 * mbs, "i_s": 3.5e-3 * mbs, "w_s": 2.5e-3 * mbs,
+                        "attn_f_s": 4e-4 * mbs} for mbs in (1, 2, 4)],
+        },
+        "comm": [],
+    }
+
+
+def test_built_calibration_is_valid_and_drives_the_cost_model(tmp_path):
+    gpu = load_gpu("cpu")
+    doc = build_calibration(measurements(random.Random(3)), gpu, load_cluster("cpu-host", gpus=2), date="2026-01-01",
+                            software={"torch": "x"})
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(doc))
+    doc = load_calibration(path, "cpu")
+    cm = CostModel.for_gpu(gpu, doc)
+    assert cm.eff.mm_eff_max == pytest.approx(0.6, rel=0.05)
+    m = ModelSpec(name="x", arch="gpt", layers=4, hidden=256, heads=4, ffn=1024, vocab=512, seq_len=128)
+    # covered shape: the measured row; between rows: linear in the micro-batch; analytical when not covered
+    assert cm.layer_times(m, ParallelPlan(micro_batch_size=2, global_batch_size=2, schedule="none")).f == pytest.approx(6e-3)
+    assert cm.layer_times(m, ParallelPlan(micro_batch_size=3, global_batch_size=3, schedule="none")).i == pytest.approx(3.5e-3 * 3)
+    assert cm.layer_times(m, ParallelPlan(micro_batch_size=8, global_batch_size=8, schedule="none")).f == pytest.approx(24e-3)
+    other = m.model_copy(update={"hidden": 512})
+    analytic = CostModel(gpu, cm.eff).layer_times(other, ParallelPlan(micro_batch_size=2, global_batch_size=2, schedule="none"))
+    assert cm.layer_times(other, ParallelPlan(micro_batch_size=2, global_batch_size=2, schedule="none")) == analytic
+    assert cm.optimizer_time(3 * 2**20) == pytest.approx(2e-3 + 2 / 3 * 8e-3)  # linear between the rows
+
+
+def test_gpu_tables_need_the_plan_dtype():
+    doc = {"device": {"kind": "cuda"}, "layers": [{"arch": "gpt", "hidden": 8, "heads": 1, "kv_heads": 1, "ffn": 8, "seq": 4,
+                                                     "mbs": 1, "tp": 1, "dtype": "bf16", "f_s": 1.0, "i_s": 1.0, "w_s": 1.0}]}
+    mc = MeasuredCosts.from_calibration(doc)
+    assert mc.layer(("gpt", 8, 1, 1, 8, 4, 1), 1, "bf16") is not None
+    assert mc.layer(("gpt", 8, 1, 1, 8, 4, 1), 1, "fp8") is None
+
+
+GOOD = {"simpar_calibration_version": 1, "device": {"gpu": "cpu", "kind": "cpu"}, "compute": {"mm_eff_max": 0.5},
+        "layers": [{"arch": "gpt", "hidden": 8, "heads": 1, "kv_heads": 1, "ffn": 8, "seq": 4, "mbs": 1, "tp": 1,
+                    "f_s": 1e-3, "i_s": 1e-3, "w_s": 1e-3}]}
+
+
+def _bad(**changes) -> dict:
+    doc = copy.deepcopy(GOOD)
+    for path, value in changes.items():
+        *head, last = path.split("__")
+        d = doc
+        for h in head:
+            d = d[int(h)] if isinstance(d, list) else d[h]
+        if value is None:
+            del d[last]
+        else:
+            d[last] = value
+    return doc
+
+
+@pytest.mark.parametrize("doc, field", [
+    (_bad(simpar_calibration_version=2), "simpar_calibration_version"),
+    (_bad(compute=None), "compute"),
+    (_bad(device__gpu="h100-sxm"), "device.gpu"),
+    (_bad(device__kind="tpu"), "device.kind"),
+    (_bad(compute__mm_eff_max=-1), "compute.mm_eff_max"),
+    (_bad(compute__warp_speed=2.0), "compute.warp_speed"),
+    (_bad(layers__0__f_s=None), "layers[0].f_s"),
+    (_bad(layers__0__mbs=0), "layers[0].mbs"),
+    (_bad(layers__0__arch="rnn"), "layers[0].arch"),
+    (_bad(layers={"a": 1}), "layers"),
+    (_bad(optimizer=[{"params": 0, "time_s": 1}]), "optimizer[0]"),
+])
+def test_bad_calibration_files_are_one_clear_error(doc, field, tmp_path, runner):
+    with pytest.raises(SpecError, match=field.replace("[", r"\[").replace("]", r"\]")):
+        validate_calibration(doc, "c.json", "cpu")
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(doc))
+    res = runner.invoke(cli, ["simulate", "--model", "tiny", "--cluster", "cpu-host", "--gpus", "2", "--pp", "2", "--gbs", "4",
+                              "--calibration", str(path)])
+    assert res.exit_code == 2
+    assert "error:" in res.output and "Traceback" not in res.output
+
+
+def test_check_needs_a_calibration_and_known_plans(runner, tmp_path):
+    res = runner.invoke(cli, ["calibrate", "--check", "--out", str(tmp_path)])
+    assert res.exit_code == 2 and "--calibration" in res.output
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(GOOD))
+    res = runner.invoke(cli, ["calibrate", "--check", "--calibration", str(path), "--plans", "nope", "--out", str(tmp_path / "o")])
+    assert res.exit_code == 2 and "unknown plan" in res.output
+    path.write_text("{not json")
+    res = runner.invoke(cli, ["calibrate", "--check", "--calibration", str(path), "--out", str(tmp_path / "o")])
+    assert res.exit_code == 2 and "not valid JSON" in res.output
+
+
+def test_cpu_host_cluster_simulates_with_and_without_calibration(runner):
+    args = ["simulate", "--model", "tiny", "--cluster", "cpu-host", "--gpus", "2", "--pp", "2", "--gbs", "8", "--json"]
+    res = runner.invoke(cli, args)
+    assert res.exit_code == 0, res.output
+    cluster = load_cluster("cpu-host", gpus=2)
+    assert cluster.gpu.name == "cpu" and cluster.node.interconnect == "host"
+    net = make_network(cluster)
+    assert net.estimate("all-reduce", (0, 1), 2**20).algorithm == "ring"
+    slow = make_network(cluster, calibration={"host": {"bw_GBps": 1.0}})
+    assert slow.p2p_time(0, 1, 2**24) > net.p2p_time(0, 1, 2**24)

@@ -1,0 +1,49 @@
+"""Calibration round trip on this CPU: `simpar calibrate --quick` (1-2 processes), then the closed
+loop on one of its plans: simulated with the calibration, run by the executor. The accuracy is a
+benchmark figure (machines are noisy); the test asserts the error is finite and the files are
+well formed."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from simpar.sim.calibration import load_calibration
+from simpar.sim.cli.main import cli
+from simpar.sim.trace import read_trace
+
+pytestmark = pytest.mark.torch
+
+
+def test_calibrate_then_check_one_plan(tmp_path, runner, monkeypatch):
+    pytest.importorskip("torch")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    calib = tmp_path / "calib.json"
+    res = runner.invoke(cli, ["calibrate", "--device", "cpu", "--nproc", "2", "--quick", "--out", str(calib)])
+    assert res.exit_code == 0, res.output
+    doc = load_calibration(calib, "cpu")
+    assert doc["device"]["kind"] == "cpu" and doc["device"]["cluster"] == "cpu-host"
+    assert doc["software"]["torch"] and doc["date"]
+    assert all(v > 0 and math.isfinite(v) for v in doc["compute"].values())
+    assert doc["network"]["host"]["bw_GBps"] > 0
+    assert doc["layers"] and doc["optimizer"]
+    raw = json.loads((tmp_path / doc["measurements"]).read_text())
+    assert {"matmul", "attention", "elementwise", "layers", "optimizer", "launch"} <= set(raw["compute"])
+    assert {r["op"] for r in raw["comm"]} >= {"p2p", "all-reduce"}
+
+    out = tmp_path / "check"
+    res = runner.invoke(cli, ["calibrate", "--check", "--calibration", str(calib), "--plans", "gpt-pp2-1f1b-mbs2",
+                              "--steps", "2", "--warmup", "1", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "iteration time: median |error|" in res.output
+    check = json.loads((out / "check.json").read_text())
+    (row,) = check["plans"]
+    assert math.isfinite(row["iter_err"]) and row["meas_iter_s"] > 0 and row["pred_iter_s"] > 0
+    assert row["meas_mem_bytes"] > 0 and math.isfinite(row["mem_err"])
+    assert {"F", "B", "bubble"} <= set(row["kinds"])
+    assert check["summary"]["iteration_time"]["n"] == 1
+    assert "| gpt-pp2-1f1b-mbs2 |" in (out / "check.md").read_text()
+    sim_events, _ = read_trace(out / "gpt-pp2-1f1b-mbs2" / "sim.json")
+    assert {e.kind for e in sim_events} >= {"F", "B"}

@@ -1,0 +1,73 @@
+"""Default calibrations of the GPU presets (topologies/calibrations/<gpu>.json): they load, the
+presets use them, an explicit calibration overrides them key by key, a GPU without a file falls
+back to the code defaults, and a malformed default file is a clear error, never ignored."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+import simpar.sim.specs.loader as loader
+from simpar.sim.calibration import default_calibration, default_calibration_path
+from simpar.sim.costs import CostModel, EfficiencyParams, causal_attention_fraction
+from simpar.sim.errors import SpecError
+from simpar.sim.specs import load_gpu
+
+GPUS = ("a100-40g", "a100-80g", "h100-sxm", "h200", "b200")
+
+
+@pytest.mark.parametrize("name", GPUS)
+def test_every_gpu_preset_has_a_documented_default(name: str) -> None:
+    doc = default_calibration(name)
+    assert doc is not None and doc["device"]["gpu"] == name
+    assert set(doc["compute"]) == set(EfficiencyParams.__dataclass_fields__)
+    assert set(doc["notes"]) >= set(doc["compute"])  # every parameter has its source / justification
+    cm = CostModel.for_gpu(load_gpu(name))
+    assert cm.eff == EfficiencyParams(**{k: float(v) for k, v in doc["compute"].items()})
+    assert name in cm.source
+    assert 0.3 < cm.eff.mm_eff_max < 0.95 and 0 < cm.eff.attn_eff_bwd <= cm.eff.attn_eff_fwd < 1
+
+
+def test_explicit_calibration_overrides_key_by_key() -> None:
+    gpu = load_gpu("h100-sxm")
+    base = CostModel.for_gpu(gpu).eff
+    calib = {"simpar_calibration_version": 1, "device": {"gpu": "h100-sxm"}, "source": "measured here",
+             "compute": {"mm_eff_max": 0.5}}
+    cm = CostModel.for_gpu(gpu, calib)
+    assert cm.eff == replace(base, mm_eff_max=0.5)
+    assert cm.source == "measured here"
+    assert cm.matmul_time(4096, 4096, 4096) > CostModel.for_gpu(gpu).matmul_time(4096, 4096, 4096)
+
+
+def test_gpu_without_file_uses_code_defaults() -> None:
+    gpu = load_gpu("h100-sxm").model_copy(update={"name": "my-gpu"})
+    assert default_calibration_path("my-gpu") is None
+    cm = CostModel.for_gpu(gpu)
+    assert cm.eff == EfficiencyParams() and cm.source == "default"
+
+
+@pytest.mark.parametrize("content, match", [
+    ("{not json", "not valid JSON"),
+    (json.dumps({"simpar_calibration_version": 2, "device": {"gpu": "h100-sxm"}, "compute": {}}), "version"),
+    (json.dumps({"simpar_calibration_version": 1, "device": {"gpu": "a100-80g"}, "compute": {}}), "describes 'a100-80g'"),
+    (json.dumps({"simpar_calibration_version": 1, "device": {"gpu": "h100-sxm"}, "compute": {"mm_eff": 0.7}}), "unknown parameter"),
+    (json.dumps({"simpar_calibration_version": 1, "device": {"gpu": "h100-sxm"}}), "compute"),
+])
+def test_malformed_default_file_is_a_clear_error(tmp_path: Path, monkeypatch, content: str, match: str) -> None:
+    gpu = load_gpu("h100-sxm")
+    (tmp_path / "calibrations").mkdir()
+    (tmp_path / "calibrations" / "h100-sxm.json").write_text(content)
+    monkeypatch.setattr(loader, "presets_dir", lambda kind: tmp_path / kind)
+    with pytest.raises(SpecError, match=match) as exc:
+        CostModel.for_gpu(gpu)
+    assert "h100-sxm.json" in str(exc.value)
+
+
+def test_causal_attention_fraction() -> None:
+    assert causal_attention_fraction(128) == 1.0  # one block: the diagonal block is computed whole
+    fr = [causal_attention_fraction(s) for s in (256, 1024, 8192, 131072)]
+    assert all(0.5 < a and a > b for a, b in zip(fr, fr[1:]))
+    assert fr[-1] == pytest.approx(0.5, abs=1e-3)
