@@ -108,5 +108,6 @@ def _check_lowered(plan: ParallelPlan, sched: Schedule, placement: tuple[int, ..
         for s in (s for s, pr in enumerate(placement) if pr == r):
             if (s, Kind.REDUCE_GRAD) not in kinds:
                 raise ScheduleError("schedule", f"has communication but no {s}REDUCE_GRAD on rank {r}: gradients would be multiplied by the microbatch count.", "add REDUCE_GRAD after each stage's last backward, or run the compute-only schedule (torch inserts it).")
-            if plan.zero >= 2 and not {(s, Kind.UNSHARD), (s, Kind.RESHARD)} <= kinds:
-                raise ScheduleError("schedule", f"has communication but no {s}UNSHARD/{s}RESHARD on rank {r}, which FSDP (zero>=2) needs.", "add them, or run the compute-only schedule (torch inserts them).")
+            fsdp = plan.zero >= 2 or (plan.zero == 0 and plan.zero_shards > 1)  # ZeRO-0 + dp runs as replicate (FSDP2)
+            if fsdp and not {(s, Kind.UNSHARD), (s, Kind.RESHARD)} <= kinds:
+                raise ScheduleError("schedule", f"has communication but no {s}UNSHARD/{s}RESHARD on rank {r}, which FSDP (zero>=2, or zero 0 with dp>1 as replicate) needs.", "add them, or run the compute-only schedule (torch inserts them).")

@@ -281,7 +281,13 @@ class Engine:
                                                           ("params", a.stage, a.microbatch, backward), "zero", "ZERO_GATHER")))
         if backward and a.kind != Kind.I:
             nbytes = w.params * grad_reduce_bytes_per_param(self.plan)
-            rest.append(self.env.process(self._collective(g, g.dp, "reduce-scatter", group, nbytes,
+            # The gradient reduce-scatter and the next layers' all-gathers cross the same links
+            # (FSDP2 runs them on two streams). The contention backend shares the links between
+            # them; the analytical one times each collective alone, so they are queued on one
+            # stream there: two equal flows sharing a link finish together at the sum of their
+            # times, which the queue reproduces for the later one.
+            res = g.dp if getattr(self.net, "backend", "") == "contention" else g.zero
+            rest.append(self.env.process(self._collective(g, res, "reduce-scatter", group, nbytes,
                                                           ("grads", a.stage, a.microbatch), "dp", "REDUCE_GRAD")))
         yield simpy.AllOf(self.env, rest)
         tp_exposed = 0.0 if self.opt.overlap_tp else tp

@@ -40,7 +40,8 @@ def synthetic_matmul(eff: float, half: float, rng: random.Random, noise: float =
 
 
 @settings(max_examples=20, deadline=None)
-@given(eff=st.floats(0.2, 0.95), half=st.floats(8.0, 300.0), seed=st.integers(0, 10_000))
+@given(eff=st.floats(0.2, 0.95), half=st.floats(16.0, 300.0), seed=st.integers(0, 10_000))  # below ~16 the
+# smallest dimension (16) barely feels the tile-fill factor and half_dim is not identifiable at 2 % noise
 def test_matmul_fit_recovers_efficiency_and_half_dim(eff, half, seed):
     got_eff, got_half = fit_matmul(synthetic_matmul(eff, half, random.Random(seed)), PEAK)
     assert got_eff == pytest.approx(eff, rel=0.05)

@@ -94,8 +94,8 @@ def _wait_rows(path: Path, proc: subprocess.Popen, least: int, timeout: float = 
 def test_killed_sweeps_resume_without_losing_or_duplicating_rows(tmp_path):
     """Ctrl-C during the screen, kill -9 (whole process group, pool workers too) during the engine
     runs, then --resume: results.csv equals an uninterrupted run's, byte for byte."""
-    args = ["--model", "gpt-7.5b", "--cluster", "dgx-a100-40g", "--gpus", "16", "--gbs", "32", "--refine", "30",
-            "--simulate", "12", "--plans", "1", "--workers", "2"]
+    args = ["--model", "gpt-7.5b", "--cluster", "dgx-a100-40g", "--gpus", "16", "--gbs", "32", "--refine", "60",
+            "--simulate", "40", "--plans", "1", "--workers", "2"]  # enough engine runs that the kill lands among them
     ref = tmp_path / "ref"
     done = subprocess.run(_cli(args + ["--out", str(ref)]), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
@@ -114,7 +114,7 @@ def test_killed_sweeps_resume_without_losing_or_duplicating_rows(tmp_path):
     assert not (out / "results.csv").exists()
     assert len(Journal(out / "journal" / "screen.csv").read()) > screened
     left = Journal(out / "journal" / "simulate.csv").read()
-    assert 0 < len(left) < 12
+    assert 0 < len(left) < 40
     done = subprocess.run(_cli(args + ["--out", str(out), "--resume"]), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert (out / "results.csv").read_bytes() == (ref / "results.csv").read_bytes()

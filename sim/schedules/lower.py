@@ -11,7 +11,8 @@ Added per rank, in order (the input schedule is never modified):
   The engine costs R by the recompute mode; torch itself has no R (it recomputes inside B/I).
 - ``REDUCE_GRAD(s)`` right after stage s's last ``B`` or ``W`` (torch's ``_add_reduce_grad``): the
   data-parallel gradient all-reduce, or reduce-scatter under ZeRO 2/3 (a no-op when dp*cp = 1).
-- ZeRO 2/3 (FSDP, as the executor runs them): ``UNSHARD(s)`` (parameter all-gather) before a stage
+- ZeRO 2/3, and ZeRO 0 with data parallelism (FSDP2 and its ``replicate``, as the executor runs
+  them): ``UNSHARD(s)`` (parameter all-gather) before a stage
   computes and ``RESHARD(s)`` when it leaves the window of the next ``max_active_stages`` distinct
   stages the rank will run, and at the end (torch's ``_add_unshard_reshard`` policy, default window
   3). Under ZeRO-2 the engine books the gather after the optimizer step (ZeRO-1/2 semantics); under
@@ -112,8 +113,11 @@ def lower(schedule: Schedule, plan: "ParallelPlan | None" = None, *, recompute: 
     if recompute not in ("none", "selective", "full"):
         raise ScheduleError("recompute", f"unknown mode {recompute!r}.", "use none, selective or full.")
     ranks = []
+    # FSDP-managed stages need UNSHARD/RESHARD: ZeRO-2/3, and ZeRO-0 with data parallelism, which
+    # the executor runs with torch's `replicate` (FSDP2's DDP); ZeRO-1 runs as plain DDP.
+    fsdp = zero >= 2 or (zero == 0 and plan is not None and plan.zero_shards > 1)
     for acts in schedule.ranks:
-        seq = add_unshard_reshard(acts, max_active_stages) if zero >= 2 else list(acts)
+        seq = add_unshard_reshard(acts, max_active_stages) if fsdp else list(acts)
         ranks.append(tuple(_lower_rank(schedule, seq, recompute != "none", reduce_grad)))
     out = schedule.replace_ranks(ranks, lowered=True)
     out.meta.update(recompute=recompute, zero=zero)
