@@ -226,14 +226,61 @@ def bench_layer(shape: LayerShape, device: torch.device, dtype: str, warmup: int
     b = timeit(lambda st: torch.autograd.backward(st[1], st[2]), device, warmup, reps, setup=forward_state)
     i = timeit(lambda st: torch.autograd.grad(st[1], st[0], st[2]), device, warmup, reps, setup=forward_state)
     blk.zero_grad(set_to_none=True)
+    attn = bench_attention_core(shape, device, dtype, warmup, reps)
+    return {**asdict(shape), "dtype": dtype, "f_s": f, "b_s": b, "i_s": min(i, b), "w_s": max(b - i, 0.0), "attn_f_s": attn}
+
+
+def bench_attention_core(shape: LayerShape, device: torch.device, dtype: str, warmup: int, reps: int) -> float:
+    """The attention core's forward on one tensor-parallel rank's heads (what selective
+    recomputation re-runs)."""
     hd, t = shape.hidden // shape.heads, shape.tp
 
     def qkv():
         q = torch.randn(shape.mbs, shape.heads // t, shape.seq, hd, device=device, dtype=DTYPES[dtype])
         k = torch.randn(shape.mbs, shape.kv_heads // t, shape.seq, hd, device=device, dtype=DTYPES[dtype])
         return q, k, torch.randn_like(k)
-    attn = timeit(lambda a: attention_core(*a), device, warmup, reps, setup=qkv)
-    return {**asdict(shape), "dtype": dtype, "f_s": f, "b_s": b, "i_s": min(i, b), "w_s": max(b - i, 0.0), "attn_f_s": attn}
+    return timeit(lambda a: attention_core(*a), device, warmup, reps, setup=qkv)
+
+
+def bench_tp_layer(shape: LayerShape, sequence_parallel: bool, device: torch.device, dtype: str, warmup: int,
+                   reps: int) -> dict:
+    """One layer run *as the executor runs it* under tensor parallelism over all ``shape.tp``
+    processes of the benchmark (executor.parallel.apply_tp: DTensor plans, with or without
+    sequence parallelism): F, B, I and W include the layer's TP collectives and DTensor's
+    overheads. Every process calls this at once (the collectives pair them up)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from .model import StageShape, Transformer
+    from .parallel import apply_tp
+
+    assert shape.tp == dist.get_world_size()
+    spec = ModelSpec(name="bench", arch=shape.arch, layers=1, hidden=shape.hidden, heads=shape.heads,
+                     kv_heads=shape.kv_heads, ffn=shape.ffn, vocab=2, seq_len=shape.seq)
+    torch.manual_seed(0)
+    model = Transformer(spec, StageShape(0, 1, False, False)).to(device)
+    apply_tp(model, init_device_mesh(device.type, (shape.tp,)), sequence_parallel)
+    amp = DTYPES[dtype] if dtype != "fp32" else None
+    seq = shape.seq // shape.tp if sequence_parallel else shape.seq
+
+    def fwd(x):
+        with torch.autocast(device.type, dtype=amp) if amp else _null():
+            return model(x)
+
+    def make_x():
+        return torch.randn(shape.mbs, seq, shape.hidden, device=device, requires_grad=True)
+
+    def forward_state():
+        x = make_x()
+        y = fwd(x)
+        y = y.to_local() if hasattr(y, "to_local") else y
+        return x, y, torch.randn_like(y)
+    f = timeit(fwd, device, warmup, reps, setup=make_x)
+    b = timeit(lambda st: torch.autograd.backward(st[1], st[2]), device, warmup, reps, setup=forward_state)
+    i = timeit(lambda st: torch.autograd.grad(st[1], st[0], st[2]), device, warmup, reps, setup=forward_state)
+    attn = bench_attention_core(shape, device, dtype, warmup, reps)
+    return {**asdict(shape), "dtype": dtype, "f_s": f, "b_s": b, "i_s": min(i, b), "w_s": max(b - i, 0.0),
+            "attn_f_s": attn, "tp_comm": "sp" if sequence_parallel else "ar"}
 
 
 class _null:
@@ -299,6 +346,10 @@ def _comm_rank(rank: int, world: int, port: int, cfg: BenchConfig, out: str, com
             if rank == 0:
                 Path(out, "compute.json").write_text(json.dumps(res))
             dist.barrier()
+        tp_rows = [bench_tp_layer(sh, sp, device, cfg.dtype, cfg.warmup, cfg.reps)
+                   for sh in cfg.layers if sh.tp == world for sp in (False, True)]
+        if rank == 0:
+            Path(out, "tp_layers.json").write_text(json.dumps(tp_rows))
         groups = {g: dist.new_group(list(range(g))) for g in group_sizes(world)}
         for nbytes in cfg.comm_sizes:
             t = torch.ones(nbytes // 4, device=device)

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .compare import compare_events
+from .engine import EngineOptions
 from .plan import ParallelPlan, check_plan
 from .planfile import write_plan_file
 from .schedules import schedule_for_plan, write_csv
@@ -102,6 +103,12 @@ def layer_grid(nproc: int, quick: bool) -> list[dict[str, int | str]]:
     return out
 
 
+#: The engine options that describe how the executor runs a plan: torch's pipeline runtime reduces
+#: the gradients in one REDUCE_GRAD after a stage's last backward (not in buckets overlapped with
+#: it, as Megatron's --overlap-grad-reduce does, the engine's default).
+EXECUTOR_OPTIONS = EngineOptions(overlap_grad_reduce=False)
+
+
 def prepare(case: CheckPlan, cluster: ClusterSpec, calibration: dict | None, out: Path) -> dict[str, Any]:
     """Write plan.json, schedule.csv and the simulated trace into ``out``; returns the prediction
     with the calibration as given and with its layer table left out (analytical compute)."""
@@ -113,11 +120,12 @@ def prepare(case: CheckPlan, cluster: ClusterSpec, calibration: dict | None, out
     # REDUCE_GRAD and UNSHARD/RESHARD (a lowered file under replicate/DDP with dp > 1 lacks the
     # UNSHARD torch 2.13 asserts on)
     write_csv(schedule_for_plan(plan), out / "schedule.csv")
-    res = simulate(model, cl, plan, calibration=calibration)
+    res = simulate(model, cl, plan, calibration=calibration, options=EXECUTOR_OPTIONS)
     write_trace(out / "sim.json", res.events, {"source": "simpar calibrate --check", "iter_time_s": res.iter_time_s})
     analytic = None
     if calibration and calibration.get("layers"):
-        analytic = simulate(model, cl, plan, calibration={k: v for k, v in calibration.items() if k != "layers"}).iter_time_s
+        analytic = simulate(model, cl, plan, calibration={k: v for k, v in calibration.items() if k != "layers"},
+                            options=EXECUTOR_OPTIONS).iter_time_s
     return {"iter_time_s": res.iter_time_s, "iter_time_analytical_s": analytic, "memory": res.memory,
             "breakdown_s": res.breakdown_s, "plan": plan, "model": model}
 

@@ -206,7 +206,7 @@ def fit_report(doc: dict[str, Any], meas: dict[str, Any], gpu: GPUSpec, cluster:
     op_an = _errors([analytic.optimizer_time(r["params"]) for r in op], [r["time_s"] for r in op])
     if op_an:
         out["optimizer_analytical"] = op_an
-    lay = comp.get("layers", [])
+    lay = [r for r in comp.get("layers", []) if not r.get("tp_comm")]  # compute-only rows
     if lay:
         pred, obs = [], []
         for r in lay:
@@ -256,7 +256,7 @@ def build_calibration(meas: dict[str, Any], gpu: GPUSpec, cluster: ClusterSpec |
         "network": network,
     }
     if layer_table and comp.get("layers"):
-        keep = ("arch", "hidden", "heads", "kv_heads", "ffn", "seq", "mbs", "tp", "dtype", "f_s", "i_s", "w_s", "attn_f_s")
+        keep = ("arch", "hidden", "heads", "kv_heads", "ffn", "seq", "mbs", "tp", "dtype", "f_s", "i_s", "w_s", "attn_f_s", "tp_comm")
         doc["layers"] = [{k: r[k] for k in keep if k in r} for r in comp["layers"]]
     if comp.get("optimizer"):
         doc["optimizer"] = [{"params": r["params"], "time_s": r["time_s"]} for r in comp["optimizer"]]

@@ -83,6 +83,7 @@ class PassTimes:
     i: float
     w: float
     attn_f: float = 0.0  # attention-core forward part of f (what selective recompute re-runs)
+    tp_comm_included: bool = False  # measured with the layer's TP collectives (calibration table)
 
     @property
     def b(self) -> float:
@@ -142,9 +143,9 @@ class CostModel:
         A calibration's measured layer table is used when it covers the layer (sim/measured.py)."""
         if self.measured is not None and plan.cp == 1:
             key = (m.arch, m.hidden, m.heads, m.kv_heads, m.ffn, m.seq_len, plan.tp)
-            hit = self.measured.layer(key, plan.micro_batch_size, plan.precision)
+            hit = self.measured.layer(key, plan.micro_batch_size, plan.precision, plan.sequence_parallel)
             if hit is not None:
-                return PassTimes(*hit)
+                return PassTimes(*hit[0], tp_comm_included=hit[1])
         t, dt = plan.tp, plan.precision
         tokens = plan.micro_batch_size * m.seq_len / plan.cp
         h, f, kv = m.hidden, m.ffn, m.kv_heads * m.head_dim

@@ -68,6 +68,11 @@ class Engine:
         self.pending: dict[tuple, list] = {}
         self.last_bwd = self._last_backward_index()
         self.fsdp_per_mb = plan.zero >= 3 and plan.zero_shards > 1 and plan.pp == 1
+        # Tied input/output embedding split over the pipeline: the first and the last stage each
+        # hold a copy and all-reduce its gradient after the backward, before the optimizer
+        # (Megatron's embedding group, finalize_model_grads; the executor's TiedEmbeddingSync).
+        ends = (schedule.rank_of(0), schedule.rank_of(plan.num_stages - 1))
+        self.tied = ends if model.tied_embeddings and ends[0] != ends[1] else None
         keys = self._pipeline_keys()
         self.gpus: dict[tuple[tuple[int, ...], int], _Gpu] = {}
         for key in keys:
@@ -264,6 +269,23 @@ class Engine:
                 self._reshard(g, s)
         yield from self._finish(g)
 
+    def _tied_embedding_grad(self, g: _Gpu):
+        """All-reduce of the tied embedding's gradient between the first and the last pipeline
+        rank of g's pipeline: starts when both have arrived (the wait is idle time, the transfer
+        is pipeline communication)."""
+        coords = dict(zip(("dp", "cp", "tp"), g.key))
+        pair = tuple(self.layout.rank(pp=pr, **coords) for pr in self.tied)
+        entry = self.pending.setdefault(("tied", g.key), [0, self.env.event(), 0.0])
+        entry[0] += 1
+        if entry[0] == 2:
+            entry[2] = self.env.now
+            nbytes = self.m.vocab * self.m.hidden / self.plan.tp * grad_reduce_bytes_per_param(self.plan)
+            self.env.process(self._run_group("all-reduce", pair, nbytes, entry[1]))
+        yield entry[1]
+        g.acc["pp_comm"] += self.env.now - entry[2]
+        if self.env.now > entry[2]:
+            self.events.append(TraceEvent(g.rank, "pp", "tied_embedding_grad", "allreduce", entry[2], self.env.now - entry[2]))
+
     def _fsdp_pass(self, g: _Gpu, a, seconds: float, tp: float, backward: bool):
         """ZeRO-3 with pp = 1 (FSDP2, reshard after forward): every forward and backward
         all-gathers the stage's parameters layer by layer with prefetch; the backward also
@@ -322,6 +344,8 @@ class Engine:
             if not proc.processed:
                 yield proc
         g.acc["dp_comm"] += self.env.now - t0
+        if self.tied is not None and g.prank in self.tied:
+            yield from self._tied_embedding_grad(g)
         t0 = self.env.now
         stages = list(self.sched.stages_of(g.prank))
         yield self.env.timeout(self.costs.optimizer_time(local_params(self.m, self.plan, stages)))

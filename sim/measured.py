@@ -10,7 +10,11 @@ Two optional sections of a calibration file (`simpar.sim.calibration`), both wri
        "attn_f_s": 0.0005}
 
   (``tp``: the layer's tensor-parallel shard, compute only; ``attn_f_s``: the attention core's
-  forward, what selective recomputation re-runs.) A plan's layer is *covered* when a row has its
+  forward, what selective recomputation re-runs.) A row with ``"tp_comm": "ar"`` (all-reduces)
+  or ``"sp"`` (sequence parallelism: reduce-scatter / all-gather) was timed running as the
+  executor runs it over ``tp`` processes, its collectives and DTensor overheads included; for a
+  plan with that tp and SP setting it is preferred to a compute-only row, and the simulator then
+  adds no TP communication of its own for the layer. A plan's layer is *covered* when a row has its
   architecture, hidden, heads, kv_heads, ffn, sequence length (per cp rank, cp = 1 only) and tp;
   its micro-batch size is then interpolated linearly between the two nearest measured ones (or
   extrapolated from the nearest two; with one, scaled in proportion to the tokens). Layer time is
@@ -42,6 +46,7 @@ class LayerRow:
     i: float
     w: float
     attn_f: float
+    tp_comm: str = ""  # "", "ar" or "sp": the row includes the layer's TP collectives
 
 
 @dataclass(frozen=True)
@@ -57,18 +62,27 @@ class MeasuredCosts:
             return None
         rows = tuple(
             LayerRow(tuple(r[k] for k in LAYER_KEYS), int(r["mbs"]), str(r.get("dtype", "")), float(r["f_s"]),
-                     float(r["i_s"]), float(r["w_s"]), float(r.get("attn_f_s", 0.0)))
+                     float(r["i_s"]), float(r["w_s"]), float(r.get("attn_f_s", 0.0)), str(r.get("tp_comm", "")))
             for r in calibration.get("layers") or ()
         )
         opt = tuple(sorted((float(r["params"]), float(r["time_s"])) for r in calibration.get("optimizer") or ()))
         cpu = (calibration.get("device") or {}).get("kind") == "cpu"
         return cls(rows, opt, cpu)
 
-    def layer(self, key: tuple, mbs: int, dtype: str) -> tuple[float, float, float, float] | None:
-        """(f, i, w, attn_f) seconds for ``key`` (LAYER_KEYS values) at micro-batch ``mbs``."""
-        rows = sorted((r for r in self.layers if r.key == key and (self.any_precision or r.dtype == dtype)), key=lambda r: r.mbs)
+    def layer(self, key: tuple, mbs: int, dtype: str, sequence_parallel: bool = False) -> tuple[tuple[float, float, float, float], bool] | None:
+        """((f, i, w, attn_f) seconds, includes TP communication) for ``key`` (LAYER_KEYS values) at
+        micro-batch ``mbs``: rows timed with the plan's TP collectives first, else compute-only rows."""
+        ok = [r for r in self.layers if r.key == key and (self.any_precision or r.dtype == dtype)]
+        mode = "sp" if sequence_parallel else "ar"
+        rows = [r for r in ok if r.tp_comm == mode] if key[-1] > 1 else []
+        rows = rows or [r for r in ok if not r.tp_comm]
         if not rows:
             return None
+        hit = self._interpolate(sorted(rows, key=lambda r: r.mbs), mbs)
+        return hit, bool(rows[0].tp_comm)
+
+    @staticmethod
+    def _interpolate(rows: list[LayerRow], mbs: int) -> tuple[float, float, float, float]:
         by_mbs = {r.mbs: r for r in rows}
         if mbs in by_mbs:
             r = by_mbs[mbs]
@@ -115,6 +129,8 @@ def validate_tables(doc: dict[str, Any], where: str) -> None:
             for k in LAYER_INT_FIELDS:
                 if not isinstance(r[k], int) or isinstance(r[k], bool) or r[k] <= 0:
                     raise SpecError(f"{where}: layers[{n}].{k}", f"must be a positive integer, got {r[k]!r}.", "fix the row.")
+            if r.get("tp_comm", "") not in ("", "ar", "sp"):
+                raise SpecError(f"{where}: layers[{n}].tp_comm", f"is {r['tp_comm']!r}.", "use ar or sp (or leave it out).")
             for k in (*LAYER_TIME_FIELDS, "attn_f_s"):
                 v = r.get(k, 0.0)
                 if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0 or (k == "f_s" and v == 0):

@@ -62,7 +62,8 @@ def stage_work(m: ModelSpec, plan: ParallelPlan, costs: CostModel, net: Collecti
     split = plan.stage_layers(m.layers)
     tokens = plan.micro_batch_size * m.seq_len / plan.cp
     act = 2.0 * tokens * m.hidden  # one 16-bit b x s x h activation (per cp rank)
-    tp_layer = _tp_layer_time(plan, net, layout, act)
+    # a calibration's layer measured under the executor's TP already holds its collectives
+    tp_layer = 0.0 if lt.tp_comm_included else _tp_layer_time(plan, net, layout, act)
     cp_f, cp_b = _cp_layer_time(m, plan, net, layout, lt)
     rec_layer = {"full": lt.f, "selective": lt.attn_f}.get(plan.recompute, 0.0)
     rec_tp = tp_layer + cp_f if plan.recompute == "full" else 0.0

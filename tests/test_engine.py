@@ -160,3 +160,26 @@ def test_zero3_pipeline_gathers_per_unshard_window(vpp, expect_regather) -> None
     p1 = plan(pp=2, vpp=vpp, m=4, schedule="interleaved-1f1b", dp=2, zero=1)
     _, t1 = run(p1, wk, net=FakeNet(coll=0.05))
     assert t >= t1 - 1e-12
+
+
+def test_tied_embedding_grad_all_reduce_joins_first_and_last_rank() -> None:
+    """GPT's tied embedding split over the pipeline: after the backward the first and the last
+    rank all-reduce its gradient, starting when both have arrived, then step the optimizer."""
+    p = plan(pp=2, m=4, schedule="1f1b")
+    tied = TINY  # GPT: tied input/output embedding
+    untied = TINY.model_copy(update={"arch": "llama"})
+    assert tied.tied_embeddings and not untied.tied_embeddings
+    results = {}
+    for name, model in (("untied", untied), ("tied", tied)):
+        sched = lower(schedule_for_plan(p), p)
+        env = simpy.Environment()
+        eng, _ = run_engine(model, p, sched, work(2), FixedCosts(0.25), FakeNet(coll=0.5), env, EngineOptions())
+        results[name] = eng
+    t_untied = max(g.finish for g in results["untied"].gpus.values())
+    eng = results["tied"]
+    ar = [e for e in eng.events if e.name == "tied_embedding_grad"]
+    assert len(ar) == 2 and {e.rank for e in ar} == {g.rank for g in eng.gpus.values()}
+    first_done = max(e.start + e.duration for e in eng.events if e.rank == eng.gpus[((0, 0, 0), 0)].rank and e.kind == "B")
+    assert all(e.start == pytest.approx(first_done) and e.duration == pytest.approx(0.5) for e in ar)
+    assert max(g.finish for g in eng.gpus.values()) == pytest.approx(t_untied + 0.5)
+    assert all(g.acc["pp_comm"] >= 0.5 for g in eng.gpus.values())

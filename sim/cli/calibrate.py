@@ -50,8 +50,8 @@ def _progress(total: int, what: str) -> Iterator:
 @click.option("--check", is_flag=True, help="closed loop: simulate and run the fixed plan set with --calibration")
 @click.option("--calibration", "calib_path", type=click.Path(dir_okay=False), default=None, help="calibration file (--check)")
 @click.option("--plans", default=None, help="--check: comma-separated subset of the plan names")
-@click.option("--steps", type=click.IntRange(1), default=5, show_default=True, help="--check: measured steps per plan")
-@click.option("--warmup", type=click.IntRange(0), default=2, show_default=True, help="--check: warm-up steps per plan")
+@click.option("--steps", type=click.IntRange(1), default=8, show_default=True, help="--check: measured steps per plan")
+@click.option("--warmup", type=click.IntRange(0), default=3, show_default=True, help="--check: warm-up steps per plan")
 @click.option("--out", "out", required=True, type=click.Path(), help="calibration JSON (or, with --check, an output folder)")
 def calibrate(device, backend, nproc, gpu_name, cluster_name, quick, check, calib_path, plans, steps, warmup, out) -> None:
     """Measure the device and write a calibration file for --calibration.
@@ -97,7 +97,7 @@ def _calibrate(device, backend, nproc, gpu_name, cluster_name, quick, out: Path)
         raise SpecError("cluster", f"{cluster.name}'s GPU is {cluster.gpu.name}, the calibration describes {gpu.name}.", "pass a matching --cluster.")
     shapes = tuple(LayerShape(**s) for s in layer_grid(nproc, quick))
     cfg = BenchConfig(device=device, backend=backend, nproc=nproc, quick=quick, dtype="fp32" if device == "cpu" else "bf16",
-                      layers=shapes, reps=5 if quick else 9)
+                      layers=shapes, reps=5 if quick else 21)  # medians of 21: 9 left a 10-25 % run-to-run spread on a 2-core host
     # On a CPU with several processes, every process runs the compute benchmarks at the same time
     # (as every rank of a run computes at once: shared caches and memory bandwidth).
     together = device == "cpu" and nproc > 1
@@ -107,6 +107,9 @@ def _calibrate(device, backend, nproc, gpu_name, cluster_name, quick, out: Path)
             comm = run_comm(cfg, tmp, with_compute=together)
             if together:
                 compute = json.loads(Path(tmp, "compute.json").read_text())
+            tp_layers = Path(tmp, "tp_layers.json")  # layers run under the executor's tensor parallelism
+            if tp_layers.exists():
+                compute["layers"] = compute.get("layers", []) + json.loads(tp_layers.read_text())
         step(f"compute on {nproc} processes at once, communication" if together else "communication")
     meas = {"device": device_info(cfg), "compute": compute, "comm": comm}
     import torch
