@@ -183,11 +183,16 @@ def _finish(x: Inputs, ends: list[float], first_f: list[float], last_bwd: list[d
             source: str) -> Estimate:
     """Add DP, ZeRO and optimizer terms to per-rank compute ends; breakdown of the busiest rank."""
     shift = _zero_start(x, first_f)
-    finish, tails = [], []
+    ready, tails = [], []
     for r in range(len(x.ranks)):
         tail = _dp_tail(x, r, last_bwd[r], ends[r])
-        finish.append(shift + ends[r] + tail + _optimizer(x, r) + _zero_end(x, r))
+        ready.append(shift + ends[r] + tail)
         tails.append(tail)
+    tied, t_tied = _tied_embedding(x)
+    if tied is not None:  # both ends of the pipeline meet, all-reduce, then step (engine._tied_embedding_grad)
+        meet = max(ready[tied[0]], ready[tied[1]]) + t_tied
+        ready[tied[0]] = ready[tied[1]] = meet
+    finish = [ready[r] + _optimizer(x, r) + _zero_end(x, r) for r in range(len(x.ranks))]
     t = max(finish)
     m, tpx = x.plan.num_microbatches, 0.0 if x.options.overlap_tp else 1.0
     busy = max(range(len(x.ranks)), key=lambda r: (x.rank_work[r], -r))
@@ -196,13 +201,29 @@ def _finish(x: Inputs, ends: list[float], first_f: list[float], last_bwd: list[d
         "compute": m * sum(w.f + w.i + w.w for w in ws),
         "recompute": m * sum(w.r for w in ws),
         "tp_comm": m * tpx * sum(w.tp_f + w.tp_b + w.tp_r for w in ws),
-        "pp_comm": 0.0,
+        "pp_comm": t_tied if tied is not None and busy in tied else 0.0,
         "dp_comm": tails[busy],
         "zero_comm": shift + _zero_end(x, busy) + (m * _fsdp_seconds(x)[2] if x.fsdp else 0.0),
         "optimizer": _optimizer(x, busy),
     }
     bd["bubble"] = max(0.0, t - sum(bd.values()))
     return Estimate(t, bd, source)
+
+
+def _tied_embedding(x: Inputs) -> tuple[tuple[int, int] | None, float]:
+    """(first, last pipeline rank) and the all-reduce of a tied embedding's gradient between
+    them, as the engine charges it; (None, 0) when the model has none or one rank holds both."""
+    place, p = placement(x.plan), x.plan
+    ends = (place[0], place[-1])
+    if not x.model.tied_embeddings or ends[0] == ends[1]:
+        return None, 0.0
+    key = ("tied", p.tp, p.cp, p.pp, p.dp, p.mesh_order, x.model.vocab, x.model.hidden, p.precision)
+    t = x.cache.get(key)
+    if t is None:
+        layout = RankLayout(p)
+        nbytes = x.model.vocab * x.model.hidden / p.tp * grad_reduce_bytes_per_param(p)
+        t = x.cache[key] = x.net.collective_time("all-reduce", tuple(layout.rank(pp=r) for r in ends), nbytes)
+    return ends, t
 
 
 def _fill(x: Inputs) -> float:
