@@ -433,29 +433,3 @@ def run_comm(cfg: BenchConfig, workdir: str | Path, with_compute: bool = False) 
     mp.start_processes(_comm_rank, args=(cfg.nproc, free_port(), cfg, str(workdir), with_compute), nprocs=cfg.nproc,
                        join=True, start_method="spawn")
     return json.loads(Path(workdir, "comm.json").read_text())
-
-
-def device_info(cfg: BenchConfig) -> dict:
-    """What the calibration describes: device name, software versions, host."""
-    import platform
-
-    info = {"kind": cfg.device, "backend": cfg.backend, "nproc": cfg.nproc, "torch": torch.__version__,
-            "python": platform.python_version(), "host": platform.node(), "machine": platform.machine(),
-            "threads_per_process": 1 if cfg.device == "cpu" else None}
-    if cfg.device == "cuda":
-        info["name"] = torch.cuda.get_device_name(0)
-        info["cuda"] = torch.version.cuda
-    else:
-        info["name"] = _cpu_name() or platform.processor() or "cpu"
-        info["cpu_count"] = os.cpu_count()
-    return info
-
-
-def _cpu_name() -> str | None:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        return None
-    return None

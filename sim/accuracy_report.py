@@ -85,7 +85,7 @@ def _worst(doc: dict[str, Any], ids: list[str], key: str) -> list[str]:
 
 def markdown(data: dict[str, Any], command: str, plots: dict[str, bool], preface: str = "") -> str:
     lines = ["# Accuracy: simpar's predictions against measured runs", "",
-             f"Regenerate everything in this folder with:", "", f"    {command}", "",
+             "Regenerate everything in this folder with:", "", f"    {command}", "",
              "Errors are `(predicted - measured) / measured`; *abs* columns are of |error|. No figure here is "
              "fitted per row: the cost model's per-GPU-type parameters come from the default calibration "
              "files (`topologies/calibrations/`), fitted once, globally, on all published rows.", ""]

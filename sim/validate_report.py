@@ -40,7 +40,7 @@ def _pct(x: float | None) -> str:
 
 def markdown(doc: dict[str, Any], command: str) -> str:
     s = doc["summary"]
-    lines = [f"# Validation: predicted vs measured iteration time", "",
+    lines = ["# Validation: predicted vs measured iteration time", "",
              f"Regenerate with: `{command}`", "",
              f"Rows: {s['rows']}, simulated: {s['n']}, not simulated: {s['not_simulated']}.",
              f"Median |error| {_abs(s['median_abs_error'])}, p90 {_abs(s['p90_abs_error'])}, max {_abs(s['max_abs_error'])}.", ""]

@@ -74,19 +74,19 @@ def _calibrate(device, backend, nproc, gpu_name, cluster_name, quick, out: Path)
     backend = backend or ("nccl" if device == "cuda" else "gloo")
     if device == "cpu" and backend == "nccl":
         raise SimparError("backend", "nccl needs CUDA devices.", "use --backend gloo with --device cpu.")
-    from ...executor.microbench import BenchConfig, LayerShape, device_info, run_comm, run_compute
+    from ...executor.devinfo import cuda_devices, device_info, software_versions
+    from ...executor.microbench import BenchConfig, LayerShape, run_comm, run_compute
     from ..calibrate_check import layer_grid
     from ..calibrate_fit import build_calibration
 
     if device == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
+        count, first = cuda_devices()
+        if not count:
             raise SimparError("device", "CUDA is not available here.", "use --device cpu.")
-        nproc = nproc or torch.cuda.device_count()
-        gpu_name = gpu_name or _detect_gpu(torch.cuda.get_device_name(0))
-        if nproc > torch.cuda.device_count():
-            raise SimparError("nproc", f"{nproc} processes but {torch.cuda.device_count()} GPUs.", "lower --nproc.")
+        nproc = nproc or count
+        gpu_name = gpu_name or _detect_gpu(first)
+        if nproc > count:
+            raise SimparError("nproc", f"{nproc} processes but {count} GPUs.", "lower --nproc.")
     else:
         nproc = nproc or min(2, os.cpu_count() or 1)
         gpu_name = gpu_name or "cpu"
@@ -112,12 +112,7 @@ def _calibrate(device, backend, nproc, gpu_name, cluster_name, quick, out: Path)
                 compute["layers"] = compute.get("layers", []) + json.loads(tp_layers.read_text())
         step(f"compute on {nproc} processes at once, communication" if together else "communication")
     meas = {"device": device_info(cfg), "compute": compute, "comm": comm}
-    import torch
-    import platform
-
-    from importlib.metadata import version
-
-    software = {"torch": torch.__version__, "python": platform.python_version(), "simpar": version("simpar")}
+    software = software_versions()
     out.parent.mkdir(parents=True, exist_ok=True)
     meas_path = out.with_name(out.stem + ".measurements.json")
     meas_path.write_text(json.dumps(meas, indent=1) + "\n")
