@@ -283,8 +283,7 @@ class Engine:
             self.env.process(self._run_group("all-reduce", pair, nbytes, entry[1]))
         yield entry[1]
         g.acc["pp_comm"] += self.env.now - entry[2]
-        if self.env.now > entry[2]:
-            self.events.append(TraceEvent(g.rank, "pp", "tied_embedding_grad", "allreduce", entry[2], self.env.now - entry[2]))
+        self._record(g, "pp", "tied_embedding_grad", "allreduce", entry[2])
 
     def _fsdp_pass(self, g: _Gpu, a, seconds: float, tp: float, backward: bool):
         """ZeRO-3 with pp = 1 (FSDP2, reshard after forward): every forward and backward
