@@ -202,7 +202,7 @@ def fit_report(doc: dict[str, Any], meas: dict[str, Any], gpu: GPUSpec, cluster:
     out["attention_fwd"] = _errors([cm.attention_time(causal_flops(r), fit_dtype)[0] for r in at], [r["fwd_s"] for r in at])
     out["attention_bwd"] = _errors([cm.attention_time(causal_flops(r), fit_dtype)[1] for r in at], [r["bwd_s"] for r in at])
     op = comp.get("optimizer", [])
-    out["optimizer"] = _errors([cm.optimizer_time(r["params"]) for r in op], [r["time_s"] for r in op])
+    out["optimizer"] = _errors([cm.optimizer_time(r["params"], r.get("tp", 1)) for r in op], [r["time_s"] for r in op])
     op_an = _errors([analytic.optimizer_time(r["params"]) for r in op], [r["time_s"] for r in op])
     if op_an:
         out["optimizer_analytical"] = op_an
@@ -259,7 +259,7 @@ def build_calibration(meas: dict[str, Any], gpu: GPUSpec, cluster: ClusterSpec |
         keep = ("arch", "hidden", "heads", "kv_heads", "ffn", "seq", "mbs", "tp", "dtype", "f_s", "i_s", "w_s", "attn_f_s", "tp_comm")
         doc["layers"] = [{k: r[k] for k in keep if k in r} for r in comp["layers"]]
     if comp.get("optimizer"):
-        doc["optimizer"] = [{"params": r["params"], "time_s": r["time_s"]} for r in comp["optimizer"]]
+        doc["optimizer"] = [{"params": r["params"], "time_s": r["time_s"], "tp": r.get("tp", 1)} for r in comp["optimizer"]]
     if measurements_file:
         doc["measurements"] = measurements_file
     doc["fit"] = {"notes": notes, "errors": fit_report(doc, meas, gpu, cluster, fit_dtype)}

@@ -131,8 +131,10 @@ class CostModel:
         peak = self.gpu.peak_flops("bf16" if dtype == "fp8" else dtype)  # attention stays in 16-bit
         return flops_fwd / (peak * self.eff.attn_eff_fwd), 2 * flops_fwd / (peak * self.eff.attn_eff_bwd)
 
-    def optimizer_time(self, local_params: float) -> float:
-        measured = self.measured.optimizer_time(local_params) if self.measured else None
+    def optimizer_time(self, local_params: float, tp: int = 1) -> float:
+        """The optimizer step over ``local_params`` parameters of one GPU (a calibration's
+        measured table where it has one, at the plan's ``tp``; else memory-bound Adam)."""
+        measured = self.measured.optimizer_time(local_params, tp) if self.measured else None
         if measured is not None:
             return measured
         return self.memory_time(ADAM_BYTES_PER_PARAM * local_params)

@@ -347,7 +347,7 @@ class Engine:
             yield from self._tied_embedding_grad(g)
         t0 = self.env.now
         stages = list(self.sched.stages_of(g.prank))
-        yield self.env.timeout(self.costs.optimizer_time(local_params(self.m, self.plan, stages)))
+        yield self.env.timeout(self.costs.optimizer_time(local_params(self.m, self.plan, stages), self.plan.tp))
         g.acc["optimizer"] += self.env.now - t0
         self._record(g, "compute", "optimizer", "OPT", t0)
         if self.plan.zero in (1, 2) and self.plan.zero_shards > 1 and not self.opt.overlap_param_gather:

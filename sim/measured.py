@@ -20,8 +20,11 @@ Two optional sections of a calibration file (`simpar.sim.calibration`), both wri
   extrapolated from the nearest two; with one, scaled in proportion to the tokens). Layer time is
   close to linear in the tokens of a micro-batch at these sizes, which is what the interpolation
   assumes. An uncovered layer falls back to the analytical model.
-- ``optimizer``: ``[{"params": n, "time_s": t}, ...]``: the Adam step over n local parameters,
-  interpolated linearly in n (proportionally beyond the largest).
+- ``optimizer``: ``[{"params": n, "time_s": t, "tp": 1}, ...]``: the executor's AdamW step over n
+  local parameters (a model's layer tensors), interpolated linearly in n (proportionally beyond
+  the largest). ``tp`` (default 1): rows with ``tp`` > 1 were timed over the DTensor parameters
+  of the executor's tensor parallelism on that many processes (DTensor's per-tensor dispatch
+  included); a plan with that tp uses them, any other plan the ``tp`` = 1 rows.
 
 Rows must match the dtype the plan computes in, except on a CPU (``device.kind == "cpu"``), where
 the executor computes every plan in fp32 (executor/checks.py) and the rows apply to any precision.
@@ -52,7 +55,7 @@ class LayerRow:
 @dataclass(frozen=True)
 class MeasuredCosts:
     layers: tuple[LayerRow, ...] = ()
-    optimizer: tuple[tuple[float, float], ...] = ()  # (params, seconds), ascending
+    optimizer: tuple[tuple[int, float, float], ...] = ()  # (tp, params, seconds), ascending
     any_precision: bool = False
 
     @classmethod
@@ -65,7 +68,8 @@ class MeasuredCosts:
                      float(r["i_s"]), float(r["w_s"]), float(r.get("attn_f_s", 0.0)), str(r.get("tp_comm", "")))
             for r in calibration.get("layers") or ()
         )
-        opt = tuple(sorted((float(r["params"]), float(r["time_s"])) for r in calibration.get("optimizer") or ()))
+        opt = tuple(sorted((int(r.get("tp", 1)), float(r["params"]), float(r["time_s"]))
+                           for r in calibration.get("optimizer") or ()))
         cpu = (calibration.get("device") or {}).get("kind") == "cpu"
         return cls(rows, opt, cpu)
 
@@ -98,8 +102,10 @@ class MeasuredCosts:
         vals = [a + x * (b - a) for a, b in ((lo.f, hi.f), (lo.i, hi.i), (lo.w, hi.w), (lo.attn_f, hi.attn_f))]
         return tuple(max(v, 0.0) for v in vals)  # type: ignore[return-value]
 
-    def optimizer_time(self, params: float) -> float | None:
-        pts = self.optimizer
+    def optimizer_time(self, params: float, tp: int = 1) -> float | None:
+        """Seconds of the optimizer step over ``params`` local parameters: the rows measured at
+        ``tp`` when there are any, else the unsharded (tp = 1) rows."""
+        pts = [(n, t) for k, n, t in self.optimizer if k == tp] or [(n, t) for k, n, t in self.optimizer if k == 1]
         if not pts:
             return None
         if params <= pts[0][0] or len(pts) == 1:
@@ -144,3 +150,6 @@ def validate_tables(doc: dict[str, Any], where: str) -> None:
                                               for k in ("params", "time_s"))
             if not ok:
                 raise SpecError(f"{where}: optimizer[{n}]", "needs positive `params` and `time_s`.", "fix the row.")
+            tp = r.get("tp", 1)
+            if not isinstance(tp, int) or isinstance(tp, bool) or tp <= 0:
+                raise SpecError(f"{where}: optimizer[{n}].tp", f"must be a positive integer, got {tp!r}.", "fix the row (or leave tp out: 1).")

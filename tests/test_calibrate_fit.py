@@ -104,7 +104,8 @@ def measurements(rng: random.Random) -> dict:
             "matmul": synthetic_matmul(0.6, 20.0, rng),
             "attention": [{"flops_fwd": 1e8, "fwd_s": 1e8 / (PEAK * 0.4), "bwd_s": 2e8 / (PEAK * 0.2)}],
             "elementwise": [{"bytes": 1e7, "time_s": 1e7 / 20e9}],
-            "optimizer": [{"params": 2**20, "time_s": 2e-3}, {"params": 2**22, "time_s": 1e-2}],
+            "optimizer": [{"params": 2**20, "time_s": 2e-3}, {"params": 2**22, "time_s": 1e-2},
+                          {"params": 2**20, "time_s": 5e-3, "tp": 2}],
             "layers": [{"arch": "gpt", "hidden": 256, "heads": 4, "kv_heads": 4, "ffn": 1024, "seq": 128, "mbs": mbs, "tp": 1,
                         "dtype": "fp32", "f_s": 3e-3 * mbs, "b_s": 6e-3 * mbs, "i_s": 3.5e-3 * mbs, "w_s": 2.5e-3 * mbs,
                         "attn_f_s": 4e-4 * mbs} for mbs in (1, 2, 4)],
@@ -131,6 +132,9 @@ def test_built_calibration_is_valid_and_drives_the_cost_model(tmp_path):
     analytic = CostModel(gpu, cm.eff).layer_times(other, ParallelPlan(micro_batch_size=2, global_batch_size=2, schedule="none"))
     assert cm.layer_times(other, ParallelPlan(micro_batch_size=2, global_batch_size=2, schedule="none")) == analytic
     assert cm.optimizer_time(3 * 2**20) == pytest.approx(2e-3 + 2 / 3 * 8e-3)  # linear between the rows
+    # DTensor rows serve plans with that tp (proportionally beyond the row), the unsharded rows any other tp
+    assert cm.optimizer_time(2**21, tp=2) == pytest.approx(1e-2)
+    assert cm.optimizer_time(3 * 2**20, tp=4) == pytest.approx(cm.optimizer_time(3 * 2**20))
 
 
 def test_gpu_tables_need_the_plan_dtype():
@@ -172,6 +176,7 @@ def _bad(**changes) -> dict:
     (_bad(layers__0__arch="rnn"), "layers[0].arch"),
     (_bad(layers={"a": 1}), "layers"),
     (_bad(optimizer=[{"params": 0, "time_s": 1}]), "optimizer[0]"),
+    (_bad(optimizer=[{"params": 10, "time_s": 1, "tp": 0}]), "optimizer[0].tp"),
 ])
 def test_bad_calibration_files_are_one_clear_error(doc, field, tmp_path, runner):
     with pytest.raises(SpecError, match=field.replace("[", r"\[").replace("]", r"\]")):

@@ -110,6 +110,9 @@ def _calibrate(device, backend, nproc, gpu_name, cluster_name, quick, out: Path)
             tp_layers = Path(tmp, "tp_layers.json")  # layers run under the executor's tensor parallelism
             if tp_layers.exists():
                 compute["layers"] = compute.get("layers", []) + json.loads(tp_layers.read_text())
+            tp_opt = Path(tmp, "tp_optimizer.json")  # the optimizer step over DTensor parameters
+            if tp_opt.exists():
+                compute["optimizer"] = compute.get("optimizer", []) + json.loads(tp_opt.read_text())
         step(f"compute on {nproc} processes at once, communication" if together else "communication")
     meas = {"device": device_info(cfg), "compute": compute, "comm": comm}
     software = software_versions()

@@ -175,7 +175,7 @@ def _optimizer(x: Inputs, prank: int) -> float:
            x.plan.zero_shards if x.plan.zero >= 1 else 1, prank)
     t = x.cache.get(key)
     if t is None:
-        t = x.cache[key] = x.costs.optimizer_time(local_params(x.model, x.plan, list(x.ranks[prank])))
+        t = x.cache[key] = x.costs.optimizer_time(local_params(x.model, x.plan, list(x.ranks[prank])), x.plan.tp)
     return t
 
 
