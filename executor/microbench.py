@@ -352,6 +352,15 @@ def run_compute(cfg: BenchConfig, progress: Progress = lambda _: None) -> dict:
     return out
 
 
+def bench_grad_reduce(shape: LayerShape, cfg: BenchConfig, workdir: str) -> list[dict]:
+    """REDUCE_GRAD inside the executor's own data-parallel runs (executor/insitu.py), over every
+    process; models of ``shape``'s layer dims."""
+    from .insitu import bench_grad_reduce as run
+
+    return run(shape.arch, shape.hidden, shape.heads, shape.kv_heads, shape.ffn, shape.seq, cfg.device,
+               3 if cfg.quick else 5, workdir)
+
+
 # --- communication --------------------------------------------------------------------------
 def group_sizes(nproc: int) -> list[int]:
     sizes = [g for g in (2, 4, 8, 16, 32, 64) if g <= nproc]
@@ -386,9 +395,11 @@ def _comm_rank(rank: int, world: int, port: int, cfg: BenchConfig, out: str, com
                    for sh in cfg.layers if sh.tp == world for sp in (False, True)]
         tp_shapes = [sh for sh in cfg.layers if sh.tp == world]
         tp_opt = bench_tp_optimizer(tp_shapes[0], device, cfg.quick, cfg.warmup, cfg.reps) if tp_shapes else []
+        grad_reduce = bench_grad_reduce(optimizer_shape(cfg), cfg, out)
         if rank == 0:
             Path(out, "tp_layers.json").write_text(json.dumps(tp_rows))
             Path(out, "tp_optimizer.json").write_text(json.dumps(tp_opt))
+            Path(out, "grad_reduce.json").write_text(json.dumps(grad_reduce))
         groups = {g: dist.new_group(list(range(g))) for g in group_sizes(world)}
         for nbytes in cfg.comm_sizes:
             t = torch.ones(nbytes // 4, device=device)

@@ -173,6 +173,29 @@ def fit_network(rows: list[dict], cluster: ClusterSpec) -> tuple[dict[str, Any],
 
 
 # --- the document ---------------------------------------------------------------------------
+def fit_grad_reduce(rows: list[dict]) -> dict[str, dict[str, float]]:
+    """Per collective, REDUCE_GRAD seconds = units x unit_s + bytes x s_per_byte (least squares,
+    both terms non-negative: a negative one is dropped and the other refitted alone) from the
+    executor's in-situ rows (executor/insitu.py: {op, group, units, bytes, time_s})."""
+    out: dict[str, dict[str, float]] = {}
+    for op in sorted({r["op"] for r in rows}):
+        rs = [r for r in rows if r["op"] == op]
+        us, bs, ts = [float(r["units"]) for r in rs], [float(r["bytes"]) for r in rs], [float(r["time_s"]) for r in rs]
+        a = b = 0.0
+        suu, sbb, sub = sum(u * u for u in us), sum(x * x for x in bs), sum(u * x for u, x in zip(us, bs))
+        sut, sbt = sum(u * t for u, t in zip(us, ts)), sum(x * t for x, t in zip(bs, ts))
+        det = suu * sbb - sub * sub
+        if det > 1e-12 * suu * sbb:
+            a, b = (sut * sbb - sbt * sub) / det, (suu * sbt - sub * sut) / det
+        if a < 0 or b < 0 or det <= 1e-12 * suu * sbb:  # one term alone, the better of the two
+            a_only, b_only = sut / suu, sbt / sbb
+            sse_a = sum((t - a_only * u) ** 2 for u, t in zip(us, ts))
+            sse_b = sum((t - b_only * x) ** 2 for x, t in zip(bs, ts))
+            a, b = (a_only, 0.0) if sse_a < sse_b else (0.0, b_only)
+        out[op] = {"group": int(rs[0]["group"]), "unit_s": a, "s_per_byte": b}
+    return out
+
+
 def _errors(pred: Sequence[float], meas: Sequence[float]) -> dict[str, float] | None:
     errs = [abs(p - m) / m for p, m in zip(pred, meas) if m > 0]
     if not errs:
@@ -260,6 +283,8 @@ def build_calibration(meas: dict[str, Any], gpu: GPUSpec, cluster: ClusterSpec |
         doc["layers"] = [{k: r[k] for k in keep if k in r} for r in comp["layers"]]
     if comp.get("optimizer"):
         doc["optimizer"] = [{"params": r["params"], "time_s": r["time_s"], "tp": r.get("tp", 1)} for r in comp["optimizer"]]
+    if meas.get("grad_reduce"):
+        doc["grad_reduce"] = fit_grad_reduce(meas["grad_reduce"])
     if measurements_file:
         doc["measurements"] = measurements_file
     doc["fit"] = {"notes": notes, "errors": fit_report(doc, meas, gpu, cluster, fit_dtype)}

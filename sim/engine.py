@@ -198,7 +198,23 @@ class Engine:
     def _bucket(self, g: _Gpu, op: str, nbytes: float, ready: float, tag):
         if ready > self.env.now:
             yield self.env.timeout(ready - self.env.now)
+        insitu = self._measured_reduction(op, tag[0], nbytes)
+        if insitu is not None:  # the executor's REDUCE_GRAD as a calibration measured it
+            with g.dp.request() as req:
+                yield req
+                t0 = self.env.now
+                yield self.env.timeout(insitu)
+                self._record(g, "dp", f"{op} {('grads',) + tag}", "REDUCE_GRAD", t0)
+            return
         yield from self._collective(g, g.dp, op, self.dp_group(g.rank), nbytes, ("grads",) + tag, "dp", "REDUCE_GRAD")
+
+    def _measured_reduction(self, op: str, stage: int, nbytes: float) -> float | None:
+        """A non-overlapped reduction timed from a calibration's in-situ table (sim/measured.py,
+        ``grad_reduce``): one FSDP unit per layer of the stage plus its root; else None."""
+        measured = self.costs.measured
+        if self.opt.overlap_grad_reduce or measured is None:
+            return None
+        return measured.grad_reduce_time(op, self.plan.dp * self.plan.cp, self.work[stage].layers + 1, nbytes)
 
     # --- the walk ---------------------------------------------------------------------
     def _compute(self, g: _Gpu, name: str, kind: str, seconds: float, tp: float, stage, mb, acc: str = "compute"):

@@ -26,6 +26,15 @@ Two optional sections of a calibration file (`simpar.sim.calibration`), both wri
   of the executor's tensor parallelism on that many processes (DTensor's per-tensor dispatch
   included); a plan with that tp uses them, any other plan the ``tp`` = 1 rows.
 
+- ``grad_reduce``: ``{"all-reduce": {"group": 2, "unit_s": u, "s_per_byte": b}, "reduce-scatter": ...}``:
+  a stage's REDUCE_GRAD as the executor performs it (torch's pipeline runtime calling FSDP2's
+  post-backward of every unit: ``replicate`` all-reduces with ZeRO 0, ``fully_shard``
+  reduce-scatters with ZeRO >= 2), fitted from the executor's own runs (executor/insitu.py):
+  seconds = units x unit_s + gradient bytes x s_per_byte, one unit per transformer block plus
+  the stage's root. Used for a reduction over a data-parallel group of ``group`` ranks that is
+  not overlapped with the backward (the executor's way); an overlapped, bucketed reduction
+  (Megatron's, the engine's default) is timed by the network model.
+
 Rows must match the dtype the plan computes in, except on a CPU (``device.kind == "cpu"``), where
 the executor computes every plan in fp32 (executor/checks.py) and the rows apply to any precision.
 """
@@ -57,11 +66,12 @@ class MeasuredCosts:
     layers: tuple[LayerRow, ...] = ()
     optimizer: tuple[tuple[int, float, float], ...] = ()  # (tp, params, seconds), ascending
     any_precision: bool = False
+    grad_reduce: tuple[tuple[str, int, float, float], ...] = ()  # (op, group, unit_s, s_per_byte)
 
     @classmethod
     def from_calibration(cls, calibration: dict[str, Any] | None) -> "MeasuredCosts | None":
         """The tables of a (validated) calibration document, or None when it has none."""
-        if not calibration or not (calibration.get("layers") or calibration.get("optimizer")):
+        if not calibration or not any(calibration.get(k) for k in ("layers", "optimizer", "grad_reduce")):
             return None
         rows = tuple(
             LayerRow(tuple(r[k] for k in LAYER_KEYS), int(r["mbs"]), str(r.get("dtype", "")), float(r["f_s"]),
@@ -71,7 +81,17 @@ class MeasuredCosts:
         opt = tuple(sorted((int(r.get("tp", 1)), float(r["params"]), float(r["time_s"]))
                            for r in calibration.get("optimizer") or ()))
         cpu = (calibration.get("device") or {}).get("kind") == "cpu"
-        return cls(rows, opt, cpu)
+        gr = tuple((op, int(v["group"]), float(v["unit_s"]), float(v["s_per_byte"]))
+                   for op, v in (calibration.get("grad_reduce") or {}).items())
+        return cls(rows, opt, cpu, gr)
+
+    def grad_reduce_time(self, op: str, group: int, units: int, nbytes: float) -> float | None:
+        """Seconds of a non-overlapped REDUCE_GRAD (``op`` over ``group`` ranks, ``units`` FSDP
+        units, ``nbytes`` of gradients) as the executor performs it, or None when not measured."""
+        for o, g, unit_s, per_byte in self.grad_reduce:
+            if o == op and g == group:
+                return units * unit_s + nbytes * per_byte
+        return None
 
     def layer(self, key: tuple, mbs: int, dtype: str, sequence_parallel: bool = False) -> tuple[tuple[float, float, float, float], bool] | None:
         """((f, i, w, attn_f) seconds, includes TP communication) for ``key`` (LAYER_KEYS values) at
@@ -141,6 +161,19 @@ def validate_tables(doc: dict[str, Any], where: str) -> None:
                 v = r.get(k, 0.0)
                 if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0 or (k == "f_s" and v == 0):
                     raise SpecError(f"{where}: layers[{n}].{k}", f"must be a non-negative number of seconds (f_s > 0), got {v!r}.", "fix the row.")
+    gr = doc.get("grad_reduce")
+    if gr is not None:
+        if not isinstance(gr, dict):
+            raise SpecError(f"{where}: grad_reduce", "must be a mapping of collective -> {group, unit_s, s_per_byte}.", "re-run `simpar calibrate`.")
+        for op, v in gr.items():
+            if op not in ("all-reduce", "reduce-scatter"):
+                raise SpecError(f"{where}: grad_reduce.{op}", "unknown collective.", "use all-reduce or reduce-scatter.")
+            if not isinstance(v, dict) or not isinstance(v.get("group"), int) or isinstance(v.get("group"), bool) or v["group"] < 2:
+                raise SpecError(f"{where}: grad_reduce.{op}.group", "must be an integer >= 2.", "fix the entry.")
+            for k in ("unit_s", "s_per_byte"):
+                x = v.get(k)
+                if not isinstance(x, (int, float)) or isinstance(x, bool) or x < 0:
+                    raise SpecError(f"{where}: grad_reduce.{op}.{k}", f"must be a non-negative number, got {x!r}.", "fix the entry.")
     opt = doc.get("optimizer")
     if opt is not None:
         if not isinstance(opt, list):

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from simpar.sim.calibrate_fit import build_calibration, fit_attention, fit_bandwidth, fit_linear, fit_matmul, fit_network
+from simpar.sim.calibrate_fit import build_calibration, fit_attention, fit_bandwidth, fit_grad_reduce, fit_linear, fit_matmul, fit_network
 from simpar.sim.calibration import load_calibration, validate_calibration
 from simpar.sim.cli.main import cli
 from simpar.sim.costs import CostModel
@@ -177,6 +177,8 @@ def _bad(**changes) -> dict:
     (_bad(layers={"a": 1}), "layers"),
     (_bad(optimizer=[{"params": 0, "time_s": 1}]), "optimizer[0]"),
     (_bad(optimizer=[{"params": 10, "time_s": 1, "tp": 0}]), "optimizer[0].tp"),
+    (_bad(grad_reduce={"all-reduce": {"group": 1, "unit_s": 0.0, "s_per_byte": 1e-9}}), "grad_reduce.all-reduce.group"),
+    (_bad(grad_reduce={"broadcast": {"group": 2, "unit_s": 0.0, "s_per_byte": 1e-9}}), "grad_reduce.broadcast"),
 ])
 def test_bad_calibration_files_are_one_clear_error(doc, field, tmp_path, runner):
     with pytest.raises(SpecError, match=field.replace("[", r"\[").replace("]", r"\]")):
@@ -211,3 +213,24 @@ def test_cpu_host_cluster_simulates_with_and_without_calibration(runner):
     assert net.estimate("all-reduce", (0, 1), 2**20).algorithm == "ring"
     slow = make_network(cluster, calibration={"host": {"bw_GBps": 1.0}})
     assert slow.p2p_time(0, 1, 2**24) > net.p2p_time(0, 1, 2**24)
+
+
+def test_grad_reduce_fit_recovers_per_unit_and_per_byte_terms():
+    """REDUCE_GRAD rows generated from known unit_s / s_per_byte plus 3 % noise: the fit finds
+    them within 5 %; a collective whose rows need a negative term keeps the other alone."""
+    rng = random.Random(5)
+    unit_s, per_byte = 4e-3, 3e-9
+    rows = [{"op": "all-reduce", "group": 2, "units": u, "bytes": b,
+             "time_s": (u * unit_s + b * per_byte) * (1 + rng.uniform(-0.03, 0.03))}
+            for u, b in ((2, 3e6), (4, 1e7), (6, 1.6e7), (3, 2e7), (8, 5e6))]
+    rows += [{"op": "reduce-scatter", "group": 2, "units": 2, "bytes": 4e6, "time_s": 7e-3},
+             {"op": "reduce-scatter", "group": 2, "units": 4, "bytes": 1e7, "time_s": 3e-2}]
+    fit = fit_grad_reduce(rows)
+    assert fit["all-reduce"]["unit_s"] == pytest.approx(unit_s, rel=0.05)
+    assert fit["all-reduce"]["s_per_byte"] == pytest.approx(per_byte, rel=0.05)
+    rs = fit["reduce-scatter"]
+    assert min(rs["unit_s"], rs["s_per_byte"]) == 0.0 and max(rs["unit_s"], rs["s_per_byte"]) > 0
+    # the engine times a non-overlapped REDUCE_GRAD from the table: units x unit_s + bytes x s_per_byte
+    mc = MeasuredCosts.from_calibration({"grad_reduce": fit})
+    assert mc.grad_reduce_time("all-reduce", 2, 5, 1e7) == pytest.approx(5 * fit["all-reduce"]["unit_s"] + 1e7 * fit["all-reduce"]["s_per_byte"])
+    assert mc.grad_reduce_time("all-reduce", 4, 5, 1e7) is None

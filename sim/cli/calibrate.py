@@ -113,8 +113,10 @@ def _calibrate(device, backend, nproc, gpu_name, cluster_name, quick, out: Path)
             tp_opt = Path(tmp, "tp_optimizer.json")  # the optimizer step over DTensor parameters
             if tp_opt.exists():
                 compute["optimizer"] = compute.get("optimizer", []) + json.loads(tp_opt.read_text())
+            grad_reduce = Path(tmp, "grad_reduce.json")  # REDUCE_GRAD inside the executor's runs
+            grad_reduce_rows = json.loads(grad_reduce.read_text()) if grad_reduce.exists() else []
         step(f"compute on {nproc} processes at once, communication" if together else "communication")
-    meas = {"device": device_info(cfg), "compute": compute, "comm": comm}
+    meas = {"device": device_info(cfg), "compute": compute, "comm": comm, "grad_reduce": grad_reduce_rows}
     software = software_versions()
     out.parent.mkdir(parents=True, exist_ok=True)
     meas_path = out.with_name(out.stem + ".measurements.json")
