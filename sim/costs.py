@@ -133,7 +133,8 @@ class CostModel:
 
     def optimizer_time(self, local_params: float, tp: int = 1) -> float:
         """The optimizer step over ``local_params`` parameters of one GPU (a calibration's
-        measured table where it has one, at the plan's ``tp``; else memory-bound Adam)."""
+        measured table where it has one, for parameters that are DTensors over ``tp``
+        processes, `workload.dtensor_procs`; else memory-bound Adam)."""
         measured = self.measured.optimizer_time(local_params, tp) if self.measured else None
         if measured is not None:
             return measured

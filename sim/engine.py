@@ -22,7 +22,7 @@ from .plan import ParallelPlan
 from .schedules.ir import Kind, Schedule
 from .specs import ModelSpec
 from .trace import TraceEvent
-from .workload import StageWork, grad_reduce_bytes_per_param, local_params
+from .workload import StageWork, dtensor_procs, grad_reduce_bytes_per_param, local_params
 
 
 @dataclass(frozen=True)
@@ -211,7 +211,7 @@ class Engine:
     def _measured_reduction(self, op: str, stage: int, nbytes: float) -> float | None:
         """A non-overlapped reduction timed from a calibration's in-situ table (sim/measured.py,
         ``grad_reduce``): one FSDP unit per layer of the stage plus its root; else None."""
-        measured = self.costs.measured
+        measured = getattr(self.costs, "measured", None)
         if self.opt.overlap_grad_reduce or measured is None:
             return None
         return measured.grad_reduce_time(op, self.plan.dp * self.plan.cp, self.work[stage].layers + 1, nbytes)
@@ -363,7 +363,7 @@ class Engine:
             yield from self._tied_embedding_grad(g)
         t0 = self.env.now
         stages = list(self.sched.stages_of(g.prank))
-        yield self.env.timeout(self.costs.optimizer_time(local_params(self.m, self.plan, stages), self.plan.tp))
+        yield self.env.timeout(self.costs.optimizer_time(local_params(self.m, self.plan, stages), dtensor_procs(self.plan)))
         g.acc["optimizer"] += self.env.now - t0
         self._record(g, "compute", "optimizer", "OPT", t0)
         if self.plan.zero in (1, 2) and self.plan.zero_shards > 1 and not self.opt.overlap_param_gather:

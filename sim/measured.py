@@ -24,7 +24,9 @@ Two optional sections of a calibration file (`simpar.sim.calibration`), both wri
   local parameters (a model's layer tensors), interpolated linearly in n (proportionally beyond
   the largest). ``tp`` (default 1): rows with ``tp`` > 1 were timed over the DTensor parameters
   of the executor's tensor parallelism on that many processes (DTensor's per-tensor dispatch
-  included); a plan with that tp uses them, any other plan the ``tp`` = 1 rows.
+  included); a plan whose parameters are DTensors over that many processes (tensor
+  parallelism, or FSDP2 / ``replicate`` data parallelism: `simpar.sim.workload.dtensor_procs`)
+  uses them, any other plan the ``tp`` = 1 rows.
 
 - ``grad_reduce``: ``{"all-reduce": {"group": 2, "unit_s": u, "s_per_byte": b}, "reduce-scatter": ...}``:
   a stage's REDUCE_GRAD as the executor performs it (torch's pipeline runtime calling FSDP2's

@@ -119,3 +119,16 @@ def local_params(m: ModelSpec, plan: ParallelPlan, stages: list[int]) -> float:
     """Parameters whose optimizer state one GPU updates (sharded by ZeRO >= 1)."""
     p = rank_params(m, plan, stages)
     return p / plan.zero_shards if plan.zero >= 1 else p
+
+
+def dtensor_procs(plan: ParallelPlan) -> int:
+    """Processes a parameter is a DTensor over in the executor (1: plain tensors): torch's tensor
+    parallelism (tp > 1), and FSDP2's data parallelism (ZeRO >= 2, or ZeRO 0 as ``replicate``)
+    with dp > 1. The optimizer's per-tensor DTensor dispatch makes its step several times
+    slower per element on a CPU; a calibration's optimizer rows measured over DTensors carry
+    their process count in ``tp`` (sim/measured.py)."""
+    if plan.tp > 1:
+        return plan.tp
+    if plan.dp > 1 and plan.zero != 1:
+        return plan.dp
+    return 1

@@ -234,3 +234,23 @@ def test_grad_reduce_fit_recovers_per_unit_and_per_byte_terms():
     mc = MeasuredCosts.from_calibration({"grad_reduce": fit})
     assert mc.grad_reduce_time("all-reduce", 2, 5, 1e7) == pytest.approx(5 * fit["all-reduce"]["unit_s"] + 1e7 * fit["all-reduce"]["s_per_byte"])
     assert mc.grad_reduce_time("all-reduce", 4, 5, 1e7) is None
+
+
+def test_engine_times_the_executors_reduce_grad_from_the_in_situ_table():
+    """With the executor's options (no overlapped buckets) a data-parallel plan's REDUCE_GRAD lasts
+    units x unit_s + bytes x s_per_byte of the calibration (one unit per layer plus the root);
+    with Megatron's overlapped buckets (the default) the network model times it as before."""
+    from simpar.sim.calibrate_check import EXECUTOR_OPTIONS
+    from simpar.sim.memory import rank_params
+    from simpar.sim.simulate import simulate
+
+    m = ModelSpec(name="x", arch="gpt", layers=4, hidden=256, heads=4, ffn=1024, vocab=512, seq_len=128)
+    plan = ParallelPlan(dp=2, micro_batch_size=2, global_batch_size=8, schedule="none")
+    cl = load_cluster("cpu-host", gpus=2)
+    doc = {"simpar_calibration_version": 1, "device": {"gpu": "cpu", "kind": "cpu"}, "compute": {},
+           "grad_reduce": {"all-reduce": {"group": 2, "unit_s": 2e-3, "s_per_byte": 5e-9}}}
+    validate_calibration(doc, "c.json", "cpu")
+    red = [e for e in simulate(m, cl, plan, calibration=doc, options=EXECUTOR_OPTIONS).events if e.kind == "REDUCE_GRAD"]
+    assert red and red[0].duration == pytest.approx(5 * 2e-3 + 4 * rank_params(m, plan, [0]) * 5e-9)
+    default = [e for e in simulate(m, cl, plan, calibration=doc).events if e.kind == "REDUCE_GRAD"]
+    assert sum(e.duration for e in default) < red[0].duration / 2

@@ -42,7 +42,7 @@ class FixedCosts:
         self.opt = opt
         self.source = "test"
 
-    def optimizer_time(self, params):
+    def optimizer_time(self, params, tp=1):
         return self.opt
 
 

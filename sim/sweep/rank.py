@@ -32,7 +32,7 @@ from ..plan import ParallelPlan
 from ..schedules import StageCosts, list_schedule, schedule_for_plan
 from ..schedules.ir import Kind, looped_placement, v_placement
 from ..specs import ModelSpec
-from ..workload import StageWork, grad_reduce_bytes_per_param, local_params
+from ..workload import StageWork, dtensor_procs, grad_reduce_bytes_per_param, local_params
 
 #: Weight-gradient passes that fill each rank's warm-up gap: ZB-H1 (p - 1)(T_F + T_B - T_W),
 #: ZB-H2 and ZB-V (p - 1)(T_F + T_B - 2 T_W) with per-chunk times (Qi et al. 2024 §2-3; Qi et al.,
@@ -172,10 +172,10 @@ def _zero_end(x: Inputs, prank: int) -> float:
 
 def _optimizer(x: Inputs, prank: int) -> float:
     key = ("opt", x.plan.tp, x.plan.pp, x.plan.vpp, x.plan.schedule == "zb-v", x.plan.layer_split,
-           x.plan.zero_shards if x.plan.zero >= 1 else 1, prank)
+           x.plan.zero_shards if x.plan.zero >= 1 else 1, dtensor_procs(x.plan), prank)
     t = x.cache.get(key)
     if t is None:
-        t = x.cache[key] = x.costs.optimizer_time(local_params(x.model, x.plan, list(x.ranks[prank])), x.plan.tp)
+        t = x.cache[key] = x.costs.optimizer_time(local_params(x.model, x.plan, list(x.ranks[prank])), dtensor_procs(x.plan))
     return t
 
 
