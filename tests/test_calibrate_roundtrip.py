@@ -32,6 +32,11 @@ def test_calibrate_then_check_one_plan(tmp_path, runner, monkeypatch):
     raw = json.loads((tmp_path / doc["measurements"]).read_text())
     assert {"matmul", "attention", "elementwise", "layers", "optimizer", "launch"} <= set(raw["compute"])
     assert {r["op"] for r in raw["comm"]} >= {"p2p", "all-reduce"}
+    # REDUCE_GRAD measured inside the executor's data-parallel runs, fitted per collective
+    assert {r["op"] for r in raw["grad_reduce"]} == {"all-reduce", "reduce-scatter"}
+    assert all(r["time_s"] > 0 for r in raw["grad_reduce"])
+    assert set(doc["grad_reduce"]) == {"all-reduce", "reduce-scatter"}
+    assert all(v["group"] == 2 and v["unit_s"] + v["s_per_byte"] > 0 for v in doc["grad_reduce"].values())
 
     out = tmp_path / "check"
     res = runner.invoke(cli, ["calibrate", "--check", "--calibration", str(calib), "--plans", "gpt-pp2-1f1b-mbs2",
