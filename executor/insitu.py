@@ -1,4 +1,9 @@
-"""Data-parallel gradient reduction timed inside the executor's own runs, for ``simpar calibrate``.
+"""Benchmarks of ``simpar calibrate`` that time a piece *as the executor runs it*, over all the
+processes of the benchmark at once (each is called by every process inside its process group):
+a layer and the optimizer step under the executor's DTensor tensor parallelism, and the
+data-parallel gradient reduction inside the executor's own runs.
+
+Data-parallel gradient reduction:
 
 torch's pipeline runtime reduces a stage's gradients in one REDUCE_GRAD action after the last
 backward (``_PipelineStageBase.perform_reduce_grad``): FSDP2's post-backward of every parameter
@@ -12,7 +17,7 @@ where it happens: the executor runs small data-parallel calibration plans (model
 the closed loop's: 1 and 3 layers, a 256-token vocabulary) and the REDUCE_GRAD actions of their
 traces are the rows.
 
-Every process of the benchmark calls `bench_grad_reduce` at once, inside its process group.
+Every process of the benchmark calls `run_grad_reduce` at once, inside its process group.
 Each row is one REDUCE_GRAD of a stage with ``units`` FSDP units and ``bytes`` of fp32
 gradients; `simpar.sim.calibrate_fit.fit_grad_reduce` fits
 seconds = units x unit_s + bytes x s_per_byte per collective.
@@ -21,21 +26,24 @@ seconds = units x unit_s + bytes x s_per_byte per collective.
 from __future__ import annotations
 
 import statistics
+from dataclasses import asdict
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 
 from ..sim.memory import rank_params
 from ..sim.plan import ParallelPlan
 from ..sim.schedules import schedule_for_plan, write_csv
 from ..sim.specs import ModelSpec
+from .microbench import DTYPES, BenchConfig, LayerShape, _null, bench_attention_core, timeit
 from .worker import RunConfig, gather, run_rank
 
 #: Layers of the calibration models: two sizes separate the per-unit and the per-byte term.
 GRAD_REDUCE_LAYERS = (1, 3)
 
 
-def bench_grad_reduce(arch: str, hidden: int, heads: int, kv_heads: int, ffn: int, seq: int, device: str,
+def run_grad_reduce(arch: str, hidden: int, heads: int, kv_heads: int, ffn: int, seq: int, device: str,
                       reps: int, workdir: str | Path) -> list[dict]:
     """Rows {op, group, units, bytes, time_s} (on rank 0; [] elsewhere): the median REDUCE_GRAD
     of ``reps`` runs (each traced on its step after two warm-up steps; the median over ranks too)
@@ -63,4 +71,77 @@ def bench_grad_reduce(arch: str, hidden: int, heads: int, kv_heads: int, ffn: in
                 rows.append({"op": op, "group": world, "units": layers + 1, "bytes": 4 * rank_params(spec, plan, [0]),
                              "time_s": statistics.median(spans)})
     dist.barrier()
+    return rows
+
+
+def bench_grad_reduce(shape: LayerShape, cfg: BenchConfig, workdir: str) -> list[dict]:
+    """`run_grad_reduce` with models of ``shape``'s layer dims (5 runs each; quick: 3)."""
+    return run_grad_reduce(shape.arch, shape.hidden, shape.heads, shape.kv_heads, shape.ffn, shape.seq, cfg.device,
+                           3 if cfg.quick else 5, workdir)
+
+
+def bench_tp_layer(shape: LayerShape, sequence_parallel: bool, device: torch.device, dtype: str, warmup: int,
+                   reps: int) -> dict:
+    """One layer run *as the executor runs it* under tensor parallelism over all ``shape.tp``
+    processes of the benchmark (executor.parallel.apply_tp: DTensor plans, with or without
+    sequence parallelism): F, B, I and W include the layer's TP collectives and DTensor's
+    overheads. Every process calls this at once (the collectives pair them up)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from .model import StageShape, Transformer
+    from .parallel import apply_tp
+
+    assert shape.tp == dist.get_world_size()
+    spec = ModelSpec(name="bench", arch=shape.arch, layers=1, hidden=shape.hidden, heads=shape.heads,
+                     kv_heads=shape.kv_heads, ffn=shape.ffn, vocab=2, seq_len=shape.seq)
+    torch.manual_seed(0)
+    model = Transformer(spec, StageShape(0, 1, False, False)).to(device)
+    apply_tp(model, init_device_mesh(device.type, (shape.tp,)), sequence_parallel)
+    amp = DTYPES[dtype] if dtype != "fp32" else None
+    seq = shape.seq // shape.tp if sequence_parallel else shape.seq
+
+    def fwd(x):
+        with torch.autocast(device.type, dtype=amp) if amp else _null():
+            return model(x)
+
+    def make_x():
+        return torch.randn(shape.mbs, seq, shape.hidden, device=device, requires_grad=True)
+
+    def forward_state():
+        x = make_x()
+        y = fwd(x)
+        y = y.to_local() if hasattr(y, "to_local") else y
+        return x, y, torch.randn_like(y)
+    f = timeit(fwd, device, warmup, reps, setup=make_x)
+    b = timeit(lambda st: torch.autograd.backward(st[1], st[2]), device, warmup, reps, setup=forward_state)
+    i = timeit(lambda st: torch.autograd.grad(st[1], st[0], st[2]), device, warmup, reps, setup=forward_state)
+    attn = bench_attention_core(shape, device, dtype, warmup, reps)
+    return {**asdict(shape), "dtype": dtype, "f_s": f, "b_s": b, "i_s": min(i, b), "w_s": max(b - i, 0.0),
+            "attn_f_s": attn, "tp_comm": "sp" if sequence_parallel else "ar"}
+
+
+def bench_tp_optimizer(shape: LayerShape, device: torch.device, quick: bool, warmup: int, reps: int) -> list[dict]:
+    """AdamW over the DTensor parameters of 1, 2, 4 (quick: 1, 2) layers under the executor's
+    tensor parallelism over all processes (every process calls it at once): DTensor's per-tensor
+    dispatch is part of the step. ``params``: this process's local elements."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from .model import StageShape, Transformer
+    from .parallel import apply_tp
+
+    rows = []
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    for k in ((1, 2) if quick else (1, 2, 4)):
+        spec = ModelSpec(name="bench", arch=shape.arch, layers=k, hidden=shape.hidden, heads=shape.heads,
+                         kv_heads=shape.kv_heads, ffn=shape.ffn, vocab=2, seq_len=shape.seq)
+        model = Transformer(spec, StageShape(0, k, False, False)).to(device)
+        apply_tp(model, mesh, False)
+        params = list(model.parameters())
+        for p in params:
+            p.grad = torch.randn_like(p)
+        opt = torch.optim.AdamW(params, lr=1e-3)
+        local = sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in params)
+        rows.append({"params": local, "time_s": timeit(opt.step, device, warmup, reps), "tp": dist.get_world_size()})
     return rows

@@ -195,32 +195,6 @@ def bench_optimizer(shape: LayerShape, device: torch.device, quick: bool, warmup
     return rows
 
 
-def bench_tp_optimizer(shape: LayerShape, device: torch.device, quick: bool, warmup: int, reps: int) -> list[dict]:
-    """AdamW over the DTensor parameters of 1, 2, 4 (quick: 1, 2) layers under the executor's
-    tensor parallelism over all processes (every process calls it at once): DTensor's per-tensor
-    dispatch is part of the step. ``params``: this process's local elements."""
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-
-    from .model import StageShape, Transformer
-    from .parallel import apply_tp
-
-    rows = []
-    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-    for k in ((1, 2) if quick else (1, 2, 4)):
-        spec = ModelSpec(name="bench", arch=shape.arch, layers=k, hidden=shape.hidden, heads=shape.heads,
-                         kv_heads=shape.kv_heads, ffn=shape.ffn, vocab=2, seq_len=shape.seq)
-        model = Transformer(spec, StageShape(0, k, False, False)).to(device)
-        apply_tp(model, mesh, False)
-        params = list(model.parameters())
-        for p in params:
-            p.grad = torch.randn_like(p)
-        opt = torch.optim.AdamW(params, lr=1e-3)
-        local = sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in params)
-        rows.append({"params": local, "time_s": timeit(opt.step, device, warmup, reps), "tp": dist.get_world_size()})
-    return rows
-
-
 def local_block(shape: LayerShape, device: torch.device) -> nn.Module:
     """The executor's Block with the local shapes of one tensor-parallel rank (heads, kv heads and
     ffn split by tp; norms and the residual on the full hidden size)."""
@@ -278,47 +252,6 @@ def bench_attention_core(shape: LayerShape, device: torch.device, dtype: str, wa
     return timeit(lambda a: attention_core(*a), device, warmup, reps, setup=qkv)
 
 
-def bench_tp_layer(shape: LayerShape, sequence_parallel: bool, device: torch.device, dtype: str, warmup: int,
-                   reps: int) -> dict:
-    """One layer run *as the executor runs it* under tensor parallelism over all ``shape.tp``
-    processes of the benchmark (executor.parallel.apply_tp: DTensor plans, with or without
-    sequence parallelism): F, B, I and W include the layer's TP collectives and DTensor's
-    overheads. Every process calls this at once (the collectives pair them up)."""
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-
-    from .model import StageShape, Transformer
-    from .parallel import apply_tp
-
-    assert shape.tp == dist.get_world_size()
-    spec = ModelSpec(name="bench", arch=shape.arch, layers=1, hidden=shape.hidden, heads=shape.heads,
-                     kv_heads=shape.kv_heads, ffn=shape.ffn, vocab=2, seq_len=shape.seq)
-    torch.manual_seed(0)
-    model = Transformer(spec, StageShape(0, 1, False, False)).to(device)
-    apply_tp(model, init_device_mesh(device.type, (shape.tp,)), sequence_parallel)
-    amp = DTYPES[dtype] if dtype != "fp32" else None
-    seq = shape.seq // shape.tp if sequence_parallel else shape.seq
-
-    def fwd(x):
-        with torch.autocast(device.type, dtype=amp) if amp else _null():
-            return model(x)
-
-    def make_x():
-        return torch.randn(shape.mbs, seq, shape.hidden, device=device, requires_grad=True)
-
-    def forward_state():
-        x = make_x()
-        y = fwd(x)
-        y = y.to_local() if hasattr(y, "to_local") else y
-        return x, y, torch.randn_like(y)
-    f = timeit(fwd, device, warmup, reps, setup=make_x)
-    b = timeit(lambda st: torch.autograd.backward(st[1], st[2]), device, warmup, reps, setup=forward_state)
-    i = timeit(lambda st: torch.autograd.grad(st[1], st[0], st[2]), device, warmup, reps, setup=forward_state)
-    attn = bench_attention_core(shape, device, dtype, warmup, reps)
-    return {**asdict(shape), "dtype": dtype, "f_s": f, "b_s": b, "i_s": min(i, b), "w_s": max(b - i, 0.0),
-            "attn_f_s": attn, "tp_comm": "sp" if sequence_parallel else "ar"}
-
-
 class _null:
     def __enter__(self):
         return None
@@ -352,15 +285,6 @@ def run_compute(cfg: BenchConfig, progress: Progress = lambda _: None) -> dict:
     return out
 
 
-def bench_grad_reduce(shape: LayerShape, cfg: BenchConfig, workdir: str) -> list[dict]:
-    """REDUCE_GRAD inside the executor's own data-parallel runs (executor/insitu.py), over every
-    process; models of ``shape``'s layer dims."""
-    from .insitu import bench_grad_reduce as run
-
-    return run(shape.arch, shape.hidden, shape.heads, shape.kv_heads, shape.ffn, shape.seq, cfg.device,
-               3 if cfg.quick else 5, workdir)
-
-
 # --- communication --------------------------------------------------------------------------
 def group_sizes(nproc: int) -> list[int]:
     sizes = [g for g in (2, 4, 8, 16, 32, 64) if g <= nproc]
@@ -391,6 +315,8 @@ def _comm_rank(rank: int, world: int, port: int, cfg: BenchConfig, out: str, com
             if rank == 0:
                 Path(out, "compute.json").write_text(json.dumps(res))
             dist.barrier()
+        from .insitu import bench_grad_reduce, bench_tp_layer, bench_tp_optimizer
+
         tp_rows = [bench_tp_layer(sh, sp, device, cfg.dtype, cfg.warmup, cfg.reps)
                    for sh in cfg.layers if sh.tp == world for sp in (False, True)]
         tp_shapes = [sh for sh in cfg.layers if sh.tp == world]
