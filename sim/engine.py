@@ -210,9 +210,10 @@ class Engine:
 
     def _measured_reduction(self, op: str, stage: int, nbytes: float) -> float | None:
         """A non-overlapped reduction timed from a calibration's in-situ table (sim/measured.py,
-        ``grad_reduce``): one FSDP unit per layer of the stage plus its root; else None."""
+        ``grad_reduce``): one FSDP unit per layer of the stage plus its root; else None. ZeRO-1
+        runs as DDP in the executor, which the table (FSDP2 units) does not describe."""
         measured = getattr(self.costs, "measured", None)
-        if self.opt.overlap_grad_reduce or measured is None:
+        if self.opt.overlap_grad_reduce or measured is None or self.plan.zero == 1:
             return None
         return measured.grad_reduce_time(op, self.plan.dp * self.plan.cp, self.work[stage].layers + 1, nbytes)
 
