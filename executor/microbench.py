@@ -317,9 +317,8 @@ def _comm_rank(rank: int, world: int, port: int, cfg: BenchConfig, out: str, com
             dist.barrier()
         from .insitu import bench_grad_reduce, bench_tp_layer, bench_tp_optimizer
 
-        tp_rows = [bench_tp_layer(sh, sp, device, cfg.dtype, cfg.warmup, cfg.reps)
-                   for sh in cfg.layers if sh.tp == world for sp in (False, True)]
         tp_shapes = [sh for sh in cfg.layers if sh.tp == world]
+        tp_rows = [bench_tp_layer(sh, sp, device, cfg.dtype, cfg.warmup, cfg.reps) for sh in tp_shapes for sp in (False, True)]
         tp_opt = bench_tp_optimizer(tp_shapes[0], device, cfg.quick, cfg.warmup, cfg.reps) if tp_shapes else []
         grad_reduce = bench_grad_reduce(optimizer_shape(cfg), cfg, out)
         if rank == 0:

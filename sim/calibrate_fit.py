@@ -181,13 +181,12 @@ def fit_grad_reduce(rows: list[dict]) -> dict[str, dict[str, float]]:
     for op in sorted({r["op"] for r in rows}):
         rs = [r for r in rows if r["op"] == op]
         us, bs, ts = [float(r["units"]) for r in rs], [float(r["bytes"]) for r in rs], [float(r["time_s"]) for r in rs]
-        a = b = 0.0
         suu, sbb, sub = sum(u * u for u in us), sum(x * x for x in bs), sum(u * x for u, x in zip(us, bs))
         sut, sbt = sum(u * t for u, t in zip(us, ts)), sum(x * t for x, t in zip(bs, ts))
         det = suu * sbb - sub * sub
-        if det > 1e-12 * suu * sbb:
-            a, b = (sut * sbb - sbt * sub) / det, (suu * sbt - sub * sut) / det
-        if a < 0 or b < 0 or det <= 1e-12 * suu * sbb:  # one term alone, the better of the two
+        solvable = det > 1e-12 * suu * sbb  # the two columns are not proportional
+        a, b = ((sut * sbb - sbt * sub) / det, (suu * sbt - sub * sut) / det) if solvable else (-1.0, -1.0)
+        if a < 0 or b < 0:  # one term alone, the better of the two
             a_only, b_only = sut / suu, sbt / sbb
             sse_a = sum((t - a_only * u) ** 2 for u, t in zip(us, ts))
             sse_b = sum((t - b_only * x) ** 2 for x, t in zip(bs, ts))

@@ -27,7 +27,6 @@ Two optional sections of a calibration file (`simpar.sim.calibration`), both wri
   included); a plan whose parameters are DTensors over that many processes (tensor
   parallelism, or FSDP2 / ``replicate`` data parallelism: `simpar.sim.workload.dtensor_procs`)
   uses them, any other plan the ``tp`` = 1 rows.
-
 - ``grad_reduce``: ``{"all-reduce": {"group": 2, "unit_s": u, "s_per_byte": b}, "reduce-scatter": ...}``:
   a stage's REDUCE_GRAD as the executor performs it (torch's pipeline runtime calling FSDP2's
   post-backward of every unit: ``replicate`` all-reduces with ZeRO 0, ``fully_shard``
