@@ -21,6 +21,16 @@ Every process of the benchmark calls `run_grad_reduce` at once, inside its proce
 Each row is one REDUCE_GRAD of a stage with ``units`` FSDP units and ``bytes`` of fp32
 gradients; `simpar.sim.calibrate_fit.fit_grad_reduce` fits
 seconds = units x unit_s + bytes x s_per_byte per collective.
+
+Compute inside a run:
+
+The same runs also time their F and B actions. On a CPU host the executor's compute is slower
+inside a run than in the layer benchmarks, although those run every process's compute at once
+(2 processes on 2 cores: about 10 % in this project's measurements): gloo's communication
+threads, the runtime's own work and the allocator's state of a whole model compete with it.
+Each ``compute`` row holds one run's model, plan and median F and B seconds;
+`simpar.sim.calibrate_fit.fit_in_run` compares them with what the calibration's own tables
+predict for the same model and keeps the ratio as ``in_run.compute_scale`` per process count.
 """
 
 from __future__ import annotations
@@ -44,37 +54,54 @@ GRAD_REDUCE_LAYERS = (1, 3)
 
 
 def run_grad_reduce(arch: str, hidden: int, heads: int, kv_heads: int, ffn: int, seq: int, device: str,
-                      reps: int, workdir: str | Path) -> list[dict]:
-    """Rows {op, group, units, bytes, time_s} (on rank 0; [] elsewhere): the median REDUCE_GRAD
-    of ``reps`` runs (each traced on its step after two warm-up steps; the median over ranks too)
-    of data-parallel plans over every process, ZeRO 0 (replicate: all-reduce) and ZeRO 2 (FSDP2:
-    reduce-scatter), 4 micro-batches of 1 sequence per rank."""
+                      reps: int, workdir: str | Path) -> dict[str, list[dict]]:
+    """On rank 0 (empty lists elsewhere): ``grad_reduce`` rows {op, group, units, bytes, time_s},
+    the median REDUCE_GRAD of ``reps`` runs (each traced on its step after two warm-up steps; the
+    median over ranks too) of data-parallel plans over every process, ZeRO 0 (replicate:
+    all-reduce) and ZeRO 2 (FSDP2: reduce-scatter), 4 micro-batches of 1 sequence per rank; and
+    ``compute`` rows {model, plan, procs, stage, f_s, b_s}: the medians of the F and B actions of
+    each stage, from the same runs and from 1F1B pipeline runs over every process (one and two
+    layers per stage, 4 micro-batches of 1 sequence)."""
     world = dist.get_world_size()
-    rows = []
+    rows, compute = [], []
     # every process reads the schedule file rank 0 writes into the shared ``workdir``
     sched = Path(workdir, "insitu-schedule.csv")
-    for zero, op in ((0, "all-reduce"), (2, "reduce-scatter")):
-        for layers in GRAD_REDUCE_LAYERS:
-            spec = ModelSpec(name="calib", arch=arch, layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads,
-                             ffn=ffn, vocab=256, seq_len=seq)
-            plan = ParallelPlan(dp=world, zero=zero, micro_batch_size=1, global_batch_size=4 * world, schedule="none")
-            if dist.get_rank() == 0:
-                write_csv(schedule_for_plan(plan), sched)
-            dist.barrier()
-            spans = []
-            for _ in range(reps):
-                results = gather(run_rank(RunConfig(plan, spec, str(sched), steps=1, warmup=2, device=device)))
-                if results is not None:
-                    spans.append(statistics.median(e["duration"] for r in results for e in r["events"]
-                                                   if e["kind"] == "REDUCE_GRAD"))
-            if spans:
-                rows.append({"op": op, "group": world, "units": layers + 1, "bytes": 4 * rank_params(spec, plan, [0]),
-                             "time_s": statistics.median(spans)})
+
+    def spec(layers: int) -> ModelSpec:
+        return ModelSpec(name="calib", arch=arch, layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads,
+                         ffn=ffn, vocab=256, seq_len=seq)
+
+    runs = [(spec(layers), ParallelPlan(dp=world, zero=zero, micro_batch_size=1, global_batch_size=4 * world, schedule="none"))
+            for zero in (0, 2) for layers in GRAD_REDUCE_LAYERS]
+    runs += [(spec(world * k), ParallelPlan(pp=world, micro_batch_size=1, global_batch_size=4, schedule="1f1b"))
+             for k in (1, 2)]
+    for model, plan in runs:
+        if dist.get_rank() == 0:
+            write_csv(schedule_for_plan(plan), sched)
+        dist.barrier()
+        times: dict[tuple[str, int], list[float]] = {}
+        for _ in range(reps):
+            results = gather(run_rank(RunConfig(plan, model, str(sched), steps=1, warmup=2, device=device)))
+            for kind in ("REDUCE_GRAD", "F", "B") if results is not None else ():
+                for stage in range(plan.num_stages):
+                    got = [e["duration"] for r in results for e in r["events"] if e["kind"] == kind and e["stage"] == stage]
+                    if got:
+                        times.setdefault((kind, stage), []).append(statistics.median(got))
+        if not times:
+            continue
+        if plan.dp > 1:
+            op = "all-reduce" if plan.zero == 0 else "reduce-scatter"
+            rows.append({"op": op, "group": world, "units": model.layers + 1, "bytes": 4 * rank_params(model, plan, [0]),
+                         "time_s": statistics.median(times[("REDUCE_GRAD", 0)])})
+        for stage in range(plan.num_stages):
+            compute.append({"model": model.model_dump(mode="json"), "plan": plan.model_dump(mode="json"), "procs": world,
+                            "stage": stage, "f_s": statistics.median(times[("F", stage)]),
+                            "b_s": statistics.median(times[("B", stage)])})
     dist.barrier()
-    return rows
+    return {"grad_reduce": rows, "compute": compute}
 
 
-def bench_grad_reduce(shape: LayerShape, cfg: BenchConfig, workdir: str) -> list[dict]:
+def bench_grad_reduce(shape: LayerShape, cfg: BenchConfig, workdir: str) -> dict[str, list[dict]]:
     """`run_grad_reduce` with models of ``shape``'s layer dims (5 runs each; quick: 3)."""
     return run_grad_reduce(shape.arch, shape.hidden, shape.heads, shape.kv_heads, shape.ffn, shape.seq, cfg.device,
                            3 if cfg.quick else 5, workdir)

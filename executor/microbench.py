@@ -324,7 +324,8 @@ def _comm_rank(rank: int, world: int, port: int, cfg: BenchConfig, out: str, com
         if rank == 0:
             Path(out, "tp_layers.json").write_text(json.dumps(tp_rows))
             Path(out, "tp_optimizer.json").write_text(json.dumps(tp_opt))
-            Path(out, "grad_reduce.json").write_text(json.dumps(grad_reduce))
+            Path(out, "grad_reduce.json").write_text(json.dumps(grad_reduce["grad_reduce"]))
+            Path(out, "in_run.json").write_text(json.dumps(grad_reduce["compute"]))
         groups = {g: dist.new_group(list(range(g))) for g in group_sizes(world)}
         for nbytes in cfg.comm_sizes:
             t = torch.ones(nbytes // 4, device=device)
@@ -400,10 +401,11 @@ def run_comm(cfg: BenchConfig, workdir: str | Path, with_compute: bool = False) 
         return []
     import torch.multiprocessing as mp
 
-    from .launch import free_port
+    from .launch import cpu_process_env, free_port
 
     cfg = cfg if cfg.comm_sizes else replace(cfg, comm_sizes=default_comm_sizes(cfg.device, cfg.quick))
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if cfg.device == "cpu":
+        cpu_process_env()  # the executor's CPU processes' settings, for the benchmarks too
     Path(workdir).mkdir(parents=True, exist_ok=True)
     mp.start_processes(_comm_rank, args=(cfg.nproc, free_port(), cfg, str(workdir), with_compute), nprocs=cfg.nproc,
                        join=True, start_method="spawn")

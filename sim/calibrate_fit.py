@@ -22,6 +22,11 @@ What is fitted, and how (every fit minimises *relative* errors, since timings sp
   b. All-gather and reduce-scatter are not fitted (one ring efficiency cannot describe gloo's
   slower all-gather); their errors under the fitted model are reported in ``fit``.
 - ``layers`` / ``optimizer``: the measured tables, copied (sim/measured.py says how they apply).
+- ``grad_reduce``: the executor's in-run REDUCE_GRAD, seconds = units x unit_s + bytes x
+  s_per_byte per collective (non-negative least squares).
+- ``in_run``: per process count, the executor's F and B actions inside its own runs against what
+  the calibration's tables predict for them: seconds = ``action_s`` + ``compute_scale`` x
+  predicted (`fit_linear` over the actions of its data-parallel and pipeline calibration runs).
 
 ``fit`` in the document reports, per benchmark family, the median and max relative error of the
 calibrated simulator's own prediction (CostModel / Network built from the document) against the
@@ -195,6 +200,29 @@ def fit_grad_reduce(rows: list[dict]) -> dict[str, dict[str, float]]:
     return out
 
 
+def fit_in_run(rows: list[dict], doc: dict[str, Any], gpu: GPUSpec) -> dict[str, Any]:
+    """``in_run``: per process count, seconds of a compute action inside the executor's runs =
+    ``action_s`` + ``compute_scale`` x what the calibration ``doc`` itself predicts for it (its
+    layer table and fitted efficiencies, through the same `workload.stage_work` the engine uses),
+    fitted over the F and B actions of the in-run rows (executor/insitu.py: {model, plan, procs,
+    stage, f_s, b_s}) by `fit_linear` (relative errors, both terms non-negative)."""
+    from .layout import RankLayout
+    from .workload import stage_work
+
+    costs = CostModel.for_gpu(gpu, {k: v for k, v in doc.items() if k != "in_run"})
+    points: dict[int, list[tuple[float, float]]] = {}
+    for r in rows:
+        m, plan = ModelSpec(**r["model"]), ParallelPlan(**r["plan"])
+        if plan.tp != 1 or plan.cp != 1:  # no in-layer collectives
+            continue
+        w = stage_work(m, plan, costs, None, RankLayout(plan))[int(r.get("stage", 0))]  # type: ignore[arg-type]
+        points.setdefault(int(r["procs"]), []).extend(((w.f, r["f_s"]), (w.b, r["b_s"])))
+    fits = {n: fit_linear([p for p, _ in pts], [t for _, t in pts]) for n, pts in sorted(points.items())}
+    if not fits:
+        return {}
+    return {"compute_scale": {str(n): k for n, (_, k) in fits.items()}, "action_s": {str(n): a for n, (a, _) in fits.items()}}
+
+
 def _errors(pred: Sequence[float], meas: Sequence[float]) -> dict[str, float] | None:
     errs = [abs(p - m) / m for p, m in zip(pred, meas) if m > 0]
     if not errs:
@@ -284,6 +312,10 @@ def build_calibration(meas: dict[str, Any], gpu: GPUSpec, cluster: ClusterSpec |
         doc["optimizer"] = [{"params": r["params"], "time_s": r["time_s"], "tp": r.get("tp", 1)} for r in comp["optimizer"]]
     if meas.get("grad_reduce"):
         doc["grad_reduce"] = fit_grad_reduce(meas["grad_reduce"])
+    if meas.get("in_run"):
+        in_run = fit_in_run(meas["in_run"], doc, gpu)
+        if in_run:
+            doc["in_run"] = in_run
     if measurements_file:
         doc["measurements"] = measurements_file
     doc["fit"] = {"notes": notes, "errors": fit_report(doc, meas, gpu, cluster, fit_dtype)}

@@ -13,8 +13,9 @@ per-link-class alpha/beta of the network backends (sim/network/constants.py, `ne
 ``device.gpu`` must name the GPU preset the simulation uses (a calibration of one GPU type does
 not describe another); ``device.kind`` (``cpu`` or ``cuda``) says what was measured.
 
-Optional sections (``simpar calibrate`` writes them): ``layers`` and ``optimizer``, measured
-cost tables used where they cover a plan (format and rules in `simpar.sim.measured`); ``fit``
+Optional sections (``simpar calibrate`` writes them): ``layers``, ``optimizer``,
+``grad_reduce`` and ``in_run``, measured cost tables and factors used where they cover a plan
+(format and rules in `simpar.sim.measured`); ``fit``
 (how well the fitted parameters reproduce the measurements) and ``measurements`` (the file of raw
 timings beside this one), both informational.
 """

@@ -35,6 +35,12 @@ Two optional sections of a calibration file (`simpar.sim.calibration`), both wri
   the stage's root. Used for a reduction over a data-parallel group of ``group`` ranks that is
   not overlapped with the backward (the executor's way); an overlapped, bucketed reduction
   (Megatron's, the engine's default) is timed by the network model.
+- ``in_run``: ``{"compute_scale": {"2": 1.1}, "action_s": {"2": 5e-4}}``: per number of
+  processes of a run, how the executor's compute actions inside its own runs compare with what
+  the tables above predict: seconds = action_s + compute_scale x predicted (fitted from the
+  executor's calibration runs, executor/insitu.py; ``action_s`` optional, default 0). A plan
+  over that many processes has its pass times mapped so (`simpar.sim.workload.stage_work`: F
+  gets ``action_s``, I and W half of it each, a recomputation is only scaled).
 
 Rows must match the dtype the plan computes in, except on a CPU (``device.kind == "cpu"``), where
 the executor computes every plan in fp32 (executor/checks.py) and the rows apply to any precision.
@@ -68,11 +74,12 @@ class MeasuredCosts:
     optimizer: tuple[tuple[int, float, float], ...] = ()  # (tp, params, seconds), ascending
     any_precision: bool = False
     grad_reduce: tuple[tuple[str, int, float, float], ...] = ()  # (op, group, unit_s, s_per_byte)
+    compute_scale: tuple[tuple[int, float, float], ...] = ()  # (processes, in-run factor, seconds per action)
 
     @classmethod
     def from_calibration(cls, calibration: dict[str, Any] | None) -> "MeasuredCosts | None":
         """The tables of a (validated) calibration document, or None when it has none."""
-        if not calibration or not any(calibration.get(k) for k in ("layers", "optimizer", "grad_reduce")):
+        if not calibration or not any(calibration.get(k) for k in ("layers", "optimizer", "grad_reduce", "in_run")):
             return None
         rows = tuple(
             LayerRow(tuple(r[k] for k in LAYER_KEYS), int(r["mbs"]), str(r.get("dtype", "")), float(r["f_s"]),
@@ -84,7 +91,14 @@ class MeasuredCosts:
         cpu = (calibration.get("device") or {}).get("kind") == "cpu"
         gr = tuple((op, int(v["group"]), float(v["unit_s"]), float(v["s_per_byte"]))
                    for op, v in (calibration.get("grad_reduce") or {}).items())
-        return cls(rows, opt, cpu, gr)
+        in_run = calibration.get("in_run") or {}
+        per_action = in_run.get("action_s") or {}
+        scale = tuple(sorted((int(k), float(v), float(per_action.get(k, 0.0))) for k, v in (in_run.get("compute_scale") or {}).items()))
+        return cls(rows, opt, cpu, gr, scale)
+
+    def in_run(self, procs: int) -> tuple[float, float]:
+        """(factor, seconds per action) measured for runs over ``procs`` processes ((1, 0): none)."""
+        return next(((f, a) for n, f, a in self.compute_scale if n == procs), (1.0, 0.0))
 
     def grad_reduce_time(self, op: str, group: int, units: int, nbytes: float) -> float | None:
         """Seconds of a non-overlapped REDUCE_GRAD (``op`` over ``group`` ranks, ``units`` FSDP
@@ -175,6 +189,17 @@ def validate_tables(doc: dict[str, Any], where: str) -> None:
                 x = v.get(k)
                 if not isinstance(x, (int, float)) or isinstance(x, bool) or x < 0:
                     raise SpecError(f"{where}: grad_reduce.{op}.{k}", f"must be a non-negative number, got {x!r}.", "fix the entry.")
+    in_run = doc.get("in_run")
+    if in_run is not None:
+        for name, lo, hi in (("compute_scale", 0.1, 10.0), ("action_s", 0.0, 1.0)):
+            table = in_run.get(name, {} if name == "action_s" else None) if isinstance(in_run, dict) else None
+            if not isinstance(table, dict):
+                raise SpecError(f"{where}: in_run.{name}", "must be a mapping of process count -> number.", "re-run `simpar calibrate`.")
+            for k, v in table.items():
+                if not str(k).isdigit() or int(k) < 1:
+                    raise SpecError(f"{where}: in_run.{name}.{k}", "keys are process counts (positive integers).", "fix the entry.")
+                if not isinstance(v, (int, float)) or isinstance(v, bool) or not lo <= v <= hi or (name == "compute_scale" and v == 0):
+                    raise SpecError(f"{where}: in_run.{name}.{k}", f"must be a number in [{lo}, {hi}], got {v!r}.", "fix the entry.")
     opt = doc.get("optimizer")
     if opt is not None:
         if not isinstance(opt, list):

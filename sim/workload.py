@@ -68,6 +68,8 @@ def stage_work(m: ModelSpec, plan: ParallelPlan, costs: CostModel, net: Collecti
     rec_layer = {"full": lt.f, "selective": lt.attn_f}.get(plan.recompute, 0.0)
     rec_tp = tp_layer + cp_f if plan.recompute == "full" else 0.0
     last = plan.num_stages - 1
+    # a calibration's in-run model: the executor's compute actions inside its runs vs its benchmarks
+    k, a = costs.measured.in_run(plan.num_gpus) if costs.measured is not None else (1.0, 0.0)
     out: list[StageWork] = []
     for s, n in enumerate(split):
         f, i, w = n * lt.f, n * lt.i, n * lt.w
@@ -81,8 +83,8 @@ def stage_work(m: ModelSpec, plan: ParallelPlan, costs: CostModel, net: Collecti
             tp_f += _tp_small(plan, net, layout, 4.0 * tokens * 3)  # vocab-parallel cross-entropy (max, sum, target)
         sp = plan.tp if plan.sequence_parallel else 1
         out.append(StageWork(
-            stage=s, layers=n, f=f, i=i, w=w, r=n * rec_layer, tp_f=tp_f, tp_b=tp_b, tp_r=n * rec_tp,
-            act_bytes=act / sp, params=rank_params(m, plan, [s]), layer_compute=lt.f,
+            stage=s, layers=n, f=a + k * f, i=a / 2 + k * i, w=a / 2 + k * w, r=k * n * rec_layer, tp_f=tp_f, tp_b=tp_b, tp_r=n * rec_tp,
+            act_bytes=act / sp, params=rank_params(m, plan, [s]), layer_compute=k * lt.f,
         ))
     return out
 

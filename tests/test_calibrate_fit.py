@@ -11,7 +11,8 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from simpar.sim.calibrate_fit import build_calibration, fit_attention, fit_bandwidth, fit_grad_reduce, fit_linear, fit_matmul, fit_network
+from simpar.sim.calibrate_fit import (build_calibration, fit_attention, fit_bandwidth, fit_grad_reduce, fit_in_run, fit_linear, fit_matmul,
+                                     fit_network)
 from simpar.sim.calibration import load_calibration, validate_calibration
 from simpar.sim.cli.main import cli
 from simpar.sim.costs import CostModel
@@ -179,6 +180,10 @@ def _bad(**changes) -> dict:
     (_bad(optimizer=[{"params": 10, "time_s": 1, "tp": 0}]), "optimizer[0].tp"),
     (_bad(grad_reduce={"all-reduce": {"group": 1, "unit_s": 0.0, "s_per_byte": 1e-9}}), "grad_reduce.all-reduce.group"),
     (_bad(grad_reduce={"broadcast": {"group": 2, "unit_s": 0.0, "s_per_byte": 1e-9}}), "grad_reduce.broadcast"),
+    (_bad(in_run={"compute_scale": {"two": 1.1}}), "in_run.compute_scale.two"),
+    (_bad(in_run={"compute_scale": {"2": 0.0}}), "in_run.compute_scale.2"),
+    (_bad(in_run={"compute_scale": {"2": 1.1}, "action_s": {"2": -1e-3}}), "in_run.action_s.2"),
+    (_bad(in_run={"scale": 1.1}), "in_run.compute_scale"),
 ])
 def test_bad_calibration_files_are_one_clear_error(doc, field, tmp_path, runner):
     with pytest.raises(SpecError, match=field.replace("[", r"\[").replace("]", r"\]")):
@@ -254,3 +259,39 @@ def test_engine_times_the_executors_reduce_grad_from_the_in_situ_table():
     assert red and red[0].duration == pytest.approx(5 * 2e-3 + 4 * rank_params(m, plan, [0]) * 5e-9)
     default = [e for e in simulate(m, cl, plan, calibration=doc).events if e.kind == "REDUCE_GRAD"]
     assert sum(e.duration for e in default) < red[0].duration / 2
+
+
+def test_in_run_model_is_recovered_and_applies_to_plans_of_that_many_processes():
+    """In-run rows whose F and B are 0.5 ms + 1.15 x what the calibration's own tables predict
+    (2 % noise): the fit finds both terms within 5 %; the simulator then times the F actions of
+    plans over that many processes so, and leaves other plans alone."""
+    from simpar.sim.layout import RankLayout
+    from simpar.sim.simulate import simulate
+    from simpar.sim.workload import stage_work
+
+    gpu = load_gpu("cpu")
+    doc = {"simpar_calibration_version": 1, "device": {"gpu": "cpu", "kind": "cpu"}, "compute": {"mm_eff_max": 0.5}}
+    costs = CostModel.for_gpu(gpu, doc)
+    rng = random.Random(3)
+    rows = []
+    runs = [(layers, ParallelPlan(dp=2, zero=zero, micro_batch_size=1, global_batch_size=8, schedule="none"))
+            for layers in (1, 3) for zero in (0, 2)]
+    runs += [(layers, ParallelPlan(pp=2, micro_batch_size=1, global_batch_size=4)) for layers in (2, 4)]
+    for layers, plan in runs:
+        m = ModelSpec(name="calib", arch="gpt", layers=layers, hidden=256, heads=4, ffn=1024, vocab=256, seq_len=128)
+        for w in stage_work(m, plan, costs, None, RankLayout(plan)):
+            rows.append({"model": m.model_dump(mode="json"), "plan": plan.model_dump(mode="json"), "procs": 2, "stage": w.stage,
+                         "f_s": (5e-4 + w.f * 1.15) * (1 + rng.uniform(-0.02, 0.02)),
+                         "b_s": (5e-4 + w.b * 1.15) * (1 + rng.uniform(-0.02, 0.02))})
+    fit = fit_in_run(rows, doc, gpu)
+    assert fit["compute_scale"]["2"] == pytest.approx(1.15, rel=0.05)
+    assert fit["action_s"]["2"] == pytest.approx(5e-4, rel=0.05)
+    fitted = validate_calibration({**doc, "in_run": fit}, "c.json", "cpu")
+    m = ModelSpec(name="x", arch="gpt", layers=4, hidden=256, heads=4, ffn=1024, vocab=512, seq_len=128)
+    k, a = fit["compute_scale"]["2"], fit["action_s"]["2"]
+    for plan, (k, a) in ((ParallelPlan(pp=2, micro_batch_size=2, global_batch_size=8), (k, a)),
+                         (ParallelPlan(micro_batch_size=2, global_batch_size=8, schedule="none"), (1.0, 0.0))):
+        cl = load_cluster("cpu-host", gpus=2)
+        base = [e for e in simulate(m, cl, plan, calibration=doc).events if e.kind == "F"]
+        got = [e for e in simulate(m, cl, plan, calibration=fitted).events if e.kind == "F"]
+        assert [e.duration for e in got] == pytest.approx([a + k * e.duration for e in base])

@@ -37,6 +37,9 @@ def test_calibrate_then_check_one_plan(tmp_path, runner, monkeypatch):
     assert all(r["time_s"] > 0 for r in raw["grad_reduce"])
     assert set(doc["grad_reduce"]) == {"all-reduce", "reduce-scatter"}
     assert all(v["group"] == 2 and v["unit_s"] + v["s_per_byte"] > 0 for v in doc["grad_reduce"].values())
+    # the same runs' F and B against the tables' prediction: the in-run compute factor of 2 processes
+    assert len(raw["in_run"]) == 8 and all(r["f_s"] > 0 and r["b_s"] > 0 and r["procs"] == 2 for r in raw["in_run"])
+    assert math.isfinite(doc["in_run"]["compute_scale"]["2"]) and math.isfinite(doc["in_run"]["action_s"]["2"])
 
     out = tmp_path / "check"
     res = runner.invoke(cli, ["calibrate", "--check", "--calibration", str(calib), "--plans", "gpt-pp2-1f1b-mbs2",

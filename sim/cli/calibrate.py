@@ -51,7 +51,7 @@ def _progress(total: int, what: str) -> Iterator:
 @click.option("--calibration", "calib_path", type=click.Path(dir_okay=False), default=None, help="calibration file (--check)")
 @click.option("--plans", default=None, help="--check: comma-separated subset of the plan names")
 @click.option("--steps", type=click.IntRange(1), default=8, show_default=True, help="--check: measured steps per plan")
-@click.option("--warmup", type=click.IntRange(0), default=3, show_default=True, help="--check: warm-up steps per plan")
+@click.option("--warmup", type=click.IntRange(0), default=5, show_default=True, help="--check: warm-up steps per plan")
 @click.option("--out", "out", required=True, type=click.Path(), help="calibration JSON (or, with --check, an output folder)")
 def calibrate(device, backend, nproc, gpu_name, cluster_name, quick, check, calib_path, plans, steps, warmup, out) -> None:
     """Measure the device and write a calibration file for --calibration.
@@ -115,8 +115,10 @@ def _calibrate(device, backend, nproc, gpu_name, cluster_name, quick, out: Path)
                 compute["optimizer"] = compute.get("optimizer", []) + json.loads(tp_opt.read_text())
             grad_reduce = Path(tmp, "grad_reduce.json")  # REDUCE_GRAD inside the executor's runs
             grad_reduce_rows = json.loads(grad_reduce.read_text()) if grad_reduce.exists() else []
+            in_run = Path(tmp, "in_run.json")  # F and B of the same runs
+            in_run_rows = json.loads(in_run.read_text()) if in_run.exists() else []
         step(f"compute on {nproc} processes at once, communication" if together else "communication")
-    meas = {"device": device_info(cfg), "compute": compute, "comm": comm, "grad_reduce": grad_reduce_rows}
+    meas = {"device": device_info(cfg), "compute": compute, "comm": comm, "grad_reduce": grad_reduce_rows, "in_run": in_run_rows}
     software = software_versions()
     out.parent.mkdir(parents=True, exist_ok=True)
     meas_path = out.with_name(out.stem + ".measurements.json")
