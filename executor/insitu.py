@@ -51,13 +51,16 @@ from .worker import RunConfig, gather, run_rank
 
 #: Layers of the calibration models: two sizes separate the per-unit and the per-byte term.
 GRAD_REDUCE_LAYERS = (1, 3)
+#: Warm-up steps before the traced step of a calibration run: on a 2-core host the first 3-4
+#: steps of a run are 20-50 % slower than the later ones (allocator and caches warming up).
+IN_RUN_WARMUP = 4
 
 
 def run_grad_reduce(arch: str, hidden: int, heads: int, kv_heads: int, ffn: int, seq: int, device: str,
                       reps: int, workdir: str | Path) -> dict[str, list[dict]]:
     """On rank 0 (empty lists elsewhere): ``grad_reduce`` rows {op, group, units, bytes, time_s},
-    the median REDUCE_GRAD of ``reps`` runs (each traced on its step after two warm-up steps; the
-    median over ranks too) of data-parallel plans over every process, ZeRO 0 (replicate:
+    the median REDUCE_GRAD of ``reps`` runs (each traced on its step after `IN_RUN_WARMUP`
+    warm-up steps, memory not profiled; the median over ranks too) of data-parallel plans over every process, ZeRO 0 (replicate:
     all-reduce) and ZeRO 2 (FSDP2: reduce-scatter), 4 micro-batches of 1 sequence per rank; and
     ``compute`` rows {model, plan, procs, stage, f_s, b_s}: the medians of the F and B actions of
     each stage, from the same runs and from 1F1B pipeline runs over every process (one and two
@@ -81,7 +84,8 @@ def run_grad_reduce(arch: str, hidden: int, heads: int, kv_heads: int, ffn: int,
         dist.barrier()
         times: dict[tuple[str, int], list[float]] = {}
         for _ in range(reps):
-            results = gather(run_rank(RunConfig(plan, model, str(sched), steps=1, warmup=2, device=device)))
+            results = gather(run_rank(RunConfig(plan, model, str(sched), steps=1, warmup=IN_RUN_WARMUP, device=device,
+                                                profile_memory=False)))
             for kind in ("REDUCE_GRAD", "F", "B") if results is not None else ():
                 for stage in range(plan.num_stages):
                     got = [e["duration"] for r in results for e in r["events"] if e["kind"] == kind and e["stage"] == stage]
@@ -102,9 +106,9 @@ def run_grad_reduce(arch: str, hidden: int, heads: int, kv_heads: int, ffn: int,
 
 
 def bench_grad_reduce(shape: LayerShape, cfg: BenchConfig, workdir: str) -> dict[str, list[dict]]:
-    """`run_grad_reduce` with models of ``shape``'s layer dims (5 runs each; quick: 3)."""
+    """`run_grad_reduce` with models of ``shape``'s layer dims (4 runs each; quick: 2)."""
     return run_grad_reduce(shape.arch, shape.hidden, shape.heads, shape.kv_heads, shape.ffn, shape.seq, cfg.device,
-                           3 if cfg.quick else 5, workdir)
+                           2 if cfg.quick else 4, workdir)
 
 
 def bench_tp_layer(shape: LayerShape, sequence_parallel: bool, device: torch.device, dtype: str, warmup: int,

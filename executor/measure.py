@@ -17,8 +17,10 @@ Peak memory: ``torch.cuda.max_memory_allocated`` on CUDA. On CPU (no allocator s
 torch's MemTracker fails with more than one microbatch per stage) it is the bytes of the
 parameters, gradients and optimizer state present before a step plus the highest net
 allocation reached during that step, read from the profiler's memory events; the step
-profiled is the last warm-up step (the first step when there is no warm-up, whose time then
-includes the profiler's overhead).
+profiled is a warm-up step followed by two more where there are three or more
+(`executor.worker.profiled_step`; the profiler slows the step after it too), else the last
+warm-up step (the first step when there is no warm-up, whose time then includes the
+profiler's overhead).
 """
 
 from __future__ import annotations
