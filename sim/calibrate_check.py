@@ -164,6 +164,15 @@ def kind_errors(sim: list[TraceEvent], meas: list[TraceEvent]) -> dict[str, dict
     return out
 
 
+def step_spread(res: dict[str, Any]) -> float | None:
+    """(slowest - fastest) / median of a run's timed steps (the noise around its median), or
+    None with fewer than two."""
+    steps = (res.get("iteration_times_s") or [])[int(res.get("warmup", 0)):]
+    if len(steps) < 2:
+        return None
+    return (max(steps) - min(steps)) / statistics.median(steps)
+
+
 def evaluate(case: CheckPlan, pred: dict[str, Any], run_dir: Path, device: str) -> dict[str, Any]:
     """One row of the check: predicted vs measured iteration time and memory, per-kind errors."""
     res = json.loads((run_dir / "result.json").read_text())
@@ -180,6 +189,7 @@ def evaluate(case: CheckPlan, pred: dict[str, Any], run_dir: Path, device: str) 
         "sp": p.sequence_parallel, "nproc": p.num_gpus,
         "pred_iter_s": pred["iter_time_s"], "meas_iter_s": meas_t, "iter_err": (pred["iter_time_s"] - meas_t) / meas_t,
         "meas_iter_all_s": res.get("iteration_times_s"),
+        "meas_spread": step_spread(res),
         "pred_mem_bytes": pred_mem, "meas_mem_bytes": meas_mem,
         "mem_err": (pred_mem - meas_mem) / meas_mem if meas_mem else None,
         "kinds": kind_errors(sim_events, meas_events),

@@ -23,12 +23,13 @@ def _mib(x: float | None) -> str:
 def plan_rows(doc: dict[str, Any]) -> list[tuple[str, ...]]:
     out = []
     for r in doc["plans"]:
-        out.append((r["name"], str(r["nproc"]), _ms(r["pred_iter_s"]), _ms(r["meas_iter_s"]), _pct(r["iter_err"]),
+        spread = "-" if r.get("meas_spread") is None else f"{r['meas_spread'] * 100:.0f}%"
+        out.append((r["name"], str(r["nproc"]), _ms(r["pred_iter_s"]), _ms(r["meas_iter_s"]), spread, _pct(r["iter_err"]),
                     _pct(r.get("iter_err_analytical")), _mib(r["pred_mem_bytes"]), _mib(r["meas_mem_bytes"]), _pct(r["mem_err"])))
     return out
 
 
-PLAN_HEAD = ("plan", "procs", "pred ms", "meas ms", "time err", "err (analytical compute)", "pred MiB", "meas MiB", "mem err")
+PLAN_HEAD = ("plan", "procs", "pred ms", "meas ms", "step spread", "time err", "err (analytical compute)", "pred MiB", "meas MiB", "mem err")
 
 
 def kind_rows(doc: dict[str, Any]) -> list[tuple[str, ...]]:
@@ -50,6 +51,10 @@ def summary_lines(doc: dict[str, Any]) -> list[str]:
         if v:
             lines.append(f"{label}: median |error| {v['median_abs'] * 100:.1f}%, max {v['max_abs'] * 100:.1f}%, "
                          f"mean signed {v['mean_signed'] * 100:+.1f}% over {v['n']} plans")
+    spreads = sorted(r["meas_spread"] for r in doc["plans"] if r.get("meas_spread") is not None)
+    if spreads:
+        lines.append(f"measured step spread ((slowest - fastest) / median of a run's timed steps): median "
+                     f"{spreads[len(spreads) // 2] * 100:.0f}%, max {spreads[-1] * 100:.0f}%")
     return lines
 
 
@@ -68,8 +73,9 @@ def markdown(doc: dict[str, Any]) -> str:
         f"Calibration: device `{dev.get('gpu')}` ({dev.get('name')}, {dev.get('kind')}, backend {dev.get('backend')}, "
         f"{dev.get('nproc')} processes), measured {cal.get('date')}, torch {(cal.get('software') or {}).get('torch')}.",
         "",
-        "Errors are (predicted - measured) / measured. `err (analytical compute)` re-simulates without the calibration's "
-        "measured layer table (the fitted efficiency model alone).",
+        "Errors are (predicted - measured) / measured. `meas ms` is the median of the timed steps; `step spread` is "
+        "(slowest - fastest) / median of those steps, the run's own noise. `err (analytical compute)` re-simulates "
+        "without the calibration's measured layer table (the fitted efficiency model alone).",
         "",
         "## Summary",
         "",
