@@ -17,7 +17,7 @@ where it happens: the executor runs small data-parallel calibration plans (model
 the closed loop's: 1 and 3 layers, a 256-token vocabulary) and the REDUCE_GRAD actions of their
 traces are the rows.
 
-Every process of the benchmark calls `run_grad_reduce` at once, inside its process group.
+Every process of the benchmark calls `run_in_run_plans` at once, inside its process group.
 Each row is one REDUCE_GRAD of a stage with ``units`` FSDP units and ``bytes`` of fp32
 gradients; `simpar.sim.calibrate_fit.fit_grad_reduce` fits
 seconds = units x unit_s + bytes x s_per_byte per collective.
@@ -56,7 +56,7 @@ GRAD_REDUCE_LAYERS = (1, 3)
 IN_RUN_WARMUP = 4
 
 
-def run_grad_reduce(arch: str, hidden: int, heads: int, kv_heads: int, ffn: int, seq: int, device: str,
+def run_in_run_plans(arch: str, hidden: int, heads: int, kv_heads: int, ffn: int, seq: int, device: str,
                       reps: int, workdir: str | Path) -> dict[str, list[dict]]:
     """On rank 0 (empty lists elsewhere): ``grad_reduce`` rows {op, group, units, bytes, time_s},
     the median REDUCE_GRAD of ``reps`` runs (each traced on its step after `IN_RUN_WARMUP`
@@ -105,9 +105,9 @@ def run_grad_reduce(arch: str, hidden: int, heads: int, kv_heads: int, ffn: int,
     return {"grad_reduce": rows, "compute": compute}
 
 
-def bench_grad_reduce(shape: LayerShape, cfg: BenchConfig, workdir: str) -> dict[str, list[dict]]:
-    """`run_grad_reduce` with models of ``shape``'s layer dims (4 runs each; quick: 2)."""
-    return run_grad_reduce(shape.arch, shape.hidden, shape.heads, shape.kv_heads, shape.ffn, shape.seq, cfg.device,
+def bench_in_run_plans(shape: LayerShape, cfg: BenchConfig, workdir: str) -> dict[str, list[dict]]:
+    """`run_in_run_plans` with models of ``shape``'s layer dims (4 runs each; quick: 2)."""
+    return run_in_run_plans(shape.arch, shape.hidden, shape.heads, shape.kv_heads, shape.ffn, shape.seq, cfg.device,
                            2 if cfg.quick else 4, workdir)
 
 

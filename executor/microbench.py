@@ -315,17 +315,17 @@ def _comm_rank(rank: int, world: int, port: int, cfg: BenchConfig, out: str, com
             if rank == 0:
                 Path(out, "compute.json").write_text(json.dumps(res))
             dist.barrier()
-        from .insitu import bench_grad_reduce, bench_tp_layer, bench_tp_optimizer
+        from .insitu import bench_in_run_plans, bench_tp_layer, bench_tp_optimizer
 
         tp_shapes = [sh for sh in cfg.layers if sh.tp == world]
         tp_rows = [bench_tp_layer(sh, sp, device, cfg.dtype, cfg.warmup, cfg.reps) for sh in tp_shapes for sp in (False, True)]
         tp_opt = bench_tp_optimizer(tp_shapes[0], device, cfg.quick, cfg.warmup, cfg.reps) if tp_shapes else []
-        grad_reduce = bench_grad_reduce(optimizer_shape(cfg), cfg, out)
+        in_run = bench_in_run_plans(optimizer_shape(cfg), cfg, out)
         if rank == 0:
             Path(out, "tp_layers.json").write_text(json.dumps(tp_rows))
             Path(out, "tp_optimizer.json").write_text(json.dumps(tp_opt))
-            Path(out, "grad_reduce.json").write_text(json.dumps(grad_reduce["grad_reduce"]))
-            Path(out, "in_run.json").write_text(json.dumps(grad_reduce["compute"]))
+            Path(out, "grad_reduce.json").write_text(json.dumps(in_run["grad_reduce"]))
+            Path(out, "in_run.json").write_text(json.dumps(in_run["compute"]))
         groups = {g: dist.new_group(list(range(g))) for g in group_sizes(world)}
         for nbytes in cfg.comm_sizes:
             t = torch.ones(nbytes // 4, device=device)
