@@ -3,6 +3,7 @@ row tuples the CLI prints as rich tables."""
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 KIND_ORDER = ("F", "B", "I", "W", "R", "SEND_F", "RECV_F", "SEND_B", "RECV_B", "REDUCE_GRAD", "allreduce", "OPT", "bubble")
@@ -51,10 +52,10 @@ def summary_lines(doc: dict[str, Any]) -> list[str]:
         if v:
             lines.append(f"{label}: median |error| {v['median_abs'] * 100:.1f}%, max {v['max_abs'] * 100:.1f}%, "
                          f"mean signed {v['mean_signed'] * 100:+.1f}% over {v['n']} plans")
-    spreads = sorted(r["meas_spread"] for r in doc["plans"] if r.get("meas_spread") is not None)
+    spreads = [r["meas_spread"] for r in doc["plans"] if r.get("meas_spread") is not None]
     if spreads:
         lines.append(f"measured step spread ((slowest - fastest) / median of a run's timed steps): median "
-                     f"{spreads[len(spreads) // 2] * 100:.0f}%, max {spreads[-1] * 100:.0f}%")
+                     f"{statistics.median(spreads) * 100:.0f}%, max {max(spreads) * 100:.0f}%")
     return lines
 
 

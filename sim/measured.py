@@ -74,7 +74,7 @@ class MeasuredCosts:
     optimizer: tuple[tuple[int, float, float], ...] = ()  # (tp, params, seconds), ascending
     any_precision: bool = False
     grad_reduce: tuple[tuple[str, int, float, float], ...] = ()  # (op, group, unit_s, s_per_byte)
-    compute_scale: tuple[tuple[int, float, float], ...] = ()  # (processes, in-run factor, seconds per action)
+    in_run_model: tuple[tuple[int, float, float], ...] = ()  # (processes, in-run factor, seconds per action)
 
     @classmethod
     def from_calibration(cls, calibration: dict[str, Any] | None) -> "MeasuredCosts | None":
@@ -98,7 +98,7 @@ class MeasuredCosts:
 
     def in_run(self, procs: int) -> tuple[float, float]:
         """(factor, seconds per action) measured for runs over ``procs`` processes ((1, 0): none)."""
-        return next(((f, a) for n, f, a in self.compute_scale if n == procs), (1.0, 0.0))
+        return next(((f, a) for n, f, a in self.in_run_model if n == procs), (1.0, 0.0))
 
     def grad_reduce_time(self, op: str, group: int, units: int, nbytes: float) -> float | None:
         """Seconds of a non-overlapped REDUCE_GRAD (``op`` over ``group`` ranks, ``units`` FSDP
@@ -198,7 +198,7 @@ def validate_tables(doc: dict[str, Any], where: str) -> None:
             for k, v in table.items():
                 if not str(k).isdigit() or int(k) < 1:
                     raise SpecError(f"{where}: in_run.{name}.{k}", "keys are process counts (positive integers).", "fix the entry.")
-                if not isinstance(v, (int, float)) or isinstance(v, bool) or not lo <= v <= hi or (name == "compute_scale" and v == 0):
+                if not isinstance(v, (int, float)) or isinstance(v, bool) or not lo <= v <= hi:
                     raise SpecError(f"{where}: in_run.{name}.{k}", f"must be a number in [{lo}, {hi}], got {v!r}.", "fix the entry.")
     opt = doc.get("optimizer")
     if opt is not None:
