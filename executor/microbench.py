@@ -267,7 +267,10 @@ def run_compute(cfg: BenchConfig, progress: Progress = lambda _: None) -> dict:
     device = torch.device("cuda", torch.cuda.current_device()) if cfg.device == "cuda" else torch.device("cpu")
     w, r = cfg.warmup, cfg.reps
     dtypes = ["fp32"] if cfg.device == "cpu" else ["bf16", "fp32"]
-    out: dict = {}
+    from .probe import PROBE_WHAT, speed_probe
+
+    # the device-speed probe, now and again at the end (executor/probe.py)
+    out: dict = {"probe": {"what": PROBE_WHAT, "times_s": [speed_probe(device, cfg.dtype)]}}
     out["launch"] = bench_launch(device, w, r)
     progress("launch overhead")
     out["matmul"] = bench_matmul(device, dtypes, cfg.quick, w, r)
@@ -282,6 +285,7 @@ def run_compute(cfg: BenchConfig, progress: Progress = lambda _: None) -> dict:
     for shape in cfg.layers:
         out["layers"].append(bench_layer(shape, device, cfg.dtype, w, r))
         progress(f"layer {shape.arch} h{shape.hidden}/tp{shape.tp} s{shape.seq} b{shape.mbs}")
+    out["probe"]["times_s"].append(speed_probe(device, cfg.dtype))
     return out
 
 

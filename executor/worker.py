@@ -118,6 +118,7 @@ def run_rank(cfg: RunConfig) -> dict:
     rank, total = dist.get_rank(), cfg.warmup + cfg.steps
     ref = verify.reference(cfg) if cfg.verify else None
     times, losses, events, peak, checked = [], [], [], None, None
+    probes = [_probe(device, dtype)]  # the device's speed before and after the steps (executor/probe.py)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     for i in range(total):
@@ -148,6 +149,7 @@ def run_rank(cfg: RunConfig) -> dict:
             events = [event_dict(e) for e in rec.events(rank)]
     if device.type == "cuda":
         peak = measure.peak_memory_cuda(device)
+    probes.append(_probe(device, dtype))
     return {
         "rank": rank,
         "coords": RankLayout(cfg.plan).coords(rank),
@@ -158,7 +160,16 @@ def run_rank(cfg: RunConfig) -> dict:
         "losses": losses,
         "peak_memory_bytes": peak,
         "verify": checked,
+        "probe_s": probes,
     }
+
+
+def _probe(device: torch.device, dtype: str) -> float:
+    """`probe.speed_probe` on every rank at once."""
+    from .probe import speed_probe
+
+    dist.barrier()
+    return speed_probe(device, dtype)
 
 
 def gather(result: dict) -> list[dict] | None:
@@ -191,6 +202,8 @@ def summarize(cfg: RunConfig, results: list[dict]) -> tuple[dict, list[TraceEven
         "peak_memory_bytes": {str(r["rank"]): r["peak_memory_bytes"] for r in results},
         "loss": losses,
         "torch_version": torch.__version__,
+        # seconds of the device-speed probe (executor/probe.py) before and after the steps, mean over ranks
+        "probe_s": [statistics.fmean(r["probe_s"][i] for r in results) for i in range(2)] if "probe_s" in results[0] else None,
     }
     if results[0]["verify"] is not None:
         result["verify"] = verify.summarize(results, losses[0])

@@ -164,19 +164,33 @@ def kind_errors(sim: list[TraceEvent], meas: list[TraceEvent]) -> dict[str, dict
     return out
 
 
-def step_spread(res: dict[str, Any]) -> float | None:
-    """(slowest - fastest) / median of a run's timed steps (the noise around its median), or
-    None with fewer than two."""
-    steps = (res.get("iteration_times_s") or [])[int(res.get("warmup", 0)):]
-    if len(steps) < 2:
-        return None
-    return (max(steps) - min(steps)) / statistics.median(steps)
+def timed_steps(res: dict[str, Any]) -> list[float]:
+    """A run's timed steps (after its warm-up)."""
+    steps = res.get("iteration_times_s") or []
+    return steps[int(res.get("warmup", 0)):] or steps
 
 
-def evaluate(case: CheckPlan, pred: dict[str, Any], run_dir: Path, device: str) -> dict[str, Any]:
-    """One row of the check: predicted vs measured iteration time and memory, per-kind errors."""
-    res = json.loads((run_dir / "result.json").read_text())
-    meas_t = float(res["iteration_time_s"])
+def spread(xs: list[float]) -> float | None:
+    """(largest - smallest) / median, or None with fewer than two values."""
+    return (max(xs) - min(xs)) / statistics.median(xs) if len(xs) >= 2 else None
+
+
+def evaluate(case: CheckPlan, pred: dict[str, Any], run_dirs: list[Path], device: str,
+             probe: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One row of the check: predicted vs measured iteration time and memory, per-kind errors.
+
+    Over several runs (rounds) of the plan the measured time is the median of all their timed
+    steps; the trace and the memory come from the run whose own median is nearest to it. With
+    the calibration's ``probe`` and the runs' own (executor/probe.py), ``speed_ratio`` is the
+    runs' probe seconds / the calibration's (> 1: the device was slower than when calibrated)
+    and ``iter_err_drift`` the error of the prediction x that ratio, a diagnostic that takes the
+    device's drift out (the headline error, ``iter_err``, does not)."""
+    results = [json.loads((d / "result.json").read_text()) for d in run_dirs]
+    pooled = [t for res in results for t in timed_steps(res)]
+    meas_t = statistics.median(pooled)
+    rounds = [float(res["iteration_time_s"]) for res in results]
+    pick = min(range(len(results)), key=lambda i: abs(rounds[i] - meas_t))
+    res, run_dir = results[pick], run_dirs[pick]
     peaks = [v for v in res["peak_memory_bytes"].values() if v]
     meas_mem = max(peaks) if peaks else None
     pred_mem = predicted_memory(pred["memory"], device)
@@ -188,12 +202,20 @@ def evaluate(case: CheckPlan, pred: dict[str, Any], run_dir: Path, device: str) 
         "vpp": p.vpp, "mbs": p.micro_batch_size, "gbs": p.global_batch_size, "recompute": p.recompute, "zero": p.zero,
         "sp": p.sequence_parallel, "nproc": p.num_gpus,
         "pred_iter_s": pred["iter_time_s"], "meas_iter_s": meas_t, "iter_err": (pred["iter_time_s"] - meas_t) / meas_t,
-        "meas_iter_all_s": res.get("iteration_times_s"),
-        "meas_spread": step_spread(res),
+        "meas_iter_all_s": [r.get("iteration_times_s") for r in results],
+        "meas_rounds_s": rounds,
+        "meas_spread": spread(pooled),
+        "round_spread": spread(rounds),
+        "trace_run": run_dir.name,
         "pred_mem_bytes": pred_mem, "meas_mem_bytes": meas_mem,
         "mem_err": (pred_mem - meas_mem) / meas_mem if meas_mem else None,
         "kinds": kind_errors(sim_events, meas_events),
     }
+    probes = [statistics.fmean(r["probe_s"]) for r in results if r.get("probe_s")]
+    if probe and probes and len(probes) == len(results):
+        ratio = statistics.fmean(probes) / float(probe["time_s"])
+        row["speed_ratio"] = ratio
+        row["iter_err_drift"] = (pred["iter_time_s"] * ratio - meas_t) / meas_t
     if pred.get("iter_time_analytical_s"):
         a = pred["iter_time_analytical_s"]
         row["pred_iter_analytical_s"] = a
@@ -216,6 +238,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "iteration_time": stats("iter_err"),
         "iteration_time_analytical_compute": stats("iter_err_analytical"),
+        "iteration_time_drift_adjusted": stats("iter_err_drift"),
         "peak_memory": stats("mem_err"),
         "kinds": {k: {"n": len(v), "median_abs": statistics.median(abs(x) for x in v), "median_signed": statistics.median(v)}
                   for k, v in kinds.items()},
@@ -224,24 +247,36 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def run_check(cluster: ClusterSpec, calibration: dict, out: Path, runner: Callable[[Path, Path, int], None],
               device: str = "cpu", cases: tuple[CheckPlan, ...] = CHECK_PLANS,
-              progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
-    """Simulate and run every case; write check.json and check.md into ``out``; return the doc."""
+              progress: Callable[[str], None] = lambda _: None, rounds: int = 1) -> dict[str, Any]:
+    """Simulate every case, run each ``rounds`` times (round 1 into ``<case>/measured``, round r
+    into ``<case>/measured-r``; every other round in reverse order, so that a slow spell of the
+    device does not fall on the same plans each time), write check.json and check.md into
+    ``out``; return the doc."""
+    preds = {}
     for case in cases:  # every plan is checked before the first one runs
         plan_of(case, cluster)
-    rows, failed = [], []
     for case in cases:
-        d = out / case.name
-        pred = prepare(case, cluster, calibration, d)
-        try:
-            runner(d, d / "measured", case.nproc)
-        except Exception as exc:  # a plan the executor cannot run is reported, the others still run
-            failed.append({"name": case.name, "error": str(exc)})
-        else:
-            rows.append(evaluate(case, pred, d / "measured", device))
-        progress(case.name)
-    doc = {"calibration": {k: calibration.get(k) for k in ("device", "date", "software", "compute", "network")},
-           "device": device, "memory_note": __doc__.split("Memory: ", 1)[1].strip() if device == "cpu" else None,
-           "plans": rows, "failed": failed, "summary": summarize(rows)}
+        preds[case.name] = prepare(case, cluster, calibration, out / case.name)
+    runs: dict[str, list[Path]] = {case.name: [] for case in cases}
+    failed: dict[str, str] = {}
+    for r in range(rounds):
+        for case in cases if r % 2 == 0 else tuple(reversed(cases)):
+            if case.name in failed:
+                continue
+            run_dir = out / case.name / ("measured" if r == 0 else f"measured-{r + 1}")
+            try:
+                runner(out / case.name, run_dir, case.nproc)
+            except Exception as exc:  # a plan the executor cannot run is reported, the others still run
+                failed[case.name] = str(exc)
+            else:
+                runs[case.name].append(run_dir)
+            progress(case.name if rounds == 1 else f"{case.name} (round {r + 1})")
+    rows = [evaluate(case, preds[case.name], runs[case.name], device, calibration.get("probe"))
+            for case in cases if case.name not in failed]
+    doc = {"calibration": {k: calibration.get(k) for k in ("device", "date", "software", "compute", "network", "probe")},
+           "device": device, "rounds": rounds,
+           "memory_note": __doc__.split("Memory: ", 1)[1].strip() if device == "cpu" else None,
+           "plans": rows, "failed": [{"name": n, "error": e} for n, e in failed.items()], "summary": summarize(rows)}
     out.mkdir(parents=True, exist_ok=True)
     (out / "check.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
     from .calibrate_report import markdown

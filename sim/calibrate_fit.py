@@ -308,6 +308,9 @@ def build_calibration(meas: dict[str, Any], gpu: GPUSpec, cluster: ClusterSpec |
     if layer_table and comp.get("layers"):
         keep = ("arch", "hidden", "heads", "kv_heads", "ffn", "seq", "mbs", "tp", "dtype", "f_s", "i_s", "w_s", "attn_f_s", "tp_comm")
         doc["layers"] = [{k: r[k] for k in keep if k in r} for r in comp["layers"]]
+    probe = comp.get("probe")
+    if probe and probe.get("times_s"):  # the device-speed probe (executor/probe.py), for the closed loop's drift column
+        doc["probe"] = {"what": probe.get("what", ""), "time_s": statistics.fmean(probe["times_s"]), "times_s": list(probe["times_s"])}
     if comp.get("optimizer"):
         doc["optimizer"] = [{"params": r["params"], "time_s": r["time_s"], "tp": r.get("tp", 1)} for r in comp["optimizer"]]
     if meas.get("grad_reduce"):

@@ -21,16 +21,23 @@ def _mib(x: float | None) -> str:
     return "-" if x is None else f"{x / 2**20:.1f}"
 
 
+def _share(x: float | None) -> str:
+    return "-" if x is None else f"{x * 100:.0f}%"
+
+
 def plan_rows(doc: dict[str, Any]) -> list[tuple[str, ...]]:
     out = []
     for r in doc["plans"]:
-        spread = "-" if r.get("meas_spread") is None else f"{r['meas_spread'] * 100:.0f}%"
-        out.append((r["name"], str(r["nproc"]), _ms(r["pred_iter_s"]), _ms(r["meas_iter_s"]), spread, _pct(r["iter_err"]),
-                    _pct(r.get("iter_err_analytical")), _mib(r["pred_mem_bytes"]), _mib(r["meas_mem_bytes"]), _pct(r["mem_err"])))
+        speed = r.get("speed_ratio")
+        out.append((r["name"], str(r["nproc"]), _ms(r["pred_iter_s"]), _ms(r["meas_iter_s"]), _share(r.get("meas_spread")),
+                    _share(r.get("round_spread")), _pct(r["iter_err"]), _pct(None if speed is None else speed - 1.0),
+                    _pct(r.get("iter_err_drift")), _pct(r.get("iter_err_analytical")), _mib(r["pred_mem_bytes"]),
+                    _mib(r["meas_mem_bytes"]), _pct(r["mem_err"])))
     return out
 
 
-PLAN_HEAD = ("plan", "procs", "pred ms", "meas ms", "step spread", "time err", "err (analytical compute)", "pred MiB", "meas MiB", "mem err")
+PLAN_HEAD = ("plan", "procs", "pred ms", "meas ms", "step spread", "round spread", "time err", "device slower by",
+             "err (drift out)", "err (analytical compute)", "pred MiB", "meas MiB", "mem err")
 
 
 def kind_rows(doc: dict[str, Any]) -> list[tuple[str, ...]]:
@@ -47,15 +54,22 @@ def summary_lines(doc: dict[str, Any]) -> list[str]:
     lines = []
     for key, label in (("iteration_time", "iteration time"),
                        ("iteration_time_analytical_compute", "iteration time, analytical compute (no layer table)"),
+                       ("iteration_time_drift_adjusted", "diagnostic: iteration time with the device's drift taken out "
+                        "(prediction x the runs' probe / the calibration's)"),
                        ("peak_memory", "peak memory")):
         v = s.get(key)
         if v:
             lines.append(f"{label}: median |error| {v['median_abs'] * 100:.1f}%, max {v['max_abs'] * 100:.1f}%, "
                          f"mean signed {v['mean_signed'] * 100:+.1f}% over {v['n']} plans")
-    spreads = [r["meas_spread"] for r in doc["plans"] if r.get("meas_spread") is not None]
-    if spreads:
-        lines.append(f"measured step spread ((slowest - fastest) / median of a run's timed steps): median "
-                     f"{statistics.median(spreads) * 100:.0f}%, max {max(spreads) * 100:.0f}%")
+    for key, label in (("meas_spread", "measured step spread ((slowest - fastest) / median of a plan's timed steps)"),
+                       ("round_spread", "round spread ((slowest - fastest) / median of a plan's per-round medians)")):
+        xs = [r[key] for r in doc["plans"] if r.get(key) is not None]
+        if xs:
+            lines.append(f"{label}: median {statistics.median(xs) * 100:.0f}%, max {max(xs) * 100:.0f}%")
+    speeds = [r["speed_ratio"] - 1.0 for r in doc["plans"] if r.get("speed_ratio") is not None]
+    if speeds:
+        lines.append(f"device speed during the runs vs during the calibration (probe seconds, + = slower): median "
+                     f"{statistics.median(speeds) * 100:+.0f}%, from {min(speeds) * 100:+.0f}% to {max(speeds) * 100:+.0f}%")
     return lines
 
 
@@ -74,9 +88,14 @@ def markdown(doc: dict[str, Any]) -> str:
         f"Calibration: device `{dev.get('gpu')}` ({dev.get('name')}, {dev.get('kind')}, backend {dev.get('backend')}, "
         f"{dev.get('nproc')} processes), measured {cal.get('date')}, torch {(cal.get('software') or {}).get('torch')}.",
         "",
-        "Errors are (predicted - measured) / measured. `meas ms` is the median of the timed steps; `step spread` is "
-        "(slowest - fastest) / median of those steps, the run's own noise. `err (analytical compute)` re-simulates "
-        "without the calibration's measured layer table (the fitted efficiency model alone).",
+        f"Errors are (predicted - measured) / measured. Each plan ran {doc.get('rounds', 1)} time(s) (rounds, every other "
+        "one in reverse order); `meas ms` is the median of all its timed steps; `step spread` is (slowest - fastest) / "
+        "median of those steps and `round spread` the same over the rounds' own medians: the measurement's noise. "
+        "`device slower by` compares the device-speed probe (executor/probe.py: a fixed matrix-multiply workload) "
+        "timed in the plan's runs with the same probe timed during the calibration; `err (drift out)` is the error of "
+        "the prediction scaled by that ratio, a diagnostic that separates the device's drift from the model's error "
+        "(the headline error is `time err`). `err (analytical compute)` re-simulates without the calibration's "
+        "measured layer table (the fitted efficiency model alone).",
         "",
         "## Summary",
         "",

@@ -15,9 +15,10 @@ not describe another); ``device.kind`` (``cpu`` or ``cuda``) says what was measu
 
 Optional sections (``simpar calibrate`` writes them): ``layers``, ``optimizer``,
 ``grad_reduce`` and ``in_run``, measured cost tables and factors used where they cover a plan
-(format and rules in `simpar.sim.measured`); ``fit``
+(format and rules in `simpar.sim.measured`); ``probe`` (seconds of the device-speed probe,
+executor/probe.py, which the closed loop compares with its runs' own), ``fit``
 (how well the fitted parameters reproduce the measurements) and ``measurements`` (the file of raw
-timings beside this one), both informational.
+timings beside this one), all three informational.
 """
 
 from __future__ import annotations

@@ -152,7 +152,7 @@ class MeasuredCosts:
 
 
 def validate_tables(doc: dict[str, Any], where: str) -> None:
-    """Raise SpecError for a malformed ``layers`` or ``optimizer`` section."""
+    """Raise SpecError for a malformed ``layers``, ``grad_reduce``, ``in_run``, ``probe`` or ``optimizer`` section."""
     from .errors import SpecError
 
     layers = doc.get("layers")
@@ -200,6 +200,11 @@ def validate_tables(doc: dict[str, Any], where: str) -> None:
                     raise SpecError(f"{where}: in_run.{name}.{k}", "keys are process counts (positive integers).", "fix the entry.")
                 if not isinstance(v, (int, float)) or isinstance(v, bool) or not lo <= v <= hi:
                     raise SpecError(f"{where}: in_run.{name}.{k}", f"must be a number in [{lo}, {hi}], got {v!r}.", "fix the entry.")
+    probe = doc.get("probe")
+    if probe is not None:
+        t = probe.get("time_s") if isinstance(probe, dict) else None
+        if not isinstance(t, (int, float)) or isinstance(t, bool) or t <= 0:
+            raise SpecError(f"{where}: probe.time_s", f"must be a positive number of seconds, got {t!r}.", "re-run `simpar calibrate` (or drop `probe`).")
     opt = doc.get("optimizer")
     if opt is not None:
         if not isinstance(opt, list):

@@ -184,6 +184,8 @@ def _bad(**changes) -> dict:
     (_bad(in_run={"compute_scale": {"2": 0.0}}), "in_run.compute_scale.2"),
     (_bad(in_run={"compute_scale": {"2": 1.1}, "action_s": {"2": -1e-3}}), "in_run.action_s.2"),
     (_bad(in_run={"scale": 1.1}), "in_run.compute_scale"),
+    (_bad(probe={"what": "matmul", "time_s": 0.0}), "probe.time_s"),
+    (_bad(probe=[0.003]), "probe.time_s"),
 ])
 def test_bad_calibration_files_are_one_clear_error(doc, field, tmp_path, runner):
     with pytest.raises(SpecError, match=field.replace("[", r"\[").replace("]", r"\]")):

@@ -40,6 +40,8 @@ def test_calibrate_then_check_one_plan(tmp_path, runner, monkeypatch):
     # the same runs' F and B against the tables' prediction: the in-run compute factor of 2 processes
     assert len(raw["in_run"]) == 8 and all(r["f_s"] > 0 and r["b_s"] > 0 and r["procs"] == 2 for r in raw["in_run"])
     assert math.isfinite(doc["in_run"]["compute_scale"]["2"]) and math.isfinite(doc["in_run"]["action_s"]["2"])
+    # the device-speed probe, timed at the start and the end of the compute benchmarks
+    assert len(doc["probe"]["times_s"]) == 2 and doc["probe"]["time_s"] > 0
 
     out = tmp_path / "check"
     res = runner.invoke(cli, ["calibrate", "--check", "--calibration", str(calib), "--plans", "gpt-pp2-1f1b-mbs2",
@@ -49,6 +51,11 @@ def test_calibrate_then_check_one_plan(tmp_path, runner, monkeypatch):
     check = json.loads((out / "check.json").read_text())
     (row,) = check["plans"]
     assert math.isfinite(row["iter_err"]) and row["meas_iter_s"] > 0 and row["pred_iter_s"] > 0
+    # two rounds by default; each run timed the probe, so the device's drift is reported
+    assert check["rounds"] == 2 and len(row["meas_rounds_s"]) == 2
+    assert (out / "gpt-pp2-1f1b-mbs2" / "measured-2" / "result.json").exists()
+    assert row["speed_ratio"] > 0 and math.isfinite(row["iter_err_drift"])
+    assert "device speed during the runs" in res.output
     assert row["meas_mem_bytes"] > 0 and math.isfinite(row["mem_err"])
     assert {"F", "B", "bubble"} <= set(row["kinds"])
     assert check["summary"]["iteration_time"]["n"] == 1

@@ -52,8 +52,10 @@ def _progress(total: int, what: str) -> Iterator:
 @click.option("--plans", default=None, help="--check: comma-separated subset of the plan names")
 @click.option("--steps", type=click.IntRange(1), default=8, show_default=True, help="--check: measured steps per plan")
 @click.option("--warmup", type=click.IntRange(0), default=5, show_default=True, help="--check: warm-up steps per plan")
+@click.option("--rounds", type=click.IntRange(1), default=2, show_default=True,
+              help="--check: runs of each plan (every other round in reverse order); the median of all timed steps counts")
 @click.option("--out", "out", required=True, type=click.Path(), help="calibration JSON (or, with --check, an output folder)")
-def calibrate(device, backend, nproc, gpu_name, cluster_name, quick, check, calib_path, plans, steps, warmup, out) -> None:
+def calibrate(device, backend, nproc, gpu_name, cluster_name, quick, check, calib_path, plans, steps, warmup, rounds, out) -> None:
     """Measure the device and write a calibration file for --calibration.
 
     \b
@@ -63,7 +65,7 @@ def calibrate(device, backend, nproc, gpu_name, cluster_name, quick, check, cali
     if check:
         if not calib_path:
             raise SimparError("calibration", "--check needs the calibration file to check.", "pass --calibration calib.json.")
-        _check(Path(calib_path), Path(out), plans, steps, warmup, cluster_name)
+        _check(Path(calib_path), Path(out), plans, steps, warmup, rounds, cluster_name)
         return
     _calibrate(device, backend, nproc, gpu_name, cluster_name, quick, Path(out))
 
@@ -149,7 +151,7 @@ def _print_calibration(doc: dict) -> None:
         click.echo(f"note: {note}")
 
 
-def _check(calib_path: Path, out: Path, plans: str | None, steps: int, warmup: int, cluster_name: str | None) -> None:
+def _check(calib_path: Path, out: Path, plans: str | None, steps: int, warmup: int, rounds: int, cluster_name: str | None) -> None:
     from ..calibrate_check import CHECK_PLANS, run_check
     from ..calibrate_report import KIND_HEAD, PLAN_HEAD, kind_rows, plan_rows, summary_lines
     from ..calibration import load_calibration
@@ -182,8 +184,8 @@ def _check(calib_path: Path, out: Path, plans: str | None, steps: int, warmup: i
         if rc:
             raise RuntimeError(f"the executor exited with status {rc} (its output is above)")
 
-    with _progress(len(cases), "closed loop") as step:
-        res = run_check(cluster, doc, out, runner, device=device, cases=cases, progress=step)
+    with _progress(len(cases) * rounds, "closed loop") as step:
+        res = run_check(cluster, doc, out, runner, device=device, cases=cases, progress=step, rounds=rounds)
     print_table("predicted vs measured (errors: (pred - meas) / meas)", list(PLAN_HEAD), plan_rows(res))
     print_table("per action kind", list(KIND_HEAD), kind_rows(res))
     for line in summary_lines(res):

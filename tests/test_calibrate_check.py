@@ -1,0 +1,89 @@
+"""The closed loop's bookkeeping without torch: a fake runner writes the executor's files, and the
+check pools the rounds, picks the representative trace and reports the device's drift."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+
+import pytest
+
+from simpar.sim.calibrate_check import CHECK_PLANS, run_check
+from simpar.sim.calibrate_report import markdown
+from simpar.sim.specs import load_cluster
+from simpar.sim.trace import TraceEvent, write_trace
+
+CASES = tuple(c for c in CHECK_PLANS if c.name in ("gpt-pp2-1f1b-mbs2", "gpt-dp2-zero0-mbs2", "gpt-single-mbs4-full"))
+
+
+class FakeExecutor:
+    """Writes result.json and trace.json as the executor does; round r of every plan takes
+    ``base x slow[r]`` per step, and its probe ``probe x slow[r]``."""
+
+    def __init__(self, slow: list[float], probe: float = 2e-3) -> None:
+        self.slow, self.probe, self.calls = slow, probe, []
+
+    def __call__(self, plan_dir: Path, out: Path, nproc: int) -> None:
+        r = sum(1 for _, o in self.calls if o.parent == plan_dir)
+        self.calls.append((plan_dir.name, out))
+        k = self.slow[r]
+        steps = [0.5 * k] + [0.1 * k * (1 + 0.01 * i) for i in range(4)]  # one warm-up step, then 4 timed
+        out.mkdir(parents=True)
+        res = {"iteration_time_s": statistics.median(steps[1:]), "iteration_times_s": steps, "warmup": 1,
+               "peak_memory_bytes": {"0": 1e6 * k, "1": None}, "probe_s": [self.probe * k, self.probe * k]}
+        (out / "result.json").write_text(json.dumps(res))
+        write_trace(out / "trace.json", [TraceEvent(0, "compute", "0F0", "F", 0.0, 0.01 * k, 0, 0),
+                                         TraceEvent(0, "compute", "0B0", "B", 0.01 * k, 0.02 * k, 0, 0)])
+
+
+@pytest.fixture
+def calibration() -> dict:
+    return {"simpar_calibration_version": 1, "device": {"gpu": "cpu", "kind": "cpu"}, "compute": {},
+            "probe": {"what": "matmul", "time_s": 2e-3}}
+
+
+def test_rounds_alternate_order_and_pool_every_timed_step(tmp_path, calibration):
+    fake = FakeExecutor(slow=[1.0, 1.2, 1.1])
+    doc = run_check(load_cluster("cpu-host"), calibration, tmp_path, fake, cases=CASES, rounds=3)
+    names = [c.name for c in CASES]
+    assert [n for n, _ in fake.calls] == names + names[::-1] + names
+    assert {o.name for _, o in fake.calls} == {"measured", "measured-2", "measured-3"}
+    assert doc["rounds"] == 3 and not doc["failed"]
+    for row in doc["plans"]:
+        steps = [0.1 * k * (1 + 0.01 * i) for k in (1.0, 1.2, 1.1) for i in range(4)]
+        assert row["meas_iter_s"] == pytest.approx(statistics.median(steps))
+        assert row["meas_rounds_s"] == pytest.approx([0.1 * k * 1.015 for k in (1.0, 1.2, 1.1)])
+        assert row["round_spread"] == pytest.approx((1.2 - 1.0) / 1.1)
+        assert row["trace_run"] == "measured-3"  # the round whose median is nearest the pooled one
+        assert row["meas_mem_bytes"] == pytest.approx(1.1e6)
+        # the probe ran 10 % slower on average (1.0, 1.2, 1.1 -> 1.1): the drift-free error scales the prediction
+        assert row["speed_ratio"] == pytest.approx(1.1)
+        assert row["iter_err_drift"] == pytest.approx((row["pred_iter_s"] * 1.1 - row["meas_iter_s"]) / row["meas_iter_s"])
+        assert math.isfinite(row["iter_err"])
+    md = markdown(doc)
+    assert "device speed during the runs vs during the calibration" in md and "round spread" in md
+    assert "| gpt-dp2-zero0-mbs2 |" in md and "+10.0%" in md
+
+
+def test_without_a_probe_the_drift_columns_stay_empty(tmp_path, calibration):
+    del calibration["probe"]
+    doc = run_check(load_cluster("cpu-host"), calibration, tmp_path, FakeExecutor(slow=[1.0]), cases=CASES[:1])
+    (row,) = doc["plans"]
+    assert "speed_ratio" not in row and row["round_spread"] is None
+    assert doc["summary"]["iteration_time_drift_adjusted"] is None
+    assert "device speed" not in markdown(doc)
+
+
+def test_a_plan_that_fails_in_any_round_is_reported_not_scored(tmp_path, calibration):
+    fake = FakeExecutor(slow=[1.0, 1.0])
+
+    def flaky(plan_dir: Path, out: Path, nproc: int) -> None:
+        if plan_dir.name == CASES[1].name and out.name == "measured-2":
+            raise RuntimeError("the executor exited with status 1")
+        fake(plan_dir, out, nproc)
+
+    doc = run_check(load_cluster("cpu-host"), calibration, tmp_path, flaky, cases=CASES, rounds=2)
+    assert [r["name"] for r in doc["plans"]] == [CASES[0].name, CASES[2].name]
+    assert doc["failed"] == [{"name": CASES[1].name, "error": "the executor exited with status 1"}]
