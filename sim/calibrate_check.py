@@ -105,8 +105,9 @@ def layer_grid(nproc: int, quick: bool) -> list[dict[str, int | str]]:
 
 #: The engine options that describe how the executor runs a plan: torch's pipeline runtime reduces
 #: the gradients in one REDUCE_GRAD after a stage's last backward (not in buckets overlapped with
-#: it, as Megatron's --overlap-grad-reduce does, the engine's default).
-EXECUTOR_OPTIONS = EngineOptions(overlap_grad_reduce=False)
+#: it, as Megatron's --overlap-grad-reduce does, the engine's default), and its first stage's I
+#: computes no input gradient (the whole backward runs in that stage's W).
+EXECUTOR_OPTIONS = EngineOptions(overlap_grad_reduce=False, first_stage_input_grad=False)
 
 
 def prepare(case: CheckPlan, cluster: ClusterSpec, calibration: dict | None, out: Path) -> dict[str, Any]:

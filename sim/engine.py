@@ -32,6 +32,10 @@ class EngineOptions:
     overlap_param_gather: bool = True  # ZeRO-1/2 parameter all-gather hidden behind the next forward
     overlap_tp: bool = False  # TP collectives exposed by default
     grad_buckets: int = 4  # buckets per stage for the overlapped gradient reduction
+    # False: the first stage's I computes nothing and its W the whole backward, as in torch's
+    # pipeline runtime (stage_backward_input differentiates w.r.t. the stage's inputs, which on
+    # the first stage are token ids that need no gradient); True: the zero-bubble paper's split
+    first_stage_input_grad: bool = True
 
 
 class _Gpu:
@@ -257,13 +261,15 @@ class Engine:
                     yield from self._wait_gather(g, s)
                 secs = {Kind.B: w.b, Kind.I: w.i, Kind.W: w.w}[k]
                 tp = 0.0 if k == Kind.W else w.tp_b
+                if s == 0 and k != Kind.B and not self.opt.first_stage_input_grad:
+                    secs, tp = (0.0, 0.0) if k == Kind.I else (w.b, w.tp_b)
                 if self.opt.overlap_grad_reduce and self.last_bwd.get((g.prank, s)) == idx and not self.fsdp_per_mb:
                     # gradient buckets become ready during this last weight-gradient pass
                     self._start_reduction(g, s, self.env.now, secs + (0.0 if self.opt.overlap_tp else tp))
                 if self.fsdp_per_mb:
-                    yield from self._fsdp_pass(g, a, secs, 0.0 if k == Kind.W else w.tp_b, backward=True)
+                    yield from self._fsdp_pass(g, a, secs, tp, backward=True)
                 else:
-                    yield from self._compute(g, str(a), k.value, secs, 0.0 if k == Kind.W else w.tp_b, s, mb)
+                    yield from self._compute(g, str(a), k.value, secs, tp, s, mb)
                 if k != Kind.W:
                     self._mem(g, -self.act_bytes[s])
                     if not lowered:

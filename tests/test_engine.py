@@ -183,3 +183,22 @@ def test_tied_embedding_grad_all_reduce_joins_first_and_last_rank() -> None:
     assert all(e.start == pytest.approx(first_done) and e.duration == pytest.approx(0.5) for e in ar)
     assert max(g.finish for g in eng.gpus.values()) == pytest.approx(t_untied + 0.5)
     assert all(g.acc["pp_comm"] >= 0.5 for g in eng.gpus.values())
+
+
+def test_torch_first_stage_runs_its_whole_backward_in_w() -> None:
+    """EngineOptions(first_stage_input_grad=False): stage 0's I is empty and its W is I + W, as in
+    torch's runtime; the other stages keep the split, and each rank's busy time is unchanged."""
+    p = plan(pp=2, m=4, schedule="zb-h1")
+    wk = work(2, f=1.0, i=1.5, w=0.5)
+    paper, _ = run(p, wk)
+    torch_like, _ = run(p, wk, options=EngineOptions(first_stage_input_grad=False))
+
+    def durations(eng, rank, kind):
+        return [e.duration for e in eng.events if e.rank == rank and e.kind == kind]
+
+    assert durations(torch_like, 0, "I") == [] and durations(torch_like, 0, "W") == [2.0] * 4
+    assert durations(paper, 0, "I") == [1.5] * 4 and durations(paper, 0, "W") == [0.5] * 4
+    assert durations(torch_like, 1, "I") == [1.5] * 4 and durations(torch_like, 1, "W") == [0.5] * 4
+    for eng in (paper, torch_like):
+        busy = sum(e.duration for e in eng.events if e.rank == 0 and e.stream == "compute")
+        assert busy == pytest.approx(4 * (1.0 + 2.0))
