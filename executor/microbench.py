@@ -26,7 +26,7 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
@@ -240,6 +240,29 @@ def bench_layer(shape: LayerShape, device: torch.device, dtype: str, warmup: int
     return {**asdict(shape), "dtype": dtype, "f_s": f, "b_s": b, "i_s": min(i, b), "w_s": max(b - i, 0.0), "attn_f_s": attn}
 
 
+#: Passes over the layer table (quick: 1). A slow spell of a shared host during one pass made a
+#: model's rows 15-35 % slow in one calibration of this project; the median pass rejects it.
+LAYER_PASSES = 3
+
+
+def layer_passes(cfg: BenchConfig) -> int:
+    return 1 if cfg.quick else LAYER_PASSES
+
+
+def in_passes(bench: Callable[[Any], dict], shapes: Sequence[Any], passes: int,
+              done: Callable[[Any], None] = lambda _: None) -> list[dict]:
+    """``bench`` over ``shapes`` in ``passes`` passes (every other one in reverse order, so that
+    the passes over one shape lie apart in time); per shape, the pass with the median F + B."""
+    runs: list[list[dict]] = [[] for _ in shapes]
+    for p in range(passes):
+        order = range(len(shapes)) if p % 2 == 0 else reversed(range(len(shapes)))
+        for n in order:
+            runs[n].append(bench(shapes[n]))
+        for sh in shapes if p == passes - 1 else ():
+            done(sh)
+    return [sorted(rs, key=lambda row: row["f_s"] + row["b_s"])[len(rs) // 2] for rs in runs]
+
+
 def bench_attention_core(shape: LayerShape, device: torch.device, dtype: str, warmup: int, reps: int) -> float:
     """The attention core's forward on one tensor-parallel rank's heads (what selective
     recomputation re-runs)."""
@@ -281,10 +304,8 @@ def run_compute(cfg: BenchConfig, progress: Progress = lambda _: None) -> dict:
     progress("element-wise")
     out["optimizer"] = bench_optimizer(optimizer_shape(cfg), device, cfg.quick, w, r)
     progress("optimizer step")
-    out["layers"] = []
-    for shape in cfg.layers:
-        out["layers"].append(bench_layer(shape, device, cfg.dtype, w, r))
-        progress(f"layer {shape.arch} h{shape.hidden}/tp{shape.tp} s{shape.seq} b{shape.mbs}")
+    out["layers"] = in_passes(lambda sh: bench_layer(sh, device, cfg.dtype, w, r), cfg.layers, layer_passes(cfg),
+                              lambda sh: progress(f"layer {sh.arch} h{sh.hidden}/tp{sh.tp} s{sh.seq} b{sh.mbs}"))
     out["probe"]["times_s"].append(speed_probe(device, cfg.dtype))
     return out
 
@@ -322,7 +343,9 @@ def _comm_rank(rank: int, world: int, port: int, cfg: BenchConfig, out: str, com
         from .insitu import bench_in_run_plans, bench_tp_layer, bench_tp_optimizer
 
         tp_shapes = [sh for sh in cfg.layers if sh.tp == world]
-        tp_rows = [bench_tp_layer(sh, sp, device, cfg.dtype, cfg.warmup, cfg.reps) for sh in tp_shapes for sp in (False, True)]
+        tp_cases = [(sh, sp) for sh in tp_shapes for sp in (False, True)]
+        tp_rows = in_passes(lambda c: bench_tp_layer(c[0], c[1], device, cfg.dtype, cfg.warmup, cfg.reps), tp_cases,
+                            layer_passes(cfg))
         tp_opt = bench_tp_optimizer(tp_shapes[0], device, cfg.quick, cfg.warmup, cfg.reps) if tp_shapes else []
         in_run = bench_in_run_plans(optimizer_shape(cfg), cfg, out)
         if rank == 0:

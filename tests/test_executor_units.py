@@ -135,3 +135,22 @@ def test_entry_sets_a_short_process_group_timeout(tmp_path, monkeypatch):
         entry.main(["--plan", str(tmp_path / "plan.json"), "--schedule", str(tmp_path / "s.csv"), "--out", str(tmp_path), "--timeout", "42"])
     assert seen == {"backend": "gloo", "timeout": 42.0}
     assert entry.parse(["--plan", "p", "--schedule", "s", "--out", "o"]).timeout == 300
+
+
+def test_layer_passes_alternate_order_and_keep_the_median_pass() -> None:
+    from simpar.executor.microbench import in_passes
+
+    calls = []
+    slow = {("a", 1): 3.0, ("b", 0): 2.0}  # a slow spell hit shape a in pass 1 and shape b in pass 0
+
+    def bench(shape):
+        p = sum(1 for c in calls if c == shape)
+        calls.append(shape)
+        k = slow.get((shape, p), 1.0) * (1.0 + 0.01 * p)
+        return {"shape": shape, "pass": p, "f_s": 1e-3 * k, "b_s": 2e-3 * k}
+
+    rows = in_passes(bench, ["a", "b"], 3)
+    assert calls == ["a", "b", "b", "a", "a", "b"]
+    # per shape the pass with the median F + B: the slow spells are left out
+    assert [(r["shape"], r["pass"]) for r in rows] == [("a", 2), ("b", 2)]
+    assert [r["pass"] for r in in_passes(lambda s: {"pass": 0, "f_s": 1.0, "b_s": 1.0}, ["x"], 1)] == [0]
