@@ -64,7 +64,8 @@ def run_in_run_plans(arch: str, hidden: int, heads: int, kv_heads: int, ffn: int
     all-reduce) and ZeRO 2 (FSDP2: reduce-scatter), 4 micro-batches of 1 sequence per rank; and
     ``compute`` rows {model, plan, procs, stage, f_s, b_s}: the medians of the F and B actions of
     each stage, from the same runs and from 1F1B pipeline runs over every process (one and two
-    layers per stage, 4 micro-batches of 1 sequence)."""
+    layers per stage, 4 micro-batches of 1 sequence); a pipeline run's rows add ``post_s``
+    (`post_seconds` of the stage's rank)."""
     world = dist.get_world_size()
     rows, compute = [], []
     # every process reads the schedule file rank 0 writes into the shared ``workdir``
@@ -91,6 +92,10 @@ def run_in_run_plans(arch: str, hidden: int, heads: int, kv_heads: int, ffn: int
                     got = [e["duration"] for r in results for e in r["events"] if e["kind"] == kind and e["stage"] == stage]
                     if got:
                         times.setdefault((kind, stage), []).append(statistics.median(got))
+            for r in results if results is not None and plan.pp > 1 else ():
+                post = post_seconds(r["events"])
+                if post is not None:
+                    times.setdefault(("post", r["stages"][0]), []).append(post)
         if not times:
             continue
         if plan.dp > 1:
@@ -98,11 +103,27 @@ def run_in_run_plans(arch: str, hidden: int, heads: int, kv_heads: int, ffn: int
             rows.append({"op": op, "group": world, "units": model.layers + 1, "bytes": 4 * rank_params(model, plan, [0]),
                          "time_s": statistics.median(times[("REDUCE_GRAD", 0)])})
         for stage in range(plan.num_stages):
-            compute.append({"model": model.model_dump(mode="json"), "plan": plan.model_dump(mode="json"), "procs": world,
-                            "stage": stage, "f_s": statistics.median(times[("F", stage)]),
-                            "b_s": statistics.median(times[("B", stage)])})
+            row = {"model": model.model_dump(mode="json"), "plan": plan.model_dump(mode="json"), "procs": world,
+                   "stage": stage, "f_s": statistics.median(times[("F", stage)]), "b_s": statistics.median(times[("B", stage)])}
+            if ("post", stage) in times:
+                row["post_s"] = statistics.median(times[("post", stage)])
+            compute.append(row)
     dist.barrier()
     return {"grad_reduce": rows, "compute": compute}
+
+
+def post_seconds(events: list[dict]) -> float | None:
+    """One rank's seconds between its compute actions that are not waits for data (each action's
+    ``wait_s`` is), per pipeline send or receive it posted there: torch's runtime posts them
+    between the actions (gloo: a send writes what the socket takes at once). None without any."""
+    comp = sorted((e for e in events if e["stream"] == "compute" and e["kind"] in ("F", "B", "I", "W")),
+                  key=lambda e: e["start"])
+    ops = sum(1 for e in events if e["kind"] in ("SEND_F", "SEND_B", "RECV_F", "RECV_B"))
+    if not ops or len(comp) < 2:
+        return None
+    gaps = sum(max(c["start"] - (p["start"] + p["duration"]) - (c.get("args") or {}).get("wait_s", 0.0), 0.0)
+               for p, c in zip(comp, comp[1:]))
+    return gaps / ops
 
 
 def bench_in_run_plans(shape: LayerShape, cfg: BenchConfig, workdir: str) -> dict[str, list[dict]]:

@@ -205,7 +205,9 @@ def fit_in_run(rows: list[dict], doc: dict[str, Any], gpu: GPUSpec) -> dict[str,
     ``action_s`` + ``compute_scale`` x what the calibration ``doc`` itself predicts for it (its
     layer table and fitted efficiencies, through the same `workload.stage_work` the engine uses),
     fitted over the F and B actions of the in-run rows (executor/insitu.py: {model, plan, procs,
-    stage, f_s, b_s}) by `fit_linear` (relative errors, both terms non-negative)."""
+    stage, f_s, b_s}) by `fit_linear` (relative errors, both terms non-negative); and
+    ``p2p_post_s``, the median of the pipeline rows' ``post_s`` (seconds a rank spends posting
+    one pipeline send or receive between its actions)."""
     from .layout import RankLayout
     from .workload import stage_work
 
@@ -220,7 +222,14 @@ def fit_in_run(rows: list[dict], doc: dict[str, Any], gpu: GPUSpec) -> dict[str,
     fits = {n: fit_linear([p for p, _ in pts], [t for _, t in pts]) for n, pts in sorted(points.items())}
     if not fits:
         return {}
-    return {"compute_scale": {str(n): k for n, (_, k) in fits.items()}, "action_s": {str(n): a for n, (a, _) in fits.items()}}
+    out = {"compute_scale": {str(n): k for n, (_, k) in fits.items()}, "action_s": {str(n): a for n, (a, _) in fits.items()}}
+    posts: dict[int, list[float]] = {}
+    for r in rows:
+        if r.get("post_s") is not None:
+            posts.setdefault(int(r["procs"]), []).append(float(r["post_s"]))
+    if posts:  # the median over the pipeline runs' ranks
+        out["p2p_post_s"] = {str(n): statistics.median(v) for n, v in sorted(posts.items())}
+    return out
 
 
 def _errors(pred: Sequence[float], meas: Sequence[float]) -> dict[str, float] | None:

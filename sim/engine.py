@@ -72,6 +72,9 @@ class Engine:
         self.pending: dict[tuple, list] = {}
         self.last_bwd = self._last_backward_index()
         self.fsdp_per_mb = plan.zero >= 3 and plan.zero_shards > 1 and plan.pp == 1
+        # a calibration's in-run seconds a rank spends posting one pipeline send or receive
+        measured = getattr(costs, "measured", None)
+        self.post_s = measured.p2p_post(plan.num_gpus) if measured is not None else 0.0
         # Tied input/output embedding split over the pipeline: the first and the last stage each
         # hold a copy and all-reduce its gradient after the backward, before the optimizer
         # (Megatron's embedding group, finalize_model_grads; the executor's TiedEmbeddingSync).
@@ -126,6 +129,7 @@ class Engine:
         src = stage - 1 if direction == "F" else stage + 1
         if src < 0 or src >= self.plan.num_stages or self.sched.rank_of(src) == g.prank:
             return
+        yield from self._post(g)
         ev = self._arrival(g.key, stage, mb, direction)
         if ev.processed:
             return
@@ -134,7 +138,14 @@ class Engine:
         ts = self.sent_at.get((g.key, stage, mb, direction), t0)
         g.acc["pp_comm"] += self.env.now - max(t0, ts)
 
+    def _post(self, g: _Gpu):
+        """The rank's own time to post a pipeline send or receive (``post_s``), pipeline communication."""
+        if self.post_s > 0:
+            yield self.env.timeout(self.post_s)
+            g.acc["pp_comm"] += self.post_s
+
     def _send(self, g: _Gpu, stage: int, mb: int, direction: str):
+        """Post the send (a generator: the rank spends ``post_s`` on it); the transfer runs apart."""
         dst_stage = stage + 1 if direction == "F" else stage - 1
         if dst_stage < 0 or dst_stage >= self.plan.num_stages:
             return
@@ -147,6 +158,7 @@ class Engine:
         res = g.send_next if direction == "F" else g.send_prev
         self.env.process(self._transfer(g, dst, res, self.work[stage].act_bytes, self._arrival(g.key, dst_stage, mb, direction),
                                         f"{stage}SEND_{direction}{mb}", f"SEND_{direction}", stage, mb))
+        yield from self._post(g)
 
     def _transfer(self, g: _Gpu, dst: _Gpu, res: simpy.Resource, nbytes: float, done: simpy.Event, name, kind, stage, mb):
         with res.request() as req:
@@ -253,7 +265,7 @@ class Engine:
                 else:
                     yield from self._compute(g, str(a), "F", w.f, w.tp_f, s, mb)
                 if not lowered:
-                    self._send(g, s, mb, "F")
+                    yield from self._send(g, s, mb, "F")
             elif k in (Kind.B, Kind.I, Kind.W):
                 if k != Kind.W:
                     yield from self._wait_data(g, s, mb, "B")
@@ -273,13 +285,13 @@ class Engine:
                 if k != Kind.W:
                     self._mem(g, -self.act_bytes[s])
                     if not lowered:
-                        self._send(g, s, mb, "B")
+                        yield from self._send(g, s, mb, "B")
             elif k == Kind.R:
                 yield from self._compute(g, str(a), "R", w.r, w.tp_r, s, mb, acc="recompute")
             elif k == Kind.SEND_F:
-                self._send(g, s, mb, "F")
+                yield from self._send(g, s, mb, "F")
             elif k == Kind.SEND_B:
-                self._send(g, s, mb, "B")
+                yield from self._send(g, s, mb, "B")
             elif k == Kind.RECV_F:
                 yield from self._wait_data(g, s, mb, "F")
             elif k == Kind.RECV_B:

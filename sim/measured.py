@@ -40,7 +40,10 @@ Two optional sections of a calibration file (`simpar.sim.calibration`), both wri
   the tables above predict: seconds = action_s + compute_scale x predicted (fitted from the
   executor's calibration runs, executor/insitu.py; ``action_s`` optional, default 0). A plan
   over that many processes has its pass times mapped so (`simpar.sim.workload.stage_work`: F
-  gets ``action_s``, I and W half of it each, a recomputation is only scaled).
+  gets ``action_s``, I and W half of it each, a recomputation is only scaled). ``p2p_post_s``
+  (optional): seconds a rank spends between its compute actions posting one pipeline send or
+  receive (torch's runtime posts them there), which the engine adds to that rank's timeline as
+  pipeline communication.
 
 Rows must match the dtype the plan computes in, except on a CPU (``device.kind == "cpu"``), where
 the executor computes every plan in fp32 (executor/checks.py) and the rows apply to any precision.
@@ -75,6 +78,7 @@ class MeasuredCosts:
     any_precision: bool = False
     grad_reduce: tuple[tuple[str, int, float, float], ...] = ()  # (op, group, unit_s, s_per_byte)
     in_run_model: tuple[tuple[int, float, float], ...] = ()  # (processes, in-run factor, seconds per action)
+    in_run_post: tuple[tuple[int, float], ...] = ()  # (processes, seconds to post a pipeline send or receive)
 
     @classmethod
     def from_calibration(cls, calibration: dict[str, Any] | None) -> "MeasuredCosts | None":
@@ -94,7 +98,12 @@ class MeasuredCosts:
         in_run = calibration.get("in_run") or {}
         per_action = in_run.get("action_s") or {}
         scale = tuple(sorted((int(k), float(v), float(per_action.get(k, 0.0))) for k, v in (in_run.get("compute_scale") or {}).items()))
-        return cls(rows, opt, cpu, gr, scale)
+        post = tuple(sorted((int(k), float(v)) for k, v in (in_run.get("p2p_post_s") or {}).items()))
+        return cls(rows, opt, cpu, gr, scale, post)
+
+    def p2p_post(self, procs: int) -> float:
+        """Seconds a rank of a ``procs``-process run spends posting one pipeline send or receive (0: none)."""
+        return next((s for n, s in self.in_run_post if n == procs), 0.0)
 
     def in_run(self, procs: int) -> tuple[float, float]:
         """(factor, seconds per action) measured for runs over ``procs`` processes ((1, 0): none)."""
@@ -191,8 +200,8 @@ def validate_tables(doc: dict[str, Any], where: str) -> None:
                     raise SpecError(f"{where}: grad_reduce.{op}.{k}", f"must be a non-negative number, got {x!r}.", "fix the entry.")
     in_run = doc.get("in_run")
     if in_run is not None:
-        for name, lo, hi in (("compute_scale", 0.1, 10.0), ("action_s", 0.0, 1.0)):
-            table = in_run.get(name, {} if name == "action_s" else None) if isinstance(in_run, dict) else None
+        for name, lo, hi in (("compute_scale", 0.1, 10.0), ("action_s", 0.0, 1.0), ("p2p_post_s", 0.0, 1.0)):
+            table = in_run.get(name, {} if name != "compute_scale" else None) if isinstance(in_run, dict) else None
             if not isinstance(table, dict):
                 raise SpecError(f"{where}: in_run.{name}", "must be a mapping of process count -> number.", "re-run `simpar calibrate`.")
             for k, v in table.items():

@@ -184,6 +184,7 @@ def _bad(**changes) -> dict:
     (_bad(in_run={"compute_scale": {"2": 0.0}}), "in_run.compute_scale.2"),
     (_bad(in_run={"compute_scale": {"2": 1.1}, "action_s": {"2": -1e-3}}), "in_run.action_s.2"),
     (_bad(in_run={"scale": 1.1}), "in_run.compute_scale"),
+    (_bad(in_run={"compute_scale": {"2": 1.1}, "p2p_post_s": {"2": 2.0}}), "in_run.p2p_post_s.2"),
     (_bad(probe={"what": "matmul", "time_s": 0.0}), "probe.time_s"),
     (_bad(probe=[0.003]), "probe.time_s"),
 ])
@@ -274,7 +275,7 @@ def test_in_run_model_is_recovered_and_applies_to_plans_of_that_many_processes()
     gpu = load_gpu("cpu")
     doc = {"simpar_calibration_version": 1, "device": {"gpu": "cpu", "kind": "cpu"}, "compute": {"mm_eff_max": 0.5}}
     costs = CostModel.for_gpu(gpu, doc)
-    rng = random.Random(3)
+    rng, post_rng = random.Random(3), random.Random(4)
     rows = []
     runs = [(layers, ParallelPlan(dp=2, zero=zero, micro_batch_size=1, global_batch_size=8, schedule="none"))
             for layers in (1, 3) for zero in (0, 2)]
@@ -284,10 +285,11 @@ def test_in_run_model_is_recovered_and_applies_to_plans_of_that_many_processes()
         for w in stage_work(m, plan, costs, None, RankLayout(plan)):
             rows.append({"model": m.model_dump(mode="json"), "plan": plan.model_dump(mode="json"), "procs": 2, "stage": w.stage,
                          "f_s": (5e-4 + w.f * 1.15) * (1 + rng.uniform(-0.02, 0.02)),
-                         "b_s": (5e-4 + w.b * 1.15) * (1 + rng.uniform(-0.02, 0.02))})
+                         "b_s": (5e-4 + w.b * 1.15) * (1 + rng.uniform(-0.02, 0.02)), **({"post_s": 3e-4 * (1 + post_rng.uniform(-0.1, 0.1))} if plan.pp > 1 else {})})
     fit = fit_in_run(rows, doc, gpu)
     assert fit["compute_scale"]["2"] == pytest.approx(1.15, rel=0.05)
     assert fit["action_s"]["2"] == pytest.approx(5e-4, rel=0.05)
+    assert fit["p2p_post_s"]["2"] == pytest.approx(3e-4, rel=0.1)  # the median of the pipeline rows' post_s
     fitted = validate_calibration({**doc, "in_run": fit}, "c.json", "cpu")
     m = ModelSpec(name="x", arch="gpt", layers=4, hidden=256, heads=4, ffn=1024, vocab=512, seq_len=128)
     k, a = fit["compute_scale"]["2"], fit["action_s"]["2"]

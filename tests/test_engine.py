@@ -202,3 +202,25 @@ def test_torch_first_stage_runs_its_whole_backward_in_w() -> None:
     for eng in (paper, torch_like):
         busy = sum(e.duration for e in eng.events if e.rank == 0 and e.stream == "compute")
         assert busy == pytest.approx(4 * (1.0 + 2.0))
+
+
+def test_posting_pipeline_sends_and_receives_costs_the_rank_its_post_time() -> None:
+    """A calibration's ``p2p_post_s`` (torch's runtime posting each send/receive between actions):
+    GPipe, 2 stages, 2 micro-batches, F = 1, B = 2, free transfers. Without it the makespan is 9;
+    with 0.1 s per post the last backward's input arrives 0.2 s later (rank 1 posts its receive
+    and its sends between actions, rank 0 its receive before B1)."""
+    from simpar.sim.measured import MeasuredCosts
+
+    p = plan(pp=2, m=2, schedule="gpipe")
+    costs = FixedCosts()
+    _, base = run(p, work(2), lowered=False)
+    env = simpy.Environment()
+    costs.measured = MeasuredCosts(in_run_post=((2, 0.1),))
+    eng, _ = run_engine(TINY, p, schedule_for_plan(p), work(2), costs, FakeNet(), env, EngineOptions())
+    assert base == pytest.approx(9.0)
+    assert max(g.finish for g in eng.gpus.values()) == pytest.approx(9.2)
+    for g in eng.gpus.values():  # each rank posts 2 sends and 2 receives
+        assert g.acc["pp_comm"] == pytest.approx(0.4)
+    costs.measured = MeasuredCosts(in_run_post=((4, 0.1),))  # measured for other process counts: no cost
+    eng, _ = run_engine(TINY, p, schedule_for_plan(p), work(2), costs, FakeNet(), simpy.Environment(), EngineOptions())
+    assert max(g.finish for g in eng.gpus.values()) == pytest.approx(9.0)

@@ -154,3 +154,16 @@ def test_layer_passes_alternate_order_and_keep_the_median_pass() -> None:
     # per shape the pass with the median F + B: the slow spells are left out
     assert [(r["shape"], r["pass"]) for r in rows] == [("a", 2), ("b", 2)]
     assert [r["pass"] for r in in_passes(lambda s: {"pass": 0, "f_s": 1.0, "b_s": 1.0}, ["x"], 1)] == [0]
+
+
+def test_post_seconds_counts_the_gaps_that_are_not_waits_per_posted_op() -> None:
+    from simpar.executor.insitu import post_seconds
+
+    def ev(kind, start, dur, wait=0.0, stream="compute"):
+        return {"kind": kind, "start": start, "duration": dur, "stream": stream, "args": {"wait_s": wait}}
+
+    events = [ev("F", 0.0, 1.0), ev("SEND_F", 1.0, 0.2, stream="pp"), ev("F", 1.3, 1.0),
+              ev("SEND_F", 2.3, 0.2, stream="pp"), ev("RECV_B", 2.5, 0.1, stream="pp"), ev("B", 4.5, 2.0, wait=1.9)]
+    # gaps 0.3 and 2.2 - 1.9 waited = 0.3, over 3 posted ops
+    assert post_seconds(events) == pytest.approx(0.2)
+    assert post_seconds([ev("F", 0.0, 1.0), ev("B", 1.5, 1.0)]) is None  # nothing posted
