@@ -113,6 +113,9 @@ def markdown(doc: dict[str, Any]) -> str:
         "the backward), while the simulator shows it as a separate R action; a send's measured span is its post only "
         "and a receive's span is its wait, the simulator's are the transfer times.",
     ]
+    if doc.get("failed_attempts"):
+        parts += ["", "## Failed attempts (each run once more)", ""] + [
+            f"- {f['name']}, round {f['round']}: {f['error']}" for f in doc["failed_attempts"]]
     if doc.get("failed"):
         parts += ["", "## Plans the executor did not run", ""] + [f"- {f['name']}: {f['error']}" for f in doc["failed"]]
     if doc.get("memory_note"):

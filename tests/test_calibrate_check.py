@@ -87,3 +87,22 @@ def test_a_plan_that_fails_in_any_round_is_reported_not_scored(tmp_path, calibra
     doc = run_check(load_cluster("cpu-host"), calibration, tmp_path, flaky, cases=CASES, rounds=2)
     assert [r["name"] for r in doc["plans"]] == [CASES[0].name, CASES[2].name]
     assert doc["failed"] == [{"name": CASES[1].name, "error": "the executor exited with status 1"}]
+    assert len(doc["failed_attempts"]) == 2  # the run and its retry
+
+
+def test_a_crashed_run_is_tried_once_more(tmp_path, calibration):
+    fake, crashes = FakeExecutor(slow=[1.0, 1.0]), []
+
+    def once(plan_dir: Path, out: Path, nproc: int) -> None:
+        if plan_dir.name == CASES[0].name and not crashes:
+            crashes.append(out)
+            out.mkdir(parents=True)
+            (out / "partial.txt").write_text("a crashed run's leftovers")
+            raise RuntimeError("the executor exited with status 1")
+        fake(plan_dir, out, nproc)
+
+    doc = run_check(load_cluster("cpu-host"), calibration, tmp_path, once, cases=CASES, rounds=2)
+    assert not doc["failed"] and len(doc["plans"]) == 3
+    assert doc["failed_attempts"] == [{"name": CASES[0].name, "round": 1, "error": "the executor exited with status 1"}]
+    assert not (crashes[0] / "partial.txt").exists() and (crashes[0] / "result.json").exists()
+    assert "Failed attempts" in markdown(doc)
