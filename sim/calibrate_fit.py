@@ -200,6 +200,23 @@ def fit_grad_reduce(rows: list[dict]) -> dict[str, dict[str, float]]:
     return out
 
 
+#: Largest change of the device-speed probe between the start and the end of the compute
+#: benchmarks for a calibration to count as taken on a steady device.
+PROBE_STEADY = 0.15
+
+
+def unstable_device(times_s: Sequence[float]) -> str | None:
+    """A warning when the device-speed probe's timings (executor/probe.py) differ by more than
+    `PROBE_STEADY`: the host changed speed while the benchmarks ran, so the fitted tables mix a
+    slow and a fast device (one calibration of this project: 4.6 ms at the start, 2.7 ms at the
+    end, and every check plan then over-predicted by 9-20 %)."""
+    lo, hi = min(times_s), max(times_s)
+    if lo <= 0 or hi / lo - 1.0 <= PROBE_STEADY:
+        return None
+    return (f"the device's speed changed during the calibration: the speed probe took {lo * 1e3:.2f} to {hi * 1e3:.2f} ms "
+            f"({hi / lo - 1.0:.0%} apart, more than {PROBE_STEADY:.0%}); re-run `simpar calibrate` on a quiet machine")
+
+
 def fit_in_run(rows: list[dict], doc: dict[str, Any], gpu: GPUSpec) -> dict[str, Any]:
     """``in_run``: per process count, seconds of a compute action inside the executor's runs =
     ``action_s`` + ``compute_scale`` x what the calibration ``doc`` itself predicts for it (its
@@ -320,6 +337,9 @@ def build_calibration(meas: dict[str, Any], gpu: GPUSpec, cluster: ClusterSpec |
     probe = comp.get("probe")
     if probe and probe.get("times_s"):  # the device-speed probe (executor/probe.py), for the closed loop's drift column
         doc["probe"] = {"what": probe.get("what", ""), "time_s": statistics.fmean(probe["times_s"]), "times_s": list(probe["times_s"])}
+        note = unstable_device(probe["times_s"])
+        if note:
+            notes.append(note)
     if comp.get("optimizer"):
         doc["optimizer"] = [{"params": r["params"], "time_s": r["time_s"], "tp": r.get("tp", 1)} for r in comp["optimizer"]]
     if meas.get("grad_reduce"):

@@ -299,3 +299,11 @@ def test_in_run_model_is_recovered_and_applies_to_plans_of_that_many_processes()
         base = [e for e in simulate(m, cl, plan, calibration=doc).events if e.kind == "F"]
         got = [e for e in simulate(m, cl, plan, calibration=fitted).events if e.kind == "F"]
         assert [e.duration for e in got] == pytest.approx([a + k * e.duration for e in base])
+
+
+def test_an_unsteady_device_during_calibration_is_noted():
+    from simpar.sim.calibrate_fit import unstable_device
+
+    assert unstable_device([2.7e-3, 2.9e-3]) is None
+    note = unstable_device([4.57e-3, 2.70e-3])
+    assert note and "69%" in note and "re-run `simpar calibrate`" in note
