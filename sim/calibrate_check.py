@@ -274,7 +274,7 @@ def run_check(cluster: ClusterSpec, calibration: dict, out: Path, runner: Callab
             if case.name in failed:
                 continue
             run_dir = out / case.name / ("measured" if r == 0 else f"measured-{r + 1}")
-            for attempt in range(1 + RETRIES):
+            for _ in range(1 + RETRIES):
                 try:
                     runner(out / case.name, run_dir, case.nproc)
                 except Exception as exc:  # a plan the executor cannot run is reported, the others still run
