@@ -197,3 +197,42 @@ def bench_tp_optimizer(shape: LayerShape, device: torch.device, quick: bool, war
         local = sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in params)
         rows.append({"params": local, "time_s": timeit(opt.step, device, warmup, reps), "tp": dist.get_world_size()})
     return rows
+
+
+def bench_sp_grad_sync(shape: LayerShape, device: torch.device, warmup: int, reps: int, passes: int = 3, layers: int = 2) -> dict:
+    """Seconds the executor's optimizer step spends reducing the gradients that sequence
+    parallelism leaves as partial sums: the norms' weights (and biases) are ``Replicate``
+    DTensors whose gradients come out ``Partial`` (their inputs are split along the sequence), and
+    AdamW's foreach step all-reduces each of them (three times: one per use of the gradient). Two
+    layers of ``shape`` under the executor's TP with sequence parallelism over all processes
+    (every process calls this at once): the step over the partial gradients minus the step over
+    the same gradients already reduced, in ``passes`` alternating pairs (median)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Replicate
+
+    from .model import StageShape, Transformer
+    from .parallel import apply_tp
+
+    assert shape.tp == dist.get_world_size()
+    spec = ModelSpec(name="bench", arch=shape.arch, layers=layers, hidden=shape.hidden, heads=shape.heads,
+                     kv_heads=shape.kv_heads, ffn=shape.ffn, vocab=2, seq_len=shape.seq)
+    torch.manual_seed(0)
+    model = Transformer(spec, StageShape(0, layers, False, False)).to(device)
+    apply_tp(model, init_device_mesh(device.type, (shape.tp,)), True)
+    x = torch.randn(shape.mbs, shape.seq // shape.tp, shape.hidden, device=device, requires_grad=True)
+    y = model(x)
+    y = y.to_local() if hasattr(y, "to_local") else y
+    torch.autograd.backward(y, torch.randn_like(y))
+    params = list(model.parameters())
+    partial = {id(p): p.grad for p in params
+               if isinstance(p.grad, DTensor) and any(pl.is_partial() for pl in p.grad.placements)}
+    reduced = {k: g.redistribute(placements=[Replicate()] * len(g.placements)) for k, g in partial.items()}
+    opt = torch.optim.AdamW(params, lr=1e-3)
+
+    def step_with(grads: dict) -> float:
+        for p in params:
+            if id(p) in grads:
+                p.grad = grads[id(p)]
+        return timeit(opt.step, device, warmup, reps)
+    diffs = [step_with(partial) - step_with(reduced) for _ in range(passes)]
+    return {"tp": shape.tp, "arch": shape.arch, "tensors": len(partial), "time_s": max(statistics.median(diffs), 0.0)}

@@ -340,17 +340,22 @@ def _comm_rank(rank: int, world: int, port: int, cfg: BenchConfig, out: str, com
             if rank == 0:
                 Path(out, "compute.json").write_text(json.dumps(res))
             dist.barrier()
-        from .insitu import bench_in_run_plans, bench_tp_layer, bench_tp_optimizer
+        from .insitu import bench_in_run_plans, bench_sp_grad_sync, bench_tp_layer, bench_tp_optimizer
 
         tp_shapes = [sh for sh in cfg.layers if sh.tp == world]
         tp_cases = [(sh, sp) for sh in tp_shapes for sp in (False, True)]
         tp_rows = in_passes(lambda c: bench_tp_layer(c[0], c[1], device, cfg.dtype, cfg.warmup, cfg.reps), tp_cases,
                             layer_passes(cfg))
         tp_opt = bench_tp_optimizer(tp_shapes[0], device, cfg.quick, cfg.warmup, cfg.reps) if tp_shapes else []
+        # per architecture, its first layer shape split over every process (the cost is per gradient)
+        per_arch = {sh.arch: replace(sh, tp=world) for sh in reversed(cfg.layers)
+                    if not (sh.heads % world or sh.kv_heads % world or sh.ffn % world or sh.seq % world)}
+        sp_sync = [bench_sp_grad_sync(sh, device, cfg.warmup, cfg.reps, 1 if cfg.quick else 3) for sh in per_arch.values()]
         in_run = bench_in_run_plans(optimizer_shape(cfg), cfg, out)
         if rank == 0:
             Path(out, "tp_layers.json").write_text(json.dumps(tp_rows))
             Path(out, "tp_optimizer.json").write_text(json.dumps(tp_opt))
+            Path(out, "sp_grad_sync.json").write_text(json.dumps(sp_sync))
             Path(out, "grad_reduce.json").write_text(json.dumps(in_run["grad_reduce"]))
             Path(out, "in_run.json").write_text(json.dumps(in_run["compute"]))
         groups = {g: dist.new_group(list(range(g))) for g in group_sizes(world)}

@@ -27,7 +27,7 @@ import json
 import shutil
 import statistics
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -154,9 +154,25 @@ def _bubble(events: list[TraceEvent], rank: int) -> float | None:
     return max(span - sum(e.duration for e in comp), 0.0)
 
 
+def _sp_sync_in_step(sim: list[TraceEvent]) -> list[TraceEvent]:
+    """The simulated events with each rank's SP_GRAD_SYNC folded into its optimizer step, where
+    the executor's trace has it (torch reduces the partial gradients inside AdamW's step)."""
+    sync = {e.rank: e for e in sim if e.kind == "SP_GRAD_SYNC"}
+    out = []
+    for e in sim:
+        s = sync.get(e.rank)
+        if e.kind == "SP_GRAD_SYNC":
+            continue
+        if s is not None and e.kind == "OPT":
+            e = replace(e, start=s.start, duration=e.end - s.start)
+        out.append(e)
+    return out
+
+
 def kind_errors(sim: list[TraceEvent], meas: list[TraceEvent]) -> dict[str, dict[str, float]]:
     """Per action kind over the ranks both traces hold: mean simulated and measured seconds and
     the relative error; plus ``bubble`` (idle time of a rank's compute stream)."""
+    sim = _sp_sync_in_step(sim)
     acc: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for r in compare_events(sim, meas):
         if r.sim_mean is not None and r.meas_mean is not None:

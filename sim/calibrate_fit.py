@@ -342,6 +342,9 @@ def build_calibration(meas: dict[str, Any], gpu: GPUSpec, cluster: ClusterSpec |
             notes.append(note)
     if comp.get("optimizer"):
         doc["optimizer"] = [{"params": r["params"], "time_s": r["time_s"], "tp": r.get("tp", 1)} for r in comp["optimizer"]]
+    sp = [r for r in comp.get("sp_grad_sync") or () if r.get("tensors")]
+    if sp:  # seconds per partial-sum gradient (executor/insitu.py bench_sp_grad_sync)
+        doc["sp_grad_sync"] = [{"tp": r["tp"], "arch": r["arch"], "tensor_s": r["time_s"] / r["tensors"]} for r in sp]
     if meas.get("grad_reduce"):
         doc["grad_reduce"] = fit_grad_reduce(meas["grad_reduce"])
     if meas.get("in_run"):

@@ -111,7 +111,9 @@ def markdown(doc: dict[str, Any]) -> str:
         "",
         "Notes: on the executor, B/I of a recomputing plan include the recompute (torch re-runs the forward inside "
         "the backward), while the simulator shows it as a separate R action; a send's measured span is its post only "
-        "and a receive's span is its wait, the simulator's are the transfer times.",
+        "and a receive's span is its wait, the simulator's are the transfer times; a sequence-parallel plan's measured "
+        "optimizer step includes the reduction of the norms' partial gradients, which the simulator times as "
+        "SP_GRAD_SYNC just before its OPT and which its OPT here includes.",
     ]
     if doc.get("failed_attempts"):
         parts += ["", "## Failed attempts (each run once more)", ""] + [

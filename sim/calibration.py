@@ -14,7 +14,7 @@ per-link-class alpha/beta of the network backends (sim/network/constants.py, `ne
 not describe another); ``device.kind`` (``cpu`` or ``cuda``) says what was measured.
 
 Optional sections (``simpar calibrate`` writes them): ``layers``, ``optimizer``,
-``grad_reduce`` and ``in_run``, measured cost tables and factors used where they cover a plan
+``grad_reduce``, ``in_run`` and ``sp_grad_sync``, measured cost tables and factors used where they cover a plan
 (format and rules in `simpar.sim.measured`); ``probe`` (seconds of the device-speed probe,
 executor/probe.py, which the closed loop compares with its runs' own), ``fit``
 (how well the fitted parameters reproduce the measurements) and ``measurements`` (the file of raw

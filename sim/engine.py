@@ -22,7 +22,7 @@ from .plan import ParallelPlan
 from .schedules.ir import Kind, Schedule
 from .specs import ModelSpec
 from .trace import TraceEvent
-from .workload import StageWork, dtensor_procs, grad_reduce_bytes_per_param, local_params
+from .workload import StageWork, dtensor_procs, grad_reduce_bytes_per_param, local_params, sp_grad_sync_time
 
 
 @dataclass(frozen=True)
@@ -320,6 +320,17 @@ class Engine:
         g.acc["pp_comm"] += self.env.now - entry[2]
         self._record(g, "pp", "tied_embedding_grad", "allreduce", entry[2])
 
+    def _sp_grad_sync(self, g: _Gpu, stages: list[int]):
+        """Sequence parallelism leaves the norms' gradients as partial sums over the TP group; they
+        are all-reduced before the optimizer step (`workload.sp_grad_sync_time`). Exposed TP
+        communication, shown on the compute stream as exposed TP traffic inside a layer is."""
+        dur = sp_grad_sync_time(self.m, self.plan, stages, self.costs, self.net, self.layout.group(g.rank, "tp"))
+        if dur > 0:
+            t0 = self.env.now
+            yield self.env.timeout(dur)
+            g.acc["tp_comm"] += dur
+            self._record(g, "compute", "sp_grad_sync", "SP_GRAD_SYNC", t0)
+
     def _fsdp_pass(self, g: _Gpu, a, seconds: float, tp: float, backward: bool):
         """ZeRO-3 with pp = 1 (FSDP2, reshard after forward): every forward and backward
         all-gathers the stage's parameters layer by layer with prefetch; the backward also
@@ -380,8 +391,9 @@ class Engine:
         g.acc["dp_comm"] += self.env.now - t0
         if self.tied is not None and g.prank in self.tied:
             yield from self._tied_embedding_grad(g)
-        t0 = self.env.now
         stages = list(self.sched.stages_of(g.prank))
+        yield from self._sp_grad_sync(g, stages)
+        t0 = self.env.now
         yield self.env.timeout(self.costs.optimizer_time(local_params(self.m, self.plan, stages), dtensor_procs(self.plan)))
         g.acc["optimizer"] += self.env.now - t0
         self._record(g, "compute", "optimizer", "OPT", t0)

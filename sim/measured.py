@@ -44,6 +44,16 @@ Two optional sections of a calibration file (`simpar.sim.calibration`), both wri
   (optional): seconds a rank spends between its compute actions posting one pipeline send or
   receive (torch's runtime posts them there), which the engine adds to that rank's timeline as
   pipeline communication.
+- ``sp_grad_sync``: ``[{"tp": 2, "arch": "gpt", "tensor_s": 3e-3}, ...]``: the seconds the
+  executor's optimizer step spends on one gradient that sequence parallelism leaves as a partial
+  sum over ``tp`` processes (a norm's weight or bias: a DTensor ``Partial`` grad of a
+  ``Replicate`` parameter, which AdamW's foreach step all-reduces three times), measured per
+  architecture as the step over such gradients minus the step over the same gradients already
+  reduced (executor/insitu.py). The engine charges a plan with that tp and sequence parallelism
+  this much per replicated gradient (`simpar.sim.workload.sp_replicated_grads`; the row of the
+  plan's architecture, else the mean of that tp's rows) before its optimizer step, as
+  tensor-parallel communication, instead of one coalesced all-reduce on the network model
+  (Megatron's way).
 
 Rows must match the dtype the plan computes in, except on a CPU (``device.kind == "cpu"``), where
 the executor computes every plan in fp32 (executor/checks.py) and the rows apply to any precision.
@@ -79,11 +89,12 @@ class MeasuredCosts:
     grad_reduce: tuple[tuple[str, int, float, float], ...] = ()  # (op, group, unit_s, s_per_byte)
     in_run_model: tuple[tuple[int, float, float], ...] = ()  # (processes, in-run factor, seconds per action)
     in_run_post: tuple[tuple[int, float], ...] = ()  # (processes, seconds to post a pipeline send or receive)
+    sp_grad_sync: tuple[tuple[int, str, float], ...] = ()  # (tp, arch, seconds per sequence-parallel replicated gradient)
 
     @classmethod
     def from_calibration(cls, calibration: dict[str, Any] | None) -> "MeasuredCosts | None":
         """The tables of a (validated) calibration document, or None when it has none."""
-        if not calibration or not any(calibration.get(k) for k in ("layers", "optimizer", "grad_reduce", "in_run")):
+        if not calibration or not any(calibration.get(k) for k in ("layers", "optimizer", "grad_reduce", "in_run", "sp_grad_sync")):
             return None
         rows = tuple(
             LayerRow(tuple(r[k] for k in LAYER_KEYS), int(r["mbs"]), str(r.get("dtype", "")), float(r["f_s"]),
@@ -99,7 +110,17 @@ class MeasuredCosts:
         per_action = in_run.get("action_s") or {}
         scale = tuple(sorted((int(k), float(v), float(per_action.get(k, 0.0))) for k, v in (in_run.get("compute_scale") or {}).items()))
         post = tuple(sorted((int(k), float(v)) for k, v in (in_run.get("p2p_post_s") or {}).items()))
-        return cls(rows, opt, cpu, gr, scale, post)
+        sp = tuple((int(r["tp"]), str(r["arch"]), float(r["tensor_s"])) for r in calibration.get("sp_grad_sync") or ())
+        return cls(rows, opt, cpu, gr, scale, post, sp)
+
+    def sp_grad_sync_time(self, tensors: int, tp: int, arch: str) -> float | None:
+        """Seconds the executor spends reducing ``tensors`` sequence-parallel replicated gradients
+        of an ``arch`` model over ``tp`` processes, or None when the calibration did not measure that tp."""
+        rows = [(a, s) for k, a, s in self.sp_grad_sync if k == tp]
+        if not rows:
+            return None
+        same = [s for a, s in rows if a == arch]
+        return tensors * (same[0] if same else sum(s for _, s in rows) / len(rows))
 
     def p2p_post(self, procs: int) -> float:
         """Seconds a rank of a ``procs``-process run spends posting one pipeline send or receive (0: none)."""
@@ -161,7 +182,8 @@ class MeasuredCosts:
 
 
 def validate_tables(doc: dict[str, Any], where: str) -> None:
-    """Raise SpecError for a malformed ``layers``, ``grad_reduce``, ``in_run``, ``probe`` or ``optimizer`` section."""
+    """Raise SpecError for a malformed ``layers``, ``grad_reduce``, ``in_run``, ``probe``, ``optimizer`` or
+    ``sp_grad_sync`` section."""
     from .errors import SpecError
 
     layers = doc.get("layers")
@@ -202,13 +224,19 @@ def validate_tables(doc: dict[str, Any], where: str) -> None:
     if in_run is not None:
         for name, lo, hi in (("compute_scale", 0.1, 10.0), ("action_s", 0.0, 1.0), ("p2p_post_s", 0.0, 1.0)):
             table = in_run.get(name, {} if name != "compute_scale" else None) if isinstance(in_run, dict) else None
-            if not isinstance(table, dict):
-                raise SpecError(f"{where}: in_run.{name}", "must be a mapping of process count -> number.", "re-run `simpar calibrate`.")
-            for k, v in table.items():
-                if not str(k).isdigit() or int(k) < 1:
-                    raise SpecError(f"{where}: in_run.{name}.{k}", "keys are process counts (positive integers).", "fix the entry.")
-                if not isinstance(v, (int, float)) or isinstance(v, bool) or not lo <= v <= hi:
-                    raise SpecError(f"{where}: in_run.{name}.{k}", f"must be a number in [{lo}, {hi}], got {v!r}.", "fix the entry.")
+            _count_table(table, f"{where}: in_run.{name}", lo, hi)
+    sp = doc.get("sp_grad_sync")
+    if sp is not None:
+        if not isinstance(sp, list):
+            raise SpecError(f"{where}: sp_grad_sync", "must be a list of {tp, arch, tensor_s} rows.", "re-run `simpar calibrate`.")
+        for n, r in enumerate(sp):
+            if not isinstance(r, dict) or not isinstance(r.get("tp"), int) or isinstance(r.get("tp"), bool) or r["tp"] < 2:
+                raise SpecError(f"{where}: sp_grad_sync[{n}].tp", "must be an integer >= 2.", "fix the row.")
+            if r.get("arch") not in ("gpt", "llama"):
+                raise SpecError(f"{where}: sp_grad_sync[{n}].arch", f"is {r.get('arch')!r}.", "use gpt or llama.")
+            v = r.get("tensor_s")
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v <= 1:
+                raise SpecError(f"{where}: sp_grad_sync[{n}].tensor_s", f"must be a number of seconds in [0, 1], got {v!r}.", "fix the row.")
     probe = doc.get("probe")
     if probe is not None:
         t = probe.get("time_s") if isinstance(probe, dict) else None
@@ -226,3 +254,16 @@ def validate_tables(doc: dict[str, Any], where: str) -> None:
             tp = r.get("tp", 1)
             if not isinstance(tp, int) or isinstance(tp, bool) or tp <= 0:
                 raise SpecError(f"{where}: optimizer[{n}].tp", f"must be a positive integer, got {tp!r}.", "fix the row (or leave tp out: 1).")
+
+
+def _count_table(table: Any, where: str, lo: float, hi: float) -> None:
+    """A mapping of process count -> number in [lo, hi], or SpecError naming the entry."""
+    from .errors import SpecError
+
+    if not isinstance(table, dict):
+        raise SpecError(where, "must be a mapping of process count -> number.", "re-run `simpar calibrate`.")
+    for k, v in table.items():
+        if not str(k).isdigit() or int(k) < 1:
+            raise SpecError(f"{where}.{k}", "keys are process counts (positive integers).", "fix the entry.")
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not lo <= v <= hi:
+            raise SpecError(f"{where}.{k}", f"must be a number in [{lo}, {hi}], got {v!r}.", "fix the entry.")

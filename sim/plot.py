@@ -18,6 +18,7 @@ from .units import GiB  # noqa: E402
 COLORS = {
     "F": "#4C9BE8", "B": "#E8A44C", "I": "#E8A44C", "W": "#6CC070", "R": "#B084D6", "OPT": "#8C8C8C",
     "SEND_F": "#9EC9F0", "SEND_B": "#F2CF9E", "REDUCE_GRAD": "#E06666", "ZERO_GATHER": "#C27BA0",
+    "SP_GRAD_SYNC": "#D4B106",
 }
 MAX_ROWS = 64
 

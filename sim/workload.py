@@ -123,6 +123,35 @@ def local_params(m: ModelSpec, plan: ParallelPlan, stages: list[int]) -> float:
     return p / plan.zero_shards if plan.zero >= 1 else p
 
 
+def sp_replicated_grads(m: ModelSpec, plan: ParallelPlan, stages: list[int]) -> tuple[int, float]:
+    """(tensors, parameters) of the gradients one GPU all-reduces over its tensor-parallel group
+    after the backward under sequence parallelism: the norms' weights (and LayerNorm biases), which
+    are replicated over tp while their inputs are split along the sequence, so each rank holds a
+    partial sum (Korthikanti et al. 2022 §4.2.2; Megatron-LM finalize_model_grads,
+    _allreduce_layernorm_grads). (0, 0) without sequence parallelism or with tp = 1."""
+    if not plan.sequence_parallel or plan.tp == 1:
+        return 0, 0.0
+    per_norm = 2 if m.arch == "gpt" else 1  # LayerNorm weight + bias, RMSNorm weight
+    split, last = plan.stage_layers(m.layers), plan.num_stages - 1
+    norms = sum(2 * split[s] + (1 if s == last else 0) for s in stages)
+    return norms * per_norm, float(norms * m.hidden)
+
+
+def sp_grad_sync_time(m: ModelSpec, plan: ParallelPlan, stages: list[int], costs: CostModel, net: CollectiveTimer,
+                      group: tuple[int, ...]) -> float:
+    """Seconds of one GPU's sequence-parallel gradient reduction over its TP ``group`` before the
+    optimizer step: a calibration's measured per-gradient time (the executor reduces each
+    gradient inside its optimizer step, sim/measured.py ``sp_grad_sync``) where it has one, else
+    one coalesced all-reduce of all of them (Megatron-LM's _allreduce_layernorm_grads). 0 without
+    sequence parallelism."""
+    tensors, params = sp_replicated_grads(m, plan, stages)
+    if not tensors:
+        return 0.0
+    measured = getattr(costs, "measured", None)
+    t = measured.sp_grad_sync_time(tensors, plan.tp, m.arch) if measured is not None else None
+    return t if t is not None else net.collective_time("all-reduce", group, params * grad_reduce_bytes_per_param(plan))
+
+
 def dtensor_procs(plan: ParallelPlan) -> int:
     """Processes a parameter is a DTensor over in the executor (1: plain tensors): torch's tensor
     parallelism (tp > 1), and FSDP2's data parallelism (ZeRO >= 2, or ZeRO 0 as ``replicate``)

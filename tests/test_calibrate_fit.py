@@ -187,6 +187,10 @@ def _bad(**changes) -> dict:
     (_bad(in_run={"compute_scale": {"2": 1.1}, "p2p_post_s": {"2": 2.0}}), "in_run.p2p_post_s.2"),
     (_bad(probe={"what": "matmul", "time_s": 0.0}), "probe.time_s"),
     (_bad(probe=[0.003]), "probe.time_s"),
+    (_bad(sp_grad_sync={"2": 1e-3}), "sp_grad_sync"),
+    (_bad(sp_grad_sync=[{"tp": 1, "arch": "gpt", "tensor_s": 1e-3}]), "sp_grad_sync[0].tp"),
+    (_bad(sp_grad_sync=[{"tp": 2, "arch": "rnn", "tensor_s": 1e-3}]), "sp_grad_sync[0].arch"),
+    (_bad(sp_grad_sync=[{"tp": 2, "arch": "gpt", "tensor_s": -1e-3}]), "sp_grad_sync[0].tensor_s"),
 ])
 def test_bad_calibration_files_are_one_clear_error(doc, field, tmp_path, runner):
     with pytest.raises(SpecError, match=field.replace("[", r"\[").replace("]", r"\]")):

@@ -40,6 +40,9 @@ def test_calibrate_then_check_one_plan(tmp_path, runner, monkeypatch):
     # the same runs' F and B against the tables' prediction: the in-run compute factor of 2 processes
     assert len(raw["in_run"]) == 8 and all(r["f_s"] > 0 and r["b_s"] > 0 and r["procs"] == 2 for r in raw["in_run"])
     assert math.isfinite(doc["in_run"]["compute_scale"]["2"]) and math.isfinite(doc["in_run"]["action_s"]["2"])
+    # sequence parallelism's partial gradients, reduced inside the optimizer step: seconds per gradient
+    assert [(r["tp"], r["arch"]) for r in doc["sp_grad_sync"]] == [(2, "gpt")]
+    assert 0 < doc["sp_grad_sync"][0]["tensor_s"] < 0.1
     # the device-speed probe, timed at the start and the end of the compute benchmarks
     assert len(doc["probe"]["times_s"]) == 2 and doc["probe"]["time_s"] > 0
 

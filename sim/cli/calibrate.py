@@ -115,6 +115,9 @@ def _calibrate(device, backend, nproc, gpu_name, cluster_name, quick, out: Path)
             tp_opt = Path(tmp, "tp_optimizer.json")  # the optimizer step over DTensor parameters
             if tp_opt.exists():
                 compute["optimizer"] = compute.get("optimizer", []) + json.loads(tp_opt.read_text())
+            sp_sync = Path(tmp, "sp_grad_sync.json")  # sequence parallelism's gradient reductions in the step
+            if sp_sync.exists():
+                compute["sp_grad_sync"] = json.loads(sp_sync.read_text())
             grad_reduce = Path(tmp, "grad_reduce.json")  # REDUCE_GRAD inside the executor's runs
             grad_reduce_rows = json.loads(grad_reduce.read_text()) if grad_reduce.exists() else []
             in_run = Path(tmp, "in_run.json")  # F and B of the same runs
@@ -143,6 +146,8 @@ def _print_calibration(doc: dict) -> None:
 
     rows = [(k, f"{v:.4g}") for k, v in doc["compute"].items()]
     rows += [(f"network {k}", json.dumps(v)) for k, v in doc.get("network", {}).items()]
+    rows += [(f"sequence-parallel grad sync, tp {r['tp']} {r['arch']}", f"{r['tensor_s'] * 1e3:.2f} ms per gradient")
+             for r in doc.get("sp_grad_sync", ())]
     print_table(f"calibration of {doc['device']['gpu']} ({doc['device'].get('name')})", ["parameter", "value"], rows)
     errs = doc["fit"]["errors"]
     print_table("fit: calibrated simulator vs the measurements", ["benchmark", "n", "median |err|", "max |err|"],

@@ -32,7 +32,7 @@ from ..plan import ParallelPlan
 from ..schedules import StageCosts, list_schedule, schedule_for_plan
 from ..schedules.ir import Kind, looped_placement, v_placement
 from ..specs import ModelSpec
-from ..workload import StageWork, dtensor_procs, grad_reduce_bytes_per_param, local_params
+from ..workload import StageWork, dtensor_procs, grad_reduce_bytes_per_param, local_params, sp_grad_sync_time
 
 #: Weight-gradient passes that fill each rank's warm-up gap: ZB-H1 (p - 1)(T_F + T_B - T_W),
 #: ZB-H2 and ZB-V (p - 1)(T_F + T_B - 2 T_W) with per-chunk times (Qi et al. 2024 §2-3; Qi et al.,
@@ -179,6 +179,19 @@ def _optimizer(x: Inputs, prank: int) -> float:
     return t
 
 
+def _sp_sync(x: Inputs, prank: int) -> float:
+    """The sequence-parallel gradient all-reduce before the step (engine._sp_grad_sync)."""
+    p = x.plan
+    if not p.sequence_parallel or p.tp == 1:
+        return 0.0
+    key = ("sp-sync", p.tp, p.cp, p.dp, p.pp, p.vpp, p.schedule == "zb-v", p.layer_split, p.mesh_order, p.precision, prank)
+    t = x.cache.get(key)
+    if t is None:
+        group = RankLayout(p).group(RankLayout(p).rank(pp=prank), "tp")
+        t = x.cache[key] = sp_grad_sync_time(x.model, p, list(x.ranks[prank]), x.costs, x.net, group)
+    return t
+
+
 def _finish(x: Inputs, ends: list[float], first_f: list[float], last_bwd: list[dict[int, tuple[float, float]]],
             source: str) -> Estimate:
     """Add DP, ZeRO and optimizer terms to per-rank compute ends; breakdown of the busiest rank."""
@@ -192,7 +205,7 @@ def _finish(x: Inputs, ends: list[float], first_f: list[float], last_bwd: list[d
     if tied is not None:  # both ends of the pipeline meet, all-reduce, then step (engine._tied_embedding_grad)
         meet = max(ready[tied[0]], ready[tied[1]]) + t_tied
         ready[tied[0]] = ready[tied[1]] = meet
-    finish = [ready[r] + _optimizer(x, r) + _zero_end(x, r) for r in range(len(x.ranks))]
+    finish = [ready[r] + _sp_sync(x, r) + _optimizer(x, r) + _zero_end(x, r) for r in range(len(x.ranks))]
     t = max(finish)
     m, tpx = x.plan.num_microbatches, 0.0 if x.options.overlap_tp else 1.0
     busy = max(range(len(x.ranks)), key=lambda r: (x.rank_work[r], -r))
@@ -200,7 +213,7 @@ def _finish(x: Inputs, ends: list[float], first_f: list[float], last_bwd: list[d
     bd = {
         "compute": m * sum(w.f + w.i + w.w for w in ws),
         "recompute": m * sum(w.r for w in ws),
-        "tp_comm": m * tpx * sum(w.tp_f + w.tp_b + w.tp_r for w in ws),
+        "tp_comm": m * tpx * sum(w.tp_f + w.tp_b + w.tp_r for w in ws) + _sp_sync(x, busy),
         "pp_comm": t_tied if tied is not None and busy in tied else 0.0,
         "dp_comm": tails[busy],
         "zero_comm": shift + _zero_end(x, busy) + (m * _fsdp_seconds(x)[2] if x.fsdp else 0.0),
