@@ -65,7 +65,9 @@ def run_in_run_plans(arch: str, hidden: int, heads: int, kv_heads: int, ffn: int
     ``compute`` rows {model, plan, procs, stage, f_s, b_s}: the medians of the F and B actions of
     each stage, from the same runs and from 1F1B pipeline runs over every process (one and two
     layers per stage, 4 micro-batches of 1 sequence); a pipeline run's rows add ``post_s``
-    (`post_seconds` of the stage's rank)."""
+    (`post_seconds` of the stage's rank), and every row ``probe_s``, the median over its runs of
+    the device-speed probe each run times (executor/probe.py), so that the fit can relate the
+    rows to the device's speed while the calibration's tables were measured."""
     world = dist.get_world_size()
     rows, compute = [], []
     # every process reads the schedule file rank 0 writes into the shared ``workdir``
@@ -84,9 +86,12 @@ def run_in_run_plans(arch: str, hidden: int, heads: int, kv_heads: int, ffn: int
             write_csv(schedule_for_plan(plan), sched)
         dist.barrier()
         times: dict[tuple[str, int], list[float]] = {}
+        probes: list[float] = []
         for _ in range(reps):
             results = gather(run_rank(RunConfig(plan, model, str(sched), steps=1, warmup=IN_RUN_WARMUP, device=device,
                                                 profile_memory=False)))
+            if results is not None:  # the run's device-speed probe (before and after its steps, every rank)
+                probes.append(statistics.fmean(p for r in results for p in r["probe_s"]))
             for kind in ("REDUCE_GRAD", "F", "B") if results is not None else ():
                 for stage in range(plan.num_stages):
                     got = [e["duration"] for r in results for e in r["events"] if e["kind"] == kind and e["stage"] == stage]
@@ -107,6 +112,8 @@ def run_in_run_plans(arch: str, hidden: int, heads: int, kv_heads: int, ffn: int
                    "stage": stage, "f_s": statistics.median(times[("F", stage)]), "b_s": statistics.median(times[("B", stage)])}
             if ("post", stage) in times:
                 row["post_s"] = statistics.median(times[("post", stage)])
+            if probes:
+                row["probe_s"] = statistics.median(probes)
             compute.append(row)
     dist.barrier()
     return {"grad_reduce": rows, "compute": compute}

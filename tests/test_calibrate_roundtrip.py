@@ -39,6 +39,7 @@ def test_calibrate_then_check_one_plan(tmp_path, runner, monkeypatch):
     assert all(v["group"] == 2 and v["unit_s"] + v["s_per_byte"] > 0 for v in doc["grad_reduce"].values())
     # the same runs' F and B against the tables' prediction: the in-run compute factor of 2 processes
     assert len(raw["in_run"]) == 8 and all(r["f_s"] > 0 and r["b_s"] > 0 and r["procs"] == 2 for r in raw["in_run"])
+    assert all(r["probe_s"] > 0 for r in raw["in_run"])  # the device's speed in those runs, for the fit
     assert math.isfinite(doc["in_run"]["compute_scale"]["2"]) and math.isfinite(doc["in_run"]["action_s"]["2"])
     # sequence parallelism's partial gradients, reduced inside the optimizer step: seconds per gradient
     assert [(r["tp"], r["arch"]) for r in doc["sp_grad_sync"]] == [(2, "gpt")]
