@@ -27,11 +27,11 @@ What is fitted, and how (every fit minimises *relative* errors, since timings sp
 - ``in_run``: per process count, the executor's F and B actions inside its own runs against what
   the calibration's tables predict for them: seconds = ``action_s`` + ``compute_scale`` x
   predicted (`fit_linear` over the actions of its data-parallel and pipeline calibration runs).
-  The runs come a minute after the tables, and this VM's speed wanders by 10-30 % over such
-  spans (a 1F1B run repeated for 20 s: F 6.0 -> 7.5 ms while the device-speed probe went
-  2.64 -> 3.00 ms, F / probe within +-6 %), so each row is first brought to the tables' speed:
-  times x the calibration's probe (``probe.time_s``, timed around the tables) / the row's own
-  (``probe_s``, timed in its runs). Rows without a probe are taken as they are.
+  The rows are taken as measured, not scaled by their runs' device-speed probe (``probe_s``,
+  informational): the executor's runs, the in-run rows' and the closed loop's alike, ran at a
+  steadier probe speed (2.77-2.84 ms over three calibrate-and-check runs) than the one the
+  tables were timed at (2.83-3.00 ms), so bringing the rows to the tables' speed added that
+  spread to the predictions (session 6, run 14: mean signed error +5.0 %).
 
 ``fit`` in the document reports, per benchmark family, the median and max relative error of the
 calibrated simulator's own prediction (CostModel / Network built from the document) against the
@@ -234,16 +234,13 @@ def fit_in_run(rows: list[dict], doc: dict[str, Any], gpu: GPUSpec) -> dict[str,
     from .workload import stage_work
 
     costs = CostModel.for_gpu(gpu, {k: v for k, v in doc.items() if k != "in_run"})
-    ref = (doc.get("probe") or {}).get("time_s")
     points: dict[int, list[tuple[float, float]]] = {}
     for r in rows:
         m, plan = ModelSpec(**r["model"]), ParallelPlan(**r["plan"])
         if plan.tp != 1 or plan.cp != 1:  # no in-layer collectives
             continue
         w = stage_work(m, plan, costs, None, RankLayout(plan))[int(r.get("stage", 0))]  # type: ignore[arg-type]
-        # at the tables' device speed: the row's probe against the calibration's (module doc)
-        k = ref / r["probe_s"] if ref and r.get("probe_s") else 1.0
-        points.setdefault(int(r["procs"]), []).extend(((w.f, k * r["f_s"]), (w.b, k * r["b_s"])))
+        points.setdefault(int(r["procs"]), []).extend(((w.f, r["f_s"]), (w.b, r["b_s"])))
     fits = {n: fit_linear([p for p, _ in pts], [t for _, t in pts]) for n, pts in sorted(points.items())}
     if not fits:
         return {}
