@@ -66,8 +66,8 @@ def run_in_run_plans(arch: str, hidden: int, heads: int, kv_heads: int, ffn: int
     each stage, from the same runs and from 1F1B pipeline runs over every process (one and two
     layers per stage, 4 micro-batches of 1 sequence); a pipeline run's rows add ``post_s``
     (`post_seconds` of the stage's rank), and every row ``probe_s``, the median over its runs of
-    the device-speed probe each run times (executor/probe.py; informational, see
-    sim/calibrate_fit.py)."""
+    the device-speed probe each run times (executor/probe.py), which the fit uses to bring the
+    row to the device's uncontended speed (sim/calibrate_fit.py)."""
     world = dist.get_world_size()
     rows, compute = [], []
     # every process reads the schedule file rank 0 writes into the shared ``workdir``

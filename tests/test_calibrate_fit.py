@@ -305,6 +305,36 @@ def test_in_run_model_is_recovered_and_applies_to_plans_of_that_many_processes()
         assert [e.duration for e in got] == pytest.approx([a + k * e.duration for e in base])
 
 
+def test_in_run_rows_are_brought_to_the_fastest_probe_before_the_fit():
+    """Rows timed while the device ran 30 % slower (their probe 1.3 x the fastest the calibration
+    saw) are scaled back before the fit: the same terms come out as from rows timed at full speed;
+    rows without a probe are taken as they are."""
+    from simpar.sim.layout import RankLayout
+    from simpar.sim.workload import stage_work
+
+    gpu = load_gpu("cpu")
+    doc = {"simpar_calibration_version": 1, "device": {"gpu": "cpu", "kind": "cpu"}, "compute": {"mm_eff_max": 0.5},
+           "probe": {"what": "matmul", "time_s": 2.2e-3, "times_s": [2.4e-3, 2e-3]}}
+    costs = CostModel.for_gpu(gpu, doc)
+    rows, slow = [], []
+    for layers in (2, 4):
+        plan = ParallelPlan(pp=2, micro_batch_size=1, global_batch_size=4)
+        m = ModelSpec(name="calib", arch="gpt", layers=layers, hidden=256, heads=4, ffn=1024, vocab=256, seq_len=128)
+        for w in stage_work(m, plan, costs, None, RankLayout(plan)):
+            row = {"model": m.model_dump(mode="json"), "plan": plan.model_dump(mode="json"), "procs": 2, "stage": w.stage,
+                   "f_s": 5e-4 + w.f * 1.1, "b_s": 5e-4 + w.b * 1.1}
+            rows.append(row)
+            slow.append({**row, "f_s": 1.3 * row["f_s"], "b_s": 1.3 * row["b_s"], "probe_s": 2.6e-3})
+    fast = fit_in_run(rows, doc, gpu)
+    back = fit_in_run(slow, doc, gpu)
+    assert fast["compute_scale"]["2"] == pytest.approx(1.1, rel=0.02)
+    assert back["compute_scale"]["2"] == pytest.approx(fast["compute_scale"]["2"], rel=1e-6)
+    assert back["action_s"]["2"] == pytest.approx(fast["action_s"]["2"], rel=1e-6, abs=1e-9)
+    # a row's own probe faster than the calibration's: it is the reference, and that row is unscaled
+    quick = [{**r, "probe_s": 1.6e-3} if i == 0 else r for i, r in enumerate(slow)]
+    assert fit_in_run(quick, doc, gpu)["compute_scale"]["2"] != pytest.approx(back["compute_scale"]["2"], rel=1e-3)
+
+
 def test_an_unsteady_device_during_calibration_is_noted():
     from simpar.sim.calibrate_fit import unstable_device
 
