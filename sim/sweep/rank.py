@@ -187,7 +187,8 @@ def _sp_sync(x: Inputs, prank: int) -> float:
     key = ("sp-sync", p.tp, p.cp, p.dp, p.pp, p.vpp, p.schedule == "zb-v", p.layer_split, p.mesh_order, p.precision, prank)
     t = x.cache.get(key)
     if t is None:
-        group = RankLayout(p).group(RankLayout(p).rank(pp=prank), "tp")
+        layout = RankLayout(p)
+        group = layout.group(layout.rank(pp=prank), "tp")
         t = x.cache[key] = sp_grad_sync_time(x.model, p, list(x.ranks[prank]), x.costs, x.net, group)
     return t
 
