@@ -17,6 +17,11 @@ where it happens: the executor runs small data-parallel calibration plans (model
 the closed loop's: 1 and 3 layers, a 256-token vocabulary) and the REDUCE_GRAD actions of their
 traces are the rows.
 
+The ZeRO-2 runs also give the parameter gather of a step (`gather_seconds`): FSDP2 all-gathers
+every unit's parameters before the first forward, again per unit and several times a bare
+collective here; those rows have ``op`` all-gather and feed the engine's ZERO_GATHER of a
+ZeRO-2 plan.
+
 Every process of the benchmark calls `run_in_run_plans` at once, inside its process group.
 Each row is one REDUCE_GRAD of a stage with ``units`` FSDP units and ``bytes`` of fp32
 gradients; `simpar.sim.calibrate_fit.fit_grad_reduce` fits
@@ -97,6 +102,8 @@ def run_in_run_plans(arch: str, hidden: int, heads: int, kv_heads: int, ffn: int
                     got = [e["duration"] for r in results for e in r["events"] if e["kind"] == kind and e["stage"] == stage]
                     if got:
                         times.setdefault((kind, stage), []).append(statistics.median(got))
+            if results is not None and plan.zero == 2:
+                times.setdefault(("gather", 0), []).append(statistics.median(gather_seconds(r["events"]) for r in results))
             for r in results if results is not None and plan.pp > 1 else ():
                 post = post_seconds(r["events"])
                 if post is not None:
@@ -107,6 +114,9 @@ def run_in_run_plans(arch: str, hidden: int, heads: int, kv_heads: int, ffn: int
             op = "all-reduce" if plan.zero == 0 else "reduce-scatter"
             rows.append({"op": op, "group": world, "units": model.layers + 1, "bytes": 4 * rank_params(model, plan, [0]),
                          "time_s": statistics.median(times[("REDUCE_GRAD", 0)])})
+        if ("gather", 0) in times:  # bytes as the simulator counts a ZeRO parameter gather (16-bit parameters)
+            rows.append({"op": "all-gather", "group": world, "units": model.layers + 1, "bytes": 2 * rank_params(model, plan, [0]),
+                         "time_s": statistics.median(times[("gather", 0)])})
         for stage in range(plan.num_stages):
             row = {"model": model.model_dump(mode="json"), "plan": plan.model_dump(mode="json"), "procs": world,
                    "stage": stage, "f_s": statistics.median(times[("F", stage)]), "b_s": statistics.median(times[("B", stage)])}
@@ -117,6 +127,18 @@ def run_in_run_plans(arch: str, hidden: int, heads: int, kv_heads: int, ffn: int
             compute.append(row)
     dist.barrier()
     return {"grad_reduce": rows, "compute": compute}
+
+
+def gather_seconds(events: list[dict]) -> float:
+    """Seconds one rank of a ZeRO-2 run (FSDP2, parameters kept unsharded between the forward
+    and the backward) spends gathering its parameters in a step: its UNSHARD actions plus what
+    its first forward takes beyond the median of its other forwards (FSDP2 waits there for the
+    all-gathers of the units it did not prefetch). 0 without a second forward to compare with."""
+    unshard = sum(e["duration"] for e in events if e["kind"] == "UNSHARD")
+    fwd = sorted((e["microbatch"], e["duration"]) for e in events if e["kind"] == "F")
+    if len(fwd) < 2:
+        return unshard
+    return unshard + max(0.0, fwd[0][1] - statistics.median(d for _, d in fwd[1:]))
 
 
 def post_seconds(events: list[dict]) -> float | None:

@@ -243,10 +243,14 @@ def bench_layer(shape: LayerShape, device: torch.device, dtype: str, warmup: int
 #: Passes over the layer table (quick: 1). A slow spell of a shared host during one pass made a
 #: model's rows 15-35 % slow in one calibration of this project; the median pass rejects it.
 LAYER_PASSES = 3
+#: Passes over the layers run under DTensor tensor parallelism: a gloo all-reduce in every layer
+#: makes their rows the noisiest of the table (F + B of one shape moved by +-13 % between five
+#: calibrations of this project while the plain rows moved by +-5 %).
+TP_LAYER_PASSES = 5
 
 
-def layer_passes(cfg: BenchConfig) -> int:
-    return 1 if cfg.quick else LAYER_PASSES
+def layer_passes(cfg: BenchConfig, tp: bool = False) -> int:
+    return 1 if cfg.quick else TP_LAYER_PASSES if tp else LAYER_PASSES
 
 
 def in_passes(bench: Callable[[Any], dict], shapes: Sequence[Any], passes: int,
@@ -345,7 +349,7 @@ def _comm_rank(rank: int, world: int, port: int, cfg: BenchConfig, out: str, com
         tp_shapes = [sh for sh in cfg.layers if sh.tp == world]
         tp_cases = [(sh, sp) for sh in tp_shapes for sp in (False, True)]
         tp_rows = in_passes(lambda c: bench_tp_layer(c[0], c[1], device, cfg.dtype, cfg.warmup, cfg.reps), tp_cases,
-                            layer_passes(cfg))
+                            layer_passes(cfg, tp=True))
         tp_opt = bench_tp_optimizer(tp_shapes[0], device, cfg.quick, cfg.warmup, cfg.reps) if tp_shapes else []
         # per architecture, its first layer shape split over every process (the cost is per gradient)
         per_arch = {sh.arch: replace(sh, tp=world) for sh in reversed(cfg.layers)

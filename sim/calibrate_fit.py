@@ -215,16 +215,23 @@ def fit_grad_reduce(rows: list[dict]) -> dict[str, dict[str, float]]:
 PROBE_STEADY = 0.15
 
 
+def probe_spread(times_s: Sequence[float]) -> float:
+    """(slowest / fastest) - 1 of the device-speed probe's timings (0 with fewer than two)."""
+    lo, hi = (min(times_s), max(times_s)) if len(times_s) >= 2 else (1.0, 1.0)
+    return hi / lo - 1.0 if lo > 0 else 0.0
+
+
 def unstable_device(times_s: Sequence[float]) -> str | None:
     """A warning when the device-speed probe's timings (executor/probe.py) differ by more than
     `PROBE_STEADY`: the host changed speed while the benchmarks ran, so the fitted tables mix a
     slow and a fast device (one calibration of this project: 4.6 ms at the start, 2.7 ms at the
     end, and every check plan then over-predicted by 9-20 %)."""
-    lo, hi = min(times_s), max(times_s)
-    if lo <= 0 or hi / lo - 1.0 <= PROBE_STEADY:
+    spread = probe_spread(times_s)
+    if spread <= PROBE_STEADY:
         return None
+    lo, hi = min(times_s), max(times_s)
     return (f"the device's speed changed during the calibration: the speed probe took {lo * 1e3:.2f} to {hi * 1e3:.2f} ms "
-            f"({hi / lo - 1.0:.0%} apart, more than {PROBE_STEADY:.0%}); re-run `simpar calibrate` on a quiet machine")
+            f"({spread:.0%} apart, more than {PROBE_STEADY:.0%}); re-run `simpar calibrate` on a quiet machine")
 
 
 def fit_in_run(rows: list[dict], doc: dict[str, Any], gpu: GPUSpec) -> dict[str, Any]:

@@ -29,14 +29,14 @@ def plan_rows(doc: dict[str, Any]) -> list[tuple[str, ...]]:
     out = []
     for r in doc["plans"]:
         speed = r.get("speed_ratio")
-        out.append((r["name"], str(r["nproc"]), _ms(r["pred_iter_s"]), _ms(r["meas_iter_s"]), _share(r.get("meas_spread")),
+        out.append((r["name"], str(r["nproc"]), str(r.get("runs", len(r.get("meas_rounds_s") or ()))), _ms(r["pred_iter_s"]), _ms(r["meas_iter_s"]), _share(r.get("meas_spread")),
                     _share(r.get("round_spread")), _pct(r["iter_err"]), _pct(None if speed is None else speed - 1.0),
                     _pct(r.get("iter_err_drift")), _pct(r.get("iter_err_analytical")), _mib(r["pred_mem_bytes"]),
                     _mib(r["meas_mem_bytes"]), _pct(r["mem_err"])))
     return out
 
 
-PLAN_HEAD = ("plan", "procs", "pred ms", "meas ms", "step spread", "round spread", "time err", "device slower by",
+PLAN_HEAD = ("plan", "procs", "runs", "pred ms", "meas ms", "step spread", "round spread", "time err", "device slower by",
              "err (drift out)", "err (analytical compute)", "pred MiB", "meas MiB", "mem err")
 
 
@@ -73,6 +73,14 @@ def summary_lines(doc: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _extra_rounds(doc: dict[str, Any]) -> str:
+    most, tol = doc.get("max_rounds") or doc.get("rounds", 1), doc.get("settle")
+    if most <= doc.get("rounds", 1) or tol is None:
+        return ""
+    return (f", and again, up to {most} times (`runs`), while its rounds' medians disagreed (standard error of their "
+            f"mean above {tol:.0%} of it)")
+
+
 def _table(head: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
     out = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     out += ["| " + " | ".join(r) + " |" for r in rows]
@@ -89,7 +97,7 @@ def markdown(doc: dict[str, Any]) -> str:
         f"{dev.get('nproc')} processes), measured {cal.get('date')}, torch {(cal.get('software') or {}).get('torch')}.",
         "",
         f"Errors are (predicted - measured) / measured. Each plan ran {doc.get('rounds', 1)} time(s) (rounds, every other "
-        "one in reverse order); `meas ms` is the median of all its timed steps; `step spread` is (slowest - fastest) / "
+        f"one in reverse order){_extra_rounds(doc)}; `meas ms` is the median of all its timed steps; `step spread` is (slowest - fastest) / "
         "median of those steps and `round spread` the same over the rounds' own medians: the measurement's noise. "
         "`device slower by` compares the device-speed probe (executor/probe.py: a fixed matrix-multiply workload) "
         "timed in the plan's runs with the same probe timed during the calibration; `err (drift out)` is the error of "

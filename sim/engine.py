@@ -22,7 +22,8 @@ from .plan import ParallelPlan
 from .schedules.ir import Kind, Schedule
 from .specs import ModelSpec
 from .trace import TraceEvent
-from .workload import StageWork, dtensor_procs, grad_reduce_bytes_per_param, local_params, sp_grad_sync_time
+from .workload import (StageWork, dtensor_procs, grad_reduce_bytes_per_param, local_params, measured_gather_time,
+                       sp_grad_sync_time)
 
 
 @dataclass(frozen=True)
@@ -195,9 +196,20 @@ class Engine:
         if ev is None:
             if self.plan.zero >= 3:
                 self._params_mem(g, self.work[stage].params)
+            insitu = measured_gather_time(self.costs, self.plan, self.work[stage])
             ev = g.gathered[stage] = self.env.process(
+                self._held(g, g.zero, insitu, f"all-gather {('params', stage)}", "zero", "ZERO_GATHER") if insitu is not None else
                 self._collective(g, g.zero, "all-gather", self.dp_group(g.rank), 2.0 * self.work[stage].params, ("params", stage), "zero", "ZERO_GATHER"))
         return ev
+
+    def _held(self, g: _Gpu, resource: simpy.Resource, seconds: float, name: str, stream: str, kind: str):
+        """``seconds`` on ``resource`` (a stream), recorded as one ``kind`` event: a piece timed as
+        the executor performs it (a calibration's in-run table) instead of by the network model."""
+        with resource.request() as req:
+            yield req
+            t0 = self.env.now
+            yield self.env.timeout(seconds)
+            self._record(g, stream, name, kind, t0)
 
     def _start_reduction(self, g: _Gpu, stage: int, start: float, dur: float) -> None:
         if stage in g.reduced or self.plan.zero_shards == 1:
@@ -216,11 +228,7 @@ class Engine:
             yield self.env.timeout(ready - self.env.now)
         insitu = self._measured_reduction(op, tag[0], nbytes)
         if insitu is not None:  # the executor's REDUCE_GRAD as a calibration measured it
-            with g.dp.request() as req:
-                yield req
-                t0 = self.env.now
-                yield self.env.timeout(insitu)
-                self._record(g, "dp", f"{op} {('grads',) + tag}", "REDUCE_GRAD", t0)
+            yield from self._held(g, g.dp, insitu, f"{op} {('grads',) + tag}", "dp", "REDUCE_GRAD")
             return
         yield from self._collective(g, g.dp, op, self.dp_group(g.rank), nbytes, ("grads",) + tag, "dp", "REDUCE_GRAD")
 

@@ -34,7 +34,9 @@ Two optional sections of a calibration file (`simpar.sim.calibration`), both wri
   seconds = units x unit_s + gradient bytes x s_per_byte, one unit per transformer block plus
   the stage's root. Used for a reduction over a data-parallel group of ``group`` ranks that is
   not overlapped with the backward (the executor's way); an overlapped, bucketed reduction
-  (Megatron's, the engine's default) is timed by the network model.
+  (Megatron's, the engine's default) is timed by the network model. ``all-gather`` (optional):
+  a ZeRO-2 stage's parameter gather before its first forward as FSDP2 performs it (same terms,
+  with the parameters' 16-bit bytes; `simpar.sim.workload.measured_gather_time`).
 - ``in_run``: ``{"compute_scale": {"2": 1.1}, "action_s": {"2": 5e-4}}``: per number of
   processes of a run, how the executor's compute actions inside its own runs compare with what
   the tables above predict: seconds = action_s + compute_scale x predicted (fitted from the
@@ -212,8 +214,8 @@ def validate_tables(doc: dict[str, Any], where: str) -> None:
         if not isinstance(gr, dict):
             raise SpecError(f"{where}: grad_reduce", "must be a mapping of collective -> {group, unit_s, s_per_byte}.", "re-run `simpar calibrate`.")
         for op, v in gr.items():
-            if op not in ("all-reduce", "reduce-scatter"):
-                raise SpecError(f"{where}: grad_reduce.{op}", "unknown collective.", "use all-reduce or reduce-scatter.")
+            if op not in ("all-reduce", "reduce-scatter", "all-gather"):
+                raise SpecError(f"{where}: grad_reduce.{op}", "unknown collective.", "use all-reduce, reduce-scatter or all-gather.")
             if not isinstance(v, dict) or not isinstance(v.get("group"), int) or isinstance(v.get("group"), bool) or v["group"] < 2:
                 raise SpecError(f"{where}: grad_reduce.{op}.group", "must be an integer >= 2.", "fix the entry.")
             for k in ("unit_s", "s_per_byte"):

@@ -152,6 +152,16 @@ def sp_grad_sync_time(m: ModelSpec, plan: ParallelPlan, stages: list[int], costs
     return t if t is not None else net.collective_time("all-reduce", group, params * grad_reduce_bytes_per_param(plan))
 
 
+def measured_gather_time(costs: CostModel, plan: ParallelPlan, work: StageWork) -> float | None:
+    """Seconds of a ZeRO-2 stage's parameter all-gather as the executor performs it (FSDP2, one
+    unit per layer plus the stage's root; a calibration's in-run ``grad_reduce`` all-gather row,
+    sim/measured.py), or None (no such row, or not ZeRO-2: the network model times it)."""
+    measured = getattr(costs, "measured", None)
+    if measured is None or plan.zero != 2 or plan.zero_shards == 1:
+        return None
+    return measured.grad_reduce_time("all-gather", plan.dp * plan.cp, work.layers + 1, 2.0 * work.params)
+
+
 def dtensor_procs(plan: ParallelPlan) -> int:
     """Processes a parameter is a DTensor over in the executor (1: plain tensors): torch's tensor
     parallelism (tp > 1), and FSDP2's data parallelism (ZeRO >= 2, or ZeRO 0 as ``replicate``)

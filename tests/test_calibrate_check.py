@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from simpar.sim.calibrate_check import CHECK_PLANS, run_check
+from simpar.sim.calibrate_check import CHECK_PLANS, run_check, settled
 from simpar.sim.calibrate_report import markdown
 from simpar.sim.specs import load_cluster
 from simpar.sim.trace import TraceEvent, write_trace
@@ -65,6 +65,38 @@ def test_rounds_alternate_order_and_pool_every_timed_step(tmp_path, calibration)
     md = markdown(doc)
     assert "device speed during the runs vs during the calibration" in md and "round spread" in md
     assert "| gpt-dp2-zero0-mbs2 |" in md and "+10.0%" in md
+
+
+def test_rounds_agree_when_the_standard_error_of_their_mean_is_small():
+    assert not settled([]) and not settled([0.3])  # one round says nothing about the noise
+    assert settled([0.346, 0.339, 0.354])  # run 17's gpt-pp2-1f1b: se 1.3 % of the mean
+    assert not settled([0.460, 0.597, 0.447])  # run 17's gpt-tp2: se 10 %
+    assert settled([0.460, 0.597, 0.447], tol=0.11)
+    assert settled([1.0, 1.0])
+
+
+def test_plans_whose_rounds_disagree_run_again_up_to_max_rounds(tmp_path, calibration):
+    steady, noisy = FakeExecutor(slow=[1.0, 1.01, 1.0]), FakeExecutor(slow=[1.0, 1.3, 1.0, 1.0, 1.0, 1.0])
+    order = []
+
+    def run(plan_dir: Path, out: Path, nproc: int) -> None:
+        order.append((plan_dir.name, out.name))
+        (noisy if plan_dir.name == CASES[0].name else steady)(plan_dir, out, nproc)
+
+    doc = run_check(load_cluster("cpu-host"), calibration, tmp_path, run, cases=CASES, rounds=3, max_rounds=5)
+    # rounds 4 and 5 run the noisy plan alone; its medians still disagree after 5, where it stops
+    assert order[9:] == [(CASES[0].name, "measured-4"), (CASES[0].name, "measured-5")]
+    runs = {r["name"]: r["runs"] for r in doc["plans"]}
+    assert runs == {CASES[0].name: 5, CASES[1].name: 3, CASES[2].name: 3}
+    noisy_row = next(r for r in doc["plans"] if r["name"] == CASES[0].name)
+    assert len(noisy_row["meas_rounds_s"]) == 5 and noisy_row["meas_iter_s"] == pytest.approx(0.1 * 1.02)  # every round counts
+    assert (doc["rounds"], doc["max_rounds"]) == (3, 5)
+    md = markdown(doc)
+    assert "up to 5 times (`runs`)" in md and "| runs |" in md
+    # without max_rounds, exactly `rounds` runs each (the earlier behaviour)
+    again = run_check(load_cluster("cpu-host"), calibration, tmp_path / "b", FakeExecutor(slow=[1.0, 1.3, 1.0]),
+                      cases=CASES, rounds=3)
+    assert {r["runs"] for r in again["plans"]} == {3} and "up to" not in markdown(again)
 
 
 def test_without_a_probe_the_drift_columns_stay_empty(tmp_path, calibration):

@@ -156,6 +156,15 @@ def test_layer_passes_alternate_order_and_keep_the_median_pass() -> None:
     assert [r["pass"] for r in in_passes(lambda s: {"pass": 0, "f_s": 1.0, "b_s": 1.0}, ["x"], 1)] == [0]
 
 
+def test_tensor_parallel_layers_get_more_passes_and_quick_runs_one() -> None:
+    from simpar.executor.microbench import LAYER_PASSES, TP_LAYER_PASSES, BenchConfig, layer_passes
+
+    full, quick = BenchConfig(device="cpu", backend="gloo", nproc=2), BenchConfig(device="cpu", backend="gloo", nproc=2, quick=True)
+    assert (layer_passes(full), layer_passes(full, tp=True)) == (LAYER_PASSES, TP_LAYER_PASSES)
+    assert TP_LAYER_PASSES > LAYER_PASSES and TP_LAYER_PASSES % 2 == 1  # an odd count has one median pass
+    assert (layer_passes(quick), layer_passes(quick, tp=True)) == (1, 1)
+
+
 def test_post_seconds_counts_the_gaps_that_are_not_waits_per_posted_op() -> None:
     from simpar.executor.insitu import post_seconds
 
@@ -167,3 +176,17 @@ def test_post_seconds_counts_the_gaps_that_are_not_waits_per_posted_op() -> None
     # gaps 0.3 and 2.2 - 1.9 waited = 0.3, over 3 posted ops
     assert post_seconds(events) == pytest.approx(0.2)
     assert post_seconds([ev("F", 0.0, 1.0), ev("B", 1.5, 1.0)]) is None  # nothing posted
+
+
+def test_gather_seconds_is_the_unshard_plus_the_first_forwards_excess():
+    from simpar.executor.insitu import gather_seconds
+
+    def ev(kind, mb, dur):
+        return {"kind": kind, "microbatch": mb, "duration": dur, "stage": 0}
+
+    # listed out of order: the first forward is micro-batch 0's, 0.012 s above the median of the others
+    events = [ev("UNSHARD", None, 0.002), ev("F", 2, 0.029), ev("F", 0, 0.040), ev("F", 1, 0.027), ev("F", 3, 0.028),
+              ev("B", 0, 0.05)]
+    assert gather_seconds(events) == pytest.approx(0.002 + 0.012)
+    assert gather_seconds([ev("F", 0, 0.020), ev("F", 1, 0.025)]) == 0.0  # a first forward no slower: nothing waited
+    assert gather_seconds([ev("UNSHARD", None, 0.003), ev("F", 0, 0.04)]) == pytest.approx(0.003)

@@ -37,7 +37,13 @@ def _progress(total: int, what: str) -> Iterator:
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), transient=True) as bar:
         task = bar.add_task(what, total=total)
-        yield lambda name: bar.update(task, advance=1, description=f"{what}: {name}")
+
+        def step(name: str) -> None:
+            done = bar.tasks[0]
+            if done.total is not None and done.completed >= done.total:  # work beyond the estimate (extra rounds)
+                bar.update(task, total=done.completed + 1)
+            bar.update(task, advance=1, description=f"{what}: {name}")
+        yield step
 
 
 @click.command("calibrate")
@@ -52,10 +58,14 @@ def _progress(total: int, what: str) -> Iterator:
 @click.option("--plans", default=None, help="--check: comma-separated subset of the plan names")
 @click.option("--steps", type=click.IntRange(1), default=8, show_default=True, help="--check: measured steps per plan")
 @click.option("--warmup", type=click.IntRange(0), default=5, show_default=True, help="--check: warm-up steps per plan")
-@click.option("--rounds", type=click.IntRange(1), default=2, show_default=True,
+@click.option("--rounds", type=click.IntRange(1), default=3, show_default=True,
               help="--check: runs of each plan (every other round in reverse order); the median of all timed steps counts")
+@click.option("--max-rounds", type=click.IntRange(1), default=5, show_default=True,
+              help="--check: run a plan again, up to this many runs, while its rounds' medians disagree "
+                   "(standard error above 3 % of their mean)")
 @click.option("--out", "out", required=True, type=click.Path(), help="calibration JSON (or, with --check, an output folder)")
-def calibrate(device, backend, nproc, gpu_name, cluster_name, quick, check, calib_path, plans, steps, warmup, rounds, out) -> None:
+def calibrate(device, backend, nproc, gpu_name, cluster_name, quick, check, calib_path, plans, steps, warmup, rounds, max_rounds,
+              out) -> None:
     """Measure the device and write a calibration file for --calibration.
 
     \b
@@ -65,7 +75,7 @@ def calibrate(device, backend, nproc, gpu_name, cluster_name, quick, check, cali
     if check:
         if not calib_path:
             raise SimparError("calibration", "--check needs the calibration file to check.", "pass --calibration calib.json.")
-        _check(Path(calib_path), Path(out), plans, steps, warmup, rounds, cluster_name)
+        _check(Path(calib_path), Path(out), plans, steps, warmup, rounds, max_rounds, cluster_name)
         return
     _calibrate(device, backend, nproc, gpu_name, cluster_name, quick, Path(out))
 
@@ -76,10 +86,10 @@ def _calibrate(device, backend, nproc, gpu_name, cluster_name, quick, out: Path)
     backend = backend or ("nccl" if device == "cuda" else "gloo")
     if device == "cpu" and backend == "nccl":
         raise SimparError("backend", "nccl needs CUDA devices.", "use --backend gloo with --device cpu.")
-    from ...executor.devinfo import cuda_devices, device_info, software_versions
-    from ...executor.microbench import BenchConfig, LayerShape, run_comm, run_compute
+    from ...executor.devinfo import cuda_devices, software_versions
+    from ...executor.microbench import BenchConfig, LayerShape
     from ..calibrate_check import layer_grid
-    from ..calibrate_fit import build_calibration
+    from ..calibrate_fit import PROBE_STEADY, build_calibration, probe_spread
 
     if device == "cuda":
         count, first = cuda_devices()
@@ -103,7 +113,37 @@ def _calibrate(device, backend, nproc, gpu_name, cluster_name, quick, out: Path)
     # On a CPU with several processes, every process runs the compute benchmarks at the same time
     # (as every rank of a run computes at once: shared caches and memory bandwidth).
     together = device == "cpu" and nproc > 1
-    with _progress(1 if together else 6 + len(shapes) + (1 if nproc > 1 else 0), "calibrating") as step:
+    meas = _measure(cfg, together, len(shapes))
+    retry_note = None
+    first = probe_spread(_probe_times(meas))
+    if first > PROBE_STEADY:  # a slow spell of a shared host during the benchmarks: measure once more, keep the steadier
+        click.echo(f"note: the device's speed changed by {first:.0%} during the benchmarks (speed probe); measuring once more",
+                   err=True)
+        again = _measure(cfg, together, len(shapes))
+        second = probe_spread(_probe_times(again))
+        if second < first:
+            meas = again
+        retry_note = (f"measured twice: the speed probe varied by {first:.0%} in the first attempt and {second:.0%} in the "
+                      f"second; kept the {'second' if second < first else 'first'}")
+    software = software_versions()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    meas_path = out.with_name(out.stem + ".measurements.json")
+    meas_path.write_text(json.dumps(meas, indent=1) + "\n")
+    doc = build_calibration(meas, gpu, cluster, date=_dt.date.today().isoformat(), software=software, measurements_file=meas_path.name)
+    if retry_note:
+        doc["fit"]["notes"].insert(0, retry_note)
+    out.write_text(json.dumps(doc, indent=2) + "\n")
+    _print_calibration(doc)
+    click.echo(f"wrote {out} and {meas_path}")
+
+
+def _measure(cfg, together: bool, layer_shapes: int) -> dict:
+    """Every benchmark of the calibration, through the executor: the measurements document."""
+    from ...executor.devinfo import device_info
+    from ...executor.microbench import run_comm, run_compute
+
+    nproc = cfg.nproc
+    with _progress(1 if together else 6 + layer_shapes + (1 if nproc > 1 else 0), "calibrating") as step:
         compute = None if together else run_compute(cfg, step)
         with tempfile.TemporaryDirectory(prefix="simpar-calib-") as tmp:
             comm = run_comm(cfg, tmp, with_compute=together)
@@ -123,15 +163,11 @@ def _calibrate(device, backend, nproc, gpu_name, cluster_name, quick, out: Path)
             in_run = Path(tmp, "in_run.json")  # F and B of the same runs
             in_run_rows = json.loads(in_run.read_text()) if in_run.exists() else []
         step(f"compute on {nproc} processes at once, communication" if together else "communication")
-    meas = {"device": device_info(cfg), "compute": compute, "comm": comm, "grad_reduce": grad_reduce_rows, "in_run": in_run_rows}
-    software = software_versions()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    meas_path = out.with_name(out.stem + ".measurements.json")
-    meas_path.write_text(json.dumps(meas, indent=1) + "\n")
-    doc = build_calibration(meas, gpu, cluster, date=_dt.date.today().isoformat(), software=software, measurements_file=meas_path.name)
-    out.write_text(json.dumps(doc, indent=2) + "\n")
-    _print_calibration(doc)
-    click.echo(f"wrote {out} and {meas_path}")
+    return {"device": device_info(cfg), "compute": compute, "comm": comm, "grad_reduce": grad_reduce_rows, "in_run": in_run_rows}
+
+
+def _probe_times(meas: dict) -> list[float]:
+    return list((meas["compute"].get("probe") or {}).get("times_s") or ())
 
 
 def _detect_gpu(name: str) -> str:
@@ -156,7 +192,8 @@ def _print_calibration(doc: dict) -> None:
         click.echo(f"note: {note}")
 
 
-def _check(calib_path: Path, out: Path, plans: str | None, steps: int, warmup: int, rounds: int, cluster_name: str | None) -> None:
+def _check(calib_path: Path, out: Path, plans: str | None, steps: int, warmup: int, rounds: int, max_rounds: int,
+           cluster_name: str | None) -> None:
     from ..calibrate_check import CHECK_PLANS, run_check
     from ..calibrate_report import KIND_HEAD, PLAN_HEAD, kind_rows, plan_rows, summary_lines
     from ..calibration import load_calibration
@@ -190,7 +227,8 @@ def _check(calib_path: Path, out: Path, plans: str | None, steps: int, warmup: i
             raise RuntimeError(f"the executor exited with status {rc} (its output is above)")
 
     with _progress(len(cases) * rounds, "closed loop") as step:
-        res = run_check(cluster, doc, out, runner, device=device, cases=cases, progress=step, rounds=rounds)
+        res = run_check(cluster, doc, out, runner, device=device, cases=cases, progress=step, rounds=rounds,
+                        max_rounds=max_rounds)
     print_table("predicted vs measured (errors: (pred - meas) / meas)", list(PLAN_HEAD), plan_rows(res))
     print_table("per action kind", list(KIND_HEAD), kind_rows(res))
     for line in summary_lines(res):

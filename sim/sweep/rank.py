@@ -32,7 +32,8 @@ from ..plan import ParallelPlan
 from ..schedules import StageCosts, list_schedule, schedule_for_plan
 from ..schedules.ir import Kind, looped_placement, v_placement
 from ..specs import ModelSpec
-from ..workload import StageWork, dtensor_procs, grad_reduce_bytes_per_param, local_params, sp_grad_sync_time
+from ..workload import (StageWork, dtensor_procs, grad_reduce_bytes_per_param, local_params, measured_gather_time,
+                        sp_grad_sync_time)
 
 #: Weight-gradient passes that fill each rank's warm-up gap: ZB-H1 (p - 1)(T_F + T_B - T_W),
 #: ZB-H2 and ZB-V (p - 1)(T_F + T_B - 2 T_W) with per-chunk times (Qi et al. 2024 §2-3; Qi et al.,
@@ -149,7 +150,8 @@ def _dp_tail(x: Inputs, prank: int, last_bwd: dict[int, tuple[float, float]], en
 
 
 def _gather(x: Inputs, prank: int, stage: int) -> float:
-    return x.collective("all-gather", prank, 2.0 * x.work[stage].params)
+    insitu = measured_gather_time(x.costs, x.plan, x.work[stage])  # as the engine's _zero_gather
+    return insitu if insitu is not None else x.collective("all-gather", prank, 2.0 * x.work[stage].params)
 
 
 def _zero_start(x: Inputs, first_f: list[float]) -> float:
