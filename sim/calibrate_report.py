@@ -29,7 +29,8 @@ def plan_rows(doc: dict[str, Any]) -> list[tuple[str, ...]]:
     out = []
     for r in doc["plans"]:
         speed = r.get("speed_ratio")
-        out.append((r["name"], str(r["nproc"]), str(r.get("runs", len(r.get("meas_rounds_s") or ()))), _ms(r["pred_iter_s"]), _ms(r["meas_iter_s"]), _share(r.get("meas_spread")),
+        runs = r.get("runs", len(r.get("meas_rounds_s") or ()))  # check.json files before `runs` existed
+        out.append((r["name"], str(r["nproc"]), str(runs), _ms(r["pred_iter_s"]), _ms(r["meas_iter_s"]), _share(r.get("meas_spread")),
                     _share(r.get("round_spread")), _pct(r["iter_err"]), _pct(None if speed is None else speed - 1.0),
                     _pct(r.get("iter_err_drift")), _pct(r.get("iter_err_analytical")), _mib(r["pred_mem_bytes"]),
                     _mib(r["meas_mem_bytes"]), _pct(r["mem_err"])))
@@ -97,7 +98,8 @@ def markdown(doc: dict[str, Any]) -> str:
         f"{dev.get('nproc')} processes), measured {cal.get('date')}, torch {(cal.get('software') or {}).get('torch')}.",
         "",
         f"Errors are (predicted - measured) / measured. Each plan ran {doc.get('rounds', 1)} time(s) (rounds, every other "
-        f"one in reverse order){_extra_rounds(doc)}; `meas ms` is the median of all its timed steps; `step spread` is (slowest - fastest) / "
+        f"one in reverse order){_extra_rounds(doc)}; `meas ms` is the median of all its timed steps; `step spread` is "
+        "(slowest - fastest) / "
         "median of those steps and `round spread` the same over the rounds' own medians: the measurement's noise. "
         "`device slower by` compares the device-speed probe (executor/probe.py: a fixed matrix-multiply workload) "
         "timed in the plan's runs with the same probe timed during the calibration; `err (drift out)` is the error of "

@@ -115,16 +115,16 @@ def _calibrate(device, backend, nproc, gpu_name, cluster_name, quick, out: Path)
     together = device == "cpu" and nproc > 1
     meas = _measure(cfg, together, len(shapes))
     retry_note = None
-    first = probe_spread(_probe_times(meas))
-    if first > PROBE_STEADY:  # a slow spell of a shared host during the benchmarks: measure once more, keep the steadier
-        click.echo(f"note: the device's speed changed by {first:.0%} during the benchmarks (speed probe); measuring once more",
+    moved = probe_spread(_probe_times(meas))
+    if moved > PROBE_STEADY:  # a slow spell of a shared host during the benchmarks: measure once more, keep the steadier
+        click.echo(f"note: the device's speed changed by {moved:.0%} during the benchmarks (speed probe); measuring once more",
                    err=True)
         again = _measure(cfg, together, len(shapes))
-        second = probe_spread(_probe_times(again))
-        if second < first:
+        moved_again = probe_spread(_probe_times(again))
+        if moved_again < moved:
             meas = again
-        retry_note = (f"measured twice: the speed probe varied by {first:.0%} in the first attempt and {second:.0%} in the "
-                      f"second; kept the {'second' if second < first else 'first'}")
+        retry_note = (f"measured twice: the speed probe varied by {moved:.0%} in the first attempt and {moved_again:.0%} in the "
+                      f"second; kept the {'second' if moved_again < moved else 'first'}")
     software = software_versions()
     out.parent.mkdir(parents=True, exist_ok=True)
     meas_path = out.with_name(out.stem + ".measurements.json")
