@@ -282,10 +282,6 @@ def settled(rounds_s: list[float], tol: float = SETTLE) -> bool:
     return statistics.stdev(rounds_s) / len(rounds_s) ** 0.5 <= tol * statistics.fmean(rounds_s)
 
 
-def _round_median(run_dir: Path) -> float:
-    return float(json.loads((run_dir / "result.json").read_text())["iteration_time_s"])
-
-
 def run_check(cluster: ClusterSpec, calibration: dict, out: Path, runner: Callable[[Path, Path, int], None],
               device: str = "cpu", cases: tuple[CheckPlan, ...] = CHECK_PLANS,
               progress: Callable[[str], None] = lambda _: None, rounds: int = 1,
@@ -304,11 +300,12 @@ def run_check(cluster: ClusterSpec, calibration: dict, out: Path, runner: Callab
     for case in cases:
         preds[case.name] = prepare(case, cluster, calibration, out / case.name)
     runs: dict[str, list[Path]] = {case.name: [] for case in cases}
+    medians: dict[str, list[float]] = {case.name: [] for case in cases}  # each run's own median step
     failed: dict[str, str] = {}
     retried: list[dict[str, Any]] = []  # every failed attempt, also those a retry made good
     for r in range(max_rounds):
         todo = [c for c in cases if c.name not in failed
-                and (r < rounds or not settled([_round_median(d) for d in runs[c.name]]))]
+                and (r < rounds or not settled(medians[c.name]))]
         if not todo:
             break
         for case in todo if r % 2 == 0 else reversed(todo):
@@ -323,6 +320,7 @@ def run_check(cluster: ClusterSpec, calibration: dict, out: Path, runner: Callab
                 else:
                     failed.pop(case.name, None)
                     runs[case.name].append(run_dir)
+                    medians[case.name].append(float(json.loads((run_dir / "result.json").read_text())["iteration_time_s"]))
                     break
             progress(case.name if max_rounds == 1 else f"{case.name} (round {r + 1})")
     rows = [evaluate(case, preds[case.name], runs[case.name], device, calibration.get("probe"))
