@@ -1,0 +1,59 @@
+"""Predictions pinned across refactors: tests/golden/make.py wrote these files; here they are
+recomputed and compared. A difference means a prediction changed: intended changes regenerate the
+files (and say which rows changed and why in the commit), anything else is a regression."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent / "golden"
+sys.path.insert(0, str(HERE))
+import make  # noqa: E402
+
+REL = 1e-9
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
+        return math.isclose(a, b, rel_tol=REL, abs_tol=1e-15)
+    return a == b
+
+
+def _diff(old: dict, new: dict) -> list[str]:
+    return [k for k in sorted(set(old) | set(new)) if not _same(old.get(k), new.get(k))]
+
+
+def test_published_rows_predict_as_before():
+    old = json.loads((HERE / "validate.json").read_text())
+    assert _diff(old, make.validate_rows()) == []
+
+
+def test_closed_loop_plans_with_the_cpu_calibration_predict_as_before():
+    old = json.loads((HERE / "check.json").read_text())
+    assert _diff(old, make.check_predictions()) == []
+
+
+def _num(v: str):
+    try:
+        return float(v)
+    except ValueError:
+        return v
+
+
+def test_small_sweep_results_are_as_before(tmp_path):
+    old = list(csv.DictReader(io.StringIO((HERE / "sweep-results.csv").read_text())))
+    new = list(csv.DictReader(io.StringIO(make.sweep_results(tmp_path / "sweep"))))
+    assert len(old) == len(new)
+    bad = [o["id"] for o, n in zip(old, new) if not _same({k: _num(v) for k, v in o.items()}, {k: _num(v) for k, v in n.items()})]
+    assert bad == []
