@@ -9,9 +9,9 @@ from __future__ import annotations
 import sys
 import time
 
-from simpar.sim.engine import EngineOptions
+from simpar.sim.engine.core import EngineOptions
 from simpar.sim.plan import ParallelPlan, check_plan
-from simpar.sim.simulate import simulate
+from simpar.sim.engine.simulate import simulate
 from simpar.sim.specs import load_cluster, load_model
 
 

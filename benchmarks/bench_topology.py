@@ -16,7 +16,7 @@ import time
 from simpar.sim.network import make_network
 from simpar.sim.network.algorithms import Group, ring_orders
 from simpar.sim.specs import load_cluster
-from simpar.sim.topology import Topology
+from simpar.sim.topology.graph import Topology
 
 LIMIT_S = 10.0
 

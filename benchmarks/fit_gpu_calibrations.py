@@ -23,10 +23,11 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from simpar.sim.calibration import default_calibration_path
-from simpar.sim.costs import CostModel, EfficiencyParams
-from simpar.sim.simulate import simulate
-from simpar.sim.validate import read_rows, row_setup
+from simpar.sim.specs.calibration import default_calibration_path
+from simpar.sim.cost.compute import CostModel
+from simpar.sim.specs.calibration import EfficiencyParams
+from simpar.sim.engine.simulate import simulate
+from simpar.sim.validation.published import read_rows, row_setup
 
 GROUPS = {"a100": ("a100-40g", "a100-80g"), "h100": ("h100-sxm",)}
 #: parameter -> (relative step, lower, upper); attention fwd and bwd move together (ratio kept)
@@ -34,21 +35,16 @@ STEPS = {"mm_eff_max": (0.04, 0.4, 0.9), "attn_scale": (0.08, 0.5, 2.0), "mm_hal
 
 
 def evaluate(rows, params: dict[str, EfficiencyParams]) -> list[tuple[str, float]]:
+    """Each row's relative error with the efficiencies ``params`` of its GPU (a cost model
+    injected into simulate(); the GPU's default calibration for GPUs not in ``params``)."""
     out = []
-    orig = CostModel.for_gpu.__func__
-
-    def for_gpu(cls, gpu, calibration=None):
-        cm = orig(cls, gpu, calibration)
-        return replace(cm, eff=params[gpu.name]) if gpu.name in params else cm
-
-    CostModel.for_gpu = classmethod(for_gpu)
-    try:
-        for r in rows:
-            model, cluster, plan = row_setup(r)
-            t = simulate(model, cluster, plan).iter_time_s
-            out.append((r["id"], (t - float(r["iter_time_s"])) / float(r["iter_time_s"])))
-    finally:
-        CostModel.for_gpu = classmethod(orig)
+    for r in rows:
+        model, cluster, plan = row_setup(r)
+        costs = CostModel.for_gpu(cluster.gpu)
+        if cluster.gpu.name in params:
+            costs = replace(costs, eff=params[cluster.gpu.name])
+        t = simulate(model, cluster, plan, costs=costs).iter_time_s
+        out.append((r["id"], (t - float(r["iter_time_s"])) / float(r["iter_time_s"])))
     return out
 
 
@@ -58,8 +54,8 @@ def score(errs) -> float:
 
 def with_param(eff: EfficiencyParams, name: str, value: float, base: EfficiencyParams) -> EfficiencyParams:
     if name == "attn_scale":
-        return replace(eff, attn_eff_fwd=base.attn_eff_fwd * value, attn_eff_bwd=base.attn_eff_bwd * value)
-    return replace(eff, **{name: value})
+        return eff.model_copy(update={"attn_eff_fwd": base.attn_eff_fwd * value, "attn_eff_bwd": base.attn_eff_bwd * value})
+    return eff.model_copy(update={name: value})
 
 
 def current(eff: EfficiencyParams, name: str, base: EfficiencyParams) -> float:
@@ -126,7 +122,7 @@ def main() -> None:
             effs[g] = CostModel.for_gpu(row_setup(next(r for r in fp8 if _gpu(r) == g))[1].gpu).eff
     best_s, best_err = None, None
     for s in (0.6, 0.7, 0.8, 0.9, 1.0):
-        errs = evaluate(fp8, {g: replace(e, fp8_mm_eff_scale=s) for g, e in effs.items()})
+        errs = evaluate(fp8, {g: e.model_copy(update={"fp8_mm_eff_scale": s}) for g, e in effs.items()})
         log(f"fp8_mm_eff_scale {s}: mean |error| {score(errs):.2%} over {len(fp8)} fp8 rows")
         if best_err is None or score(errs) < score(best_err):
             best_s, best_err = s, errs

@@ -6,5 +6,7 @@ Modules: ``model`` (GPT/Llama from a ModelSpec), ``parallel`` (mesh, TP/SP, DDP/
 ``torch_pipelining`` (the only place private torch APIs are used), ``measure`` (timings, memory),
 ``verify`` (single-process reference), ``checks`` (fail-fast validation, no torch), ``worker``
 (one rank), ``entry`` (torchrun entry point), ``launch`` (torchrun command, local spawning).
+``microbench`` and ``insitu`` (the benchmarks of ``simpar calibrate``), ``probe`` (device-speed
+probe), ``timing`` (their shared timing helpers), ``devinfo`` (device and versions).
 See README.md.
 """

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..sim.errors import PlanError, ScheduleError, SimparError
-from ..sim.plan import ParallelPlan, _check_schedule, _check_split
-from ..sim.schedules import read_csv
-from ..sim.schedules.ir import Kind, Schedule, looped_placement, v_placement
-from ..sim.specs import ModelSpec
+from simpar.sim.errors import PlanError, ScheduleError, SimparError
+from simpar.sim.plan import ParallelPlan, _check_schedule, _check_split
+from simpar.sim.schedules import read_csv
+from simpar.sim.schedules.ir import Kind, Schedule, looped_placement, v_placement
+from simpar.sim.specs import ModelSpec
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 COMPUTE_KINDS = frozenset({Kind.F, Kind.B, Kind.I, Kind.W})

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from .microbench import BenchConfig
+from .timing import BenchConfig
 
 
 def cuda_devices() -> tuple[int, str | None]:

@@ -17,9 +17,9 @@ import sys
 from datetime import timedelta
 from pathlib import Path
 
-from ..sim.errors import SimparError
-from ..sim.planfile import read_plan_file
-from ..sim.trace import write_trace
+from simpar.sim.errors import SimparError
+from simpar.sim.specs.planfile import read_plan_file
+from simpar.sim.engine.trace import write_trace
 from .launch import DEFAULT_TIMEOUT_S, validate
 
 log = logging.getLogger("simpar.executor")

@@ -47,11 +47,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ..sim.memory import rank_params
-from ..sim.plan import ParallelPlan
-from ..sim.schedules import schedule_for_plan, write_csv
-from ..sim.specs import ModelSpec
-from .microbench import DTYPES, BenchConfig, LayerShape, _null, bench_attention_core, timeit
+from simpar.sim.cost.memory import rank_params
+from simpar.sim.plan import ParallelPlan
+from simpar.sim.schedules import schedule_for_plan, write_csv
+from simpar.sim.specs import ModelSpec
+from .timing import DTYPES, BenchConfig, LayerShape, _null, bench_attention_core, timeit
 from .worker import RunConfig, gather, run_rank
 
 #: Layers of the calibration models: two sizes separate the per-unit and the per-byte term.

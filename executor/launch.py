@@ -24,8 +24,8 @@ from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 
-from ..sim.plan import ParallelPlan
-from ..sim.planfile import read_plan_file
+from simpar.sim.plan import ParallelPlan
+from simpar.sim.specs.planfile import read_plan_file
 from .checks import check_precision, check_run, has_comms, read_schedule_file, torch_rows
 
 DEFAULT_TIMEOUT_S = 300  # process-group timeout: a deadlock ends here, not after torch's 30 min
@@ -48,7 +48,7 @@ def validate(plan_path: str | Path, schedule_path: str | Path, world_size: int, 
 
 def write_schedule(plan: ParallelPlan, path: str | Path, lowered: bool = False) -> Path:
     """The plan's compute-only schedule (or simpar's lowered form) as torch's CSV."""
-    from ..sim.schedules import lower, schedule_for_plan, write_csv
+    from simpar.sim.schedules import lower, schedule_for_plan, write_csv
 
     sched = schedule_for_plan(plan)
     return write_csv(lower(sched, plan) if lowered else sched, path)

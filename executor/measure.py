@@ -31,8 +31,8 @@ from typing import Iterator
 
 import torch
 
-from ..sim.schedules.ir import Action, Kind
-from ..sim.trace import TraceEvent
+from simpar.sim.schedules.ir import Action, Kind
+from simpar.sim.engine.trace import TraceEvent
 
 _COMPUTE = {"F", "B", "I", "W"}
 _PP = {"SEND_F", "RECV_F", "SEND_B", "RECV_B"}

@@ -1,6 +1,6 @@
 """Microbenchmarks behind ``simpar calibrate``: the device's compute and communication, timed
 with torch, returned as plain JSON-able dicts (seconds, bytes, FLOP) for the fit in
-``simpar.sim.calibrate_fit`` (which needs no torch).
+``simpar.sim.calibration.fit`` (which needs no torch).
 
 Compute (one process, the current device): matrix multiplies over a grid of shapes and dtypes,
 the attention core forward/backward (the executor's own ``attention_core``), a memory-bound
@@ -15,7 +15,10 @@ executor reports for an iteration, so that calibrated predictions and measured r
 compared like with like (a lower quartile, tried first, biased every prediction low by 10-20 %
 on this 2-core machine). On CUDA a repetition is timed with CUDA
 events around it; on CPU with ``time.perf_counter``. On CPU the processes run one thread each
-(``torch.set_num_threads(1)``), as the executor's runs do.
+(``torch.set_num_threads(1)``), as the executor's runs do. The timing helpers (`timeit`,
+`robust`) and the benchmark configuration (`BenchConfig`, `LayerShape`) live in ``timing``,
+shared with ``insitu`` and ``probe``: this module sits above ``timing``, ``probe``, ``insitu`` and
+``launch`` and imports them; none of them imports it.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -31,81 +34,17 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
-from ..sim.specs import ModelSpec
+from simpar.sim.specs import ModelSpec
 from .model import Block, attention_core
+from .timing import DTYPES, BenchConfig, LayerShape, _null, _sync, bench_attention_core, robust, timeit
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 Progress = Callable[[str], None]
-
-
-@dataclass(frozen=True)
-class LayerShape:
-    """One transformer layer to time: a model's layer dims, the tp shard, micro-batch and sequence."""
-
-    arch: str
-    hidden: int
-    heads: int
-    kv_heads: int
-    ffn: int
-    seq: int
-    mbs: int
-    tp: int = 1
-
-
-@dataclass(frozen=True)
-class BenchConfig:
-    device: str = "cpu"
-    backend: str = "gloo"
-    nproc: int = 1
-    quick: bool = False
-    dtype: str = "fp32"  # the dtype the executor computes in on this device
-    layers: tuple[LayerShape, ...] = ()
-    warmup: int = 2
-    reps: int = 7
-    comm_sizes: tuple[int, ...] = field(default_factory=tuple)
 
 
 def default_comm_sizes(device: str, quick: bool) -> tuple[int, ...]:
     if device == "cuda":
         return (2**16, 2**20, 2**24, 2**26) if quick else (2**14, 2**16, 2**18, 2**20, 2**22, 2**24, 2**26, 2**28)
     return (2**12, 2**18, 2**22) if quick else (2**12, 2**16, 2**18, 2**20, 2**22, 2**24)
-
-
-# --- timing ---------------------------------------------------------------------------------
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def robust(times: list[float]) -> float:
-    """The median (see the module docstring)."""
-    xs = sorted(times)
-    n = len(xs)
-    return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
-
-
-def timeit(fn: Callable[[], object], device: torch.device, warmup: int, reps: int,
-           setup: Callable[[], object] | None = None) -> float:
-    """Seconds of ``fn(setup())`` (lower quartile) (or ``fn()``) over ``reps`` after ``warmup`` runs;
-    ``setup`` runs untimed before each repetition."""
-    times = []
-    for i in range(warmup + reps):
-        arg = setup() if setup is not None else None
-        _sync(device)
-        if device.type == "cuda":
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn(arg) if setup is not None else fn()
-            b.record()
-            b.synchronize()
-            dt = a.elapsed_time(b) * 1e-3
-        else:
-            t0 = time.perf_counter()
-            fn(arg) if setup is not None else fn()
-            dt = time.perf_counter() - t0
-        if i >= warmup:
-            times.append(dt)
-    return robust(times)
 
 
 # --- compute --------------------------------------------------------------------------------
@@ -267,26 +206,6 @@ def in_passes(bench: Callable[[Any], dict], shapes: Sequence[Any], passes: int,
     return [sorted(rs, key=lambda row: row["f_s"] + row["b_s"])[len(rs) // 2] for rs in runs]
 
 
-def bench_attention_core(shape: LayerShape, device: torch.device, dtype: str, warmup: int, reps: int) -> float:
-    """The attention core's forward on one tensor-parallel rank's heads (what selective
-    recomputation re-runs)."""
-    hd, t = shape.hidden // shape.heads, shape.tp
-
-    def qkv():
-        q = torch.randn(shape.mbs, shape.heads // t, shape.seq, hd, device=device, dtype=DTYPES[dtype])
-        k = torch.randn(shape.mbs, shape.kv_heads // t, shape.seq, hd, device=device, dtype=DTYPES[dtype])
-        return q, k, torch.randn_like(k)
-    return timeit(lambda a: attention_core(*a), device, warmup, reps, setup=qkv)
-
-
-class _null:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
-
-
 def run_compute(cfg: BenchConfig, progress: Progress = lambda _: None) -> dict:
     """Every single-device benchmark; ``progress(name)`` after each group."""
     if cfg.device == "cpu":
@@ -404,7 +323,7 @@ def _pingpong(t: torch.Tensor, rank: int, device: torch.device, cfg: BenchConfig
 
 
 def _collective(op: str, nbytes: int, g: int, pg, rank: int, device: torch.device, cfg: BenchConfig) -> float | None:
-    """Seconds (lower quartile) of ``op`` on a buffer of ``nbytes`` as nccl-tests counts it (all-gather: the
+    """Seconds (median, `robust`) of ``op`` on a buffer of ``nbytes`` as nccl-tests counts it (all-gather: the
     output, reduce-scatter: the input), timed on rank 0 after a group barrier each repetition."""
     import torch.distributed as dist
 

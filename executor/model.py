@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from ..sim.specs import ModelSpec
+from simpar.sim.specs import ModelSpec
 
 INIT_STD = 0.02  # GPT-2 / Megatron init_method_std
 

@@ -30,8 +30,8 @@ from torch.distributed.tensor.parallel import (
 )
 from torch.nn.parallel import DistributedDataParallel
 
-from ..sim.layout import RankLayout
-from ..sim.plan import ParallelPlan
+from simpar.sim.layout import RankLayout
+from simpar.sim.plan import ParallelPlan
 from .model import Transformer
 from .torch_pipelining import replicate_module
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from .microbench import DTYPES, timeit
+from .timing import DTYPES, timeit
 
 PROBE_TOKENS, PROBE_HIDDEN = 256, 256
 PROBE_WARMUP, PROBE_REPS = 3, 15

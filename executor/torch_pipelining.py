@@ -40,7 +40,7 @@ from torch.distributed.pipelining.schedules import (
     _validate_schedule,
 )
 
-from ..sim.errors import ScheduleError, SimparError
+from simpar.sim.errors import ScheduleError, SimparError
 
 #: The torch release whose private pipelining APIs this module was written against.
 TORCH_VERSION = "2.13.0"

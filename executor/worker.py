@@ -17,10 +17,10 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from ..sim.layout import RankLayout
-from ..sim.plan import ParallelPlan
-from ..sim.specs import ModelSpec
-from ..sim.trace import TraceEvent, event_dict
+from simpar.sim.layout import RankLayout
+from simpar.sim.plan import ParallelPlan
+from simpar.sim.specs import ModelSpec
+from simpar.sim.engine.trace import TraceEvent, event_dict
 from . import measure, parallel, verify
 from .checks import check_precision, check_run, has_comms, read_schedule_file, torch_rows
 from .model import build_model, loss_fn, stage_shapes, synthetic_batch

@@ -7,7 +7,9 @@ A plan is model-independent data (it is written to ``plan.json`` and read by the
 
 from __future__ import annotations
 
+import enum
 import json
+from functools import cached_property
 from pathlib import Path
 from typing import Literal
 
@@ -25,6 +27,34 @@ PRECISIONS = ("bf16", "fp16", "fp8")
 AXES = ("pp", "dp", "cp", "tp")
 #: Megatron's default: pp outermost ... tp innermost (a TP group stays inside a node).
 DEFAULT_MESH_ORDER = ("pp", "dp", "cp", "tp")
+
+
+class ZeroPolicy(enum.Enum):
+    """When a GPU gathers the parameters ZeRO shards (Rajbhandari et al. 2020 §5; PyTorch FSDP).
+
+    - ``NONE``: parameters are not sharded (ZeRO 0, or a single shard);
+    - ``GATHER_AT_START``: ZeRO-1/2, each stage's updated parameters are all-gathered once per
+      iteration, after the previous optimizer step (Megatron's distributed optimizer);
+    - ``PER_UNSHARD``: ZeRO-3 inside a pipeline, a stage is gathered at its UNSHARD and freed at
+      its RESHARD (torch.distributed.pipelining with FSDP2);
+    - ``PER_LAYER``: ZeRO-3 without a pipeline (FSDP), every forward and backward gathers the
+      parameters layer by layer with prefetch and reduce-scatters each layer's gradients.
+    """
+
+    NONE = "none"
+    GATHER_AT_START = "gather-at-start"
+    PER_UNSHARD = "per-unshard"
+    PER_LAYER = "per-layer"
+
+
+def looped_placement(pp: int, vpp: int) -> tuple[int, ...]:
+    """Interleaved: stage s lives on pipeline rank s % pp (Megatron's virtual pipeline)."""
+    return tuple(s % pp for s in range(pp * vpp))
+
+
+def v_placement(pp: int) -> tuple[int, ...]:
+    """V shape (zb-v): stages 0..pp-1 go down the ranks, stages pp..2pp-1 come back up."""
+    return tuple(list(range(pp)) + list(range(pp - 1, -1, -1)))
 
 
 class ParallelPlan(BaseModel):
@@ -84,6 +114,43 @@ class ParallelPlan(BaseModel):
     def zero_shards(self) -> int:
         """ZeRO shards optimizer/grad/param state over dp x cp (Megatron's distributed optimizer)."""
         return self.dp * self.cp
+
+    @property
+    def pipeline_ranks(self) -> int:
+        """Pipeline ranks the schedule runs on (1 without a pipeline schedule)."""
+        return 1 if self.schedule == "none" else self.pp
+
+    @cached_property
+    def placement(self) -> tuple[int, ...]:
+        """Pipeline rank of each stage: a V for zb-v, else looped (stage s on rank s % pp)."""
+        if self.schedule == "zb-v":
+            return v_placement(self.pp)
+        return looped_placement(self.pipeline_ranks, self.vpp)
+
+    @cached_property
+    def rank_stages(self) -> tuple[tuple[int, ...], ...]:
+        """Stages each pipeline rank holds, in stage order."""
+        place = self.placement
+        return tuple(tuple(s for s, r in enumerate(place) if r == q) for q in range(self.pipeline_ranks))
+
+    @property
+    def zero_policy(self) -> ZeroPolicy:
+        if self.zero == 0 or self.zero_shards == 1:
+            return ZeroPolicy.NONE
+        if self.zero < 3:
+            return ZeroPolicy.GATHER_AT_START
+        return ZeroPolicy.PER_LAYER if self.pp == 1 else ZeroPolicy.PER_UNSHARD
+
+    @property
+    def reduces_gradients(self) -> bool:
+        """Gradients are reduced over a data-parallel group (dp x cp > 1)."""
+        return self.zero_shards > 1
+
+    def describe(self) -> str:
+        """One line: sizes, batch, schedule, ZeRO, recomputation, SP and precision."""
+        return (f"tp {self.tp} pp {self.pp} dp {self.dp} cp {self.cp} vpp {self.vpp}, mbs {self.micro_batch_size}"
+                f" gbs {self.global_batch_size} ({self.num_microbatches} microbatches), {self.schedule},"
+                f" ZeRO {self.zero}, recompute {self.recompute}{', SP' if self.sequence_parallel else ''}, {self.precision}")
 
     def stage_layers(self, num_layers: int) -> tuple[int, ...]:
         """Transformer layers in each stage (index = stage id)."""

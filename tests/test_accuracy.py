@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from simpar.sim.accuracy import read_closed_loop, row_hints
-from simpar.sim.cli.main import cli
-from simpar.sim.validate import read_rows, row_setup
+from simpar.sim.validation.accuracy import read_closed_loop, row_hints
+from simpar.cli.main import cli
+from simpar.sim.validation.published import read_rows, row_setup
 
 DATA = Path(__file__).parent / "data"
 CSV = DATA / "published-3rows.csv"

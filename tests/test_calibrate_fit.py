@@ -11,13 +11,13 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from simpar.sim.calibrate_fit import (build_calibration, fit_attention, fit_bandwidth, fit_grad_reduce, fit_in_run, fit_linear, fit_matmul,
+from simpar.sim.calibration.fit import (build_calibration, fit_attention, fit_bandwidth, fit_grad_reduce, fit_in_run, fit_linear, fit_matmul,
                                      fit_network)
-from simpar.sim.calibration import load_calibration, validate_calibration
-from simpar.sim.cli.main import cli
-from simpar.sim.costs import CostModel
+from simpar.sim.specs.calibration import load_calibration, validate_calibration
+from simpar.cli.main import cli
+from simpar.sim.cost.compute import CostModel
 from simpar.sim.errors import SpecError
-from simpar.sim.measured import MeasuredCosts
+from simpar.sim.cost.tables import MeasuredCosts
 from simpar.sim.network import make_network
 from simpar.sim.plan import ParallelPlan
 from simpar.sim.specs import ModelSpec, load_cluster, load_gpu
@@ -252,9 +252,9 @@ def test_engine_times_the_executors_reduce_grad_from_the_in_situ_table():
     """With the executor's options (no overlapped buckets) a data-parallel plan's REDUCE_GRAD lasts
     units x unit_s + bytes x s_per_byte of the calibration (one unit per layer plus the root);
     with Megatron's overlapped buckets (the default) the network model times it as before."""
-    from simpar.sim.calibrate_check import EXECUTOR_OPTIONS
-    from simpar.sim.memory import rank_params
-    from simpar.sim.simulate import simulate
+    from simpar.sim.calibration.check import EXECUTOR_OPTIONS
+    from simpar.sim.cost.memory import rank_params
+    from simpar.sim.engine.simulate import simulate
 
     m = ModelSpec(name="x", arch="gpt", layers=4, hidden=256, heads=4, ffn=1024, vocab=512, seq_len=128)
     plan = ParallelPlan(dp=2, micro_batch_size=2, global_batch_size=8, schedule="none")
@@ -272,11 +272,11 @@ def test_engine_and_sweep_time_a_zero2_parameter_gather_from_the_in_situ_table()
     """A ZeRO-2 plan's ZERO_GATHER lasts units x unit_s + 16-bit parameter bytes x s_per_byte of the
     calibration's all-gather row, in the engine and in the sweep's estimate alike; ZeRO-1 (DDP in
     the executor) keeps the network model."""
-    from simpar.sim.calibrate_check import EXECUTOR_OPTIONS
-    from simpar.sim.memory import rank_params
-    from simpar.sim.simulate import simulate
+    from simpar.sim.calibration.check import EXECUTOR_OPTIONS
+    from simpar.sim.cost.memory import rank_params
+    from simpar.sim.engine.simulate import simulate
     from simpar.sim.sweep.evaluate import Evaluator, SweepSetup
-    from simpar.sim.sweep.rank import oracle_estimate
+    from simpar.sim.sweep.estimator import oracle_estimate
 
     m = ModelSpec(name="x", arch="llama", layers=4, hidden=256, heads=4, kv_heads=2, ffn=768, vocab=512, seq_len=128)
     cl = load_cluster("cpu-host", gpus=2)
@@ -310,8 +310,8 @@ def test_in_run_model_is_recovered_and_applies_to_plans_of_that_many_processes()
     (2 % noise): the fit finds both terms within 5 %; the simulator then times the F actions of
     plans over that many processes so, and leaves other plans alone."""
     from simpar.sim.layout import RankLayout
-    from simpar.sim.simulate import simulate
-    from simpar.sim.workload import stage_work
+    from simpar.sim.engine.simulate import simulate
+    from simpar.sim.cost.workload import stage_work
 
     gpu = load_gpu("cpu")
     doc = {"simpar_calibration_version": 1, "device": {"gpu": "cpu", "kind": "cpu"}, "compute": {"mm_eff_max": 0.5}}
@@ -347,7 +347,7 @@ def test_in_run_rows_are_brought_to_the_fastest_probe_before_the_fit():
     saw) are scaled back before the fit: the same terms come out as from rows timed at full speed;
     rows without a probe are taken as they are."""
     from simpar.sim.layout import RankLayout
-    from simpar.sim.workload import stage_work
+    from simpar.sim.cost.workload import stage_work
 
     gpu = load_gpu("cpu")
     doc = {"simpar_calibration_version": 1, "device": {"gpu": "cpu", "kind": "cpu"}, "compute": {"mm_eff_max": 0.5},
@@ -373,7 +373,7 @@ def test_in_run_rows_are_brought_to_the_fastest_probe_before_the_fit():
 
 
 def test_an_unsteady_device_during_calibration_is_noted():
-    from simpar.sim.calibrate_fit import unstable_device
+    from simpar.sim.calibration.fit import unstable_device
 
     assert unstable_device([2.7e-3, 2.9e-3]) is None
     note = unstable_device([4.57e-3, 2.70e-3])
@@ -383,7 +383,7 @@ def test_an_unsteady_device_during_calibration_is_noted():
 @pytest.mark.parametrize("second, kept", [([2.70e-3, 2.80e-3], "second"), ([2.70e-3, 4.00e-3], "first")])
 def test_an_unsteady_calibration_is_measured_once_more_and_the_steadier_kept(second, kept, tmp_path, runner, monkeypatch):
     pytest.importorskip("torch")
-    import simpar.sim.cli.calibrate as cal
+    import simpar.cli.calibrate as cal
 
     attempts = [[2.70e-3, 3.50e-3], second]  # the probe varied by 30 % in the first attempt
     calls = []

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from simpar.sim.cli.main import cli
+from simpar.cli.main import cli
 
 BASE = ["memory", "--model", "gpt3-175b", "--cluster", "dgx-a100-80g", "--gpus", "1024", "--tp", "8", "--pp", "8",
         "--mbs", "1", "--gbs", "1536", "--schedule", "1f1b", "--zero", "1", "--recompute", "selective"]

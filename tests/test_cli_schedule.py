@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from simpar.sim.cli.main import cli
+from simpar.cli.main import cli
 from simpar.sim.schedules import build_schedule, read_csv
 
 ZB = ["schedule", "--schedule", "zb-h1", "--pp", "4", "--microbatches", "8"]

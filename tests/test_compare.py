@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from simpar.sim.cli.main import cli
-from simpar.sim.compare import compare_events, format_rows, makespan, plot_timelines
-from simpar.sim.trace import TraceEvent, write_trace
+from simpar.cli.main import cli
+from simpar.sim.validation.compare import compare_events, format_rows, makespan, plot_timelines
+from simpar.sim.engine.trace import TraceEvent, write_trace
 
 
 def ev(rank, kind, start, dur, stream="compute", mb=0):

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 import simpar.sim.specs.loader as loader
-from simpar.sim.calibration import default_calibration, default_calibration_path
-from simpar.sim.costs import CostModel, EfficiencyParams, causal_attention_fraction
+from simpar.sim.specs.calibration import default_calibration, default_calibration_path
+from simpar.sim.cost.compute import CostModel, EfficiencyParams, causal_attention_fraction
 from simpar.sim.errors import SpecError
 from simpar.sim.specs import load_gpu
 

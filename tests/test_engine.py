@@ -8,11 +8,11 @@ import simpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simpar.sim.engine import EngineOptions, run_engine
+from simpar.sim.engine.core import EngineOptions, run_engine
 from simpar.sim.plan import ParallelPlan
 from simpar.sim.schedules import StageCosts, list_schedule, lower, schedule_for_plan
 from simpar.sim.specs import ModelSpec, load_cluster
-from simpar.sim.workload import StageWork
+from simpar.sim.cost.workload import StageWork
 
 TINY = ModelSpec(name="t24", arch="gpt", layers=120, hidden=64, heads=4, vocab=512, seq_len=32)
 GPU = load_cluster("dgx-h100").gpu
@@ -108,7 +108,7 @@ def test_pipeline_transfers_delay_consumers() -> None:
 
 
 def test_breakdown_conservation_and_busy_time() -> None:
-    from simpar.sim.results import BREAKDOWN_KEYS
+    from simpar.sim.engine.results import BREAKDOWN_KEYS
 
     p = plan(pp=4, m=8, schedule="1f1b", recompute="full")
     wk = work(4, f=1.0, i=1.0, w=1.0, r=1.0)
@@ -209,7 +209,7 @@ def test_posting_pipeline_sends_and_receives_costs_the_rank_its_post_time() -> N
     GPipe, 2 stages, 2 micro-batches, F = 1, B = 2, free transfers. Without it the makespan is 9;
     with 0.1 s per post the last backward's input arrives 0.2 s later (rank 1 posts its receive
     and its sends between actions, rank 0 its receive before B1)."""
-    from simpar.sim.measured import MeasuredCosts
+    from simpar.sim.cost.tables import MeasuredCosts
 
     p = plan(pp=2, m=2, schedule="gpipe")
     costs = FixedCosts()

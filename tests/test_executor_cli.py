@@ -14,18 +14,18 @@ import sys
 import pytest
 
 from simpar.executor.launch import write_schedule
-from simpar.sim.cli.main import cli
+from simpar.cli.main import cli
 from simpar.sim.plan import ParallelPlan
-from simpar.sim.planfile import write_plan_file
+from simpar.sim.specs.planfile import write_plan_file
 from simpar.sim.schedules import read_csv
 from simpar.sim.specs import load_model
-from simpar.sim.trace import read_trace
+from simpar.sim.engine.trace import read_trace
 
 COMPUTE = ("F", "B", "I", "W")
 
 
 def test_cli_does_not_import_torch():
-    code = "import sys, simpar.sim.cli.main as m; assert {'run', 'compare'} <= set(m.cli.commands); print('torch' in sys.modules)"
+    code = "import sys, simpar.cli.main as m; assert {'run', 'compare'} <= set(m.cli.commands); print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

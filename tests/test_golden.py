@@ -54,6 +54,6 @@ def _num(v: str):
 def test_small_sweep_results_are_as_before(tmp_path):
     old = list(csv.DictReader(io.StringIO((HERE / "sweep-results.csv").read_text())))
     new = list(csv.DictReader(io.StringIO(make.sweep_results(tmp_path / "sweep"))))
-    assert len(old) == len(new)
-    bad = [o["id"] for o, n in zip(old, new) if not _same({k: _num(v) for k, v in o.items()}, {k: _num(v) for k, v in n.items()})]
-    assert bad == []
+    old_rows = {r["id"]: {k: _num(v) for k, v in r.items()} for r in old}
+    new_rows = {r["id"]: {k: _num(v) for k, v in r.items()} for r in new}
+    assert _diff(old_rows, new_rows) == []

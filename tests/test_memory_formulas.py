@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from conftest import read_csv_rows
 
-from simpar.sim.memory import closed_form_inflight, deallocated_output_bytes, layer_activation_bytes, model_state_bytes
+from simpar.sim.cost.memory import closed_form_inflight, deallocated_output_bytes, layer_activation_bytes, model_state_bytes
 from simpar.sim.plan import ParallelPlan
 from simpar.sim.specs.model import ModelSpec
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from simpar.sim.cli.main import cli
+from simpar.cli.main import cli
 
 
 def test_collective_table(runner):

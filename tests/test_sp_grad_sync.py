@@ -9,15 +9,15 @@ import random
 import pytest
 import simpy
 
-from simpar.sim.calibrate_check import kind_errors
-from simpar.sim.calibrate_fit import build_calibration
-from simpar.sim.engine import EngineOptions, run_engine
-from simpar.sim.measured import MeasuredCosts
+from simpar.sim.calibration.check import kind_errors
+from simpar.sim.calibration.fit import build_calibration
+from simpar.sim.engine.core import EngineOptions, run_engine
+from simpar.sim.cost.tables import MeasuredCosts
 from simpar.sim.plan import ParallelPlan
 from simpar.sim.schedules import schedule_for_plan
 from simpar.sim.specs import ModelSpec, load_cluster, load_gpu
-from simpar.sim.trace import TraceEvent
-from simpar.sim.workload import sp_replicated_grads
+from simpar.sim.engine.trace import TraceEvent
+from simpar.sim.cost.workload import sp_replicated_grads
 
 from test_calibrate_fit import measurements  # noqa: E402  (tests/ is on sys.path)
 from test_engine import FakeNet, FixedCosts, work  # noqa: E402
@@ -89,10 +89,10 @@ def test_pipeline_ranks_reduce_their_own_stages_norms():
 def test_sweep_estimate_charges_what_the_engine_charges(monkeypatch):
     """A one-second reduction (patched in where both use it) moves the engine and the sweep's
     estimates alike, and lands in the estimate's tp_comm."""
-    import simpar.sim.engine as engine
-    import simpar.sim.sweep.rank as rank
-    from simpar.sim.engine import EngineOptions
-    from simpar.sim.simulate import simulate
+    import simpar.sim.engine.core as engine
+    import simpar.sim.sweep.estimator as rank
+    from simpar.sim.engine.core import EngineOptions
+    from simpar.sim.engine.simulate import simulate
     from simpar.sim.specs import load_model
     from simpar.sim.sweep.evaluate import Evaluator, SweepSetup
     from simpar.sim.sweep.space import Config, SearchSpace

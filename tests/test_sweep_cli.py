@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from simpar.sim.cli.main import cli
+from simpar.cli.main import cli
 
 ARGS = ["--model", "gpt-7.5b", "--cluster", "dgx-a100-40g", "--gpus", "8", "--gbs", "16", "--zero", "0,1",
         "--recompute", "none,full", "--mbs", "1,2", "--sequence-parallel", "on", "--refine", "10", "--simulate", "3",

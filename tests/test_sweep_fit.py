@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simpar.sim.memory import schedule_memory_report
+from simpar.sim.cost.memory import schedule_memory_report
 from simpar.sim.schedules import build_schedule, peak_activation_units, peak_inflight
 from simpar.sim.specs import load_cluster, load_model
-from simpar.sim.sweep.fit import STEADY, FitModel, alive_profile, cached_profile
+from simpar.sim.sweep.memory_screen import STEADY, FitModel, alive_profile, cached_profile
 from simpar.sim.sweep.space import SearchSpace, checked_plan, enumerate_configs
 
 SCHEDS = [("1f1b", 1), ("zb-h1", 1), ("zb-h2", 1), ("zb-1p", 1), ("zb-2p", 1), ("zb-v", 2), ("interleaved-1f1b", 2),

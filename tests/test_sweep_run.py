@@ -77,7 +77,7 @@ def test_resume_refuses_other_inputs_and_a_finished_sweep_is_not_recomputed(tmp_
 
 
 def _cli(args: list[str]) -> list[str]:
-    return [sys.executable, "-c", "from simpar.sim.cli.main import main; main()", "sweep", *args]
+    return [sys.executable, "-c", "from simpar.cli.main import main; main()", "sweep", *args]
 
 
 def _wait_rows(path: Path, proc: subprocess.Popen, least: int, timeout: float = 60.0) -> None:

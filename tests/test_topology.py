@@ -8,7 +8,7 @@ import networkx as nx
 import pytest
 
 from simpar.sim.specs import ClusterSpec, load_cluster, preset_names
-from simpar.sim.topology import Topology
+from simpar.sim.topology.graph import Topology
 from simpar.sim.units import GB
 
 

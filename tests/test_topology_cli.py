@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from simpar.sim.cli.main import cli
+from simpar.cli.main import cli
 
 
 def test_topo_text(runner):

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from simpar.sim.cli.main import cli
+from simpar.cli.main import cli
 from simpar.sim.errors import PlanError, SpecError
 from simpar.sim.specs import load_cluster, preset_names
 from simpar.sim.specs.loader import presets_dir

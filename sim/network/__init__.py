@@ -23,10 +23,10 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ..specs.cluster import ClusterSpec
-from ..topology import Topology
+from ..topology.graph import Topology
 from .algorithms import OPS
 from .analytical import AnalyticalNetwork
-from .base import Estimate, Network, algbw, busbw_factor
+from .base import CollectiveEstimate, Network, algbw, busbw_factor
 from .constants import DEFAULT_CONSTANTS, NetworkConstants
 from .contention import ContentionNetwork
 
@@ -38,7 +38,7 @@ __all__ = [
     "OPS",
     "AnalyticalNetwork",
     "ContentionNetwork",
-    "Estimate",
+    "CollectiveEstimate",
     "Network",
     "NetworkConstants",
     "algbw",

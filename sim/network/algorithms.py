@@ -1,6 +1,6 @@
 """Collective algorithms as data: which bytes cross which links, and how many latency steps.
 
-A `Schedule` is one algorithm for one group of GPUs: a sequence of `Phase`s. A phase is a set of
+A `CollectiveSchedule` is one algorithm for one group of GPUs: a sequence of `Phase`s. A phase is a set of
 concurrent `Flow`s (a route through the graph and the bytes it carries per byte of the buffer)
 plus the latency steps NCCL's model charges for it. NCCL's ring and tree are pipelined, so each
 moves its data as steady streams: one phase. Both backends read the same schedules; the
@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..topology import Topology
+from ..topology.graph import Topology
 
 OPS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "broadcast")
 
@@ -57,7 +57,7 @@ class Phase:
 
 
 @dataclass(frozen=True)
-class Schedule:
+class CollectiveSchedule:
     name: str  # ring, tree, nvls, hierarchical, direct
     phases: tuple[Phase, ...]
     protocols: tuple[str, ...]
@@ -146,7 +146,7 @@ def ring_orders(g: Group) -> list[list[int]]:
     return orders
 
 
-def ring(topo: Topology, g: Group, op: str) -> Schedule:
+def ring(topo: Topology, g: Group, op: str) -> CollectiveSchedule:
     n, M = g.n, g.M
     factor = {"all-reduce": 2 * (n - 1) / n, "all-gather": (n - 1) / n, "reduce-scatter": (n - 1) / n, "broadcast": 1.0}[op]
     nsteps, ninter = (2 * (n - 1), 2 * (M - 1)) if op == "all-reduce" else (n - 1, M - 1)
@@ -160,7 +160,7 @@ def ring(topo: Topology, g: Group, op: str) -> Schedule:
                 continue
             fs.add(a, b, factor / len(orders))
     ph = _phase("ring", fs, topo, [(g.intra_hw, nsteps - ninter), ("net", ninter)], M > 1)
-    return Schedule("ring", (ph,), protocols(topo, "ring"))
+    return CollectiveSchedule("ring", (ph,), protocols(topo, "ring"))
 
 
 # --- tree ---------------------------------------------------------------------------------
@@ -174,7 +174,7 @@ def _tree_parents(M: int, mirrored: bool) -> list[tuple[int, int, int]]:
     return out
 
 
-def tree(topo: Topology, g: Group) -> Schedule:
+def tree(topo: Topology, g: Group) -> CollectiveSchedule:
     fs = FlowSet()
     C = 1 if g.M == 1 else g.C
     for node in g.nodes:
@@ -198,22 +198,22 @@ def tree(topo: Topology, g: Group) -> Schedule:
                 fs.add(port_p, top_q, 1.0 / C)  # broadcast, down the tree
     m = g.n // g.M
     ph = _phase("tree", fs, topo, [(g.intra_hw, 2 * (m - 1)), ("net", 2 * depth)], g.M > 1)
-    return Schedule("tree", (ph,), protocols(topo, "tree"))
+    return CollectiveSchedule("tree", (ph,), protocols(topo, "tree"))
 
 
 # --- NVLS ---------------------------------------------------------------------------------
-def nvls(topo: Topology, g: Group) -> Schedule:
+def nvls(topo: Topology, g: Group) -> CollectiveSchedule:
     share = (g.n + 1) / g.n
     flows = []
     for gpu in g.gpus:
         up, down = topo.nvswitch_links(gpu)
         flows += [Flow((up,), share), Flow((down,), share)]
     ph = Phase("nvls", tuple(flows), (("nvlink", 1),), 0.0, False)
-    return Schedule("nvls", (ph,), protocols(topo, "nvls"))
+    return CollectiveSchedule("nvls", (ph,), protocols(topo, "nvls"))
 
 
 # --- hierarchical -------------------------------------------------------------------------
-def hierarchical(topo: Topology, g: Group) -> Schedule:
+def hierarchical(topo: Topology, g: Group) -> CollectiveSchedule:
     m, M = g.n // g.M, g.M
     intra = FlowSet()
     for node in g.nodes:
@@ -227,7 +227,7 @@ def hierarchical(topo: Topology, g: Group) -> Schedule:
             inter.add(a, b, 2 * (M - 1) / M / m)
     rs = _phase("ring", intra, topo, [(g.intra_hw, m - 1)], False)
     ar = _phase("ring", inter, topo, [("net", 2 * (M - 1))], True)
-    return Schedule("hierarchical", (rs, ar, rs), protocols(topo, "ring"))
+    return CollectiveSchedule("hierarchical", (rs, ar, rs), protocols(topo, "ring"))
 
 
 # --- direct -------------------------------------------------------------------------------
@@ -236,7 +236,7 @@ def hierarchical(topo: Topology, g: Group) -> Schedule:
 A2A_EXACT_MAX = 64
 
 
-def all_to_all(topo: Topology, g: Group) -> Schedule:
+def all_to_all(topo: Topology, g: Group) -> CollectiveSchedule:
     fs = FlowSet()
     exact = g.n <= A2A_EXACT_MAX or g.M == 1
     for a in g.gpus:
@@ -250,18 +250,18 @@ def all_to_all(topo: Topology, g: Group) -> Schedule:
                 b = next((x for x in local if topo.nic_of(x) == topo.nic_of(a)), local[0])
                 fs.add(a, b, len(local) / g.n, weight=len(local))
     ph = _phase("direct", fs, topo, [("net" if g.M > 1 else g.intra_hw, 1)], g.M > 1)
-    return Schedule("direct", (ph,), protocols(topo, "direct"))
+    return CollectiveSchedule("direct", (ph,), protocols(topo, "direct"))
 
 
-def p2p(topo: Topology, src: int, dst: int) -> Schedule:
+def p2p(topo: Topology, src: int, dst: int) -> CollectiveSchedule:
     fs = FlowSet()
     fs.add(src, dst, 1.0)
     hw = topo.route(src, dst).hw
     ph = _phase("direct", fs, topo, [(hw, 1)], hw == "net")
-    return Schedule("direct", (ph,), protocols(topo, "direct"))
+    return CollectiveSchedule("direct", (ph,), protocols(topo, "direct"))
 
 
-def schedules(topo: Topology, op: str, gpus: tuple[int, ...]) -> list[Schedule]:
+def schedules(topo: Topology, op: str, gpus: tuple[int, ...]) -> list[CollectiveSchedule]:
     """Every algorithm NCCL (or simpar's hierarchical variant) could run for ``op`` on ``gpus``."""
     g = Group(topo, gpus)
     if op == "all-to-all":

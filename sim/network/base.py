@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
 from ..specs.cluster import ClusterSpec
-from ..topology import Topology
-from . import algorithms
-from .algorithms import OPS, Phase, Schedule
+from ..topology.graph import Topology
+from .algorithms import OPS, CollectiveSchedule, Phase, schedules
+from .algorithms import p2p as p2p_schedule
 from .constants import DEFAULT_CONSTANTS, NetworkConstants, network_overrides
 
 
@@ -34,7 +34,7 @@ def busbw_factor(op: str, n: int) -> float:
 
 
 @dataclass(frozen=True)
-class Estimate:
+class CollectiveEstimate:
     time: float  # seconds
     algorithm: str  # ring, tree, nvls, hierarchical, direct, or none (nothing to move)
     protocol: str  # LL, LL128, Simple, or none
@@ -44,7 +44,7 @@ class Estimate:
 class Candidate:
     """A schedule run with one protocol: time(nbytes) = alpha + nbytes * beta."""
 
-    schedule: Schedule
+    schedule: CollectiveSchedule
     protocol: str
     alpha: float
     beta: float
@@ -78,7 +78,7 @@ class Network:
         if sorted(self.placement) != list(range(n)):
             raise ValueError(f"placement must be a permutation of the {n} GPUs")
         self._candidates: dict[tuple[str, tuple[int, ...]], list[Candidate]] = {}
-        self._estimates: dict[tuple[str, tuple[int, ...], float], Estimate] = {}
+        self._estimates: dict[tuple[str, tuple[int, ...], float], CollectiveEstimate] = {}
         self._choices: dict[tuple, Candidate | None] = {}
 
     # --- the interface ---------------------------------------------------------------------
@@ -95,23 +95,23 @@ class Network:
         raise NotImplementedError
 
     # --- estimates -------------------------------------------------------------------------
-    def estimate(self, op: str, ranks: Iterable[int], nbytes: float, algorithm: str | None = None) -> Estimate:
+    def estimate(self, op: str, ranks: Iterable[int], nbytes: float, algorithm: str | None = None) -> CollectiveEstimate:
         """Time, algorithm and protocol of a collective; ``algorithm`` forces one (as NCCL_ALGO)."""
         key = (op, ranks if type(ranks) is tuple else tuple(ranks), nbytes)
         if algorithm is None and key in self._estimates:
             return self._estimates[key]
         cand = self.choose(op, key[1], nbytes, algorithm)
-        est = Estimate(0.0, "none", "none") if cand is None else Estimate(self._time(cand, nbytes), cand.schedule.name, cand.protocol)
+        est = CollectiveEstimate(0.0, "none", "none") if cand is None else CollectiveEstimate(self._time(cand, nbytes), cand.schedule.name, cand.protocol)
         if algorithm is None:
             self._estimates[key] = est
         return est
 
-    def estimate_p2p(self, src: int, dst: int, nbytes: float) -> Estimate:
+    def estimate_p2p(self, src: int, dst: int, nbytes: float) -> CollectiveEstimate:
         key = ("p2p", (src, dst), nbytes)
         est = self._estimates.get(key)
         if est is None:
             cand = self.choose_p2p(src, dst, nbytes)
-            est = Estimate(0.0, "none", "none") if cand is None else Estimate(self._time(cand, nbytes), "direct", cand.protocol)
+            est = CollectiveEstimate(0.0, "none", "none") if cand is None else CollectiveEstimate(self._time(cand, nbytes), "direct", cand.protocol)
             self._estimates[key] = est
         return est
 
@@ -145,7 +145,7 @@ class Network:
             return None
         key = ("p2p", (a, b))
         if key not in self._candidates:
-            self._candidates[key] = self._costed(algorithms.p2p(self.topology, a, b))
+            self._candidates[key] = self._costed(p2p_schedule(self.topology, a, b))
         return min(self._candidates[key], key=lambda c: c.time(nbytes))
 
     def candidates(self, op: str, ranks: tuple[int, ...]) -> list[Candidate]:
@@ -157,7 +157,7 @@ class Network:
                 raise ValueError(f"ranks of a collective must be distinct, got {ranks}")
             out: list[Candidate] = []
             if len(gpus) > 1:
-                for s in algorithms.schedules(self.topology, op, gpus):
+                for s in schedules(self.topology, op, gpus):
                     out += self._costed(s)
             self._candidates[key] = out
         return self._candidates[key]
@@ -168,7 +168,7 @@ class Network:
         return self.placement[rank]
 
     # --- the cost model --------------------------------------------------------------------
-    def _costed(self, s: Schedule) -> list[Candidate]:
+    def _costed(self, s: CollectiveSchedule) -> list[Candidate]:
         loads = [self._seconds_per_byte(ph) for ph in s.phases]
         out = []
         for proto in s.protocols:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import SpecError
+from ..specs.calibration import Calibration
 
 #: NCCL's hardware classes of a step (tuning.cc NCCL_HW_NVLINK / NCCL_HW_PCI / NCCL_HW_NET).
 HW_CLASSES = ("nvlink", "pcie", "net", "host")
@@ -142,21 +143,23 @@ CALIBRATION_CLASSES = {"nvlink": "nvlink", "nvlink3": "nvlink", "nvlink4": "nvli
                        "pcie": "pcie", "cpu": "pcie", "net": "net", "host": "host"}
 
 
-def network_overrides(calibration: dict[str, Any] | None, cluster: Any) -> dict[str, Any] | None:
+def network_overrides(calibration: "Calibration | dict[str, Any] | None", cluster: Any) -> dict[str, Any] | None:
     """The constant overrides held by ``calibration`` for ``cluster`` (a ClusterSpec).
 
-    ``calibration`` is a whole calibration document (its ``network`` section is used; none means
-    no override) or a network section. A section maps constant groups (``link_efficiency``,
+    ``calibration`` is a `Calibration` (its ``network`` section is used; none means no override)
+    or a network section. A section maps constant groups (``link_efficiency``,
     ``step_latency_us``, ...) to nested values, and/or link classes (``nvlink``, ``nvlink3/4/5``,
     ``pcie``, ``cpu``, ``net``) to measured figures: ``bw_GBps`` (effective bandwidth of one link
     of the class, per direction: sets its efficiency = bw / the cluster's line rate of that link)
     and ``alpha_s`` (the ring/Simple step latency of the class, s: every step latency of the class
     is scaled by the same factor, keeping NCCL's ratios between protocols).
     """
+    if calibration is None:
+        return None
+    if isinstance(calibration, Calibration):
+        calibration = calibration.network
     if not calibration:
         return None
-    if "simpar_calibration_version" in calibration or "compute" in calibration or "device" in calibration:
-        calibration = calibration.get("network") or {}
     groups = set(NetworkConstants.__dataclass_fields__)
     out: dict[str, Any] = {k: v for k, v in calibration.items() if k in groups}
     for key, figs in calibration.items():

@@ -19,7 +19,7 @@ from .interleaved import interleaved_1f1b
 from .ir import Action, Kind, Schedule, looped_placement, v_placement
 from .lower import lower
 from .one_f_one_b import one_f_one_b
-from .validate import validate
+from .deadlock import validate
 from .zb_auto import zb_auto
 from .zb_h1 import zb_h1
 from .zb_h2 import zb_h2

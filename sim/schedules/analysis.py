@@ -10,6 +10,9 @@ and its inputs have arrived:
   the compute stream), as in the zero-bubble paper's simulation. In a lowered schedule the data goes
   through ``SEND_*`` (posted, non-blocking, zero compute time) and ``RECV_*`` (waits for the data).
 - ``REDUCE_GRAD``/``UNSHARD``/``RESHARD`` take no time here (the engine costs them).
+- ``t_post`` (a runtime that spends time posting transfers, the executor profile's): a send
+  occupies the rank for ``t_post`` after its data leaves; a receive posts for ``t_post`` from
+  when the rank is free, then waits for the data (the engine's order).
 
 Bubble rate (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024, §5.3):
 ``(cost - m (T_F + T_B + T_W)) / cost`` where ``cost`` is the longest execution time of any stage
@@ -32,6 +35,8 @@ from ..errors import ScheduleError
 from .costs import StageCosts
 from .ir import Action, Kind, Schedule
 
+_RECV = frozenset({Kind.RECV_F, Kind.RECV_B})
+_POSTED = _RECV | {Kind.SEND_F, Kind.SEND_B}
 # dependency/product tags (packed into one int key with stage and microbatch)
 _F, _G, _SF, _SB, _RF, _RB = range(6)
 
@@ -94,6 +99,7 @@ def list_schedule(schedule: Schedule, costs: StageCosts | None = None) -> ListSc
     Raises ScheduleError naming the rank and action where the order would hang (deadlock)."""
     costs = costs or StageCosts.uniform()
     costs.check(schedule.num_stages)
+    post = costs.t_post
     S, M = schedule.num_stages, max(schedule.num_microbatches, 1)
     place = schedule.placement
     comm = [costs.comm(b) if b + 1 < S and place[b] != place[b + 1] else 0.0 for b in range(S)]
@@ -159,6 +165,12 @@ def list_schedule(schedule: Schedule, costs: StageCosts | None = None) -> ListSc
                 break
             d = dur[a.kind](a.stage) if a.kind in dur else 0.0
             t1 = t0 + d
+            made = t1  # when the action's product (activation, gradient, sent data) exists
+            if post and a.kind in _POSTED:
+                if a.kind in _RECV:  # post first (from when the rank is free), then wait for the data
+                    t0, t1 = free[r], max(free[r] + post, t0)
+                else:  # the data leaves when the send is posted; the rank spends post on it
+                    made, t1 = t0, t0 + post
             busy[r] += d
             starts[r].append(t0)
             ends[r].append(t1)
@@ -167,7 +179,7 @@ def list_schedule(schedule: Schedule, costs: StageCosts | None = None) -> ListSc
             tag = product.get(a.kind)
             if tag is not None:
                 k = key(tag, a.stage, a.microbatch)
-                done[k] = t1
+                done[k] = made
                 ready.extend(waiting.pop(k, ()))
     stuck = [r for r in range(P) if ptr[r] < len(schedule.ranks[r])]
     if stuck:

@@ -39,6 +39,8 @@ class StageCosts:
     t_comm: tuple[float, ...] = (0.0,)
     t_b: tuple[float, ...] | None = None
     t_r: tuple[float, ...] | None = None
+    #: seconds a rank spends posting one send or receive of a lowered schedule (0 on a GPU run)
+    t_post: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("t_f", "t_i", "t_w", "t_comm", "t_b", "t_r"):

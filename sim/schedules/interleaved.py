@@ -53,7 +53,7 @@ def interleaved_1f1b(pp: int, vpp: int, num_microbatches: int, group: int | None
     if num_microbatches % pp:
         # The remainder-group order is not deadlock-free for every (pp, vpp, m): check it here
         # and refuse with a clear message rather than hand the engine a hanging schedule.
-        from .validate import validate
+        from .deadlock import validate
 
         try:
             validate(sched)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from enum import Enum
+from ..plan import looped_placement, v_placement  # noqa: F401  (re-exported: the schedules place stages so)
 
 
 class Kind(str, Enum):
@@ -128,12 +129,3 @@ class Schedule:
         ranks = tuple(tuple(a for a in acts if a.kind in keep) for acts in self.ranks)
         return Schedule(self.name, self.pp, self.vpp, self.num_microbatches, self.placement, ranks, False, dict(self.meta))
 
-
-def looped_placement(pp: int, vpp: int) -> tuple[int, ...]:
-    """Interleaved: stage s lives on rank s % pp (Megatron's virtual pipeline)."""
-    return tuple(s % pp for s in range(pp * vpp))
-
-
-def v_placement(pp: int) -> tuple[int, ...]:
-    """V shape (zb-v): stages 0..pp-1 go down the ranks, stages pp..2pp-1 come back up."""
-    return tuple(list(range(pp)) + list(range(pp - 1, -1, -1)))

@@ -1,7 +1,7 @@
 """Cluster (node + fabric) specifications, read from topologies/clusters/*.yaml.
 
 A cluster is ``num_nodes`` identical nodes. The memory model and FLOP counts only need the GPU
-type and the GPU count; `simpar.sim.topology` expands the two fabric mappings below into a
+type and the GPU count; `simpar.sim.topology.graph` expands the two fabric mappings below into a
 graph:
 
 - ``node`` (`NodeFabric`): how the GPUs of one node are joined (an NVSwitch, or PCIe switches

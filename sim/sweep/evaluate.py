@@ -12,16 +12,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..costs import CostModel
-from ..engine import EngineOptions
+from ..cost.compute import CostModel
+from ..cost.profile import MEGATRON, RuntimeProfile
+from ..specs.calibration import Calibration
+from ..engine.core import EngineOptions
 from ..model import hardware_flops_per_iteration, model_flops_per_iteration
 from ..network import make_network
 from ..plan import ParallelPlan
-from ..results import BREAKDOWN_KEYS
+from ..engine.results import BREAKDOWN_KEYS
+from ..cost.memory import MemoryReport
 from ..specs import ClusterSpec, ModelSpec
 from ..units import GiB
-from .fit import Fit, FitModel
-from .rank import Estimate, Inputs, dp_groups, oracle_estimate, quick_estimate
+from .memory_screen import MemoryScreen
+from .estimator import Estimate, Inputs, dp_groups, oracle_estimate, quick_estimate
 from .space import Config, SearchSpace, checked_plan
 
 
@@ -34,10 +37,11 @@ class SweepSetup:
     num_gpus: int
     gbs: int
     space: SearchSpace = field(default_factory=SearchSpace)
-    calibration: dict | None = None
+    calibration: Calibration | None = None
     options: EngineOptions = field(default_factory=EngineOptions)
     backend: str = "analytical"  # the engine's network backend in the simulate phase
     token: str = ""  # identifies the sweep; a worker keeps its caches while the token is the same
+    profile: RuntimeProfile = MEGATRON  # the runtime that runs the plans (`simpar.sim.cost.profile`)
 
 
 class Evaluator:
@@ -48,7 +52,7 @@ class Evaluator:
         self._work: dict[tuple, tuple[list, float]] = {}
         self._groups: dict[tuple, tuple[tuple[int, ...], ...]] = {}
         self._times: dict = {}
-        self.fits = FitModel(setup.model, setup.cluster.gpu)
+        self.memory = MemoryScreen(setup.model, setup.cluster.gpu)
 
     # --- pieces ---------------------------------------------------------------------------
     def plan(self, cfg: Config) -> tuple[ParallelPlan | None, str]:
@@ -56,19 +60,21 @@ class Evaluator:
         return checked_plan(cfg, s.model, s.cluster, s.gbs, s.space)
 
     def inputs(self, plan: ParallelPlan) -> Inputs:
-        from ..simulate import build_work
+        from ..engine.simulate import build_work
 
         key = (plan.tp, plan.cp, plan.pp, plan.dp, plan.vpp, plan.micro_batch_size, plan.sequence_parallel,
                plan.recompute, plan.layer_split, plan.precision, plan.flash_attention)
         hit = self._work.get(key)
         if hit is None:
-            work, _, p2p = build_work(self.s.model, self.s.cluster, plan, self.s.calibration, self.net)
+            work, _, p2p = build_work(self.s.model, self.s.cluster, plan, self.s.calibration, self.net,
+                                      costs=self.costs, profile=self.s.profile)
             hit = self._work[key] = (work, p2p)
         gkey = (plan.tp, plan.cp, plan.pp, plan.dp, plan.mesh_order)
         groups = self._groups.get(gkey)
         if groups is None:
             groups = self._groups[gkey] = dp_groups(plan)
-        return Inputs(self.s.model, plan, hit[0], hit[1], self.costs, self.net, self.s.options, groups, self._times)
+        return Inputs(self.s.model, plan, hit[0], hit[1], self.costs, self.net, self.s.options, groups, self._times,
+                      self.s.profile)
 
     def base_row(self, cfg: Config, plan: ParallelPlan | None) -> dict[str, Any]:
         row: dict[str, Any] = {"id": cfg.id, **cfg.as_dict(), "gbs": self.s.gbs, "precision": self.s.space.precision}
@@ -91,9 +97,11 @@ class Evaluator:
         return row
 
     @staticmethod
-    def memory_fields(fit: Fit) -> dict[str, Any]:
-        return {"peak_memory_gib": fit.peak / GiB, "worst_memory_rank": fit.peak_rank,
-                "over_by_gib": max(0.0, fit.over_by / GiB), "memory_per_rank_gib": [round(t / GiB, 2) for t in fit.totals]}
+    def memory_fields(mem: MemoryReport) -> dict[str, Any]:
+        peak = mem.peak
+        return {"peak_memory_gib": peak.total / GiB, "worst_memory_rank": peak.pipeline_rank,
+                "over_by_gib": max(0.0, mem.over_by / GiB),
+                "memory_per_rank_gib": [round(r.total / GiB, 2) for r in mem.ranks]}
 
     # --- phases ---------------------------------------------------------------------------
     def screen(self, cfg: Config) -> dict[str, Any]:
@@ -101,10 +109,10 @@ class Evaluator:
         row = self.base_row(cfg, plan)
         if plan is None:
             return {**row, "status": "invalid", "reason": reason}
-        fit = self.fits.fit(plan)
-        row.update(self.memory_fields(fit))
-        if not fit.fits:
-            return {**row, "status": "oom", "reason": fit.reason()}
+        mem = self.memory.report(plan)
+        row.update(self.memory_fields(mem))
+        if not mem.fits:
+            return {**row, "status": "oom", "reason": mem.reason()}
         est = quick_estimate(self.inputs(plan))
         return {**row, **self._estimate_fields(plan, est), "status": "estimated", "quick_time_s": est.iter_time_s}
 
@@ -112,28 +120,28 @@ class Evaluator:
         plan, _ = self.plan(cfg)
         assert plan is not None, "only valid configurations are refined"
         row = self.base_row(cfg, plan)
-        row.update(self.memory_fields(self.fits.fit(plan)))
+        row.update(self.memory_fields(self.memory.report(plan)))
         x = self.inputs(plan)
         quick, est = quick_estimate(x), oracle_estimate(x)
         return {**row, **self._estimate_fields(plan, est), "status": "refined", "quick_time_s": quick.iter_time_s,
                 "oracle_time_s": est.iter_time_s}
 
     def simulate(self, cfg: Config) -> dict[str, Any]:
-        from ..simulate import simulate
+        from ..engine.simulate import simulate
 
         plan, _ = self.plan(cfg)
         assert plan is not None, "only valid configurations are simulated"
         x = self.inputs(plan)
         quick, est = quick_estimate(x), oracle_estimate(x)
         s = self.s
-        res = simulate(s.model, s.cluster, plan, backend=s.backend, calibration=s.calibration, options=s.options)
-        fit = Fit.of(res.memory)
-        row = {**self.base_row(cfg, plan), **self.memory_fields(fit),
+        res = simulate(s.model, s.cluster, plan, backend=s.backend, calibration=s.calibration, options=s.options,
+                       profile=s.profile)
+        row = {**self.base_row(cfg, plan), **self.memory_fields(res.memory),
                **self.result_fields(plan, res.iter_time_s, res.breakdown_s, "engine"),
                "reported_rank": res.reported_rank, "quick_time_s": quick.iter_time_s, "oracle_time_s": est.iter_time_s,
                "engine_time_s": res.iter_time_s, "status": "simulated"}
-        if not fit.fits:
-            row.update(status="oom", reason=fit.reason() + " (engine memory timeline)")
+        if not res.memory.fits:
+            row.update(status="oom", reason=res.memory.reason() + " (engine memory timeline)")
         return row
 
     def _estimate_fields(self, plan: ParallelPlan, est: Estimate) -> dict[str, Any]:

@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from ..results import BREAKDOWN_KEYS
+from ..engine.results import BREAKDOWN_KEYS
 from .space import Config, matches, parse_filter
 from .store import num
 

@@ -8,12 +8,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..plan import ParallelPlan
-from ..planfile import write_plan_file
-from ..plot import plot_timeline
-from ..results import SimResult
+from ..specs.planfile import write_plan_file
+from ..plot.timeline import plot_timeline
+from ..engine.results import SimResult
 from ..schedules import write_csv
-from ..simulate import plan_schedule, simulate
-from ..trace import write_trace
+from ..engine.simulate import plan_schedule, simulate
+from ..engine.trace import write_trace
 from .evaluate import SweepSetup
 from .space import Config, checked_plan
 
@@ -22,10 +22,9 @@ FILES = ("plan.json", "schedule.csv", "trace.json", "timeline.png")
 
 
 def describe(setup: SweepSetup, plan: ParallelPlan) -> str:
-    p, c = plan, setup.cluster
-    return (f"{setup.model.name} on {p.num_gpus} x {c.gpu.name} ({c.name}): tp {p.tp} pp {p.pp} dp {p.dp} cp {p.cp}"
-            f" vpp {p.vpp}, mbs {p.micro_batch_size} gbs {p.global_batch_size} ({p.num_microbatches} microbatches),"
-            f" {p.schedule}, ZeRO {p.zero}, recompute {p.recompute}{', SP' if p.sequence_parallel else ''}, {p.precision}")
+    """One line: the model, the GPUs and the plan (`ParallelPlan.describe`)."""
+    c = setup.cluster
+    return f"{setup.model.name} on {plan.num_gpus} x {c.gpu.name} ({c.name}): {plan.describe()}"
 
 
 def plan_dir_name(rank: int, row: dict) -> str:

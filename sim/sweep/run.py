@@ -52,12 +52,16 @@ class SweepOutcome:
 
 def identity(setup: SweepSetup, opts: SweepOptions) -> dict:
     """What a sweep's rows depend on (a resume must match it exactly)."""
-    return {
+    calibration = setup.calibration.to_json() if setup.calibration is not None else None
+    out = {
         "model": setup.model.model_dump(mode="json"), "cluster": setup.cluster.model_dump(mode="json"),
-        "num_gpus": setup.num_gpus, "gbs": setup.gbs, "space": setup.space.to_json(), "calibration": setup.calibration,
+        "num_gpus": setup.num_gpus, "gbs": setup.gbs, "space": setup.space.to_json(), "calibration": calibration,
         "engine_options": asdict(setup.options), "backend": setup.backend, "objective": opts.objective,
         "refine": opts.refine, "simulate": opts.simulate, "exhaustive": opts.exhaustive,
     }
+    if setup.profile.name != "megatron":
+        out["runtime"] = setup.profile.name
+    return out
 
 
 def sort_key(objective: str, time_col: str = "iter_time_s") -> Callable[[dict[str, str]], tuple]:

@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterable
 
-from ..results import BREAKDOWN_KEYS
+from ..engine.results import BREAKDOWN_KEYS
 
 PHASES = ("screen", "refine", "simulate")
 STATUSES = ("simulated", "refined", "estimated", "oom", "invalid")

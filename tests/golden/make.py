@@ -45,8 +45,8 @@ def check_predictions() -> dict:
     code = r'''
 import json, sys
 from pathlib import Path
-import simpar.sim.calibrate_check as cc
-from simpar.sim.calibration import load_calibration
+import simpar.sim.calibration.check as cc
+from simpar.sim.specs.calibration import load_calibration
 from simpar.sim.specs import load_cluster
 cl = load_cluster("cpu-host")
 calib = load_calibration(sys.argv[1], cl.gpu.name)

@@ -1,0 +1,75 @@
+"""simpar: a discrete-event simulator of 3D-parallel LLM training, with a torch reference executor.
+
+The library API (the ``simpar`` command is a thin layer over the same functions)::
+
+    import simpar
+
+    model = simpar.load_model("gpt3-175b")
+    cluster = simpar.load_cluster("dgx-a100-80g", gpus=1024)
+    plan = simpar.ParallelPlan(tp=8, pp=8, dp=16, global_batch_size=1536, schedule="1f1b")
+    simpar.check_plan(plan, model, cluster)
+    result = simpar.simulate(model, cluster, plan)
+    print(result.iter_time_s, result.breakdown_s, result.memory.verdict())
+
+Names are imported on first use, so ``import simpar`` stays cheap.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+#: public name -> module that defines it
+_EXPORTS = {
+    "load_model": "simpar.sim.specs",
+    "load_cluster": "simpar.sim.specs",
+    "load_gpu": "simpar.sim.specs",
+    "ModelSpec": "simpar.sim.specs",
+    "ClusterSpec": "simpar.sim.specs",
+    "ParallelPlan": "simpar.sim.plan",
+    "check_plan": "simpar.sim.plan",
+    "build_schedule": "simpar.sim.schedules",
+    "schedule_for_plan": "simpar.sim.schedules",
+    "memory_report": "simpar.sim.cost.memory",
+    "MemoryReport": "simpar.sim.cost.memory",
+    "simulate": "simpar.sim.engine.simulate",
+    "EngineOptions": "simpar.sim.engine.iteration",
+    "SimResult": "simpar.sim.engine.results",
+    "Calibration": "simpar.sim.specs.calibration",
+    "load_calibration": "simpar.sim.specs.calibration",
+    "CostModel": "simpar.sim.cost.compute",
+    "ExecutorProfile": "simpar.sim.cost.profile",
+    "sweep": "simpar.sim.sweep.api",
+    "SimparError": "simpar.sim.errors",
+}
+
+__all__ = sorted(_EXPORTS) + ["__version__"]
+
+if TYPE_CHECKING:  # for type checkers and IDEs; at run time names load lazily (__getattr__)
+    from simpar.sim.cost.compute import CostModel
+    from simpar.sim.cost.memory import MemoryReport, memory_report
+    from simpar.sim.cost.profile import ExecutorProfile
+    from simpar.sim.engine.iteration import EngineOptions
+    from simpar.sim.engine.results import SimResult
+    from simpar.sim.engine.simulate import simulate
+    from simpar.sim.errors import SimparError
+    from simpar.sim.plan import ParallelPlan, check_plan
+    from simpar.sim.schedules import build_schedule, schedule_for_plan
+    from simpar.sim.specs import ClusterSpec, ModelSpec, load_cluster, load_gpu, load_model
+    from simpar.sim.specs.calibration import Calibration, load_calibration
+    from simpar.sim.sweep.api import sweep
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'simpar' has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -1,0 +1,88 @@
+"""Options shared by commands (the `simpar memory` flag names are a contract other commands
+reuse) and the step that turns them into validated values."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import click
+
+from simpar.sim.errors import PlanError
+from simpar.sim.plan import PRECISIONS, RECOMPUTE, SCHEDULES, ParallelPlan, check_plan
+from simpar.sim.specs import ClusterSpec, ModelSpec, load_cluster, load_model
+from simpar.sim.specs.loader import build
+
+
+def plan_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """--model --cluster --gpus --tp --pp [--dp] [--cp] [--vpp] --mbs --gbs --schedule --zero
+    --recompute [--sequence-parallel/--no-sequence-parallel] [--precision] and friends."""
+    opts = [
+        click.option("--model", "model", required=True, help="model preset name, YAML file or HF config.json"),
+        click.option("--cluster", "cluster", required=True, help="cluster preset name or YAML file"),
+        click.option("--gpus", type=int, required=True, help="number of GPUs (whole nodes)"),
+        click.option("--tp", type=int, default=1, show_default=True, help="tensor-parallel size"),
+        click.option("--pp", type=int, default=1, show_default=True, help="pipeline-parallel size"),
+        click.option("--dp", type=int, default=None, help="data-parallel size [default: gpus/(tp*pp*cp)]"),
+        click.option("--cp", type=int, default=1, show_default=True, help="context-parallel size"),
+        click.option("--vpp", type=int, default=1, show_default=True, help="model chunks per pipeline rank"),
+        click.option("--mbs", type=int, default=1, show_default=True, help="micro-batch size (sequences)"),
+        click.option("--gbs", type=int, required=True, help="global batch size (sequences)"),
+        click.option("--seq-len", type=int, default=None, help="override the model's sequence length"),
+        click.option("--schedule", type=click.Choice(SCHEDULES), default=None, help="pipeline schedule [default: 1f1b, none when pp=1]"),
+        click.option("--zero", type=click.IntRange(0, 3), default=0, show_default=True, help="ZeRO stage"),
+        click.option("--recompute", type=click.Choice(RECOMPUTE), default="none", show_default=True),
+        click.option("--sequence-parallel/--no-sequence-parallel", default=None, help="Megatron sequence parallelism [default: on when tp>1]"),
+        click.option("--precision", type=click.Choice(PRECISIONS), default="bf16", show_default=True),
+        click.option("--flash-attention/--no-flash-attention", default=True, show_default=True, help="attention scores not stored"),
+        click.option("--layer-split", default=None, help="layers per stage, comma-separated (pp*vpp entries), or 'balanced'"),
+        click.option("--mesh-order", default=None, help="mesh axes outermost first, e.g. pp,dp,cp,tp"),
+        click.option("--allow-tp-across-nodes", is_flag=True, help="allow tp larger than a node"),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+@dataclass(frozen=True)
+class Setup:
+    model: ModelSpec
+    cluster: ClusterSpec
+    plan: ParallelPlan
+
+
+def setup_from_options(kw: dict[str, Any]) -> Setup:
+    """Load presets, build and check the plan; raises SimparError with a clear line."""
+    from simpar.sim.plan import balanced_layer_split
+
+    model = load_model(kw["model"], seq_len=kw.get("seq_len"))
+    cluster = load_cluster(kw["cluster"], gpus=kw["gpus"])
+    tp, pp, cp = kw["tp"], kw["pp"], kw["cp"]
+    dp = kw.get("dp")
+    if dp is None:
+        if kw["gpus"] % (tp * pp * cp):
+            raise PlanError("gpus", f"{kw['gpus']} GPUs are not divisible by tp*pp*cp = {tp * pp * cp}.", "choose tp, pp, cp whose product divides the GPU count.")
+        dp = kw["gpus"] // (tp * pp * cp)
+    schedule = kw.get("schedule") or ("none" if pp == 1 else ("interleaved-1f1b" if kw["vpp"] > 1 else "1f1b"))
+    sp = kw.get("sequence_parallel")
+    if sp is None:
+        sp = tp > 1
+    split = kw.get("layer_split")
+    if split == "balanced":
+        split = balanced_layer_split(model.layers, pp * kw["vpp"])
+    elif split:
+        try:
+            split = tuple(int(x) for x in split.split(","))
+        except ValueError:
+            raise PlanError("layer_split", f"{split!r} is not a comma-separated list of integers.", "write e.g. 2,3,3,2 or 'balanced'.") from None
+    data: dict[str, Any] = dict(
+        dp=dp, tp=tp, pp=pp, cp=cp, vpp=kw["vpp"], micro_batch_size=kw["mbs"], global_batch_size=kw["gbs"],
+        schedule=schedule, zero=kw["zero"], recompute=kw["recompute"], sequence_parallel=sp,
+        precision=kw["precision"], flash_attention=kw.get("flash_attention", True),
+        layer_split=split or None, allow_tp_across_nodes=kw.get("allow_tp_across_nodes", False),
+    )
+    if kw.get("mesh_order"):
+        data["mesh_order"] = tuple(x.strip() for x in kw["mesh_order"].split(","))
+    plan = build(ParallelPlan, data, "plan")
+    check_plan(plan, model, cluster, kw["gpus"])
+    return Setup(model, cluster, plan)

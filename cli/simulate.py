@@ -1,0 +1,93 @@
+"""`simpar simulate`: one training iteration of a full 3D plan as events."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from simpar.sim.engine.core import EngineOptions
+from simpar.sim.engine.results import SimResult
+from simpar.sim.units import GiB
+from .calib import load_calibration_option
+from .common import Setup, plan_options, setup_from_options
+from .render import echo_json, print_table
+
+
+@click.command("simulate")
+@plan_options
+@click.option("--calibration", type=click.Path(dir_okay=False), default=None, help="calibration JSON (simpar calibrate)")
+@click.option("--backend", type=click.Choice(["analytical", "contention"]), default="analytical", show_default=True)
+@click.option("--full", is_flag=True, help="simulate every GPU, not one representative pipeline")
+@click.option("--overlap-tp", is_flag=True, help="hide tensor-parallel collectives behind compute")
+@click.option("--no-overlap-grad-reduce", is_flag=True, help="reduce gradients after the backward pass")
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--trace", "trace_path", type=click.Path(dir_okay=False), default=None, help="write a Chrome/Perfetto trace")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None, help="write a timeline PNG")
+@click.option("--memory-plot", "mem_plot", type=click.Path(dir_okay=False), default=None, help="write memory over time PNG")
+@click.option("--write-plan", "plan_dir", type=click.Path(file_okay=False), default=None,
+              help="write plan.json and the lowered schedule.csv the executor runs unchanged")
+def simulate(calibration, backend, full, overlap_tp, no_overlap_grad_reduce, as_json, trace_path, plot_path, mem_plot,
+             plan_dir, **kw) -> None:
+    """Simulate one training iteration: time, throughput, MFU, breakdown, memory."""
+    from simpar.sim.engine.simulate import simulate as run
+
+    st = setup_from_options(kw)
+    calib = load_calibration_option(calibration, st.cluster.gpu.name)
+    opts = EngineOptions(full=full, overlap_tp=overlap_tp, overlap_grad_reduce=not no_overlap_grad_reduce)
+    res = run(st.model, st.cluster, st.plan, backend=backend, calibration=calib, options=opts)
+    write_outputs(st, res, trace_path, plot_path, mem_plot, plan_dir, calib)
+    if as_json:
+        echo_json(res.to_json())
+        return
+    print_result(st, res)
+
+
+def describe(st: Setup) -> str:
+    """One line: the model, the GPUs and the plan (`ParallelPlan.describe`)."""
+    return f"{st.model.name} on {st.plan.num_gpus} x {st.cluster.gpu.name} ({st.cluster.name}): {st.plan.describe()}"
+
+
+def print_result(st: Setup, res: SimResult) -> None:
+    click.echo(describe(st))
+    click.echo(f"iteration {res.iter_time_s:.4f} s | {res.tokens_per_s:,.0f} tokens/s | {res.tflops_per_gpu:.1f} TFLOP/s/GPU"
+               f" (hardware {res.hw_tflops_per_gpu:.1f}) | MFU {res.mfu:.1%} | bubble {res.bubble_fraction:.1%}")
+    rows = [(k, f"{v:.4f}", f"{v / res.iter_time_s:.1%}") for k, v in res.breakdown_s.items()]
+    rows.append(("total", f"{sum(res.breakdown_s.values()):.4f}", "100.0%"))
+    print_table(f"breakdown of GPU rank {res.reported_rank} (seconds)", ["part", "seconds", "share"], rows)
+    click.echo("peak memory per pipeline rank (GiB): " + ", ".join(f"{r.total / GiB:.1f}" for r in res.memory.ranks))
+    click.echo(res.memory.verdict())
+
+
+def write_outputs(st: Setup, res: SimResult, trace_path, plot_path, mem_plot, plan_dir, calib=None) -> None:
+    if trace_path:
+        from simpar.sim.engine.trace import write_trace
+
+        write_trace(trace_path, res.events, {"source": "simpar simulate", "describe": describe(st),
+                                             "iter_time_s": res.iter_time_s})
+    if plot_path:
+        from simpar.sim.plot.timeline import plot_timeline
+
+        plot_timeline(res.events, plot_path, describe(st),
+                      f"iteration {res.iter_time_s:.3f} s, MFU {res.mfu:.1%}, bubble {res.bubble_fraction:.1%}")
+    if mem_plot:
+        from simpar.sim.plot.timeline import plot_memory
+
+        rep = st.plan.pp
+        base = {}
+        for rank, r in zip(sorted(res.memory_timeline), res.memory.ranks[:rep]):
+            base[rank] = r.total - r.detail.get("activations_stored", 0.0)
+        plot_memory(res.memory_timeline, base, mem_plot, res.memory.capacity, describe(st))
+    if plan_dir:
+        write_plan_dir(st, Path(plan_dir), calib)
+
+
+def write_plan_dir(st: Setup, out: Path, calibration: dict | None = None) -> None:
+    """plan.json + the lowered schedule.csv that was simulated, exactly what `simpar run` reads."""
+    from simpar.sim.specs.planfile import write_plan_file
+    from simpar.sim.schedules import write_csv
+    from simpar.sim.engine.simulate import plan_schedule
+
+    out.mkdir(parents=True, exist_ok=True)
+    write_plan_file(out / "plan.json", st.plan, st.model, st.cluster.name)
+    write_csv(plan_schedule(st.model, st.cluster, st.plan, calibration), out / "schedule.csv")

@@ -1,0 +1,349 @@
+"""The closed loop of ``simpar calibrate --check``: a fixed set of plans, each simulated with a
+calibration and run by the executor, compared on iteration time, peak memory and per action kind.
+
+The plans use two models derived from the ``tiny`` and ``tiny-llama`` presets, widened so that
+one action takes milliseconds on a CPU core (a launch's microseconds of noise then do not
+dominate): hidden 256, 4 heads, 128 tokens, 4 layers, vocab 512 (ffn 1024 GELU / 768 SwiGLU,
+2 kv heads for the Llama). The set covers the schedules gpipe, 1f1b, interleaved-1f1b, zb-h1 and
+zb-v, pipeline, tensor (with and without sequence parallelism) and data parallelism (ZeRO 0 and
+2), micro-batch sizes 1, 2 and 4, and the three recompute modes, on at most 2 processes.
+
+No torch here: running a plan is the caller's ``runner(plan_dir, out_dir, nproc)`` (the CLI
+passes the executor's launcher), which must leave the executor's ``result.json`` and
+``trace.json`` in ``out_dir``.
+
+Memory: the simulator's memory model describes 16-bit mixed-precision training on a GPU; the
+executor runs fp32 on a CPU and reports state bytes plus the profiler's peak of net allocations
+(executor/measure.py). The CPU comparison therefore uses the simulator's own per-rank figures
+adapted to fp32 where they differ: model states unchanged (16 bytes/parameter either way: 4+4+8
+for fp32 Adam, 2+2+12 for mixed precision), stored activations x 2 (4-byte instead of 2-byte
+elements), no framework overhead (a CUDA context and NCCL buffers; the CPU figure counts neither)
+and no fragmentation. On CUDA the simulator's figures are compared as they are.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable
+
+from ..validation.compare import compare_events
+from ..cost.profile import ExecutorProfile
+from ..engine.core import EngineOptions
+from ..specs.calibration import Calibration
+from ..plan import ParallelPlan, check_plan
+from ..specs.planfile import write_plan_file
+from ..schedules import schedule_for_plan, write_csv
+from ..engine.simulate import simulate
+from ..specs import ClusterSpec, ModelSpec, load_model
+from ..specs.loader import build
+from ..engine.trace import TraceEvent, read_trace, write_trace
+
+#: (preset, overrides): the check's models, widened from the tiny presets (see the docstring).
+CHECK_MODELS = {
+    "gpt": ("tiny", {"name": "tiny-x256", "hidden": 256, "heads": 4, "kv_heads": 4, "ffn": 1024, "seq_len": 128}),
+    "llama": ("tiny-llama", {"name": "tiny-llama-x256", "hidden": 256, "heads": 4, "kv_heads": 2, "ffn": 768, "seq_len": 128}),
+}
+
+
+@dataclass(frozen=True)
+class CheckPlan:
+    name: str
+    model: str  # key of CHECK_MODELS
+    plan: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def nproc(self) -> int:
+        p = self.plan
+        return p.get("dp", 1) * p.get("tp", 1) * p.get("pp", 1)
+
+
+CHECK_PLANS = (
+    CheckPlan("gpt-pp2-1f1b-mbs2", "gpt", dict(pp=2, micro_batch_size=2, global_batch_size=16, schedule="1f1b")),
+    CheckPlan("gpt-pp2-gpipe-mbs2", "gpt", dict(pp=2, micro_batch_size=2, global_batch_size=8, schedule="gpipe")),
+    CheckPlan("gpt-pp2-interleaved-v2", "gpt", dict(pp=2, vpp=2, micro_batch_size=2, global_batch_size=16, schedule="interleaved-1f1b")),
+    CheckPlan("gpt-pp2-zbh1-mbs2", "gpt", dict(pp=2, micro_batch_size=2, global_batch_size=16, schedule="zb-h1")),
+    CheckPlan("gpt-pp2-zbv-mbs2", "gpt", dict(pp=2, vpp=2, micro_batch_size=2, global_batch_size=16, schedule="zb-v")),
+    CheckPlan("gpt-pp2-1f1b-mbs4-selective", "gpt", dict(pp=2, micro_batch_size=4, global_batch_size=16, schedule="1f1b", recompute="selective")),
+    CheckPlan("llama-pp2-1f1b-mbs1-full", "llama", dict(pp=2, micro_batch_size=1, global_batch_size=8, schedule="1f1b", recompute="full")),
+    CheckPlan("llama-pp2-zbh1-mbs4", "llama", dict(pp=2, micro_batch_size=4, global_batch_size=16, schedule="zb-h1")),
+    CheckPlan("llama-pp2-interleaved-v2-selective", "llama", dict(pp=2, vpp=2, micro_batch_size=2, global_batch_size=8, schedule="interleaved-1f1b", recompute="selective")),
+    CheckPlan("gpt-tp2-mbs2", "gpt", dict(tp=2, micro_batch_size=2, global_batch_size=8, schedule="none", sequence_parallel=False)),
+    CheckPlan("llama-tp2-sp-mbs2", "llama", dict(tp=2, micro_batch_size=2, global_batch_size=8, schedule="none", sequence_parallel=True)),
+    CheckPlan("gpt-dp2-zero0-mbs2", "gpt", dict(dp=2, micro_batch_size=2, global_batch_size=16, schedule="none")),
+    CheckPlan("llama-dp2-zero2-mbs2", "llama", dict(dp=2, micro_batch_size=2, global_batch_size=16, schedule="none", zero=2)),
+    CheckPlan("gpt-single-mbs4-full", "gpt", dict(micro_batch_size=4, global_batch_size=8, schedule="none", recompute="full")),
+)
+
+
+def check_model(key: str) -> ModelSpec:
+    preset, over = CHECK_MODELS[key]
+    base = load_model(preset)
+    return build(ModelSpec, {**base.model_dump(), **over}, f"check model {over['name']}")
+
+
+def plan_of(case: CheckPlan, cluster: ClusterSpec) -> tuple[ModelSpec, ParallelPlan]:
+    model = check_model(case.model)
+    plan = build(ParallelPlan, case.plan, f"check plan {case.name}")
+    check_plan(plan, model, cluster, plan.num_gpus)
+    return model, plan
+
+
+def layer_grid(nproc: int, quick: bool) -> list[dict[str, int | str]]:
+    """The layer shapes ``simpar calibrate`` measures: the check models at micro-batch 1, 2, 4 and
+    tp 1 (and 2 with two or more processes); quick: the GPT model at tp 1, micro-batch 2 and 4."""
+    out = []
+    for key in (("gpt",) if quick else tuple(CHECK_MODELS)):
+        m = check_model(key)
+        for tp in ((1,) if quick or nproc < 2 else (1, 2)):
+            for mbs in ((2, 4) if quick else (1, 2, 4)):
+                out.append({"arch": m.arch, "hidden": m.hidden, "heads": m.heads, "kv_heads": m.kv_heads, "ffn": m.ffn,
+                            "seq": m.seq_len, "mbs": mbs, "tp": tp})
+    return out
+
+
+#: Runs of a plan that crashed are tried again this many times before the plan counts as failed: a
+#: crashed run measures nothing (this project's CPU runs: one gloo process aborted at exit,
+#: "terminate called without an active exception", once in about 80 runs; the same plan's next
+#: runs were clean).
+RETRIES = 1
+
+#: The engine options that describe how the executor runs a plan: torch's pipeline runtime reduces
+#: the gradients in one REDUCE_GRAD after a stage's last backward (not in buckets overlapped with
+#: it, as Megatron's --overlap-grad-reduce does, the engine's default). Everything else that is
+#: particular to the executor is its runtime profile (`simpar.sim.cost.profile.ExecutorProfile`).
+EXECUTOR_OPTIONS = EngineOptions(overlap_grad_reduce=False)
+
+
+def prepare(case: CheckPlan, cluster: ClusterSpec, calibration: Calibration | None, out: Path) -> dict[str, Any]:
+    """Write plan.json, schedule.csv and the simulated trace into ``out``; returns the prediction
+    with the calibration as given and with its layer table left out (analytical compute)."""
+    model, plan = plan_of(case, cluster)
+    cl = cluster.with_gpus(plan.num_gpus)
+    out.mkdir(parents=True, exist_ok=True)
+    write_plan_file(out / "plan.json", plan, model, cl.name)
+    # compute-only, as `simpar run` writes it by default: torch inserts the sends/receives,
+    # REDUCE_GRAD and UNSHARD/RESHARD (a lowered file under replicate/DDP with dp > 1 lacks the
+    # UNSHARD torch 2.13 asserts on)
+    write_csv(schedule_for_plan(plan), out / "schedule.csv")
+    profile = ExecutorProfile.of(calibration)
+    res = simulate(model, cl, plan, calibration=calibration, options=EXECUTOR_OPTIONS, profile=profile)
+    write_trace(out / "sim.json", res.events, {"source": "simpar calibrate --check", "iter_time_s": res.iter_time_s})
+    analytic = None
+    if calibration is not None and calibration.layers:
+        bare = calibration.without_layers()
+        analytic = simulate(model, cl, plan, calibration=bare, options=EXECUTOR_OPTIONS,
+                            profile=ExecutorProfile.of(bare)).iter_time_s
+    return {"iter_time_s": res.iter_time_s, "iter_time_analytical_s": analytic, "memory": res.memory,
+            "breakdown_s": res.breakdown_s, "plan": plan, "model": model}
+
+
+def predicted_memory(pred: dict[str, Any], device: str) -> float:
+    """The largest rank's peak bytes of a `prepare` result: the engine's memory report on a GPU; on
+    the CPU the same report under the executor's conventions (`memory.EXECUTOR_CPU`: fp32
+    activations, no framework overhead, no fragmentation), as the docstring says."""
+    from ..cost.memory import EXECUTOR_CPU, restated
+
+    mem = pred["memory"]
+    if device == "cpu":
+        mem = restated(mem, pred["model"], pred["plan"], EXECUTOR_CPU)
+    return mem.peak.total
+
+
+def _bubble(events: list[TraceEvent], rank: int) -> float | None:
+    evs = [e for e in events if e.rank == rank]
+    comp = [e for e in evs if e.stream == "compute"]
+    if not comp:
+        return None
+    span = max(e.end for e in evs) - min(e.start for e in evs)
+    return max(span - sum(e.duration for e in comp), 0.0)
+
+
+def _sp_sync_in_step(sim: list[TraceEvent]) -> list[TraceEvent]:
+    """The simulated events with each rank's SP_GRAD_SYNC folded into its optimizer step, where
+    the executor's trace has it (torch reduces the partial gradients inside AdamW's step)."""
+    sync = {e.rank: e for e in sim if e.kind == "SP_GRAD_SYNC"}
+    out = []
+    for e in sim:
+        s = sync.get(e.rank)
+        if e.kind == "SP_GRAD_SYNC":
+            continue
+        if s is not None and e.kind == "OPT":
+            e = replace(e, start=s.start, duration=e.end - s.start)
+        out.append(e)
+    return out
+
+
+def kind_errors(sim: list[TraceEvent], meas: list[TraceEvent]) -> dict[str, dict[str, float]]:
+    """Per action kind over the ranks both traces hold: mean simulated and measured seconds and
+    the relative error; plus ``bubble`` (idle time of a rank's compute stream)."""
+    sim = _sp_sync_in_step(sim)
+    acc: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for r in compare_events(sim, meas):
+        if r.sim_mean is not None and r.meas_mean is not None:
+            acc[r.kind].append((r.sim_mean, r.meas_mean))
+    for rank in sorted({e.rank for e in sim} & {e.rank for e in meas}):
+        bs, bm = _bubble(sim, rank), _bubble(meas, rank)
+        if bs is not None and bm is not None:
+            acc["bubble"].append((bs, bm))
+    out = {}
+    for kind, pairs in acc.items():
+        s, m = statistics.fmean(p[0] for p in pairs), statistics.fmean(p[1] for p in pairs)
+        out[kind] = {"sim_s": s, "meas_s": m, "rel_err": (s - m) / m if m > 0 else None}
+    return out
+
+
+def timed_steps(res: dict[str, Any]) -> list[float]:
+    """A run's timed steps (after its warm-up)."""
+    steps = res.get("iteration_times_s") or []
+    return steps[int(res.get("warmup", 0)):] or steps
+
+
+def spread(xs: list[float]) -> float | None:
+    """(largest - smallest) / median, or None with fewer than two values."""
+    return (max(xs) - min(xs)) / statistics.median(xs) if len(xs) >= 2 else None
+
+
+def evaluate(case: CheckPlan, pred: dict[str, Any], run_dirs: list[Path], device: str,
+             probe: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One row of the check: predicted vs measured iteration time and memory, per-kind errors.
+
+    Over several runs (rounds) of the plan the measured time is the median of all their timed
+    steps; the trace and the memory come from the run whose own median is nearest to it. With
+    the calibration's ``probe`` and the runs' own (executor/probe.py), ``speed_ratio`` is the
+    runs' probe seconds / the calibration's (> 1: the device was slower than when calibrated)
+    and ``iter_err_drift`` the error of the prediction x that ratio, a diagnostic that takes the
+    device's drift out (the headline error, ``iter_err``, does not)."""
+    results = [json.loads((d / "result.json").read_text()) for d in run_dirs]
+    pooled = [t for res in results for t in timed_steps(res)]
+    meas_t = statistics.median(pooled)
+    rounds = [float(res["iteration_time_s"]) for res in results]
+    pick = min(range(len(results)), key=lambda i: abs(rounds[i] - meas_t))
+    res, run_dir = results[pick], run_dirs[pick]
+    peaks = [v for v in res["peak_memory_bytes"].values() if v]
+    meas_mem = max(peaks) if peaks else None
+    pred_mem = predicted_memory(pred, device)
+    sim_events, _ = read_trace(run_dir.parent / "sim.json")
+    meas_events, _ = read_trace(run_dir / "trace.json")
+    p = pred["plan"]
+    row = {
+        "name": case.name, "model": pred["model"].name, "schedule": p.schedule, "pp": p.pp, "tp": p.tp, "dp": p.dp,
+        "vpp": p.vpp, "mbs": p.micro_batch_size, "gbs": p.global_batch_size, "recompute": p.recompute, "zero": p.zero,
+        "sp": p.sequence_parallel, "nproc": p.num_gpus,
+        "pred_iter_s": pred["iter_time_s"], "meas_iter_s": meas_t, "iter_err": (pred["iter_time_s"] - meas_t) / meas_t,
+        "meas_iter_all_s": [r.get("iteration_times_s") for r in results],
+        "meas_rounds_s": rounds,
+        "runs": len(results),
+        "meas_spread": spread(pooled),
+        "round_spread": spread(rounds),
+        "trace_run": run_dir.name,
+        "pred_mem_bytes": pred_mem, "meas_mem_bytes": meas_mem,
+        "mem_err": (pred_mem - meas_mem) / meas_mem if meas_mem else None,
+        "kinds": kind_errors(sim_events, meas_events),
+    }
+    probes = [statistics.fmean(r["probe_s"]) for r in results if r.get("probe_s")]
+    if probe and probes and len(probes) == len(results):
+        ratio = statistics.fmean(probes) / float(probe["time_s"])
+        row["speed_ratio"] = ratio
+        row["iter_err_drift"] = (pred["iter_time_s"] * ratio - meas_t) / meas_t
+    if pred.get("iter_time_analytical_s"):
+        a = pred["iter_time_analytical_s"]
+        row["pred_iter_analytical_s"] = a
+        row["iter_err_analytical"] = (a - meas_t) / meas_t
+    return row
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    def stats(key: str) -> dict[str, float] | None:
+        errs = [abs(r[key]) for r in rows if r.get(key) is not None]
+        if not errs:
+            return None
+        return {"n": len(errs), "median_abs": statistics.median(errs), "max_abs": max(errs), "mean_signed": statistics.fmean(
+            r[key] for r in rows if r.get(key) is not None)}
+    kinds: dict[str, list[float]] = defaultdict(list)
+    for r in rows:
+        for k, v in r["kinds"].items():
+            if v["rel_err"] is not None:
+                kinds[k].append(v["rel_err"])
+    return {
+        "iteration_time": stats("iter_err"),
+        "iteration_time_analytical_compute": stats("iter_err_analytical"),
+        "iteration_time_drift_adjusted": stats("iter_err_drift"),
+        "peak_memory": stats("mem_err"),
+        "kinds": {k: {"n": len(v), "median_abs": statistics.median(abs(x) for x in v), "median_signed": statistics.median(v)}
+                  for k, v in kinds.items()},
+    }
+
+
+#: A plan's rounds agree when the standard error of the mean of their medians is at most this
+#: share of that mean (run 17 of this project: one plan's rounds measured 460, 597 and 447 ms).
+SETTLE = 0.03
+
+
+def settled(rounds_s: list[float], tol: float = SETTLE) -> bool:
+    """Whether a plan's per-round medians agree: stdev / sqrt(n) <= ``tol`` x their mean (n >= 2)."""
+    if len(rounds_s) < 2:
+        return False
+    return statistics.stdev(rounds_s) / len(rounds_s) ** 0.5 <= tol * statistics.fmean(rounds_s)
+
+
+def run_check(cluster: ClusterSpec, calibration: Calibration, out: Path, runner: Callable[[Path, Path, int], None],
+              device: str = "cpu", cases: tuple[CheckPlan, ...] = CHECK_PLANS,
+              progress: Callable[[str], None] = lambda _: None, rounds: int = 1,
+              max_rounds: int | None = None) -> dict[str, Any]:
+    """Simulate every case, run each ``rounds`` times (round 1 into ``<case>/measured``, round r
+    into ``<case>/measured-r``; every other round in reverse order, so that a slow spell of the
+    device does not fall on the same plans each time; a crashed run is tried `RETRIES` more
+    times, and every failed attempt is listed in ``failed_attempts``); then, up to
+    ``max_rounds`` (default: ``rounds``), run again the plans whose rounds do not agree
+    (`settled`): a slow spell of a shared host lasts minutes, and a later round usually falls
+    outside it. Every round counts. Write check.json and check.md into ``out``; return the doc."""
+    max_rounds = max(rounds, max_rounds or rounds)
+    preds = {}
+    for case in cases:  # every plan is checked before the first one runs
+        plan_of(case, cluster)
+    for case in cases:
+        preds[case.name] = prepare(case, cluster, calibration, out / case.name)
+    runs: dict[str, list[Path]] = {case.name: [] for case in cases}
+    medians: dict[str, list[float]] = {case.name: [] for case in cases}  # each run's own median step
+    failed: dict[str, str] = {}
+    retried: list[dict[str, Any]] = []  # every failed attempt, also those a retry made good
+    for r in range(max_rounds):
+        todo = [c for c in cases if c.name not in failed
+                and (r < rounds or not settled(medians[c.name]))]
+        if not todo:
+            break
+        for case in todo if r % 2 == 0 else reversed(todo):
+            run_dir = out / case.name / ("measured" if r == 0 else f"measured-{r + 1}")
+            for _ in range(1 + RETRIES):
+                try:
+                    runner(out / case.name, run_dir, case.nproc)
+                except Exception as exc:  # a plan the executor cannot run is reported, the others still run
+                    failed[case.name] = str(exc)
+                    retried.append({"name": case.name, "round": r + 1, "error": str(exc)})
+                    shutil.rmtree(run_dir, ignore_errors=True)
+                else:
+                    failed.pop(case.name, None)
+                    runs[case.name].append(run_dir)
+                    medians[case.name].append(float(json.loads((run_dir / "result.json").read_text())["iteration_time_s"]))
+                    break
+            progress(case.name if max_rounds == 1 else f"{case.name} (round {r + 1})")
+    probe = calibration.probe.model_dump() if calibration.probe is not None else None
+    rows = [evaluate(case, preds[case.name], runs[case.name], device, probe)
+            for case in cases if case.name not in failed]
+    summary = calibration.model_dump(mode="json", include={"device", "date", "software", "compute", "network", "probe"})
+    doc = {"calibration": {k: summary.get(k) for k in ("device", "date", "software", "compute", "network", "probe")},
+           "device": device, "rounds": rounds, "max_rounds": max_rounds, "settle": SETTLE,
+           "memory_note": __doc__.split("Memory: ", 1)[1].strip() if device == "cpu" else None,
+           "plans": rows, "failed": [{"name": n, "error": e} for n, e in failed.items()], "failed_attempts": retried,
+           "summary": summarize(rows)}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "check.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    from .report import markdown
+
+    (out / "check.md").write_text(markdown(doc))
+    return doc

@@ -1,0 +1,177 @@
+"""How long one piece of work takes on one GPU: the default efficiency model, overridable by a
+calibration file.
+
+Default model (every constant below is a documented assumption, overridable per GPU type):
+
+- Matrix multiplies run at ``peak(dtype) * mm_eff_max * sat(m) * sat(n) * sat(k)`` where
+  ``sat(x) = x / (x + mm_half_dim)``: large GEMMs approach a sustained efficiency, small
+  dimensions under-fill the tensor cores' tiles.
+- The attention core (FlashAttention 2) runs at ``attn_eff_fwd`` / ``attn_eff_bwd`` of peak
+  (Dao 2023, FlashAttention-2 §4: 50–73 % of A100 peak forward, lower backward) on the work a
+  causal mask leaves: FlashAttention skips the key/value blocks above the diagonal, so it does
+  ``causal_attention_fraction(s)`` = 1/2 + 64/s of the full square that FLOP counts (Megatron's
+  formula, sim/model.py) assume (blocks of 128 queries: n(n+1)/2 of n^2 blocks, n = s/128).
+  Without FlashAttention (``plan.flash_attention = False``) the scores are materialised: the
+  full square is computed and the softmax / mask / dropout over the a*s*s scores is memory-bound
+  traffic (``UNFUSED_SCORE_BYTES`` per score forward, twice that backward).
+
+The per-GPU-type parameters come from the preset's default calibration file
+(topologies/calibrations/<gpu>.json, `simpar.sim.specs.calibration.default_calibration`): global
+figures with their sources, fitted once on all of shared/validation/published.csv (never per row).
+A GPU with no such file uses the `EfficiencyParams` defaults (sim/specs/calibration.py); ``--calibration FILE``
+overrides either, key by key.
+- Element-wise work (norms, activations, dropout, residual adds, the softmax/cross-entropy) is
+  memory-bound: bytes moved / (HBM bandwidth * hbm_eff).
+- Each kernel costs at least ``launch_s`` (CUDA launch + scheduling, ~4 µs without CUDA graphs).
+- The Adam step reads and writes 28 bytes per locally owned parameter (fp32 master, two moments,
+  grad, 16-bit copy) at HBM speed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..specs.calibration import Calibration, EfficiencyParams, default_calibration
+from .tables import MeasuredTables
+from ..model import LayerFlops, layer_flops, logits_flops
+from ..plan import ParallelPlan
+from ..specs import GPUSpec, ModelSpec
+
+
+#: FlashAttention's query/key block (FA2 forward, 128 on A100/H100): the diagonal blocks of a
+#: causal mask are computed in full.
+FLASH_BLOCK = 128
+#: Bytes of memory traffic per attention score of unfused attention, forward: scores written
+#: (2), read and softmax written (2 + 2), dropout mask and output (1 + 2) (Korthikanti et al.
+#: 2022 §4.1 name the same tensors for the 5as^2b activation term).
+UNFUSED_SCORE_BYTES = 9
+
+
+def causal_attention_fraction(seq_len: float) -> float:
+    """Share of the full s x s attention square a causal FlashAttention computes (1/2 + B/2s)."""
+    return min(1.0, 0.5 + FLASH_BLOCK / (2.0 * max(seq_len, 1.0)))
+
+
+#: Adam step bytes per locally owned parameter: fp32 master r/w (8), moments r/w (16), grad read
+#: (2), 16-bit weight write (2).
+ADAM_BYTES_PER_PARAM = 28
+#: Element-wise bytes per layer and token, in units of hidden size, forward (norms, residuals,
+#: dropout, bias adds; GeLU/SwiGLU traffic is counted from ffn separately). Backward moves twice.
+ELEMENTWISE_BYTES_PER_TOKEN_H = 24
+#: Kernels per transformer layer forward (backward launches about twice as many).
+KERNELS_PER_LAYER_FWD = 14
+
+
+@dataclass(frozen=True)
+class PassTimes:
+    """Seconds of one pass of one unit on one GPU (per micro-batch)."""
+
+    f: float
+    i: float
+    w: float
+    attn_f: float = 0.0  # attention-core forward part of f (what selective recompute re-runs)
+
+    @property
+    def b(self) -> float:
+        return self.i + self.w
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """How long one piece of work takes on one GPU: efficiencies (``eff``) and measured tables."""
+
+    gpu: GPUSpec
+    eff: EfficiencyParams = field(default_factory=EfficiencyParams)
+    source: str = "default"
+    #: the device's measured layer / optimizer times (`tables`), used where they cover a plan
+    tables: MeasuredTables = field(default_factory=MeasuredTables)
+
+    @classmethod
+    def for_gpu(cls, gpu: GPUSpec, calibration: Calibration | None = None) -> "CostModel":
+        """The GPU preset's default calibration (global per-GPU-type figures), overridden key by
+        key by ``calibration``."""
+        eff, src = EfficiencyParams(), "default"
+        base = default_calibration(gpu.name)
+        if base is not None:
+            eff, src = base.efficiencies(eff), f"default calibration {gpu.name}.json"
+        if calibration is not None:
+            eff, src = calibration.efficiencies(eff), calibration.source
+        return cls(gpu, eff, src, MeasuredTables.of(calibration))
+
+    # --- primitives -------------------------------------------------------------------------
+    def _sat(self, x: float) -> float:
+        return x / (x + self.eff.mm_half_dim)
+
+    def matmul_time(self, m: float, n: float, k: float, dtype: str = "bf16") -> float:
+        flops = 2.0 * m * n * k
+        eff = self.eff.mm_eff_max * self._sat(m) * self._sat(n) * self._sat(k)
+        if dtype == "fp8":
+            eff *= self.eff.fp8_mm_eff_scale
+        return max(flops / (self.gpu.peak_flops(dtype) * eff), self.eff.launch_s)
+
+    def memory_time(self, nbytes: float) -> float:
+        return max(nbytes / (self.gpu.hbm_bw * self.eff.hbm_eff), self.eff.launch_s)
+
+    def attention_time(self, flops_fwd: float, dtype: str) -> tuple[float, float]:
+        peak = self.gpu.peak_flops("bf16" if dtype == "fp8" else dtype)  # attention stays in 16-bit
+        return flops_fwd / (peak * self.eff.attn_eff_fwd), 2 * flops_fwd / (peak * self.eff.attn_eff_bwd)
+
+    def optimizer_time(self, local_params: float) -> float:
+        """The optimizer step over ``local_params`` parameters of one GPU: the calibration's
+        measured table where it has one, else memory-bound Adam."""
+        measured = self.tables.optimizer_seconds(local_params)
+        if measured is not None:
+            return measured
+        return self.memory_time(ADAM_BYTES_PER_PARAM * local_params)
+
+    # --- model pieces -----------------------------------------------------------------------
+    def layer_times(self, m: ModelSpec, plan: ParallelPlan) -> PassTimes:
+        """One transformer layer, one micro-batch, on one GPU of a tp x cp group (compute only).
+        A calibration's measured layer table is used when it covers the layer (`tables`)."""
+        hit = self.tables.layer(m, plan)
+        if hit is not None:
+            return PassTimes(*hit)
+        t, dt = plan.tp, plan.precision
+        tokens = plan.micro_batch_size * m.seq_len / plan.cp
+        h, f, kv = m.hidden, m.ffn, m.kv_heads * m.head_dim
+        shapes = [(tokens, (h + 2 * kv) / t, h), (tokens, h, h / t)]
+        shapes += [(tokens, f / t, h)] * (2 if m.gated_mlp else 1) + [(tokens, h, f / t)]
+        fwd_mm = sum(self.matmul_time(a, b, c, dt) for a, b, c in shapes)
+        # Input grads: dX = dY W^T (shape m x k x n); weight grads: dW = X^T dY (k x n x m).
+        i_mm = sum(self.matmul_time(a, c, b, dt) for a, b, c in shapes)
+        w_mm = sum(self.matmul_time(c, b, a, dt) for a, b, c in shapes)
+        lf: LayerFlops = layer_flops(m, m.seq_len, plan.micro_batch_size)
+        if plan.flash_attention:
+            attn_f, attn_b = self.attention_time(lf.attn_core_f * causal_attention_fraction(m.seq_len) / (t * plan.cp), dt)
+        else:  # scores materialised: two batched matmuls over the full square + softmax traffic
+            mm_peak = self.gpu.peak_flops("bf16" if dt == "fp8" else dt) * self.eff.mm_eff_max
+            scores = m.heads / t * tokens * m.seq_len
+            attn_f = lf.attn_core_f / (t * plan.cp) / mm_peak + self.memory_time(UNFUSED_SCORE_BYTES * scores)
+            attn_b = 2 * lf.attn_core_f / (t * plan.cp) / mm_peak + self.memory_time(2 * UNFUSED_SCORE_BYTES * scores)
+        sp = t if plan.sequence_parallel else 1
+        ew_bytes = tokens * (ELEMENTWISE_BYTES_PER_TOKEN_H * h / sp + (6 if m.gated_mlp else 4) * f / t)
+        ew_f = self.memory_time(ew_bytes)
+        launch = KERNELS_PER_LAYER_FWD * self.eff.launch_s
+        f_time = max(fwd_mm + attn_f + ew_f, launch)
+        i_time = max(i_mm + attn_b + 2 * ew_f, 2 * launch)
+        w_time = max(w_mm, launch)
+        return PassTimes(f_time, i_time, w_time, attn_f)
+
+    def logits_times(self, m: ModelSpec, plan: ParallelPlan) -> PassTimes:
+        """Final norm, output projection (vocab split over tp) and cross-entropy."""
+        tokens = plan.micro_batch_size * m.seq_len / plan.cp
+        t, dt = plan.tp, plan.precision
+        shape = (tokens, m.vocab / t, m.hidden)
+        ce = self.memory_time(tokens * m.vocab / t * 4 * 3)  # fp32 logits: write, softmax read/write
+        lg = logits_flops(m, m.seq_len, plan.micro_batch_size)
+        assert lg.f > 0
+        f = self.matmul_time(*shape, dt) + ce
+        i = self.matmul_time(shape[0], shape[2], shape[1], dt) + ce
+        w = self.matmul_time(shape[2], shape[1], shape[0], dt)
+        return PassTimes(f, i, w)
+
+    def embedding_times(self, m: ModelSpec, plan: ParallelPlan) -> PassTimes:
+        """Embedding lookup (memory-bound gather) and its sparse gradient accumulation."""
+        tokens = plan.micro_batch_size * m.seq_len / plan.cp
+        nbytes = tokens * m.hidden * 2 * 2
+        return PassTimes(self.memory_time(nbytes), 0.0, self.memory_time(2 * nbytes))

@@ -1,0 +1,397 @@
+"""Memory per GPU, per pipeline rank: model states, activations, buffers and overhead.
+
+Model states follow Rajbhandari et al., "ZeRO" (SC'20) §3 / Table 1: with mixed precision each
+parameter costs 2 bytes (16-bit weights) + 2 bytes (16-bit gradients) + K = 12 bytes (fp32
+master weights and the two Adam moments). Stage 1 shards the K bytes over N_d data-parallel
+ranks, stage 2 also the gradients, stage 3 also the weights:
+    baseline (2+2+K)psi, stage 1 2psi+2psi+K psi/N_d, stage 2 2psi+(2+K)psi/N_d, stage 3 (2+2+K)psi/N_d.
+simpar shards over N_d = dp x cp, as Megatron's distributed optimizer does.
+
+Activations per transformer layer follow Korthikanti et al. 2022 (arXiv 2205.05198) §4 and
+Table 2, generalised tensor by tensor so GQA, SwiGLU and models without dropout are covered (for
+GPT with ffn = 4h they reduce exactly to the paper's sbh(34 + 5as/h), sbh(10 + 24/t + 5as/ht),
+sbh(34/t + 5as/ht), ... ; full recompute stores the layer input 2sbh only).
+
+These formulas count what 16-bit mixed-precision training on a GPU stores; `MemoryConventions`
+(bytes per activation element, framework overhead, fragmentation) is the model's parameter for
+another runtime: `GPU_MIXED_PRECISION` by default, `EXECUTOR_CPU` for the executor's fp32 runs.
+
+The activation peak of a pipeline rank comes from its schedule: the peak over time of the summed
+bytes of the (stage, micro-batch) sets alive between their F and their input backward. It changes
+only at actions, so it is the largest dot product of the rank's per-stage alive counts, taken just
+after each F, with the per-stage bytes. `AliveProfile` keeps, per rank, only the count vectors no
+other one dominates (one number for one stage per rank), so a schedule is walked once per
+(schedule, pp, vpp, micro-batches) and each plan then costs a few multiplications; past a few
+times pp micro-batches the profile no longer changes, so long schedules are not even built.
+Equal to `schedules.peak_activation_units` up to rounding (tested).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Sequence
+
+from ..model import embedding_params, layer_params, output_params
+from ..plan import ParallelPlan, ZeroPolicy
+from ..schedules import Kind, Schedule, build_schedule, peak_activation_units, peak_inflight, schedule_for_plan
+from ..schedules.lower import MAX_ACTIVE_STAGES
+from ..specs import GPUSpec, ModelSpec
+from ..units import GiB
+
+#: fp32 master weights + Adam first and second moments (ZeRO paper, K = 12).
+OPTIMIZER_BYTES_PER_PARAM = 12
+#: Framework overhead per GPU: CUDA context and cuBLAS/cuDNN workspaces (~0.5 GiB on A100/H100 with
+#: PyTorch 2.x) plus NCCL channel buffers (~0.5 GiB for a few communicators). An estimate, stated here.
+FRAMEWORK_OVERHEAD_BYTES = 1.0 * GiB
+#: Caching-allocator fragmentation, as a fraction of activation bytes (an estimate, stated here).
+FRAGMENTATION = 0.05
+
+
+@dataclass(frozen=True)
+class MemoryConventions:
+    """How the runtime being modelled stores what the formulas count (16-bit activation elements,
+    1-byte dropout masks, fp32 logits: mixed-precision training).
+
+    ``activation_element_bytes``: bytes of a stored activation element; every activation figure,
+    stored or recompute transient, scales by it / 2. ``framework_overhead_bytes``: per GPU, outside
+    the model. ``fragmentation``: the caching allocator's waste, a fraction of activation bytes.
+    Model states do not depend on them (16 bytes per parameter with Adam either way)."""
+
+    activation_element_bytes: int = 2
+    framework_overhead_bytes: float = FRAMEWORK_OVERHEAD_BYTES
+    fragmentation: float = FRAGMENTATION
+
+    @property
+    def activation_scale(self) -> float:
+        """Factor on the formulas' activation bytes (which count 2-byte elements)."""
+        return self.activation_element_bytes / 2
+
+
+#: 16-bit mixed-precision training on a GPU: what the formulas above describe.
+GPU_MIXED_PRECISION = MemoryConventions()
+#: The executor on a CPU (executor/measure.py reports state bytes plus the profiler's peak of net
+#: allocations): fp32 activations, so every activation figure doubles (masks and logits included,
+#: as a convention); no CUDA context or NCCL buffers; no caching allocator, so no fragmentation.
+#: Model states are unchanged: 4+4+8 bytes per parameter for fp32 Adam, 2+2+12 for mixed precision.
+EXECUTOR_CPU = MemoryConventions(activation_element_bytes=4, framework_overhead_bytes=0.0, fragmentation=0.0)
+
+
+def model_state_bytes(psi: float, zero: int, nd: int, k: int = OPTIMIZER_BYTES_PER_PARAM) -> tuple[float, float, float]:
+    """(weights, gradients, optimizer) bytes for psi parameters (ZeRO paper Table 1)."""
+    weights = 2 * psi / (nd if zero >= 3 else 1)
+    grads = 2 * psi / (nd if zero >= 2 else 1)
+    opt = k * psi / (nd if zero >= 1 else 1)
+    return weights, grads, opt
+
+
+def layer_activation_bytes(m: ModelSpec, plan: ParallelPlan, recompute: str | None = None,
+                           flash: bool | None = None) -> float:
+    """Bytes one transformer layer keeps for one micro-batch until its backward (per GPU)."""
+    recompute = plan.recompute if recompute is None else recompute
+    flash = plan.flash_attention if flash is None else flash
+    s = m.seq_len / plan.cp
+    b, h, f, a, t = plan.micro_batch_size, m.hidden, m.ffn, m.heads, plan.tp
+    sbh = s * b * h
+    if recompute == "full":
+        # Only the layer input (Korthikanti §4.2: 2sbh). With sequence parallelism that input is
+        # itself split over the sequence (Megatron and torchtitan checkpoint the [s/t, b, h] block
+        # input), so 2sbh/t; without it the paper's 2sbh/t variant (an extra all-gather) is not used.
+        return 2 * sbh / (t if plan.sequence_parallel else 1)
+    g = m.kv_ratio
+    drop = 1 if m.has_dropout else 0
+    # Replicated across tensor-parallel ranks unless sequence parallelism splits them:
+    # two norm inputs, QKV input, fc1 input (2 bytes each), two dropout masks (1 byte each).
+    replicated = sbh * (2 + 2 + 2 + 2 + 2 * drop)
+    # Always split by tp: Q, K, V (GQA shrinks K and V), projection input, MLP internals.
+    mlp = (6 if m.gated_mlp else 4) * s * b * f  # SwiGLU: gate, up, down input; GeLU: gelu in, fc2 in
+    split = sbh * (2 + 2 * g + 2 * g + 2) + mlp
+    total = replicated / (t if plan.sequence_parallel else 1) + split / t
+    if recompute == "none" and not flash:
+        # softmax output (2 bytes) + dropout mask (1) + dropout output (2): 5as^2b (2as^2b without dropout)
+        total += (2 + 3 * drop) * a * s * (m.seq_len if plan.cp > 1 else s) * b / t
+    elif flash and recompute == "none":
+        total += 4 * a * s * b / t  # FlashAttention's fp32 log-sum-exp per head and token
+    return total
+
+
+def stage_activation_bytes(m: ModelSpec, plan: ParallelPlan, stage: int) -> float:
+    """Bytes one stage keeps per micro-batch: its layers, plus embedding / logits tensors."""
+    layers = plan.stage_layers(m.layers)[stage]
+    s, b, h, t = m.seq_len / plan.cp, plan.micro_batch_size, m.hidden, plan.tp
+    sp_div = t if plan.sequence_parallel else 1
+    total = layers * layer_activation_bytes(m, plan)
+    if stage == 0 and m.has_dropout:
+        total += s * b * h / sp_div  # embedding dropout mask
+    if stage == plan.num_stages - 1:
+        # final norm input, output-projection input (16-bit), fp32 logits for the loss (Korthikanti §4.3)
+        total += 2 * s * b * h / sp_div + 2 * s * b * h + 4 * s * b * m.vocab / t
+    return total
+
+
+def stage_activations(m: ModelSpec, plan: ParallelPlan) -> list[float]:
+    """`stage_activation_bytes` of every stage, in stage order."""
+    return [stage_activation_bytes(m, plan, s) for s in range(plan.num_stages)]
+
+
+@dataclass(frozen=True)
+class AliveProfile:
+    """Per pipeline rank: its stages and the maximal vectors of alive sets per stage."""
+
+    stages: tuple[tuple[int, ...], ...]
+    vectors: tuple[tuple[tuple[int, ...], ...], ...]
+
+    @property
+    def inflight(self) -> tuple[int, ...]:
+        """Most sets alive at once per rank (`schedules.peak_inflight`)."""
+        return tuple(max((sum(v) for v in vecs), default=0) for vecs in self.vectors)
+
+    def peaks(self, stage_weight: Sequence[float]) -> list[float]:
+        """Per rank, the peak of the summed ``stage_weight`` of alive sets."""
+        out = []
+        for stages, vecs in zip(self.stages, self.vectors):
+            w = [stage_weight[s] for s in stages]
+            out.append(max((sum(c * x for c, x in zip(v, w)) for v in vecs), default=0.0))
+        return out
+
+
+def _maximal(vectors: set[tuple[int, ...]]) -> tuple[tuple[int, ...], ...]:
+    """The vectors no other one dominates component-wise, sorted."""
+    vs = sorted(vectors, reverse=True)
+    keep: list[tuple[int, ...]] = []
+    for v in vs:
+        if not any(all(a >= b for a, b in zip(k, v)) for k in keep):
+            keep.append(v)
+    return tuple(sorted(keep))
+
+
+def alive_profile(schedule: Schedule) -> AliveProfile:
+    """The alive profile of ``schedule``: per rank, the per-stage counts of alive sets just after each F."""
+    stages_all, vectors_all = [], []
+    for r, acts in enumerate(schedule.ranks):
+        stages = schedule.stages_of(r)
+        idx = {s: i for i, s in enumerate(stages)}
+        alive = [0] * len(stages)
+        seen: set[tuple[int, ...]] = set()
+        for a in acts:
+            if a.kind is Kind.F:
+                alive[idx[a.stage]] += 1
+                seen.add(tuple(alive))
+            elif a.kind is Kind.B or a.kind is Kind.I:
+                alive[idx[a.stage]] -= 1
+        stages_all.append(stages)
+        vectors_all.append(_maximal(seen))
+    return AliveProfile(tuple(stages_all), tuple(vectors_all))
+
+
+#: Past ``STEADY * pp`` micro-batches a schedule's alive-set profile no longer changes (its peak is
+#: reached in the warm-up and steady phases, which do not depend on m; GPipe excepted): checked
+#: against the full schedule in tests/test_sweep_fit.py for every schedule.
+STEADY = 2
+
+
+@lru_cache(maxsize=4096)
+def cached_profile(schedule: str, pp: int, vpp: int, num_microbatches: int) -> AliveProfile:
+    """The profile of a compute-only schedule (zb-1p/2p with unit costs, as `simpar memory`)."""
+    return alive_profile(build_schedule(schedule, pp, vpp, num_microbatches))
+
+
+def plan_profile(plan: ParallelPlan) -> AliveProfile:
+    """The alive profile of the plan's compute-only schedule, cut to `STEADY` x pp micro-batches."""
+    pp = plan.pipeline_ranks
+    m = plan.num_microbatches
+    if plan.schedule != "gpipe":
+        m = min(m, STEADY * pp)
+    return cached_profile(plan.schedule, pp, plan.vpp, m)
+
+
+@dataclass(frozen=True)
+class RankMemory:
+    """Peak memory of one GPU of a pipeline rank, in bytes, with its breakdown."""
+
+    pipeline_rank: int
+    params: float  # parameters held by this GPU (after tp split, before ZeRO sharding)
+    weights: float
+    grads: float
+    optimizer: float
+    activations: float
+    other: float  # ZeRO-3 gather buffers, framework overhead, fragmentation
+    capacity: float
+    inflight: float = 0.0  # stage-microbatch activation sets alive at the peak
+    detail: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.grads + self.optimizer + self.activations + self.other
+
+    @property
+    def fits(self) -> bool:
+        return self.total <= self.capacity
+
+
+@dataclass(frozen=True)
+class MemoryReport:
+    """Peak memory of every pipeline rank of a plan against the GPU's capacity, under ``conventions``."""
+
+    ranks: tuple[RankMemory, ...]
+    capacity: float
+    conventions: MemoryConventions = GPU_MIXED_PRECISION
+
+    @property
+    def fits(self) -> bool:
+        """Every rank fits."""
+        return all(r.fits for r in self.ranks)
+
+    @property
+    def peak(self) -> RankMemory:
+        """The rank needing the most memory (the lowest such rank on a tie)."""
+        return max(self.ranks, key=lambda r: (r.total, -r.pipeline_rank))
+
+    @property
+    def over_by(self) -> float:
+        """Bytes by which the worst rank exceeds capacity (<= 0 when it fits)."""
+        return self.peak.total - self.capacity
+
+    def verdict(self) -> str:
+        """One line: fits or not, with the peak rank and its bytes against the capacity."""
+        p = self.peak
+        if self.fits:
+            return (f"fits: peak {p.total / GiB:.2f} GiB on pipeline rank {p.pipeline_rank} "
+                    f"of {self.capacity / GiB:.1f} GiB")
+        return (
+            f"does not fit: pipeline rank {p.pipeline_rank} needs {p.total / GiB:.2f} GiB, "
+            f"{self.over_by / GiB:.2f} GiB over the {self.capacity / GiB:.1f} GiB of the GPU"
+        )
+
+    def reason(self) -> str:
+        """Why a plan is dropped for memory: 'does not fit by X GiB on pipeline rank r (needs Y of Z GiB)'."""
+        p = self.peak
+        return (f"does not fit by {self.over_by / GiB:.2f} GiB on pipeline rank {p.pipeline_rank} "
+                f"(needs {p.total / GiB:.2f} of {self.capacity / GiB:.1f} GiB)")
+
+
+def rank_params(m: ModelSpec, plan: ParallelPlan, stages: Sequence[int]) -> float:
+    """Parameters one GPU holds for the given stages, after the tensor-parallel split.
+    Norm weights are replicated over tp; everything else is split."""
+    t = plan.tp
+    norms = (4 if m.arch == "gpt" else 2) * m.hidden
+    per_layer = (layer_params(m) - norms) / t + norms
+    split = plan.stage_layers(m.layers)
+    total = 0.0
+    last = plan.num_stages - 1
+    for s in stages:
+        total += split[s] * per_layer
+        if s == 0:
+            total += embedding_params(m) / t
+        if s == last:
+            out = output_params(m)
+            total += out / t if not m.tied_embeddings else (m.vocab * m.hidden / t if plan.num_stages > 1 else 0) + out
+    return total
+
+
+def recompute_transient_bytes(m: ModelSpec, plan: ParallelPlan) -> float:
+    """Activations re-materialised for one layer during its backward (freed right after)."""
+    if plan.recompute == "full":
+        return layer_activation_bytes(m, plan, recompute="none")
+    if plan.recompute == "selective" and not plan.flash_attention:
+        full = layer_activation_bytes(m, plan, recompute="none")
+        return full - layer_activation_bytes(m, plan, recompute="selective")
+    return 0.0
+
+
+def rank_memory(m: ModelSpec, plan: ParallelPlan, capacity: float, rank: int, psi: float,
+                stage_params: Sequence[float], layers: int, acts: float, transient: float, inflight: float = 0.0,
+                zero3_unsharded: float | None = None,
+                conventions: MemoryConventions = GPU_MIXED_PRECISION) -> RankMemory:
+    """Peak memory of one GPU of pipeline rank ``rank`` holding ``psi`` parameters (its stages hold
+    ``stage_params`` each, ``layers`` layers in all) with ``acts`` bytes of stored activations at
+    the peak and ``transient`` recomputed ones (both as the formulas count them), on a GPU of
+    ``capacity`` bytes, under ``conventions``. The one place the per-rank sum is made."""
+    nd = plan.zero_shards
+    weights, grads, opt = model_state_bytes(psi, plan.zero, nd)
+    if plan.precision == "fp8":
+        weights += psi / (nd if plan.zero >= 3 else 1)  # cached fp8 weight copies (Transformer Engine)
+    policy = plan.zero_policy
+    gather = 0.0
+    if policy is ZeroPolicy.PER_LAYER:
+        # FSDP without a pipeline: layer-wise gather with prefetch, gradients reduce-scattered per layer
+        layer = max(psi / max(1, layers), 0.0)
+        gather = 2 * 2 * layer + 2 * layer  # two unsharded 16-bit layers (current + prefetch) + one layer's grads
+    elif policy is ZeroPolicy.PER_UNSHARD:
+        # ZeRO-3 inside a pipeline, as torch.distributed.pipelining runs FSDP2: a stage stays
+        # gathered from its UNSHARD to its RESHARD (window of the next 3 distinct stages the rank
+        # runs, lower.py), and gradients accumulate unsharded over the micro-batches until the
+        # reduce-scatter of REDUCE_GRAD — so the gradients are not sharded during the iteration.
+        if zero3_unsharded is not None:
+            gather = float(zero3_unsharded)
+        else:
+            gather = 2.0 * sum(sorted(stage_params, reverse=True)[:MAX_ACTIVE_STAGES])
+        grads = 2.0 * psi
+    scale = conventions.activation_scale
+    acts, transient = scale * acts, scale * transient
+    overhead = conventions.framework_overhead_bytes
+    frag = conventions.fragmentation * (acts + transient)
+    other = gather + overhead + frag
+    return RankMemory(
+        pipeline_rank=rank, params=psi, weights=weights, grads=grads, optimizer=opt,
+        activations=acts + transient, other=other, capacity=capacity, inflight=inflight,
+        detail={"activations_stored": acts, "recompute_transient": transient, "zero3_gather": gather,
+                "framework_overhead": overhead, "fragmentation": frag},
+    )
+
+
+def memory_report(m: ModelSpec, plan: ParallelPlan, gpu: GPUSpec, inflight: Sequence[float] | None = None,
+                  activation_peak: Sequence[float] | None = None, zero3_unsharded: Sequence[float] | None = None,
+                  conventions: MemoryConventions = GPU_MIXED_PRECISION) -> MemoryReport:
+    """Peak memory per pipeline rank of ``plan`` on ``gpu``, under ``conventions``.
+
+    ``activation_peak``: stored activation bytes per rank at its peak, as the formulas count them
+    (e.g. from the engine's memory timeline); ``inflight``: activation sets alive at the peak.
+    Both default to the schedule's alive profile (`plan_profile`). ``zero3_unsharded`` (bytes per
+    rank, from the engine) is the peak of gathered 16-bit parameters under ZeRO-3 with a pipeline;
+    else the rank's largest 3 stages.
+    """
+    if inflight is None or activation_peak is None:
+        prof = plan_profile(plan)
+        inflight = prof.inflight if inflight is None else inflight
+        activation_peak = prof.peaks(stage_activations(m, plan)) if activation_peak is None else activation_peak
+    return _report(m, plan, gpu.hbm_bytes, inflight, activation_peak, zero3_unsharded, conventions)
+
+
+def _report(m: ModelSpec, plan: ParallelPlan, capacity: float, inflight: Sequence[float],
+            activation_peak: Sequence[float], zero3_unsharded: Sequence[float] | None,
+            conventions: MemoryConventions) -> MemoryReport:
+    """`rank_memory` of every pipeline rank, given its activation peak and in-flight count."""
+    transient = recompute_transient_bytes(m, plan)
+    split = plan.stage_layers(m.layers)
+    ranks = []
+    for r, stages in enumerate(plan.rank_stages):
+        ranks.append(rank_memory(m, plan, capacity, r, rank_params(m, plan, stages),
+                                 [rank_params(m, plan, [s]) for s in stages], sum(split[s] for s in stages),
+                                 float(activation_peak[r]), transient, float(inflight[r]),
+                                 None if zero3_unsharded is None else zero3_unsharded[r], conventions))
+    return MemoryReport(tuple(ranks), capacity, conventions)
+
+
+def restated(report: MemoryReport, m: ModelSpec, plan: ParallelPlan, conventions: MemoryConventions) -> MemoryReport:
+    """``report`` of ``plan`` (e.g. the engine's, from its timeline) under other ``conventions``: the
+    same activation peaks, in-flight counts and gathered ZeRO-3 parameters."""
+    scale = report.conventions.activation_scale
+    return _report(m, plan, report.capacity, [r.inflight for r in report.ranks],
+                   [r.detail["activations_stored"] / scale for r in report.ranks],
+                   [r.detail["zero3_gather"] for r in report.ranks], conventions)
+
+
+def deallocated_output_bytes(m: ModelSpec, plan: ParallelPlan, inflight: float) -> float:
+    """Bytes Megatron frees by deallocating each in-flight micro-batch's pipeline output tensor
+    once it is sent (Korthikanti et al. 2022 Appendix B: 2sbh per micro-batch, 2sbhp on the first
+    stage of 1F1B). simpar assumes this optimisation, so these bytes are never counted above."""
+    return 2 * m.seq_len / plan.cp * plan.micro_batch_size * m.hidden * inflight
+
+
+def schedule_memory_report(m: ModelSpec, plan: ParallelPlan, gpu: GPUSpec) -> MemoryReport:
+    """`memory_report` with the activation peak read off the plan's whole schedule (a running sum
+    over its actions, as `simpar memory` prints it; `plan_profile` gives it up to rounding)."""
+    sched = schedule_for_plan(plan)
+    peaks = peak_activation_units(sched, stage_activations(m, plan))
+    return memory_report(m, plan, gpu, inflight=peak_inflight(sched), activation_peak=peaks)

@@ -1,0 +1,427 @@
+"""The SimPy engine: every simulated GPU walks its lowered action list on a compute stream, with
+communication streams for pipeline sends (one per direction), data-parallel gradient reduction
+and ZeRO parameter gathers. Transfers and collectives go through the network backend, so with the
+contention backend a DP all-reduce and a PP send on the same NIC slow each other.
+
+By default one representative pipeline is simulated (dp = cp = tp = 0 of every pipeline rank);
+its DP/ZeRO collectives are still timed over the real groups on the topology. ``full=True``
+simulates every GPU; group collectives then start when every member has arrived.
+
+The walk is a dispatch table over action kinds (`Engine.HANDLERS`); what each communication or
+tail term costs comes from `iteration` (shared with the sweep's estimator), how the runtime
+differs from a Megatron-like run from the runtime profile (`simpar.sim.cost.profile`).
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from dataclasses import dataclass, field
+
+import simpy
+
+from ..cost.compute import CostModel
+from ..cost.profile import MEGATRON, RuntimeProfile
+from ..cost.workload import StageWork
+from ..layout import RankLayout
+from ..plan import ParallelPlan, ZeroPolicy
+from ..schedules.ir import Action, Kind, Schedule
+from ..specs import ModelSpec
+from . import iteration as it
+from .iteration import EngineOptions
+from .trace import TraceEvent
+
+__all__ = ["Engine", "EngineOptions", "run_engine"]
+
+ACCOUNTS = ("compute", "recompute", "tp_comm", "pp_comm", "dp_comm", "zero_comm", "optimizer")
+
+
+class _Gpu:
+    """State of one simulated GPU."""
+
+    def __init__(self, env: simpy.Environment, rank: int, prank: int, key: tuple[int, ...]):
+        self.rank, self.prank, self.key = rank, prank, key
+        self.acc = dict.fromkeys(ACCOUNTS, 0.0)
+        self.send_next = simpy.Resource(env, 1)
+        self.send_prev = simpy.Resource(env, 1)
+        self.dp = simpy.Resource(env, 1)
+        self.zero = simpy.Resource(env, 1)
+        self.reductions: list[simpy.Process] = []
+        self.gathered: dict[int, simpy.Event] = {}
+        self.reduced: set[int] = set()
+        self.unsharded = 0.0  # ZeRO-3: bytes of gathered 16-bit parameters held now, and their peak
+        self.peak_unsharded = 0.0
+        self.finish = 0.0
+        self.act = 0.0
+        self.mem: list[tuple[float, float]] = [(0.0, 0.0)]
+        self.dp_group: tuple[int, ...] = ()
+        self.tp_group: tuple[int, ...] = ()
+
+
+@dataclass
+class _Rendezvous:
+    """Members of a group collective that have arrived, the event all of them wait on, and when
+    the last one arrived."""
+
+    done: simpy.Event
+    arrived: int = 0
+    at: float = 0.0
+
+
+@dataclass
+class _Transfer:
+    """One pipeline transfer: when its send was posted, and the event of its arrival."""
+
+    arrival: simpy.Event
+    sent_at: float | None = None
+    extra: dict = field(default_factory=dict)
+
+
+class Engine:
+    def __init__(self, model: ModelSpec, plan: ParallelPlan, schedule: Schedule, work: list[StageWork],
+                 costs: CostModel, network, env: simpy.Environment, options: EngineOptions = EngineOptions(),
+                 stage_act_bytes: list[float] | None = None, profile: RuntimeProfile = MEGATRON):
+        if not schedule.lowered:
+            raise ValueError("the engine runs lowered schedules (schedules.lower)")
+        self.m, self.plan, self.sched, self.work, self.costs = model, plan, schedule, work, costs
+        self.net, self.env, self.opt, self.profile = network, env, options, profile
+        self.layout = RankLayout(plan)
+        self.act_bytes = stage_act_bytes or [0.0] * plan.num_stages
+        self.events: list[TraceEvent] = []
+        self.transfers: dict[tuple, _Transfer] = {}
+        self.pending: dict[tuple, _Rendezvous] = {}
+        self.last_bwd = self._last_backward_index()
+        self.policy = plan.zero_policy
+        self.post_s = profile.post_seconds(plan)
+        self.tied = it.tied_embedding_ranks(model, plan)
+        self.gpus: dict[tuple[tuple[int, ...], int], _Gpu] = {}
+        for key in self._pipeline_keys():
+            for pr in range(plan.pp):
+                rank = self.layout.rank(pp=pr, **dict(zip(("dp", "cp", "tp"), key)))
+                g = self.gpus[(key, pr)] = _Gpu(env, rank, pr, key)
+                g.dp_group = self._dp_group(rank)
+                g.tp_group = self.layout.group(rank, "tp")
+
+    # --- setup helpers -------------------------------------------------------------------
+    def _pipeline_keys(self) -> list[tuple[int, ...]]:
+        p = self.plan
+        if not self.opt.full:
+            return [(0, 0, 0)]
+        return [(d, c, t) for d in range(p.dp) for c in range(p.cp) for t in range(p.tp)]
+
+    def _last_backward_index(self) -> dict[tuple[int, int], int]:
+        """(pipeline rank, stage) -> index of the stage's last weight-gradient action."""
+        out: dict[tuple[int, int], int] = {}
+        for r, acts in enumerate(self.sched.ranks):
+            for i, a in enumerate(acts):
+                if a.kind in (Kind.B, Kind.W):
+                    out[(r, a.stage)] = i
+        return out
+
+    def _dp_group(self, rank: int) -> tuple[int, ...]:
+        """The data-parallel x context-parallel group of ``rank`` (its ZeRO shards)."""
+        c = self.layout.coords(rank)
+        return tuple(sorted(self.layout.rank(**{**c, "dp": d, "cp": k})
+                            for d in range(self.plan.dp) for k in range(self.plan.cp)))
+
+    # --- running ------------------------------------------------------------------------
+    def run(self) -> None:
+        for (_, pr), g in self.gpus.items():
+            self.env.process(self._walk(g, self.sched.ranks[pr]))
+        self.env.run()
+
+    def _record(self, g: _Gpu, stream: str, name: str, kind: str, start: float, stage=None, mb=None) -> None:
+        if self.env.now > start:
+            self.events.append(TraceEvent(g.rank, stream, name, kind, start, self.env.now - start, stage, mb))
+
+    def _transfer_of(self, key, stage: int, mb: int, direction: str) -> _Transfer:
+        k = (key, stage, mb, direction)
+        tr = self.transfers.get(k)
+        if tr is None:
+            tr = self.transfers[k] = _Transfer(self.env.event())
+        return tr
+
+    # --- pipeline transfers ----------------------------------------------------------------
+    def _post(self, g: _Gpu):
+        """The rank's own time to post a pipeline send or receive (the profile's), pipeline communication."""
+        if self.post_s > 0:
+            yield self.env.timeout(self.post_s)
+            g.acc["pp_comm"] += self.post_s
+
+    def _recv(self, g: _Gpu, stage: int, mb: int, direction: str):
+        """Post the receive, wait for the data; the wait behind a transfer in flight is exposed
+        pipeline communication, the wait for the sender's compute is bubble."""
+        yield from self._post(g)
+        tr = self._transfer_of(g.key, stage, mb, direction)
+        if tr.arrival.processed:
+            return
+        t0 = self.env.now
+        yield tr.arrival
+        sent = tr.sent_at if tr.sent_at is not None else t0
+        g.acc["pp_comm"] += self.env.now - max(t0, sent)
+
+    def _send(self, g: _Gpu, stage: int, mb: int, direction: str):
+        """Post the send (the rank spends ``post_s`` on it); the transfer runs on its own stream."""
+        dst_stage = stage + 1 if direction == "F" else stage - 1
+        dst = self.gpus[(g.key, self.plan.placement[dst_stage])]
+        tr = self._transfer_of(g.key, dst_stage, mb, direction)
+        tr.sent_at = self.env.now
+        res = g.send_next if direction == "F" else g.send_prev
+        self.env.process(self._transfer(g, dst, res, self.work[stage].act_bytes, tr.arrival, stage, mb, direction))
+        yield from self._post(g)
+
+    def _transfer(self, g: _Gpu, dst: _Gpu, res: simpy.Resource, nbytes: float, done: simpy.Event, stage, mb, direction):
+        with res.request() as req:
+            yield req
+            t0 = self.env.now
+            yield from self.net.p2p(self.env, g.rank, dst.rank, nbytes)
+            self._record(g, "pp", f"{stage}SEND_{direction}{mb}", f"SEND_{direction}", t0, stage, mb)
+        done.succeed()
+
+    # --- collectives ----------------------------------------------------------------------
+    def _comm(self, g: _Gpu, res: simpy.Resource, comm: it.Comm, tag, stream: str, kind: str, stage=None):
+        """Run ``comm`` on the stream ``res``: measured seconds as they are, else the network's
+        collective (in a full run, once every member of the group has arrived)."""
+        with res.request() as req:
+            yield req
+            t0 = self.env.now
+            if comm.seconds is not None:
+                yield self.env.timeout(comm.seconds)
+            elif self.opt.full and len(comm.group) > 1:
+                rv = self.pending.setdefault((comm.op, tag, comm.group), _Rendezvous(self.env.event()))
+                rv.arrived += 1
+                if rv.arrived == len(comm.group):
+                    self.env.process(self._run_group(comm, rv.done))
+                yield rv.done
+            else:
+                yield from self.net.collective(self.env, comm.op, comm.group, comm.nbytes)
+            self._record(g, stream, comm.op, kind, t0, stage)
+
+    def _run_group(self, comm: it.Comm, done: simpy.Event):
+        yield from self.net.collective(self.env, comm.op, comm.group, comm.nbytes)
+        done.succeed()
+
+    # --- ZeRO and data parallel ---------------------------------------------------------
+    def _zero_gather(self, g: _Gpu, stage: int) -> simpy.Event:
+        """Parameters of ``stage`` gathered over the ZeRO group (ZeRO-1/2 after the previous
+        optimizer step, ZeRO-3 on first use); returns the event to wait on."""
+        ev = g.gathered.get(stage)
+        if ev is None:
+            if self.policy is ZeroPolicy.PER_UNSHARD:
+                self._params_mem(g, self.work[stage].params)
+            comm = it.param_gather(self.plan, self.work[stage], g.dp_group, self.profile)
+            ev = g.gathered[stage] = self.env.process(
+                self._comm(g, g.zero, comm, ("params", stage), "zero", "ZERO_GATHER", stage))
+        return ev
+
+    def _wait_gather(self, g: _Gpu, s: int):
+        ev = self._zero_gather(g, s)
+        if not ev.processed:
+            t0 = self.env.now
+            yield ev
+            g.acc["zero_comm"] += self.env.now - t0
+
+    def _start_reduction(self, g: _Gpu, stage: int, start: float, dur: float) -> None:
+        if stage in g.reduced or not self.plan.reduces_gradients:
+            g.reduced.add(stage)
+            return
+        g.reduced.add(stage)
+        buckets = it.grad_buckets(self.plan, self.work[stage], g.dp_group, self.profile, self.opt)
+        ready = it.bucket_ready(start, dur, len(buckets), self.opt.overlap_grad_reduce, self.env.now)
+        for b, (comm, t) in enumerate(zip(buckets, ready)):
+            g.reductions.append(self.env.process(self._bucket(g, comm, t, (stage, b))))
+
+    def _bucket(self, g: _Gpu, comm: it.Comm, ready: float, tag):
+        if ready > self.env.now:
+            yield self.env.timeout(ready - self.env.now)
+        yield from self._comm(g, g.dp, comm, ("grads",) + tag, "dp", "REDUCE_GRAD", tag[0])
+
+    def _reshard(self, g: _Gpu, s: int) -> None:
+        """ZeRO-3 RESHARD: free the stage's gathered parameters; its next UNSHARD (or use)
+        all-gathers them again. The unsharded bytes leave the memory timeline."""
+        if g.gathered.pop(s, None) is not None:
+            self._params_mem(g, -self.work[s].params)
+
+    def _params_mem(self, g: _Gpu, params: float) -> None:
+        g.unsharded += 2.0 * params  # 16-bit weights
+        g.peak_unsharded = max(g.peak_unsharded, g.unsharded)
+
+    # --- compute ------------------------------------------------------------------------
+    def _compute(self, g: _Gpu, a: Action, seconds: float, tp: float, acc: str = "compute"):
+        t0 = self.env.now
+        tp_exposed = 0.0 if self.opt.overlap_tp else tp
+        yield self.env.timeout(seconds + tp_exposed)
+        g.acc[acc] += seconds
+        g.acc["tp_comm"] += tp_exposed
+        self._record(g, "compute", str(a), a.kind.value, t0, a.stage, a.microbatch)
+
+    def _mem(self, g: _Gpu, delta: float) -> None:
+        g.act += delta
+        g.mem.append((self.env.now, g.act))
+
+    def _pass(self, g: _Gpu, a: Action, seconds: float, tp: float):
+        """One F/B/I/W on the compute stream, or, under FSDP, with its per-layer gathers."""
+        if self.policy is ZeroPolicy.PER_LAYER:
+            yield from self._fsdp_pass(g, a, seconds, tp)
+        else:
+            yield from self._compute(g, a, seconds, tp)
+
+    def _forward(self, g: _Gpu, a: Action):
+        if self.policy in (ZeroPolicy.PER_UNSHARD, ZeroPolicy.GATHER_AT_START) and self._gathers_before_use():
+            yield from self._wait_gather(g, a.stage)
+        self._mem(g, self.act_bytes[a.stage])
+        w = self.work[a.stage]
+        yield from self._pass(g, a, w.f, w.tp_f)
+
+    def _gathers_before_use(self) -> bool:
+        """ZeRO-3 gathers on use; ZeRO-1/2 only when overlapped with the next forward."""
+        return self.policy is ZeroPolicy.PER_UNSHARD or self.opt.overlap_param_gather
+
+    def _backward(self, g: _Gpu, a: Action):
+        s, k, w = a.stage, a.kind, self.work[a.stage]
+        if self.policy is ZeroPolicy.PER_UNSHARD:
+            yield from self._wait_gather(g, s)
+        secs, tp = {Kind.B: (w.b, w.tp_bw), Kind.I: (w.i, w.tp_b), Kind.W: (w.w, w.tp_w)}[k]
+        last = self.last_bwd.get((g.prank, s)) == self._index
+        if self.opt.overlap_grad_reduce and last and self.policy is not ZeroPolicy.PER_LAYER:
+            # gradient buckets become ready during this last weight-gradient pass
+            self._start_reduction(g, s, self.env.now, secs + (0.0 if self.opt.overlap_tp else tp))
+        yield from self._pass(g, a, secs, tp)
+        if k is not Kind.W:
+            self._mem(g, -self.act_bytes[s])
+
+    def _recompute(self, g: _Gpu, a: Action):
+        w = self.work[a.stage]
+        yield from self._compute(g, a, w.r, w.tp_r, acc="recompute")
+
+    def _fsdp_pass(self, g: _Gpu, a: Action, seconds: float, tp: float):
+        """`iteration.FsdpPass`: the first layer's gather exposed, the rest (and in the backward
+        the gradients' reduce-scatter) alongside the compute."""
+        fp = it.fsdp_pass(self.plan, self.work[a.stage], g.dp_group)
+        backward = a.kind is not Kind.F
+        t0 = self.env.now
+        yield self.env.timeout(fp.first.time(self.net))
+        tp_exposed = 0.0 if self.opt.overlap_tp else tp
+        rest = [self.env.timeout(seconds + tp_exposed)]
+        if fp.rest is not None:
+            tag = ("params", a.stage, a.microbatch, backward)
+            rest.append(self.env.process(self._comm(g, g.zero, fp.rest, tag, "zero", "ZERO_GATHER", a.stage)))
+        if backward and a.kind is not Kind.I:
+            # The gradient reduce-scatter and the next layers' all-gathers cross the same links
+            # (FSDP2 runs them on two streams). The contention backend shares the links between
+            # them; the analytical one times each collective alone, so they are queued on one
+            # stream there: two equal flows sharing a link finish together at the sum of their
+            # times, which the queue reproduces for the later one.
+            res = g.dp if getattr(self.net, "backend", "") == "contention" else g.zero
+            tag = ("grads", a.stage, a.microbatch)
+            rest.append(self.env.process(self._comm(g, res, fp.reduce, tag, "dp", "REDUCE_GRAD", a.stage)))
+        yield simpy.AllOf(self.env, rest)
+        g.acc["compute"] += seconds
+        g.acc["tp_comm"] += tp_exposed
+        g.acc["zero_comm"] += self.env.now - t0 - seconds - tp_exposed
+        g.reduced.add(a.stage)
+        self._record(g, "compute", str(a), a.kind.value, t0, a.stage, a.microbatch)
+
+    # --- the walk ---------------------------------------------------------------------
+    def _unshard(self, g: _Gpu, a: Action):
+        if self.policy is ZeroPolicy.PER_UNSHARD:
+            self._zero_gather(g, a.stage)  # a no-op while the stage is still unsharded
+        yield from ()
+
+    def _reshard_action(self, g: _Gpu, a: Action):
+        if self.policy is ZeroPolicy.PER_UNSHARD:
+            self._reshard(g, a.stage)
+        yield from ()
+
+    def _reduce_grad(self, g: _Gpu, a: Action):
+        self._start_reduction(g, a.stage, self.env.now, 0.0)
+        yield from ()
+
+    HANDLERS = {
+        Kind.F: _forward, Kind.B: _backward, Kind.I: _backward, Kind.W: _backward, Kind.R: _recompute,
+        Kind.SEND_F: lambda self, g, a: self._send(g, a.stage, a.microbatch, "F"),
+        Kind.SEND_B: lambda self, g, a: self._send(g, a.stage, a.microbatch, "B"),
+        Kind.RECV_F: lambda self, g, a: self._recv(g, a.stage, a.microbatch, "F"),
+        Kind.RECV_B: lambda self, g, a: self._recv(g, a.stage, a.microbatch, "B"),
+        Kind.REDUCE_GRAD: _reduce_grad, Kind.UNSHARD: _unshard, Kind.RESHARD: _reshard_action,
+    }
+
+    def _walk(self, g: _Gpu, actions):
+        if self.policy is ZeroPolicy.GATHER_AT_START and self.opt.overlap_param_gather:
+            for s in self.plan.rank_stages[g.prank]:
+                self._zero_gather(g, s)
+        handlers = self.HANDLERS
+        for idx, a in enumerate(actions):
+            self._index = idx
+            yield from handlers[a.kind](self, g, a)
+        yield from self._finish(g)
+
+    # --- the tail of the iteration ----------------------------------------------------------
+    def _tied_embedding_grad(self, g: _Gpu):
+        """All-reduce of the tied embedding's gradient between the first and the last pipeline
+        rank of g's pipeline: starts when both have arrived (the wait is idle time, the transfer
+        is pipeline communication)."""
+        assert self.tied is not None
+        coords = dict(zip(("dp", "cp", "tp"), g.key))
+        pair = tuple(self.layout.rank(pp=pr, **coords) for pr in self.tied)
+        rv = self.pending.setdefault(("tied", g.key), _Rendezvous(self.env.event()))
+        rv.arrived += 1
+        if rv.arrived == 2:
+            rv.at = self.env.now
+            self.env.process(self._run_group(it.tied_embedding_grad(self.m, self.plan, pair), rv.done))
+        yield rv.done
+        g.acc["pp_comm"] += self.env.now - rv.at
+        self._record(g, "pp", "tied_embedding_grad", "allreduce", rv.at)
+
+    def _sp_grad_sync(self, g: _Gpu, stages: list[int]):
+        """Sequence parallelism's gradient sync before the step (`iteration.sp_grad_sync`):
+        exposed TP communication, shown on the compute stream as exposed TP traffic inside a
+        layer is."""
+        comm = it.sp_grad_sync(self.m, self.plan, stages, g.tp_group, self.profile)
+        dur = comm.time(self.net) if comm is not None else 0.0
+        if dur > 0:
+            t0 = self.env.now
+            yield self.env.timeout(dur)
+            g.acc["tp_comm"] += dur
+            self._record(g, "compute", "sp_grad_sync", "SP_GRAD_SYNC", t0)
+
+    def _finish(self, g: _Gpu):
+        stages = list(self.plan.rank_stages[g.prank])
+        for s in stages:
+            self._start_reduction(g, s, self.env.now, 0.0)
+        t0 = self.env.now
+        for proc in g.reductions:
+            if not proc.processed:
+                yield proc
+        g.acc["dp_comm"] += self.env.now - t0
+        if self.tied is not None and g.prank in self.tied:
+            yield from self._tied_embedding_grad(g)
+        yield from self._sp_grad_sync(g, stages)
+        t0 = self.env.now
+        yield self.env.timeout(it.optimizer_seconds(self.m, self.plan, stages, self.costs, self.profile))
+        g.acc["optimizer"] += self.env.now - t0
+        self._record(g, "compute", "optimizer", "OPT", t0)
+        if self.policy is ZeroPolicy.GATHER_AT_START and not self.opt.overlap_param_gather:
+            t0 = self.env.now
+            for s in stages:
+                g.gathered.pop(s, None)
+                yield self._zero_gather(g, s)
+            g.acc["zero_comm"] += self.env.now - t0
+        g.finish = self.env.now
+
+
+def run_engine(model, plan, schedule, work, costs, network, env, options=EngineOptions(), stage_act_bytes=None,
+               profile: RuntimeProfile = MEGATRON) -> tuple[Engine, float]:
+    """Build and run the engine; returns it and the wall-clock seconds the run took."""
+    t0 = time.perf_counter()
+    eng = Engine(model, plan, schedule, work, costs, network, env, options, stage_act_bytes, profile)
+    # The run allocates millions of small, acyclic objects (events, trace records); the cyclic
+    # garbage collector's full passes over them cost a third of a --full run and find nothing.
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        eng.run()
+    finally:
+        if was_enabled:
+            gc.enable()
+    return eng, time.perf_counter() - t0

@@ -1,0 +1,160 @@
+"""The terms of a training iteration around the pipeline's compute, in one place: gradient
+reduction in buckets, ZeRO parameter gathers, FSDP's per-layer passes, the tied embedding's
+gradient all-reduce, the sequence-parallel gradient sync, the optimizer step and the seconds a
+rank spends posting pipeline transfers.
+
+Each is a pure function of plain values (model, plan, a stage's work, a process group, the runtime
+profile, the engine options). The engine (`core.Engine`) yields on them; the sweep's estimator
+(`simpar.sim.sweep.estimator`) sums them; neither re-derives one. A communication term is a `Comm`:
+a collective the network times (and, in the engine, contends on links), or the seconds a runtime
+profile measured for it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from ..cost.compute import CostModel
+from ..cost.memory import rank_params
+from ..cost.profile import RuntimeProfile
+from ..cost.workload import StageWork
+from ..plan import ParallelPlan
+from ..specs import ModelSpec
+
+
+class CollectiveTimer(Protocol):
+    def collective_time(self, op: str, ranks: tuple[int, ...], nbytes: float) -> float: ...
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """How the run overlaps communication (Megatron's flags) and how much of the cluster is walked."""
+
+    full: bool = False  # simulate every GPU, not one representative pipeline
+    overlap_grad_reduce: bool = True  # Megatron --overlap-grad-reduce / DDP buckets
+    overlap_param_gather: bool = True  # ZeRO-1/2 parameter all-gather hidden behind the next forward
+    overlap_tp: bool = False  # TP collectives exposed by default
+    grad_buckets: int = 4  # buckets per stage for the overlapped gradient reduction
+
+
+@dataclass(frozen=True)
+class Comm:
+    """One collective: ``op`` over ``group`` moving ``nbytes`` per rank, or ``seconds`` measured by
+    a runtime profile for it (then the network does not time it)."""
+
+    op: str
+    group: tuple[int, ...]
+    nbytes: float
+    seconds: float | None = None
+
+    def time(self, net: CollectiveTimer) -> float:
+        return self.seconds if self.seconds is not None else net.collective_time(self.op, self.group, self.nbytes)
+
+
+def grad_bytes_per_param(plan: ParallelPlan) -> int:
+    """Megatron-LM reduces bf16 gradients in fp32 (accumulate_allreduce_grads_in_fp32 is on for bf16),
+    fp16 runs reduce in fp16; FSDP2 in torchtitan reduces in fp32 (MixedPrecisionPolicy)."""
+    return 2 if plan.precision == "fp16" else 4
+
+
+def reduction_op(plan: ParallelPlan) -> str:
+    """DDP all-reduces gradients; ZeRO >= 1 reduce-scatters them to their owners."""
+    return "all-reduce" if plan.zero == 0 else "reduce-scatter"
+
+
+def grad_buckets(plan: ParallelPlan, work: StageWork, group: tuple[int, ...], profile: RuntimeProfile,
+                 options: EngineOptions) -> list[Comm]:
+    """A stage's gradient reduction: ``grad_buckets`` equal buckets when overlapped with the
+    backward, else one (timed by the profile where it measured one)."""
+    op = reduction_op(plan)
+    total = work.params * grad_bytes_per_param(plan)
+    if options.overlap_grad_reduce:
+        n = options.grad_buckets
+        return [Comm(op, group, total / n)] * n
+    return [Comm(op, group, total, profile.reduction_seconds(plan, op, work.layers, total, False))]
+
+
+def bucket_ready(start: float, duration: float, n: int, overlapped: bool, now: float) -> list[float]:
+    """When each of ``n`` buckets of a stage may start: spread over its last weight-gradient pass
+    (``start``, ``duration``) when overlapped, else all at ``now``."""
+    if not overlapped:
+        return [now] * n
+    return [start + (b + 1) / n * duration for b in range(n)]
+
+
+def param_gather(plan: ParallelPlan, work: StageWork, group: tuple[int, ...], profile: RuntimeProfile) -> Comm:
+    """All-gather of a stage's 16-bit parameters over the ZeRO group."""
+    nbytes = 2.0 * work.params
+    return Comm("all-gather", group, nbytes, profile.gather_seconds(plan, work.layers, nbytes))
+
+
+@dataclass(frozen=True)
+class FsdpPass:
+    """ZeRO-3 without a pipeline (FSDP2, reshard after forward): every forward and backward gathers
+    the stage's parameters layer by layer with prefetch, the backward also reduce-scatters each
+    layer's gradients. The first layer's gather is exposed, the rest overlaps with compute
+    (Rajbhandari et al. 2020 §5.3; Zhao et al. 2023, PyTorch FSDP §3.3)."""
+
+    first: Comm  # the first layer's gather, exposed
+    rest: Comm | None  # the other layers' gathers, overlapped with compute
+    reduce: Comm  # the gradients' reduce-scatter (backward only)
+
+
+def fsdp_pass(plan: ParallelPlan, work: StageWork, group: tuple[int, ...]) -> FsdpPass:
+    nl = max(1, work.layers)
+    first = Comm("all-gather", group, 2.0 * work.params / nl)
+    rest = Comm("all-gather", group, 2.0 * work.params * (nl - 1) / nl) if nl > 1 else None
+    return FsdpPass(first, rest, Comm("reduce-scatter", group, work.params * grad_bytes_per_param(plan)))
+
+
+def tied_embedding_ranks(m: ModelSpec, plan: ParallelPlan) -> tuple[int, int] | None:
+    """(first, last) pipeline rank holding a copy of a tied embedding, or None (untied, or one rank
+    holds both ends). They all-reduce its gradient after the backward, before the optimizer
+    (Megatron's embedding group, finalize_model_grads; the executor's TiedEmbeddingSync)."""
+    ends = (plan.placement[0], plan.placement[-1])
+    return ends if m.tied_embeddings and ends[0] != ends[1] else None
+
+
+def tied_embedding_grad(m: ModelSpec, plan: ParallelPlan, pair: tuple[int, ...]) -> Comm:
+    return Comm("all-reduce", pair, m.vocab * m.hidden / plan.tp * grad_bytes_per_param(plan))
+
+
+def sp_replicated_grads(m: ModelSpec, plan: ParallelPlan, stages: list[int]) -> tuple[int, float]:
+    """(tensors, parameters) of the gradients one GPU all-reduces over its tensor-parallel group
+    after the backward under sequence parallelism: the norms' weights (and LayerNorm biases), which
+    are replicated over tp while their inputs are split along the sequence, so each rank holds a
+    partial sum (Korthikanti et al. 2022 §4.2.2; Megatron-LM finalize_model_grads,
+    _allreduce_layernorm_grads). (0, 0) without sequence parallelism or with tp = 1."""
+    if not plan.sequence_parallel or plan.tp == 1:
+        return 0, 0.0
+    per_norm = 2 if m.arch == "gpt" else 1  # LayerNorm weight + bias, RMSNorm weight
+    split, last = plan.stage_layers(m.layers), plan.num_stages - 1
+    norms = sum(2 * split[s] + (1 if s == last else 0) for s in stages)
+    return norms * per_norm, float(norms * m.hidden)
+
+
+def sp_grad_sync(m: ModelSpec, plan: ParallelPlan, stages: list[int], group: tuple[int, ...],
+                 profile: RuntimeProfile) -> Comm | None:
+    """The sequence-parallel gradient reduction before the optimizer step: one coalesced
+    all-reduce (Megatron-LM's _allreduce_layernorm_grads) unless the profile measured it; None
+    without sequence parallelism."""
+    tensors, params = sp_replicated_grads(m, plan, stages)
+    if not tensors:
+        return None
+    return Comm("all-reduce", group, params * grad_bytes_per_param(plan),
+                profile.sp_sync_seconds(plan, m.arch, tensors))
+
+
+def local_params(m: ModelSpec, plan: ParallelPlan, stages: list[int]) -> float:
+    """Parameters whose optimizer state one GPU updates (sharded by ZeRO >= 1)."""
+    p = rank_params(m, plan, stages)
+    return p / plan.zero_shards if plan.zero >= 1 else p
+
+
+def optimizer_seconds(m: ModelSpec, plan: ParallelPlan, stages: list[int], costs: CostModel,
+                      profile: RuntimeProfile) -> float:
+    """The optimizer step over the parameters the GPU owns."""
+    n = local_params(m, plan, stages)
+    measured = profile.optimizer_seconds(plan, n)
+    return measured if measured is not None else costs.optimizer_time(n)

@@ -1,0 +1,114 @@
+"""simulate(): model + cluster + plan -> SimResult. The one function the CLI, the sweep and
+validation call: build the cost table, the schedule (compute-only, then lowered), run the SimPy
+engine over the network backend, and assemble time, breakdown, memory and trace.
+
+A calibration (`simpar.sim.specs.calibration.Calibration`) sets the cost model and the network
+constants; ``costs`` replaces the cost model outright; ``profile`` says which runtime runs the
+plan (default: a Megatron-like GPU run; `simpar.sim.cost.profile.ExecutorProfile` for simpar's
+own executor)."""
+
+from __future__ import annotations
+
+import simpy
+
+from ..cost.compute import CostModel
+from ..cost.memory import memory_report, stage_activation_bytes
+from ..cost.profile import MEGATRON, RuntimeProfile
+from ..cost.workload import StageWork, stage_work
+from ..layout import RankLayout
+from ..model import hardware_flops_per_iteration, model_flops_per_iteration
+from ..network import make_network
+from ..plan import ParallelPlan
+from ..schedules import StageCosts, lower, schedule_for_plan
+from ..specs import ClusterSpec, ModelSpec
+from ..specs.calibration import Calibration
+from .core import EngineOptions, run_engine
+from .results import BREAKDOWN_KEYS, SimResult
+
+
+def stage_costs(work: list[StageWork], p2p_s: float) -> StageCosts:
+    """The engine's per-stage seconds in the schedules' StageCosts form (for zb-1p/2p and the oracle)."""
+    return StageCosts(
+        t_f=tuple(w.f + w.tp_f for w in work),
+        t_i=tuple(w.i + w.tp_b for w in work),
+        t_w=tuple(w.w + w.tp_w for w in work),
+        t_comm=(p2p_s,),
+        t_r=tuple(w.r + w.tp_r for w in work),
+    )
+
+
+def build_work(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, calibration: Calibration | None = None,
+               network=None, *, costs: CostModel | None = None,
+               profile: RuntimeProfile = MEGATRON) -> tuple[list[StageWork], CostModel, float]:
+    """Per-stage work table, the cost model and one pipeline transfer's time (analytical)."""
+    costs = costs or CostModel.for_gpu(cluster.gpu, calibration)
+    net = network or make_network(cluster, "analytical", calibration=calibration)
+    layout = RankLayout(plan)
+    work = stage_work(model, plan, costs, net, layout, profile)
+    p2p = 0.0
+    if plan.pp > 1:
+        a, b = layout.rank(pp=0), layout.rank(pp=1)
+        p2p = net.p2p_time(a, b, work[0].act_bytes)
+    return work, costs, p2p
+
+
+def plan_schedule(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, calibration: Calibration | None = None,
+                  *, costs: CostModel | None = None, profile: RuntimeProfile = MEGATRON):
+    """The lowered schedule simulate() runs for ``plan`` (zb-1p/2p are built from the engine's stage
+    costs): what `--write-plan` and the sweep's plan folders write for the executor."""
+    work, _, p2p = build_work(model, cluster, plan, calibration, costs=costs, profile=profile)
+    return lower(schedule_for_plan(plan, costs=stage_costs(work, p2p)), plan)
+
+
+def simulate(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *, backend: str = "analytical",
+             calibration: Calibration | None = None, options: EngineOptions = EngineOptions(),
+             costs: CostModel | None = None, profile: RuntimeProfile = MEGATRON) -> SimResult:
+    """One training iteration of ``plan`` (see the module docstring for the arguments)."""
+    env = simpy.Environment()
+    net = make_network(cluster, backend, env=env, calibration=calibration)
+    work, costs, p2p = build_work(model, cluster, plan, calibration, net if backend == "analytical" else None,
+                                  costs=costs, profile=profile)
+    compute_only = schedule_for_plan(plan, costs=stage_costs(work, p2p))
+    sched = lower(compute_only, plan)
+    act = [stage_activation_bytes(model, plan, s) for s in range(plan.num_stages)]
+    eng, wall = run_engine(model, plan, sched, work, costs, net, env, options, act, profile)
+    t_iter = max(g.finish for g in eng.gpus.values())
+    per_rank: dict[int, dict[str, float]] = {}
+    peaks = [0.0] * plan.pp
+    unsharded = [0.0] * plan.pp
+    timeline: dict[int, list[tuple[float, float]]] = {}
+    for (key, pr), g in sorted(eng.gpus.items()):
+        bd = {k: g.acc.get(k, 0.0) for k in BREAKDOWN_KEYS if k != "bubble"}
+        bd["bubble"] = max(0.0, t_iter - sum(bd.values()))
+        per_rank[g.rank] = bd
+        if key == (0, 0, 0):
+            peaks[pr] = max(v for _, v in g.mem)
+            unsharded[pr] = g.peak_unsharded
+            timeline[g.rank] = g.mem
+    reported = min(per_rank, key=lambda r: (per_rank[r]["bubble"], r))
+    mem = memory_report(model, plan, cluster.gpu, activation_peak=peaks,
+                        zero3_unsharded=unsharded if plan.zero >= 3 and plan.pp > 1 else None)
+    gbs = plan.global_batch_size
+    return SimResult(
+        iter_time_s=t_iter,
+        tokens_per_iter=float(gbs * model.seq_len),
+        num_gpus=plan.num_gpus,
+        model_flops=model_flops_per_iteration(model, gbs),
+        hardware_flops=hardware_flops_per_iteration(model, gbs, plan.recompute),
+        peak_flops_per_gpu=cluster.gpu.peak_flops("bf16"),
+        breakdown_s=per_rank[reported],
+        reported_rank=reported,
+        rank_breakdowns=per_rank,
+        memory=mem,
+        events=tuple(eng.events),
+        memory_timeline=timeline,
+        stats={"events": len(eng.events), "sim_events": _scheduled_events(env), "wall_s": wall,
+               "schedule_actions": sched.num_actions, "backend": backend, "full": options.full,
+               "cost_source": costs.source, "runtime": profile.name},
+    )
+
+
+def _scheduled_events(env: simpy.Environment) -> int:
+    """SimPy events scheduled during the run (SimPy numbers them with a private counter)."""
+    counter = getattr(env, "_eid", None)
+    return next(counter) if counter is not None else 0

@@ -1,0 +1,87 @@
+"""Matplotlib figures of a simulated (or measured) iteration: a timeline with ranks as rows and
+colours by action kind, and memory over time per rank. Agg backend: files only, no screen."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
+
+from ..engine.trace import TraceEvent  # noqa: E402
+from ..units import GiB  # noqa: E402
+
+COLORS = {
+    "F": "#4C9BE8", "B": "#E8A44C", "I": "#E8A44C", "W": "#6CC070", "R": "#B084D6", "OPT": "#8C8C8C",
+    "SEND_F": "#9EC9F0", "SEND_B": "#F2CF9E", "REDUCE_GRAD": "#E06666", "ZERO_GATHER": "#C27BA0",
+    "SP_GRAD_SYNC": "#D4B106",
+}
+MAX_ROWS = 64
+
+
+def _rows(events: Sequence[TraceEvent]) -> list[tuple[int, str]]:
+    rows = sorted({(e.rank, e.stream) for e in events}, key=lambda x: (x[0], x[1] != "compute", x[1]))
+    ranks = sorted({r for r, _ in rows})
+    if len(ranks) > MAX_ROWS // 2:
+        keep = set(ranks[:: max(1, len(ranks) // (MAX_ROWS // 2))])
+        rows = [x for x in rows if x[0] in keep and x[1] == "compute"]
+    return rows
+
+
+def plot_timeline(events: Iterable[TraceEvent], path: str | Path, title: str = "", subtitle: str = "") -> None:
+    """One row per (rank, stream); compute rows tall, communication rows thin."""
+    evs = list(events)
+    rows = _rows(evs)
+    index = {r: i for i, r in enumerate(rows)}
+    fig_h = max(2.5, 0.32 * len(rows) + 1.5)
+    fig, ax = plt.subplots(figsize=(14, fig_h))
+    t_end = max((e.end for e in evs), default=1.0)
+    scale, unit = (1e3, "ms") if t_end < 10 else (1.0, "s")
+    for e in evs:
+        i = index.get((e.rank, e.stream))
+        if i is None:
+            continue
+        tall = e.stream == "compute"
+        h = 0.8 if tall else 0.45
+        ax.broken_barh([(e.start * scale, e.duration * scale)], (i - h / 2, h),
+                       facecolors=COLORS.get(e.kind, "#BBBBBB"), edgecolor="black" if tall else "none", linewidth=0.2)
+        if tall and e.microbatch is not None and len(evs) < 3000 and e.duration * scale > t_end * scale / 150:
+            ax.text((e.start + e.duration / 2) * scale, i, str(e.microbatch), ha="center", va="center", fontsize=6)
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels([f"rank {r} {s}" for r, s in rows], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel(f"time ({unit})")
+    ax.set_title(title + (f"\n{subtitle}" if subtitle else ""), fontsize=9)
+    used = sorted({e.kind for e in evs if e.kind in COLORS})
+    ax.legend(handles=[Patch(color=COLORS[k], label=k) for k in used], loc="upper right", fontsize=7, ncol=len(used))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_memory(timeline: dict[int, list[tuple[float, float]]], base: dict[int, float], path: str | Path,
+                capacity: float, title: str = "") -> None:
+    """Memory over time per rank: static part (weights, grads, optimizer, buffers) + live activations."""
+    fig, ax = plt.subplots(figsize=(11, 4.5))
+    for rank in sorted(timeline):
+        pts = sorted(timeline[rank])
+        xs, ys = [], []
+        for t, v in pts:
+            if xs:
+                xs.append(t)
+                ys.append(ys[-1])
+            xs.append(t)
+            ys.append((base.get(rank, 0.0) + v) / GiB)
+        ax.plot(xs, ys, label=f"rank {rank}", linewidth=1)
+    ax.axhline(capacity / GiB, color="red", linestyle="--", linewidth=1, label="capacity")
+    ax.set_xlabel("time (s)")
+    ax.set_ylabel("GiB")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7, ncol=4)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

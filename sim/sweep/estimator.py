@@ -1,0 +1,339 @@
+"""Analytical iteration-time estimates that rank a sweep's survivors, far cheaper than the engine.
+
+Both tiers start from the engine's own per-stage work table (`simulate.build_work`, analytical
+network) and add the same data-parallel, ZeRO and optimizer terms the engine charges:
+
+- ``quick`` (every fitting configuration, microseconds): the pipeline part in closed form,
+  ``T = (m - 1) * max_r work_r + fill``, where ``work_r`` is rank r's compute per micro-batch and
+  the fill is the schedule's bubble: the first micro-batch's path through every stage for GPipe and
+  1F1B (Narayanan et al. 2021), one chunk per rank for interleaved 1F1B (Narayanan et al. SC'21
+  §2.2), and the zero-bubble paper's (p - 1)(T_F + T_B - T_W) for ZB-H1 and (p - 1)(T_F + T_B -
+  2 T_W) for ZB-H2 (Qi et al. 2024, §2; their B is our I), ZB-1p/2p/V likewise;
+- ``oracle`` (the best few hundred): the list scheduler of `schedules.analysis` times the very
+  schedule the engine would run (zb-1p/2p built with the same costs), which gives each rank's
+  last backward per stage; the gradient buckets are then queued exactly as the engine queues them.
+
+The terms around the pipeline come from `simpar.sim.engine.iteration`, the functions the engine
+yields on: each stage's gradients go out in ``grad_buckets`` buckets released during its last
+backward (or at its REDUCE_GRAD) and serialised on the rank's DP stream, what is still running after
+the rank's last action is exposed; ZeRO-1/2 parameter all-gathers start at the top of the
+iteration, so the first forward waits for them; ZeRO-3 with pp = 1 (FSDP) gathers every pass, one
+layer exposed; then the tied-embedding all-reduce, the sequence-parallel sync and the optimizer step.
+A runtime profile's terms (the executor's posting seconds, measured reductions, first-stage rule)
+enter through the same functions and the stage work.
+
+Relation to the engine (tests/test_estimator_parity.py): with the analytical network the oracle
+equals the engine (to 1e-9 relative) except where a rank's pipeline sends queue behind each other
+on one link direction, or ZeRO-1/2 gathers of a rank's later chunks arrive after that chunk's first
+forward (vpp > 1): the engine then waits, and the oracle is a lower bound.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from ..cost.compute import CostModel
+from ..cost.profile import MEGATRON, RuntimeProfile
+from ..cost.workload import StageWork
+from ..engine import iteration as it
+from ..engine.iteration import Comm, EngineOptions
+from ..layout import RankLayout
+from ..plan import ParallelPlan, ZeroPolicy
+from ..schedules import StageCosts, list_schedule, lower, schedule_for_plan
+from ..schedules.ir import Kind
+from ..specs import ModelSpec
+
+#: Weight-gradient passes that fill each rank's warm-up gap: ZB-H1 (p - 1)(T_F + T_B - T_W),
+#: ZB-H2 and ZB-V (p - 1)(T_F + T_B - 2 T_W) with per-chunk times (Qi et al. 2024 §2-3; Qi et al.,
+#: "Pipeline Parallelism with Controllable Memory", 2024); ZB-1p/2p are taken as H1/H2.
+_ZB_WEIGHT = {"zb-h1": 1.0, "zb-1p": 1.0, "zb-h2": 2.0, "zb-2p": 2.0, "zb-v": 2.0}
+_POSTED = (Kind.SEND_F, Kind.SEND_B, Kind.RECV_F, Kind.RECV_B)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    iter_time_s: float
+    breakdown_s: dict[str, float]
+    source: str  # "quick" or "oracle"
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What both tiers need for one plan. ``cache`` (shared between plans of one sweep) holds
+    collective times keyed by (op, group layout, pipeline rank, bytes)."""
+
+    model: ModelSpec
+    plan: ParallelPlan
+    work: list[StageWork]
+    p2p: float
+    costs: CostModel
+    net: object
+    options: EngineOptions
+    dp_groups: tuple[tuple[int, ...], ...]  # per pipeline rank: its DP x CP group (ZeRO shards)
+    cache: dict = field(default_factory=dict, compare=False)
+    profile: RuntimeProfile = MEGATRON
+
+    @property
+    def ranks(self) -> tuple[tuple[int, ...], ...]:
+        return self.plan.rank_stages
+
+    @cached_property
+    def post(self) -> float:
+        return self.profile.post_seconds(self.plan)
+
+    @cached_property
+    def seconds(self) -> tuple[list[float], list[float], list[float]]:
+        """Per stage (f, i + recompute, w) with exposed TP/CP communication folded in."""
+        tp = 0.0 if self.options.overlap_tp else 1.0
+        f = [w.f + tp * w.tp_f for w in self.work]
+        i = [w.i + tp * w.tp_b + w.r + tp * w.tp_r for w in self.work]
+        return f, i, [w.w + tp * w.tp_w for w in self.work]
+
+    @cached_property
+    def posts(self) -> list[int]:
+        """Per stage and micro-batch, the pipeline sends and receives its rank posts."""
+        place, last = self.plan.placement, self.plan.num_stages - 1
+        out = []
+        for s in range(last + 1):
+            remote = (s > 0 and place[s - 1] != place[s]) + (s < last and place[s + 1] != place[s])
+            out.append(2 * remote)
+        return out
+
+    @cached_property
+    def rank_work(self) -> list[float]:
+        f, i, w = self.seconds
+        return [sum(f[s] + i[s] + w[s] + self.posts[s] * self.post for s in st) for st in self.ranks]
+
+    @property
+    def fsdp(self) -> bool:
+        return self.plan.zero_policy is ZeroPolicy.PER_LAYER
+
+    def time(self, comm: Comm | None, prank: int) -> float:
+        """Seconds of ``comm`` (issued by pipeline rank ``prank``), cached per layout."""
+        if comm is None:
+            return 0.0
+        if comm.seconds is not None:
+            return comm.seconds
+        p = self.plan
+        key = (comm.op, p.tp, p.cp, p.pp, p.dp, p.mesh_order, prank, comm.group, comm.nbytes)
+        t = self.cache.get(key)
+        if t is None:
+            t = self.cache[key] = comm.time(self.net)
+        return t
+
+
+def dp_groups(plan: ParallelPlan) -> tuple[tuple[int, ...], ...]:
+    """Per pipeline rank, the DP x CP group of its representative GPU (as the engine's)."""
+    lay = RankLayout(plan)
+    return tuple(tuple(sorted(lay.rank(pp=r, dp=d, cp=c) for d in range(plan.dp) for c in range(plan.cp)))
+                 for r in range(plan.pp))
+
+
+def _fsdp_seconds(x: Inputs) -> tuple[float, float, float]:
+    """(F, B, exposed ZeRO) per micro-batch of the single stage under FSDP (the engine's
+    `_fsdp_pass` on the analytical network: the rest of the gathers and the reduce-scatter queue
+    on one stream)."""
+    w = x.work[0]
+    fp = it.fsdp_pass(x.plan, w, x.dp_groups[0])
+    first, rest, rs = x.time(fp.first, 0), x.time(fp.rest, 0), x.time(fp.reduce, 0)
+    tp = 0.0 if x.options.overlap_tp else 1.0
+    f0, b0 = w.f + tp * w.tp_f, w.b + tp * w.tp_bw
+    f1, b1 = first + max(f0, rest), first + max(b0, rest + rs)
+    return f1, b1, (f1 - f0) + (b1 - b0)
+
+
+@dataclass(frozen=True)
+class RankTimes:
+    """One pipeline rank's timeline as a tier estimates it: when its first forward starts, when
+    its last action ends, and per stage its last backward (start, duration) and REDUCE_GRAD time."""
+
+    first_f: float
+    end: float
+    last_bwd: dict[int, tuple[float, float, float]]
+
+
+def _dp_tail(x: Inputs, prank: int, rt: RankTimes) -> float:
+    """Seconds the rank's gradient buckets run past its last action, queued on one DP stream as
+    the engine queues them."""
+    if not x.plan.reduces_gradients or x.fsdp:
+        return 0.0
+    o, group = x.options, x.dp_groups[prank]
+    buckets = []
+    for s, (t0, d, at) in sorted(rt.last_bwd.items()):
+        comms = it.grad_buckets(x.plan, x.work[s], group, x.profile, o)
+        ready = it.bucket_ready(t0, d, len(comms), o.overlap_grad_reduce, at)
+        buckets += [(t, s, b, x.time(c, prank)) for b, (c, t) in enumerate(zip(comms, ready))]
+    cur = 0.0
+    for ready_at, _, _, dur in sorted(buckets):
+        cur = max(cur, ready_at) + dur
+    return max(0.0, cur - rt.end)
+
+
+def _gather(x: Inputs, prank: int, stage: int) -> float:
+    return x.time(it.param_gather(x.plan, x.work[stage], x.dp_groups[prank], x.profile), prank)
+
+
+def _zero_start(x: Inputs, first_f: list[float]) -> float:
+    """Delay of the pipeline while the first stage's parameters are gathered (ZeRO-1/2 with
+    overlapped gathers, ZeRO-3 with pp > 1): the first forward of each rank waits for them."""
+    policy = x.plan.zero_policy
+    overlapped = policy is ZeroPolicy.GATHER_AT_START and x.options.overlap_param_gather
+    if not (overlapped or policy is ZeroPolicy.PER_UNSHARD):
+        return 0.0
+    return max(0.0, max(_gather(x, r, min(st)) - first_f[r] for r, st in enumerate(x.ranks)))
+
+
+def _zero_end(x: Inputs, prank: int) -> float:
+    """ZeRO-1/2 gathers after the optimizer step when they are not overlapped."""
+    if x.plan.zero_policy is ZeroPolicy.GATHER_AT_START and not x.options.overlap_param_gather:
+        return sum(_gather(x, prank, s) for s in x.ranks[prank])
+    return 0.0
+
+
+def _cached(x: Inputs, key: tuple, fn) -> float:
+    t = x.cache.get(key)
+    if t is None:
+        t = x.cache[key] = fn()
+    return t
+
+
+def _optimizer(x: Inputs, prank: int) -> float:
+    p = x.plan
+    key = ("opt", p.tp, p.pp, p.vpp, p.dp, p.zero, p.schedule == "zb-v", p.layer_split, x.profile.name, prank)
+    return _cached(x, key, lambda: it.optimizer_seconds(x.model, p, list(x.ranks[prank]), x.costs, x.profile))
+
+
+def _sp_sync(x: Inputs, prank: int) -> float:
+    """The sequence-parallel gradient sync before the step."""
+    p = x.plan
+    if not p.sequence_parallel or p.tp == 1:
+        return 0.0
+    key = ("sp-sync", p.tp, p.cp, p.dp, p.pp, p.vpp, p.schedule == "zb-v", p.layer_split, p.mesh_order,
+           p.precision, x.profile.name, prank)
+
+    def timed() -> float:
+        layout = RankLayout(p)
+        group = layout.group(layout.rank(pp=prank), "tp")
+        return x.time(it.sp_grad_sync(x.model, p, list(x.ranks[prank]), group, x.profile), prank)
+
+    return _cached(x, key, timed)
+
+
+def _tied_embedding(x: Inputs) -> tuple[tuple[int, int] | None, float]:
+    """(first, last pipeline rank) and the all-reduce of a tied embedding's gradient between
+    them; (None, 0) when the model has none or one rank holds both."""
+    ends = it.tied_embedding_ranks(x.model, x.plan)
+    if ends is None:
+        return None, 0.0
+    layout = RankLayout(x.plan)
+    pair = tuple(layout.rank(pp=r) for r in ends)
+    return ends, x.time(it.tied_embedding_grad(x.model, x.plan, pair), ends[0])
+
+
+def _finish(x: Inputs, rts: list[RankTimes], source: str) -> Estimate:
+    """Add DP, ZeRO, tied-embedding, SP and optimizer terms to per-rank ends; breakdown of the
+    busiest rank."""
+    shift = _zero_start(x, [rt.first_f for rt in rts])
+    ready, tails = [], []
+    for r, rt in enumerate(rts):
+        tail = _dp_tail(x, r, rt)
+        ready.append(shift + rt.end + tail)
+        tails.append(tail)
+    tied, t_tied = _tied_embedding(x)
+    if tied is not None:  # both ends of the pipeline meet, all-reduce, then step
+        meet = max(ready[tied[0]], ready[tied[1]]) + t_tied
+        ready[tied[0]] = ready[tied[1]] = meet
+    finish = [ready[r] + _sp_sync(x, r) + _optimizer(x, r) + _zero_end(x, r) for r in range(len(rts))]
+    t = max(finish)
+    m, tpx = x.plan.num_microbatches, 0.0 if x.options.overlap_tp else 1.0
+    busy = max(range(len(rts)), key=lambda r: (x.rank_work[r], -r))
+    ws = [x.work[s] for s in x.ranks[busy]]
+    posts = m * sum(x.posts[s] for s in x.ranks[busy]) * x.post
+    bd = {
+        "compute": m * sum(w.f + w.i + w.w for w in ws),
+        "recompute": m * sum(w.r for w in ws),
+        "tp_comm": m * tpx * sum(w.tp_f + w.tp_b + w.tp_w + w.tp_r for w in ws) + _sp_sync(x, busy),
+        "pp_comm": posts + (t_tied if tied is not None and busy in tied else 0.0),
+        "dp_comm": tails[busy],
+        "zero_comm": shift + _zero_end(x, busy) + (m * _fsdp_seconds(x)[2] if x.fsdp else 0.0),
+        "optimizer": _optimizer(x, busy),
+    }
+    bd["bubble"] = max(0.0, t - sum(bd.values()))
+    return Estimate(t, bd, source)
+
+
+def _fill(x: Inputs) -> float:
+    """The schedule's fill and drain beyond (m - 1) periods of the busiest rank (module doc)."""
+    p = x.plan
+    f, i, w = x.seconds
+    pr, c = len(x.ranks), x.p2p
+    if pr == 1:
+        return x.rank_work[0]
+    n = len(f)
+    mf, mi, mw = sum(f) / n, sum(i) / n, sum(w) / n  # one stage (chunk) on average
+    comm = 2 * (pr - 1) * (c + x.post)
+    if p.schedule in ("gpipe", "1f1b"):
+        return sum(f) + sum(i) + sum(w) + comm
+    if p.schedule == "interleaved-1f1b":
+        return max(x.rank_work) + (pr - 1) * (mf + mi + mw) + comm
+    k = _ZB_WEIGHT[p.schedule]  # zero-bubble family: k weight-gradient passes fill each gap
+    return max(x.rank_work) + (pr - 1) * max(0.0, mf + mi - k * mw) + comm
+
+
+def quick_estimate(x: Inputs) -> Estimate:
+    """Closed-form pipeline time plus the iteration terms (see the module docstring)."""
+    p, m = x.plan, x.plan.num_microbatches
+    if x.fsdp:
+        fb, bb, _ = _fsdp_seconds(x)
+        w = x.work[0]
+        end = m * (fb + bb + w.r + (0.0 if x.options.overlap_tp else w.tp_r))
+        return _finish(x, [RankTimes(0.0, end, {})], "quick")
+    f, i, w = x.seconds
+    pr, c = len(x.ranks), x.p2p + x.post
+    # Two lower bounds for few micro-batches: no rank ends before its first input arrives and it
+    # has done all its work; the last micro-batch starts on stage 0 after m - 1 forwards there and
+    # then runs forward through every stage and back.
+    arrive = [sum(f[s] + c for s in range(min(st))) for st in x.ranks]
+    chain = (m - 1) * f[0] + sum(f) + sum(i) + 2 * (pr - 1) * c + w[0]
+    t_pipe = max((m - 1) * max(x.rank_work) + _fill(x), max(a + m * wr for a, wr in zip(arrive, x.rank_work)), chain)
+    rts = []
+    drain = 0.0
+    for stages in x.ranks:
+        end = t_pipe - drain
+        lb = {}
+        for k, s in enumerate(sorted(stages)):
+            d = w[s] if p.split_backward else i[s] + w[s]
+            t0 = end - d - k * pr * (i[s] + w[s])
+            lb[s] = (t0, d, t0 + d)
+        rts.append(RankTimes(arrive[len(rts)], end, lb))
+        drain += i[stages[0]] + c
+    return _finish(x, rts, "quick")
+
+
+def oracle_estimate(x: Inputs, schedule=None) -> Estimate:
+    """List-scheduler timing of the engine's own lowered schedule, plus the iteration terms.
+    With pp = 1 the rank runs its micro-batches back to back and the quick form is exact."""
+    from ..engine.simulate import stage_costs
+
+    if x.fsdp or len(x.ranks) == 1:
+        q = quick_estimate(x)
+        return Estimate(q.iter_time_s, q.breakdown_s, "oracle")
+    sched = schedule or schedule_for_plan(x.plan, costs=stage_costs(x.work, x.p2p))
+    if not sched.lowered:
+        sched = lower(sched, x.plan)
+    f, _, w = x.seconds
+    tp = 0.0 if x.options.overlap_tp else 1.0
+    i = tuple(s.i + tp * s.tp_b for s in x.work)  # the lowered schedule's R actions hold the recompute
+    r = tuple(s.r + tp * s.tp_r for s in x.work)
+    res = list_schedule(sched, StageCosts(tuple(f), i, tuple(w), (x.p2p,), t_r=r, t_post=x.post))
+    rts = []
+    for r, acts in enumerate(sched.ranks):
+        lb: dict[int, tuple[float, float, float]] = {}
+        for a, t0, t1 in zip(acts, res.start[r], res.end[r]):
+            if a.kind in (Kind.B, Kind.W):
+                lb[a.stage] = (t0, t1 - t0, t1)
+            elif a.kind is Kind.REDUCE_GRAD:
+                lb[a.stage] = (*lb[a.stage][:2], t0)
+        rts.append(RankTimes(res.rank_start[r], res.end[r][-1] if acts else 0.0, lb))
+    return _finish(x, rts, "oracle")

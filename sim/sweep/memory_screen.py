@@ -1,0 +1,79 @@
+"""Does a configuration fit in memory: `memory.memory_report` (activations from the schedule's
+alive profile, `memory.plan_profile`), made cheap enough to run on every valid configuration.
+
+`MemoryScreen` caches the parts that do not change between neighbouring configurations: per
+layout the parameters each pipeline rank holds, per activation shape the bytes of each stage, per
+(schedule, micro-batches, shape) the activation peaks. The per-rank sum is `memory.rank_memory`
+and the result the same `MemoryReport` (equal to `memory_report`: tested).
+
+zb-1p/zb-2p are built with unit costs here, as `simpar memory` does; the engine builds them with
+the plan's real costs, and its memory (from its own timeline) is the one a simulated row reports.
+"""
+
+from __future__ import annotations
+
+from ..cost.memory import (MemoryReport, plan_profile, rank_memory, rank_params, recompute_transient_bytes,
+                           stage_activations)
+from ..plan import ParallelPlan
+from ..specs import GPUSpec, ModelSpec
+
+#: Per pipeline rank: parameters held, parameters held per stage, transformer layers held.
+RankParams = tuple[tuple[float, ...], tuple[tuple[float, ...], ...], tuple[int, ...]]
+
+
+class MemoryScreen:
+    """`memory.memory_report(model, plan, gpu)` of a sweep's plans, with its terms cached."""
+
+    def __init__(self, model: ModelSpec, gpu: GPUSpec):
+        self.m, self.gpu = model, gpu
+        self._params: dict[tuple, RankParams] = {}
+        self._acts: dict[tuple, tuple[list[float], float]] = {}
+        self._peaks: dict[tuple, tuple[list[float], tuple[int, ...]]] = {}
+
+    def _rank_params(self, plan: ParallelPlan) -> RankParams:
+        """Per pipeline rank: parameters held, parameters per stage held, layers held."""
+        key = (plan.tp, plan.pp, plan.vpp, plan.schedule == "zb-v", plan.layer_split)
+        hit = self._params.get(key)
+        if hit is None:
+            split = plan.stage_layers(self.m.layers)
+            psis, stage_psis, layers = [], [], []
+            for stages in plan.rank_stages:
+                psis.append(rank_params(self.m, plan, stages))
+                stage_psis.append(tuple(rank_params(self.m, plan, [s]) for s in stages))
+                layers.append(sum(split[s] for s in stages))
+            hit = self._params[key] = (tuple(psis), tuple(stage_psis), tuple(layers))
+        return hit
+
+    @staticmethod
+    def _act_key(plan: ParallelPlan) -> tuple:
+        """What the stored activation bytes of the stages depend on."""
+        return (plan.tp, plan.cp, plan.micro_batch_size, plan.sequence_parallel, plan.recompute, plan.flash_attention,
+                plan.num_stages, plan.layer_split)
+
+    def _activations(self, plan: ParallelPlan) -> tuple[list[float], float]:
+        """Stored activation bytes per stage and the recompute transient of one layer."""
+        key = self._act_key(plan)
+        hit = self._acts.get(key)
+        if hit is None:
+            hit = self._acts[key] = (stage_activations(self.m, plan), recompute_transient_bytes(self.m, plan))
+        return hit
+
+    def _alive(self, plan: ParallelPlan, weights: list[float]) -> tuple[list[float], tuple[int, ...]]:
+        """Per pipeline rank: the activation peak and the sets alive at once (`memory.plan_profile`)."""
+        key = (plan.schedule, plan.pp, plan.vpp, plan.num_microbatches, self._act_key(plan))
+        hit = self._peaks.get(key)
+        if hit is None:
+            prof = plan_profile(plan)
+            hit = self._peaks[key] = (prof.peaks(weights), prof.inflight)
+        return hit
+
+    def report(self, plan: ParallelPlan) -> MemoryReport:
+        """The plan's `MemoryReport`, equal to `memory.memory_report(model, plan, gpu)`."""
+        psis, stage_psis, layers = self._rank_params(plan)
+        weights, transient = self._activations(plan)
+        peaks, inflight = self._alive(plan, weights)
+        cap = self.gpu.hbm_bytes
+        ranks = tuple(rank_memory(self.m, plan, cap, r, psi, stage_psis[r], layers[r], float(peaks[r]), transient,
+                                  float(inflight[r]))
+                      for r, psi in enumerate(psis))
+        return MemoryReport(ranks, cap)

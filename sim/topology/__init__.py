@@ -1,0 +1,1 @@
+"""A cluster as a networkx graph: GPUs, switches and links, routes between GPUs (`graph`)."""

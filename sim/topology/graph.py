@@ -1,0 +1,367 @@
+"""A cluster expanded into a networkx DiGraph, with cached routes between GPUs.
+
+Graph nodes (attribute ``kind``): ``gpu``, ``nvswitch``, ``pcie`` (switch), ``cpu`` (socket /
+root complex), ``host`` (the memory of a ``host`` node, through which its CPU worker processes
+talk), ``nic``, ``leaf``, ``spine``. Names read ``n3/gpu5``, ``n3/nic5``, ``leaf/r5/g0``
+(rail 5, leaf group 0), ``spine2``. Every physical link is two directed edges, each with
+
+- ``bw``: line rate of that direction, bytes/s;
+- ``latency``: one-way latency of the hop, s (switch traversals; intra-node hops carry 0 because
+  NCCL's per-step latency of the link class already covers them, see network.constants);
+- ``kind``: ``nvlink``, ``pcie``, ``cpu`` (socket link), ``host`` (process to host memory), ``nic``
+  (NIC to leaf), ``fabric`` (leaf to spine); ``cls``: the efficiency class (``nvlink3/4/5``,
+  ``pcie``, ``cpu``, ``host``, ``net``);
+- ``id``: index into the flat arrays ``link_bw``, ``link_cls``, ... used by the network models.
+
+Routes are computed from the structure (no graph search per call) and cached: GPU -> PCIe switch
+-> NIC -> leaf [-> spine -> leaf] -> NIC -> PCIe switch -> GPU between nodes; GPU -> NVSwitch ->
+GPU, or GPU -> PCIe switch [-> CPU [-> CPU] -> PCIe switch] -> GPU inside a node. Between rails of
+one leaf group of a rail-optimized fabric, traffic leaves from the NIC on the destination's rail
+(under the GPU's own PCIe switch, or after an NVLink hop to the GPU on that rail: NCCL's PXN), so
+it never needs a spine. Where a spine is needed, ``scale_out.ecmp`` picks it per flow
+(destination-mod-k, or a deterministic hash). Global rank r runs on GPU r (node
+r // gpus_per_node) unless a network is given another placement.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import networkx as nx
+
+from ..errors import SpecError
+from ..specs.cluster import ClusterSpec
+from ..units import GB
+
+#: Edge kinds, in display order.
+LINK_KINDS = ("nvlink", "pcie", "cpu", "host", "nic", "fabric")
+#: Node kinds, in display order.
+NODE_KINDS = ("gpu", "nvswitch", "pcie", "cpu", "host", "nic", "leaf", "spine")
+
+
+@dataclass(frozen=True)
+class Route:
+    """A directed path: link ids in order, summed hop latency (s), and NCCL's hardware class of
+    the path (``nvlink``, ``pcie`` inside a node without NVLink, ``net`` across nodes)."""
+
+    links: tuple[int, ...]
+    latency: float
+    hw: str
+
+
+class Topology:
+    """The graph of ``cluster`` plus flat link arrays and a route cache."""
+
+    def __init__(self, cluster: ClusterSpec) -> None:
+        self.cluster = cluster
+        self.gpus_per_node = cluster.gpus_per_node
+        self.num_nodes = cluster.num_nodes
+        self.num_gpus = cluster.num_gpus
+        self.graph = nx.DiGraph(name=cluster.name)
+        self.link_bw: list[float] = []
+        self.link_latency: list[float] = []
+        self.link_kind: list[str] = []
+        self.link_cls: list[str] = []
+        self.link_ends: list[tuple[str, str]] = []
+        self._link_id: dict[tuple[str, str], int] = {}
+        self._routes: dict[tuple[int, int], Route] = {}
+        self._pieces: dict[tuple[str, int], tuple[int, ...]] = {}
+        self._build()
+        self._check_connected()
+
+    # --- construction ---------------------------------------------------------------------
+    def _add_node(self, name: str, kind: str, **attrs: object) -> None:
+        self.graph.add_node(name, kind=kind, **attrs)
+
+    def _link(self, a: str, b: str, bw: float, kind: str, cls: str, lat_ab: float = 0.0, lat_ba: float = 0.0) -> None:
+        """A full-duplex link: two directed edges of ``bw`` bytes/s each."""
+        for u, v, lat in ((a, b, lat_ab), (b, a, lat_ba)):
+            i = len(self.link_bw)
+            self._link_id[(u, v)] = i
+            self.link_bw.append(bw)
+            self.link_latency.append(lat)
+            self.link_kind.append(kind)
+            self.link_cls.append(cls)
+            self.link_ends.append((u, v))
+            self.graph.add_edge(u, v, bw=bw, latency=lat, kind=kind, cls=cls, id=i)
+
+    def _build(self) -> None:
+        for n in range(self.num_nodes):
+            self._build_node(n)
+        if self.num_nodes > 1:
+            self._build_scale_out()
+
+    def _build_node(self, n: int) -> None:
+        f, g = self.cluster.node, self.gpus_per_node
+        if f.interconnect == "host":  # worker processes, each with one link into the host's memory
+            assert f.host_bw_GBps is not None, "validated by NodeFabric"
+            self._add_node(f"n{n}/host", "host", node=n)
+            for i in range(g):
+                gpu = self.gpu_name(n * g + i)
+                self._add_node(gpu, "gpu", node=n, rank=n * g + i)
+                self._link(gpu, f"n{n}/host", f.host_bw_GBps * GB, "host", "host")
+            return
+        assert f.pcie_bw_GBps is not None, "validated by NodeFabric"
+        pcie_bw = f.pcie_bw_GBps * GB
+        for s in range(f.pcie_switches(g)):
+            self._add_node(self.switch_name(n, s), "pcie", node=n)
+        for c in range(f.cpus(g)):
+            self._add_node(f"n{n}/cpu{c}", "cpu", node=n)
+        for s in range(f.pcie_switches(g)):
+            self._link(self.switch_name(n, s), f"n{n}/cpu{s // f.pcie_switches_per_cpu}", pcie_bw, "pcie", "pcie")
+        if f.interconnect == "pcie" and f.cpus(g) > 1:
+            assert f.cpu_link_bw_GBps is not None, "validated by NodeFabric"
+            for a in range(f.cpus(g)):
+                for b in range(a + 1, f.cpus(g)):
+                    self._link(f"n{n}/cpu{a}", f"n{n}/cpu{b}", f.cpu_link_bw_GBps * GB, "cpu", "cpu")
+        if f.interconnect == "nvswitch":
+            assert f.nvlink_bw_GBps is not None, "validated by NodeFabric"
+            self._add_node(f"n{n}/nvswitch", "nvswitch", node=n, nvls=f.nvls)
+        for i in range(g):
+            gpu = self.gpu_name(n * g + i)
+            self._add_node(gpu, "gpu", node=n, rank=n * g + i)
+            self._link(gpu, self.switch_name(n, i // f.gpus_per_pcie_switch), pcie_bw, "pcie", "pcie")
+            if f.interconnect == "nvswitch":
+                self._link(gpu, f"n{n}/nvswitch", f.nvlink_bw_GBps * GB, "nvlink", f"nvlink{f.nvlink_generation}")
+        for j in range(f.nics(g)):
+            nic = f"n{n}/nic{j}"
+            self._add_node(nic, "nic", node=n, index=j)
+            self._link(nic, self.switch_name(n, j // f.nics_per_pcie_switch), pcie_bw, "pcie", "pcie")
+
+    def _build_scale_out(self) -> None:
+        so, f = self.cluster.scale_out, self.cluster.node
+        nics, npl = f.nics(self.gpus_per_node), so.nodes_per_leaf
+        nic_bw = (f.nic_bw_Gbps or 0.0) * 1e9 / 8
+        sw_lat = so.switch_latency_us * 1e-6
+        leaves: list[str] = []
+        for n in range(self.num_nodes):
+            for j in range(nics):
+                leaf = self.leaf_of(n, j)
+                if leaf not in self.graph:
+                    self._add_node(leaf, "leaf")
+                    leaves.append(leaf)
+                self._link(f"n{n}/nic{j}", leaf, nic_bw, "nic", "net", lat_ab=sw_lat)
+        if len(leaves) == 1:
+            return
+        # A leaf is cabled for its full port count (nodes_per_leaf nodes, one port each per rail, or
+        # all the node's NICs), whatever number of nodes is attached: uplink = that / oversubscription.
+        ports = npl if so.topology == "rail-optimized" else npl * nics
+        up = ports * nic_bw / so.oversubscription / so.num_spines
+        for s in range(so.num_spines):
+            self._add_node(self.spine_name(s), "spine")
+        for leaf in leaves:
+            for s in range(so.num_spines):
+                self._link(leaf, self.spine_name(s), up, "fabric", "net", lat_ab=sw_lat, lat_ba=sw_lat)
+
+    def _check_connected(self) -> None:
+        if not nx.is_strongly_connected(self.graph):
+            parts = nx.number_strongly_connected_components(self.graph)
+            raise SpecError(
+                f"cluster {self.cluster.name}: scale_out",
+                f"the fabric graph falls apart into {parts} pieces that cannot reach each other.",
+                "give the nodes NICs and a scale_out network that joins them.",
+            )
+
+    # --- names ---------------------------------------------------------------------------
+    def gpu_name(self, gpu: int) -> str:
+        return f"n{gpu // self.gpus_per_node}/gpu{gpu % self.gpus_per_node}"
+
+    @staticmethod
+    def switch_name(node: int, s: int) -> str:
+        return f"n{node}/pcie{s}"
+
+    def spine_name(self, s: int) -> str:
+        return "core" if self.cluster.scale_out.topology == "two-level" else f"spine{s}"
+
+    def leaf_of(self, node: int, nic: int) -> str:
+        so = self.cluster.scale_out
+        group = node // so.nodes_per_leaf
+        return f"leaf/r{nic}/g{group}" if so.topology == "rail-optimized" else f"leaf/g{group}"
+
+    def node_of(self, gpu: int) -> int:
+        return gpu // self.gpus_per_node
+
+    def nic_of(self, gpu: int) -> int:
+        """Local index of the NIC that GPU ``gpu`` uses (the NIC under its own PCIe switch; -1: none)."""
+        f, local = self.cluster.node, gpu % self.gpus_per_node
+        if f.nics_per_pcie_switch == 0:
+            return -1
+        return (local // f.gpus_per_pcie_switch) * f.nics_per_pcie_switch + (local % f.gpus_per_pcie_switch) % f.nics_per_pcie_switch
+
+    def link_id(self, u: str, v: str) -> int:
+        return self._link_id[(u, v)]
+
+    @property
+    def num_links(self) -> int:
+        return len(self.link_bw)
+
+    @property
+    def has_nvls(self) -> bool:
+        return self.cluster.node.interconnect == "nvswitch" and self.cluster.node.nvls
+
+    # --- routes --------------------------------------------------------------------------
+    def route(self, src: int, dst: int) -> Route:
+        """The cached path from GPU ``src`` to GPU ``dst``."""
+        key = (src, dst)
+        r = self._routes.get(key)
+        if r is None:
+            r = self._routes[key] = self._make_route(src, dst)
+        return r
+
+    def _make_route(self, src: int, dst: int) -> Route:
+        if src == dst:
+            return Route((), 0.0, "nvlink")
+        if self.node_of(src) != self.node_of(dst):
+            ids, hw = self._inter(src, dst), "net"
+        elif self.cluster.node.interconnect == "nvswitch":
+            ids, hw = self.nvswitch_links(src)[:1] + self.nvswitch_links(dst)[1:], "nvlink"
+        elif self.cluster.node.interconnect == "host":
+            h = f"n{self.node_of(src)}/host"
+            ids, hw = (self._link_id[(self.gpu_name(src), h)], self._link_id[(h, self.gpu_name(dst))]), "host"
+        else:
+            names = self._pcie_path(src, dst)
+            ids, hw = tuple(self._link_id[(a, b)] for a, b in zip(names, names[1:])), "pcie"
+        lat = self.link_latency
+        return Route(ids, sum([lat[i] for i in ids]), hw)
+
+    def _inter(self, src: int, dst: int) -> tuple[int, ...]:
+        """Links from GPU ``src`` to GPU ``dst`` on another node. The message leaves from the NIC on
+        the destination's rail when that saves a trip over the spines (rail-optimized fabric, both
+        nodes in one leaf group): directly if that NIC sits under the GPU's PCIe switch, else
+        first over NVLink to the local GPU on that rail (NCCL's PXN, on by default)."""
+        jb, nb = self.nic_of(dst), self.node_of(dst)
+        tail = self._from_nic(dst)
+        ja, na = self.nic_of(src), self.node_of(src)
+        so, f = self.cluster.scale_out, self.cluster.node
+        if ja == jb or so.topology != "rail-optimized" or na // so.nodes_per_leaf != nb // so.nodes_per_leaf:
+            return self._to_nic(src) + self._nic_path(na, ja, nb, jb) + tail
+        local = src % self.gpus_per_node
+        sw = local // f.gpus_per_pcie_switch
+        if jb // f.nics_per_pcie_switch == sw:  # the rail's NIC is under our own switch
+            s_name, nic = self.switch_name(na, sw), f"n{na}/nic{jb}"
+            head = (self._link_id[(self.gpu_name(src), s_name)], self._link_id[(s_name, nic)])
+            return head + self._nic_path(na, jb, nb, jb) + tail
+        proxy = next((g for g in range(na * self.gpus_per_node, (na + 1) * self.gpus_per_node) if self.nic_of(g) == jb), None)
+        if f.interconnect != "nvswitch" or proxy is None:
+            return self._to_nic(src) + self._nic_path(na, ja, nb, jb) + tail
+        return self.nvswitch_links(src)[:1] + self.nvswitch_links(proxy)[1:] + self._to_nic(proxy) + self._nic_path(na, jb, nb, jb) + tail
+
+    def _pcie_path(self, a: int, b: int) -> list[str]:
+        f, n = self.cluster.node, self.node_of(a)
+        sa, sb = (a % self.gpus_per_node) // f.gpus_per_pcie_switch, (b % self.gpus_per_node) // f.gpus_per_pcie_switch
+        path = [self.gpu_name(a), self.switch_name(n, sa)]
+        if sa != sb:
+            ca, cb = sa // f.pcie_switches_per_cpu, sb // f.pcie_switches_per_cpu
+            path.append(f"n{n}/cpu{ca}")
+            if ca != cb:
+                path.append(f"n{n}/cpu{cb}")
+            path.append(self.switch_name(n, sb))
+        return path + [self.gpu_name(b)]
+
+    def _to_nic(self, gpu: int) -> tuple[int, ...]:
+        """GPU -> its PCIe switch -> its NIC (cached per GPU)."""
+        key = ("up", gpu)
+        if key not in self._pieces:
+            n, sw = self.node_of(gpu), (gpu % self.gpus_per_node) // self.cluster.node.gpus_per_pcie_switch
+            g, s, nic = self.gpu_name(gpu), self.switch_name(n, sw), f"n{n}/nic{self.nic_of(gpu)}"
+            self._pieces[key] = (self._link_id[(g, s)], self._link_id[(s, nic)])
+            self._pieces[("down", gpu)] = (self._link_id[(nic, s)], self._link_id[(s, g)])
+        return self._pieces[key]
+
+    def _from_nic(self, gpu: int) -> tuple[int, ...]:
+        self._to_nic(gpu)
+        return self._pieces[("down", gpu)]
+
+    def _nic_path(self, na: int, ja: int, nb: int, jb: int) -> tuple[int, ...]:
+        """NIC ja of node na -> leaf [-> spine -> leaf] -> NIC jb of node nb."""
+        nic_a, nic_b = f"n{na}/nic{ja}", f"n{nb}/nic{jb}"
+        la, lb = self.leaf_of(na, ja), self.leaf_of(nb, jb)
+        if la == lb:
+            return (self._link_id[(nic_a, la)], self._link_id[(la, nic_b)])
+        spine = self.spine_name(self._spine(na, ja, nb, jb))
+        return (self._link_id[(nic_a, la)], self._link_id[(la, spine)], self._link_id[(spine, lb)], self._link_id[(lb, nic_b)])
+
+    def path_names(self, src: int, dst: int) -> list[str]:
+        """The graph nodes along the route from GPU ``src`` to GPU ``dst``."""
+        ids = self.route(src, dst).links
+        return [self.link_ends[ids[0]][0]] + [self.link_ends[i][1] for i in ids] if ids else [self.gpu_name(src)]
+
+    def _spine(self, na: int, ja: int, nb: int, jb: int) -> int:
+        so = self.cluster.scale_out
+        k = so.num_spines
+        if so.ecmp == "hash":
+            nics = self.cluster.node.nics(self.gpus_per_node)
+            x = ((na * nics + ja) * 0x9E3779B1 ^ (nb * nics + jb) * 0x85EBCA77) & 0xFFFFFFFF
+            return ((x ^ (x >> 15)) * 0x2C1B3C6D & 0xFFFFFFFF) % k
+        # destination-mod-k: the destination's port position on its leaf, modulo the spine count
+        pos = nb % so.nodes_per_leaf
+        if so.topology != "rail-optimized":
+            pos = pos * self.cluster.node.nics(self.gpus_per_node) + jb
+        return pos % k
+
+    def nvswitch_links(self, gpu: int) -> tuple[int, int]:
+        """(GPU -> NVSwitch, NVSwitch -> GPU) link ids of ``gpu`` (NVSwitch nodes only)."""
+        key = ("nvs", gpu)
+        if key not in self._pieces:
+            g, s = self.gpu_name(gpu), f"n{self.node_of(gpu)}/nvswitch"
+            self._pieces[key] = (self._link_id[(g, s)], self._link_id[(s, g)])
+        return self._pieces[key]
+
+    # --- summaries -----------------------------------------------------------------------
+    @cached_property
+    def bisection_bandwidth(self) -> float:
+        """Line-rate bytes/s, per direction, across the cut between the first and second half of
+        the GPUs (single node) or of the nodes (several nodes; NIC- or spine-limited)."""
+        if self.num_gpus < 2:
+            return 0.0
+        if self.num_nodes == 1:
+            return self._max_flow_between_halves()
+        f, so = self.cluster.node, self.cluster.scale_out
+        half = self.num_nodes // 2
+        nic_bw = (f.nic_bw_Gbps or 0.0) * 1e9 / 8
+        nic_cap = half * f.nics(self.gpus_per_node) * nic_bw
+        groups = -(-self.num_nodes // so.nodes_per_leaf)
+        if groups < 2:
+            return nic_cap
+        group_up = so.nodes_per_leaf * f.nics(self.gpus_per_node) * nic_bw / so.oversubscription
+        return min(nic_cap, (groups // 2) * group_up)
+
+    def _max_flow_between_halves(self) -> float:
+        g = nx.DiGraph()
+        for u, v, d in self.graph.edges(data=True):
+            g.add_edge(u, v, capacity=d["bw"])
+        half = self.num_gpus // 2
+        for r in range(self.num_gpus):
+            end = ("SRC", self.gpu_name(r)) if r < half else (self.gpu_name(r), "DST")
+            g.add_edge(*end)  # no capacity attribute: unbounded
+        return float(nx.maximum_flow_value(g, "SRC", "DST"))
+
+    def summary(self) -> dict:
+        """Counts of graph nodes and links by kind, link rates, bisection (for `simpar topo`)."""
+        nodes = {k: 0 for k in NODE_KINDS}
+        for _, kind in self.graph.nodes(data="kind"):
+            nodes[kind] += 1
+        links: dict[str, dict] = {}
+        for kind in LINK_KINDS:
+            ids = [i for i, k in enumerate(self.link_kind) if k == kind]
+            if ids:
+                rates = sorted({round(self.link_bw[i] / GB, 3) for i in ids})
+                links[kind] = {"count": len(ids) // 2, "bw_GBps_per_direction": rates}
+        c = self.cluster
+        return {
+            "cluster": c.name,
+            "gpu": c.gpu.name,
+            "gpus": self.num_gpus,
+            "nodes": self.num_nodes,
+            "gpus_per_node": self.gpus_per_node,
+            "intra_node": c.node.interconnect,
+            "scale_out": c.scale_out.topology if self.num_nodes > 1 else "none (single node)",
+            "graph_nodes": {k: v for k, v in nodes.items() if v},
+            "links": links,
+            "bisection_GBps": self.bisection_bandwidth / GB,
+        }
+
+
+def build_topology(cluster: ClusterSpec) -> Topology:
+    return Topology(cluster)

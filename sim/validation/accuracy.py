@@ -1,0 +1,164 @@
+"""The accuracy report's data: `simpar validate` on a measured-run CSV (published runs) plus the
+closed-loop results of ``simpar calibrate --check`` (plans run by the executor on this machine),
+summarised per source, per schedule and for memory, with the worst rows explained.
+
+Explanations of a row come from two places: automatic hints read off the row (fp8, long
+sequence, a derived iteration time, features the simulator does not model that the row's notes
+name, the source facts of `SOURCE_HINTS`), and a hand-written notes file (YAML, ``row id: text``)
+kept next to the report. Nothing here changes a prediction.
+
+Closed-loop results: the ``check.json`` that ``simpar calibrate --check`` writes (``plans``: objects
+with ``name``, ``schedule``, ``pred_iter_s``, ``meas_iter_s``, ``pred_mem_bytes``,
+``meas_mem_bytes``), or any JSON with ``rows``: objects with at least ``id``,
+``measured_iter_time_s`` and ``predicted_iter_time_s`` (optional: ``schedule``,
+``predicted_peak_mem_gib``, ``measured_peak_mem_gib``). Errors are recomputed here, as
+``(predicted - measured) / measured``, so every figure of the report has one definition.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+from ..errors import SimparError
+from .published import SOURCE_HINTS, RowResult, read_rows, report, summarize, validate_rows
+
+#: A sequence this long or longer is "long" for the hints (attention dominates the layer).
+LONG_SEQ = 16384
+#: Phrases of a row's ``notes`` that name something the simulator does not model, with the hint.
+FEATURE_HINTS: tuple[tuple[str, str], ...] = (
+    ("torch.compile", "torch.compile (kernel fusion) is not modelled"),
+    ("compile on", "torch.compile (kernel fusion) is not modelled"),
+    ("float8", "torchao float8 linears: cast/scale kernels priced only through fp8_mm_eff_scale"),
+    ("fp8-cs", "Transformer Engine FP8 (current scaling): priced only through fp8_mm_eff_scale"),
+    ("asynctp", "async tensor parallelism (comm/compute overlap) is not modelled"),
+    ("alibi", "ALiBi attention bias (llm-foundry's triton/flash kernels), priced as plain FlashAttention"),
+    ("op-level selective ac", "torchtitan's op-level selective recompute differs from Megatron's attention-core one"),
+    ("h100-96g-500w", "H100 96 GB at a 500 W power limit, simulated on the 80 GB 700 W H100 preset"),
+    ("not hdr infiniband", "inter-node fabric (RoCE) differs from the preset's InfiniBand"),
+    ("roce", "inter-node fabric (RoCE) differs from the preset's InfiniBand"),
+    ("ambiguity", "the source is ambiguous (see the row's notes)"),
+    ("not stated", "some settings were not stated by the source and were assumed"),
+)
+
+
+def read_closed_loop(path: str | Path) -> list[RowResult]:
+    """Closed-loop rows from one JSON file or every ``*.json`` with ``rows`` under a folder."""
+    p = Path(path)
+    if not p.exists():
+        raise SimparError("--closed-loop", f"{p} does not exist.", "give the folder `simpar calibrate --check` wrote.")
+    files = (sorted(p.rglob("check.json")) or sorted(p.rglob("*.json"))) if p.is_dir() else [p]
+    out: list[RowResult] = []
+    for f in files:
+        try:
+            doc = json.loads(f.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise SimparError(f"closed loop {f.name}", f"cannot be read as JSON ({exc}).", "regenerate it.") from None
+        rows = doc.get("rows") if isinstance(doc, dict) else None
+        if rows is None and isinstance(doc, dict) and isinstance(doc.get("plans"), list):
+            rows = [_from_check(r) for r in doc["plans"]]  # simpar calibrate --check
+        if not isinstance(rows, list):
+            continue  # another file of the check (a calibration, a trace): not a result table
+        device = doc.get("device", {}).get("name", "") if isinstance(doc.get("device"), dict) else str(doc.get("device", ""))
+        for i, r in enumerate(rows):
+            try:
+                meas, pred = float(r["measured_iter_time_s"]), r.get("predicted_iter_time_s")
+            except (KeyError, TypeError, ValueError):
+                raise SimparError(f"closed loop {f.name}: rows[{i}]", "needs id, measured_iter_time_s, predicted_iter_time_s.",
+                                  "regenerate it with `simpar calibrate --check`.") from None
+            rr = RowResult(str(r.get("id", f"{f.stem}-{i}")), f"closed loop{': ' + device if device else ''}",
+                           str(r.get("schedule", "?")), meas, None if pred is None else float(pred),
+                           _opt(r.get("measured_peak_mem_gib")), _opt(r.get("predicted_peak_mem_gib")),
+                           status=str(r.get("status", "ok")))
+            out.append(rr)
+    return out
+
+
+def _from_check(r: dict[str, Any]) -> dict[str, Any]:
+    """A ``simpar calibrate --check`` plan row in the reader's keys (bytes -> GiB)."""
+    gib = 1024.0 ** 3
+    return {"id": r.get("name"), "schedule": r.get("schedule", "?"), "measured_iter_time_s": r.get("meas_iter_s"),
+            "predicted_iter_time_s": r.get("pred_iter_s"),
+            "measured_peak_mem_gib": None if r.get("meas_mem_bytes") is None else r["meas_mem_bytes"] / gib,
+            "predicted_peak_mem_gib": None if r.get("pred_mem_bytes") is None else r["pred_mem_bytes"] / gib}
+
+
+def _opt(x: Any) -> float | None:
+    return None if x in (None, "") else float(x)
+
+
+def load_notes(path: str | Path | None) -> dict[str, str]:
+    """Hand-written explanations, ``row id: text`` (YAML). A missing file is no notes."""
+    if path is None or not Path(path).is_file():
+        return {}
+    try:
+        doc = yaml.safe_load(Path(path).read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise SimparError(f"notes {Path(path).name}", f"is not valid YAML ({str(exc).splitlines()[0]}).", "fix it.") from None
+    if not isinstance(doc, dict):
+        raise SimparError(f"notes {Path(path).name}", "must map row ids to text.", "write `row_id: explanation` lines.")
+    return {str(k): " ".join(str(v).split()) for k, v in doc.items()}
+
+
+def row_hints(row: dict[str, str]) -> list[str]:
+    """Automatic reasons a row may be hard to predict, read off the CSV row."""
+    hints = []
+    if row.get("precision") == "fp8":
+        hints.append("fp8 row")
+    if int(row.get("seq_len") or 0) >= LONG_SEQ:
+        hints.append(f"long sequence ({row['seq_len']}): attention-dominated")
+    if row.get("iter_time_derived") == "1":
+        hints.append("iteration time derived from published throughput")
+    text = (row.get("notes", "") + " " + row.get("id", "")).lower()
+    seen = set()
+    for needle, hint in FEATURE_HINTS:
+        if needle in text and hint not in seen:
+            seen.add(hint)
+            hints.append(hint)
+    for needle, fields, _why in SOURCE_HINTS:
+        if needle.lower() in row.get("source", "").lower():
+            hints.append("source facts applied: " + ", ".join(f"{k}={v}" for k, v in fields.items()))
+    return hints
+
+
+def memory_groups(results: list[RowResult], key: str) -> dict[str, Any]:
+    groups = sorted({getattr(r, key) for r in results if r.mem_error is not None})
+    return {g: summarize([r for r in results if getattr(r, key) == g], "mem_error") for g in groups}
+
+
+def build(published_csv: str | Path | None, simulate_fn: Callable, closed_loop: str | Path | None = None,
+          notes: dict[str, str] | None = None, worst: int = 12, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Everything the report shows, as plain data (JSON-ready)."""
+    notes = notes or {}
+    out: dict[str, Any] = {}
+    if published_csv is not None:
+        rows = read_rows(published_csv)
+        results = validate_rows(rows, simulate_fn, progress)
+        doc = report(results)
+        doc["memory_per_source"] = memory_groups(results, "source")
+        by_id = {r["id"]: r for r in rows}
+        for d in doc["rows"]:
+            d["hints"] = row_hints(by_id[d["id"]])
+            d["note"] = notes.get(d["id"], "")
+        doc["worst_iter"] = [d["id"] for d in _worst(doc["rows"], "error", worst)]
+        doc["worst_mem"] = [d["id"] for d in _worst(doc["rows"], "mem_error", max(3, worst // 2))]
+        doc["csv"] = str(published_csv)
+        out["published"] = doc
+    if closed_loop is not None:
+        cl = read_closed_loop(closed_loop)
+        doc = report(cl) if cl else {"rows": [], "summary": summarize([]), "memory_summary": summarize([]),
+                                     "per_source": {}, "per_schedule": {}}
+        for d in doc["rows"]:
+            d["hints"], d["note"] = [], notes.get(d["id"], "")
+        doc["worst_iter"] = [d["id"] for d in _worst(doc["rows"], "error", 5)]
+        doc["path"] = str(closed_loop)
+        out["closed_loop"] = doc
+    return out
+
+
+def _worst(rows: list[dict[str, Any]], key: str, n: int) -> list[dict[str, Any]]:
+    have = [r for r in rows if r.get(key) is not None]
+    return sorted(have, key=lambda r: -abs(r[key]))[:n]

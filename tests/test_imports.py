@@ -1,0 +1,69 @@
+"""The import graph: no circles anywhere, `sim` imports neither torch nor `executor` nor the CLI,
+and `import simpar` is cheap (the API loads lazily)."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import networkx as nx
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = {"sim": "simpar.sim", "executor": "simpar.executor", "cli": "simpar.cli", "api": "simpar"}
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for folder, pkg in PACKAGES.items():
+        for p in (ROOT / folder).rglob("*.py"):
+            parts = list(p.relative_to(ROOT / folder).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out[".".join([pkg, *parts])] = p
+    return out
+
+
+def _graph() -> tuple[nx.DiGraph, dict[str, set[str]]]:
+    mods = _modules()
+    g, external = nx.DiGraph(), {m: set() for m in mods}
+    for m, p in mods.items():
+        g.add_node(m)
+        pkg = m if p.name == "__init__.py" else m.rsplit(".", 1)[0]
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = pkg.split(".")[: len(pkg.split(".")) - (node.level - 1)]
+                    name = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    name = node.module or ""
+                names = [name] + [f"{name}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            for n in names:
+                if n in mods and n != m:
+                    g.add_edge(m, n)
+                external[m].add(n.split(".")[0])
+    return g, external
+
+
+def test_no_import_circles():
+    g, _ = _graph()
+    assert [sorted(c) for c in nx.strongly_connected_components(g) if len(c) > 1] == []
+
+
+def test_sim_imports_neither_torch_nor_executor_nor_the_cli():
+    g, external = _graph()
+    sim = [m for m in g if m.startswith("simpar.sim")]
+    assert [m for m in sim if "torch" in external[m]] == []
+    assert [(m, d) for m in sim for d in g.successors(m) if not d.startswith("simpar.sim")] == []
+
+
+def test_import_simpar_is_cheap_and_the_api_resolves():
+    code = ("import sys, simpar; heavy = [m for m in ('networkx', 'matplotlib', 'simpy', 'torch') if m in sys.modules];"
+            "print(heavy); from simpar import simulate, sweep, Calibration, ParallelPlan, memory_report; print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["[]", "ok"]
