@@ -17,7 +17,9 @@ from simpar.sim.specs.calibration import load_calibration, validate_calibration
 from simpar.cli.main import cli
 from simpar.sim.cost.compute import CostModel
 from simpar.sim.errors import SpecError
-from simpar.sim.cost.tables import MeasuredCosts
+from simpar.sim.cost.profile import ExecutorProfile
+from simpar.sim.cost.tables import MeasuredTables
+from simpar.sim.specs.calibration import validate_calibration
 from simpar.sim.network import make_network
 from simpar.sim.plan import ParallelPlan
 from simpar.sim.specs import ModelSpec, load_cluster, load_gpu
@@ -133,17 +135,21 @@ def test_built_calibration_is_valid_and_drives_the_cost_model(tmp_path):
     analytic = CostModel(gpu, cm.eff).layer_times(other, ParallelPlan(micro_batch_size=2, global_batch_size=2, schedule="none"))
     assert cm.layer_times(other, ParallelPlan(micro_batch_size=2, global_batch_size=2, schedule="none")) == analytic
     assert cm.optimizer_time(3 * 2**20) == pytest.approx(2e-3 + 2 / 3 * 8e-3)  # linear between the rows
-    # DTensor rows serve plans with that tp (proportionally beyond the row), the unsharded rows any other tp
-    assert cm.optimizer_time(2**21, tp=2) == pytest.approx(1e-2)
-    assert cm.optimizer_time(3 * 2**20, tp=4) == pytest.approx(cm.optimizer_time(3 * 2**20))
+    # DTensor rows serve the executor profile's plans with that tp (proportionally beyond the row);
+    # any other plan, and every default (Megatron-like) prediction, the unsharded rows
+    prof = ExecutorProfile.of(doc)
+    assert prof.optimizer_seconds(ParallelPlan(tp=2, global_batch_size=1, schedule="none"), 2**21) == pytest.approx(1e-2)
+    assert prof.optimizer_seconds(ParallelPlan(tp=4, global_batch_size=1, schedule="none"), 3 * 2**20) is None
 
 
 def test_gpu_tables_need_the_plan_dtype():
-    doc = {"device": {"kind": "cuda"}, "layers": [{"arch": "gpt", "hidden": 8, "heads": 1, "kv_heads": 1, "ffn": 8, "seq": 4,
-                                                     "mbs": 1, "tp": 1, "dtype": "bf16", "f_s": 1.0, "i_s": 1.0, "w_s": 1.0}]}
-    mc = MeasuredCosts.from_calibration(doc)
-    assert mc.layer(("gpt", 8, 1, 1, 8, 4, 1), 1, "bf16") is not None
-    assert mc.layer(("gpt", 8, 1, 1, 8, 4, 1), 1, "fp8") is None
+    doc = {"simpar_calibration_version": 1, "device": {"gpu": "h100-sxm", "kind": "cuda"},
+           "layers": [{"arch": "gpt", "hidden": 8, "heads": 1, "kv_heads": 1, "ffn": 8, "seq": 4,
+                       "mbs": 1, "tp": 1, "dtype": "bf16", "f_s": 1.0, "i_s": 1.0, "w_s": 1.0}]}
+    mc = MeasuredTables.of(validate_calibration(doc, "(test)"))
+    m = ModelSpec(name="x", arch="gpt", layers=1, hidden=8, heads=1, ffn=8, vocab=2, seq_len=4)
+    assert mc.layer(m, ParallelPlan(global_batch_size=1, schedule="none", precision="bf16")) is not None
+    assert mc.layer(m, ParallelPlan(global_batch_size=1, schedule="none", precision="fp8")) is None
 
 
 GOOD = {"simpar_calibration_version": 1, "device": {"gpu": "cpu", "kind": "cpu"}, "compute": {"mm_eff_max": 0.5},
@@ -170,27 +176,27 @@ def _bad(**changes) -> dict:
     (_bad(compute=None), "compute"),
     (_bad(device__gpu="h100-sxm"), "device.gpu"),
     (_bad(device__kind="tpu"), "device.kind"),
-    (_bad(compute__mm_eff_max=-1), "compute.mm_eff_max"),
-    (_bad(compute__warp_speed=2.0), "compute.warp_speed"),
-    (_bad(layers__0__f_s=None), "layers[0].f_s"),
-    (_bad(layers__0__mbs=0), "layers[0].mbs"),
-    (_bad(layers__0__arch="rnn"), "layers[0].arch"),
+    (_bad(compute__mm_eff_max=-1), "compute: mm_eff_max must be a positive number"),
+    (_bad(compute__warp_speed=2.0), "compute: unknown parameter 'warp_speed'"),
+    (_bad(layers__0__f_s=None), "layers.0.f_s"),
+    (_bad(layers__0__mbs=0), "layers.0.mbs"),
+    (_bad(layers__0__arch="rnn"), "layers.0.arch"),
     (_bad(layers={"a": 1}), "layers"),
-    (_bad(optimizer=[{"params": 0, "time_s": 1}]), "optimizer[0]"),
-    (_bad(optimizer=[{"params": 10, "time_s": 1, "tp": 0}]), "optimizer[0].tp"),
+    (_bad(optimizer=[{"params": 0, "time_s": 1}]), "optimizer.0.params"),
+    (_bad(optimizer=[{"params": 10, "time_s": 1, "tp": 0}]), "optimizer.0.tp"),
     (_bad(grad_reduce={"all-reduce": {"group": 1, "unit_s": 0.0, "s_per_byte": 1e-9}}), "grad_reduce.all-reduce.group"),
     (_bad(grad_reduce={"broadcast": {"group": 2, "unit_s": 0.0, "s_per_byte": 1e-9}}), "grad_reduce.broadcast"),
-    (_bad(in_run={"compute_scale": {"two": 1.1}}), "in_run.compute_scale.two"),
-    (_bad(in_run={"compute_scale": {"2": 0.0}}), "in_run.compute_scale.2"),
-    (_bad(in_run={"compute_scale": {"2": 1.1}, "action_s": {"2": -1e-3}}), "in_run.action_s.2"),
+    (_bad(in_run={"compute_scale": {"two": 1.1}}), "in_run.compute_scale: keys are process counts"),
+    (_bad(in_run={"compute_scale": {"2": 0.0}}), "in_run.compute_scale: entry 2"),
+    (_bad(in_run={"compute_scale": {"2": 1.1}, "action_s": {"2": -1e-3}}), "in_run.action_s: entry 2"),
     (_bad(in_run={"scale": 1.1}), "in_run.compute_scale"),
-    (_bad(in_run={"compute_scale": {"2": 1.1}, "p2p_post_s": {"2": 2.0}}), "in_run.p2p_post_s.2"),
+    (_bad(in_run={"compute_scale": {"2": 1.1}, "p2p_post_s": {"2": 2.0}}), "in_run.p2p_post_s: entry 2"),
     (_bad(probe={"what": "matmul", "time_s": 0.0}), "probe.time_s"),
-    (_bad(probe=[0.003]), "probe.time_s"),
+    (_bad(probe=[0.003]), "probe"),
     (_bad(sp_grad_sync={"2": 1e-3}), "sp_grad_sync"),
-    (_bad(sp_grad_sync=[{"tp": 1, "arch": "gpt", "tensor_s": 1e-3}]), "sp_grad_sync[0].tp"),
-    (_bad(sp_grad_sync=[{"tp": 2, "arch": "rnn", "tensor_s": 1e-3}]), "sp_grad_sync[0].arch"),
-    (_bad(sp_grad_sync=[{"tp": 2, "arch": "gpt", "tensor_s": -1e-3}]), "sp_grad_sync[0].tensor_s"),
+    (_bad(sp_grad_sync=[{"tp": 1, "arch": "gpt", "tensor_s": 1e-3}]), "sp_grad_sync.0.tp"),
+    (_bad(sp_grad_sync=[{"tp": 2, "arch": "rnn", "tensor_s": 1e-3}]), "sp_grad_sync.0.arch"),
+    (_bad(sp_grad_sync=[{"tp": 2, "arch": "gpt", "tensor_s": -1e-3}]), "sp_grad_sync.0.tensor_s"),
 ])
 def test_bad_calibration_files_are_one_clear_error(doc, field, tmp_path, runner):
     with pytest.raises(SpecError, match=field.replace("[", r"\[").replace("]", r"\]")):
@@ -243,9 +249,12 @@ def test_grad_reduce_fit_recovers_per_unit_and_per_byte_terms():
     rs = fit["reduce-scatter"]
     assert min(rs["unit_s"], rs["s_per_byte"]) == 0.0 and max(rs["unit_s"], rs["s_per_byte"]) > 0
     # the engine times a non-overlapped REDUCE_GRAD from the table: units x unit_s + bytes x s_per_byte
-    mc = MeasuredCosts.from_calibration({"grad_reduce": fit})
-    assert mc.grad_reduce_time("all-reduce", 2, 5, 1e7) == pytest.approx(5 * fit["all-reduce"]["unit_s"] + 1e7 * fit["all-reduce"]["s_per_byte"])
-    assert mc.grad_reduce_time("all-reduce", 4, 5, 1e7) is None
+    prof = ExecutorProfile.of(validate_calibration({"simpar_calibration_version": 1, "device": {"gpu": "cpu"},
+                                                    "grad_reduce": fit}, "(test)"))
+    dp2, dp4 = (ParallelPlan(dp=n, global_batch_size=n, schedule="none") for n in (2, 4))
+    assert prof.reduction_seconds(dp2, "all-reduce", 4, 1e7, False) == pytest.approx(
+        5 * fit["all-reduce"]["unit_s"] + 1e7 * fit["all-reduce"]["s_per_byte"])
+    assert prof.reduction_seconds(dp4, "all-reduce", 4, 1e7, False) is None
 
 
 def test_engine_times_the_executors_reduce_grad_from_the_in_situ_table():

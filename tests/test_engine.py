@@ -8,6 +8,7 @@ import simpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from simpar.sim.cost.profile import MEGATRON
 from simpar.sim.engine.core import EngineOptions, run_engine
 from simpar.sim.plan import ParallelPlan
 from simpar.sim.schedules import StageCosts, list_schedule, lower, schedule_for_plan
@@ -57,12 +58,10 @@ def plan(pp=1, vpp=1, m=4, schedule=None, dp=1, zero=0, recompute="none") -> Par
                         zero=zero, recompute=recompute, layer_split=None)
 
 
-def run(p: ParallelPlan, wk, net=None, opt=0.0, options=EngineOptions(), lowered=True, act=None):
-    sched = schedule_for_plan(p)
-    if lowered:
-        sched = lower(sched, p)
+def run(p: ParallelPlan, wk, net=None, opt=0.0, options=EngineOptions(), act=None, profile=MEGATRON):
+    sched = lower(schedule_for_plan(p), p)
     env = simpy.Environment()
-    eng, _ = run_engine(TINY, p, sched, wk, FixedCosts(opt), net or FakeNet(), env, options, act)
+    eng, _ = run_engine(TINY, p, sched, wk, FixedCosts(opt), net or FakeNet(), env, options, act, profile)
     return eng, max(g.finish for g in eng.gpus.values())
 
 
@@ -186,22 +185,22 @@ def test_tied_embedding_grad_all_reduce_joins_first_and_last_rank() -> None:
 
 
 def test_torch_first_stage_runs_its_whole_backward_in_w() -> None:
-    """EngineOptions(first_stage_input_grad=False): stage 0's I is empty and its W is I + W, as in
-    torch's runtime; the other stages keep the split, and each rank's busy time is unchanged."""
+    """The executor profile: stage 0's I is empty and its W is I + W, as in torch's runtime; the
+    other stages keep the split, and each stage's backward (B = I + W) is unchanged."""
+    from simpar.sim.cost.compute import CostModel
+    from simpar.sim.cost.profile import ExecutorProfile
+    from simpar.sim.cost.workload import stage_work
+    from simpar.sim.layout import RankLayout
+    from simpar.sim.specs import load_gpu
+
     p = plan(pp=2, m=4, schedule="zb-h1")
-    wk = work(2, f=1.0, i=1.5, w=0.5)
-    paper, _ = run(p, wk)
-    torch_like, _ = run(p, wk, options=EngineOptions(first_stage_input_grad=False))
-
-    def durations(eng, rank, kind):
-        return [e.duration for e in eng.events if e.rank == rank and e.kind == kind]
-
-    assert durations(torch_like, 0, "I") == [] and durations(torch_like, 0, "W") == [2.0] * 4
-    assert durations(paper, 0, "I") == [1.5] * 4 and durations(paper, 0, "W") == [0.5] * 4
-    assert durations(torch_like, 1, "I") == [1.5] * 4 and durations(torch_like, 1, "W") == [0.5] * 4
-    for eng in (paper, torch_like):
-        busy = sum(e.duration for e in eng.events if e.rank == 0 and e.stream == "compute")
-        assert busy == pytest.approx(4 * (1.0 + 2.0))
+    costs = CostModel.for_gpu(load_gpu("a100-80g"))
+    paper = stage_work(TINY, p, costs, FakeNet(), RankLayout(p))
+    torch_like = stage_work(TINY, p, costs, FakeNet(), RankLayout(p), ExecutorProfile())
+    assert torch_like[0].i == 0.0 and torch_like[0].w == pytest.approx(paper[0].i + paper[0].w)
+    assert torch_like[0].tp_b == 0.0 and torch_like[0].tp_w == paper[0].tp_b
+    assert torch_like[1] == paper[1]
+    assert [w.b for w in torch_like] == pytest.approx([w.b for w in paper])
 
 
 def test_posting_pipeline_sends_and_receives_costs_the_rank_its_post_time() -> None:
@@ -209,18 +208,16 @@ def test_posting_pipeline_sends_and_receives_costs_the_rank_its_post_time() -> N
     GPipe, 2 stages, 2 micro-batches, F = 1, B = 2, free transfers. Without it the makespan is 9;
     with 0.1 s per post the last backward's input arrives 0.2 s later (rank 1 posts its receive
     and its sends between actions, rank 0 its receive before B1)."""
-    from simpar.sim.cost.tables import MeasuredCosts
+    from simpar.sim.cost.profile import ExecutorProfile
+    from simpar.sim.specs.calibration import InRun
 
     p = plan(pp=2, m=2, schedule="gpipe")
-    costs = FixedCosts()
-    _, base = run(p, work(2), lowered=False)
-    env = simpy.Environment()
-    costs.measured = MeasuredCosts(in_run_post=((2, 0.1),))
-    eng, _ = run_engine(TINY, p, schedule_for_plan(p), work(2), costs, FakeNet(), env, EngineOptions())
+    _, base = run(p, work(2))
+    eng, _ = run(p, work(2), profile=ExecutorProfile(in_run=InRun(compute_scale={2: 1.0}, p2p_post_s={2: 0.1})))
     assert base == pytest.approx(9.0)
     assert max(g.finish for g in eng.gpus.values()) == pytest.approx(9.2)
-    for g in eng.gpus.values():  # each rank posts 2 sends and 2 receives
+    for g in eng.gpus.values():  # each rank posts 2 sends and 2 receives, once each
         assert g.acc["pp_comm"] == pytest.approx(0.4)
-    costs.measured = MeasuredCosts(in_run_post=((4, 0.1),))  # measured for other process counts: no cost
-    eng, _ = run_engine(TINY, p, schedule_for_plan(p), work(2), costs, FakeNet(), simpy.Environment(), EngineOptions())
+    # measured for other process counts: no cost
+    eng, _ = run(p, work(2), profile=ExecutorProfile(in_run=InRun(compute_scale={4: 1.0}, p2p_post_s={4: 0.1})))
     assert max(g.finish for g in eng.gpus.values()) == pytest.approx(9.0)

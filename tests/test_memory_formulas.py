@@ -6,8 +6,10 @@ from __future__ import annotations
 import pytest
 from conftest import read_csv_rows
 
-from simpar.sim.cost.memory import closed_form_inflight, deallocated_output_bytes, layer_activation_bytes, model_state_bytes
+from simpar.sim.cost.memory import (EXECUTOR_CPU, deallocated_output_bytes, layer_activation_bytes, memory_report,
+                                    model_state_bytes, plan_profile, restated)
 from simpar.sim.plan import ParallelPlan
+from simpar.sim.specs import load_cluster, load_model
 from simpar.sim.specs.model import ModelSpec
 
 ROWS = read_csv_rows("memory-formulas.csv")
@@ -37,7 +39,7 @@ def test_row(row: dict[str, str]) -> None:
         got = layer_activation_bytes(_gpt(row), _plan(row))
     elif what.startswith("activation bytes on the first pipeline stage"):
         m, p = _gpt(row), _plan(row)
-        got = closed_form_inflight(p)[0] * m.layers / p.pp * layer_activation_bytes(m, p)
+        got = plan_profile(p).inflight[0] * m.layers / p.pp * layer_activation_bytes(m, p)
     elif what.startswith("attention-score term"):
         m = _gpt(row)
         p = ParallelPlan(micro_batch_size=1, global_batch_size=1, schedule="none", flash_attention=False)
@@ -45,7 +47,7 @@ def test_row(row: dict[str, str]) -> None:
         got = (layer_activation_bytes(m, p, "none") - layer_activation_bytes(m, p, "selective")) / sbh
     elif what.startswith("activation bytes saved"):
         m, p = _gpt(row), _plan(row)
-        got = deallocated_output_bytes(m, p, closed_form_inflight(p)[0])
+        got = deallocated_output_bytes(m, p, plan_profile(p).inflight[0])
     else:
         pytest.fail(f"unknown row kind {what!r}")
     assert got == pytest.approx(expected, rel=1e-12, abs=0.5), row["formula"]
@@ -53,3 +55,18 @@ def test_row(row: dict[str, str]) -> None:
 
 def test_all_kinds_covered() -> None:
     assert len(ROWS) >= 100
+
+
+@pytest.mark.parametrize("kw", [dict(pp=4, schedule="1f1b", recompute="full"),
+                                dict(pp=4, vpp=2, schedule="zb-v", zero=3),
+                                dict(dp=4, schedule="none", zero=3, recompute="selective", flash_attention=False),
+                                dict(pp=2, dp=2, schedule="interleaved-1f1b", vpp=2, zero=2, precision="fp8")])
+def test_executor_cpu_conventions_double_activations_and_drop_overheads(kw) -> None:
+    """Under `EXECUTOR_CPU` a rank holds its model states, twice its activations (fp32 elements, the
+    recompute transient included) and its ZeRO-3 gather buffers: no framework overhead, no fragmentation."""
+    model, gpu = load_model("gpt-1.7b"), load_cluster("dgx-a100-80g", gpus=16).gpu
+    plan = ParallelPlan(**{"micro_batch_size": 1, "global_batch_size": 64, **kw})
+    gpu_rep = memory_report(model, plan, gpu)
+    want = [r.weights + r.grads + r.optimizer + 2.0 * r.activations + r.detail["zero3_gather"] for r in gpu_rep.ranks]
+    assert [r.total for r in restated(gpu_rep, model, plan, EXECUTOR_CPU).ranks] == want
+    assert [r.total for r in memory_report(model, plan, gpu, conventions=EXECUTOR_CPU).ranks] == want

@@ -52,15 +52,12 @@ def test_memory_timeline_peak_equals_memory_model(kw) -> None:
     cluster = load_cluster("dgx-a100-80g", gpus=16)
     plan = _plan(**kw)
     res = simulate(MODEL, cluster, plan)
-    closed = memory_report(MODEL, plan, cluster.gpu)  # closed-form in-flight counts
-    sched = schedule_memory_report(MODEL, plan, cluster.gpu)  # read off the schedule
-    for r_sim, r_closed, r_sched in zip(res.memory.ranks, closed.ranks, sched.ranks):
+    profile = memory_report(MODEL, plan, cluster.gpu)  # the schedule's alive profile
+    sched = schedule_memory_report(MODEL, plan, cluster.gpu)  # read off the whole schedule
+    for r_sim, r_prof, r_sched in zip(res.memory.ranks, profile.ranks, sched.ranks):
         assert r_sim.total == pytest.approx(r_sched.total, rel=1e-12)
-        if plan.vpp == 1:
-            assert r_sim.total == pytest.approx(r_closed.total, rel=1e-9)
-        # Interleaved: the closed form counts chunks right but weights them by the rank's mean
-        # chunk bytes (the last chunk also holds the logits), so compare the counts.
-        assert r_sched.inflight == r_closed.inflight
+        assert r_sim.total == pytest.approx(r_prof.total, rel=1e-12)
+        assert r_sim.inflight == r_prof.inflight == r_sched.inflight
 
 
 def test_contention_backend_runs_and_is_not_faster() -> None:
@@ -133,5 +130,6 @@ def test_zero3_in_a_pipeline_is_not_cheaper_than_zero1(kw) -> None:
         assert r3.total >= r1.total
         assert r3.detail["zero3_gather"] == pytest.approx(2 * r3.params)  # all (<= 3) stages gathered
     assert z3.iter_time_s >= z1.iter_time_s
-    closed = memory_report(MODEL, _plan(zero=3, **kw), cluster.gpu)
-    assert [r.detail["zero3_gather"] for r in closed.ranks] == pytest.approx([r.detail["zero3_gather"] for r in z3.memory.ranks])
+    model = memory_report(MODEL, _plan(zero=3, **kw), cluster.gpu)  # the rank's largest 3 stages
+    gathers = [r.detail["zero3_gather"] for r in z3.memory.ranks]
+    assert [r.detail["zero3_gather"] for r in model.ranks] == pytest.approx(gathers)

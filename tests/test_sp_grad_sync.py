@@ -12,12 +12,13 @@ import simpy
 from simpar.sim.calibration.check import kind_errors
 from simpar.sim.calibration.fit import build_calibration
 from simpar.sim.engine.core import EngineOptions, run_engine
-from simpar.sim.cost.tables import MeasuredCosts
+from simpar.sim.cost.profile import MEGATRON, ExecutorProfile
+from simpar.sim.specs.calibration import SpGradSyncRow, validate_calibration
 from simpar.sim.plan import ParallelPlan
-from simpar.sim.schedules import schedule_for_plan
+from simpar.sim.schedules import lower, schedule_for_plan
 from simpar.sim.specs import ModelSpec, load_cluster, load_gpu
 from simpar.sim.engine.trace import TraceEvent
-from simpar.sim.cost.workload import sp_replicated_grads
+from simpar.sim.engine.iteration import sp_replicated_grads
 
 from test_calibrate_fit import measurements  # noqa: E402  (tests/ is on sys.path)
 from test_engine import FakeNet, FixedCosts, work  # noqa: E402
@@ -43,12 +44,16 @@ def test_replicated_gradients_are_the_norms_of_the_ranks_stages():
     assert sp_replicated_grads(GPT, sp_plan(sp=False), [0]) == (0, 0.0)
 
 
-def _run(plan, model, measured=None, net=None):
+def _rows(*rows):
+    """The executor profile with these (tp, arch, seconds per gradient) rows."""
+    return ExecutorProfile(sp_grad_sync=tuple(SpGradSyncRow(tp=t, arch=a, tensor_s=s) for t, a, s in rows))
+
+
+def _run(plan, model, profile=MEGATRON, net=None):
     costs = FixedCosts(opt=0.5)
-    costs.measured = measured
     wk = work(plan.num_stages, f=1.0, i=1.0, w=1.0)
-    eng, _ = run_engine(model, plan, schedule_for_plan(plan), wk, costs, net or FakeNet(coll=0.25), simpy.Environment(),
-                        EngineOptions())
+    eng, _ = run_engine(model, plan, lower(schedule_for_plan(plan), plan), wk, costs, net or FakeNet(coll=0.25),
+                        simpy.Environment(), EngineOptions(), profile=profile)
     return eng, max(g.finish for g in eng.gpus.values())
 
 
@@ -64,14 +69,14 @@ def test_engine_charges_the_reduction_before_the_step_as_tp_comm():
     g = next(iter(eng.gpus.values()))
     assert g.acc["tp_comm"] == pytest.approx(0.25) and g.acc["optimizer"] == pytest.approx(0.5)
 
-    measured = MeasuredCosts(sp_grad_sync=((2, "llama", 0.01), (2, "gpt", 0.03)))
+    measured = _rows((2, "llama", 0.01), (2, "gpt", 0.03))
     eng, t = _run(sp_plan(), LLAMA, measured)
     assert t == pytest.approx(6.0 + 9 * 0.01 + 0.5)
     # another architecture at that tp: the mean of the tp's rows
-    _, t = _run(sp_plan(), ModelSpec(**{**LLAMA.model_dump(), "arch": "gpt"}), MeasuredCosts(sp_grad_sync=((2, "llama", 0.01),)))
+    _, t = _run(sp_plan(), ModelSpec(**{**LLAMA.model_dump(), "arch": "gpt"}), _rows((2, "llama", 0.01)))
     assert t == pytest.approx(6.0 + 18 * 0.01 + 0.5)
     # a tp the calibration did not measure: the network model
-    _, t = _run(sp_plan(), LLAMA, MeasuredCosts(sp_grad_sync=((4, "llama", 0.01),)))
+    _, t = _run(sp_plan(), LLAMA, _rows((4, "llama", 0.01)))
     assert t == pytest.approx(6.75)
     # no sequence parallelism: no reduction at all
     eng, t = _run(sp_plan(sp=False), LLAMA, measured)
@@ -79,7 +84,7 @@ def test_engine_charges_the_reduction_before_the_step_as_tp_comm():
 
 
 def test_pipeline_ranks_reduce_their_own_stages_norms():
-    measured = MeasuredCosts(sp_grad_sync=((2, "llama", 0.01),))
+    measured = _rows((2, "llama", 0.01))
     eng, _ = _run(sp_plan(pp=2, m=4), LLAMA, measured)
     durs = {e.rank: e.duration for e in eng.events if e.kind == "SP_GRAD_SYNC"}
     by_prank = {g.prank: durs[g.rank] for g in eng.gpus.values()}
@@ -89,7 +94,7 @@ def test_pipeline_ranks_reduce_their_own_stages_norms():
 def test_sweep_estimate_charges_what_the_engine_charges(monkeypatch):
     """A one-second reduction (patched in where both use it) moves the engine and the sweep's
     estimates alike, and lands in the estimate's tp_comm."""
-    import simpar.sim.engine.core as engine
+    import simpar.sim.engine.iteration as iteration
     import simpar.sim.sweep.estimator as rank
     from simpar.sim.engine.core import EngineOptions
     from simpar.sim.engine.simulate import simulate
@@ -97,10 +102,9 @@ def test_sweep_estimate_charges_what_the_engine_charges(monkeypatch):
     from simpar.sim.sweep.evaluate import Evaluator, SweepSetup
     from simpar.sim.sweep.space import Config, SearchSpace
 
-    def one_second(m, plan, stages, costs, net, group):
-        return 1.0 if plan.sequence_parallel else 0.0
-    monkeypatch.setattr(engine, "sp_grad_sync_time", one_second)
-    monkeypatch.setattr(rank, "sp_grad_sync_time", one_second)
+    def one_second(m, plan, stages, group, profile):
+        return iteration.Comm("all-reduce", group, 0.0, 1.0) if plan.sequence_parallel else None
+    monkeypatch.setattr(iteration, "sp_grad_sync", one_second)
     ev = Evaluator(SweepSetup(load_model("gpt-7.5b"), load_cluster("dgx-a100-80g", gpus=32), 32, 128, SearchSpace(), token="t"))
     for case in ((4, 4, 2, 1, 1, 1, "1f1b", 1, "none", True), (8, 1, 4, 1, 1, 2, "none", 1, "none", True)):
         plan, reason = ev.plan(Config(*case))
@@ -119,7 +123,8 @@ def test_fit_writes_seconds_per_gradient():
                                        {"tp": 2, "arch": "llama", "tensors": 0, "time_s": 0.0}]
     doc = build_calibration(meas, load_gpu("cpu"), load_cluster("cpu-host", gpus=2), date="2026-01-01", software={})
     assert doc["sp_grad_sync"] == [{"tp": 2, "arch": "gpt", "tensor_s": pytest.approx(0.003)}]
-    assert MeasuredCosts.from_calibration(doc).sp_grad_sync_time(10, 2, "gpt") == pytest.approx(0.03)
+    profile = ExecutorProfile.of(validate_calibration(doc, "(test)"))
+    assert profile.sp_sync_seconds(sp_plan(), "gpt", 10) == pytest.approx(0.03)
 
 
 def test_closed_loop_compares_the_executors_step_with_sync_plus_step():

@@ -1,4 +1,5 @@
-"""The sweep's memory screen equals the schedule-aware memory report it stands in for."""
+"""The sweep's memory screen equals the memory report it stands in for, and the schedule's alive
+profile it reads equals the whole schedule's activation peaks."""
 
 from __future__ import annotations
 
@@ -6,10 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simpar.sim.cost.memory import schedule_memory_report
+from simpar.sim.cost.memory import STEADY, alive_profile, cached_profile, memory_report, schedule_memory_report
 from simpar.sim.schedules import build_schedule, peak_activation_units, peak_inflight
 from simpar.sim.specs import load_cluster, load_model
-from simpar.sim.sweep.memory_screen import STEADY, FitModel, alive_profile, cached_profile
+from simpar.sim.sweep.memory_screen import MemoryScreen
 from simpar.sim.sweep.space import SearchSpace, checked_plan, enumerate_configs
 
 SCHEDS = [("1f1b", 1), ("zb-h1", 1), ("zb-h2", 1), ("zb-1p", 1), ("zb-2p", 1), ("zb-v", 2), ("interleaved-1f1b", 2),
@@ -37,19 +38,20 @@ def test_profile_stops_changing_after_a_few_pp_microbatches(name, vpp, pp):
         assert cached_profile(name, pp, vpp, m) == short
 
 
-def test_fit_model_equals_the_schedule_memory_report():
+def test_screen_equals_the_memory_report():
     model, cluster = load_model("gpt-7.5b"), load_cluster("dgx-a100-40g", gpus=16)
     space = SearchSpace(mbs=(1, 4), max_cp=2)
-    fm = FitModel(model, cluster.gpu)
+    screen = MemoryScreen(model, cluster.gpu)
     checked = 0
     for cfg in enumerate_configs(model, cluster, 16, space)[::7]:
         plan, _ = checked_plan(cfg, model, cluster, 64, space)
         if plan is None:
             continue
+        rep = screen.report(plan)
+        assert rep == memory_report(model, plan, cluster.gpu), cfg.id  # the same model, cached
         ref = schedule_memory_report(model, plan, cluster.gpu)  # full schedule, no caching
-        fit = fm.fit(plan)
-        assert fit.totals == pytest.approx([r.total for r in ref.ranks], rel=1e-12), cfg.id
-        assert fit.fits == ref.fits and fit.peak_rank == ref.peak.pipeline_rank
+        assert [r.total for r in rep.ranks] == pytest.approx([r.total for r in ref.ranks], rel=1e-12), cfg.id
+        assert rep.fits == ref.fits and rep.peak.pipeline_rank == ref.peak.pipeline_rank
         checked += 1
     assert checked > 50
 
@@ -59,6 +61,6 @@ def test_oom_reason_names_rank_and_excess():
     from simpar.sim.sweep.space import Config
 
     plan, _ = checked_plan(Config(1, 1, 8, 1, 1, 4, "none", 0, "none", False), model, cluster, 64, SearchSpace())
-    fit = FitModel(model, cluster.gpu).fit(plan)
-    assert not fit.fits
-    assert fit.reason().startswith(f"does not fit by {fit.over_by / 2**30:.2f} GiB on pipeline rank 0 (needs ")
+    rep = MemoryScreen(model, cluster.gpu).report(plan)
+    assert not rep.fits
+    assert rep.reason().startswith(f"does not fit by {rep.over_by / 2**30:.2f} GiB on pipeline rank 0 (needs ")

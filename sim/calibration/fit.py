@@ -51,6 +51,7 @@ from typing import Any, Callable, Sequence
 
 from ..specs.calibration import CALIBRATION_VERSION, EfficiencyParams, validate_calibration
 from ..cost.compute import CostModel, causal_attention_fraction
+from ..cost.tables import optimizer_seconds
 from ..network import make_network
 from ..network.constants import BASE_LATENCY_US
 from ..plan import ParallelPlan
@@ -302,7 +303,14 @@ def fit_report(doc: dict[str, Any], meas: dict[str, Any], gpu: GPUSpec, cluster:
     out["attention_fwd"] = _errors([cm.attention_time(causal_flops(r), fit_dtype)[0] for r in at], [r["fwd_s"] for r in at])
     out["attention_bwd"] = _errors([cm.attention_time(causal_flops(r), fit_dtype)[1] for r in at], [r["bwd_s"] for r in at])
     op = comp.get("optimizer", [])
-    out["optimizer"] = _errors([cm.optimizer_time(r["params"], r.get("tp", 1)) for r in op], [r["time_s"] for r in op])
+    calib = validate_calibration(doc, "(fitting)", gpu.name)
+
+    def step(r: dict) -> float:  # DTensor rows (tp > 1) through their own table, as the executor profile reads them
+        tp = r.get("tp", 1)
+        rows = [x for x in calib.optimizer if x.tp == tp]
+        return cm.optimizer_time(r["params"]) if tp == 1 else float(optimizer_seconds(rows, r["params"]) or 0.0)
+
+    out["optimizer"] = _errors([step(r) for r in op], [r["time_s"] for r in op])
     op_an = _errors([analytic.optimizer_time(r["params"]) for r in op], [r["time_s"] for r in op])
     if op_an:
         out["optimizer_analytical"] = op_an

@@ -188,7 +188,7 @@ class Calibration(BaseModel):
     source: str = "calibration"
     date: str = ""
     software: dict[str, Any] = {}
-    compute: dict[str, float] = {}
+    compute: dict[str, float]
     network: dict[str, Any] = {}
     layers: tuple[LayerRow, ...] = ()
     optimizer: tuple[OptimizerRow, ...] = ()
