@@ -24,7 +24,7 @@ ZeRO-2 plan.
 
 Every process of the benchmark calls `run_in_run_plans` at once, inside its process group.
 Each row is one REDUCE_GRAD of a stage with ``units`` FSDP units and ``bytes`` of fp32
-gradients; `simpar.sim.calibrate_fit.fit_grad_reduce` fits
+gradients; `simpar.sim.calibration.fit.fit_grad_reduce` fits
 seconds = units x unit_s + bytes x s_per_byte per collective.
 
 Compute inside a run:
@@ -34,7 +34,7 @@ inside a run than in the layer benchmarks, although those run every process's co
 (2 processes on 2 cores: about 10 % in this project's measurements): gloo's communication
 threads, the runtime's own work and the allocator's state of a whole model compete with it.
 Each ``compute`` row holds one run's model, plan and median F and B seconds;
-`simpar.sim.calibrate_fit.fit_in_run` compares them with what the calibration's own tables
+`simpar.sim.calibration.fit.fit_in_run` compares them with what the calibration's own tables
 predict for the same model and keeps the ratio as ``in_run.compute_scale`` per process count.
 """
 

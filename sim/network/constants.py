@@ -158,6 +158,8 @@ def network_overrides(calibration: "Calibration | dict[str, Any] | None", cluste
         return None
     if isinstance(calibration, Calibration):
         calibration = calibration.network
+    elif "simpar_calibration_version" in calibration:  # a calibration document still being fitted
+        calibration = calibration.get("network") or {}
     if not calibration:
         return None
     groups = set(NetworkConstants.__dataclass_fields__)
