@@ -135,8 +135,7 @@ def _gathers(eng, rank_key=(0, 0, 0)) -> dict[int, int]:
     out: dict[int, int] = {}
     for e in eng.events:
         if e.kind == "ZERO_GATHER" and e.rank == eng.gpus[(rank_key, 0)].rank:
-            stage = int(e.name.split("'params', ")[1].split(")")[0])
-            out[stage] = out.get(stage, 0) + 1
+            out[e.stage] = out.get(e.stage, 0) + 1
     return out
 
 

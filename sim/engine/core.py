@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import gc
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import simpy
 
@@ -74,7 +74,6 @@ class _Transfer:
 
     arrival: simpy.Event
     sent_at: float | None = None
-    extra: dict = field(default_factory=dict)
 
 
 class Engine:
@@ -90,7 +89,7 @@ class Engine:
         self.events: list[TraceEvent] = []
         self.transfers: dict[tuple, _Transfer] = {}
         self.pending: dict[tuple, _Rendezvous] = {}
-        self.last_bwd = self._last_backward_index()
+        self.last_bwd = self._last_backward()
         self.policy = plan.zero_policy
         self.post_s = profile.post_seconds(plan)
         self.tied = it.tied_embedding_ranks(model, plan)
@@ -109,13 +108,13 @@ class Engine:
             return [(0, 0, 0)]
         return [(d, c, t) for d in range(p.dp) for c in range(p.cp) for t in range(p.tp)]
 
-    def _last_backward_index(self) -> dict[tuple[int, int], int]:
-        """(pipeline rank, stage) -> index of the stage's last weight-gradient action."""
-        out: dict[tuple[int, int], int] = {}
+    def _last_backward(self) -> dict[tuple[int, int], Action]:
+        """(pipeline rank, stage) -> the stage's last weight-gradient action on that rank."""
+        out: dict[tuple[int, int], Action] = {}
         for r, acts in enumerate(self.sched.ranks):
-            for i, a in enumerate(acts):
+            for a in acts:
                 if a.kind in (Kind.B, Kind.W):
-                    out[(r, a.stage)] = i
+                    out[(r, a.stage)] = a
         return out
 
     def _dp_group(self, rank: int) -> tuple[int, ...]:
@@ -282,7 +281,7 @@ class Engine:
         if self.policy is ZeroPolicy.PER_UNSHARD:
             yield from self._wait_gather(g, s)
         secs, tp = {Kind.B: (w.b, w.tp_bw), Kind.I: (w.i, w.tp_b), Kind.W: (w.w, w.tp_w)}[k]
-        last = self.last_bwd.get((g.prank, s)) == self._index
+        last = self.last_bwd.get((g.prank, s)) == a
         if self.opt.overlap_grad_reduce and last and self.policy is not ZeroPolicy.PER_LAYER:
             # gradient buckets become ready during this last weight-gradient pass
             self._start_reduction(g, s, self.env.now, secs + (0.0 if self.opt.overlap_tp else tp))
@@ -351,8 +350,7 @@ class Engine:
             for s in self.plan.rank_stages[g.prank]:
                 self._zero_gather(g, s)
         handlers = self.HANDLERS
-        for idx, a in enumerate(actions):
-            self._index = idx
+        for a in actions:
             yield from handlers[a.kind](self, g, a)
         yield from self._finish(g)
 
