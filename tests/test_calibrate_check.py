@@ -13,6 +13,7 @@ import pytest
 from simpar.sim.calibration.check import CHECK_PLANS, run_check, settled
 from simpar.sim.calibration.report import markdown
 from simpar.sim.specs import load_cluster
+from simpar.sim.specs.calibration import Calibration, validate_calibration
 from simpar.sim.engine.trace import TraceEvent, write_trace
 
 CASES = tuple(c for c in CHECK_PLANS if c.name in ("gpt-pp2-1f1b-mbs2", "gpt-dp2-zero0-mbs2", "gpt-single-mbs4-full"))
@@ -39,9 +40,9 @@ class FakeExecutor:
 
 
 @pytest.fixture
-def calibration() -> dict:
-    return {"simpar_calibration_version": 1, "device": {"gpu": "cpu", "kind": "cpu"}, "compute": {},
-            "probe": {"what": "matmul", "time_s": 2e-3}}
+def calibration() -> Calibration:
+    return validate_calibration({"simpar_calibration_version": 1, "device": {"gpu": "cpu", "kind": "cpu"},
+                                 "compute": {}, "probe": {"what": "matmul", "time_s": 2e-3}}, "test")
 
 
 def test_rounds_alternate_order_and_pool_every_timed_step(tmp_path, calibration):
@@ -100,8 +101,7 @@ def test_plans_whose_rounds_disagree_run_again_up_to_max_rounds(tmp_path, calibr
 
 
 def test_without_a_probe_the_drift_columns_stay_empty(tmp_path, calibration):
-    del calibration["probe"]
-    doc = run_check(load_cluster("cpu-host"), calibration, tmp_path, FakeExecutor(slow=[1.0]), cases=CASES[:1])
+    doc = run_check(load_cluster("cpu-host"), calibration.model_copy(update={"probe": None}), tmp_path, FakeExecutor(slow=[1.0]), cases=CASES[:1])
     (row,) = doc["plans"]
     assert "speed_ratio" not in row and row["round_spread"] is None
     assert doc["summary"]["iteration_time_drift_adjusted"] is None

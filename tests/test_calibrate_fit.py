@@ -19,7 +19,6 @@ from simpar.sim.cost.compute import CostModel
 from simpar.sim.errors import SpecError
 from simpar.sim.cost.profile import ExecutorProfile
 from simpar.sim.cost.tables import MeasuredTables
-from simpar.sim.specs.calibration import validate_calibration
 from simpar.sim.network import make_network
 from simpar.sim.plan import ParallelPlan
 from simpar.sim.specs import ModelSpec, load_cluster, load_gpu
@@ -143,7 +142,7 @@ def test_built_calibration_is_valid_and_drives_the_cost_model(tmp_path):
 
 
 def test_gpu_tables_need_the_plan_dtype():
-    doc = {"simpar_calibration_version": 1, "device": {"gpu": "h100-sxm", "kind": "cuda"},
+    doc = {"simpar_calibration_version": 1, "device": {"gpu": "h100-sxm", "kind": "cuda"}, "compute": {},
            "layers": [{"arch": "gpt", "hidden": 8, "heads": 1, "kv_heads": 1, "ffn": 8, "seq": 4,
                        "mbs": 1, "tp": 1, "dtype": "bf16", "f_s": 1.0, "i_s": 1.0, "w_s": 1.0}]}
     mc = MeasuredTables.of(validate_calibration(doc, "(test)"))
@@ -250,7 +249,7 @@ def test_grad_reduce_fit_recovers_per_unit_and_per_byte_terms():
     assert min(rs["unit_s"], rs["s_per_byte"]) == 0.0 and max(rs["unit_s"], rs["s_per_byte"]) > 0
     # the engine times a non-overlapped REDUCE_GRAD from the table: units x unit_s + bytes x s_per_byte
     prof = ExecutorProfile.of(validate_calibration({"simpar_calibration_version": 1, "device": {"gpu": "cpu"},
-                                                    "grad_reduce": fit}, "(test)"))
+                                                    "compute": {}, "grad_reduce": fit}, "(test)"))
     dp2, dp4 = (ParallelPlan(dp=n, global_batch_size=n, schedule="none") for n in (2, 4))
     assert prof.reduction_seconds(dp2, "all-reduce", 4, 1e7, False) == pytest.approx(
         5 * fit["all-reduce"]["unit_s"] + 1e7 * fit["all-reduce"]["s_per_byte"])
@@ -270,10 +269,11 @@ def test_engine_times_the_executors_reduce_grad_from_the_in_situ_table():
     cl = load_cluster("cpu-host", gpus=2)
     doc = {"simpar_calibration_version": 1, "device": {"gpu": "cpu", "kind": "cpu"}, "compute": {},
            "grad_reduce": {"all-reduce": {"group": 2, "unit_s": 2e-3, "s_per_byte": 5e-9}}}
-    validate_calibration(doc, "c.json", "cpu")
-    red = [e for e in simulate(m, cl, plan, calibration=doc, options=EXECUTOR_OPTIONS).events if e.kind == "REDUCE_GRAD"]
+    calib = validate_calibration(doc, "c.json", "cpu")
+    red = [e for e in simulate(m, cl, plan, calibration=calib, options=EXECUTOR_OPTIONS,
+                               profile=ExecutorProfile.of(calib)).events if e.kind == "REDUCE_GRAD"]
     assert red and red[0].duration == pytest.approx(5 * 2e-3 + 4 * rank_params(m, plan, [0]) * 5e-9)
-    default = [e for e in simulate(m, cl, plan, calibration=doc).events if e.kind == "REDUCE_GRAD"]
+    default = [e for e in simulate(m, cl, plan, calibration=calib).events if e.kind == "REDUCE_GRAD"]
     assert sum(e.duration for e in default) < red[0].duration / 2
 
 
@@ -292,11 +292,11 @@ def test_engine_and_sweep_time_a_zero2_parameter_gather_from_the_in_situ_table()
     row = {"group": 2, "unit_s": 2e-3, "s_per_byte": 1e-9}
     doc = {"simpar_calibration_version": 1, "device": {"gpu": "cpu", "kind": "cpu"}, "compute": {},
            "grad_reduce": {"all-gather": row}}
-    validate_calibration(doc, "c.json", "cpu")
 
-    def gathers(zero, calibration):
+    def gathers(zero, doc):
         plan = ParallelPlan(dp=2, zero=zero, micro_batch_size=2, global_batch_size=8, schedule="none")
-        res = simulate(m, cl, plan, calibration=calibration, options=EXECUTOR_OPTIONS)
+        calib = validate_calibration(doc, "c.json", "cpu")
+        res = simulate(m, cl, plan, calibration=calib, options=EXECUTOR_OPTIONS, profile=ExecutorProfile.of(calib))
         return plan, [e for e in res.events if e.kind == "ZERO_GATHER"], res.iter_time_s
 
     plan, got, with_row = gathers(2, doc)
@@ -307,8 +307,10 @@ def test_engine_and_sweep_time_a_zero2_parameter_gather_from_the_in_situ_table()
     _, zero1, _ = gathers(1, doc)
     assert zero1 and zero1[0].duration == pytest.approx(net[0].duration)
 
-    def estimated(calibration):
-        ev = Evaluator(SweepSetup(m, cl, 2, 8, calibration=calibration, options=EXECUTOR_OPTIONS, token=str(id(calibration))))
+    def estimated(doc):
+        calib = validate_calibration(doc, "c.json", "cpu")
+        ev = Evaluator(SweepSetup(m, cl, 2, 8, calibration=calib, options=EXECUTOR_OPTIONS, token=str(id(calib)),
+                                  profile=ExecutorProfile.of(calib)))
         return oracle_estimate(ev.inputs(plan)).iter_time_s
 
     assert estimated(doc) - estimated({**doc, "grad_reduce": {}}) == pytest.approx(with_row - without, rel=1e-3)
@@ -324,7 +326,8 @@ def test_in_run_model_is_recovered_and_applies_to_plans_of_that_many_processes()
 
     gpu = load_gpu("cpu")
     doc = {"simpar_calibration_version": 1, "device": {"gpu": "cpu", "kind": "cpu"}, "compute": {"mm_eff_max": 0.5}}
-    costs = CostModel.for_gpu(gpu, doc)
+    calib = validate_calibration(doc, "c.json", "cpu")
+    costs = CostModel.for_gpu(gpu, calib)
     rng, post_rng = random.Random(3), random.Random(4)
     rows = []
     runs = [(layers, ParallelPlan(dp=2, zero=zero, micro_batch_size=1, global_batch_size=8, schedule="none"))
@@ -346,8 +349,8 @@ def test_in_run_model_is_recovered_and_applies_to_plans_of_that_many_processes()
     for plan, (k, a) in ((ParallelPlan(pp=2, micro_batch_size=2, global_batch_size=8), (k, a)),
                          (ParallelPlan(micro_batch_size=2, global_batch_size=8, schedule="none"), (1.0, 0.0))):
         cl = load_cluster("cpu-host", gpus=2)
-        base = [e for e in simulate(m, cl, plan, calibration=doc).events if e.kind == "F"]
-        got = [e for e in simulate(m, cl, plan, calibration=fitted).events if e.kind == "F"]
+        base = [e for e in simulate(m, cl, plan, calibration=calib, profile=ExecutorProfile.of(calib)).events if e.kind == "F"]
+        got = [e for e in simulate(m, cl, plan, calibration=fitted, profile=ExecutorProfile.of(fitted)).events if e.kind == "F"]
         assert [e.duration for e in got] == pytest.approx([a + k * e.duration for e in base])
 
 
@@ -361,7 +364,7 @@ def test_in_run_rows_are_brought_to_the_fastest_probe_before_the_fit():
     gpu = load_gpu("cpu")
     doc = {"simpar_calibration_version": 1, "device": {"gpu": "cpu", "kind": "cpu"}, "compute": {"mm_eff_max": 0.5},
            "probe": {"what": "matmul", "time_s": 2.2e-3, "times_s": [2.4e-3, 2e-3]}}
-    costs = CostModel.for_gpu(gpu, doc)
+    costs = CostModel.for_gpu(gpu, validate_calibration(doc, "c.json", "cpu"))
     rows, slow = [], []
     for layers in (2, 4):
         plan = ParallelPlan(pp=2, micro_batch_size=1, global_batch_size=4)

@@ -5,13 +5,13 @@ back to the code defaults, and a malformed default file is a clear error, never 
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 import simpar.sim.specs.loader as loader
-from simpar.sim.specs.calibration import default_calibration, default_calibration_path
+from simpar.sim.specs.calibration import (default_calibration, default_calibration_path,
+                                           validate_calibration)
 from simpar.sim.cost.compute import CostModel, EfficiencyParams, causal_attention_fraction
 from simpar.sim.errors import SpecError
 from simpar.sim.specs import load_gpu
@@ -21,12 +21,12 @@ GPUS = ("a100-40g", "a100-80g", "h100-sxm", "h200", "b200")
 
 @pytest.mark.parametrize("name", GPUS)
 def test_every_gpu_preset_has_a_documented_default(name: str) -> None:
-    doc = default_calibration(name)
-    assert doc is not None and doc["device"]["gpu"] == name
-    assert set(doc["compute"]) == set(EfficiencyParams.__dataclass_fields__)
-    assert set(doc["notes"]) >= set(doc["compute"])  # every parameter has its source / justification
+    calib = default_calibration(name)
+    assert calib is not None and calib.device.gpu == name
+    assert set(calib.compute) == set(EfficiencyParams.model_fields)
+    assert calib.notes is not None and set(calib.notes) >= set(calib.compute)  # every parameter is sourced
     cm = CostModel.for_gpu(load_gpu(name))
-    assert cm.eff == EfficiencyParams(**{k: float(v) for k, v in doc["compute"].items()})
+    assert cm.eff == EfficiencyParams(**{k: float(v) for k, v in calib.compute.items()})
     assert name in cm.source
     assert 0.3 < cm.eff.mm_eff_max < 0.95 and 0 < cm.eff.attn_eff_bwd <= cm.eff.attn_eff_fwd < 1
 
@@ -34,10 +34,10 @@ def test_every_gpu_preset_has_a_documented_default(name: str) -> None:
 def test_explicit_calibration_overrides_key_by_key() -> None:
     gpu = load_gpu("h100-sxm")
     base = CostModel.for_gpu(gpu).eff
-    calib = {"simpar_calibration_version": 1, "device": {"gpu": "h100-sxm"}, "source": "measured here",
-             "compute": {"mm_eff_max": 0.5}}
+    calib = validate_calibration({"simpar_calibration_version": 1, "device": {"gpu": "h100-sxm"},
+                                  "source": "measured here", "compute": {"mm_eff_max": 0.5}}, "test")
     cm = CostModel.for_gpu(gpu, calib)
-    assert cm.eff == replace(base, mm_eff_max=0.5)
+    assert cm.eff == base.model_copy(update={"mm_eff_max": 0.5})
     assert cm.source == "measured here"
     assert cm.matmul_time(4096, 4096, 4096) > CostModel.for_gpu(gpu).matmul_time(4096, 4096, 4096)
 
