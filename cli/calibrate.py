@@ -217,10 +217,10 @@ def _check(calib_path: Path, out: Path, plans: str | None, steps: int, warmup: i
         click.echo(f"warning: plans with {max(c.nproc for c in cases)} processes on {os.cpu_count()} cores: timings share cores", err=True)
 
     def runner(plan_dir: Path, run_out: Path, nproc: int) -> None:
-        from simpar.executor.launch import run_torchrun, torchrun_command, validate
+        from simpar.executor.launch import run_torchrun, torchrun_command, check_inputs
 
         plan, sched = plan_dir / "plan.json", plan_dir / "schedule.csv"
-        validate(plan, sched, nproc, "auto", device)
+        check_inputs(plan, sched, nproc, "auto", device)
         cmd = torchrun_command(plan, sched, run_out, nproc, steps=steps, warmup=warmup, device=device)
         rc = run_torchrun(cmd)
         if rc:

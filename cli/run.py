@@ -34,13 +34,13 @@ def run(plan_path, schedule_path, steps, warmup, device, nproc, precision, seed,
     For several nodes, run the printed command (--dry-run) under torchrun on every node; see
     simpar/executor/launch.py.
     """
-    from simpar.executor.launch import run_torchrun, torchrun_command, validate
+    from simpar.executor.launch import run_torchrun, torchrun_command, check_inputs
 
     from simpar.sim.specs.planfile import read_plan_file
 
     plan, _ = read_plan_file(plan_path)
     world = plan.num_gpus if nproc is None else nproc
-    validate(plan_path, schedule_path, world, precision, device)
+    check_inputs(plan_path, schedule_path, world, precision, device)
     cmd = torchrun_command(plan_path, schedule_path, out, world, steps=steps, warmup=warmup, device=device,
                            precision=precision, seed=seed, timeout_s=timeout_s, verify=verify)
     if dry_run:

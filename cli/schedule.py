@@ -7,7 +7,7 @@ import json
 
 import click
 
-from simpar.sim.schedules import SCHEDULE_NAMES, StageCosts, build_schedule, list_schedule, parse_costs, peak_inflight, validate, write_csv
+from simpar.sim.schedules import SCHEDULE_NAMES, StageCosts, build_schedule, list_schedule, parse_costs, peak_inflight, check_schedule, write_csv
 from simpar.sim.schedules.render import format_grid
 
 _DEFAULT_VPP = {"interleaved-1f1b": 2, "zb-v": 2}
@@ -33,7 +33,7 @@ def schedule(name: str, pp: int, m: int, vpp: int | None, costs: str | None, csv
     rank_costs = parse_costs(costs) if costs else StageCosts.uniform()
     stage_costs = StageCosts.per_rank(vpp, rank_costs.t_f[0], rank_costs.t_i[0], rank_costs.t_w[0], rank_costs.t_comm[0])
     sched = build_schedule(name, pp, vpp, m, stage_costs)
-    validate(sched)
+    check_schedule(sched)
     res = list_schedule(sched, stage_costs)
     peaks = peak_inflight(sched)
     if csv_path:

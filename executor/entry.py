@@ -20,7 +20,7 @@ from pathlib import Path
 from simpar.sim.errors import SimparError
 from simpar.sim.specs.planfile import read_plan_file
 from simpar.sim.engine.trace import write_trace
-from .launch import DEFAULT_TIMEOUT_S, validate
+from .launch import DEFAULT_TIMEOUT_S, check_inputs
 
 log = logging.getLogger("simpar.executor")
 
@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         plan, model = read_plan_file(args.plan)
-        validate(args.plan, args.schedule, int(os.environ.get("WORLD_SIZE", "1")), args.precision, args.device)
+        check_inputs(args.plan, args.schedule, int(os.environ.get("WORLD_SIZE", "1")), args.precision, args.device)
     except SimparError as exc:
         print(f"error: {exc}", file=sys.stderr)  # the worker's own report, before any collective
         return 2

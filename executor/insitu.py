@@ -31,7 +31,7 @@ Compute inside a run:
 
 The same runs also time their F and B actions. On a CPU host the executor's compute is slower
 inside a run than in the layer benchmarks, although those run every process's compute at once
-(2 processes on 2 cores: about 10 % in this project's measurements): gloo's communication
+(2 processes on 2 cores: about 10 %): gloo's communication
 threads, the runtime's own work and the allocator's state of a whole model compete with it.
 Each ``compute`` row holds one run's model, plan and median F and B seconds;
 `simpar.sim.calibration.fit.fit_in_run` compares them with what the calibration's own tables

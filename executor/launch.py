@@ -31,7 +31,7 @@ from .checks import check_precision, check_run, has_comms, read_schedule_file, t
 DEFAULT_TIMEOUT_S = 300  # process-group timeout: a deadlock ends here, not after torch's 30 min
 
 
-def validate(plan_path: str | Path, schedule_path: str | Path, world_size: int, precision: str, device: str, deep: bool = True):
+def check_inputs(plan_path: str | Path, schedule_path: str | Path, world_size: int, precision: str, device: str, deep: bool = True):
     """Every check that can run before processes start. ``deep`` adds torch's own lowering
     and deadlock dry-run (imports torch)."""
     plan, model = read_plan_file(plan_path)

@@ -3,8 +3,7 @@ every executor run, so that a closed-loop check can say how fast the device ran 
 measured run compared with the calibration.
 
 A shared or virtual host changes speed over minutes (other tenants, frequency scaling, a
-hypervisor's CPU steal): on this project's 2-core VM a plan's iteration time moved by 20 %
-between two runs minutes apart. A prediction made from a calibration measured in a fast spell
+hypervisor's CPU steal), by 10-25 % between runs minutes apart on a small shared VM. A prediction made from a calibration measured in a fast spell
 then looks wrong by exactly that much on a run made in a slow one. The probe does not correct
 any prediction; it shows the drift beside each error (``simpar calibrate --check``'s
 ``speed`` column), so that model error and device drift can be told apart.

@@ -10,7 +10,7 @@ import pytest
 from simpar.sim.errors import ScheduleError
 from simpar.sim.plan import ParallelPlan, _check_schedule
 from simpar.sim.schedules import (
-    SCHEDULE_NAMES, Kind, StageCosts, build_schedule, list_schedule, lower, peak_inflight, schedule_for_plan, validate,
+    SCHEDULE_NAMES, Kind, StageCosts, build_schedule, list_schedule, lower, peak_inflight, schedule_for_plan, check_schedule,
 )
 
 PM = [(2, 2), (2, 5), (4, 4), (4, 8), (4, 13), (8, 8), (8, 24)]
@@ -64,7 +64,7 @@ def test_interleaved_uneven_groups() -> None:
     s = build_schedule("interleaved-1f1b", 2, 2, 5)  # groups {0, 1} and {2, 3, 4}
     fwd0 = [str(a) for a in s.ranks[0] if a.kind is Kind.F]
     assert fwd0 == ["0F0", "0F1", "2F0", "2F1", "0F2", "0F3", "0F4", "2F2", "2F3", "2F4"]
-    validate(s)
+    check_schedule(s)
 
 
 @pytest.mark.parametrize("pp,v,m", [(2, 2, 3), (4, 2, 6), (4, 3, 10), (8, 2, 13), (3, 4, 5)])
@@ -182,7 +182,7 @@ def test_bad_input(name: str, pp: int, vpp: int, m: int, field: str) -> None:
 def test_all_names_build() -> None:
     for name in SCHEDULE_NAMES:
         pp, vpp = (1, 1) if name == "none" else (3, 2 if name in ("zb-v", "interleaved-1f1b") else 1)
-        validate(build_schedule(name, pp, vpp, 5))
+        check_schedule(build_schedule(name, pp, vpp, 5))
 
 
 def test_speed() -> None:

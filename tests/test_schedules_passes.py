@@ -8,7 +8,7 @@ import pytest
 
 from simpar.sim.errors import ScheduleError
 from simpar.sim.plan import ParallelPlan
-from simpar.sim.schedules import Action, Kind, Schedule, build_schedule, lower, schedule_for_plan, validate
+from simpar.sim.schedules import Action, Kind, Schedule, build_schedule, lower, schedule_for_plan, check_schedule
 
 
 def strs(acts) -> list[str]:
@@ -22,7 +22,7 @@ def test_lower_1f1b_exact() -> None:
     assert strs(low.ranks[1]) == ["1RECV_F0", "1F0", "1R0", "1B0", "1SEND_B0", "1RECV_F1", "1F1", "1R1", "1B1",
                                   "1SEND_B1", "1REDUCE_GRAD"]
     assert low.lowered and low.meta["recompute"] == "full"
-    validate(low)
+    check_schedule(low)
 
 
 def test_lower_does_not_mutate_and_round_trips_compute_only() -> None:
@@ -47,7 +47,7 @@ def test_v_shape_sends_only_across_ranks() -> None:
     kinds = Counter(a.kind for acts in low.ranks for a in acts)
     # boundaries 0|1 and 2|3 cross ranks, 1|2 stays on rank 1: 2 boundaries x 2 mbs, each way
     assert kinds[Kind.SEND_F] == kinds[Kind.RECV_F] == kinds[Kind.SEND_B] == kinds[Kind.RECV_B] == 4
-    validate(low)
+    check_schedule(low)
 
 
 def test_zero3_unshard_reshard() -> None:
@@ -65,7 +65,7 @@ def test_zero3_unshard_reshard() -> None:
         assert not live
     assert not any(a.kind is Kind.UNSHARD for acts in lower(build_schedule("1f1b", 2, 1, 2), zero=1).ranks for a in acts)
     assert all(any(a.kind is Kind.UNSHARD for a in acts) for acts in lower(build_schedule("1f1b", 2, 1, 2), zero=2).ranks)
-    validate(low)
+    check_schedule(low)
 
 
 def test_lower_from_plan() -> None:
@@ -101,13 +101,13 @@ GOOD = ["0F0 0F1 0B0 0B1", "1F0 1B0 1F1 1B1"]
 ])
 def test_validate_rejects(rows: list[str], match: str) -> None:
     with pytest.raises(ScheduleError, match=match):
-        validate(sched(rows))
+        check_schedule(sched(rows))
 
 
 def test_validate_accepts_good_and_flags_lowered_kinds() -> None:
-    validate(sched(GOOD))
+    check_schedule(sched(GOOD))
     with pytest.raises(ScheduleError, match="not marked lowered"):
-        validate(sched(["0F0 0SEND_F0 0F1 0SEND_F1 0B0 0B1", "1F0 1B0 1F1 1B1"]))
+        check_schedule(sched(["0F0 0SEND_F0 0F1 0SEND_F1 0B0 0B1", "1F0 1B0 1F1 1B1"]))
 
 
 @pytest.mark.parametrize("rank,edit,match", [
@@ -120,16 +120,16 @@ def test_validate_lowered(rank: int, edit, match: str) -> None:
     low = lower(sched(GOOD))
     rows = [" ".join(edit(strs(acts)) if r == rank else strs(acts)) for r, acts in enumerate(low.ranks)]
     with pytest.raises(ScheduleError, match=match):
-        validate(sched(rows, lowered=True))
+        check_schedule(sched(rows, lowered=True))
 
 
 def test_recv_missing_is_reported() -> None:
     low = lower(sched(GOOD))
     rows = [" ".join(a for a in strs(acts) if a != "1RECV_F1") for acts in low.ranks]
     with pytest.raises(ScheduleError, match="stage 1 microbatch 1: 0 RECV_F actions, expected 1"):
-        validate(sched(rows, lowered=True))
+        check_schedule(sched(rows, lowered=True))
 
 
 def test_recompute_must_sit_between_f_and_backward() -> None:
     with pytest.raises(ScheduleError, match="between the F and the backward"):
-        validate(sched(["0R0 0F0 0F1 0B0 0B1", "1F0 1B0 1F1 1B1"], lowered=True))
+        check_schedule(sched(["0R0 0F0 0F1 0B0 0B1", "1F0 1B0 1F1 1B1"], lowered=True))

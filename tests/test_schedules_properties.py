@@ -12,7 +12,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from simpar.sim.errors import ScheduleError
-from simpar.sim.schedules import SCHEDULE_NAMES, Kind, build_schedule, lower, read_csv, validate, write_csv
+from simpar.sim.schedules import SCHEDULE_NAMES, Kind, build_schedule, lower, read_csv, check_schedule, write_csv
 
 
 @st.composite
@@ -32,7 +32,7 @@ def schedules(draw):
 @settings(max_examples=150, deadline=None)
 @given(schedules())
 def test_generated_schedules_are_valid(s) -> None:
-    validate(s)
+    check_schedule(s)
     count = Counter((a.stage, a.kind, a.microbatch) for acts in s.ranks for a in acts)
     for stage in range(s.num_stages):
         for mb in range(s.num_microbatches):
@@ -46,7 +46,7 @@ def test_generated_schedules_are_valid(s) -> None:
 @given(schedules(), st.sampled_from(["none", "selective", "full"]), st.integers(0, 3))
 def test_lowered_schedules_are_valid(s, recompute: str, zero: int) -> None:
     low = lower(s, recompute=recompute, zero=zero)
-    validate(low)
+    check_schedule(low)
     assert low.compute_only() == s
 
 

@@ -107,9 +107,8 @@ def layer_grid(nproc: int, quick: bool) -> list[dict[str, int | str]]:
 
 
 #: Runs of a plan that crashed are tried again this many times before the plan counts as failed: a
-#: crashed run measures nothing (this project's CPU runs: one gloo process aborted at exit,
-#: "terminate called without an active exception", once in about 80 runs; the same plan's next
-#: runs were clean).
+#: crashed run measures nothing (gloo processes occasionally abort at exit with "terminate
+#: called without an active exception"; the plan's next run is clean).
 RETRIES = 1
 
 #: The engine options that describe how the executor runs a plan: torch's pipeline runtime reduces
@@ -280,7 +279,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 #: A plan's rounds agree when the standard error of the mean of their medians is at most this
-#: share of that mean (run 17 of this project: one plan's rounds measured 460, 597 and 447 ms).
+#: share of that mean (rounds of 460, 597 and 447 ms have 10 %: they do not).
 SETTLE = 0.03
 
 

@@ -21,22 +21,18 @@ What is fitted, and how (every fit minimises *relative* errors, since timings sp
   group sizes exist, else a / steps) and ``algorithm_efficiency.ring`` = load factor x p2p beta /
   b. All-gather and reduce-scatter are not fitted (one ring efficiency cannot describe gloo's
   slower all-gather); their errors under the fitted model are reported in ``fit``.
-- ``layers`` / ``optimizer``: the measured tables, copied (sim/measured.py says how they apply).
+- ``layers`` / ``optimizer``: the measured tables, copied (`simpar.sim.cost.tables` says how they apply).
 - ``grad_reduce``: the executor's in-run REDUCE_GRAD, seconds = units x unit_s + bytes x
   s_per_byte per collective (non-negative least squares).
 - ``in_run``: per process count, the executor's F and B actions inside its own runs against what
   the calibration's tables predict for them: seconds = ``action_s`` + ``compute_scale`` x
   predicted (`fit_linear` over the actions of its data-parallel and pipeline calibration runs).
-  This VM's speed wanders: a 1F1B run repeated for 20 s went from F 6.0 to 7.5 ms while the
-  device-speed probe (executor/probe.py) went from 2.64 to 3.00 ms, F / probe staying within
-  +-6 %; slow spells are other load on the host. Each row is therefore first brought to the
+  A shared host's speed wanders (other load), and the executor's F time follows the
+  device-speed probe (executor/probe.py) closely. Each row is therefore first brought to the
   device's uncontended speed: its times x (the fastest probe the calibration timed: the two
   around its tables and each run's) / the probe of its own runs (``probe_s``). The tables are
-  left as timed (their spell shows in ``compute_scale``), so a two-process plan's compute is
-  predicted at that uncontended speed. Rows without a probe are taken as they are. Chosen on
-  session 6's runs 14 and 15 re-fitted from their own measurements (closed-loop median / max
-  error): rows as measured 3.7 / 11.2 % and 18.8 / 30.7 %; brought to the tables' probe
-  6.8 / 15.5 % and 6.1 / 14.3 %; to the fastest probe 4.5 / 12.2 % and 3.9 / 11.0 %.
+  left as timed (their spell shows in ``compute_scale``), so a plan's compute is predicted at
+  that uncontended speed. Rows without a probe are taken as they are.
 
 ``fit`` in the document reports, per benchmark family, the median and max relative error of the
 calibrated simulator's own prediction (CostModel / Network built from the document) against the
@@ -213,9 +209,8 @@ def fit_grad_reduce(rows: list[dict]) -> dict[str, dict[str, float]]:
 
 #: Largest change of the device-speed probe between the start and the end of the compute
 #: benchmarks for a calibration to count as taken on a steady device (beyond it, `simpar
-#: calibrate` measures once more). 10 %: checked against the measured times of this project's
-#: CPU runs 14-20, the two calibrations whose probe moved by 11 and 13 % (runs 18 and 20) had
-#: mean median errors of 6.8 and 8.3 %, the five that moved by at most 6 % 4.4-6.8 %.
+#: calibrate` measures once more): a calibration whose probe moved more mixes a slow and a fast
+#: device in its tables.
 PROBE_STEADY = 0.10
 
 
@@ -228,8 +223,7 @@ def probe_spread(times_s: Sequence[float]) -> float:
 def unstable_device(times_s: Sequence[float]) -> str | None:
     """A warning when the device-speed probe's timings (executor/probe.py) differ by more than
     `PROBE_STEADY`: the host changed speed while the benchmarks ran, so the fitted tables mix a
-    slow and a fast device (one calibration of this project: 4.6 ms at the start, 2.7 ms at the
-    end, and every check plan then over-predicted by 9-20 %)."""
+    slow and a fast device."""
     spread = probe_spread(times_s)
     if spread <= PROBE_STEADY:
         return None

@@ -1,6 +1,6 @@
 """Pipeline schedules as data: generators (one module each), passes, analysis and CSV I/O.
 
-Flow: ``build_schedule`` / ``schedule_for_plan`` (compute only: F, B, I, W) -> ``validate`` ->
+Flow: ``build_schedule`` / ``schedule_for_plan`` (compute only: F, B, I, W) -> ``check_schedule`` (deadlock check) ->
 ``lower`` (send/recv, recompute, gradient reduction, ZeRO-3 unshard/reshard) -> the engine.
 ``list_schedule`` is the SimPy-free oracle (makespan, idle, bubble rate); ``peak_inflight`` and
 ``peak_activation_units`` feed the memory model.
@@ -19,7 +19,7 @@ from .interleaved import interleaved_1f1b
 from .ir import Action, Kind, Schedule, looped_placement, v_placement
 from .lower import lower
 from .one_f_one_b import one_f_one_b
-from .deadlock import validate
+from .deadlock import check_schedule
 from .zb_auto import zb_auto
 from .zb_h1 import zb_h1
 from .zb_h2 import zb_h2
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Action", "Kind", "Schedule", "StageCosts", "ListScheduleResult", "SCHEDULE_NAMES", "build_schedule",
-    "schedule_for_plan", "lower", "validate", "write_csv", "read_csv", "list_schedule", "peak_inflight",
+    "schedule_for_plan", "lower", "check_schedule", "write_csv", "read_csv", "list_schedule", "peak_inflight",
     "peak_activation_units", "parse_costs", "looped_placement", "v_placement",
 ]
 

@@ -104,7 +104,7 @@ def _check_lowered(s: Schedule, count: Counter, pos: dict) -> None:
                 live.discard(a.stage)
 
 
-def validate(schedule: Schedule) -> None:
+def check_schedule(schedule: Schedule) -> None:
     """Raise ScheduleError if ``schedule`` is malformed, inconsistent or would deadlock."""
     _check_shape(schedule)
     _check_counts(schedule)

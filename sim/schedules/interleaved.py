@@ -53,10 +53,10 @@ def interleaved_1f1b(pp: int, vpp: int, num_microbatches: int, group: int | None
     if num_microbatches % pp:
         # The remainder-group order is not deadlock-free for every (pp, vpp, m): check it here
         # and refuse with a clear message rather than hand the engine a hanging schedule.
-        from .deadlock import validate
+        from .deadlock import check_schedule
 
         try:
-            validate(sched)
+            check_schedule(sched)
         except ScheduleError:
             raise ScheduleError(
                 "gbs", f"interleaved-1f1b cannot order {num_microbatches} microbatches on pp={pp} with vpp={vpp}"
