@@ -6,10 +6,12 @@ The library API (the ``simpar`` command is a thin layer over the same functions)
 
     model = simpar.load_model("gpt3-175b")
     cluster = simpar.load_cluster("dgx-a100-80g", gpus=1024)
-    plan = simpar.ParallelPlan(tp=8, pp=8, dp=16, global_batch_size=1536, schedule="1f1b")
+    plan = simpar.ParallelPlan(tp=8, pp=8, dp=16, global_batch_size=1536, schedule="1f1b", zero=1)
     simpar.check_plan(plan, model, cluster)
     result = simpar.simulate(model, cluster, plan)
     print(result.iter_time_s, result.breakdown_s, result.memory.verdict())
+
+The README's "Use it from Python" has a longer example (a schedule and a sweep).
 
 Names are imported on first use, so ``import simpar`` stays cheap.
 """
@@ -42,6 +44,8 @@ _EXPORTS = {
     "CostModel": "simpar.sim.cost.compute",
     "ExecutorProfile": "simpar.sim.cost.profile",
     "sweep": "simpar.sim.sweep.api",
+    "SearchSpace": "simpar.sim.sweep.space",
+    "SweepOptions": "simpar.sim.sweep.run",
     "SimparError": "simpar.sim.errors",
 }
 
@@ -60,6 +64,8 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time names load lazily (
     from simpar.sim.specs import ClusterSpec, ModelSpec, load_cluster, load_gpu, load_model
     from simpar.sim.specs.calibration import Calibration, load_calibration
     from simpar.sim.sweep.api import sweep
+    from simpar.sim.sweep.run import SweepOptions
+    from simpar.sim.sweep.space import SearchSpace
 
 
 def __getattr__(name: str) -> Any:

@@ -1,0 +1,40 @@
+"""The README's "Use it from Python" example runs as written and prints what it says it prints;
+the README's two commands are the ones .ci/run and a fresh machine use."""
+
+from __future__ import annotations
+
+import re
+import runpy
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+
+
+def python_example() -> str:
+    section = README.split("## Use it from Python", 1)[1].split("\n## ", 1)[0]
+    (code,) = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    return code
+
+
+def test_readme_python_example_runs(tmp_path, monkeypatch, capsys) -> None:
+    script = tmp_path / "example.py"
+    script.write_text(python_example())
+    monkeypatch.chdir(tmp_path)
+    runpy.run_path(str(script), run_name="__main__")
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("fits: peak")
+    assert re.fullmatch(r"\d+\.\d\d s per iteration, MFU \d+\.\d%", out[1])
+    parts = {line.split()[0] for line in out[2:10]}
+    assert parts == {"compute", "recompute", "tp_comm", "pp_comm", "dp_comm", "zero_comm", "optimizer", "bubble"}
+    assert "F" in out[10]  # the first actions of rank 0
+    best_id, best_time, source = out[11].split()
+    assert "-mbs" in best_id and float(best_time) > 0 and source == "engine"  # the best plans are simulated by the engine
+    assert (tmp_path / "sweeps" / "gpt-7.5b-16xA100" / "results.csv").exists()
+
+
+def test_readme_commands_match_ci() -> None:
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "pip install -q -e '.[test,executor]'" in ci and "pytest -q" in ci
+    assert "pip install -e '.[test,executor]' && OMP_NUM_THREADS=1 python -m pytest -q" in README
+    assert "simpar sweep --model gpt3-175b" in README and "--out sweeps/" in README
