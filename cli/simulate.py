@@ -9,14 +9,14 @@ import click
 from simpar.sim.engine.core import EngineOptions
 from simpar.sim.engine.results import SimResult
 from simpar.sim.units import GiB
-from .calib import load_calibration_option
+from .calib import calibration_options, load_calibration_option, runtime_of
 from .common import Setup, plan_options, setup_from_options
 from .render import echo_json, print_table
 
 
 @click.command("simulate")
 @plan_options
-@click.option("--calibration", type=click.Path(dir_okay=False), default=None, help="calibration JSON (simpar calibrate)")
+@calibration_options
 @click.option("--backend", type=click.Choice(["analytical", "contention"]), default="analytical", show_default=True)
 @click.option("--full", is_flag=True, help="simulate every GPU, not one representative pipeline")
 @click.option("--overlap-tp", is_flag=True, help="hide tensor-parallel collectives behind compute")
@@ -27,7 +27,7 @@ from .render import echo_json, print_table
 @click.option("--memory-plot", "mem_plot", type=click.Path(dir_okay=False), default=None, help="write memory over time PNG")
 @click.option("--write-plan", "plan_dir", type=click.Path(file_okay=False), default=None,
               help="write plan.json and the lowered schedule.csv the executor runs unchanged")
-def simulate(calibration, backend, full, overlap_tp, no_overlap_grad_reduce, as_json, trace_path, plot_path, mem_plot,
+def simulate(calibration, runtime, backend, full, overlap_tp, no_overlap_grad_reduce, as_json, trace_path, plot_path, mem_plot,
              plan_dir, **kw) -> None:
     """Simulate one training iteration: time, throughput, MFU, breakdown, memory."""
     from simpar.sim.engine.simulate import simulate as run
@@ -35,8 +35,9 @@ def simulate(calibration, backend, full, overlap_tp, no_overlap_grad_reduce, as_
     st = setup_from_options(kw)
     calib = load_calibration_option(calibration, st.cluster.gpu.name)
     opts = EngineOptions(full=full, overlap_tp=overlap_tp, overlap_grad_reduce=not no_overlap_grad_reduce)
-    res = run(st.model, st.cluster, st.plan, backend=backend, calibration=calib, options=opts)
-    write_outputs(st, res, trace_path, plot_path, mem_plot, plan_dir, calib)
+    profile, opts = runtime_of(runtime, calib, opts)
+    res = run(st.model, st.cluster, st.plan, backend=backend, calibration=calib, options=opts, profile=profile)
+    write_outputs(st, res, trace_path, plot_path, mem_plot, plan_dir, calib, profile)
     if as_json:
         echo_json(res.to_json())
         return
@@ -59,7 +60,7 @@ def print_result(st: Setup, res: SimResult) -> None:
     click.echo(res.memory.verdict())
 
 
-def write_outputs(st: Setup, res: SimResult, trace_path, plot_path, mem_plot, plan_dir, calib=None) -> None:
+def write_outputs(st: Setup, res: SimResult, trace_path, plot_path, mem_plot, plan_dir, calib=None, profile=None) -> None:
     if trace_path:
         from simpar.sim.engine.trace import write_trace
 
@@ -79,10 +80,10 @@ def write_outputs(st: Setup, res: SimResult, trace_path, plot_path, mem_plot, pl
             base[rank] = r.total - r.detail.get("activations_stored", 0.0)
         plot_memory(res.memory_timeline, base, mem_plot, res.memory.capacity, describe(st))
     if plan_dir:
-        write_plan_dir(st, Path(plan_dir), calib)
+        write_plan_dir(st, Path(plan_dir), calib, profile)
 
 
-def write_plan_dir(st: Setup, out: Path, calibration: dict | None = None) -> None:
+def write_plan_dir(st: Setup, out: Path, calibration=None, profile=None) -> None:
     """plan.json + the lowered schedule.csv that was simulated, exactly what `simpar run` reads."""
     from simpar.sim.specs.planfile import write_plan_file
     from simpar.sim.schedules import write_csv
@@ -90,4 +91,7 @@ def write_plan_dir(st: Setup, out: Path, calibration: dict | None = None) -> Non
 
     out.mkdir(parents=True, exist_ok=True)
     write_plan_file(out / "plan.json", st.plan, st.model, st.cluster.name)
-    write_csv(plan_schedule(st.model, st.cluster, st.plan, calibration), out / "schedule.csv")
+    from simpar.sim.cost.profile import MEGATRON
+
+    sched = plan_schedule(st.model, st.cluster, st.plan, calibration, profile=profile or MEGATRON)
+    write_csv(sched, out / "schedule.csv")

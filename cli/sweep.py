@@ -11,7 +11,7 @@ import click
 
 from simpar.sim.errors import SimparError
 from simpar.sim.plan import PRECISIONS, RECOMPUTE, SCHEDULES
-from .calib import load_calibration_option
+from .calib import calibration_options, load_calibration_option, runtime_of
 from .render import echo_json
 
 PHASES = {"screen": "screen: divides? fits? quick estimate", "refine": "refine: list-scheduler oracle",
@@ -47,7 +47,7 @@ def space_from(kw: dict[str, Any]):
 _COMMAND = [("seq_len", None), ("schedules", ",".join(SCHEDULES)), ("zero", "0,1,2,3"), ("recompute", ",".join(RECOMPUTE)),
             ("mbs", "1,2,4,8"), ("max_tp", None), ("max_cp", None), ("sequence_parallel", "both"), ("layer_split", "even"),
             ("precision", "bf16"), ("objective", "throughput"), ("refine", 200), ("simulate", 20), ("exhaustive", False),
-            ("calibration", None), ("backend", "analytical"), ("top", 10), ("plans", 3)]
+            ("calibration", None), ("runtime", "megatron"), ("backend", "analytical"), ("top", 10), ("plans", 3)]
 
 
 def canonical_command(kw: dict[str, Any], out: str) -> str:
@@ -110,7 +110,7 @@ class _Bar:
 @click.option("--refine", type=int, default=200, show_default=True, help="best quick estimates re-ranked by the list-scheduler oracle")
 @click.option("--simulate", "n_simulate", type=int, default=20, show_default=True, help="best estimates simulated by the engine")
 @click.option("--exhaustive", is_flag=True, help="simulate every configuration that fits with the engine")
-@click.option("--calibration", type=click.Path(dir_okay=False), default=None, help="calibration JSON (simpar calibrate)")
+@calibration_options
 @click.option("--backend", type=click.Choice(["analytical", "contention"]), default="analytical", show_default=True,
               help="network backend of the engine runs")
 @click.option("--workers", type=int, default=0, help="local worker processes [default: one per core]")
@@ -133,7 +133,8 @@ def sweep(**kw) -> None:
     out = kw["out_dir"] or f"sweeps/{model.name}-{kw['gpus']}x{cluster.gpu.name}"
     from simpar.sim.engine.core import EngineOptions
 
-    setup = SweepSetup(model, cluster, kw["gpus"], kw["gbs"], space, calib, EngineOptions(), kw["backend"])
+    profile, engine = runtime_of(kw["runtime"], calib, EngineOptions())
+    setup = SweepSetup(model, cluster, kw["gpus"], kw["gbs"], space, calib, engine, kw["backend"], profile=profile)
     opts = SweepOptions(kw["objective"], kw["refine"], kw["simulate"], kw["exhaustive"], kw["workers"], kw["ray_address"])
     command = canonical_command(kw, out)
     try:

@@ -33,7 +33,7 @@ from typing import Any, Callable
 
 from ..validation.compare import compare_events
 from ..cost.profile import ExecutorProfile
-from ..engine.core import EngineOptions
+from ..engine.iteration import EXECUTOR_OPTIONS
 from ..specs.calibration import Calibration
 from ..plan import ParallelPlan, check_plan
 from ..specs.planfile import write_plan_file
@@ -111,11 +111,6 @@ def layer_grid(nproc: int, quick: bool) -> list[dict[str, int | str]]:
 #: called without an active exception"; the plan's next run is clean).
 RETRIES = 1
 
-#: The engine options that describe how the executor runs a plan: torch's pipeline runtime reduces
-#: the gradients in one REDUCE_GRAD after a stage's last backward (not in buckets overlapped with
-#: it, as Megatron's --overlap-grad-reduce does, the engine's default). Everything else that is
-#: particular to the executor is its runtime profile (`simpar.sim.cost.profile.ExecutorProfile`).
-EXECUTOR_OPTIONS = EngineOptions(overlap_grad_reduce=False)
 
 
 def prepare(case: CheckPlan, cluster: ClusterSpec, calibration: Calibration | None, out: Path) -> dict[str, Any]:

@@ -38,6 +38,13 @@ class EngineOptions:
     grad_buckets: int = 4  # buckets per stage for the overlapped gradient reduction
 
 
+#: The engine options that describe how simpar's executor runs a plan: torch's pipeline runtime
+#: reduces the gradients in one REDUCE_GRAD after a stage's last backward (not in buckets overlapped
+#: with it, as Megatron's --overlap-grad-reduce does, the default). Everything else particular to
+#: the executor is its runtime profile (`simpar.sim.cost.profile.ExecutorProfile`).
+EXECUTOR_OPTIONS = EngineOptions(overlap_grad_reduce=False)
+
+
 @dataclass(frozen=True)
 class Comm:
     """One collective: ``op`` over ``group`` moving ``nbytes`` per rank, or ``seconds`` measured by

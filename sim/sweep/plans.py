@@ -36,11 +36,11 @@ def write_plan_dir(setup: SweepSetup, cfg: Config, out: Path, command: str = "")
     plan, reason = checked_plan(cfg, setup.model, setup.cluster, setup.gbs, setup.space)
     assert plan is not None, reason
     out.mkdir(parents=True, exist_ok=True)
-    sched = plan_schedule(setup.model, setup.cluster, plan, setup.calibration)
+    sched = plan_schedule(setup.model, setup.cluster, plan, setup.calibration, profile=setup.profile)
     write_plan_file(out / "plan.json", plan, setup.model, setup.cluster.name)
     write_csv(sched, out / "schedule.csv")
     res = simulate(setup.model, setup.cluster, plan, backend=setup.backend, calibration=setup.calibration,
-                   options=setup.options)
+                   options=setup.options, profile=setup.profile)
     text = describe(setup, plan)
     write_trace(out / "trace.json", res.events, {"source": "simpar sweep", "describe": text,
                                                  "iter_time_s": res.iter_time_s, "command": command})
