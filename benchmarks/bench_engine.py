@@ -10,8 +10,8 @@ import sys
 import time
 
 from simpar.sim.engine.core import EngineOptions
-from simpar.sim.plan import ParallelPlan, check_plan
 from simpar.sim.engine.simulate import simulate
+from simpar.sim.plan import ParallelPlan, check_plan
 from simpar.sim.specs import load_cluster, load_model
 
 
@@ -20,17 +20,29 @@ def main() -> None:
     model = load_model("gpt3-175b")
     cluster = load_cluster("dgx-a100-80g", gpus=1024)
     for sched, vpp in (("1f1b", 1), ("interleaved-1f1b", 2)):
-        plan = ParallelPlan(dp=16, tp=8, pp=8, vpp=vpp, micro_batch_size=1, global_batch_size=1536, schedule=sched,
-                            zero=1, recompute="selective", sequence_parallel=True)
+        plan = ParallelPlan(
+            dp=16,
+            tp=8,
+            pp=8,
+            vpp=vpp,
+            micro_batch_size=1,
+            global_batch_size=1536,
+            schedule=sched,
+            zero=1,
+            recompute="selective",
+            sequence_parallel=True,
+        )
         check_plan(plan, model, cluster)
-        for mode in ([False, True] if full else [False]):
+        for mode in [False, True] if full else [False]:
             t0 = time.perf_counter()
             res = simulate(model, cluster, plan, options=EngineOptions(full=mode))
             wall = time.perf_counter() - t0
             ev = res.stats["sim_events"]
-            print(f"{sched:17s} {'full' if mode else 'representative':14s} iteration {res.iter_time_s:8.3f} s"
-                  f"  MFU {res.mfu:6.1%}  wall {wall:7.3f} s  engine {res.stats['wall_s']:.3f} s"
-                  f"  simpy events {ev:,}  ({ev / res.stats['wall_s']:,.0f} events/s)")
+            print(
+                f"{sched:17s} {'full' if mode else 'representative':14s} iteration {res.iter_time_s:8.3f} s"
+                f"  MFU {res.mfu:6.1%}  wall {wall:7.3f} s  engine {res.stats['wall_s']:.3f} s"
+                f"  simpy events {ev:,}  ({ev / res.stats['wall_s']:,.0f} events/s)"
+            )
 
 
 if __name__ == "__main__":

@@ -45,11 +45,15 @@ def bench(name: str, workers: int) -> None:
     c, ph = res.counts, res.timings
     best = res.rows[0]
     print(f"{model_name} on {gpus:,} x {setup.cluster.gpu.name}, gbs {gbs}, {workers} worker(s)")
-    print(f"  configurations: {c['enumerated']:,} enumerated, {c['invalid']:,} do not divide, {c['oom']:,} do not fit,"
-          f" {c['fitting']:,} fit, {c['refined']:,} refined (oracle), {c['simulated']:,} simulated (engine)")
-    print(f"  seconds: screen {ph['screen']:.1f}, refine {ph['refine']:.1f}, simulate {ph['simulate']:.1f},"
-          f" plans + report {t2 - t1:.1f}; whole sweep {t2 - t0:.1f} s"
-          f" ({c['enumerated'] / (t1 - t0):,.0f} configs/s through the search)")
+    print(
+        f"  configurations: {c['enumerated']:,} enumerated, {c['invalid']:,} do not divide, {c['oom']:,} do not fit,"
+        f" {c['fitting']:,} fit, {c['refined']:,} refined (oracle), {c['simulated']:,} simulated (engine)"
+    )
+    print(
+        f"  seconds: screen {ph['screen']:.1f}, refine {ph['refine']:.1f}, simulate {ph['simulate']:.1f},"
+        f" plans + report {t2 - t1:.1f}; whole sweep {t2 - t0:.1f} s"
+        f" ({c['enumerated'] / (t1 - t0):,.0f} configs/s through the search)"
+    )
     print(f"  best: {best['id']}  {float(best['iter_time_s']):.3f} s/iteration, MFU {float(best['mfu']):.1%}")
 
 
@@ -59,7 +63,7 @@ def main() -> None:
     if "--workers" in args:
         i = args.index("--workers")
         workers = int(args[i + 1])
-        del args[i:i + 2]
+        del args[i : i + 2]
     for name in args or list(CASES):
         bench(name, workers)
 

@@ -53,13 +53,17 @@ def main() -> None:
     t_coll = time.perf_counter() - t0
 
     total = t_build + t_route
-    print(f"cluster {cluster.name}: {topo.num_gpus} GPUs, {topo.num_nodes} nodes, "
-          f"{topo.graph.number_of_nodes()} graph nodes, {topo.num_links} directed links")
+    print(
+        f"cluster {cluster.name}: {topo.num_gpus} GPUs, {topo.num_nodes} nodes, "
+        f"{topo.graph.number_of_nodes()} graph nodes, {topo.num_links} directed links"
+    )
     print(f"build graph:        {t_build:7.2f} s")
     print(f"route {pairs:>7} hops:  {t_route:7.2f} s")
     print(f"build + route:      {total:7.2f} s  (target < {LIMIT_S:.0f} s: {'OK' if total < LIMIT_S else 'SLOW'})")
-    print(f"first all-reduce estimate over all GPUs (1 GiB): {t_coll:.2f} s -> "
-          f"{est.time * 1e3:.2f} ms, {est.algorithm}/{est.protocol}")
+    print(
+        f"first all-reduce estimate over all GPUs (1 GiB): {t_coll:.2f} s -> "
+        f"{est.time * 1e3:.2f} ms, {est.algorithm}/{est.protocol}"
+    )
 
 
 if __name__ == "__main__":

@@ -10,8 +10,8 @@ Groups share one set of parameters: the two A100 presets (same GA100 chip; HBM c
 bandwidth come from the GPU presets), H100 (H200 is the same GH100 chip with faster HBM, so its
 file copies the H100 compute figures; published.csv has no H200 row). B200 has only two rows,
 both FP8 from one source: too few to fit, so its file copies H100's fitted efficiencies (relative
-to B200's own peaks and bandwidth) and its rows are reported, not fitted. ``fp8_mm_eff_scale`` is one global value fitted over
-every fp8 row of every GPU type.
+to B200's own peaks and bandwidth) and its rows are reported, not fitted. ``fp8_mm_eff_scale``
+is one global value fitted over every fp8 row of every GPU type.
 """
 
 from __future__ import annotations
@@ -23,10 +23,9 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from simpar.sim.specs.calibration import default_calibration_path
 from simpar.sim.cost.compute import CostModel
-from simpar.sim.specs.calibration import EfficiencyParams
 from simpar.sim.engine.simulate import simulate
+from simpar.sim.specs.calibration import EfficiencyParams, default_calibration_path
 from simpar.sim.validation.published import read_rows, row_setup
 
 GROUPS = {"a100": ("a100-40g", "a100-80g"), "h100": ("h100-sxm",)}
@@ -54,7 +53,9 @@ def score(errs) -> float:
 
 def with_param(eff: EfficiencyParams, name: str, value: float, base: EfficiencyParams) -> EfficiencyParams:
     if name == "attn_scale":
-        return eff.model_copy(update={"attn_eff_fwd": base.attn_eff_fwd * value, "attn_eff_bwd": base.attn_eff_bwd * value})
+        return eff.model_copy(
+            update={"attn_eff_fwd": base.attn_eff_fwd * value, "attn_eff_bwd": base.attn_eff_bwd * value}
+        )
     return eff.model_copy(update={name: value})
 
 
@@ -64,7 +65,7 @@ def current(eff: EfficiencyParams, name: str, base: EfficiencyParams) -> float:
 
 def fit_group(rows, gpus, start: EfficiencyParams, rounds: int, log) -> tuple[EfficiencyParams, list]:
     eff, base = start, start
-    best = evaluate(rows, {g: eff for g in gpus})
+    best = evaluate(rows, dict.fromkeys(gpus, eff))
     log(f"  start: mean |error| {score(best):.2%}")
     for rnd in range(rounds):
         moved = False
@@ -76,7 +77,7 @@ def fit_group(rows, gpus, start: EfficiencyParams, rounds: int, log) -> tuple[Ef
                     if not lo <= y <= hi:
                         break
                     cand = with_param(eff, name, round(y, 4), base)
-                    errs = evaluate(rows, {g: cand for g in gpus})
+                    errs = evaluate(rows, dict.fromkeys(gpus, cand))
                     if score(errs) < score(best) - 1e-4:
                         eff, best, moved = cand, errs, True
                         log(f"  round {rnd}: {name} -> {round(y, 4)}: mean |error| {score(best):.2%}")
@@ -96,7 +97,12 @@ def main() -> None:
     args = ap.parse_args()
     if args.from_fit:
         saved = json.loads(Path(args.from_fit).read_text())
-        write({g: EfficiencyParams(**e) for g, e in saved["fitted"].items()}, saved["fp8_mm_eff_scale"], saved["figures"], args.csv)
+        write(
+            {g: EfficiencyParams(**e) for g, e in saved["fitted"].items()},
+            saved["fp8_mm_eff_scale"],
+            saved["figures"],
+            args.csv,
+        )
         return
     rows = read_rows(args.csv)
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
@@ -111,8 +117,11 @@ def main() -> None:
         eff, errs = fit_group(sub, gpus, defaults[gpus[0]], args.rounds, log)
         for g in gpus:
             fitted[g] = eff
-        figures[name] = {"rows": len(sub), "mean_abs_error": score(errs),
-                         "median_abs_error": statistics.median(abs(e) for _, e in errs)}
+        figures[name] = {
+            "rows": len(sub),
+            "mean_abs_error": score(errs),
+            "median_abs_error": statistics.median(abs(e) for _, e in errs),
+        }
     # one global fp8 scale over every fp8 row
     fp8 = [r for r in rows if r["precision"] == "fp8"]
     gpu_of = {r["id"]: _gpu(r) for r in fp8}
@@ -127,8 +136,12 @@ def main() -> None:
         if best_err is None or score(errs) < score(best_err):
             best_s, best_err = s, errs
     figures["fp8"] = {"rows": len(fp8), "fp8_mm_eff_scale": best_s, "mean_abs_error": score(best_err)}
-    print(json.dumps({"fitted": {g: e.__dict__ for g, e in fitted.items()}, "fp8_mm_eff_scale": best_s,
-                      "figures": figures}, indent=1))
+    print(
+        json.dumps(
+            {"fitted": {g: e.__dict__ for g, e in fitted.items()}, "fp8_mm_eff_scale": best_s, "figures": figures},
+            indent=1,
+        )
+    )
     if args.write:
         write(fitted, best_s, figures, args.csv)
 
@@ -142,19 +155,28 @@ def write(fitted: dict[str, EfficiencyParams], fp8_scale: float, figures: dict, 
         doc["compute"].update({k: round(v, 4) if k != "launch_s" else v for k, v in src.__dict__.items()})
         doc["compute"]["fp8_mm_eff_scale"] = fp8_scale
         group = "a100" if g.startswith("a100") else "h100"
-        doc["fit"] = {"csv": Path(csv).name, "method": "coordinate descent on the mean |iteration-time error| over all "
-                      "non-fp8 rows of the GPU type; fp8_mm_eff_scale: one value over all fp8 rows of all GPU types "
-                      "(benchmarks/fit_gpu_calibrations.py)",
-                      "rows_fitted_on": figures[group]["rows"] if g in fitted else 0,
-                      "mean_abs_error": round(figures[group]["mean_abs_error"], 4) if g in fitted else None,
-                      "fp8": {k: round(v, 4) for k, v in figures["fp8"].items()},
-                      "copied_from": copied.get(g)}
+        doc["fit"] = {
+            "csv": Path(csv).name,
+            "method": "coordinate descent on the mean |iteration-time error| over all "
+            "non-fp8 rows of the GPU type; fp8_mm_eff_scale: one value over all fp8 rows of all GPU types "
+            "(benchmarks/fit_gpu_calibrations.py)",
+            "rows_fitted_on": figures[group]["rows"] if g in fitted else 0,
+            "mean_abs_error": round(figures[group]["mean_abs_error"], 4) if g in fitted else None,
+            "fp8": {k: round(v, 4) for k, v in figures["fp8"].items()},
+            "copied_from": copied.get(g),
+        }
         p.write_text(json.dumps(doc, indent=1) + "\n")
 
 
 def _gpu(r) -> str:
-    return {"dgx-a100-80g": "a100-80g", "dgx-a100-40g": "a100-40g", "dgx-h100": "h100-sxm",
-            "hgx-h200": "h200", "dgx-b200": "b200", "pcie-a100-8g": "a100-80g"}.get(r["cluster"], r["cluster"])
+    return {
+        "dgx-a100-80g": "a100-80g",
+        "dgx-a100-40g": "a100-40g",
+        "dgx-h100": "h100-sxm",
+        "hgx-h200": "h200",
+        "dgx-b200": "b200",
+        "pcie-a100-8g": "a100-80g",
+    }.get(r["cluster"], r["cluster"])
 
 
 if __name__ == "__main__":

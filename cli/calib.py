@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -16,14 +17,20 @@ RUNTIMES = ("megatron", "executor")
 
 def calibration_options(f: Callable[..., Any]) -> Callable[..., Any]:
     """--calibration FILE and --runtime {megatron, executor} (see `runtime_of`)."""
-    f = click.option("--runtime", type=click.Choice(RUNTIMES), default="megatron", show_default=True,
-                     help="what runs the plan: a Megatron-like GPU run, or simpar's torch executor "
-                          "(its measured tables from --calibration, gradients reduced after the backward)")(f)
-    return click.option("--calibration", type=click.Path(dir_okay=False), default=None,
-                        help="calibration JSON (simpar calibrate)")(f)
+    f = click.option(
+        "--runtime",
+        type=click.Choice(RUNTIMES),
+        default="megatron",
+        show_default=True,
+        help="what runs the plan: a Megatron-like GPU run, or simpar's torch executor "
+        "(its measured tables from --calibration, gradients reduced after the backward)",
+    )(f)
+    return click.option(
+        "--calibration", type=click.Path(dir_okay=False), default=None, help="calibration JSON (simpar calibrate)"
+    )(f)
 
 
-def load_calibration_option(path: str | None, gpu_name: str) -> "Calibration | None":
+def load_calibration_option(path: str | None, gpu_name: str) -> Calibration | None:
     if not path:
         return None
     from simpar.sim.specs.calibration import load_calibration
@@ -31,8 +38,9 @@ def load_calibration_option(path: str | None, gpu_name: str) -> "Calibration | N
     return load_calibration(path, gpu_name)
 
 
-def runtime_of(runtime: str, calibration: "Calibration | None",
-               options: "EngineOptions") -> "tuple[RuntimeProfile, EngineOptions]":
+def runtime_of(
+    runtime: str, calibration: Calibration | None, options: EngineOptions
+) -> tuple[RuntimeProfile, EngineOptions]:
     """The runtime profile and engine options of ``--runtime``: ``megatron`` keeps ``options`` and
     reads no executor table; ``executor`` is `ExecutorProfile.of(calibration)` with the gradient
     reduction after the backward, as `simpar calibrate --check` simulates its plans."""

@@ -12,18 +12,30 @@ import json
 import os
 import sys
 import tempfile
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import click
 
 from simpar.sim.errors import SimparError, SpecError
 
 #: GPU preset of a CUDA device, by a substring of torch.cuda.get_device_name (first match wins).
-CUDA_PRESETS = (("H200", "h200"), ("H100", "h100-sxm"), ("B200", "b200"), ("A100-SXM4-40GB", "a100-40g"), ("A100", "a100-80g"))
+CUDA_PRESETS = (
+    ("H200", "h200"),
+    ("H100", "h100-sxm"),
+    ("B200", "b200"),
+    ("A100-SXM4-40GB", "a100-40g"),
+    ("A100", "a100-80g"),
+)
 #: Single-node cluster preset whose intra-node link class a CUDA calibration measures.
-CUDA_CLUSTERS = {"h100-sxm": "dgx-h100", "h200": "hgx-h200", "b200": "dgx-b200", "a100-40g": "dgx-a100-40g", "a100-80g": "dgx-a100-80g"}
+CUDA_CLUSTERS = {
+    "h100-sxm": "dgx-h100",
+    "h200": "hgx-h200",
+    "b200": "dgx-b200",
+    "a100-40g": "dgx-a100-40g",
+    "a100-80g": "dgx-a100-80g",
+}
 
 
 @contextmanager
@@ -34,8 +46,13 @@ def _progress(total: int, what: str) -> Iterator:
         return
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn(), transient=True) as bar:
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        transient=True,
+    ) as bar:
         task = bar.add_task(what, total=total)
 
         def step(name: str) -> None:
@@ -43,29 +60,70 @@ def _progress(total: int, what: str) -> Iterator:
             if done.total is not None and done.completed >= done.total:  # work beyond the estimate (extra rounds)
                 bar.update(task, total=done.completed + 1)
             bar.update(task, advance=1, description=f"{what}: {name}")
+
         yield step
 
 
 @click.command("calibrate")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
-@click.option("--backend", type=click.Choice(["gloo", "nccl"]), default=None, help="[default: gloo on cpu, nccl on cuda]")
-@click.option("--nproc", type=click.IntRange(1), default=None, help="processes for the communication benchmarks [default: 2 on cpu, all GPUs on cuda]")
+@click.option(
+    "--backend", type=click.Choice(["gloo", "nccl"]), default=None, help="[default: gloo on cpu, nccl on cuda]"
+)
+@click.option(
+    "--nproc",
+    type=click.IntRange(1),
+    default=None,
+    help="processes for the communication benchmarks [default: 2 on cpu, all GPUs on cuda]",
+)
 @click.option("--gpu", "gpu_name", default=None, help="GPU preset the file describes [default: cpu, or detected]")
-@click.option("--cluster", "cluster_name", default=None, help="cluster preset whose link class is measured [default: cpu-host, or the GPU's DGX/HGX node]")
+@click.option(
+    "--cluster",
+    "cluster_name",
+    default=None,
+    help="cluster preset whose link class is measured [default: cpu-host, or the GPU's DGX/HGX node]",
+)
 @click.option("--quick", is_flag=True, help="few shapes and sizes (seconds, for tests)")
 @click.option("--check", is_flag=True, help="closed loop: simulate and run the fixed plan set with --calibration")
-@click.option("--calibration", "calib_path", type=click.Path(dir_okay=False), default=None, help="calibration file (--check)")
+@click.option(
+    "--calibration", "calib_path", type=click.Path(dir_okay=False), default=None, help="calibration file (--check)"
+)
 @click.option("--plans", default=None, help="--check: comma-separated subset of the plan names")
 @click.option("--steps", type=click.IntRange(1), default=8, show_default=True, help="--check: measured steps per plan")
 @click.option("--warmup", type=click.IntRange(0), default=5, show_default=True, help="--check: warm-up steps per plan")
-@click.option("--rounds", type=click.IntRange(1), default=3, show_default=True,
-              help="--check: runs of each plan (every other round in reverse order); the median of all timed steps counts")
-@click.option("--max-rounds", type=click.IntRange(1), default=5, show_default=True,
-              help="--check: run a plan again, up to this many runs, while its rounds' medians disagree "
-                   "(standard error above 3 % of their mean)")
-@click.option("--out", "out", required=True, type=click.Path(), help="calibration JSON (or, with --check, an output folder)")
-def calibrate(device, backend, nproc, gpu_name, cluster_name, quick, check, calib_path, plans, steps, warmup, rounds, max_rounds,
-              out) -> None:
+@click.option(
+    "--rounds",
+    type=click.IntRange(1),
+    default=3,
+    show_default=True,
+    help="--check: runs of each plan (every other round in reverse order); the median of all timed steps counts",
+)
+@click.option(
+    "--max-rounds",
+    type=click.IntRange(1),
+    default=5,
+    show_default=True,
+    help="--check: run a plan again, up to this many runs, while its rounds' medians disagree "
+    "(standard error above 3 % of their mean)",
+)
+@click.option(
+    "--out", "out", required=True, type=click.Path(), help="calibration JSON (or, with --check, an output folder)"
+)
+def calibrate(
+    device,
+    backend,
+    nproc,
+    gpu_name,
+    cluster_name,
+    quick,
+    check,
+    calib_path,
+    plans,
+    steps,
+    warmup,
+    rounds,
+    max_rounds,
+    out,
+) -> None:
     """Measure the device and write a calibration file for --calibration.
 
     \b
@@ -74,7 +132,9 @@ def calibrate(device, backend, nproc, gpu_name, cluster_name, quick, check, cali
     """
     if check:
         if not calib_path:
-            raise SimparError("calibration", "--check needs the calibration file to check.", "pass --calibration calib.json.")
+            raise SimparError(
+                "calibration", "--check needs the calibration file to check.", "pass --calibration calib.json."
+            )
         _check(Path(calib_path), Path(out), plans, steps, warmup, rounds, max_rounds, cluster_name)
         return
     _calibrate(device, backend, nproc, gpu_name, cluster_name, quick, Path(out))
@@ -106,30 +166,49 @@ def _calibrate(device, backend, nproc, gpu_name, cluster_name, quick, out: Path)
     cluster_name = cluster_name or ("cpu-host" if device == "cpu" else CUDA_CLUSTERS.get(gpu_name))
     cluster = load_cluster(cluster_name, gpus=max(nproc, 2)) if cluster_name else None
     if cluster is not None and cluster.gpu.name != gpu.name:
-        raise SpecError("cluster", f"{cluster.name}'s GPU is {cluster.gpu.name}, the calibration describes {gpu.name}.", "pass a matching --cluster.")
+        raise SpecError(
+            "cluster",
+            f"{cluster.name}'s GPU is {cluster.gpu.name}, the calibration describes {gpu.name}.",
+            "pass a matching --cluster.",
+        )
     shapes = tuple(LayerShape(**s) for s in layer_grid(nproc, quick))
-    cfg = BenchConfig(device=device, backend=backend, nproc=nproc, quick=quick, dtype="fp32" if device == "cpu" else "bf16",
-                      layers=shapes, reps=5 if quick else 21)  # medians of 21: 9 left a 10-25 % run-to-run spread on a 2-core host
+    cfg = BenchConfig(
+        device=device,
+        backend=backend,
+        nproc=nproc,
+        quick=quick,
+        dtype="fp32" if device == "cpu" else "bf16",
+        layers=shapes,
+        reps=5 if quick else 21,
+    )  # medians of 21: 9 left a 10-25 % run-to-run spread on a 2-core host
     # On a CPU with several processes, every process runs the compute benchmarks at the same time
     # (as every rank of a run computes at once: shared caches and memory bandwidth).
     together = device == "cpu" and nproc > 1
     meas = _measure(cfg, together, len(shapes))
     retry_note = None
     moved = probe_spread(_probe_times(meas))
-    if moved > PROBE_STEADY:  # a slow spell of a shared host during the benchmarks: measure once more, keep the steadier
-        click.echo(f"note: the device's speed changed by {moved:.0%} during the benchmarks (speed probe); measuring once more",
-                   err=True)
+    if (
+        moved > PROBE_STEADY
+    ):  # a slow spell of a shared host during the benchmarks: measure once more, keep the steadier
+        click.echo(
+            f"note: the device's speed changed by {moved:.0%} during the benchmarks (speed probe); measuring once more",
+            err=True,
+        )
         again = _measure(cfg, together, len(shapes))
         moved_again = probe_spread(_probe_times(again))
         if moved_again < moved:
             meas = again
-        retry_note = (f"measured twice: the speed probe varied by {moved:.0%} in the first attempt and {moved_again:.0%} in the "
-                      f"second; kept the {'second' if moved_again < moved else 'first'}")
+        retry_note = (
+            f"measured twice: the speed probe varied by {moved:.0%} in the first attempt and {moved_again:.0%} in the "
+            f"second; kept the {'second' if moved_again < moved else 'first'}"
+        )
     software = software_versions()
     out.parent.mkdir(parents=True, exist_ok=True)
     meas_path = out.with_name(out.stem + ".measurements.json")
     meas_path.write_text(json.dumps(meas, indent=1) + "\n")
-    doc = build_calibration(meas, gpu, cluster, date=_dt.date.today().isoformat(), software=software, measurements_file=meas_path.name)
+    doc = build_calibration(
+        meas, gpu, cluster, date=_dt.date.today().isoformat(), software=software, measurements_file=meas_path.name
+    )
     if retry_note:
         doc["fit"]["notes"].insert(0, retry_note)
     out.write_text(json.dumps(doc, indent=2) + "\n")
@@ -163,7 +242,13 @@ def _measure(cfg, together: bool, layer_shapes: int) -> dict:
             in_run = Path(tmp, "in_run.json")  # F and B of the same runs
             in_run_rows = json.loads(in_run.read_text()) if in_run.exists() else []
         step(f"compute on {nproc} processes at once, communication" if together else "communication")
-    return {"device": device_info(cfg), "compute": compute, "comm": comm, "grad_reduce": grad_reduce_rows, "in_run": in_run_rows}
+    return {
+        "device": device_info(cfg),
+        "compute": compute,
+        "comm": comm,
+        "grad_reduce": grad_reduce_rows,
+        "in_run": in_run_rows,
+    }
 
 
 def _probe_times(meas: dict) -> list[float]:
@@ -182,22 +267,36 @@ def _print_calibration(doc: dict) -> None:
 
     rows = [(k, f"{v:.4g}") for k, v in doc["compute"].items()]
     rows += [(f"network {k}", json.dumps(v)) for k, v in doc.get("network", {}).items()]
-    rows += [(f"sequence-parallel grad sync, tp {r['tp']} {r['arch']}", f"{r['tensor_s'] * 1e3:.2f} ms per gradient")
-             for r in doc.get("sp_grad_sync", ())]
+    rows += [
+        (f"sequence-parallel grad sync, tp {r['tp']} {r['arch']}", f"{r['tensor_s'] * 1e3:.2f} ms per gradient")
+        for r in doc.get("sp_grad_sync", ())
+    ]
     print_table(f"calibration of {doc['device']['gpu']} ({doc['device'].get('name')})", ["parameter", "value"], rows)
     errs = doc["fit"]["errors"]
-    print_table("fit: calibrated simulator vs the measurements", ["benchmark", "n", "median |err|", "max |err|"],
-                [(k, str(v["n"]), f"{v['median_abs_rel_err']:.1%}", f"{v['max_abs_rel_err']:.1%}") for k, v in errs.items()])
+    print_table(
+        "fit: calibrated simulator vs the measurements",
+        ["benchmark", "n", "median |err|", "max |err|"],
+        [(k, str(v["n"]), f"{v['median_abs_rel_err']:.1%}", f"{v['max_abs_rel_err']:.1%}") for k, v in errs.items()],
+    )
     for note in doc["fit"]["notes"]:
         click.echo(f"note: {note}")
 
 
-def _check(calib_path: Path, out: Path, plans: str | None, steps: int, warmup: int, rounds: int, max_rounds: int,
-           cluster_name: str | None) -> None:
+def _check(
+    calib_path: Path,
+    out: Path,
+    plans: str | None,
+    steps: int,
+    warmup: int,
+    rounds: int,
+    max_rounds: int,
+    cluster_name: str | None,
+) -> None:
     from simpar.sim.calibration.check import CHECK_PLANS, run_check
     from simpar.sim.calibration.report import KIND_HEAD, PLAN_HEAD, kind_rows, plan_rows, summary_lines
-    from simpar.sim.specs.calibration import load_calibration
     from simpar.sim.specs import load_cluster
+    from simpar.sim.specs.calibration import load_calibration
+
     from .render import print_table
 
     doc = load_calibration(calib_path)
@@ -214,10 +313,14 @@ def _check(calib_path: Path, out: Path, plans: str | None, steps: int, warmup: i
             raise SimparError("plans", f"unknown plan {bad[0]!r}.", f"use some of: {', '.join(known)}.")
         cases = tuple(known[n] for n in names)
     if device == "cpu" and max(c.nproc for c in cases) > (os.cpu_count() or 1):
-        click.echo(f"warning: plans with {max(c.nproc for c in cases)} processes on {os.cpu_count()} cores: timings share cores", err=True)
+        click.echo(
+            f"warning: plans with {max(c.nproc for c in cases)} processes on {os.cpu_count()} cores: timings "
+            "share cores",
+            err=True,
+        )
 
     def runner(plan_dir: Path, run_out: Path, nproc: int) -> None:
-        from simpar.executor.launch import run_torchrun, torchrun_command, check_inputs
+        from simpar.executor.launch import check_inputs, run_torchrun, torchrun_command
 
         plan, sched = plan_dir / "plan.json", plan_dir / "schedule.csv"
         check_inputs(plan, sched, nproc, "auto", device)
@@ -227,8 +330,9 @@ def _check(calib_path: Path, out: Path, plans: str | None, steps: int, warmup: i
             raise RuntimeError(f"the executor exited with status {rc} (its output is above)")
 
     with _progress(len(cases) * rounds, "closed loop") as step:
-        res = run_check(cluster, doc, out, runner, device=device, cases=cases, progress=step, rounds=rounds,
-                        max_rounds=max_rounds)
+        res = run_check(
+            cluster, doc, out, runner, device=device, cases=cases, progress=step, rounds=rounds, max_rounds=max_rounds
+        )
     print_table("predicted vs measured (errors: (pred - meas) / meas)", list(PLAN_HEAD), plan_rows(res))
     print_table("per action kind", list(KIND_HEAD), kind_rows(res))
     for line in summary_lines(res):
@@ -236,5 +340,7 @@ def _check(calib_path: Path, out: Path, plans: str | None, steps: int, warmup: i
     for f in res["failed"]:
         click.echo(f"not run: {f['name']}: {f['error']}", err=True)
     if device == "cpu":
-        click.echo("memory on a CPU: simulator figures adapted to fp32 (see check.md); measured = executor's profiler peak")
+        click.echo(
+            "memory on a CPU: simulator figures adapted to fp32 (see check.md); measured = executor's profiler peak"
+        )
     click.echo(f"wrote {out / 'check.json'} and {out / 'check.md'}")

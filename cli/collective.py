@@ -32,24 +32,48 @@ def _sizes(_ctx: click.Context, _param: click.Parameter, value: str) -> list[int
 @click.option("--cluster", required=True, help="cluster preset name or YAML file")
 @click.option("--gpus", type=int, default=None, help="GPUs in the communicator (whole nodes) [default: the preset's]")
 @click.option("--op", type=click.Choice(OPS), default="all-reduce", show_default=True)
-@click.option("--sizes", default="1K..8G", show_default=True, callback=_sizes, help="1K..8G (powers of two) or 1M,64M,1G")
+@click.option(
+    "--sizes", default="1K..8G", show_default=True, callback=_sizes, help="1K..8G (powers of two) or 1M,64M,1G"
+)
 @click.option("--backend", type=click.Choice(BACKENDS), default="analytical", show_default=True)
-@click.option("--json", "as_json", is_flag=True, help='print {"rows": [{"bytes", "time_s", "algbw_GBps", "busbw_GBps"}, ...]}')
+@click.option(
+    "--json", "as_json", is_flag=True, help='print {"rows": [{"bytes", "time_s", "algbw_GBps", "busbw_GBps"}, ...]}'
+)
 def collective(cluster: str, gpus: int | None, op: str, sizes: list[int], backend: str, as_json: bool) -> None:
     """Predicted nccl-tests table for one collective over all GPUs of a cluster."""
     spec = load_cluster(cluster, gpus=gpus)
     net = make_network(spec, backend=backend)
     rows = sweep(net, op, range(spec.num_gpus), sizes)
     if as_json:
-        click.echo(json.dumps({"cluster": spec.name, "gpus": spec.num_gpus, "op": op, "backend": backend,
-                               "rows": [r.as_json() for r in rows],
-                               "algorithms": [f"{r.algorithm}/{r.protocol}" for r in rows]}, indent=2))
+        click.echo(
+            json.dumps(
+                {
+                    "cluster": spec.name,
+                    "gpus": spec.num_gpus,
+                    "op": op,
+                    "backend": backend,
+                    "rows": [r.as_json() for r in rows],
+                    "algorithms": [f"{r.algorithm}/{r.protocol}" for r in rows],
+                },
+                indent=2,
+            )
+        )
         return
-    table = Table(title=f"{op} over {spec.num_gpus} GPUs of {spec.name} ({spec.num_nodes} node(s)), {backend} model",
-                  title_justify="left", caption=f"simpar collective --cluster {cluster} --gpus {spec.num_gpus} --op {op}" + ("" if backend == "analytical" else f" --backend {backend}"),
-                  caption_justify="left")
+    table = Table(
+        title=f"{op} over {spec.num_gpus} GPUs of {spec.name} ({spec.num_nodes} node(s)), {backend} model",
+        title_justify="left",
+        caption=f"simpar collective --cluster {cluster} --gpus {spec.num_gpus} --op {op}"
+        + ("" if backend == "analytical" else f" --backend {backend}"),
+        caption_justify="left",
+    )
     for col in ("size (B)", "time (us)", "algbw (GB/s)", "busbw (GB/s)", "algorithm"):
         table.add_column(col, justify="left" if col == "algorithm" else "right")
     for r in rows:
-        table.add_row(str(r.bytes), f"{r.time_s * 1e6:.2f}", f"{r.algbw_GBps:.2f}", f"{r.busbw_GBps:.2f}", f"{r.algorithm}/{r.protocol}")
+        table.add_row(
+            str(r.bytes),
+            f"{r.time_s * 1e6:.2f}",
+            f"{r.algbw_GBps:.2f}",
+            f"{r.busbw_GBps:.2f}",
+            f"{r.algorithm}/{r.protocol}",
+        )
     Console().print(table)

@@ -3,8 +3,9 @@ reuse) and the step that turns them into validated values."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import click
 
@@ -29,13 +30,29 @@ def plan_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--mbs", type=int, default=1, show_default=True, help="micro-batch size (sequences)"),
         click.option("--gbs", type=int, required=True, help="global batch size (sequences)"),
         click.option("--seq-len", type=int, default=None, help="override the model's sequence length"),
-        click.option("--schedule", type=click.Choice(SCHEDULES), default=None, help="pipeline schedule [default: 1f1b, none when pp=1]"),
+        click.option(
+            "--schedule",
+            type=click.Choice(SCHEDULES),
+            default=None,
+            help="pipeline schedule [default: 1f1b, none when pp=1]",
+        ),
         click.option("--zero", type=click.IntRange(0, 3), default=0, show_default=True, help="ZeRO stage"),
         click.option("--recompute", type=click.Choice(RECOMPUTE), default="none", show_default=True),
-        click.option("--sequence-parallel/--no-sequence-parallel", default=None, help="Megatron sequence parallelism [default: on when tp>1]"),
+        click.option(
+            "--sequence-parallel/--no-sequence-parallel",
+            default=None,
+            help="Megatron sequence parallelism [default: on when tp>1]",
+        ),
         click.option("--precision", type=click.Choice(PRECISIONS), default="bf16", show_default=True),
-        click.option("--flash-attention/--no-flash-attention", default=True, show_default=True, help="attention scores not stored"),
-        click.option("--layer-split", default=None, help="layers per stage, comma-separated (pp*vpp entries), or 'balanced'"),
+        click.option(
+            "--flash-attention/--no-flash-attention",
+            default=True,
+            show_default=True,
+            help="attention scores not stored",
+        ),
+        click.option(
+            "--layer-split", default=None, help="layers per stage, comma-separated (pp*vpp entries), or 'balanced'"
+        ),
         click.option("--mesh-order", default=None, help="mesh axes outermost first, e.g. pp,dp,cp,tp"),
         click.option("--allow-tp-across-nodes", is_flag=True, help="allow tp larger than a node"),
     ]
@@ -61,7 +78,11 @@ def setup_from_options(kw: dict[str, Any]) -> Setup:
     dp = kw.get("dp")
     if dp is None:
         if kw["gpus"] % (tp * pp * cp):
-            raise PlanError("gpus", f"{kw['gpus']} GPUs are not divisible by tp*pp*cp = {tp * pp * cp}.", "choose tp, pp, cp whose product divides the GPU count.")
+            raise PlanError(
+                "gpus",
+                f"{kw['gpus']} GPUs are not divisible by tp*pp*cp = {tp * pp * cp}.",
+                "choose tp, pp, cp whose product divides the GPU count.",
+            )
         dp = kw["gpus"] // (tp * pp * cp)
     schedule = kw.get("schedule") or ("none" if pp == 1 else ("interleaved-1f1b" if kw["vpp"] > 1 else "1f1b"))
     sp = kw.get("sequence_parallel")
@@ -74,12 +95,27 @@ def setup_from_options(kw: dict[str, Any]) -> Setup:
         try:
             split = tuple(int(x) for x in split.split(","))
         except ValueError:
-            raise PlanError("layer_split", f"{split!r} is not a comma-separated list of integers.", "write e.g. 2,3,3,2 or 'balanced'.") from None
+            raise PlanError(
+                "layer_split",
+                f"{split!r} is not a comma-separated list of integers.",
+                "write e.g. 2,3,3,2 or 'balanced'.",
+            ) from None
     data: dict[str, Any] = dict(
-        dp=dp, tp=tp, pp=pp, cp=cp, vpp=kw["vpp"], micro_batch_size=kw["mbs"], global_batch_size=kw["gbs"],
-        schedule=schedule, zero=kw["zero"], recompute=kw["recompute"], sequence_parallel=sp,
-        precision=kw["precision"], flash_attention=kw.get("flash_attention", True),
-        layer_split=split or None, allow_tp_across_nodes=kw.get("allow_tp_across_nodes", False),
+        dp=dp,
+        tp=tp,
+        pp=pp,
+        cp=cp,
+        vpp=kw["vpp"],
+        micro_batch_size=kw["mbs"],
+        global_batch_size=kw["gbs"],
+        schedule=schedule,
+        zero=kw["zero"],
+        recompute=kw["recompute"],
+        sequence_parallel=sp,
+        precision=kw["precision"],
+        flash_attention=kw.get("flash_attention", True),
+        layer_split=split or None,
+        allow_tp_across_nodes=kw.get("allow_tp_across_nodes", False),
     )
     if kw.get("mesh_order"):
         data["mesh_order"] = tuple(x.strip() for x in kw["mesh_order"].split(","))

@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import click
 
-from simpar.sim.validation.compare import compare_events, format_rows, plot_timelines
-from simpar.sim.errors import SpecError
 from simpar.sim.engine.trace import read_trace
+from simpar.sim.errors import SpecError
+from simpar.sim.validation.compare import compare_events, format_rows, plot_timelines
 
 
 def _read(path: str):
     try:
         events, _ = read_trace(path)
     except (ValueError, KeyError, TypeError) as exc:
-        raise SpecError("trace", f"{path} is not a simpar trace ({exc}).", "give files written by simpar simulate --trace / simpar run.") from None
+        raise SpecError(
+            "trace",
+            f"{path} is not a simpar trace ({exc}).",
+            "give files written by simpar simulate --trace / simpar run.",
+        ) from None
     return events
 
 
@@ -21,7 +25,13 @@ def _read(path: str):
 @click.argument("sim_trace", type=click.Path(exists=True, dir_okay=False))
 @click.argument("measured_trace", type=click.Path(exists=True, dir_okay=False))
 @click.option("--kinds", default=None, help="only these action kinds, comma-separated (e.g. F,B,I,W)")
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None, help="draw both timelines one above the other (PNG)")
+@click.option(
+    "--plot",
+    "plot_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="draw both timelines one above the other (PNG)",
+)
 def compare(sim_trace, measured_trace, kinds, plot_path) -> None:
     """Per rank and action kind: simulated and measured mean time and their difference."""
     sim, meas = _read(sim_trace), _read(measured_trace)

@@ -6,6 +6,7 @@ import click
 
 from simpar.sim.cost.memory import MemoryReport, schedule_memory_report
 from simpar.sim.units import GiB
+
 from .common import plan_options, setup_from_options
 from .render import echo_json, print_table
 
@@ -50,12 +51,22 @@ def memory(as_json: bool, **kw) -> None:
         echo_json(memory_json(rep))
         return
     p = st.plan
-    title = (f"{st.model.name} on {st.cluster.num_gpus} x {st.cluster.gpu.name}: tp {p.tp} pp {p.pp} dp {p.dp} cp {p.cp}"
-             f" vpp {p.vpp}, mbs {p.micro_batch_size} gbs {p.global_batch_size}, {p.schedule}, ZeRO {p.zero},"
-             f" recompute {p.recompute}{', SP' if p.sequence_parallel else ''}, {p.precision}  (GiB per GPU)")
+    title = (
+        f"{st.model.name} on {st.cluster.num_gpus} x {st.cluster.gpu.name}: tp {p.tp} pp {p.pp} dp {p.dp} cp {p.cp}"
+        f" vpp {p.vpp}, mbs {p.micro_batch_size} gbs {p.global_batch_size}, {p.schedule}, ZeRO {p.zero},"
+        f" recompute {p.recompute}{', SP' if p.sequence_parallel else ''}, {p.precision}  (GiB per GPU)"
+    )
     rows = [
-        (r.pipeline_rank, f"{r.weights / GiB:.2f}", f"{r.grads / GiB:.2f}", f"{r.optimizer / GiB:.2f}",
-         f"{r.activations / GiB:.2f}", f"{r.other / GiB:.2f}", f"{r.total / GiB:.2f}", "yes" if r.fits else "NO")
+        (
+            r.pipeline_rank,
+            f"{r.weights / GiB:.2f}",
+            f"{r.grads / GiB:.2f}",
+            f"{r.optimizer / GiB:.2f}",
+            f"{r.activations / GiB:.2f}",
+            f"{r.other / GiB:.2f}",
+            f"{r.total / GiB:.2f}",
+            "yes" if r.fits else "NO",
+        )
         for r in rep.ranks
     ]
     print_table(title, ["pp rank", "weights", "grads", "optimizer", "activations", "other", "total", "fits"], rows)

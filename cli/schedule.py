@@ -7,7 +7,16 @@ import json
 
 import click
 
-from simpar.sim.schedules import SCHEDULE_NAMES, StageCosts, build_schedule, list_schedule, parse_costs, peak_inflight, check_schedule, write_csv
+from simpar.sim.schedules import (
+    SCHEDULE_NAMES,
+    StageCosts,
+    build_schedule,
+    check_schedule,
+    list_schedule,
+    parse_costs,
+    peak_inflight,
+    write_csv,
+)
 from simpar.sim.schedules.render import format_grid
 
 _DEFAULT_VPP = {"interleaved-1f1b": 2, "zb-v": 2}
@@ -17,21 +26,42 @@ _DEFAULT_VPP = {"interleaved-1f1b": 2, "zb-v": 2}
 @click.option("--schedule", "name", required=True, type=click.Choice(SCHEDULE_NAMES), help="pipeline schedule")
 @click.option("--pp", type=int, required=True, help="pipeline ranks")
 @click.option("--microbatches", "m", type=int, required=True, help="microbatches per iteration")
-@click.option("--vpp", type=int, default=None, help="stages per rank [default: 2 for interleaved-1f1b and zb-v, else 1]")
-@click.option("--costs", default=None, metavar="F,B,W[,COMM]",
-              help="per-rank times of one microbatch: forward, input-gradient backward (the zero-bubble paper's B; "
-                   "a full backward costs B+W), weight-gradient backward, p2p latency [default: 1,1,1,0]; "
-                   "split evenly over a rank's vpp stages")
-@click.option("--csv", "csv_path", type=click.Path(dir_okay=False), default=None, help="write torch's schedule CSV (+ .meta.json)")
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None, help="draw the pipeline diagram (PNG/SVG)")
+@click.option(
+    "--vpp", type=int, default=None, help="stages per rank [default: 2 for interleaved-1f1b and zb-v, else 1]"
+)
+@click.option(
+    "--costs",
+    default=None,
+    metavar="F,B,W[,COMM]",
+    help="per-rank times of one microbatch: forward, input-gradient backward (the zero-bubble paper's B; "
+    "a full backward costs B+W), weight-gradient backward, p2p latency [default: 1,1,1,0]; "
+    "split evenly over a rank's vpp stages",
+)
+@click.option(
+    "--csv", "csv_path", type=click.Path(dir_okay=False), default=None, help="write torch's schedule CSV (+ .meta.json)"
+)
+@click.option(
+    "--plot", "plot_path", type=click.Path(dir_okay=False), default=None, help="draw the pipeline diagram (PNG/SVG)"
+)
 @click.option("--json", "as_json", is_flag=True, help="print JSON (bubble_rate, makespan, peak_inflight, ...)")
 @click.option("--grid/--no-grid", default=True, show_default=True, help="print the per-rank time grid")
-def schedule(name: str, pp: int, m: int, vpp: int | None, costs: str | None, csv_path: str | None,
-             plot_path: str | None, as_json: bool, grid: bool) -> None:
+def schedule(
+    name: str,
+    pp: int,
+    m: int,
+    vpp: int | None,
+    costs: str | None,
+    csv_path: str | None,
+    plot_path: str | None,
+    as_json: bool,
+    grid: bool,
+) -> None:
     """Show a pipeline schedule: per-rank grid, bubble rate, makespan, peak in-flight microbatches."""
     vpp = vpp if vpp is not None else _DEFAULT_VPP.get(name, 1)
     rank_costs = parse_costs(costs) if costs else StageCosts.uniform()
-    stage_costs = StageCosts.per_rank(vpp, rank_costs.t_f[0], rank_costs.t_i[0], rank_costs.t_w[0], rank_costs.t_comm[0])
+    stage_costs = StageCosts.per_rank(
+        vpp, rank_costs.t_f[0], rank_costs.t_i[0], rank_costs.t_w[0], rank_costs.t_comm[0]
+    )
     sched = build_schedule(name, pp, vpp, m, stage_costs)
     check_schedule(sched)
     res = list_schedule(sched, stage_costs)
@@ -41,16 +71,29 @@ def schedule(name: str, pp: int, m: int, vpp: int | None, costs: str | None, csv
     if plot_path:
         from simpar.sim.plot.schedule import plot_schedule
 
-        cmd = f"simpar schedule --schedule {name} --pp {pp} --vpp {vpp} --microbatches {m}" + (f" --costs {costs}" if costs else "")
+        cmd = f"simpar schedule --schedule {name} --pp {pp} --vpp {vpp} --microbatches {m}" + (
+            f" --costs {costs}" if costs else ""
+        )
         plot_schedule(res, plot_path, footer=f"regenerate: {cmd} --plot {plot_path}")
     if as_json:
-        doc = dict(schedule=name, pp=pp, vpp=vpp, num_microbatches=m, makespan=res.makespan, bubble_rate=res.bubble_rate,
-                   peak_inflight=peaks, idle=list(res.idle), span=list(res.span))
+        doc = dict(
+            schedule=name,
+            pp=pp,
+            vpp=vpp,
+            num_microbatches=m,
+            makespan=res.makespan,
+            bubble_rate=res.bubble_rate,
+            peak_inflight=peaks,
+            idle=list(res.idle),
+            span=list(res.span),
+        )
         click.echo(json.dumps(doc, indent=2))
         return
     c = rank_costs
-    click.echo(f"{name}: pp={pp} vpp={vpp} microbatches={m}; per-rank times F={c.t_f[0]:g} B={c.t_i[0]:g} "
-               f"W={c.t_w[0]:g} comm={c.t_comm[0]:g}")
+    click.echo(
+        f"{name}: pp={pp} vpp={vpp} microbatches={m}; per-rank times F={c.t_f[0]:g} B={c.t_i[0]:g} "
+        f"W={c.t_w[0]:g} comm={c.t_comm[0]:g}"
+    )
     if grid:
         click.echo(format_grid(res))
     click.echo(f"makespan: {res.makespan:g}")

@@ -9,6 +9,7 @@ import click
 from simpar.sim.engine.core import EngineOptions
 from simpar.sim.engine.results import SimResult
 from simpar.sim.units import GiB
+
 from .calib import calibration_options, load_calibration_option, runtime_of
 from .common import Setup, plan_options, setup_from_options
 from .render import echo_json, print_table
@@ -22,13 +23,34 @@ from .render import echo_json, print_table
 @click.option("--overlap-tp", is_flag=True, help="hide tensor-parallel collectives behind compute")
 @click.option("--no-overlap-grad-reduce", is_flag=True, help="reduce gradients after the backward pass")
 @click.option("--json", "as_json", is_flag=True)
-@click.option("--trace", "trace_path", type=click.Path(dir_okay=False), default=None, help="write a Chrome/Perfetto trace")
+@click.option(
+    "--trace", "trace_path", type=click.Path(dir_okay=False), default=None, help="write a Chrome/Perfetto trace"
+)
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None, help="write a timeline PNG")
-@click.option("--memory-plot", "mem_plot", type=click.Path(dir_okay=False), default=None, help="write memory over time PNG")
-@click.option("--write-plan", "plan_dir", type=click.Path(file_okay=False), default=None,
-              help="write plan.json and the lowered schedule.csv the executor runs unchanged")
-def simulate(calibration, runtime, backend, full, overlap_tp, no_overlap_grad_reduce, as_json, trace_path, plot_path, mem_plot,
-             plan_dir, **kw) -> None:
+@click.option(
+    "--memory-plot", "mem_plot", type=click.Path(dir_okay=False), default=None, help="write memory over time PNG"
+)
+@click.option(
+    "--write-plan",
+    "plan_dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="write plan.json and the lowered schedule.csv the executor runs unchanged",
+)
+def simulate(
+    calibration,
+    runtime,
+    backend,
+    full,
+    overlap_tp,
+    no_overlap_grad_reduce,
+    as_json,
+    trace_path,
+    plot_path,
+    mem_plot,
+    plan_dir,
+    **kw,
+) -> None:
     """Simulate one training iteration: time, throughput, MFU, breakdown, memory."""
     from simpar.sim.engine.simulate import simulate as run
 
@@ -51,8 +73,10 @@ def describe(st: Setup) -> str:
 
 def print_result(st: Setup, res: SimResult) -> None:
     click.echo(describe(st))
-    click.echo(f"iteration {res.iter_time_s:.4f} s | {res.tokens_per_s:,.0f} tokens/s | {res.tflops_per_gpu:.1f} TFLOP/s/GPU"
-               f" (hardware {res.hw_tflops_per_gpu:.1f}) | MFU {res.mfu:.1%} | bubble {res.bubble_fraction:.1%}")
+    click.echo(
+        f"iteration {res.iter_time_s:.4f} s | {res.tokens_per_s:,.0f} tokens/s | {res.tflops_per_gpu:.1f} TFLOP/s/GPU"
+        f" (hardware {res.hw_tflops_per_gpu:.1f}) | MFU {res.mfu:.1%} | bubble {res.bubble_fraction:.1%}"
+    )
     rows = [(k, f"{v:.4f}", f"{v / res.iter_time_s:.1%}") for k, v in res.breakdown_s.items()]
     rows.append(("total", f"{sum(res.breakdown_s.values()):.4f}", "100.0%"))
     print_table(f"breakdown of GPU rank {res.reported_rank} (seconds)", ["part", "seconds", "share"], rows)
@@ -60,17 +84,26 @@ def print_result(st: Setup, res: SimResult) -> None:
     click.echo(res.memory.verdict())
 
 
-def write_outputs(st: Setup, res: SimResult, trace_path, plot_path, mem_plot, plan_dir, calib=None, profile=None) -> None:
+def write_outputs(
+    st: Setup, res: SimResult, trace_path, plot_path, mem_plot, plan_dir, calib=None, profile=None
+) -> None:
     if trace_path:
         from simpar.sim.engine.trace import write_trace
 
-        write_trace(trace_path, res.events, {"source": "simpar simulate", "describe": describe(st),
-                                             "iter_time_s": res.iter_time_s})
+        write_trace(
+            trace_path,
+            res.events,
+            {"source": "simpar simulate", "describe": describe(st), "iter_time_s": res.iter_time_s},
+        )
     if plot_path:
         from simpar.sim.plot.timeline import plot_timeline
 
-        plot_timeline(res.events, plot_path, describe(st),
-                      f"iteration {res.iter_time_s:.3f} s, MFU {res.mfu:.1%}, bubble {res.bubble_fraction:.1%}")
+        plot_timeline(
+            res.events,
+            plot_path,
+            describe(st),
+            f"iteration {res.iter_time_s:.3f} s, MFU {res.mfu:.1%}, bubble {res.bubble_fraction:.1%}",
+        )
     if mem_plot:
         from simpar.sim.plot.timeline import plot_memory
 
@@ -85,9 +118,9 @@ def write_outputs(st: Setup, res: SimResult, trace_path, plot_path, mem_plot, pl
 
 def write_plan_dir(st: Setup, out: Path, calibration=None, profile=None) -> None:
     """plan.json + the lowered schedule.csv that was simulated, exactly what `simpar run` reads."""
-    from simpar.sim.specs.planfile import write_plan_file
-    from simpar.sim.schedules import write_csv
     from simpar.sim.engine.simulate import plan_schedule
+    from simpar.sim.schedules import write_csv
+    from simpar.sim.specs.planfile import write_plan_file
 
     out.mkdir(parents=True, exist_ok=True)
     write_plan_file(out / "plan.json", st.plan, st.model, st.cluster.name)

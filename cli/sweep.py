@@ -11,22 +11,32 @@ import click
 
 from simpar.sim.errors import SimparError
 from simpar.sim.plan import PRECISIONS, RECOMPUTE, SCHEDULES
+
 from .calib import calibration_options, load_calibration_option, runtime_of
 from .render import echo_json
 
-PHASES = {"screen": "screen: divides? fits? quick estimate", "refine": "refine: list-scheduler oracle",
-          "simulate": "simulate: engine", "plans": "write the best plans"}
+PHASES = {
+    "screen": "screen: divides? fits? quick estimate",
+    "refine": "refine: list-scheduler oracle",
+    "simulate": "simulate: engine",
+    "plans": "write the best plans",
+}
 
 
 def _list(text: str, field: str, allowed: tuple | None = None, cast=str) -> tuple:
     try:
         vals = tuple(cast(x.strip()) for x in text.split(",") if x.strip())
     except ValueError:
-        raise SimparError(field, f"{text!r} is not a comma-separated list of numbers.", f"write e.g. --{field} 1,2,4.") from None
+        raise SimparError(
+            field, f"{text!r} is not a comma-separated list of numbers.", f"write e.g. --{field} 1,2,4."
+        ) from None
     bad = [v for v in vals if allowed is not None and v not in allowed]
     if bad or not vals:
-        raise SimparError(field, f"{', '.join(map(str, bad)) or 'nothing'} is not allowed.",
-                          f"use a comma-separated list of {', '.join(map(str, allowed or ()))}.")
+        raise SimparError(
+            field,
+            f"{', '.join(map(str, bad)) or 'nothing'} is not allowed.",
+            f"use a comma-separated list of {', '.join(map(str, allowed or ()))}.",
+        )
     return vals
 
 
@@ -37,22 +47,56 @@ def space_from(kw: dict[str, Any]):
     if min(mbs) < 1:
         raise SimparError("mbs", "micro-batch sizes must be >= 1.", "write e.g. --mbs 1,2,4,8.")
     return SearchSpace(
-        schedules=_list(kw["schedules"], "schedules", SCHEDULES), zero=_list(kw["zero"], "zero", (0, 1, 2, 3), int),
-        recompute=_list(kw["recompute"], "recompute", RECOMPUTE), mbs=mbs, max_tp=kw["max_tp"], max_cp=kw["max_cp"],
+        schedules=_list(kw["schedules"], "schedules", SCHEDULES),
+        zero=_list(kw["zero"], "zero", (0, 1, 2, 3), int),
+        recompute=_list(kw["recompute"], "recompute", RECOMPUTE),
+        mbs=mbs,
+        max_tp=kw["max_tp"],
+        max_cp=kw["max_cp"],
         sequence_parallel={"both": (False, True), "on": (True,), "off": (False,)}[kw["sequence_parallel"]],
-        layer_split=kw["layer_split"], precision=kw["precision"])
+        layer_split=kw["layer_split"],
+        precision=kw["precision"],
+    )
 
 
 #: (option, default) in the order the canonical command lists them; results depend on these only.
-_COMMAND = [("seq_len", None), ("schedules", ",".join(SCHEDULES)), ("zero", "0,1,2,3"), ("recompute", ",".join(RECOMPUTE)),
-            ("mbs", "1,2,4,8"), ("max_tp", None), ("max_cp", None), ("sequence_parallel", "both"), ("layer_split", "even"),
-            ("precision", "bf16"), ("objective", "throughput"), ("refine", 200), ("simulate", 20), ("exhaustive", False),
-            ("calibration", None), ("runtime", "megatron"), ("backend", "analytical"), ("top", 10), ("plans", 3)]
+_COMMAND = [
+    ("seq_len", None),
+    ("schedules", ",".join(SCHEDULES)),
+    ("zero", "0,1,2,3"),
+    ("recompute", ",".join(RECOMPUTE)),
+    ("mbs", "1,2,4,8"),
+    ("max_tp", None),
+    ("max_cp", None),
+    ("sequence_parallel", "both"),
+    ("layer_split", "even"),
+    ("precision", "bf16"),
+    ("objective", "throughput"),
+    ("refine", 200),
+    ("simulate", 20),
+    ("exhaustive", False),
+    ("calibration", None),
+    ("runtime", "megatron"),
+    ("backend", "analytical"),
+    ("top", 10),
+    ("plans", 3),
+]
 
 
 def canonical_command(kw: dict[str, Any], out: str) -> str:
     """The command that regenerates this sweep (only options that differ from their defaults)."""
-    parts = ["simpar", "sweep", "--model", kw["model"], "--cluster", kw["cluster"], "--gpus", str(kw["gpus"]), "--gbs", str(kw["gbs"])]
+    parts = [
+        "simpar",
+        "sweep",
+        "--model",
+        kw["model"],
+        "--cluster",
+        kw["cluster"],
+        "--gpus",
+        str(kw["gpus"]),
+        "--gbs",
+        str(kw["gbs"]),
+    ]
     for name, default in _COMMAND:
         v = kw.get(name)
         if v is None or v == default or v is False:
@@ -67,12 +111,27 @@ class _Bar:
 
     def __init__(self, enabled: bool):
         from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
 
         con = Console(stderr=True)
-        self.p = Progress(TextColumn("{task.description:<40}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                          TextColumn("ETA"), TimeRemainingColumn(), console=con, transient=False,
-                          disable=not (enabled and con.is_terminal))
+        self.p = Progress(
+            TextColumn("{task.description:<40}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("ETA"),
+            TimeRemainingColumn(),
+            console=con,
+            transient=False,
+            disable=not (enabled and con.is_terminal),
+        )
         self.tasks: dict[str, Any] = {}
 
     def __call__(self, phase: str, done: int, total: int) -> None:
@@ -99,25 +158,62 @@ class _Bar:
 @click.option("--recompute", default=",".join(RECOMPUTE), show_default=True, help="recomputation modes to try")
 @click.option("--mbs", default="1,2,4,8", show_default=True, help="micro-batch sizes to try")
 @click.option("--max-tp", type=int, default=None, help="largest tensor-parallel size [default: GPUs per node]")
-@click.option("--max-cp", type=int, default=None, help="largest context-parallel size [default: >= 4096 tokens per GPU, within a node]")
+@click.option(
+    "--max-cp",
+    type=int,
+    default=None,
+    help="largest context-parallel size [default: >= 4096 tokens per GPU, within a node]",
+)
 @click.option("--sequence-parallel", type=click.Choice(["both", "on", "off"]), default="both", show_default=True)
-@click.option("--layer-split", type=click.Choice(["even", "balanced"]), default="even", show_default=True,
-              help="balanced: allow uneven layer splits (fewer layers on the first and last stage)")
+@click.option(
+    "--layer-split",
+    type=click.Choice(["even", "balanced"]),
+    default="even",
+    show_default=True,
+    help="balanced: allow uneven layer splits (fewer layers on the first and last stage)",
+)
 @click.option("--precision", type=click.Choice(PRECISIONS), default="bf16", show_default=True)
 @click.option("--objective", type=click.Choice(["throughput", "memory"]), default="throughput", show_default=True)
 @click.option("--top", type=int, default=10, show_default=True, help="rows of the table of best plans")
-@click.option("--plans", type=int, default=3, show_default=True, help="best plans written out (plan.json, schedule.csv, trace, PNG)")
-@click.option("--refine", type=int, default=200, show_default=True, help="best quick estimates re-ranked by the list-scheduler oracle")
-@click.option("--simulate", "n_simulate", type=int, default=20, show_default=True, help="best estimates simulated by the engine")
+@click.option(
+    "--plans",
+    type=int,
+    default=3,
+    show_default=True,
+    help="best plans written out (plan.json, schedule.csv, trace, PNG)",
+)
+@click.option(
+    "--refine",
+    type=int,
+    default=200,
+    show_default=True,
+    help="best quick estimates re-ranked by the list-scheduler oracle",
+)
+@click.option(
+    "--simulate", "n_simulate", type=int, default=20, show_default=True, help="best estimates simulated by the engine"
+)
 @click.option("--exhaustive", is_flag=True, help="simulate every configuration that fits with the engine")
 @calibration_options
-@click.option("--backend", type=click.Choice(["analytical", "contention"]), default="analytical", show_default=True,
-              help="network backend of the engine runs")
+@click.option(
+    "--backend",
+    type=click.Choice(["analytical", "contention"]),
+    default="analytical",
+    show_default=True,
+    help="network backend of the engine runs",
+)
 @click.option("--workers", type=int, default=0, help="local worker processes [default: one per core]")
 @click.option("--ray", "ray_address", default=None, help="run on a Ray cluster at this address ('local' starts one)")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None, help="output folder [default: sweeps/MODEL-GPUSxGPU]")
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="output folder [default: sweeps/MODEL-GPUSxGPU]",
+)
 @click.option("--resume", is_flag=True, help="continue an interrupted sweep in --out without recomputing finished rows")
-@click.option("--why", "why_filter", default=None, help="explain what happened to matching configurations, e.g. 'tp=4,pp=8'")
+@click.option(
+    "--why", "why_filter", default=None, help="explain what happened to matching configurations, e.g. 'tp=4,pp=8'"
+)
 @click.option("--json", "as_json", is_flag=True)
 def sweep(**kw) -> None:
     """Search tp x pp x dp x cp x vpp x micro-batch x schedule x ZeRO x recompute x SP; rank, explain, report."""
@@ -135,14 +231,20 @@ def sweep(**kw) -> None:
 
     profile, engine = runtime_of(kw["runtime"], calib, EngineOptions())
     setup = SweepSetup(model, cluster, kw["gpus"], kw["gbs"], space, calib, engine, kw["backend"], profile=profile)
-    opts = SweepOptions(kw["objective"], kw["refine"], kw["simulate"], kw["exhaustive"], kw["workers"], kw["ray_address"])
+    opts = SweepOptions(
+        kw["objective"], kw["refine"], kw["simulate"], kw["exhaustive"], kw["workers"], kw["ray_address"]
+    )
     command = canonical_command(kw, out)
     try:
         with _Bar(not kw["as_json"]) as bar:
-            res = run_sweep(setup, out, opts, resume=kw["resume"] or bool(kw["why_filter"]), progress=bar, command=command)
+            res = run_sweep(
+                setup, out, opts, resume=kw["resume"] or bool(kw["why_filter"]), progress=bar, command=command
+            )
             finish(setup, res, kw, command, bar)
     except KeyboardInterrupt:
-        click.echo(f"interrupted: finished rows are saved in {out}/journal; continue with: {command} --resume", err=True)
+        click.echo(
+            f"interrupted: finished rows are saved in {out}/journal; continue with: {command} --resume", err=True
+        )
         sys.exit(130)
     show(res, kw)
 
@@ -168,11 +270,22 @@ def show(res, kw: dict) -> None:
     obj = res.manifest["identity"]["objective"]
     lines = why(res.rows, kw["why_filter"], objective=obj) if kw["why_filter"] else []
     if kw["as_json"]:
-        echo_json({"out": str(res.out), "counts": c, "command": res.manifest.get("command", ""), "best": best[: kw["top"]],
-                   "explain": explain(res.rows, obj), "why": lines})
+        echo_json(
+            {
+                "out": str(res.out),
+                "counts": c,
+                "command": res.manifest.get("command", ""),
+                "best": best[: kw["top"]],
+                "explain": explain(res.rows, obj),
+                "why": lines,
+            }
+        )
     else:
-        click.echo(f"{c['enumerated']:,} configurations: {c['invalid']:,} do not divide, {c['oom']:,} do not fit, {c['fitting']:,} fit;"
-                   f" {c['refined']:,} refined by the oracle, {c['simulated']:,} simulated by the engine ({res.wall_s:.1f} s)")
+        click.echo(
+            f"{c['enumerated']:,} configurations: {c['invalid']:,} do not divide, {c['oom']:,} do not fit, "
+            f"{c['fitting']:,} fit;"
+            f" {c['refined']:,} refined by the oracle, {c['simulated']:,} simulated by the engine ({res.wall_s:.1f} s)"
+        )
         if best:
             _print_top(res, kw["top"])
             for s in explain(res.rows, obj):
@@ -181,8 +294,11 @@ def show(res, kw: dict) -> None:
             click.echo(line)
         click.echo(f"report: {Path(res.out) / 'report.md'}")
     if not best:
-        raise SimparError("search space", _nothing_fits(res.rows), "see report.md; add GPUs, allow ZeRO 3 or full recompute, "
-                          "or change the global batch / micro-batch sizes.")
+        raise SimparError(
+            "search space",
+            _nothing_fits(res.rows),
+            "see report.md; add GPUs, allow ZeRO 3 or full recompute, or change the global batch / micro-batch sizes.",
+        )
 
 
 def _print_top(res, k: int) -> None:
@@ -193,7 +309,10 @@ def _print_top(res, k: int) -> None:
     from simpar.sim.sweep.report import top_table
 
     cols, rows = top_table(res.rows, k, compact=True)
-    table = Table(title=f"best plans: {res.manifest['model']} on {res.manifest['identity']['num_gpus']:,} GPUs", title_justify="left")
+    table = Table(
+        title=f"best plans: {res.manifest['model']} on {res.manifest['identity']['num_gpus']:,} GPUs",
+        title_justify="left",
+    )
     for i, c in enumerate(cols):
         table.add_column(c, justify="left" if i == 1 else "right", no_wrap=i == 1)
     for r in rows:
@@ -209,5 +328,8 @@ def _nothing_fits(rows: list[dict]) -> str:
         r = oom[0]
         return f"none of the {len(rows):,} configurations fits in memory; the closest, {r['id']}, {r['reason']}."
     top = drop_reasons(rows, 3)
-    return (f"no configuration of the {len(rows):,} is a valid plan; the commonest reasons: "
-            + "; ".join(f"{n:,} x {p.rstrip('.')}" for n, p, _ in top) + ".")
+    return (
+        f"no configuration of the {len(rows):,} is a valid plan; the commonest reasons: "
+        + "; ".join(f"{n:,} x {p.rstrip('.')}" for n, p, _ in top)
+        + "."
+    )

@@ -17,15 +17,21 @@ from rich.table import Table
 from simpar.sim.errors import SpecError
 from simpar.sim.network import make_network
 from simpar.sim.network.nccltests import topology_report
-from simpar.sim.specs import load_cluster
 from simpar.sim.plot.topology import draw_topology
+from simpar.sim.specs import load_cluster
 from simpar.sim.units import human_bytes
 
 
 @click.command("topo")
 @click.argument("cluster")
 @click.option("--gpus", type=int, default=None, help="scale the preset to N GPUs (whole nodes) [default: the preset's]")
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None, help="draw the graph (small clusters) to this PNG/SVG/PDF")
+@click.option(
+    "--plot",
+    "plot_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="draw the graph (small clusters) to this PNG/SVG/PDF",
+)
 @click.option("--json", "as_json", is_flag=True, help="print the figures as JSON")
 def topo(cluster: str, gpus: int | None, plot_path: Path | None, as_json: bool) -> None:
     """Nodes, links, bisection and predicted bus bandwidth of a cluster preset or file."""
@@ -46,8 +52,10 @@ def topo(cluster: str, gpus: int | None, plot_path: Path | None, as_json: bool) 
 
 def _print(r: dict) -> None:
     con = Console()
-    con.print(f"[bold]{r['cluster']}[/]: {r['gpus']} x {r['gpu']} in {r['nodes']} node(s) of {r['gpus_per_node']}; "
-              f"intra-node {r['intra_node']}, scale-out {r['scale_out']}")
+    con.print(
+        f"[bold]{r['cluster']}[/]: {r['gpus']} x {r['gpu']} in {r['nodes']} node(s) of {r['gpus_per_node']}; "
+        f"intra-node {r['intra_node']}, scale-out {r['scale_out']}"
+    )
     con.print("graph nodes: " + ", ".join(f"{k} {v}" for k, v in r["graph_nodes"].items()))
     links = Table(title="links (full duplex)", title_justify="left")
     for col in ("kind", "count", "GB/s per direction"):

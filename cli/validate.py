@@ -17,7 +17,9 @@ from .render import echo_json, print_table
 @click.option("--calibration", type=click.Path(dir_okay=False), default=None, help="calibration JSON (one GPU type)")
 @click.option("--backend", type=click.Choice(["analytical", "contention"]), default="analytical", show_default=True)
 @click.option("--json", "as_json", is_flag=True)
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None, help="write a scatter plot and a Markdown table")
+@click.option(
+    "--out", "out_dir", type=click.Path(file_okay=False), default=None, help="write a scatter plot and a Markdown table"
+)
 def validate(csv_file: str, calibration, backend: str, as_json: bool, out_dir) -> None:
     """Simulate every row of a measured-run CSV (see FORMAT.md) and compare."""
     from simpar.sim.engine.simulate import simulate
@@ -35,8 +37,16 @@ def validate(csv_file: str, calibration, backend: str, as_json: bool, out_dir) -
 
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        cmd = "simpar " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["validate"] else f"simpar validate {csv_file} --out {out_dir}"
-        scatter(doc, out / "scatter.png", f"{Path(csv_file).name}: median |error| {doc['summary']['median_abs_error'] or 0:.1%}")
+        cmd = (
+            "simpar " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+            if sys.argv[1:2] == ["validate"]
+            else f"simpar validate {csv_file} --out {out_dir}"
+        )
+        scatter(
+            doc,
+            out / "scatter.png",
+            f"{Path(csv_file).name}: median |error| {doc['summary']['median_abs_error'] or 0:.1%}",
+        )
         (out / "validation.md").write_text(markdown(doc, cmd))
         (out / "validation.json").write_text(__import__("json").dumps(doc, indent=1, sort_keys=True))
     if as_json:
@@ -46,16 +56,40 @@ def validate(csv_file: str, calibration, backend: str, as_json: bool, out_dir) -
     for r in doc["rows"]:
         pred = "—" if r["predicted_iter_time_s"] is None else f"{r['predicted_iter_time_s']:.4g}"
         err = "—" if r["error"] is None else f"{r['error']:+.1%}"
-        mem = "—" if r["mem_error"] is None else f"{r['predicted_peak_mem_gib']:.1f} / {r['measured_peak_mem_gib']:.1f} ({r['mem_error']:+.1%})"
-        rows_out.append((r["id"][:48], f"{r['measured_iter_time_s']:.4g}", pred, err, mem, "ok" if r["status"] == "ok" else r["status"][:60]))
-    print_table(f"{csv_file}: predicted vs measured", ["id", "measured s", "predicted s", "error", "peak mem pred/meas GiB", "status"], rows_out)
+        mem = (
+            "—"
+            if r["mem_error"] is None
+            else f"{r['predicted_peak_mem_gib']:.1f} / {r['measured_peak_mem_gib']:.1f} ({r['mem_error']:+.1%})"
+        )
+        rows_out.append(
+            (
+                r["id"][:48],
+                f"{r['measured_iter_time_s']:.4g}",
+                pred,
+                err,
+                mem,
+                "ok" if r["status"] == "ok" else r["status"][:60],
+            )
+        )
+    print_table(
+        f"{csv_file}: predicted vs measured",
+        ["id", "measured s", "predicted s", "error", "peak mem pred/meas GiB", "status"],
+        rows_out,
+    )
     s = doc["summary"]
     if s["n"]:
-        click.echo(f"iteration time: n={s['n']} median |error| {s['median_abs_error']:.1%}, p90 {s['p90_abs_error']:.1%}, "
-                   f"max {s['max_abs_error']:.1%}; not simulated: {s['not_simulated']}")
+        click.echo(
+            f"iteration time: n={s['n']} median |error| {s['median_abs_error']:.1%}, p90 {s['p90_abs_error']:.1%}, "
+            f"max {s['max_abs_error']:.1%}; not simulated: {s['not_simulated']}"
+        )
     for src, v in doc["per_source"].items():
         if v["n"]:
-            click.echo(f"  {src[:60]}: n={v['n']} median {v['median_abs_error']:.1%} p90 {v['p90_abs_error']:.1%} max {v['max_abs_error']:.1%}")
+            click.echo(
+                f"  {src[:60]}: n={v['n']} median {v['median_abs_error']:.1%} p90 {v['p90_abs_error']:.1%} "
+                f"max {v['max_abs_error']:.1%}"
+            )
     ms = doc["memory_summary"]
     if ms["n"]:
-        click.echo(f"peak memory: n={ms['n']} median |error| {ms['median_abs_error']:.1%}, max {ms['max_abs_error']:.1%}")
+        click.echo(
+            f"peak memory: n={ms['n']} median |error| {ms['median_abs_error']:.1%}, max {ms['max_abs_error']:.1%}"
+        )

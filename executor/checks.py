@@ -58,13 +58,23 @@ def check_plan_for_executor(plan: ParallelPlan, model: ModelSpec) -> None:
         raise PlanError("cp", "the executor does not implement context parallelism.", "use cp=1.")
     for what, n in (("heads", model.heads), ("kv_heads", model.kv_heads), ("ffn", model.ffn)):
         if n % plan.tp:
-            raise PlanError("tp", f"tp={plan.tp} does not divide {what}={n}.", f"pick tp dividing {what} (the executor splits heads, kv heads and the MLP).")
+            raise PlanError(
+                "tp",
+                f"tp={plan.tp} does not divide {what}={n}.",
+                f"pick tp dividing {what} (the executor splits heads, kv heads and the MLP).",
+            )
     if plan.sequence_parallel and plan.tp == 1:
         raise PlanError("sequence_parallel", "sequence parallelism needs tp > 1.", "drop it or use tp > 1.")
     if model.seq_len % (plan.tp if plan.sequence_parallel else 1):
-        raise PlanError("sequence_parallel", f"seq_len={model.seq_len} is not divisible by tp={plan.tp}.", "pick tp dividing the sequence length.")
+        raise PlanError(
+            "sequence_parallel",
+            f"seq_len={model.seq_len} is not divisible by tp={plan.tp}.",
+            "pick tp dividing the sequence length.",
+        )
     if plan.global_batch_size % (plan.dp * plan.micro_batch_size):
-        raise PlanError("gbs", f"global batch {plan.global_batch_size} is not divisible by dp*mbs.", "use a multiple of dp*mbs.")
+        raise PlanError(
+            "gbs", f"global batch {plan.global_batch_size} is not divisible by dp*mbs.", "use a multiple of dp*mbs."
+        )
     _check_schedule(plan)
     _check_split(plan, model)
 
@@ -83,20 +93,46 @@ def check_run(plan: ParallelPlan, model: ModelSpec, sched: Schedule, world_size:
     """Everything that must agree before processes start; raises one SimparError."""
     check_plan_for_executor(plan, model)
     if world_size != plan.num_gpus:
-        raise PlanError("nproc", f"the plan needs dp*tp*pp*cp = {plan.num_gpus} processes, the launch has {world_size}.", f"launch {plan.num_gpus} processes (or change the plan).")
+        raise PlanError(
+            "nproc",
+            f"the plan needs dp*tp*pp*cp = {plan.num_gpus} processes, the launch has {world_size}.",
+            f"launch {plan.num_gpus} processes (or change the plan).",
+        )
     if len(sched.ranks) != plan.pp:
-        raise ScheduleError("schedule", f"it has {len(sched.ranks)} rows (pipeline ranks), the plan has pp={plan.pp}.", "write the schedule for this plan (schedule_for_plan + write_csv).")
+        raise ScheduleError(
+            "schedule",
+            f"it has {len(sched.ranks)} rows (pipeline ranks), the plan has pp={plan.pp}.",
+            "write the schedule for this plan (schedule_for_plan + write_csv).",
+        )
     placement = sched.placement
     expected = v_placement(plan.pp) if plan.schedule == "zb-v" else looped_placement(plan.pp, plan.vpp)
     if placement != expected:
-        raise ScheduleError("schedule", f"places stages on ranks {list(placement)}, the plan ({plan.schedule}, pp={plan.pp}, vpp={plan.vpp}) expects {list(expected)}.", "write the schedule for this plan.")
+        raise ScheduleError(
+            "schedule",
+            f"places stages on ranks {list(placement)}, the plan ({plan.schedule}, pp={plan.pp}, "
+            f"vpp={plan.vpp}) expects {list(expected)}.",
+            "write the schedule for this plan.",
+        )
     if microbatches(sched) != plan.num_microbatches:
-        raise ScheduleError("schedule", f"has {microbatches(sched)} microbatches, the plan has {plan.num_microbatches}.", "write the schedule for this plan's batch sizes.")
+        raise ScheduleError(
+            "schedule",
+            f"has {microbatches(sched)} microbatches, the plan has {plan.num_microbatches}.",
+            "write the schedule for this plan's batch sizes.",
+        )
     if plan.zero == 3 and split_backward(sched):
-        raise PlanError("zero", "ZeRO-3 (FSDP reshard_after_forward=True) with a schedule that has I/W actions gives wrong gradients in torch 2.13.", "use --zero 2, or a schedule without I/W (gpipe, 1f1b, interleaved-1f1b).")
+        raise PlanError(
+            "zero",
+            "ZeRO-3 (FSDP reshard_after_forward=True) with a schedule that has I/W actions gives wrong "
+            "gradients in torch 2.13.",
+            "use --zero 2, or a schedule without I/W (gpipe, 1f1b, interleaved-1f1b).",
+        )
     if plan.zero == 1 and plan.dp > 1 and (plan.tp > 1 or split_backward(sched)):
         why = "tensor-parallel (DTensor) parameters" if plan.tp > 1 else "a schedule with I/W actions (wrong gradients)"
-        raise PlanError("zero", f"ZeRO-1 runs as DDP + ZeroRedundancyOptimizer, which in torch 2.13 does not work with {why}.", "use --zero 0 or --zero 2.")
+        raise PlanError(
+            "zero",
+            f"ZeRO-1 runs as DDP + ZeroRedundancyOptimizer, which in torch 2.13 does not work with {why}.",
+            "use --zero 0 or --zero 2.",
+        )
     if has_comms(sched):
         _check_lowered(plan, sched, placement)
 
@@ -107,7 +143,18 @@ def _check_lowered(plan: ParallelPlan, sched: Schedule, placement: tuple[int, ..
         kinds = {(a.stage, a.kind) for a in row}
         for s in (s for s, pr in enumerate(placement) if pr == r):
             if (s, Kind.REDUCE_GRAD) not in kinds:
-                raise ScheduleError("schedule", f"has communication but no {s}REDUCE_GRAD on rank {r}: gradients would be multiplied by the microbatch count.", "add REDUCE_GRAD after each stage's last backward, or run the compute-only schedule (torch inserts it).")
+                raise ScheduleError(
+                    "schedule",
+                    f"has communication but no {s}REDUCE_GRAD on rank {r}: gradients would be multiplied by "
+                    "the microbatch count.",
+                    "add REDUCE_GRAD after each stage's last backward, or run the compute-only schedule "
+                    "(torch inserts it).",
+                )
             fsdp = plan.zero >= 2 or (plan.zero == 0 and plan.zero_shards > 1)  # ZeRO-0 + dp runs as replicate (FSDP2)
             if fsdp and not {(s, Kind.UNSHARD), (s, Kind.RESHARD)} <= kinds:
-                raise ScheduleError("schedule", f"has communication but no {s}UNSHARD/{s}RESHARD on rank {r}, which FSDP (zero>=2, or zero 0 with dp>1 as replicate) needs.", "add them, or run the compute-only schedule (torch inserts them).")
+                raise ScheduleError(
+                    "schedule",
+                    f"has communication but no {s}UNSHARD/{s}RESHARD on rank {r}, which FSDP (zero>=2, or "
+                    "zero 0 with dp>1 as replicate) needs.",
+                    "add them, or run the compute-only schedule (torch inserts them).",
+                )

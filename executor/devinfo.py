@@ -30,9 +30,16 @@ def software_versions() -> dict[str, str]:
 
 def device_info(cfg: BenchConfig) -> dict:
     """What the calibration describes: device name, software versions, host."""
-    info = {"kind": cfg.device, "backend": cfg.backend, "nproc": cfg.nproc, "torch": torch.__version__,
-            "python": platform.python_version(), "host": platform.node(), "machine": platform.machine(),
-            "threads_per_process": 1 if cfg.device == "cpu" else None}
+    info = {
+        "kind": cfg.device,
+        "backend": cfg.backend,
+        "nproc": cfg.nproc,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "host": platform.node(),
+        "machine": platform.machine(),
+        "threads_per_process": 1 if cfg.device == "cpu" else None,
+    }
     if cfg.device == "cuda":
         info["name"] = torch.cuda.get_device_name(0)
         info["cuda"] = torch.version.cuda

@@ -17,9 +17,10 @@ import sys
 from datetime import timedelta
 from pathlib import Path
 
+from simpar.sim.engine.trace import write_trace
 from simpar.sim.errors import SimparError
 from simpar.sim.specs.planfile import read_plan_file
-from simpar.sim.engine.trace import write_trace
+
 from .launch import DEFAULT_TIMEOUT_S, check_inputs
 
 log = logging.getLogger("simpar.executor")
@@ -61,7 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     except SimparError as exc:
         print(f"error: {exc}", file=sys.stderr)  # the worker's own report, before any collective
         return 2
-    cfg = RunConfig(plan, model, args.schedule, args.steps, args.warmup, args.device, args.precision, args.seed, verify=args.verify)
+    cfg = RunConfig(
+        plan, model, args.schedule, args.steps, args.warmup, args.device, args.precision, args.seed, verify=args.verify
+    )
     if args.device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     backend = dist.get_default_backend_for_device(torch.device(args.device))

@@ -51,6 +51,7 @@ from simpar.sim.cost.memory import rank_params
 from simpar.sim.plan import ParallelPlan
 from simpar.sim.schedules import schedule_for_plan, write_csv
 from simpar.sim.specs import ModelSpec
+
 from .timing import DTYPES, BenchConfig, LayerShape, _null, bench_attention_core, timeit
 from .worker import RunConfig, gather, run_rank
 
@@ -61,12 +62,14 @@ GRAD_REDUCE_LAYERS = (1, 3)
 IN_RUN_WARMUP = 4
 
 
-def run_in_run_plans(arch: str, hidden: int, heads: int, kv_heads: int, ffn: int, seq: int, device: str,
-                      reps: int, workdir: str | Path) -> dict[str, list[dict]]:
+def run_in_run_plans(
+    arch: str, hidden: int, heads: int, kv_heads: int, ffn: int, seq: int, device: str, reps: int, workdir: str | Path
+) -> dict[str, list[dict]]:
     """On rank 0 (empty lists elsewhere): ``grad_reduce`` rows {op, group, units, bytes, time_s},
     the median REDUCE_GRAD of ``reps`` runs (each traced on its step after `IN_RUN_WARMUP`
-    warm-up steps, memory not profiled; the median over ranks too) of data-parallel plans over every process, ZeRO 0 (replicate:
-    all-reduce) and ZeRO 2 (FSDP2: reduce-scatter), 4 micro-batches of 1 sequence per rank; and
+    warm-up steps, memory not profiled; the median over ranks too) of data-parallel plans over
+    every process, ZeRO 0 (replicate: all-reduce) and ZeRO 2 (FSDP2: reduce-scatter), 4
+    micro-batches of 1 sequence per rank; and
     ``compute`` rows {model, plan, procs, stage, f_s, b_s}: the medians of the F and B actions of
     each stage, from the same runs and from 1F1B pipeline runs over every process (one and two
     layers per stage, 4 micro-batches of 1 sequence); a pipeline run's rows add ``post_s``
@@ -79,13 +82,30 @@ def run_in_run_plans(arch: str, hidden: int, heads: int, kv_heads: int, ffn: int
     sched = Path(workdir, "insitu-schedule.csv")
 
     def spec(layers: int) -> ModelSpec:
-        return ModelSpec(name="calib", arch=arch, layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads,
-                         ffn=ffn, vocab=256, seq_len=seq)
+        return ModelSpec(
+            name="calib",
+            arch=arch,
+            layers=layers,
+            hidden=hidden,
+            heads=heads,
+            kv_heads=kv_heads,
+            ffn=ffn,
+            vocab=256,
+            seq_len=seq,
+        )
 
-    runs = [(spec(layers), ParallelPlan(dp=world, zero=zero, micro_batch_size=1, global_batch_size=4 * world, schedule="none"))
-            for zero in (0, 2) for layers in GRAD_REDUCE_LAYERS]
-    runs += [(spec(world * k), ParallelPlan(pp=world, micro_batch_size=1, global_batch_size=4, schedule="1f1b"))
-             for k in (1, 2)]
+    runs = [
+        (
+            spec(layers),
+            ParallelPlan(dp=world, zero=zero, micro_batch_size=1, global_batch_size=4 * world, schedule="none"),
+        )
+        for zero in (0, 2)
+        for layers in GRAD_REDUCE_LAYERS
+    ]
+    runs += [
+        (spec(world * k), ParallelPlan(pp=world, micro_batch_size=1, global_batch_size=4, schedule="1f1b"))
+        for k in (1, 2)
+    ]
     for model, plan in runs:
         if dist.get_rank() == 0:
             write_csv(schedule_for_plan(plan), sched)
@@ -93,17 +113,26 @@ def run_in_run_plans(arch: str, hidden: int, heads: int, kv_heads: int, ffn: int
         times: dict[tuple[str, int], list[float]] = {}
         probes: list[float] = []
         for _ in range(reps):
-            results = gather(run_rank(RunConfig(plan, model, str(sched), steps=1, warmup=IN_RUN_WARMUP, device=device,
-                                                profile_memory=False)))
+            results = gather(
+                run_rank(
+                    RunConfig(
+                        plan, model, str(sched), steps=1, warmup=IN_RUN_WARMUP, device=device, profile_memory=False
+                    )
+                )
+            )
             if results is not None:  # the run's device-speed probe (before and after its steps, every rank)
                 probes.append(statistics.fmean(p for r in results for p in r["probe_s"]))
             for kind in ("REDUCE_GRAD", "F", "B") if results is not None else ():
                 for stage in range(plan.num_stages):
-                    got = [e["duration"] for r in results for e in r["events"] if e["kind"] == kind and e["stage"] == stage]
+                    got = [
+                        e["duration"] for r in results for e in r["events"] if e["kind"] == kind and e["stage"] == stage
+                    ]
                     if got:
                         times.setdefault((kind, stage), []).append(statistics.median(got))
             if results is not None and plan.zero == 2:
-                times.setdefault(("gather", 0), []).append(statistics.median(gather_seconds(r["events"]) for r in results))
+                times.setdefault(("gather", 0), []).append(
+                    statistics.median(gather_seconds(r["events"]) for r in results)
+                )
             for r in results if results is not None and plan.pp > 1 else ():
                 post = post_seconds(r["events"])
                 if post is not None:
@@ -112,14 +141,34 @@ def run_in_run_plans(arch: str, hidden: int, heads: int, kv_heads: int, ffn: int
             continue
         if plan.dp > 1:
             op = "all-reduce" if plan.zero == 0 else "reduce-scatter"
-            rows.append({"op": op, "group": world, "units": model.layers + 1, "bytes": 4 * rank_params(model, plan, [0]),
-                         "time_s": statistics.median(times[("REDUCE_GRAD", 0)])})
+            rows.append(
+                {
+                    "op": op,
+                    "group": world,
+                    "units": model.layers + 1,
+                    "bytes": 4 * rank_params(model, plan, [0]),
+                    "time_s": statistics.median(times[("REDUCE_GRAD", 0)]),
+                }
+            )
         if ("gather", 0) in times:  # bytes as the simulator counts a ZeRO parameter gather (16-bit parameters)
-            rows.append({"op": "all-gather", "group": world, "units": model.layers + 1, "bytes": 2 * rank_params(model, plan, [0]),
-                         "time_s": statistics.median(times[("gather", 0)])})
+            rows.append(
+                {
+                    "op": "all-gather",
+                    "group": world,
+                    "units": model.layers + 1,
+                    "bytes": 2 * rank_params(model, plan, [0]),
+                    "time_s": statistics.median(times[("gather", 0)]),
+                }
+            )
         for stage in range(plan.num_stages):
-            row = {"model": model.model_dump(mode="json"), "plan": plan.model_dump(mode="json"), "procs": world,
-                   "stage": stage, "f_s": statistics.median(times[("F", stage)]), "b_s": statistics.median(times[("B", stage)])}
+            row = {
+                "model": model.model_dump(mode="json"),
+                "plan": plan.model_dump(mode="json"),
+                "procs": world,
+                "stage": stage,
+                "f_s": statistics.median(times[("F", stage)]),
+                "b_s": statistics.median(times[("B", stage)]),
+            }
             if ("post", stage) in times:
                 row["post_s"] = statistics.median(times[("post", stage)])
             if probes:
@@ -145,24 +194,37 @@ def post_seconds(events: list[dict]) -> float | None:
     """One rank's seconds between its compute actions that are not waits for data (each action's
     ``wait_s`` is), per pipeline send or receive it posted there: torch's runtime posts them
     between the actions (gloo: a send writes what the socket takes at once). None without any."""
-    comp = sorted((e for e in events if e["stream"] == "compute" and e["kind"] in ("F", "B", "I", "W")),
-                  key=lambda e: e["start"])
+    comp = sorted(
+        (e for e in events if e["stream"] == "compute" and e["kind"] in ("F", "B", "I", "W")), key=lambda e: e["start"]
+    )
     ops = sum(1 for e in events if e["kind"] in ("SEND_F", "SEND_B", "RECV_F", "RECV_B"))
     if not ops or len(comp) < 2:
         return None
-    gaps = sum(max(c["start"] - (p["start"] + p["duration"]) - (c.get("args") or {}).get("wait_s", 0.0), 0.0)
-               for p, c in zip(comp, comp[1:]))
+    gaps = sum(
+        max(c["start"] - (p["start"] + p["duration"]) - (c.get("args") or {}).get("wait_s", 0.0), 0.0)
+        for p, c in zip(comp, comp[1:])
+    )
     return gaps / ops
 
 
 def bench_in_run_plans(shape: LayerShape, cfg: BenchConfig, workdir: str) -> dict[str, list[dict]]:
     """`run_in_run_plans` with models of ``shape``'s layer dims (4 runs each; quick: 2)."""
-    return run_in_run_plans(shape.arch, shape.hidden, shape.heads, shape.kv_heads, shape.ffn, shape.seq, cfg.device,
-                           2 if cfg.quick else 4, workdir)
+    return run_in_run_plans(
+        shape.arch,
+        shape.hidden,
+        shape.heads,
+        shape.kv_heads,
+        shape.ffn,
+        shape.seq,
+        cfg.device,
+        2 if cfg.quick else 4,
+        workdir,
+    )
 
 
-def bench_tp_layer(shape: LayerShape, sequence_parallel: bool, device: torch.device, dtype: str, warmup: int,
-                   reps: int) -> dict:
+def bench_tp_layer(
+    shape: LayerShape, sequence_parallel: bool, device: torch.device, dtype: str, warmup: int, reps: int
+) -> dict:
     """One layer run *as the executor runs it* under tensor parallelism over all ``shape.tp``
     processes of the benchmark (executor.parallel.apply_tp: DTensor plans, with or without
     sequence parallelism): F, B, I and W include the layer's TP collectives and DTensor's
@@ -174,8 +236,17 @@ def bench_tp_layer(shape: LayerShape, sequence_parallel: bool, device: torch.dev
     from .parallel import apply_tp
 
     assert shape.tp == dist.get_world_size()
-    spec = ModelSpec(name="bench", arch=shape.arch, layers=1, hidden=shape.hidden, heads=shape.heads,
-                     kv_heads=shape.kv_heads, ffn=shape.ffn, vocab=2, seq_len=shape.seq)
+    spec = ModelSpec(
+        name="bench",
+        arch=shape.arch,
+        layers=1,
+        hidden=shape.hidden,
+        heads=shape.heads,
+        kv_heads=shape.kv_heads,
+        ffn=shape.ffn,
+        vocab=2,
+        seq_len=shape.seq,
+    )
     torch.manual_seed(0)
     model = Transformer(spec, StageShape(0, 1, False, False)).to(device)
     apply_tp(model, init_device_mesh(device.type, (shape.tp,)), sequence_parallel)
@@ -194,12 +265,21 @@ def bench_tp_layer(shape: LayerShape, sequence_parallel: bool, device: torch.dev
         y = fwd(x)
         y = y.to_local() if hasattr(y, "to_local") else y
         return x, y, torch.randn_like(y)
+
     f = timeit(fwd, device, warmup, reps, setup=make_x)
     b = timeit(lambda st: torch.autograd.backward(st[1], st[2]), device, warmup, reps, setup=forward_state)
     i = timeit(lambda st: torch.autograd.grad(st[1], st[0], st[2]), device, warmup, reps, setup=forward_state)
     attn = bench_attention_core(shape, device, dtype, warmup, reps)
-    return {**asdict(shape), "dtype": dtype, "f_s": f, "b_s": b, "i_s": min(i, b), "w_s": max(b - i, 0.0),
-            "attn_f_s": attn, "tp_comm": "sp" if sequence_parallel else "ar"}
+    return {
+        **asdict(shape),
+        "dtype": dtype,
+        "f_s": f,
+        "b_s": b,
+        "i_s": min(i, b),
+        "w_s": max(b - i, 0.0),
+        "attn_f_s": attn,
+        "tp_comm": "sp" if sequence_parallel else "ar",
+    }
 
 
 def bench_tp_optimizer(shape: LayerShape, device: torch.device, quick: bool, warmup: int, reps: int) -> list[dict]:
@@ -214,9 +294,18 @@ def bench_tp_optimizer(shape: LayerShape, device: torch.device, quick: bool, war
 
     rows = []
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-    for k in ((1, 2) if quick else (1, 2, 4)):
-        spec = ModelSpec(name="bench", arch=shape.arch, layers=k, hidden=shape.hidden, heads=shape.heads,
-                         kv_heads=shape.kv_heads, ffn=shape.ffn, vocab=2, seq_len=shape.seq)
+    for k in (1, 2) if quick else (1, 2, 4):
+        spec = ModelSpec(
+            name="bench",
+            arch=shape.arch,
+            layers=k,
+            hidden=shape.hidden,
+            heads=shape.heads,
+            kv_heads=shape.kv_heads,
+            ffn=shape.ffn,
+            vocab=2,
+            seq_len=shape.seq,
+        )
         model = Transformer(spec, StageShape(0, k, False, False)).to(device)
         apply_tp(model, mesh, False)
         params = list(model.parameters())
@@ -228,7 +317,9 @@ def bench_tp_optimizer(shape: LayerShape, device: torch.device, quick: bool, war
     return rows
 
 
-def bench_sp_grad_sync(shape: LayerShape, device: torch.device, warmup: int, reps: int, passes: int = 3, layers: int = 2) -> dict:
+def bench_sp_grad_sync(
+    shape: LayerShape, device: torch.device, warmup: int, reps: int, passes: int = 3, layers: int = 2
+) -> dict:
     """Seconds the executor's optimizer step spends reducing the gradients that sequence
     parallelism leaves as partial sums: the norms' weights (and biases) are ``Replicate``
     DTensors whose gradients come out ``Partial`` (their inputs are split along the sequence), and
@@ -243,8 +334,17 @@ def bench_sp_grad_sync(shape: LayerShape, device: torch.device, warmup: int, rep
     from .parallel import apply_tp
 
     assert shape.tp == dist.get_world_size()
-    spec = ModelSpec(name="bench", arch=shape.arch, layers=layers, hidden=shape.hidden, heads=shape.heads,
-                     kv_heads=shape.kv_heads, ffn=shape.ffn, vocab=2, seq_len=shape.seq)
+    spec = ModelSpec(
+        name="bench",
+        arch=shape.arch,
+        layers=layers,
+        hidden=shape.hidden,
+        heads=shape.heads,
+        kv_heads=shape.kv_heads,
+        ffn=shape.ffn,
+        vocab=2,
+        seq_len=shape.seq,
+    )
     torch.manual_seed(0)
     model = Transformer(spec, StageShape(0, layers, False, False)).to(device)
     apply_tp(model, init_device_mesh(device.type, (shape.tp,)), True)
@@ -253,8 +353,11 @@ def bench_sp_grad_sync(shape: LayerShape, device: torch.device, warmup: int, rep
     y = y.to_local() if hasattr(y, "to_local") else y
     torch.autograd.backward(y, torch.randn_like(y))
     params = list(model.parameters())
-    partial = {id(p): p.grad for p in params
-               if isinstance(p.grad, DTensor) and any(pl.is_partial() for pl in p.grad.placements)}
+    partial = {
+        id(p): p.grad
+        for p in params
+        if isinstance(p.grad, DTensor) and any(pl.is_partial() for pl in p.grad.placements)
+    }
     reduced = {k: g.redistribute(placements=[Replicate()] * len(g.placements)) for k, g in partial.items()}
     opt = torch.optim.AdamW(params, lr=1e-3)
 
@@ -263,5 +366,6 @@ def bench_sp_grad_sync(shape: LayerShape, device: torch.device, warmup: int, rep
             if id(p) in grads:
                 p.grad = grads[id(p)]
         return timeit(opt.step, device, warmup, reps)
+
     diffs = [step_with(partial) - step_with(reduced) for _ in range(passes)]
     return {"tp": shape.tp, "arch": shape.arch, "tensors": len(partial), "time_s": max(statistics.median(diffs), 0.0)}

@@ -26,12 +26,15 @@ from pathlib import Path
 
 from simpar.sim.plan import ParallelPlan
 from simpar.sim.specs.planfile import read_plan_file
+
 from .checks import check_precision, check_run, has_comms, read_schedule_file, torch_rows
 
 DEFAULT_TIMEOUT_S = 300  # process-group timeout: a deadlock ends here, not after torch's 30 min
 
 
-def check_inputs(plan_path: str | Path, schedule_path: str | Path, world_size: int, precision: str, device: str, deep: bool = True):
+def check_inputs(
+    plan_path: str | Path, schedule_path: str | Path, world_size: int, precision: str, device: str, deep: bool = True
+):
     """Every check that can run before processes start. ``deep`` adds torch's own lowering
     and deadlock dry-run (imports torch)."""
     plan, model = read_plan_file(plan_path)
@@ -54,7 +57,20 @@ def write_schedule(plan: ParallelPlan, path: str | Path, lowered: bool = False) 
     return write_csv(lower(sched, plan) if lowered else sched, path)
 
 
-def torchrun_command(plan: str | Path, schedule: str | Path, out: str | Path, nproc: int, *, steps: int, warmup: int, device: str, precision: str = "auto", seed: int = 0, timeout_s: int = DEFAULT_TIMEOUT_S, verify: bool = False) -> list[str]:
+def torchrun_command(
+    plan: str | Path,
+    schedule: str | Path,
+    out: str | Path,
+    nproc: int,
+    *,
+    steps: int,
+    warmup: int,
+    device: str,
+    precision: str = "auto",
+    seed: int = 0,
+    timeout_s: int = DEFAULT_TIMEOUT_S,
+    verify: bool = False,
+) -> list[str]:
     args = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
         "-m", "simpar.executor.entry",
@@ -71,7 +87,11 @@ def torchrun_command(plan: str | Path, schedule: str | Path, out: str | Path, np
 #: is the kernel's, not compute, and on a VM it varies from step to step (on the 2-core machine
 #: the first steps of a run were 20-50 % slower and later ones spread by 10 %). Keeping the
 #: memory is what torch's CUDA caching allocator does on a GPU. Values already set are kept.
-CPU_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(2**30), "MALLOC_TRIM_THRESHOLD_": str(2**32), "MALLOC_TOP_PAD_": str(2**28)}
+CPU_MALLOC_ENV = {
+    "MALLOC_MMAP_THRESHOLD_": str(2**30),
+    "MALLOC_TRIM_THRESHOLD_": str(2**32),
+    "MALLOC_TOP_PAD_": str(2**28),
+}
 
 
 def cpu_process_env() -> None:
@@ -126,5 +146,7 @@ def run_local(cases: list, world: int, out: str | Path, timeout_s: int = 120) ->
 
     cpu_process_env()
     cases = [replace(c, schedule=str(c.schedule)) for c in cases]
-    mp.start_processes(_spawned, args=(world, free_port(), cases, str(out), timeout_s), nprocs=world, join=True, start_method="spawn")
+    mp.start_processes(
+        _spawned, args=(world, free_port(), cases, str(out), timeout_s), nprocs=world, join=True, start_method="spawn"
+    )
     return [json.loads(Path(out, f"case{k}.json").read_text()) for k in range(len(cases))]

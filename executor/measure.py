@@ -26,13 +26,13 @@ profiler's overhead).
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 import torch
 
-from simpar.sim.schedules.ir import Action, Kind
 from simpar.sim.engine.trace import TraceEvent
+from simpar.sim.schedules.ir import Action, Kind
 
 _COMPUTE = {"F", "B", "I", "W"}
 _PP = {"SEND_F", "RECV_F", "SEND_B", "RECV_B"}

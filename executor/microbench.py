@@ -26,15 +26,17 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, replace
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 from torch import nn
 
 from simpar.sim.specs import ModelSpec
+
 from .model import Block, attention_core
 from .timing import DTYPES, BenchConfig, LayerShape, _null, _sync, bench_attention_core, robust, timeit
 
@@ -52,8 +54,8 @@ def matmul_shapes(quick: bool) -> list[tuple[int, int, int]]:
     """Squares (the saturation curve) and the rectangles of transformer layers."""
     dims = (64, 256, 1024) if quick else (32, 64, 128, 256, 512, 1024)
     out = [(d, d, d) for d in dims]
-    for t in ((256, 1024) if quick else (128, 512, 2048)):
-        for h in ((256,) if quick else (128, 256, 512)):
+    for t in (256, 1024) if quick else (128, 512, 2048):
+        for h in (256,) if quick else (128, 256, 512):
             out += [(t, h, h), (t, 4 * h, h), (t, h, 4 * h)]
     return out
 
@@ -64,7 +66,7 @@ def bench_matmul(device: torch.device, dtypes: list[str], quick: bool, warmup: i
         for m, n, k in matmul_shapes(quick):
             a = torch.randn(m, k, device=device, dtype=DTYPES[dt])
             b = torch.randn(k, n, device=device, dtype=DTYPES[dt])
-            t = timeit(lambda: torch.mm(a, b), device, warmup, reps)
+            t = timeit(lambda a=a, b=b: torch.mm(a, b), device, warmup, reps)
             rows.append({"m": m, "n": n, "k": k, "dtype": dt, "time_s": t, "flops": 2.0 * m * n * k})
     return rows
 
@@ -72,21 +74,41 @@ def bench_matmul(device: torch.device, dtypes: list[str], quick: bool, warmup: i
 def bench_attention(device: torch.device, dtype: str, quick: bool, warmup: int, reps: int) -> list[dict]:
     """The executor's causal attention core on (b, heads, s, head_dim); FLOPs as the simulator
     counts them (sim/model.py layer_flops: 4 b s^2 h forward, twice that backward)."""
-    shapes = [(2, 4, 128, 64), (2, 4, 256, 64)] if quick else [(1, 4, 128, 64), (2, 4, 128, 64), (2, 4, 256, 64), (4, 8, 256, 32), (2, 4, 512, 64)]
+    shapes = (
+        [(2, 4, 128, 64), (2, 4, 256, 64)]
+        if quick
+        else [(1, 4, 128, 64), (2, 4, 128, 64), (2, 4, 256, 64), (4, 8, 256, 32), (2, 4, 512, 64)]
+    )
     rows = []
     for b, heads, s, hd in shapes:
-        def make():
-            q, k, v = (torch.randn(b, heads, s, hd, device=device, dtype=DTYPES[dtype], requires_grad=True) for _ in range(3))
+
+        def make(b=b, heads=heads, s=s, hd=hd):
+            q, k, v = (
+                torch.randn(b, heads, s, hd, device=device, dtype=DTYPES[dtype], requires_grad=True) for _ in range(3)
+            )
             return q, k, v
+
         fwd = timeit(lambda qkv: attention_core(*qkv), device, warmup, reps, setup=make)
 
         def fwd_out():
             qkv = make()
             y = attention_core(*qkv)
             return y, qkv, torch.randn_like(y)
+
         bwd = timeit(lambda st: torch.autograd.grad(st[0], st[1], st[2]), device, warmup, reps, setup=fwd_out)
         flops = 4.0 * b * s * s * heads * hd
-        rows.append({"b": b, "heads": heads, "seq": s, "head_dim": hd, "dtype": dtype, "fwd_s": fwd, "bwd_s": bwd, "flops_fwd": flops})
+        rows.append(
+            {
+                "b": b,
+                "heads": heads,
+                "seq": s,
+                "head_dim": hd,
+                "dtype": dtype,
+                "fwd_s": fwd,
+                "bwd_s": bwd,
+                "flops_fwd": flops,
+            }
+        )
     return rows
 
 
@@ -97,7 +119,7 @@ def bench_elementwise(device: torch.device, dtype: str, quick: bool, warmup: int
     for n in sizes:
         x, y = torch.randn(n, device=device, dtype=DTYPES[dtype]), torch.randn(n, device=device, dtype=DTYPES[dtype])
         z = torch.empty_like(x)
-        t = timeit(lambda: torch.add(x, y, out=z), device, warmup, reps)
+        t = timeit(lambda x=x, y=y, z=z: torch.add(x, y, out=z), device, warmup, reps)
         rows.append({"elements": n, "bytes": 3.0 * n * x.element_size(), "time_s": t})
     return rows
 
@@ -109,6 +131,7 @@ def bench_launch(device: torch.device, warmup: int, reps: int) -> dict:
     def many():
         for _ in range(200):
             x.add_(1.0)
+
     return {"time_s": timeit(many, device, warmup, reps) / 200}
 
 
@@ -125,20 +148,31 @@ def bench_optimizer(shape: LayerShape, device: torch.device, quick: bool, warmup
     keeps each tensor's state in cache (one 4M-element tensor steps ~3x slower per element than
     the same elements in a layer's tensors)."""
     rows = []
-    for k in ((1, 2) if quick else (1, 2, 4, 8)):
+    for k in (1, 2) if quick else (1, 2, 4, 8):
         params = [p for _ in range(k) for p in local_block(shape, device).parameters()]
         for p in params:
             p.grad = torch.randn_like(p)
         opt = torch.optim.AdamW(params, lr=1e-3)
-        rows.append({"params": sum(p.numel() for p in params), "time_s": timeit(opt.step, device, warmup, reps), "tp": 1})
+        rows.append(
+            {"params": sum(p.numel() for p in params), "time_s": timeit(opt.step, device, warmup, reps), "tp": 1}
+        )
     return rows
 
 
 def local_block(shape: LayerShape, device: torch.device) -> nn.Module:
     """The executor's Block with the local shapes of one tensor-parallel rank (heads, kv heads and
     ffn split by tp; norms and the residual on the full hidden size)."""
-    spec = ModelSpec(name="bench", arch=shape.arch, layers=1, hidden=shape.hidden, heads=shape.heads,
-                     kv_heads=shape.kv_heads, ffn=shape.ffn, vocab=2, seq_len=shape.seq)
+    spec = ModelSpec(
+        name="bench",
+        arch=shape.arch,
+        layers=1,
+        hidden=shape.hidden,
+        heads=shape.heads,
+        kv_heads=shape.kv_heads,
+        ffn=shape.ffn,
+        vocab=2,
+        seq_len=shape.seq,
+    )
     blk = Block(spec, "none")
     t, h, hd, bias = shape.tp, shape.hidden, spec.head_dim, spec.has_bias
     if t > 1:
@@ -171,12 +205,21 @@ def bench_layer(shape: LayerShape, device: torch.device, dtype: str, warmup: int
         x = make_x()
         y = fwd(x)
         return x, y, torch.randn_like(y)
+
     f = timeit(fwd, device, warmup, reps, setup=make_x)
     b = timeit(lambda st: torch.autograd.backward(st[1], st[2]), device, warmup, reps, setup=forward_state)
     i = timeit(lambda st: torch.autograd.grad(st[1], st[0], st[2]), device, warmup, reps, setup=forward_state)
     blk.zero_grad(set_to_none=True)
     attn = bench_attention_core(shape, device, dtype, warmup, reps)
-    return {**asdict(shape), "dtype": dtype, "f_s": f, "b_s": b, "i_s": min(i, b), "w_s": max(b - i, 0.0), "attn_f_s": attn}
+    return {
+        **asdict(shape),
+        "dtype": dtype,
+        "f_s": f,
+        "b_s": b,
+        "i_s": min(i, b),
+        "w_s": max(b - i, 0.0),
+        "attn_f_s": attn,
+    }
 
 
 #: Passes over the layer table (quick: 1). A slow spell of a shared host during one pass made a
@@ -192,8 +235,9 @@ def layer_passes(cfg: BenchConfig, tp: bool = False) -> int:
     return 1 if cfg.quick else TP_LAYER_PASSES if tp else LAYER_PASSES
 
 
-def in_passes(bench: Callable[[Any], dict], shapes: Sequence[Any], passes: int,
-              done: Callable[[Any], None] = lambda _: None) -> list[dict]:
+def in_passes(
+    bench: Callable[[Any], dict], shapes: Sequence[Any], passes: int, done: Callable[[Any], None] = lambda _: None
+) -> list[dict]:
     """``bench`` over ``shapes`` in ``passes`` passes (every other one in reverse order, so that
     the passes over one shape lie apart in time); per shape, the pass with the median F + B."""
     runs: list[list[dict]] = [[] for _ in shapes]
@@ -227,8 +271,12 @@ def run_compute(cfg: BenchConfig, progress: Progress = lambda _: None) -> dict:
     progress("element-wise")
     out["optimizer"] = bench_optimizer(optimizer_shape(cfg), device, cfg.quick, w, r)
     progress("optimizer step")
-    out["layers"] = in_passes(lambda sh: bench_layer(sh, device, cfg.dtype, w, r), cfg.layers, layer_passes(cfg),
-                              lambda sh: progress(f"layer {sh.arch} h{sh.hidden}/tp{sh.tp} s{sh.seq} b{sh.mbs}"))
+    out["layers"] = in_passes(
+        lambda sh: bench_layer(sh, device, cfg.dtype, w, r),
+        cfg.layers,
+        layer_passes(cfg),
+        lambda sh: progress(f"layer {sh.arch} h{sh.hidden}/tp{sh.tp} s{sh.seq} b{sh.mbs}"),
+    )
     out["probe"]["times_s"].append(speed_probe(device, cfg.dtype))
     return out
 
@@ -242,9 +290,9 @@ def group_sizes(nproc: int) -> list[int]:
 def _comm_rank(rank: int, world: int, port: int, cfg: BenchConfig, out: str, compute: bool = False) -> None:
     """One process of the communication benchmarks (and, with ``compute``, of the compute ones
     first, on every rank at once); rank 0 writes ``comm.json`` (and ``compute.json``)."""
-    import torch.distributed as dist
-
     import warnings
+
+    import torch.distributed as dist
 
     warnings.filterwarnings("ignore", category=FutureWarning)  # all_gather_into_tensor's rename notice
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
@@ -267,13 +315,21 @@ def _comm_rank(rank: int, world: int, port: int, cfg: BenchConfig, out: str, com
 
         tp_shapes = [sh for sh in cfg.layers if sh.tp == world]
         tp_cases = [(sh, sp) for sh in tp_shapes for sp in (False, True)]
-        tp_rows = in_passes(lambda c: bench_tp_layer(c[0], c[1], device, cfg.dtype, cfg.warmup, cfg.reps), tp_cases,
-                            layer_passes(cfg, tp=True))
+        tp_rows = in_passes(
+            lambda c: bench_tp_layer(c[0], c[1], device, cfg.dtype, cfg.warmup, cfg.reps),
+            tp_cases,
+            layer_passes(cfg, tp=True),
+        )
         tp_opt = bench_tp_optimizer(tp_shapes[0], device, cfg.quick, cfg.warmup, cfg.reps) if tp_shapes else []
         # per architecture, its first layer shape split over every process (the cost is per gradient)
-        per_arch = {sh.arch: replace(sh, tp=world) for sh in reversed(cfg.layers)
-                    if not (sh.heads % world or sh.kv_heads % world or sh.ffn % world or sh.seq % world)}
-        sp_sync = [bench_sp_grad_sync(sh, device, cfg.warmup, cfg.reps, 1 if cfg.quick else 3) for sh in per_arch.values()]
+        per_arch = {
+            sh.arch: replace(sh, tp=world)
+            for sh in reversed(cfg.layers)
+            if not (sh.heads % world or sh.kv_heads % world or sh.ffn % world or sh.seq % world)
+        }
+        sp_sync = [
+            bench_sp_grad_sync(sh, device, cfg.warmup, cfg.reps, 1 if cfg.quick else 3) for sh in per_arch.values()
+        ]
         in_run = bench_in_run_plans(optimizer_shape(cfg), cfg, out)
         if rank == 0:
             Path(out, "tp_layers.json").write_text(json.dumps(tp_rows))
@@ -310,6 +366,7 @@ def _pingpong(t: torch.Tensor, rank: int, device: torch.device, cfg: BenchConfig
         elif rank == 1:
             dist.recv(t, 0)
             dist.send(t, 0)
+
     times = []
     for i in range(cfg.warmup + cfg.reps):
         dist.barrier()
@@ -329,9 +386,11 @@ def _collective(op: str, nbytes: int, g: int, pg, rank: int, device: torch.devic
 
     n = max(nbytes // 4 // g * g, g)
     full, shard = torch.ones(n, device=device), torch.ones(n // g, device=device)
-    fn = {"all-reduce": lambda: dist.all_reduce(full, group=pg),
-          "all-gather": lambda: dist.all_gather_into_tensor(full, shard, group=pg),
-          "reduce-scatter": lambda: dist.reduce_scatter_tensor(shard, full, group=pg)}[op]
+    fn = {
+        "all-reduce": lambda: dist.all_reduce(full, group=pg),
+        "all-gather": lambda: dist.all_gather_into_tensor(full, shard, group=pg),
+        "reduce-scatter": lambda: dist.reduce_scatter_tensor(shard, full, group=pg),
+    }[op]
     times = []
     try:
         for i in range(cfg.warmup + cfg.reps):
@@ -362,6 +421,11 @@ def run_comm(cfg: BenchConfig, workdir: str | Path, with_compute: bool = False) 
     if cfg.device == "cpu":
         cpu_process_env()  # the executor's CPU processes' settings, for the benchmarks too
     Path(workdir).mkdir(parents=True, exist_ok=True)
-    mp.start_processes(_comm_rank, args=(cfg.nproc, free_port(), cfg, str(workdir), with_compute), nprocs=cfg.nproc,
-                       join=True, start_method="spawn")
+    mp.start_processes(
+        _comm_rank,
+        args=(cfg.nproc, free_port(), cfg, str(workdir), with_compute),
+        nprocs=cfg.nproc,
+        join=True,
+        start_method="spawn",
+    )
     return json.loads(Path(workdir, "comm.json").read_text())

@@ -32,6 +32,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from simpar.sim.layout import RankLayout
 from simpar.sim.plan import ParallelPlan
+
 from .model import Transformer
 from .torch_pipelining import replicate_module
 
@@ -70,7 +71,9 @@ def apply_tp(model: Transformer, tp_mesh: DeviceMesh, sequence_parallel: bool) -
         if sequence_parallel:
             for part, norm in (("attention", "attention_norm"), ("mlp", "mlp_norm")):
                 plan[f"{p}.{norm}"] = SequenceParallel()
-                plan[f"{p}.{part}"] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+                plan[f"{p}.{part}"] = PrepareModuleInput(
+                    input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
+                )
     if model.output is not None:
         if sequence_parallel:
             plan["norm"] = SequenceParallel()
@@ -89,11 +92,17 @@ def reshard_after_forward(plan: ParallelPlan) -> bool:
     return plan.zero == 3
 
 
-def apply_dp(model: Transformer, plan: ParallelPlan, mesh: DeviceMesh, device: torch.device, mp_dtype: torch.dtype | None) -> nn.Module:
+def apply_dp(
+    model: Transformer, plan: ParallelPlan, mesh: DeviceMesh, device: torch.device, mp_dtype: torch.dtype | None
+) -> nn.Module:
     """Wrap one stage for data parallelism; returns the module to hand to the PipelineStage
     (the FSDP module itself, or the DDP wrapper), never a further wrapper of it."""
     if plan.zero >= 2:
-        mp = MixedPrecisionPolicy(param_dtype=mp_dtype, reduce_dtype=torch.float32) if mp_dtype else MixedPrecisionPolicy()
+        mp = (
+            MixedPrecisionPolicy(param_dtype=mp_dtype, reduce_dtype=torch.float32)
+            if mp_dtype
+            else MixedPrecisionPolicy()
+        )
         reshard = reshard_after_forward(plan)
         for block in model.layers.values():
             fully_shard(block, mesh=mesh["dp"], reshard_after_forward=reshard, mp_policy=mp)
@@ -110,10 +119,14 @@ def apply_dp(model: Transformer, plan: ParallelPlan, mesh: DeviceMesh, device: t
     return DistributedDataParallel(model, device_ids=ids, process_group=mesh.get_group("dp"))
 
 
-def make_optimizer(params: list[nn.Parameter], plan: ParallelPlan, mesh: DeviceMesh, lr: float) -> torch.optim.Optimizer:
+def make_optimizer(
+    params: list[nn.Parameter], plan: ParallelPlan, mesh: DeviceMesh, lr: float
+) -> torch.optim.Optimizer:
     """AdamW; under ZeRO-1 its state is sharded over the dp group by ZeroRedundancyOptimizer."""
     if plan.zero == 1 and plan.dp > 1:
-        return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, process_group=mesh.get_group("dp"), lr=lr)
+        return ZeroRedundancyOptimizer(
+            params, optimizer_class=torch.optim.AdamW, process_group=mesh.get_group("dp"), lr=lr
+        )
     return torch.optim.AdamW(params, lr=lr)
 
 
@@ -128,7 +141,11 @@ def tied_groups(plan: ParallelPlan, placement: tuple[int, ...]) -> list[tuple[in
     if first == last:
         return []
     layout = RankLayout(plan)
-    return [(layout.rank(**{**c, "pp": first}), layout.rank(**{**c, "pp": last})) for c in layout.all_coords() if c["pp"] == 0]
+    return [
+        (layout.rank(**{**c, "pp": first}), layout.rank(**{**c, "pp": last}))
+        for c in layout.all_coords()
+        if c["pp"] == 0
+    ]
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

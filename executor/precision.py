@@ -10,7 +10,7 @@ the optimizer step, and a found inf/NaN is all-reduced over the whole world befo
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -23,7 +23,12 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 class LossScaler:
     def __init__(self, enabled: bool, init_scale: float = 2.0**16, growth_interval: int = 1000) -> None:
-        self.enabled, self.scale, self.growth_interval, self.clean_steps = enabled, init_scale if enabled else 1.0, growth_interval, 0
+        self.enabled, self.scale, self.growth_interval, self.clean_steps = (
+            enabled,
+            init_scale if enabled else 1.0,
+            growth_interval,
+            0,
+        )
 
     def wrap(self, fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
         if not self.enabled:
@@ -31,7 +36,7 @@ class LossScaler:
         return lambda out, target: fn(out, target) * self.scale
 
     def unscaled_mean(self, losses: list[torch.Tensor]) -> float:
-        return float(torch.stack([l.detach().float() for l in losses]).mean()) / self.scale
+        return float(torch.stack([loss.detach().float() for loss in losses]).mean()) / self.scale
 
     def step(self, optimizer: torch.optim.Optimizer, models: list[nn.Module]) -> bool:
         """Unscale, step unless any rank overflowed; returns whether the optimizer stepped."""

@@ -3,10 +3,11 @@ every executor run, so that a closed-loop check can say how fast the device ran 
 measured run compared with the calibration.
 
 A shared or virtual host changes speed over minutes (other tenants, frequency scaling, a
-hypervisor's CPU steal), by 10-25 % between runs minutes apart on a small shared VM. A prediction made from a calibration measured in a fast spell
-then looks wrong by exactly that much on a run made in a slow one. The probe does not correct
-any prediction; it shows the drift beside each error (``simpar calibrate --check``'s
-``speed`` column), so that model error and device drift can be told apart.
+hypervisor's CPU steal), by 10-25 % between runs minutes apart on a small shared VM. A
+prediction made from a calibration measured in a fast spell then looks wrong by exactly that
+much on a run made in a slow one. The probe does not correct any prediction; it shows the
+drift beside each error (``simpar calibrate --check``'s ``speed`` column), so that model error
+and device drift can be told apart.
 
 The workload is a transformer layer's matrix-multiply mix at the closed loop's size: tokens x
 hidden (256 x 256) times hidden x 4 hidden and back, fp32 on a CPU, the run's own compute
@@ -21,7 +22,9 @@ from .timing import DTYPES, timeit
 
 PROBE_TOKENS, PROBE_HIDDEN = 256, 256
 PROBE_WARMUP, PROBE_REPS = 3, 15
-PROBE_WHAT = f"matmul {PROBE_TOKENS}x{PROBE_HIDDEN} @ {PROBE_HIDDEN}x{4 * PROBE_HIDDEN} and back, median of {PROBE_REPS}"
+PROBE_WHAT = (
+    f"matmul {PROBE_TOKENS}x{PROBE_HIDDEN} @ {PROBE_HIDDEN}x{4 * PROBE_HIDDEN} and back, median of {PROBE_REPS}"
+)
 
 
 def speed_probe(device: torch.device, dtype: str = "fp32") -> float:

@@ -65,8 +65,9 @@ def robust(times: list[float]) -> float:
     return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
 
 
-def timeit(fn: Callable[[], object], device: torch.device, warmup: int, reps: int,
-           setup: Callable[[], object] | None = None) -> float:
+def timeit(
+    fn: Callable[[], object], device: torch.device, warmup: int, reps: int, setup: Callable[[], object] | None = None
+) -> float:
     """Seconds of ``fn(setup())`` (median, `robust`) (or ``fn()``) over ``reps`` after ``warmup`` runs;
     ``setup`` runs untimed before each repetition."""
     times = []
@@ -106,4 +107,5 @@ def bench_attention_core(shape: LayerShape, device: torch.device, dtype: str, wa
         q = torch.randn(shape.mbs, shape.heads // t, shape.seq, hd, device=device, dtype=DTYPES[dtype])
         k = torch.randn(shape.mbs, shape.kv_heads // t, shape.seq, hd, device=device, dtype=DTYPES[dtype])
         return q, k, torch.randn_like(k)
+
     return timeit(lambda a: attention_core(*a), device, warmup, reps, setup=qkv)

@@ -22,8 +22,9 @@ import csv
 import io
 import os
 import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator, Protocol
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -63,7 +64,9 @@ def _parse(rows: list[list[str]]) -> dict[int, list[_Action]]:
     try:
         return {r: [_Action.from_str(a) for a in row] for r, row in enumerate(rows)}
     except RuntimeError as exc:
-        raise ScheduleError("schedule", f"torch cannot read an action ({exc}).", "write the file with simpar's write_csv.") from None
+        raise ScheduleError(
+            "schedule", f"torch cannot read an action ({exc}).", "write the file with simpar's write_csv."
+        ) from None
 
 
 def lower(rows: list[list[str]], num_microbatches: int, num_stages: int, comms: bool = False) -> dict[int, list[str]]:
@@ -84,8 +87,14 @@ def lower(rows: list[list[str]], num_microbatches: int, num_stages: int, comms: 
     except (AssertionError, KeyError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         if "can't schedule sends/recvs" in first:
-            raise ScheduleError("schedule", f"it deadlocks: torch cannot order its sends and receives ({first}).", "check the action order of each rank.") from None
-        raise ScheduleError("schedule", f"torch rejects it: {first}", "regenerate it with simpar schedule for this plan.") from None
+            raise ScheduleError(
+                "schedule",
+                f"it deadlocks: torch cannot order its sends and receives ({first}).",
+                "check the action order of each rank.",
+            ) from None
+        raise ScheduleError(
+            "schedule", f"torch rejects it: {first}", "regenerate it with simpar schedule for this plan."
+        ) from None
     check_deadlock(lowered, stage_to_rank, num_stages)
     return {r: [str(a) for a in acts] for r, acts in lowered.items()}
 
@@ -98,7 +107,9 @@ def check_deadlock(lowered: dict[int, list[_Action]], stage_to_rank: dict[int, i
             _simulate_comms_compute(order, lambda s: stage_to_rank[s], num_stages)
         except ValueError:
             stuck = [ln for ln in out.getvalue().splitlines() if "next action" in ln]
-            raise ScheduleError("schedule", f"it deadlocks ({'; '.join(stuck)}).", "check the action order of each rank.") from None
+            raise ScheduleError(
+                "schedule", f"it deadlocks ({'; '.join(stuck)}).", "check the action order of each rank."
+            ) from None
 
 
 def make_stage(module: nn.Module, stage: int, num_stages: int, device: torch.device, group) -> PipelineStage:
@@ -174,7 +185,9 @@ class PipelineRunner:
     one with communication is run as written.
     """
 
-    def __init__(self, stages: list[PipelineStage], num_microbatches: int, loss_fn: Callable, rows: list[list[str]], comms: bool) -> None:
+    def __init__(
+        self, stages: list[PipelineStage], num_microbatches: int, loss_fn: Callable, rows: list[list[str]], comms: bool
+    ) -> None:
         self.runtime = _PipelineScheduleRuntime(stages, num_microbatches, loss_fn=loss_fn, scale_grads=True)
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp, "schedule.csv")

@@ -17,10 +17,11 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from simpar.sim.engine.trace import TraceEvent, event_dict
 from simpar.sim.layout import RankLayout
 from simpar.sim.plan import ParallelPlan
 from simpar.sim.specs import ModelSpec
-from simpar.sim.engine.trace import TraceEvent, event_dict
+
 from . import measure, parallel, verify
 from .checks import check_precision, check_run, has_comms, read_schedule_file, torch_rows
 from .model import build_model, loss_fn, stage_shapes, synthetic_batch
@@ -74,7 +75,9 @@ class Stages:
             self.modules.append(module)
             stages.append(make_stage(module, s, len(self.placement), device, mesh.get_group("pp")))
         self.scaler = LossScaler(enabled=dtype == "fp16")
-        self.runner = PipelineRunner(stages, plan.num_microbatches, self.scaler.wrap(loss_fn), torch_rows(sched), has_comms(sched))
+        self.runner = PipelineRunner(
+            stages, plan.num_microbatches, self.scaler.wrap(loss_fn), torch_rows(sched), has_comms(sched)
+        )
         self.tie = parallel.TiedEmbeddingSync(plan, self.placement, spec.tied_embeddings)
         params = list({id(p): p for m in self.models for p in m.parameters()}.values())
         self.optimizer = parallel.make_optimizer(params, plan, mesh, cfg.lr)
@@ -203,7 +206,9 @@ def summarize(cfg: RunConfig, results: list[dict]) -> tuple[dict, list[TraceEven
         "loss": losses,
         "torch_version": torch.__version__,
         # seconds of the device-speed probe (executor/probe.py) before and after the steps, mean over ranks
-        "probe_s": [statistics.fmean(r["probe_s"][i] for r in results) for i in range(2)] if "probe_s" in results[0] else None,
+        "probe_s": [statistics.fmean(r["probe_s"][i] for r in results) for i in range(2)]
+        if "probe_s" in results[0]
+        else None,
     }
     if results[0]["verify"] is not None:
         result["verify"] = verify.summarize(results, losses[0])

@@ -41,6 +41,7 @@ class LayerFlops:
 
 # --- parameters -----------------------------------------------------------------------------
 
+
 def layer_params(m: ModelSpec) -> int:
     """Parameters of one transformer layer (weights, biases, norms)."""
     h, f = m.hidden, m.ffn
@@ -69,6 +70,7 @@ def total_params(m: ModelSpec) -> int:
 
 
 # --- FLOPs ----------------------------------------------------------------------------------
+
 
 def layer_flops(m: ModelSpec, tokens_per_seq: int, seqs: int) -> LayerFlops:
     """One transformer layer for ``seqs`` sequences of ``tokens_per_seq`` tokens (whole layer,
@@ -109,11 +111,11 @@ def hardware_flops_per_iteration(m: ModelSpec, global_batch: int, recompute: str
 
 def megatron_sc21_eq3(m: ModelSpec, global_batch: int) -> float:
     """Narayanan et al. SC'21 Eq. 3: F = 96 B s l h^2 (1 + s/6h + V/16lh), full recompute, GPT."""
-    B, s, l, h, V = global_batch, m.seq_len, m.layers, m.hidden, m.vocab
-    return 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))
+    B, s, L, h, V = global_batch, m.seq_len, m.layers, m.hidden, m.vocab  # noqa: N806 (the paper's symbols)
+    return 96 * B * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))
 
 
 def korthikanti_eq7(m: ModelSpec, global_batch: int) -> float:
     """Korthikanti et al. 2022 Eq. 7 model FLOPs: 72 B s l h^2 (1 + s/6h + V/12lh), GPT."""
-    B, s, l, h, V = global_batch, m.seq_len, m.layers, m.hidden, m.vocab
-    return 72 * B * s * l * h * h * (1 + s / (6 * h) + V / (12 * l * h))
+    B, s, L, h, V = global_batch, m.seq_len, m.layers, m.hidden, m.vocab  # noqa: N806 (the paper's symbols)
+    return 72 * B * s * L * h * h * (1 + s / (6 * h) + V / (12 * L * h))

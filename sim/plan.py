@@ -148,9 +148,11 @@ class ParallelPlan(BaseModel):
 
     def describe(self) -> str:
         """One line: sizes, batch, schedule, ZeRO, recomputation, SP and precision."""
-        return (f"tp {self.tp} pp {self.pp} dp {self.dp} cp {self.cp} vpp {self.vpp}, mbs {self.micro_batch_size}"
-                f" gbs {self.global_batch_size} ({self.num_microbatches} microbatches), {self.schedule},"
-                f" ZeRO {self.zero}, recompute {self.recompute}{', SP' if self.sequence_parallel else ''}, {self.precision}")
+        return (
+            f"tp {self.tp} pp {self.pp} dp {self.dp} cp {self.cp} vpp {self.vpp}, mbs {self.micro_batch_size}"
+            f" gbs {self.global_batch_size} ({self.num_microbatches} microbatches), {self.schedule},"
+            f" ZeRO {self.zero}, recompute {self.recompute}{', SP' if self.sequence_parallel else ''}, {self.precision}"
+        )
 
     def stage_layers(self, num_layers: int) -> tuple[int, ...]:
         """Transformer layers in each stage (index = stage id)."""
@@ -167,7 +169,7 @@ class ParallelPlan(BaseModel):
         path.write_text(self.to_json() + "\n")
 
     @classmethod
-    def read(cls, path: Path) -> "ParallelPlan":
+    def read(cls, path: Path) -> ParallelPlan:
         from .specs.loader import build, read_mapping
 
         data = read_mapping(Path(path), "plan")
@@ -209,20 +211,41 @@ def check_plan(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec, num_g
             f"choose sizes whose product is {n} (or omit --dp to derive it).",
         )
     if model.heads % plan.tp:
-        raise PlanError("tp", f"tp={plan.tp} does not divide the {model.heads} attention heads.", "pick tp dividing the head count.")
+        raise PlanError(
+            "tp", f"tp={plan.tp} does not divide the {model.heads} attention heads.", "pick tp dividing the head count."
+        )
     if model.kv_heads % plan.tp and plan.tp % model.kv_heads:
-        raise PlanError("tp", f"tp={plan.tp} and the {model.kv_heads} kv heads do not divide each other.", "pick tp dividing kv_heads (or a multiple of it).")
+        raise PlanError(
+            "tp",
+            f"tp={plan.tp} and the {model.kv_heads} kv heads do not divide each other.",
+            "pick tp dividing kv_heads (or a multiple of it).",
+        )
     if model.ffn % plan.tp:
         raise PlanError("tp", f"tp={plan.tp} does not divide ffn={model.ffn}.", "pick tp dividing the MLP size.")
     if plan.tp > cluster.gpus_per_node and not plan.allow_tp_across_nodes:
-        raise PlanError("tp", f"tp={plan.tp} is larger than a node ({cluster.gpus_per_node} GPUs).", "use tp <= GPUs per node, or allow it explicitly (--allow-tp-across-nodes).")
+        raise PlanError(
+            "tp",
+            f"tp={plan.tp} is larger than a node ({cluster.gpus_per_node} GPUs).",
+            "use tp <= GPUs per node, or allow it explicitly (--allow-tp-across-nodes).",
+        )
     if plan.sequence_parallel and plan.tp == 1:
-        raise PlanError("sequence_parallel", "sequence parallelism needs tp > 1.", "drop --sequence-parallel or use tp > 1.")
+        raise PlanError(
+            "sequence_parallel", "sequence parallelism needs tp > 1.", "drop --sequence-parallel or use tp > 1."
+        )
     if model.seq_len % (plan.cp * (plan.tp if plan.sequence_parallel else 1)):
-        raise PlanError("cp", f"seq_len={model.seq_len} is not divisible by cp{'*tp' if plan.sequence_parallel else ''}.", "pick cp (and tp) dividing the sequence length.")
+        raise PlanError(
+            "cp",
+            f"seq_len={model.seq_len} is not divisible by cp{'*tp' if plan.sequence_parallel else ''}.",
+            "pick cp (and tp) dividing the sequence length.",
+        )
     per_step = plan.dp * plan.micro_batch_size
     if plan.global_batch_size % per_step:
-        raise PlanError("gbs", f"global batch {plan.global_batch_size} is not divisible by dp*mbs = {plan.dp}*{plan.micro_batch_size} = {per_step}.", f"use a multiple of {per_step}.")
+        raise PlanError(
+            "gbs",
+            f"global batch {plan.global_batch_size} is not divisible by dp*mbs = "
+            f"{plan.dp}*{plan.micro_batch_size} = {per_step}.",
+            f"use a multiple of {per_step}.",
+        )
     _check_schedule(plan)
     _check_split(plan, model)
 
@@ -230,17 +253,33 @@ def check_plan(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec, num_g
 def _check_schedule(plan: ParallelPlan) -> None:
     s, m = plan.schedule, plan.num_microbatches
     if s == "none" and plan.pp > 1:
-        raise PlanError("schedule", f"pp={plan.pp} needs a pipeline schedule.", "use --schedule 1f1b (or gpipe, interleaved-1f1b, zb-*).")
+        raise PlanError(
+            "schedule",
+            f"pp={plan.pp} needs a pipeline schedule.",
+            "use --schedule 1f1b (or gpipe, interleaved-1f1b, zb-*).",
+        )
     if s == "interleaved-1f1b" and plan.vpp < 2:
-        raise PlanError("vpp", "interleaved-1f1b needs vpp >= 2 model chunks per pipeline rank.", "pass --vpp 2 (or more).")
+        raise PlanError(
+            "vpp", "interleaved-1f1b needs vpp >= 2 model chunks per pipeline rank.", "pass --vpp 2 (or more)."
+        )
     if s == "interleaved-1f1b" and plan.pp < 2:
         raise PlanError("pp", "interleaved-1f1b needs pp >= 2.", "use pp >= 2 or --schedule none.")
     if s == "zb-v" and plan.vpp != 2:
-        raise PlanError("vpp", f"zb-v places exactly 2 chunks per pipeline rank (V shape), got vpp={plan.vpp}.", "pass --vpp 2.")
+        raise PlanError(
+            "vpp", f"zb-v places exactly 2 chunks per pipeline rank (V shape), got vpp={plan.vpp}.", "pass --vpp 2."
+        )
     if s not in ("interleaved-1f1b", "zb-v") and plan.vpp != 1:
-        raise PlanError("vpp", f"schedule {s} runs one stage per pipeline rank, got vpp={plan.vpp}.", "use --vpp 1, or --schedule interleaved-1f1b / zb-v.")
+        raise PlanError(
+            "vpp",
+            f"schedule {s} runs one stage per pipeline rank, got vpp={plan.vpp}.",
+            "use --vpp 1, or --schedule interleaved-1f1b / zb-v.",
+        )
     if s == "interleaved-1f1b" and m < plan.pp:
-        raise PlanError("gbs", f"interleaved-1f1b needs at least pp={plan.pp} microbatches, got {m}.", "raise the global batch or lower mbs/dp.")
+        raise PlanError(
+            "gbs",
+            f"interleaved-1f1b needs at least pp={plan.pp} microbatches, got {m}.",
+            "raise the global batch or lower mbs/dp.",
+        )
     # m need not be a multiple of pp: the interleaved generator runs Megatron's microbatch groups of
     # pp and lets the last group absorb the remainder (sim/schedules/interleaved.py).
     if m < 1:
@@ -254,13 +293,26 @@ def _check_split(plan: ParallelPlan, model: ModelSpec) -> None:
             raise PlanError(
                 "pp",
                 f"{model.layers} layers cannot be split evenly into pp*vpp = {stages} stages.",
-                f"pick pp*vpp dividing {model.layers}, or give an explicit layer split (e.g. {','.join(map(str, balanced_layer_split(model.layers, stages)))}).",
+                f"pick pp*vpp dividing {model.layers}, or give an explicit layer split (e.g. "
+                f"{','.join(map(str, balanced_layer_split(model.layers, stages)))}).",
             )
         return
     split = plan.layer_split
     if len(split) != stages:
-        raise PlanError("layer_split", f"has {len(split)} entries, the plan has pp*vpp = {stages} stages.", f"give {stages} comma-separated layer counts.")
+        raise PlanError(
+            "layer_split",
+            f"has {len(split)} entries, the plan has pp*vpp = {stages} stages.",
+            f"give {stages} comma-separated layer counts.",
+        )
     if sum(split) != model.layers or min(split) < 0:
-        raise PlanError("layer_split", f"sums to {sum(split)}, the model has {model.layers} layers.", "make the counts non-negative and sum to the layer count.")
+        raise PlanError(
+            "layer_split",
+            f"sums to {sum(split)}, the model has {model.layers} layers.",
+            "make the counts non-negative and sum to the layer count.",
+        )
     if any(x == 0 for x in split[1:-1]):
-        raise PlanError("layer_split", "only the first and last stage may hold 0 transformer layers.", "give every middle stage at least one layer.")
+        raise PlanError(
+            "layer_split",
+            "only the first and last stage may hold 0 transformer layers.",
+            "give every middle stage at least one layer.",
+        )

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from simpar.sim.validation.accuracy import read_closed_loop, row_hints
 from simpar.cli.main import cli
+from simpar.sim.validation.accuracy import read_closed_loop, row_hints
 from simpar.sim.validation.published import read_rows, row_setup
 
 DATA = Path(__file__).parent / "data"
@@ -22,7 +22,9 @@ CLOSED = DATA / "closed-loop-sample.json"
 def report(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("acc")
     (out / "notes.yaml").write_text("meg21_t1_1.7B: >\n  hand-written explanation XYZZY\n")
-    res = CliRunner().invoke(cli, ["accuracy", "--published", str(CSV), "--closed-loop", str(CLOSED), "--out", str(out)])
+    res = CliRunner().invoke(
+        cli, ["accuracy", "--published", str(CSV), "--closed-loop", str(CLOSED), "--out", str(out)]
+    )
     assert res.exit_code == 0, res.output
     assert "published: iteration time n=3" in res.output
     return out
@@ -36,7 +38,9 @@ def test_files_and_figures(report: Path) -> None:
     assert pub["summary"]["n"] == 3 and pub["summary"]["not_simulated"] == 0
     assert pub["memory_summary"]["n"] == 1  # only the zero-bubble row publishes memory
     for r in pub["rows"]:
-        assert r["error"] == pytest.approx((r["predicted_iter_time_s"] - r["measured_iter_time_s"]) / r["measured_iter_time_s"])
+        assert r["error"] == pytest.approx(
+            (r["predicted_iter_time_s"] - r["measured_iter_time_s"]) / r["measured_iter_time_s"]
+        )
     errs = sorted(abs(r["error"]) for r in pub["rows"])
     assert pub["summary"]["median_abs_error"] == pytest.approx(errs[1])
     assert cl["summary"]["n"] == 2
@@ -79,7 +83,10 @@ def test_bad_input(tmp_path: Path) -> None:
     res = runner.invoke(cli, ["accuracy", "--published", str(csv), "--out", str(tmp_path / "p")])
     assert res.exit_code == 0  # a bad row is kept with its reason, never dropped
     doc = json.loads((tmp_path / "p" / "accuracy.json").read_text())
-    assert doc["published"]["rows"][0]["status"].startswith("not simulated") and "flash_attention" in doc["published"]["rows"][0]["status"]
+    assert (
+        doc["published"]["rows"][0]["status"].startswith("not simulated")
+        and "flash_attention" in doc["published"]["rows"][0]["status"]
+    )
 
 
 def test_closed_loop_folder_skips_other_json(tmp_path: Path) -> None:
@@ -92,9 +99,20 @@ def test_closed_loop_folder_skips_other_json(tmp_path: Path) -> None:
 
 
 def test_closed_loop_reads_calibrate_check_json(tmp_path: Path) -> None:
-    check = {"device": "cpu", "plans": [
-        {"name": "gpt-pp2-1f1b", "schedule": "1f1b", "pred_iter_s": 0.9, "meas_iter_s": 1.0, "iter_err": -0.1,
-         "pred_mem_bytes": 2 * 1024 ** 3, "meas_mem_bytes": 1024 ** 3}]}
+    check = {
+        "device": "cpu",
+        "plans": [
+            {
+                "name": "gpt-pp2-1f1b",
+                "schedule": "1f1b",
+                "pred_iter_s": 0.9,
+                "meas_iter_s": 1.0,
+                "iter_err": -0.1,
+                "pred_mem_bytes": 2 * 1024**3,
+                "meas_mem_bytes": 1024**3,
+            }
+        ],
+    }
     (tmp_path / "check.json").write_text(json.dumps(check))
     (tmp_path / "gpt-pp2-1f1b").mkdir()
     (tmp_path / "gpt-pp2-1f1b" / "other.json").write_text('{"rows": [{"id": "not-read"}]}')

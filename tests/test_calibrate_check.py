@@ -12,9 +12,9 @@ import pytest
 
 from simpar.sim.calibration.check import CHECK_PLANS, run_check, settled
 from simpar.sim.calibration.report import markdown
+from simpar.sim.engine.trace import TraceEvent, write_trace
 from simpar.sim.specs import load_cluster
 from simpar.sim.specs.calibration import Calibration, validate_calibration
-from simpar.sim.engine.trace import TraceEvent, write_trace
 
 CASES = tuple(c for c in CHECK_PLANS if c.name in ("gpt-pp2-1f1b-mbs2", "gpt-dp2-zero0-mbs2", "gpt-single-mbs4-full"))
 
@@ -32,17 +32,34 @@ class FakeExecutor:
         k = self.slow[r]
         steps = [0.5 * k] + [0.1 * k * (1 + 0.01 * i) for i in range(4)]  # one warm-up step, then 4 timed
         out.mkdir(parents=True)
-        res = {"iteration_time_s": statistics.median(steps[1:]), "iteration_times_s": steps, "warmup": 1,
-               "peak_memory_bytes": {"0": 1e6 * k, "1": None}, "probe_s": [self.probe * k, self.probe * k]}
+        res = {
+            "iteration_time_s": statistics.median(steps[1:]),
+            "iteration_times_s": steps,
+            "warmup": 1,
+            "peak_memory_bytes": {"0": 1e6 * k, "1": None},
+            "probe_s": [self.probe * k, self.probe * k],
+        }
         (out / "result.json").write_text(json.dumps(res))
-        write_trace(out / "trace.json", [TraceEvent(0, "compute", "0F0", "F", 0.0, 0.01 * k, 0, 0),
-                                         TraceEvent(0, "compute", "0B0", "B", 0.01 * k, 0.02 * k, 0, 0)])
+        write_trace(
+            out / "trace.json",
+            [
+                TraceEvent(0, "compute", "0F0", "F", 0.0, 0.01 * k, 0, 0),
+                TraceEvent(0, "compute", "0B0", "B", 0.01 * k, 0.02 * k, 0, 0),
+            ],
+        )
 
 
 @pytest.fixture
 def calibration() -> Calibration:
-    return validate_calibration({"simpar_calibration_version": 1, "device": {"gpu": "cpu", "kind": "cpu"},
-                                 "compute": {}, "probe": {"what": "matmul", "time_s": 2e-3}}, "test")
+    return validate_calibration(
+        {
+            "simpar_calibration_version": 1,
+            "device": {"gpu": "cpu", "kind": "cpu"},
+            "compute": {},
+            "probe": {"what": "matmul", "time_s": 2e-3},
+        },
+        "test",
+    )
 
 
 def test_rounds_alternate_order_and_pool_every_timed_step(tmp_path, calibration):
@@ -61,7 +78,9 @@ def test_rounds_alternate_order_and_pool_every_timed_step(tmp_path, calibration)
         assert row["meas_mem_bytes"] == pytest.approx(1.1e6)
         # the probe ran 10 % slower on average (1.0, 1.2, 1.1 -> 1.1): the drift-free error scales the prediction
         assert row["speed_ratio"] == pytest.approx(1.1)
-        assert row["iter_err_drift"] == pytest.approx((row["pred_iter_s"] * 1.1 - row["meas_iter_s"]) / row["meas_iter_s"])
+        assert row["iter_err_drift"] == pytest.approx(
+            (row["pred_iter_s"] * 1.1 - row["meas_iter_s"]) / row["meas_iter_s"]
+        )
         assert math.isfinite(row["iter_err"])
     md = markdown(doc)
     assert "device speed during the runs vs during the calibration" in md and "round spread" in md
@@ -90,18 +109,27 @@ def test_plans_whose_rounds_disagree_run_again_up_to_max_rounds(tmp_path, calibr
     runs = {r["name"]: r["runs"] for r in doc["plans"]}
     assert runs == {CASES[0].name: 5, CASES[1].name: 3, CASES[2].name: 3}
     noisy_row = next(r for r in doc["plans"] if r["name"] == CASES[0].name)
-    assert len(noisy_row["meas_rounds_s"]) == 5 and noisy_row["meas_iter_s"] == pytest.approx(0.1 * 1.02)  # every round counts
+    assert len(noisy_row["meas_rounds_s"]) == 5 and noisy_row["meas_iter_s"] == pytest.approx(
+        0.1 * 1.02
+    )  # every round counts
     assert (doc["rounds"], doc["max_rounds"]) == (3, 5)
     md = markdown(doc)
     assert "up to 5 times (`runs`)" in md and "| runs |" in md
     # without max_rounds, exactly `rounds` runs each (the earlier behaviour)
-    again = run_check(load_cluster("cpu-host"), calibration, tmp_path / "b", FakeExecutor(slow=[1.0, 1.3, 1.0]),
-                      cases=CASES, rounds=3)
+    again = run_check(
+        load_cluster("cpu-host"), calibration, tmp_path / "b", FakeExecutor(slow=[1.0, 1.3, 1.0]), cases=CASES, rounds=3
+    )
     assert {r["runs"] for r in again["plans"]} == {3} and "up to" not in markdown(again)
 
 
 def test_without_a_probe_the_drift_columns_stay_empty(tmp_path, calibration):
-    doc = run_check(load_cluster("cpu-host"), calibration.model_copy(update={"probe": None}), tmp_path, FakeExecutor(slow=[1.0]), cases=CASES[:1])
+    doc = run_check(
+        load_cluster("cpu-host"),
+        calibration.model_copy(update={"probe": None}),
+        tmp_path,
+        FakeExecutor(slow=[1.0]),
+        cases=CASES[:1],
+    )
     (row,) = doc["plans"]
     assert "speed_ratio" not in row and row["round_spread"] is None
     assert doc["summary"]["iteration_time_drift_adjusted"] is None

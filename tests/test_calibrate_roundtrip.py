@@ -10,9 +10,9 @@ import math
 
 import pytest
 
-from simpar.sim.specs.calibration import load_calibration
 from simpar.cli.main import cli
 from simpar.sim.engine.trace import read_trace
+from simpar.sim.specs.calibration import load_calibration
 
 pytestmark = pytest.mark.torch
 
@@ -35,7 +35,9 @@ def test_calibrate_then_check_one_plan(tmp_path, runner, monkeypatch):
     # REDUCE_GRAD measured inside the executor's data-parallel runs, fitted per collective
     # (and ZeRO-2's parameter gather before the first forward: all-gather)
     assert {r["op"] for r in raw["grad_reduce"]} == {"all-reduce", "reduce-scatter", "all-gather"}
-    assert all(r["time_s"] >= 0 for r in raw["grad_reduce"]) and all(r["time_s"] > 0 for r in raw["grad_reduce"] if r["op"] != "all-gather")
+    assert all(r["time_s"] >= 0 for r in raw["grad_reduce"]) and all(
+        r["time_s"] > 0 for r in raw["grad_reduce"] if r["op"] != "all-gather"
+    )
     assert set(doc["grad_reduce"]) == {"all-reduce", "reduce-scatter", "all-gather"}
     assert all(v["group"] == 2 and v["unit_s"] + v["s_per_byte"] > 0 for v in doc["grad_reduce"].values())
     # the same runs' F and B against the tables' prediction: the in-run compute factor of 2 processes
@@ -49,8 +51,27 @@ def test_calibrate_then_check_one_plan(tmp_path, runner, monkeypatch):
     assert len(doc["probe"]["times_s"]) == 2 and doc["probe"]["time_s"] > 0
 
     out = tmp_path / "check"
-    res = runner.invoke(cli, ["calibrate", "--check", "--calibration", str(calib), "--plans", "gpt-pp2-1f1b-mbs2",
-                              "--steps", "2", "--warmup", "1", "--rounds", "2", "--max-rounds", "2", "--out", str(out)])
+    res = runner.invoke(
+        cli,
+        [
+            "calibrate",
+            "--check",
+            "--calibration",
+            str(calib),
+            "--plans",
+            "gpt-pp2-1f1b-mbs2",
+            "--steps",
+            "2",
+            "--warmup",
+            "1",
+            "--rounds",
+            "2",
+            "--max-rounds",
+            "2",
+            "--out",
+            str(out),
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert "iteration time: median |error|" in res.output
     check = json.loads((out / "check.json").read_text())

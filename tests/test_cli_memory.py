@@ -9,8 +9,29 @@ import pytest
 
 from simpar.cli.main import cli
 
-BASE = ["memory", "--model", "gpt3-175b", "--cluster", "dgx-a100-80g", "--gpus", "1024", "--tp", "8", "--pp", "8",
-        "--mbs", "1", "--gbs", "1536", "--schedule", "1f1b", "--zero", "1", "--recompute", "selective"]
+BASE = [
+    "memory",
+    "--model",
+    "gpt3-175b",
+    "--cluster",
+    "dgx-a100-80g",
+    "--gpus",
+    "1024",
+    "--tp",
+    "8",
+    "--pp",
+    "8",
+    "--mbs",
+    "1",
+    "--gbs",
+    "1536",
+    "--schedule",
+    "1f1b",
+    "--zero",
+    "1",
+    "--recompute",
+    "selective",
+]
 
 
 def test_issue_command_prints_breakdown(runner) -> None:
@@ -35,8 +56,23 @@ def test_json_contract(runner) -> None:
 
 
 def test_does_not_fit_is_a_result(runner) -> None:
-    res = runner.invoke(cli, ["memory", "--model", "gpt3-175b", "--cluster", "dgx-a100-80g", "--gpus", "8", "--tp", "8",
-                              "--gbs", "8", "--json"])
+    res = runner.invoke(
+        cli,
+        [
+            "memory",
+            "--model",
+            "gpt3-175b",
+            "--cluster",
+            "dgx-a100-80g",
+            "--gpus",
+            "8",
+            "--tp",
+            "8",
+            "--gbs",
+            "8",
+            "--json",
+        ],
+    )
     assert res.exit_code == 0
     doc = json.loads(res.output)
     assert doc["fits"] is False and doc["over_by_gib"] > 100
@@ -47,15 +83,27 @@ BAD = [
     ("gpus-divide", ["--gpus", "1024", "--tp", "8", "--pp", "7"], "gpus"),
     ("tp-heads", ["--model", "gpt-1.7b", "--gpus", "64", "--tp", "16", "--allow-tp-across-nodes"], "tp"),
     ("tp-node", ["--gpus", "1024", "--tp", "16", "--pp", "4"], "tp"),
-    ("layers-split", ["--gpus", "1024", "--tp", "8", "--pp", "16", "--vpp", "7", "--schedule", "interleaved-1f1b"], "pp"),
+    (
+        "layers-split",
+        ["--gpus", "1024", "--tp", "8", "--pp", "16", "--vpp", "7", "--schedule", "interleaved-1f1b"],
+        "pp",
+    ),
     ("gbs-divide", ["--gpus", "1024", "--tp", "8", "--pp", "8", "--gbs", "1000"], "gbs"),
     ("interleaved-needs-vpp", ["--gpus", "1024", "--tp", "8", "--pp", "8", "--schedule", "interleaved-1f1b"], "vpp"),
     ("zbv-needs-vpp2", ["--gpus", "1024", "--tp", "8", "--pp", "8", "--schedule", "zb-v"], "vpp"),
     ("pp-needs-schedule", ["--gpus", "1024", "--tp", "8", "--pp", "8", "--schedule", "none"], "schedule"),
-    ("vpp-without-interleaving", ["--gpus", "1024", "--tp", "8", "--pp", "8", "--vpp", "2", "--schedule", "1f1b"], "vpp"),
+    (
+        "vpp-without-interleaving",
+        ["--gpus", "1024", "--tp", "8", "--pp", "8", "--vpp", "2", "--schedule", "1f1b"],
+        "vpp",
+    ),
     ("sp-needs-tp", ["--gpus", "1024", "--tp", "1", "--pp", "8", "--sequence-parallel"], "sequence_parallel"),
     ("whole-nodes", ["--gpus", "1020", "--tp", "4", "--pp", "1"], "gpus"),
-    ("layer-split-sum", ["--gpus", "1024", "--tp", "8", "--pp", "8", "--layer-split", "12,12,12,12,12,12,12,11"], "layer_split"),
+    (
+        "layer-split-sum",
+        ["--gpus", "1024", "--tp", "8", "--pp", "8", "--layer-split", "12,12,12,12,12,12,12,11"],
+        "layer_split",
+    ),
     ("layer-split-len", ["--gpus", "1024", "--tp", "8", "--pp", "8", "--layer-split", "48,48"], "layer_split"),
     ("unknown-cluster", ["--cluster", "dgx-z9", "--gpus", "8"], "cluster"),
     ("unknown-model", ["--model", "gpt-9"], "model"),
@@ -96,11 +144,37 @@ def test_missing_field_in_model_file(runner, tmp_path) -> None:
 def test_hf_config(runner, tmp_path) -> None:
     d = tmp_path / "llama"
     d.mkdir()
-    (d / "config.json").write_text(json.dumps({
-        "model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
-        "num_hidden_layers": 32, "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 8192}))
-    res = runner.invoke(cli, ["memory", "--model", str(d / "config.json"), "--cluster", "dgx-h100", "--gpus", "8",
-                              "--gbs", "8", "--zero", "3", "--json"])
+    (d / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "llama",
+                "hidden_size": 4096,
+                "intermediate_size": 14336,
+                "num_attention_heads": 32,
+                "num_hidden_layers": 32,
+                "num_key_value_heads": 8,
+                "vocab_size": 128256,
+                "max_position_embeddings": 8192,
+            }
+        )
+    )
+    res = runner.invoke(
+        cli,
+        [
+            "memory",
+            "--model",
+            str(d / "config.json"),
+            "--cluster",
+            "dgx-h100",
+            "--gpus",
+            "8",
+            "--gbs",
+            "8",
+            "--zero",
+            "3",
+            "--json",
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert json.loads(res.output)["fits"] is True
 

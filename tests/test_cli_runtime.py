@@ -20,8 +20,22 @@ from simpar.sim.specs import load_cluster, load_model
 from simpar.sim.specs.calibration import load_calibration
 
 CALIB = Path(__file__).resolve().parents[1] / "reports" / "calibration" / "cpu-calib.json"
-ARGS = ["--model", "tiny", "--cluster", "cpu-host", "--gpus", "2", "--pp", "2", "--mbs", "2", "--gbs", "8",
-        "--calibration", str(CALIB)]
+ARGS = [
+    "--model",
+    "tiny",
+    "--cluster",
+    "cpu-host",
+    "--gpus",
+    "2",
+    "--pp",
+    "2",
+    "--mbs",
+    "2",
+    "--gbs",
+    "8",
+    "--calibration",
+    str(CALIB),
+]
 
 
 def _iter(runner, *extra: str) -> float:
@@ -43,9 +57,31 @@ def test_simulate_runtime_executor_is_the_executor_profile(runner) -> None:
 
 
 def test_sweep_runtime_executor_ranks_with_the_profile(runner, tmp_path) -> None:
-    sweep = ["sweep", "--model", "tiny", "--cluster", "cpu-host", "--gpus", "2", "--gbs", "8", "--mbs", "2",
-             "--schedules", "none,1f1b", "--zero", "0", "--recompute", "none", "--plans", "1", "--workers", "1",
-             "--calibration", str(CALIB)]
+    sweep = [
+        "sweep",
+        "--model",
+        "tiny",
+        "--cluster",
+        "cpu-host",
+        "--gpus",
+        "2",
+        "--gbs",
+        "8",
+        "--mbs",
+        "2",
+        "--schedules",
+        "none,1f1b",
+        "--zero",
+        "0",
+        "--recompute",
+        "none",
+        "--plans",
+        "1",
+        "--workers",
+        "1",
+        "--calibration",
+        str(CALIB),
+    ]
     times = {}
     for runtime in ("megatron", "executor"):
         out = tmp_path / runtime

@@ -16,7 +16,35 @@ def test_prints_grid_and_summary(runner) -> None:
     res = runner.invoke(cli, ZB)
     assert res.exit_code == 0, res.output
     lines = res.output.splitlines()
-    assert lines[1].split("|")[1].split() == "F0 F1 F2 F3 . . . I0 W0 F4 I1 W1 F5 I2 W2 F6 I3 W3 F7 I4 W4 I5 W5 I6 W6 I7 W7".split()
+    assert lines[1].split("|")[1].split() == [
+        "F0",
+        "F1",
+        "F2",
+        "F3",
+        ".",
+        ".",
+        ".",
+        "I0",
+        "W0",
+        "F4",
+        "I1",
+        "W1",
+        "F5",
+        "I2",
+        "W2",
+        "F6",
+        "I3",
+        "W3",
+        "F7",
+        "I4",
+        "W4",
+        "I5",
+        "W5",
+        "I6",
+        "W6",
+        "I7",
+        "W7",
+    ]
     assert "makespan: 27" in res.output
     assert "bubble rate: 0.1111" in res.output
     assert "peak in-flight microbatches per rank: 4 3 2 1" in res.output
@@ -32,8 +60,9 @@ def test_json_contract(runner) -> None:
 
 
 def test_costs_and_vpp_default(runner) -> None:
-    res = runner.invoke(cli, ["schedule", "--schedule", "zb-v", "--pp", "2", "--microbatches", "4", "--costs", "2,2,1,0.1",
-                              "--json"])
+    res = runner.invoke(
+        cli, ["schedule", "--schedule", "zb-v", "--pp", "2", "--microbatches", "4", "--costs", "2,2,1,0.1", "--json"]
+    )
     doc = json.loads(res.output)
     assert doc["vpp"] == 2 and len(doc["peak_inflight"]) == 2
     assert doc["makespan"] > 4 * (2 + 2 + 1)
@@ -48,12 +77,15 @@ def test_csv_and_plot(runner, tmp_path) -> None:
     assert "rank 0 |" not in res.output
 
 
-@pytest.mark.parametrize("args,field", [
-    (["--schedule", "1f1b", "--pp", "0", "--microbatches", "4"], "pp:"),
-    (["--schedule", "zb-v", "--pp", "2", "--vpp", "3", "--microbatches", "4"], "vpp:"),
-    (["--schedule", "1f1b", "--pp", "2", "--microbatches", "4", "--costs", "1,x,1"], "costs:"),
-    (["--schedule", "none", "--pp", "2", "--microbatches", "4"], "schedule:"),
-])
+@pytest.mark.parametrize(
+    "args,field",
+    [
+        (["--schedule", "1f1b", "--pp", "0", "--microbatches", "4"], "pp:"),
+        (["--schedule", "zb-v", "--pp", "2", "--vpp", "3", "--microbatches", "4"], "vpp:"),
+        (["--schedule", "1f1b", "--pp", "2", "--microbatches", "4", "--costs", "1,x,1"], "costs:"),
+        (["--schedule", "none", "--pp", "2", "--microbatches", "4"], "schedule:"),
+    ],
+)
 def test_bad_input_one_line_exit_2(runner, args, field: str) -> None:
     res = runner.invoke(cli, ["schedule", *args])
     assert res.exit_code == 2

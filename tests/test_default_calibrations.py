@@ -10,11 +10,10 @@ from pathlib import Path
 import pytest
 
 import simpar.sim.specs.loader as loader
-from simpar.sim.specs.calibration import (default_calibration, default_calibration_path,
-                                           validate_calibration)
 from simpar.sim.cost.compute import CostModel, EfficiencyParams, causal_attention_fraction
 from simpar.sim.errors import SpecError
 from simpar.sim.specs import load_gpu
+from simpar.sim.specs.calibration import default_calibration, default_calibration_path, validate_calibration
 
 GPUS = ("a100-40g", "a100-80g", "h100-sxm", "h200", "b200")
 
@@ -34,8 +33,15 @@ def test_every_gpu_preset_has_a_documented_default(name: str) -> None:
 def test_explicit_calibration_overrides_key_by_key() -> None:
     gpu = load_gpu("h100-sxm")
     base = CostModel.for_gpu(gpu).eff
-    calib = validate_calibration({"simpar_calibration_version": 1, "device": {"gpu": "h100-sxm"},
-                                  "source": "measured here", "compute": {"mm_eff_max": 0.5}}, "test")
+    calib = validate_calibration(
+        {
+            "simpar_calibration_version": 1,
+            "device": {"gpu": "h100-sxm"},
+            "source": "measured here",
+            "compute": {"mm_eff_max": 0.5},
+        },
+        "test",
+    )
     cm = CostModel.for_gpu(gpu, calib)
     assert cm.eff == base.model_copy(update={"mm_eff_max": 0.5})
     assert cm.source == "measured here"
@@ -49,13 +55,22 @@ def test_gpu_without_file_uses_code_defaults() -> None:
     assert cm.eff == EfficiencyParams() and cm.source == "default"
 
 
-@pytest.mark.parametrize("content, match", [
-    ("{not json", "not valid JSON"),
-    (json.dumps({"simpar_calibration_version": 2, "device": {"gpu": "h100-sxm"}, "compute": {}}), "version"),
-    (json.dumps({"simpar_calibration_version": 1, "device": {"gpu": "a100-80g"}, "compute": {}}), "describes 'a100-80g'"),
-    (json.dumps({"simpar_calibration_version": 1, "device": {"gpu": "h100-sxm"}, "compute": {"mm_eff": 0.7}}), "unknown parameter"),
-    (json.dumps({"simpar_calibration_version": 1, "device": {"gpu": "h100-sxm"}}), "compute"),
-])
+@pytest.mark.parametrize(
+    "content, match",
+    [
+        ("{not json", "not valid JSON"),
+        (json.dumps({"simpar_calibration_version": 2, "device": {"gpu": "h100-sxm"}, "compute": {}}), "version"),
+        (
+            json.dumps({"simpar_calibration_version": 1, "device": {"gpu": "a100-80g"}, "compute": {}}),
+            "describes 'a100-80g'",
+        ),
+        (
+            json.dumps({"simpar_calibration_version": 1, "device": {"gpu": "h100-sxm"}, "compute": {"mm_eff": 0.7}}),
+            "unknown parameter",
+        ),
+        (json.dumps({"simpar_calibration_version": 1, "device": {"gpu": "h100-sxm"}}), "compute"),
+    ],
+)
 def test_malformed_default_file_is_a_clear_error(tmp_path: Path, monkeypatch, content: str, match: str) -> None:
     gpu = load_gpu("h100-sxm")
     (tmp_path / "calibrations").mkdir()
@@ -69,5 +84,5 @@ def test_malformed_default_file_is_a_clear_error(tmp_path: Path, monkeypatch, co
 def test_causal_attention_fraction() -> None:
     assert causal_attention_fraction(128) == 1.0  # one block: the diagonal block is computed whole
     fr = [causal_attention_fraction(s) for s in (256, 1024, 8192, 131072)]
-    assert all(0.5 < a and a > b for a, b in zip(fr, fr[1:]))
+    assert all(a > 0.5 and a > b for a, b in zip(fr, fr[1:]))
     assert fr[-1] == pytest.approx(0.5, abs=1e-3)

@@ -9,11 +9,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simpar.sim.cost.profile import MEGATRON
+from simpar.sim.cost.workload import StageWork
 from simpar.sim.engine.core import EngineOptions, run_engine
 from simpar.sim.plan import ParallelPlan
 from simpar.sim.schedules import StageCosts, list_schedule, lower, schedule_for_plan
 from simpar.sim.specs import ModelSpec, load_cluster
-from simpar.sim.cost.workload import StageWork
 
 TINY = ModelSpec(name="t24", arch="gpt", layers=120, hidden=64, heads=4, vocab=512, seq_len=32)
 GPU = load_cluster("dgx-h100").gpu
@@ -48,14 +48,38 @@ class FixedCosts:
 
 
 def work(n: int, f=1.0, i=1.0, w=1.0, r=0.0, params=1000.0) -> list[StageWork]:
-    return [StageWork(stage=s, layers=1, f=f, i=i, w=w, r=r, tp_f=0.0, tp_b=0.0, tp_r=0.0, act_bytes=1.0,
-                      params=params, layer_compute=f) for s in range(n)]
+    return [
+        StageWork(
+            stage=s,
+            layers=1,
+            f=f,
+            i=i,
+            w=w,
+            r=r,
+            tp_f=0.0,
+            tp_b=0.0,
+            tp_r=0.0,
+            act_bytes=1.0,
+            params=params,
+            layer_compute=f,
+        )
+        for s in range(n)
+    ]
 
 
 def plan(pp=1, vpp=1, m=4, schedule=None, dp=1, zero=0, recompute="none") -> ParallelPlan:
     sched = schedule or ("none" if pp == 1 else "1f1b")
-    return ParallelPlan(dp=dp, pp=pp, vpp=vpp, micro_batch_size=1, global_batch_size=m * dp, schedule=sched,
-                        zero=zero, recompute=recompute, layer_split=None)
+    return ParallelPlan(
+        dp=dp,
+        pp=pp,
+        vpp=vpp,
+        micro_batch_size=1,
+        global_batch_size=m * dp,
+        schedule=sched,
+        zero=zero,
+        recompute=recompute,
+        layer_split=None,
+    )
 
 
 def run(p: ParallelPlan, wk, net=None, opt=0.0, options=EngineOptions(), act=None, profile=MEGATRON):
@@ -75,9 +99,20 @@ def test_single_rank_time_is_sum_of_costs() -> None:
     assert log[-1] == ("optimizer", 17.5)
 
 
-@pytest.mark.parametrize("name,pp,vpp,m", [("gpipe", 4, 1, 8), ("1f1b", 4, 1, 8), ("1f1b", 3, 1, 7),
-                                           ("interleaved-1f1b", 2, 2, 4), ("zb-h1", 4, 1, 8), ("zb-h2", 4, 1, 8),
-                                           ("zb-v", 4, 2, 8), ("zb-1p", 4, 1, 8), ("zb-2p", 4, 1, 8)])
+@pytest.mark.parametrize(
+    "name,pp,vpp,m",
+    [
+        ("gpipe", 4, 1, 8),
+        ("1f1b", 4, 1, 8),
+        ("1f1b", 3, 1, 7),
+        ("interleaved-1f1b", 2, 2, 4),
+        ("zb-h1", 4, 1, 8),
+        ("zb-h2", 4, 1, 8),
+        ("zb-v", 4, 2, 8),
+        ("zb-1p", 4, 1, 8),
+        ("zb-2p", 4, 1, 8),
+    ],
+)
 def test_makespan_equals_list_scheduler_oracle(name, pp, vpp, m) -> None:
     p = plan(pp=pp, vpp=vpp, m=m, schedule=name)
     wk = work(pp * vpp, f=1.0, i=1.3, w=0.7)
@@ -95,7 +130,9 @@ def test_dp_allreduce_hides_behind_backward_when_short() -> None:
     _, t_long = run(p, work(1), net=FakeNet(coll=2.0), options=opts)
     # Buckets ready at 9.5, 10, 10.5, 11 (last W ends at 12... B is one action: 10..12): serial 2 s each.
     assert t_long > t_short + 5
-    eng, t_noov = run(p, work(1), net=FakeNet(coll=0.1), options=EngineOptions(overlap_grad_reduce=False, grad_buckets=1))
+    eng, t_noov = run(
+        p, work(1), net=FakeNet(coll=0.1), options=EngineOptions(overlap_grad_reduce=False, grad_buckets=1)
+    )
     assert t_noov == pytest.approx(4 * 3.0 + 0.1)
 
 
@@ -122,8 +159,14 @@ def test_breakdown_conservation_and_busy_time() -> None:
 
 
 @settings(max_examples=25, deadline=None)
-@given(st.sampled_from(["gpipe", "1f1b", "zb-h1", "zb-h2"]), st.integers(2, 5), st.integers(1, 10),
-       st.floats(0.1, 3.0), st.floats(0.1, 3.0), st.floats(0.1, 3.0))
+@given(
+    st.sampled_from(["gpipe", "1f1b", "zb-h1", "zb-h2"]),
+    st.integers(2, 5),
+    st.integers(1, 10),
+    st.floats(0.1, 3.0),
+    st.floats(0.1, 3.0),
+    st.floats(0.1, 3.0),
+)
 def test_engine_matches_oracle_random(name, pp, m, f, i, w) -> None:
     p = plan(pp=pp, m=m, schedule=name)
     _, t = run(p, work(pp, f=f, i=i, w=w))
@@ -177,7 +220,9 @@ def test_tied_embedding_grad_all_reduce_joins_first_and_last_rank() -> None:
     eng = results["tied"]
     ar = [e for e in eng.events if e.name == "tied_embedding_grad"]
     assert len(ar) == 2 and {e.rank for e in ar} == {g.rank for g in eng.gpus.values()}
-    first_done = max(e.start + e.duration for e in eng.events if e.rank == eng.gpus[((0, 0, 0), 0)].rank and e.kind == "B")
+    first_done = max(
+        e.start + e.duration for e in eng.events if e.rank == eng.gpus[((0, 0, 0), 0)].rank and e.kind == "B"
+    )
     assert all(e.start == pytest.approx(first_done) and e.duration == pytest.approx(0.5) for e in ar)
     assert max(g.finish for g in eng.gpus.values()) == pytest.approx(t_untied + 0.5)
     assert all(g.acc["pp_comm"] >= 0.5 for g in eng.gpus.values())

@@ -71,8 +71,17 @@ def test_the_oracle_equals_the_engine_under_the_executor_profile(case):
     model, plan = plan_of(case, cluster)
     cl = cluster.with_gpus(plan.num_gpus)
     profile = ExecutorProfile.of(calib)
-    ev = Evaluator(SweepSetup(model, cl, plan.num_gpus, plan.global_batch_size, calibration=calib,
-                              options=EXECUTOR_OPTIONS, profile=profile))
+    ev = Evaluator(
+        SweepSetup(
+            model,
+            cl,
+            plan.num_gpus,
+            plan.global_batch_size,
+            calibration=calib,
+            options=EXECUTOR_OPTIONS,
+            profile=profile,
+        )
+    )
     est = oracle_estimate(ev.inputs(plan))
     res = simulate(model, cl, plan, calibration=calib, options=EXECUTOR_OPTIONS, profile=profile)
     assert est.iter_time_s == pytest.approx(res.iter_time_s, rel=REL)

@@ -19,7 +19,16 @@ from simpar.sim.plan import ParallelPlan  # noqa: E402
 from simpar.sim.schedules import Action, Kind, read_csv  # noqa: E402
 
 PP = 4
-KINDS = [("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2), ("zb-h1", 1), ("zb-h2", 1), ("zb-1p", 1), ("zb-2p", 1), ("zb-v", 2)]
+KINDS = [
+    ("gpipe", 1),
+    ("1f1b", 1),
+    ("interleaved-1f1b", 2),
+    ("zb-h1", 1),
+    ("zb-h2", 1),
+    ("zb-1p", 1),
+    ("zb-2p", 1),
+    ("zb-v", 2),
+]
 
 
 def test_torch_is_the_pinned_release():
@@ -50,7 +59,10 @@ def test_runtime_loads_each_schedule_kind(fake_world, tmp_path, name, vpp):
     path = write_schedule(plan, tmp_path / "s.csv")
     sched = read_csv(path)
     rows = [[str(a) for a in row] for row in sched.ranks]
-    stages = [tp.make_stage(torch.nn.Linear(2, 2), s, plan.num_stages, torch.device("cpu"), fake_world) for s in sched.stages_of(0)]
+    stages = [
+        tp.make_stage(torch.nn.Linear(2, 2), s, plan.num_stages, torch.device("cpu"), fake_world)
+        for s in sched.stages_of(0)
+    ]
     runner = tp.PipelineRunner(stages, plan.num_microbatches, lambda out, tgt: out.sum(), rows, comms=False)
     loaded = runner.actions()
     compute = [a for a in loaded if Action.parse(a).kind in (Kind.F, Kind.B, Kind.I, Kind.W)]

@@ -13,19 +13,22 @@ import sys
 
 import pytest
 
-from simpar.executor.launch import write_schedule
 from simpar.cli.main import cli
+from simpar.executor.launch import write_schedule
+from simpar.sim.engine.trace import read_trace
 from simpar.sim.plan import ParallelPlan
-from simpar.sim.specs.planfile import write_plan_file
 from simpar.sim.schedules import read_csv
 from simpar.sim.specs import load_model
-from simpar.sim.engine.trace import read_trace
+from simpar.sim.specs.planfile import write_plan_file
 
 COMPUTE = ("F", "B", "I", "W")
 
 
 def test_cli_does_not_import_torch():
-    code = "import sys, simpar.cli.main as m; assert {'run', 'compare'} <= set(m.cli.commands); print('torch' in sys.modules)"
+    code = (
+        "import sys, simpar.cli.main as m; assert {'run', 'compare'} <= set(m.cli.commands); "
+        "print('torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -40,7 +43,22 @@ def measured(tmp_path_factory):
     plan = ParallelPlan(pp=2, global_batch_size=4, schedule="zb-h1", recompute="selective")
     write_plan_file(d / "plan.json", plan, load_model("tiny"), "dgx-h100")
     write_schedule(plan, d / "schedule.csv")
-    args = ["run", "--plan", str(d / "plan.json"), "--schedule", str(d / "schedule.csv"), "--out", str(d / "out"), "--steps", "2", "--warmup", "1", "--verify", "--timeout", "60"]
+    args = [
+        "run",
+        "--plan",
+        str(d / "plan.json"),
+        "--schedule",
+        str(d / "schedule.csv"),
+        "--out",
+        str(d / "out"),
+        "--steps",
+        "2",
+        "--warmup",
+        "1",
+        "--verify",
+        "--timeout",
+        "60",
+    ]
     res = CliRunner().invoke(cli, args)
     assert res.exit_code == 0, res.output
     return d, res.output
@@ -73,8 +91,28 @@ def test_trace_holds_the_schedule_order(measured):
 def test_compare_with_simulated_trace(measured, runner):
     d, _ = measured
     sim = d / "sim.json"
-    res = runner.invoke(cli, ["simulate", "--model", "tiny", "--cluster", "dgx-h100", "--gpus", "2", "--pp", "2", "--gbs", "4",
-                              "--schedule", "zb-h1", "--recompute", "selective", "--trace", str(sim)])
+    res = runner.invoke(
+        cli,
+        [
+            "simulate",
+            "--model",
+            "tiny",
+            "--cluster",
+            "dgx-h100",
+            "--gpus",
+            "2",
+            "--pp",
+            "2",
+            "--gbs",
+            "4",
+            "--schedule",
+            "zb-h1",
+            "--recompute",
+            "selective",
+            "--trace",
+            str(sim),
+        ],
+    )
     assert res.exit_code == 0, res.output
     res = runner.invoke(cli, ["compare", str(sim), str(d / "out" / "trace.json"), "--plot", str(d / "cmp.png")])
     assert res.exit_code == 0, res.output
@@ -96,7 +134,9 @@ def test_torchrun_worker_rejects_a_bad_launch_fast(tmp_path):
     plan = ParallelPlan(pp=2, global_batch_size=4)
     write_plan_file(tmp_path / "plan.json", plan, load_model("tiny"))
     write_schedule(plan, tmp_path / "s.csv")
-    cmd = torchrun_command(tmp_path / "plan.json", tmp_path / "s.csv", tmp_path / "out", 1, steps=1, warmup=0, device="cpu")
+    cmd = torchrun_command(
+        tmp_path / "plan.json", tmp_path / "s.csv", tmp_path / "out", 1, steps=1, warmup=0, device="cpu"
+    )
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert out.returncode != 0
     assert "error: nproc: the plan needs dp*tp*pp*cp = 2 processes, the launch has 1" in out.stderr
@@ -108,8 +148,21 @@ def test_dry_run_prints_the_torchrun_command(runner, tmp_path):
     plan = ParallelPlan(pp=2, dp=2, global_batch_size=8, schedule="zb-h2", zero=2)
     write_plan_file(tmp_path / "plan.json", plan, load_model("tiny-llama"))
     write_schedule(plan, tmp_path / "s.csv")
-    res = runner.invoke(cli, ["run", "--plan", str(tmp_path / "plan.json"), "--schedule", str(tmp_path / "s.csv"), "--out", str(tmp_path / "o"),
-                              "--device", "cuda", "--dry-run"])
+    res = runner.invoke(
+        cli,
+        [
+            "run",
+            "--plan",
+            str(tmp_path / "plan.json"),
+            "--schedule",
+            str(tmp_path / "s.csv"),
+            "--out",
+            str(tmp_path / "o"),
+            "--device",
+            "cuda",
+            "--dry-run",
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert "-m torch.distributed.run --standalone --nproc-per-node 4 -m simpar.executor.entry" in res.output
     assert "--device cuda" in res.output and "--timeout 300" in res.output

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from simpar.cli.main import cli
 from simpar.executor.checks import check_precision, check_run, read_schedule_file
 from simpar.executor.launch import write_schedule
-from simpar.cli.main import cli
 from simpar.sim.errors import PlanError, ScheduleError
 from simpar.sim.plan import ParallelPlan
-from simpar.sim.specs.planfile import write_plan_file
 from simpar.sim.specs import load_model
+from simpar.sim.specs.planfile import write_plan_file
 
 GPT, LLAMA = load_model("tiny"), load_model("tiny-llama")
 
@@ -45,11 +45,19 @@ def test_schedule_for_another_pipeline(tmp_path):
 def test_zero3_with_split_backward_is_refused(tmp_path):
     plan = ParallelPlan(pp=2, dp=2, global_batch_size=8, schedule="zb-h1", zero=3)
     with pytest.raises(PlanError, match="ZeRO-3 .* I/W actions gives wrong gradients") as exc:
-        check_run(plan, LLAMA, sched(tmp_path, **plan.model_dump(include={"pp", "dp", "global_batch_size", "schedule"})), 4)
+        check_run(
+            plan, LLAMA, sched(tmp_path, **plan.model_dump(include={"pp", "dp", "global_batch_size", "schedule"})), 4
+        )
     assert "Fix: use --zero 2" in str(exc.value)
 
 
-@pytest.mark.parametrize("fields", [dict(tp=2, pp=1, dp=2, global_batch_size=4, schedule="none"), dict(pp=2, dp=2, global_batch_size=8, schedule="zb-h2")])
+@pytest.mark.parametrize(
+    "fields",
+    [
+        dict(tp=2, pp=1, dp=2, global_batch_size=4, schedule="none"),
+        dict(pp=2, dp=2, global_batch_size=8, schedule="zb-h2"),
+    ],
+)
 def test_zero1_with_tp_or_split_backward_is_refused(tmp_path, fields):
     plan = ParallelPlan(zero=1, **fields)
     with pytest.raises(PlanError, match="ZeRO-1 runs as DDP"):
@@ -100,7 +108,15 @@ def test_unsupported_features(tmp_path):
 def _files(tmp_path: Path, plan: ParallelPlan, model=GPT, sched_plan: ParallelPlan | None = None) -> list[str]:
     write_plan_file(tmp_path / "plan.json", plan, model)
     write_schedule(sched_plan or plan, tmp_path / "s.csv")
-    return ["run", "--plan", str(tmp_path / "plan.json"), "--schedule", str(tmp_path / "s.csv"), "--out", str(tmp_path / "out")]
+    return [
+        "run",
+        "--plan",
+        str(tmp_path / "plan.json"),
+        "--schedule",
+        str(tmp_path / "s.csv"),
+        "--out",
+        str(tmp_path / "out"),
+    ]
 
 
 @pytest.mark.parametrize(
@@ -113,7 +129,9 @@ def _files(tmp_path: Path, plan: ParallelPlan, model=GPT, sched_plan: ParallelPl
     ids=["world-size", "zero3-with-IW", "wrong-placement"],
 )
 def test_cli_fails_fast_with_exit_2(runner, tmp_path, plan, extra, match):
-    other = ParallelPlan(pp=2, vpp=2, global_batch_size=4, schedule="interleaved-1f1b") if plan.schedule == "zb-v" else None
+    other = (
+        ParallelPlan(pp=2, vpp=2, global_batch_size=4, schedule="interleaved-1f1b") if plan.schedule == "zb-v" else None
+    )
     t0 = time.perf_counter()
     res = runner.invoke(cli, _files(tmp_path, plan, sched_plan=other) + extra)
     assert res.exit_code == 2, res.output
@@ -132,4 +150,3 @@ def test_cli_refuses_a_deadlocked_schedule(runner, tmp_path):
     res = runner.invoke(cli, args)
     assert res.exit_code == 2, res.output
     assert "error: schedule: it deadlocks" in res.output
-

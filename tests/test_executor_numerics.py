@@ -25,14 +25,29 @@ COMPUTE = ("F", "B", "I", "W")
 # (id, model, lowered by simpar, plan fields); microbatches = gbs / (dp * mbs) = 4 unless noted
 TWO = [
     ("gpipe-gpt", "tiny", False, dict(pp=2, global_batch_size=4, schedule="gpipe")),
-    ("1f1b-llama-selective", "tiny-llama", False, dict(pp=2, global_batch_size=4, schedule="1f1b", recompute="selective")),
-    ("interleaved-gpt-full", "tiny", False, dict(pp=2, vpp=2, global_batch_size=4, schedule="interleaved-1f1b", recompute="full")),
+    (
+        "1f1b-llama-selective",
+        "tiny-llama",
+        False,
+        dict(pp=2, global_batch_size=4, schedule="1f1b", recompute="selective"),
+    ),
+    (
+        "interleaved-gpt-full",
+        "tiny",
+        False,
+        dict(pp=2, vpp=2, global_batch_size=4, schedule="interleaved-1f1b", recompute="full"),
+    ),
     ("zb-h1-llama", "tiny-llama", False, dict(pp=2, global_batch_size=4, schedule="zb-h1")),
     ("zb-h2-gpt", "tiny", False, dict(pp=2, global_batch_size=6, schedule="zb-h2")),
     ("zb-v-gpt", "tiny", False, dict(pp=2, vpp=2, global_batch_size=4, schedule="zb-v")),
     ("zb-v-llama-full", "tiny-llama", False, dict(pp=2, vpp=2, global_batch_size=4, schedule="zb-v", recompute="full")),
     ("1f1b-gpt-lowered-R", "tiny", True, dict(pp=2, global_batch_size=4, schedule="1f1b", recompute="full")),
-    ("tp2-sp-gpt-selective", "tiny", False, dict(tp=2, global_batch_size=2, schedule="none", sequence_parallel=True, recompute="selective")),
+    (
+        "tp2-sp-gpt-selective",
+        "tiny",
+        False,
+        dict(tp=2, global_batch_size=2, schedule="none", sequence_parallel=True, recompute="selective"),
+    ),
     ("tp2-llama", "tiny-llama", False, dict(tp=2, global_batch_size=2, schedule="none")),
     ("dp2-zero0-gpt", "tiny", False, dict(dp=2, global_batch_size=4, schedule="none", zero=0)),
     ("dp2-zero1-llama", "tiny-llama", False, dict(dp=2, global_batch_size=4, schedule="none", zero=1)),
@@ -42,15 +57,45 @@ TWO = [
 FOUR = [
     ("dp2pp2-zero0-zb-h1-gpt", "tiny", False, dict(dp=2, pp=2, global_batch_size=8, schedule="zb-h1", zero=0)),
     ("dp2pp2-zero1-1f1b-llama", "tiny-llama", False, dict(dp=2, pp=2, global_batch_size=8, schedule="1f1b", zero=1)),
-    ("dp2pp2-zero2-zb-h2-gpt", "tiny", False, dict(dp=2, pp=2, global_batch_size=8, schedule="zb-h2", zero=2, mesh_order=("dp", "pp", "cp", "tp"))),
-    ("dp2pp2-zero3-interleaved-llama", "tiny-llama", False, dict(dp=2, pp=2, vpp=2, global_batch_size=8, schedule="interleaved-1f1b", zero=3)),
-    ("tp2pp2-sp-1f1b-gpt-selective", "tiny", False, dict(tp=2, pp=2, global_batch_size=4, schedule="1f1b", sequence_parallel=True, recompute="selective")),
+    (
+        "dp2pp2-zero2-zb-h2-gpt",
+        "tiny",
+        False,
+        dict(dp=2, pp=2, global_batch_size=8, schedule="zb-h2", zero=2, mesh_order=("dp", "pp", "cp", "tp")),
+    ),
+    (
+        "dp2pp2-zero3-interleaved-llama",
+        "tiny-llama",
+        False,
+        dict(dp=2, pp=2, vpp=2, global_batch_size=8, schedule="interleaved-1f1b", zero=3),
+    ),
+    (
+        "tp2pp2-sp-1f1b-gpt-selective",
+        "tiny",
+        False,
+        dict(tp=2, pp=2, global_batch_size=4, schedule="1f1b", sequence_parallel=True, recompute="selective"),
+    ),
     ("tp2pp2-zb-v-llama", "tiny-llama", False, dict(tp=2, pp=2, vpp=2, global_batch_size=4, schedule="zb-v")),
-    ("dp2tp2-zero2-sp-gpt-full", "tiny", False, dict(dp=2, tp=2, global_batch_size=4, schedule="none", zero=2, sequence_parallel=True, recompute="full")),
+    (
+        "dp2tp2-zero2-sp-gpt-full",
+        "tiny",
+        False,
+        dict(dp=2, tp=2, global_batch_size=4, schedule="none", zero=2, sequence_parallel=True, recompute="full"),
+    ),
 ]
 EIGHT = [
-    ("dp2pp2tp2-zero2-interleaved-sp-gpt", "tiny", False, dict(dp=2, pp=2, tp=2, vpp=2, global_batch_size=8, schedule="interleaved-1f1b", zero=2, sequence_parallel=True)),
-    ("dp2pp2tp2-zero0-zb-h1-llama", "tiny-llama", False, dict(dp=2, pp=2, tp=2, global_batch_size=8, schedule="zb-h1", zero=0)),
+    (
+        "dp2pp2tp2-zero2-interleaved-sp-gpt",
+        "tiny",
+        False,
+        dict(dp=2, pp=2, tp=2, vpp=2, global_batch_size=8, schedule="interleaved-1f1b", zero=2, sequence_parallel=True),
+    ),
+    (
+        "dp2pp2tp2-zero0-zb-h1-llama",
+        "tiny-llama",
+        False,
+        dict(dp=2, pp=2, tp=2, global_batch_size=8, schedule="zb-h1", zero=0),
+    ),
 ]
 
 

@@ -132,7 +132,18 @@ def test_entry_sets_a_short_process_group_timeout(tmp_path, monkeypatch):
     monkeypatch.setattr(dist, "init_process_group", fake_init)
     monkeypatch.setenv("WORLD_SIZE", "1")
     with pytest.raises(KeyboardInterrupt):
-        entry.main(["--plan", str(tmp_path / "plan.json"), "--schedule", str(tmp_path / "s.csv"), "--out", str(tmp_path), "--timeout", "42"])
+        entry.main(
+            [
+                "--plan",
+                str(tmp_path / "plan.json"),
+                "--schedule",
+                str(tmp_path / "s.csv"),
+                "--out",
+                str(tmp_path),
+                "--timeout",
+                "42",
+            ]
+        )
     assert seen == {"backend": "gloo", "timeout": 42.0}
     assert entry.parse(["--plan", "p", "--schedule", "s", "--out", "o"]).timeout == 300
 
@@ -159,7 +170,10 @@ def test_layer_passes_alternate_order_and_keep_the_median_pass() -> None:
 def test_tensor_parallel_layers_get_more_passes_and_quick_runs_one() -> None:
     from simpar.executor.microbench import LAYER_PASSES, TP_LAYER_PASSES, BenchConfig, layer_passes
 
-    full, quick = BenchConfig(device="cpu", backend="gloo", nproc=2), BenchConfig(device="cpu", backend="gloo", nproc=2, quick=True)
+    full, quick = (
+        BenchConfig(device="cpu", backend="gloo", nproc=2),
+        BenchConfig(device="cpu", backend="gloo", nproc=2, quick=True),
+    )
     assert (layer_passes(full), layer_passes(full, tp=True)) == (LAYER_PASSES, TP_LAYER_PASSES)
     assert TP_LAYER_PASSES > LAYER_PASSES and TP_LAYER_PASSES % 2 == 1  # an odd count has one median pass
     assert (layer_passes(quick), layer_passes(quick, tp=True)) == (1, 1)
@@ -171,8 +185,14 @@ def test_post_seconds_counts_the_gaps_that_are_not_waits_per_posted_op() -> None
     def ev(kind, start, dur, wait=0.0, stream="compute"):
         return {"kind": kind, "start": start, "duration": dur, "stream": stream, "args": {"wait_s": wait}}
 
-    events = [ev("F", 0.0, 1.0), ev("SEND_F", 1.0, 0.2, stream="pp"), ev("F", 1.3, 1.0),
-              ev("SEND_F", 2.3, 0.2, stream="pp"), ev("RECV_B", 2.5, 0.1, stream="pp"), ev("B", 4.5, 2.0, wait=1.9)]
+    events = [
+        ev("F", 0.0, 1.0),
+        ev("SEND_F", 1.0, 0.2, stream="pp"),
+        ev("F", 1.3, 1.0),
+        ev("SEND_F", 2.3, 0.2, stream="pp"),
+        ev("RECV_B", 2.5, 0.1, stream="pp"),
+        ev("B", 4.5, 2.0, wait=1.9),
+    ]
     # gaps 0.3 and 2.2 - 1.9 waited = 0.3, over 3 posted ops
     assert post_seconds(events) == pytest.approx(0.2)
     assert post_seconds([ev("F", 0.0, 1.0), ev("B", 1.5, 1.0)]) is None  # nothing posted
@@ -185,8 +205,14 @@ def test_gather_seconds_is_the_unshard_plus_the_first_forwards_excess():
         return {"kind": kind, "microbatch": mb, "duration": dur, "stage": 0}
 
     # listed out of order: the first forward is micro-batch 0's, 0.012 s above the median of the others
-    events = [ev("UNSHARD", None, 0.002), ev("F", 2, 0.029), ev("F", 0, 0.040), ev("F", 1, 0.027), ev("F", 3, 0.028),
-              ev("B", 0, 0.05)]
+    events = [
+        ev("UNSHARD", None, 0.002),
+        ev("F", 2, 0.029),
+        ev("F", 0, 0.040),
+        ev("F", 1, 0.027),
+        ev("F", 3, 0.028),
+        ev("B", 0, 0.05),
+    ]
     assert gather_seconds(events) == pytest.approx(0.002 + 0.012)
     assert gather_seconds([ev("F", 0, 0.020), ev("F", 1, 0.025)]) == 0.0  # a first forward no slower: nothing waited
     assert gather_seconds([ev("UNSHARD", None, 0.003), ev("F", 0, 0.04)]) == pytest.approx(0.003)

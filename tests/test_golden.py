@@ -11,8 +11,6 @@ import math
 import sys
 from pathlib import Path
 
-import pytest
-
 HERE = Path(__file__).resolve().parent / "golden"
 sys.path.insert(0, str(HERE))
 import make  # noqa: E402

@@ -63,7 +63,9 @@ def test_sim_imports_neither_torch_nor_executor_nor_the_cli():
 
 
 def test_import_simpar_is_cheap_and_the_api_resolves():
-    code = ("import sys, simpar; heavy = [m for m in ('networkx', 'matplotlib', 'simpy', 'torch') if m in sys.modules];"
-            "print(heavy); from simpar import simulate, sweep, Calibration, ParallelPlan, memory_report; print('ok')")
+    code = (
+        "import sys, simpar; heavy = [m for m in ('networkx', 'matplotlib', 'simpy', 'torch') if m in sys.modules];"
+        "print(heavy); from simpar import simulate, sweep, Calibration, ParallelPlan, memory_report; print('ok')"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["[]", "ok"]

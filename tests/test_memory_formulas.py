@@ -6,8 +6,15 @@ from __future__ import annotations
 import pytest
 from conftest import read_csv_rows
 
-from simpar.sim.cost.memory import (EXECUTOR_CPU, deallocated_output_bytes, layer_activation_bytes, memory_report,
-                                    model_state_bytes, plan_profile, restated)
+from simpar.sim.cost.memory import (
+    EXECUTOR_CPU,
+    deallocated_output_bytes,
+    layer_activation_bytes,
+    memory_report,
+    model_state_bytes,
+    plan_profile,
+    restated,
+)
 from simpar.sim.plan import ParallelPlan
 from simpar.sim.specs import load_cluster, load_model
 from simpar.sim.specs.model import ModelSpec
@@ -17,17 +24,32 @@ ROWS = read_csv_rows("memory-formulas.csv")
 
 def _gpt(r: dict[str, str]) -> ModelSpec:
     h = int(r["hidden"])
-    return ModelSpec(name=r["id"], arch="gpt", layers=int(r["layers"] or 1), hidden=h, heads=int(r["heads"]),
-                     ffn=4 * h, vocab=51200, seq_len=int(r["seq_len"]))
+    return ModelSpec(
+        name=r["id"],
+        arch="gpt",
+        layers=int(r["layers"] or 1),
+        hidden=h,
+        heads=int(r["heads"]),
+        ffn=4 * h,
+        vocab=51200,
+        seq_len=int(r["seq_len"]),
+    )
 
 
 def _plan(r: dict[str, str], recompute: str | None = None) -> ParallelPlan:
     tp = int(r["tp"] or 1)
     pp = int(r["pp"] or 1)
     mbs = int(r["mbs"] or 1)
-    return ParallelPlan(tp=tp, pp=pp, micro_batch_size=mbs, global_batch_size=mbs * 4 * pp,
-                        schedule="1f1b" if pp > 1 else "none", recompute=recompute or r["recompute"] or "none",
-                        sequence_parallel=r["sp"] == "1", flash_attention=False)
+    return ParallelPlan(
+        tp=tp,
+        pp=pp,
+        micro_batch_size=mbs,
+        global_batch_size=mbs * 4 * pp,
+        schedule="1f1b" if pp > 1 else "none",
+        recompute=recompute or r["recompute"] or "none",
+        sequence_parallel=r["sp"] == "1",
+        flash_attention=False,
+    )
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[r["id"] for r in ROWS])
@@ -57,10 +79,15 @@ def test_all_kinds_covered() -> None:
     assert len(ROWS) >= 100
 
 
-@pytest.mark.parametrize("kw", [dict(pp=4, schedule="1f1b", recompute="full"),
-                                dict(pp=4, vpp=2, schedule="zb-v", zero=3),
-                                dict(dp=4, schedule="none", zero=3, recompute="selective", flash_attention=False),
-                                dict(pp=2, dp=2, schedule="interleaved-1f1b", vpp=2, zero=2, precision="fp8")])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(pp=4, schedule="1f1b", recompute="full"),
+        dict(pp=4, vpp=2, schedule="zb-v", zero=3),
+        dict(dp=4, schedule="none", zero=3, recompute="selective", flash_attention=False),
+        dict(pp=2, dp=2, schedule="interleaved-1f1b", vpp=2, zero=2, precision="fp8"),
+    ],
+)
 def test_executor_cpu_conventions_double_activations_and_drop_overheads(kw) -> None:
     """Under `EXECUTOR_CPU` a rank holds its model states, twice its activations (fp32 elements, the
     recompute transient included) and its ZeRO-3 gather buffers: no framework overhead, no fragmentation."""

@@ -11,9 +11,18 @@ from simpar.sim.specs import load_model
 from simpar.sim.specs.model import ModelSpec
 
 # Narayanan et al. SC'21 Table 1: (preset, batch size, published parameter count in billions)
-SC21 = [("gpt-1.7b", 512, 1.7), ("gpt-3.6b", 512, 3.6), ("gpt-7.5b", 512, 7.5), ("gpt-18.4b", 1024, 18.4),
-        ("gpt-39.1b", 1536, 39.1), ("gpt-76.1b", 1792, 76.1), ("gpt-145.6b", 2304, 145.6),
-        ("gpt-310.1b", 2160, 310.1), ("gpt-529.6b", 2520, 529.6), ("gpt-1t", 3072, 1008.0)]
+SC21 = [
+    ("gpt-1.7b", 512, 1.7),
+    ("gpt-3.6b", 512, 3.6),
+    ("gpt-7.5b", 512, 7.5),
+    ("gpt-18.4b", 1024, 18.4),
+    ("gpt-39.1b", 1536, 39.1),
+    ("gpt-76.1b", 1792, 76.1),
+    ("gpt-145.6b", 2304, 145.6),
+    ("gpt-310.1b", 2160, 310.1),
+    ("gpt-529.6b", 2520, 529.6),
+    ("gpt-1t", 3072, 1008.0),
+]
 
 
 def test_gpt3_175b_params() -> None:
@@ -39,10 +48,17 @@ def megatron_num_flops(m: ModelSpec, batch: int) -> float:
     """Megatron-LM training.py num_floating_point_operations (dense, no MoE), transcribed."""
     expansion = 3 * 2 * 2
     gated = 3 / 2 if m.gated_mlp else 1
-    return expansion * batch * m.seq_len * m.layers * m.hidden**2 * (
-        (1 + m.kv_heads / m.heads + m.seq_len / m.hidden)
-        + (m.ffn / m.hidden) * gated
-        + m.vocab / (2 * m.layers * m.hidden)
+    return (
+        expansion
+        * batch
+        * m.seq_len
+        * m.layers
+        * m.hidden**2
+        * (
+            (1 + m.kv_heads / m.heads + m.seq_len / m.hidden)
+            + (m.ffn / m.hidden) * gated
+            + m.vocab / (2 * m.layers * m.hidden)
+        )
     )
 
 
@@ -56,8 +72,17 @@ def test_megatron_flops(name: str) -> None:
 def test_backward_is_twice_forward(arch: str, heads_k: int, kv_div: int, seqs: int, ffn_mult: int) -> None:
     heads = 4 * heads_k
     kv = heads // (2 if heads % 2 == 0 and kv_div > 3 else 1)
-    m = ModelSpec(name="x", arch=arch, layers=2, hidden=64 * heads_k, heads=heads, kv_heads=kv,
-                  ffn=64 * heads_k * ffn_mult, vocab=1000, seq_len=128)
+    m = ModelSpec(
+        name="x",
+        arch=arch,
+        layers=2,
+        hidden=64 * heads_k,
+        heads=heads,
+        kv_heads=kv,
+        ffn=64 * heads_k * ffn_mult,
+        vocab=1000,
+        seq_len=128,
+    )
     lf = M.layer_flops(m, m.seq_len, seqs)
     assert lf.b == pytest.approx(2 * lf.f)
     assert lf.i > lf.w > 0

@@ -31,8 +31,16 @@ def test_factory_and_interface():
         assert callable(getattr(net, name))
 
 
-@pytest.mark.parametrize("op, n, factor", [("all-reduce", 8, 14 / 8), ("all-gather", 8, 7 / 8), ("reduce-scatter", 4, 3 / 4),
-                                           ("all-to-all", 16, 15 / 16), ("broadcast", 8, 1.0)])
+@pytest.mark.parametrize(
+    "op, n, factor",
+    [
+        ("all-reduce", 8, 14 / 8),
+        ("all-gather", 8, 7 / 8),
+        ("reduce-scatter", 4, 3 / 4),
+        ("all-to-all", 16, 15 / 16),
+        ("broadcast", 8, 1.0),
+    ],
+)
 def test_busbw_factors_are_nccl_tests(op, n, factor):
     assert busbw_factor(op, n) == pytest.approx(factor)
 
@@ -99,8 +107,12 @@ def test_backends_agree_without_contention(key, op, size):
     assert c == pytest.approx(a, rel=0.02)
 
 
-@given(st.sets(st.integers(0, 15), min_size=2, max_size=16), st.sampled_from(OPS), st.sampled_from([2**10, 2**24, 2**31]),
-       st.sampled_from(list(ANA)))
+@given(
+    st.sets(st.integers(0, 15), min_size=2, max_size=16),
+    st.sampled_from(OPS),
+    st.sampled_from([2**10, 2**24, 2**31]),
+    st.sampled_from(list(ANA)),
+)
 @settings(max_examples=40, deadline=None)
 def test_backends_agree_on_any_group(ranks, op, size, key):
     ranks = sorted(ranks)
@@ -136,7 +148,9 @@ def test_p2p_across_nodes_is_nic_bound():
 
 def test_calibration_overrides_constants():
     base = make_network(A100x16).collective_time("all-reduce", range(8), 8 * G)
-    slower = make_network(A100x16, calibration={"link_efficiency": {"nvlink3": 0.4}}).collective_time("all-reduce", range(8), 8 * G)
+    slower = make_network(A100x16, calibration={"link_efficiency": {"nvlink3": 0.4}}).collective_time(
+        "all-reduce", range(8), 8 * G
+    )
     assert slower == pytest.approx(2 * base, rel=0.01)
     measured = make_network(A100x16, calibration={"nvlink": {"bw_GBps": 120}})
     assert measured.constants.link_efficiency["nvlink3"] == pytest.approx(0.4)

@@ -10,7 +10,9 @@ from simpar.cli.main import cli
 
 
 def test_collective_table(runner):
-    res = runner.invoke(cli, ["collective", "--cluster", "dgx-h100", "--gpus", "16", "--op", "all-reduce", "--sizes", "1M,64M,1G"])
+    res = runner.invoke(
+        cli, ["collective", "--cluster", "dgx-h100", "--gpus", "16", "--op", "all-reduce", "--sizes", "1M,64M,1G"]
+    )
     assert res.exit_code == 0, res.output
     for text in ("1048576", "67108864", "1073741824", "busbw", "algbw", "time (us)"):
         assert text in res.output
@@ -18,8 +20,23 @@ def test_collective_table(runner):
 
 @pytest.mark.parametrize("backend", ["analytical", "contention"])
 def test_collective_json(runner, backend):
-    res = runner.invoke(cli, ["collective", "--cluster", "dgx-a100-80g", "--gpus", "8", "--op", "all-gather",
-                              "--sizes", "1K..1M", "--backend", backend, "--json"])
+    res = runner.invoke(
+        cli,
+        [
+            "collective",
+            "--cluster",
+            "dgx-a100-80g",
+            "--gpus",
+            "8",
+            "--op",
+            "all-gather",
+            "--sizes",
+            "1K..1M",
+            "--backend",
+            backend,
+            "--json",
+        ],
+    )
     assert res.exit_code == 0, res.output
     rows = json.loads(res.output)["rows"]
     assert [r["bytes"] for r in rows] == [2**k for k in range(10, 21)]

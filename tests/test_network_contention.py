@@ -40,9 +40,14 @@ def test_max_min_weights_split_a_link_in_proportion():
     assert max_min_rates([(0,), (0,)], [3, 1], [8.0]) == pytest.approx([6.0, 2.0])
 
 
-@given(st.lists(st.tuples(st.lists(st.integers(0, 5), min_size=1, max_size=3, unique=True), st.sampled_from([1.0, 2.0, 3.0])),
-                min_size=1, max_size=8),
-       st.lists(st.floats(1.0, 100.0), min_size=6, max_size=6))
+@given(
+    st.lists(
+        st.tuples(st.lists(st.integers(0, 5), min_size=1, max_size=3, unique=True), st.sampled_from([1.0, 2.0, 3.0])),
+        min_size=1,
+        max_size=8,
+    ),
+    st.lists(st.floats(1.0, 100.0), min_size=6, max_size=6),
+)
 @settings(max_examples=80, deadline=None)
 def test_max_min_is_feasible_and_every_flow_has_a_bottleneck(flows, cap):
     links = [tuple(f[0]) for f in flows]
@@ -55,9 +60,11 @@ def test_max_min_is_feasible_and_every_flow_has_a_bottleneck(flows, cap):
     assert all(load[i] <= cap[i] * (1 + 1e-9) for i in range(6))
     for i, ls in enumerate(links):
         # a bottleneck: a saturated link where no flow gets more per unit weight than this one
-        assert any(load[link] >= cap[link] * (1 - 1e-9)
-                   and all(rates[j] / w[j] <= rates[i] / w[i] * (1 + 1e-9) for j, lj in enumerate(links) if link in lj)
-                   for link in ls)
+        assert any(
+            load[link] >= cap[link] * (1 - 1e-9)
+            and all(rates[j] / w[j] <= rates[i] / w[i] * (1 + 1e-9) for j, lj in enumerate(links) if link in lj)
+            for link in ls
+        )
 
 
 def test_fabric_event_log_is_exact():
@@ -93,7 +100,9 @@ def test_two_flows_on_one_link_take_twice_as_long():
 
 def test_flows_on_disjoint_links_do_not_interact():
     alone = run(NET, [("p2p", 0, 1, G)])[0]
-    assert run(NET, [("p2p", 0, 1, G), ("p2p", 2, 3, G), ("p2p", 4, 12, G)]) == pytest.approx([alone, alone, NET.p2p_time(4, 12, G)])
+    assert run(NET, [("p2p", 0, 1, G), ("p2p", 2, 3, G), ("p2p", 4, 12, G)]) == pytest.approx(
+        [alone, alone, NET.p2p_time(4, 12, G)]
+    )
     tp0, tp1 = tuple(range(4)), tuple(range(4, 8))
     t = NET.collective_time("all-reduce", tp0, G)
     assert run(NET, [("coll", "all-reduce", tp0, G), ("coll", "all-reduce", tp1, G)]) == pytest.approx([t, t])

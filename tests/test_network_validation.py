@@ -7,13 +7,12 @@ from __future__ import annotations
 import re
 
 import pytest
+from conftest import read_csv_rows
 
 from simpar.sim.network import make_network
 from simpar.sim.network.nccltests import sweep
 from simpar.sim.specs import load_cluster
 from simpar.sim.units import parse_size_list
-
-from conftest import read_csv_rows
 
 ROWS = {r["row_id"]: r for r in read_csv_rows("hardware.csv")}
 BIG = 8 * 2**30  # nccl-tests' -e 8G, where the maintainers quote peak busbw

@@ -8,12 +8,21 @@ import pytest
 
 from simpar.sim.errors import SpecError
 from simpar.sim.plan import ParallelPlan
-from simpar.sim.specs.planfile import read_plan_file, write_plan_file
 from simpar.sim.specs import load_model
+from simpar.sim.specs.planfile import read_plan_file, write_plan_file
 
 
 def test_round_trip(tmp_path):
-    plan = ParallelPlan(dp=2, tp=2, pp=2, vpp=2, global_batch_size=16, schedule="interleaved-1f1b", zero=2, mesh_order=("dp", "pp", "cp", "tp"))
+    plan = ParallelPlan(
+        dp=2,
+        tp=2,
+        pp=2,
+        vpp=2,
+        global_batch_size=16,
+        schedule="interleaved-1f1b",
+        zero=2,
+        mesh_order=("dp", "pp", "cp", "tp"),
+    )
     model = load_model("tiny-llama")
     write_plan_file(tmp_path / "plan.json", plan, model, "dgx-h100")
     assert read_plan_file(tmp_path / "plan.json") == (plan, model)

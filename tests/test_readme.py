@@ -29,7 +29,9 @@ def test_readme_python_example_runs(tmp_path, monkeypatch, capsys) -> None:
     assert parts == {"compute", "recompute", "tp_comm", "pp_comm", "dp_comm", "zero_comm", "optimizer", "bubble"}
     assert "F" in out[10]  # the first actions of rank 0
     best_id, best_time, source = out[11].split()
-    assert "-mbs" in best_id and float(best_time) > 0 and source == "engine"  # the best plans are simulated by the engine
+    assert (
+        "-mbs" in best_id and float(best_time) > 0 and source == "engine"
+    )  # the best plans are simulated by the engine
     assert (tmp_path / "sweeps" / "gpt-7.5b-16xA100" / "results.csv").exists()
 
 

@@ -7,7 +7,15 @@ import pytest
 
 from simpar.sim.errors import ScheduleError
 from simpar.sim.schedules import (
-    Action, Schedule, StageCosts, build_schedule, list_schedule, lower, parse_costs, peak_activation_units, peak_inflight,
+    Action,
+    Schedule,
+    StageCosts,
+    build_schedule,
+    list_schedule,
+    lower,
+    parse_costs,
+    peak_activation_units,
+    peak_inflight,
 )
 
 
@@ -33,8 +41,10 @@ def test_split_backward_uses_i_and_w() -> None:
 
 
 def test_deadlock_names_rank_and_action() -> None:
-    ranks = ((Action.parse("0F0"), Action.parse("0B0"), Action.parse("0F1"), Action.parse("0B1")),
-             (Action.parse("1F1"), Action.parse("1B1"), Action.parse("1F0"), Action.parse("1B0")))
+    ranks = (
+        (Action.parse("0F0"), Action.parse("0B0"), Action.parse("0F1"), Action.parse("0B1")),
+        (Action.parse("1F1"), Action.parse("1B1"), Action.parse("1F0"), Action.parse("1B0")),
+    )
     s = Schedule("custom", 2, 1, 2, (0, 1), ranks)
     with pytest.raises(ScheduleError) as exc:
         list_schedule(s)
@@ -42,8 +52,10 @@ def test_deadlock_names_rank_and_action() -> None:
     assert "deadlock: rank 0 hangs at step 1 (0B0)" in msg and "rank 1 at step 0 (1F1)" in msg
 
 
-@pytest.mark.parametrize("name,pp,vpp,m", [("1f1b", 4, 1, 8), ("zb-v", 3, 2, 7), ("interleaved-1f1b", 3, 2, 5),
-                                           ("zb-h2", 3, 1, 6), ("gpipe", 2, 1, 3)])
+@pytest.mark.parametrize(
+    "name,pp,vpp,m",
+    [("1f1b", 4, 1, 8), ("zb-v", 3, 2, 7), ("interleaved-1f1b", 3, 2, 5), ("zb-h2", 3, 1, 6), ("gpipe", 2, 1, 3)],
+)
 def test_lowered_timing_matches_compute_only(name: str, pp: int, vpp: int, m: int) -> None:
     costs = StageCosts.uniform(1.0, 1.5, 0.5, 0.25, t_r=0.0)
     s = build_schedule(name, pp, vpp, m)
@@ -66,8 +78,7 @@ def test_peak_activation_units_weights_stages() -> None:
     assert peak_activation_units(s, [1.0, 2.5]) == [2.0, 2.5]
     v = build_schedule("zb-v", 2, 2, 4)  # rank 0 holds stages 0 and 3
     w = [1.0, 0.0, 0.0, 10.0]
-    assert peak_activation_units(v, w)[0] == max(
-        sum(w[a.stage] for a in alive) for alive in _alive_sets(v.ranks[0]))
+    assert peak_activation_units(v, w)[0] == max(sum(w[a.stage] for a in alive) for alive in _alive_sets(v.ranks[0]))
     with pytest.raises(ScheduleError, match="stage_weight"):
         peak_activation_units(s, [1.0])
 

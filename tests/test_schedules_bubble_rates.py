@@ -11,7 +11,7 @@ automatic schedule with a p / 2p activation-memory limit. Rows without printed t
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 
 import pytest
 from conftest import read_csv_rows
@@ -24,14 +24,16 @@ TIMED = [r for r in ROWS if r["t_f"].strip()]
 
 
 def _costs(row: dict[str, str]) -> StageCosts:
-    return StageCosts.per_rank(int(row["vpp"]), float(row["t_f"]), float(row["t_b"]), float(row["t_w"]), float(row["t_comm"]))
+    return StageCosts.per_rank(
+        int(row["vpp"]), float(row["t_f"]), float(row["t_b"]), float(row["t_w"]), float(row["t_comm"])
+    )
 
 
 def _bubble(row: dict[str, str]) -> float:
     return _bubble_of(row["id"])
 
 
-@lru_cache(maxsize=None)
+@cache
 def _bubble_of(row_id: str) -> float:
     row = next(r for r in TIMED if r["id"] == row_id)
     costs = _costs(row)
@@ -50,8 +52,10 @@ def test_pass_count(capsys) -> None:
     assert len(ROWS) > len(TIMED) > 0
     failed = [r["id"] for r in TIMED if abs(_bubble(r) - float(r["expected_bubble_rate"])) > TOLERANCE]
     with capsys.disabled():
-        print(f"\nbubble-rates.csv: {len(TIMED) - len(failed)}/{len(TIMED)} timed rows within {TOLERANCE}, "
-              f"{len(ROWS) - len(TIMED)} rows skipped (no printed F/B/W/comm times)")
+        print(
+            f"\nbubble-rates.csv: {len(TIMED) - len(failed)}/{len(TIMED)} timed rows within {TOLERANCE}, "
+            f"{len(ROWS) - len(TIMED)} rows skipped (no printed F/B/W/comm times)"
+        )
     assert not failed
 
 

@@ -48,11 +48,14 @@ def test_torch_idle_cells_are_skipped_and_rows_padded(tmp_path) -> None:
         read_csv(tmp_path / "t.csv", pp=0)
 
 
-@pytest.mark.parametrize("text,match", [
-    ("0F0,0X0\n", "not an action"),
-    ("0F0,0B0\n1F0,0B1\n", "appears on ranks 0 and 1"),
-    ("2F0,2B0\n", "cannot infer a placement"),
-])
+@pytest.mark.parametrize(
+    "text,match",
+    [
+        ("0F0,0X0\n", "not an action"),
+        ("0F0,0B0\n1F0,0B1\n", "appears on ranks 0 and 1"),
+        ("2F0,2B0\n", "cannot infer a placement"),
+    ],
+)
 def test_bad_files(tmp_path, text: str, match: str) -> None:
     path = tmp_path / "bad.csv"
     path.write_text(text)

@@ -10,7 +10,15 @@ import pytest
 from simpar.sim.errors import ScheduleError
 from simpar.sim.plan import ParallelPlan, _check_schedule
 from simpar.sim.schedules import (
-    SCHEDULE_NAMES, Kind, StageCosts, build_schedule, list_schedule, lower, peak_inflight, schedule_for_plan, check_schedule,
+    SCHEDULE_NAMES,
+    Kind,
+    StageCosts,
+    build_schedule,
+    check_schedule,
+    list_schedule,
+    lower,
+    peak_inflight,
+    schedule_for_plan,
 )
 
 PM = [(2, 2), (2, 5), (4, 4), (4, 8), (4, 13), (8, 8), (8, 24)]
@@ -51,8 +59,10 @@ def test_zb_h1_order_defers_w_on_later_ranks() -> None:
 
 
 def test_zb_h2_order() -> None:
-    assert order("zb-h2", 2, 4) == ["0F0 0F1 0F2 0I0 0F3 0W0 0I1 0W1 0I2 0W2 0I3 0W3",
-                                    "1F0 1I0 1F1 1I1 1F2 1I2 1F3 1W0 1I3 1W1 1W2 1W3"]
+    assert order("zb-h2", 2, 4) == [
+        "0F0 0F1 0F2 0I0 0F3 0W0 0I1 0W1 0I2 0W2 0I3 0W3",
+        "1F0 1I0 1F1 1I1 1F2 1I2 1F3 1W0 1I3 1W1 1W2 1W3",
+    ]
 
 
 def test_interleaved_order_megatron() -> None:
@@ -169,10 +179,18 @@ def test_schedule_for_plan() -> None:
     assert (none.name, none.pp, none.num_microbatches) == ("none", 1, 3)
 
 
-@pytest.mark.parametrize("name,pp,vpp,m,field", [
-    ("1f1b", 0, 1, 4, "pp"), ("1f1b", 2, 1, 0, "microbatches"), ("1f1b", 2, 2, 4, "vpp"), ("zb-v", 2, 1, 4, "vpp"),
-    ("zb-v", 2, 3, 4, "vpp"), ("interleaved-1f1b", 2, 0, 4, "vpp"), ("pipedream", 2, 1, 4, "schedule"),
-])
+@pytest.mark.parametrize(
+    "name,pp,vpp,m,field",
+    [
+        ("1f1b", 0, 1, 4, "pp"),
+        ("1f1b", 2, 1, 0, "microbatches"),
+        ("1f1b", 2, 2, 4, "vpp"),
+        ("zb-v", 2, 1, 4, "vpp"),
+        ("zb-v", 2, 3, 4, "vpp"),
+        ("interleaved-1f1b", 2, 0, 4, "vpp"),
+        ("pipedream", 2, 1, 4, "schedule"),
+    ],
+)
 def test_bad_input(name: str, pp: int, vpp: int, m: int, field: str) -> None:
     with pytest.raises(ScheduleError) as exc:
         build_schedule(name, pp, vpp, m)

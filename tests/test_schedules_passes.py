@@ -8,7 +8,7 @@ import pytest
 
 from simpar.sim.errors import ScheduleError
 from simpar.sim.plan import ParallelPlan
-from simpar.sim.schedules import Action, Kind, Schedule, build_schedule, lower, schedule_for_plan, check_schedule
+from simpar.sim.schedules import Action, Kind, Schedule, build_schedule, check_schedule, lower, schedule_for_plan
 
 
 def strs(acts) -> list[str]:
@@ -17,10 +17,32 @@ def strs(acts) -> list[str]:
 
 def test_lower_1f1b_exact() -> None:
     low = lower(build_schedule("1f1b", 2, 1, 2), recompute="full")
-    assert strs(low.ranks[0]) == ["0F0", "0SEND_F0", "0F1", "0SEND_F1", "0RECV_B0", "0R0", "0B0", "0RECV_B1", "0R1",
-                                  "0B1", "0REDUCE_GRAD"]
-    assert strs(low.ranks[1]) == ["1RECV_F0", "1F0", "1R0", "1B0", "1SEND_B0", "1RECV_F1", "1F1", "1R1", "1B1",
-                                  "1SEND_B1", "1REDUCE_GRAD"]
+    assert strs(low.ranks[0]) == [
+        "0F0",
+        "0SEND_F0",
+        "0F1",
+        "0SEND_F1",
+        "0RECV_B0",
+        "0R0",
+        "0B0",
+        "0RECV_B1",
+        "0R1",
+        "0B1",
+        "0REDUCE_GRAD",
+    ]
+    assert strs(low.ranks[1]) == [
+        "1RECV_F0",
+        "1F0",
+        "1R0",
+        "1B0",
+        "1SEND_B0",
+        "1RECV_F1",
+        "1F1",
+        "1R1",
+        "1B1",
+        "1SEND_B1",
+        "1REDUCE_GRAD",
+    ]
     assert low.lowered and low.meta["recompute"] == "full"
     check_schedule(low)
 
@@ -63,8 +85,12 @@ def test_zero3_unshard_reshard() -> None:
                 assert a.stage in live, f"{a} computes on a sharded stage"
             assert len(live) <= 3
         assert not live
-    assert not any(a.kind is Kind.UNSHARD for acts in lower(build_schedule("1f1b", 2, 1, 2), zero=1).ranks for a in acts)
-    assert all(any(a.kind is Kind.UNSHARD for a in acts) for acts in lower(build_schedule("1f1b", 2, 1, 2), zero=2).ranks)
+    assert not any(
+        a.kind is Kind.UNSHARD for acts in lower(build_schedule("1f1b", 2, 1, 2), zero=1).ranks for a in acts
+    )
+    assert all(
+        any(a.kind is Kind.UNSHARD for a in acts) for acts in lower(build_schedule("1f1b", 2, 1, 2), zero=2).ranks
+    )
     check_schedule(low)
 
 
@@ -87,18 +113,21 @@ def sched(rows: list[str], pp: int = 2, m: int = 2, lowered: bool = False, place
 GOOD = ["0F0 0F1 0B0 0B1", "1F0 1B0 1F1 1B1"]
 
 
-@pytest.mark.parametrize("rows,match", [
-    (["0F0 0B0 0B1", "1F0 1B0 1F1 1B1"], "stage 0 microbatch 1 has 0 forwards"),
-    (["0F0 0F1 0F1 0B0 0B1", "1F0 1B0 1F1 1B1"], "appears more than once"),
-    (["0F0 0F1 0B0 0I1", "1F0 1B0 1F1 1B1"], "expected one B, or one I and one W"),
-    (["0F0 0F1 0B0 0I1 0W1 0B1", "1F0 1B0 1F1 1B1"], "B=1 I=1 W=1"),
-    (["0F0 0B0 0F1 0B1", "1B0 1F0 1F1 1B1"], "1B0 runs before 1F0"),
-    (["0F0 0F1 0B0 0W1 0I1", "1F0 1B0 1F1 1B1"], "0W1 runs before 0I1"),
-    (["0F0 0F1 0B0 0B1 1F0", "1B0 1F1 1B1"], "stage 1 is placed on rank 1"),
-    (["0F0 0F1 0B0 0B1 0F2 0B2", "1F0 1B0 1F1 1B1"], "microbatch outside"),
-    (["0F0 0B0 0F1 0B1", "1F1 1B1 1F0 1B0"], "deadlock: rank 0 hangs at step 1 \\(0B0\\)"),
-    (["0F0 0F1 0B0 0B1"], "has 1 rank rows, pp=2"),
-])
+@pytest.mark.parametrize(
+    "rows,match",
+    [
+        (["0F0 0B0 0B1", "1F0 1B0 1F1 1B1"], "stage 0 microbatch 1 has 0 forwards"),
+        (["0F0 0F1 0F1 0B0 0B1", "1F0 1B0 1F1 1B1"], "appears more than once"),
+        (["0F0 0F1 0B0 0I1", "1F0 1B0 1F1 1B1"], "expected one B, or one I and one W"),
+        (["0F0 0F1 0B0 0I1 0W1 0B1", "1F0 1B0 1F1 1B1"], "B=1 I=1 W=1"),
+        (["0F0 0B0 0F1 0B1", "1B0 1F0 1F1 1B1"], "1B0 runs before 1F0"),
+        (["0F0 0F1 0B0 0W1 0I1", "1F0 1B0 1F1 1B1"], "0W1 runs before 0I1"),
+        (["0F0 0F1 0B0 0B1 1F0", "1B0 1F1 1B1"], "stage 1 is placed on rank 1"),
+        (["0F0 0F1 0B0 0B1 0F2 0B2", "1F0 1B0 1F1 1B1"], "microbatch outside"),
+        (["0F0 0B0 0F1 0B1", "1F1 1B1 1F0 1B0"], "deadlock: rank 0 hangs at step 1 \\(0B0\\)"),
+        (["0F0 0F1 0B0 0B1"], "has 1 rank rows, pp=2"),
+    ],
+)
 def test_validate_rejects(rows: list[str], match: str) -> None:
     with pytest.raises(ScheduleError, match=match):
         check_schedule(sched(rows))
@@ -110,12 +139,19 @@ def test_validate_accepts_good_and_flags_lowered_kinds() -> None:
         check_schedule(sched(["0F0 0SEND_F0 0F1 0SEND_F1 0B0 0B1", "1F0 1B0 1F1 1B1"]))
 
 
-@pytest.mark.parametrize("rank,edit,match", [
-    (0, lambda r: r + ["0REDUCE_GRAD"], "0REDUCE_GRAD appears more than once"),
-    (0, lambda r: ["0REDUCE_GRAD"] + [a for a in r if a != "0REDUCE_GRAD"], "REDUCE_GRAD runs before the last backward"),
-    (1, lambda r: r + ["1RESHARD"], "RESHARD without a matching UNSHARD"),
-    (1, lambda r: ["1UNSHARD", "1UNSHARD"] + r, "already unsharded"),
-])
+@pytest.mark.parametrize(
+    "rank,edit,match",
+    [
+        (0, lambda r: r + ["0REDUCE_GRAD"], "0REDUCE_GRAD appears more than once"),
+        (
+            0,
+            lambda r: ["0REDUCE_GRAD"] + [a for a in r if a != "0REDUCE_GRAD"],
+            "REDUCE_GRAD runs before the last backward",
+        ),
+        (1, lambda r: r + ["1RESHARD"], "RESHARD without a matching UNSHARD"),
+        (1, lambda r: ["1UNSHARD", "1UNSHARD"] + r, "already unsharded"),
+    ],
+)
 def test_validate_lowered(rank: int, edit, match: str) -> None:
     low = lower(sched(GOOD))
     rows = [" ".join(edit(strs(acts)) if r == rank else strs(acts)) for r, acts in enumerate(low.ranks)]

@@ -12,7 +12,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from simpar.sim.errors import ScheduleError
-from simpar.sim.schedules import SCHEDULE_NAMES, Kind, build_schedule, lower, read_csv, check_schedule, write_csv
+from simpar.sim.schedules import SCHEDULE_NAMES, Kind, build_schedule, check_schedule, lower, read_csv, write_csv
 
 
 @st.composite
@@ -25,8 +25,9 @@ def schedules(draw):
         return build_schedule(name, pp, vpp, m)
     except ScheduleError as exc:
         # the only refusal: interleaved with m not a multiple of pp whose order would hang
-        assert name == "interleaved-1f1b" and m % pp and "not a multiple" in str(exc)
-        assume(False)
+        refused = str(exc)
+    assert name == "interleaved-1f1b" and m % pp and "not a multiple" in refused
+    assume(False)
 
 
 @settings(max_examples=150, deadline=None)

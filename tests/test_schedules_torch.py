@@ -34,8 +34,10 @@ def torch_order(cls, pp: int, num_stages: int, local: list[int], m: int) -> list
         obj = cls(Stub(0, num_stages, pp), m)
     else:
         obj = cls([Stub(s, num_stages, pp) for s in local], m)
-    return [[str(a) for a in obj.pipeline_order[r] if a is not None and a.computation_type.value in "FBIW"]
-            for r in range(pp)]
+    return [
+        [str(a) for a in obj.pipeline_order[r] if a is not None and a.computation_type.value in "FBIW"]
+        for r in range(pp)
+    ]
 
 
 def ours(name: str, pp: int, vpp: int, m: int) -> list[list[str]]:
@@ -46,10 +48,21 @@ def runtime(pp: int, num_stages: int, m: int):
     return S._PipelineScheduleRuntime([Stub(0, num_stages, pp)], n_microbatches=m)
 
 
-@pytest.mark.parametrize("name,pp,vpp,m", [
-    ("1f1b", 4, 1, 8), ("interleaved-1f1b", 4, 2, 8), ("interleaved-1f1b", 3, 3, 7), ("zb-v", 4, 2, 8), ("zb-v", 3, 2, 2),
-    ("gpipe", 2, 1, 3), ("zb-h1", 4, 1, 6), ("zb-h2", 4, 1, 9), ("zb-1p", 4, 1, 8), ("zb-2p", 4, 1, 8),
-])
+@pytest.mark.parametrize(
+    "name,pp,vpp,m",
+    [
+        ("1f1b", 4, 1, 8),
+        ("interleaved-1f1b", 4, 2, 8),
+        ("interleaved-1f1b", 3, 3, 7),
+        ("zb-v", 4, 2, 8),
+        ("zb-v", 3, 2, 2),
+        ("gpipe", 2, 1, 3),
+        ("zb-h1", 4, 1, 6),
+        ("zb-h2", 4, 1, 9),
+        ("zb-1p", 4, 1, 8),
+        ("zb-2p", 4, 1, 8),
+    ],
+)
 def test_csv_loads_in_torch_runtime(tmp_path, name: str, pp: int, vpp: int, m: int) -> None:
     s = build_schedule(name, pp, vpp, m)
     path = write_csv(s, tmp_path / "s.csv")
@@ -66,7 +79,9 @@ def test_lowered_csv_loads_and_runs_in_torch_simulator(tmp_path, name: str, pp: 
     low = lower(s, reduce_grad=False)  # torch's dry-run simulator knows only compute and p2p actions
     rt = runtime(pp, s.num_stages, m)
     rt._load_csv(str(write_csv(low, tmp_path / "l.csv")), format="compute_comms")
-    assert [[str(a) for a in rt.pipeline_order_with_comms[r]] for r in range(pp)] == [[str(a) for a in acts] for acts in low.ranks]
+    assert [[str(a) for a in rt.pipeline_order_with_comms[r]] for r in range(pp)] == [
+        [str(a) for a in acts] for acts in low.ranks
+    ]
     S._simulate_comms_compute(rt.pipeline_order_with_comms, lambda st: s.placement[st], s.num_stages)
     rt2 = runtime(pp, s.num_stages, m)
     rt2._load_csv(str(write_csv(lower(s), tmp_path / "g.csv")), format="compute_comms")  # with REDUCE_GRAD
@@ -105,6 +120,8 @@ def test_interleaved_vs_torch_when_p_does_not_divide_m() -> None:
 def test_1f1b_equals_torch_but_for_its_last_rank_numbering(pp: int, m: int) -> None:
     theirs, mine = torch_order(S.Schedule1F1B, pp, pp, [0], m), ours("1f1b", pp, 1, m)
     assert theirs[:-1] == mine[:-1]
-    shifted = [str(Action(a.stage, a.kind, a.microbatch - 1)) if a.kind is Kind.F else str(a)
-               for a in map(Action.parse, theirs[-1])]
+    shifted = [
+        str(Action(a.stage, a.kind, a.microbatch - 1)) if a.kind is Kind.F else str(a)
+        for a in map(Action.parse, theirs[-1])
+    ]
     assert shifted == mine[-1]

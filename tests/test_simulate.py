@@ -8,24 +8,41 @@ import json
 import pytest
 
 from simpar.cli.main import cli
-from simpar.sim.engine.core import EngineOptions
 from simpar.sim.cost.memory import memory_report, schedule_memory_report
-from simpar.sim.plan import ParallelPlan, check_plan
+from simpar.sim.engine.core import EngineOptions
 from simpar.sim.engine.simulate import simulate
+from simpar.sim.plan import ParallelPlan, check_plan
 from simpar.sim.specs import load_cluster, load_model
 
 MODEL = load_model("gpt-1.7b")
 
 
 def _plan(**kw) -> ParallelPlan:
-    base = dict(dp=2, tp=2, pp=4, micro_batch_size=1, global_batch_size=16, schedule="1f1b", zero=1,
-                recompute="selective", sequence_parallel=True)
+    base = dict(
+        dp=2,
+        tp=2,
+        pp=4,
+        micro_batch_size=1,
+        global_batch_size=16,
+        schedule="1f1b",
+        zero=1,
+        recompute="selective",
+        sequence_parallel=True,
+    )
     base.update(kw)
     return ParallelPlan(**base)
 
 
-@pytest.mark.parametrize("kw", [dict(), dict(schedule="gpipe"), dict(schedule="interleaved-1f1b", vpp=2),
-                                dict(schedule="zb-h1", zero=0), dict(dp=4, pp=2, zero=2)])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(),
+        dict(schedule="gpipe"),
+        dict(schedule="interleaved-1f1b", vpp=2),
+        dict(schedule="zb-h1", zero=0),
+        dict(dp=4, pp=2, zero=2),
+    ],
+)
 def test_representative_equals_full(kw) -> None:
     cluster = load_cluster("dgx-a100-80g", gpus=16)
     plan = _plan(**kw)
@@ -47,7 +64,9 @@ def test_breakdown_sums_and_determinism() -> None:
     assert json.dumps(a.to_json(), sort_keys=True) == json.dumps(b.to_json(), sort_keys=True)
 
 
-@pytest.mark.parametrize("kw", [dict(schedule="1f1b"), dict(schedule="gpipe"), dict(schedule="interleaved-1f1b", vpp=2)])
+@pytest.mark.parametrize(
+    "kw", [dict(schedule="1f1b"), dict(schedule="gpipe"), dict(schedule="interleaved-1f1b", vpp=2)]
+)
 def test_memory_timeline_peak_equals_memory_model(kw) -> None:
     cluster = load_cluster("dgx-a100-80g", gpus=16)
     plan = _plan(**kw)
@@ -69,26 +88,87 @@ def test_contention_backend_runs_and_is_not_faster() -> None:
 
 
 def test_not_fitting_is_flagged(runner) -> None:
-    res = runner.invoke(cli, ["simulate", "--model", "gpt3-175b", "--cluster", "dgx-a100-80g", "--gpus", "64",
-                              "--tp", "8", "--pp", "2", "--gbs", "16", "--json"])
+    res = runner.invoke(
+        cli,
+        [
+            "simulate",
+            "--model",
+            "gpt3-175b",
+            "--cluster",
+            "dgx-a100-80g",
+            "--gpus",
+            "64",
+            "--tp",
+            "8",
+            "--pp",
+            "2",
+            "--gbs",
+            "16",
+            "--json",
+        ],
+    )
     assert res.exit_code == 0, res.output
     doc = json.loads(res.output)
     assert doc["fits"] is False and doc["over_by_gib"] > 0
     assert "does not fit" in doc["memory_verdict"] and "pipeline rank" in doc["memory_verdict"]
-    for key in ("iter_time_s", "tokens_per_s", "tflops_per_gpu", "mfu", "bubble_fraction", "breakdown_s", "peak_memory_gib"):
+    for key in (
+        "iter_time_s",
+        "tokens_per_s",
+        "tflops_per_gpu",
+        "mfu",
+        "bubble_fraction",
+        "breakdown_s",
+        "peak_memory_gib",
+    ):
         assert key in doc
 
 
 def test_invalid_plan_exits_2(runner) -> None:
-    res = runner.invoke(cli, ["simulate", "--model", "gpt3-175b", "--cluster", "dgx-a100-80g", "--gpus", "64",
-                              "--tp", "8", "--pp", "3", "--gbs", "16"])
+    res = runner.invoke(
+        cli,
+        [
+            "simulate",
+            "--model",
+            "gpt3-175b",
+            "--cluster",
+            "dgx-a100-80g",
+            "--gpus",
+            "64",
+            "--tp",
+            "8",
+            "--pp",
+            "3",
+            "--gbs",
+            "16",
+        ],
+    )
     assert res.exit_code == 2 and "Traceback" not in res.output
 
 
 def test_outputs_written(runner, tmp_path) -> None:
-    args = ["simulate", "--model", "gpt-1.7b", "--cluster", "dgx-h100", "--gpus", "16", "--tp", "2", "--pp", "4",
-            "--gbs", "16", "--trace", str(tmp_path / "t.json"), "--plot", str(tmp_path / "t.png"),
-            "--memory-plot", str(tmp_path / "m.png"), "--write-plan", str(tmp_path / "plan")]
+    args = [
+        "simulate",
+        "--model",
+        "gpt-1.7b",
+        "--cluster",
+        "dgx-h100",
+        "--gpus",
+        "16",
+        "--tp",
+        "2",
+        "--pp",
+        "4",
+        "--gbs",
+        "16",
+        "--trace",
+        str(tmp_path / "t.json"),
+        "--plot",
+        str(tmp_path / "t.png"),
+        "--memory-plot",
+        str(tmp_path / "m.png"),
+        "--write-plan",
+        str(tmp_path / "plan"),
+    ]
     res = runner.invoke(cli, args)
     assert res.exit_code == 0, res.output
     doc = json.loads((tmp_path / "t.json").read_text())
@@ -102,7 +182,8 @@ def test_validate_command(runner, tmp_path) -> None:
 
     from conftest import DATA
 
-    rows = list(csv.DictReader(open(DATA / "published.csv")))
+    with open(DATA / "published.csv") as fh:
+        rows = list(csv.DictReader(fh))
     small = tmp_path / "small.csv"
     with open(small, "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=list(rows[0]))

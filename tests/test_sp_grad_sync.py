@@ -8,28 +8,34 @@ import random
 
 import pytest
 import simpy
+from test_calibrate_fit import measurements  # noqa: E402  (tests/ is on sys.path)
+from test_engine import FakeNet, FixedCosts, work  # noqa: E402
 
 from simpar.sim.calibration.check import kind_errors
 from simpar.sim.calibration.fit import build_calibration
-from simpar.sim.engine.core import EngineOptions, run_engine
 from simpar.sim.cost.profile import MEGATRON, ExecutorProfile
-from simpar.sim.specs.calibration import SpGradSyncRow, validate_calibration
+from simpar.sim.engine.core import EngineOptions, run_engine
+from simpar.sim.engine.iteration import sp_replicated_grads
+from simpar.sim.engine.trace import TraceEvent
 from simpar.sim.plan import ParallelPlan
 from simpar.sim.schedules import lower, schedule_for_plan
 from simpar.sim.specs import ModelSpec, load_cluster, load_gpu
-from simpar.sim.engine.trace import TraceEvent
-from simpar.sim.engine.iteration import sp_replicated_grads
-
-from test_calibrate_fit import measurements  # noqa: E402  (tests/ is on sys.path)
-from test_engine import FakeNet, FixedCosts, work  # noqa: E402
+from simpar.sim.specs.calibration import SpGradSyncRow, validate_calibration
 
 GPT = ModelSpec(name="g", arch="gpt", layers=4, hidden=64, heads=4, vocab=512, seq_len=32)
 LLAMA = ModelSpec(name="l", arch="llama", layers=4, hidden=64, heads=4, kv_heads=2, ffn=192, vocab=512, seq_len=32)
 
 
 def sp_plan(tp=2, pp=1, sp=True, m=2) -> ParallelPlan:
-    return ParallelPlan(tp=tp, pp=pp, micro_batch_size=1, global_batch_size=m, schedule="1f1b" if pp > 1 else "none",
-                        sequence_parallel=sp, layer_split=None)
+    return ParallelPlan(
+        tp=tp,
+        pp=pp,
+        micro_batch_size=1,
+        global_batch_size=m,
+        schedule="1f1b" if pp > 1 else "none",
+        sequence_parallel=sp,
+        layer_split=None,
+    )
 
 
 def test_replicated_gradients_are_the_norms_of_the_ranks_stages():
@@ -52,8 +58,17 @@ def _rows(*rows):
 def _run(plan, model, profile=MEGATRON, net=None):
     costs = FixedCosts(opt=0.5)
     wk = work(plan.num_stages, f=1.0, i=1.0, w=1.0)
-    eng, _ = run_engine(model, plan, lower(schedule_for_plan(plan), plan), wk, costs, net or FakeNet(coll=0.25),
-                        simpy.Environment(), EngineOptions(), profile=profile)
+    eng, _ = run_engine(
+        model,
+        plan,
+        lower(schedule_for_plan(plan), plan),
+        wk,
+        costs,
+        net or FakeNet(coll=0.25),
+        simpy.Environment(),
+        EngineOptions(),
+        profile=profile,
+    )
     return eng, max(g.finish for g in eng.gpus.values())
 
 
@@ -104,8 +119,11 @@ def test_sweep_estimate_charges_what_the_engine_charges(monkeypatch):
 
     def one_second(m, plan, stages, group, profile):
         return iteration.Comm("all-reduce", group, 0.0, 1.0) if plan.sequence_parallel else None
+
     monkeypatch.setattr(iteration, "sp_grad_sync", one_second)
-    ev = Evaluator(SweepSetup(load_model("gpt-7.5b"), load_cluster("dgx-a100-80g", gpus=32), 32, 128, SearchSpace(), token="t"))
+    ev = Evaluator(
+        SweepSetup(load_model("gpt-7.5b"), load_cluster("dgx-a100-80g", gpus=32), 32, 128, SearchSpace(), token="t")
+    )
     for case in ((4, 4, 2, 1, 1, 1, "1f1b", 1, "none", True), (8, 1, 4, 1, 1, 2, "none", 1, "none", True)):
         plan, reason = ev.plan(Config(*case))
         assert plan is not None, reason
@@ -119,8 +137,10 @@ def test_sweep_estimate_charges_what_the_engine_charges(monkeypatch):
 
 def test_fit_writes_seconds_per_gradient():
     meas = measurements(random.Random(1))
-    meas["compute"]["sp_grad_sync"] = [{"tp": 2, "arch": "gpt", "tensors": 8, "time_s": 0.024},
-                                       {"tp": 2, "arch": "llama", "tensors": 0, "time_s": 0.0}]
+    meas["compute"]["sp_grad_sync"] = [
+        {"tp": 2, "arch": "gpt", "tensors": 8, "time_s": 0.024},
+        {"tp": 2, "arch": "llama", "tensors": 0, "time_s": 0.0},
+    ]
     doc = build_calibration(meas, load_gpu("cpu"), load_cluster("cpu-host", gpus=2), date="2026-01-01", software={})
     assert doc["sp_grad_sync"] == [{"tp": 2, "arch": "gpt", "tensor_s": pytest.approx(0.003)}]
     profile = ExecutorProfile.of(validate_calibration(doc, "(test)"))
@@ -130,8 +150,11 @@ def test_fit_writes_seconds_per_gradient():
 def test_closed_loop_compares_the_executors_step_with_sync_plus_step():
     """torch reduces the partial gradients inside AdamW's step: the simulated SP_GRAD_SYNC is
     folded into the simulated OPT before the per-kind comparison."""
-    sim = [TraceEvent(0, "compute", "0F0", "F", 0.0, 1.0), TraceEvent(0, "compute", "sp_grad_sync", "SP_GRAD_SYNC", 1.0, 0.3),
-           TraceEvent(0, "compute", "optimizer", "OPT", 1.3, 0.1)]
+    sim = [
+        TraceEvent(0, "compute", "0F0", "F", 0.0, 1.0),
+        TraceEvent(0, "compute", "sp_grad_sync", "SP_GRAD_SYNC", 1.0, 0.3),
+        TraceEvent(0, "compute", "optimizer", "OPT", 1.3, 0.1),
+    ]
     meas = [TraceEvent(0, "compute", "0F0", "F", 0.0, 1.0), TraceEvent(0, "compute", "optimizer", "OPT", 1.0, 0.5)]
     k = kind_errors(sim, meas)
     assert k["OPT"]["sim_s"] == pytest.approx(0.4) and k["OPT"]["rel_err"] == pytest.approx(-0.2)

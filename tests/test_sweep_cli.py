@@ -9,9 +9,32 @@ import pytest
 
 from simpar.cli.main import cli
 
-ARGS = ["--model", "gpt-7.5b", "--cluster", "dgx-a100-40g", "--gpus", "8", "--gbs", "16", "--zero", "0,1",
-        "--recompute", "none,full", "--mbs", "1,2", "--sequence-parallel", "on", "--refine", "10", "--simulate", "3",
-        "--plans", "1", "--workers", "1"]
+ARGS = [
+    "--model",
+    "gpt-7.5b",
+    "--cluster",
+    "dgx-a100-40g",
+    "--gpus",
+    "8",
+    "--gbs",
+    "16",
+    "--zero",
+    "0,1",
+    "--recompute",
+    "none,full",
+    "--mbs",
+    "1,2",
+    "--sequence-parallel",
+    "on",
+    "--refine",
+    "10",
+    "--simulate",
+    "3",
+    "--plans",
+    "1",
+    "--workers",
+    "1",
+]
 
 
 @pytest.fixture(scope="module")
@@ -26,8 +49,11 @@ def swept(tmp_path_factory):
 
 def test_sweep_writes_results_plans_report(swept):
     out, text = swept
-    m = re.search(r"([\d,]+) configurations: ([\d,]+) do not divide, ([\d,]+) do not fit, ([\d,]+) fit; "
-                  r"10 refined by the oracle, 3 simulated by the engine", text)
+    m = re.search(
+        r"([\d,]+) configurations: ([\d,]+) do not divide, ([\d,]+) do not fit, ([\d,]+) fit; "
+        r"10 refined by the oracle, 3 simulated by the engine",
+        text,
+    )
     n, bad, oom, fit = (int(x.replace(",", "")) for x in m.groups())
     assert n == 412 and bad + oom + fit == n and min(bad, oom, fit) > 0
     assert "best plans" in text and " beats " in text and f"report: {out / 'report.md'}" in text
@@ -69,14 +95,17 @@ def test_json_output_and_report_rebuild(swept, runner):
     assert res.exit_code == 0 and (out / "report.md").exists() and json.loads(res.output)["explain"]
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--model", "gpt-9t"], "error: model"),
-    (["--gpus", "12"], "12 GPUs is not a whole number of dgx-a100-40g nodes"),
-    (["--gpus", "1", "--schedules", "1f1b"], "search space: is empty: --schedules has no 'none'"),
-    (["--mbs", "32", "--gbs", "16"], "no configuration of the"),
-    (["--zero", "5"], "error: zero: 5 is not allowed"),
-    (["--mbs", "one"], "error: mbs"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--model", "gpt-9t"], "error: model"),
+        (["--gpus", "12"], "12 GPUs is not a whole number of dgx-a100-40g nodes"),
+        (["--gpus", "1", "--schedules", "1f1b"], "search space: is empty: --schedules has no 'none'"),
+        (["--mbs", "32", "--gbs", "16"], "no configuration of the"),
+        (["--zero", "5"], "error: zero: 5 is not allowed"),
+        (["--mbs", "one"], "error: mbs"),
+    ],
+)
 def test_errors_are_one_line(runner, tmp_path, args, message):
     base = dict(zip(ARGS[::2], ARGS[1::2]))
     base.update(dict(zip(args[::2], args[1::2])))

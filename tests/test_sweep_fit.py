@@ -13,12 +13,26 @@ from simpar.sim.specs import load_cluster, load_model
 from simpar.sim.sweep.memory_screen import MemoryScreen
 from simpar.sim.sweep.space import SearchSpace, checked_plan, enumerate_configs
 
-SCHEDS = [("1f1b", 1), ("zb-h1", 1), ("zb-h2", 1), ("zb-1p", 1), ("zb-2p", 1), ("zb-v", 2), ("interleaved-1f1b", 2),
-          ("interleaved-1f1b", 3), ("gpipe", 1)]
+SCHEDS = [
+    ("1f1b", 1),
+    ("zb-h1", 1),
+    ("zb-h2", 1),
+    ("zb-1p", 1),
+    ("zb-2p", 1),
+    ("zb-v", 2),
+    ("interleaved-1f1b", 2),
+    ("interleaved-1f1b", 3),
+    ("gpipe", 1),
+]
 
 
 @settings(max_examples=25, deadline=None)
-@given(st.sampled_from(SCHEDS), st.integers(2, 5), st.integers(1, 14), st.lists(st.floats(0.0, 10.0), min_size=15, max_size=15))
+@given(
+    st.sampled_from(SCHEDS),
+    st.integers(2, 5),
+    st.integers(1, 14),
+    st.lists(st.floats(0.0, 10.0), min_size=15, max_size=15),
+)
 def test_profile_peaks_equal_peak_activation_units(sched, pp, m, weights):
     name, vpp = sched
     s = build_schedule(name, pp, vpp, m)

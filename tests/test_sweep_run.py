@@ -94,20 +94,39 @@ def _wait_rows(path: Path, proc: subprocess.Popen, least: int, timeout: float = 
 def test_killed_sweeps_resume_without_losing_or_duplicating_rows(tmp_path):
     """Ctrl-C during the screen, kill -9 (whole process group, pool workers too) during the engine
     runs, then --resume: results.csv equals an uninterrupted run's, byte for byte."""
-    args = ["--model", "gpt-7.5b", "--cluster", "dgx-a100-40g", "--gpus", "16", "--gbs", "32", "--refine", "60",
-            "--simulate", "40", "--plans", "1", "--workers", "2"]  # enough engine runs that the kill lands among them
+    args = [
+        "--model",
+        "gpt-7.5b",
+        "--cluster",
+        "dgx-a100-40g",
+        "--gpus",
+        "16",
+        "--gbs",
+        "32",
+        "--refine",
+        "60",
+        "--simulate",
+        "40",
+        "--plans",
+        "1",
+        "--workers",
+        "2",
+    ]  # enough engine runs that the kill lands among them
     ref = tmp_path / "ref"
     done = subprocess.run(_cli(args + ["--out", str(ref)]), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     out, env = tmp_path / "out", {**os.environ, "PYTHONUNBUFFERED": "1"}
-    p = subprocess.Popen(_cli(args + ["--out", str(out)]), stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    p = subprocess.Popen(
+        _cli(args + ["--out", str(out)]), stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
+    )
     _wait_rows(out / "journal" / "screen.csv", p, 40)
     os.killpg(p.pid, signal.SIGINT)
     assert p.wait(timeout=60) == 130
     assert "--resume" in p.stderr.read()
     screened = len(Journal(out / "journal" / "screen.csv").read())
-    p = subprocess.Popen(_cli(args + ["--out", str(out), "--resume"]), stderr=subprocess.PIPE, text=True, env=env,
-                         start_new_session=True)
+    p = subprocess.Popen(
+        _cli(args + ["--out", str(out), "--resume"]), stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
+    )
     _wait_rows(out / "journal" / "simulate.csv", p, 2)
     os.killpg(p.pid, signal.SIGKILL)
     p.wait(timeout=60)

@@ -48,8 +48,12 @@ def test_dgx_a100_two_nodes_counts_and_rates():
 
 @pytest.mark.parametrize(
     "cluster",
-    [load_cluster("dgx-h100", gpus=16), load_cluster("pcie-a100-8g", gpus=16), load_cluster("gb200-nvl72"),
-     custom(topology="fat-tree", nodes_per_leaf=1, spines=3).with_gpus(24)],
+    [
+        load_cluster("dgx-h100", gpus=16),
+        load_cluster("pcie-a100-8g", gpus=16),
+        load_cluster("gb200-nvl72"),
+        custom(topology="fat-tree", nodes_per_leaf=1, spines=3).with_gpus(24),
+    ],
     ids=["rail", "pcie-two-level", "nvl72", "fat-tree"],
 )
 def test_routes_are_shortest_paths_of_the_graph(cluster):
@@ -71,7 +75,15 @@ def test_route_cache_returns_the_same_object():
 
 def test_same_rail_traffic_stays_on_its_leaf_and_cross_rail_uses_pxn():
     topo = small("dgx-h100", 32)
-    assert topo.path_names(3, 8 + 3) == ["n0/gpu3", "n0/pcie1", "n0/nic3", "leaf/r3/g0", "n1/nic3", "n1/pcie1", "n1/gpu3"]
+    assert topo.path_names(3, 8 + 3) == [
+        "n0/gpu3",
+        "n0/pcie1",
+        "n0/nic3",
+        "leaf/r3/g0",
+        "n1/nic3",
+        "n1/pcie1",
+        "n1/gpu3",
+    ]
     # another rail: from the rail's NIC under the GPU's own PCIe switch, else over NVLink to the
     # GPU on the destination's rail first (NCCL PXN); never over a spine
     assert topo.path_names(3, 8 + 2)[:4] == ["n0/gpu3", "n0/pcie1", "n0/nic2", "leaf/r2/g0"]
@@ -112,9 +124,13 @@ def test_pcie_box_routes_through_switches_and_sockets():
 
 @pytest.mark.parametrize(
     "cluster",
-    [load_cluster("dgx-a100-80g", gpus=16), load_cluster("pcie-a100-8g"), load_cluster("dgx-h100"),
-     custom(topology="fat-tree", nodes_per_leaf=1, spines=2, oversubscription=4.0).with_gpus(32),
-     custom(topology="rail-optimized", nodes_per_leaf=2, spines=2, oversubscription=2.0).with_gpus(32)],
+    [
+        load_cluster("dgx-a100-80g", gpus=16),
+        load_cluster("pcie-a100-8g"),
+        load_cluster("dgx-h100"),
+        custom(topology="fat-tree", nodes_per_leaf=1, spines=2, oversubscription=4.0).with_gpus(32),
+        custom(topology="rail-optimized", nodes_per_leaf=2, spines=2, oversubscription=2.0).with_gpus(32),
+    ],
     ids=["2xdgx", "pcie", "1xdgx", "fat-tree-4to1", "rail-2to1"],
 )
 def test_bisection_matches_a_max_flow_between_halves(cluster):

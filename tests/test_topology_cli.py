@@ -22,8 +22,12 @@ def test_topo_json(runner):
     assert r["graph_nodes"]["gpu"] == 16 and r["links"]["nvlink"]["bw_GBps_per_direction"] == [300.0]
     assert r["bisection_GBps"] == 200.0
     groups = {(p["group"], p["op"]) for p in r["predicted_busbw"]}
-    assert groups == {("8 GPUs in a node", "all-reduce"), ("8 GPUs in a node", "all-gather"),
-                      ("all 16 GPUs", "all-reduce"), ("all 16 GPUs", "all-gather")}
+    assert groups == {
+        ("8 GPUs in a node", "all-reduce"),
+        ("8 GPUs in a node", "all-gather"),
+        ("all 16 GPUs", "all-reduce"),
+        ("all 16 GPUs", "all-gather"),
+    }
     assert all(p["busbw_GBps"] > 0 for p in r["predicted_busbw"])
 
 

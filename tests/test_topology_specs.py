@@ -28,13 +28,20 @@ def error_of(path: Path, gpus: int | None = None) -> str:
 
 
 def test_presets_cover_the_issue_list():
-    assert {"dgx-a100-40g", "dgx-a100-80g", "dgx-h100", "hgx-h200", "dgx-b200", "gb200-nvl72", "pcie-a100-8g"} <= set(preset_names("clusters"))
+    assert {"dgx-a100-40g", "dgx-a100-80g", "dgx-h100", "hgx-h200", "dgx-b200", "gb200-nvl72", "pcie-a100-8g"} <= set(
+        preset_names("clusters")
+    )
 
 
 @pytest.mark.parametrize(
     "name, nvlink_per_dir, nic_Gbps, nvls",
-    [("dgx-a100-80g", 300, 200, False), ("dgx-h100", 450, 400, True), ("hgx-h200", 450, 400, True),
-     ("dgx-b200", 900, 400, True), ("gb200-nvl72", 900, 400, True)],
+    [
+        ("dgx-a100-80g", 300, 200, False),
+        ("dgx-h100", 450, 400, True),
+        ("hgx-h200", 450, 400, True),
+        ("dgx-b200", 900, 400, True),
+        ("gb200-nvl72", 900, 400, True),
+    ],
 )
 def test_fabric_units_are_per_direction_line_rates(name, nvlink_per_dir, nic_Gbps, nvls):
     c = load_cluster(name)

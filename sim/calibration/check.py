@@ -27,26 +27,30 @@ import json
 import shutil
 import statistics
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from ..validation.compare import compare_events
 from ..cost.profile import ExecutorProfile
 from ..engine.iteration import EXECUTOR_OPTIONS
-from ..specs.calibration import Calibration
-from ..plan import ParallelPlan, check_plan
-from ..specs.planfile import write_plan_file
-from ..schedules import schedule_for_plan, write_csv
 from ..engine.simulate import simulate
-from ..specs import ClusterSpec, ModelSpec, load_model
-from ..specs.loader import build
 from ..engine.trace import TraceEvent, read_trace, write_trace
+from ..plan import ParallelPlan, check_plan
+from ..schedules import schedule_for_plan, write_csv
+from ..specs import ClusterSpec, ModelSpec, load_model
+from ..specs.calibration import Calibration
+from ..specs.loader import build
+from ..specs.planfile import write_plan_file
+from ..validation.compare import compare_events
 
 #: (preset, overrides): the check's models, widened from the tiny presets (see the docstring).
 CHECK_MODELS = {
     "gpt": ("tiny", {"name": "tiny-x256", "hidden": 256, "heads": 4, "kv_heads": 4, "ffn": 1024, "seq_len": 128}),
-    "llama": ("tiny-llama", {"name": "tiny-llama-x256", "hidden": 256, "heads": 4, "kv_heads": 2, "ffn": 768, "seq_len": 128}),
+    "llama": (
+        "tiny-llama",
+        {"name": "tiny-llama-x256", "hidden": 256, "heads": 4, "kv_heads": 2, "ffn": 768, "seq_len": 128},
+    ),
 }
 
 
@@ -65,18 +69,46 @@ class CheckPlan:
 CHECK_PLANS = (
     CheckPlan("gpt-pp2-1f1b-mbs2", "gpt", dict(pp=2, micro_batch_size=2, global_batch_size=16, schedule="1f1b")),
     CheckPlan("gpt-pp2-gpipe-mbs2", "gpt", dict(pp=2, micro_batch_size=2, global_batch_size=8, schedule="gpipe")),
-    CheckPlan("gpt-pp2-interleaved-v2", "gpt", dict(pp=2, vpp=2, micro_batch_size=2, global_batch_size=16, schedule="interleaved-1f1b")),
+    CheckPlan(
+        "gpt-pp2-interleaved-v2",
+        "gpt",
+        dict(pp=2, vpp=2, micro_batch_size=2, global_batch_size=16, schedule="interleaved-1f1b"),
+    ),
     CheckPlan("gpt-pp2-zbh1-mbs2", "gpt", dict(pp=2, micro_batch_size=2, global_batch_size=16, schedule="zb-h1")),
     CheckPlan("gpt-pp2-zbv-mbs2", "gpt", dict(pp=2, vpp=2, micro_batch_size=2, global_batch_size=16, schedule="zb-v")),
-    CheckPlan("gpt-pp2-1f1b-mbs4-selective", "gpt", dict(pp=2, micro_batch_size=4, global_batch_size=16, schedule="1f1b", recompute="selective")),
-    CheckPlan("llama-pp2-1f1b-mbs1-full", "llama", dict(pp=2, micro_batch_size=1, global_batch_size=8, schedule="1f1b", recompute="full")),
+    CheckPlan(
+        "gpt-pp2-1f1b-mbs4-selective",
+        "gpt",
+        dict(pp=2, micro_batch_size=4, global_batch_size=16, schedule="1f1b", recompute="selective"),
+    ),
+    CheckPlan(
+        "llama-pp2-1f1b-mbs1-full",
+        "llama",
+        dict(pp=2, micro_batch_size=1, global_batch_size=8, schedule="1f1b", recompute="full"),
+    ),
     CheckPlan("llama-pp2-zbh1-mbs4", "llama", dict(pp=2, micro_batch_size=4, global_batch_size=16, schedule="zb-h1")),
-    CheckPlan("llama-pp2-interleaved-v2-selective", "llama", dict(pp=2, vpp=2, micro_batch_size=2, global_batch_size=8, schedule="interleaved-1f1b", recompute="selective")),
-    CheckPlan("gpt-tp2-mbs2", "gpt", dict(tp=2, micro_batch_size=2, global_batch_size=8, schedule="none", sequence_parallel=False)),
-    CheckPlan("llama-tp2-sp-mbs2", "llama", dict(tp=2, micro_batch_size=2, global_batch_size=8, schedule="none", sequence_parallel=True)),
+    CheckPlan(
+        "llama-pp2-interleaved-v2-selective",
+        "llama",
+        dict(pp=2, vpp=2, micro_batch_size=2, global_batch_size=8, schedule="interleaved-1f1b", recompute="selective"),
+    ),
+    CheckPlan(
+        "gpt-tp2-mbs2",
+        "gpt",
+        dict(tp=2, micro_batch_size=2, global_batch_size=8, schedule="none", sequence_parallel=False),
+    ),
+    CheckPlan(
+        "llama-tp2-sp-mbs2",
+        "llama",
+        dict(tp=2, micro_batch_size=2, global_batch_size=8, schedule="none", sequence_parallel=True),
+    ),
     CheckPlan("gpt-dp2-zero0-mbs2", "gpt", dict(dp=2, micro_batch_size=2, global_batch_size=16, schedule="none")),
-    CheckPlan("llama-dp2-zero2-mbs2", "llama", dict(dp=2, micro_batch_size=2, global_batch_size=16, schedule="none", zero=2)),
-    CheckPlan("gpt-single-mbs4-full", "gpt", dict(micro_batch_size=4, global_batch_size=8, schedule="none", recompute="full")),
+    CheckPlan(
+        "llama-dp2-zero2-mbs2", "llama", dict(dp=2, micro_batch_size=2, global_batch_size=16, schedule="none", zero=2)
+    ),
+    CheckPlan(
+        "gpt-single-mbs4-full", "gpt", dict(micro_batch_size=4, global_batch_size=8, schedule="none", recompute="full")
+    ),
 )
 
 
@@ -97,12 +129,22 @@ def layer_grid(nproc: int, quick: bool) -> list[dict[str, int | str]]:
     """The layer shapes ``simpar calibrate`` measures: the check models at micro-batch 1, 2, 4 and
     tp 1 (and 2 with two or more processes); quick: the GPT model at tp 1, micro-batch 2 and 4."""
     out = []
-    for key in (("gpt",) if quick else tuple(CHECK_MODELS)):
+    for key in ("gpt",) if quick else tuple(CHECK_MODELS):
         m = check_model(key)
-        for tp in ((1,) if quick or nproc < 2 else (1, 2)):
-            for mbs in ((2, 4) if quick else (1, 2, 4)):
-                out.append({"arch": m.arch, "hidden": m.hidden, "heads": m.heads, "kv_heads": m.kv_heads, "ffn": m.ffn,
-                            "seq": m.seq_len, "mbs": mbs, "tp": tp})
+        for tp in (1,) if quick or nproc < 2 else (1, 2):
+            for mbs in (2, 4) if quick else (1, 2, 4):
+                out.append(
+                    {
+                        "arch": m.arch,
+                        "hidden": m.hidden,
+                        "heads": m.heads,
+                        "kv_heads": m.kv_heads,
+                        "ffn": m.ffn,
+                        "seq": m.seq_len,
+                        "mbs": mbs,
+                        "tp": tp,
+                    }
+                )
     return out
 
 
@@ -110,7 +152,6 @@ def layer_grid(nproc: int, quick: bool) -> list[dict[str, int | str]]:
 #: crashed run measures nothing (gloo processes occasionally abort at exit with "terminate
 #: called without an active exception"; the plan's next run is clean).
 RETRIES = 1
-
 
 
 def prepare(case: CheckPlan, cluster: ClusterSpec, calibration: Calibration | None, out: Path) -> dict[str, Any]:
@@ -130,10 +171,17 @@ def prepare(case: CheckPlan, cluster: ClusterSpec, calibration: Calibration | No
     analytic = None
     if calibration is not None and calibration.layers:
         bare = calibration.without_layers()
-        analytic = simulate(model, cl, plan, calibration=bare, options=EXECUTOR_OPTIONS,
-                            profile=ExecutorProfile.of(bare)).iter_time_s
-    return {"iter_time_s": res.iter_time_s, "iter_time_analytical_s": analytic, "memory": res.memory,
-            "breakdown_s": res.breakdown_s, "plan": plan, "model": model}
+        analytic = simulate(
+            model, cl, plan, calibration=bare, options=EXECUTOR_OPTIONS, profile=ExecutorProfile.of(bare)
+        ).iter_time_s
+    return {
+        "iter_time_s": res.iter_time_s,
+        "iter_time_analytical_s": analytic,
+        "memory": res.memory,
+        "breakdown_s": res.breakdown_s,
+        "plan": plan,
+        "model": model,
+    }
 
 
 def predicted_memory(pred: dict[str, Any], device: str) -> float:
@@ -194,7 +242,7 @@ def kind_errors(sim: list[TraceEvent], meas: list[TraceEvent]) -> dict[str, dict
 def timed_steps(res: dict[str, Any]) -> list[float]:
     """A run's timed steps (after its warm-up)."""
     steps = res.get("iteration_times_s") or []
-    return steps[int(res.get("warmup", 0)):] or steps
+    return steps[int(res.get("warmup", 0)) :] or steps
 
 
 def spread(xs: list[float]) -> float | None:
@@ -202,8 +250,9 @@ def spread(xs: list[float]) -> float | None:
     return (max(xs) - min(xs)) / statistics.median(xs) if len(xs) >= 2 else None
 
 
-def evaluate(case: CheckPlan, pred: dict[str, Any], run_dirs: list[Path], device: str,
-             probe: dict[str, Any] | None = None) -> dict[str, Any]:
+def evaluate(
+    case: CheckPlan, pred: dict[str, Any], run_dirs: list[Path], device: str, probe: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """One row of the check: predicted vs measured iteration time and memory, per-kind errors.
 
     Over several runs (rounds) of the plan the measured time is the median of all their timed
@@ -225,17 +274,30 @@ def evaluate(case: CheckPlan, pred: dict[str, Any], run_dirs: list[Path], device
     meas_events, _ = read_trace(run_dir / "trace.json")
     p = pred["plan"]
     row = {
-        "name": case.name, "model": pred["model"].name, "schedule": p.schedule, "pp": p.pp, "tp": p.tp, "dp": p.dp,
-        "vpp": p.vpp, "mbs": p.micro_batch_size, "gbs": p.global_batch_size, "recompute": p.recompute, "zero": p.zero,
-        "sp": p.sequence_parallel, "nproc": p.num_gpus,
-        "pred_iter_s": pred["iter_time_s"], "meas_iter_s": meas_t, "iter_err": (pred["iter_time_s"] - meas_t) / meas_t,
+        "name": case.name,
+        "model": pred["model"].name,
+        "schedule": p.schedule,
+        "pp": p.pp,
+        "tp": p.tp,
+        "dp": p.dp,
+        "vpp": p.vpp,
+        "mbs": p.micro_batch_size,
+        "gbs": p.global_batch_size,
+        "recompute": p.recompute,
+        "zero": p.zero,
+        "sp": p.sequence_parallel,
+        "nproc": p.num_gpus,
+        "pred_iter_s": pred["iter_time_s"],
+        "meas_iter_s": meas_t,
+        "iter_err": (pred["iter_time_s"] - meas_t) / meas_t,
         "meas_iter_all_s": [r.get("iteration_times_s") for r in results],
         "meas_rounds_s": rounds,
         "runs": len(results),
         "meas_spread": spread(pooled),
         "round_spread": spread(rounds),
         "trace_run": run_dir.name,
-        "pred_mem_bytes": pred_mem, "meas_mem_bytes": meas_mem,
+        "pred_mem_bytes": pred_mem,
+        "meas_mem_bytes": meas_mem,
         "mem_err": (pred_mem - meas_mem) / meas_mem if meas_mem else None,
         "kinds": kind_errors(sim_events, meas_events),
     }
@@ -256,8 +318,13 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         errs = [abs(r[key]) for r in rows if r.get(key) is not None]
         if not errs:
             return None
-        return {"n": len(errs), "median_abs": statistics.median(errs), "max_abs": max(errs), "mean_signed": statistics.fmean(
-            r[key] for r in rows if r.get(key) is not None)}
+        return {
+            "n": len(errs),
+            "median_abs": statistics.median(errs),
+            "max_abs": max(errs),
+            "mean_signed": statistics.fmean(r[key] for r in rows if r.get(key) is not None),
+        }
+
     kinds: dict[str, list[float]] = defaultdict(list)
     for r in rows:
         for k, v in r["kinds"].items():
@@ -268,8 +335,10 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "iteration_time_analytical_compute": stats("iter_err_analytical"),
         "iteration_time_drift_adjusted": stats("iter_err_drift"),
         "peak_memory": stats("mem_err"),
-        "kinds": {k: {"n": len(v), "median_abs": statistics.median(abs(x) for x in v), "median_signed": statistics.median(v)}
-                  for k, v in kinds.items()},
+        "kinds": {
+            k: {"n": len(v), "median_abs": statistics.median(abs(x) for x in v), "median_signed": statistics.median(v)}
+            for k, v in kinds.items()
+        },
     }
 
 
@@ -285,10 +354,17 @@ def settled(rounds_s: list[float], tol: float = SETTLE) -> bool:
     return statistics.stdev(rounds_s) / len(rounds_s) ** 0.5 <= tol * statistics.fmean(rounds_s)
 
 
-def run_check(cluster: ClusterSpec, calibration: Calibration, out: Path, runner: Callable[[Path, Path, int], None],
-              device: str = "cpu", cases: tuple[CheckPlan, ...] = CHECK_PLANS,
-              progress: Callable[[str], None] = lambda _: None, rounds: int = 1,
-              max_rounds: int | None = None) -> dict[str, Any]:
+def run_check(
+    cluster: ClusterSpec,
+    calibration: Calibration,
+    out: Path,
+    runner: Callable[[Path, Path, int], None],
+    device: str = "cpu",
+    cases: tuple[CheckPlan, ...] = CHECK_PLANS,
+    progress: Callable[[str], None] = lambda _: None,
+    rounds: int = 1,
+    max_rounds: int | None = None,
+) -> dict[str, Any]:
     """Simulate every case, run each ``rounds`` times (round 1 into ``<case>/measured``, round r
     into ``<case>/measured-r``; every other round in reverse order, so that a slow spell of the
     device does not fall on the same plans each time; a crashed run is tried `RETRIES` more
@@ -307,8 +383,7 @@ def run_check(cluster: ClusterSpec, calibration: Calibration, out: Path, runner:
     failed: dict[str, str] = {}
     retried: list[dict[str, Any]] = []  # every failed attempt, also those a retry made good
     for r in range(max_rounds):
-        todo = [c for c in cases if c.name not in failed
-                and (r < rounds or not settled(medians[c.name]))]
+        todo = [c for c in cases if c.name not in failed and (r < rounds or not settled(medians[c.name]))]
         if not todo:
             break
         for case in todo if r % 2 == 0 else reversed(todo):
@@ -323,18 +398,28 @@ def run_check(cluster: ClusterSpec, calibration: Calibration, out: Path, runner:
                 else:
                     failed.pop(case.name, None)
                     runs[case.name].append(run_dir)
-                    medians[case.name].append(float(json.loads((run_dir / "result.json").read_text())["iteration_time_s"]))
+                    medians[case.name].append(
+                        float(json.loads((run_dir / "result.json").read_text())["iteration_time_s"])
+                    )
                     break
             progress(case.name if max_rounds == 1 else f"{case.name} (round {r + 1})")
     probe = calibration.probe.model_dump() if calibration.probe is not None else None
-    rows = [evaluate(case, preds[case.name], runs[case.name], device, probe)
-            for case in cases if case.name not in failed]
+    rows = [
+        evaluate(case, preds[case.name], runs[case.name], device, probe) for case in cases if case.name not in failed
+    ]
     summary = calibration.model_dump(mode="json", include={"device", "date", "software", "compute", "network", "probe"})
-    doc = {"calibration": {k: summary.get(k) for k in ("device", "date", "software", "compute", "network", "probe")},
-           "device": device, "rounds": rounds, "max_rounds": max_rounds, "settle": SETTLE,
-           "memory_note": __doc__.split("Memory: ", 1)[1].strip() if device == "cpu" else None,
-           "plans": rows, "failed": [{"name": n, "error": e} for n, e in failed.items()], "failed_attempts": retried,
-           "summary": summarize(rows)}
+    doc = {
+        "calibration": {k: summary.get(k) for k in ("device", "date", "software", "compute", "network", "probe")},
+        "device": device,
+        "rounds": rounds,
+        "max_rounds": max_rounds,
+        "settle": SETTLE,
+        "memory_note": __doc__.split("Memory: ", 1)[1].strip() if device == "cpu" else None,
+        "plans": rows,
+        "failed": [{"name": n, "error": e} for n, e in failed.items()],
+        "failed_attempts": retried,
+        "summary": summarize(rows),
+    }
     out.mkdir(parents=True, exist_ok=True)
     (out / "check.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
     from .report import markdown

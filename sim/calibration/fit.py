@@ -43,15 +43,16 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
-from ..specs.calibration import CALIBRATION_VERSION, EfficiencyParams, validate_calibration
 from ..cost.compute import CostModel, causal_attention_fraction
 from ..cost.tables import optimizer_seconds
 from ..network import make_network
 from ..network.constants import BASE_LATENCY_US
 from ..plan import ParallelPlan
 from ..specs import ClusterSpec, GPUSpec, ModelSpec
+from ..specs.calibration import CALIBRATION_VERSION, EfficiencyParams, validate_calibration
 
 
 # --- generic fits ---------------------------------------------------------------------------
@@ -169,9 +170,11 @@ def fit_network(rows: list[dict], cluster: ClusterSpec) -> tuple[dict[str, Any],
     else:
         base, per_step = 0.0, None
     if host:
-        net: dict[str, Any] = {"host": {"bw_GBps": bw_GBps},
-                               "base_latency_us": {"direct": {"Simple": 0.0}, "ring": {"Simple": base * 1e6}},
-                               "step_latency_us": {"host": {"direct": {"Simple": a_p * 1e6}}}}
+        net: dict[str, Any] = {
+            "host": {"bw_GBps": bw_GBps},
+            "base_latency_us": {"direct": {"Simple": 0.0}, "ring": {"Simple": base * 1e6}},
+            "step_latency_us": {"host": {"direct": {"Simple": a_p * 1e6}}},
+        }
         if per_step is not None:
             net["step_latency_us"]["host"]["ring"] = {"Simple": per_step * 1e6}
             net["step_latency_us"]["host"]["tree"] = {"Simple": per_step * 1e6}
@@ -228,8 +231,10 @@ def unstable_device(times_s: Sequence[float]) -> str | None:
     if spread <= PROBE_STEADY:
         return None
     lo, hi = min(times_s), max(times_s)
-    return (f"the device's speed changed during the calibration: the speed probe took {lo * 1e3:.2f} to {hi * 1e3:.2f} ms "
-            f"({spread:.0%} apart, more than {PROBE_STEADY:.0%}); re-run `simpar calibrate` on a quiet machine")
+    return (
+        f"the device's speed changed during the calibration: the speed probe took {lo * 1e3:.2f} to {hi * 1e3:.2f} ms "
+        f"({spread:.0%} apart, more than {PROBE_STEADY:.0%}); re-run `simpar calibrate` on a quiet machine"
+    )
 
 
 def fit_in_run(rows: list[dict], doc: dict[str, Any], gpu: GPUSpec) -> dict[str, Any]:
@@ -240,12 +245,16 @@ def fit_in_run(rows: list[dict], doc: dict[str, Any], gpu: GPUSpec) -> dict[str,
     stage, f_s, b_s}) by `fit_linear` (relative errors, both terms non-negative); and
     ``p2p_post_s``, the median of the pipeline rows' ``post_s`` (seconds a rank spends posting
     one pipeline send or receive between its actions)."""
-    from ..layout import RankLayout
     from ..cost.workload import stage_work
+    from ..layout import RankLayout
 
-    costs = CostModel.for_gpu(gpu, validate_calibration({k: v for k, v in doc.items() if k != "in_run"}, "(fitting)", gpu.name))
+    costs = CostModel.for_gpu(
+        gpu, validate_calibration({k: v for k, v in doc.items() if k != "in_run"}, "(fitting)", gpu.name)
+    )
     # the device's uncontended speed: the fastest of every probe the calibration timed (module doc)
-    seen = [float(t) for t in (doc.get("probe") or {}).get("times_s", ())] + [float(r["probe_s"]) for r in rows if r.get("probe_s")]
+    seen = [float(t) for t in (doc.get("probe") or {}).get("times_s", ())] + [
+        float(r["probe_s"]) for r in rows if r.get("probe_s")
+    ]
     ref = min(seen) if seen else None
     points: dict[int, list[tuple[float, float]]] = {}
     for r in rows:
@@ -258,7 +267,10 @@ def fit_in_run(rows: list[dict], doc: dict[str, Any], gpu: GPUSpec) -> dict[str,
     fits = {n: fit_linear([p for p, _ in pts], [t for _, t in pts]) for n, pts in sorted(points.items())}
     if not fits:
         return {}
-    out = {"compute_scale": {str(n): k for n, (_, k) in fits.items()}, "action_s": {str(n): a for n, (a, _) in fits.items()}}
+    out = {
+        "compute_scale": {str(n): k for n, (_, k) in fits.items()},
+        "action_s": {str(n): a for n, (a, _) in fits.items()},
+    }
     posts: dict[int, list[float]] = {}
     for r in rows:
         if r.get("post_s") is not None:
@@ -276,14 +288,30 @@ def _errors(pred: Sequence[float], meas: Sequence[float]) -> dict[str, float] | 
 
 
 def layer_model(row: dict) -> tuple[ModelSpec, ParallelPlan]:
-    m = ModelSpec(name="layer", arch=row["arch"], layers=1, hidden=row["hidden"], heads=row["heads"],
-                  kv_heads=row["kv_heads"], ffn=row["ffn"], vocab=2, seq_len=row["seq"])
-    plan = ParallelPlan(tp=row["tp"], micro_batch_size=row["mbs"], global_batch_size=row["mbs"], schedule="none",
-                        sequence_parallel=False)
+    m = ModelSpec(
+        name="layer",
+        arch=row["arch"],
+        layers=1,
+        hidden=row["hidden"],
+        heads=row["heads"],
+        kv_heads=row["kv_heads"],
+        ffn=row["ffn"],
+        vocab=2,
+        seq_len=row["seq"],
+    )
+    plan = ParallelPlan(
+        tp=row["tp"],
+        micro_batch_size=row["mbs"],
+        global_batch_size=row["mbs"],
+        schedule="none",
+        sequence_parallel=False,
+    )
     return m, plan
 
 
-def fit_report(doc: dict[str, Any], meas: dict[str, Any], gpu: GPUSpec, cluster: ClusterSpec | None, fit_dtype: str) -> dict[str, Any]:
+def fit_report(
+    doc: dict[str, Any], meas: dict[str, Any], gpu: GPUSpec, cluster: ClusterSpec | None, fit_dtype: str
+) -> dict[str, Any]:
     """Relative errors of the calibrated simulator against each benchmark family."""
     comp = meas.get("compute", {})
     cm = CostModel.for_gpu(gpu, validate_calibration(doc, "(fitting)", gpu.name))
@@ -294,8 +322,12 @@ def fit_report(doc: dict[str, Any], meas: dict[str, Any], gpu: GPUSpec, cluster:
     el = comp.get("elementwise", [])
     out["elementwise"] = _errors([cm.memory_time(r["bytes"]) for r in el], [r["time_s"] for r in el])
     at = comp.get("attention", [])
-    out["attention_fwd"] = _errors([cm.attention_time(causal_flops(r), fit_dtype)[0] for r in at], [r["fwd_s"] for r in at])
-    out["attention_bwd"] = _errors([cm.attention_time(causal_flops(r), fit_dtype)[1] for r in at], [r["bwd_s"] for r in at])
+    out["attention_fwd"] = _errors(
+        [cm.attention_time(causal_flops(r), fit_dtype)[0] for r in at], [r["fwd_s"] for r in at]
+    )
+    out["attention_bwd"] = _errors(
+        [cm.attention_time(causal_flops(r), fit_dtype)[1] for r in at], [r["bwd_s"] for r in at]
+    )
     op = comp.get("optimizer", [])
     calib = validate_calibration(doc, "(fitting)", gpu.name)
 
@@ -322,15 +354,26 @@ def fit_report(doc: dict[str, Any], meas: dict[str, Any], gpu: GPUSpec, cluster:
         net = make_network(cluster, "analytical", calibration=doc)
         for opname in ("p2p", "all-reduce", "all-gather", "reduce-scatter"):
             rows = [r for r in comm if r["op"] == opname and r.get("time_s") and r["group"] <= cluster.num_gpus]
-            pred = [net.p2p_time(0, 1, r["bytes"]) if opname == "p2p" else net.collective_time(opname, tuple(range(r["group"])), r["bytes"])
-                    for r in rows]
+            pred = [
+                net.p2p_time(0, 1, r["bytes"])
+                if opname == "p2p"
+                else net.collective_time(opname, tuple(range(r["group"])), r["bytes"])
+                for r in rows
+            ]
             out[opname] = _errors(pred, [r["time_s"] for r in rows])
     return {k: v for k, v in out.items() if v is not None}
 
 
-def build_calibration(meas: dict[str, Any], gpu: GPUSpec, cluster: ClusterSpec | None, *, date: str,
-                      software: dict[str, str], measurements_file: str | None = None,
-                      layer_table: bool = True) -> dict[str, Any]:
+def build_calibration(
+    meas: dict[str, Any],
+    gpu: GPUSpec,
+    cluster: ClusterSpec | None,
+    *,
+    date: str,
+    software: dict[str, str],
+    measurements_file: str | None = None,
+    layer_table: bool = True,
+) -> dict[str, Any]:
     """The calibration document for ``gpu`` (and ``cluster``'s link class) from ``meas``."""
     dev = meas.get("device", {})
     comp = meas["compute"]
@@ -340,8 +383,14 @@ def build_calibration(meas: dict[str, Any], gpu: GPUSpec, cluster: ClusterSpec |
     mm_rows = [r for r in comp["matmul"] if r["dtype"] == fit_dtype]
     eff_max, half = fit_matmul(mm_rows, peak, launch)
     a_f, a_b = fit_attention(comp["attention"], peak)
-    compute = {"mm_eff_max": eff_max, "mm_half_dim": half, "attn_eff_fwd": a_f, "attn_eff_bwd": a_b,
-               "hbm_eff": fit_bandwidth(comp["elementwise"], gpu.hbm_bw, launch), "launch_s": launch}
+    compute = {
+        "mm_eff_max": eff_max,
+        "mm_half_dim": half,
+        "attn_eff_fwd": a_f,
+        "attn_eff_bwd": a_b,
+        "hbm_eff": fit_bandwidth(comp["elementwise"], gpu.hbm_bw, launch),
+        "launch_s": launch,
+    }
     assert set(compute) <= set(EfficiencyParams.model_fields)
     notes: list[str] = []
     network: dict[str, Any] = {}
@@ -349,8 +398,11 @@ def build_calibration(meas: dict[str, Any], gpu: GPUSpec, cluster: ClusterSpec |
         network, notes = fit_network(meas["comm"], cluster)
     doc: dict[str, Any] = {
         "simpar_calibration_version": CALIBRATION_VERSION,
-        "device": {"gpu": gpu.name, **{k: v for k, v in dev.items() if k != "gpu"},
-                   "cluster": cluster.name if cluster is not None else None},
+        "device": {
+            "gpu": gpu.name,
+            **{k: v for k, v in dev.items() if k != "gpu"},
+            "cluster": cluster.name if cluster is not None else None,
+        },
         "software": software,
         "date": date,
         "source": "simpar calibrate",
@@ -358,16 +410,37 @@ def build_calibration(meas: dict[str, Any], gpu: GPUSpec, cluster: ClusterSpec |
         "network": network,
     }
     if layer_table and comp.get("layers"):
-        keep = ("arch", "hidden", "heads", "kv_heads", "ffn", "seq", "mbs", "tp", "dtype", "f_s", "i_s", "w_s", "attn_f_s", "tp_comm")
+        keep = (
+            "arch",
+            "hidden",
+            "heads",
+            "kv_heads",
+            "ffn",
+            "seq",
+            "mbs",
+            "tp",
+            "dtype",
+            "f_s",
+            "i_s",
+            "w_s",
+            "attn_f_s",
+            "tp_comm",
+        )
         doc["layers"] = [{k: r[k] for k in keep if k in r} for r in comp["layers"]]
     probe = comp.get("probe")
     if probe and probe.get("times_s"):  # the device-speed probe (executor/probe.py), for the closed loop's drift column
-        doc["probe"] = {"what": probe.get("what", ""), "time_s": statistics.fmean(probe["times_s"]), "times_s": list(probe["times_s"])}
+        doc["probe"] = {
+            "what": probe.get("what", ""),
+            "time_s": statistics.fmean(probe["times_s"]),
+            "times_s": list(probe["times_s"]),
+        }
         note = unstable_device(probe["times_s"])
         if note:
             notes.append(note)
     if comp.get("optimizer"):
-        doc["optimizer"] = [{"params": r["params"], "time_s": r["time_s"], "tp": r.get("tp", 1)} for r in comp["optimizer"]]
+        doc["optimizer"] = [
+            {"params": r["params"], "time_s": r["time_s"], "tp": r.get("tp", 1)} for r in comp["optimizer"]
+        ]
     sp = [r for r in comp.get("sp_grad_sync") or () if r.get("tensors")]
     if sp:  # seconds per partial-sum gradient (executor/insitu.py bench_sp_grad_sync)
         doc["sp_grad_sync"] = [{"tp": r["tp"], "arch": r["arch"], "tensor_s": r["time_s"] / r["tensors"]} for r in sp]

@@ -6,7 +6,21 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-KIND_ORDER = ("F", "B", "I", "W", "R", "SEND_F", "RECV_F", "SEND_B", "RECV_B", "REDUCE_GRAD", "allreduce", "OPT", "bubble")
+KIND_ORDER = (
+    "F",
+    "B",
+    "I",
+    "W",
+    "R",
+    "SEND_F",
+    "RECV_F",
+    "SEND_B",
+    "RECV_B",
+    "REDUCE_GRAD",
+    "allreduce",
+    "OPT",
+    "bubble",
+)
 
 
 def _pct(x: float | None) -> str:
@@ -30,21 +44,51 @@ def plan_rows(doc: dict[str, Any]) -> list[tuple[str, ...]]:
     for r in doc["plans"]:
         speed = r.get("speed_ratio")
         runs = r.get("runs", len(r.get("meas_rounds_s") or ()))  # check.json files before `runs` existed
-        out.append((r["name"], str(r["nproc"]), str(runs), _ms(r["pred_iter_s"]), _ms(r["meas_iter_s"]), _share(r.get("meas_spread")),
-                    _share(r.get("round_spread")), _pct(r["iter_err"]), _pct(None if speed is None else speed - 1.0),
-                    _pct(r.get("iter_err_drift")), _pct(r.get("iter_err_analytical")), _mib(r["pred_mem_bytes"]),
-                    _mib(r["meas_mem_bytes"]), _pct(r["mem_err"])))
+        out.append(
+            (
+                r["name"],
+                str(r["nproc"]),
+                str(runs),
+                _ms(r["pred_iter_s"]),
+                _ms(r["meas_iter_s"]),
+                _share(r.get("meas_spread")),
+                _share(r.get("round_spread")),
+                _pct(r["iter_err"]),
+                _pct(None if speed is None else speed - 1.0),
+                _pct(r.get("iter_err_drift")),
+                _pct(r.get("iter_err_analytical")),
+                _mib(r["pred_mem_bytes"]),
+                _mib(r["meas_mem_bytes"]),
+                _pct(r["mem_err"]),
+            )
+        )
     return out
 
 
-PLAN_HEAD = ("plan", "procs", "runs", "pred ms", "meas ms", "step spread", "round spread", "time err", "device slower by",
-             "err (drift out)", "err (analytical compute)", "pred MiB", "meas MiB", "mem err")
+PLAN_HEAD = (
+    "plan",
+    "procs",
+    "runs",
+    "pred ms",
+    "meas ms",
+    "step spread",
+    "round spread",
+    "time err",
+    "device slower by",
+    "err (drift out)",
+    "err (analytical compute)",
+    "pred MiB",
+    "meas MiB",
+    "mem err",
+)
 
 
 def kind_rows(doc: dict[str, Any]) -> list[tuple[str, ...]]:
     kinds = doc["summary"]["kinds"]
     order = [k for k in KIND_ORDER if k in kinds] + sorted(k for k in kinds if k not in KIND_ORDER)
-    return [(k, str(kinds[k]["n"]), _pct(kinds[k]["median_signed"]), f"{kinds[k]['median_abs'] * 100:.1f}%") for k in order]
+    return [
+        (k, str(kinds[k]["n"]), _pct(kinds[k]["median_signed"]), f"{kinds[k]['median_abs'] * 100:.1f}%") for k in order
+    ]
 
 
 KIND_HEAD = ("kind", "plans", "median error (sim - meas)/meas", "median |error|")
@@ -53,24 +97,35 @@ KIND_HEAD = ("kind", "plans", "median error (sim - meas)/meas", "median |error|"
 def summary_lines(doc: dict[str, Any]) -> list[str]:
     s = doc["summary"]
     lines = []
-    for key, label in (("iteration_time", "iteration time"),
-                       ("iteration_time_analytical_compute", "iteration time, analytical compute (no layer table)"),
-                       ("iteration_time_drift_adjusted", "diagnostic: iteration time with the device's drift taken out "
-                        "(prediction x the runs' probe / the calibration's)"),
-                       ("peak_memory", "peak memory")):
+    for key, label in (
+        ("iteration_time", "iteration time"),
+        ("iteration_time_analytical_compute", "iteration time, analytical compute (no layer table)"),
+        (
+            "iteration_time_drift_adjusted",
+            "diagnostic: iteration time with the device's drift taken out "
+            "(prediction x the runs' probe / the calibration's)",
+        ),
+        ("peak_memory", "peak memory"),
+    ):
         v = s.get(key)
         if v:
-            lines.append(f"{label}: median |error| {v['median_abs'] * 100:.1f}%, max {v['max_abs'] * 100:.1f}%, "
-                         f"mean signed {v['mean_signed'] * 100:+.1f}% over {v['n']} plans")
-    for key, label in (("meas_spread", "measured step spread ((slowest - fastest) / median of a plan's timed steps)"),
-                       ("round_spread", "round spread ((slowest - fastest) / median of a plan's per-round medians)")):
+            lines.append(
+                f"{label}: median |error| {v['median_abs'] * 100:.1f}%, max {v['max_abs'] * 100:.1f}%, "
+                f"mean signed {v['mean_signed'] * 100:+.1f}% over {v['n']} plans"
+            )
+    for key, label in (
+        ("meas_spread", "measured step spread ((slowest - fastest) / median of a plan's timed steps)"),
+        ("round_spread", "round spread ((slowest - fastest) / median of a plan's per-round medians)"),
+    ):
         xs = [r[key] for r in doc["plans"] if r.get(key) is not None]
         if xs:
             lines.append(f"{label}: median {statistics.median(xs) * 100:.0f}%, max {max(xs) * 100:.0f}%")
     speeds = [r["speed_ratio"] - 1.0 for r in doc["plans"] if r.get("speed_ratio") is not None]
     if speeds:
-        lines.append(f"device speed during the runs vs during the calibration (probe seconds, + = slower): median "
-                     f"{statistics.median(speeds) * 100:+.0f}%, from {min(speeds) * 100:+.0f}% to {max(speeds) * 100:+.0f}%")
+        lines.append(
+            f"device speed during the runs vs during the calibration (probe seconds, + = slower): median "
+            f"{statistics.median(speeds) * 100:+.0f}%, from {min(speeds) * 100:+.0f}% to {max(speeds) * 100:+.0f}%"
+        )
     return lines
 
 
@@ -78,8 +133,10 @@ def _extra_rounds(doc: dict[str, Any]) -> str:
     most, tol = doc.get("max_rounds") or doc.get("rounds", 1), doc.get("settle")
     if most <= doc.get("rounds", 1) or tol is None:
         return ""
-    return (f", and again, up to {most} times (`runs`), while its rounds' medians disagreed (standard error of their "
-            f"mean above {tol:.0%} of it)")
+    return (
+        f", and again, up to {most} times (`runs`), while its rounds' medians disagreed (standard error of their "
+        f"mean above {tol:.0%} of it)"
+    )
 
 
 def _table(head: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
@@ -97,7 +154,8 @@ def markdown(doc: dict[str, Any]) -> str:
         f"Calibration: device `{dev.get('gpu')}` ({dev.get('name')}, {dev.get('kind')}, backend {dev.get('backend')}, "
         f"{dev.get('nproc')} processes), measured {cal.get('date')}, torch {(cal.get('software') or {}).get('torch')}.",
         "",
-        f"Errors are (predicted - measured) / measured. Each plan ran {doc.get('rounds', 1)} time(s) (rounds, every other "
+        f"Errors are (predicted - measured) / measured. Each plan ran {doc.get('rounds', 1)} time(s) "
+        "(rounds, every other "
         f"one in reverse order){_extra_rounds(doc)}; `meas ms` is the median of all its timed steps; `step spread` is "
         "(slowest - fastest) / "
         "median of those steps and `round spread` the same over the rounds' own medians: the measurement's noise. "
@@ -127,7 +185,8 @@ def markdown(doc: dict[str, Any]) -> str:
     ]
     if doc.get("failed_attempts"):
         parts += ["", "## Failed attempts (each run once more)", ""] + [
-            f"- {f['name']}, round {f['round']}: {f['error']}" for f in doc["failed_attempts"]]
+            f"- {f['name']}, round {f['round']}: {f['error']}" for f in doc["failed_attempts"]
+        ]
     if doc.get("failed"):
         parts += ["", "## Plans the executor did not run", ""] + [f"- {f['name']}: {f['error']}" for f in doc["failed"]]
     if doc.get("memory_note"):

@@ -31,12 +31,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..specs.calibration import Calibration, EfficiencyParams, default_calibration
-from .tables import MeasuredTables
 from ..model import LayerFlops, layer_flops, logits_flops
 from ..plan import ParallelPlan
 from ..specs import GPUSpec, ModelSpec
-
+from ..specs.calibration import Calibration, EfficiencyParams, default_calibration
+from .tables import MeasuredTables
 
 #: FlashAttention's query/key block (FA2 forward, 128 on A100/H100): the diagonal blocks of a
 #: causal mask are computed in full.
@@ -87,7 +86,7 @@ class CostModel:
     tables: MeasuredTables = field(default_factory=MeasuredTables)
 
     @classmethod
-    def for_gpu(cls, gpu: GPUSpec, calibration: Calibration | None = None) -> "CostModel":
+    def for_gpu(cls, gpu: GPUSpec, calibration: Calibration | None = None) -> CostModel:
         """The GPU preset's default calibration (global per-GPU-type figures), overridden key by
         key by ``calibration``."""
         eff, src = EfficiencyParams(), "default"
@@ -142,7 +141,9 @@ class CostModel:
         w_mm = sum(self.matmul_time(c, b, a, dt) for a, b, c in shapes)
         lf: LayerFlops = layer_flops(m, m.seq_len, plan.micro_batch_size)
         if plan.flash_attention:
-            attn_f, attn_b = self.attention_time(lf.attn_core_f * causal_attention_fraction(m.seq_len) / (t * plan.cp), dt)
+            attn_f, attn_b = self.attention_time(
+                lf.attn_core_f * causal_attention_fraction(m.seq_len) / (t * plan.cp), dt
+            )
         else:  # scores materialised: two batched matmuls over the full square + softmax traffic
             mm_peak = self.gpu.peak_flops("bf16" if dt == "fp8" else dt) * self.eff.mm_eff_max
             scores = m.heads / t * tokens * m.seq_len

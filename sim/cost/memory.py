@@ -28,9 +28,9 @@ Equal to `schedules.peak_activation_units` up to rounding (tested).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Sequence
 
 from ..model import embedding_params, layer_params, output_params
 from ..plan import ParallelPlan, ZeroPolicy
@@ -85,8 +85,9 @@ def model_state_bytes(psi: float, zero: int, nd: int, k: int = OPTIMIZER_BYTES_P
     return weights, grads, opt
 
 
-def layer_activation_bytes(m: ModelSpec, plan: ParallelPlan, recompute: str | None = None,
-                           flash: bool | None = None) -> float:
+def layer_activation_bytes(
+    m: ModelSpec, plan: ParallelPlan, recompute: str | None = None, flash: bool | None = None
+) -> float:
     """Bytes one transformer layer keeps for one micro-batch until its backward (per GPU)."""
     recompute = plan.recompute if recompute is None else recompute
     flash = plan.flash_attention if flash is None else flash
@@ -256,8 +257,10 @@ class MemoryReport:
         """One line: fits or not, with the peak rank and its bytes against the capacity."""
         p = self.peak
         if self.fits:
-            return (f"fits: peak {p.total / GiB:.2f} GiB on pipeline rank {p.pipeline_rank} "
-                    f"of {self.capacity / GiB:.1f} GiB")
+            return (
+                f"fits: peak {p.total / GiB:.2f} GiB on pipeline rank {p.pipeline_rank} "
+                f"of {self.capacity / GiB:.1f} GiB"
+            )
         return (
             f"does not fit: pipeline rank {p.pipeline_rank} needs {p.total / GiB:.2f} GiB, "
             f"{self.over_by / GiB:.2f} GiB over the {self.capacity / GiB:.1f} GiB of the GPU"
@@ -266,8 +269,10 @@ class MemoryReport:
     def reason(self) -> str:
         """Why a plan is dropped for memory: 'does not fit by X GiB on pipeline rank r (needs Y of Z GiB)'."""
         p = self.peak
-        return (f"does not fit by {self.over_by / GiB:.2f} GiB on pipeline rank {p.pipeline_rank} "
-                f"(needs {p.total / GiB:.2f} of {self.capacity / GiB:.1f} GiB)")
+        return (
+            f"does not fit by {self.over_by / GiB:.2f} GiB on pipeline rank {p.pipeline_rank} "
+            f"(needs {p.total / GiB:.2f} of {self.capacity / GiB:.1f} GiB)"
+        )
 
 
 def rank_params(m: ModelSpec, plan: ParallelPlan, stages: Sequence[int]) -> float:
@@ -299,10 +304,20 @@ def recompute_transient_bytes(m: ModelSpec, plan: ParallelPlan) -> float:
     return 0.0
 
 
-def rank_memory(m: ModelSpec, plan: ParallelPlan, capacity: float, rank: int, psi: float,
-                stage_params: Sequence[float], layers: int, acts: float, transient: float, inflight: float = 0.0,
-                zero3_unsharded: float | None = None,
-                conventions: MemoryConventions = GPU_MIXED_PRECISION) -> RankMemory:
+def rank_memory(
+    m: ModelSpec,
+    plan: ParallelPlan,
+    capacity: float,
+    rank: int,
+    psi: float,
+    stage_params: Sequence[float],
+    layers: int,
+    acts: float,
+    transient: float,
+    inflight: float = 0.0,
+    zero3_unsharded: float | None = None,
+    conventions: MemoryConventions = GPU_MIXED_PRECISION,
+) -> RankMemory:
     """Peak memory of one GPU of pipeline rank ``rank`` holding ``psi`` parameters (its stages hold
     ``stage_params`` each, ``layers`` layers in all) with ``acts`` bytes of stored activations at
     the peak and ``transient`` recomputed ones (both as the formulas count them), on a GPU of
@@ -333,16 +348,34 @@ def rank_memory(m: ModelSpec, plan: ParallelPlan, capacity: float, rank: int, ps
     frag = conventions.fragmentation * (acts + transient)
     other = gather + overhead + frag
     return RankMemory(
-        pipeline_rank=rank, params=psi, weights=weights, grads=grads, optimizer=opt,
-        activations=acts + transient, other=other, capacity=capacity, inflight=inflight,
-        detail={"activations_stored": acts, "recompute_transient": transient, "zero3_gather": gather,
-                "framework_overhead": overhead, "fragmentation": frag},
+        pipeline_rank=rank,
+        params=psi,
+        weights=weights,
+        grads=grads,
+        optimizer=opt,
+        activations=acts + transient,
+        other=other,
+        capacity=capacity,
+        inflight=inflight,
+        detail={
+            "activations_stored": acts,
+            "recompute_transient": transient,
+            "zero3_gather": gather,
+            "framework_overhead": overhead,
+            "fragmentation": frag,
+        },
     )
 
 
-def memory_report(m: ModelSpec, plan: ParallelPlan, gpu: GPUSpec, inflight: Sequence[float] | None = None,
-                  activation_peak: Sequence[float] | None = None, zero3_unsharded: Sequence[float] | None = None,
-                  conventions: MemoryConventions = GPU_MIXED_PRECISION) -> MemoryReport:
+def memory_report(
+    m: ModelSpec,
+    plan: ParallelPlan,
+    gpu: GPUSpec,
+    inflight: Sequence[float] | None = None,
+    activation_peak: Sequence[float] | None = None,
+    zero3_unsharded: Sequence[float] | None = None,
+    conventions: MemoryConventions = GPU_MIXED_PRECISION,
+) -> MemoryReport:
     """Peak memory per pipeline rank of ``plan`` on ``gpu``, under ``conventions``.
 
     ``activation_peak``: stored activation bytes per rank at its peak, as the formulas count them
@@ -358,18 +391,36 @@ def memory_report(m: ModelSpec, plan: ParallelPlan, gpu: GPUSpec, inflight: Sequ
     return _report(m, plan, gpu.hbm_bytes, inflight, activation_peak, zero3_unsharded, conventions)
 
 
-def _report(m: ModelSpec, plan: ParallelPlan, capacity: float, inflight: Sequence[float],
-            activation_peak: Sequence[float], zero3_unsharded: Sequence[float] | None,
-            conventions: MemoryConventions) -> MemoryReport:
+def _report(
+    m: ModelSpec,
+    plan: ParallelPlan,
+    capacity: float,
+    inflight: Sequence[float],
+    activation_peak: Sequence[float],
+    zero3_unsharded: Sequence[float] | None,
+    conventions: MemoryConventions,
+) -> MemoryReport:
     """`rank_memory` of every pipeline rank, given its activation peak and in-flight count."""
     transient = recompute_transient_bytes(m, plan)
     split = plan.stage_layers(m.layers)
     ranks = []
     for r, stages in enumerate(plan.rank_stages):
-        ranks.append(rank_memory(m, plan, capacity, r, rank_params(m, plan, stages),
-                                 [rank_params(m, plan, [s]) for s in stages], sum(split[s] for s in stages),
-                                 float(activation_peak[r]), transient, float(inflight[r]),
-                                 None if zero3_unsharded is None else zero3_unsharded[r], conventions))
+        ranks.append(
+            rank_memory(
+                m,
+                plan,
+                capacity,
+                r,
+                rank_params(m, plan, stages),
+                [rank_params(m, plan, [s]) for s in stages],
+                sum(split[s] for s in stages),
+                float(activation_peak[r]),
+                transient,
+                float(inflight[r]),
+                None if zero3_unsharded is None else zero3_unsharded[r],
+                conventions,
+            )
+        )
     return MemoryReport(tuple(ranks), capacity, conventions)
 
 
@@ -377,9 +428,15 @@ def restated(report: MemoryReport, m: ModelSpec, plan: ParallelPlan, conventions
     """``report`` of ``plan`` (e.g. the engine's, from its timeline) under other ``conventions``: the
     same activation peaks, in-flight counts and gathered ZeRO-3 parameters."""
     scale = report.conventions.activation_scale
-    return _report(m, plan, report.capacity, [r.inflight for r in report.ranks],
-                   [r.detail["activations_stored"] / scale for r in report.ranks],
-                   [r.detail["zero3_gather"] for r in report.ranks], conventions)
+    return _report(
+        m,
+        plan,
+        report.capacity,
+        [r.inflight for r in report.ranks],
+        [r.detail["activations_stored"] / scale for r in report.ranks],
+        [r.detail["zero3_gather"] for r in report.ranks],
+        conventions,
+    )
 
 
 def deallocated_output_bytes(m: ModelSpec, plan: ParallelPlan, inflight: float) -> float:

@@ -59,8 +59,9 @@ class RuntimeProfile:
         """Seconds a rank spends posting one pipeline send or receive."""
         return 0.0
 
-    def reduction_seconds(self, plan: ParallelPlan, op: str, layers: int, nbytes: float,
-                          overlapped: bool) -> float | None:
+    def reduction_seconds(
+        self, plan: ParallelPlan, op: str, layers: int, nbytes: float, overlapped: bool
+    ) -> float | None:
         """Seconds of a stage's gradient reduction as this runtime performs it, or None (network)."""
         return None
 
@@ -105,13 +106,17 @@ class ExecutorProfile(RuntimeProfile):
     first_stage_input_grad = False
 
     @classmethod
-    def of(cls, calibration: Calibration | None) -> "ExecutorProfile":
+    def of(cls, calibration: Calibration | None) -> ExecutorProfile:
         """The profile held by ``calibration`` (no tables: the executor's rules alone)."""
         if calibration is None:
             return cls()
-        return cls(LayerTable(tuple(r for r in calibration.layers if r.tp_comm), calibration.on_cpu),
-                   calibration.in_run, tuple(sorted(calibration.grad_reduce.items())),
-                   calibration.sp_grad_sync, tuple(r for r in calibration.optimizer if r.tp > 1))
+        return cls(
+            LayerTable(tuple(r for r in calibration.layers if r.tp_comm), calibration.on_cpu),
+            calibration.in_run,
+            tuple(sorted(calibration.grad_reduce.items())),
+            calibration.sp_grad_sync,
+            tuple(r for r in calibration.optimizer if r.tp > 1),
+        )
 
     def layer_with_tp(self, m: ModelSpec, plan: ParallelPlan) -> tuple[float, float, float, float] | None:
         if plan.tp == 1:
@@ -133,8 +138,9 @@ class ExecutorProfile(RuntimeProfile):
                 return units * row.unit_s + nbytes * row.s_per_byte
         return None
 
-    def reduction_seconds(self, plan: ParallelPlan, op: str, layers: int, nbytes: float,
-                          overlapped: bool) -> float | None:
+    def reduction_seconds(
+        self, plan: ParallelPlan, op: str, layers: int, nbytes: float, overlapped: bool
+    ) -> float | None:
         if overlapped or plan.zero == 1:
             return None
         return self._grad_reduce(op, plan.zero_shards, layers + 1, nbytes)

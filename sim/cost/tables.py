@@ -18,8 +18,8 @@ executor profile (`profile.ExecutorProfile`) the rows that describe the executor
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from ..plan import ParallelPlan
 from ..specs import ModelSpec
@@ -43,8 +43,11 @@ class LayerTable:
         if plan.cp != 1:
             return None
         key = layer_key(m, plan)
-        rows = [r for r in self.rows if r.key == key and r.tp_comm == tp_comm
-                and (self.any_precision or r.dtype == plan.precision)]
+        rows = [
+            r
+            for r in self.rows
+            if r.key == key and r.tp_comm == tp_comm and (self.any_precision or r.dtype == plan.precision)
+        ]
         if not rows:
             return None
         return interpolate(sorted(rows, key=lambda r: r.mbs), plan.micro_batch_size)
@@ -90,11 +93,12 @@ class MeasuredTables:
     optimizer: tuple[OptimizerRow, ...] = ()
 
     @classmethod
-    def of(cls, calibration: Calibration | None) -> "MeasuredTables":
+    def of(cls, calibration: Calibration | None) -> MeasuredTables:
         if calibration is None:
             return cls()
-        return cls(LayerTable(calibration.layers, calibration.on_cpu),
-                   tuple(r for r in calibration.optimizer if r.tp == 1))
+        return cls(
+            LayerTable(calibration.layers, calibration.on_cpu), tuple(r for r in calibration.optimizer if r.tp == 1)
+        )
 
     def layer(self, m: ModelSpec, plan: ParallelPlan) -> tuple[float, float, float, float] | None:
         return self.layers.lookup(m, plan)

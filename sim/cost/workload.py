@@ -56,8 +56,14 @@ class StageWork:
         return self.tp_b + self.tp_w
 
 
-def stage_work(m: ModelSpec, plan: ParallelPlan, costs: CostModel, net: CollectiveTimer, layout: RankLayout,
-               profile: RuntimeProfile = MEGATRON) -> list[StageWork]:
+def stage_work(
+    m: ModelSpec,
+    plan: ParallelPlan,
+    costs: CostModel,
+    net: CollectiveTimer,
+    layout: RankLayout,
+    profile: RuntimeProfile = MEGATRON,
+) -> list[StageWork]:
     """Per-stage seconds of one micro-batch under ``profile`` (`profile.RuntimeProfile`)."""
     timed_with_tp = profile.layer_with_tp(m, plan)
     lt = PassTimes(*timed_with_tp) if timed_with_tp is not None else costs.layer_times(m, plan)
@@ -89,10 +95,23 @@ def stage_work(m: ModelSpec, plan: ParallelPlan, costs: CostModel, net: Collecti
         tp_w = 0.0
         if s == 0 and not profile.first_stage_input_grad:  # the first stage's I is empty, W does it all
             i, w, tp_b, tp_w = 0.0, i + w, 0.0, tp_b
-        out.append(StageWork(
-            stage=s, layers=n, f=f, i=i, w=w, r=k * n * rec_layer, tp_f=tp_f, tp_b=tp_b, tp_r=n * rec_tp,
-            act_bytes=act / sp, params=rank_params(m, plan, [s]), layer_compute=k * lt.f, tp_w=tp_w,
-        ))
+        out.append(
+            StageWork(
+                stage=s,
+                layers=n,
+                f=f,
+                i=i,
+                w=w,
+                r=k * n * rec_layer,
+                tp_f=tp_f,
+                tp_b=tp_b,
+                tp_r=n * rec_tp,
+                act_bytes=act / sp,
+                params=rank_params(m, plan, [s]),
+                layer_compute=k * lt.f,
+                tp_w=tp_w,
+            )
+        )
     return out
 
 
@@ -112,7 +131,9 @@ def _tp_small(plan: ParallelPlan, net: CollectiveTimer, layout: RankLayout, nbyt
     return net.collective_time("all-reduce", layout.group(0, "tp"), nbytes)
 
 
-def _cp_layer_time(m: ModelSpec, plan: ParallelPlan, net: CollectiveTimer, layout: RankLayout, lt) -> tuple[float, float]:
+def _cp_layer_time(
+    m: ModelSpec, plan: ParallelPlan, net: CollectiveTimer, layout: RankLayout, lt
+) -> tuple[float, float]:
     """Ring attention: cp - 1 exchanges of K and V chunks, hidden behind the attention core."""
     if plan.cp == 1:
         return 0.0, 0.0

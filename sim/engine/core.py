@@ -77,9 +77,19 @@ class _Transfer:
 
 
 class Engine:
-    def __init__(self, model: ModelSpec, plan: ParallelPlan, schedule: Schedule, work: list[StageWork],
-                 costs: CostModel, network, env: simpy.Environment, options: EngineOptions = EngineOptions(),
-                 stage_act_bytes: list[float] | None = None, profile: RuntimeProfile = MEGATRON):
+    def __init__(
+        self,
+        model: ModelSpec,
+        plan: ParallelPlan,
+        schedule: Schedule,
+        work: list[StageWork],
+        costs: CostModel,
+        network,
+        env: simpy.Environment,
+        options: EngineOptions = EngineOptions(),
+        stage_act_bytes: list[float] | None = None,
+        profile: RuntimeProfile = MEGATRON,
+    ):
         if not schedule.lowered:
             raise ValueError("the engine runs lowered schedules (schedules.lower)")
         self.m, self.plan, self.sched, self.work, self.costs = model, plan, schedule, work, costs
@@ -120,8 +130,11 @@ class Engine:
     def _dp_group(self, rank: int) -> tuple[int, ...]:
         """The data-parallel x context-parallel group of ``rank`` (its ZeRO shards)."""
         c = self.layout.coords(rank)
-        return tuple(sorted(self.layout.rank(**{**c, "dp": d, "cp": k})
-                            for d in range(self.plan.dp) for k in range(self.plan.cp)))
+        return tuple(
+            sorted(
+                self.layout.rank(**{**c, "dp": d, "cp": k}) for d in range(self.plan.dp) for k in range(self.plan.cp)
+            )
+        )
 
     # --- running ------------------------------------------------------------------------
     def run(self) -> None:
@@ -169,7 +182,9 @@ class Engine:
         self.env.process(self._transfer(g, dst, res, self.work[stage].act_bytes, tr.arrival, stage, mb, direction))
         yield from self._post(g)
 
-    def _transfer(self, g: _Gpu, dst: _Gpu, res: simpy.Resource, nbytes: float, done: simpy.Event, stage, mb, direction):
+    def _transfer(
+        self, g: _Gpu, dst: _Gpu, res: simpy.Resource, nbytes: float, done: simpy.Event, stage, mb, direction
+    ):
         with res.request() as req:
             yield req
             t0 = self.env.now
@@ -210,7 +225,8 @@ class Engine:
                 self._params_mem(g, self.work[stage].params)
             comm = it.param_gather(self.plan, self.work[stage], g.dp_group, self.profile)
             ev = g.gathered[stage] = self.env.process(
-                self._comm(g, g.zero, comm, ("params", stage), "zero", "ZERO_GATHER", stage))
+                self._comm(g, g.zero, comm, ("params", stage), "zero", "ZERO_GATHER", stage)
+            )
         return ev
 
     def _wait_gather(self, g: _Gpu, s: int):
@@ -337,12 +353,18 @@ class Engine:
         yield from ()
 
     HANDLERS = {
-        Kind.F: _forward, Kind.B: _backward, Kind.I: _backward, Kind.W: _backward, Kind.R: _recompute,
+        Kind.F: _forward,
+        Kind.B: _backward,
+        Kind.I: _backward,
+        Kind.W: _backward,
+        Kind.R: _recompute,
         Kind.SEND_F: lambda self, g, a: self._send(g, a.stage, a.microbatch, "F"),
         Kind.SEND_B: lambda self, g, a: self._send(g, a.stage, a.microbatch, "B"),
         Kind.RECV_F: lambda self, g, a: self._recv(g, a.stage, a.microbatch, "F"),
         Kind.RECV_B: lambda self, g, a: self._recv(g, a.stage, a.microbatch, "B"),
-        Kind.REDUCE_GRAD: _reduce_grad, Kind.UNSHARD: _unshard, Kind.RESHARD: _reshard_action,
+        Kind.REDUCE_GRAD: _reduce_grad,
+        Kind.UNSHARD: _unshard,
+        Kind.RESHARD: _reshard_action,
     }
 
     def _walk(self, g: _Gpu, actions):
@@ -408,8 +430,18 @@ class Engine:
         g.finish = self.env.now
 
 
-def run_engine(model, plan, schedule, work, costs, network, env, options=EngineOptions(), stage_act_bytes=None,
-               profile: RuntimeProfile = MEGATRON) -> tuple[Engine, float]:
+def run_engine(
+    model,
+    plan,
+    schedule,
+    work,
+    costs,
+    network,
+    env,
+    options=EngineOptions(),
+    stage_act_bytes=None,
+    profile: RuntimeProfile = MEGATRON,
+) -> tuple[Engine, float]:
     """Build and run the engine; returns it and the wall-clock seconds the run took."""
     t0 = time.perf_counter()
     eng = Engine(model, plan, schedule, work, costs, network, env, options, stage_act_bytes, profile)

@@ -70,8 +70,9 @@ def reduction_op(plan: ParallelPlan) -> str:
     return "all-reduce" if plan.zero == 0 else "reduce-scatter"
 
 
-def grad_buckets(plan: ParallelPlan, work: StageWork, group: tuple[int, ...], profile: RuntimeProfile,
-                 options: EngineOptions) -> list[Comm]:
+def grad_buckets(
+    plan: ParallelPlan, work: StageWork, group: tuple[int, ...], profile: RuntimeProfile, options: EngineOptions
+) -> list[Comm]:
     """A stage's gradient reduction: ``grad_buckets`` equal buckets when overlapped with the
     backward, else one (timed by the profile where it measured one)."""
     op = reduction_op(plan)
@@ -141,16 +142,18 @@ def sp_replicated_grads(m: ModelSpec, plan: ParallelPlan, stages: list[int]) -> 
     return norms * per_norm, float(norms * m.hidden)
 
 
-def sp_grad_sync(m: ModelSpec, plan: ParallelPlan, stages: list[int], group: tuple[int, ...],
-                 profile: RuntimeProfile) -> Comm | None:
+def sp_grad_sync(
+    m: ModelSpec, plan: ParallelPlan, stages: list[int], group: tuple[int, ...], profile: RuntimeProfile
+) -> Comm | None:
     """The sequence-parallel gradient reduction before the optimizer step: one coalesced
     all-reduce (Megatron-LM's _allreduce_layernorm_grads) unless the profile measured it; None
     without sequence parallelism."""
     tensors, params = sp_replicated_grads(m, plan, stages)
     if not tensors:
         return None
-    return Comm("all-reduce", group, params * grad_bytes_per_param(plan),
-                profile.sp_sync_seconds(plan, m.arch, tensors))
+    return Comm(
+        "all-reduce", group, params * grad_bytes_per_param(plan), profile.sp_sync_seconds(plan, m.arch, tensors)
+    )
 
 
 def local_params(m: ModelSpec, plan: ParallelPlan, stages: list[int]) -> float:
@@ -159,8 +162,9 @@ def local_params(m: ModelSpec, plan: ParallelPlan, stages: list[int]) -> float:
     return p / plan.zero_shards if plan.zero >= 1 else p
 
 
-def optimizer_seconds(m: ModelSpec, plan: ParallelPlan, stages: list[int], costs: CostModel,
-                      profile: RuntimeProfile) -> float:
+def optimizer_seconds(
+    m: ModelSpec, plan: ParallelPlan, stages: list[int], costs: CostModel, profile: RuntimeProfile
+) -> float:
     """The optimizer step over the parameters the GPU owns."""
     n = local_params(m, plan, stages)
     measured = profile.optimizer_seconds(plan, n)

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..cost.memory import MemoryReport
-from .trace import TraceEvent
 from ..units import GiB
+from .trace import TraceEvent
 
 BREAKDOWN_KEYS = ("compute", "recompute", "tp_comm", "pp_comm", "dp_comm", "zero_comm", "optimizer", "bubble")
 

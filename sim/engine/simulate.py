@@ -37,9 +37,16 @@ def stage_costs(work: list[StageWork], p2p_s: float) -> StageCosts:
     )
 
 
-def build_work(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, calibration: Calibration | None = None,
-               network=None, *, costs: CostModel | None = None,
-               profile: RuntimeProfile = MEGATRON) -> tuple[list[StageWork], CostModel, float]:
+def build_work(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    plan: ParallelPlan,
+    calibration: Calibration | None = None,
+    network=None,
+    *,
+    costs: CostModel | None = None,
+    profile: RuntimeProfile = MEGATRON,
+) -> tuple[list[StageWork], CostModel, float]:
     """Per-stage work table, the cost model and one pipeline transfer's time (analytical)."""
     costs = costs or CostModel.for_gpu(cluster.gpu, calibration)
     net = network or make_network(cluster, "analytical", calibration=calibration)
@@ -52,22 +59,38 @@ def build_work(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, calib
     return work, costs, p2p
 
 
-def plan_schedule(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, calibration: Calibration | None = None,
-                  *, costs: CostModel | None = None, profile: RuntimeProfile = MEGATRON):
+def plan_schedule(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    plan: ParallelPlan,
+    calibration: Calibration | None = None,
+    *,
+    costs: CostModel | None = None,
+    profile: RuntimeProfile = MEGATRON,
+):
     """The lowered schedule simulate() runs for ``plan`` (zb-1p/2p are built from the engine's stage
     costs): what `--write-plan` and the sweep's plan folders write for the executor."""
     work, _, p2p = build_work(model, cluster, plan, calibration, costs=costs, profile=profile)
     return lower(schedule_for_plan(plan, costs=stage_costs(work, p2p)), plan)
 
 
-def simulate(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *, backend: str = "analytical",
-             calibration: Calibration | None = None, options: EngineOptions = EngineOptions(),
-             costs: CostModel | None = None, profile: RuntimeProfile = MEGATRON) -> SimResult:
+def simulate(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    plan: ParallelPlan,
+    *,
+    backend: str = "analytical",
+    calibration: Calibration | None = None,
+    options: EngineOptions = EngineOptions(),
+    costs: CostModel | None = None,
+    profile: RuntimeProfile = MEGATRON,
+) -> SimResult:
     """One training iteration of ``plan`` (see the module docstring for the arguments)."""
     env = simpy.Environment()
     net = make_network(cluster, backend, env=env, calibration=calibration)
-    work, costs, p2p = build_work(model, cluster, plan, calibration, net if backend == "analytical" else None,
-                                  costs=costs, profile=profile)
+    work, costs, p2p = build_work(
+        model, cluster, plan, calibration, net if backend == "analytical" else None, costs=costs, profile=profile
+    )
     compute_only = schedule_for_plan(plan, costs=stage_costs(work, p2p))
     sched = lower(compute_only, plan)
     act = [stage_activation_bytes(model, plan, s) for s in range(plan.num_stages)]
@@ -86,8 +109,13 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *, back
             unsharded[pr] = g.peak_unsharded
             timeline[g.rank] = g.mem
     reported = min(per_rank, key=lambda r: (per_rank[r]["bubble"], r))
-    mem = memory_report(model, plan, cluster.gpu, activation_peak=peaks,
-                        zero3_unsharded=unsharded if plan.zero >= 3 and plan.pp > 1 else None)
+    mem = memory_report(
+        model,
+        plan,
+        cluster.gpu,
+        activation_peak=peaks,
+        zero3_unsharded=unsharded if plan.zero >= 3 and plan.pp > 1 else None,
+    )
     gbs = plan.global_batch_size
     return SimResult(
         iter_time_s=t_iter,
@@ -102,9 +130,16 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *, back
         memory=mem,
         events=tuple(eng.events),
         memory_timeline=timeline,
-        stats={"events": len(eng.events), "sim_events": _scheduled_events(env), "wall_s": wall,
-               "schedule_actions": sched.num_actions, "backend": backend, "full": options.full,
-               "cost_source": costs.source, "runtime": profile.name},
+        stats={
+            "events": len(eng.events),
+            "sim_events": _scheduled_events(env),
+            "wall_s": wall,
+            "schedule_actions": sched.num_actions,
+            "backend": backend,
+            "full": options.full,
+            "cost_source": costs.source,
+            "runtime": profile.name,
+        },
     )
 
 

@@ -10,9 +10,10 @@ Trace Event Format requires. Each event keeps the action text as its name and
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 TRACE_FORMAT_VERSION = 1
 

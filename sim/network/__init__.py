@@ -20,7 +20,8 @@ The model's constants (latencies per step and link class, efficiencies) are in `
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from ..specs.cluster import ClusterSpec
 from ..topology.graph import Topology

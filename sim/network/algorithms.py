@@ -16,8 +16,9 @@ nccl-tests counts them):
   (broadcast: the ring minus the hop into the root). Steps: 2(n-1) or n-1, of which 2(M-1) or
   M-1 cross the network (NCCL's nsteps / nInterSteps).
 - tree (all-reduce): per channel an intra-node chain (the channel's pivot GPU, then the others in
-  order: NCCL keeps one chain order; reduce up, broadcast down: S/C each way per hop) and NCCL's double binary tree over the nodes (channel c uses tree c mod 2;
-  a parent talks to its second child from the partner channel's GPU so NIC load is balanced).
+  order: NCCL keeps one chain order; reduce up, broadcast down: S/C each way per hop) and
+  NCCL's double binary tree over the nodes (channel c uses tree c mod 2; a parent talks to its
+  second child from the partner channel's GPU so NIC load is balanced).
   Steps: 2((m-1) + floor(log2 M)).
 - nvls (all-reduce, one node with NVLink SHARP): reduce-scatter by multimem loads and all-gather
   by multicast stores: each GPU sends S(n+1)/n into the switch and receives as much. One step.
@@ -148,7 +149,12 @@ def ring_orders(g: Group) -> list[list[int]]:
 
 def ring(topo: Topology, g: Group, op: str) -> CollectiveSchedule:
     n, M = g.n, g.M
-    factor = {"all-reduce": 2 * (n - 1) / n, "all-gather": (n - 1) / n, "reduce-scatter": (n - 1) / n, "broadcast": 1.0}[op]
+    factor = {
+        "all-reduce": 2 * (n - 1) / n,
+        "all-gather": (n - 1) / n,
+        "reduce-scatter": (n - 1) / n,
+        "broadcast": 1.0,
+    }[op]
     nsteps, ninter = (2 * (n - 1), 2 * (M - 1)) if op == "all-reduce" else (n - 1, M - 1)
     orders = ring_orders(g)
     fs = FlowSet()

@@ -6,7 +6,8 @@ traffic; sweeps use it to prune. Its processes simply wait the computed time.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from .base import Network
 

@@ -16,8 +16,9 @@ the absence of other traffic, as NCCL's tuner picks them (`estimate` says which)
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from ..specs.cluster import ClusterSpec
 from ..topology.graph import Topology
@@ -95,13 +96,19 @@ class Network:
         raise NotImplementedError
 
     # --- estimates -------------------------------------------------------------------------
-    def estimate(self, op: str, ranks: Iterable[int], nbytes: float, algorithm: str | None = None) -> CollectiveEstimate:
+    def estimate(
+        self, op: str, ranks: Iterable[int], nbytes: float, algorithm: str | None = None
+    ) -> CollectiveEstimate:
         """Time, algorithm and protocol of a collective; ``algorithm`` forces one (as NCCL_ALGO)."""
         key = (op, ranks if type(ranks) is tuple else tuple(ranks), nbytes)
         if algorithm is None and key in self._estimates:
             return self._estimates[key]
         cand = self.choose(op, key[1], nbytes, algorithm)
-        est = CollectiveEstimate(0.0, "none", "none") if cand is None else CollectiveEstimate(self._time(cand, nbytes), cand.schedule.name, cand.protocol)
+        est = (
+            CollectiveEstimate(0.0, "none", "none")
+            if cand is None
+            else CollectiveEstimate(self._time(cand, nbytes), cand.schedule.name, cand.protocol)
+        )
         if algorithm is None:
             self._estimates[key] = est
         return est
@@ -111,7 +118,11 @@ class Network:
         est = self._estimates.get(key)
         if est is None:
             cand = self.choose_p2p(src, dst, nbytes)
-            est = CollectiveEstimate(0.0, "none", "none") if cand is None else CollectiveEstimate(self._time(cand, nbytes), "direct", cand.protocol)
+            est = (
+                CollectiveEstimate(0.0, "none", "none")
+                if cand is None
+                else CollectiveEstimate(self._time(cand, nbytes), "direct", cand.protocol)
+            )
             self._estimates[key] = est
         return est
 

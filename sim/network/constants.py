@@ -121,14 +121,16 @@ class NetworkConstants:
 
     link_efficiency: dict[str, float] = field(default_factory=lambda: dict(LINK_EFFICIENCY))
     base_latency_us: dict[str, dict[str, float]] = field(default_factory=lambda: copy.deepcopy(BASE_LATENCY_US))
-    step_latency_us: dict[str, dict[str, dict[str, float]]] = field(default_factory=lambda: copy.deepcopy(STEP_LATENCY_US))
+    step_latency_us: dict[str, dict[str, dict[str, float]]] = field(
+        default_factory=lambda: copy.deepcopy(STEP_LATENCY_US)
+    )
     ll_multinode_intra_factor: float = LL_MULTINODE_INTRA_FACTOR
     protocol_efficiency: dict[str, dict[str, float]] = field(default_factory=lambda: copy.deepcopy(PROTOCOL_EFFICIENCY))
     tree_ll128_single_node: float = TREE_LL128_SINGLE_NODE
     algorithm_efficiency: dict[str, float] = field(default_factory=lambda: dict(ALGORITHM_EFFICIENCY))
     nvls_efficiency: dict[int, float] = field(default_factory=lambda: dict(NVLS_EFFICIENCY))
 
-    def with_overrides(self, overrides: dict[str, Any] | None) -> "NetworkConstants":
+    def with_overrides(self, overrides: dict[str, Any] | None) -> NetworkConstants:
         """A copy with the leaves of ``overrides`` replaced; unknown keys or non-positive values
         raise SpecError naming the key."""
         if not overrides:
@@ -139,11 +141,19 @@ class NetworkConstants:
 
 
 #: Link classes a calibration may name with measured figures, and the hardware class of their steps.
-CALIBRATION_CLASSES = {"nvlink": "nvlink", "nvlink3": "nvlink", "nvlink4": "nvlink", "nvlink5": "nvlink",
-                       "pcie": "pcie", "cpu": "pcie", "net": "net", "host": "host"}
+CALIBRATION_CLASSES = {
+    "nvlink": "nvlink",
+    "nvlink3": "nvlink",
+    "nvlink4": "nvlink",
+    "nvlink5": "nvlink",
+    "pcie": "pcie",
+    "cpu": "pcie",
+    "net": "net",
+    "host": "host",
+}
 
 
-def network_overrides(calibration: "Calibration | dict[str, Any] | None", cluster: Any) -> dict[str, Any] | None:
+def network_overrides(calibration: Calibration | dict[str, Any] | None, cluster: Any) -> dict[str, Any] | None:
     """The constant overrides held by ``calibration`` for ``cluster`` (a ClusterSpec).
 
     ``calibration`` is a `Calibration` (its ``network`` section is used; none means no override)
@@ -168,8 +178,11 @@ def network_overrides(calibration: "Calibration | dict[str, Any] | None", cluste
         if key in groups:
             continue
         if key not in CALIBRATION_CLASSES or not isinstance(figs, dict):
-            raise SpecError(f"calibration: network.{key}", "unknown network constant or link class.",
-                            f"use one of: {', '.join(sorted(groups | set(CALIBRATION_CLASSES)))}.")
+            raise SpecError(
+                f"calibration: network.{key}",
+                "unknown network constant or link class.",
+                f"use one of: {', '.join(sorted(groups | set(CALIBRATION_CLASSES)))}.",
+            )
         for fig, value in figs.items():
             if fig not in ("bw_GBps", "alpha_s"):
                 raise SpecError(f"calibration: network.{key}.{fig}", "unknown figure.", "use bw_GBps or alpha_s.")
@@ -178,21 +191,30 @@ def network_overrides(calibration: "Calibration | dict[str, Any] | None", cluste
         if "bw_GBps" in figs:
             cls, line = _class_line_rate(key, cluster)
             if figs["bw_GBps"] > line:
-                raise SpecError(f"calibration: network.{key}.bw_GBps", f"{figs['bw_GBps']} GB/s exceeds the line rate {line:g} GB/s.")
+                raise SpecError(
+                    f"calibration: network.{key}.bw_GBps",
+                    f"{figs['bw_GBps']} GB/s exceeds the line rate {line:g} GB/s.",
+                )
             out.setdefault("link_efficiency", {})[cls] = figs["bw_GBps"] / line
         if "alpha_s" in figs:
             hw = CALIBRATION_CLASSES[key]
             factor = figs["alpha_s"] * 1e6 / STEP_LATENCY_US[hw]["ring"]["Simple"]
             out.setdefault("step_latency_us", {})[hw] = {
-                a: {p: v * factor for p, v in protos.items()} for a, protos in STEP_LATENCY_US[hw].items()}
+                a: {p: v * factor for p, v in protos.items()} for a, protos in STEP_LATENCY_US[hw].items()
+            }
     return out
 
 
 def _class_line_rate(key: str, cluster: Any) -> tuple[str, float]:
     """(efficiency class, line rate in GB/s per direction of one link of that class)."""
     node = cluster.node
-    rates = {"nvlink": node.nvlink_bw_GBps, "pcie": node.pcie_bw_GBps, "cpu": node.cpu_link_bw_GBps,
-             "net": node.nic_bw_Gbps / 8 if node.nic_bw_Gbps else None, "host": node.host_bw_GBps}
+    rates = {
+        "nvlink": node.nvlink_bw_GBps,
+        "pcie": node.pcie_bw_GBps,
+        "cpu": node.cpu_link_bw_GBps,
+        "net": node.nic_bw_Gbps / 8 if node.nic_bw_Gbps else None,
+        "host": node.host_bw_GBps,
+    }
     base = "nvlink" if key.startswith("nvlink") else key
     rate = rates[base]
     if rate is None:
@@ -209,7 +231,12 @@ def _merge(into: dict[Any, Any], new: dict[str, Any], where: str) -> None:
             raise SpecError(f"{where}.{key}", "unknown network constant.", f"use one of: {', '.join(map(str, into))}.")
         if isinstance(into[k], dict):
             _merge(into[k], value, f"{where}.{key}")
-        elif not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0 or (value == 0 and "latency" not in where):
+        elif (
+            not isinstance(value, (int, float))
+            or isinstance(value, bool)
+            or value < 0
+            or (value == 0 and "latency" not in where)
+        ):
             raise SpecError(f"{where}.{key}", f"must be a positive number, got {value!r}.")
         else:
             into[k] = float(value)

@@ -14,7 +14,8 @@ reproduces the analytical time (equal-share flows on the busiest link finish tog
 from __future__ import annotations
 
 import weakref
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import simpy
 
@@ -27,7 +28,7 @@ class ContentionNetwork(Network):
 
     def __init__(self, *args: Any, env: Any = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._fabrics: "weakref.WeakKeyDictionary[Any, FlowFabric]" = weakref.WeakKeyDictionary()
+        self._fabrics: weakref.WeakKeyDictionary[Any, FlowFabric] = weakref.WeakKeyDictionary()
         if env is not None:
             self.fabric(env)
 

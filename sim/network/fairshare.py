@@ -14,10 +14,13 @@ time its process ends, not by ``env.now`` after ``env.run()``.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 
-def max_min_rates(flow_links: Sequence[tuple[int, ...]], weights: Sequence[float], capacity: Sequence[float]) -> list[float]:
+def max_min_rates(
+    flow_links: Sequence[tuple[int, ...]], weights: Sequence[float], capacity: Sequence[float]
+) -> list[float]:
     """Weighted max-min fair rate (bytes/s) of each flow; every flow has at least one link."""
     n = len(flow_links)
     rates = [0.0] * n

@@ -7,8 +7,8 @@ reduce-scatter (n-1)/n, all-to-all (n-1)/n, broadcast 1. GB/s here are 1e9 bytes
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence
 
 from ..units import GB
 from .base import Network, busbw_factor
@@ -24,7 +24,12 @@ class Row:
     protocol: str
 
     def as_json(self) -> dict:
-        return {"bytes": self.bytes, "time_s": self.time_s, "algbw_GBps": self.algbw_GBps, "busbw_GBps": self.busbw_GBps}
+        return {
+            "bytes": self.bytes,
+            "time_s": self.time_s,
+            "algbw_GBps": self.algbw_GBps,
+            "busbw_GBps": self.busbw_GBps,
+        }
 
 
 def sweep(net: Network, op: str, ranks: Sequence[int], sizes: Iterable[int]) -> list[Row]:
@@ -56,8 +61,16 @@ def topology_report(net: Network, size: int = 2**30) -> dict:
     for label, ranks in groups.items():
         for op in ("all-reduce", "all-gather"):
             row = sweep(net, op, ranks, [size])[0]
-            preds.append({"group": label, "gpus": len(ranks), "op": op, "bytes": size, "busbw_GBps": row.busbw_GBps,
-                          "algorithm": f"{row.algorithm}/{row.protocol}"})
+            preds.append(
+                {
+                    "group": label,
+                    "gpus": len(ranks),
+                    "op": op,
+                    "bytes": size,
+                    "busbw_GBps": row.busbw_GBps,
+                    "algorithm": f"{row.algorithm}/{row.protocol}",
+                }
+            )
         if len(everyone) == len(in_node):
             break
     out["predicted_busbw"] = preds

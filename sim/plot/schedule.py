@@ -14,12 +14,19 @@ from ..schedules.analysis import ListScheduleResult
 from ..schedules.ir import Kind
 
 COLORS = {Kind.F: "#9ec5ee", Kind.B: "#f4b183", Kind.I: "#a9d18e", Kind.W: "#c9a0dc", Kind.R: "#d9d9d9"}
-LABELS = {Kind.F: "F forward", Kind.B: "B backward", Kind.I: "I input grad (paper's B)", Kind.W: "W weight grad",
-          Kind.R: "R recompute"}
+LABELS = {
+    Kind.F: "F forward",
+    Kind.B: "B backward",
+    Kind.I: "I input grad (paper's B)",
+    Kind.W: "W weight grad",
+    Kind.R: "R recompute",
+}
 _DARK = {Kind.F: "#5b9bd5", Kind.B: "#e07b39", Kind.I: "#70ad47", Kind.W: "#9b6bb5", Kind.R: "#a6a6a6"}
 
 
-def plot_schedule(result: ListScheduleResult, path: Path | str, title: str | None = None, footer: str | None = None) -> Path:
+def plot_schedule(
+    result: ListScheduleResult, path: Path | str, title: str | None = None, footer: str | None = None
+) -> Path:
     """Draw ``result`` to ``path`` (format from the suffix, e.g. .png or .svg); returns the path."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -41,17 +48,30 @@ def plot_schedule(result: ListScheduleResult, path: Path | str, title: str | Non
             ax.add_patch(_box(s, r, e - s, (_DARK if dark else COLORS)[a.kind]))
             box_in = (e - s) / span * width_in
             if box_in > 0.12:
-                ax.text(s + (e - s) / 2, r, str(a.microbatch), ha="center", va="center",
-                        fontsize=max(4.0, min(9.0, box_in * 40)))
+                ax.text(
+                    s + (e - s) / 2,
+                    r,
+                    str(a.microbatch),
+                    ha="center",
+                    va="center",
+                    fontsize=max(4.0, min(9.0, box_in * 40)),
+                )
     ax.set_xlim(0, span)
     ax.set_ylim(sched.pp - 0.5, -0.5)
     ax.set_yticks(range(sched.pp), [f"rank {r}" for r in range(sched.pp)])
     ax.set_xlabel("time")
     kinds = sorted({a.kind for acts in sched.ranks for a in acts if a.kind in COLORS}, key=list(COLORS).index)
-    ax.legend(handles=[Patch(color=COLORS[k], label=LABELS[k]) for k in kinds], loc="upper left",
-              bbox_to_anchor=(1.0, 1.0), frameon=False)
-    ax.set_title(title or f"{sched.name}: pp={sched.pp} vpp={sched.vpp} m={sched.num_microbatches}, "
-                 f"bubble rate {result.bubble_rate:.3f}")
+    ax.legend(
+        handles=[Patch(color=COLORS[k], label=LABELS[k]) for k in kinds],
+        loc="upper left",
+        bbox_to_anchor=(1.0, 1.0),
+        frameon=False,
+    )
+    ax.set_title(
+        title
+        or f"{sched.name}: pp={sched.pp} vpp={sched.vpp} m={sched.num_microbatches}, "
+        f"bubble rate {result.bubble_rate:.3f}"
+    )
     if footer:
         fig.text(0.01, 0.01, footer, fontsize=7, color="#555555")
     fig.tight_layout(rect=(0, 0.04 if footer else 0, 1, 1))

@@ -3,8 +3,8 @@ colours by action kind, and memory over time per rank. Agg backend: files only, 
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import matplotlib
 
@@ -16,8 +16,16 @@ from ..engine.trace import TraceEvent  # noqa: E402
 from ..units import GiB  # noqa: E402
 
 COLORS = {
-    "F": "#4C9BE8", "B": "#E8A44C", "I": "#E8A44C", "W": "#6CC070", "R": "#B084D6", "OPT": "#8C8C8C",
-    "SEND_F": "#9EC9F0", "SEND_B": "#F2CF9E", "REDUCE_GRAD": "#E06666", "ZERO_GATHER": "#C27BA0",
+    "F": "#4C9BE8",
+    "B": "#E8A44C",
+    "I": "#E8A44C",
+    "W": "#6CC070",
+    "R": "#B084D6",
+    "OPT": "#8C8C8C",
+    "SEND_F": "#9EC9F0",
+    "SEND_B": "#F2CF9E",
+    "REDUCE_GRAD": "#E06666",
+    "ZERO_GATHER": "#C27BA0",
     "SP_GRAD_SYNC": "#D4B106",
 }
 MAX_ROWS = 64
@@ -47,8 +55,13 @@ def plot_timeline(events: Iterable[TraceEvent], path: str | Path, title: str = "
             continue
         tall = e.stream == "compute"
         h = 0.8 if tall else 0.45
-        ax.broken_barh([(e.start * scale, e.duration * scale)], (i - h / 2, h),
-                       facecolors=COLORS.get(e.kind, "#BBBBBB"), edgecolor="black" if tall else "none", linewidth=0.2)
+        ax.broken_barh(
+            [(e.start * scale, e.duration * scale)],
+            (i - h / 2, h),
+            facecolors=COLORS.get(e.kind, "#BBBBBB"),
+            edgecolor="black" if tall else "none",
+            linewidth=0.2,
+        )
         if tall and e.microbatch is not None and len(evs) < 3000 and e.duration * scale > t_end * scale / 150:
             ax.text((e.start + e.duration / 2) * scale, i, str(e.microbatch), ha="center", va="center", fontsize=6)
     ax.set_yticks(range(len(rows)))
@@ -63,8 +76,13 @@ def plot_timeline(events: Iterable[TraceEvent], path: str | Path, title: str = "
     plt.close(fig)
 
 
-def plot_memory(timeline: dict[int, list[tuple[float, float]]], base: dict[int, float], path: str | Path,
-                capacity: float, title: str = "") -> None:
+def plot_memory(
+    timeline: dict[int, list[tuple[float, float]]],
+    base: dict[int, float],
+    path: str | Path,
+    capacity: float,
+    title: str = "",
+) -> None:
     """Memory over time per rank: static part (weights, grads, optimizer, buffers) + live activations."""
     fig, ax = plt.subplots(figsize=(11, 4.5))
     for rank in sorted(timeline):

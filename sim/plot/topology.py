@@ -12,7 +12,14 @@ from ..topology.graph import Topology
 
 MAX_PLOT_NODES = 600
 _ROWS = {"spine": 6, "leaf": 5, "nic": 4, "cpu": 3, "host": 3, "pcie": 2, "nvswitch": 1, "gpu": 0}
-_COLOURS = {"nvlink": "tab:green", "pcie": "tab:blue", "cpu": "tab:purple", "host": "tab:brown", "nic": "tab:orange", "fabric": "tab:red"}
+_COLOURS = {
+    "nvlink": "tab:green",
+    "pcie": "tab:blue",
+    "cpu": "tab:purple",
+    "host": "tab:brown",
+    "nic": "tab:orange",
+    "fabric": "tab:red",
+}
 
 
 def positions(topo: Topology) -> dict[str, tuple[float, float]]:
@@ -46,7 +53,9 @@ def draw_topology(topo: Topology, path: Path) -> None:
     for kind, colour in _COLOURS.items():
         edges = [(u, v) for u, v, k in undirected.edges(data="kind") if k == kind]
         if edges:
-            nx.draw_networkx_edges(undirected, pos, edgelist=edges, edge_color=colour, width=1.0, alpha=0.6, ax=ax, label=kind)
+            nx.draw_networkx_edges(
+                undirected, pos, edgelist=edges, edge_color=colour, width=1.0, alpha=0.6, ax=ax, label=kind
+            )
     for kind in _ROWS:
         nodes = [n for n, k in g.nodes(data="kind") if k == kind]
         if nodes:

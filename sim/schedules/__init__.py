@@ -8,18 +8,19 @@ Flow: ``build_schedule`` / ``schedule_for_plan`` (compute only: F, B, I, W) -> `
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ..errors import ScheduleError
 from .analysis import ListScheduleResult, list_schedule, peak_activation_units, peak_inflight
 from .costs import StageCosts, parse_costs
 from .csvio import read_csv, write_csv
+from .deadlock import check_schedule
 from .gpipe import gpipe
 from .interleaved import interleaved_1f1b
 from .ir import Action, Kind, Schedule, looped_placement, v_placement
 from .lower import lower
 from .one_f_one_b import one_f_one_b
-from .deadlock import check_schedule
 from .zb_auto import zb_auto
 from .zb_h1 import zb_h1
 from .zb_h2 import zb_h2
@@ -29,13 +30,28 @@ if TYPE_CHECKING:
     from ..plan import ParallelPlan
 
 __all__ = [
-    "Action", "Kind", "Schedule", "StageCosts", "ListScheduleResult", "SCHEDULE_NAMES", "build_schedule",
-    "schedule_for_plan", "lower", "check_schedule", "write_csv", "read_csv", "list_schedule", "peak_inflight",
-    "peak_activation_units", "parse_costs", "looped_placement", "v_placement",
+    "Action",
+    "Kind",
+    "Schedule",
+    "StageCosts",
+    "ListScheduleResult",
+    "SCHEDULE_NAMES",
+    "build_schedule",
+    "schedule_for_plan",
+    "lower",
+    "check_schedule",
+    "write_csv",
+    "read_csv",
+    "list_schedule",
+    "peak_inflight",
+    "peak_activation_units",
+    "parse_costs",
+    "looped_placement",
+    "v_placement",
 ]
 
 #: name -> (stages per rank it requires, or None for any; builder(pp, vpp, m, costs))
-_BUILDERS: dict[str, tuple[int | None, Callable[[int, int, int, "StageCosts | None"], Schedule]]] = {
+_BUILDERS: dict[str, tuple[int | None, Callable[[int, int, int, StageCosts | None], Schedule]]] = {
     "none": (1, lambda pp, v, m, c: _none(pp, m)),
     "gpipe": (1, lambda pp, v, m, c: gpipe(pp, m)),
     "1f1b": (1, lambda pp, v, m, c: one_f_one_b(pp, m)),
@@ -51,8 +67,11 @@ SCHEDULE_NAMES = tuple(_BUILDERS)
 
 def _none(pp: int, m: int) -> Schedule:
     if pp != 1:
-        raise ScheduleError("schedule", f"'none' means no pipeline (pp=1), got pp={pp}.",
-                            "use --schedule 1f1b (or another pipeline schedule) for pp > 1.")
+        raise ScheduleError(
+            "schedule",
+            f"'none' means no pipeline (pp=1), got pp={pp}.",
+            "use --schedule 1f1b (or another pipeline schedule) for pp > 1.",
+        )
     return one_f_one_b(1, m, name="none")
 
 
@@ -64,11 +83,13 @@ def build_schedule(name: str, pp: int, vpp: int, num_microbatches: int, costs: S
     need, build = _BUILDERS[name]
     if need is not None and vpp != need:
         hint = "pass --vpp 2." if need == 2 else "use --vpp 1, or --schedule interleaved-1f1b / zb-v."
-        raise ScheduleError("vpp", f"schedule {name} runs exactly {need} stage(s) per pipeline rank, got vpp={vpp}.", hint)
+        raise ScheduleError(
+            "vpp", f"schedule {name} runs exactly {need} stage(s) per pipeline rank, got vpp={vpp}.", hint
+        )
     return build(pp, vpp, num_microbatches, costs)
 
 
-def schedule_for_plan(plan: "ParallelPlan", costs: StageCosts | None = None) -> Schedule:
+def schedule_for_plan(plan: ParallelPlan, costs: StageCosts | None = None) -> Schedule:
     """The compute-only schedule of a plan ('none' -> pp=1 sequential F, B per microbatch)."""
     pp = 1 if plan.schedule == "none" else plan.pp
     return build_schedule(plan.schedule, pp, plan.vpp, plan.num_microbatches, costs)

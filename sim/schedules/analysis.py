@@ -28,8 +28,8 @@ weight GEMMs, which the memory model accounts separately. With this choice ZB-H1
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from ..errors import ScheduleError
 from .costs import StageCosts
@@ -138,7 +138,15 @@ def list_schedule(schedule: Schedule, costs: StageCosts | None = None) -> ListSc
             return ((key(_SB, s + 1, m), comm[s]),)
         return ()
 
-    product = {Kind.F: _F, Kind.B: _G, Kind.I: _G, Kind.SEND_F: _SF, Kind.SEND_B: _SB, Kind.RECV_F: _RF, Kind.RECV_B: _RB}
+    product = {
+        Kind.F: _F,
+        Kind.B: _G,
+        Kind.I: _G,
+        Kind.SEND_F: _SF,
+        Kind.SEND_B: _SB,
+        Kind.RECV_F: _RF,
+        Kind.RECV_B: _RB,
+    }
     P = len(schedule.ranks)
     ptr, free = [0] * P, [0.0] * P
     starts: list[list[float]] = [[] for _ in range(P)]
@@ -189,8 +197,9 @@ def list_schedule(schedule: Schedule, costs: StageCosts | None = None) -> ListSc
         comp = [k for k, a in enumerate(schedule.ranks[r]) if a.kind in dur]
         first.append(starts[r][comp[0]] if comp else 0.0)
         last.append(ends[r][comp[-1]] if comp else 0.0)
-    return ListScheduleResult(schedule, costs, tuple(map(tuple, starts)), tuple(map(tuple, ends)),
-                              tuple(busy), tuple(first), tuple(last))
+    return ListScheduleResult(
+        schedule, costs, tuple(map(tuple, starts)), tuple(map(tuple, ends)), tuple(busy), tuple(first), tuple(last)
+    )
 
 
 def _deadlock(schedule: Schedule, ptr: list[int], stuck: list[int]) -> ScheduleError:
@@ -199,7 +208,8 @@ def _deadlock(schedule: Schedule, ptr: list[int], stuck: list[int]) -> ScheduleE
     a = schedule.ranks[r][ptr[r]]
     return ScheduleError(
         "schedule",
-        f"deadlock: rank {r} hangs at step {ptr[r]} ({a}), waiting for an input that is never produced; stuck: {heads}.",
+        f"deadlock: rank {r} hangs at step {ptr[r]} ({a}), waiting for an input that is never produced; "
+        f"stuck: {heads}.",
         "reorder the actions so every input is computed (and sent) before it is needed.",
     )
 
@@ -229,8 +239,11 @@ def peak_inflight(schedule: Schedule) -> list[int]:
 def peak_activation_units(schedule: Schedule, stage_weight: Sequence[float]) -> list[float]:
     """Per rank: the peak over time of the summed ``stage_weight[s]`` of alive (s, mb) sets."""
     if len(stage_weight) != schedule.num_stages:
-        raise ScheduleError("stage_weight", f"has {len(stage_weight)} entries, the schedule has {schedule.num_stages} stages.",
-                            f"give one weight per stage ({schedule.num_stages}).")
+        raise ScheduleError(
+            "stage_weight",
+            f"has {len(stage_weight)} entries, the schedule has {schedule.num_stages} stages.",
+            f"give one weight per stage ({schedule.num_stages}).",
+        )
     out = []
     for acts in schedule.ranks:
         alive = peak = 0.0

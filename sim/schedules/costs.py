@@ -15,8 +15,8 @@ A tuple of length 1 applies to every stage, so ``StageCosts.uniform()`` fits any
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from ..errors import ScheduleError
 
@@ -50,13 +50,20 @@ class StageCosts:
                 raise ScheduleError("costs", f"{name} must be non-negative numbers, got {val}.", "give durations >= 0.")
 
     @classmethod
-    def uniform(cls, t_f: float = 1.0, t_i: float = 1.0, t_w: float = 1.0, t_comm: float = 0.0,
-                t_b: float | None = None, t_r: float | None = None) -> "StageCosts":
+    def uniform(
+        cls,
+        t_f: float = 1.0,
+        t_i: float = 1.0,
+        t_w: float = 1.0,
+        t_comm: float = 0.0,
+        t_b: float | None = None,
+        t_r: float | None = None,
+    ) -> StageCosts:
         """The same durations on every stage (default: unit F, I, W; no communication)."""
         return cls((t_f,), (t_i,), (t_w,), (t_comm,), None if t_b is None else (t_b,), None if t_r is None else (t_r,))
 
     @classmethod
-    def per_rank(cls, vpp: int, t_f: float, t_i: float, t_w: float, t_comm: float = 0.0) -> "StageCosts":
+    def per_rank(cls, vpp: int, t_f: float, t_i: float, t_w: float, t_comm: float = 0.0) -> StageCosts:
         """Durations measured for a whole pipeline rank, split evenly over its ``vpp`` chunks.
 
         The zero-bubble paper profiles T_F/T_B/T_W per pipeline stage (= rank); interleaved 1F1B
@@ -93,8 +100,11 @@ class StageCosts:
         for name in ("t_f", "t_i", "t_w", "t_comm", "t_b", "t_r"):
             val = getattr(self, name)
             if val is not None and len(val) not in (1, num_stages):
-                raise ScheduleError("costs", f"{name} has {len(val)} entries, the schedule has {num_stages} stages.",
-                                    f"give 1 or {num_stages} values.")
+                raise ScheduleError(
+                    "costs",
+                    f"{name} has {len(val)} entries, the schedule has {num_stages} stages.",
+                    f"give 1 or {num_stages} values.",
+                )
 
 
 def parse_costs(text: str) -> StageCosts:
@@ -102,7 +112,9 @@ def parse_costs(text: str) -> StageCosts:
     try:
         vals = [float(x) for x in text.split(",")]
     except ValueError:
-        raise ScheduleError("costs", f"{text!r} is not a comma-separated list of numbers.", "write e.g. 1,1,1,0.") from None
+        raise ScheduleError(
+            "costs", f"{text!r} is not a comma-separated list of numbers.", "write e.g. 1,1,1,0."
+        ) from None
     if len(vals) not in (3, 4):
         raise ScheduleError("costs", f"{text!r} has {len(vals)} values, expected F,B,W[,COMM].", "write e.g. 1,1,1,0.")
     return StageCosts.uniform(*vals)

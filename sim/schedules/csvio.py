@@ -38,9 +38,16 @@ def write_csv(schedule: Schedule, path: Path | str) -> Path:
         writer = csv.writer(fh)
         for acts in schedule.ranks:
             writer.writerow([str(a) for a in acts])
-    meta = dict(format=_META_FORMAT, name=schedule.name, pp=schedule.pp, vpp=schedule.vpp,
-                num_microbatches=schedule.num_microbatches, placement=list(schedule.placement),
-                lowered=schedule.lowered, meta=schedule.meta)
+    meta = dict(
+        format=_META_FORMAT,
+        name=schedule.name,
+        pp=schedule.pp,
+        vpp=schedule.vpp,
+        num_microbatches=schedule.num_microbatches,
+        placement=list(schedule.placement),
+        lowered=schedule.lowered,
+        meta=schedule.meta,
+    )
     sidecar_path(path).write_text(json.dumps(meta, indent=2, sort_keys=True, default=str) + "\n")
     return path
 
@@ -50,13 +57,17 @@ def _read_rows(path: Path) -> list[tuple[Action, ...]]:
         with open(path, newline="") as fh:
             rows = list(csv.reader(fh))
     except OSError as exc:
-        raise ScheduleError("csv", f"cannot read {path}: {exc.strerror}.", "give an existing schedule CSV file.") from None
+        raise ScheduleError(
+            "csv", f"cannot read {path}: {exc.strerror}.", "give an existing schedule CSV file."
+        ) from None
     out = []
     for r, row in enumerate(rows):
         try:
             out.append(tuple(Action.parse(cell) for cell in row if cell.strip()))
         except ValueError as exc:
-            raise ScheduleError("csv", f"{path.name} row {r}: {exc}.", "write actions as {stage}{kind}{microbatch}, e.g. 2F0.") from None
+            raise ScheduleError(
+                "csv", f"{path.name} row {r}: {exc}.", "write actions as {stage}{kind}{microbatch}, e.g. 2F0."
+            ) from None
     return out
 
 
@@ -65,13 +76,19 @@ def _infer(path: Path, ranks: list[tuple[Action, ...]], pp: int) -> Schedule:
     for r, acts in enumerate(ranks):
         for a in acts:
             if where.setdefault(a.stage, r) != r:
-                raise ScheduleError("csv", f"{path.name}: stage {a.stage} appears on ranks {where[a.stage]} and {r}.",
-                                    "keep each stage on one rank.")
+                raise ScheduleError(
+                    "csv",
+                    f"{path.name}: stage {a.stage} appears on ranks {where[a.stage]} and {r}.",
+                    "keep each stage on one rank.",
+                )
     S = max(where, default=-1) + 1
     missing = [s for s in range(S) if s not in where]
     if S == 0 or missing or S % pp:
-        raise ScheduleError("csv", f"{path.name}: cannot infer a placement ({S} stages over {pp} ranks, missing {missing}).",
-                            "add the .meta.json sidecar written by write_csv.")
+        raise ScheduleError(
+            "csv",
+            f"{path.name}: cannot infer a placement ({S} stages over {pp} ranks, missing {missing}).",
+            "add the .meta.json sidecar written by write_csv.",
+        )
     mbs = [a.microbatch for acts in ranks for a in acts if a.microbatch is not None]
     lowered = any(a.kind not in (Kind.F, Kind.B, Kind.I, Kind.W) for acts in ranks for a in acts)
     placement = tuple(where[s] for s in range(S))
@@ -86,12 +103,27 @@ def read_csv(path: Path | str, pp: int | None = None) -> Schedule:
     meta = json.loads(side.read_text()) if side.exists() else None
     want = pp if pp is not None else (meta["pp"] if meta else len(ranks))
     if len(ranks) > want:
-        raise ScheduleError("csv", f"{path.name} has {len(ranks)} rank rows, pp={want}.", "pass the pipeline size the file was written for.")
+        raise ScheduleError(
+            "csv",
+            f"{path.name} has {len(ranks)} rank rows, pp={want}.",
+            "pass the pipeline size the file was written for.",
+        )
     ranks += [()] * (want - len(ranks))
     if meta is None:
         return _infer(path, ranks, want)
     if meta.get("format") != _META_FORMAT or meta["pp"] != want:
-        raise ScheduleError("csv", f"{side.name} does not describe a {want}-rank schedule ({meta.get('format')}).",
-                            "delete the stale sidecar or rewrite the CSV with write_csv.")
-    return Schedule(meta["name"], meta["pp"], meta["vpp"], meta["num_microbatches"], tuple(meta["placement"]),
-                    tuple(ranks), bool(meta["lowered"]), dict(meta.get("meta") or {}))
+        raise ScheduleError(
+            "csv",
+            f"{side.name} does not describe a {want}-rank schedule ({meta.get('format')}).",
+            "delete the stale sidecar or rewrite the CSV with write_csv.",
+        )
+    return Schedule(
+        meta["name"],
+        meta["pp"],
+        meta["vpp"],
+        meta["num_microbatches"],
+        tuple(meta["placement"]),
+        tuple(ranks),
+        bool(meta["lowered"]),
+        dict(meta.get("meta") or {}),
+    )

@@ -63,8 +63,10 @@ def _check_counts(s: Schedule) -> None:
                 raise _fail(f"stage {st} microbatch {mb} has {n[Kind.F]} forwards (F), expected 1.")
             full, split = (n[Kind.B], n[Kind.I], n[Kind.W]) == (1, 0, 0), (n[Kind.B], n[Kind.I], n[Kind.W]) == (0, 1, 1)
             if not (full or split):
-                raise _fail(f"stage {st} microbatch {mb} has B={n[Kind.B]} I={n[Kind.I]} W={n[Kind.W]}; "
-                            "expected one B, or one I and one W.")
+                raise _fail(
+                    f"stage {st} microbatch {mb} has B={n[Kind.B]} I={n[Kind.I]} W={n[Kind.W]}; "
+                    "expected one B, or one I and one W."
+                )
             bwd = Kind.B if full else Kind.I
             if pos[(st, Kind.F, mb)] > pos[(st, bwd, mb)]:
                 raise _fail(f"rank {s.placement[st]}: {Action(st, bwd, mb)} runs before {Action(st, Kind.F, mb)}.")
@@ -72,7 +74,9 @@ def _check_counts(s: Schedule) -> None:
                 raise _fail(f"rank {s.placement[st]}: {Action(st, Kind.W, mb)} runs before {Action(st, Kind.I, mb)}.")
             rkey = (st, Kind.R, mb)
             if rkey in pos and not pos[(st, Kind.F, mb)] < pos[rkey] < pos[(st, bwd, mb)]:
-                raise _fail(f"rank {s.placement[st]}: {Action(st, Kind.R, mb)} must run between the F and the backward.")
+                raise _fail(
+                    f"rank {s.placement[st]}: {Action(st, Kind.R, mb)} must run between the F and the backward."
+                )
     if s.lowered:
         _check_lowered(s, count, pos)
 
@@ -81,11 +85,18 @@ def _check_lowered(s: Schedule, count: Counter, pos: dict) -> None:
     place, S = s.placement, s.num_stages
     for st in range(S):
         for mb in range(s.num_microbatches):
-            for kind, peer in ((Kind.SEND_F, st + 1), (Kind.RECV_F, st - 1), (Kind.SEND_B, st - 1), (Kind.RECV_B, st + 1)):
+            for kind, peer in (
+                (Kind.SEND_F, st + 1),
+                (Kind.RECV_F, st - 1),
+                (Kind.SEND_B, st - 1),
+                (Kind.RECV_B, st + 1),
+            ):
                 want = int(0 <= peer < S and place[peer] != place[st])
                 if count[(st, kind, mb)] != want:
-                    raise _fail(f"stage {st} microbatch {mb}: {count[(st, kind, mb)]} {kind} actions, expected {want}.",
-                                "lower the compute-only schedule again with lower().")
+                    raise _fail(
+                        f"stage {st} microbatch {mb}: {count[(st, kind, mb)]} {kind} actions, expected {want}.",
+                        "lower the compute-only schedule again with lower().",
+                    )
         rg = pos.get((st, Kind.REDUCE_GRAD, None))
         if rg is not None:
             last = max(pos.get((st, k, mb), (-1, -1)) for k in (Kind.B, Kind.W) for mb in range(s.num_microbatches))

@@ -18,7 +18,6 @@ that to divide m). vpp = 1 is accepted (a 1F1B with a 2 (p - r - 1) warm-up).
 from __future__ import annotations
 
 from ..errors import ScheduleError
-
 from .common import check_sizes
 from .ir import B, F, Schedule, looped_placement
 
@@ -46,7 +45,7 @@ def interleaved_1f1b(pp: int, vpp: int, num_microbatches: int, group: int | None
         acts = fwd[:warm]
         for k in range(total - warm):
             acts += [fwd[warm + k], bwd[k]]
-        acts += bwd[total - warm:]
+        acts += bwd[total - warm :]
         ranks.append(tuple(acts))
     meta = {"group": group or pp}
     sched = Schedule("interleaved-1f1b", pp, vpp, num_microbatches, looped_placement(pp, vpp), tuple(ranks), meta=meta)
@@ -59,6 +58,9 @@ def interleaved_1f1b(pp: int, vpp: int, num_microbatches: int, group: int | None
             check_schedule(sched)
         except ScheduleError:
             raise ScheduleError(
-                "gbs", f"interleaved-1f1b cannot order {num_microbatches} microbatches on pp={pp} with vpp={vpp}"
-                " (not a multiple of pp).", f"use a multiple of {pp} microbatches, or another schedule.") from None
+                "gbs",
+                f"interleaved-1f1b cannot order {num_microbatches} microbatches on pp={pp} with vpp={vpp}"
+                " (not a multiple of pp).",
+                f"use a multiple of {pp} microbatches, or another schedule.",
+            ) from None
     return sched

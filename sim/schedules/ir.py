@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from enum import Enum
+
 from ..plan import looped_placement, v_placement  # noqa: F401  (re-exported: the schedules place stages so)
 
 
@@ -59,14 +60,16 @@ class Action:
     __repr__ = __str__
 
     @classmethod
-    def parse(cls, text: str) -> "Action":
+    def parse(cls, text: str) -> Action:
         m = _ACTION_RE.match(text)
         if not m:
             raise ValueError(f"not an action: {text!r} (expected e.g. 2F0, 1SEND_B3, 0REDUCE_GRAD)")
         kind = Kind(m.group(2))
         mb = int(m.group(3)) if m.group(3) else None
         if (mb is None) != (kind in STAGE_WIDE):
-            raise ValueError(f"action {text!r}: {kind.value} {'takes no' if kind in STAGE_WIDE else 'needs a'} microbatch")
+            raise ValueError(
+                f"action {text!r}: {kind.value} {'takes no' if kind in STAGE_WIDE else 'needs a'} microbatch"
+            )
         return cls(int(m.group(1)), kind, mb)
 
 
@@ -117,15 +120,18 @@ class Schedule:
     def num_actions(self) -> int:
         return sum(len(acts) for acts in self.ranks)
 
-    def replace_ranks(self, ranks, lowered: bool | None = None) -> "Schedule":
+    def replace_ranks(self, ranks, lowered: bool | None = None) -> Schedule:
         """A copy with other per-rank action lists (passes return new schedules, never mutate)."""
         low = self.lowered if lowered is None else lowered
         ranks = tuple(tuple(acts) for acts in ranks)
-        return Schedule(self.name, self.pp, self.vpp, self.num_microbatches, self.placement, ranks, low, dict(self.meta))
+        return Schedule(
+            self.name, self.pp, self.vpp, self.num_microbatches, self.placement, ranks, low, dict(self.meta)
+        )
 
-    def compute_only(self) -> "Schedule":
+    def compute_only(self) -> Schedule:
         """The same order with only F/B/I/W actions (drops R and all lowered actions)."""
         keep = {Kind.F, Kind.B, Kind.I, Kind.W}
         ranks = tuple(tuple(a for a in acts if a.kind in keep) for acts in self.ranks)
-        return Schedule(self.name, self.pp, self.vpp, self.num_microbatches, self.placement, ranks, False, dict(self.meta))
-
+        return Schedule(
+            self.name, self.pp, self.vpp, self.num_microbatches, self.placement, ranks, False, dict(self.meta)
+        )

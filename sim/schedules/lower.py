@@ -96,18 +96,33 @@ def _lower_rank(s: Schedule, acts: list[Action], recompute: bool, reduce_grad: b
     return out
 
 
-def lower(schedule: Schedule, plan: "ParallelPlan | None" = None, *, recompute: str | None = None,
-          zero: int | None = None, reduce_grad: bool = True, max_active_stages: int = MAX_ACTIVE_STAGES) -> Schedule:
+def lower(
+    schedule: Schedule,
+    plan: ParallelPlan | None = None,
+    *,
+    recompute: str | None = None,
+    zero: int | None = None,
+    reduce_grad: bool = True,
+    max_active_stages: int = MAX_ACTIVE_STAGES,
+) -> Schedule:
     """Add send/recv, recompute, gradient-reduction and (ZeRO 2/3) unshard/reshard actions.
 
     ``recompute`` and ``zero`` default to the plan's (or none/0 without a plan)."""
     if schedule.lowered:
-        raise ScheduleError("schedule", f"{schedule.name} is already lowered.", "lower the compute-only schedule (schedule.compute_only()).")
+        raise ScheduleError(
+            "schedule",
+            f"{schedule.name} is already lowered.",
+            "lower the compute-only schedule (schedule.compute_only()).",
+        )
     if plan is not None:
         pp = 1 if plan.schedule == "none" else plan.pp
         if (pp, plan.vpp) != (schedule.pp, schedule.vpp):
-            raise ScheduleError("plan", f"plan has pp={plan.pp} vpp={plan.vpp}, schedule {schedule.name} has pp={schedule.pp} "
-                                f"vpp={schedule.vpp}.", "build the schedule from the plan (schedule_for_plan).")
+            raise ScheduleError(
+                "plan",
+                f"plan has pp={plan.pp} vpp={plan.vpp}, schedule {schedule.name} has pp={schedule.pp} "
+                f"vpp={schedule.vpp}.",
+                "build the schedule from the plan (schedule_for_plan).",
+            )
     recompute = recompute if recompute is not None else (plan.recompute if plan is not None else "none")
     zero = zero if zero is not None else (plan.zero if plan is not None else 0)
     if recompute not in ("none", "selective", "full"):

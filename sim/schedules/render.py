@@ -17,8 +17,12 @@ _SHOWN = (Kind.F, Kind.B, Kind.I, Kind.W, Kind.R)
 
 def format_grid(result: ListScheduleResult) -> str:
     sched = result.schedule
-    durations = [e - s for r in range(sched.pp) for a, s, e in zip(sched.ranks[r], result.start[r], result.end[r])
-                 if a.kind in _SHOWN and e > s]
+    durations = [
+        e - s
+        for r in range(sched.pp)
+        for a, s, e in zip(sched.ranks[r], result.start[r], result.end[r])
+        if a.kind in _SHOWN and e > s
+    ]
     if not durations:
         return ""
     slot = min(durations)

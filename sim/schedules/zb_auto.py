@@ -88,17 +88,24 @@ class _Auto:
     def free_memory_for(self, j: int, kind: int) -> None:
         while self.used[j] + self.mem[kind] > self.max_mem + 1e-9:
             if not self.pending_w(j):
-                raise ScheduleError("memory", f"zb auto-schedule: stage {j} cannot fit one more activation set "
-                                    f"under the limit of {self.max_mem:g}.", "raise the memory factor (zb-2p).")
+                raise ScheduleError(
+                    "memory",
+                    f"zb auto-schedule: stage {j} cannot fit one more activation set "
+                    f"under the limit of {self.max_mem:g}.",
+                    "raise the memory factor (zb-2p).",
+                )
             self.put(j, _W)
 
     def fill_gap(self, j: int, ready: float, greedy: bool) -> None:
         """Run pending W while they fit before ``ready``; maybe one more into a smaller gap."""
         while self.pending_w(j) and self.end[j] + self.cost[j][_W] <= ready:
             self.put(j, _W)
-        if self.pending_w(j) and self.end[j] < ready:
-            if ready - self.end[j] > self.max_bubble - self.bubble[j] or greedy:
-                self.put(j, _W)
+        if (
+            self.pending_w(j)
+            and self.end[j] < ready
+            and (ready - self.end[j] > self.max_bubble - self.bubble[j] or greedy)
+        ):
+            self.put(j, _W)
 
     def warmup(self, allow_bubble: bool) -> None:
         p = self.p
@@ -174,8 +181,13 @@ class _Auto:
 W_MEM_FRACTION = 0.3
 
 
-def zb_auto(pp: int, num_microbatches: int, costs: StageCosts | None = None, mem_factor: int = 1,
-            w_mem_fraction: float = W_MEM_FRACTION) -> Schedule:
+def zb_auto(
+    pp: int,
+    num_microbatches: int,
+    costs: StageCosts | None = None,
+    mem_factor: int = 1,
+    w_mem_fraction: float = W_MEM_FRACTION,
+) -> Schedule:
     """ZB-1p (``mem_factor=1``) or ZB-2p (``mem_factor=2``) for the given stage costs."""
     name = f"zb-{mem_factor}p"
     check_sizes(name, pp, 1, num_microbatches)
@@ -190,5 +202,12 @@ def zb_auto(pp: int, num_microbatches: int, costs: StageCosts | None = None, mem
         if best is None or cost < best - 1e-12:
             best, best_run = cost, run
     ranks = tuple(best_run.actions(j) for j in range(pp))
-    return Schedule(name, pp, 1, num_microbatches, looped_placement(pp, 1), ranks,
-                    meta={"mem_factor": mem_factor, "w_mem_fraction": w_mem_fraction})
+    return Schedule(
+        name,
+        pp,
+        1,
+        num_microbatches,
+        looped_placement(pp, 1),
+        ranks,
+        meta={"mem_factor": mem_factor, "w_mem_fraction": w_mem_fraction},
+    )

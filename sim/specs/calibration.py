@@ -219,7 +219,7 @@ class Calibration(BaseModel):
         """``base`` (default: the code defaults) with this file's ``compute`` figures."""
         return (base or EfficiencyParams()).model_copy(update=self.compute)
 
-    def without_layers(self) -> "Calibration":
+    def without_layers(self) -> Calibration:
         """The same calibration with its layer table left out (the fitted efficiency model alone)."""
         return self.model_copy(update={"layers": ()})
 
@@ -235,14 +235,18 @@ def validate_calibration(doc: Any, source: str, gpu_name: str | None = None) -> 
         raise SpecError(where, "must be a JSON object.", "write it with `simpar calibrate`.")
     version = doc.get("simpar_calibration_version", CALIBRATION_VERSION)
     if version != CALIBRATION_VERSION:
-        raise SpecError(f"{where}: simpar_calibration_version",
-                        f"is {version!r}, this simpar reads version {CALIBRATION_VERSION}.",
-                        "re-run `simpar calibrate` with this version.")
+        raise SpecError(
+            f"{where}: simpar_calibration_version",
+            f"is {version!r}, this simpar reads version {CALIBRATION_VERSION}.",
+            "re-run `simpar calibrate` with this version.",
+        )
     calib = build(Calibration, doc, where)
     if gpu_name is not None and calib.device.gpu != gpu_name:
-        raise SpecError(f"{where}: device.gpu",
-                        f"describes {calib.device.gpu!r}, the cluster's GPU is {gpu_name!r}.",
-                        "use a calibration measured on this GPU type, or drop --calibration.")
+        raise SpecError(
+            f"{where}: device.gpu",
+            f"describes {calib.device.gpu!r}, the cluster's GPU is {gpu_name!r}.",
+            "use a calibration measured on this GPU type, or drop --calibration.",
+        )
     return calib
 
 
@@ -253,8 +257,9 @@ def load_calibration(path: str | Path, gpu_name: str | None = None) -> Calibrati
     except OSError as exc:
         raise SpecError("calibration", f"cannot read {p}: {exc.strerror}.", "give an existing file.") from None
     except json.JSONDecodeError as exc:
-        raise SpecError(f"calibration {p.name}", f"is not valid JSON ({exc.msg}, line {exc.lineno}).",
-                        "fix the file.") from None
+        raise SpecError(
+            f"calibration {p.name}", f"is not valid JSON ({exc.msg}, line {exc.lineno}).", "fix the file."
+        ) from None
     return validate_calibration(doc, p.name, gpu_name)
 
 

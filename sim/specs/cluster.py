@@ -46,7 +46,9 @@ class NodeFabric(BaseModel):
     nvlink_bw_GBps: float | None = Field(None, gt=0, description="NVLink per GPU, per direction, line rate (GB/s)")
     nvls: bool = Field(False, description="NVSwitch can reduce in the switch (NVLink SHARP, Hopper onward)")
     pcie_generation: Literal[3, 4, 5, 6] = Field(4, description="informational; the rate is pcie_bw_GBps")
-    pcie_bw_GBps: float | None = Field(None, gt=0, description="one x16 PCIe link, per direction, line rate (GB/s); required unless host")
+    pcie_bw_GBps: float | None = Field(
+        None, gt=0, description="one x16 PCIe link, per direction, line rate (GB/s); required unless host"
+    )
     gpus_per_pcie_switch: int = Field(1, gt=0)
     nics_per_pcie_switch: int = Field(0, ge=0, description="compute NICs under each PCIe switch (0: none)")
     pcie_switches_per_cpu: int = Field(1, gt=0)
@@ -54,12 +56,14 @@ class NodeFabric(BaseModel):
         None, gt=0, description="host: one process's copy bandwidth into/out of host memory, per direction (GB/s)"
     )
     cpu_link_bw_GBps: float | None = Field(
-        None, gt=0, description="socket-to-socket link (UPI/xGMI), per direction, as NCCL's topology model rates it (GB/s)"
+        None,
+        gt=0,
+        description="socket-to-socket link (UPI/xGMI), per direction, as NCCL's topology model rates it (GB/s)",
     )
     nic_bw_Gbps: float | None = Field(None, gt=0, description="one NIC port, per direction, line rate (Gb/s)")
 
     @model_validator(mode="after")
-    def _consistent(self) -> "NodeFabric":
+    def _consistent(self) -> NodeFabric:
         if self.interconnect == "host":
             if self.host_bw_GBps is None:
                 raise ValueError("a host node needs host_bw_GBps (per process, per direction)")
@@ -70,7 +74,8 @@ class NodeFabric(BaseModel):
             raise ValueError("host_bw_GBps belongs to interconnect: host")
         if self.pcie_bw_GBps is None:  # required unless host: reported as a missing field
             raise ValidationError.from_exception_data(
-                "NodeFabric", [InitErrorDetails(type="missing", loc=("pcie_bw_GBps",), input=self.model_dump())])
+                "NodeFabric", [InitErrorDetails(type="missing", loc=("pcie_bw_GBps",), input=self.model_dump())]
+            )
         if self.interconnect == "nvswitch":
             if self.nvlink_bw_GBps is None:
                 raise ValueError("an nvswitch node needs nvlink_bw_GBps (per GPU, per direction)")
@@ -149,7 +154,7 @@ class ClusterSpec(BaseModel):
     def num_gpus(self) -> int:
         return self.gpus_per_node * self.num_nodes
 
-    def with_gpus(self, n: int) -> "ClusterSpec":
+    def with_gpus(self, n: int) -> ClusterSpec:
         """The same cluster with ``n`` GPUs: whole nodes, or one partial node when n < a node."""
         if n <= 0:
             raise PlanError("gpus", f"must be a positive number of GPUs, got {n}.", "pass --gpus N with N >= 1.")
@@ -163,7 +168,7 @@ class ClusterSpec(BaseModel):
             )
         return self._rebuilt(num_nodes=n // self.gpus_per_node)
 
-    def _rebuilt(self, **update: int) -> "ClusterSpec":
+    def _rebuilt(self, **update: int) -> ClusterSpec:
         """A copy with ``update`` applied and validated again (so the fabric checks run)."""
         data = {**dict(self), **update}
         try:
@@ -183,6 +188,8 @@ def check_connected(num_nodes: int, gpus_per_node: int, node: NodeFabric, scale_
     if num_nodes == 1:
         return
     if scale_out.topology == "none":
-        raise ValueError(f"{num_nodes} nodes need a scale_out network (topology is none): the graph would be disconnected")
+        raise ValueError(
+            f"{num_nodes} nodes need a scale_out network (topology is none): the graph would be disconnected"
+        )
     if node.nics(gpus_per_node) == 0:
         raise ValueError(f"{num_nodes} nodes but node.nics_per_pcie_switch is 0: the graph would be disconnected")

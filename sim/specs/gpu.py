@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ..units import GB, GiB, TFLOPS
+from ..units import GB, TFLOPS, GiB
 
 DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
 

@@ -37,7 +37,7 @@ class ModelSpec(BaseModel):
     description: str = ""
 
     @model_validator(mode="after")
-    def _defaults_and_checks(self) -> "ModelSpec":
+    def _defaults_and_checks(self) -> ModelSpec:
         if self.kv_heads == 0:
             object.__setattr__(self, "kv_heads", self.heads)
         if self.ffn == 0:
@@ -79,7 +79,7 @@ class ModelSpec(BaseModel):
         """Megatron GPT trains with dropout (1-byte masks stored); Llama recipes use none."""
         return self.arch == "gpt"
 
-    def with_seq_len(self, seq_len: int) -> "ModelSpec":
+    def with_seq_len(self, seq_len: int) -> ModelSpec:
         return self.model_copy(update={"seq_len": seq_len})
 
 
@@ -111,7 +111,9 @@ def from_hf_config(cfg: dict[str, Any], path: Path) -> dict[str, Any]:
                 "seq_len": cfg.get("n_positions", cfg.get("n_ctx", 1024)),
             }
         except KeyError as exc:
-            raise SpecError(f"model file {path.name}: {exc.args[0]}", "missing GPT-2 config key.", "add it to config.json.") from None
+            raise SpecError(
+                f"model file {path.name}: {exc.args[0]}", "missing GPT-2 config key.", "add it to config.json."
+            ) from None
     try:
         arch = "gpt" if cfg.get("model_type") in ("gpt2", "gpt_neox", "opt") else "llama"
         return {
@@ -126,7 +128,9 @@ def from_hf_config(cfg: dict[str, Any], path: Path) -> dict[str, Any]:
             "seq_len": cfg.get("max_position_embeddings", 4096),
         }
     except KeyError as exc:
-        raise SpecError(f"model file {path.name}: {exc.args[0]}", "missing HuggingFace config key.", "add it to config.json.") from None
+        raise SpecError(
+            f"model file {path.name}: {exc.args[0]}", "missing HuggingFace config key.", "add it to config.json."
+        ) from None
 
 
 def model_from_dict(data: dict[str, Any], source: str = "model") -> ModelSpec:

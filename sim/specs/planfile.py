@@ -42,7 +42,9 @@ def read_plan_file(path: str | Path) -> tuple[ParallelPlan, ModelSpec]:
             "write it with simpar simulate --write-plan (or write_plan_file).",
         )
     if not isinstance(data["model"], dict) or not isinstance(data["plan"], dict):
-        raise SpecError(f"plan file {p.name}", "'plan' and 'model' must be mappings.", "rewrite it with write_plan_file.")
+        raise SpecError(
+            f"plan file {p.name}", "'plan' and 'model' must be mappings.", "rewrite it with write_plan_file."
+        )
     model = model_from_dict(data["model"], f"plan file {p.name} (model)")
     plan = build(ParallelPlan, data["plan"], f"plan file {p.name} (plan)")
     return plan, model

@@ -14,14 +14,33 @@ from .run import SweepOptions, SweepOutcome, run_sweep
 from .space import SearchSpace
 
 
-def sweep(model: ModelSpec, cluster: ClusterSpec, global_batch_size: int, out: str | Path, *,
-          space: SearchSpace = SearchSpace(), options: SweepOptions = SweepOptions(),
-          calibration: Calibration | None = None, engine: EngineOptions = EngineOptions(),
-          backend: str = "analytical", profile: RuntimeProfile = MEGATRON, resume: bool = False) -> SweepOutcome:
+def sweep(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    global_batch_size: int,
+    out: str | Path,
+    *,
+    space: SearchSpace = SearchSpace(),
+    options: SweepOptions = SweepOptions(),
+    calibration: Calibration | None = None,
+    engine: EngineOptions = EngineOptions(),
+    backend: str = "analytical",
+    profile: RuntimeProfile = MEGATRON,
+    resume: bool = False,
+) -> SweepOutcome:
     """Search ``space`` for ``model`` on all of ``cluster``'s GPUs at ``global_batch_size``
     sequences per iteration; write results.csv and sweep.json into ``out`` and return the ranked
     rows (`SweepOutcome.rows`, best first). ``options`` sets how many plans each tier ranks and
     the workers; ``calibration``, ``engine``, ``backend`` and ``profile`` are simulate()'s."""
-    setup = SweepSetup(model, cluster, cluster.num_gpus, global_batch_size, space, calibration, profile=profile,
-                       options=engine, backend=backend)
+    setup = SweepSetup(
+        model,
+        cluster,
+        cluster.num_gpus,
+        global_batch_size,
+        space,
+        calibration,
+        profile=profile,
+        options=engine,
+        backend=backend,
+    )
     return run_sweep(setup, Path(out), options, resume=resume)

@@ -126,8 +126,10 @@ class Inputs:
 def dp_groups(plan: ParallelPlan) -> tuple[tuple[int, ...], ...]:
     """Per pipeline rank, the DP x CP group of its representative GPU (as the engine's)."""
     lay = RankLayout(plan)
-    return tuple(tuple(sorted(lay.rank(pp=r, dp=d, cp=c) for d in range(plan.dp) for c in range(plan.cp)))
-                 for r in range(plan.pp))
+    return tuple(
+        tuple(sorted(lay.rank(pp=r, dp=d, cp=c) for d in range(plan.dp) for c in range(plan.cp)))
+        for r in range(plan.pp)
+    )
 
 
 def _fsdp_seconds(x: Inputs) -> tuple[float, float, float]:
@@ -209,8 +211,20 @@ def _sp_sync(x: Inputs, prank: int) -> float:
     p = x.plan
     if not p.sequence_parallel or p.tp == 1:
         return 0.0
-    key = ("sp-sync", p.tp, p.cp, p.dp, p.pp, p.vpp, p.schedule == "zb-v", p.layer_split, p.mesh_order,
-           p.precision, x.profile.name, prank)
+    key = (
+        "sp-sync",
+        p.tp,
+        p.cp,
+        p.dp,
+        p.pp,
+        p.vpp,
+        p.schedule == "zb-v",
+        p.layer_split,
+        p.mesh_order,
+        p.precision,
+        x.profile.name,
+        prank,
+    )
 
     def timed() -> float:
         layout = RankLayout(p)

@@ -13,18 +13,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..cost.compute import CostModel
+from ..cost.memory import MemoryReport
 from ..cost.profile import MEGATRON, RuntimeProfile
-from ..specs.calibration import Calibration
 from ..engine.core import EngineOptions
+from ..engine.results import BREAKDOWN_KEYS
 from ..model import hardware_flops_per_iteration, model_flops_per_iteration
 from ..network import make_network
 from ..plan import ParallelPlan
-from ..engine.results import BREAKDOWN_KEYS
-from ..cost.memory import MemoryReport
 from ..specs import ClusterSpec, ModelSpec
+from ..specs.calibration import Calibration
 from ..units import GiB
-from .memory_screen import MemoryScreen
 from .estimator import Estimate, Inputs, dp_groups, oracle_estimate, quick_estimate
+from .memory_screen import MemoryScreen
 from .space import Config, SearchSpace, checked_plan
 
 
@@ -62,19 +62,47 @@ class Evaluator:
     def inputs(self, plan: ParallelPlan) -> Inputs:
         from ..engine.simulate import build_work
 
-        key = (plan.tp, plan.cp, plan.pp, plan.dp, plan.vpp, plan.micro_batch_size, plan.sequence_parallel,
-               plan.recompute, plan.layer_split, plan.precision, plan.flash_attention)
+        key = (
+            plan.tp,
+            plan.cp,
+            plan.pp,
+            plan.dp,
+            plan.vpp,
+            plan.micro_batch_size,
+            plan.sequence_parallel,
+            plan.recompute,
+            plan.layer_split,
+            plan.precision,
+            plan.flash_attention,
+        )
         hit = self._work.get(key)
         if hit is None:
-            work, _, p2p = build_work(self.s.model, self.s.cluster, plan, self.s.calibration, self.net,
-                                      costs=self.costs, profile=self.s.profile)
+            work, _, p2p = build_work(
+                self.s.model,
+                self.s.cluster,
+                plan,
+                self.s.calibration,
+                self.net,
+                costs=self.costs,
+                profile=self.s.profile,
+            )
             hit = self._work[key] = (work, p2p)
         gkey = (plan.tp, plan.cp, plan.pp, plan.dp, plan.mesh_order)
         groups = self._groups.get(gkey)
         if groups is None:
             groups = self._groups[gkey] = dp_groups(plan)
-        return Inputs(self.s.model, plan, hit[0], hit[1], self.costs, self.net, self.s.options, groups, self._times,
-                      self.s.profile)
+        return Inputs(
+            self.s.model,
+            plan,
+            hit[0],
+            hit[1],
+            self.costs,
+            self.net,
+            self.s.options,
+            groups,
+            self._times,
+            self.s.profile,
+        )
 
     def base_row(self, cfg: Config, plan: ParallelPlan | None) -> dict[str, Any]:
         row: dict[str, Any] = {"id": cfg.id, **cfg.as_dict(), "gbs": self.s.gbs, "precision": self.s.space.precision}
@@ -89,9 +117,15 @@ class Evaluator:
         hf = hardware_flops_per_iteration(m, gbs, plan.recompute)
         n = plan.num_gpus
         row = {
-            "source": source, "iter_time_s": t, "tokens_per_s": gbs * m.seq_len / t, "tflops_per_gpu": mf / t / n / 1e12,
-            "hw_tflops_per_gpu": hf / t / n / 1e12, "mfu": mf / t / n / self.s.cluster.gpu.peak_flops("bf16"),
-            "bubble_fraction": bd["bubble"] / t, "model_flops": mf, "hardware_flops": hf,
+            "source": source,
+            "iter_time_s": t,
+            "tokens_per_s": gbs * m.seq_len / t,
+            "tflops_per_gpu": mf / t / n / 1e12,
+            "hw_tflops_per_gpu": hf / t / n / 1e12,
+            "mfu": mf / t / n / self.s.cluster.gpu.peak_flops("bf16"),
+            "bubble_fraction": bd["bubble"] / t,
+            "model_flops": mf,
+            "hardware_flops": hf,
         }
         row.update({f"{k}_s": bd[k] for k in BREAKDOWN_KEYS})
         return row
@@ -99,9 +133,12 @@ class Evaluator:
     @staticmethod
     def memory_fields(mem: MemoryReport) -> dict[str, Any]:
         peak = mem.peak
-        return {"peak_memory_gib": peak.total / GiB, "worst_memory_rank": peak.pipeline_rank,
-                "over_by_gib": max(0.0, mem.over_by / GiB),
-                "memory_per_rank_gib": [round(r.total / GiB, 2) for r in mem.ranks]}
+        return {
+            "peak_memory_gib": peak.total / GiB,
+            "worst_memory_rank": peak.pipeline_rank,
+            "over_by_gib": max(0.0, mem.over_by / GiB),
+            "memory_per_rank_gib": [round(r.total / GiB, 2) for r in mem.ranks],
+        }
 
     # --- phases ---------------------------------------------------------------------------
     def screen(self, cfg: Config) -> dict[str, Any]:
@@ -123,8 +160,13 @@ class Evaluator:
         row.update(self.memory_fields(self.memory.report(plan)))
         x = self.inputs(plan)
         quick, est = quick_estimate(x), oracle_estimate(x)
-        return {**row, **self._estimate_fields(plan, est), "status": "refined", "quick_time_s": quick.iter_time_s,
-                "oracle_time_s": est.iter_time_s}
+        return {
+            **row,
+            **self._estimate_fields(plan, est),
+            "status": "refined",
+            "quick_time_s": quick.iter_time_s,
+            "oracle_time_s": est.iter_time_s,
+        }
 
     def simulate(self, cfg: Config) -> dict[str, Any]:
         from ..engine.simulate import simulate
@@ -134,12 +176,19 @@ class Evaluator:
         x = self.inputs(plan)
         quick, est = quick_estimate(x), oracle_estimate(x)
         s = self.s
-        res = simulate(s.model, s.cluster, plan, backend=s.backend, calibration=s.calibration, options=s.options,
-                       profile=s.profile)
-        row = {**self.base_row(cfg, plan), **self.memory_fields(res.memory),
-               **self.result_fields(plan, res.iter_time_s, res.breakdown_s, "engine"),
-               "reported_rank": res.reported_rank, "quick_time_s": quick.iter_time_s, "oracle_time_s": est.iter_time_s,
-               "engine_time_s": res.iter_time_s, "status": "simulated"}
+        res = simulate(
+            s.model, s.cluster, plan, backend=s.backend, calibration=s.calibration, options=s.options, profile=s.profile
+        )
+        row = {
+            **self.base_row(cfg, plan),
+            **self.memory_fields(res.memory),
+            **self.result_fields(plan, res.iter_time_s, res.breakdown_s, "engine"),
+            "reported_rank": res.reported_rank,
+            "quick_time_s": quick.iter_time_s,
+            "oracle_time_s": est.iter_time_s,
+            "engine_time_s": res.iter_time_s,
+            "status": "simulated",
+        }
         if not res.memory.fits:
             row.update(status="oom", reason=res.memory.reason() + " (engine memory timeline)")
         return row

@@ -9,9 +9,14 @@ from .space import Config, matches, parse_filter
 from .store import num
 
 WORDS = {
-    "compute": "compute", "recompute": "recomputation", "tp_comm": "exposed TP/CP communication",
-    "pp_comm": "waiting on pipeline transfers", "dp_comm": "exposed DP gradient reduction",
-    "zero_comm": "exposed ZeRO parameter gathers", "optimizer": "optimizer step", "bubble": "pipeline bubble",
+    "compute": "compute",
+    "recompute": "recomputation",
+    "tp_comm": "exposed TP/CP communication",
+    "pp_comm": "waiting on pipeline transfers",
+    "dp_comm": "exposed DP gradient reduction",
+    "zero_comm": "exposed ZeRO parameter gathers",
+    "optimizer": "optimizer step",
+    "bubble": "pipeline bubble",
 }
 SOURCES = {"engine": "simulated", "oracle": "list-scheduler estimate", "quick": "quick estimate"}
 
@@ -45,8 +50,10 @@ def compare(best: dict, other: dict, objective: str = "throughput") -> str:
     pct = f" ({abs(dt) / to:.1%})" if to > 0 else ""
     if objective == "memory":
         speed = "faster" if dt > 0 else "slower"
-        return (f"{a.label(b)} needs {abs(mo - mb):.1f} GiB less peak memory than {b.label(a)} ({mb:.1f} vs {mo:.1f} GiB)"
-                f" and is {seconds(abs(dt))} per iteration {speed}{pct}{why}.")
+        return (
+            f"{a.label(b)} needs {abs(mo - mb):.1f} GiB less peak memory than {b.label(a)} ({mb:.1f} vs {mo:.1f} GiB)"
+            f" and is {seconds(abs(dt))} per iteration {speed}{pct}{why}."
+        )
     verb = "beats" if dt > 0 else "ties with" if dt == 0 else "is slower than"
     memtext = f"; peak memory {mb:.1f} vs {mo:.1f} GiB" if abs(mb - mo) >= 0.05 else ""
     return f"{a.label(b)} {verb} {b.label(a)} by {seconds(abs(dt))} per iteration{pct}{why}{memtext}."

@@ -12,8 +12,14 @@ the plan's real costs, and its memory (from its own timeline) is the one a simul
 
 from __future__ import annotations
 
-from ..cost.memory import (MemoryReport, plan_profile, rank_memory, rank_params, recompute_transient_bytes,
-                           stage_activations)
+from ..cost.memory import (
+    MemoryReport,
+    plan_profile,
+    rank_memory,
+    rank_params,
+    recompute_transient_bytes,
+    stage_activations,
+)
 from ..plan import ParallelPlan
 from ..specs import GPUSpec, ModelSpec
 
@@ -47,8 +53,16 @@ class MemoryScreen:
     @staticmethod
     def _act_key(plan: ParallelPlan) -> tuple:
         """What the stored activation bytes of the stages depend on."""
-        return (plan.tp, plan.cp, plan.micro_batch_size, plan.sequence_parallel, plan.recompute, plan.flash_attention,
-                plan.num_stages, plan.layer_split)
+        return (
+            plan.tp,
+            plan.cp,
+            plan.micro_batch_size,
+            plan.sequence_parallel,
+            plan.recompute,
+            plan.flash_attention,
+            plan.num_stages,
+            plan.layer_split,
+        )
 
     def _activations(self, plan: ParallelPlan) -> tuple[list[float], float]:
         """Stored activation bytes per stage and the recompute transient of one layer."""
@@ -73,7 +87,10 @@ class MemoryScreen:
         weights, transient = self._activations(plan)
         peaks, inflight = self._alive(plan, weights)
         cap = self.gpu.hbm_bytes
-        ranks = tuple(rank_memory(self.m, plan, cap, r, psi, stage_psis[r], layers[r], float(peaks[r]), transient,
-                                  float(inflight[r]))
-                      for r, psi in enumerate(psis))
+        ranks = tuple(
+            rank_memory(
+                self.m, plan, cap, r, psi, stage_psis[r], layers[r], float(peaks[r]), transient, float(inflight[r])
+            )
+            for r, psi in enumerate(psis)
+        )
         return MemoryReport(ranks, cap)

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..plan import ParallelPlan
-from ..specs.planfile import write_plan_file
-from ..plot.timeline import plot_timeline
 from ..engine.results import SimResult
-from ..schedules import write_csv
 from ..engine.simulate import plan_schedule, simulate
 from ..engine.trace import write_trace
+from ..plan import ParallelPlan
+from ..plot.timeline import plot_timeline
+from ..schedules import write_csv
+from ..specs.planfile import write_plan_file
 from .evaluate import SweepSetup
 from .space import Config, checked_plan
 
@@ -39,14 +39,28 @@ def write_plan_dir(setup: SweepSetup, cfg: Config, out: Path, command: str = "")
     sched = plan_schedule(setup.model, setup.cluster, plan, setup.calibration, profile=setup.profile)
     write_plan_file(out / "plan.json", plan, setup.model, setup.cluster.name)
     write_csv(sched, out / "schedule.csv")
-    res = simulate(setup.model, setup.cluster, plan, backend=setup.backend, calibration=setup.calibration,
-                   options=setup.options, profile=setup.profile)
+    res = simulate(
+        setup.model,
+        setup.cluster,
+        plan,
+        backend=setup.backend,
+        calibration=setup.calibration,
+        options=setup.options,
+        profile=setup.profile,
+    )
     text = describe(setup, plan)
-    write_trace(out / "trace.json", res.events, {"source": "simpar sweep", "describe": text,
-                                                 "iter_time_s": res.iter_time_s, "command": command})
-    plot_timeline(res.events, out / "timeline.png", text,
-                  f"iteration {res.iter_time_s:.3f} s, MFU {res.mfu:.1%}, bubble {res.bubble_fraction:.1%}"
-                  + (f"  |  {command}" if command and len(command) < 140 else ""))
+    write_trace(
+        out / "trace.json",
+        res.events,
+        {"source": "simpar sweep", "describe": text, "iter_time_s": res.iter_time_s, "command": command},
+    )
+    plot_timeline(
+        res.events,
+        out / "timeline.png",
+        text,
+        f"iteration {res.iter_time_s:.3f} s, MFU {res.mfu:.1%}, bubble {res.bubble_fraction:.1%}"
+        + (f"  |  {command}" if command and len(command) < 140 else ""),
+    )
     return res
 
 

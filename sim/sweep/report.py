@@ -40,20 +40,43 @@ def pareto_front(rows: list[dict]) -> list[dict]:
 
 def plot_pareto(rows: list[dict], path: Path, title: str, note: str = "", capacity_gib: float | None = None) -> None:
     fig, ax = plt.subplots(figsize=(9, 5.5))
-    styles = {"quick": ("#C8C8C8", "quick estimate", 6), "oracle": ("#4C9BE8", "list-scheduler oracle", 12),
-              "engine": ("#E8A44C", "simulated (engine)", 28)}
+    styles = {
+        "quick": ("#C8C8C8", "quick estimate", 6),
+        "oracle": ("#4C9BE8", "list-scheduler oracle", 12),
+        "engine": ("#E8A44C", "simulated (engine)", 28),
+    }
     for src, (color, label, size) in styles.items():
         pts = [r for r in ranked(rows) if r.get("source") == src]
         if pts:
-            ax.scatter([num(r, "peak_memory_gib") for r in pts], [num(r, "tokens_per_s") / 1e3 for r in pts],
-                       s=size, c=color, label=f"{label} ({len(pts):,})", edgecolors="none", alpha=0.8)
+            ax.scatter(
+                [num(r, "peak_memory_gib") for r in pts],
+                [num(r, "tokens_per_s") / 1e3 for r in pts],
+                s=size,
+                c=color,
+                label=f"{label} ({len(pts):,})",
+                edgecolors="none",
+                alpha=0.8,
+            )
     front = pareto_front(rows)
     if front:
-        ax.step([num(r, "peak_memory_gib") for r in front], [num(r, "tokens_per_s") / 1e3 for r in front],
-                where="post", color="black", linewidth=1, label="Pareto front")
+        ax.step(
+            [num(r, "peak_memory_gib") for r in front],
+            [num(r, "tokens_per_s") / 1e3 for r in front],
+            where="post",
+            color="black",
+            linewidth=1,
+            label="Pareto front",
+        )
         best = ranked(rows)[0]
-        ax.scatter([num(best, "peak_memory_gib")], [num(best, "tokens_per_s") / 1e3], marker="*", s=220, c="red",
-                   label="best", zorder=5)
+        ax.scatter(
+            [num(best, "peak_memory_gib")],
+            [num(best, "tokens_per_s") / 1e3],
+            marker="*",
+            s=220,
+            c="red",
+            label="best",
+            zorder=5,
+        )
     if capacity_gib:
         ax.axvline(capacity_gib, color="red", linestyle="--", linewidth=0.8, label="GPU memory")
     ax.set_xlabel("peak memory per GPU (GiB)")
@@ -70,19 +93,33 @@ def plot_pareto(rows: list[dict], path: Path, title: str, note: str = "", capaci
 def _plan_cell(r: dict, compact: bool = False) -> str:
     c = Config.from_row(r)
     if compact:
-        return (f"tp{c.tp} pp{c.pp} dp{c.dp} cp{c.cp} v{c.vpp} mbs{c.mbs} {c.schedule} z{c.zero} {c.recompute}"
-                f"{' SP' if c.sp else ''}")
-    return (f"tp {c.tp} pp {c.pp} dp {c.dp} cp {c.cp} vpp {c.vpp} mbs {c.mbs} {c.schedule} ZeRO {c.zero} "
-            f"{c.recompute}{' SP' if c.sp else ''}")
+        return (
+            f"tp{c.tp} pp{c.pp} dp{c.dp} cp{c.cp} v{c.vpp} mbs{c.mbs} {c.schedule} z{c.zero} {c.recompute}"
+            f"{' SP' if c.sp else ''}"
+        )
+    return (
+        f"tp {c.tp} pp {c.pp} dp {c.dp} cp {c.cp} vpp {c.vpp} mbs {c.mbs} {c.schedule} ZeRO {c.zero} "
+        f"{c.recompute}{' SP' if c.sp else ''}"
+    )
 
 
 def top_table(rows: list[dict], k: int, compact: bool = False) -> tuple[list[str], list[list[str]]]:
     cols = ["rank", "plan", "iteration", "tokens/s", "TFLOP/s/GPU", "MFU", "bubble", "peak GiB", "from"]
     out = []
     for r in ranked(rows)[:k]:
-        out.append([r["rank"], _plan_cell(r, compact), f"{num(r, 'iter_time_s'):.3f} s", f"{num(r, 'tokens_per_s'):,.0f}",
-                    f"{num(r, 'tflops_per_gpu'):.1f}", f"{num(r, 'mfu'):.1%}", f"{num(r, 'bubble_fraction'):.1%}",
-                    f"{num(r, 'peak_memory_gib'):.1f}", SOURCES.get(r.get("source", ""), "")])
+        out.append(
+            [
+                r["rank"],
+                _plan_cell(r, compact),
+                f"{num(r, 'iter_time_s'):.3f} s",
+                f"{num(r, 'tokens_per_s'):,.0f}",
+                f"{num(r, 'tflops_per_gpu'):.1f}",
+                f"{num(r, 'mfu'):.1%}",
+                f"{num(r, 'bubble_fraction'):.1%}",
+                f"{num(r, 'peak_memory_gib'):.1f}",
+                SOURCES.get(r.get("source", ""), ""),
+            ]
+        )
     return cols, out
 
 
@@ -111,19 +148,42 @@ def write_report(out: Path, rows: list[dict], manifest: dict, top: int = 10) -> 
     model, cluster = ident["model"], ident["cluster"]
     gpu = cluster["gpu"]["name"]
     title = f"{model['name']} on {ident['num_gpus']:,} x {gpu} ({cluster['name']}), global batch {ident['gbs']:,}"
-    plot_pareto(rows, out / PARETO, f"Throughput against peak memory: {title}", f"regenerate: {cmd}",
-                cluster["gpu"].get("hbm_GiB"))
+    plot_pareto(
+        rows,
+        out / PARETO,
+        f"Throughput against peak memory: {title}",
+        f"regenerate: {cmd}",
+        cluster["gpu"].get("hbm_GiB"),
+    )
     best = ranked(rows)
-    lines = [f"# Sweep: {title}", "", "Regenerate everything (results, plans, traces, figures, this file):", "",
-             f"```bash\n{cmd}\n```", "", f"Rebuild only this report from results.csv: `simpar report {out.as_posix()}`.", ""]
+    lines = [
+        f"# Sweep: {title}",
+        "",
+        "Regenerate everything (results, plans, traces, figures, this file):",
+        "",
+        f"```bash\n{cmd}\n```",
+        "",
+        f"Rebuild only this report from results.csv: `simpar report {out.as_posix()}`.",
+        "",
+    ]
     lines += ["## Search", "", f"Objective: **{ident['objective']}**. Space: " + _space_text(ident) + ".", ""]
-    lines += _md_table(["configurations", "count"], [
-        ["enumerated", f"{counts.get('enumerated', 0):,}"], ["do not divide (check_plan)", f"{counts.get('invalid', 0):,}"],
-        ["do not fit in memory", f"{counts.get('oom', 0):,}"], ["fit, ranked by the quick estimate", f"{counts.get('fitting', 0):,}"],
-        ["re-ranked by the list-scheduler oracle", f"{counts.get('refined', 0):,}"],
-        ["simulated by the engine", f"{counts.get('simulated', 0):,}"]])
-    lines += ["", "Every configuration is a row of `results.csv` with its plan, result, breakdown, memory, status and "
-              "reason. Rows simulated by the engine rank first, then those estimated by the oracle, then the rest.", ""]
+    lines += _md_table(
+        ["configurations", "count"],
+        [
+            ["enumerated", f"{counts.get('enumerated', 0):,}"],
+            ["do not divide (check_plan)", f"{counts.get('invalid', 0):,}"],
+            ["do not fit in memory", f"{counts.get('oom', 0):,}"],
+            ["fit, ranked by the quick estimate", f"{counts.get('fitting', 0):,}"],
+            ["re-ranked by the list-scheduler oracle", f"{counts.get('refined', 0):,}"],
+            ["simulated by the engine", f"{counts.get('simulated', 0):,}"],
+        ],
+    )
+    lines += [
+        "",
+        "Every configuration is a row of `results.csv` with its plan, result, breakdown, memory, status and "
+        "reason. Rows simulated by the engine rank first, then those estimated by the oracle, then the rest.",
+        "",
+    ]
     if best:
         cols, table = top_table(rows, top)
         lines += ["## Best plans", ""] + _md_table(cols, table) + [""]
@@ -131,16 +191,25 @@ def write_report(out: Path, rows: list[dict], manifest: dict, top: int = 10) -> 
         d = f"{PLAN_DIR}/{plan_dir_name(1, best[0])}"
         if (out / d / "timeline.png").exists():
             shutil.copyfile(out / d / "timeline.png", out / TIMELINE)  # a stable name to link to
-            lines += ["## Timeline of the best plan", "", f"![timeline of the best plan]({TIMELINE})", "",
-                      f"Files the executor runs as they are: [`plan.json`]({d}/plan.json), [`schedule.csv`]({d}/schedule.csv); "
-                      f"trace: [`trace.json`]({d}/trace.json) (open in https://ui.perfetto.dev). Other plans: `{PLAN_DIR}/`.", ""]
+            lines += [
+                "## Timeline of the best plan",
+                "",
+                f"![timeline of the best plan]({TIMELINE})",
+                "",
+                f"Files the executor runs as they are: [`plan.json`]({d}/plan.json), "
+                f"[`schedule.csv`]({d}/schedule.csv); "
+                f"trace: [`trace.json`]({d}/trace.json) (open in https://ui.perfetto.dev). Other plans: `{PLAN_DIR}/`.",
+                "",
+            ]
     else:
         lines += ["## No plan fits", "", "No configuration of the space is a valid plan that fits in memory.", ""]
     lines += ["## Throughput against memory", "", f"![throughput against peak memory]({PARETO})", ""]
     lines += ["## Why configurations were dropped", ""]
     reasons = drop_reasons(rows)
-    lines += _md_table(["count", "reason", "example"], [[f"{n:,}", p, e] for n, p, e in reasons]) if reasons else ["None."]
-    lines += ["", "Ask about any configuration: `simpar report " + out.as_posix() + " --why \"tp=4,pp=8\"`.", ""]
+    lines += (
+        _md_table(["count", "reason", "example"], [[f"{n:,}", p, e] for n, p, e in reasons]) if reasons else ["None."]
+    )
+    lines += ["", "Ask about any configuration: `simpar report " + out.as_posix() + ' --why "tp=4,pp=8"`.', ""]
     (out / REPORT).write_text("\n".join(lines))
     return out / REPORT
 
@@ -152,8 +221,10 @@ def _default_cp(ident: dict) -> str:
 
 def _space_text(ident: dict) -> str:
     s = ident["space"]
-    return (f"schedules {', '.join(s['schedules'])}; ZeRO {', '.join(map(str, s['zero']))}; recompute "
-            f"{', '.join(s['recompute'])}; micro-batch {', '.join(map(str, s['mbs']))}; tp up to "
-            f"{s['max_tp'] or 'a node'}; cp up to {s['max_cp'] or _default_cp(ident)}; sequence parallelism "
-            f"{'/'.join('on' if x else 'off' for x in s['sequence_parallel'])}; layer split {s['layer_split']}; "
-            f"{s['precision']}; engine backend {ident['backend']}")
+    return (
+        f"schedules {', '.join(s['schedules'])}; ZeRO {', '.join(map(str, s['zero']))}; recompute "
+        f"{', '.join(s['recompute'])}; micro-batch {', '.join(map(str, s['mbs']))}; tp up to "
+        f"{s['max_tp'] or 'a node'}; cp up to {s['max_cp'] or _default_cp(ident)}; sequence parallelism "
+        f"{'/'.join('on' if x else 'off' for x in s['sequence_parallel'])}; layer split {s['layer_split']}; "
+        f"{s['precision']}; engine backend {ident['backend']}"
+    )

@@ -15,9 +15,9 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Callable
 
 from ..errors import SimparError
 from .evaluate import SweepSetup
@@ -54,10 +54,18 @@ def identity(setup: SweepSetup, opts: SweepOptions) -> dict:
     """What a sweep's rows depend on (a resume must match it exactly)."""
     calibration = setup.calibration.to_json() if setup.calibration is not None else None
     out = {
-        "model": setup.model.model_dump(mode="json"), "cluster": setup.cluster.model_dump(mode="json"),
-        "num_gpus": setup.num_gpus, "gbs": setup.gbs, "space": setup.space.to_json(), "calibration": calibration,
-        "engine_options": asdict(setup.options), "backend": setup.backend, "objective": opts.objective,
-        "refine": opts.refine, "simulate": opts.simulate, "exhaustive": opts.exhaustive,
+        "model": setup.model.model_dump(mode="json"),
+        "cluster": setup.cluster.model_dump(mode="json"),
+        "num_gpus": setup.num_gpus,
+        "gbs": setup.gbs,
+        "space": setup.space.to_json(),
+        "calibration": calibration,
+        "engine_options": asdict(setup.options),
+        "backend": setup.backend,
+        "objective": opts.objective,
+        "refine": opts.refine,
+        "simulate": opts.simulate,
+        "exhaustive": opts.exhaustive,
     }
     if setup.profile.name != "megatron":
         out["runtime"] = setup.profile.name
@@ -79,8 +87,11 @@ def _prepare(out: Path, setup: SweepSetup, opts: SweepOptions, resume: bool, com
     if resume and old is not None:
         if old.get("token") != token:
             diff = sorted(k for k in ident if old.get("identity", {}).get(k) != ident[k])
-            raise SimparError("resume", f"{out} holds a sweep with other inputs (differs in: {', '.join(diff) or 'version'}).",
-                              "rerun without --resume to start over, or choose another --out.")
+            raise SimparError(
+                "resume",
+                f"{out} holds a sweep with other inputs (differs in: {', '.join(diff) or 'version'}).",
+                "rerun without --resume to start over, or choose another --out.",
+            )
         if old.get("complete") and (out / "results.csv").exists():
             return old, True
     if not resume or old is None:
@@ -89,14 +100,22 @@ def _prepare(out: Path, setup: SweepSetup, opts: SweepOptions, resume: bool, com
             (out / name).unlink(missing_ok=True)
         shutil.rmtree(out / "plans", ignore_errors=True)
     jdir.mkdir(parents=True, exist_ok=True)
-    manifest = {"simpar_sweep_version": SWEEP_FORMAT_VERSION, "token": token, "identity": ident, "command": command,
-                "model": setup.model.name, "cluster": setup.cluster.name, "complete": False}
+    manifest = {
+        "simpar_sweep_version": SWEEP_FORMAT_VERSION,
+        "token": token,
+        "identity": ident,
+        "command": command,
+        "model": setup.model.name,
+        "cluster": setup.cluster.name,
+        "complete": False,
+    }
     write_json(mpath, manifest)
     return manifest, False
 
 
-def _phase(backend, setup: SweepSetup, name: str, configs: list[Config], jdir: Path, progress: Progress | None,
-           batch: int) -> dict[str, dict[str, str]]:
+def _phase(
+    backend, setup: SweepSetup, name: str, configs: list[Config], jdir: Path, progress: Progress | None, batch: int
+) -> dict[str, dict[str, str]]:
     """Run ``name`` on the configurations its journal does not hold yet; rows by id (as read back)."""
     journal = Journal(jdir / f"{name}.csv")
     want = {c.id for c in configs}
@@ -146,8 +165,14 @@ def counts_of(rows: list[dict[str, str]], enumerated: int) -> dict[str, int]:
     return c
 
 
-def run_sweep(setup: SweepSetup, out: Path | str, opts: SweepOptions = SweepOptions(), resume: bool = False,
-              progress: Progress | None = None, command: str = "") -> SweepOutcome:
+def run_sweep(
+    setup: SweepSetup,
+    out: Path | str,
+    opts: SweepOptions = SweepOptions(),
+    resume: bool = False,
+    progress: Progress | None = None,
+    command: str = "",
+) -> SweepOutcome:
     """Run (or resume) a sweep into ``out``; writes results.csv and sweep.json."""
     t0 = time.perf_counter()
     out = Path(out)
@@ -159,8 +184,11 @@ def run_sweep(setup: SweepSetup, out: Path | str, opts: SweepOptions = SweepOpti
     setup = replace(setup, token=manifest["token"])
     configs = enumerate_configs(setup.model, setup.cluster, setup.num_gpus, setup.space)
     if not configs:
-        raise SimparError("search space", f"is empty: {empty_space_reason(setup.model, setup.cluster, setup.num_gpus, setup.space)}.",
-                          "widen --schedules, --max-tp, --max-cp, --mbs, --zero or --recompute.")
+        raise SimparError(
+            "search space",
+            f"is empty: {empty_space_reason(setup.model, setup.cluster, setup.num_gpus, setup.space)}.",
+            "widen --schedules, --max-tp, --max-cp, --mbs, --zero or --recompute.",
+        )
     by_id = {c.id: c for c in configs}
     workers = opts.workers or os.cpu_count() or 1
     jdir = out / "journal"
@@ -171,7 +199,9 @@ def run_sweep(setup: SweepSetup, out: Path | str, opts: SweepOptions = SweepOpti
         t = time.perf_counter()
         size = max(32, min(512, len(configs) // (workers * 8) or 1))
         screen = _phase(backend, setup, "screen", configs, jdir, progress, size)
-        fitting = sorted((r for r in screen.values() if r["status"] == "estimated"), key=sort_key(opts.objective, "quick_time_s"))
+        fitting = sorted(
+            (r for r in screen.values() if r["status"] == "estimated"), key=sort_key(opts.objective, "quick_time_s")
+        )
         timings["screen"], t = time.perf_counter() - t, time.perf_counter()
         if opts.exhaustive:
             chosen = fitting

@@ -22,8 +22,8 @@ Everything else (layers per stage, the global batch per dp x mbs, heads per tp, 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, fields
-from typing import Iterator
 
 from ..errors import PlanError, SimparError
 from ..plan import RECOMPUTE, SCHEDULES, ParallelPlan, balanced_layer_split, check_plan
@@ -54,7 +54,7 @@ class SearchSpace:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, d: dict) -> "SearchSpace":
+    def from_json(cls, d: dict) -> SearchSpace:
         kw = {f.name: d[f.name] for f in fields(cls) if f.name in d}
         for k in ("schedules", "zero", "recompute", "mbs", "sequence_parallel"):
             if k in kw:
@@ -79,10 +79,12 @@ class Config:
 
     @property
     def id(self) -> str:
-        return (f"tp{self.tp}-pp{self.pp}-dp{self.dp}-cp{self.cp}-v{self.vpp}-mbs{self.mbs}-{self.schedule}"
-                f"-z{self.zero}-{self.recompute}-sp{int(self.sp)}")
+        return (
+            f"tp{self.tp}-pp{self.pp}-dp{self.dp}-cp{self.cp}-v{self.vpp}-mbs{self.mbs}-{self.schedule}"
+            f"-z{self.zero}-{self.recompute}-sp{int(self.sp)}"
+        )
 
-    def label(self, other: "Config | None" = None) -> str:
+    def label(self, other: Config | None = None) -> str:
         """Short text naming the fields (only those differing from ``other``, if given)."""
         parts = []
         for f in CONFIG_FIELDS:
@@ -105,10 +107,20 @@ class Config:
         return {f: getattr(self, f) for f in CONFIG_FIELDS}
 
     @classmethod
-    def from_row(cls, row: dict) -> "Config":
+    def from_row(cls, row: dict) -> Config:
         """From a results row (strings, as results.csv holds them)."""
-        return cls(int(row["tp"]), int(row["pp"]), int(row["dp"]), int(row["cp"]), int(row["vpp"]), int(row["mbs"]),
-                   str(row["schedule"]), int(row["zero"]), str(row["recompute"]), str(row["sp"]).lower() in _TRUE)
+        return cls(
+            int(row["tp"]),
+            int(row["pp"]),
+            int(row["dp"]),
+            int(row["cp"]),
+            int(row["vpp"]),
+            int(row["mbs"]),
+            str(row["schedule"]),
+            int(row["zero"]),
+            str(row["recompute"]),
+            str(row["sp"]).lower() in _TRUE,
+        )
 
 
 def default_max_cp(model: ModelSpec, cluster: ClusterSpec) -> int:
@@ -160,10 +172,16 @@ def empty_space_reason(model: ModelSpec, cluster: ClusterSpec, num_gpus: int, sp
         return f"no tp <= --max-tp {max_tp} divides {num_gpus} GPUs"
     only_none = set(space.schedules) == {"none"}
     if only_none:
-        return f"--schedules none allows only pp = 1, and {num_gpus} GPUs with tp <= {max_tp}, cp <= {space.max_cp or default_max_cp(model, cluster)} leave no pp = 1 layout"
+        max_cp = space.max_cp or default_max_cp(model, cluster)
+        return (
+            f"--schedules none allows only pp = 1, and {num_gpus} GPUs with tp <= {max_tp}, cp <= {max_cp} "
+            "leave no pp = 1 layout"
+        )
     if "none" not in space.schedules:
-        return (f"--schedules has no 'none' (so pp = 1 is out) and no pp > 1 with pp <= {model.layers} layers "
-                f"divides {num_gpus} GPUs / (tp cp)")
+        return (
+            f"--schedules has no 'none' (so pp = 1 is out) and no pp > 1 with pp <= {model.layers} layers "
+            f"divides {num_gpus} GPUs / (tp cp)"
+        )
     return "no (tp, cp, pp) layout divides the GPU count"
 
 
@@ -177,14 +195,26 @@ def layer_split_for(cfg: Config, model: ModelSpec, space: SearchSpace) -> tuple[
 def make_plan(cfg: Config, model: ModelSpec, cluster: ClusterSpec, gbs: int, space: SearchSpace) -> ParallelPlan:
     """The ParallelPlan of a configuration (not yet checked)."""
     return ParallelPlan(
-        dp=cfg.dp, tp=cfg.tp, pp=cfg.pp, cp=cfg.cp, vpp=cfg.vpp, micro_batch_size=cfg.mbs, global_batch_size=gbs,
-        schedule=cfg.schedule, zero=cfg.zero, recompute=cfg.recompute, sequence_parallel=cfg.sp,
-        precision=space.precision, layer_split=layer_split_for(cfg, model, space),
+        dp=cfg.dp,
+        tp=cfg.tp,
+        pp=cfg.pp,
+        cp=cfg.cp,
+        vpp=cfg.vpp,
+        micro_batch_size=cfg.mbs,
+        global_batch_size=gbs,
+        schedule=cfg.schedule,
+        zero=cfg.zero,
+        recompute=cfg.recompute,
+        sequence_parallel=cfg.sp,
+        precision=space.precision,
+        layer_split=layer_split_for(cfg, model, space),
         allow_tp_across_nodes=cfg.tp > cluster.gpus_per_node,
     )
 
 
-def checked_plan(cfg: Config, model: ModelSpec, cluster: ClusterSpec, gbs: int, space: SearchSpace) -> tuple[ParallelPlan | None, str]:
+def checked_plan(
+    cfg: Config, model: ModelSpec, cluster: ClusterSpec, gbs: int, space: SearchSpace
+) -> tuple[ParallelPlan | None, str]:
     """(plan, "") for a valid configuration, else (None, the rule it breaks)."""
     plan = make_plan(cfg, model, cluster, gbs, space)
     try:
@@ -227,4 +257,4 @@ def matches(values: dict[str, str], flt: dict[str, str]) -> bool:
 
 def iter_batches(items: list, size: int) -> Iterator[list]:
     for i in range(0, len(items), size):
-        yield items[i:i + size]
+        yield items[i : i + size]

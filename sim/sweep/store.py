@@ -16,20 +16,50 @@ import csv
 import io
 import json
 import os
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from ..engine.results import BREAKDOWN_KEYS
 
 PHASES = ("screen", "refine", "simulate")
 STATUSES = ("simulated", "refined", "estimated", "oom", "invalid")
-PLAN_COLUMNS = ("tp", "pp", "dp", "cp", "vpp", "mbs", "gbs", "num_microbatches", "schedule", "zero", "recompute", "sp",
-                "precision", "layer_split")
-RESULT_COLUMNS = ("iter_time_s", "tokens_per_s", "tflops_per_gpu", "hw_tflops_per_gpu", "mfu", "bubble_fraction",
-                  "reported_rank", "model_flops", "hardware_flops")
+PLAN_COLUMNS = (
+    "tp",
+    "pp",
+    "dp",
+    "cp",
+    "vpp",
+    "mbs",
+    "gbs",
+    "num_microbatches",
+    "schedule",
+    "zero",
+    "recompute",
+    "sp",
+    "precision",
+    "layer_split",
+)
+RESULT_COLUMNS = (
+    "iter_time_s",
+    "tokens_per_s",
+    "tflops_per_gpu",
+    "hw_tflops_per_gpu",
+    "mfu",
+    "bubble_fraction",
+    "reported_rank",
+    "model_flops",
+    "hardware_flops",
+)
 MEMORY_COLUMNS = ("peak_memory_gib", "worst_memory_rank", "over_by_gib", "memory_per_rank_gib")
-COLUMNS = (("id", "status", "reason", "rank", "source") + PLAN_COLUMNS + RESULT_COLUMNS
-           + tuple(f"{k}_s" for k in BREAKDOWN_KEYS) + MEMORY_COLUMNS + ("quick_time_s", "oracle_time_s", "engine_time_s"))
+COLUMNS = (
+    ("id", "status", "reason", "rank", "source")
+    + PLAN_COLUMNS
+    + RESULT_COLUMNS
+    + tuple(f"{k}_s" for k in BREAKDOWN_KEYS)
+    + MEMORY_COLUMNS
+    + ("quick_time_s", "oracle_time_s", "engine_time_s")
+)
 
 
 def fmt(v: Any) -> str:

@@ -5,8 +5,9 @@ backend calls `evaluate.evaluate` on batches of configurations and hands every f
 from __future__ import annotations
 
 import multiprocessing
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-from typing import Any, Callable
+from typing import Any
 
 from ..errors import SimparError
 from .evaluate import SweepSetup, evaluate
@@ -47,8 +48,9 @@ class Pool:
     def map(self, setup: SweepSetup, phase: str, batches: list[list[Config]], on_done: OnDone) -> None:
         if self.ex is None:
             method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-            self.ex = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context(method),
-                                          initializer=_init, initargs=(setup,))
+            self.ex = ProcessPoolExecutor(
+                self.workers, mp_context=multiprocessing.get_context(method), initializer=_init, initargs=(setup,)
+            )
         pending = {self.ex.submit(_run, phase, b) for b in batches}
         while pending:
             done, pending = wait(pending, return_when=FIRST_COMPLETED)
@@ -69,7 +71,9 @@ class RayBackend:
         try:
             import ray
         except ImportError:
-            raise SimparError("ray", "Ray is not installed.", "pip install 'simpar[ray]', or drop --ray to use the local pool.") from None
+            raise SimparError(
+                "ray", "Ray is not installed.", "pip install 'simpar[ray]', or drop --ray to use the local pool."
+            ) from None
         self.ray = ray
         self.started = not ray.is_initialized()
         if self.started:

@@ -187,7 +187,9 @@ class Topology:
         f, local = self.cluster.node, gpu % self.gpus_per_node
         if f.nics_per_pcie_switch == 0:
             return -1
-        return (local // f.gpus_per_pcie_switch) * f.nics_per_pcie_switch + (local % f.gpus_per_pcie_switch) % f.nics_per_pcie_switch
+        return (local // f.gpus_per_pcie_switch) * f.nics_per_pcie_switch + (
+            local % f.gpus_per_pcie_switch
+        ) % f.nics_per_pcie_switch
 
     def link_id(self, u: str, v: str) -> int:
         return self._link_id[(u, v)]
@@ -242,10 +244,18 @@ class Topology:
             s_name, nic = self.switch_name(na, sw), f"n{na}/nic{jb}"
             head = (self._link_id[(self.gpu_name(src), s_name)], self._link_id[(s_name, nic)])
             return head + self._nic_path(na, jb, nb, jb) + tail
-        proxy = next((g for g in range(na * self.gpus_per_node, (na + 1) * self.gpus_per_node) if self.nic_of(g) == jb), None)
+        proxy = next(
+            (g for g in range(na * self.gpus_per_node, (na + 1) * self.gpus_per_node) if self.nic_of(g) == jb), None
+        )
         if f.interconnect != "nvswitch" or proxy is None:
             return self._to_nic(src) + self._nic_path(na, ja, nb, jb) + tail
-        return self.nvswitch_links(src)[:1] + self.nvswitch_links(proxy)[1:] + self._to_nic(proxy) + self._nic_path(na, jb, nb, jb) + tail
+        return (
+            self.nvswitch_links(src)[:1]
+            + self.nvswitch_links(proxy)[1:]
+            + self._to_nic(proxy)
+            + self._nic_path(na, jb, nb, jb)
+            + tail
+        )
 
     def _pcie_path(self, a: int, b: int) -> list[str]:
         f, n = self.cluster.node, self.node_of(a)
@@ -280,7 +290,12 @@ class Topology:
         if la == lb:
             return (self._link_id[(nic_a, la)], self._link_id[(la, nic_b)])
         spine = self.spine_name(self._spine(na, ja, nb, jb))
-        return (self._link_id[(nic_a, la)], self._link_id[(la, spine)], self._link_id[(spine, lb)], self._link_id[(lb, nic_b)])
+        return (
+            self._link_id[(nic_a, la)],
+            self._link_id[(la, spine)],
+            self._link_id[(spine, lb)],
+            self._link_id[(lb, nic_b)],
+        )
 
     def path_names(self, src: int, dst: int) -> list[str]:
         """The graph nodes along the route from GPU ``src`` to GPU ``dst``."""
@@ -339,7 +354,7 @@ class Topology:
 
     def summary(self) -> dict:
         """Counts of graph nodes and links by kind, link rates, bisection (for `simpar topo`)."""
-        nodes = {k: 0 for k in NODE_KINDS}
+        nodes = dict.fromkeys(NODE_KINDS, 0)
         for _, kind in self.graph.nodes(data="kind"):
             nodes[kind] += 1
         links: dict[str, dict] = {}

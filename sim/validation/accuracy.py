@@ -18,8 +18,9 @@ with ``name``, ``schedule``, ``pred_iter_s``, ``meas_iter_s``, ``pred_mem_bytes`
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import yaml
 
@@ -62,28 +63,43 @@ def read_closed_loop(path: str | Path) -> list[RowResult]:
             rows = [_from_check(r) for r in doc["plans"]]  # simpar calibrate --check
         if not isinstance(rows, list):
             continue  # another file of the check (a calibration, a trace): not a result table
-        device = doc.get("device", {}).get("name", "") if isinstance(doc.get("device"), dict) else str(doc.get("device", ""))
+        device = (
+            doc.get("device", {}).get("name", "") if isinstance(doc.get("device"), dict) else str(doc.get("device", ""))
+        )
         for i, r in enumerate(rows):
             try:
                 meas, pred = float(r["measured_iter_time_s"]), r.get("predicted_iter_time_s")
             except (KeyError, TypeError, ValueError):
-                raise SimparError(f"closed loop {f.name}: rows[{i}]", "needs id, measured_iter_time_s, predicted_iter_time_s.",
-                                  "regenerate it with `simpar calibrate --check`.") from None
-            rr = RowResult(str(r.get("id", f"{f.stem}-{i}")), f"closed loop{': ' + device if device else ''}",
-                           str(r.get("schedule", "?")), meas, None if pred is None else float(pred),
-                           _opt(r.get("measured_peak_mem_gib")), _opt(r.get("predicted_peak_mem_gib")),
-                           status=str(r.get("status", "ok")))
+                raise SimparError(
+                    f"closed loop {f.name}: rows[{i}]",
+                    "needs id, measured_iter_time_s, predicted_iter_time_s.",
+                    "regenerate it with `simpar calibrate --check`.",
+                ) from None
+            rr = RowResult(
+                str(r.get("id", f"{f.stem}-{i}")),
+                f"closed loop{': ' + device if device else ''}",
+                str(r.get("schedule", "?")),
+                meas,
+                None if pred is None else float(pred),
+                _opt(r.get("measured_peak_mem_gib")),
+                _opt(r.get("predicted_peak_mem_gib")),
+                status=str(r.get("status", "ok")),
+            )
             out.append(rr)
     return out
 
 
 def _from_check(r: dict[str, Any]) -> dict[str, Any]:
     """A ``simpar calibrate --check`` plan row in the reader's keys (bytes -> GiB)."""
-    gib = 1024.0 ** 3
-    return {"id": r.get("name"), "schedule": r.get("schedule", "?"), "measured_iter_time_s": r.get("meas_iter_s"),
-            "predicted_iter_time_s": r.get("pred_iter_s"),
-            "measured_peak_mem_gib": None if r.get("meas_mem_bytes") is None else r["meas_mem_bytes"] / gib,
-            "predicted_peak_mem_gib": None if r.get("pred_mem_bytes") is None else r["pred_mem_bytes"] / gib}
+    gib = 1024.0**3
+    return {
+        "id": r.get("name"),
+        "schedule": r.get("schedule", "?"),
+        "measured_iter_time_s": r.get("meas_iter_s"),
+        "predicted_iter_time_s": r.get("pred_iter_s"),
+        "measured_peak_mem_gib": None if r.get("meas_mem_bytes") is None else r["meas_mem_bytes"] / gib,
+        "predicted_peak_mem_gib": None if r.get("pred_mem_bytes") is None else r["pred_mem_bytes"] / gib,
+    }
 
 
 def _opt(x: Any) -> float | None:
@@ -97,7 +113,9 @@ def load_notes(path: str | Path | None) -> dict[str, str]:
     try:
         doc = yaml.safe_load(Path(path).read_text()) or {}
     except yaml.YAMLError as exc:
-        raise SimparError(f"notes {Path(path).name}", f"is not valid YAML ({str(exc).splitlines()[0]}).", "fix it.") from None
+        raise SimparError(
+            f"notes {Path(path).name}", f"is not valid YAML ({str(exc).splitlines()[0]}).", "fix it."
+        ) from None
     if not isinstance(doc, dict):
         raise SimparError(f"notes {Path(path).name}", "must map row ids to text.", "write `row_id: explanation` lines.")
     return {str(k): " ".join(str(v).split()) for k, v in doc.items()}
@@ -129,8 +147,14 @@ def memory_groups(results: list[RowResult], key: str) -> dict[str, Any]:
     return {g: summarize([r for r in results if getattr(r, key) == g], "mem_error") for g in groups}
 
 
-def build(published_csv: str | Path | None, simulate_fn: Callable, closed_loop: str | Path | None = None,
-          notes: dict[str, str] | None = None, worst: int = 12, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+def build(
+    published_csv: str | Path | None,
+    simulate_fn: Callable,
+    closed_loop: str | Path | None = None,
+    notes: dict[str, str] | None = None,
+    worst: int = 12,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
     """Everything the report shows, as plain data (JSON-ready)."""
     notes = notes or {}
     out: dict[str, Any] = {}
@@ -149,8 +173,17 @@ def build(published_csv: str | Path | None, simulate_fn: Callable, closed_loop: 
         out["published"] = doc
     if closed_loop is not None:
         cl = read_closed_loop(closed_loop)
-        doc = report(cl) if cl else {"rows": [], "summary": summarize([]), "memory_summary": summarize([]),
-                                     "per_source": {}, "per_schedule": {}}
+        doc = (
+            report(cl)
+            if cl
+            else {
+                "rows": [],
+                "summary": summarize([]),
+                "memory_summary": summarize([]),
+                "per_source": {},
+                "per_schedule": {},
+            }
+        )
         for d in doc["rows"]:
             d["hints"], d["note"] = [], notes.get(d["id"], "")
         doc["worst_iter"] = [d["id"] for d in _worst(doc["rows"], "error", 5)]

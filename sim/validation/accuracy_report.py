@@ -14,8 +14,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from .published_report import _abs, _pct  # noqa: E402
 
-PLOTS = {"iter": ("predicted_iter_time_s", "measured_iter_time_s", "iteration time (s)", "scatter_iter.png"),
-         "mem": ("predicted_peak_mem_gib", "measured_peak_mem_gib", "peak memory per GPU (GiB)", "scatter_mem.png")}
+PLOTS = {
+    "iter": ("predicted_iter_time_s", "measured_iter_time_s", "iteration time (s)", "scatter_iter.png"),
+    "mem": ("predicted_peak_mem_gib", "measured_peak_mem_gib", "peak memory per GPU (GiB)", "scatter_mem.png"),
+}
 
 
 def scatter(docs: dict[str, Any], kind: str, path: Path) -> bool:
@@ -32,8 +34,9 @@ def scatter(docs: dict[str, Any], kind: str, path: Path) -> bool:
     fig, ax = plt.subplots(figsize=(7, 6.2))
     for part, src in sorted({(p[0], p[1]) for p in pts}):
         sel = [p for p in pts if p[0] == part and p[1] == src]
-        ax.scatter([p[2] for p in sel], [p[3] for p in sel], s=16, marker="x" if part == "closed_loop" else "o",
-                   label=src[:55])
+        ax.scatter(
+            [p[2] for p in sel], [p[3] for p in sel], s=16, marker="x" if part == "closed_loop" else "o", label=src[:55]
+        )
     lo = min(min(p[2], p[3]) for p in pts) * 0.8
     hi = max(max(p[2], p[3]) for p in pts) * 1.25
     ax.plot([lo, hi], [lo, hi], "k-", linewidth=0.8)
@@ -54,16 +57,23 @@ def scatter(docs: dict[str, Any], kind: str, path: Path) -> bool:
 def _summary_line(s: dict[str, Any], what: str) -> str:
     if not s.get("n"):
         return f"{what}: no rows."
-    return (f"{what}: n = {s['n']}, median |error| **{_abs(s['median_abs_error'])}**, p90 **{_abs(s['p90_abs_error'])}**, "
-            f"max {_abs(s['max_abs_error'])}, median signed {_pct(s.get('median_signed_error'))}.")
+    return (
+        f"{what}: n = {s['n']}, median |error| **{_abs(s['median_abs_error'])}**, p90 **{_abs(s['p90_abs_error'])}**, "
+        f"max {_abs(s['max_abs_error'])}, median signed {_pct(s.get('median_signed_error'))}."
+    )
 
 
 def _table(groups: dict[str, Any], title: str) -> list[str]:
-    lines = [f"| {title} | n | median abs | p90 abs | max abs | median signed |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    lines = [
+        f"| {title} | n | median abs | p90 abs | max abs | median signed |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for g, v in groups.items():
         if v["n"]:
-            lines.append(f"| {g} | {v['n']} | {_abs(v['median_abs_error'])} | {_abs(v['p90_abs_error'])} | "
-                         f"{_abs(v['max_abs_error'])} | {_pct(v.get('median_signed_error'))} |")
+            lines.append(
+                f"| {g} | {v['n']} | {_abs(v['median_abs_error'])} | {_abs(v['p90_abs_error'])} | "
+                f"{_abs(v['max_abs_error'])} | {_pct(v.get('median_signed_error'))} |"
+            )
     return lines + [""]
 
 
@@ -75,20 +85,32 @@ def _worst(doc: dict[str, Any], ids: list[str], key: str) -> list[str]:
         why = r.get("note") or "no hand-written note yet."
         hints = "; ".join(r.get("hints", [])) or "none"
         if key == "error":
-            fig = f"{r['predicted_iter_time_s']:.3g} s predicted vs {r['measured_iter_time_s']:.3g} s measured ({_pct(r['error'])})"
+            fig = (
+                f"{r['predicted_iter_time_s']:.3g} s predicted vs {r['measured_iter_time_s']:.3g} s measured "
+                f"({_pct(r['error'])})"
+            )
         else:
-            fig = (f"{r['predicted_peak_mem_gib']:.1f} GiB predicted vs {r['measured_peak_mem_gib']:.1f} measured "
-                   f"({_pct(r['mem_error'])})")
+            fig = (
+                f"{r['predicted_peak_mem_gib']:.1f} GiB predicted vs {r['measured_peak_mem_gib']:.1f} measured "
+                f"({_pct(r['mem_error'])})"
+            )
         lines.append(f"- **{i}** ({r['source']}, {r['schedule']}): {fig}. *Why:* {why} *Automatic hints:* {hints}.")
     return lines + [""]
 
 
 def markdown(data: dict[str, Any], command: str, plots: dict[str, bool], preface: str = "") -> str:
-    lines = ["# Accuracy: simpar's predictions against measured runs", "",
-             "Regenerate everything in this folder with:", "", f"    {command}", "",
-             "Errors are `(predicted - measured) / measured`; *abs* columns are of |error|. No figure here is "
-             "fitted per row: the cost model's per-GPU-type parameters come from the default calibration "
-             "files (`topologies/calibrations/`), fitted once, globally, on all published rows.", ""]
+    lines = [
+        "# Accuracy: simpar's predictions against measured runs",
+        "",
+        "Regenerate everything in this folder with:",
+        "",
+        f"    {command}",
+        "",
+        "Errors are `(predicted - measured) / measured`; *abs* columns are of |error|. No figure here is "
+        "fitted per row: the cost model's per-GPU-type parameters come from the default calibration "
+        "files (`topologies/calibrations/`), fitted once, globally, on all published rows.",
+        "",
+    ]
     if preface:
         lines += [preface.strip(), ""]
     pub = data.get("published")
@@ -96,12 +118,22 @@ def markdown(data: dict[str, Any], command: str, plots: dict[str, bool], preface
     lines += ["## Summary", ""]
     if pub:
         s = pub["summary"]
-        lines += [f"Published runs (`{pub['csv']}`): {s['rows']} rows, {s['n']} simulated, {s['not_simulated']} not simulated.", "",
-                  "- " + _summary_line(s, "iteration time"), "- " + _summary_line(pub["memory_summary"], "peak memory (rows that publish it)"), ""]
+        lines += [
+            f"Published runs (`{pub['csv']}`): {s['rows']} rows, {s['n']} simulated, {s['not_simulated']} "
+            "not simulated.",
+            "",
+            "- " + _summary_line(s, "iteration time"),
+            "- " + _summary_line(pub["memory_summary"], "peak memory (rows that publish it)"),
+            "",
+        ]
     if cl is not None:
         lines += [f"Closed loop (`{cl['path']}`, plans run by simpar's executor on this machine):", ""]
         if cl["rows"]:
-            lines += ["- " + _summary_line(cl["summary"], "iteration time"), "- " + _summary_line(cl["memory_summary"], "peak memory"), ""]
+            lines += [
+                "- " + _summary_line(cl["summary"], "iteration time"),
+                "- " + _summary_line(cl["memory_summary"], "peak memory"),
+                "",
+            ]
         else:
             lines += ["- no result rows found there (run `simpar calibrate --check` first).", ""]
     else:
@@ -110,22 +142,47 @@ def markdown(data: dict[str, Any], command: str, plots: dict[str, bool], preface
     if figs:
         lines += ["## Predicted vs measured", "", *figs, ""]
     if pub:
-        lines += ["## Published runs: iteration time per source", "", *_table(pub["per_source"], "source"),
-                  "## Published runs: iteration time per schedule", "", *_table(pub["per_schedule"], "schedule"),
-                  "## Published runs: peak memory per source", "", *_table(pub["memory_per_source"], "source"),
-                  "## Worst rows: iteration time", "", *_worst(pub, pub["worst_iter"], "error"),
-                  "## Worst rows: peak memory", "", *_worst(pub, pub["worst_mem"], "mem_error")]
+        lines += [
+            "## Published runs: iteration time per source",
+            "",
+            *_table(pub["per_source"], "source"),
+            "## Published runs: iteration time per schedule",
+            "",
+            *_table(pub["per_schedule"], "schedule"),
+            "## Published runs: peak memory per source",
+            "",
+            *_table(pub["memory_per_source"], "source"),
+            "## Worst rows: iteration time",
+            "",
+            *_worst(pub, pub["worst_iter"], "error"),
+            "## Worst rows: peak memory",
+            "",
+            *_worst(pub, pub["worst_mem"], "mem_error"),
+        ]
     if cl and cl["rows"]:
-        lines += ["## Closed loop: per schedule", "", *_table(cl["per_schedule"], "schedule"),
-                  "## Closed loop: rows", "", "| id | schedule | measured s | predicted s | error | mem meas GiB | mem pred GiB | mem error |",
-                  "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        lines += [
+            "## Closed loop: per schedule",
+            "",
+            *_table(cl["per_schedule"], "schedule"),
+            "## Closed loop: rows",
+            "",
+            "| id | schedule | measured s | predicted s | error | mem meas GiB | mem pred GiB | mem error |",
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        ]
         for r in cl["rows"]:
-            lines.append(f"| {r['id']} | {r['schedule']} | {r['measured_iter_time_s']:.4g} | {_num(r['predicted_iter_time_s'])} | "
-                         f"{_pct(r['error'])} | {_num(r['measured_peak_mem_gib'])} | {_num(r['predicted_peak_mem_gib'])} | {_pct(r['mem_error'])} |")
+            lines.append(
+                f"| {r['id']} | {r['schedule']} | {r['measured_iter_time_s']:.4g} | "
+                f"{_num(r['predicted_iter_time_s'])} | "
+                f"{_pct(r['error'])} | {_num(r['measured_peak_mem_gib'])} | "
+                f"{_num(r['predicted_peak_mem_gib'])} | {_pct(r['mem_error'])} |"
+            )
         lines.append("")
     if pub:
-        lines += ["Per-row table of the published runs: [published.md](published.md); all figures as JSON: "
-                  "[accuracy.json](accuracy.json).", ""]
+        lines += [
+            "Per-row table of the published runs: [published.md](published.md); all figures as JSON: "
+            "[accuracy.json](accuracy.json).",
+            "",
+        ]
     return "\n".join(lines)
 
 

@@ -16,7 +16,21 @@ from pathlib import Path
 from ..engine.trace import TraceEvent
 
 #: Kinds compared by default, in display order (others are appended alphabetically).
-KIND_ORDER = ("F", "B", "I", "W", "R", "SEND_F", "RECV_F", "SEND_B", "RECV_B", "REDUCE_GRAD", "UNSHARD", "RESHARD", "OPT")
+KIND_ORDER = (
+    "F",
+    "B",
+    "I",
+    "W",
+    "R",
+    "SEND_F",
+    "RECV_F",
+    "SEND_B",
+    "RECV_B",
+    "REDUCE_GRAD",
+    "UNSHARD",
+    "RESHARD",
+    "OPT",
+)
 
 
 @dataclass(frozen=True)
@@ -55,7 +69,9 @@ def _kind_key(kind: str) -> tuple[int, str]:
     return (KIND_ORDER.index(kind), "") if kind in KIND_ORDER else (len(KIND_ORDER), kind)
 
 
-def compare_events(sim: list[TraceEvent], meas: list[TraceEvent], kinds: tuple[str, ...] | None = None) -> list[KindRow]:
+def compare_events(
+    sim: list[TraceEvent], meas: list[TraceEvent], kinds: tuple[str, ...] | None = None
+) -> list[KindRow]:
     """Rows for every (rank, kind) present in either trace, over the ranks both traces hold."""
     s, m = _by_rank_kind(sim), _by_rank_kind(meas)
     ranks = sorted({r for r, _ in s} & {r for r, _ in m})
@@ -66,7 +82,11 @@ def compare_events(sim: list[TraceEvent], meas: list[TraceEvent], kinds: tuple[s
             if kinds and kind not in kinds:
                 continue
             a, b = s.get((rank, kind), []), m.get((rank, kind), [])
-            rows.append(KindRow(rank, kind, len(a), statistics.fmean(a) if a else None, len(b), statistics.fmean(b) if b else None))
+            rows.append(
+                KindRow(
+                    rank, kind, len(a), statistics.fmean(a) if a else None, len(b), statistics.fmean(b) if b else None
+                )
+            )
     return rows
 
 
@@ -82,16 +102,24 @@ def _ms(x: float | None) -> str:
 
 def format_rows(rows: list[KindRow], sim: list[TraceEvent], meas: list[TraceEvent]) -> str:
     """A plain-text table (times in ms) and the iteration span of each trace."""
-    head = f"{'rank':>4} {'kind':<12} {'sim n':>6} {'sim ms':>10} {'meas n':>6} {'meas ms':>10} {'diff ms':>10} {'meas/sim':>8}"
+    head = (
+        f"{'rank':>4} {'kind':<12} {'sim n':>6} {'sim ms':>10} {'meas n':>6} {'meas ms':>10} "
+        f"{'diff ms':>10} {'meas/sim':>8}"
+    )
     lines = [head, "-" * len(head)]
     for r in rows:
         ratio = "-" if r.ratio is None else f"{r.ratio:.2f}"
-        lines.append(f"{r.rank:>4} {r.kind:<12} {r.sim_count:>6} {_ms(r.sim_mean):>10} {r.meas_count:>6} {_ms(r.meas_mean):>10} {_ms(r.diff):>10} {ratio:>8}")
+        lines.append(
+            f"{r.rank:>4} {r.kind:<12} {r.sim_count:>6} {_ms(r.sim_mean):>10} {r.meas_count:>6} "
+            f"{_ms(r.meas_mean):>10} {_ms(r.diff):>10} {ratio:>8}"
+        )
     lines.append(f"iteration span: simulated {_ms(makespan(sim))} ms, measured {_ms(makespan(meas))} ms")
     return "\n".join(lines)
 
 
-def plot_timelines(sim: list[TraceEvent], meas: list[TraceEvent], path: str | Path, streams: tuple[str, ...] = ("compute",)) -> None:
+def plot_timelines(
+    sim: list[TraceEvent], meas: list[TraceEvent], path: str | Path, streams: tuple[str, ...] = ("compute",)
+) -> None:
     """Two timelines one above the other (simulated, measured): one row per rank, one bar per
     event of ``streams``, coloured by kind, each trace from its own time origin."""
     import matplotlib
@@ -99,7 +127,9 @@ def plot_timelines(sim: list[TraceEvent], meas: list[TraceEvent], path: str | Pa
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    ranks = sorted({e.rank for e in sim} & {e.rank for e in meas}) or sorted({e.rank for e in sim} | {e.rank for e in meas})
+    ranks = sorted({e.rank for e in sim} & {e.rank for e in meas}) or sorted(
+        {e.rank for e in sim} | {e.rank for e in meas}
+    )
     kinds = sorted({e.kind for e in sim + meas if e.stream in streams}, key=_kind_key)
     colors = {k: plt.get_cmap("tab10")(i % 10) for i, k in enumerate(kinds)}
     fig, axes = plt.subplots(2, 1, figsize=(12, 1.2 + 0.5 * len(ranks) * 2), squeeze=True)
@@ -108,9 +138,19 @@ def plot_timelines(sim: list[TraceEvent], meas: list[TraceEvent], path: str | Pa
         t0 = min((e.start for e in shown), default=0.0)
         for e in shown:
             y = ranks.index(e.rank)
-            ax.barh(y, e.duration * 1e3, left=(e.start - t0) * 1e3, height=0.8, color=colors[e.kind], edgecolor="black", linewidth=0.3)
+            ax.barh(
+                y,
+                e.duration * 1e3,
+                left=(e.start - t0) * 1e3,
+                height=0.8,
+                color=colors[e.kind],
+                edgecolor="black",
+                linewidth=0.3,
+            )
             if e.microbatch is not None and e.duration > 0:
-                ax.text((e.start - t0 + e.duration / 2) * 1e3, y, str(e.microbatch), ha="center", va="center", fontsize=6)
+                ax.text(
+                    (e.start - t0 + e.duration / 2) * 1e3, y, str(e.microbatch), ha="center", va="center", fontsize=6
+                )
         ax.set_yticks(range(len(ranks)), [f"rank {r}" for r in ranks])
         ax.invert_yaxis()
         ax.set_title(f"{title} (span {_ms(makespan(shown))} ms)", fontsize=9)

@@ -7,9 +7,10 @@ from __future__ import annotations
 import csv
 import re
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ..errors import SimparError
 from ..plan import ParallelPlan, balanced_layer_split, check_plan
@@ -21,16 +22,43 @@ from ..units import GiB
 #: ``source`` text: (substring, plan fields, why). An optional CSV column of the same name
 #: (``flash_attention``: 1/0) overrides a hint for one row.
 SOURCE_HINTS: tuple[tuple[str, dict[str, Any], str], ...] = (
-    ("Zero Bubble Pipeline Parallelism", {"flash_attention": False},
-     "the authors' Megatron-LM fork (2023, legacy local transformer layer) materialises the attention "
-     "scores: the paper's memory analysis uses Korthikanti et al.'s sbh(34 + 5as/h) per layer, and the "
-     "published peak memory of all 34 rows matches that term (median |error| 3 % with it, 42 % without)"),
+    (
+        "Zero Bubble Pipeline Parallelism",
+        {"flash_attention": False},
+        "the authors' Megatron-LM fork (2023, legacy local transformer layer) materialises the attention "
+        "scores: the paper's memory analysis uses Korthikanti et al.'s sbh(34 + 5as/h) per layer, and the "
+        "published peak memory of all 34 rows matches that term (median |error| 3 % with it, 42 % without)",
+    ),
 )
 OPTIONAL_PLAN_COLUMNS = ("flash_attention",)
 
-COLUMNS = ("id", "source", "cluster", "num_gpus", "arch", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab",
-           "seq_len", "tp", "pp", "dp", "cp", "vpp", "mbs", "gbs", "schedule", "zero", "recompute",
-           "sequence_parallel", "precision", "iter_time_s")
+COLUMNS = (
+    "id",
+    "source",
+    "cluster",
+    "num_gpus",
+    "arch",
+    "layers",
+    "hidden",
+    "heads",
+    "kv_heads",
+    "ffn",
+    "vocab",
+    "seq_len",
+    "tp",
+    "pp",
+    "dp",
+    "cp",
+    "vpp",
+    "mbs",
+    "gbs",
+    "schedule",
+    "zero",
+    "recompute",
+    "sequence_parallel",
+    "precision",
+    "iter_time_s",
+)
 
 
 @dataclass
@@ -58,11 +86,19 @@ class RowResult:
         return (self.predicted_peak_mem_gib - self.measured_peak_mem_gib) / self.measured_peak_mem_gib
 
     def to_json(self) -> dict[str, Any]:
-        return {"id": self.id, "source": self.source, "schedule": self.schedule,
-                "measured_iter_time_s": self.measured_iter_time_s, "predicted_iter_time_s": self.predicted_iter_time_s,
-                "error": self.error, "measured_peak_mem_gib": self.measured_peak_mem_gib,
-                "predicted_peak_mem_gib": self.predicted_peak_mem_gib, "mem_error": self.mem_error,
-                "status": self.status, "breakdown_s": self.breakdown_s}
+        return {
+            "id": self.id,
+            "source": self.source,
+            "schedule": self.schedule,
+            "measured_iter_time_s": self.measured_iter_time_s,
+            "predicted_iter_time_s": self.predicted_iter_time_s,
+            "error": self.error,
+            "measured_peak_mem_gib": self.measured_peak_mem_gib,
+            "predicted_peak_mem_gib": self.predicted_peak_mem_gib,
+            "mem_error": self.mem_error,
+            "status": self.status,
+            "breakdown_s": self.breakdown_s,
+        }
 
 
 def source_label(source: str) -> str:
@@ -102,27 +138,53 @@ def row_hints(r: dict[str, str]) -> dict[str, Any]:
 
 
 def row_setup(r: dict[str, str]) -> tuple[ModelSpec, Any, ParallelPlan]:
-    model = ModelSpec(name=r["id"], arch=r["arch"], layers=int(r["layers"]), hidden=int(r["hidden"]), heads=int(r["heads"]),
-                      kv_heads=int(r["kv_heads"] or 0), ffn=int(r["ffn"] or 0), vocab=int(r["vocab"]), seq_len=int(r["seq_len"]))
+    model = ModelSpec(
+        name=r["id"],
+        arch=r["arch"],
+        layers=int(r["layers"]),
+        hidden=int(r["hidden"]),
+        heads=int(r["heads"]),
+        kv_heads=int(r["kv_heads"] or 0),
+        ffn=int(r["ffn"] or 0),
+        vocab=int(r["vocab"]),
+        seq_len=int(r["seq_len"]),
+    )
     n = int(r["num_gpus"])
     cluster = load_cluster(r["cluster"], gpus=n)
     pp, vpp = int(r["pp"]), int(r["vpp"] or 1)
     split = None if model.layers % (pp * vpp) == 0 else balanced_layer_split(model.layers, pp * vpp)
     tp = int(r["tp"])
     extra = row_hints(r)
-    plan = ParallelPlan(dp=int(r["dp"]), tp=tp, pp=pp, cp=int(r["cp"] or 1), vpp=vpp, micro_batch_size=int(r["mbs"]),
-                        global_batch_size=int(r["gbs"]), schedule=r["schedule"], zero=int(r["zero"]),
-                        recompute=r["recompute"], sequence_parallel=r["sequence_parallel"] == "1" and tp > 1,
-                        precision=r["precision"], layer_split=split, allow_tp_across_nodes=True, **extra)
+    plan = ParallelPlan(
+        dp=int(r["dp"]),
+        tp=tp,
+        pp=pp,
+        cp=int(r["cp"] or 1),
+        vpp=vpp,
+        micro_batch_size=int(r["mbs"]),
+        global_batch_size=int(r["gbs"]),
+        schedule=r["schedule"],
+        zero=int(r["zero"]),
+        recompute=r["recompute"],
+        sequence_parallel=r["sequence_parallel"] == "1" and tp > 1,
+        precision=r["precision"],
+        layer_split=split,
+        allow_tp_across_nodes=True,
+        **extra,
+    )
     check_plan(plan, model, cluster, n)
     return model, cluster, plan
 
 
-def validate_rows(rows: list[dict[str, str]], simulate_fn: Callable, progress: Callable[[str], None] | None = None) -> list[RowResult]:
+def validate_rows(
+    rows: list[dict[str, str]], simulate_fn: Callable, progress: Callable[[str], None] | None = None
+) -> list[RowResult]:
     out = []
     for r in rows:
         mem = float(r["peak_mem_gib"]) if r.get("peak_mem_gib") else None
-        rr = RowResult(r["id"], source_label(r["source"]), r["schedule"], float(r["iter_time_s"]), measured_peak_mem_gib=mem)
+        rr = RowResult(
+            r["id"], source_label(r["source"]), r["schedule"], float(r["iter_time_s"]), measured_peak_mem_gib=mem
+        )
         try:
             model, cluster, plan = row_setup(r)
             res = simulate_fn(model, cluster, plan)
@@ -153,9 +215,13 @@ def summarize(results: list[RowResult], attr: str = "error") -> dict[str, Any]:
     errs = [abs(getattr(r, attr)) for r in results if getattr(r, attr) is not None]
     if not errs:
         return {"n": 0, "median_abs_error": None, "p90_abs_error": None, "max_abs_error": None}
-    return {"n": len(errs), "median_abs_error": statistics.median(errs), "p90_abs_error": _q(errs, 0.9),
-            "max_abs_error": max(errs), "median_signed_error": statistics.median(
-                [getattr(r, attr) for r in results if getattr(r, attr) is not None])}
+    return {
+        "n": len(errs),
+        "median_abs_error": statistics.median(errs),
+        "p90_abs_error": _q(errs, 0.9),
+        "max_abs_error": max(errs),
+        "median_signed_error": statistics.median([getattr(r, attr) for r in results if getattr(r, attr) is not None]),
+    }
 
 
 def report(results: list[RowResult]) -> dict[str, Any]:
@@ -163,8 +229,11 @@ def report(results: list[RowResult]) -> dict[str, Any]:
     schedules = sorted({r.schedule for r in results})
     return {
         "rows": [r.to_json() for r in results],
-        "summary": {**summarize(results), "rows": len(results),
-                    "not_simulated": sum(1 for r in results if r.status != "ok")},
+        "summary": {
+            **summarize(results),
+            "rows": len(results),
+            "not_simulated": sum(1 for r in results if r.status != "ok"),
+        },
         "memory_summary": summarize(results, "mem_error"),
         "per_source": {s: summarize([r for r in results if r.source == s]) for s in sources},
         "per_schedule": {s: summarize([r for r in results if r.schedule == s]) for s in schedules},

@@ -40,26 +40,50 @@ def _pct(x: float | None) -> str:
 
 def markdown(doc: dict[str, Any], command: str) -> str:
     s = doc["summary"]
-    lines = ["# Validation: predicted vs measured iteration time", "",
-             f"Regenerate with: `{command}`", "",
-             f"Rows: {s['rows']}, simulated: {s['n']}, not simulated: {s['not_simulated']}.",
-             f"Median |error| {_abs(s['median_abs_error'])}, p90 {_abs(s['p90_abs_error'])}, max {_abs(s['max_abs_error'])}.", ""]
+    lines = [
+        "# Validation: predicted vs measured iteration time",
+        "",
+        f"Regenerate with: `{command}`",
+        "",
+        f"Rows: {s['rows']}, simulated: {s['n']}, not simulated: {s['not_simulated']}.",
+        f"Median |error| {_abs(s['median_abs_error'])}, p90 {_abs(s['p90_abs_error'])}, max "
+        f"{_abs(s['max_abs_error'])}.",
+        "",
+    ]
     ms = doc["memory_summary"]
     if ms["n"]:
-        lines += [f"Peak memory (rows that publish it: {ms['n']}): median |error| {_abs(ms['median_abs_error'])}, "
-                  f"max {_abs(ms['max_abs_error'])}.", ""]
+        lines += [
+            f"Peak memory (rows that publish it: {ms['n']}): median |error| {_abs(ms['median_abs_error'])}, "
+            f"max {_abs(ms['max_abs_error'])}.",
+            "",
+        ]
     for title, key in (("Per source", "per_source"), ("Per schedule", "per_schedule")):
-        lines += [f"## {title}", "", "| group | n | median abs | p90 abs | max abs |", "| --- | ---: | ---: | ---: | ---: |"]
+        lines += [
+            f"## {title}",
+            "",
+            "| group | n | median abs | p90 abs | max abs |",
+            "| --- | ---: | ---: | ---: | ---: |",
+        ]
         for g, v in doc[key].items():
-            lines.append(f"| {g} | {v['n']} | {_abs(v['median_abs_error'])} | {_abs(v['p90_abs_error'])} | {_abs(v['max_abs_error'])} |")
+            lines.append(
+                f"| {g} | {v['n']} | {_abs(v['median_abs_error'])} | {_abs(v['p90_abs_error'])} | "
+                f"{_abs(v['max_abs_error'])} |"
+            )
         lines.append("")
-    lines += ["## Rows", "", "| id | schedule | measured s | predicted s | error | mem meas GiB | mem pred GiB | mem error | status |",
-              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    lines += [
+        "## Rows",
+        "",
+        "| id | schedule | measured s | predicted s | error | mem meas GiB | mem pred GiB | mem error | status |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
     for r in doc["rows"]:
         pred = "—" if r["predicted_iter_time_s"] is None else f"{r['predicted_iter_time_s']:.4g}"
         mm = "—" if r["measured_peak_mem_gib"] is None else f"{r['measured_peak_mem_gib']:.1f}"
         mp = "—" if r["predicted_peak_mem_gib"] is None else f"{r['predicted_peak_mem_gib']:.1f}"
-        lines.append(f"| {r['id']} | {r['schedule']} | {r['measured_iter_time_s']:.4g} | {pred} | {_pct(r['error'])} | {mm} | {mp} | {_pct(r['mem_error'])} | {r['status']} |")
+        lines.append(
+            f"| {r['id']} | {r['schedule']} | {r['measured_iter_time_s']:.4g} | {pred} | {_pct(r['error'])} "
+            f"| {mm} | {mp} | {_pct(r['mem_error'])} | {r['status']} |"
+        )
     return "\n".join(lines) + "\n"
 
 
