@@ -223,8 +223,9 @@ def _measure(cfg, together: bool, layer_shapes: int) -> dict:
 
     nproc = cfg.nproc
     with _progress(1 if together else 6 + layer_shapes + (1 if nproc > 1 else 0), "calibrating") as step:
-        compute = None if together else run_compute(cfg, step)
         with tempfile.TemporaryDirectory(prefix="simpar-calib-") as tmp:
+            if not together:
+                compute: dict = run_compute(cfg, step)
             comm = run_comm(cfg, tmp, with_compute=together)
             if together:
                 compute = json.loads(Path(tmp, "compute.json").read_text())

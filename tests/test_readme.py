@@ -37,6 +37,6 @@ def test_readme_python_example_runs(tmp_path, monkeypatch, capsys) -> None:
 
 def test_readme_commands_match_ci() -> None:
     ci = (ROOT / ".ci" / "run").read_text()
-    assert "pip install -q -e '.[test,executor]'" in ci and "pytest -q" in ci
+    assert "pip install -q -e '.[test,executor]'" in ci and "pytest -q" in ci and "ruff check" in ci and "mypy" in ci
     assert "pip install -e '.[test,executor]' && OMP_NUM_THREADS=1 python -m pytest -q" in README
     assert "simpar sweep --model gpt3-175b" in README and "--out sweeps/" in README

@@ -125,7 +125,7 @@ def plan_of(case: CheckPlan, cluster: ClusterSpec) -> tuple[ModelSpec, ParallelP
     return model, plan
 
 
-def layer_grid(nproc: int, quick: bool) -> list[dict[str, int | str]]:
+def layer_grid(nproc: int, quick: bool) -> list[dict[str, Any]]:
     """The layer shapes ``simpar calibrate`` measures: the check models at micro-batch 1, 2, 4 and
     tp 1 (and 2 with two or more processes); quick: the GPT model at tp 1, micro-batch 2 and 4."""
     out = []
@@ -220,7 +220,7 @@ def _sp_sync_in_step(sim: list[TraceEvent]) -> list[TraceEvent]:
     return out
 
 
-def kind_errors(sim: list[TraceEvent], meas: list[TraceEvent]) -> dict[str, dict[str, float]]:
+def kind_errors(sim: list[TraceEvent], meas: list[TraceEvent]) -> dict[str, dict[str, float | None]]:
     """Per action kind over the ranks both traces hold: mean simulated and measured seconds and
     the relative error; plus ``bubble`` (idle time of a rank's compute stream)."""
     sim = _sp_sync_in_step(sim)

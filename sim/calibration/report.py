@@ -40,7 +40,7 @@ def _share(x: float | None) -> str:
 
 
 def plan_rows(doc: dict[str, Any]) -> list[tuple[str, ...]]:
-    out = []
+    out: list[tuple[str, ...]] = []
     for r in doc["plans"]:
         speed = r.get("speed_ratio")
         runs = r.get("runs", len(r.get("meas_rounds_s") or ()))  # check.json files before `runs` existed

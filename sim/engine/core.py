@@ -317,7 +317,7 @@ class Engine:
         t0 = self.env.now
         yield self.env.timeout(fp.first.time(self.net))
         tp_exposed = 0.0 if self.opt.overlap_tp else tp
-        rest = [self.env.timeout(seconds + tp_exposed)]
+        rest: list[simpy.Event] = [self.env.timeout(seconds + tp_exposed)]
         if fp.rest is not None:
             tag = ("params", a.stage, a.microbatch, backward)
             rest.append(self.env.process(self._comm(g, g.zero, fp.rest, tag, "zero", "ZERO_GATHER", a.stage)))
@@ -328,8 +328,8 @@ class Engine:
             # stream there: two equal flows sharing a link finish together at the sum of their
             # times, which the queue reproduces for the later one.
             res = g.dp if getattr(self.net, "backend", "") == "contention" else g.zero
-            tag = ("grads", a.stage, a.microbatch)
-            rest.append(self.env.process(self._comm(g, res, fp.reduce, tag, "dp", "REDUCE_GRAD", a.stage)))
+            grads = ("grads", a.stage, a.microbatch)
+            rest.append(self.env.process(self._comm(g, res, fp.reduce, grads, "dp", "REDUCE_GRAD", a.stage)))
         yield simpy.AllOf(self.env, rest)
         g.acc["compute"] += seconds
         g.acc["tp_comm"] += tp_exposed

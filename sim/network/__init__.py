@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ..specs.calibration import Calibration
 from ..specs.cluster import ClusterSpec
 from ..topology.graph import Topology
 from .algorithms import OPS
@@ -52,7 +53,7 @@ def make_network(
     cluster: ClusterSpec,
     backend: str = "analytical",
     env: Any = None,
-    calibration: dict[str, Any] | None = None,
+    calibration: Calibration | dict[str, Any] | None = None,
     *,
     placement: Sequence[int] | None = None,
     topology: Topology | None = None,

@@ -104,7 +104,8 @@ class FlowSet:
 
     def build(self, topo: Topology) -> tuple[tuple[Flow, ...], dict[str, float]]:
         """Routed flows, and the largest hop latency per hardware class among them."""
-        flows, lat = [], {}
+        flows: list[Flow] = []
+        lat: dict[str, float] = {}
         for (a, b), (share, weight) in self._acc.items():
             r = topo.route(a, b)
             flows.append(Flow(r.links, share, weight))

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..specs.calibration import Calibration
 from ..specs.cluster import ClusterSpec
 from ..topology.graph import Topology
 from .algorithms import OPS, CollectiveSchedule, Phase, schedules
@@ -64,7 +65,7 @@ class Network:
     def __init__(
         self,
         cluster: ClusterSpec,
-        calibration: dict[str, Any] | None = None,
+        calibration: Calibration | dict[str, Any] | None = None,
         placement: Sequence[int] | None = None,
         topology: Topology | None = None,
     ) -> None:

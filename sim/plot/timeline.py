@@ -87,7 +87,8 @@ def plot_memory(
     fig, ax = plt.subplots(figsize=(11, 4.5))
     for rank in sorted(timeline):
         pts = sorted(timeline[rank])
-        xs, ys = [], []
+        xs: list[float] = []
+        ys: list[float] = []
         for t, v in pts:
             if xs:
                 xs.append(t)

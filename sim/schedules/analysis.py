@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from ..errors import ScheduleError
 from .costs import StageCosts
-from .ir import Action, Kind, Schedule
+from .ir import STAGE_WIDE, Action, Kind, Schedule
 
 _RECV = frozenset({Kind.RECV_F, Kind.RECV_B})
 _POSTED = _RECV | {Kind.SEND_F, Kind.SEND_B}
@@ -110,7 +110,9 @@ def list_schedule(schedule: Schedule, costs: StageCosts | None = None) -> ListSc
         return (tag * S + s) * M + m
 
     def deps(a: Action) -> tuple[tuple[int, float], ...]:
-        s, k, m = a.stage, a.kind, a.microbatch
+        if a.kind in STAGE_WIDE:
+            return ()
+        s, k, m = a.stage, a.kind, a.mb
         if k is Kind.F:
             if s == 0:
                 return ()
@@ -186,7 +188,7 @@ def list_schedule(schedule: Schedule, costs: StageCosts | None = None) -> ListSc
             ptr[r] += 1
             tag = product.get(a.kind)
             if tag is not None:
-                k = key(tag, a.stage, a.microbatch)
+                k = key(tag, a.stage, a.mb)
                 done[k] = made
                 ready.extend(waiting.pop(k, ()))
     stuck = [r for r in range(P) if ptr[r] < len(schedule.ranks[r])]

@@ -59,6 +59,13 @@ class Action:
 
     __repr__ = __str__
 
+    @property
+    def mb(self) -> int:
+        """The micro-batch of a per-micro-batch action (a stage-wide action has none: ValueError)."""
+        if self.microbatch is None:
+            raise ValueError(f"{self} is stage-wide: it has no micro-batch")
+        return self.microbatch
+
     @classmethod
     def parse(cls, text: str) -> Action:
         m = _ACTION_RE.match(text)

@@ -201,6 +201,7 @@ def zb_auto(
         cost = run.run(allow_bubble, prioritize_b, greedy)
         if best is None or cost < best - 1e-12:
             best, best_run = cost, run
+    assert best_run is not None  # the loop ran at least once
     ranks = tuple(best_run.actions(j) for j in range(pp))
     return Schedule(
         name,

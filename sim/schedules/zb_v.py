@@ -57,5 +57,5 @@ def zb_v(pp: int, num_microbatches: int) -> Schedule:
     check_sizes("zb-v", pp, 2, num_microbatches, vpp_allowed=(2,))
     m = num_microbatches
     n = max(2 * pp - 1, m)
-    ranks = tuple(tuple(a for a in _rank_order(r, pp, n) if a.microbatch < m) for r in range(pp))
+    ranks = tuple(tuple(a for a in _rank_order(r, pp, n) if a.mb < m) for r in range(pp))
     return Schedule("zb-v", pp, 2, m, v_placement(pp), ranks)

@@ -37,7 +37,7 @@ from ..cost.compute import CostModel
 from ..cost.profile import MEGATRON, RuntimeProfile
 from ..cost.workload import StageWork
 from ..engine import iteration as it
-from ..engine.iteration import Comm, EngineOptions
+from ..engine.iteration import CollectiveTimer, Comm, EngineOptions
 from ..layout import RankLayout
 from ..plan import ParallelPlan, ZeroPolicy
 from ..schedules import StageCosts, list_schedule, lower, schedule_for_plan
@@ -68,7 +68,7 @@ class Inputs:
     work: list[StageWork]
     p2p: float
     costs: CostModel
-    net: object
+    net: CollectiveTimer
     options: EngineOptions
     dp_groups: tuple[tuple[int, ...], ...]  # per pipeline rank: its DP x CP group (ZeRO shards)
     cache: dict = field(default_factory=dict, compare=False)
@@ -300,8 +300,8 @@ def quick_estimate(x: Inputs) -> Estimate:
     p, m = x.plan, x.plan.num_microbatches
     if x.fsdp:
         fb, bb, _ = _fsdp_seconds(x)
-        w = x.work[0]
-        end = m * (fb + bb + w.r + (0.0 if x.options.overlap_tp else w.tp_r))
+        w0 = x.work[0]
+        end = m * (fb + bb + w0.r + (0.0 if x.options.overlap_tp else w0.tp_r))
         return _finish(x, [RankTimes(0.0, end, {})], "quick")
     f, i, w = x.seconds
     pr, c = len(x.ranks), x.p2p + x.post
@@ -311,7 +311,7 @@ def quick_estimate(x: Inputs) -> Estimate:
     arrive = [sum(f[s] + c for s in range(min(st))) for st in x.ranks]
     chain = (m - 1) * f[0] + sum(f) + sum(i) + 2 * (pr - 1) * c + w[0]
     t_pipe = max((m - 1) * max(x.rank_work) + _fill(x), max(a + m * wr for a, wr in zip(arrive, x.rank_work)), chain)
-    rts = []
+    rts: list[RankTimes] = []
     drain = 0.0
     for stages in x.ranks:
         end = t_pipe - drain
@@ -339,8 +339,8 @@ def oracle_estimate(x: Inputs, schedule=None) -> Estimate:
     f, _, w = x.seconds
     tp = 0.0 if x.options.overlap_tp else 1.0
     i = tuple(s.i + tp * s.tp_b for s in x.work)  # the lowered schedule's R actions hold the recompute
-    r = tuple(s.r + tp * s.tp_r for s in x.work)
-    res = list_schedule(sched, StageCosts(tuple(f), i, tuple(w), (x.p2p,), t_r=r, t_post=x.post))
+    rc = tuple(s.r + tp * s.tp_r for s in x.work)
+    res = list_schedule(sched, StageCosts(tuple(f), i, tuple(w), (x.p2p,), t_r=rc, t_post=x.post))
     rts = []
     for r, acts in enumerate(sched.ranks):
         lb: dict[int, tuple[float, float, float]] = {}

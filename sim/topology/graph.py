@@ -66,7 +66,7 @@ class Topology:
         self.link_ends: list[tuple[str, str]] = []
         self._link_id: dict[tuple[str, str], int] = {}
         self._routes: dict[tuple[int, int], Route] = {}
-        self._pieces: dict[tuple[str, int], tuple[int, ...]] = {}
+        self._pieces: dict[tuple[str, int], tuple[int, int]] = {}
         self._build()
         self._check_connected()
 
@@ -123,6 +123,7 @@ class Topology:
             self._add_node(gpu, "gpu", node=n, rank=n * g + i)
             self._link(gpu, self.switch_name(n, i // f.gpus_per_pcie_switch), pcie_bw, "pcie", "pcie")
             if f.interconnect == "nvswitch":
+                assert f.nvlink_bw_GBps is not None, "validated by NodeFabric"
                 self._link(gpu, f"n{n}/nvswitch", f.nvlink_bw_GBps * GB, "nvlink", f"nvlink{f.nvlink_generation}")
         for j in range(f.nics(g)):
             nic = f"n{n}/nic{j}"
