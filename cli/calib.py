@@ -30,7 +30,7 @@ def calibration_options(f: Callable[..., Any]) -> Callable[..., Any]:
     )(f)
 
 
-def load_calibration_option(path: str | None, gpu_name: str) -> Calibration | None:
+def load_calibration_option(path: str | None, gpu_name: str | None) -> Calibration | None:
     if not path:
         return None
     from simpar.sim.specs.calibration import load_calibration

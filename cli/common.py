@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from simpar.sim.errors import PlanError
-from simpar.sim.plan import PRECISIONS, RECOMPUTE, SCHEDULES, ParallelPlan, check_plan
+from simpar.sim.plan import MAX_BATCH, MAX_GPUS, PRECISIONS, RECOMPUTE, SCHEDULES, ParallelPlan, check_plan
 from simpar.sim.specs import ClusterSpec, ModelSpec, load_cluster, load_model
 from simpar.sim.specs.loader import build
 
@@ -21,15 +21,37 @@ def plan_options(f: Callable[..., Any]) -> Callable[..., Any]:
     opts = [
         click.option("--model", "model", required=True, help="model preset name, YAML file or HF config.json"),
         click.option("--cluster", "cluster", required=True, help="cluster preset name or YAML file"),
-        click.option("--gpus", type=int, required=True, help="number of GPUs (whole nodes)"),
-        click.option("--tp", type=int, default=1, show_default=True, help="tensor-parallel size"),
-        click.option("--pp", type=int, default=1, show_default=True, help="pipeline-parallel size"),
-        click.option("--dp", type=int, default=None, help="data-parallel size [default: gpus/(tp*pp*cp)]"),
-        click.option("--cp", type=int, default=1, show_default=True, help="context-parallel size"),
-        click.option("--vpp", type=int, default=1, show_default=True, help="model chunks per pipeline rank"),
-        click.option("--mbs", type=int, default=1, show_default=True, help="micro-batch size (sequences)"),
-        click.option("--gbs", type=int, required=True, help="global batch size (sequences)"),
-        click.option("--seq-len", type=int, default=None, help="override the model's sequence length"),
+        click.option("--gpus", type=click.IntRange(1, MAX_GPUS), required=True, help="number of GPUs (whole nodes)"),
+        click.option(
+            "--tp", type=click.IntRange(1, MAX_GPUS), default=1, show_default=True, help="tensor-parallel size"
+        ),
+        click.option(
+            "--pp", type=click.IntRange(1, MAX_GPUS), default=1, show_default=True, help="pipeline-parallel size"
+        ),
+        click.option(
+            "--dp", type=click.IntRange(1, MAX_GPUS), default=None, help="data-parallel size [default: gpus/(tp*pp*cp)]"
+        ),
+        click.option(
+            "--cp", type=click.IntRange(1, MAX_GPUS), default=1, show_default=True, help="context-parallel size"
+        ),
+        click.option(
+            "--vpp",
+            type=click.IntRange(1, MAX_GPUS),
+            default=1,
+            show_default=True,
+            help="model chunks per pipeline rank",
+        ),
+        click.option(
+            "--mbs",
+            type=click.IntRange(1, MAX_BATCH),
+            default=1,
+            show_default=True,
+            help="micro-batch size (sequences)",
+        ),
+        click.option("--gbs", type=click.IntRange(1, MAX_BATCH), required=True, help="global batch size (sequences)"),
+        click.option(
+            "--seq-len", type=click.IntRange(1, 100_000_000), default=None, help="override the model's sequence length"
+        ),
         click.option(
             "--schedule",
             type=click.Choice(SCHEDULES),

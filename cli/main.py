@@ -39,13 +39,18 @@ def _version() -> str:
 
 
 class SimparGroup(click.Group):
-    """Turns SimparError into one line and exit code 2."""
+    """Turns SimparError and click's usage errors (a bad or missing option) into one line and
+    exit code 2."""
 
     def invoke(self, ctx: click.Context):  # type: ignore[override]
         try:
             return super().invoke(ctx)
         except SimparError as exc:
             click.echo(f"error: {exc}", err=True)
+            sys.exit(2)
+        except click.UsageError as exc:
+            cmd = exc.ctx.command_path if exc.ctx is not None else "simpar"
+            click.echo(f"error: {exc.format_message()} Fix: see `{cmd} --help`.", err=True)
             sys.exit(2)
 
 

@@ -7,6 +7,9 @@ import json
 
 import click
 
+from simpar.sim import files
+from simpar.sim.plan import MAX_MICROBATCHES
+from simpar.sim.plot import PLOT_SUFFIXES
 from simpar.sim.schedules import (
     SCHEDULE_NAMES,
     StageCosts,
@@ -20,14 +23,21 @@ from simpar.sim.schedules import (
 from simpar.sim.schedules.render import format_grid
 
 _DEFAULT_VPP = {"interleaved-1f1b": 2, "zb-v": 2}
+#: A schedule's grid is pp x (vpp x microbatches) actions: bounded so that a typo cannot run for ever.
+MAX_PP = 4096
 
 
 @click.command("schedule")
 @click.option("--schedule", "name", required=True, type=click.Choice(SCHEDULE_NAMES), help="pipeline schedule")
-@click.option("--pp", type=int, required=True, help="pipeline ranks")
-@click.option("--microbatches", "m", type=int, required=True, help="microbatches per iteration")
+@click.option("--pp", type=click.IntRange(1, MAX_PP), required=True, help="pipeline ranks")
 @click.option(
-    "--vpp", type=int, default=None, help="stages per rank [default: 2 for interleaved-1f1b and zb-v, else 1]"
+    "--microbatches", "m", type=click.IntRange(1, MAX_MICROBATCHES), required=True, help="microbatches per iteration"
+)
+@click.option(
+    "--vpp",
+    type=click.IntRange(1, MAX_PP),
+    default=None,
+    help="stages per rank [default: 2 for interleaved-1f1b and zb-v, else 1]",
 )
 @click.option(
     "--costs",
@@ -58,6 +68,10 @@ def schedule(
 ) -> None:
     """Show a pipeline schedule: per-rank grid, bubble rate, makespan, peak in-flight microbatches."""
     vpp = vpp if vpp is not None else _DEFAULT_VPP.get(name, 1)
+    if csv_path:
+        files.output_file(csv_path, "--csv")
+    if plot_path:
+        files.output_file(plot_path, "--plot", PLOT_SUFFIXES)
     rank_costs = parse_costs(costs) if costs else StageCosts.uniform()
     stage_costs = StageCosts.per_rank(
         vpp, rank_costs.t_f[0], rank_costs.t_i[0], rank_costs.t_w[0], rank_costs.t_comm[0]

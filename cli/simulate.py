@@ -54,6 +54,7 @@ def simulate(
     """Simulate one training iteration: time, throughput, MFU, breakdown, memory."""
     from simpar.sim.engine.simulate import simulate as run
 
+    check_outputs(trace_path, plot_path, mem_plot, plan_dir)
     st = setup_from_options(kw)
     calib = load_calibration_option(calibration, st.cluster.gpu.name)
     opts = EngineOptions(full=full, overlap_tp=overlap_tp, overlap_grad_reduce=not no_overlap_grad_reduce)
@@ -64,6 +65,21 @@ def simulate(
         echo_json(res.to_json())
         return
     print_result(st, res)
+
+
+def check_outputs(trace_path, plot_path, mem_plot, plan_dir) -> None:
+    """Every output path can be written (folders created) before any work starts."""
+    from simpar.sim import files
+    from simpar.sim.plot import PLOT_SUFFIXES
+
+    if plan_dir:
+        files.output_dir(plan_dir, "--write-plan")
+    if trace_path:
+        files.output_file(trace_path, "--trace", (".json",))
+    if plot_path:
+        files.output_file(plot_path, "--plot", PLOT_SUFFIXES)
+    if mem_plot:
+        files.output_file(mem_plot, "--memory-plot", PLOT_SUFFIXES)
 
 
 def describe(st: Setup) -> str:

@@ -14,17 +14,27 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from simpar.sim import files
 from simpar.sim.errors import SpecError
 from simpar.sim.network import make_network
 from simpar.sim.network.nccltests import topology_report
+from simpar.sim.plot import PLOT_SUFFIXES
 from simpar.sim.plot.topology import draw_topology
 from simpar.sim.specs import load_cluster
 from simpar.sim.units import human_bytes
 
+#: `topo` builds the whole graph and routes every pair class: ~40 s at 65,536 GPUs on one core.
+MAX_TOPO_GPUS = 1 << 17
+
 
 @click.command("topo")
 @click.argument("cluster")
-@click.option("--gpus", type=int, default=None, help="scale the preset to N GPUs (whole nodes) [default: the preset's]")
+@click.option(
+    "--gpus",
+    type=click.IntRange(1, MAX_TOPO_GPUS),
+    default=None,
+    help="scale the preset to N GPUs (whole nodes) [default: the preset's]",
+)
 @click.option(
     "--plot",
     "plot_path",
@@ -35,6 +45,8 @@ from simpar.sim.units import human_bytes
 @click.option("--json", "as_json", is_flag=True, help="print the figures as JSON")
 def topo(cluster: str, gpus: int | None, plot_path: Path | None, as_json: bool) -> None:
     """Nodes, links, bisection and predicted bus bandwidth of a cluster preset or file."""
+    if plot_path is not None:
+        files.output_file(plot_path, "--plot", PLOT_SUFFIXES)
     spec = load_cluster(cluster, gpus=gpus)
     net = make_network(spec)
     report = topology_report(net)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shlex
 import sys
 from pathlib import Path
@@ -22,21 +23,25 @@ from .render import echo_json, print_table
 )
 def validate(csv_file: str, calibration, backend: str, as_json: bool, out_dir) -> None:
     """Simulate every row of a measured-run CSV (see FORMAT.md) and compare."""
+    from simpar.sim import files
     from simpar.sim.engine.simulate import simulate
+    from simpar.sim.specs.calibration import validate_calibration
     from simpar.sim.validation.published import read_rows, report, validate_rows
 
+    out = files.output_dir(out_dir, "--out") if out_dir else None
     rows = read_rows(csv_file)
+    calib = load_calibration_option(calibration, None)  # the file's faults stop the run; its GPU is per row
 
     def sim(model, cluster, plan):
-        calib = load_calibration_option(calibration, cluster.gpu.name) if calibration else None
+        if calib is not None:  # a row on another GPU type is not simulated, with this reason
+            validate_calibration(calib.to_json(), Path(calibration).name, cluster.gpu.name)
         return simulate(model, cluster, plan, backend=backend, calibration=calib)
 
     doc = report(validate_rows(rows, sim))
-    if out_dir:
+    if out is not None:
         from simpar.sim.validation.published_report import markdown, scatter
 
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
+        assert out is not None
         cmd = (
             "simpar " + " ".join(shlex.quote(a) for a in sys.argv[1:])
             if sys.argv[1:2] == ["validate"]
@@ -47,8 +52,8 @@ def validate(csv_file: str, calibration, backend: str, as_json: bool, out_dir) -
             out / "scatter.png",
             f"{Path(csv_file).name}: median |error| {doc['summary']['median_abs_error'] or 0:.1%}",
         )
-        (out / "validation.md").write_text(markdown(doc, cmd))
-        (out / "validation.json").write_text(__import__("json").dumps(doc, indent=1, sort_keys=True))
+        files.write_text(out / "validation.md", markdown(doc, cmd))
+        files.write_text(out / "validation.json", json.dumps(doc, indent=1, sort_keys=True))
     if as_json:
         echo_json(doc)
         return
@@ -64,7 +69,7 @@ def validate(csv_file: str, calibration, backend: str, as_json: bool, out_dir) -
         rows_out.append(
             (
                 r["id"][:48],
-                f"{r['measured_iter_time_s']:.4g}",
+                "—" if r["measured_iter_time_s"] is None else f"{r['measured_iter_time_s']:.4g}",
                 pred,
                 err,
                 mem,

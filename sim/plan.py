@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .errors import PlanError
 from .specs import ClusterSpec, ModelSpec
+from .specs.cluster import MAX_GPUS
 
 #: Schedule names; ``none`` means no pipeline (pp = 1, plain gradient accumulation).
 SCHEDULES = ("none", "gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-1p", "zb-2p", "zb-v")
@@ -27,6 +28,12 @@ PRECISIONS = ("bf16", "fp16", "fp8")
 AXES = ("pp", "dp", "cp", "tp")
 #: Megatron's default: pp outermost ... tp innermost (a TP group stays inside a node).
 DEFAULT_MESH_ORDER = ("pp", "dp", "cp", "tp")
+
+#: Upper bounds on the work one plan may ask for (GPUs: `MAX_GPUS`); beyond them a typo would run
+#: for hours. GPT-3 on 1,024 GPUs runs 96 micro-batches per iteration; the simulator's cost is
+#: linear in micro-batches.
+MAX_MICROBATCHES = 1 << 16
+MAX_BATCH = 1 << 26
 
 
 class ZeroPolicy(enum.Enum):
@@ -60,15 +67,15 @@ def v_placement(pp: int) -> tuple[int, ...]:
 class ParallelPlan(BaseModel):
     """One layout of a training iteration. Sizes multiply to the GPU count."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    dp: int = Field(1, ge=1, description="data-parallel size (replicas, or ZeRO shards)")
-    tp: int = Field(1, ge=1, description="tensor-parallel size (Megatron column/row split)")
-    pp: int = Field(1, ge=1, description="pipeline-parallel size (pipeline ranks)")
-    cp: int = Field(1, ge=1, description="context-parallel size (sequence split for attention)")
-    vpp: int = Field(1, ge=1, description="model chunks (stages) per pipeline rank")
-    micro_batch_size: int = Field(1, ge=1, description="sequences per micro-batch")
-    global_batch_size: int = Field(1, ge=1, description="sequences per iteration, all replicas")
+    dp: int = Field(1, ge=1, le=MAX_GPUS, strict=True, description="data-parallel size (replicas, or ZeRO shards)")
+    tp: int = Field(1, ge=1, le=MAX_GPUS, strict=True, description="tensor-parallel size (Megatron column/row split)")
+    pp: int = Field(1, ge=1, le=MAX_GPUS, strict=True, description="pipeline-parallel size (pipeline ranks)")
+    cp: int = Field(1, ge=1, le=MAX_GPUS, strict=True, description="context-parallel size (sequence split)")
+    vpp: int = Field(1, ge=1, le=MAX_GPUS, strict=True, description="model chunks (stages) per pipeline rank")
+    micro_batch_size: int = Field(1, ge=1, le=MAX_BATCH, strict=True, description="sequences per micro-batch")
+    global_batch_size: int = Field(1, ge=1, le=MAX_BATCH, strict=True, description="sequences per iteration")
     schedule: str = Field("1f1b", description="pipeline schedule name")
     zero: int = Field(0, ge=0, le=3, description="ZeRO stage: 1 optimizer, 2 +grads, 3 +params")
     recompute: Literal["none", "selective", "full"] = "none"
@@ -204,6 +211,8 @@ def balanced_layer_split(num_layers: int, stages: int) -> tuple[int, ...]:
 def check_plan(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec, num_gpus: int | None = None) -> None:
     """Raise one PlanError (field, problem, fix) for the first rule the plan breaks."""
     n = cluster.num_gpus if num_gpus is None else num_gpus
+    if plan.num_gpus > MAX_GPUS:
+        raise PlanError("dp*tp*pp*cp", f"{plan.num_gpus} GPUs is more than simpar's bound of {MAX_GPUS}.", "use fewer.")
     if plan.num_gpus != n:
         raise PlanError(
             "dp*tp*pp*cp",
@@ -284,6 +293,12 @@ def _check_schedule(plan: ParallelPlan) -> None:
     # pp and lets the last group absorb the remainder (sim/schedules/interleaved.py).
     if m < 1:
         raise PlanError("gbs", "the plan has no microbatch.", "raise the global batch.")
+    if m > MAX_MICROBATCHES:
+        raise PlanError(
+            "gbs",
+            f"{m} micro-batches per iteration is more than simpar's bound of {MAX_MICROBATCHES}.",
+            "raise mbs or dp, or lower the global batch.",
+        )
 
 
 def _check_split(plan: ParallelPlan, model: ModelSpec) -> None:

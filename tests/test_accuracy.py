@@ -72,9 +72,15 @@ def test_bad_input(tmp_path: Path) -> None:
     res = runner.invoke(cli, ["accuracy", "--out", str(tmp_path)])
     assert res.exit_code == 2 and "error:" in res.output
     bad = tmp_path / "bad.json"
-    bad.write_text('{"rows": [{"id": "x"}]}')
+    bad.write_text('{"rows": [{"id": "x"}, {"id": "y", "measured_iter_time_s": "NaN"}, 3]}')
     res = runner.invoke(cli, ["accuracy", "--closed-loop", str(bad), "--out", str(tmp_path / "o")])
-    assert res.exit_code == 2 and "measured_iter_time_s" in res.output
+    assert res.exit_code == 0, res.output  # row-level faults stay with their rows
+    rows = json.loads((tmp_path / "o" / "accuracy.json").read_text())["closed_loop"]["rows"]
+    assert [r["status"].split(":")[0] for r in rows] == ["not scored"] * 3
+    assert "measured_iter_time_s" in rows[0]["status"] and "'NaN'" in rows[1]["status"]
+    bad.write_text('{"rows": [], "x": NaN}')  # a file-level fault stops the run
+    res = runner.invoke(cli, ["accuracy", "--closed-loop", str(bad), "--out", str(tmp_path / "o")])
+    assert res.exit_code == 2 and "not valid JSON" in res.output
     res = runner.invoke(cli, ["accuracy", "--closed-loop", str(tmp_path / "missing"), "--out", str(tmp_path / "o")])
     assert res.exit_code == 2
     csv = tmp_path / "flag.csv"

@@ -80,7 +80,7 @@ def test_csv_and_plot(runner, tmp_path) -> None:
 @pytest.mark.parametrize(
     "args,field",
     [
-        (["--schedule", "1f1b", "--pp", "0", "--microbatches", "4"], "pp:"),
+        (["--schedule", "1f1b", "--pp", "0", "--microbatches", "4"], "Invalid value for '--pp'"),
         (["--schedule", "zb-v", "--pp", "2", "--vpp", "3", "--microbatches", "4"], "vpp:"),
         (["--schedule", "1f1b", "--pp", "2", "--microbatches", "4", "--costs", "1,x,1"], "costs:"),
         (["--schedule", "none", "--pp", "2", "--microbatches", "4"], "schedule:"),

@@ -15,6 +15,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import files
+from ..errors import SpecError
+
 TRACE_FORMAT_VERSION = 1
 
 
@@ -71,7 +74,7 @@ def to_chrome(events: Iterable[TraceEvent], metadata: dict[str, Any] | None = No
 
 
 def write_trace(path: str | Path, events: Iterable[TraceEvent], metadata: dict[str, Any] | None = None) -> None:
-    Path(path).write_text(json.dumps(to_chrome(events, metadata), sort_keys=True))
+    files.write_text(path, json.dumps(to_chrome(events, metadata), sort_keys=True))
 
 
 def from_chrome(doc: dict[str, Any]) -> tuple[list[TraceEvent], dict[str, Any]]:
@@ -102,7 +105,17 @@ def from_chrome(doc: dict[str, Any]) -> tuple[list[TraceEvent], dict[str, Any]]:
 
 
 def read_trace(path: str | Path) -> tuple[list[TraceEvent], dict[str, Any]]:
-    return from_chrome(json.loads(Path(path).read_text()))
+    """The events and metadata of a trace file; `SpecError` naming the file and the event when it
+    is not a Chrome trace of complete ("X") events with numeric times."""
+    doc = files.read_json_object(path, "trace")
+    try:
+        return from_chrome(doc)
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        raise SpecError(
+            f"trace {path}",
+            f"is not a Chrome trace simpar can read ({type(exc).__name__}: {exc}).",
+            "give a trace written by simpar simulate/run or the torch profiler.",
+        ) from None
 
 
 def event_dict(e: TraceEvent) -> dict[str, Any]:

@@ -15,6 +15,7 @@ A tuple of length 1 applies to every stage, so ``StageCosts.uniform()`` fits any
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -117,4 +118,8 @@ def parse_costs(text: str) -> StageCosts:
         ) from None
     if len(vals) not in (3, 4):
         raise ScheduleError("costs", f"{text!r} has {len(vals)} values, expected F,B,W[,COMM].", "write e.g. 1,1,1,0.")
+    if not all(math.isfinite(v) and v >= 0 for v in vals) or vals[0] <= 0:
+        raise ScheduleError(
+            "costs", f"{text!r}: times must be finite, F > 0 and the others >= 0.", "write e.g. 1,1,1,0."
+        )
     return StageCosts.uniform(*vals)

@@ -17,13 +17,34 @@ actions appear, ``vpp = stages / pp``, ``m = 1 + the largest microbatch`` and na
 from __future__ import annotations
 
 import csv
+import io
 import json
 from pathlib import Path
+from typing import Any, Literal
 
-from ..errors import ScheduleError
+from pydantic import BaseModel, ConfigDict, Field
+
+from .. import files
+from ..errors import ScheduleError, SpecError
+from ..specs.loader import build
 from .ir import Action, Kind, Schedule
 
 _META_FORMAT = "simpar-schedule-meta/1"
+
+
+class _Meta(BaseModel):
+    """The sidecar's fields (validated: a malformed sidecar is one clear error)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    format: Literal["simpar-schedule-meta/1"]
+    name: str
+    pp: int = Field(gt=0, strict=True)
+    vpp: int = Field(gt=0, strict=True)
+    num_microbatches: int = Field(ge=0, strict=True)
+    placement: list[int]
+    lowered: bool
+    meta: dict[str, Any] = {}
 
 
 def sidecar_path(path: Path | str) -> Path:
@@ -54,12 +75,11 @@ def write_csv(schedule: Schedule, path: Path | str) -> Path:
 
 def _read_rows(path: Path) -> list[tuple[Action, ...]]:
     try:
-        with open(path, newline="") as fh:
-            rows = list(csv.reader(fh))
-    except OSError as exc:
-        raise ScheduleError(
-            "csv", f"cannot read {path}: {exc.strerror}.", "give an existing schedule CSV file."
-        ) from None
+        rows = list(csv.reader(io.StringIO(files.read_text(path, "schedule"), newline="")))
+    except SpecError as exc:
+        raise ScheduleError(exc.field, f"cannot read it: {exc.problem}", exc.fix) from None
+    except csv.Error as exc:
+        raise ScheduleError(f"schedule {path}", f"is not a valid CSV file ({exc}).", "fix the file.") from None
     out = []
     for r, row in enumerate(rows):
         try:
@@ -100,8 +120,8 @@ def read_csv(path: Path | str, pp: int | None = None) -> Schedule:
     path = Path(path)
     ranks = _read_rows(path)
     side = sidecar_path(path)
-    meta = json.loads(side.read_text()) if side.exists() else None
-    want = pp if pp is not None else (meta["pp"] if meta else len(ranks))
+    meta = _read_meta(side) if side.exists() else None
+    want = pp if pp is not None else (meta.pp if meta else len(ranks))
     if len(ranks) > want:
         raise ScheduleError(
             "csv",
@@ -111,19 +131,37 @@ def read_csv(path: Path | str, pp: int | None = None) -> Schedule:
     ranks += [()] * (want - len(ranks))
     if meta is None:
         return _infer(path, ranks, want)
-    if meta.get("format") != _META_FORMAT or meta["pp"] != want:
+    if meta.pp != want:
         raise ScheduleError(
             "csv",
-            f"{side.name} does not describe a {want}-rank schedule ({meta.get('format')}).",
+            f"{side.name} describes a {meta.pp}-rank schedule, not a {want}-rank one.",
             "delete the stale sidecar or rewrite the CSV with write_csv.",
         )
     return Schedule(
-        meta["name"],
-        meta["pp"],
-        meta["vpp"],
-        meta["num_microbatches"],
-        tuple(meta["placement"]),
+        meta.name,
+        meta.pp,
+        meta.vpp,
+        meta.num_microbatches,
+        tuple(meta.placement),
         tuple(ranks),
-        bool(meta["lowered"]),
-        dict(meta.get("meta") or {}),
+        meta.lowered,
+        meta.meta,
     )
+
+
+def _read_meta(side: Path) -> _Meta:
+    """The validated sidecar; its placement must put pp x vpp stages on ranks 0..pp-1."""
+    where = f"schedule sidecar {side}"
+    doc = files.read_json_object(side, "schedule sidecar")
+    try:
+        meta = build(_Meta, doc, where)
+    except SpecError as exc:
+        raise ScheduleError(exc.field, exc.problem, "delete the sidecar or rewrite the CSV with write_csv.") from None
+    stages = meta.pp * meta.vpp
+    if len(meta.placement) != stages or any(not 0 <= r < meta.pp for r in meta.placement):
+        raise ScheduleError(
+            f"{where}: placement",
+            f"must give a rank in 0..{meta.pp - 1} for each of pp x vpp = {stages} stages, got {meta.placement}.",
+            "delete the sidecar or rewrite the CSV with write_csv.",
+        )
+    return meta

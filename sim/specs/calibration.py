@@ -30,12 +30,12 @@ infinity or a non-positive figure is refused with the field named.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from .. import files
 from ..errors import SpecError
 from .loader import build
 
@@ -252,14 +252,7 @@ def validate_calibration(doc: Any, source: str, gpu_name: str | None = None) -> 
 
 def load_calibration(path: str | Path, gpu_name: str | None = None) -> Calibration:
     p = Path(path)
-    try:
-        doc = json.loads(p.read_text())
-    except OSError as exc:
-        raise SpecError("calibration", f"cannot read {p}: {exc.strerror}.", "give an existing file.") from None
-    except json.JSONDecodeError as exc:
-        raise SpecError(
-            f"calibration {p.name}", f"is not valid JSON ({exc.msg}, line {exc.lineno}).", "fix the file."
-        ) from None
+    doc = files.read_json(p, "calibration")
     return validate_calibration(doc, p.name, gpu_name)
 
 

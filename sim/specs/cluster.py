@@ -26,6 +26,10 @@ from pydantic_core import InitErrorDetails
 from ..errors import PlanError, SpecError
 from .gpu import GPUSpec
 
+#: The most GPUs a cluster (and a plan) may have: the largest clusters trained on today have ~100k
+#: GPUs; beyond this bound a typo would build a graph for hours.
+MAX_GPUS = 1 << 20
+
 
 class NodeFabric(BaseModel):
     """Inside one node: GPUs, their NVLink/NVSwitch or PCIe switches, CPU sockets and NICs.
@@ -35,7 +39,7 @@ class NodeFabric(BaseModel):
     ``g % nics_per_pcie_switch`` of its switch (one NIC per GPU when the counts are equal).
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     interconnect: Literal["nvswitch", "pcie", "host"] = Field(
         description="nvswitch: every GPU has NVLink ports into one non-blocking NVSwitch fabric; "
@@ -49,9 +53,9 @@ class NodeFabric(BaseModel):
     pcie_bw_GBps: float | None = Field(
         None, gt=0, description="one x16 PCIe link, per direction, line rate (GB/s); required unless host"
     )
-    gpus_per_pcie_switch: int = Field(1, gt=0)
-    nics_per_pcie_switch: int = Field(0, ge=0, description="compute NICs under each PCIe switch (0: none)")
-    pcie_switches_per_cpu: int = Field(1, gt=0)
+    gpus_per_pcie_switch: int = Field(1, gt=0, strict=True)
+    nics_per_pcie_switch: int = Field(0, ge=0, description="compute NICs under each PCIe switch (0: none)", strict=True)
+    pcie_switches_per_cpu: int = Field(1, gt=0, strict=True)
     host_bw_GBps: float | None = Field(
         None, gt=0, description="host: one process's copy bandwidth into/out of host memory, per direction (GB/s)"
     )
@@ -111,11 +115,13 @@ class ScaleOutFabric(BaseModel):
     ``oversubscription``, split evenly over the spines.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     topology: Literal["rail-optimized", "fat-tree", "two-level", "none"]
-    nodes_per_leaf: int = Field(32, gt=0, description="nodes whose NICs share one leaf (per rail when rail-optimized)")
-    spines: int = Field(16, gt=0, description="spine switches (two-level: always one core switch)")
+    nodes_per_leaf: int = Field(
+        32, gt=0, description="nodes whose NICs share one leaf (per rail when rail-optimized)", strict=True
+    )
+    spines: int = Field(16, gt=0, description="spine switches (two-level: always one core switch)", strict=True)
     oversubscription: float = Field(1.0, ge=1.0, description="leaf downlink : uplink capacity ratio")
     ecmp: Literal["dmodk", "hash"] = Field(
         "dmodk",
@@ -132,13 +138,13 @@ class ScaleOutFabric(BaseModel):
 class ClusterSpec(BaseModel):
     """A cluster of identical nodes. ``gpu`` is the GPU spec (resolved from a preset name)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     name: str
     description: str = ""
     gpu: GPUSpec
-    gpus_per_node: int = Field(gt=0)
-    num_nodes: int = Field(default=1, gt=0, description="nodes in the preset; --gpus rescales it")
+    gpus_per_node: int = Field(gt=0, strict=True)
+    num_nodes: int = Field(default=1, gt=0, description="nodes in the preset; --gpus rescales it", strict=True)
     node: NodeFabric
     scale_out: ScaleOutFabric = Field(ScaleOutFabric(topology="none"), validate_default=True)
 
@@ -156,8 +162,10 @@ class ClusterSpec(BaseModel):
 
     def with_gpus(self, n: int) -> ClusterSpec:
         """The same cluster with ``n`` GPUs: whole nodes, or one partial node when n < a node."""
-        if n <= 0:
-            raise PlanError("gpus", f"must be a positive number of GPUs, got {n}.", "pass --gpus N with N >= 1.")
+        if not 0 < n <= MAX_GPUS:
+            raise PlanError(
+                "gpus", f"must be 1 to {MAX_GPUS} GPUs, got {n}.", "pass --gpus N with 1 <= N <= the bound."
+            )
         if n < self.gpus_per_node:
             return self._rebuilt(num_nodes=1, gpus_per_node=n)
         if n % self.gpus_per_node:

@@ -16,14 +16,14 @@ DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
 class GPUSpec(BaseModel):
     """One accelerator. Peaks are dense (no structured sparsity)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     name: str
     vendor_name: str = ""
     peak_TFLOPS: dict[str, float] = Field(description="dense peak per dtype: fp32 (vector), tf32, bf16, fp16, fp8")
     hbm_GiB: float = Field(gt=0, description="usable HBM capacity as the driver reports it, GiB")
     hbm_bw_GBps: float = Field(gt=0, description="HBM bandwidth, GB/s (decimal)")
-    sms: int = Field(default=0, ge=0, description="streaming multiprocessors (informational)")
+    sms: int = Field(default=0, ge=0, description="streaming multiprocessors (informational)", strict=True)
     tdp_W: float = Field(default=0, ge=0)
 
     @field_validator("peak_TFLOPS")

@@ -3,14 +3,13 @@ validation errors into one `SpecError` line that names the file and the field.""
 
 from __future__ import annotations
 
-import json
 from importlib import resources
 from pathlib import Path
 from typing import Any, TypeVar
 
-import yaml
 from pydantic import BaseModel, ValidationError
 
+from .. import files
 from ..errors import SpecError
 
 T = TypeVar("T", bound=BaseModel)
@@ -41,18 +40,8 @@ def resolve(kind: str, name_or_path: str | Path, what: str) -> Path:
 
 
 def read_mapping(path: Path, what: str) -> dict[str, Any]:
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise SpecError(what, f"cannot read {path}: {exc.strerror}.") from None
-    try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (yaml.YAMLError, json.JSONDecodeError) as exc:
-        first = str(exc).splitlines()[0]
-        raise SpecError(what, f"{path} is not valid YAML/JSON ({first}).", "fix the file's syntax.") from None
-    if not isinstance(data, dict):
-        raise SpecError(what, f"{path} must hold a mapping of keys to values.", "see the presets in topologies/.")
-    return data
+    """A YAML/JSON file of keys and values (`simpar.sim.files` reports every failure)."""
+    return files.read_mapping(path, what)
 
 
 def build(model: type[T], data: dict[str, Any], source: str) -> T:

@@ -23,17 +23,21 @@ from .loader import build, read_mapping, resolve
 class ModelSpec(BaseModel):
     """Shape of a decoder-only transformer. ``ffn`` is the MLP inner size."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
+    # Bounds: well beyond any model trained today (Llama 3 405B: 126 layers, hidden 16384, ffn 53248,
+    # vocab 128256), low enough that a typo is refused instead of simulated for hours.
     name: str
     arch: Literal["gpt", "llama"]
-    layers: int = Field(gt=0)
-    hidden: int = Field(gt=0)
-    heads: int = Field(gt=0)
-    kv_heads: int = Field(default=0, ge=0, description="key/value heads (GQA); 0 means = heads")
-    ffn: int = Field(default=0, ge=0, description="MLP inner size; 0 means 4 * hidden")
-    vocab: int = Field(gt=0)
-    seq_len: int = Field(gt=0, description="training sequence length in tokens")
+    layers: int = Field(gt=0, le=10_000, strict=True)
+    hidden: int = Field(gt=0, le=1_000_000, strict=True)
+    heads: int = Field(gt=0, le=100_000, strict=True)
+    kv_heads: int = Field(
+        default=0, ge=0, le=100_000, strict=True, description="key/value heads (GQA); 0 means = heads"
+    )
+    ffn: int = Field(default=0, ge=0, le=10_000_000, strict=True, description="MLP inner size; 0 means 4 * hidden")
+    vocab: int = Field(gt=0, le=100_000_000, strict=True)
+    seq_len: int = Field(gt=0, le=100_000_000, strict=True, description="training sequence length in tokens")
     description: str = ""
 
     @model_validator(mode="after")
@@ -95,42 +99,58 @@ def load_model(name_or_path: str | Path, seq_len: int | None = None) -> ModelSpe
     return build(ModelSpec, data, f"model file {path.name}")
 
 
+#: HuggingFace keys of a mixture-of-experts model: simpar does not model MoE layers yet, so such a
+#: config is refused rather than read as a dense model.
+HF_MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts", "num_experts_per_tok")
+
+
 def from_hf_config(cfg: dict[str, Any], path: Path) -> dict[str, Any]:
-    """Map HuggingFace config keys (Llama style or GPT-2 style) onto simpar's fields."""
+    """Map HuggingFace config keys (Llama style or GPT-2 style) onto simpar's fields. Every key
+    read must be a positive integer (a string such as "64" is refused, never multiplied)."""
     name = path.parent.name if path.name == "config.json" else path.stem
+    moe = [k for k in HF_MOE_KEYS if cfg.get(k) not in (None, 0, 1)]
+    if moe:
+        raise SpecError(
+            f"model file {path.name}: {moe[0]}",
+            f"is {cfg[moe[0]]!r}: a mixture-of-experts model, which simpar does not model yet.",
+            "give a dense model's config.",
+        )
+
+    def get(key: str, default: int | None = None, *alts: str) -> int:
+        for k in (key, *alts):
+            if cfg.get(k) is not None:
+                v = cfg[k]
+                if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                    raise SpecError(f"model file {path.name}: {k}", f"is {v!r}.", "write a positive integer.")
+                return v
+        if default is None:
+            raise SpecError(f"model file {path.name}: {key}", "missing config key.", "add it to config.json.")
+        return default
+
     if "n_embd" in cfg:  # GPT-2 style
-        try:
-            return {
-                "name": name,
-                "arch": "gpt",
-                "layers": cfg["n_layer"],
-                "hidden": cfg["n_embd"],
-                "heads": cfg["n_head"],
-                "ffn": cfg.get("n_inner") or 4 * cfg["n_embd"],
-                "vocab": cfg["vocab_size"],
-                "seq_len": cfg.get("n_positions", cfg.get("n_ctx", 1024)),
-            }
-        except KeyError as exc:
-            raise SpecError(
-                f"model file {path.name}: {exc.args[0]}", "missing GPT-2 config key.", "add it to config.json."
-            ) from None
-    try:
-        arch = "gpt" if cfg.get("model_type") in ("gpt2", "gpt_neox", "opt") else "llama"
+        h = get("n_embd")
         return {
             "name": name,
-            "arch": arch,
-            "layers": cfg["num_hidden_layers"],
-            "hidden": cfg["hidden_size"],
-            "heads": cfg["num_attention_heads"],
-            "kv_heads": cfg.get("num_key_value_heads") or cfg["num_attention_heads"],
-            "ffn": cfg.get("intermediate_size") or 4 * cfg["hidden_size"],
-            "vocab": cfg["vocab_size"],
-            "seq_len": cfg.get("max_position_embeddings", 4096),
+            "arch": "gpt",
+            "layers": get("n_layer"),
+            "hidden": h,
+            "heads": get("n_head"),
+            "ffn": get("n_inner", 4 * h),
+            "vocab": get("vocab_size"),
+            "seq_len": get("n_positions", 1024, "n_ctx"),
         }
-    except KeyError as exc:
-        raise SpecError(
-            f"model file {path.name}: {exc.args[0]}", "missing HuggingFace config key.", "add it to config.json."
-        ) from None
+    h, heads = get("hidden_size"), get("num_attention_heads")
+    return {
+        "name": name,
+        "arch": "gpt" if cfg.get("model_type") in ("gpt2", "gpt_neox", "opt") else "llama",
+        "layers": get("num_hidden_layers"),
+        "hidden": h,
+        "heads": heads,
+        "kv_heads": get("num_key_value_heads", heads),
+        "ffn": get("intermediate_size", 4 * h),
+        "vocab": get("vocab_size"),
+        "seq_len": get("max_position_embeddings", 4096),
+    }
 
 
 def model_from_dict(data: dict[str, Any], source: str = "model") -> ModelSpec:

@@ -17,13 +17,12 @@ with ``name``, ``schedule``, ``pred_iter_s``, ``meas_iter_s``, ``pred_mem_bytes`
 
 from __future__ import annotations
 
-import json
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from .. import files
 from ..errors import SimparError
 from .published import SOURCE_HINTS, RowResult, read_rows, report, summarize, validate_rows
 
@@ -51,13 +50,10 @@ def read_closed_loop(path: str | Path) -> list[RowResult]:
     p = Path(path)
     if not p.exists():
         raise SimparError("--closed-loop", f"{p} does not exist.", "give the folder `simpar calibrate --check` wrote.")
-    files = (sorted(p.rglob("check.json")) or sorted(p.rglob("*.json"))) if p.is_dir() else [p]
+    paths = (sorted(p.rglob("check.json")) or sorted(p.rglob("*.json"))) if p.is_dir() else [p]
     out: list[RowResult] = []
-    for f in files:
-        try:
-            doc = json.loads(f.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise SimparError(f"closed loop {f.name}", f"cannot be read as JSON ({exc}).", "regenerate it.") from None
+    for f in paths:
+        doc = files.read_json(f, "closed loop")
         rows = doc.get("rows") if isinstance(doc, dict) else None
         if rows is None and isinstance(doc, dict) and isinstance(doc.get("plans"), list):
             rows = [_from_check(r) for r in doc["plans"]]  # simpar calibrate --check
@@ -66,27 +62,40 @@ def read_closed_loop(path: str | Path) -> list[RowResult]:
         device = (
             doc.get("device", {}).get("name", "") if isinstance(doc.get("device"), dict) else str(doc.get("device", ""))
         )
-        for i, r in enumerate(rows):
-            try:
-                meas, pred = float(r["measured_iter_time_s"]), r.get("predicted_iter_time_s")
-            except (KeyError, TypeError, ValueError):
-                raise SimparError(
-                    f"closed loop {f.name}: rows[{i}]",
-                    "needs id, measured_iter_time_s, predicted_iter_time_s.",
-                    "regenerate it with `simpar calibrate --check`.",
-                ) from None
-            rr = RowResult(
-                str(r.get("id", f"{f.stem}-{i}")),
-                f"closed loop{': ' + device if device else ''}",
-                str(r.get("schedule", "?")),
-                meas,
-                None if pred is None else float(pred),
-                _opt(r.get("measured_peak_mem_gib")),
-                _opt(r.get("predicted_peak_mem_gib")),
-                status=str(r.get("status", "ok")),
-            )
-            out.append(rr)
+        source = f"closed loop{': ' + device if device else ''}"
+        out.extend(_closed_loop_row(f, i, r, source) for i, r in enumerate(rows))
     return out
+
+
+def _closed_loop_row(f: Path, i: int, r: Any, source: str) -> RowResult:
+    """One row; a row whose figures are missing or not positive finite numbers is kept, not
+    scored, with the reason in its status (a row-level fault never stops the report)."""
+    if not isinstance(r, dict):
+        return RowResult(f"{f.stem}-{i}", source, "?", None, status=f"not scored: rows[{i}] is not an object")
+    rr = RowResult(str(r.get("id") or f"{f.stem}-{i}"), source, str(r.get("schedule", "?")), None)
+    try:
+        rr.measured_iter_time_s = _figure(r, "measured_iter_time_s", required=True)
+        rr.predicted_iter_time_s = _figure(r, "predicted_iter_time_s")
+        rr.measured_peak_mem_gib = _figure(r, "measured_peak_mem_gib")
+        rr.predicted_peak_mem_gib = _figure(r, "predicted_peak_mem_gib")
+        rr.status = str(r.get("status", "ok"))
+    except SimparError as exc:
+        rr.predicted_iter_time_s = rr.predicted_peak_mem_gib = None
+        rr.status = f"not scored: {exc}"
+    return rr
+
+
+def _figure(r: dict[str, Any], key: str, required: bool = False) -> float | None:
+    x = r.get(key)
+    if x in (None, "") and not required:
+        return None
+    try:
+        v = float(x)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        v = math.nan
+    if not (math.isfinite(v) and v > 0):
+        raise SimparError(key, f"is {x!r}.", "a positive number; regenerate it with `simpar calibrate --check`.")
+    return v
 
 
 def _from_check(r: dict[str, Any]) -> dict[str, Any]:
@@ -102,20 +111,11 @@ def _from_check(r: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _opt(x: Any) -> float | None:
-    return None if x in (None, "") else float(x)
-
-
 def load_notes(path: str | Path | None) -> dict[str, str]:
     """Hand-written explanations, ``row id: text`` (YAML). A missing file is no notes."""
     if path is None or not Path(path).is_file():
         return {}
-    try:
-        doc = yaml.safe_load(Path(path).read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise SimparError(
-            f"notes {Path(path).name}", f"is not valid YAML ({str(exc).splitlines()[0]}).", "fix it."
-        ) from None
+    doc = files.read_yaml(path, "notes") or {}
     if not isinstance(doc, dict):
         raise SimparError(f"notes {Path(path).name}", "must map row ids to text.", "write `row_id: explanation` lines.")
     return {str(k): " ".join(str(v).split()) for k, v in doc.items()}

@@ -171,7 +171,7 @@ def markdown(data: dict[str, Any], command: str, plots: dict[str, bool], preface
         ]
         for r in cl["rows"]:
             lines.append(
-                f"| {r['id']} | {r['schedule']} | {r['measured_iter_time_s']:.4g} | "
+                f"| {r['id']} | {r['schedule']} | {_num(r['measured_iter_time_s'])} | "
                 f"{_num(r['predicted_iter_time_s'])} | "
                 f"{_pct(r['error'])} | {_num(r['measured_peak_mem_gib'])} | "
                 f"{_num(r['predicted_peak_mem_gib'])} | {_pct(r['mem_error'])} |"

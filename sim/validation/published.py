@@ -4,7 +4,7 @@ its reason, never dropped."""
 
 from __future__ import annotations
 
-import csv
+import math
 import re
 import statistics
 from collections.abc import Callable
@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import files
 from ..errors import SimparError
 from ..plan import ParallelPlan, balanced_layer_split, check_plan
 from ..specs import load_cluster
@@ -66,7 +67,7 @@ class RowResult:
     id: str
     source: str
     schedule: str
-    measured_iter_time_s: float
+    measured_iter_time_s: float | None
     predicted_iter_time_s: float | None = None
     measured_peak_mem_gib: float | None = None
     predicted_peak_mem_gib: float | None = None
@@ -75,7 +76,7 @@ class RowResult:
 
     @property
     def error(self) -> float | None:
-        if self.predicted_iter_time_s is None:
+        if self.predicted_iter_time_s is None or self.measured_iter_time_s is None:
             return None
         return (self.predicted_iter_time_s - self.measured_iter_time_s) / self.measured_iter_time_s
 
@@ -108,18 +109,27 @@ def source_label(source: str) -> str:
 
 
 def read_rows(path: str | Path) -> list[dict[str, str]]:
+    """The rows of a measured-run CSV; file-level faults (unreadable, no rows, a missing column)
+    are a `SimparError`, a bad value stays with its row (`validate_rows`)."""
     p = Path(path)
-    try:
-        with open(p, newline="") as fh:
-            rows = list(csv.DictReader(fh))
-    except OSError as exc:
-        raise SimparError("FILE", f"cannot read {p}: {exc.strerror}.", "give an existing CSV file.") from None
+    rows = files.read_csv(p, "measured-run CSV", COLUMNS)
     if not rows:
-        raise SimparError(f"{p.name}", "has no data rows.", "see FORMAT.md for the columns.")
-    missing = [c for c in COLUMNS if c not in rows[0]]
-    if missing:
-        raise SimparError(f"{p.name}: {missing[0]}", f"missing column(s): {', '.join(missing)}.", "see FORMAT.md.")
+        raise SimparError(f"measured-run CSV {p}", "has no data rows.", "see FORMAT.md for the columns.")
     return rows
+
+
+def measured(r: dict[str, str], col: str, required: bool = True) -> float | None:
+    """A row's measured figure: a finite positive number (or, when not ``required``, empty)."""
+    text = (r.get(col) or "").strip()
+    if not text and not required:
+        return None
+    try:
+        v = float(text)
+    except ValueError:
+        v = math.nan
+    if not (math.isfinite(v) and v > 0):
+        raise SimparError(f"row {r.get('id') or '?'}: {col}", f"is {text!r}.", "write a positive number.")
+    return v
 
 
 def row_hints(r: dict[str, str]) -> dict[str, Any]:
@@ -181,11 +191,10 @@ def validate_rows(
 ) -> list[RowResult]:
     out = []
     for r in rows:
-        mem = float(r["peak_mem_gib"]) if r.get("peak_mem_gib") else None
-        rr = RowResult(
-            r["id"], source_label(r["source"]), r["schedule"], float(r["iter_time_s"]), measured_peak_mem_gib=mem
-        )
+        rr = RowResult(r["id"], source_label(r["source"]), r["schedule"], None)
         try:
+            rr.measured_iter_time_s = measured(r, "iter_time_s")
+            rr.measured_peak_mem_gib = measured(r, "peak_mem_gib", required=False)
             model, cluster, plan = row_setup(r)
             res = simulate_fn(model, cluster, plan)
             rr.predicted_iter_time_s = res.iter_time_s

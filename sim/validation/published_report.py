@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 
 def scatter(doc: dict[str, Any], path: Path, title: str) -> None:
-    rows = [r for r in doc["rows"] if r["predicted_iter_time_s"]]
+    rows = [r for r in doc["rows"] if r["predicted_iter_time_s"] and r["measured_iter_time_s"]]
     fig, ax = plt.subplots(figsize=(6.5, 6))
     srcs = sorted({r["source"] for r in rows})
     for s in srcs:
@@ -78,10 +78,11 @@ def markdown(doc: dict[str, Any], command: str) -> str:
     ]
     for r in doc["rows"]:
         pred = "—" if r["predicted_iter_time_s"] is None else f"{r['predicted_iter_time_s']:.4g}"
+        meas = "—" if r["measured_iter_time_s"] is None else f"{r['measured_iter_time_s']:.4g}"
         mm = "—" if r["measured_peak_mem_gib"] is None else f"{r['measured_peak_mem_gib']:.1f}"
         mp = "—" if r["predicted_peak_mem_gib"] is None else f"{r['predicted_peak_mem_gib']:.1f}"
         lines.append(
-            f"| {r['id']} | {r['schedule']} | {r['measured_iter_time_s']:.4g} | {pred} | {_pct(r['error'])} "
+            f"| {r['id']} | {r['schedule']} | {meas} | {pred} | {_pct(r['error'])} "
             f"| {mm} | {mp} | {_pct(r['mem_error'])} | {r['status']} |"
         )
     return "\n".join(lines) + "\n"

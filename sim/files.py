@@ -1,0 +1,195 @@
+"""Every file simpar reads or writes goes through here: one clear `SpecError` for every failure.
+
+Reading: a missing file, a folder, an unreadable file, a binary file, text that is not UTF-8 (a
+byte-order mark is accepted and dropped), malformed JSON/YAML/CSV and the wrong top-level shape
+each become ``error: <file>: <problem>. Fix: <what to do>`` (exit 2 in the CLI), never a
+traceback. JSON's NaN and Infinity are refused (they are not JSON, and no figure simpar reads may
+be one).
+
+Writing: `output_file` / `output_dir` check a destination (and create its folders) before any work
+starts, so a bad ``--out`` fails at once instead of after minutes of measuring; `write_text` and
+`write_json` replace a file atomically (a temporary file in the same folder, then `os.replace`),
+so an interrupted run never leaves half a file.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import SpecError
+
+#: Largest file simpar reads as text (a results.csv of a million-row sweep is ~300 MB).
+MAX_TEXT_BYTES = 1 << 30
+
+
+def _where(path: Path, what: str | None) -> str:
+    return f"{what} {path}" if what else str(path)
+
+
+def read_text(path: str | Path, what: str | None = None) -> str:
+    """The UTF-8 text of ``path`` (a BOM dropped); `SpecError` naming the file otherwise."""
+    p = Path(path)
+    where = _where(p, what)
+    if not p.exists():
+        raise SpecError(where, "does not exist.", "give the path of an existing file.")
+    if p.is_dir():
+        raise SpecError(where, "is a folder, not a file.", "give the path of a file.")
+    try:
+        if p.stat().st_size > MAX_TEXT_BYTES:
+            raise SpecError(where, f"is larger than {MAX_TEXT_BYTES >> 20} MiB.", "give the right file.")
+        data = p.read_bytes()
+    except OSError as exc:
+        raise SpecError(where, f"cannot be read ({exc.strerror or exc}).", "check its permissions.") from None
+    if b"\x00" in data[:8192]:
+        raise SpecError(where, "is a binary file, not text.", "give the text file simpar wrote or documents.")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise SpecError(
+            where,
+            f"is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}).",
+            "save it as UTF-8.",
+        ) from None
+
+
+def _no_constants(name: str) -> float:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def parse_json(text: str, where: str) -> Any:
+    """JSON ``text`` read from ``where``; NaN/Infinity are refused."""
+    try:
+        return json.loads(text, parse_constant=_no_constants)
+    except json.JSONDecodeError as exc:
+        raise SpecError(where, f"is not valid JSON ({exc.msg}, line {exc.lineno}).", "fix the file.") from None
+    except ValueError as exc:
+        raise SpecError(where, f"is not valid JSON ({exc}).", "write finite numbers.") from None
+
+
+def read_json(path: str | Path, what: str | None = None) -> Any:
+    """The JSON document in ``path``."""
+    p = Path(path)
+    return parse_json(read_text(p, what), _where(p, what))
+
+
+def read_yaml(path: str | Path, what: str | None = None) -> Any:
+    """The YAML (or JSON, by suffix) document in ``path``."""
+    p = Path(path)
+    where = _where(p, what)
+    text = read_text(p, what)
+    if p.suffix == ".json":
+        return parse_json(text, where)
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise SpecError(where, f"is not valid YAML ({first}).", "fix the file's syntax.") from None
+
+
+def read_mapping(path: str | Path, what: str | None = None) -> dict[str, Any]:
+    """A YAML/JSON file whose top level must be a mapping."""
+    data = read_yaml(path, what)
+    if not isinstance(data, dict):
+        raise SpecError(_where(Path(path), what), "must hold a mapping of keys to values.", "see the examples.")
+    return data
+
+
+def read_json_object(path: str | Path, what: str | None = None) -> dict[str, Any]:
+    """A JSON file whose top level must be an object."""
+    data = read_json(path, what)
+    if not isinstance(data, dict):
+        raise SpecError(_where(Path(path), what), "must hold a JSON object.", "give the file simpar wrote.")
+    return data
+
+
+def read_csv(path: str | Path, what: str | None = None, required: Sequence[str] = ()) -> list[dict[str, str]]:
+    """The rows of a CSV file with a header; every column of ``required`` must be in it."""
+    p = Path(path)
+    where = _where(p, what)
+    text = read_text(p, what)
+    try:
+        reader = csv.DictReader(io.StringIO(text, newline=""))
+        rows = list(reader)
+    except csv.Error as exc:
+        raise SpecError(where, f"is not a valid CSV file ({exc}).", "fix the file.") from None
+    header = [h.strip() for h in reader.fieldnames or ()]
+    missing = [c for c in required if c not in header]
+    if missing:
+        have = ", ".join(header) if header else "no header"
+        raise SpecError(where, f"has no column {missing[0]!r} ({have}).", f"add the columns {', '.join(required)}.")
+    return [{(k or "").strip(): (v if v is not None else "") for k, v in r.items()} for r in rows]
+
+
+def finite(value: float, where: str) -> float:
+    """``value`` if it is a finite number, else a `SpecError` naming ``where``."""
+    if not math.isfinite(value):
+        raise SpecError(where, f"must be a finite number, got {value!r}.", "give a finite number.")
+    return value
+
+
+# --- outputs -------------------------------------------------------------------------------
+
+
+def _make_dirs(folder: Path, where: str) -> None:
+    for parent in (folder, *folder.parents):
+        if parent.exists() and not parent.is_dir():
+            raise SpecError(where, f"{parent} is a file, not a folder.", "choose a path under a folder.")
+        if parent.exists():
+            break
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SpecError(
+            where, f"cannot create folder {folder} ({exc.strerror or exc}).", "choose a writable path."
+        ) from None
+    if not os.access(folder, os.W_OK):
+        raise SpecError(where, f"folder {folder} is not writable.", "choose a writable path.")
+
+
+def output_file(path: str | Path, what: str, suffixes: Sequence[str] = ()) -> Path:
+    """Check ``path`` can be written (its folder created) before any work starts."""
+    p = Path(path)
+    where = f"{what} {p}"
+    if suffixes and p.suffix.lower() not in suffixes:
+        raise SpecError(where, f"has suffix {p.suffix or '(none)'!r}.", f"use one of {', '.join(suffixes)}.")
+    if p.is_dir():
+        raise SpecError(where, "is a folder.", "give a file name.")
+    _make_dirs(p.parent if str(p.parent) else Path("."), where)
+    if p.exists() and not os.access(p, os.W_OK):
+        raise SpecError(where, "is not writable.", "choose a writable path.")
+    return p
+
+
+def output_dir(path: str | Path, what: str) -> Path:
+    """Check (and create) an output folder before any work starts."""
+    p = Path(path)
+    _make_dirs(p, f"{what} {p}")
+    return p
+
+
+def write_text(path: str | Path, text: str) -> None:
+    """Replace ``path`` with ``text`` atomically (a reader sees the old file or the new one)."""
+    p = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
+            fh.write(text)
+        os.replace(tmp, p)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: str | Path, doc: Any, indent: int | None = 1) -> None:
+    """``doc`` as JSON, atomically; NaN/inf are refused (they would not read back)."""
+    write_text(path, json.dumps(doc, indent=indent, allow_nan=False) + "\n")
