@@ -38,23 +38,26 @@ from .calib import load_calibration_option
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True, help="report folder")
 def accuracy(published, closed_loop, notes, calibration, worst: int, out_dir: str) -> None:
     """Predicted vs measured on published runs and closed-loop runs: plots, tables, worst rows."""
+    from simpar.sim import files
     from simpar.sim.engine.simulate import simulate
     from simpar.sim.errors import SimparError
+    from simpar.sim.specs.calibration import validate_calibration
     from simpar.sim.validation.accuracy import build, load_notes
     from simpar.sim.validation.accuracy_report import markdown, scatter
     from simpar.sim.validation.published_report import markdown as rows_markdown
 
     if not published and not closed_loop:
         raise SimparError("--published/--closed-loop", "neither was given.", "give at least one of them.")
-    out = Path(out_dir)
+    out = files.output_dir(out_dir, "--out")
     notes_path = notes or (out / "notes.yaml")
+    calib = load_calibration_option(calibration, None)  # the file's faults stop the run; its GPU is per row
 
     def sim(model, cluster, plan):
-        calib = load_calibration_option(calibration, cluster.gpu.name) if calibration else None
+        if calib is not None:  # a row on another GPU type is not simulated, with this reason
+            validate_calibration(calib.to_json(), Path(calibration).name, cluster.gpu.name)
         return simulate(model, cluster, plan, calibration=calib)
 
     data = build(published, sim, closed_loop, load_notes(notes_path), worst)
-    out.mkdir(parents=True, exist_ok=True)
     cmd = (
         "simpar " + " ".join(shlex.quote(a) for a in sys.argv[1:])
         if sys.argv[1:2] == ["accuracy"]
@@ -62,11 +65,11 @@ def accuracy(published, closed_loop, notes, calibration, worst: int, out_dir: st
         f"{' --closed-loop ' + closed_loop if closed_loop else ''} --out {out_dir}"
     )
     plots = {k: scatter(data, k, out / f"scatter_{k}.png") for k in ("iter", "mem")}
-    preface = (out / "preface.md").read_text() if (out / "preface.md").is_file() else ""
-    (out / "README.md").write_text(markdown(data, cmd, plots, preface))
+    preface = files.read_text(out / "preface.md", "preface") if (out / "preface.md").is_file() else ""
+    files.write_text(out / "README.md", markdown(data, cmd, plots, preface))
     if "published" in data:
-        (out / "published.md").write_text(rows_markdown(data["published"], cmd))
-    (out / "accuracy.json").write_text(json.dumps(data, indent=1, sort_keys=True))
+        files.write_text(out / "published.md", rows_markdown(data["published"], cmd))
+    files.write_text(out / "accuracy.json", json.dumps(data, indent=1, sort_keys=True))
     for part, doc in data.items():
         s, ms = doc["summary"], doc["memory_summary"]
         name = "published" if part == "published" else "closed loop"

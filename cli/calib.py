@@ -38,6 +38,19 @@ def load_calibration_option(path: str | None, gpu_name: str | None) -> Calibrati
     return load_calibration(path, gpu_name)
 
 
+def uncalibrated_hint(gpu_name: str, calibration: Calibration | None) -> str | None:
+    """A note when the prediction rests on nominal figures: no --calibration and no default
+    calibration for the GPU preset (e.g. ``cpu``, or a user's own GPU file)."""
+    from simpar.sim.specs.calibration import default_calibration_path
+
+    if calibration is not None or default_calibration_path(gpu_name) is not None:
+        return None
+    return (
+        f"note: GPU preset {gpu_name!r} has no calibration, so this prediction uses nominal efficiencies and can be "
+        f"off by 2x; measure the device with `simpar calibrate` and pass --calibration."
+    )
+
+
 def runtime_of(
     runtime: str, calibration: Calibration | None, options: EngineOptions
 ) -> tuple[RuntimeProfile, EngineOptions]:

@@ -130,13 +130,17 @@ def calibrate(
     simpar calibrate --device cpu --nproc 2 --out calib.json
     simpar calibrate --check --calibration calib.json --out check/
     """
+    from simpar.sim import files
+
     if check:
         if not calib_path:
             raise SimparError(
                 "calibration", "--check needs the calibration file to check.", "pass --calibration calib.json."
             )
+        files.output_dir(out, "--out")
         _check(Path(calib_path), Path(out), plans, steps, warmup, rounds, max_rounds, cluster_name)
         return
+    files.output_file(out, "--out", (".json",))  # before minutes of measuring
     _calibrate(device, backend, nproc, gpu_name, cluster_name, quick, Path(out))
 
 
@@ -148,6 +152,7 @@ def _calibrate(device, backend, nproc, gpu_name, cluster_name, quick, out: Path)
         raise SimparError("backend", "nccl needs CUDA devices.", "use --backend gloo with --device cpu.")
     from simpar.executor.devinfo import cuda_devices, software_versions
     from simpar.executor.microbench import BenchConfig, LayerShape
+    from simpar.sim import files
     from simpar.sim.calibration.check import layer_grid
     from simpar.sim.calibration.fit import PROBE_STEADY, build_calibration, probe_spread
 
@@ -203,15 +208,14 @@ def _calibrate(device, backend, nproc, gpu_name, cluster_name, quick, out: Path)
             f"second; kept the {'second' if moved_again < moved else 'first'}"
         )
     software = software_versions()
-    out.parent.mkdir(parents=True, exist_ok=True)
     meas_path = out.with_name(out.stem + ".measurements.json")
-    meas_path.write_text(json.dumps(meas, indent=1) + "\n")
+    files.write_text(meas_path, json.dumps(meas, indent=1) + "\n")
     doc = build_calibration(
         meas, gpu, cluster, date=_dt.date.today().isoformat(), software=software, measurements_file=meas_path.name
     )
     if retry_note:
         doc["fit"]["notes"].insert(0, retry_note)
-    out.write_text(json.dumps(doc, indent=2) + "\n")
+    files.write_text(out, json.dumps(doc, indent=2) + "\n")
     _print_calibration(doc)
     click.echo(f"wrote {out} and {meas_path}")
 

@@ -10,7 +10,7 @@ from simpar.sim.engine.core import EngineOptions
 from simpar.sim.engine.results import SimResult
 from simpar.sim.units import GiB
 
-from .calib import calibration_options, load_calibration_option, runtime_of
+from .calib import calibration_options, load_calibration_option, runtime_of, uncalibrated_hint
 from .common import Setup, plan_options, setup_from_options
 from .render import echo_json, print_table
 
@@ -65,6 +65,9 @@ def simulate(
         echo_json(res.to_json())
         return
     print_result(st, res)
+    hint = uncalibrated_hint(st.cluster.gpu.name, calib)
+    if hint:
+        click.echo(hint, err=True)
 
 
 def check_outputs(trace_path, plot_path, mem_plot, plan_dir) -> None:
@@ -90,14 +93,19 @@ def describe(st: Setup) -> str:
 def print_result(st: Setup, res: SimResult) -> None:
     click.echo(describe(st))
     click.echo(
-        f"iteration {res.iter_time_s:.4f} s | {res.tokens_per_s:,.0f} tokens/s | {res.tflops_per_gpu:.1f} TFLOP/s/GPU"
-        f" (hardware {res.hw_tflops_per_gpu:.1f}) | MFU {res.mfu:.1%} | bubble {res.bubble_fraction:.1%}"
+        f"iteration {res.iter_time_s:.4f} s | {res.tokens_per_s:,.0f} tokens/s | {flops_rate(res.tflops_per_gpu)}/GPU"
+        f" (hardware {flops_rate(res.hw_tflops_per_gpu)}) | MFU {res.mfu:.1%} | bubble {res.bubble_fraction:.1%}"
     )
     rows = [(k, f"{v:.4f}", f"{v / res.iter_time_s:.1%}") for k, v in res.breakdown_s.items()]
     rows.append(("total", f"{sum(res.breakdown_s.values()):.4f}", "100.0%"))
     print_table(f"breakdown of GPU rank {res.reported_rank} (seconds)", ["part", "seconds", "share"], rows)
     click.echo("peak memory per pipeline rank (GiB): " + ", ".join(f"{r.total / GiB:.1f}" for r in res.memory.ranks))
     click.echo(res.memory.verdict())
+
+
+def flops_rate(tflops: float) -> str:
+    """TFLOP/s, or GFLOP/s below one TFLOP/s (a CPU core), so that no rate prints as 0.0."""
+    return f"{tflops:.1f} TFLOP/s" if tflops >= 1 else f"{tflops * 1e3:.1f} GFLOP/s"
 
 
 def write_outputs(

@@ -65,15 +65,37 @@ def plot_timeline(events: Iterable[TraceEvent], path: str | Path, title: str = "
         if tall and e.microbatch is not None and len(evs) < 3000 and e.duration * scale > t_end * scale / 150:
             ax.text((e.start + e.duration / 2) * scale, i, str(e.microbatch), ha="center", va="center", fontsize=6)
     ax.set_yticks(range(len(rows)))
-    ax.set_yticklabels([f"rank {r} {s}" for r, s in rows], fontsize=7)
+    ax.set_yticklabels(row_labels(evs, rows), fontsize=7)
     ax.invert_yaxis()
     ax.set_xlabel(f"time ({unit})")
     ax.set_title(title + (f"\n{subtitle}" if subtitle else ""), fontsize=9)
     used = sorted({e.kind for e in evs if e.kind in COLORS})
-    ax.legend(handles=[Patch(color=COLORS[k], label=k) for k in used], loc="upper right", fontsize=7, ncol=len(used))
+    # outside the axes, right of the rows: it never covers a rank's timeline
+    ax.legend(
+        handles=[Patch(color=COLORS[k], label=k) for k in used],
+        loc="upper left",
+        bbox_to_anchor=(1.005, 1.0),
+        fontsize=7,
+        frameon=False,
+    )
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
+
+
+def row_labels(events: Sequence[TraceEvent], rows: Sequence[tuple[int, str]]) -> list[str]:
+    """``stage 0,4 · rank 512 compute``: the pipeline stages a rank runs first (what a reader of a
+    pipeline looks for), then its global rank and the stream."""
+    stages: dict[int, set[int]] = {}
+    for e in events:
+        if e.stage is not None:
+            stages.setdefault(e.rank, set()).add(int(e.stage))
+    out = []
+    for r, s in rows:
+        st = sorted(stages.get(r, ()))
+        head = f"stage {','.join(map(str, st))} · " if st else ""
+        out.append(f"{head}rank {r} {s}")
+    return out
 
 
 def plot_memory(
