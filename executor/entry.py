@@ -4,7 +4,9 @@
 Initialises the process group (gloo on CPU, NCCL on CUDA, with a short timeout), runs the
 plan, gathers every rank's results on rank 0 which writes ``trace.json`` and ``result.json``,
 then ends with a barrier and a clean shutdown (without the barrier, processes using device-mesh
-sub-groups sometimes abort at exit in torch 2.13). Bad input exits with code 2.
+sub-groups sometimes abort at exit in torch 2.13). Bad input exits with code 2. The process
+dies with torchrun (`guard.die_with_parent`): torchrun starts it in a session of its own, out of
+reach of signals to torchrun's group.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from simpar.sim.engine.trace import write_trace
 from simpar.sim.errors import SimparError
 from simpar.sim.specs.planfile import read_plan_file
 
-from .launch import DEFAULT_TIMEOUT_S, check_inputs
+from .guard import die_with_parent
+from .launch import DEFAULT_TIMEOUT_S, check_device, check_inputs
 
 log = logging.getLogger("simpar.executor")
 
@@ -59,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         plan, model = read_plan_file(args.plan)
         check_inputs(args.plan, args.schedule, int(os.environ.get("WORLD_SIZE", "1")), args.precision, args.device)
+        check_device(args.device, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     except SimparError as exc:
         print(f"error: {exc}", file=sys.stderr)  # the worker's own report, before any collective
         return 2
@@ -81,4 +85,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    die_with_parent()
     sys.exit(main())

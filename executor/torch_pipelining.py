@@ -72,9 +72,10 @@ def _parse(rows: list[list[str]]) -> dict[int, list[_Action]]:
 def lower(rows: list[list[str]], num_microbatches: int, num_stages: int, comms: bool = False) -> dict[int, list[str]]:
     """The actions each rank will run, as ``_PipelineScheduleRuntime._load_csv`` makes them: a
     compute-only schedule is validated and lowered by torch's passes (UNSHARD/RESHARD,
-    REDUCE_GRAD, then sends and receives); a schedule with ``comms`` is taken as written. Either
-    is then dry-run by torch's simulator. Raises ScheduleError when torch rejects the schedule or
-    when it would deadlock."""
+    REDUCE_GRAD, then sends and receives); a schedule with ``comms`` is taken as given
+    (``checks.torch_rows`` has put its receives in their senders' order). Either is then dry-run
+    by torch's simulator. Raises ScheduleError when torch rejects the schedule or when it would
+    deadlock."""
     actions = _parse(rows)
     try:
         if comms:
@@ -105,10 +106,12 @@ def check_deadlock(lowered: dict[int, list[_Action]], stage_to_rank: dict[int, i
     with contextlib.redirect_stdout(io.StringIO()) as out:  # torch prints the stuck schedule
         try:
             _simulate_comms_compute(order, lambda s: stage_to_rank[s], num_stages)
-        except ValueError:
-            stuck = [ln for ln in out.getvalue().splitlines() if "next action" in ln]
+        except Exception:  # ValueError; or IndexError from torch's printer when a rank has finished
+            stuck = [ln for ln in out.getvalue().splitlines() if "next action" in ln] or ["no rank can go on"]
             raise ScheduleError(
-                "schedule", f"it deadlocks ({'; '.join(stuck)}).", "check the action order of each rank."
+                "schedule",
+                f"it deadlocks in torch's dry run ({'; '.join(stuck)}).",
+                "check the action order of each rank.",
             ) from None
 
 
@@ -182,7 +185,7 @@ class PipelineRunner:
     ``rows`` are the schedule's actions per pipeline rank (simpar-only R actions already
     dropped); they are written to a CSV that ``_load_csv`` reads. A compute-only schedule is
     lowered by torch (it inserts sends/receives, REDUCE_GRAD and, under FSDP, UNSHARD/RESHARD);
-    one with communication is run as written.
+    one with communication is run as given (receives in their senders' order, ``checks.torch_rows``).
     """
 
     def __init__(

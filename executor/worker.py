@@ -205,6 +205,7 @@ def summarize(cfg: RunConfig, results: list[dict]) -> tuple[dict, list[TraceEven
         "peak_memory_bytes": {str(r["rank"]): r["peak_memory_bytes"] for r in results},
         "loss": losses,
         "torch_version": torch.__version__,
+        "dtype": check_precision(cfg.precision, cfg.plan, cfg.device),  # what it computed in (verify's tolerance)
         # seconds of the device-speed probe (executor/probe.py) before and after the steps, mean over ranks
         "probe_s": [statistics.fmean(r["probe_s"][i] for r in results) for i in range(2)]
         if "probe_s" in results[0]

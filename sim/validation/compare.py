@@ -121,7 +121,8 @@ def plot_timelines(
     sim: list[TraceEvent], meas: list[TraceEvent], path: str | Path, streams: tuple[str, ...] = ("compute",)
 ) -> None:
     """Two timelines one above the other (simulated, measured): one row per rank, one bar per
-    event of ``streams``, coloured by kind, each trace from its own time origin."""
+    event of ``streams``, coloured by kind, each trace from its own time origin, on one shared
+    time axis."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -132,7 +133,8 @@ def plot_timelines(
     )
     kinds = sorted({e.kind for e in sim + meas if e.stream in streams}, key=_kind_key)
     colors = {k: plt.get_cmap("tab10")(i % 10) for i, k in enumerate(kinds)}
-    fig, axes = plt.subplots(2, 1, figsize=(12, 1.2 + 0.5 * len(ranks) * 2), squeeze=True)
+    # one time axis for both panels, so that their lengths compare at a glance
+    fig, axes = plt.subplots(2, 1, figsize=(12, 1.2 + 0.5 * len(ranks) * 2), squeeze=True, sharex=True)
     for ax, title, evs in ((axes[0], "simulated", sim), (axes[1], "measured", meas)):
         shown = [e for e in evs if e.stream in streams and e.rank in ranks]
         t0 = min((e.start for e in shown), default=0.0)
@@ -155,6 +157,7 @@ def plot_timelines(
         ax.invert_yaxis()
         ax.set_title(f"{title} (span {_ms(makespan(shown))} ms)", fontsize=9)
         ax.set_xlabel("time (ms)")
+        ax.tick_params(labelbottom=True)  # sharex hides the upper panel's tick labels
     handles = [plt.Rectangle((0, 0), 1, 1, color=colors[k]) for k in kinds]
     fig.legend(handles, kinds, loc="upper right", fontsize=7, ncol=min(len(kinds), 8))
     fig.tight_layout()

@@ -1,0 +1,52 @@
+"""Processes that die with their parent: ``python -m simpar.executor.guard MODULE ARGS...`` runs
+MODULE (e.g. ``torch.distributed.run``) as ``python -m MODULE ARGS...`` would, after asking the
+kernel to kill this process when its parent dies.
+
+Why: ``simpar run`` starts torchrun, and torchrun starts every worker in a session of its own
+(torch 2.13, ``torch/distributed/elastic/multiprocessing/subprocess_handler``: ``Popen(...,
+start_new_session=True)``), so neither a signal to a process group nor the parent's death
+reaches the workers: a killed ``simpar run`` used to leave them training. Each layer (torchrun
+under this guard, each worker in ``entry.main``) therefore sets ``PR_SET_PDEATHSIG`` (Linux,
+prctl(2)), and ``SIMPAR_PARENT_PID`` carries the pid each layer expects as its parent, which
+closes the race of a parent that died before the child set the signal. Nothing happens on other
+systems.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import runpy
+import signal
+import sys
+
+#: pid that the process reading it should have as its parent (set by the parent before it starts it).
+PARENT_ENV = "SIMPAR_PARENT_PID"
+#: prctl(2) option: the signal this process gets when the thread that created it exits.
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(sig: int = signal.SIGKILL) -> None:
+    """Ask the kernel to send ``sig`` to this process when its parent exits; exit at once if the
+    parent named by ``SIMPAR_PARENT_PID`` is gone already. Then name this process as the
+    expected parent of the processes it starts. A no-op outside Linux."""
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    expected = os.environ.get(PARENT_ENV)
+    if expected and expected.isdigit() and os.getppid() != int(expected):
+        os._exit(128 + int(sig))  # the parent died before the signal was armed: nobody is waiting for us
+    os.environ[PARENT_ENV] = str(os.getpid())
+
+
+def main(argv: list[str]) -> None:
+    if not argv:
+        sys.exit("usage: python -m simpar.executor.guard MODULE [ARGS...]")
+    die_with_parent()
+    sys.argv = argv
+    runpy.run_module(argv[0], run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
