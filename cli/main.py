@@ -79,4 +79,8 @@ _register()
 
 
 def main() -> None:
-    cli(prog_name="simpar")
+    try:
+        cli(prog_name="simpar")
+    except KeyboardInterrupt:  # Ctrl-C before a command installed its own handling (e.g. while importing)
+        click.echo("interrupted", err=True)
+        sys.exit(130)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import math
+import os
 import shlex
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +26,52 @@ PHASES = {
 }
 
 
+class Whole(click.ParamType):
+    """A whole number >= ``low`` (``1e6`` is accepted as 1000000); anything else is one
+    ``error: <option>: ...`` line with exit 2, not click's usage text. Upper bounds are the
+    library's (`simpar.sim.sweep.limits`), checked with the rest of the sweep's inputs."""
+
+    name = "integer"
+
+    def __init__(self, low: int = 0):
+        self.low = low
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            n = value
+        else:
+            n = _whole_text(str(value), _field(param))
+        if n < self.low:
+            field = _field(param)
+            raise SimparError(
+                field, f"must be at least {self.low}, got {n:,}.", f"pass --{field} N with N >= {self.low}."
+            )
+        return n
+
+
+def _field(param: click.Parameter | None) -> str:
+    opts = getattr(param, "opts", None) or ["--value"]
+    return max(opts, key=len).lstrip("-")
+
+
+def _whole_text(text: str, field: str) -> int:
+    try:
+        return int(text.strip())
+    except ValueError:
+        pass
+    try:
+        x = float(text)
+    except ValueError:
+        x = math.nan
+    if not (math.isfinite(x) and x.is_integer()):
+        raise SimparError(field, f"{text!r} is not a whole number.", f"pass e.g. --{field} 8.")
+    return int(x)
+
+
 def _list(text: str, field: str, allowed: tuple | None = None, cast=str) -> tuple:
     try:
-        vals = tuple(cast(x.strip()) for x in text.split(",") if x.strip())
+        # each value once: a repeated one would enumerate the same configurations twice
+        vals = tuple(dict.fromkeys(cast(x.strip()) for x in text.split(",") if x.strip()))
     except ValueError:
         raise SimparError(
             field, f"{text!r} is not a comma-separated list of numbers.", f"write e.g. --{field} 1,2,4."
@@ -134,6 +180,13 @@ class _Bar:
         )
         self.tasks: dict[str, Any] = {}
 
+    def note(self, text: str) -> None:
+        """A line above the bar (what a resume repaired), or on stderr without a bar."""
+        if self.p.disable:
+            click.echo(text, err=True)
+        else:
+            self.p.console.print(text, markup=False, highlight=False)
+
     def __call__(self, phase: str, done: int, total: int) -> None:
         if phase not in self.tasks:
             self.tasks[phase] = self.p.add_task(PHASES.get(phase, phase), total=total)
@@ -150,17 +203,17 @@ class _Bar:
 @click.command("sweep")
 @click.option("--model", required=True, help="model preset name, YAML file or HF config.json")
 @click.option("--cluster", required=True, help="cluster preset name or YAML file")
-@click.option("--gpus", type=int, required=True, help="number of GPUs (whole nodes)")
-@click.option("--gbs", type=int, required=True, help="global batch size (sequences)")
-@click.option("--seq-len", type=int, default=None, help="override the model's sequence length")
+@click.option("--gpus", type=Whole(1), required=True, help="number of GPUs (whole nodes)")
+@click.option("--gbs", type=Whole(1), required=True, help="global batch size (sequences)")
+@click.option("--seq-len", type=Whole(1), default=None, help="override the model's sequence length")
 @click.option("--schedules", default=",".join(SCHEDULES), show_default=True, help="pipeline schedules to try")
 @click.option("--zero", default="0,1,2,3", show_default=True, help="ZeRO stages to try")
 @click.option("--recompute", default=",".join(RECOMPUTE), show_default=True, help="recomputation modes to try")
 @click.option("--mbs", default="1,2,4,8", show_default=True, help="micro-batch sizes to try")
-@click.option("--max-tp", type=int, default=None, help="largest tensor-parallel size [default: GPUs per node]")
+@click.option("--max-tp", type=Whole(1), default=None, help="largest tensor-parallel size [default: GPUs per node]")
 @click.option(
     "--max-cp",
-    type=int,
+    type=Whole(1),
     default=None,
     help="largest context-parallel size [default: >= 4096 tokens per GPU, within a node]",
 )
@@ -174,23 +227,28 @@ class _Bar:
 )
 @click.option("--precision", type=click.Choice(PRECISIONS), default="bf16", show_default=True)
 @click.option("--objective", type=click.Choice(["throughput", "memory"]), default="throughput", show_default=True)
-@click.option("--top", type=int, default=10, show_default=True, help="rows of the table of best plans")
+@click.option("--top", type=Whole(0), default=10, show_default=True, help="rows of the table of best plans")
 @click.option(
     "--plans",
-    type=int,
+    type=Whole(0),
     default=3,
     show_default=True,
     help="best plans written out (plan.json, schedule.csv, trace, PNG)",
 )
 @click.option(
     "--refine",
-    type=int,
+    type=Whole(0),
     default=200,
     show_default=True,
     help="best quick estimates re-ranked by the list-scheduler oracle",
 )
 @click.option(
-    "--simulate", "n_simulate", type=int, default=20, show_default=True, help="best estimates simulated by the engine"
+    "--simulate",
+    "n_simulate",
+    type=Whole(0),
+    default=20,
+    show_default=True,
+    help="best estimates simulated by the engine",
 )
 @click.option("--exhaustive", is_flag=True, help="simulate every configuration that fits with the engine")
 @calibration_options
@@ -201,12 +259,13 @@ class _Bar:
     show_default=True,
     help="network backend of the engine runs",
 )
-@click.option("--workers", type=int, default=0, help="local worker processes [default: one per core]")
+@click.option(
+    "--workers", type=Whole(0), default=0, help="local worker processes [default: one per core, at most 4 per core]"
+)
 @click.option("--ray", "ray_address", default=None, help="run on a Ray cluster at this address ('local' starts one)")
 @click.option(
     "--out",
     "out_dir",
-    type=click.Path(file_okay=False),
     default=None,
     help="output folder [default: sweeps/MODEL-GPUSxGPU]",
 )
@@ -217,12 +276,20 @@ class _Bar:
 @click.option("--json", "as_json", is_flag=True)
 def sweep(**kw) -> None:
     """Search tp x pp x dp x cp x vpp x micro-batch x schedule x ZeRO x recompute x SP; rank, explain, report."""
+    from simpar.sim import files
     from simpar.sim.specs import load_cluster, load_model
+    from simpar.sim.sweep import limits, lock
     from simpar.sim.sweep.evaluate import SweepSetup
+    from simpar.sim.sweep.interrupt import Interrupted, handle_signals
     from simpar.sim.sweep.run import SweepOptions, run_sweep
+    from simpar.sim.sweep.space import parse_filter
 
+    t0 = _started()
     kw["simulate"] = kw.pop("n_simulate")
     space = space_from(kw)
+    if kw["why_filter"]:
+        parse_filter(kw["why_filter"])  # a typo fails now, not after the search
+    limits.whole(kw["gpus"], "gpus", 1, limits.MAX_GPUS, " GPUs")  # before the cluster is scaled to it
     model = load_model(kw["model"], seq_len=kw["seq_len"])
     cluster = load_cluster(kw["cluster"], gpus=kw["gpus"])
     calib = load_calibration_option(kw["calibration"], cluster.gpu.name)
@@ -234,19 +301,51 @@ def sweep(**kw) -> None:
     opts = SweepOptions(
         kw["objective"], kw["refine"], kw["simulate"], kw["exhaustive"], kw["workers"], kw["ray_address"]
     )
+    limits.check_setup(setup)
+    limits.check_options(opts)
+    folder = files.output_dir(out, "out")  # a bad --out fails before any work
     command = canonical_command(kw, out)
+    stage = "search"
     try:
-        with _Bar(not kw["as_json"]) as bar:
+        with handle_signals(), lock.hold(folder), _Bar(not kw["as_json"]) as bar:
             res = run_sweep(
-                setup, out, opts, resume=kw["resume"] or bool(kw["why_filter"]), progress=bar, command=command
+                setup,
+                folder,
+                opts,
+                resume=kw["resume"] or bool(kw["why_filter"]),
+                progress=bar,
+                command=command,
+                note=bar.note,
             )
+            stage, t_plans = "plans", time.perf_counter()
             finish(setup, res, kw, command, bar)
-    except KeyboardInterrupt:
-        click.echo(
-            f"interrupted: finished rows are saved in {out}/journal; continue with: {command} --resume", err=True
-        )
-        sys.exit(130)
-    show(res, kw)
+    except KeyboardInterrupt as exc:
+        click.echo(_interrupted(stage, out, command), err=True)
+        sys.exit(exc.exit_code if isinstance(exc, Interrupted) else 130)
+    now = time.perf_counter()
+    show(res, kw, {"total": now - t0, "search": res.wall_s, "plans_and_figures": now - t_plans})
+
+
+def _started() -> float:
+    """The `time.perf_counter` value the user's wait began at: this process's start (Linux, from
+    /proc: Python's start-up and imports are waited for too), unless the process is much older
+    than this command (a notebook or a test calling the CLI in-process); then the command's start."""
+    now = time.perf_counter()
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return now
+    return now - age if 0 <= age < 30 else now
+
+
+def _interrupted(stage: str, out: str, command: str) -> str:
+    if stage == "search":
+        return f"interrupted: finished rows are saved in {out}/journal; continue with: {command} --resume"
+    return (
+        f"interrupted: results.csv in {out} is complete, the plans and report are not; "
+        f"finish them with: {command} --resume"
+    )
 
 
 def finish(setup, res, kw: dict, command: str, bar) -> None:
@@ -261,7 +360,9 @@ def finish(setup, res, kw: dict, command: str, bar) -> None:
     write_report(res.out, res.rows, res.manifest, kw["top"])
 
 
-def show(res, kw: dict) -> None:
+def show(res, kw: dict, wall: dict[str, float]) -> None:
+    """The summary; ``wall`` are the seconds the user waited: in all (from the command's start),
+    the search, and writing plans and figures."""
     from simpar.sim.sweep.explain import explain, why
     from simpar.sim.sweep.report import ranked
 
@@ -278,13 +379,16 @@ def show(res, kw: dict) -> None:
                 "best": best[: kw["top"]],
                 "explain": explain(res.rows, obj),
                 "why": lines,
+                "wall_s": {k: round(v, 3) for k, v in wall.items()},
             }
         )
     else:
         click.echo(
             f"{c['enumerated']:,} configurations: {c['invalid']:,} do not divide, {c['oom']:,} do not fit, "
             f"{c['fitting']:,} fit;"
-            f" {c['refined']:,} refined by the oracle, {c['simulated']:,} simulated by the engine ({res.wall_s:.1f} s)"
+            f" {c['refined']:,} refined by the oracle, {c['simulated']:,} simulated by the engine"
+            f" ({wall['total']:.1f} s: search {wall['search']:.1f} s,"
+            f" plans and figures {wall['plans_and_figures']:.1f} s)"
         )
         if best:
             _print_top(res, kw["top"])

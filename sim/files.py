@@ -180,7 +180,10 @@ def output_dir(path: str | Path, what: str) -> Path:
 def write_text(path: str | Path, text: str) -> None:
     """Replace ``path`` with ``text`` atomically (a reader sees the old file or the new one)."""
     p = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    except OSError as exc:
+        raise SpecError(str(p), f"cannot be written ({exc.strerror or exc}).", "choose a writable path.") from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
             fh.write(text)

@@ -1,15 +1,19 @@
 """The files of a sweep's best plans, one folder each under ``plans/``: ``plan.json`` and the
 lowered ``schedule.csv`` that `simpar run` executes unchanged (the schedule built with the same
 stage costs the engine used, so zb-1p/zb-2p match what was simulated), a Perfetto trace and a
-timeline PNG of the simulated iteration."""
+timeline PNG of the simulated iteration. Each folder is written under a temporary name and
+renamed when whole, so an interrupted sweep never leaves a folder that looks complete and is not."""
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 
 from ..engine.results import SimResult
 from ..engine.simulate import plan_schedule, simulate
 from ..engine.trace import write_trace
+from ..errors import SpecError
 from ..plan import ParallelPlan
 from ..plot.timeline import plot_timeline
 from ..schedules import write_csv
@@ -32,10 +36,28 @@ def plan_dir_name(rank: int, row: dict) -> str:
 
 
 def write_plan_dir(setup: SweepSetup, cfg: Config, out: Path, command: str = "") -> SimResult:
-    """plan.json, schedule.csv (+ its .meta.json), trace.json and timeline.png of one plan."""
+    """plan.json, schedule.csv (+ its .meta.json), trace.json and timeline.png of one plan, in a
+    folder that appears only once all of them are written."""
+    tmp = out.with_name(f".{out.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)  # left by an interrupted run
+    try:
+        tmp.mkdir(parents=True)
+        res = _write_files(setup, cfg, tmp, command)
+        shutil.rmtree(out, ignore_errors=True)  # an incomplete folder of an older version
+        os.replace(tmp, out)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise SpecError(
+            f"plan folder {out}",
+            f"cannot be written ({exc.strerror or exc}).",
+            "free disk space or fix the folder's permissions, then run the sweep again with --resume.",
+        ) from None
+    return res
+
+
+def _write_files(setup: SweepSetup, cfg: Config, out: Path, command: str) -> SimResult:
     plan, reason = checked_plan(cfg, setup.model, setup.cluster, setup.gbs, setup.space)
     assert plan is not None, reason
-    out.mkdir(parents=True, exist_ok=True)
     sched = plan_schedule(setup.model, setup.cluster, plan, setup.calibration, profile=setup.profile)
     write_plan_file(out / "plan.json", plan, setup.model, setup.cluster.name)
     write_csv(sched, out / "schedule.csv")

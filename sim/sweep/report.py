@@ -1,12 +1,16 @@
 """A sweep's report: report.md (inputs, counts, the best plans, why the best wins, its timeline,
 throughput against memory, why configurations were dropped, the command that regenerates it)
-and pareto.png. Rebuilt from results.csv and sweep.json alone (`simpar report DIR`)."""
+and pareto.png. Rebuilt from results.csv and sweep.json alone (`simpar report DIR`). Every file is
+replaced atomically (an interrupt leaves the old file or the new one, never half of one)."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
+import tempfile
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import matplotlib
@@ -14,6 +18,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from .. import files  # noqa: E402
+from ..errors import SpecError  # noqa: E402
 from .explain import SOURCES, explain  # noqa: E402
 from .plans import PLAN_DIR, plan_dir_name  # noqa: E402
 from .space import CP_MIN_TOKENS, Config  # noqa: E402
@@ -86,8 +92,30 @@ def plot_pareto(rows: list[dict], path: Path, title: str, note: str = "", capaci
         fig.text(0.01, 0.005, note, fontsize=6, color="#555555")
     ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout(rect=(0, 0.02, 1, 1))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        _replace(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
+    finally:
+        plt.close(fig)
+
+
+def _replace(path: Path, write: Callable[[Path], object]) -> None:
+    """``write`` into a temporary file beside ``path``, then rename it over ``path`` (for writers
+    that take a path: matplotlib, copyfile; text goes through `files.write_text`)."""
+    tmp: Path | None = None
+    try:
+        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.close(fd)
+        tmp = Path(name)
+        write(tmp)
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise SpecError(str(path), f"cannot be written ({exc.strerror or exc}).", _FIX) from None
+    finally:
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
+
+
+_FIX = "free disk space or fix the folder's permissions, then run `simpar report DIR` again."
 
 
 def _plan_cell(r: dict, compact: bool = False) -> str:
@@ -190,7 +218,7 @@ def write_report(out: Path, rows: list[dict], manifest: dict, top: int = 10) -> 
         lines += ["## Why the best plan wins", ""] + [f"- {s}" for s in explain(rows, ident["objective"])] + [""]
         d = f"{PLAN_DIR}/{plan_dir_name(1, best[0])}"
         if (out / d / "timeline.png").exists():
-            shutil.copyfile(out / d / "timeline.png", out / TIMELINE)  # a stable name to link to
+            _replace(out / TIMELINE, lambda tmp: shutil.copyfile(out / d / "timeline.png", tmp))  # a stable name
             lines += [
                 "## Timeline of the best plan",
                 "",
@@ -210,7 +238,10 @@ def write_report(out: Path, rows: list[dict], manifest: dict, top: int = 10) -> 
         _md_table(["count", "reason", "example"], [[f"{n:,}", p, e] for n, p, e in reasons]) if reasons else ["None."]
     )
     lines += ["", "Ask about any configuration: `simpar report " + out.as_posix() + ' --why "tp=4,pp=8"`.', ""]
-    (out / REPORT).write_text("\n".join(lines))
+    try:
+        files.write_text(out / REPORT, "\n".join(lines))
+    except OSError as exc:
+        raise SpecError(str(out / REPORT), f"cannot be written ({exc.strerror or exc}).", _FIX) from None
     return out / REPORT
 
 

@@ -6,6 +6,12 @@ phase skips the configurations its journal already holds, and which configuratio
 phase is decided from the journaled values, so a resumed sweep ends exactly where an uninterrupted
 one does. ``sweep.json`` records the inputs (a resume with other inputs is refused), the command
 and, once done, the counts; the journals are removed when results.csv is complete.
+
+Before any work: the inputs are checked against `limits` (one error line each), ``out`` is
+created (`files.output_dir`) and locked for the run (`lock.hold`: a second sweep into it is
+refused). A resume reads back only what passes the checks of `store`: a corrupt sweep.json or
+results.csv is refused with the fix, and journal lines or rows that cannot be used are dropped
+with a note (``note``) and computed again, never used silently.
 """
 
 from __future__ import annotations
@@ -19,14 +25,32 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from .. import files
 from ..errors import SimparError
+from . import lock
 from .evaluate import SweepSetup
+from .limits import check_options, check_setup
 from .space import Config, empty_space_reason, enumerate_configs, iter_batches
-from .store import Journal, num, read_results, write_json, write_results
+from .store import (
+    JOURNAL,
+    MANIFEST,
+    PHASE_STATUSES,
+    RESULTS,
+    SWEEP_FORMAT_VERSION,
+    Journal,
+    check_counts,
+    counts_of,
+    num,
+    read_manifest,
+    read_results,
+    row_problem,
+    write_manifest,
+    write_results,
+)
 from .workers import make_backend
 
-SWEEP_FORMAT_VERSION = 1
 Progress = Callable[[str, int, int], None]
+Note = Callable[[str], None]
 _TIER = {"simulated": 0, "refined": 1, "estimated": 2}
 
 
@@ -78,28 +102,60 @@ def sort_key(objective: str, time_col: str = "iter_time_s") -> Callable[[dict[st
     return lambda r: (num(r, time_col), r["id"])
 
 
-def _prepare(out: Path, setup: SweepSetup, opts: SweepOptions, resume: bool, command: str) -> tuple[dict, bool]:
-    """(manifest, already complete); refuses a resume with other inputs, clears a fresh start."""
+_START_OVER = "re-run the sweep without --resume (it starts over), or choose another --out."
+
+
+def _previous(out: Path, token: str, ident: dict, note: Note) -> dict | None:
+    """The manifest of the sweep to resume in ``out`` (None: nothing to resume); refuses a corrupt
+    one and one with other inputs."""
+    if not (out / MANIFEST).exists():
+        if (out / JOURNAL).is_dir() and any((out / JOURNAL).iterdir()):
+            note(f"{out}: a journal without sweep.json cannot be matched to its inputs; the sweep starts over.")
+        return None
+    old = read_manifest(out / MANIFEST, _START_OVER)
+    if old["token"] != token:
+        diff = sorted(k for k in ident if old["identity"].get(k) != ident[k])
+        raise SimparError(
+            "resume",
+            f"{out} holds a sweep with other inputs (differs in: {', '.join(diff) or 'version'}).",
+            "rerun without --resume to start over, or choose another --out.",
+        )
+    return old
+
+
+def _finished_rows(out: Path, old: dict, note: Note) -> list[dict[str, str]] | None:
+    """The checked rows of a finished sweep in ``out``; None if results.csv is gone (recompute)."""
+    if not (out / RESULTS).exists():
+        note(f"{out}: sweep.json says the sweep finished but results.csv is missing; it is computed again.")
+        return None
+    rows = read_results(out / RESULTS, _START_OVER)
+    check_counts(rows, old, out / RESULTS, _START_OVER)
+    return rows
+
+
+def _clear(out: Path) -> None:
+    """What a previous sweep left in ``out`` (a fresh start; the folder is locked)."""
+    shutil.rmtree(out / JOURNAL, ignore_errors=True)
+    for name in (RESULTS, "report.md", "pareto.png", "timeline.png"):
+        (out / name).unlink(missing_ok=True)
+    shutil.rmtree(out / "plans", ignore_errors=True)
+
+
+def _prepare(
+    out: Path, setup: SweepSetup, opts: SweepOptions, resume: bool, command: str, note: Note
+) -> tuple[dict, list[dict[str, str]] | None]:
+    """(manifest, the rows if the sweep in ``out`` is already finished); refuses a resume with
+    other inputs or corrupt files, clears a fresh start."""
     ident = identity(setup, opts)
     token = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
-    mpath, jdir = out / "sweep.json", out / "journal"
-    old = json.loads(mpath.read_text()) if mpath.exists() else None
-    if resume and old is not None:
-        if old.get("token") != token:
-            diff = sorted(k for k in ident if old.get("identity", {}).get(k) != ident[k])
-            raise SimparError(
-                "resume",
-                f"{out} holds a sweep with other inputs (differs in: {', '.join(diff) or 'version'}).",
-                "rerun without --resume to start over, or choose another --out.",
-            )
-        if old.get("complete") and (out / "results.csv").exists():
-            return old, True
-    if not resume or old is None:
-        shutil.rmtree(jdir, ignore_errors=True)
-        for name in ("results.csv", "report.md", "pareto.png", "timeline.png"):
-            (out / name).unlink(missing_ok=True)
-        shutil.rmtree(out / "plans", ignore_errors=True)
-    jdir.mkdir(parents=True, exist_ok=True)
+    old = _previous(out, token, ident, note) if resume else None
+    if old is not None and old["complete"]:
+        rows = _finished_rows(out, old, note)
+        if rows is not None:
+            return old, rows
+    if old is None:
+        _clear(out)
+    (out / JOURNAL).mkdir(parents=True, exist_ok=True)
     manifest = {
         "simpar_sweep_version": SWEEP_FORMAT_VERSION,
         "token": token,
@@ -109,17 +165,44 @@ def _prepare(out: Path, setup: SweepSetup, opts: SweepOptions, resume: bool, com
         "cluster": setup.cluster.name,
         "complete": False,
     }
-    write_json(mpath, manifest)
-    return manifest, False
+    write_manifest(out / MANIFEST, manifest)
+    return manifest, None
+
+
+def _journal_problem(row: dict[str, str], phase: str) -> str:
+    if row["status"] not in PHASE_STATUSES.get(phase, ()):
+        return f"status {row['status']!r} does not belong in the {phase} journal"
+    return row_problem(row)
+
+
+def _journaled(journal: Journal, phase: str, want: set[str], note: Note) -> dict[str, dict[str, str]]:
+    """The usable rows of ``journal`` for the configurations ``want``; what is dropped is noted."""
+    rows = {k: v for k, v in journal.read().items() if k in want}
+    for text in journal.notes:
+        note(text)
+    bad = {k: p for k, r in rows.items() if (p := _journal_problem(r, phase))}
+    if bad:
+        first = next(iter(bad))
+        note(
+            f"{JOURNAL}/{phase}.csv: dropped {len(bad)} row(s) that are not valid ({first}: {bad[first]}); "
+            "they are computed again."
+        )
+    return {k: r for k, r in rows.items() if k not in bad}
 
 
 def _phase(
-    backend, setup: SweepSetup, name: str, configs: list[Config], jdir: Path, progress: Progress | None, batch: int
+    backend,
+    setup: SweepSetup,
+    name: str,
+    configs: list[Config],
+    jdir: Path,
+    progress: Progress | None,
+    batch: int,
+    note: Note,
 ) -> dict[str, dict[str, str]]:
     """Run ``name`` on the configurations its journal does not hold yet; rows by id (as read back)."""
     journal = Journal(jdir / f"{name}.csv")
-    want = {c.id for c in configs}
-    rows = {k: v for k, v in journal.read().items() if k in want}
+    rows = _journaled(journal, name, {c.id for c in configs}, note)
     todo = [c for c in configs if c.id not in rows]
     if progress:
         progress(name, len(rows), len(configs))
@@ -150,19 +233,8 @@ def merge(screen: dict, refined: dict, simulated: dict, objective: str) -> list[
     return ranked + oom + bad
 
 
-def counts_of(rows: list[dict[str, str]], enumerated: int) -> dict[str, int]:
-    c = {"enumerated": enumerated, "invalid": 0, "oom": 0, "fitting": 0, "refined": 0, "simulated": 0}
-    for r in rows:
-        s = r["status"]
-        if s == "invalid":
-            c["invalid"] += 1
-        elif s == "oom" and r.get("source") != "engine":
-            c["oom"] += 1
-        else:
-            c["fitting"] += 1
-        c["refined"] += bool(r.get("oracle_time_s"))
-        c["simulated"] += r.get("source") == "engine"
-    return c
+def _quiet(text: str) -> None:
+    pass
 
 
 def run_sweep(
@@ -172,15 +244,31 @@ def run_sweep(
     resume: bool = False,
     progress: Progress | None = None,
     command: str = "",
+    note: Note | None = None,
 ) -> SweepOutcome:
-    """Run (or resume) a sweep into ``out``; writes results.csv and sweep.json."""
+    """Run (or resume) a sweep into ``out``; writes results.csv and sweep.json. ``note`` receives
+    one line for each thing a resume had to repair (rows it computes again)."""
     t0 = time.perf_counter()
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    manifest, complete = _prepare(out, setup, opts, resume, command)
-    if complete:
-        rows = read_results(out / "results.csv")
-        return SweepOutcome(out, rows, manifest["counts"], time.perf_counter() - t0, manifest)
+    check_setup(setup)
+    check_options(opts)
+    out = files.output_dir(out, "out")
+    with lock.hold(out):
+        return _run(setup, out, opts, resume, progress, command, note or _quiet, t0)
+
+
+def _run(
+    setup: SweepSetup,
+    out: Path,
+    opts: SweepOptions,
+    resume: bool,
+    progress: Progress | None,
+    command: str,
+    note: Note,
+    t0: float,
+) -> SweepOutcome:
+    manifest, finished = _prepare(out, setup, opts, resume, command, note)
+    if finished is not None:
+        return SweepOutcome(out, finished, manifest["counts"], time.perf_counter() - t0, manifest)
     setup = replace(setup, token=manifest["token"])
     configs = enumerate_configs(setup.model, setup.cluster, setup.num_gpus, setup.space)
     if not configs:
@@ -191,14 +279,14 @@ def run_sweep(
         )
     by_id = {c.id: c for c in configs}
     workers = opts.workers or os.cpu_count() or 1
-    jdir = out / "journal"
+    jdir = out / JOURNAL
     backend = make_backend(setup, workers, opts.ray)
     refined: dict = {}
     timings = {"enumerate": time.perf_counter() - t0}
     try:
         t = time.perf_counter()
         size = max(32, min(512, len(configs) // (workers * 8) or 1))
-        screen = _phase(backend, setup, "screen", configs, jdir, progress, size)
+        screen = _phase(backend, setup, "screen", configs, jdir, progress, size, note)
         fitting = sorted(
             (r for r in screen.values() if r["status"] == "estimated"), key=sort_key(opts.objective, "quick_time_s")
         )
@@ -207,18 +295,19 @@ def run_sweep(
             chosen = fitting
         else:
             cand = [by_id[r["id"]] for r in fitting[: opts.refine]]
-            refined = _phase(backend, setup, "refine", cand, jdir, progress, max(1, min(8, len(cand) // (workers * 4))))
+            batch = max(1, min(8, len(cand) // (workers * 4)))
+            refined = _phase(backend, setup, "refine", cand, jdir, progress, batch, note)
             chosen = sorted(refined.values(), key=sort_key(opts.objective, "oracle_time_s"))[: opts.simulate]
         timings["refine"], t = time.perf_counter() - t, time.perf_counter()
-        simulated = _phase(backend, setup, "simulate", [by_id[r["id"]] for r in chosen], jdir, progress, 1)
+        simulated = _phase(backend, setup, "simulate", [by_id[r["id"]] for r in chosen], jdir, progress, 1, note)
         timings["simulate"] = time.perf_counter() - t
+        backend.close()
     except BaseException:
-        backend.close(cancel=True)
+        backend.close(cancel=True)  # an interrupt or an error: stop the workers now
         raise
-    backend.close()
     rows = merge(screen, refined, simulated, opts.objective)
-    write_results(out / "results.csv", rows)
+    write_results(out / RESULTS, rows)
     manifest.update(complete=True, counts=counts_of(rows, len(configs)))
-    write_json(out / "sweep.json", manifest)
+    write_manifest(out / MANIFEST, manifest)
     shutil.rmtree(jdir, ignore_errors=True)
     return SweepOutcome(out, rows, manifest["counts"], time.perf_counter() - t0, manifest, timings)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, fields
+from math import isqrt
 
 from ..errors import PlanError, SimparError
 from ..plan import RECOMPUTE, SCHEDULES, ParallelPlan, balanced_layer_split, check_plan
@@ -128,7 +129,9 @@ def default_max_cp(model: ModelSpec, cluster: ClusterSpec) -> int:
 
 
 def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """The divisors of ``n``, ascending (O(sqrt n): a sweep may have up to `limits.MAX_GPUS` GPUs)."""
+    low = [d for d in range(1, isqrt(n) + 1) if n % d == 0]
+    return sorted(set(low + [n // d for d in low]))
 
 
 def _vpps(schedule: str, layers: int, pp: int) -> list[int]:
@@ -140,27 +143,62 @@ def _vpps(schedule: str, layers: int, pp: int) -> list[int]:
     return [v for v in range(2, per + 1) if per % v == 0] or [2]
 
 
-def enumerate_configs(model: ModelSpec, cluster: ClusterSpec, num_gpus: int, space: SearchSpace) -> list[Config]:
-    """Every configuration of the space, in a fixed order (nested loops over the axes)."""
+def _axis(values: tuple) -> list:
+    """An axis's values, each once (a repeated value would enumerate one configuration twice)."""
+    return list(dict.fromkeys(values))
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """One (tp, cp, pp, dp) layout and the schedule, ZeRO and SP values that apply to it."""
+
+    tp: int
+    cp: int
+    pp: int
+    dp: int
+    schedules: list[str]
+    zeros: list[int]
+    sps: list[bool]
+
+
+def _layouts(model: ModelSpec, cluster: ClusterSpec, num_gpus: int, space: SearchSpace) -> Iterator[_Layout]:
     max_tp = space.max_tp or cluster.gpus_per_node
     max_cp = space.max_cp or default_max_cp(model, cluster)
-    pipe = [s for s in space.schedules if s != "none"]
-    out: list[Config] = []
+    schedules = _axis(space.schedules)
+    pipe = [s for s in schedules if s != "none"]
     for tp in [d for d in _divisors(num_gpus) if d <= max_tp]:
         for cp in [d for d in _divisors(num_gpus // tp) if d <= max_cp]:
             for pp in [d for d in _divisors(num_gpus // (tp * cp)) if d <= model.layers]:
                 dp = num_gpus // (tp * cp * pp)
-                scheds = pipe if pp > 1 else (["none"] if "none" in space.schedules else [])
-                zeros = [z for z in space.zero if z == 0 or dp * cp > 1]
-                sps = [s for s in space.sequence_parallel if tp > 1 or not s] or [False]
-                for sched in scheds:
-                    for vpp in _vpps(sched, model.layers, pp):
-                        for mbs in space.mbs:
-                            for sp in sps:
-                                for zero in zeros:
-                                    for rc in space.recompute:
-                                        out.append(Config(tp, pp, dp, cp, vpp, mbs, sched, zero, rc, sp))
+                scheds = pipe if pp > 1 else (["none"] if "none" in schedules else [])
+                zeros = [z for z in _axis(space.zero) if z == 0 or dp * cp > 1]
+                sps = [s for s in _axis(space.sequence_parallel) if tp > 1 or not s] or [False]
+                yield _Layout(tp, cp, pp, dp, scheds, zeros, sps)
+
+
+def enumerate_configs(model: ModelSpec, cluster: ClusterSpec, num_gpus: int, space: SearchSpace) -> list[Config]:
+    """Every configuration of the space, in a fixed order (nested loops over the axes)."""
+    mbss, recomputes = _axis(space.mbs), _axis(space.recompute)
+    out: list[Config] = []
+    for lay in _layouts(model, cluster, num_gpus, space):
+        for sched in lay.schedules:
+            for vpp in _vpps(sched, model.layers, lay.pp):
+                for mbs in mbss:
+                    for sp in lay.sps:
+                        for zero in lay.zeros:
+                            for rc in recomputes:
+                                out.append(Config(lay.tp, lay.pp, lay.dp, lay.cp, vpp, mbs, sched, zero, rc, sp))
     return out
+
+
+def count_configs(model: ModelSpec, cluster: ClusterSpec, num_gpus: int, space: SearchSpace) -> int:
+    """``len(enumerate_configs(...))`` without building the list (to refuse an absurd space first)."""
+    per = len(_axis(space.mbs)) * len(_axis(space.recompute))
+    return sum(
+        len(_vpps(sched, model.layers, lay.pp)) * per * len(lay.sps) * len(lay.zeros)
+        for lay in _layouts(model, cluster, num_gpus, space)
+        for sched in lay.schedules
+    )
 
 
 def empty_space_reason(model: ModelSpec, cluster: ClusterSpec, num_gpus: int, space: SearchSpace) -> str:

@@ -1,13 +1,19 @@
-"""A sweep's files: the append-only journals that make it resumable, and results.csv.
+"""A sweep's files: the append-only journals that make it resumable, results.csv, sweep.json.
 
 Each phase appends one CSV line per finished configuration to ``journal/<phase>.csv`` and
 flushes it at once, so a killed sweep (Ctrl-C or kill -9) loses at most the lines being written.
-On resume a journal is read back, a torn last line (no newline, wrong field count) is cut off,
-and the configurations already listed are not computed again. Values are written with a fixed
-format and every later decision (which rows to refine, simulate, rank) is made from the values
-as read back from the journal, so an interrupted-and-resumed sweep and an uninterrupted one write
-the same results.csv, byte for byte. results.csv is the merge of the journals (a later phase's
-row replaces an earlier one), one row per configuration, sorted by rank then id, written atomically.
+On resume a journal is read back, a torn last line (no newline) is cut off and an unreadable line
+elsewhere dropped, each said in a note, and the configurations already listed are not computed
+again. Values are written with a fixed format and every later decision (which rows to refine,
+simulate, rank) is made from the values as read back from the journal, so an
+interrupted-and-resumed sweep and an uninterrupted one write the same results.csv, byte for byte.
+results.csv is the merge of the journals (a later phase's row replaces an earlier one), one row
+per configuration, sorted by rank then id, written atomically.
+
+Every reader checks what it reads (`row_problem`, `read_manifest`, `read_results`, `read_sweep`):
+columns, whole and finite numbers, statuses, ranks, and results.csv against the counts sweep.json
+recorded, so a truncated or edited file is refused with the file, the line and the fix, never
+reported from half its rows.
 """
 
 from __future__ import annotations
@@ -15,15 +21,28 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
-from collections.abc import Iterable
+import math
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from .. import files
 from ..engine.results import BREAKDOWN_KEYS
+from ..errors import SimparError, SpecError
+from ..plan import RECOMPUTE, SCHEDULES
+from . import interrupt
+from .space import Config
 
+SWEEP_FORMAT_VERSION = 1
+MANIFEST, RESULTS, JOURNAL = "sweep.json", "results.csv", "journal"
 PHASES = ("screen", "refine", "simulate")
 STATUSES = ("simulated", "refined", "estimated", "oom", "invalid")
+RANKED = ("simulated", "refined", "estimated")  # statuses that get a rank
+#: The statuses each phase writes into its journal.
+PHASE_STATUSES = {"screen": ("estimated", "oom", "invalid"), "refine": ("refined",), "simulate": ("simulated", "oom")}
+SOURCES = ("", "quick", "oracle", "engine")
+OBJECTIVES = ("throughput", "memory")
+COUNT_KEYS = ("enumerated", "invalid", "oom", "fitting", "refined", "simulated")
 PLAN_COLUMNS = (
     "tp",
     "pp",
@@ -52,14 +71,32 @@ RESULT_COLUMNS = (
     "hardware_flops",
 )
 MEMORY_COLUMNS = ("peak_memory_gib", "worst_memory_rank", "over_by_gib", "memory_per_rank_gib")
+TIME_COLUMNS = ("quick_time_s", "oracle_time_s", "engine_time_s")
 COLUMNS = (
     ("id", "status", "reason", "rank", "source")
     + PLAN_COLUMNS
     + RESULT_COLUMNS
     + tuple(f"{k}_s" for k in BREAKDOWN_KEYS)
     + MEMORY_COLUMNS
-    + ("quick_time_s", "oracle_time_s", "engine_time_s")
+    + TIME_COLUMNS
 )
+_HEADER = ",".join(COLUMNS)
+_POSITIVE = ("tp", "pp", "dp", "cp", "vpp", "mbs", "gbs")
+_OPTIONAL_INTS = ("rank", "num_microbatches", "reported_rank", "worst_memory_rank")
+_FLOATS = (
+    tuple(c for c in RESULT_COLUMNS if c != "reported_rank")
+    + tuple(f"{k}_s" for k in BREAKDOWN_KEYS)
+    + ("peak_memory_gib", "over_by_gib")
+    + TIME_COLUMNS
+)
+#: Values each status needs (what ranking, the report and --why read).
+_NEEDS = {
+    "estimated": ("iter_time_s", "quick_time_s", "peak_memory_gib"),
+    "refined": ("iter_time_s", "oracle_time_s", "peak_memory_gib"),
+    "simulated": ("iter_time_s", "engine_time_s", "peak_memory_gib"),
+    "oom": ("reason", "peak_memory_gib", "over_by_gib"),
+    "invalid": ("reason",),
+}
 
 
 def fmt(v: Any) -> str:
@@ -72,7 +109,7 @@ def fmt(v: Any) -> str:
         return f"{v:.6g}"
     if isinstance(v, (list, tuple)):
         return ";".join(fmt(x) for x in v)
-    return str(v)
+    return str(v).replace("\r", " ").replace("\n", " ")  # one CSV line per row (the journal is read by lines)
 
 
 def to_line(row: dict[str, Any]) -> str:
@@ -86,62 +123,405 @@ def num(row: dict[str, str], key: str, default: float = float("inf")) -> float:
     return float(v) if v not in ("", None) else default
 
 
+# --- rows ----------------------------------------------------------------------------------
+
+
+def _is_int(text: str, low: int) -> bool:
+    return text.isdigit() and int(text) >= low
+
+
+def _is_finite(text: str) -> bool:
+    try:
+        return math.isfinite(float(text))
+    except ValueError:
+        return False
+
+
+def _plan_problem(row: dict[str, str]) -> str:
+    """What is wrong with a row's plan columns ('' if nothing)."""
+    for c in _POSITIVE:
+        if not _is_int(row[c], 1):
+            return f"{c} {row[c]!r} is not a whole number >= 1"
+    if row["zero"] not in ("0", "1", "2", "3"):
+        return f"zero {row['zero']!r} is not 0, 1, 2 or 3"
+    if row["schedule"] not in SCHEDULES:
+        return f"schedule {row['schedule']!r} is not one of {', '.join(SCHEDULES)}"
+    if row["recompute"] not in RECOMPUTE:
+        return f"recompute {row['recompute']!r} is not one of {', '.join(RECOMPUTE)}"
+    if row["sp"] not in ("0", "1"):
+        return f"sp {row['sp']!r} is not 0 or 1"
+    if Config.from_row(row).id != row["id"]:
+        return "its plan columns do not match its id"
+    if row["layer_split"] and not all(_is_int(x, 1) for x in row["layer_split"].split(";")):
+        return f"layer_split {row['layer_split']!r} is not a ';'-separated list of whole numbers"
+    return ""
+
+
+def _value_problem(row: dict[str, str]) -> str:
+    """What is wrong with a row's numbers ('' if nothing)."""
+    for c in _OPTIONAL_INTS:
+        if row[c] and not _is_int(row[c], 0):
+            return f"{c} {row[c]!r} is not a whole number"
+    for c in _FLOATS:
+        if row[c] and not _is_finite(row[c]):
+            return f"{c} {row[c]!r} is not a finite number"
+    per_rank = row["memory_per_rank_gib"]
+    if per_rank and not all(_is_finite(x) for x in per_rank.split(";")):
+        return f"memory_per_rank_gib {per_rank!r} is not a ';'-separated list of finite numbers"
+    return ""
+
+
+def row_problem(row: dict[str, str]) -> str:
+    """'' if ``row`` (strings, as read back) is one a sweep writes; else what is wrong with it."""
+    if not row.get("id"):
+        return "it has no id"
+    status = row["status"]
+    if status not in STATUSES:
+        return f"status {status!r} is not one of {', '.join(STATUSES)}"
+    if row["source"] not in SOURCES:
+        return f"source {row['source']!r} is not one of {', '.join(SOURCES[1:])}"
+    problem = _plan_problem(row) or _value_problem(row)
+    if problem:
+        return problem
+    missing = [c for c in _NEEDS[status] if not row[c]]
+    return f"a row with status {status} needs a value in {missing[0]}" if missing else ""
+
+
+def _check_finite(row: dict[str, Any]) -> None:
+    """A computed row holds finite numbers only (a NaN or inf would rank silently wrong)."""
+    for c in _FLOATS:
+        v = row.get(c)
+        if isinstance(v, float) and not math.isfinite(v):
+            raise SimparError(
+                "sweep",
+                f"configuration {row.get('id')} gave {c} = {v}: an internal error, not a result.",
+                "report it with the command; the rows finished so far are saved (--resume).",
+            )
+
+
+# --- journals ------------------------------------------------------------------------------
+
+
 class Journal:
-    """Append-only CSV of finished rows for one phase."""
+    """Append-only CSV of finished rows for one phase. After `read`, ``notes`` says what was cut
+    or dropped from the file (those configurations are computed again)."""
 
     def __init__(self, path: Path):
         self.path = Path(path)
+        self.notes: list[str] = []
 
     def read(self) -> dict[str, dict[str, str]]:
-        """Rows by id; a torn trailing line is cut from the file."""
+        """Rows by id (a later line replaces an earlier one); a torn last line and unreadable lines
+        are removed from the file. A file with another header is refused."""
+        self.notes = []
         if not self.path.exists():
             return {}
-        raw = self.path.read_bytes()
+        lines = _lines(_read_bytes(self.path))
+        if not lines:
+            return {}
+        if not lines[0].endswith(b"\n"):  # killed while writing the header
+            self._rewrite([], torn=True)
+            return {}
+        if lines[0].rstrip(b"\r\n") != _HEADER.encode():
+            raise SpecError(
+                f"journal {self.path}",
+                "has other columns than this simpar version writes.",
+                "re-run the sweep without --resume (it starts over), or choose another --out.",
+            )
         rows: dict[str, dict[str, str]] = {}
-        good = 0
-        for line in raw.splitlines(keepends=True):
-            if not line.endswith(b"\n"):
-                break
-            rec = next(csv.reader([line.decode()]), [])
-            if len(rec) != len(COLUMNS):
-                break
-            if rec != list(COLUMNS):  # not the header
-                rows[rec[0]] = dict(zip(COLUMNS, rec))
-            good += len(line)
-        if good != len(raw):
-            with open(self.path, "r+b") as fh:
-                fh.truncate(good)
+        keep, bad = [lines[0]], []
+        torn = not lines[-1].endswith(b"\n")
+        for n, line in enumerate(lines[1 : len(lines) - torn], 2):
+            rec = _record(line)
+            if rec is None:
+                bad.append(n)
+                continue
+            rows[rec[0]] = dict(zip(COLUMNS, rec))
+            keep.append(line)
+        if bad or torn:
+            self._rewrite(keep, torn, bad)
         return rows
 
+    def _rewrite(self, keep: list[bytes], torn: bool, bad: Sequence[int] = ()) -> None:
+        name = f"{self.path.parent.name}/{self.path.name}"
+        if torn:
+            self.notes.append(f"{name}: cut the line being written when the sweep stopped; it is computed again.")
+        if bad:
+            where = ", ".join(map(str, bad[:5])) + (", ..." if len(bad) > 5 else "")
+            self.notes.append(
+                f"{name}: dropped {len(bad)} unreadable line(s) (line {where});"
+                " those configurations are computed again."
+            )
+        try:
+            files.write_text(self.path, b"".join(keep).decode())
+        except OSError as exc:
+            raise SpecError(f"journal {self.path}", f"cannot be rewritten ({exc.strerror or exc}).", _DISK) from None
+
     def append(self, rows: Iterable[dict[str, Any]]) -> list[dict[str, str]]:
-        """Write rows (one write, flushed) and return them as read back (strings)."""
-        lines = [to_line(r) for r in rows]
-        new = not self.path.exists() or self.path.stat().st_size == 0
-        with open(self.path, "a") as fh:
-            if new:
-                fh.write(",".join(COLUMNS) + "\n")
-            fh.write("".join(lines))
-            fh.flush()
+        """Write rows (one write, flushed; a signal waits until it is done) and return them as
+        read back (strings)."""
+        batch = list(rows)
+        for r in batch:
+            _check_finite(r)
+        lines = [to_line(r) for r in batch]
+        with interrupt.deferred():
+            try:
+                new = not self.path.exists() or self.path.stat().st_size == 0
+                with open(self.path, "a", encoding="utf-8") as fh:
+                    fh.write((_HEADER + "\n" if new else "") + "".join(lines))
+                    fh.flush()
+            except OSError as exc:
+                raise SpecError(f"journal {self.path}", f"cannot be written ({exc.strerror or exc}).", _DISK) from None
         return [dict(zip(COLUMNS, next(csv.reader([ln])))) for ln in lines]
 
 
+_DISK = "free disk space or fix the folder's permissions, then continue with --resume."
+
+
+def _read_bytes(path: Path) -> bytes:
+    # A journal is read as bytes, not with `files.read_text`: a torn or garbled line must cost that
+    # line only, not the whole file.
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise SpecError(f"journal {path}", f"cannot be read ({exc.strerror or exc}).", _DISK) from None
+
+
+def _lines(raw: bytes) -> list[bytes]:
+    """``raw`` split after each newline (only "\\n": a stray "\\r" stays inside its line)."""
+    parts = raw.split(b"\n")
+    return [p + b"\n" for p in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
+
+
+def _record(line: bytes) -> list[str] | None:
+    """The fields of one whole journal line, or None if it is not one."""
+    try:
+        rec = next(csv.reader([line.decode("utf-8")]), [])
+    except (UnicodeDecodeError, csv.Error):
+        return None
+    return rec if len(rec) == len(COLUMNS) and rec[0] else None
+
+
+# --- results.csv ---------------------------------------------------------------------------
+
+
 def write_results(path: Path, rows: list[dict[str, str]]) -> None:
-    """results.csv, atomically (temporary file + rename)."""
-    tmp = Path(str(path) + ".tmp")
-    with open(tmp, "w", newline="") as fh:
-        w = csv.writer(fh, lineterminator="\n")
-        w.writerow(COLUMNS)
-        for r in rows:
-            w.writerow([r.get(c, "") for c in COLUMNS])
-    os.replace(tmp, path)
+    """results.csv, atomically."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(COLUMNS)
+    for r in rows:
+        w.writerow([r.get(c, "") for c in COLUMNS])
+    _write(path, buf.getvalue())
 
 
-def read_results(path: Path) -> list[dict[str, str]]:
-    with open(path, newline="") as fh:
-        return list(csv.DictReader(fh))
+def read_results(path: Path, fix: str = "re-run the sweep.") -> list[dict[str, str]]:
+    """The rows of a results.csv, each checked (`row_problem`), ranks 1..n on the ranked rows."""
+    where = f"results {path}"
+    try:
+        text = files.read_text(path, "results")
+    except SpecError as exc:
+        raise SpecError(exc.field, exc.problem, fix) from None
+    try:
+        records = list(csv.reader(io.StringIO(text, newline="")))
+    except csv.Error as exc:
+        raise SpecError(where, f"is not a valid CSV file ({exc}).", fix) from None
+    if not records:
+        raise SpecError(where, "is empty.", fix)
+    header = records[0]
+    missing = [c for c in COLUMNS if c not in header]
+    if missing:
+        raise SpecError(where, f"has no column {missing[0]!r}: it is not a results.csv simpar wrote.", fix)
+    rows = []
+    for n, rec in enumerate(records[1:], 2):
+        if len(rec) != len(header):
+            raise SpecError(
+                where, f"line {n} has {len(rec)} fields, not {len(header)}: the file is cut off or was edited.", fix
+            )
+        row = dict(zip(header, rec))
+        problem = row_problem(row)
+        if problem:
+            raise SpecError(where, f"line {n} ({row['id'] or 'no id'}): {problem}.", fix)
+        rows.append(row)
+    _check_ranks(rows, where, fix)
+    return rows
 
 
-def write_json(path: Path, doc: dict) -> None:
-    tmp = Path(str(path) + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+def _check_ranks(rows: list[dict[str, str]], where: str, fix: str) -> None:
+    for i, r in enumerate(rows):
+        want = str(i + 1) if r["status"] in RANKED else ""
+        if r["rank"] != want:
+            raise SpecError(
+                where,
+                f"line {i + 2} ({r['id']}) has rank {r['rank'] or 'none'!r}, expected {want or 'none'!r}: "
+                "the rows were reordered or edited.",
+                fix,
+            )
+
+
+def counts_of(rows: list[dict[str, str]], enumerated: int) -> dict[str, int]:
+    c = {"enumerated": enumerated, "invalid": 0, "oom": 0, "fitting": 0, "refined": 0, "simulated": 0}
+    for r in rows:
+        s = r["status"]
+        if s == "invalid":
+            c["invalid"] += 1
+        elif s == "oom" and r.get("source") != "engine":
+            c["oom"] += 1
+        else:
+            c["fitting"] += 1
+        c["refined"] += bool(r.get("oracle_time_s"))
+        c["simulated"] += r.get("source") == "engine"
+    return c
+
+
+# --- sweep.json ----------------------------------------------------------------------------
+
+#: What the readers of sweep.json use: key -> type, a nested schema, a tuple of types, or
+#: [type] for a list of that type.
+_SPACE_SCHEMA = {
+    "schedules": [str],
+    "zero": [int],
+    "recompute": [str],
+    "mbs": [int],
+    "sequence_parallel": [bool],
+    "max_tp": (int, type(None)),
+    "max_cp": (int, type(None)),
+    "layer_split": str,
+    "precision": str,
+}
+_SCHEMA: dict[str, Any] = {
+    "simpar_sweep_version": int,
+    "token": str,
+    "command": str,
+    "model": str,
+    "cluster": str,
+    "complete": bool,
+    "identity": {
+        "objective": str,
+        "num_gpus": int,
+        "gbs": int,
+        "backend": str,
+        "model": {"name": str, "seq_len": int},
+        "cluster": {"name": str, "gpus_per_node": int, "gpu": {"name": str, "hbm_GiB": (int, float, type(None))}},
+        "space": _SPACE_SCHEMA,
+    },
+}
+
+
+def _kind(want: Any) -> str:
+    if isinstance(want, list):
+        return f"a list of {_kind(want[0])}"
+    if isinstance(want, tuple):
+        return " or ".join(_kind(w) for w in want)
+    return {int: "a whole number", float: "a number", str: "text", bool: "true or false"}.get(want, "null")
+
+
+def _is(value: Any, want: Any) -> bool:
+    if isinstance(want, list):
+        return isinstance(value, list) and all(_is(v, want[0]) for v in value)
+    if isinstance(want, tuple):
+        return any(_is(value, w) for w in want)
+    if isinstance(value, bool) and want is not bool:
+        return False  # JSON true is not a number
+    return isinstance(value, want)
+
+
+def _check_schema(doc: dict, schema: dict, where: str, fix: str, prefix: str = "") -> None:
+    for key, want in schema.items():
+        name = prefix + key
+        if key not in doc:
+            if isinstance(want, tuple) and type(None) in want:
+                continue  # optional
+            raise SpecError(where, f"has no {name!r}.", fix)
+        value = doc[key]
+        if isinstance(want, dict):
+            if not isinstance(value, dict):
+                raise SpecError(where, f"{name} must be an object, got {value!r}.", fix)
+            _check_schema(value, want, where, fix, name + ".")
+        elif not _is(value, want):
+            raise SpecError(where, f"{name} must be {_kind(want)}, got {json.dumps(value)[:60]}.", fix)
+
+
+def check_manifest(doc: dict, where: str, fix: str) -> dict:
+    """``doc`` if it is a sweep.json this simpar version reads (the fields its readers use)."""
+    _check_schema(doc, _SCHEMA, where, fix)
+    if doc["simpar_sweep_version"] != SWEEP_FORMAT_VERSION:
+        raise SpecError(
+            where,
+            f"was written in sweep format {doc['simpar_sweep_version']}, this simpar reads {SWEEP_FORMAT_VERSION}.",
+            fix,
+        )
+    if doc["identity"]["objective"] not in OBJECTIVES:
+        raise SpecError(where, f"identity.objective {doc['identity']['objective']!r} is unknown.", fix)
+    if doc["complete"]:
+        counts = doc.get("counts")
+        if not isinstance(counts, dict):
+            raise SpecError(where, "is marked complete but has no 'counts'.", fix)
+        for k in COUNT_KEYS:
+            if not _is(counts.get(k), int) or counts[k] < 0:
+                raise SpecError(where, f"counts.{k} must be a whole number >= 0, got {counts.get(k)!r}.", fix)
+    return doc
+
+
+def read_manifest(path: Path, fix: str) -> dict:
+    """A checked sweep.json (`check_manifest`); ``fix`` is the advice of every error."""
+    try:
+        doc = files.read_json_object(path, "sweep file")
+    except SpecError as exc:
+        raise SpecError(exc.field, exc.problem, fix) from None
+    return check_manifest(doc, f"sweep file {path}", fix)
+
+
+def write_manifest(path: Path, doc: dict) -> None:
+    _write(path, json.dumps(doc, indent=2, sort_keys=True, allow_nan=False) + "\n")
+
+
+def _write(path: Path, text: str) -> None:
+    try:
+        files.write_text(path, text)
+    except OSError as exc:
+        raise SpecError(str(path), f"cannot be written ({exc.strerror or exc}).", _DISK) from None
+
+
+def read_sweep(out: Path) -> tuple[dict, list[dict[str, str]]]:
+    """A finished sweep's sweep.json and results.csv, each checked and checked against the other
+    (the rows and their counts are what sweep.json recorded when the sweep finished)."""
+    out = Path(out)
+    if not (out / MANIFEST).exists() or not (out / RESULTS).exists():
+        raise SimparError(
+            "report",
+            f"{out} has no finished sweep (sweep.json and results.csv).",
+            "run `simpar sweep ... --out DIR` first (or --resume an interrupted one).",
+        )
+    manifest = read_manifest(out / MANIFEST, f"re-run the sweep (simpar sweep ... --out {out}).")
+    rerun = f"re-run the sweep: {manifest['command'] or f'simpar sweep ... --out {out}'}"
+    if not manifest["complete"]:
+        raise SpecError(
+            f"sweep file {out / MANIFEST}",
+            "says the sweep is not finished (complete: false), so results.csv is not its result.",
+            f"continue it: {manifest['command'] or 'simpar sweep ...'} --resume",
+        )
+    rows = read_results(out / RESULTS, rerun + ".")
+    check_counts(rows, manifest, out / RESULTS, rerun + ".")
+    return manifest, rows
+
+
+def check_counts(rows: list[dict[str, str]], manifest: dict, path: Path, fix: str) -> None:
+    """results.csv holds the configurations sweep.json counted, with the same statuses."""
+    want = manifest["counts"]
+    if len(rows) != want["enumerated"]:
+        raise SpecError(
+            f"results {path}",
+            f"has {len(rows):,} rows but sweep.json counts {want['enumerated']:,} configurations: "
+            "the file is cut off or was edited.",
+            fix,
+        )
+    have = counts_of(rows, len(rows))
+    diff = [k for k in COUNT_KEYS if have[k] != want[k]]
+    if diff:
+        k = diff[0]
+        raise SpecError(
+            f"results {path}",
+            f"does not match sweep.json: {have[k]:,} rows are {k}, sweep.json counts {want[k]:,}.",
+            fix,
+        )

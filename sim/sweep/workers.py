@@ -1,23 +1,61 @@
 """Where a sweep's batches run: in this process, a local process pool, or a Ray cluster. Each
 backend calls `evaluate.evaluate` on batches of configurations and hands every finished batch to
-``on_done`` as soon as it arrives (completion order varies; the results do not)."""
+``on_done`` as soon as it arrives (completion order varies; the results do not).
+
+Pool workers never outlive the sweep: they ignore SIGINT (the parent handles it and kills them,
+`Pool.close(cancel=True)`), and on Linux the kernel kills them when the parent dies, even by
+kill -9 (``PR_SET_PDEATHSIG``); elsewhere a thread in each worker watches the parent's PID.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import multiprocessing
+import os
+import signal
+import sys
+import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from ..errors import SimparError
+from . import interrupt, lock
 from .evaluate import SweepSetup, evaluate
 from .space import Config
 
 OnDone = Callable[[list[dict[str, Any]]], None]
 _SETUP: list[SweepSetup | None] = [None]
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+#: Seconds between checks for a signal while waiting for batches.
+_POLL_S = 0.1
 
 
-def _init(setup: SweepSetup) -> None:
+def _die_with_parent(parent: int) -> None:
+    """End this worker when ``parent`` dies, however it dies."""
+    armed = False
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            armed = ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL) == 0
+    if os.getppid() != parent:  # the parent died before the kernel was told
+        os._exit(1)
+    if not armed:
+        threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
+
+
+def _watch_parent(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os._exit(1)
+
+
+def _init(setup: SweepSetup, parent: int) -> None:
+    interrupt.in_worker()
+    _die_with_parent(parent)
+    lock.close_inherited()
     _SETUP[0] = setup
 
 
@@ -49,18 +87,46 @@ class Pool:
         if self.ex is None:
             method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
             self.ex = ProcessPoolExecutor(
-                self.workers, mp_context=multiprocessing.get_context(method), initializer=_init, initargs=(setup,)
+                self.workers,
+                mp_context=multiprocessing.get_context(method),
+                initializer=_init,
+                initargs=(setup, os.getpid()),
             )
-        pending = {self.ex.submit(_run, phase, b) for b in batches}
-        while pending:
-            done, pending = wait(pending, return_when=FIRST_COMPLETED)
-            for f in sorted(done, key=id):
-                on_done(f.result())
+        try:
+            with interrupt.deferred():
+                pending = {self.ex.submit(_run, phase, b) for b in batches}
+            while pending:
+                # A signal is raised between the short waits, never inside the pool's locks (a lock
+                # left held there hangs the interpreter's exit, which joins the pool's thread).
+                with interrupt.deferred():
+                    done, pending = wait(pending, timeout=_POLL_S, return_when=FIRST_COMPLETED)
+                for f in sorted(done, key=id):
+                    on_done(f.result())
+        except BrokenProcessPool:
+            raise SimparError(
+                "workers",
+                "a worker process died (killed, or out of memory); the rows finished so far are saved.",
+                "continue with --resume; fewer --workers need less memory.",
+            ) from None
 
     def close(self, cancel: bool = False) -> None:
-        if self.ex is not None:
-            self.ex.shutdown(wait=not cancel, cancel_futures=cancel)
-            self.ex = None
+        """Wait for the workers to end; with ``cancel`` kill them first (an interrupt, an error):
+        a worker in the middle of a batch would otherwise finish it before the process can exit.
+        The pool is forgotten only once shut down, so an interrupted close can still cancel."""
+        if self.ex is None:
+            return
+        procs = list((getattr(self.ex, "_processes", None) or {}).values())
+        if cancel:
+            # Python < 3.14 has no public way to stop running workers (3.14: `kill_workers`); the
+            # pool's private map of its processes is the only handle on them.
+            for p in procs:
+                with contextlib.suppress(Exception):
+                    p.kill()  # SIGKILL: a worker holds nothing that needs cleaning up
+        self.ex.shutdown(wait=not cancel, cancel_futures=cancel)
+        for p in procs if cancel else ():
+            with contextlib.suppress(Exception):
+                p.join(timeout=1.0)
+        self.ex = None
 
 
 class RayBackend:
@@ -79,16 +145,23 @@ class RayBackend:
         if self.started:
             ray.init(address=address, include_dashboard=False, log_to_driver=False)
         self.task = ray.remote(evaluate)
+        self.pending: list = []
 
     def map(self, setup: SweepSetup, phase: str, batches: list[list[Config]], on_done: OnDone) -> None:
         ref = self.ray.put(setup)
-        pending = [self.task.remote(ref, phase, b) for b in batches]
-        while pending:
-            done, pending = self.ray.wait(pending, num_returns=1)
+        self.pending = [self.task.remote(ref, phase, b) for b in batches]
+        while self.pending:
+            with interrupt.deferred():  # as in `Pool.map`
+                done, self.pending = self.ray.wait(self.pending, num_returns=1, timeout=_POLL_S)
             for d in done:
                 on_done(self.ray.get(d))
 
     def close(self, cancel: bool = False) -> None:
+        if cancel:  # stop this sweep's tasks still queued or running on the cluster
+            for r in self.pending:
+                with contextlib.suppress(Exception):
+                    self.ray.cancel(r, force=True)
+        self.pending = []
         if self.started:  # a connection (or local instance) this sweep opened
             self.ray.shutdown()
             self.started = False
