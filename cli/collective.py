@@ -30,7 +30,12 @@ def _sizes(_ctx: click.Context, _param: click.Parameter, value: str) -> list[int
 
 @click.command("collective")
 @click.option("--cluster", required=True, help="cluster preset name or YAML file")
-@click.option("--gpus", type=int, default=None, help="GPUs in the communicator (whole nodes) [default: the preset's]")
+@click.option(
+    "--gpus",
+    type=click.IntRange(1, 1 << 17),
+    default=None,
+    help="GPUs in the communicator (whole nodes) [default: the preset's]",
+)
 @click.option("--op", type=click.Choice(OPS), default="all-reduce", show_default=True)
 @click.option(
     "--sizes", default="1K..8G", show_default=True, callback=_sizes, help="1K..8G (powers of two) or 1M,64M,1G"

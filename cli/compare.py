@@ -34,6 +34,11 @@ def _read(path: str):
 )
 def compare(sim_trace, measured_trace, kinds, plot_path) -> None:
     """Per rank and action kind: simulated and measured mean time and their difference."""
+    if plot_path:
+        from simpar.sim import files
+        from simpar.sim.plot import PLOT_SUFFIXES
+
+        files.output_file(plot_path, "--plot", PLOT_SUFFIXES)
     sim, meas = _read(sim_trace), _read(measured_trace)
     rows = compare_events(sim, meas, tuple(k.strip() for k in kinds.split(",")) if kinds else None)
     if not rows:

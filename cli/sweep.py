@@ -15,7 +15,7 @@ import click
 from simpar.sim.errors import SimparError
 from simpar.sim.plan import PRECISIONS, RECOMPUTE, SCHEDULES
 
-from .calib import calibration_options, load_calibration_option, runtime_of
+from .calib import calibration_options, load_calibration_option, runtime_of, uncalibrated_hint
 from .render import echo_json
 
 PHASES = {
@@ -324,6 +324,9 @@ def sweep(**kw) -> None:
         sys.exit(exc.exit_code if isinstance(exc, Interrupted) else 130)
     now = time.perf_counter()
     show(res, kw, {"total": now - t0, "search": res.wall_s, "plans_and_figures": now - t_plans})
+    hint = uncalibrated_hint(cluster.gpu.name, calib)
+    if hint and not kw["as_json"]:
+        click.echo(hint, err=True)
 
 
 def _started() -> float:
