@@ -1,6 +1,6 @@
 """`simpar report DIR`: rebuild a sweep's report.md and pareto.png from its results.csv, and
 answer "why not this configuration?" from the results, without simulating anything again.
-The folder is checked first (`store.read_sweep`): a cut-off or edited results.csv, or a sweep.json
+The folder is checked first (`manifest.read_sweep`): a cut-off or edited results.csv, or a sweep.json
 that does not match it, is refused with the fix instead of reported from what is left."""
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ def report(directory: str, top: int, why_filter, as_json: bool) -> None:
     """Rebuild a sweep's report from DIRECTORY/results.csv and DIRECTORY/sweep.json."""
     from simpar.sim import files
     from simpar.sim.sweep.explain import explain, why
+    from simpar.sim.sweep.manifest import read_sweep
     from simpar.sim.sweep.report import write_report
     from simpar.sim.sweep.space import parse_filter
-    from simpar.sim.sweep.store import read_sweep
 
     if why_filter:
         parse_filter(why_filter)  # a typo is reported before anything is read

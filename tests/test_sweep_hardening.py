@@ -20,9 +20,10 @@ import pytest
 from simpar.cli.main import cli
 from simpar.sim.errors import SimparError
 from simpar.sim.sweep import limits
+from simpar.sim.sweep.manifest import read_sweep
 from simpar.sim.sweep.run import SweepOptions, run_sweep
 from simpar.sim.sweep.space import SearchSpace
-from simpar.sim.sweep.store import Journal, read_sweep
+from simpar.sim.sweep.store import Journal
 
 SMALL = [
     "--model",

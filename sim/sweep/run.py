@@ -30,6 +30,7 @@ from ..errors import SimparError
 from . import lock
 from .evaluate import SweepSetup
 from .limits import check_options, check_setup
+from .manifest import check_counts, read_manifest, write_manifest
 from .space import Config, empty_space_reason, enumerate_configs, iter_batches
 from .store import (
     JOURNAL,
@@ -38,13 +39,10 @@ from .store import (
     RESULTS,
     SWEEP_FORMAT_VERSION,
     Journal,
-    check_counts,
     counts_of,
     num,
-    read_manifest,
     read_results,
     row_problem,
-    write_manifest,
     write_results,
 )
 from .workers import make_backend
