@@ -13,10 +13,10 @@ Refused on purpose (torch 2.13 behaviour, measured):
   (zero >= 2), no ``UNSHARD``/``RESHARD``. Its simpar-only R actions are dropped (torch
   recomputes inside B/I).
 - Any schedule simpar's own validator refuses (``check_schedule``: an action twice, unpaired
-  sends/receives, receives out of the order their stream is sent in, a deadlock).
+  sends/receives, receives from a peer out of the order it sends them, a deadlock).
 
-A lowered schedule runs as written except that each rank posts its receives from a peer in the
-order the peer sends (`receives_in_send_order`): see that function for why.
+A lowered schedule runs as written (simpar's lowering posts each rank's receives from a peer in
+the order the peer sends, as transports match them).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from pathlib import Path
 from simpar.sim.errors import PlanError, ScheduleError, SimparError
 from simpar.sim.plan import ParallelPlan, _check_schedule, _check_split
 from simpar.sim.schedules import check_schedule, read_csv
-from simpar.sim.schedules.ir import Action, Kind, Schedule, looped_placement, v_placement
+from simpar.sim.schedules.ir import Kind, Schedule, looped_placement, v_placement
 from simpar.sim.specs import ModelSpec
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
@@ -39,8 +39,7 @@ def read_schedule_file(path: str | Path) -> Schedule:
 
 
 def has_comms(s: Schedule) -> bool:
-    """Whether the file already holds communication (then torch runs it as written, receives
-    in their senders' order: `receives_in_send_order`)."""
+    """Whether the file already holds communication (then torch runs it as written)."""
     return any(a.kind not in COMPUTE_KINDS and a.kind is not Kind.R for row in s.ranks for a in row)
 
 
@@ -50,58 +49,8 @@ def split_backward(s: Schedule) -> bool:
 
 def torch_rows(s: Schedule) -> list[list[str]]:
     """The actions torch runs, per pipeline rank: simpar-only R (recompute) actions dropped,
-    since torch recomputes inside B/I; a lowered schedule's receives in their senders' order."""
-    s = receives_in_send_order(s)
+    since torch recomputes inside B/I."""
     return [[str(a) for a in row if a.kind is not Kind.R] for row in s.ranks]
-
-
-def _receive_of(a: Action) -> Action:
-    """The receive a SEND_F/SEND_B feeds (on the rank of the next/previous stage)."""
-    if a.kind is Kind.SEND_F:
-        return Action(a.stage + 1, Kind.RECV_F, a.microbatch)
-    return Action(a.stage - 1, Kind.RECV_B, a.microbatch)
-
-
-def _sender(a: Action, placement: tuple[int, ...]) -> int:
-    return placement[a.stage - 1] if a.kind is Kind.RECV_F else placement[a.stage + 1]
-
-
-def receives_in_send_order(s: Schedule) -> Schedule:
-    """The lowered schedule with each rank's receives from a peer posted in the order the peer
-    sends: a receive that comes later in the peer's order pulls the earlier ones in front of it.
-
-    Why: transports match the messages between two ranks in posting order, and torch's runtime
-    posts them untagged (see ``check_schedule``). simpar posts a receive just before the compute
-    that consumes it, which keeps each stream in order but can interleave two streams that share
-    a rank pair differently on the two sides: zb-v's rank 0 sends rank 1 both stage 0's
-    activations and stage 3's gradients, and rank 1 consumes them in another interleaving, so it
-    got activations as gradients (step-0 loss off by 2e-2 on the tiny model). Receives only move
-    earlier, to just before a receive that waits for a later message of the same peer, so no
-    compute waits longer and a deadlock-free order stays deadlock-free.
-    """
-    if not s.lowered:
-        return s
-    order: dict[tuple[int, int], list[Action]] = {}  # (sender, receiver) -> receives in send order
-    for r, row in enumerate(s.ranks):
-        for a in row:
-            if a.kind in (Kind.SEND_F, Kind.SEND_B):
-                recv = _receive_of(a)
-                order.setdefault((r, s.placement[recv.stage]), []).append(recv)
-    ranks = []
-    for r, row in enumerate(s.ranks):
-        index = {peer: {a: k for k, a in enumerate(acts)} for (peer, me), acts in order.items() if me == r}
-        done = dict.fromkeys(index, 0)  # receives from each peer posted so far (a prefix of its order)
-        out: list[Action] = []
-        for a in row:
-            if a.kind not in (Kind.RECV_F, Kind.RECV_B):
-                out.append(a)
-                continue
-            peer = _sender(a, s.placement)
-            k = index[peer][a]  # check_schedule pairs every receive with a send
-            out += order[(peer, r)][done[peer] : k + 1]
-            done[peer] = max(done[peer], k + 1)
-        ranks.append(out)
-    return s.replace_ranks(ranks)
 
 
 def microbatches(s: Schedule) -> int:

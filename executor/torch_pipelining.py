@@ -73,7 +73,7 @@ def lower(rows: list[list[str]], num_microbatches: int, num_stages: int, comms: 
     """The actions each rank will run, as ``_PipelineScheduleRuntime._load_csv`` makes them: a
     compute-only schedule is validated and lowered by torch's passes (UNSHARD/RESHARD,
     REDUCE_GRAD, then sends and receives); a schedule with ``comms`` is taken as given
-    (``checks.torch_rows`` has put its receives in their senders' order). Either is then dry-run
+    (simpar's lowering posts its receives in their senders' order). Either is then dry-run
     by torch's simulator. Raises ScheduleError when torch rejects the schedule or when it would
     deadlock."""
     actions = _parse(rows)
@@ -185,7 +185,7 @@ class PipelineRunner:
     ``rows`` are the schedule's actions per pipeline rank (simpar-only R actions already
     dropped); they are written to a CSV that ``_load_csv`` reads. A compute-only schedule is
     lowered by torch (it inserts sends/receives, REDUCE_GRAD and, under FSDP, UNSHARD/RESHARD);
-    one with communication is run as given (receives in their senders' order, ``checks.torch_rows``).
+    one with communication is run as given (simpar's lowering posts receives in their senders' order).
     """
 
     def __init__(

@@ -1,7 +1,7 @@
 """`simpar run` never shows a traceback, never hangs and never gives a silently wrong answer:
 
-- a schedule simpar's validator refuses (an action twice; receives posted out of the order their
-  stream is sent in, which torch would pair with the wrong tensors) is refused by ``--dry-run``
+- a schedule simpar's validator refuses (an action twice; receives from a peer posted out of the
+  order it sends them, which torch would pair with the wrong tensors) is refused by ``--dry-run``
   with one line and exit code 2, as is ``--device cuda`` without CUDA;
 - every schedule family verifies against the single process in both forms simpar writes (the
   compute-only CSV of ``simpar schedule`` and the lowered one of ``simulate --write-plan``; the
@@ -24,11 +24,11 @@ from pathlib import Path
 import pytest
 
 from simpar.cli.main import cli
-from simpar.executor.checks import read_schedule_file, receives_in_send_order
+from simpar.executor.checks import read_schedule_file
 from simpar.executor.launch import write_schedule
 from simpar.sim.errors import ScheduleError
 from simpar.sim.plan import ParallelPlan
-from simpar.sim.schedules import Kind, check_schedule, lower, schedule_for_plan
+from simpar.sim.schedules import check_schedule
 from simpar.sim.specs import load_cluster, load_model
 from simpar.sim.specs.planfile import write_plan_file
 
@@ -120,38 +120,6 @@ def test_a_deadlocked_lowered_schedule_is_one_line(runner, lowered_1f1b):
     _refused(runner, plan, bad, plan.parent / "out", "deadlock: rank 0 hangs at step 0 (0RECV_B0)")
     with pytest.raises(ScheduleError, match="it deadlocks in torch's dry run"):
         torch_lower(torch_rows(read_schedule_file(bad)), 4, 2, comms=True)
-
-
-@pytest.mark.parametrize("name,vpp", FAMILIES)
-@pytest.mark.parametrize("pp", [2, 4])
-def test_executor_receives_follow_the_senders_order(name, vpp, pp):
-    """What the executor hands torch: on every pair of ranks, the receives are posted in the
-    order the peer sends (simpar's lowered zb-v is not: rank 1 consumes rank 0's activations and
-    gradients in another interleaving), only ever earlier than written, compute order unchanged."""
-    plan = ParallelPlan(pp=pp, vpp=vpp, global_batch_size=2 * pp, schedule=name)
-    low = lower(schedule_for_plan(plan), plan)
-    check_schedule(low)
-    fixed = receives_in_send_order(low)
-    place, sent, got = low.placement, {}, {}
-    for r, (before, after) in enumerate(zip(low.ranks, fixed.ranks)):
-        assert sorted(before) == sorted(after)
-        assert [a for a in before if a.kind not in (Kind.RECV_F, Kind.RECV_B)] == [
-            a for a in after if a.kind not in (Kind.RECV_F, Kind.RECV_B)
-        ]
-        for a in after:
-            if a.kind in (Kind.RECV_F, Kind.RECV_B):
-                assert _others_before(after, a) <= _others_before(before, a)  # posted no later than written
-                src = place[a.stage - 1] if a.kind is Kind.RECV_F else place[a.stage + 1]
-                got.setdefault((src, r), []).append((a.stage, a.mb))
-            elif a.kind in (Kind.SEND_F, Kind.SEND_B):
-                dst_stage = a.stage + 1 if a.kind is Kind.SEND_F else a.stage - 1
-                sent.setdefault((r, place[dst_stage]), []).append((dst_stage, a.mb))
-    assert sent == got
-
-
-def _others_before(row, a) -> int:
-    """How many actions other than receives come before ``a`` in ``row``."""
-    return sum(b.kind not in (Kind.RECV_F, Kind.RECV_B) for b in row[: row.index(a)])
 
 
 def test_cuda_without_cuda_is_refused(runner, lowered_1f1b):

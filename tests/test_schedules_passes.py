@@ -169,3 +169,66 @@ def test_recv_missing_is_reported() -> None:
 def test_recompute_must_sit_between_f_and_backward() -> None:
     with pytest.raises(ScheduleError, match="between the F and the backward"):
         check_schedule(sched(["0R0 0F0 0F1 0B0 0B1", "1F0 1B0 1F1 1B1"], lowered=True))
+
+
+FAMILIES = [
+    ("gpipe", 1),
+    ("1f1b", 1),
+    ("interleaved-1f1b", 2),
+    ("zb-h1", 1),
+    ("zb-h2", 1),
+    ("zb-1p", 1),
+    ("zb-2p", 1),
+    ("zb-v", 2),
+]
+RECV = (Kind.RECV_F, Kind.RECV_B)
+
+
+def _peer(a: Action, placement) -> int:
+    return placement[a.stage - 1] if a.kind is Kind.RECV_F else placement[a.stage + 1]
+
+
+@pytest.mark.parametrize("name,vpp", FAMILIES)
+@pytest.mark.parametrize("pp", [2, 4])
+def test_lowered_receives_follow_the_senders_order(name: str, vpp: int, pp: int) -> None:
+    """On every pair of ranks the receives are posted in the order the peer sends (zb-v's rank 1
+    consumes rank 0's activations and gradients in another interleaving than rank 0 sends them),
+    each before the compute that consumes it, and the compute order is the compute-only one."""
+    plan = ParallelPlan(pp=pp, vpp=vpp, global_batch_size=2 * pp, schedule=name)
+    compute = schedule_for_plan(plan)
+    low = lower(compute, plan)
+    check_schedule(low)
+    sent: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    got: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for r, row in enumerate(low.ranks):
+        assert [a for a in row if a.kind in (Kind.F, Kind.B, Kind.I, Kind.W)] == list(compute.ranks[r])
+        for k, a in enumerate(row):
+            if a.kind in RECV:
+                got.setdefault((_peer(a, low.placement), r), []).append((a.stage, a.mb))
+                consumer = Action(a.stage, Kind.F, a.mb) if a.kind is Kind.RECV_F else None
+                later = row[k + 1 :]
+                assert any(
+                    b.stage == a.stage
+                    and b.mb == a.mb
+                    and (b == consumer or (consumer is None and b.kind in (Kind.B, Kind.I)))
+                    for b in later
+                )
+            elif a.kind in (Kind.SEND_F, Kind.SEND_B):
+                dst = a.stage + 1 if a.kind is Kind.SEND_F else a.stage - 1
+                sent.setdefault((r, low.placement[dst]), []).append((dst, a.mb))
+    assert sent == got
+
+
+def test_receives_interleaved_against_the_sender_are_refused() -> None:
+    """zb-v pp=2: rank 1 receives both stage 0's activations and stage 3's gradients from rank 0.
+    Swapping two of them (different streams, each stream still in order) is refused: torch
+    matches untagged messages between two ranks in posting order."""
+    low = lower(build_schedule("zb-v", 2, 2, 4))
+    row = list(low.ranks[1])
+    recvs = [k for k, a in enumerate(row) if a.kind in RECV]
+    k = next(i for i, j in zip(recvs, recvs[1:]) if row[i].kind is not row[j].kind)
+    j = recvs[recvs.index(k) + 1]
+    row[k], row[j] = row[j], row[k]
+    bad = low.replace_ranks([low.ranks[0], row])
+    with pytest.raises(ScheduleError, match="receive #\\d+ from rank 0 .* matched in the order they are posted"):
+        check_schedule(bad)

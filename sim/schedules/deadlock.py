@@ -6,10 +6,9 @@ Rules (compute-only and lowered schedules):
   microbatches in ``0..m-1``;
 - every (stage, microbatch) has exactly one F and one backward: a full B, or an I and then a W on
   the same rank; at most one R, before the backward;
-- lowered: one SEND/RECV pair per transfer between different ranks (none within a rank), each
-  stream of transfers (one stage boundary, one direction) received in the micro-batch order it
-  is sent; at most one REDUCE_GRAD per stage, after its last backward; UNSHARD/RESHARD alternate
-  per stage;
+- lowered: one SEND/RECV pair per transfer between different ranks (none within a rank), the
+  receives from each peer posted in the order that peer sends; at most one REDUCE_GRAD per stage,
+  after its last backward; UNSHARD/RESHARD alternate per stage;
 - a dry run (the list scheduler with unit costs) finishes: otherwise the error names the rank
   and the action where the schedule would hang.
 """
@@ -104,7 +103,7 @@ def _check_lowered(s: Schedule, count: Counter, pos: dict) -> None:
             last = max(pos.get((st, k, mb), (-1, -1)) for k in (Kind.B, Kind.W) for mb in range(s.num_microbatches))
             if rg < last:
                 raise _fail(f"rank {rg[0]}: {st}REDUCE_GRAD runs before the last backward of stage {st}.")
-    _check_streams(s)
+    _check_pairs(s)
     for r, acts in enumerate(s.ranks):
         live: set[int] = set()
         for k, a in enumerate(acts):
@@ -122,37 +121,36 @@ def _check_lowered(s: Schedule, count: Counter, pos: dict) -> None:
 _FEEDS = {Kind.SEND_F: (Kind.RECV_F, 1), Kind.SEND_B: (Kind.RECV_B, -1)}
 
 
-def _check_streams(s: Schedule) -> None:
-    """Each stream (the transfers into one stage in one direction) is received in the order it is sent.
+def _check_pairs(s: Schedule) -> None:
+    """Between two ranks, the receives are posted in the order the sender posts the sends.
 
     NCCL, gloo and MPI match the point-to-point messages between two ranks in the order they are
     posted, and torch's pipeline runtime posts them without tags (torch 2.13,
     ``torch/distributed/pipelining/stage.py``: ``dist.P2POp(dist.irecv, buffer, peer, group)``):
-    a receive posted out of order gets another micro-batch's tensor, silently when the shapes agree.
+    a receive posted out of order gets another message's tensor, silently when the shapes agree.
     """
-    sent: dict[tuple[int, Kind], list[int]] = {}
-    got: dict[tuple[int, Kind], list[int]] = {}
-    for acts in s.ranks:
+    sent: dict[tuple[int, int], list[Action]] = {}  # (sender, receiver) -> the receives fed, in send order
+    got: dict[tuple[int, int], list[Action]] = {}  # (sender, receiver) -> receives in posting order
+    for r, acts in enumerate(s.ranks):
         for a in acts:
             if a.kind in _FEEDS:
                 kind, step = _FEEDS[a.kind]
-                sent.setdefault((a.stage + step, kind), []).append(a.mb)
+                recv = Action(a.stage + step, kind, a.mb)
+                sent.setdefault((r, s.placement[recv.stage]), []).append(recv)
             elif a.kind in (Kind.RECV_F, Kind.RECV_B):
-                got.setdefault((a.stage, a.kind), []).append(a.mb)
-    for (st, kind), mbs in sorted(got.items()):
-        order = sent.get((st, kind), [])
-        k = next((i for i, (x, y) in enumerate(zip(mbs, order)) if x != y), None)
+                src = a.stage - 1 if a.kind is Kind.RECV_F else a.stage + 1
+                got.setdefault((s.placement[src], r), []).append(a)
+    for (src, dst), recvs in sorted(got.items()):
+        order = sent.get((src, dst), [])
+        k = next((i for i, (x, y) in enumerate(zip(recvs, order)) if x != y), None)
         if k is None:
-            continue  # the counts are checked already: the same micro-batches in the same order
-        src = st - 1 if kind is Kind.RECV_F else st + 1
-        send = Kind.SEND_F if kind is Kind.RECV_F else Kind.SEND_B
+            continue  # the counts are checked already: the same transfers in the same order
         raise _fail(
-            f"rank {s.placement[st]}'s receive #{k + 1} into stage {st} is {Action(st, kind, mbs[k])}, but rank "
-            f"{s.placement[src]}'s send #{k + 1} from stage {src} is {Action(src, send, order[k])}: transfers "
-            f"between two ranks are matched in the order they are posted, so micro-batch {mbs[k]} would get "
-            f"micro-batch {order[k]}'s tensor.",
-            "post each stage's receives in the micro-batch order its peer sends them (lower the compute-only "
-            "schedule again with lower()).",
+            f"rank {dst}'s receive #{k + 1} from rank {src} is {recvs[k]}, but rank {src}'s send #{k + 1} to rank "
+            f"{dst} feeds {order[k]}: transfers between two ranks are matched in the order they are posted, so "
+            f"{recvs[k]} would get the tensor meant for {order[k]}.",
+            "post the receives from each peer in the order it sends them (lower the compute-only schedule again "
+            "with lower(), or `simpar schedule --csv`).",
         )
 
 

@@ -17,6 +17,9 @@ Added per rank, in order (the input schedule is never modified):
   stages the rank will run, and at the end (torch's ``_add_unshard_reshard`` policy, default window
   3). Under ZeRO-2 the engine books the gather after the optimizer step (ZeRO-1/2 semantics); under
   ZeRO-3 it gathers on every UNSHARD and frees on RESHARD.
+
+Last, each rank's receives from one peer are put in the order that peer sends
+(`_receives_in_send_order`): transports match the messages between two ranks in posting order.
 """
 
 from __future__ import annotations
@@ -96,6 +99,49 @@ def _lower_rank(s: Schedule, acts: list[Action], recompute: bool, reduce_grad: b
     return out
 
 
+def _receive_of(a: Action) -> Action:
+    """The receive a SEND_F/SEND_B feeds (on the rank of the next/previous stage)."""
+    if a.kind is Kind.SEND_F:
+        return Action(a.stage + 1, Kind.RECV_F, a.microbatch)
+    return Action(a.stage - 1, Kind.RECV_B, a.microbatch)
+
+
+def _receives_in_send_order(ranks: list[list[Action]], placement: tuple[int, ...]) -> list[list[Action]]:
+    """Each rank's receives from a peer posted in the order the peer sends: a receive that comes
+    later in the peer's order pulls the earlier ones in front of it.
+
+    NCCL, gloo and MPI match the messages between two ranks in posting order, and torch's runtime
+    posts them untagged (``check_schedule``). A receive posted just before its consumer keeps each
+    stream (one stage boundary, one direction) in order but can interleave two streams that share a
+    rank pair differently on the two sides: zb-v's rank 0 sends rank 1 both stage 0's activations
+    and stage 3's gradients, and rank 1 consumes them in another interleaving, so it would get
+    activations as gradients (measured: step-0 loss off by 2e-2 on the tiny model). Receives only
+    move earlier, to just before a receive that waits for a later message of the same peer, which
+    was sent after them: no compute waits longer and a deadlock-free order stays deadlock-free.
+    """
+    order: dict[tuple[int, int], list[Action]] = {}  # (sender, receiver) -> receives in send order
+    for r, row in enumerate(ranks):
+        for a in row:
+            if a.kind in (Kind.SEND_F, Kind.SEND_B):
+                recv = _receive_of(a)
+                order.setdefault((r, placement[recv.stage]), []).append(recv)
+    out: list[list[Action]] = []
+    for r, row in enumerate(ranks):
+        index = {peer: {a: k for k, a in enumerate(acts)} for (peer, me), acts in order.items() if me == r}
+        done = dict.fromkeys(index, 0)  # receives from each peer posted so far (a prefix of its order)
+        acts: list[Action] = []
+        for a in row:
+            if a.kind not in (Kind.RECV_F, Kind.RECV_B):
+                acts.append(a)
+                continue
+            peer = placement[a.stage - 1] if a.kind is Kind.RECV_F else placement[a.stage + 1]
+            k = index[peer][a]  # lowering pairs every receive with a send
+            acts += order[(peer, r)][done[peer] : k + 1]
+            done[peer] = max(done[peer], k + 1)
+        out.append(acts)
+    return out
+
+
 def lower(
     schedule: Schedule,
     plan: ParallelPlan | None = None,
@@ -127,13 +173,13 @@ def lower(
     zero = zero if zero is not None else (plan.zero if plan is not None else 0)
     if recompute not in ("none", "selective", "full"):
         raise ScheduleError("recompute", f"unknown mode {recompute!r}.", "use none, selective or full.")
-    ranks = []
+    ranks: list[list[Action]] = []
     # FSDP-managed stages need UNSHARD/RESHARD: ZeRO-2/3, and ZeRO-0 with data parallelism, which
     # the executor runs with torch's `replicate` (FSDP2's DDP); ZeRO-1 runs as plain DDP.
     fsdp = zero >= 2 or (zero == 0 and plan is not None and plan.zero_shards > 1)
     for acts in schedule.ranks:
         seq = add_unshard_reshard(acts, max_active_stages) if fsdp else list(acts)
-        ranks.append(tuple(_lower_rank(schedule, seq, recompute != "none", reduce_grad)))
-    out = schedule.replace_ranks(ranks, lowered=True)
+        ranks.append(_lower_rank(schedule, seq, recompute != "none", reduce_grad))
+    out = schedule.replace_ranks(_receives_in_send_order(ranks, schedule.placement), lowered=True)
     out.meta.update(recompute=recompute, zero=zero)
     return out
