@@ -144,7 +144,19 @@ def check_run(plan: ParallelPlan, model: ModelSpec, sched: Schedule, world_size:
 
 
 def _check_lowered(plan: ParallelPlan, sched: Schedule, placement: tuple[int, ...]) -> None:
-    """A file with communication is run as written, so it must hold what torch would insert."""
+    """A file with communication is run as written, so it must hold what torch would insert, and
+    it must have been lowered for this plan's recomputation and ZeRO stage."""
+    fix = "write the schedule for this plan (simpar simulate --write-plan), or run the compute-only one."
+    recomputes = any(a.kind is Kind.R for row in sched.ranks for a in row)
+    if recomputes != (plan.recompute != "none"):
+        has = "has recompute (R) actions" if recomputes else "has no recompute (R) action"
+        raise ScheduleError("schedule", f"{has}, the plan has recompute={plan.recompute}.", fix)
+    for key, want in (("recompute", plan.recompute), ("zero", plan.zero)):
+        got = sched.meta.get(key, want)
+        if got != want:
+            raise ScheduleError(
+                "schedule", f"was lowered for {key}={got} (its sidecar), the plan has {key}={want}.", fix
+            )
     for r, row in enumerate(sched.ranks):
         kinds = {(a.stage, a.kind) for a in row}
         for s in (s for s, pr in enumerate(placement) if pr == r):

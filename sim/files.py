@@ -193,6 +193,6 @@ def write_text(path: str | Path, text: str) -> None:
         raise
 
 
-def write_json(path: str | Path, doc: Any, indent: int | None = 1) -> None:
+def write_json(path: str | Path, doc: Any, indent: int | None = 1, sort_keys: bool = False) -> None:
     """``doc`` as JSON, atomically; NaN/inf are refused (they would not read back)."""
-    write_text(path, json.dumps(doc, indent=indent, allow_nan=False) + "\n")
+    write_text(path, json.dumps(doc, indent=indent, allow_nan=False, sort_keys=sort_keys) + "\n")

@@ -178,12 +178,15 @@ class ParallelPlan(BaseModel):
     @classmethod
     def read(cls, path: Path) -> ParallelPlan:
         from .specs.loader import build, read_mapping
+        from .specs.planfile import check_envelope, read_plan_file
 
         data = read_mapping(Path(path), "plan")
-        data = data.get("plan", data)
-        for k in ("model", "cluster", "num_gpus"):
-            data.pop(k, None)
-        return build(cls, data, f"plan file {Path(path).name}")
+        if "plan" not in data:
+            return build(cls, data, f"plan file {Path(path).name}")
+        if "model" in data:
+            return read_plan_file(path)[0]
+        check_envelope(data, Path(path).name)
+        return build(cls, data["plan"], f"plan file {Path(path).name}")
 
 
 def balanced_layer_split(num_layers: int, stages: int) -> tuple[int, ...]:

@@ -107,6 +107,27 @@ def test_dry_run_refuses_receives_out_of_order(runner, lowered_1f1b):
     _refused(runner, plan, bad, plan.parent / "out", "matched in the order they are posted")
 
 
+@pytest.mark.parametrize(
+    "edit,match",
+    [
+        (("meta", "zero", 3), "was lowered for zero=3 (its sidecar), the plan has zero=0"),
+        (("meta", "recompute", "full"), "was lowered for recompute=full (its sidecar), the plan has recompute=none"),
+        (("plan", "recompute", "selective"), "has no recompute (R) action, the plan has recompute=selective"),
+    ],
+)
+def test_a_lowered_schedule_for_another_plan_is_refused(runner, lowered_1f1b, edit, match):
+    """The sidecar records what the file was lowered for; it must be this plan's."""
+    import json
+
+    plan, sched = lowered_1f1b
+    where, key, value = edit
+    path = Path(f"{sched}.meta.json") if where == "meta" else plan
+    doc = json.loads(path.read_text())
+    (doc["meta"] if where == "meta" else doc["plan"])[key] = value
+    path.write_text(json.dumps(doc))
+    _refused(runner, plan, sched, plan.parent / "out", match)
+
+
 def test_a_deadlocked_lowered_schedule_is_one_line(runner, lowered_1f1b):
     """Rank 0 waits for micro-batch 0's gradient before sending its activations. torch's own dry
     run crashed in its pretty-printer on this (IndexError); simpar's validator names the hang."""

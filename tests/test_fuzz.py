@@ -8,11 +8,14 @@ draws several hundred. `FUZZ_EXAMPLES=N` overrides the count of each test.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -209,6 +212,40 @@ def _trace_sample() -> bytes:
     return json.dumps(to_chrome(evs)).encode()
 
 
+@functools.cache
+def _made() -> Path:
+    """A plan folder (simulate --write-plan) and a sweep folder, made once per test session."""
+    tmp = Path(tempfile.mkdtemp(prefix="simpar-fuzz-"))
+    base = ["--model", "tiny", "--cluster", "cpu-host", "--gpus", "2", "--gbs", "4"]
+    for args in (["simulate", *base, "--pp", "2", "--write-plan", "w"], ["sweep", *base, "--out", "sw"]):
+        res = run_simpar(args, tmp)
+        assert res.returncode == 0, res.stderr
+    return tmp
+
+
+def _plan_folder(tmp: Path) -> Path:
+    shutil.copytree(_made() / "w", tmp / "w", dirs_exist_ok=True)
+    return tmp / "w"
+
+
+def _run_case(name: str):
+    def case(tmp: Path, text: bytes) -> list[str]:
+        w = _plan_folder(tmp)
+        (w / name).write_bytes(text)
+        return ["run", "--plan", str(w / "plan.json"), "--schedule", str(w / "schedule.csv"), "--out", "o", "--dry-run"]
+
+    return case
+
+
+def _sweep_case(name: str):
+    def case(tmp: Path, text: bytes) -> list[str]:
+        shutil.copytree(_made() / "sw", tmp / "sw", dirs_exist_ok=True)
+        (tmp / "sw" / name).write_bytes(text)
+        return ["report", str(tmp / "sw")]
+
+    return case
+
+
 SAMPLES = {
     "model": (lambda: (ROOT / "topologies" / "models" / "tiny.yaml").read_bytes(), _model_case),
     "hf": (_hf_sample, _hf_case),
@@ -217,6 +254,14 @@ SAMPLES = {
     "published": (_published_sample, _published_case),
     "schedule": (lambda: b"0F0,0F1,0B0,0B1\n1F0,1B0,1F1,1B1\n", _schedule_case),
     "trace": (_trace_sample, _trace_case),
+    "plan.json": (lambda: (_made() / "w" / "plan.json").read_bytes(), _run_case("plan.json")),
+    "lowered schedule": (lambda: (_made() / "w" / "schedule.csv").read_bytes(), _run_case("schedule.csv")),
+    "schedule sidecar": (
+        lambda: (_made() / "w" / "schedule.csv.meta.json").read_bytes(),
+        _run_case("schedule.csv.meta.json"),
+    ),
+    "sweep.json": (lambda: (_made() / "sw" / "sweep.json").read_bytes(), _sweep_case("sweep.json")),
+    "results.csv": (lambda: (_made() / "sw" / "results.csv").read_bytes(), _sweep_case("results.csv")),
 }
 
 VALUES = ["NaN", ".nan", "Infinity", ".inf", "-1", "0", '"64"', "true", "1e30", "null", "[]", "{}", "café"]

@@ -38,3 +38,30 @@ def test_missing_model_is_a_clear_error(tmp_path):
     (tmp_path / "bad.json").write_text(json.dumps({"plan": {"pp": 0}, "model": load_model("tiny").model_dump()}))
     with pytest.raises(SpecError, match="plan"):
         read_plan_file(tmp_path / "bad.json")
+
+
+@pytest.mark.parametrize(
+    "edit,match",
+    [
+        (lambda d: d.update(num_gpus=4), "num_gpus: is 4, but the plan's dp\\*tp\\*pp\\*cp = 2"),
+        (lambda d: d.update(num_gpus=True), "num_gpus: is True"),
+        (lambda d: d.update(plan_file_version=2), "plan_file_version: is 2; this simpar reads version 1"),
+        (lambda d: d.update(cluster=3), "cluster: must be a cluster name or null"),
+        (lambda d: d.update(extra=1), "extra: is not a plan-file key"),
+        (lambda d: d.update(model=[]), "model: must be a mapping"),
+        (lambda d: d.update(plan=[]), "plan: must be a mapping"),
+    ],
+)
+def test_the_envelope_is_checked_by_both_readers(tmp_path, edit, match):
+    """Nothing around the plan is read as something else: another version, an unknown key or a
+    GPU count that is not the plan's is refused, naming the key."""
+    path = tmp_path / "plan.json"
+    write_plan_file(path, ParallelPlan(pp=2, global_batch_size=4), load_model("tiny"), "cpu-host")
+    doc = json.loads(path.read_text())
+    edit(doc)
+    path.write_text(json.dumps(doc))
+    with pytest.raises(SpecError, match=match):
+        read_plan_file(path)
+    if "model" not in match and "num_gpus" not in match:
+        with pytest.raises(SpecError, match=match):
+            ParallelPlan.read(path)

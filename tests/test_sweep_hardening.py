@@ -225,6 +225,14 @@ CORRUPT = {
         _edit_results(lambda ls: _set_cell(ls, 3, "tokens_per_s", "nan")),
         "tokens_per_s 'nan' is not a finite number",
     ),
+    "results.csv negative time": (
+        _edit_results(lambda ls: _set_cell(ls, 2, "bubble_s", "-0.5")),
+        "bubble_s '-0.5' is not a finite number >= 0",
+    ),
+    "results.csv zero iteration time": (
+        _edit_results(lambda ls: _set_cell(ls, 1, "iter_time_s", "0")),
+        "iter_time_s is 0 s",
+    ),
     "results.csv half the rows": (
         _edit_results(lambda ls: ls[: len(ls) // 2]),
         "has 205 rows but sweep.json counts 412 configurations",

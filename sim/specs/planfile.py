@@ -2,22 +2,56 @@
 (``--write-plan``) and the executor (``simpar run``) reads it.
 
 Layout: ``{"model": <ModelSpec>, "plan": <ParallelPlan>, "cluster": name or null,
-"num_gpus": n, "plan_file_version": 1}``. ``ParallelPlan.read`` also accepts this file (it
-reads the ``plan`` key and ignores the others).
+"num_gpus": n, "plan_file_version": 1}``, nothing else: another version, an unknown key, or a
+``num_gpus`` that is not the plan's ``dp*tp*pp*cp`` is refused. ``ParallelPlan.read`` also
+accepts this file (it checks these keys and reads the ``plan``).
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+from typing import Any
 
 from ..errors import SpecError
+from ..files import write_json
 from ..plan import ParallelPlan
 from . import ModelSpec
 from .loader import build, read_mapping
 from .model import model_from_dict
 
 PLAN_FILE_VERSION = 1
+KEYS = ("plan_file_version", "model", "plan", "cluster", "num_gpus")
+_FIX = "write it with simpar simulate --write-plan (or write_plan_file)."
+
+
+def check_envelope(data: dict[str, Any], name: str) -> None:
+    """The keys around ``plan`` and ``model``: the version, the cluster's name, nothing unknown."""
+    where = f"plan file {name}"
+    unknown = sorted(str(k) for k in data if k not in KEYS)
+    if unknown:
+        raise SpecError(f"{where}: {unknown[0]}", f"is not a plan-file key (keys: {', '.join(KEYS)}).", _FIX)
+    version = data.get("plan_file_version", PLAN_FILE_VERSION)
+    if type(version) is not int or version != PLAN_FILE_VERSION:
+        raise SpecError(
+            f"{where}: plan_file_version",
+            f"is {version!r}; this simpar reads version {PLAN_FILE_VERSION}.",
+            "write the plan again with this simpar (simpar simulate --write-plan).",
+        )
+    cluster = data.get("cluster")
+    if cluster is not None and not isinstance(cluster, str):
+        raise SpecError(f"{where}: cluster", f"must be a cluster name or null, got {cluster!r}.", _FIX)
+    if not isinstance(data["plan"], dict):
+        raise SpecError(f"{where}: plan", "must be a mapping.", _FIX)
+
+
+def _check_num_gpus(data: dict[str, Any], plan: ParallelPlan, name: str) -> None:
+    n = data.get("num_gpus", plan.num_gpus)
+    if type(n) is not int or n != plan.num_gpus:
+        raise SpecError(
+            f"plan file {name}: num_gpus",
+            f"is {n!r}, but the plan's dp*tp*pp*cp = {plan.num_gpus}.",
+            f"set num_gpus to {plan.num_gpus} (or write the plan again).",
+        )
 
 
 def write_plan_file(path: str | Path, plan: ParallelPlan, model: ModelSpec, cluster_name: str | None = None) -> None:
@@ -28,7 +62,7 @@ def write_plan_file(path: str | Path, plan: ParallelPlan, model: ModelSpec, clus
         "cluster": cluster_name,
         "num_gpus": plan.num_gpus,
     }
-    Path(path).write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    write_json(path, doc, indent=2, sort_keys=True)
 
 
 def read_plan_file(path: str | Path) -> tuple[ParallelPlan, ModelSpec]:
@@ -36,15 +70,11 @@ def read_plan_file(path: str | Path) -> tuple[ParallelPlan, ModelSpec]:
     p = Path(path)
     data = read_mapping(p, "plan")
     if "plan" not in data or "model" not in data:
-        raise SpecError(
-            f"plan file {p.name}",
-            "needs a 'plan' and a 'model' key.",
-            "write it with simpar simulate --write-plan (or write_plan_file).",
-        )
-    if not isinstance(data["model"], dict) or not isinstance(data["plan"], dict):
-        raise SpecError(
-            f"plan file {p.name}", "'plan' and 'model' must be mappings.", "rewrite it with write_plan_file."
-        )
+        raise SpecError(f"plan file {p.name}", "needs a 'plan' and a 'model' key.", _FIX)
+    check_envelope(data, p.name)
+    if not isinstance(data["model"], dict):
+        raise SpecError(f"plan file {p.name}: model", "must be a mapping.", _FIX)
     model = model_from_dict(data["model"], f"plan file {p.name} (model)")
     plan = build(ParallelPlan, data["plan"], f"plan file {p.name} (plan)")
+    _check_num_gpus(data, plan, p.name)
     return plan, model

@@ -88,6 +88,7 @@ _FLOATS = (
     + ("peak_memory_gib", "over_by_gib")
     + TIME_COLUMNS
 )
+_TIMES = ("iter_time_s",) + TIME_COLUMNS
 #: Values each status needs (what ranking, the report and --why read).
 _NEEDS = {
     "estimated": ("iter_time_s", "quick_time_s", "peak_memory_gib"),
@@ -136,6 +137,11 @@ def _is_finite(text: str) -> bool:
         return False
 
 
+def _is_size(text: str) -> bool:
+    """A finite number >= 0 (every time, rate, count of FLOPs and memory a sweep writes)."""
+    return _is_finite(text) and float(text) >= 0
+
+
 def _plan_problem(row: dict[str, str]) -> str:
     """What is wrong with a row's plan columns ('' if nothing)."""
     for c in _POSITIVE:
@@ -162,11 +168,14 @@ def _value_problem(row: dict[str, str]) -> str:
         if row[c] and not _is_int(row[c], 0):
             return f"{c} {row[c]!r} is not a whole number"
     for c in _FLOATS:
-        if row[c] and not _is_finite(row[c]):
-            return f"{c} {row[c]!r} is not a finite number"
+        if row[c] and not _is_size(row[c]):
+            return f"{c} {row[c]!r} is not a finite number >= 0"
+    for c in _TIMES:
+        if row[c] and float(row[c]) == 0:
+            return f"{c} is 0 s (an iteration takes time)"
     per_rank = row["memory_per_rank_gib"]
-    if per_rank and not all(_is_finite(x) for x in per_rank.split(";")):
-        return f"memory_per_rank_gib {per_rank!r} is not a ';'-separated list of finite numbers"
+    if per_rank and not all(_is_size(x) for x in per_rank.split(";")):
+        return f"memory_per_rank_gib {per_rank!r} is not a ';'-separated list of finite numbers >= 0"
     return ""
 
 
