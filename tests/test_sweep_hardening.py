@@ -487,3 +487,25 @@ def test_resumes_after_ctrl_c_sigterm_and_kill_9_equal_an_uninterrupted_sweep(tm
     done = subprocess.run(_cli([*LONG, "--out", str(out), "--resume"]), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     assert (out / "results.csv").read_bytes() == (ref / "results.csv").read_bytes()
+
+
+def test_without_file_locking_the_pid_in_the_lock_file_stands_in(tmp_path, monkeypatch):
+    """No fcntl (or a file system that does not lock): a lock file naming a live process other than
+    this one refuses the folder; a dead process's is taken over; the PID is cleared at the end."""
+    from simpar.sim.errors import SimparError
+    from simpar.sim.sweep import lock
+
+    monkeypatch.setattr(lock, "fcntl", None)
+    path = tmp_path / lock.LOCK_NAME
+    path.write_text(f"{os.getppid()}\n")  # alive, not us
+    with (
+        pytest.raises(SimparError, match=f"another sweep \\(PID {os.getppid()}\\) is writing here"),
+        lock.hold(tmp_path),
+    ):
+        pass
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    path.write_text(f"{dead.pid}\n")
+    with lock.hold(tmp_path):
+        assert path.read_text() == f"{os.getpid()}\n"
+    assert path.read_text() == ""

@@ -3,6 +3,12 @@ the whole run (search, plans, report). A second sweep into the same folder is re
 the PID of the one writing there, instead of wiping its journal or dying half-way. The kernel
 releases the lock when the process ends, however it ends (kill -9 included), so a stale lock
 never blocks a later sweep.
+
+Where the file system does not lock (some NFS mounts) or there is no ``fcntl`` (not POSIX), the
+PID in the lock file stands in (POSIX only): a folder whose lock file names a live process other
+than this one is refused; a dead one's is taken over; the PID is cleared when the sweep ends. That
+check and the write of our PID are not atomic, so two sweeps started in the same instant can both
+pass it. Without POSIX there is no check.
 """
 
 from __future__ import annotations
@@ -41,6 +47,8 @@ def hold(out: Path) -> Iterator[None]:
         yield
     finally:
         _HELD.pop(key, None)
+        with suppress(OSError):
+            os.ftruncate(fd, 0)  # no PID left behind for the PID check (the flock goes with the fd)
         os.close(fd)
 
 
@@ -52,20 +60,19 @@ def _acquire(out: Path) -> int:
         raise SpecError(
             f"out {out}", f"cannot create {path} ({exc.strerror or exc}).", "choose a writable --out."
         ) from None
-    if fcntl is None:
-        return fd
     try:
+        if fcntl is None:
+            raise OSError(errno.ENOLCK, "no fcntl")
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
-        if exc.errno in _NO_LOCKING:
-            return fd
         pid = _holder(fd)
-        os.close(fd)
-        raise SimparError(
-            "out",
-            f"another sweep ({'PID ' + pid if pid else 'PID unknown'}) is writing here: {out}.",
-            "wait for it to end (or stop it), or choose another --out.",
-        ) from None
+        if exc.errno not in _NO_LOCKING or (pid and int(pid) != os.getpid() and _alive(int(pid))):
+            os.close(fd)
+            raise SimparError(
+                "out",
+                f"another sweep ({'PID ' + pid if pid else 'PID unknown'}) is writing here: {out}.",
+                "wait for it to end (or stop it), or choose another --out.",
+            ) from None
     os.ftruncate(fd, 0)
     os.write(fd, f"{os.getpid()}\n".encode())
     return fd
@@ -78,6 +85,19 @@ def _holder(fd: int) -> str:
         if text.isdigit():
             return text
     return ""
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (POSIX signal 0; elsewhere unknown, taken as no)."""
+    if os.name != "posix":
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # it exists, owned by someone else
+    return True
 
 
 def close_inherited() -> None:
