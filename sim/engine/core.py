@@ -44,6 +44,9 @@ class _Gpu:
         self.acc = dict.fromkeys(ACCOUNTS, 0.0)
         self.send_next = simpy.Resource(env, 1)
         self.send_prev = simpy.Resource(env, 1)
+        #: when each send stream (F: to the next stage, B: to the previous) is free again, for
+        #: transfers booked without a process (a network that does not share links)
+        self.send_free = {"F": 0.0, "B": 0.0}
         self.dp = simpy.Resource(env, 1)
         self.zero = simpy.Resource(env, 1)
         self.reductions: list[simpy.Process] = []
@@ -70,9 +73,10 @@ class _Rendezvous:
 
 @dataclass
 class _Transfer:
-    """One pipeline transfer: when its send was posted, and the event of its arrival."""
+    """One pipeline transfer: when its send was posted, and the event of its arrival (made by
+    whichever of the two ends comes first)."""
 
-    arrival: simpy.Event
+    arrival: simpy.Event | None = None
     sent_at: float | None = None
 
 
@@ -94,6 +98,8 @@ class Engine:
             raise ValueError("the engine runs lowered schedules (schedules.lower)")
         self.m, self.plan, self.sched, self.work, self.costs = model, plan, schedule, work, costs
         self.net, self.env, self.opt, self.profile = network, env, options, profile
+        #: transfers booked without a process where the network does not share links
+        self.timed_p2p = not getattr(network, "shares_links", True)
         self.layout = RankLayout(plan)
         self.act_bytes = stage_act_bytes or [0.0] * plan.num_stages
         self.events: list[TraceEvent] = []
@@ -150,7 +156,7 @@ class Engine:
         k = (key, stage, mb, direction)
         tr = self.transfers.get(k)
         if tr is None:
-            tr = self.transfers[k] = _Transfer(self.env.event())
+            tr = self.transfers[k] = _Transfer()
         return tr
 
     # --- pipeline transfers ----------------------------------------------------------------
@@ -165,7 +171,9 @@ class Engine:
         pipeline communication, the wait for the sender's compute is bubble."""
         yield from self._post(g)
         tr = self._transfer_of(g.key, stage, mb, direction)
-        if tr.arrival.processed:
+        if tr.arrival is None:
+            tr.arrival = self.env.event()
+        elif tr.arrival.processed:
             return
         t0 = self.env.now
         yield tr.arrival
@@ -178,9 +186,35 @@ class Engine:
         dst = self.gpus[(g.key, self.plan.placement[dst_stage])]
         tr = self._transfer_of(g.key, dst_stage, mb, direction)
         tr.sent_at = self.env.now
-        res = g.send_next if direction == "F" else g.send_prev
-        self.env.process(self._transfer(g, dst, res, self.work[stage].act_bytes, tr.arrival, stage, mb, direction))
+        if not self.timed_p2p:
+            if tr.arrival is None:
+                tr.arrival = self.env.event()
+            res = g.send_next if direction == "F" else g.send_prev
+            self.env.process(self._transfer(g, dst, res, self.work[stage].act_bytes, tr.arrival, stage, mb, direction))
+        else:
+            self._timed_transfer(g, dst, tr, stage, mb, direction)
         yield from self._post(g)
+
+    def _timed_transfer(self, g: _Gpu, dst: _Gpu, tr: _Transfer, stage: int, mb: int, direction: str) -> None:
+        """The transfer on a network that does not share links, booked at once: it starts when its
+        send stream is free (the streams are FIFO, as the Resource of `_transfer` is) and takes
+        `p2p_time`; its arrival is one timeout (the receiver's event, if it is already waiting,
+        succeeds then). Same times as `_transfer`, without its process and queue events."""
+        now = self.env.now
+        start = max(now, g.send_free[direction])
+        end = g.send_free[direction] = start + self.net.p2p_time(g.rank, dst.rank, self.work[stage].act_bytes)
+        if end > start:
+            name = f"{stage}SEND_{direction}{mb}"
+            self.events.append(TraceEvent(g.rank, "pp", name, f"SEND_{direction}", start, end - start, stage, mb))
+        if tr.arrival is None:
+            tr.arrival = self.env.timeout(end - now)
+        else:
+            waiting = tr.arrival
+
+            def arrive(_ev: simpy.Event) -> None:
+                waiting.succeed()
+
+            self.env.timeout(end - now).callbacks.append(arrive)
 
     def _transfer(
         self, g: _Gpu, dst: _Gpu, res: simpy.Resource, nbytes: float, done: simpy.Event, stage, mb, direction

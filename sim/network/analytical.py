@@ -14,6 +14,7 @@ from .base import Network
 
 class AnalyticalNetwork(Network):
     backend = "analytical"
+    shares_links = False
 
     def p2p(self, env: Any, src: int, dst: int, nbytes: float):
         """SimPy process: a send/recv of ``nbytes`` from rank ``src`` to rank ``dst``."""

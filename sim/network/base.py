@@ -22,7 +22,7 @@ from typing import Any
 
 from ..specs.calibration import Calibration
 from ..specs.cluster import ClusterSpec
-from ..topology.graph import Topology
+from ..topology.graph import Topology, build_topology
 from .algorithms import OPS, CollectiveSchedule, Phase, schedules
 from .algorithms import p2p as p2p_schedule
 from .constants import DEFAULT_CONSTANTS, NetworkConstants, network_overrides
@@ -61,6 +61,10 @@ class Network:
     """Base class: algorithm choice, caches and the no-contention cost; backends add processes."""
 
     backend = "base"
+    #: Whether concurrent transfers share link bandwidth (then a transfer is a SimPy process whose
+    #: time depends on the other traffic); without sharing, a transfer takes `p2p_time` whatever
+    #: else runs, and the engine books it without a process.
+    shares_links = True
 
     def __init__(
         self,
@@ -70,7 +74,7 @@ class Network:
         topology: Topology | None = None,
     ) -> None:
         self.cluster = cluster
-        self.topology = topology if topology is not None else Topology(cluster)
+        self.topology = topology if topology is not None else build_topology(cluster)
         self.constants: NetworkConstants = DEFAULT_CONSTANTS.with_overrides(network_overrides(calibration, cluster))
         eff = self.constants.link_efficiency
         #: effective capacity of every directed link, bytes/s

@@ -119,25 +119,33 @@ def _receives_in_send_order(ranks: list[list[Action]], placement: tuple[int, ...
     move earlier, to just before a receive that waits for a later message of the same peer, which
     was sent after them: no compute waits longer and a deadlock-free order stays deadlock-free.
     """
-    order: dict[tuple[int, int], list[Action]] = {}  # (sender, receiver) -> receives in send order
+    recv_f, recv_b = Kind.RECV_F, Kind.RECV_B
+    # receiver -> sender -> the receives it feeds, in send order, as Actions and as (stage, kind, mb)
+    order: dict[int, dict[int, list[Action]]] = {}
     for r, row in enumerate(ranks):
         for a in row:
-            if a.kind in (Kind.SEND_F, Kind.SEND_B):
+            if a.kind is Kind.SEND_F or a.kind is Kind.SEND_B:
                 recv = _receive_of(a)
-                order.setdefault((r, placement[recv.stage]), []).append(recv)
+                order.setdefault(placement[recv.stage], {}).setdefault(r, []).append(recv)
     out: list[list[Action]] = []
     for r, row in enumerate(ranks):
-        index = {peer: {a: k for k, a in enumerate(acts)} for (peer, me), acts in order.items() if me == r}
-        done = dict.fromkeys(index, 0)  # receives from each peer posted so far (a prefix of its order)
+        peers = order.get(r, {})
+        index = {peer: {(x.stage, x.kind, x.microbatch): k for k, x in enumerate(acts)} for peer, acts in peers.items()}
+        done = dict.fromkeys(peers, 0)  # receives from each peer posted so far (a prefix of its order)
         acts: list[Action] = []
         for a in row:
-            if a.kind not in (Kind.RECV_F, Kind.RECV_B):
+            if a.kind is not recv_f and a.kind is not recv_b:
                 acts.append(a)
                 continue
-            peer = placement[a.stage - 1] if a.kind is Kind.RECV_F else placement[a.stage + 1]
-            k = index[peer][a]  # lowering pairs every receive with a send
-            acts += order[(peer, r)][done[peer] : k + 1]
-            done[peer] = max(done[peer], k + 1)
+            peer = placement[a.stage - 1] if a.kind is recv_f else placement[a.stage + 1]
+            k = index[peer][(a.stage, a.kind, a.microbatch)]  # lowering pairs every receive with a send
+            d = done[peer]
+            if k == d:  # the next one the peer sends: the usual case
+                acts.append(a)
+                done[peer] = d + 1
+            elif k > d:
+                acts += peers[peer][d : k + 1]
+                done[peer] = k + 1
         out.append(acts)
     return out
 

@@ -1,4 +1,7 @@
-"""A cluster expanded into a networkx DiGraph, with cached routes between GPUs.
+"""A cluster expanded into its nodes and directed links (flat arrays), with cached routes between
+GPUs; `Topology.graph` is the same as a networkx DiGraph, made on first use (`simpar topo`, the
+drawing, max-flow), so a simulation never pays for networkx. `build_topology` keeps the last few
+topologies, so every simulation of a sweep and both network backends share one.
 
 Graph nodes (attribute ``kind``): ``gpu``, ``nvswitch``, ``pcie`` (switch), ``cpu`` (socket /
 root complex), ``host`` (the memory of a ``host`` node, through which its CPU worker processes
@@ -25,14 +28,17 @@ r // gpus_per_node) unless a network is given another placement.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 from functools import cached_property
-
-import networkx as nx
+from typing import TYPE_CHECKING, Any
 
 from ..errors import SpecError
 from ..specs.cluster import ClusterSpec
 from ..units import GB
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 #: Edge kinds, in display order.
 LINK_KINDS = ("nvlink", "pcie", "cpu", "host", "nic", "fabric")
@@ -58,7 +64,7 @@ class Topology:
         self.gpus_per_node = cluster.gpus_per_node
         self.num_nodes = cluster.num_nodes
         self.num_gpus = cluster.num_gpus
-        self.graph = nx.DiGraph(name=cluster.name)
+        self.nodes: dict[str, dict[str, Any]] = {}  # name -> attributes (``kind`` first), in build order
         self.link_bw: list[float] = []
         self.link_latency: list[float] = []
         self.link_kind: list[str] = []
@@ -72,7 +78,7 @@ class Topology:
 
     # --- construction ---------------------------------------------------------------------
     def _add_node(self, name: str, kind: str, **attrs: object) -> None:
-        self.graph.add_node(name, kind=kind, **attrs)
+        self.nodes[name] = {"kind": kind, **attrs}
 
     def _link(self, a: str, b: str, bw: float, kind: str, cls: str, lat_ab: float = 0.0, lat_ba: float = 0.0) -> None:
         """A full-duplex link: two directed edges of ``bw`` bytes/s each."""
@@ -84,7 +90,22 @@ class Topology:
             self.link_kind.append(kind)
             self.link_cls.append(cls)
             self.link_ends.append((u, v))
-            self.graph.add_edge(u, v, bw=bw, latency=lat, kind=kind, cls=cls, id=i)
+
+    @cached_property
+    def graph(self) -> nx.DiGraph:
+        """The topology as a networkx DiGraph: node attribute ``kind`` (and ``node``, ``rank``, ...),
+        edge attributes ``bw``, ``latency``, ``kind``, ``cls``, ``id`` (see the module docstring)."""
+        import networkx as nx
+
+        g = nx.DiGraph(name=self.cluster.name)
+        g.add_nodes_from(self.nodes.items())
+        g.add_edges_from(
+            (u, v, {"bw": bw, "latency": lat, "kind": kind, "cls": cls, "id": i})
+            for i, ((u, v), bw, lat, kind, cls) in enumerate(
+                zip(self.link_ends, self.link_bw, self.link_latency, self.link_kind, self.link_cls)
+            )
+        )
+        return g
 
     def _build(self) -> None:
         for n in range(self.num_nodes):
@@ -139,7 +160,7 @@ class Topology:
         for n in range(self.num_nodes):
             for j in range(nics):
                 leaf = self.leaf_of(n, j)
-                if leaf not in self.graph:
+                if leaf not in self.nodes:
                     self._add_node(leaf, "leaf")
                     leaves.append(leaf)
                 self._link(f"n{n}/nic{j}", leaf, nic_bw, "nic", "net", lat_ab=sw_lat)
@@ -155,9 +176,27 @@ class Topology:
             for s in range(so.num_spines):
                 self._link(leaf, self.spine_name(s), up, "fabric", "net", lat_ab=sw_lat, lat_ba=sw_lat)
 
+    def _pieces_count(self) -> int:
+        """How many pieces the graph falls into (union-find over the links; every link is full
+        duplex, so a weakly connected piece is strongly connected)."""
+        index = {name: i for i, name in enumerate(self.nodes)}
+        parent = list(range(len(index)))
+
+        def root(i: int) -> int:
+            while parent[i] != i:
+                parent[i] = parent[parent[i]]
+                i = parent[i]
+            return i
+
+        for u, v in self.link_ends[::2]:  # links come in (a->b, b->a) pairs
+            ru, rv = root(index[u]), root(index[v])
+            if ru != rv:
+                parent[ru] = rv
+        return sum(1 for i in range(len(parent)) if root(i) == i)
+
     def _check_connected(self) -> None:
-        if not nx.is_strongly_connected(self.graph):
-            parts = nx.number_strongly_connected_components(self.graph)
+        parts = self._pieces_count()
+        if parts > 1:
             raise SpecError(
                 f"cluster {self.cluster.name}: scale_out",
                 f"the fabric graph falls apart into {parts} pieces that cannot reach each other.",
@@ -344,6 +383,8 @@ class Topology:
         return min(nic_cap, (groups // 2) * group_up)
 
     def _max_flow_between_halves(self) -> float:
+        import networkx as nx
+
         g = nx.DiGraph()
         for u, v, d in self.graph.edges(data=True):
             g.add_edge(u, v, capacity=d["bw"])
@@ -356,8 +397,8 @@ class Topology:
     def summary(self) -> dict:
         """Counts of graph nodes and links by kind, link rates, bisection (for `simpar topo`)."""
         nodes = dict.fromkeys(NODE_KINDS, 0)
-        for _, kind in self.graph.nodes(data="kind"):
-            nodes[kind] += 1
+        for attrs in self.nodes.values():
+            nodes[attrs["kind"]] += 1
         links: dict[str, dict] = {}
         for kind in LINK_KINDS:
             ids = [i for i, k in enumerate(self.link_kind) if k == kind]
@@ -379,5 +420,21 @@ class Topology:
         }
 
 
+#: The topologies built last, by what they are built from (the fabric mappings, the GPU count and
+#: the names): a sweep's simulations and both network backends reuse one. A Topology is not changed
+#: after it is built (its route cache only grows), so sharing it is safe.
+_CACHE: OrderedDict[tuple, Topology] = OrderedDict()
+_CACHE_SIZE = 8
+
+
 def build_topology(cluster: ClusterSpec) -> Topology:
-    return Topology(cluster)
+    """The topology of ``cluster``, built once per fabric and GPU count (the last 8 are kept)."""
+    key = (cluster.name, cluster.gpu.name, cluster.gpus_per_node, cluster.num_nodes, cluster.node, cluster.scale_out)
+    topo = _CACHE.get(key)
+    if topo is None:
+        topo = _CACHE[key] = Topology(cluster)
+        if len(_CACHE) > _CACHE_SIZE:
+            _CACHE.popitem(last=False)
+    else:
+        _CACHE.move_to_end(key)
+    return topo
