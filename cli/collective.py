@@ -9,12 +9,8 @@ from __future__ import annotations
 import json
 
 import click
-from rich.console import Console
-from rich.table import Table
 
-from simpar.sim.network import BACKENDS, OPS, make_network
-from simpar.sim.network.nccltests import sweep
-from simpar.sim.specs import load_cluster
+from simpar.sim.choices import COLLECTIVE_OPS, NETWORK_BACKENDS
 from simpar.sim.units import parse_size_list
 
 
@@ -36,16 +32,20 @@ def _sizes(_ctx: click.Context, _param: click.Parameter, value: str) -> list[int
     default=None,
     help="GPUs in the communicator (whole nodes) [default: the preset's]",
 )
-@click.option("--op", type=click.Choice(OPS), default="all-reduce", show_default=True)
+@click.option("--op", type=click.Choice(COLLECTIVE_OPS), default="all-reduce", show_default=True)
 @click.option(
     "--sizes", default="1K..8G", show_default=True, callback=_sizes, help="1K..8G (powers of two) or 1M,64M,1G"
 )
-@click.option("--backend", type=click.Choice(BACKENDS), default="analytical", show_default=True)
+@click.option("--backend", type=click.Choice(NETWORK_BACKENDS), default="analytical", show_default=True)
 @click.option(
     "--json", "as_json", is_flag=True, help='print {"rows": [{"bytes", "time_s", "algbw_GBps", "busbw_GBps"}, ...]}'
 )
 def collective(cluster: str, gpus: int | None, op: str, sizes: list[int], backend: str, as_json: bool) -> None:
     """Predicted nccl-tests table for one collective over all GPUs of a cluster."""
+    from simpar.sim.network import make_network
+    from simpar.sim.network.nccltests import sweep
+    from simpar.sim.specs import load_cluster
+
     spec = load_cluster(cluster, gpus=gpus)
     net = make_network(spec, backend=backend)
     rows = sweep(net, op, range(spec.num_gpus), sizes)
@@ -64,6 +64,9 @@ def collective(cluster: str, gpus: int | None, op: str, sizes: list[int], backen
             )
         )
         return
+    from rich.console import Console
+    from rich.table import Table
+
     table = Table(
         title=f"{op} over {spec.num_gpus} GPUs of {spec.name} ({spec.num_nodes} node(s)), {backend} model",
         title_justify="left",

@@ -1,18 +1,23 @@
 """Options shared by commands (the `simpar memory` flag names are a contract other commands
-reuse) and the step that turns them into validated values."""
+reuse) and the step that turns them into validated values.
+
+The options read their choices and bounds from `simpar.sim.choices`; the specs and the plan
+(pydantic) are imported when the options are turned into values, not for ``--help``."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
+from simpar.sim.choices import MAX_BATCH, MAX_GPUS, PRECISIONS, RECOMPUTE, SCHEDULES
 from simpar.sim.errors import PlanError
-from simpar.sim.plan import MAX_BATCH, MAX_GPUS, PRECISIONS, RECOMPUTE, SCHEDULES, ParallelPlan, check_plan
-from simpar.sim.specs import ClusterSpec, ModelSpec, load_cluster, load_model
-from simpar.sim.specs.loader import build
+
+if TYPE_CHECKING:
+    from simpar.sim.plan import ParallelPlan
+    from simpar.sim.specs import ClusterSpec, ModelSpec
 
 
 def plan_options(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -92,7 +97,9 @@ class Setup:
 
 def setup_from_options(kw: dict[str, Any]) -> Setup:
     """Load presets, build and check the plan; raises SimparError with a clear line."""
-    from simpar.sim.plan import balanced_layer_split
+    from simpar.sim.plan import ParallelPlan, balanced_layer_split, check_plan
+    from simpar.sim.specs import load_cluster, load_model
+    from simpar.sim.specs.loader import build
 
     model = load_model(kw["model"], seq_len=kw.get("seq_len"))
     cluster = load_cluster(kw["cluster"], gpus=kw["gpus"])

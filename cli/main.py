@@ -1,6 +1,8 @@
 """The `simpar` command: a click group whose commands are thin calls into the library.
 
-Each command lives in its own module of this package and is registered below. Bad input
+Each command lives in its own module of this package, imported when the command is run or its
+``--help`` is shown (click's lazy group): ``simpar --version`` and ``simpar --help`` import no
+command module, and a command module imports the simulator only when its command runs. Bad input
 (`SimparError`) is printed as one line on stderr with exit code 2, never a traceback.
 """
 
@@ -8,39 +10,89 @@ from __future__ import annotations
 
 import sys
 from importlib import import_module
-from importlib.metadata import PackageNotFoundError, version
 
 import click
+from click.utils import make_default_short_help
 
 from simpar.sim.errors import SimparError
 
-#: (module in simpar.cli, click command attribute)
-COMMANDS = [
-    ("memory", "memory"),
-    ("schedule", "schedule"),
-    ("topo", "topo"),
-    ("collective", "collective"),
-    ("simulate", "simulate"),
-    ("validate", "validate"),
-    ("sweep", "sweep"),
-    ("report", "report"),
-    ("run", "run"),
-    ("compare", "compare"),
-    ("calibrate", "calibrate"),
-    ("accuracy", "accuracy"),
-]
+#: command name -> its short help. Command ``NAME`` is the click command ``NAME`` of module
+#: ``simpar.cli.NAME``. The short help is what `simpar --help` lists without importing the module:
+#: the first sentence of the command's docstring, which tests/test_startup.py checks it against.
+COMMANDS: dict[str, str] = {
+    "accuracy": "Predicted vs measured on published runs and closed-loop runs: plots, tables, worst rows.",
+    "calibrate": "Measure the device and write a calibration file for --calibration.",
+    "collective": "Predicted nccl-tests table for one collective over all GPUs of a cluster.",
+    "compare": "Per rank and action kind: simulated and measured mean time and their difference.",
+    "memory": "Peak memory per pipeline rank: weights, grads, optimizer, activations, other.",
+    "report": "Rebuild a sweep's report from DIRECTORY/results.csv and DIRECTORY/sweep.json.",
+    "run": "Run PLAN's training steps with torch (torchrun, one process per GPU) and measure them.",
+    "schedule": "Show a pipeline schedule: per-rank grid, bubble rate, makespan, peak in-flight microbatches.",
+    "simulate": "Simulate one training iteration: time, throughput, MFU, breakdown, memory.",
+    "sweep": "Search tp x pp x dp x cp x vpp x micro-batch x schedule x ZeRO x recompute x SP; rank, explain, report.",
+    "topo": "Nodes, links, bisection and predicted bus bandwidth of a cluster preset or file.",
+    "validate": "Simulate every row of a measured-run CSV (see FORMAT.md) and compare.",
+}
 
 
 def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
     try:
         return version("simpar")
     except PackageNotFoundError:  # running from a source tree without install
         return "0+unknown"
 
 
+def _show_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    """``--version``, as click's version_option prints it; the installed version is looked up only here."""
+    if not value or ctx.resilient_parsing:
+        return
+    click.echo(f"simpar, version {_version()}", color=ctx.color)
+    ctx.exit()
+
+
 class SimparGroup(click.Group):
-    """Turns SimparError and click's usage errors (a bad or missing option) into one line and
-    exit code 2."""
+    """Loads a command's module on first use (`COMMANDS`), and turns SimparError and click's usage
+    errors (a bad or missing option) into one line and exit code 2."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(COMMANDS) | set(self.commands))
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in self.commands:  # added with add_command
+            return self.commands[cmd_name]
+        if cmd_name not in COMMANDS:
+            return None
+        module = f"{__package__}.{cmd_name}"
+        try:
+            mod = import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name == module:
+                return None  # command not built yet
+            raise
+        command = getattr(mod, cmd_name)
+        assert isinstance(command, click.Command)
+        return command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The command list of ``simpar --help`` (as click writes it), from `COMMANDS` without
+        importing the command modules."""
+        names = self.list_commands(ctx)
+        if not names:
+            return
+        limit = formatter.width - 6 - max(len(n) for n in names)
+        rows = []
+        for name in names:
+            if name in self.commands or name not in COMMANDS:
+                command = self.get_command(ctx, name)
+                if command is None or command.hidden:
+                    continue
+                rows.append((name, command.get_short_help_str(limit)))
+            else:
+                rows.append((name, make_default_short_help(COMMANDS[name], limit)))
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
 
     def invoke(self, ctx: click.Context):  # type: ignore[override]
         try:
@@ -55,27 +107,20 @@ class SimparGroup(click.Group):
 
 
 @click.group(cls=SimparGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(_version(), "--version", prog_name="simpar")
+@click.option(
+    "--version",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_show_version,
+    help="Show the version and exit.",
+)
 def cli() -> None:
     """simpar: simulate, sweep and run 3D-parallel LLM training plans.
 
     Which data x tensor x pipeline layout, micro-batch, schedule, ZeRO stage and recomputation is
     fastest for a model on a cluster, does it fit, and how far can the answer be trusted.
     """
-
-
-def _register() -> None:
-    for module, attr in COMMANDS:
-        try:
-            mod = import_module(f"{__package__}.{module}")
-        except ModuleNotFoundError as exc:
-            if exc.name == f"{__package__}.{module}":
-                continue  # command not built yet
-            raise
-        cli.add_command(getattr(mod, attr))
-
-
-_register()
 
 
 def main() -> None:

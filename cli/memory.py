@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
-from simpar.sim.cost.memory import MemoryReport, schedule_memory_report
 from simpar.sim.units import GiB
 
 from .common import plan_options, setup_from_options
 from .render import echo_json, print_table
+
+if TYPE_CHECKING:
+    from simpar.sim.cost.memory import MemoryReport
 
 
 def memory_json(rep: MemoryReport) -> dict:
@@ -45,6 +49,8 @@ def memory_json(rep: MemoryReport) -> dict:
 @click.option("--json", "as_json", is_flag=True, help="print JSON instead of a table")
 def memory(as_json: bool, **kw) -> None:
     """Peak memory per pipeline rank: weights, grads, optimizer, activations, other."""
+    from simpar.sim.cost.memory import schedule_memory_report
+
     st = setup_from_options(kw)
     rep = schedule_memory_report(st.model, st.plan, st.cluster.gpu)
     if as_json:

@@ -7,20 +7,7 @@ import json
 
 import click
 
-from simpar.sim import files
-from simpar.sim.plan import MAX_MICROBATCHES
-from simpar.sim.plot import PLOT_SUFFIXES
-from simpar.sim.schedules import (
-    SCHEDULE_NAMES,
-    StageCosts,
-    build_schedule,
-    check_schedule,
-    list_schedule,
-    parse_costs,
-    peak_inflight,
-    write_csv,
-)
-from simpar.sim.schedules.render import format_grid
+from simpar.sim.choices import MAX_MICROBATCHES, SCHEDULES
 
 _DEFAULT_VPP = {"interleaved-1f1b": 2, "zb-v": 2}
 #: A schedule's grid is pp x (vpp x microbatches) actions: bounded so that a typo cannot run for ever.
@@ -28,7 +15,7 @@ MAX_PP = 4096
 
 
 @click.command("schedule")
-@click.option("--schedule", "name", required=True, type=click.Choice(SCHEDULE_NAMES), help="pipeline schedule")
+@click.option("--schedule", "name", required=True, type=click.Choice(SCHEDULES), help="pipeline schedule")
 @click.option("--pp", type=click.IntRange(1, MAX_PP), required=True, help="pipeline ranks")
 @click.option(
     "--microbatches", "m", type=click.IntRange(1, MAX_MICROBATCHES), required=True, help="microbatches per iteration"
@@ -67,6 +54,19 @@ def schedule(
     grid: bool,
 ) -> None:
     """Show a pipeline schedule: per-rank grid, bubble rate, makespan, peak in-flight microbatches."""
+    from simpar.sim import files
+    from simpar.sim.plot import PLOT_SUFFIXES
+    from simpar.sim.schedules import (
+        StageCosts,
+        build_schedule,
+        check_schedule,
+        list_schedule,
+        parse_costs,
+        peak_inflight,
+        write_csv,
+    )
+    from simpar.sim.schedules.render import format_grid
+
     vpp = vpp if vpp is not None else _DEFAULT_VPP.get(name, 1)
     if csv_path:
         files.output_file(csv_path, "--csv")

@@ -3,22 +3,25 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
-from simpar.sim.engine.core import EngineOptions
-from simpar.sim.engine.results import SimResult
+from simpar.sim.choices import NETWORK_BACKENDS
 from simpar.sim.units import GiB
 
 from .calib import calibration_options, load_calibration_option, runtime_of, uncalibrated_hint
 from .common import Setup, plan_options, setup_from_options
 from .render import echo_json, print_table
 
+if TYPE_CHECKING:
+    from simpar.sim.engine.results import SimResult
+
 
 @click.command("simulate")
 @plan_options
 @calibration_options
-@click.option("--backend", type=click.Choice(["analytical", "contention"]), default="analytical", show_default=True)
+@click.option("--backend", type=click.Choice(NETWORK_BACKENDS), default="analytical", show_default=True)
 @click.option("--full", is_flag=True, help="simulate every GPU, not one representative pipeline")
 @click.option("--overlap-tp", is_flag=True, help="hide tensor-parallel collectives behind compute")
 @click.option("--no-overlap-grad-reduce", is_flag=True, help="reduce gradients after the backward pass")
@@ -52,6 +55,7 @@ def simulate(
     **kw,
 ) -> None:
     """Simulate one training iteration: time, throughput, MFU, breakdown, memory."""
+    from simpar.sim.engine.core import EngineOptions
     from simpar.sim.engine.simulate import simulate as run
 
     check_outputs(trace_path, plot_path, mem_plot, plan_dir)

@@ -11,16 +11,8 @@ import json
 from pathlib import Path
 
 import click
-from rich.console import Console
-from rich.table import Table
 
-from simpar.sim import files
 from simpar.sim.errors import SpecError
-from simpar.sim.network import make_network
-from simpar.sim.network.nccltests import topology_report
-from simpar.sim.plot import PLOT_SUFFIXES
-from simpar.sim.plot.topology import draw_topology
-from simpar.sim.specs import load_cluster
 from simpar.sim.units import human_bytes
 
 #: `topo` builds the whole graph and routes every pair class: ~40 s at 65,536 GPUs on one core.
@@ -45,12 +37,20 @@ MAX_TOPO_GPUS = 1 << 17
 @click.option("--json", "as_json", is_flag=True, help="print the figures as JSON")
 def topo(cluster: str, gpus: int | None, plot_path: Path | None, as_json: bool) -> None:
     """Nodes, links, bisection and predicted bus bandwidth of a cluster preset or file."""
+    from simpar.sim import files
+    from simpar.sim.network import make_network
+    from simpar.sim.network.nccltests import topology_report
+    from simpar.sim.plot import PLOT_SUFFIXES
+    from simpar.sim.specs import load_cluster
+
     if plot_path is not None:
         files.output_file(plot_path, "--plot", PLOT_SUFFIXES)
     spec = load_cluster(cluster, gpus=gpus)
     net = make_network(spec)
     report = topology_report(net)
     if plot_path is not None:
+        from simpar.sim.plot.topology import draw_topology
+
         try:
             draw_topology(net.topology, plot_path)
         except ValueError as exc:
@@ -63,6 +63,9 @@ def topo(cluster: str, gpus: int | None, plot_path: Path | None, as_json: bool) 
 
 
 def _print(r: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
     con = Console()
     con.print(
         f"[bold]{r['cluster']}[/]: {r['gpus']} x {r['gpu']} in {r['nodes']} node(s) of {r['gpus_per_node']}; "

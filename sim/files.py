@@ -24,8 +24,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from .errors import SpecError
 
 #: Largest file simpar reads as text (a results.csv of a million-row sweep is ~300 MB).
@@ -89,6 +87,8 @@ def read_yaml(path: str | Path, what: str | None = None) -> Any:
     text = read_text(p, what)
     if p.suffix == ".json":
         return parse_json(text, where)
+    import yaml  # here, not at the top: most commands read no YAML
+
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:

@@ -15,25 +15,21 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+# The choices and bounds live in `choices` (no imports: the CLI's options read them) and are re-exported here.
+from .choices import MAX_BATCH as MAX_BATCH
+from .choices import MAX_GPUS as MAX_GPUS
+from .choices import MAX_MICROBATCHES as MAX_MICROBATCHES
+from .choices import PRECISIONS as PRECISIONS
+from .choices import RECOMPUTE as RECOMPUTE
+from .choices import SCHEDULES as SCHEDULES
 from .errors import PlanError
 from .specs import ClusterSpec, ModelSpec
-from .specs.cluster import MAX_GPUS
 
-#: Schedule names; ``none`` means no pipeline (pp = 1, plain gradient accumulation).
-SCHEDULES = ("none", "gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-1p", "zb-2p", "zb-v")
 #: Schedules whose stages are split into I (input grad) and W (weight grad).
 SPLIT_BACKWARD = frozenset({"zb-h1", "zb-h2", "zb-1p", "zb-2p", "zb-v"})
-RECOMPUTE = ("none", "selective", "full")
-PRECISIONS = ("bf16", "fp16", "fp8")
 AXES = ("pp", "dp", "cp", "tp")
 #: Megatron's default: pp outermost ... tp innermost (a TP group stays inside a node).
 DEFAULT_MESH_ORDER = ("pp", "dp", "cp", "tp")
-
-#: Upper bounds on the work one plan may ask for (GPUs: `MAX_GPUS`); beyond them a typo would run
-#: for hours. GPT-3 on 1,024 GPUs runs 96 micro-batches per iteration; the simulator's cost is
-#: linear in micro-batches.
-MAX_MICROBATCHES = 1 << 16
-MAX_BATCH = 1 << 26
 
 
 class ZeroPolicy(enum.Enum):
@@ -174,19 +170,6 @@ class ParallelPlan(BaseModel):
 
     def write(self, path: Path) -> None:
         path.write_text(self.to_json() + "\n")
-
-    @classmethod
-    def read(cls, path: Path) -> ParallelPlan:
-        from .specs.loader import build, read_mapping
-        from .specs.planfile import check_envelope, read_plan_file
-
-        data = read_mapping(Path(path), "plan")
-        if "plan" not in data:
-            return build(cls, data, f"plan file {Path(path).name}")
-        if "model" in data:
-            return read_plan_file(path)[0]
-        check_envelope(data, Path(path).name)
-        return build(cls, data["plan"], f"plan file {Path(path).name}")
 
 
 def balanced_layer_split(num_layers: int, stages: int) -> tuple[int, ...]:

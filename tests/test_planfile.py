@@ -9,7 +9,7 @@ import pytest
 from simpar.sim.errors import SpecError
 from simpar.sim.plan import ParallelPlan
 from simpar.sim.specs import load_model
-from simpar.sim.specs.planfile import read_plan_file, write_plan_file
+from simpar.sim.specs.planfile import read_plan, read_plan_file, write_plan_file
 
 
 def test_round_trip(tmp_path):
@@ -28,7 +28,7 @@ def test_round_trip(tmp_path):
     assert read_plan_file(tmp_path / "plan.json") == (plan, model)
     doc = json.loads((tmp_path / "plan.json").read_text())
     assert doc["cluster"] == "dgx-h100" and doc["num_gpus"] == 8
-    assert ParallelPlan.read(tmp_path / "plan.json") == plan  # the plan-only reader accepts it too
+    assert read_plan(tmp_path / "plan.json") == plan  # the plan-only reader accepts it too
 
 
 def test_missing_model_is_a_clear_error(tmp_path):
@@ -64,4 +64,4 @@ def test_the_envelope_is_checked_by_both_readers(tmp_path, edit, match):
         read_plan_file(path)
     if "model" not in match and "num_gpus" not in match:
         with pytest.raises(SpecError, match=match):
-            ParallelPlan.read(path)
+            read_plan(path)

@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ..choices import NETWORK_BACKENDS
 from ..specs.calibration import Calibration
 from ..specs.cluster import ClusterSpec
 from ..topology.graph import Topology
@@ -32,7 +33,7 @@ from .base import CollectiveEstimate, Network, algbw, busbw_factor
 from .constants import DEFAULT_CONSTANTS, NetworkConstants
 from .contention import ContentionNetwork
 
-BACKENDS = ("analytical", "contention")
+BACKENDS = NETWORK_BACKENDS
 
 __all__ = [
     "BACKENDS",

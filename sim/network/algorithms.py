@@ -33,9 +33,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..choices import COLLECTIVE_OPS
 from ..topology.graph import Topology
 
-OPS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "broadcast")
+OPS = COLLECTIVE_OPS
 
 
 @dataclass(frozen=True)

@@ -23,12 +23,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import InitErrorDetails
 
+from ..choices import MAX_GPUS as MAX_GPUS  # the bound lives in `choices` (the CLI's options read it)
 from ..errors import PlanError, SpecError
 from .gpu import GPUSpec
-
-#: The most GPUs a cluster (and a plan) may have: the largest clusters trained on today have ~100k
-#: GPUs; beyond this bound a typo would build a graph for hours.
-MAX_GPUS = 1 << 20
 
 
 class NodeFabric(BaseModel):

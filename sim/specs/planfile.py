@@ -3,8 +3,8 @@
 
 Layout: ``{"model": <ModelSpec>, "plan": <ParallelPlan>, "cluster": name or null,
 "num_gpus": n, "plan_file_version": 1}``, nothing else: another version, an unknown key, or a
-``num_gpus`` that is not the plan's ``dp*tp*pp*cp`` is refused. ``ParallelPlan.read`` also
-accepts this file (it checks these keys and reads the ``plan``).
+``num_gpus`` that is not the plan's ``dp*tp*pp*cp`` is refused. `read_plan` reads the plan alone
+from this file or from a bare plan JSON (``ParallelPlan.write``).
 """
 
 from __future__ import annotations
@@ -78,3 +78,15 @@ def read_plan_file(path: str | Path) -> tuple[ParallelPlan, ModelSpec]:
     plan = build(ParallelPlan, data["plan"], f"plan file {p.name} (plan)")
     _check_num_gpus(data, plan, p.name)
     return plan, model
+
+
+def read_plan(path: str | Path) -> ParallelPlan:
+    """The plan of a plan file (its envelope checked), or of a bare plan JSON."""
+    p = Path(path)
+    data = read_mapping(p, "plan")
+    if "plan" not in data:
+        return build(ParallelPlan, data, f"plan file {p.name}")
+    if "model" in data:
+        return read_plan_file(p)[0]
+    check_envelope(data, p.name)
+    return build(ParallelPlan, data["plan"], f"plan file {p.name}")

@@ -7,12 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from .published_report import _abs, _pct  # noqa: E402
+from .published_report import _abs, _pct, _pyplot
 
 PLOTS = {
     "iter": ("predicted_iter_time_s", "measured_iter_time_s", "iteration time (s)", "scatter_iter.png"),
@@ -31,6 +26,7 @@ def scatter(docs: dict[str, Any], kind: str, path: Path) -> bool:
                 pts.append((part, r["source"], r[meas_k], r[pred_k]))
     if not pts:
         return False
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 6.2))
     for part, src in sorted({(p[0], p[1]) for p in pts}):
         sel = [p for p in pts if p[0] == part and p[1] == src]

@@ -5,13 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
 
 def scatter(doc: dict[str, Any], path: Path, title: str) -> None:
+    plt = _pyplot()
     rows = [r for r in doc["rows"] if r["predicted_iter_time_s"] and r["measured_iter_time_s"]]
     fig, ax = plt.subplots(figsize=(6.5, 6))
     srcs = sorted({r["source"] for r in rows})
@@ -32,6 +28,16 @@ def scatter(doc: dict[str, Any], path: Path, title: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def _pyplot() -> Any:
+    """matplotlib's pyplot on the Agg backend, imported when a figure is drawn (not with this module)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def _pct(x: float | None) -> str:

@@ -1,0 +1,150 @@
+"""The speed figures of the performance issue, each beside its target and beside the figures last
+recorded (benchmarks/results.jsonl, one JSON line per recorded run: commit, date, load, figures).
+
+Every figure is a wall-clock median of whole commands or in-process calls on this machine; the
+load average is printed with them, since a shared 2-core VM drifts 10-25 % between runs.
+
+Run:    python benchmarks/targets.py            (about 2 minutes: startup, one iteration, sweep, validate)
+        python benchmarks/targets.py --long     (adds every rank of Llama-3-405B on 16,384 H100 and the
+                                                 exhaustive GPT-3 sweep: tens of minutes)
+        python benchmarks/targets.py --record   (also appends this run to benchmarks/results.jsonl)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results.jsonl"
+ROOT = HERE.parent
+GPT3 = ["--model", "gpt3-175b", "--cluster", "dgx-a100-80g", "--gpus", "1024", "--gbs", "1536"]
+SIMULATE = ["simulate", *GPT3, "--tp", "8", "--pp", "8", "--schedule", "1f1b"]
+
+#: name -> (target, unit, description)
+TARGETS = {
+    "version_s": (0.1, "s", "simpar --version, whole process"),
+    "simulate_process_s": (0.2, "s", "GPT-3 175B / 1,024 A100 one iteration, whole process"),
+    "simulate_first_ms": (None, "ms", "the same, in process, first call (builds the topology)"),
+    "simulate_warm_ms": (10.0, "ms", "the same, in process, later calls"),
+    "sweep_default_s": (5.0, "s", "sweep of that space, default (simpar sweep, whole process)"),
+    "validate_s": (2.0, "s", "simpar validate of tests/data/published.csv, whole process"),
+    "full_llama_16k_s": (10.0, "s", "every rank: Llama-3-405B on 16,384 H100 (--long)"),
+    "sweep_exhaustive_s": (60.0, "s", "every fitting GPT-3 plan through the engine (--long)"),
+}
+
+IN_PROCESS = """
+import json, statistics, time
+from simpar.sim.engine.simulate import simulate
+from simpar.sim.plan import ParallelPlan
+from simpar.sim.specs import load_cluster, load_model
+model, cluster = load_model("gpt3-175b"), load_cluster("dgx-a100-80g", gpus=1024)
+plan = ParallelPlan(dp=16, tp=8, pp=8, global_batch_size=1536, schedule="1f1b")
+t = time.perf_counter(); simulate(model, cluster, plan); first = time.perf_counter() - t
+warm = []
+for _ in range(7):
+    t = time.perf_counter(); simulate(model, cluster, plan); warm.append(time.perf_counter() - t)
+print(json.dumps({"first": first, "warm": statistics.median(warm)}))
+"""
+
+FULL = """
+import json, time
+from simpar.sim.engine.iteration import EngineOptions
+from simpar.sim.engine.simulate import simulate
+from simpar.sim.plan import ParallelPlan, balanced_layer_split
+from simpar.sim.specs import load_cluster, load_model
+model, cluster = load_model("llama3-405b"), load_cluster("dgx-h100", gpus=16384)
+plan = ParallelPlan(dp=128, tp=8, pp=16, global_batch_size=2048, schedule="1f1b", sequence_parallel=True,
+                    layer_split=balanced_layer_split(model.layers, 16))
+t = time.perf_counter(); simulate(model, cluster, plan, options=EngineOptions(full=True))
+print(json.dumps({"full": time.perf_counter() - t}))
+"""
+
+
+def _wall(cmd: list[str], repeat: int = 1) -> float:
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def _python(code: str) -> dict[str, float]:
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd=ROOT)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def measure(long: bool) -> dict[str, float]:
+    simpar = ["simpar"]
+    fig: dict[str, float] = {}
+    fig["version_s"] = _wall([*simpar, "--version"], repeat=7)
+    fig["simulate_process_s"] = _wall([*simpar, *SIMULATE], repeat=5)
+    inproc = _python(IN_PROCESS)
+    fig["simulate_first_ms"] = inproc["first"] * 1e3
+    fig["simulate_warm_ms"] = inproc["warm"] * 1e3
+    with tempfile.TemporaryDirectory() as tmp:
+        fig["sweep_default_s"] = _wall([*simpar, "sweep", *GPT3, "--out", f"{tmp}/s"])
+        if long:
+            fig["sweep_exhaustive_s"] = _wall([*simpar, "sweep", *GPT3, "--exhaustive", "--out", f"{tmp}/x"])
+    fig["validate_s"] = _wall([*simpar, "validate", "tests/data/published.csv"])
+    if long:
+        fig["full_llama_16k_s"] = _python(FULL)["full"]
+    return fig
+
+
+def _previous() -> dict | None:
+    if not RESULTS.exists():
+        return None
+    lines = [ln for ln in RESULTS.read_text().splitlines() if ln.strip()]
+    return json.loads(lines[-1]) if lines else None
+
+
+def _commit() -> str:
+    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True)
+    return out.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
+
+
+def main() -> None:
+    long, record = "--long" in sys.argv, "--record" in sys.argv
+    load0 = os.getloadavg()[0]
+    fig = measure(long)
+    load = (load0, os.getloadavg()[0])
+    prev = _previous()
+    head = f"{'figure':54s} {'target':>9s} {'now':>10s}"
+    if prev:
+        head += f" {'recorded':>10s}  (recorded: {prev['commit']}, {prev['date']}, load {prev['load']:.2f})"
+    print(head)
+    for name, (target, unit, what) in TARGETS.items():
+        if name not in fig:
+            continue
+        now = fig[name]
+        ok = "" if target is None else (" ok" if now <= target else " MISSED")
+        tgt = "-" if target is None else f"{target:g} {unit}"
+        line = f"{what:54s} {tgt:>9s} {now:>8.3g} {unit}{ok}"
+        if prev and name in prev["figures"]:
+            line += f"  {prev['figures'][name]:>8.3g} {unit}"
+        print(line)
+    print(f"load average (1 min) at start / end: {load[0]:.2f} / {load[1]:.2f} on {os.cpu_count()} cores")
+    if record:
+        entry = {
+            "commit": _commit(),
+            "date": time.strftime("%Y-%m-%d %H:%M"),
+            "load": max(load),
+            "cores": os.cpu_count(),
+            "figures": {k: round(v, 4) for k, v in fig.items()},
+        }
+        with RESULTS.open("a") as fh:
+            fh.write(json.dumps(entry, sort_keys=True) + "\n")
+        print(f"recorded in {RESULTS.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()

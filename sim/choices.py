@@ -1,0 +1,26 @@
+"""The names and bounds the command line offers as option choices, in a module that imports nothing.
+
+click builds every option (and ``simpar <command> --help``) from these when a command module is
+imported; keeping them here lets it do so without loading pydantic, the specs or the simulator.
+`simpar.sim.plan` and `simpar.sim.specs.cluster` re-export the plan's names and bounds.
+"""
+
+from __future__ import annotations
+
+#: Schedule names; ``none`` means no pipeline (pp = 1, plain gradient accumulation).
+SCHEDULES = ("none", "gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-1p", "zb-2p", "zb-v")
+RECOMPUTE = ("none", "selective", "full")
+PRECISIONS = ("bf16", "fp16", "fp8")
+
+#: The most GPUs a cluster (and a plan) may have: the largest clusters trained on today have ~100k
+#: GPUs; beyond this bound a typo would build a graph for hours.
+MAX_GPUS = 1 << 20
+#: Upper bounds on the work one plan may ask for (GPUs: `MAX_GPUS`); beyond them a typo would run
+#: for hours. GPT-3 on 1,024 GPUs runs 96 micro-batches per iteration; the simulator's cost is
+#: linear in micro-batches.
+MAX_MICROBATCHES = 1 << 16
+MAX_BATCH = 1 << 26
+
+#: Collectives and network backends (`simpar.sim.network` exports them as ``OPS``, ``BACKENDS``).
+COLLECTIVE_OPS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "broadcast")
+NETWORK_BACKENDS = ("analytical", "contention")
