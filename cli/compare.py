@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import click
 
-from simpar.sim.engine.trace import read_trace
 from simpar.sim.errors import SpecError
-from simpar.sim.validation.compare import compare_events, format_rows, plot_timelines
 
 
 def _read(path: str):
+    from simpar.sim.engine.trace import read_trace
+
     try:
         events, _ = read_trace(path)
     except (ValueError, KeyError, TypeError) as exc:
@@ -39,6 +39,8 @@ def compare(sim_trace, measured_trace, kinds, plot_path) -> None:
         from simpar.sim.plot import PLOT_SUFFIXES
 
         files.output_file(plot_path, "--plot", PLOT_SUFFIXES)
+    from simpar.sim.validation.compare import compare_events, format_rows, plot_timelines
+
     sim, meas = _read(sim_trace), _read(measured_trace)
     rows = compare_events(sim, meas, tuple(k.strip() for k in kinds.split(",")) if kinds else None)
     if not rows:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ..schedules.analysis import ListScheduleResult
 from ..schedules.ir import Kind
+from . import label_cutoff
 
 COLORS = {Kind.F: "#9ec5ee", Kind.B: "#f4b183", Kind.I: "#a9d18e", Kind.W: "#c9a0dc", Kind.R: "#d9d9d9"}
 LABELS = {
@@ -21,6 +22,8 @@ LABELS = {
     Kind.W: "W weight grad",
     Kind.R: "R recompute",
 }
+#: Boxes are numbered when at least 0.12 in wide, at most MAX_LABELS of them (the widest).
+MAX_LABELS = 2000
 _DARK = {Kind.F: "#5b9bd5", Kind.B: "#e07b39", Kind.I: "#70ad47", Kind.W: "#9b6bb5", Kind.R: "#a6a6a6"}
 
 
@@ -39,23 +42,29 @@ def plot_schedule(
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
     width_in = fig.get_figwidth() * 0.8
+    labels: list[tuple[float, float, int, str]] = []
     for r in range(sched.pp):
         chunks = sched.stages_of(r)
+        spans: list[tuple[float, float]] = []
+        colors: list[str] = []
         for a, s, e in zip(sched.ranks[r], result.start[r], result.end[r]):
             if a.kind not in COLORS or e <= s:
                 continue
             dark = chunks.index(a.stage) % 2 == 1
-            ax.add_patch(_box(s, r, e - s, (_DARK if dark else COLORS)[a.kind]))
+            spans.append((s, e - s))
+            colors.append((_DARK if dark else COLORS)[a.kind])
             box_in = (e - s) / span * width_in
             if box_in > 0.12:
-                ax.text(
-                    s + (e - s) / 2,
-                    r,
-                    str(a.microbatch),
-                    ha="center",
-                    va="center",
-                    fontsize=max(4.0, min(9.0, box_in * 40)),
-                )
+                labels.append((box_in, s + (e - s) / 2, r, str(a.microbatch)))
+        if spans:  # one collection per rank, not a patch per box; mitred corners as a Rectangle's
+            ax.broken_barh(
+                spans, (r - 0.4, 0.8), facecolors=colors, edgecolor="black", linewidth=0.5, joinstyle="miter"
+            )
+    cutoff = label_cutoff([w for w, *_ in labels], MAX_LABELS)
+    for box_in, x, r, text in labels:
+        if box_in > cutoff:
+            fontsize = max(4.0, min(9.0, box_in * 40))
+            ax.text(x, r, text, ha="center", va="center", fontsize=fontsize, in_layout=False)
     ax.set_xlim(0, span)
     ax.set_ylim(sched.pp - 0.5, -0.5)
     ax.set_yticks(range(sched.pp), [f"rank {r}" for r in range(sched.pp)])
@@ -78,9 +87,3 @@ def plot_schedule(
     path = Path(path)
     fig.savefig(path, dpi=150)
     return path
-
-
-def _box(x: float, y: float, w: float, color: str):
-    from matplotlib.patches import Rectangle
-
-    return Rectangle((x, y - 0.4), w, 0.8, facecolor=color, edgecolor="black", linewidth=0.5)

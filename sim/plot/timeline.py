@@ -14,6 +14,7 @@ from matplotlib.patches import Patch  # noqa: E402
 
 from ..engine.trace import TraceEvent  # noqa: E402
 from ..units import GiB  # noqa: E402
+from . import label_cutoff  # noqa: E402
 
 COLORS = {
     "F": "#4C9BE8",
@@ -29,6 +30,10 @@ COLORS = {
     "SP_GRAD_SYNC": "#D4B106",
 }
 MAX_ROWS = 64
+#: Microbatch numbers are written in bars of traces under this many events (wider than 1/150 of
+#: the time axis), and in at most MAX_LABELS of them, the widest.
+LABEL_EVENTS = 3000
+MAX_LABELS = 1000
 
 
 def _rows(events: Sequence[TraceEvent]) -> list[tuple[int, str]]:
@@ -49,21 +54,35 @@ def plot_timeline(events: Iterable[TraceEvent], path: str | Path, title: str = "
     fig, ax = plt.subplots(figsize=(14, fig_h))
     t_end = max((e.end for e in evs), default=1.0)
     scale, unit = (1e3, "ms") if t_end < 10 else (1.0, "s")
+    # one collection per row (bars in event order, a colour each): a broken_barh per event rescaled
+    # the axes every call and took seconds for a few thousand events
+    bars: dict[int, tuple[list[tuple[float, float]], list[str]]] = {}
+    labels: list[tuple[float, float, int, str]] = []
+    with_labels = len(evs) < LABEL_EVENTS
+    min_label = t_end / 150
     for e in evs:
         i = index.get((e.rank, e.stream))
         if i is None:
             continue
-        tall = e.stream == "compute"
+        spans, colors = bars.setdefault(i, ([], []))
+        spans.append((e.start * scale, e.duration * scale))
+        colors.append(COLORS.get(e.kind, "#BBBBBB"))
+        if with_labels and e.microbatch is not None and e.stream == "compute" and e.duration > min_label:
+            labels.append((e.duration, (e.start + e.duration / 2) * scale, i, str(e.microbatch)))
+    for i, (spans, colors) in bars.items():
+        tall = rows[i][1] == "compute"
         h = 0.8 if tall else 0.45
         ax.broken_barh(
-            [(e.start * scale, e.duration * scale)],
+            spans,
             (i - h / 2, h),
-            facecolors=COLORS.get(e.kind, "#BBBBBB"),
+            facecolors=colors,
             edgecolor="black" if tall else "none",
             linewidth=0.2,
         )
-        if tall and e.microbatch is not None and len(evs) < 3000 and e.duration * scale > t_end * scale / 150:
-            ax.text((e.start + e.duration / 2) * scale, i, str(e.microbatch), ha="center", va="center", fontsize=6)
+    cutoff = label_cutoff([w for w, *_ in labels], MAX_LABELS)
+    for w, x, i, text in labels:
+        if w > cutoff:  # inside its bar: no part of the layout (saves laying out each text twice more)
+            ax.text(x, i, text, ha="center", va="center", fontsize=6, in_layout=False)
     ax.set_yticks(range(len(rows)))
     ax.set_yticklabels(row_labels(evs, rows), fontsize=7)
     ax.invert_yaxis()

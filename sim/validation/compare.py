@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..engine.trace import TraceEvent
+from ..plot import label_cutoff
 
 #: Kinds compared by default, in display order (others are appended alphabetically).
 KIND_ORDER = (
@@ -117,6 +118,10 @@ def format_rows(rows: list[KindRow], sim: list[TraceEvent], meas: list[TraceEven
     return "\n".join(lines)
 
 
+#: Microbatch numbers are written in at most this many bars of a panel (the widest).
+MAX_LABELS = 1000
+
+
 def plot_timelines(
     sim: list[TraceEvent], meas: list[TraceEvent], path: str | Path, streams: tuple[str, ...] = ("compute",)
 ) -> None:
@@ -131,28 +136,31 @@ def plot_timelines(
     ranks = sorted({e.rank for e in sim} & {e.rank for e in meas}) or sorted(
         {e.rank for e in sim} | {e.rank for e in meas}
     )
+    row = {r: i for i, r in enumerate(ranks)}
     kinds = sorted({e.kind for e in sim + meas if e.stream in streams}, key=_kind_key)
     colors = {k: plt.get_cmap("tab10")(i % 10) for i, k in enumerate(kinds)}
     # one time axis for both panels, so that their lengths compare at a glance
     fig, axes = plt.subplots(2, 1, figsize=(12, 1.2 + 0.5 * len(ranks) * 2), squeeze=True, sharex=True)
     for ax, title, evs in ((axes[0], "simulated", sim), (axes[1], "measured", meas)):
-        shown = [e for e in evs if e.stream in streams and e.rank in ranks]
+        shown = [e for e in evs if e.stream in streams and e.rank in row]
         t0 = min((e.start for e in shown), default=0.0)
+        # one bar collection per rank, not a barh per event (each a patch that rescales the axes)
+        bars: dict[int, tuple[list[tuple[float, float]], list]] = {}
+        labels: list[tuple[float, float, int, str]] = []
         for e in shown:
-            y = ranks.index(e.rank)
-            ax.barh(
-                y,
-                e.duration * 1e3,
-                left=(e.start - t0) * 1e3,
-                height=0.8,
-                color=colors[e.kind],
-                edgecolor="black",
-                linewidth=0.3,
-            )
+            y = row[e.rank]
+            spans, faces = bars.setdefault(y, ([], []))
+            spans.append(((e.start - t0) * 1e3, e.duration * 1e3))
+            faces.append(colors[e.kind])
             if e.microbatch is not None and e.duration > 0:
-                ax.text(
-                    (e.start - t0 + e.duration / 2) * 1e3, y, str(e.microbatch), ha="center", va="center", fontsize=6
-                )
+                labels.append((e.duration, (e.start - t0 + e.duration / 2) * 1e3, y, str(e.microbatch)))
+        for y, (spans, faces) in bars.items():
+            col = ax.broken_barh(spans, (y - 0.4, 0.8), facecolors=faces, edgecolor="black", linewidth=0.3)
+            col.sticky_edges.x.extend(x for x, _ in spans)  # as barh's: the axis starts at the first bar
+        cutoff = label_cutoff([w for w, *_ in labels], MAX_LABELS)
+        for w, x, y, text in labels:
+            if w > cutoff:
+                ax.text(x, y, text, ha="center", va="center", fontsize=6, in_layout=False)
         ax.set_yticks(range(len(ranks)), [f"rank {r}" for r in ranks])
         ax.invert_yaxis()
         ax.set_title(f"{title} (span {_ms(makespan(shown))} ms)", fontsize=9)
