@@ -12,8 +12,8 @@ from typing import Any
 
 import click
 
+from simpar.sim.choices import PRECISIONS, RECOMPUTE, SCHEDULES
 from simpar.sim.errors import SimparError
-from simpar.sim.plan import PRECISIONS, RECOMPUTE, SCHEDULES
 
 from .calib import calibration_options, load_calibration_option, runtime_of, uncalibrated_hint
 from .render import echo_json
@@ -260,9 +260,17 @@ class _Bar:
     help="network backend of the engine runs",
 )
 @click.option(
-    "--workers", type=Whole(0), default=0, help="local worker processes [default: one per core, at most 4 per core]"
+    "--workers",
+    type=Whole(0),
+    default=0,
+    help="local worker processes, or the CPUs of --ray local [default: one per core, at most 4 per core]",
 )
-@click.option("--ray", "ray_address", default=None, help="run on a Ray cluster at this address ('local' starts one)")
+@click.option(
+    "--ray",
+    "ray_address",
+    default=None,
+    help="run on a Ray cluster at this address ('local' starts one; needs the ray extra)",
+)
 @click.option(
     "--out",
     "out_dir",
@@ -383,6 +391,7 @@ def show(res, kw: dict, wall: dict[str, float]) -> None:
                 "explain": explain(res.rows, obj),
                 "why": lines,
                 "wall_s": {k: round(v, 3) for k, v in wall.items()},
+                "throughput": res.manifest.get("throughput", {}),
             }
         )
     else:
@@ -393,6 +402,8 @@ def show(res, kw: dict, wall: dict[str, float]) -> None:
             f" ({wall['total']:.1f} s: search {wall['search']:.1f} s,"
             f" plans and figures {wall['plans_and_figures']:.1f} s)"
         )
+        if res.manifest.get("throughput"):
+            click.echo(speed_line(res.manifest["throughput"]))
         if best:
             _print_top(res, kw["top"])
             for s in explain(res.rows, obj):
@@ -406,6 +417,24 @@ def show(res, kw: dict, wall: dict[str, float]) -> None:
             _nothing_fits(res.rows),
             "see report.md; add GPUs, allow ZeRO 3 or full recompute, or change the global batch / micro-batch sizes.",
         )
+
+
+def speed_line(throughput: dict) -> str:
+    """One line: each phase's configurations per second per worker, with the configurations, wall
+    seconds and workers it is measured on (sweep.json's ``throughput``)."""
+    from simpar.sim.sweep.manifest import PHASES
+    from simpar.sim.sweep.report import rate_text
+
+    workers = {throughput[p]["workers"] for p in PHASES}
+    same = len(workers) == 1
+    parts = []
+    for p in PHASES:
+        e = throughput[p]
+        on = "" if same else f" on {e['workers']:,}"
+        secs = f"{e['wall_s']:.2f}" if e["wall_s"] < 10 else f"{e['wall_s']:,.1f}"
+        parts.append(f"{p} {rate_text(e['configs_per_s_per_worker'])} ({e['configs']:,} in {secs} s{on})")
+    head = f"configs/s/worker on {next(iter(workers)):,} workers" if same else "configs/s/worker"
+    return f"{head}: {', '.join(parts)}"
 
 
 def _print_top(res, k: int) -> None:

@@ -211,6 +211,10 @@ CORRUPT = {
     "sweep.json without objective": (_edit_manifest("identity.objective", delete=True), "identity.objective"),
     "sweep.json gbs as text": (_edit_manifest("identity.gbs", "16"), "identity.gbs must be a whole number"),
     "sweep.json negative count": (_edit_manifest("counts.oom", -1), "counts.oom must be a whole number >= 0"),
+    "sweep.json negative phase time": (
+        _edit_manifest("throughput.screen.wall_s", -1.0),
+        "throughput.screen.wall_s must be a finite number >= 0",
+    ),
     "results.csv empty": (lambda out: (out / "results.csv").write_text(""), "results.csv: is empty"),
     "results.csv binary": (lambda out: (out / "results.csv").write_bytes(b"\x00\x01\x02" * 100), "binary"),
     "results.csv without a column": (

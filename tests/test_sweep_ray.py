@@ -1,21 +1,63 @@
 """The Ray backend runs the same per-configuration function: same results.csv as the local pool.
-Needs the optional `ray` extra; starts a local Ray instance (about 10 s), hence slow."""
+Needs the optional `ray` extra (.ci/run installs it; skipped without it). Each test starts a local
+Ray instance with 1 or 2 CPUs, no dashboard, and shuts it down: about 5 s each, so they run in the
+normal suite."""
 
 from __future__ import annotations
 
 import pytest
 
+from simpar.sim.errors import SimparError
+from simpar.sim.sweep.manifest import PHASES
 from simpar.sim.sweep.run import SweepOptions, run_sweep
 
-pytest.importorskip("ray")
+ray = pytest.importorskip("ray")
 
 from test_sweep_run import small_setup  # noqa: E402  (tests/ is on sys.path: rootdir conftest, no package)
 
+OPTS = dict(refine=20, simulate=4)
 
-@pytest.mark.slow
-def test_ray_local_instance_matches_the_pool(tmp_path):
-    opts = dict(refine=20, simulate=4)
-    pool = run_sweep(small_setup(), tmp_path / "pool", SweepOptions(workers=2, **opts))
-    ray = run_sweep(small_setup(), tmp_path / "ray", SweepOptions(ray="local", **opts))
-    assert (tmp_path / "ray" / "results.csv").read_bytes() == (tmp_path / "pool" / "results.csv").read_bytes()
-    assert ray.counts == pool.counts
+
+@pytest.fixture
+def no_ray_left():
+    """No Ray instance outlives a test, even a failing one."""
+    yield
+    if ray.is_initialized():
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory):
+    """The same sweep on the local process pool."""
+    out = tmp_path_factory.mktemp("pool") / "s"
+    return out, run_sweep(small_setup(), out, SweepOptions(workers=2, **OPTS))
+
+
+def test_ray_local_instance_matches_the_pool(tmp_path, pool, no_ray_left):
+    """`--ray local --workers 2`: the sweep starts a 2-CPU instance and shuts it down at the end."""
+    res = run_sweep(small_setup(), tmp_path / "ray", SweepOptions(ray="local", workers=2, **OPTS))
+    assert not ray.is_initialized()  # the instance the sweep started is gone
+    assert (tmp_path / "ray" / "results.csv").read_bytes() == (pool[0] / "results.csv").read_bytes()
+    assert res.counts == pool[1].counts
+    tp = res.manifest["throughput"]
+    assert [tp[p]["workers"] for p in PHASES] == [2, 2, 2]  # the instance's CPUs
+    assert [tp[p]["configs"] for p in PHASES] == [res.counts["enumerated"], 20, 4]
+
+
+def test_ray_connection_of_the_caller_is_used_and_left_open(tmp_path, pool, no_ray_left):
+    """A notebook's own `ray.init`: the sweep runs on it, with its CPUs, and does not shut it down."""
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    res = run_sweep(small_setup(), tmp_path / "ray", SweepOptions(ray="local", **OPTS))
+    assert ray.is_initialized()
+    assert (tmp_path / "ray" / "results.csv").read_bytes() == (pool[0] / "results.csv").read_bytes()
+    assert res.counts == pool[1].counts
+    assert [res.manifest["throughput"][p]["workers"] for p in PHASES] == [1, 1, 1]
+
+
+def test_a_ray_that_cannot_start_is_one_error(tmp_path, monkeypatch, no_ray_left):
+    def refuse(**kw):
+        raise ConnectionError("no cluster there")
+
+    monkeypatch.setattr(ray, "init", refuse)
+    with pytest.raises(SimparError, match="cannot start or reach Ray at 'host:1' .ConnectionError: no cluster there"):
+        run_sweep(small_setup(), tmp_path, SweepOptions(ray="host:1", **OPTS))

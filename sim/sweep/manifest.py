@@ -4,8 +4,9 @@ check of results.csv against it (`read_sweep`: what `simpar report` reads)."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from .. import files
 from ..errors import SimparError, SpecError
@@ -52,6 +53,51 @@ _SCHEMA: dict[str, Any] = {
         "space": _SPACE_SCHEMA,
     },
 }
+
+
+#: The phases whose throughput sweep.json records (``throughput``, written when the sweep finishes).
+PHASES = ("screen", "refine", "simulate")
+#: The numbers of each phase's throughput: whole numbers, then numbers (finite, >= 0).
+_THROUGHPUT_WHOLE = ("configs", "workers")
+_THROUGHPUT_REAL = ("wall_s", "configs_per_s_per_worker")
+
+
+def phase_throughput(configs: int, wall_s: float, workers: int) -> dict[str, Any]:
+    """A phase's entry of sweep.json's ``throughput``: the configurations it evaluated in this run,
+    its wall seconds, the workers it ran on and configurations per second per worker (0 when it
+    evaluated none)."""
+    wall = round(max(0.0, wall_s), 6)
+    rate = float(f"{configs / wall / workers:.6g}") if configs and wall > 0 and workers > 0 else 0.0
+    return {"configs": configs, "wall_s": wall, "workers": workers, "configs_per_s_per_worker": rate}
+
+
+def _finite(value: Any) -> TypeGuard[int | float]:
+    """A JSON number (not true/false) that is finite as a float."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:  # a whole number too large for a float
+        return False
+
+
+def _check_throughput(doc: dict, where: str, fix: str) -> None:
+    """sweep.json's ``throughput``: per phase, whole counts and finite numbers >= 0 (workers >= 1)."""
+    tp = doc["throughput"]
+    if not isinstance(tp, dict):
+        raise SpecError(where, f"throughput must be an object, got {json.dumps(tp)[:60]}.", fix)
+    for phase in PHASES:
+        entry = tp.get(phase)
+        if not isinstance(entry, dict):
+            raise SpecError(where, f"throughput.{phase} must be an object, got {json.dumps(entry)[:60]}.", fix)
+        for key in _THROUGHPUT_WHOLE + _THROUGHPUT_REAL:
+            v, low = entry.get(key), 1 if key == "workers" else 0
+            whole = key in _THROUGHPUT_WHOLE
+            if not (_finite(v) and (isinstance(v, int) or not whole) and v >= low):
+                kind = "a whole number" if whole else "a finite number"
+                raise SpecError(
+                    where, f"throughput.{phase}.{key} must be {kind} >= {low}, got {json.dumps(v)[:60]}.", fix
+                )
 
 
 def _kind(want: Any) -> str:
@@ -106,6 +152,8 @@ def check_manifest(doc: dict, where: str, fix: str) -> dict:
         for k in COUNT_KEYS:
             if not _is(counts.get(k), int) or counts[k] < 0:
                 raise SpecError(where, f"counts.{k} must be a whole number >= 0, got {counts.get(k)!r}.", fix)
+    if "throughput" in doc:  # a sweep.json written before simpar recorded it has none
+        _check_throughput(doc, where, fix)
     return doc
 
 

@@ -1,10 +1,12 @@
-"""A sweep's report: report.md (inputs, counts, the best plans, why the best wins, its timeline,
-throughput against memory, why configurations were dropped, the command that regenerates it)
+"""A sweep's report: report.md (inputs, counts, the sweep's own speed per phase and what it means
+for sizing a cluster, the best plans, why the best wins, its timeline, throughput against memory,
+why configurations were dropped, the command that regenerates it)
 and pareto.png. Rebuilt from results.csv and sweep.json alone (`simpar report DIR`). Every file is
 replaced atomically (an interrupt leaves the old file or the new one, never half of one)."""
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shutil
@@ -21,11 +23,14 @@ import matplotlib.pyplot as plt  # noqa: E402
 from .. import files  # noqa: E402
 from ..errors import SpecError  # noqa: E402
 from .explain import SOURCES, explain  # noqa: E402
+from .manifest import PHASES  # noqa: E402
 from .plans import PLAN_DIR, plan_dir_name  # noqa: E402
 from .space import CP_MIN_TOKENS, Config  # noqa: E402
 from .store import num  # noqa: E402
 
 REPORT, PARETO, TIMELINE = "report.md", "pareto.png", "timeline.png"
+#: The sizing example of report.md: this many configurations in a sweep of this many minutes.
+SIZING_CONFIGS, SIZING_MINUTES = 1_000_000, 10
 
 
 def ranked(rows: list[dict]) -> list[dict]:
@@ -151,6 +156,59 @@ def top_table(rows: list[dict], k: int, compact: bool = False) -> tuple[list[str
     return cols, out
 
 
+def rate_text(rate: float) -> str:
+    """Configurations per second, to about three digits (1,137; 12.3; 0.052)."""
+    return f"{rate:,.0f}" if rate >= 100 else f"{rate:.3g}"
+
+
+def overall_rate(throughput: dict) -> tuple[int, float, float] | None:
+    """(configurations screened, worker-seconds of all phases, configurations per second per
+    worker over the whole funnel) of sweep.json's ``throughput``; None without one or a rate."""
+    if not throughput:
+        return None
+    n = throughput["screen"]["configs"]
+    worker_s = sum(throughput[p]["wall_s"] * throughput[p]["workers"] for p in PHASES)
+    rate = n / worker_s if worker_s > 0 else 0.0
+    return (n, worker_s, rate) if n > 0 and math.isfinite(rate) and rate > 0 else None
+
+
+def workers_needed(configs: int, rate: float, minutes: float) -> int | None:
+    """Workers that evaluate ``configs`` in ``minutes`` at ``rate`` configurations/s/worker."""
+    w = configs / (rate * minutes * 60) if rate > 0 else math.inf
+    return max(1, math.ceil(w)) if math.isfinite(w) else None
+
+
+def throughput_lines(throughput: dict) -> list[str]:
+    """report.md's section on the sweep's speed: per phase, and the sizing of a larger sweep."""
+    if not throughput:
+        return []  # a sweep.json written before simpar recorded it
+    rows = [
+        [
+            p,
+            f"{e['configs']:,}",
+            f"{e['wall_s']:,.2f} s",
+            f"{e['workers']:,}",
+            rate_text(e["configs_per_s_per_worker"]),
+        ]
+        for p, e in ((p, throughput[p]) for p in PHASES)
+    ]
+    lines = ["## Speed of the sweep", "", "Measured in the run that finished the sweep.", ""]
+    lines += _md_table(["phase", "configurations", "wall", "workers", "configs/s/worker"], rows) + [""]
+    overall = overall_rate(throughput)
+    need = workers_needed(SIZING_CONFIGS, overall[2], SIZING_MINUTES) if overall else None
+    if overall and need:
+        n, worker_s, rate = overall
+        lines += [
+            f"In all, {n:,} configurations took {worker_s:,.1f} worker-seconds: {rate_text(rate)} configs/s/worker "
+            f"over the three phases. Sizing a larger sweep (models x clusters x plans, e.g. on a Ray cluster with "
+            f"`--ray ADDRESS`): {SIZING_CONFIGS:,} configurations at {rate_text(rate)} configs/s/worker need "
+            f"{need:,} workers for a {SIZING_MINUTES}-minute sweep. Refine and simulate evaluate a fixed number of "
+            "plans per model and cluster, so many small sweeps cost more per configuration than one large one.",
+            "",
+        ]
+    return lines
+
+
 def _md_table(cols: list[str], rows: list[list[str]]) -> list[str]:
     lines = ["| " + " | ".join(cols) + " |", "|" + "|".join(" --- " for _ in cols) + "|"]
     return lines + ["| " + " | ".join(x.replace("|", "/") for x in r) + " |" for r in rows]
@@ -212,6 +270,7 @@ def write_report(out: Path, rows: list[dict], manifest: dict, top: int = 10) -> 
         "reason. Rows simulated by the engine rank first, then those estimated by the oracle, then the rest.",
         "",
     ]
+    lines += throughput_lines(manifest.get("throughput") or {})
     if best:
         cols, table = top_table(rows, top)
         lines += ["## Best plans", ""] + _md_table(cols, table) + [""]

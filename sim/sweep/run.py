@@ -5,7 +5,9 @@ Every phase appends its rows to a journal as they finish (`store.Journal`); with
 phase skips the configurations its journal already holds, and which configurations enter the next
 phase is decided from the journaled values, so a resumed sweep ends exactly where an uninterrupted
 one does. ``sweep.json`` records the inputs (a resume with other inputs is refused), the command
-and, once done, the counts; the journals are removed when results.csv is complete.
+and, once done, the counts and each phase's throughput in the run that finished it (configurations
+evaluated, wall seconds, workers, configurations per second per worker: what sizes a cluster for
+a larger sweep); the journals are removed when results.csv is complete.
 
 Before any work: the inputs are checked against `limits` (one error line each), ``out`` is
 created (`files.output_dir`) and locked for the run (`lock.hold`: a second sweep into it is
@@ -30,7 +32,7 @@ from ..errors import SimparError
 from . import lock
 from .evaluate import SweepSetup
 from .limits import check_options, check_setup
-from .manifest import check_counts, read_manifest, write_manifest
+from .manifest import PHASES, check_counts, phase_throughput, read_manifest, write_manifest
 from .space import Config, empty_space_reason, enumerate_configs, iter_batches
 from .store import (
     JOURNAL,
@@ -197,8 +199,10 @@ def _phase(
     progress: Progress | None,
     batch: int,
     note: Note,
+    throughput: dict[str, dict],
 ) -> dict[str, dict[str, str]]:
-    """Run ``name`` on the configurations its journal does not hold yet; rows by id (as read back)."""
+    """Run ``name`` on the configurations its journal does not hold yet; rows by id (as read back).
+    ``throughput[name]``: how many it evaluated, in how many wall seconds, on how many workers."""
     journal = Journal(jdir / f"{name}.csv")
     rows = _journaled(journal, name, {c.id for c in configs}, note)
     todo = [c for c in configs if c.id not in rows]
@@ -211,7 +215,9 @@ def _phase(
         if progress:
             progress(name, len(rows), len(configs))
 
+    t = time.perf_counter()
     backend.map(setup, name, list(iter_batches(todo, batch)), done)
+    throughput[name] = phase_throughput(len(todo), time.perf_counter() - t, backend.workers)
     return rows
 
 
@@ -276,15 +282,17 @@ def _run(
             "widen --schedules, --max-tp, --max-cp, --mbs, --zero or --recompute.",
         )
     by_id = {c.id: c for c in configs}
-    workers = opts.workers or os.cpu_count() or 1
     jdir = out / JOURNAL
-    backend = make_backend(setup, workers, opts.ray)
+    backend = make_backend(setup, opts.workers or os.cpu_count() or 1, opts.ray)
     refined: dict = {}
     timings = {"enumerate": time.perf_counter() - t0}
+    # a phase that does not run (refine of --exhaustive, nothing fits) evaluated 0 configurations
+    throughput = {p: phase_throughput(0, 0.0, backend.workers) for p in PHASES}
     try:
         t = time.perf_counter()
-        size = max(32, min(512, len(configs) // (workers * 8) or 1))
-        screen = _phase(backend, setup, "screen", configs, jdir, progress, size, note)
+        # batches sized to the backend's workers (a Ray cluster's CPUs); the results do not depend on them
+        size = max(32, min(512, len(configs) // (backend.workers * 8) or 1))
+        screen = _phase(backend, setup, "screen", configs, jdir, progress, size, note, throughput)
         fitting = sorted(
             (r for r in screen.values() if r["status"] == "estimated"), key=sort_key(opts.objective, "quick_time_s")
         )
@@ -293,11 +301,13 @@ def _run(
             chosen = fitting
         else:
             cand = [by_id[r["id"]] for r in fitting[: opts.refine]]
-            batch = max(1, min(8, len(cand) // (workers * 4)))
-            refined = _phase(backend, setup, "refine", cand, jdir, progress, batch, note)
+            batch = max(1, min(8, len(cand) // (backend.workers * 4)))
+            refined = _phase(backend, setup, "refine", cand, jdir, progress, batch, note, throughput)
             chosen = sorted(refined.values(), key=sort_key(opts.objective, "oracle_time_s"))[: opts.simulate]
         timings["refine"], t = time.perf_counter() - t, time.perf_counter()
-        simulated = _phase(backend, setup, "simulate", [by_id[r["id"]] for r in chosen], jdir, progress, 1, note)
+        simulated = _phase(
+            backend, setup, "simulate", [by_id[r["id"]] for r in chosen], jdir, progress, 1, note, throughput
+        )
         timings["simulate"] = time.perf_counter() - t
         backend.close()
     except BaseException:
@@ -305,7 +315,7 @@ def _run(
         raise
     rows = merge(screen, refined, simulated, opts.objective)
     write_results(out / RESULTS, rows)
-    manifest.update(complete=True, counts=counts_of(rows, len(configs)))
+    manifest.update(complete=True, counts=counts_of(rows, len(configs)), throughput=throughput)
     write_manifest(out / MANIFEST, manifest)
     shutil.rmtree(jdir, ignore_errors=True)
     return SweepOutcome(out, rows, manifest["counts"], time.perf_counter() - t0, manifest, timings)

@@ -1,6 +1,8 @@
 """Where a sweep's batches run: in this process, a local process pool, or a Ray cluster. Each
 backend calls `evaluate.evaluate` on batches of configurations and hands every finished batch to
-``on_done`` as soon as it arrives (completion order varies; the results do not).
+``on_done`` as soon as it arrives (completion order varies; the results do not). Each backend's
+``workers`` is how many batches it runs at once (the Ray cluster's CPUs, read at each phase's
+start), the divisor of the sweep's configurations per second per worker.
 
 Pool workers never outlive the sweep: they ignore SIGINT (the parent handles it and kills them,
 `Pool.close(cancel=True)`), and on Linux the kernel kills them when the parent dies, even by
@@ -67,6 +69,8 @@ def _run(phase: str, batch: list[Config]) -> list[dict[str, Any]]:
 class Inline:
     """Batches one after another in this process (``--workers 1``, and tiny phases)."""
 
+    workers = 1
+
     def map(self, setup: SweepSetup, phase: str, batches: list[list[Config]], on_done: OnDone) -> None:
         for b in batches:
             on_done(evaluate(setup, phase, b))
@@ -131,9 +135,11 @@ class Pool:
 
 class RayBackend:
     """The same per-configuration function as Ray tasks (``--ray ADDRESS``; ``local`` starts a
-    Ray instance on this machine). Needs the optional extra: ``pip install 'simpar[ray]'``."""
+    Ray instance on this machine with ``workers`` CPUs). A connection this process already holds
+    (``ray.init`` in a notebook) is used as it is and left open. Needs the optional extra:
+    ``pip install 'simpar[ray]'``."""
 
-    def __init__(self, address: str):
+    def __init__(self, address: str, workers: int = 0):
         try:
             import ray
         except ImportError:
@@ -143,11 +149,28 @@ class RayBackend:
         self.ray = ray
         self.started = not ray.is_initialized()
         if self.started:
-            ray.init(address=address, include_dashboard=False, log_to_driver=False)
+            # num_cpus only for an instance started here; a running cluster has its own
+            cpus = workers if address == "local" and workers > 0 else None
+            try:
+                ray.init(address=address, num_cpus=cpus, include_dashboard=False, log_to_driver=False)
+            except Exception as exc:  # Ray's own errors (no cluster there, a version mismatch) vary
+                raise SimparError(
+                    "ray",
+                    f"cannot start or reach Ray at {address!r} ({type(exc).__name__}: {exc}).",
+                    "check the address (`ray status` on the head node), or drop --ray to use the local pool.",
+                ) from None
         self.task = ray.remote(evaluate)
         self.pending: list = []
+        self.workers = self._cpus()
+
+    def _cpus(self) -> int:
+        """The cluster's CPUs now (each task takes one), at least 1."""
+        with contextlib.suppress(Exception):
+            return max(1, int(self.ray.cluster_resources().get("CPU", 1)))
+        return 1
 
     def map(self, setup: SweepSetup, phase: str, batches: list[list[Config]], on_done: OnDone) -> None:
+        self.workers = self._cpus()  # a cluster may have grown or shrunk since the last phase
         ref = self.ray.put(setup)
         self.pending = [self.task.remote(ref, phase, b) for b in batches]
         while self.pending:
@@ -169,7 +192,7 @@ class RayBackend:
 
 def make_backend(setup: SweepSetup, workers: int, ray_address: str | None):
     if ray_address:
-        return RayBackend(ray_address)
+        return RayBackend(ray_address, workers)
     if workers <= 1:
         return Inline()
     return Pool(setup, workers)
