@@ -20,3 +20,16 @@ def runner():
     from click.testing import CliRunner
 
     return CliRunner()
+
+
+#: Every pipeline schedule family with the virtual-stage count it is built with (tests run each).
+SCHEDULE_FAMILIES = [
+    ("gpipe", 1),
+    ("1f1b", 1),
+    ("interleaved-1f1b", 2),
+    ("zb-h1", 1),
+    ("zb-h2", 1),
+    ("zb-1p", 1),
+    ("zb-2p", 1),
+    ("zb-v", 2),
+]

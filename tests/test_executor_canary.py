@@ -8,6 +8,7 @@ from __future__ import annotations
 import inspect
 
 import pytest
+from conftest import SCHEDULE_FAMILIES  # tests/ is on sys.path (rootdir conftest)
 
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
@@ -19,16 +20,7 @@ from simpar.sim.plan import ParallelPlan  # noqa: E402
 from simpar.sim.schedules import Action, Kind, read_csv  # noqa: E402
 
 PP = 4
-KINDS = [
-    ("gpipe", 1),
-    ("1f1b", 1),
-    ("interleaved-1f1b", 2),
-    ("zb-h1", 1),
-    ("zb-h2", 1),
-    ("zb-1p", 1),
-    ("zb-2p", 1),
-    ("zb-v", 2),
-]
+KINDS = SCHEDULE_FAMILIES
 
 
 def test_torch_is_the_pinned_release():

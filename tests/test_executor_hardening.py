@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import SCHEDULE_FAMILIES  # tests/ is on sys.path (rootdir conftest)
 
 from simpar.cli.main import cli
 from simpar.executor.checks import read_schedule_file
@@ -35,16 +36,7 @@ from simpar.sim.specs.planfile import write_plan_file
 pytestmark = pytest.mark.torch
 
 TOL = 1e-5  # what the compute-only CSV verifies at (tests/test_executor_numerics.py)
-FAMILIES = [
-    ("gpipe", 1),
-    ("1f1b", 1),
-    ("interleaved-1f1b", 2),
-    ("zb-h1", 1),
-    ("zb-h2", 1),
-    ("zb-1p", 1),
-    ("zb-2p", 1),
-    ("zb-v", 2),
-]
+FAMILIES = SCHEDULE_FAMILIES
 
 
 @pytest.fixture(autouse=True)

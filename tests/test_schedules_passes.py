@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+from conftest import SCHEDULE_FAMILIES  # tests/ is on sys.path (rootdir conftest)
 
 from simpar.sim.errors import ScheduleError
 from simpar.sim.plan import ParallelPlan
@@ -171,16 +172,7 @@ def test_recompute_must_sit_between_f_and_backward() -> None:
         check_schedule(sched(["0R0 0F0 0F1 0B0 0B1", "1F0 1B0 1F1 1B1"], lowered=True))
 
 
-FAMILIES = [
-    ("gpipe", 1),
-    ("1f1b", 1),
-    ("interleaved-1f1b", 2),
-    ("zb-h1", 1),
-    ("zb-h2", 1),
-    ("zb-1p", 1),
-    ("zb-2p", 1),
-    ("zb-v", 2),
-]
+FAMILIES = SCHEDULE_FAMILIES
 RECV = (Kind.RECV_F, Kind.RECV_B)
 
 
