@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from test_sweep_cli import ARGS  # tests/ is on sys.path (rootdir conftest)
 
 from simpar.cli.main import cli
 from simpar.sim.errors import SimparError
@@ -25,32 +26,8 @@ from simpar.sim.sweep.run import SweepOptions, run_sweep
 from simpar.sim.sweep.space import SearchSpace
 from simpar.sim.sweep.store import Journal
 
-SMALL = [
-    "--model",
-    "gpt-7.5b",
-    "--cluster",
-    "dgx-a100-40g",
-    "--gpus",
-    "8",
-    "--gbs",
-    "16",
-    "--zero",
-    "0,1",
-    "--recompute",
-    "none,full",
-    "--mbs",
-    "1,2",
-    "--sequence-parallel",
-    "on",
-    "--refine",
-    "10",
-    "--simulate",
-    "3",
-    "--plans",
-    "0",
-    "--workers",
-    "1",
-]
+#: test_sweep_cli's small space, writing no plan folders
+SMALL = [*ARGS[: ARGS.index("--plans")], "--plans", "0", *ARGS[ARGS.index("--plans") + 2 :]]
 REPO = Path(__file__).resolve().parent.parent
 
 
