@@ -71,12 +71,8 @@ def read_plan_file(path: str | Path) -> tuple[ParallelPlan, ModelSpec]:
     data = read_mapping(p, "plan")
     if "plan" not in data or "model" not in data:
         raise SpecError(f"plan file {p.name}", "needs a 'plan' and a 'model' key.", _FIX)
-    check_envelope(data, p.name)
-    if not isinstance(data["model"], dict):
-        raise SpecError(f"plan file {p.name}: model", "must be a mapping.", _FIX)
-    model = model_from_dict(data["model"], f"plan file {p.name} (model)")
-    plan = build(ParallelPlan, data["plan"], f"plan file {p.name} (plan)")
-    _check_num_gpus(data, plan, p.name)
+    plan, model = _from_envelope(data, p.name)
+    assert model is not None  # checked above
     return plan, model
 
 
@@ -86,7 +82,17 @@ def read_plan(path: str | Path) -> ParallelPlan:
     data = read_mapping(p, "plan")
     if "plan" not in data:
         return build(ParallelPlan, data, f"plan file {p.name}")
+    return _from_envelope(data, p.name)[0]
+
+
+def _from_envelope(data: dict[str, Any], name: str) -> tuple[ParallelPlan, ModelSpec | None]:
+    """The plan (and the model, if the file has one) of a plan file's mapping, all of it checked."""
+    check_envelope(data, name)
+    model = None
     if "model" in data:
-        return read_plan_file(p)[0]
-    check_envelope(data, p.name)
-    return build(ParallelPlan, data["plan"], f"plan file {p.name}")
+        if not isinstance(data["model"], dict):
+            raise SpecError(f"plan file {name}: model", "must be a mapping.", _FIX)
+        model = model_from_dict(data["model"], f"plan file {name} (model)")
+    plan = build(ParallelPlan, data["plan"], f"plan file {name} (plan)")
+    _check_num_gpus(data, plan, name)
+    return plan, model
