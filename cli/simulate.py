@@ -23,6 +23,11 @@ if TYPE_CHECKING:
 @calibration_options
 @click.option("--backend", type=click.Choice(NETWORK_BACKENDS), default="analytical", show_default=True)
 @click.option("--full", is_flag=True, help="simulate every GPU, not one representative pipeline")
+@click.option(
+    "--every-round",
+    is_flag=True,
+    help="simulate every pipeline round (steady-state rounds are otherwise simulated once and repeated; same answer)",
+)
 @click.option("--overlap-tp", is_flag=True, help="hide tensor-parallel collectives behind compute")
 @click.option("--no-overlap-grad-reduce", is_flag=True, help="reduce gradients after the backward pass")
 @click.option("--json", "as_json", is_flag=True)
@@ -45,6 +50,7 @@ def simulate(
     runtime,
     backend,
     full,
+    every_round,
     overlap_tp,
     no_overlap_grad_reduce,
     as_json,
@@ -61,7 +67,9 @@ def simulate(
     check_outputs(trace_path, plot_path, mem_plot, plan_dir)
     st = setup_from_options(kw)
     calib = load_calibration_option(calibration, st.cluster.gpu.name)
-    opts = EngineOptions(full=full, overlap_tp=overlap_tp, overlap_grad_reduce=not no_overlap_grad_reduce)
+    opts = EngineOptions(
+        full=full, compress=not every_round, overlap_tp=overlap_tp, overlap_grad_reduce=not no_overlap_grad_reduce
+    )
     profile, opts = runtime_of(runtime, calib, opts)
     res = run(st.model, st.cluster, st.plan, backend=backend, calibration=calib, options=opts, profile=profile)
     write_outputs(st, res, trace_path, plot_path, mem_plot, plan_dir, calib, profile)

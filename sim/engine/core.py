@@ -5,7 +5,9 @@ contention backend a DP all-reduce and a PP send on the same NIC slow each other
 
 By default one representative pipeline is simulated (dp = cp = tp = 0 of every pipeline rank);
 its DP/ZeRO collectives are still timed over the real groups on the topology. ``full=True``
-simulates every GPU; group collectives then start when every member has arrived.
+simulates every GPU; group collectives then start when every member has arrived. Either way
+`simulate()` runs the pipeline's identical steady-state rounds once where it can (`rounds`):
+``marks`` then asks the walk to note when each action began and the accounts at round starts.
 
 The walk is a dispatch table over action kinds (`Engine.HANDLERS`); what each communication or
 tail term costs comes from `iteration` (shared with the sweep's estimator), how the runtime
@@ -59,6 +61,10 @@ class _Gpu:
         self.mem: list[tuple[float, float]] = [(0.0, 0.0)]
         self.dp_group: tuple[int, ...] = ()
         self.tp_group: tuple[int, ...] = ()
+        #: with ``Engine.marks``: when each action began, and (time, accounts, activation bytes)
+        #: at each marked action (`rounds` reads the steady state off them)
+        self.starts: list[float] = []
+        self.snaps: list[tuple[float, dict[str, float], float]] = []
 
 
 @dataclass
@@ -93,11 +99,14 @@ class Engine:
         options: EngineOptions = EngineOptions(),
         stage_act_bytes: list[float] | None = None,
         profile: RuntimeProfile = MEGATRON,
+        marks: list[frozenset[int]] | None = None,
     ):
         if not schedule.lowered:
             raise ValueError("the engine runs lowered schedules (schedules.lower)")
         self.m, self.plan, self.sched, self.work, self.costs = model, plan, schedule, work, costs
         self.net, self.env, self.opt, self.profile = network, env, options, profile
+        #: per pipeline rank, the action positions to snapshot (None: record nothing)
+        self.marks = marks
         #: transfers booked without a process where the network does not share links
         self.timed_p2p = not getattr(network, "shares_links", True)
         self.layout = RankLayout(plan)
@@ -406,8 +415,17 @@ class Engine:
             for s in self.plan.rank_stages[g.prank]:
                 self._zero_gather(g, s)
         handlers = self.HANDLERS
-        for a in actions:
-            yield from handlers[a.kind](self, g, a)
+        if self.marks is None:
+            for a in actions:
+                yield from handlers[a.kind](self, g, a)
+        else:
+            marks, env, starts = self.marks[g.prank], self.env, g.starts
+            for i, a in enumerate(actions):
+                starts.append(env.now)
+                if i in marks:
+                    g.snaps.append((env.now, dict(g.acc), g.act))
+                yield from handlers[a.kind](self, g, a)
+            starts.append(env.now)
         yield from self._finish(g)
 
     # --- the tail of the iteration ----------------------------------------------------------
@@ -475,10 +493,11 @@ def run_engine(
     options=EngineOptions(),
     stage_act_bytes=None,
     profile: RuntimeProfile = MEGATRON,
+    marks: list[frozenset[int]] | None = None,
 ) -> tuple[Engine, float]:
     """Build and run the engine; returns it and the wall-clock seconds the run took."""
     t0 = time.perf_counter()
-    eng = Engine(model, plan, schedule, work, costs, network, env, options, stage_act_bytes, profile)
+    eng = Engine(model, plan, schedule, work, costs, network, env, options, stage_act_bytes, profile, marks)
     # The run allocates millions of small, acyclic objects (events, trace records); the cyclic
     # garbage collector's full passes over them cost a third of a --full run and find nothing.
     was_enabled = gc.isenabled()

@@ -9,6 +9,7 @@ gradient reduction), ``zero_comm`` (exposed ZeRO parameter gathers), ``optimizer
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,7 +32,8 @@ class SimResult:
     reported_rank: int
     rank_breakdowns: dict[int, dict[str, float]]
     memory: MemoryReport
-    events: tuple[TraceEvent, ...] = ()
+    #: a tuple, or `rounds.ExpandedEvents` (built on first use) for a compressed run
+    events: Sequence[TraceEvent] = ()
     memory_timeline: dict[int, list[tuple[float, float]]] = field(default_factory=dict)
     stats: dict[str, Any] = field(default_factory=dict)
 

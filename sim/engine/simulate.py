@@ -9,6 +9,8 @@ own executor)."""
 
 from __future__ import annotations
 
+import time
+
 import simpy
 
 from ..cost.compute import CostModel
@@ -20,10 +22,12 @@ from ..model import hardware_flops_per_iteration, model_flops_per_iteration
 from ..network import make_network
 from ..plan import ParallelPlan
 from ..schedules import StageCosts, lower, schedule_for_plan
+from ..schedules.ir import Schedule
 from ..specs import ClusterSpec, ModelSpec
 from ..specs.calibration import Calibration
-from .core import EngineOptions, run_engine
+from .core import Engine, EngineOptions, run_engine
 from .results import BREAKDOWN_KEYS, SimResult
+from .rounds import Outcome, compressed_run, lowered_builder, outcome_of, schedule_rounds
 
 
 def stage_costs(work: list[StageWork], p2p_s: float) -> StageCosts:
@@ -86,27 +90,38 @@ def simulate(
     profile: RuntimeProfile = MEGATRON,
 ) -> SimResult:
     """One training iteration of ``plan`` (see the module docstring for the arguments)."""
-    env = simpy.Environment()
-    net = make_network(cluster, backend, env=env, calibration=calibration)
-    work, costs, p2p = build_work(
-        model, cluster, plan, calibration, net if backend == "analytical" else None, costs=costs, profile=profile
-    )
-    compute_only = schedule_for_plan(plan, costs=stage_costs(work, p2p))
-    sched = lower(compute_only, plan)
+    work, costs, p2p = build_work(model, cluster, plan, calibration, costs=costs, profile=profile)
+    scosts = stage_costs(work, p2p)
     act = [stage_activation_bytes(model, plan, s) for s in range(plan.num_stages)]
-    eng, wall = run_engine(model, plan, sched, work, costs, net, env, options, act, profile)
-    t_iter = max(g.finish for g in eng.gpus.values())
+    t0 = time.perf_counter()
+    envs: list[simpy.Environment] = []
+
+    def engine(sched: Schedule, marks: list[frozenset[int]] | None = None) -> Engine:
+        env = simpy.Environment()
+        envs.append(env)
+        net = make_network(cluster, backend, env=env, calibration=calibration)
+        return run_engine(model, plan, sched, work, costs, net, env, options, act, profile, marks)[0]
+
+    out, why = None, "off (EngineOptions.compress)"
+    if options.compress:
+        out, why = _compressed(plan, scosts, engine)
+    if out is None:
+        sched = lower(schedule_for_plan(plan, costs=scosts), plan)
+        out = outcome_of(engine(sched), sched.num_actions)
+        out.rounds = {"compressed": False, "why": why}
+    wall = time.perf_counter() - t0
+    t_iter = max(g.finish for g in out.gpus)
     per_rank: dict[int, dict[str, float]] = {}
     peaks = [0.0] * plan.pp
     unsharded = [0.0] * plan.pp
     timeline: dict[int, list[tuple[float, float]]] = {}
-    for (key, pr), g in sorted(eng.gpus.items()):
+    for g in out.gpus:
         bd = {k: g.acc.get(k, 0.0) for k in BREAKDOWN_KEYS if k != "bubble"}
         bd["bubble"] = max(0.0, t_iter - sum(bd.values()))
         per_rank[g.rank] = bd
-        if key == (0, 0, 0):
-            peaks[pr] = max(v for _, v in g.mem)
-            unsharded[pr] = g.peak_unsharded
+        if g.key == (0, 0, 0):
+            peaks[g.prank] = max(v for _, v in g.mem)
+            unsharded[g.prank] = g.peak_unsharded
             timeline[g.rank] = g.mem
     reported = min(per_rank, key=lambda r: (per_rank[r]["bubble"], r))
     mem = memory_report(
@@ -128,19 +143,32 @@ def simulate(
         reported_rank=reported,
         rank_breakdowns=per_rank,
         memory=mem,
-        events=tuple(eng.events),
+        events=out.events,
         memory_timeline=timeline,
         stats={
-            "events": len(eng.events),
-            "sim_events": _scheduled_events(env),
+            "events": len(out.events),
+            "sim_events": sum(_scheduled_events(e) for e in envs),
             "wall_s": wall,
-            "schedule_actions": sched.num_actions,
+            "schedule_actions": out.schedule_actions,
+            "rounds": out.rounds,
             "backend": backend,
             "full": options.full,
             "cost_source": costs.source,
             "runtime": profile.name,
         },
     )
+
+
+def _compressed(plan: ParallelPlan, scosts: StageCosts, engine) -> tuple[Outcome | None, str]:
+    """The outcome of ``plan`` with its steady-state rounds simulated once (`rounds`), or None
+    and why not."""
+    found, why = schedule_rounds(plan, lowered_builder(plan, scosts))
+    if found is None:
+        return None, why
+    out, why = compressed_run(plan, found, engine)
+    if out is not None:
+        out.rounds = {"compressed": True, **out.rounds}
+    return out, why
 
 
 def _scheduled_events(env: simpy.Environment) -> int:

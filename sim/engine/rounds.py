@@ -1,0 +1,315 @@
+"""Steady-state compression: a pipeline's identical rounds simulated once, the rest accounted for.
+
+A lowered schedule for ``m`` microbatches is, on every rank, a prefix, ``k`` rounds (one block of
+actions, each copy ``d`` microbatches later) and a suffix (`simpar.sim.schedules.periodic`). The
+engine runs the schedule with ``K`` rounds (K small) and the result for ``k = K + J`` rounds is
+read off it: everything before the cut (the start of round K on each rank) as simulated, J more
+copies of the period before the cut, each ``lambda`` seconds and ``d`` microbatches later, and
+everything from the cut on ``J * lambda`` seconds and ``J * d`` microbatches later. The cut is the
+start of round K-1, since the last round may hold a stage's last backward (which starts its
+gradient reduction) and is then not a copy of the others. Accounts grow
+by J times one round's, the iteration time by ``J * lambda``; memory values repeat, so peaks stay.
+
+Why this is exact (max-plus algebra; Baccelli, Cohen, Olsder, Quadrat, *Synchronization and
+Linearity*, 1992, ch. 2 and 3). With a network that does not share links every duration is fixed,
+streams are FIFO in program order, and an action starts at the latest of its predecessors' ends:
+the start times x(j) of round j satisfy x(j) = A0 x(j) + A1 x(j-1) + ... + As x(j-s) + b(j) in
+(max, +), where s is how far a receive reaches back to its send (``Dependencies.span``) and b(j)
+collects waits on the prefix (none after round ``first``). The conditions checked on the schedule
+(`Rounds.dependencies`) make the rounds causal: no round waits on a later round or the suffix, so
+the first K rounds of the K-round run and of the (K+J)-round run are the same. If rounds a..a+s+1
+repeat with period lambda (checked on the run: every action's start, the accounts gained per
+round, the activation bytes at each round's start), then x(a+s+2) = A x(a+s+1..a+1) = lambda +
+x(a+s+1), and by induction every later round repeats (a constant b binds no more once lambda > 0).
+The suffix depends on the last ``tail`` rounds and on itself only, so it is shifted by J * lambda
+as a whole. With link sharing (the contention backend) the same check is made on every recorded
+event of a period on both sides of the cut (transfers and collectives included): the flows in
+flight at the cut are then the same, shifted, and the deterministic run from there is too. What
+does not pass a check is simulated round by round (``stats['rounds']`` says which and why).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+from ..plan import ParallelPlan
+from ..schedules import build_schedule, lower
+from ..schedules.ir import Schedule
+from ..schedules.periodic import CLOSED_FORM, Rounds, find_rounds
+from .core import Engine
+from .trace import TraceEvent
+
+#: relative tolerance of the periodicity checks (times are sums of a few thousand floats)
+RTOL = 1e-11
+#: rounds simulated for the transient before the window (longer ones get a second try)
+TRANSIENT = 4
+
+
+@dataclass
+class GpuOutcome:
+    """What simulate() reads of one simulated GPU."""
+
+    rank: int
+    prank: int
+    key: tuple[int, ...]
+    acc: dict[str, float]
+    finish: float
+    mem: list[tuple[float, float]]
+    peak_unsharded: float
+
+
+@dataclass
+class Outcome:
+    """An engine run as values: its GPUs, its events, SimPy's event count, the schedule's size."""
+
+    gpus: list[GpuOutcome]
+    events: Sequence[TraceEvent]
+    schedule_actions: int
+    rounds: dict[str, object] = field(default_factory=dict)
+
+
+def outcome_of(eng: Engine, schedule_actions: int) -> Outcome:
+    gpus = [
+        GpuOutcome(g.rank, g.prank, key, g.acc, g.finish, g.mem, g.peak_unsharded)
+        for (key, _), g in sorted(eng.gpus.items())
+    ]
+    return Outcome(gpus, tuple(eng.events), schedule_actions)
+
+
+# --- the structure --------------------------------------------------------------------------
+def schedule_rounds(plan: ParallelPlan, build: Callable[[int], Schedule]) -> tuple[Rounds | None, str]:
+    """The rounds of ``plan``'s lowered schedule (``build(m)`` lowers the schedule of m
+    microbatches), or None and why not."""
+    if plan.schedule not in CLOSED_FORM:
+        return (
+            None,
+            f"schedule {plan.schedule}: not built of repeating rounds (periodic.CLOSED_FORM)",
+        )
+    m, pp = plan.num_microbatches, (1 if plan.schedule == "none" else plan.pp)
+    d = pp if plan.schedule == "interleaved-1f1b" else 1
+    stages = len(plan.placement)
+    # the steady state needs num_stages microbatches (1F1B) or twice as many (zb-h2)
+    for start in (stages + (d if d > 1 else 0), 2 * stages + d):
+        m0 = start + (m - start) % d
+        if 2 * (m0 + 5 * d) > m:  # five rounds are typical (`compressed_run`)
+            return None, f"{m} microbatches: too few for a steady state worth cutting"
+        rounds = find_rounds(build, m0, d)
+        if rounds is not None:
+            return rounds, ""
+    return None, f"schedule {plan.schedule}: no repeating round found"
+
+
+def _engine_rounds(rounds: Rounds) -> tuple[int, int] | None:
+    """(first round free of waits on the prefix, rounds a window of periodic rounds needs), or
+    None when the rounds are not causal (`Rounds.dependencies`) or a stage's last backward lies
+    before the last round."""
+    dep = rounds.dependencies()
+    if dep is None or not rounds.tail_holds_stage_ends():
+        return None
+    return dep.first + 1, dep.span + 2
+
+
+# --- the checks -----------------------------------------------------------------------------
+def _close(a: float, b: float, tol: float) -> bool:
+    return abs(a - b) <= tol
+
+
+def _rounds_repeat(eng: Engine, rounds: Rounds, first: int, last: int, c: int, tol: float) -> float | None:
+    """The period (seconds) if every GPU's rounds first..last repeat every ``c`` rounds (every
+    action's start, the accounts each round adds, the activation bytes at each round's start),
+    else None. Round j starts at action ``cut + (j - 1) * length``; ``snaps[j - 1]`` is taken
+    there."""
+    lam: float | None = None
+    for g in eng.gpus.values():
+        p, n, st, snaps = rounds.cut[g.prank], rounds.length[g.prank], g.starts, g.snaps
+        here = st[p + (first - 1 + c) * n] - st[p + (first - 1) * n]
+        lam = here if lam is None else lam
+        if lam <= 0 or not _close(here, lam, tol):
+            return None
+        for j in range(first + c, last + 1):
+            a, b = p + (j - 1 - c) * n, p + (j - 1) * n
+            for i in range(n + 1):
+                if not _close(st[b + i] - st[a + i], lam, tol):
+                    return None
+            (_, acc0, act0), (_, acc1, _) = snaps[j - 1 - c], snaps[j - c]
+            (_, acc2, act2), (_, acc3, _) = snaps[j - 1], snaps[j]
+            if not _close(act0, act2, 1e-9 * max(1.0, abs(act0))):
+                return None
+            for key in acc0:
+                if not _close(acc3[key] - acc2[key], acc1[key] - acc0[key], tol):
+                    return None
+    return lam
+
+
+def _event_key(e: TraceEvent, dt: float, dmb: int) -> tuple:
+    mb = e.microbatch + dmb if e.microbatch is not None else None
+    return (e.stream, e.kind, e.stage, mb, e.start + dt, e.duration)
+
+
+def _same_events(a: list[tuple], b: list[tuple], tol: float) -> bool:
+    if len(a) != len(b):
+        return False
+
+    # paired by what they are, then by time (two events may start at the same time up to rounding)
+    def order(x: tuple) -> tuple:
+        return (x[0], x[1], -1 if x[2] is None else x[2], -1 if x[3] is None else x[3], x[4])
+
+    a, b = sorted(a, key=order), sorted(b, key=order)
+    return all(x[:4] == y[:4] and _close(x[4], y[4], tol) and _close(x[5], y[5], tol) for x, y in zip(a, b))
+
+
+@dataclass
+class _Split:
+    """One GPU's events around its cut: before, the period before the cut, from the cut on."""
+
+    head: list[TraceEvent]
+    period: list[TraceEvent]
+    tail: list[TraceEvent]
+
+
+def _split(events: list[TraceEvent], cut: float, lam: float, tol: float) -> _Split:
+    head, period, tail = [], [], []
+    for e in events:
+        if e.start >= cut - tol:
+            tail.append(e)
+        else:
+            head.append(e)
+            if e.start >= cut - lam - tol:
+                period.append(e)
+    return _Split(head, period, tail)
+
+
+def _periodic_around_cut(
+    sp: _Split, mem: list[tuple[float, float]], cut: float, lam: float, d: int, tol: float
+) -> bool:
+    """The events (and memory samples) of the period after the cut are those of the period
+    before it, ``lam`` seconds and ``d`` microbatches later."""
+    after = [_event_key(e, 0.0, 0) for e in sp.tail if e.start < cut + lam - tol]
+    if not _same_events([_event_key(e, lam, d) for e in sp.period], after, tol):
+        return False
+    before = sorted((t + lam, v) for t, v in mem if cut - lam - tol <= t < cut - tol)
+    later = sorted((t, v) for t, v in mem if cut - tol <= t < cut + lam - tol)
+    return len(before) == len(later) and all(
+        _close(a[0], b[0], tol) and _close(a[1], b[1], 1e-9 * max(1.0, abs(a[1]))) for a, b in zip(before, later)
+    )
+
+
+# --- the expansion ----------------------------------------------------------------------------
+def _moved(e: TraceEvent, dt: float, dmb: int) -> TraceEvent:
+    if e.microbatch is None:
+        return TraceEvent(e.rank, e.stream, e.name, e.kind, e.start + dt, e.duration, e.stage, None, e.args)
+    mb = e.microbatch + dmb
+    return TraceEvent(e.rank, e.stream, f"{e.stage}{e.kind}{mb}", e.kind, e.start + dt, e.duration, e.stage, mb, e.args)
+
+
+class ExpandedEvents(Sequence[TraceEvent]):
+    """The events of the whole iteration, made from the compressed run's on first use (a
+    validation or a sweep that never looks at the trace never builds them)."""
+
+    def __init__(self, splits: list[_Split], lam: float, d: int, extra: int):
+        self._splits, self._lam, self._d, self._extra = splits, lam, d, extra
+        self._len = sum(len(s.head) + extra * len(s.period) + len(s.tail) for s in splits)
+        self._items: tuple[TraceEvent, ...] | None = None
+
+    def _build(self) -> tuple[TraceEvent, ...]:
+        if self._items is None:
+            out: list[TraceEvent] = []
+            lam, d, extra = self._lam, self._d, self._extra
+            for s in self._splits:
+                out += s.head
+                for j in range(1, extra + 1):
+                    out += [_moved(e, j * lam, j * d) for e in s.period]
+                out += [_moved(e, extra * lam, extra * d) for e in s.tail]
+            self._items = tuple(out)
+            self._splits = []
+        return self._items
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __iter__(self) -> Iterator[TraceEvent]:
+        return iter(self._build())
+
+    def __getitem__(self, i):  # type: ignore[override]
+        return self._build()[i]
+
+
+def _expand_mem(mem: list[tuple[float, float]], cut: float, lam: float, extra: int, tol: float):
+    head = [x for x in mem if x[0] < cut - tol]
+    period = [x for x in head if x[0] >= cut - lam - tol]
+    out = list(head)
+    for j in range(1, extra + 1):
+        out += [(t + j * lam, v) for t, v in period]
+    out += [(t + extra * lam, v) for t, v in mem if t >= cut - tol]
+    return out
+
+
+def compressed_run(
+    plan: ParallelPlan,
+    rounds: Rounds,
+    run: Callable[[Schedule, list[frozenset[int]]], Engine],
+) -> tuple[Outcome | None, str]:
+    """Run ``rounds`` with few rounds (``run(schedule, marks)`` builds and runs the engine) and
+    return the outcome of the whole iteration, or None and why not (the caller then runs every
+    round)."""
+    window = _engine_rounds(rounds)
+    if window is None:
+        return None, "rounds are not causal (a round waits on a later one)"
+    first, need = window
+    real = rounds.rounds_for(plan.num_microbatches)
+    if real is None:
+        return None, f"{plan.num_microbatches} microbatches: not a whole number of rounds"
+    # enough rounds for a short transient and a window of `need` periods of two rounds (a max-plus
+    # system may repeat only every few rounds: its cyclicity), and a whole number of periods left
+    k = first + 2 * need + TRANSIENT
+    k += (real - k) % 2
+    lam, c, worth = None, 1, 2  # simulate at most 1/2 of the microbatches, on a second try 1/4
+    while worth * rounds.microbatches(k) <= plan.num_microbatches:
+        eng = run(rounds.expand(k), [frozenset(s) for s in rounds.starts(k)])
+        tol = RTOL * max(1.0, max(g.finish for g in eng.gpus.values()))
+        for c in (1, 2):
+            lam = _rounds_repeat(eng, rounds, k - c * need, k - 1, c, tol)
+            if lam is not None:
+                break
+        if lam is not None:
+            break
+        k, worth = 3 * k - (real - 3 * k) % 2, worth + 2  # a longer transient: one more try
+    if lam is None:
+        if worth == 2:
+            return None, f"{plan.num_microbatches} microbatches: too few for a steady state worth cutting"
+        return None, f"the simulated rounds do not repeat within {k // 3} rounds"
+    extra, dmb = (real - k) // c, c * rounds.d  # whole periods of c rounds left out
+    by_rank: dict[int, list[TraceEvent]] = {g.rank: [] for g in eng.gpus.values()}
+    for e in eng.events:
+        by_rank[e.rank].append(e)
+    splits, gpus = [], []
+    for (key, _), g in sorted(eng.gpus.items()):
+        cut = g.snaps[k - 1 - c][0]  # the start of round k - c
+        sp = _split(by_rank[g.rank], cut, lam, tol)
+        if not _periodic_around_cut(sp, g.mem, cut, lam, dmb, tol):
+            return None, f"rank {g.rank}: its events around the cut do not repeat"
+        splits.append(sp)
+        (_, acc_a, _), (_, acc_b, _) = g.snaps[k - 1 - c], g.snaps[k - 1]
+        acc = {name: v + extra * (acc_b[name] - acc_a[name]) for name, v in g.acc.items()}
+        mem = _expand_mem(g.mem, cut, lam, extra, tol) if key == (0, 0, 0) else g.mem
+        gpus.append(GpuOutcome(g.rank, g.prank, key, acc, g.finish + extra * lam, mem, g.peak_unsharded))
+    actions = sum(len(r) for r in rounds.base.ranks) + real * sum(rounds.length)
+    info: dict[str, object] = {
+        "simulated": k,
+        "total": real,
+        "microbatches_per_round": rounds.d,
+        "rounds_per_period": c,
+        "period_s": lam,
+    }
+    return Outcome(gpus, ExpandedEvents(splits, lam, dmb, extra), actions, info), ""
+
+
+def lowered_builder(plan: ParallelPlan, costs) -> Callable[[int], Schedule]:
+    """m -> the lowered schedule of ``plan`` for m microbatches (zb-1p/2p steered by ``costs``)."""
+    pp = 1 if plan.schedule == "none" else plan.pp
+
+    def build(m: int) -> Schedule:
+        return lower(build_schedule(plan.schedule, pp, plan.vpp, m, costs), plan)
+
+    return build

@@ -1,0 +1,170 @@
+"""The steady state of a lowered schedule as data: every rank's actions are a prefix, ``k`` rounds
+(one block of actions repeated, each copy ``d`` microbatches later than the one before) and a
+suffix (the cool-down and the stage-wide tail, its microbatches ``k * d`` later than in the base).
+
+``find_rounds`` reads the structure off the schedules a generator builds for ``m``, ``m + d`` and
+``m + 2d`` microbatches and checks it (the third one must be the base with two rounds); it
+returns None where the generator is not periodic so (the caller then runs every round).
+``Rounds.dependencies`` says how far, in rounds, a pipeline receive reaches back to its send:
+what the engine's compression (`simpar.sim.engine.rounds`) needs for its exactness argument.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..errors import ScheduleError
+from .ir import Action, Kind, Schedule
+
+#: schedule families whose generator is closed-form in the microbatch count (a new microbatch, or
+#: group of pp for interleaved-1f1b, adds one steady-state round and renumbers the cool-down);
+#: zb-1p/zb-2p are searched from the costs for each microbatch count, gpipe has two phases.
+CLOSED_FORM = frozenset({"none", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v"})
+
+
+def shift(a: Action, d: int) -> Action:
+    """``a`` for the microbatch ``d`` later (a stage-wide action stays as it is)."""
+    return a if a.microbatch is None else Action(a.stage, a.kind, a.microbatch + d)
+
+
+def _shifted(acts: tuple[Action, ...] | list[Action], d: int) -> list[Action]:
+    return [a if a.microbatch is None else Action(a.stage, a.kind, a.microbatch + d) for a in acts]
+
+
+@dataclass(frozen=True)
+class Dependencies:
+    """In rounds: ``span``, the furthest a receive in a round reaches back to its send in an
+    earlier round; ``first``, the last round that receives from a prefix; ``tail``, the furthest
+    the suffix reaches back into the rounds (counted from the suffix)."""
+
+    span: int
+    first: int
+    tail: int
+
+
+@dataclass(frozen=True)
+class Rounds:
+    """``base`` (lowered, ``base.num_microbatches`` microbatches) with rounds inserted: rank r's
+    round is ``base.ranks[r][cut[r] - length[r]:cut[r]]``; ``expand(k)`` puts ``k`` more copies
+    of it at ``cut[r]``, each ``d`` microbatches later, and renumbers what follows."""
+
+    base: Schedule
+    d: int
+    cut: tuple[int, ...]
+    length: tuple[int, ...]
+
+    def microbatches(self, k: int) -> int:
+        return self.base.num_microbatches + k * self.d
+
+    def rounds_for(self, m: int) -> int | None:
+        """How many rounds make ``m`` microbatches (None if none does)."""
+        k, rem = divmod(m - self.base.num_microbatches, self.d)
+        return k if k >= 0 and rem == 0 else None
+
+    def expand(self, k: int) -> Schedule:
+        ranks = []
+        for acts, p, n in zip(self.base.ranks, self.cut, self.length):
+            row = list(acts[:p])
+            block = acts[p - n : p]
+            for j in range(1, k + 1):
+                row += _shifted(block, j * self.d)
+            row += _shifted(acts[p:], k * self.d)
+            ranks.append(row)
+        out = self.base.replace_ranks(ranks)
+        return Schedule(out.name, out.pp, out.vpp, self.microbatches(k), out.placement, out.ranks, True, out.meta)
+
+    def starts(self, k: int) -> list[tuple[int, ...]]:
+        """Per rank, where each of the ``k`` rounds of ``expand(k)`` starts, then where the suffix
+        starts (k + 1 positions)."""
+        return [tuple(p + j * n for j in range(k + 1)) for p, n in zip(self.cut, self.length)]
+
+    def region(self, rank: int, pos: int, k: int) -> int:
+        """0 for the prefix, j for round j (1..k), k + 1 for the suffix of ``expand(k)``."""
+        p, n = self.cut[rank], self.length[rank]
+        if pos < p:
+            return 0
+        return min(k + 1, 1 + (pos - p) // n)
+
+    def dependencies(self) -> Dependencies | None:
+        """Where receives find their sends, in rounds (on ``expand(3)``); None when a prefix waits
+        on a round, a round on the suffix, or a round on a later round: the rounds would then not
+        follow one another causally and the steady state cannot be cut out."""
+        k = 3
+        sched = self.expand(k)
+        sent: dict[tuple[int, Kind, int | None], int] = {}
+        for r, acts in enumerate(sched.ranks):
+            for i, a in enumerate(acts):
+                if a.kind is Kind.SEND_F:
+                    sent[(a.stage + 1, Kind.RECV_F, a.microbatch)] = self.region(r, i, k)
+                elif a.kind is Kind.SEND_B:
+                    sent[(a.stage - 1, Kind.RECV_B, a.microbatch)] = self.region(r, i, k)
+        span = first = tail = 0
+        for r, acts in enumerate(sched.ranks):
+            for i, a in enumerate(acts):
+                if a.kind is not Kind.RECV_F and a.kind is not Kind.RECV_B:
+                    continue
+                here, there = self.region(r, i, k), sent[(a.stage, a.kind, a.microbatch)]
+                if here == 0:
+                    if there != 0:
+                        return None
+                elif here <= k:
+                    if there > here:
+                        return None
+                    if there == 0:
+                        first = max(first, here)
+                    else:
+                        span = max(span, here - there)
+                elif there >= 1:
+                    tail = max(tail, here - there)
+        return Dependencies(span, first, tail)
+
+    def tail_holds_stage_ends(self) -> bool:
+        """Every stage's last backward and its REDUCE_GRAD lie in the last round or the suffix
+        (the engine starts the gradient reduction there, once per iteration)."""
+        k = 2
+        sched = self.expand(k)
+        for r, acts in enumerate(sched.ranks):
+            last: dict[tuple[int, bool], int] = {}
+            for i, a in enumerate(acts):
+                if a.kind in (Kind.B, Kind.W, Kind.REDUCE_GRAD):
+                    last[(a.stage, a.kind is Kind.REDUCE_GRAD)] = i
+            if any(self.region(r, i, k) < k for i in last.values()):
+                return False
+        return True
+
+
+def _fit(a: tuple[Action, ...], b: tuple[Action, ...], d: int) -> tuple[int, int] | None:
+    """(cut, length): ``b`` is ``a`` with one round inserted at ``cut`` (a copy of the ``length``
+    actions before it, ``d`` microbatches later) and the rest renumbered; None if it is not."""
+    n, length = len(a), len(b) - len(a)
+    if length <= 0 or length > n:
+        return None
+    head = 0
+    while head < n and a[head] == b[head]:
+        head += 1
+    tail = 0
+    while tail < n and b[-1 - tail] == shift(a[-1 - tail], d):
+        tail += 1
+    for p in range(head, max(n - tail, length) - 1, -1):
+        if list(b[p : p + length]) == _shifted(a[p - length : p], d):
+            return p, length
+    return None
+
+
+def find_rounds(build: Callable[[int], Schedule], m: int, d: int) -> Rounds | None:
+    """The rounds of the lowered schedules ``build(m)``, ``build(m + d)``, checked on
+    ``build(m + 2d)``; None when the generator does not repeat so."""
+    try:
+        a, b, c = build(m), build(m + d), build(m + 2 * d)
+    except ScheduleError:
+        return None
+    fits = [_fit(x, y, d) for x, y in zip(a.ranks, b.ranks)]
+    if any(f is None for f in fits):
+        return None
+    cut = tuple(f[0] for f in fits if f is not None)
+    length = tuple(f[1] for f in fits if f is not None)
+    rounds = Rounds(a, d, cut, length)
+    if rounds.expand(2).ranks != c.ranks:
+        return None
+    return rounds

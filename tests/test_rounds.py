@@ -1,0 +1,159 @@
+"""Steady-state compression (`simpar.sim.engine.rounds`, `simpar.sim.schedules.periodic`): the
+schedule's rounds are what the generators build, and a compressed run gives the iteration time,
+breakdowns, peak memory, memory timeline and trace of the run of every round."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from simpar.sim.engine.iteration import EngineOptions
+from simpar.sim.engine.simulate import simulate
+from simpar.sim.plan import ParallelPlan, check_plan
+from simpar.sim.schedules import build_schedule, lower
+from simpar.sim.schedules.periodic import CLOSED_FORM, find_rounds
+from simpar.sim.specs import load_cluster, load_model
+
+MODEL = load_model("gpt-1.7b")
+
+
+def _lowered(name: str, pp: int, vpp: int, zero: int = 1, recompute: str = "none"):
+    plan = ParallelPlan(dp=2, pp=pp, vpp=vpp, global_batch_size=2 * 64, schedule=name, zero=zero, recompute=recompute)
+    return lambda m: lower(build_schedule(name, 1 if name == "none" else pp, vpp, m), plan)
+
+
+@pytest.mark.parametrize(
+    "name,pp,vpp,d",
+    [
+        ("1f1b", 4, 1, 1),
+        ("zb-h1", 4, 1, 1),
+        ("zb-h2", 3, 1, 1),
+        ("zb-v", 4, 2, 1),
+        ("interleaved-1f1b", 4, 2, 4),
+        ("none", 1, 1, 1),
+    ],
+)
+@pytest.mark.parametrize("zero,recompute", [(1, "none"), (3, "full")])
+def test_rounds_rebuild_the_generators_schedules(name, pp, vpp, d, zero, recompute) -> None:
+    build = _lowered(name, pp, vpp, zero, recompute)
+    m0 = 2 * pp * vpp + d
+    rounds = find_rounds(build, m0, d)
+    assert rounds is not None and name in CLOSED_FORM
+    for k in (0, 1, 3, 7):
+        assert rounds.expand(k).ranks == build(m0 + k * d).ranks
+
+
+def test_gpipe_has_no_single_round() -> None:
+    assert find_rounds(_lowered("gpipe", 4, 1), 8, 1) is None
+
+
+def _same_run(a, b) -> None:
+    t = b.iter_time_s
+    assert a.iter_time_s == pytest.approx(t, rel=1e-9)
+    assert a.reported_rank == b.reported_rank
+    for r, bd in b.rank_breakdowns.items():
+        for k, v in bd.items():
+            assert a.rank_breakdowns[r][k] == pytest.approx(v, rel=1e-9, abs=1e-9 * t), (r, k)
+    assert [x.total for x in a.memory.ranks] == pytest.approx([x.total for x in b.memory.ranks], rel=1e-12)
+    assert a.stats["schedule_actions"] == b.stats["schedule_actions"]
+    assert sorted(a.memory_timeline) == sorted(b.memory_timeline)
+    for r, samples in b.memory_timeline.items():
+        got = sorted(a.memory_timeline[r])
+        assert len(got) == len(samples)
+        for (t1, v1), (t2, v2) in zip(got, sorted(samples)):
+            assert t1 == pytest.approx(t2, abs=1e-9 * t) and v1 == pytest.approx(v2, rel=1e-9)
+
+    def key(e):
+        return (e.rank, e.stream, e.name, round(e.start / t, 7))
+
+    ea, eb = sorted(a.events, key=key), sorted(b.events, key=key)
+    assert len(ea) == len(eb) == a.stats["events"]
+    for x, y in zip(ea, eb):
+        assert (x.rank, x.stream, x.name, x.kind, x.stage, x.microbatch) == (
+            y.rank,
+            y.stream,
+            y.name,
+            y.kind,
+            y.stage,
+            y.microbatch,
+        )
+        assert x.start == pytest.approx(y.start, abs=1e-9 * t) and x.duration == pytest.approx(y.duration, abs=1e-9 * t)
+
+
+def _both(plan, backend="analytical", full=False):
+    cluster = load_cluster("dgx-a100-80g", gpus=plan.num_gpus)
+    check_plan(plan, MODEL, cluster)
+    on = simulate(MODEL, cluster, plan, backend=backend, options=EngineOptions(full=full))
+    off = simulate(MODEL, cluster, plan, backend=backend, options=EngineOptions(full=full, compress=False))
+    assert off.stats["rounds"]["compressed"] is False
+    return on, off
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(schedule="1f1b"),
+        dict(schedule="1f1b", zero=3),
+        dict(schedule="zb-h2"),
+        dict(schedule="zb-v", vpp=2),
+        dict(schedule="interleaved-1f1b", vpp=2, pp=2, global_batch_size=2 * 120),
+        dict(schedule="1f1b", recompute="full", tp=2, sequence_parallel=True),
+    ],
+)
+def test_compressed_equals_every_round(kw) -> None:
+    base = dict(dp=2, pp=4, micro_batch_size=1, global_batch_size=2 * 96, zero=1, recompute="selective")
+    on, off = _both(ParallelPlan(**{**base, **kw}))
+    assert on.stats["rounds"]["compressed"] is True, on.stats["rounds"]
+    assert on.stats["rounds"]["total"] > 4 * on.stats["rounds"]["simulated"]
+    assert on.stats["sim_events"] < off.stats["sim_events"] / 2
+    _same_run(on, off)
+
+
+def test_compressed_full_and_contention() -> None:
+    plan = ParallelPlan(dp=2, tp=2, pp=4, global_batch_size=2 * 64, schedule="1f1b", zero=1)
+    for backend, full in (("contention", False), ("analytical", True), ("contention", True)):
+        on, off = _both(plan, backend, full)
+        assert on.stats["rounds"]["compressed"] is True, (backend, full, on.stats["rounds"])
+        _same_run(on, off)
+
+
+def test_too_few_microbatches_runs_every_round() -> None:
+    on, off = _both(ParallelPlan(dp=2, pp=4, global_batch_size=2 * 8, schedule="1f1b"))
+    assert on.stats["rounds"]["compressed"] is False and "too few" in on.stats["rounds"]["why"]
+    _same_run(on, off)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    schedule=st.sampled_from(["1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "zb-1p", "gpipe", "none"]),
+    pp=st.sampled_from([2, 4]),
+    tp=st.sampled_from([1, 2]),
+    cp=st.sampled_from([1, 2]),
+    zero=st.sampled_from([0, 1, 2, 3]),
+    recompute=st.sampled_from(["none", "selective", "full"]),
+    m=st.integers(12, 120),
+    backend=st.sampled_from(["analytical", "contention"]),
+    full=st.booleans(),
+)
+def test_compression_is_exact(schedule, pp, tp, cp, zero, recompute, m, backend, full) -> None:
+    vpp = 2 if schedule in ("interleaved-1f1b", "zb-v") else 1
+    if schedule == "none":
+        pp, vpp = 1, 1
+    if schedule == "interleaved-1f1b":
+        m -= m % pp
+    dp = 32 // (tp * cp * pp) // 2
+    plan = ParallelPlan(
+        dp=dp,
+        tp=tp,
+        pp=pp,
+        cp=cp,
+        vpp=vpp,
+        global_batch_size=dp * m,
+        schedule=schedule,
+        zero=zero,
+        recompute=recompute,
+        sequence_parallel=tp > 1,
+    )
+    on, off = _both(plan, backend, full)
+    _same_run(on, off)
