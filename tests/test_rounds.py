@@ -106,7 +106,6 @@ def test_compressed_equals_every_round(kw) -> None:
     on, off = _both(ParallelPlan(**{**base, **kw}))
     assert on.stats["rounds"]["compressed"] is True, on.stats["rounds"]
     assert on.stats["rounds"]["total"] > 4 * on.stats["rounds"]["simulated"]
-    assert on.stats["sim_events"] < off.stats["sim_events"] / 2
     _same_run(on, off)
 
 

@@ -28,7 +28,7 @@ import shutil
 import statistics
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -215,7 +215,7 @@ def _sp_sync_in_step(sim: list[TraceEvent]) -> list[TraceEvent]:
         if e.kind == "SP_GRAD_SYNC":
             continue
         if s is not None and e.kind == "OPT":
-            e = replace(e, start=s.start, duration=e.end - s.start)
+            e = e._replace(start=s.start, duration=e.end - s.start)
         out.append(e)
     return out
 

@@ -30,6 +30,7 @@ from ..plan import ParallelPlan, ZeroPolicy
 from ..schedules.ir import Action, Kind, Schedule
 from ..specs import ModelSpec
 from . import iteration as it
+from .ahead import walk_ahead
 from .iteration import EngineOptions
 from .trace import TraceEvent
 
@@ -84,6 +85,7 @@ class _Transfer:
 
     arrival: simpy.Event | None = None
     sent_at: float | None = None
+    at: float | None = None  # when it arrives, once a network that does not share links booked it
 
 
 class Engine:
@@ -179,9 +181,14 @@ class Engine:
         """Post the receive, wait for the data; the wait behind a transfer in flight is exposed
         pipeline communication, the wait for the sender's compute is bubble."""
         yield from self._post(g)
-        tr = self._transfer_of(g.key, stage, mb, direction)
+        yield from self._await(g, self._transfer_of(g.key, stage, mb, direction))
+
+    def _await(self, g: _Gpu, tr: _Transfer):
         if tr.arrival is None:
-            tr.arrival = self.env.event()
+            if tr.at is not None and tr.at <= self.env.now:  # booked and already arrived
+                return
+            # booked and in flight (one timeout), or not sent yet (the send succeeds this event)
+            tr.arrival = self.env.event() if tr.at is None else self.env.timeout(tr.at - self.env.now)
         elif tr.arrival.processed:
             return
         t0 = self.env.now
@@ -201,29 +208,31 @@ class Engine:
             res = g.send_next if direction == "F" else g.send_prev
             self.env.process(self._transfer(g, dst, res, self.work[stage].act_bytes, tr.arrival, stage, mb, direction))
         else:
-            self._timed_transfer(g, dst, tr, stage, mb, direction)
+            self._timed_transfer(g, dst, tr, stage, mb, direction, self.env.now)
         yield from self._post(g)
 
-    def _timed_transfer(self, g: _Gpu, dst: _Gpu, tr: _Transfer, stage: int, mb: int, direction: str) -> None:
+    def _timed_transfer(
+        self, g: _Gpu, dst: _Gpu, tr: _Transfer, stage: int, mb: int, direction: str, now: float
+    ) -> None:
         """The transfer on a network that does not share links, booked at once: it starts when its
         send stream is free (the streams are FIFO, as the Resource of `_transfer` is) and takes
-        `p2p_time`; its arrival is one timeout (the receiver's event, if it is already waiting,
-        succeeds then). Same times as `_transfer`, without its process and queue events."""
-        now = self.env.now
+        `p2p_time`; its arrival time is noted (``at``), and a receiver already waiting gets one
+        timeout that succeeds its event (`_await` reads ``at`` otherwise). Same times as
+        `_transfer`, without its process and queue events. ``now``: when the send is posted
+        (`ahead` posts sends ahead of the clock)."""
         start = max(now, g.send_free[direction])
         end = g.send_free[direction] = start + self.net.p2p_time(g.rank, dst.rank, self.work[stage].act_bytes)
         if end > start:
             name = f"{stage}SEND_{direction}{mb}"
             self.events.append(TraceEvent(g.rank, "pp", name, f"SEND_{direction}", start, end - start, stage, mb))
-        if tr.arrival is None:
-            tr.arrival = self.env.timeout(end - now)
-        else:
+        tr.at = end
+        if tr.arrival is not None:  # the receiver waits already (else it reads ``at``)
             waiting = tr.arrival
 
             def arrive(_ev: simpy.Event) -> None:
                 waiting.succeed()
 
-            self.env.timeout(end - now).callbacks.append(arrive)
+            self.env.timeout(end - self.env.now).callbacks.append(arrive)
 
     def _transfer(
         self, g: _Gpu, dst: _Gpu, res: simpy.Resource, nbytes: float, done: simpy.Event, stage, mb, direction
@@ -415,7 +424,9 @@ class Engine:
             for s in self.plan.rank_stages[g.prank]:
                 self._zero_gather(g, s)
         handlers = self.HANDLERS
-        if self.marks is None:
+        if self.timed_p2p and self.policy is not ZeroPolicy.PER_LAYER:
+            yield from walk_ahead(self, g, actions)
+        elif self.marks is None:
             for a in actions:
                 yield from handlers[a.kind](self, g, a)
         else:

@@ -10,10 +10,10 @@ Trace Event Format requires. Each event keeps the action text as its name and
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from types import MappingProxyType
+from typing import Any, NamedTuple
 
 from .. import files
 from ..errors import SpecError
@@ -21,8 +21,14 @@ from ..errors import SpecError
 TRACE_FORMAT_VERSION = 1
 
 
-@dataclass(frozen=True, slots=True)
-class TraceEvent:
+#: the ``args`` of an event that has none (read-only, shared)
+NO_ARGS: Mapping[str, Any] = MappingProxyType({})
+
+
+class TraceEvent(NamedTuple):
+    """One interval on one stream of one rank. A named tuple: a run records hundreds of thousands,
+    and a tuple is built four times faster than a frozen dataclass."""
+
     rank: int
     stream: str
     name: str
@@ -31,7 +37,7 @@ class TraceEvent:
     duration: float
     stage: int | None = None
     microbatch: int | None = None
-    args: dict[str, Any] = field(default_factory=dict)
+    args: Mapping[str, Any] = NO_ARGS
 
     @property
     def end(self) -> float:
@@ -119,4 +125,4 @@ def read_trace(path: str | Path) -> tuple[list[TraceEvent], dict[str, Any]]:
 
 
 def event_dict(e: TraceEvent) -> dict[str, Any]:
-    return asdict(e)
+    return {**e._asdict(), "args": dict(e.args)}
