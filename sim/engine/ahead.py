@@ -20,7 +20,6 @@ from ..plan import ZeroPolicy
 from ..schedules.ir import Action, Kind
 from .trace import TraceEvent
 
-
 _COMPUTE = frozenset({Kind.F, Kind.B, Kind.I, Kind.W, Kind.R})
 
 
