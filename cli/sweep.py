@@ -118,7 +118,7 @@ _COMMAND = [
     ("layer_split", "even"),
     ("precision", "bf16"),
     ("objective", "throughput"),
-    ("refine", 200),
+    ("refine", 0),
     ("simulate", 20),
     ("exhaustive", False),
     ("calibration", None),
@@ -238,17 +238,17 @@ class _Bar:
 @click.option(
     "--refine",
     type=Whole(0),
-    default=200,
+    default=0,
     show_default=True,
-    help="best quick estimates re-ranked by the list-scheduler oracle",
+    help="best quick estimates re-ranked by the list-scheduler oracle (shown; the engine does not need it)",
 )
 @click.option(
     "--simulate",
     "n_simulate",
-    type=Whole(0),
+    type=Whole(1),
     default=20,
     show_default=True,
-    help="best estimates simulated by the engine",
+    help="k: the engine runs in lower-bound order until no plan left can enter the top k",
 )
 @click.option("--exhaustive", is_flag=True, help="simulate every configuration that fits with the engine")
 @calibration_options
@@ -402,6 +402,8 @@ def show(res, kw: dict, wall: dict[str, float]) -> None:
             f" ({wall['total']:.1f} s: search {wall['search']:.1f} s,"
             f" plans and figures {wall['plans_and_figures']:.1f} s)"
         )
+        if res.manifest.get("bound"):
+            click.echo(bound_line(res.manifest["bound"]))
         if res.manifest.get("throughput"):
             click.echo(speed_line(res.manifest["throughput"]))
         if best:
@@ -417,6 +419,12 @@ def show(res, kw: dict, wall: dict[str, float]) -> None:
             _nothing_fits(res.rows),
             "see report.md; add GPUs, allow ZeRO 3 or full recompute, or change the global batch / micro-batch sizes.",
         )
+
+
+def bound_line(bound: dict) -> str:
+    from simpar.sim.sweep.report import bound_line as line
+
+    return line(bound)
 
 
 def speed_line(throughput: dict) -> str:

@@ -51,11 +51,12 @@ def test_sweep_writes_results_plans_report(swept):
     out, text = swept
     m = re.search(
         r"([\d,]+) configurations: ([\d,]+) do not divide, ([\d,]+) do not fit, ([\d,]+) fit; "
-        r"10 refined by the oracle, 3 simulated by the engine",
+        r"10 refined by the oracle, ([\d,]+) simulated by the engine",
         text,
     )
-    n, bad, oom, fit = (int(x.replace(",", "")) for x in m.groups())
-    assert n == 412 and bad + oom + fit == n and min(bad, oom, fit) > 0
+    n, bad, oom, fit, sim = (int(x.replace(",", "")) for x in m.groups())
+    assert n == 412 and bad + oom + fit == n and min(bad, oom, fit) > 0 and 3 <= sim < fit
+    assert re.search(r"Top 3 exact: the engine simulated [\d,]+ plans in order of a provable lower bound", text)
     assert "best plans" in text and " beats " in text and f"report: {out / 'report.md'}" in text
     plan_dirs = sorted((out / "plans").iterdir())
     assert len(plan_dirs) == 1 and plan_dirs[0].name.startswith("01-tp")

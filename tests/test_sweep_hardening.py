@@ -78,7 +78,7 @@ def _one_error(res, *parts: str) -> str:
         ({"workers": "-1"}, "workers: must be at least 0"),
         ({"workers": "100000"}, "workers: 100,000 workers is above the bound"),
         ({"refine": "-1"}, "refine: must be at least 0"),
-        ({"simulate": "-1"}, "simulate: must be at least 0"),
+        ({"simulate": "0"}, "simulate: must be at least 1"),
         ({"top": "-1"}, "top: must be at least 0"),
         ({"plans": "-1"}, "plans: must be at least 0"),
         ({"max_tp": "0"}, "max-tp: must be at least 1"),

@@ -41,7 +41,7 @@ def test_ray_local_instance_matches_the_pool(tmp_path, pool, no_ray_left):
     assert res.counts == pool[1].counts
     tp = res.manifest["throughput"]
     assert [tp[p]["workers"] for p in PHASES] == [2, 2, 2]  # the instance's CPUs
-    assert [tp[p]["configs"] for p in PHASES] == [res.counts["enumerated"], 20, 4]
+    assert [tp[p]["configs"] for p in PHASES] == [res.counts["enumerated"], 20, res.counts["simulated"]]
 
 
 def test_ray_connection_of_the_caller_is_used_and_left_open(tmp_path, pool, no_ray_left):

@@ -26,16 +26,24 @@ def small_setup(gpus: int = 8, gbs: int = 16, space: SearchSpace = SMALL) -> Swe
 
 
 @pytest.mark.parametrize("gpus,gbs", [(8, 16), pytest.param(16, 32, marks=pytest.mark.slow)])
-def test_pruned_sweep_finds_the_best_of_simulating_everything(tmp_path, gpus, gbs):
-    """Every fitting configuration through the engine vs a funnel that simulates only 3 of them."""
+def test_bounded_sweep_has_the_top_k_of_simulating_everything(tmp_path, gpus, gbs):
+    """Every fitting configuration through the engine vs the search bounded by the lower bound: the
+    same top k (ids, times, order), with fewer engine runs."""
     setup = small_setup(gpus, gbs)
     full = run_sweep(setup, tmp_path / "all", SweepOptions(workers=2, exhaustive=True))
-    fast = run_sweep(setup, tmp_path / "fast", SweepOptions(workers=1, refine=10, simulate=3))
     assert full.counts["simulated"] == full.counts["fitting"] > 100
-    assert fast.counts["simulated"] == 3 and fast.counts["refined"] == 10
-    assert fast.rows[0]["id"] == full.rows[0]["id"]
-    assert fast.rows[0]["iter_time_s"] == full.rows[0]["iter_time_s"]
     assert {r["pp"] for r in full.rows if r["status"] == "simulated"} >= {"1", "2", "4"}  # pipelines compete
+    for k in (1, 3, 10):
+        fast = run_sweep(setup, tmp_path / f"top{k}", SweepOptions(workers=1, simulate=k))
+        assert k <= fast.counts["simulated"] < full.counts["simulated"] and fast.counts["refined"] == 0
+        keys = ("id", "rank", "iter_time_s", "peak_memory_gib", "status")
+        assert [[r[c] for c in keys] for r in fast.rows[:k]] == [[r[c] for c in keys] for r in full.rows[:k]]
+        bound = fast.manifest["bound"]
+        assert bound["simulated"] == fast.counts["simulated"] and bound["k"] == k
+        assert bound["simulated"] + bound["pruned"] == full.counts["fitting"]
+        assert bound["pruned"] == 0 or bound["next_lower_bound_s"] > bound["kth_best_s"]
+        # the bound is a bound: no simulated plan beats it
+        assert all(float(r["engine_time_s"]) >= float(r["lower_bound_s"]) for r in full.rows if r["engine_time_s"])
 
 
 def test_same_inputs_give_the_same_results_csv(tmp_path):

@@ -351,3 +351,51 @@ def oracle_estimate(x: Inputs, schedule=None) -> Estimate:
                 lb[a.stage] = (*lb[a.stage][:2], t0)
         rts.append(RankTimes(res.rank_start[r], res.end[r][-1] if acts else 0.0, lb))
     return _finish(x, rts, "oracle")
+
+
+def lower_bound(x: Inputs, backend: str = "analytical") -> float:
+    """Seconds no engine run of the plan can beat, on either network backend: the sweep prunes a
+    plan whose bound exceeds the k-th best simulated time, and the pruning is safe.
+
+    Only durations the engine waits out in sequence on one GPU's walk enter (compute with its
+    exposed TP/CP communication, recompute, posting pipeline transfers, the sequence-parallel
+    sync and the optimizer step); every wait and every collective the network times is taken as
+    0. Two chains each give a bound (the larger is returned):
+
+    - a pipeline rank's walk: its first forward needs the activations of micro-batch 0 from
+      every earlier stage (their forwards, one after another), then it runs all its work;
+    - the last micro-batch on stage 0: m - 1 forwards of stage 0 come first on its rank, then
+      the micro-batch goes forward through every stage and back (input gradients, with the
+      recompute before each), its weight gradient on stage 0, and that rank's step;
+    - a rank's drain: every schedule runs a stage's forwards, and its input gradients, in
+      micro-batch order, and a stage's input gradient waits for the later stage's; so before the
+      rank's lowest stage finishes the last micro-batch's input gradient, the rank has run all
+      its forwards, recomputes and input gradients (after micro-batch 0 reached it); then that
+      gradient goes back through the earlier stages to stage 0, its weight gradient, its step.
+    """
+    p, m = x.plan, x.plan.num_microbatches
+    tp = 0.0 if x.options.overlap_tp else 1.0
+    fwd = [w.f + tp * w.tp_f for w in x.work]
+    rec = [w.r + tp * w.tp_r for w in x.work]  # 0 without recompute
+    back = [w.i + w.w + tp * (w.tp_b + w.tp_w) for w in x.work]  # B, or I + W
+    back_in = [w.i + tp * w.tp_b for w in x.work] if p.split_backward else back
+    w0 = back[0] - back_in[0]  # stage 0's W after its I (0 with a full backward B)
+    # the SP sync is a collective: timed as the engine times it on the analytical network only
+    sync = backend == "analytical"
+    end = [(_sp_sync(x, r) if sync else 0.0) + _optimizer(x, r) for r in range(len(x.ranks))]
+    walks = [
+        sum(fwd[: min(st)]) + sum(m * (fwd[s] + rec[s] + back[s] + x.posts[s] * x.post) for s in st) + end[r]
+        for r, st in enumerate(x.ranks)
+    ]
+    first = next(r for r, st in enumerate(x.ranks) if 0 in st)
+    chain = (m - 1) * fwd[0] + sum(fwd) + sum(rec) + sum(back_in) + w0 + end[first]
+    drains = [
+        sum(fwd[: min(st)])
+        + m * sum(fwd[s] + rec[s] + back_in[s] for s in st)
+        + sum(rec[: min(st)])
+        + sum(back_in[: min(st)])
+        + w0 * (min(st) > 0)
+        + end[first]
+        for st in x.ranks
+    ]
+    return max(*walks, chain, *drains)

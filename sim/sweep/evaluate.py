@@ -1,9 +1,10 @@
 """The per-configuration work of a sweep, the same function on every backend (in-process, a
 local process pool, Ray): ``evaluate(setup, phase, configs) -> rows``.
 
-Phases: ``screen`` (check_plan, schedule-aware memory, quick estimate: every configuration),
-``refine`` (the list-scheduler oracle: the best few hundred), ``simulate`` (the engine: the best
-few, or all with --exhaustive). A worker keeps one `Evaluator` per setup, so the analytical
+Phases: ``screen`` (check_plan, schedule-aware memory, quick estimate and the provable lower
+bound: every configuration), ``refine`` (the list-scheduler oracle: only with --refine N),
+``simulate`` (the engine: in lower-bound order until the rest cannot enter the top k, or all with
+--exhaustive). A worker keeps one `Evaluator` per setup, so the analytical
 network, the per-stage work tables and the schedule profiles are built once and reused.
 """
 
@@ -23,7 +24,7 @@ from ..plan import ParallelPlan
 from ..specs import ClusterSpec, ModelSpec
 from ..specs.calibration import Calibration
 from ..units import GiB
-from .estimator import Estimate, Inputs, dp_groups, oracle_estimate, quick_estimate
+from .estimator import Estimate, Inputs, dp_groups, lower_bound, oracle_estimate, quick_estimate
 from .memory_screen import MemoryScreen
 from .space import Config, SearchSpace, checked_plan
 
@@ -150,8 +151,15 @@ class Evaluator:
         row.update(self.memory_fields(mem))
         if not mem.fits:
             return {**row, "status": "oom", "reason": mem.reason()}
-        est = quick_estimate(self.inputs(plan))
-        return {**row, **self._estimate_fields(plan, est), "status": "estimated", "quick_time_s": est.iter_time_s}
+        x = self.inputs(plan)
+        est = quick_estimate(x)
+        return {
+            **row,
+            **self._estimate_fields(plan, est),
+            "status": "estimated",
+            "quick_time_s": est.iter_time_s,
+            "lower_bound_s": lower_bound(x, self.s.backend),
+        }
 
     def refine(self, cfg: Config) -> dict[str, Any]:
         plan, _ = self.plan(cfg)
@@ -174,7 +182,7 @@ class Evaluator:
         plan, _ = self.plan(cfg)
         assert plan is not None, "only valid configurations are simulated"
         x = self.inputs(plan)
-        quick, est = quick_estimate(x), oracle_estimate(x)
+        quick = quick_estimate(x)
         s = self.s
         res = simulate(
             s.model, s.cluster, plan, backend=s.backend, calibration=s.calibration, options=s.options, profile=s.profile
@@ -185,7 +193,7 @@ class Evaluator:
             **self.result_fields(plan, res.iter_time_s, res.breakdown_s, "engine"),
             "reported_rank": res.reported_rank,
             "quick_time_s": quick.iter_time_s,
-            "oracle_time_s": est.iter_time_s,
+            "lower_bound_s": lower_bound(x, s.backend),
             "engine_time_s": res.iter_time_s,
             "status": "simulated",
         }

@@ -124,5 +124,5 @@ def check_options(opts: Options) -> None:
     if opts.objective not in OBJECTIVES:
         raise SimparError("objective", f"unknown objective {opts.objective!r}.", f"use one of {', '.join(OBJECTIVES)}.")
     whole(opts.refine, "refine", 0)
-    whole(opts.simulate, "simulate", 0)
+    whole(opts.simulate, "simulate", 1)
     whole(opts.workers, "workers", 0, max_workers(), " workers")

@@ -55,6 +55,15 @@ _SCHEMA: dict[str, Any] = {
 }
 
 
+_OPTIONAL_NUMBER = (int, float, type(None))
+_BOUND_SCHEMA = {
+    "k": int,
+    "kth_best_s": _OPTIONAL_NUMBER,
+    "simulated": int,
+    "pruned": int,
+    "next_lower_bound_s": _OPTIONAL_NUMBER,
+}
+
 #: The phases whose throughput sweep.json records (``throughput``, written when the sweep finishes).
 PHASES = ("screen", "refine", "simulate")
 #: The numbers of each phase's throughput: whole numbers, then numbers (finite, >= 0).
@@ -154,6 +163,8 @@ def check_manifest(doc: dict, where: str, fix: str) -> dict:
                 raise SpecError(where, f"counts.{k} must be a whole number >= 0, got {counts.get(k)!r}.", fix)
     if "throughput" in doc:  # a sweep.json written before simpar recorded it has none
         _check_throughput(doc, where, fix)
+    if "bound" in doc:  # what the bounded search proved (none with --exhaustive or objective memory)
+        _check_schema({"bound": doc["bound"]}, {"bound": _BOUND_SCHEMA}, where, fix)
     return doc
 
 

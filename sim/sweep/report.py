@@ -178,6 +178,25 @@ def workers_needed(configs: int, rate: float, minutes: float) -> int | None:
     return max(1, math.ceil(w)) if math.isfinite(w) else None
 
 
+def bound_line(bound: dict) -> str:
+    """What the bounded search proved (sweep.json ``bound``), in one sentence."""
+    k, kth = bound["k"], bound["kth_best_s"]
+    if kth is None:
+        return (
+            f"Every one of the {bound['simulated']:,} fitting plans was simulated by the engine "
+            f"(fewer than k = {k} fit, so there was nothing to prune)."
+        )
+    if not bound["pruned"]:
+        return (
+            f"Every one of the {bound['simulated']:,} fitting plans was simulated by the engine; the top {k} are exact."
+        )
+    return (
+        f"Top {k} exact: the engine simulated {bound['simulated']:,} plans in order of a provable lower bound on "
+        f"their iteration time and stopped at a bound of {bound['next_lower_bound_s']:.4g} s, above the time of "
+        f"the plan ranked {k} ({kth:.4g} s); none of the other {bound['pruned']:,} fitting plans can enter the top {k}."
+    )
+
+
 def throughput_lines(throughput: dict) -> list[str]:
     """report.md's section on the sweep's speed: per phase, and the sizing of a larger sweep."""
     if not throughput:
@@ -202,8 +221,8 @@ def throughput_lines(throughput: dict) -> list[str]:
             f"In all, {n:,} configurations took {worker_s:,.1f} worker-seconds: {rate_text(rate)} configs/s/worker "
             f"over the three phases. Sizing a larger sweep (models x clusters x plans, e.g. on a Ray cluster with "
             f"`--ray ADDRESS`): {SIZING_CONFIGS:,} configurations at {rate_text(rate)} configs/s/worker need "
-            f"{need:,} workers for a {SIZING_MINUTES}-minute sweep. Refine and simulate evaluate a fixed number of "
-            "plans per model and cluster, so many small sweeps cost more per configuration than one large one.",
+            f"{need:,} workers for a {SIZING_MINUTES}-minute sweep. The engine runs on the plans the lower bound "
+            "cannot rule out, a number that depends on the model and cluster more than on the size of the space.",
             "",
         ]
     return lines
@@ -270,6 +289,8 @@ def write_report(out: Path, rows: list[dict], manifest: dict, top: int = 10) -> 
         "reason. Rows simulated by the engine rank first, then those estimated by the oracle, then the rest.",
         "",
     ]
+    if manifest.get("bound"):
+        lines += ["## What the search proves", "", bound_line(manifest["bound"]), ""]
     lines += throughput_lines(manifest.get("throughput") or {})
     if best:
         cols, table = top_table(rows, top)

@@ -1,5 +1,7 @@
-"""The sweep pipeline: enumerate -> screen (divides? fits? quick estimate) -> refine the best
-with the list-scheduler oracle -> simulate the best with the engine -> results.csv.
+"""The sweep pipeline: enumerate -> screen (divides? fits? quick estimate, lower bound) -> the
+engine in lower-bound order until no configuration left can enter the top k (`_bounded`; all with
+``exhaustive``; the list-scheduler oracle re-ranks the best quick estimates first with ``refine``)
+-> results.csv.
 
 Every phase appends its rows to a journal as they finish (`store.Journal`); with ``resume`` a
 phase skips the configurations its journal already holds, and which configurations enter the next
@@ -57,8 +59,8 @@ _TIER = {"simulated": 0, "refined": 1, "estimated": 2}
 @dataclass(frozen=True)
 class SweepOptions:
     objective: str = "throughput"  # or "memory": least peak memory first, then time
-    refine: int = 200  # best quick estimates re-ranked by the list-scheduler oracle
-    simulate: int = 20  # best oracle estimates simulated by the engine
+    refine: int = 0  # best quick estimates re-ranked by the list-scheduler oracle (0: none)
+    simulate: int = 20  # k: the top k are proven by the engine and the lower bound
     exhaustive: bool = False  # simulate every configuration that fits
     workers: int = 0  # 0: one per CPU core
     ray: str | None = None  # Ray address ("local" starts one); None: local process pool
@@ -217,8 +219,46 @@ def _phase(
 
     t = time.perf_counter()
     backend.map(setup, name, list(iter_batches(todo, batch)), done)
-    throughput[name] = phase_throughput(len(todo), time.perf_counter() - t, backend.workers)
+    before = throughput.get(name, {})  # the bounded search runs the simulate phase in steps
+    throughput[name] = phase_throughput(
+        len(todo) + before.get("configs", 0), time.perf_counter() - t + before.get("wall_s", 0.0), backend.workers
+    )
     return rows
+
+
+#: configurations the bounded search simulates between two looks at the k-th best time (fixed,
+#: so which configurations are simulated does not depend on the workers)
+BOUND_STEP = 16
+
+
+def kth_best(rows: dict[str, dict[str, str]], k: int) -> float | None:
+    """The k-th shortest engine time among simulated rows that fit (None: fewer than k)."""
+    times = sorted(num(r, "engine_time_s") for r in rows.values() if r["status"] == "simulated")
+    return times[k - 1] if len(times) >= k else None
+
+
+def _bounded(backend, setup, fitting, by_id, opts, jdir, progress, note, throughput) -> tuple[dict, dict]:
+    """Engine runs in order of the provable lower bound (`estimator.lower_bound`), BOUND_STEP at a
+    time, until the next configuration's bound exceeds the k-th best simulated time (k =
+    ``opts.simulate``): no configuration left can enter the top k, which are then exactly those of
+    an engine run of every fitting configuration. Returns the simulated rows and what the bound
+    proved (sweep.json ``bound``)."""
+    cands = sorted(fitting, key=lambda r: (num(r, "lower_bound_s"), r["id"]))
+    rows: dict[str, dict[str, str]] = {}
+    i, kth = 0, None
+    while i < len(cands) and (kth is None or num(cands[i], "lower_bound_s") <= kth):
+        i = min(len(cands), i + BOUND_STEP)
+        chosen = [by_id[r["id"]] for r in cands[:i]]
+        rows = _phase(backend, setup, "simulate", chosen, jdir, progress, 1, note, throughput)
+        kth = kth_best(rows, opts.simulate)
+    nxt = num(cands[i], "lower_bound_s") if i < len(cands) else None
+    return rows, {
+        "k": opts.simulate,
+        "kth_best_s": kth,
+        "simulated": i,
+        "pruned": len(cands) - i,
+        "next_lower_bound_s": nxt,
+    }
 
 
 def merge(screen: dict, refined: dict, simulated: dict, objective: str) -> list[dict[str, str]]:
@@ -227,7 +267,8 @@ def merge(screen: dict, refined: dict, simulated: dict, objective: str) -> list[
     rows that do not fit (closest first), then rows that do not divide."""
     rows = {k: dict(v) for k, v in screen.items()}
     rows.update({k: dict(v) for k, v in refined.items()})
-    rows.update({k: dict(v) for k, v in simulated.items()})
+    for k, v in simulated.items():  # a simulated row keeps the oracle's time of its refined row
+        rows[k] = {**v, "oracle_time_s": v.get("oracle_time_s") or refined.get(k, {}).get("oracle_time_s", "")}
     key = sort_key(objective)
     ranked = sorted((r for r in rows.values() if r["status"] in _TIER), key=lambda r: (_TIER[r["status"]], key(r)))
     for i, r in enumerate(ranked, 1):
@@ -298,16 +339,23 @@ def _run(
         )
         timings["screen"], t = time.perf_counter() - t, time.perf_counter()
         if opts.exhaustive:
-            chosen = fitting
+            simulated = _phase(
+                backend, setup, "simulate", [by_id[r["id"]] for r in fitting], jdir, progress, 1, note, throughput
+            )
         else:
-            cand = [by_id[r["id"]] for r in fitting[: opts.refine]]
-            batch = max(1, min(8, len(cand) // (backend.workers * 4)))
-            refined = _phase(backend, setup, "refine", cand, jdir, progress, batch, note, throughput)
-            chosen = sorted(refined.values(), key=sort_key(opts.objective, "oracle_time_s"))[: opts.simulate]
-        timings["refine"], t = time.perf_counter() - t, time.perf_counter()
-        simulated = _phase(
-            backend, setup, "simulate", [by_id[r["id"]] for r in chosen], jdir, progress, 1, note, throughput
-        )
+            if opts.refine:
+                cand = [by_id[r["id"]] for r in fitting[: opts.refine]]
+                batch = max(1, min(8, len(cand) // (backend.workers * 4)))
+                refined = _phase(backend, setup, "refine", cand, jdir, progress, batch, note, throughput)
+            timings["refine"], t = time.perf_counter() - t, time.perf_counter()
+            if opts.objective == "throughput":
+                simulated, manifest["bound"] = _bounded(
+                    backend, setup, fitting, by_id, opts, jdir, progress, note, throughput
+                )
+            else:  # least memory first: the bound is on time, so the best k by memory are simulated
+                first = sorted(refined.values(), key=sort_key(opts.objective, "oracle_time_s")) if refined else fitting
+                chosen = [by_id[r["id"]] for r in first[: opts.simulate]]
+                simulated = _phase(backend, setup, "simulate", chosen, jdir, progress, 1, note, throughput)
         timings["simulate"] = time.perf_counter() - t
         backend.close()
     except BaseException:

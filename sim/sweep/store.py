@@ -32,7 +32,7 @@ from ..plan import RECOMPUTE, SCHEDULES
 from . import interrupt
 from .space import Config
 
-SWEEP_FORMAT_VERSION = 1
+SWEEP_FORMAT_VERSION = 2  # 2: lower_bound_s
 MANIFEST, RESULTS, JOURNAL = "sweep.json", "results.csv", "journal"
 PHASES = ("screen", "refine", "simulate")
 STATUSES = ("simulated", "refined", "estimated", "oom", "invalid")
@@ -70,7 +70,7 @@ RESULT_COLUMNS = (
     "hardware_flops",
 )
 MEMORY_COLUMNS = ("peak_memory_gib", "worst_memory_rank", "over_by_gib", "memory_per_rank_gib")
-TIME_COLUMNS = ("quick_time_s", "oracle_time_s", "engine_time_s")
+TIME_COLUMNS = ("quick_time_s", "lower_bound_s", "oracle_time_s", "engine_time_s")
 COLUMNS = (
     ("id", "status", "reason", "rank", "source")
     + PLAN_COLUMNS
@@ -91,7 +91,7 @@ _FLOATS = (
 _TIMES = ("iter_time_s",) + TIME_COLUMNS
 #: Values each status needs (what ranking, the report and --why read).
 _NEEDS = {
-    "estimated": ("iter_time_s", "quick_time_s", "peak_memory_gib"),
+    "estimated": ("iter_time_s", "quick_time_s", "lower_bound_s", "peak_memory_gib"),
     "refined": ("iter_time_s", "oracle_time_s", "peak_memory_gib"),
     "simulated": ("iter_time_s", "engine_time_s", "peak_memory_gib"),
     "oom": ("reason", "peak_memory_gib", "over_by_gib"),
