@@ -353,6 +353,15 @@ def oracle_estimate(x: Inputs, schedule=None) -> Estimate:
     return _finish(x, rts, "oracle")
 
 
+def _last_reduction(x: Inputs, prank: int, stage: int) -> float:
+    """Seconds of the stage's last gradient reduction, which no schedule starts before the end of
+    the stage's last backward (its last bucket, or the whole reduction when not overlapped)."""
+    if not x.plan.reduces_gradients or x.fsdp:
+        return 0.0
+    comms = it.grad_buckets(x.plan, x.work[stage], x.dp_groups[prank], x.profile, x.options)
+    return x.time(comms[-1], prank)
+
+
 def lower_bound(x: Inputs, backend: str = "analytical") -> float:
     """Seconds no engine run of the plan can beat, on either network backend: the sweep prunes a
     plan whose bound exceeds the k-th best simulated time, and the pruning is safe.
@@ -360,7 +369,8 @@ def lower_bound(x: Inputs, backend: str = "analytical") -> float:
     Only durations the engine waits out in sequence on one GPU's walk enter (compute with its
     exposed TP/CP communication, recompute, posting pipeline transfers, the sequence-parallel
     sync and the optimizer step); every wait and every collective the network times is taken as
-    0. Two chains each give a bound (the larger is returned):
+    0, but the stage's last gradient reduction on the analytical network. These chains each give
+    a bound (the largest is returned):
 
     - a pipeline rank's walk: its first forward needs the activations of micro-batch 0 from
       every earlier stage (their forwards, one after another), then it runs all its work;
@@ -387,7 +397,12 @@ def lower_bound(x: Inputs, backend: str = "analytical") -> float:
         sum(fwd[: min(st)]) + sum(m * (fwd[s] + rec[s] + back[s] + x.posts[s] * x.post) for s in st) + end[r]
         for r, st in enumerate(x.ranks)
     ]
+    # the stage's last gradient bucket is released at the end of its last backward and reduced
+    # before the step (timed as the engine times it on the analytical network only)
+    red = [[_last_reduction(x, r, s) if sync else 0.0 for s in st] for r, st in enumerate(x.ranks)]
+    walks = [t + min(red[r]) for r, t in enumerate(walks)]
     first = next(r for r, st in enumerate(x.ranks) if 0 in st)
+    end[first] += red[first][x.ranks[first].index(0)]
     chain = (m - 1) * fwd[0] + sum(fwd) + sum(rec) + sum(back_in) + w0 + end[first]
     drains = [
         sum(fwd[: min(st)])
