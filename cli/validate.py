@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -19,9 +20,15 @@ from .render import echo_json, print_table
 @click.option("--backend", type=click.Choice(["analytical", "contention"]), default="analytical", show_default=True)
 @click.option("--json", "as_json", is_flag=True)
 @click.option(
+    "--workers",
+    type=click.IntRange(min=1),
+    default=None,
+    help="rows simulated at once, each in its own process [default: one per CPU core]",
+)
+@click.option(
     "--out", "out_dir", type=click.Path(file_okay=False), default=None, help="write a scatter plot and a Markdown table"
 )
-def validate(csv_file: str, calibration, backend: str, as_json: bool, out_dir) -> None:
+def validate(csv_file: str, calibration, backend: str, as_json: bool, workers: int | None, out_dir) -> None:
     """Simulate every row of a measured-run CSV (see FORMAT.md) and compare."""
     from simpar.sim import files
     from simpar.sim.engine.simulate import simulate
@@ -37,7 +44,7 @@ def validate(csv_file: str, calibration, backend: str, as_json: bool, out_dir) -
             validate_calibration(calib.to_json(), Path(calibration).name, cluster.gpu.name)
         return simulate(model, cluster, plan, backend=backend, calibration=calib)
 
-    doc = report(validate_rows(rows, sim))
+    doc = report(validate_rows(rows, sim, workers=workers or os.cpu_count() or 1))
     if out is not None:
         from simpar.sim.validation.published_report import markdown, scatter
 

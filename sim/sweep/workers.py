@@ -12,51 +12,28 @@ kill -9 (``PR_SET_PDEATHSIG``); elsewhere a thread in each worker watches the pa
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import multiprocessing
 import os
-import signal
-import sys
-import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from ..errors import SimparError
+from ..procs import die_with_parent
 from . import interrupt, lock
 from .evaluate import SweepSetup, evaluate
 from .space import Config
 
 OnDone = Callable[[list[dict[str, Any]]], None]
 _SETUP: list[SweepSetup | None] = [None]
-_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 #: Seconds between checks for a signal while waiting for batches.
 _POLL_S = 0.1
 
 
-def _die_with_parent(parent: int) -> None:
-    """End this worker when ``parent`` dies, however it dies."""
-    armed = False
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            armed = ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL) == 0
-    if os.getppid() != parent:  # the parent died before the kernel was told
-        os._exit(1)
-    if not armed:
-        threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
-
-
-def _watch_parent(parent: int) -> None:
-    while os.getppid() == parent:
-        time.sleep(1.0)
-    os._exit(1)
-
-
 def _init(setup: SweepSetup, parent: int) -> None:
     interrupt.in_worker()
-    _die_with_parent(parent)
+    die_with_parent(parent)
     lock.close_inherited()
     _SETUP[0] = setup
 

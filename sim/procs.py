@@ -1,0 +1,86 @@
+"""Worker processes that never outlive their parent, and a small forked pool for in-process work.
+
+A worker ignores SIGINT (a terminal sends it to the whole process group; the parent handles it
+and kills the workers) and, on Linux, is killed by the kernel when the parent dies, even by kill -9
+(``PR_SET_PDEATHSIG``); elsewhere a thread in it watches the parent's PID. The sweep's pool
+(`simpar.sim.sweep.workers`) and `fork_map` (validation) use these.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import multiprocessing
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from typing import Any
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def die_with_parent(parent: int) -> None:
+    """End this worker when ``parent`` dies, however it dies."""
+    armed = False
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            armed = ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL) == 0
+    if os.getppid() != parent:  # the parent died before the kernel was told
+        os._exit(1)
+    if not armed:
+        threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
+
+
+def _watch_parent(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os._exit(1)
+
+
+_JOB: list[Callable[[Any], Any] | None] = [None]
+
+
+def _init(parent: int) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    die_with_parent(parent)
+
+
+def _call(item: Any) -> Any:
+    fn = _JOB[0]
+    assert fn is not None, "fork_map sets the job before the workers fork"
+    return fn(item)
+
+
+def fork_map(fn: Callable[[Any], Any], items: list[Any], workers: int) -> Iterator[tuple[int, Any]]:
+    """(index, fn(item)) for every item, in completion order, on ``workers`` forked processes
+    (``fn`` need not pickle: the workers inherit it; items and results must). In this process
+    where there is one worker or no fork. Workers are killed if the caller stops early (an
+    exception, Ctrl-C)."""
+    if workers <= 1 or len(items) < 2 or "fork" not in multiprocessing.get_all_start_methods():
+        for i, item in enumerate(items):
+            yield i, fn(item)
+        return
+    _JOB[0] = fn
+    ex = ProcessPoolExecutor(
+        workers, mp_context=multiprocessing.get_context("fork"), initializer=_init, initargs=(os.getpid(),)
+    )
+    clean = False
+    try:
+        pending = {ex.submit(_call, item): i for i, item in enumerate(items)}
+        while pending:
+            done, _ = wait(pending, timeout=0.1, return_when=FIRST_COMPLETED)
+            for f in done:
+                yield pending.pop(f), f.result()
+        clean = True
+    finally:
+        if not clean:
+            for p in list((getattr(ex, "_processes", None) or {}).values()):
+                with contextlib.suppress(Exception):
+                    p.kill()
+        ex.shutdown(wait=clean, cancel_futures=not clean)
+        _JOB[0] = None
