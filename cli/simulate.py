@@ -22,11 +22,14 @@ if TYPE_CHECKING:
 @plan_options
 @calibration_options
 @click.option("--backend", type=click.Choice(NETWORK_BACKENDS), default="analytical", show_default=True)
-@click.option("--full", is_flag=True, help="simulate every GPU, not one representative pipeline")
 @click.option(
-    "--every-round",
+    "--full", is_flag=True, help="every GPU in the result (trace, breakdowns), not one representative pipeline"
+)
+@click.option(
+    "--uncompressed",
     is_flag=True,
-    help="simulate every pipeline round (steady-state rounds are otherwise simulated once and repeated; same answer)",
+    help="walk every pipeline round and, with --full, every GPU (identical rounds and pipelines are otherwise "
+    "simulated once and repeated: the same answer, faster)",
 )
 @click.option("--overlap-tp", is_flag=True, help="hide tensor-parallel collectives behind compute")
 @click.option("--no-overlap-grad-reduce", is_flag=True, help="reduce gradients after the backward pass")
@@ -50,7 +53,7 @@ def simulate(
     runtime,
     backend,
     full,
-    every_round,
+    uncompressed,
     overlap_tp,
     no_overlap_grad_reduce,
     as_json,
@@ -68,7 +71,7 @@ def simulate(
     st = setup_from_options(kw)
     calib = load_calibration_option(calibration, st.cluster.gpu.name)
     opts = EngineOptions(
-        full=full, compress=not every_round, overlap_tp=overlap_tp, overlap_grad_reduce=not no_overlap_grad_reduce
+        full=full, compress=not uncompressed, overlap_tp=overlap_tp, overlap_grad_reduce=not no_overlap_grad_reduce
     )
     profile, opts = runtime_of(runtime, calib, opts)
     res = run(st.model, st.cluster, st.plan, backend=backend, calibration=calib, options=opts, profile=profile)

@@ -55,6 +55,23 @@ class RankLayout:
         c = self.coords(rank)
         return tuple(self.rank(**{**c, axis: i}) for i in range(self.sizes[axis]))
 
+    @cached_property
+    def strides(self) -> dict[str, int]:
+        """How far apart in global rank two neighbours along each axis are."""
+        out, step = {}, 1
+        for axis in reversed(self.order):
+            out[axis] = step
+            step *= self.sizes[axis]
+        return out
+
+    def shard_group(self, rank: int) -> tuple[int, ...]:
+        """The data-parallel x context-parallel group of ``rank``, sorted: its gradient reduction
+        and ZeRO shards."""
+        c, st = self.coords(rank), self.strides
+        base = rank - c["dp"] * st["dp"] - c["cp"] * st["cp"]
+        dp, cp, sd, sc = self.sizes["dp"], self.sizes["cp"], st["dp"], st["cp"]
+        return tuple(sorted(base + d * sd + k * sc for d in range(dp) for k in range(cp)))
+
     def groups(self, axis: str) -> list[tuple[int, ...]]:
         """All groups along ``axis``, each sorted, ordered by their first rank."""
         seen: dict[tuple[int, ...], None] = {}

@@ -121,12 +121,18 @@ class Engine:
         self.post_s = profile.post_seconds(plan)
         self.tied = it.tied_embedding_ranks(model, plan)
         self.gpus: dict[tuple[tuple[int, ...], int], _Gpu] = {}
+        shards: dict[tuple[int, int], tuple[int, ...]] = {}  # (tp, pp) -> the DP x CP group, built once
+        tps: dict[tuple[int, int, int], tuple[int, ...]] = {}  # (dp, cp, pp) -> the TP group
         for key in self._pipeline_keys():
+            d, c, t = key
             for pr in range(plan.pp):
-                rank = self.layout.rank(pp=pr, **dict(zip(("dp", "cp", "tp"), key)))
+                rank = self.layout.rank(pp=pr, dp=d, cp=c, tp=t)
                 g = self.gpus[(key, pr)] = _Gpu(env, rank, pr, key)
-                g.dp_group = self._dp_group(rank)
-                g.tp_group = self.layout.group(rank, "tp")
+                if (t, pr) not in shards:
+                    shards[(t, pr)] = self.layout.shard_group(rank)
+                if (d, c, pr) not in tps:
+                    tps[(d, c, pr)] = self.layout.group(rank, "tp")
+                g.dp_group, g.tp_group = shards[(t, pr)], tps[(d, c, pr)]
 
     # --- setup helpers -------------------------------------------------------------------
     def _pipeline_keys(self) -> list[tuple[int, ...]]:
@@ -143,15 +149,6 @@ class Engine:
                 if a.kind in (Kind.B, Kind.W):
                     out[(r, a.stage)] = a
         return out
-
-    def _dp_group(self, rank: int) -> tuple[int, ...]:
-        """The data-parallel x context-parallel group of ``rank`` (its ZeRO shards)."""
-        c = self.layout.coords(rank)
-        return tuple(
-            sorted(
-                self.layout.rank(**{**c, "dp": d, "cp": k}) for d in range(self.plan.dp) for k in range(self.plan.cp)
-            )
-        )
 
     # --- running ------------------------------------------------------------------------
     def run(self) -> None:

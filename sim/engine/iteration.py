@@ -31,8 +31,8 @@ class CollectiveTimer(Protocol):
 class EngineOptions:
     """How the run overlaps communication (Megatron's flags) and how much of the cluster is walked."""
 
-    full: bool = False  # simulate every GPU, not one representative pipeline
-    compress: bool = True  # simulate identical steady-state pipeline rounds once (`rounds`)
+    full: bool = False  # every GPU in the result, not one representative pipeline
+    compress: bool = True  # identical steady-state rounds (`rounds`) and pipelines (`replicas`) once
     overlap_grad_reduce: bool = True  # Megatron --overlap-grad-reduce / DDP buckets
     overlap_param_gather: bool = True  # ZeRO-1/2 parameter all-gather hidden behind the next forward
     overlap_tp: bool = False  # TP collectives exposed by default

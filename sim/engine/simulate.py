@@ -10,6 +10,7 @@ own executor)."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import simpy
 
@@ -26,6 +27,7 @@ from ..schedules.ir import Schedule
 from ..specs import ClusterSpec, ModelSpec
 from ..specs.calibration import Calibration
 from .core import Engine, EngineOptions, run_engine
+from .replicas import asymmetric_pipeline, replicate
 from .results import BREAKDOWN_KEYS, SimResult
 from .rounds import Outcome, compressed_run, lowered_builder, outcome_of, schedule_rounds
 
@@ -95,13 +97,24 @@ def simulate(
     act = [stage_activation_bytes(model, plan, s) for s in range(plan.num_stages)]
     t0 = time.perf_counter()
     envs: list[simpy.Environment] = []
+    opts = options
 
     def engine(sched: Schedule, marks: list[frozenset[int]] | None = None) -> Engine:
         env = simpy.Environment()
         envs.append(env)
         net = make_network(cluster, backend, env=env, calibration=calibration)
-        return run_engine(model, plan, sched, work, costs, net, env, options, act, profile, marks)[0]
+        return run_engine(model, plan, sched, work, costs, net, env, opts, act, profile, marks)[0]
 
+    replicas = None
+    if options.full and options.compress:
+        net = make_network(cluster, backend, calibration=calibration)
+        odd = None if net.shares_links else asymmetric_pipeline(model, plan, work, net, profile, options)
+        if net.shares_links:
+            replicas = {"symmetric": False, "why": f"the {backend} network shares links between pipelines"}
+        elif odd is not None:
+            replicas = {"symmetric": False, "why": f"pipeline (dp, cp, tp) = {odd} differs from (0, 0, 0)"}
+        else:
+            opts, replicas = replace(options, full=False), {"symmetric": True}
     out, why = None, "off (EngineOptions.compress)"
     if options.compress:
         out, why = _compressed(plan, scosts, engine)
@@ -109,15 +122,20 @@ def simulate(
         sched = lower(schedule_for_plan(plan, costs=scosts), plan)
         out = outcome_of(engine(sched), sched.num_actions)
         out.rounds = {"compressed": False, "why": why}
+    if replicas is not None and replicas["symmetric"]:
+        out = replicate(plan, out)
     wall = time.perf_counter() - t0
     t_iter = max(g.finish for g in out.gpus)
     per_rank: dict[int, dict[str, float]] = {}
     peaks = [0.0] * plan.pp
     unsharded = [0.0] * plan.pp
     timeline: dict[int, list[tuple[float, float]]] = {}
+    made: dict[int, dict[str, float]] = {}  # by id(acc): replicated GPUs share one breakdown
     for g in out.gpus:
-        bd = {k: g.acc.get(k, 0.0) for k in BREAKDOWN_KEYS if k != "bubble"}
-        bd["bubble"] = max(0.0, t_iter - sum(bd.values()))
+        bd = made.get(id(g.acc))
+        if bd is None:
+            bd = made[id(g.acc)] = {k: g.acc.get(k, 0.0) for k in BREAKDOWN_KEYS if k != "bubble"}
+            bd["bubble"] = max(0.0, t_iter - sum(bd.values()))
         per_rank[g.rank] = bd
         if g.key == (0, 0, 0):
             peaks[g.prank] = max(v for _, v in g.mem)
@@ -151,6 +169,7 @@ def simulate(
             "wall_s": wall,
             "schedule_actions": out.schedule_actions,
             "rounds": out.rounds,
+            **({"replicas": replicas} if replicas is not None else {}),
             "backend": backend,
             "full": options.full,
             "cost_source": costs.source,

@@ -126,10 +126,7 @@ class Inputs:
 def dp_groups(plan: ParallelPlan) -> tuple[tuple[int, ...], ...]:
     """Per pipeline rank, the DP x CP group of its representative GPU (as the engine's)."""
     lay = RankLayout(plan)
-    return tuple(
-        tuple(sorted(lay.rank(pp=r, dp=d, cp=c) for d in range(plan.dp) for c in range(plan.cp)))
-        for r in range(plan.pp)
-    )
+    return tuple(lay.shard_group(lay.rank(pp=r)) for r in range(plan.pp))
 
 
 def _fsdp_seconds(x: Inputs) -> tuple[float, float, float]:
