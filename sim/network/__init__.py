@@ -20,17 +20,19 @@ The model's constants (latencies per step and link class, efficiencies) are in `
 
 from __future__ import annotations
 
+import json
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
 from ..choices import NETWORK_BACKENDS
 from ..specs.calibration import Calibration
 from ..specs.cluster import ClusterSpec
-from ..topology.graph import Topology
+from ..topology.graph import Topology, topology_key
 from .algorithms import OPS
 from .analytical import AnalyticalNetwork
 from .base import CollectiveEstimate, Network, algbw, busbw_factor
-from .constants import DEFAULT_CONSTANTS, NetworkConstants
+from .constants import DEFAULT_CONSTANTS, NetworkConstants, network_overrides
 from .contention import ContentionNetwork
 
 BACKENDS = NETWORK_BACKENDS
@@ -50,6 +52,9 @@ __all__ = [
 ]
 
 
+_ANALYTICAL: OrderedDict[tuple, AnalyticalNetwork] = OrderedDict()
+
+
 def make_network(
     cluster: ClusterSpec,
     backend: str = "analytical",
@@ -63,7 +68,19 @@ def make_network(
     transfers share links (others are bound on first use); ``calibration`` overrides constants;
     ``placement[r]`` is the GPU of global rank r (default: GPU r); ``topology`` reuses a built graph."""
     if backend == "analytical":
-        return AnalyticalNetwork(cluster, calibration, placement, topology)
+        if placement is not None or topology is not None:
+            return AnalyticalNetwork(cluster, calibration, placement, topology)
+        # Shared by every simulation of the cluster with the same constants (a sweep, validation,
+        # repeated calls): it holds only caches of what it computed, never per-run state.
+        key = (topology_key(cluster), json.dumps(network_overrides(calibration, cluster), sort_keys=True, default=str))
+        net = _ANALYTICAL.get(key)
+        if net is None:
+            net = _ANALYTICAL[key] = AnalyticalNetwork(cluster, calibration)
+            if len(_ANALYTICAL) > 8:
+                _ANALYTICAL.popitem(last=False)
+        else:
+            _ANALYTICAL.move_to_end(key)
+        return net
     if backend == "contention":
         return ContentionNetwork(cluster, calibration, placement, topology, env=env)
     raise ValueError(f"unknown network backend {backend!r}; use one of {', '.join(BACKENDS)}")

@@ -427,9 +427,14 @@ _CACHE: OrderedDict[tuple, Topology] = OrderedDict()
 _CACHE_SIZE = 8
 
 
+def topology_key(cluster: ClusterSpec) -> tuple:
+    """What a cluster's topology depends on: its fabric and GPU count."""
+    return (cluster.name, cluster.gpu.name, cluster.gpus_per_node, cluster.num_nodes, cluster.node, cluster.scale_out)
+
+
 def build_topology(cluster: ClusterSpec) -> Topology:
     """The topology of ``cluster``, built once per fabric and GPU count (the last 8 are kept)."""
-    key = (cluster.name, cluster.gpu.name, cluster.gpus_per_node, cluster.num_nodes, cluster.node, cluster.scale_out)
+    key = topology_key(cluster)
     topo = _CACHE.get(key)
     if topo is None:
         topo = _CACHE[key] = Topology(cluster)
