@@ -5,7 +5,7 @@ Every figure is a wall-clock median of whole commands or in-process calls on thi
 load average is printed with them, since a shared 2-core VM drifts 10-25 % between runs.
 
 Run:    python benchmarks/targets.py            (about 2 minutes: startup, one iteration, sweep, validate)
-        python benchmarks/targets.py --long     (adds every rank of Llama-3-405B on 16,384 H100 and the
+        python benchmarks/targets.py --long     (adds every rank of Llama-3-405B on 16,384 and 131,072 H100 and the
                                                  exhaustive GPT-3 sweep: tens of minutes)
         python benchmarks/targets.py --record   (also appends this run to benchmarks/results.jsonl)
 """
@@ -36,6 +36,8 @@ TARGETS = {
     "sweep_default_s": (5.0, "s", "sweep of that space, default (simpar sweep, whole process)"),
     "validate_s": (2.0, "s", "simpar validate of tests/data/published.csv, whole process"),
     "full_llama_16k_s": (10.0, "s", "every rank: Llama-3-405B on 16,384 H100 (--long)"),
+    "full_llama_131k_s": (120.0, "s", "every rank: Llama-3-405B on 131,072 H100 (--long)"),
+    "full_llama_131k_gib": (4.0, "GiB", "the same, peak memory of the process (--long)"),
     "sweep_exhaustive_s": (60.0, "s", "every fitting GPT-3 plan through the engine (--long)"),
 }
 
@@ -53,17 +55,21 @@ for _ in range(7):
 print(json.dumps({"first": first, "warm": statistics.median(warm)}))
 """
 
+#: every rank of Llama-3-405B (tp 8, pp 16, 1F1B, 16 micro-batches per replica) on GPUS H100s
 FULL = """
-import json, time
+import json, resource, time
 from simpar.sim.engine.iteration import EngineOptions
 from simpar.sim.engine.simulate import simulate
 from simpar.sim.plan import ParallelPlan, balanced_layer_split
 from simpar.sim.specs import load_cluster, load_model
-model, cluster = load_model("llama3-405b"), load_cluster("dgx-h100", gpus=16384)
-plan = ParallelPlan(dp=128, tp=8, pp=16, global_batch_size=2048, schedule="1f1b", sequence_parallel=True,
+n = GPUS
+model, cluster = load_model("llama3-405b"), load_cluster("dgx-h100", gpus=n)
+plan = ParallelPlan(dp=n // 128, tp=8, pp=16, global_batch_size=n // 8, schedule="1f1b", sequence_parallel=True,
                     layer_split=balanced_layer_split(model.layers, 16))
-t = time.perf_counter(); simulate(model, cluster, plan, options=EngineOptions(full=True))
-print(json.dumps({"full": time.perf_counter() - t}))
+t = time.perf_counter(); r = simulate(model, cluster, plan, options=EngineOptions(full=True))
+assert len(r.rank_breakdowns) == n
+gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+print(json.dumps({"full": time.perf_counter() - t, "gib": gib}))
 """
 
 
@@ -95,7 +101,9 @@ def measure(long: bool) -> dict[str, float]:
             fig["sweep_exhaustive_s"] = _wall([*simpar, "sweep", *GPT3, "--exhaustive", "--out", f"{tmp}/x"])
     fig["validate_s"] = _wall([*simpar, "validate", "tests/data/published.csv"])
     if long:
-        fig["full_llama_16k_s"] = _python(FULL)["full"]
+        fig["full_llama_16k_s"] = _python(FULL.replace("GPUS", "16384"))["full"]
+        big = _python(FULL.replace("GPUS", "131072"))
+        fig["full_llama_131k_s"], fig["full_llama_131k_gib"] = big["full"], big["gib"]
     return fig
 
 

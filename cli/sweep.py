@@ -366,7 +366,7 @@ def finish(setup, res, kw: dict, command: str, bar) -> None:
     n = min(kw["plans"], sum(1 for r in res.rows if r.get("rank")))
     if n:
         bar("plans", 0, n)
-        write_plan_dirs(setup, res.rows, res.out, n, command)
+        write_plan_dirs(setup, res.rows, res.out, n, command, workers=kw["workers"] or os.cpu_count() or 1)
         bar("plans", n, n)
     write_report(res.out, res.rows, res.manifest, kw["top"])
 

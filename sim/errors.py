@@ -20,6 +20,10 @@ class SimparError(Exception):
             text += f" Fix: {fix}"
         super().__init__(text)
 
+    def __reduce__(self):
+        """Rebuilt from its three parts (so it crosses a process pool whole)."""
+        return (type(self), (self.field, self.problem, self.fix))
+
 
 class PlanError(SimparError):
     """A parallel plan that is invalid for the model and cluster (does not divide, etc.)."""

@@ -353,10 +353,28 @@ def oracle_estimate(x: Inputs, schedule=None) -> Estimate:
 def _last_reduction(x: Inputs, prank: int, stage: int) -> float:
     """Seconds of the stage's last gradient reduction, which no schedule starts before the end of
     the stage's last backward (its last bucket, or the whole reduction when not overlapped)."""
-    if not x.plan.reduces_gradients or x.fsdp:
+    p = x.plan
+    if not p.reduces_gradients or x.fsdp:
         return 0.0
-    comms = it.grad_buckets(x.plan, x.work[stage], x.dp_groups[prank], x.profile, x.options)
-    return x.time(comms[-1], prank)
+    key = (
+        "last-reduction",
+        p.tp,
+        p.cp,
+        p.pp,
+        p.dp,
+        p.zero,
+        p.precision,
+        p.mesh_order,
+        x.work[stage].params,
+        x.work[stage].layers,
+        prank,
+    )
+
+    def timed() -> float:
+        comms = it.grad_buckets(p, x.work[stage], x.dp_groups[prank], x.profile, x.options)
+        return x.time(comms[-1], prank)
+
+    return _cached(x, key, timed)
 
 
 def lower_bound(x: Inputs, backend: str = "analytical") -> float:

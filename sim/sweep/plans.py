@@ -16,6 +16,7 @@ from ..engine.trace import write_trace
 from ..errors import SpecError
 from ..plan import ParallelPlan
 from ..plot.timeline import plot_timeline
+from ..procs import fork_map
 from ..schedules import write_csv
 from ..specs.planfile import write_plan_file
 from .evaluate import SweepSetup
@@ -86,12 +87,21 @@ def _write_files(setup: SweepSetup, cfg: Config, out: Path, command: str) -> Sim
     return res
 
 
-def write_plan_dirs(setup: SweepSetup, rows: list[dict], out: Path, count: int, command: str = "") -> list[Path]:
-    """Folders for the ``count`` best ranked rows, ``plans/NN-<id>`` (complete ones are kept)."""
-    done = []
+def write_plan_dirs(
+    setup: SweepSetup, rows: list[dict], out: Path, count: int, command: str = "", workers: int = 1
+) -> list[Path]:
+    """Folders for the ``count`` best ranked rows, ``plans/NN-<id>`` (complete ones are kept),
+    written on ``workers`` forked processes."""
+    done, todo = [], []
     for row in [r for r in rows if r.get("rank")][:count]:
         d = Path(out) / PLAN_DIR / plan_dir_name(int(row["rank"]), row)
         if not all((d / f).exists() for f in FILES):  # a resumed, finished sweep keeps its folders
-            write_plan_dir(setup, Config.from_row(row), d, command)
+            todo.append((Config.from_row(row), d))
         done.append(d)
+
+    def write(job: tuple[Config, Path]) -> None:
+        write_plan_dir(setup, job[0], job[1], command)
+
+    for _ in fork_map(write, todo, workers):
+        pass
     return done
