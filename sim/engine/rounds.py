@@ -2,13 +2,15 @@
 
 A lowered schedule for ``m`` microbatches is, on every rank, a prefix, ``k`` rounds (one block of
 actions, each copy ``d`` microbatches later) and a suffix (`simpar.sim.schedules.periodic`). The
-engine runs the schedule with ``K`` rounds (K small) and the result for ``k = K + J`` rounds is
-read off it: everything before the cut (the start of round K on each rank) as simulated, J more
-copies of the period before the cut, each ``lambda`` seconds and ``d`` microbatches later, and
-everything from the cut on ``J * lambda`` seconds and ``J * d`` microbatches later. The cut is the
-start of round K-1, since the last round may hold a stage's last backward (which starts its
-gradient reduction) and is then not a copy of the others. Accounts grow
-by J times one round's, the iteration time by ``J * lambda``; memory values repeat, so peaks stay.
+engine runs the schedule with ``K`` rounds (about a dozen) and checks that its rounds repeat every
+``c`` rounds (c = 1 or 2: a max-plus system may repeat only every few rounds, its cyclicity) with
+period ``lambda`` seconds. The result for ``K + c * J`` rounds is read off the run: everything
+before the cut (the start of round K - c on each GPU) as simulated, J copies of the period before
+the cut, each ``lambda`` seconds and ``c * d`` microbatches later than the one before, and
+everything from the cut on ``J * lambda`` seconds and ``J * c * d`` microbatches later. The last
+round is left after the cut, since it may hold a stage's last backward (which starts the
+gradient reduction) and is then not a copy of the others. Accounts grow by J times one period's,
+the iteration time by ``J * lambda``; memory values repeat, so peaks stay.
 
 Why this is exact (max-plus algebra; Baccelli, Cohen, Olsder, Quadrat, *Synchronization and
 Linearity*, 1992, ch. 2 and 3). With a network that does not share links every duration is fixed,
@@ -17,14 +19,16 @@ the start times x(j) of round j satisfy x(j) = A0 x(j) + A1 x(j-1) + ... + As x(
 (max, +), where s is how far a receive reaches back to its send (``Dependencies.span``) and b(j)
 collects waits on the prefix (none after round ``first``). The conditions checked on the schedule
 (`Rounds.dependencies`) make the rounds causal: no round waits on a later round or the suffix, so
-the first K rounds of the K-round run and of the (K+J)-round run are the same. If rounds a..a+s+1
-repeat with period lambda (checked on the run: every action's start, the accounts gained per
-round, the activation bytes at each round's start), then x(a+s+2) = A x(a+s+1..a+1) = lambda +
-x(a+s+1), and by induction every later round repeats (a constant b binds no more once lambda > 0).
-The suffix depends on the last ``tail`` rounds and on itself only, so it is shifted by J * lambda
-as a whole. With link sharing (the contention backend) the same check is made on every recorded
-event of a period on both sides of the cut (transfers and collectives included): the flows in
-flight at the cut are then the same, shifted, and the deterministic run from there is too. What
+the first K rounds of the K-round run and of a longer run are the same. Group c rounds into one
+(its span is then at most s); if these grouped rounds a..a+s+1 repeat with period lambda (checked
+on the run: every action's start, the accounts gained per round, the activation bytes at each
+round's start), then x(a+s+2) = A x(a+s+1..a+1) = lambda + x(a+s+1), and by induction every later
+round repeats (a constant b binds no more once lambda > 0). The suffix depends on the last
+``tail`` rounds and on itself only, so it is shifted by J * lambda as a whole. Every recorded event
+of a period on both sides of the cut (transfers and collectives included) and the memory samples
+are compared as well; with link sharing (the contention backend), where durations depend on the
+other traffic, that is what the argument rests on: the flows in flight at the cut are then the
+same, shifted, and the deterministic run from there is too. What
 does not pass a check is simulated round by round (``stats['rounds']`` says which and why).
 """
 
@@ -92,7 +96,7 @@ def schedule_rounds(plan: ParallelPlan, build: Callable[[int], Schedule]) -> tup
     # the steady state needs num_stages microbatches (1F1B) or twice as many (zb-h2)
     for start in (stages + (d if d > 1 else 0), 2 * stages + d):
         m0 = start + (m - start) % d
-        if 2 * (m0 + 5 * d) > m:  # five rounds are typical (`compressed_run`)
+        if 2 * (m0 + 5 * d) > m:  # a cheap first look: `compressed_run` needs a dozen rounds or so
             return None, f"{m} microbatches: too few for a steady state worth cutting"
         rounds = find_rounds(build, m0, d)
         if rounds is not None:
