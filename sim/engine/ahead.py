@@ -17,63 +17,68 @@ from __future__ import annotations
 from typing import Any
 
 from ..plan import ZeroPolicy
-from ..schedules.ir import Action, Kind
-from .trace import TraceEvent
+from ..schedules.ir import Kind
+from .trace import NO_ARGS, TraceEvent
 
 _COMPUTE = frozenset({Kind.F, Kind.B, Kind.I, Kind.W, Kind.R})
 
 
-def _needs_clock(eng: Any, g: Any, a: Action) -> bool:
-    """Whether compute action ``a`` must run at the clock: it waits on a ZeRO gather not yet
-    done, or it is a stage's last backward (gradient buckets are released during it)."""
-    k, policy = a.kind, eng.policy
-    if k is Kind.R:
-        return False
-    gathers = policy is ZeroPolicy.PER_UNSHARD or (
-        k is Kind.F and policy is ZeroPolicy.GATHER_AT_START and eng.opt.overlap_param_gather
-    )
-    if gathers:
-        ev = g.gathered.get(a.stage)
-        if ev is None or not ev.processed:
-            return True
-    return k is not Kind.F and eng.opt.overlap_grad_reduce and eng.last_bwd.get((g.prank, a.stage)) == a
+def _compute_table(eng: Any) -> dict[tuple[int, Kind], tuple[float, float, str]]:
+    """(stage, kind) -> (compute seconds, exposed TP/CP seconds, account): what `Engine._compute`
+    charges for F, B, I, W and R."""
+    tpx = 0.0 if eng.opt.overlap_tp else 1.0
+    out = {}
+    for s, w in enumerate(eng.work):
+        out[(s, Kind.F)] = (w.f, tpx * w.tp_f, "compute")
+        out[(s, Kind.B)] = (w.b, tpx * w.tp_bw, "compute")
+        out[(s, Kind.I)] = (w.i, tpx * w.tp_b, "compute")
+        out[(s, Kind.W)] = (w.w, tpx * w.tp_w, "compute")
+        out[(s, Kind.R)] = (w.r, tpx * w.tp_r, "recompute")
+    return out
 
 
 def walk_ahead(eng: Any, g: Any, actions):
     """``eng``: the `core.Engine` (core imports this module, so it is not imported back)."""
-    env, acc, work, post = eng.env, g.acc, eng.work, eng.post_s
-    handlers, act_bytes, overlap_tp = eng.HANDLERS, eng.act_bytes, eng.opt.overlap_tp
+    env, acc, post = eng.env, g.acc, eng.post_s
+    handlers, act_bytes = eng.HANDLERS, eng.act_bytes
     marks = eng.marks[g.prank] if eng.marks is not None else None
-    events, mem = eng.events, g.mem
+    events, mem, rank, new = eng.events, g.mem, g.rank, tuple.__new__
+    table = _compute_table(eng)
+    policy, opt = eng.policy, eng.opt
+    # a compute action runs at the clock when it waits on a ZeRO gather not yet done, or when it
+    # is a stage's last backward (gradient buckets are released during it)
+    gather_all = policy is ZeroPolicy.PER_UNSHARD
+    gather_f = gather_all or (policy is ZeroPolicy.GATHER_AT_START and opt.overlap_param_gather)
+    last = {x for (pr, _), x in eng.last_bwd.items() if pr == g.prank} if opt.overlap_grad_reduce else set()
+    F, R, B, I = Kind.F, Kind.R, Kind.B, Kind.I  # noqa: E741
     t = env.now
     for i, a in enumerate(actions):
-        k = a.kind
+        st, k, mb = a
         if marks is not None:
             g.starts.append(t)
             if i in marks:
                 g.snaps.append((t, dict(acc), g.act))
-        if k in _COMPUTE and not _needs_clock(eng, g, a):
-            w = work[a.stage]
-            if k is Kind.F:
-                secs, tp, name = w.f, w.tp_f, "compute"
-                g.act += act_bytes[a.stage]
-                mem.append((t, g.act))
-            elif k is Kind.R:
-                secs, tp, name = w.r, w.tp_r, "recompute"
-            else:
-                secs, tp = {Kind.B: (w.b, w.tp_bw), Kind.I: (w.i, w.tp_b), Kind.W: (w.w, w.tp_w)}[k]
-                name = "compute"
-            tp = 0.0 if overlap_tp else tp
-            dur = secs + tp
-            if dur > 0:
-                events.append(TraceEvent(g.rank, "compute", str(a), k.value, t, dur, a.stage, a.microbatch))
-            t += dur
-            acc[name] += secs
-            acc["tp_comm"] += tp
-            if k is Kind.B or k is Kind.I:
-                g.act -= act_bytes[a.stage]
-                mem.append((t, g.act))
-            continue
+        if k in _COMPUTE:
+            clock = a in last
+            if (gather_f if k is F else gather_all and k is not R) and not clock:
+                ev = g.gathered.get(st)
+                clock = ev is None or not ev.processed
+            if not clock:
+                secs, tp, name = table[(st, k)]
+                if k is F:
+                    g.act += act_bytes[st]
+                    mem.append((t, g.act))
+                dur = secs + tp
+                if dur > 0:
+                    kv = k._value_
+                    events.append(new(TraceEvent, (rank, "compute", f"{st}{kv}{mb}", kv, t, dur, st, mb, NO_ARGS)))
+                t += dur
+                acc[name] += secs
+                acc["tp_comm"] += tp
+                if k is B or k is I:
+                    g.act -= act_bytes[st]
+                    mem.append((t, g.act))
+                continue
         if k is Kind.SEND_F or k is Kind.SEND_B:
             direction = "F" if k is Kind.SEND_F else "B"
             dst_stage = a.stage + 1 if direction == "F" else a.stage - 1

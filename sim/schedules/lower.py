@@ -68,42 +68,47 @@ def add_unshard_reshard(acts: tuple[Action, ...], max_active_stages: int = MAX_A
 
 def _lower_rank(s: Schedule, acts: list[Action], recompute: bool, reduce_grad: bool) -> list[Action]:
     place, last = s.placement, s.num_stages - 1
-    remote = [False] * (last + 2)  # remote[b]: boundary b|b+1 crosses ranks
-    for b in range(last):
-        remote[b] = place[b] != place[b + 1]
+    # per stage: (receive before F, send after F, receive before B/I, send after B/I) or None
+    # where that boundary stays on the rank (lowered schedules hold hundreds of thousands of these)
+    new = tuple.__new__
+    edges = [
+        (
+            st > 0 and place[st - 1] != place[st],
+            st < last and place[st + 1] != place[st],
+        )
+        for st in range(last + 1)
+    ]
     done: dict[int, int] = {}
     m = s.num_microbatches
     out: list[Action] = []
+    add = out.append
+    F, B, W, R = Kind.F, Kind.B, Kind.W, Kind.R
+    recv_f, send_f, recv_b, send_b = Kind.RECV_F, Kind.SEND_F, Kind.RECV_B, Kind.SEND_B
     for a in acts:
-        st, k, mb = a.stage, a.kind, a.microbatch
-        if k is Kind.F:
-            if st > 0 and remote[st - 1]:
-                out.append(Action(st, Kind.RECV_F, mb))
-            out.append(a)
-            if st < last and remote[st]:
-                out.append(Action(st, Kind.SEND_F, mb))
+        st, k, mb = a
+        if k is F:
+            before, after = edges[st]
+            if before:
+                add(new(Action, (st, recv_f, mb)))
+            add(a)
+            if after:
+                add(new(Action, (st, send_f, mb)))
         elif k in _BACKWARD:
-            if st < last and remote[st]:
-                out.append(Action(st, Kind.RECV_B, mb))
+            before, after = edges[st]
+            if after:
+                add(new(Action, (st, recv_b, mb)))
             if recompute:
-                out.append(Action(st, Kind.R, mb))
-            out.append(a)
-            if st > 0 and remote[st - 1]:
-                out.append(Action(st, Kind.SEND_B, mb))
+                add(new(Action, (st, R, mb)))
+            add(a)
+            if before:
+                add(new(Action, (st, send_b, mb)))
         else:
-            out.append(a)
-        if k is Kind.B or k is Kind.W:
+            add(a)
+        if k is B or k is W:
             done[st] = done.get(st, 0) + 1
             if reduce_grad and done[st] == m:
-                out.append(Action(st, Kind.REDUCE_GRAD))
+                add(Action(st, Kind.REDUCE_GRAD))
     return out
-
-
-def _receive_of(a: Action) -> Action:
-    """The receive a SEND_F/SEND_B feeds (on the rank of the next/previous stage)."""
-    if a.kind is Kind.SEND_F:
-        return Action(a.stage + 1, Kind.RECV_F, a.microbatch)
-    return Action(a.stage - 1, Kind.RECV_B, a.microbatch)
 
 
 def _receives_in_send_order(ranks: list[list[Action]], placement: tuple[int, ...]) -> list[list[Action]]:
@@ -119,18 +124,31 @@ def _receives_in_send_order(ranks: list[list[Action]], placement: tuple[int, ...
     move earlier, to just before a receive that waits for a later message of the same peer, which
     was sent after them: no compute waits longer and a deadlock-free order stays deadlock-free.
     """
-    recv_f, recv_b = Kind.RECV_F, Kind.RECV_B
-    # receiver -> sender -> the receives it feeds, in send order, as Actions and as (stage, kind, mb)
-    order: dict[int, dict[int, list[Action]]] = {}
+    recv_f, recv_b, send_f, send_b = Kind.RECV_F, Kind.RECV_B, Kind.SEND_F, Kind.SEND_B
+    # receiver -> sender -> the receives it feeds, in send order (plain tuples equal to the Actions)
+    order: dict[int, dict[int, list[tuple]]] = {}
     for r, row in enumerate(ranks):
         for a in row:
-            if a.kind is Kind.SEND_F or a.kind is Kind.SEND_B:
-                recv = _receive_of(a)
-                order.setdefault(placement[recv.stage], {}).setdefault(r, []).append(recv)
+            if a.kind is send_f:
+                recv: tuple = (a.stage + 1, recv_f, a.microbatch)
+            elif a.kind is send_b:
+                recv = (a.stage - 1, recv_b, a.microbatch)
+            else:
+                continue
+            order.setdefault(placement[recv[0]], {}).setdefault(r, []).append(recv)
     out: list[list[Action]] = []
     for r, row in enumerate(ranks):
         peers = order.get(r, {})
-        index = {peer: {(x.stage, x.kind, x.microbatch): k for k, x in enumerate(acts)} for peer, acts in peers.items()}
+        posted: dict[int, list[Action]] = {peer: [] for peer in peers}
+        for a in row:
+            if a.kind is recv_f:
+                posted[placement[a.stage - 1]].append(a)
+            elif a.kind is recv_b:
+                posted[placement[a.stage + 1]].append(a)
+        if all(posted[peer] == sent for peer, sent in peers.items()):
+            out.append(row)  # already in send order (the usual case): nothing moves
+            continue
+        index = {peer: {x: k for k, x in enumerate(acts)} for peer, acts in peers.items()}
         done = dict.fromkeys(peers, 0)  # receives from each peer posted so far (a prefix of its order)
         acts: list[Action] = []
         for a in row:
@@ -138,13 +156,13 @@ def _receives_in_send_order(ranks: list[list[Action]], placement: tuple[int, ...
                 acts.append(a)
                 continue
             peer = placement[a.stage - 1] if a.kind is recv_f else placement[a.stage + 1]
-            k = index[peer][(a.stage, a.kind, a.microbatch)]  # lowering pairs every receive with a send
+            k = index[peer][a]  # lowering pairs every receive with a send
             d = done[peer]
             if k == d:  # the next one the peer sends: the usual case
                 acts.append(a)
                 done[peer] = d + 1
             elif k > d:
-                acts += peers[peer][d : k + 1]
+                acts += [Action(*x) for x in peers[peer][d : k + 1]]
                 done[peer] = k + 1
         out.append(acts)
     return out
