@@ -271,7 +271,10 @@ class Journal:
         batch = list(rows)
         for r in batch:
             _check_finite(r)
-        lines = [to_line(r) for r in batch]
+        texts = [[fmt(r.get(c)) for c in COLUMNS] for r in batch]
+        buf = io.StringIO()
+        csv.writer(buf, lineterminator="\n").writerows(texts)
+        lines = [buf.getvalue()]
         with interrupt.deferred():
             try:
                 new = not self.path.exists() or self.path.stat().st_size == 0
@@ -280,7 +283,8 @@ class Journal:
                     fh.flush()
             except OSError as exc:
                 raise SpecError(f"journal {self.path}", f"cannot be written ({exc.strerror or exc}).", _DISK) from None
-        return [dict(zip(COLUMNS, next(csv.reader([ln])))) for ln in lines]
+        # what a reader gets back: CSV keeps every field whole (fmt leaves no line breaks in one)
+        return [dict(zip(COLUMNS, t)) for t in texts]
 
 
 _DISK = "free disk space or fix the folder's permissions, then continue with --resume."
