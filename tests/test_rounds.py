@@ -123,7 +123,7 @@ def test_too_few_microbatches_runs_every_round() -> None:
     _same_run(on, off)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     schedule=st.sampled_from(["1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "zb-1p", "gpipe", "none"]),
     pp=st.sampled_from([2, 4]),
@@ -131,7 +131,7 @@ def test_too_few_microbatches_runs_every_round() -> None:
     cp=st.sampled_from([1, 2]),
     zero=st.sampled_from([0, 1, 2, 3]),
     recompute=st.sampled_from(["none", "selective", "full"]),
-    m=st.integers(12, 120),
+    m=st.integers(12, 240),
     backend=st.sampled_from(["analytical", "contention"]),
     full=st.booleans(),
 )

@@ -48,6 +48,9 @@ from .trace import TraceEvent
 RTOL = 1e-11
 #: rounds simulated for the transient before the window (longer ones get a second try)
 TRANSIENT = 4
+#: compress only when the rounds simulated are at most 1/WORTH of the microbatches: a run whose
+#: rounds turn out not to repeat is then wasted at little cost
+WORTH = 3
 
 
 @dataclass
@@ -96,7 +99,7 @@ def schedule_rounds(plan: ParallelPlan, build: Callable[[int], Schedule]) -> tup
     # the steady state needs num_stages microbatches (1F1B) or twice as many (zb-h2)
     for start in (stages + (d if d > 1 else 0), 2 * stages + d):
         m0 = start + (m - start) % d
-        if 2 * (m0 + 5 * d) > m:  # a cheap first look: `compressed_run` needs a dozen rounds or so
+        if WORTH * (m0 + 10 * d) > m:  # a first look before building anything: a run takes ~12 rounds
             return None, f"{m} microbatches: too few for a steady state worth cutting"
         rounds = find_rounds(build, m0, d)
         if rounds is not None:
@@ -268,7 +271,7 @@ def compressed_run(
     # system may repeat only every few rounds: its cyclicity), and a whole number of periods left
     k = first + 2 * need + TRANSIENT
     k += (real - k) % 2
-    lam, c, worth = None, 1, 2  # simulate at most 1/2 of the microbatches, on a second try 1/4
+    lam, c, worth = None, 1, WORTH  # a second try (a longer transient) only if it is as cheap again
     while worth * rounds.microbatches(k) <= plan.num_microbatches:
         eng = run(rounds.expand(k), [frozenset(s) for s in rounds.starts(k)])
         tol = RTOL * max(1.0, max(g.finish for g in eng.gpus.values()))
@@ -278,9 +281,9 @@ def compressed_run(
                 break
         if lam is not None:
             break
-        k, worth = 3 * k - (real - 3 * k) % 2, worth + 2  # a longer transient: one more try
+        k, worth = 3 * k - (real - 3 * k) % 2, 2 * worth  # a longer transient: one more try
     if lam is None:
-        if worth == 2:
+        if worth == WORTH:
             return None, f"{plan.num_microbatches} microbatches: too few for a steady state worth cutting"
         return None, f"the simulated rounds do not repeat within {k // 3} rounds"
     extra, dmb = (real - k) // c, c * rounds.d  # whole periods of c rounds left out
