@@ -1,5 +1,6 @@
 """Engine speed: one iteration of GPT-3 175B on 1,024 A100 (tp 8, pp 8, dp 16, mbs 1, gbs 1536),
-1F1B and interleaved, default (representative) mode and --full. Prints wall time and events/s.
+1F1B and interleaved, default (representative) mode and --full. Prints wall time, the schedule's
+actions, what was simulated once (steady-state rounds, identical pipelines) and SimPy's events.
 
 Run: python benchmarks/bench_engine.py [--full]
 """
@@ -37,11 +38,15 @@ def main() -> None:
             t0 = time.perf_counter()
             res = simulate(model, cluster, plan, options=EngineOptions(full=mode))
             wall = time.perf_counter() - t0
-            ev = res.stats["sim_events"]
+            ev, rounds = res.stats["sim_events"], res.stats["rounds"]
+            cut = f"rounds {rounds['simulated']}/{rounds['total']}" if rounds.get("compressed") else "every round"
+            if mode:
+                rep = res.stats.get("replicas", {})
+                cut += ", pipelines 1/" + str(rounds["pipelines"]) if rep.get("symmetric") else ", every GPU"
             print(
                 f"{sched:17s} {'full' if mode else 'representative':14s} iteration {res.iter_time_s:8.3f} s"
                 f"  MFU {res.mfu:6.1%}  wall {wall:7.3f} s  engine {res.stats['wall_s']:.3f} s"
-                f"  simpy events {ev:,}  ({ev / res.stats['wall_s']:,.0f} events/s)"
+                f"  actions {res.stats['schedule_actions']:,} ({cut})  simpy events {ev:,}"
             )
 
 
