@@ -29,6 +29,7 @@ SIMULATE = ["simulate", *GPT3, "--tp", "8", "--pp", "8", "--schedule", "1f1b"]
 
 #: name -> (target, unit, description)
 TARGETS = {
+    "python_s": (None, "s", "python -c pass: the machine's own start-up, for scale"),
     "version_s": (0.1, "s", "simpar --version, whole process"),
     "simulate_process_s": (0.2, "s", "GPT-3 175B / 1,024 A100 one iteration, whole process"),
     "simulate_first_ms": (None, "ms", "the same, in process, first call (builds the topology)"),
@@ -90,6 +91,7 @@ def _python(code: str) -> dict[str, float]:
 def measure(long: bool) -> dict[str, float]:
     simpar = ["simpar"]
     fig: dict[str, float] = {}
+    fig["python_s"] = _wall([sys.executable, "-c", "pass"], repeat=7)
     fig["version_s"] = _wall([*simpar, "--version"], repeat=7)
     fig["simulate_process_s"] = _wall([*simpar, *SIMULATE], repeat=5)
     inproc = _python(IN_PROCESS)
