@@ -245,11 +245,8 @@ class ExpandedEvents(Sequence[TraceEvent]):
 def _expand_mem(mem: list[tuple[float, float]], cut: float, lam: float, extra: int, tol: float):
     head = [x for x in mem if x[0] < cut - tol]
     period = [x for x in head if x[0] >= cut - lam - tol]
-    out = list(head)
-    for j in range(1, extra + 1):
-        out += [(t + j * lam, v) for t, v in period]
-    out += [(t + extra * lam, v) for t, v in mem if t >= cut - tol]
-    return out
+    out = head + [(t + j * lam, v) for j in range(1, extra + 1) for t, v in period]
+    return out + [(t + extra * lam, v) for t, v in mem if t >= cut - tol]
 
 
 def compressed_run(
