@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import gc
 import time
-from dataclasses import dataclass
 
 import simpy
 
@@ -32,60 +31,10 @@ from ..specs import ModelSpec
 from . import iteration as it
 from .ahead import walk_ahead
 from .iteration import EngineOptions
+from .state import GpuState, Rendezvous, Transfer
 from .trace import TraceEvent
 
 __all__ = ["Engine", "EngineOptions", "run_engine"]
-
-ACCOUNTS = ("compute", "recompute", "tp_comm", "pp_comm", "dp_comm", "zero_comm", "optimizer")
-
-
-class _Gpu:
-    """State of one simulated GPU."""
-
-    def __init__(self, env: simpy.Environment, rank: int, prank: int, key: tuple[int, ...]):
-        self.rank, self.prank, self.key = rank, prank, key
-        self.acc = dict.fromkeys(ACCOUNTS, 0.0)
-        self.send_next = simpy.Resource(env, 1)
-        self.send_prev = simpy.Resource(env, 1)
-        #: when each send stream (F: to the next stage, B: to the previous) is free again, for
-        #: transfers booked without a process (a network that does not share links)
-        self.send_free = {"F": 0.0, "B": 0.0}
-        self.dp = simpy.Resource(env, 1)
-        self.zero = simpy.Resource(env, 1)
-        self.reductions: list[simpy.Process] = []
-        self.gathered: dict[int, simpy.Event] = {}
-        self.reduced: set[int] = set()
-        self.unsharded = 0.0  # ZeRO-3: bytes of gathered 16-bit parameters held now, and their peak
-        self.peak_unsharded = 0.0
-        self.finish = 0.0
-        self.act = 0.0
-        self.mem: list[tuple[float, float]] = [(0.0, 0.0)]
-        self.dp_group: tuple[int, ...] = ()
-        self.tp_group: tuple[int, ...] = ()
-        #: with ``Engine.marks``: when each action began, and (time, accounts, activation bytes)
-        #: at each marked action (`rounds` reads the steady state off them)
-        self.starts: list[float] = []
-        self.snaps: list[tuple[float, dict[str, float], float]] = []
-
-
-@dataclass
-class _Rendezvous:
-    """Members of a group collective that have arrived, the event all of them wait on, and when
-    the last one arrived."""
-
-    done: simpy.Event
-    arrived: int = 0
-    at: float = 0.0
-
-
-@dataclass
-class _Transfer:
-    """One pipeline transfer: when its send was posted, and the event of its arrival (made by
-    whichever of the two ends comes first)."""
-
-    arrival: simpy.Event | None = None
-    sent_at: float | None = None
-    at: float | None = None  # when it arrives, once a network that does not share links booked it
 
 
 class Engine:
@@ -114,20 +63,20 @@ class Engine:
         self.layout = RankLayout(plan)
         self.act_bytes = stage_act_bytes or [0.0] * plan.num_stages
         self.events: list[TraceEvent] = []
-        self.transfers: dict[tuple, _Transfer] = {}
-        self.pending: dict[tuple, _Rendezvous] = {}
+        self.transfers: dict[tuple, Transfer] = {}
+        self.pending: dict[tuple, Rendezvous] = {}
         self.last_bwd = self._last_backward()
         self.policy = plan.zero_policy
         self.post_s = profile.post_seconds(plan)
         self.tied = it.tied_embedding_ranks(model, plan)
-        self.gpus: dict[tuple[tuple[int, ...], int], _Gpu] = {}
+        self.gpus: dict[tuple[tuple[int, ...], int], GpuState] = {}
         shards: dict[tuple[int, int], tuple[int, ...]] = {}  # (tp, pp) -> the DP x CP group, built once
         tps: dict[tuple[int, int, int], tuple[int, ...]] = {}  # (dp, cp, pp) -> the TP group
         for key in self._pipeline_keys():
             d, c, t = key
             for pr in range(plan.pp):
                 rank = self.layout.rank(pp=pr, dp=d, cp=c, tp=t)
-                g = self.gpus[(key, pr)] = _Gpu(env, rank, pr, key)
+                g = self.gpus[(key, pr)] = GpuState(env, rank, pr, key)
                 if (t, pr) not in shards:
                     shards[(t, pr)] = self.layout.shard_group(rank)
                 if (d, c, pr) not in tps:
@@ -156,31 +105,31 @@ class Engine:
             self.env.process(self._walk(g, self.sched.ranks[pr]))
         self.env.run()
 
-    def _record(self, g: _Gpu, stream: str, name: str, kind: str, start: float, stage=None, mb=None) -> None:
+    def _record(self, g: GpuState, stream: str, name: str, kind: str, start: float, stage=None, mb=None) -> None:
         if self.env.now > start:
             self.events.append(TraceEvent(g.rank, stream, name, kind, start, self.env.now - start, stage, mb))
 
-    def _transfer_of(self, key, stage: int, mb: int, direction: str) -> _Transfer:
+    def _transfer_of(self, key, stage: int, mb: int, direction: str) -> Transfer:
         k = (key, stage, mb, direction)
         tr = self.transfers.get(k)
         if tr is None:
-            tr = self.transfers[k] = _Transfer()
+            tr = self.transfers[k] = Transfer()
         return tr
 
     # --- pipeline transfers ----------------------------------------------------------------
-    def _post(self, g: _Gpu):
+    def _post(self, g: GpuState):
         """The rank's own time to post a pipeline send or receive (the profile's), pipeline communication."""
         if self.post_s > 0:
             yield self.env.timeout(self.post_s)
             g.acc["pp_comm"] += self.post_s
 
-    def _recv(self, g: _Gpu, stage: int, mb: int, direction: str):
+    def _recv(self, g: GpuState, stage: int, mb: int, direction: str):
         """Post the receive, wait for the data; the wait behind a transfer in flight is exposed
         pipeline communication, the wait for the sender's compute is bubble."""
         yield from self._post(g)
         yield from self._await(g, self._transfer_of(g.key, stage, mb, direction))
 
-    def _await(self, g: _Gpu, tr: _Transfer):
+    def _await(self, g: GpuState, tr: Transfer):
         if tr.arrival is None:
             if tr.at is not None and tr.at <= self.env.now:  # booked and already arrived
                 return
@@ -193,7 +142,7 @@ class Engine:
         sent = tr.sent_at if tr.sent_at is not None else t0
         g.acc["pp_comm"] += self.env.now - max(t0, sent)
 
-    def _send(self, g: _Gpu, stage: int, mb: int, direction: str):
+    def _send(self, g: GpuState, stage: int, mb: int, direction: str):
         """Post the send (the rank spends ``post_s`` on it); the transfer runs on its own stream."""
         dst_stage = stage + 1 if direction == "F" else stage - 1
         dst = self.gpus[(g.key, self.plan.placement[dst_stage])]
@@ -209,7 +158,7 @@ class Engine:
         yield from self._post(g)
 
     def _timed_transfer(
-        self, g: _Gpu, dst: _Gpu, tr: _Transfer, stage: int, mb: int, direction: str, now: float
+        self, g: GpuState, dst: GpuState, tr: Transfer, stage: int, mb: int, direction: str, now: float
     ) -> None:
         """The transfer on a network that does not share links, booked at once: it starts when its
         send stream is free (the streams are FIFO, as the Resource of `_transfer` is) and takes
@@ -232,7 +181,7 @@ class Engine:
             self.env.timeout(end - self.env.now).callbacks.append(arrive)
 
     def _transfer(
-        self, g: _Gpu, dst: _Gpu, res: simpy.Resource, nbytes: float, done: simpy.Event, stage, mb, direction
+        self, g: GpuState, dst: GpuState, res: simpy.Resource, nbytes: float, done: simpy.Event, stage, mb, direction
     ):
         with res.request() as req:
             yield req
@@ -242,7 +191,7 @@ class Engine:
         done.succeed()
 
     # --- collectives ----------------------------------------------------------------------
-    def _comm(self, g: _Gpu, res: simpy.Resource, comm: it.Comm, tag, stream: str, kind: str, stage=None):
+    def _comm(self, g: GpuState, res: simpy.Resource, comm: it.Comm, tag, stream: str, kind: str, stage=None):
         """Run ``comm`` on the stream ``res``: measured seconds as they are, else the network's
         collective (in a full run, once every member of the group has arrived)."""
         with res.request() as req:
@@ -251,7 +200,7 @@ class Engine:
             if comm.seconds is not None:
                 yield self.env.timeout(comm.seconds)
             elif self.opt.full and len(comm.group) > 1:
-                rv = self.pending.setdefault((comm.op, tag, comm.group), _Rendezvous(self.env.event()))
+                rv = self.pending.setdefault((comm.op, tag, comm.group), Rendezvous(self.env.event()))
                 rv.arrived += 1
                 if rv.arrived == len(comm.group):
                     self.env.process(self._run_group(comm, rv.done))
@@ -265,7 +214,7 @@ class Engine:
         done.succeed()
 
     # --- ZeRO and data parallel ---------------------------------------------------------
-    def _zero_gather(self, g: _Gpu, stage: int) -> simpy.Event:
+    def _zero_gather(self, g: GpuState, stage: int) -> simpy.Event:
         """Parameters of ``stage`` gathered over the ZeRO group (ZeRO-1/2 after the previous
         optimizer step, ZeRO-3 on first use); returns the event to wait on."""
         ev = g.gathered.get(stage)
@@ -278,14 +227,14 @@ class Engine:
             )
         return ev
 
-    def _wait_gather(self, g: _Gpu, s: int):
+    def _wait_gather(self, g: GpuState, s: int):
         ev = self._zero_gather(g, s)
         if not ev.processed:
             t0 = self.env.now
             yield ev
             g.acc["zero_comm"] += self.env.now - t0
 
-    def _start_reduction(self, g: _Gpu, stage: int, start: float, dur: float) -> None:
+    def _start_reduction(self, g: GpuState, stage: int, start: float, dur: float) -> None:
         if stage in g.reduced or not self.plan.reduces_gradients:
             g.reduced.add(stage)
             return
@@ -295,23 +244,23 @@ class Engine:
         for b, (comm, t) in enumerate(zip(buckets, ready)):
             g.reductions.append(self.env.process(self._bucket(g, comm, t, (stage, b))))
 
-    def _bucket(self, g: _Gpu, comm: it.Comm, ready: float, tag):
+    def _bucket(self, g: GpuState, comm: it.Comm, ready: float, tag):
         if ready > self.env.now:
             yield self.env.timeout(ready - self.env.now)
         yield from self._comm(g, g.dp, comm, ("grads",) + tag, "dp", "REDUCE_GRAD", tag[0])
 
-    def _reshard(self, g: _Gpu, s: int) -> None:
+    def _reshard(self, g: GpuState, s: int) -> None:
         """ZeRO-3 RESHARD: free the stage's gathered parameters; its next UNSHARD (or use)
         all-gathers them again. The unsharded bytes leave the memory timeline."""
         if g.gathered.pop(s, None) is not None:
             self._params_mem(g, -self.work[s].params)
 
-    def _params_mem(self, g: _Gpu, params: float) -> None:
+    def _params_mem(self, g: GpuState, params: float) -> None:
         g.unsharded += 2.0 * params  # 16-bit weights
         g.peak_unsharded = max(g.peak_unsharded, g.unsharded)
 
     # --- compute ------------------------------------------------------------------------
-    def _compute(self, g: _Gpu, a: Action, seconds: float, tp: float, acc: str = "compute"):
+    def _compute(self, g: GpuState, a: Action, seconds: float, tp: float, acc: str = "compute"):
         t0 = self.env.now
         tp_exposed = 0.0 if self.opt.overlap_tp else tp
         yield self.env.timeout(seconds + tp_exposed)
@@ -319,18 +268,18 @@ class Engine:
         g.acc["tp_comm"] += tp_exposed
         self._record(g, "compute", str(a), a.kind.value, t0, a.stage, a.microbatch)
 
-    def _mem(self, g: _Gpu, delta: float) -> None:
+    def _mem(self, g: GpuState, delta: float) -> None:
         g.act += delta
         g.mem.append((self.env.now, g.act))
 
-    def _pass(self, g: _Gpu, a: Action, seconds: float, tp: float):
+    def _pass(self, g: GpuState, a: Action, seconds: float, tp: float):
         """One F/B/I/W on the compute stream, or, under FSDP, with its per-layer gathers."""
         if self.policy is ZeroPolicy.PER_LAYER:
             yield from self._fsdp_pass(g, a, seconds, tp)
         else:
             yield from self._compute(g, a, seconds, tp)
 
-    def _forward(self, g: _Gpu, a: Action):
+    def _forward(self, g: GpuState, a: Action):
         if self.policy in (ZeroPolicy.PER_UNSHARD, ZeroPolicy.GATHER_AT_START) and self._gathers_before_use():
             yield from self._wait_gather(g, a.stage)
         self._mem(g, self.act_bytes[a.stage])
@@ -341,7 +290,7 @@ class Engine:
         """ZeRO-3 gathers on use; ZeRO-1/2 only when overlapped with the next forward."""
         return self.policy is ZeroPolicy.PER_UNSHARD or self.opt.overlap_param_gather
 
-    def _backward(self, g: _Gpu, a: Action):
+    def _backward(self, g: GpuState, a: Action):
         s, k, w = a.stage, a.kind, self.work[a.stage]
         if self.policy is ZeroPolicy.PER_UNSHARD:
             yield from self._wait_gather(g, s)
@@ -354,11 +303,11 @@ class Engine:
         if k is not Kind.W:
             self._mem(g, -self.act_bytes[s])
 
-    def _recompute(self, g: _Gpu, a: Action):
+    def _recompute(self, g: GpuState, a: Action):
         w = self.work[a.stage]
         yield from self._compute(g, a, w.r, w.tp_r, acc="recompute")
 
-    def _fsdp_pass(self, g: _Gpu, a: Action, seconds: float, tp: float):
+    def _fsdp_pass(self, g: GpuState, a: Action, seconds: float, tp: float):
         """`iteration.FsdpPass`: the first layer's gather exposed, the rest (and in the backward
         the gradients' reduce-scatter) alongside the compute."""
         fp = it.fsdp_pass(self.plan, self.work[a.stage], g.dp_group)
@@ -387,17 +336,17 @@ class Engine:
         self._record(g, "compute", str(a), a.kind.value, t0, a.stage, a.microbatch)
 
     # --- the walk ---------------------------------------------------------------------
-    def _unshard(self, g: _Gpu, a: Action):
+    def _unshard(self, g: GpuState, a: Action):
         if self.policy is ZeroPolicy.PER_UNSHARD:
             self._zero_gather(g, a.stage)  # a no-op while the stage is still unsharded
         yield from ()
 
-    def _reshard_action(self, g: _Gpu, a: Action):
+    def _reshard_action(self, g: GpuState, a: Action):
         if self.policy is ZeroPolicy.PER_UNSHARD:
             self._reshard(g, a.stage)
         yield from ()
 
-    def _reduce_grad(self, g: _Gpu, a: Action):
+    def _reduce_grad(self, g: GpuState, a: Action):
         self._start_reduction(g, a.stage, self.env.now, 0.0)
         yield from ()
 
@@ -416,7 +365,7 @@ class Engine:
         Kind.RESHARD: _reshard_action,
     }
 
-    def _walk(self, g: _Gpu, actions):
+    def _walk(self, g: GpuState, actions):
         if self.policy is ZeroPolicy.GATHER_AT_START and self.opt.overlap_param_gather:
             for s in self.plan.rank_stages[g.prank]:
                 self._zero_gather(g, s)
@@ -437,14 +386,14 @@ class Engine:
         yield from self._finish(g)
 
     # --- the tail of the iteration ----------------------------------------------------------
-    def _tied_embedding_grad(self, g: _Gpu):
+    def _tied_embedding_grad(self, g: GpuState):
         """All-reduce of the tied embedding's gradient between the first and the last pipeline
         rank of g's pipeline: starts when both have arrived (the wait is idle time, the transfer
         is pipeline communication)."""
         assert self.tied is not None
         coords = dict(zip(("dp", "cp", "tp"), g.key))
         pair = tuple(self.layout.rank(pp=pr, **coords) for pr in self.tied)
-        rv = self.pending.setdefault(("tied", g.key), _Rendezvous(self.env.event()))
+        rv = self.pending.setdefault(("tied", g.key), Rendezvous(self.env.event()))
         rv.arrived += 1
         if rv.arrived == 2:
             rv.at = self.env.now
@@ -453,7 +402,7 @@ class Engine:
         g.acc["pp_comm"] += self.env.now - rv.at
         self._record(g, "pp", "tied_embedding_grad", "allreduce", rv.at)
 
-    def _sp_grad_sync(self, g: _Gpu, stages: list[int]):
+    def _sp_grad_sync(self, g: GpuState, stages: list[int]):
         """Sequence parallelism's gradient sync before the step (`iteration.sp_grad_sync`):
         exposed TP communication, shown on the compute stream as exposed TP traffic inside a
         layer is."""
@@ -465,7 +414,7 @@ class Engine:
             g.acc["tp_comm"] += dur
             self._record(g, "compute", "sp_grad_sync", "SP_GRAD_SYNC", t0)
 
-    def _finish(self, g: _Gpu):
+    def _finish(self, g: GpuState):
         stages = list(self.plan.rank_stages[g.prank])
         for s in stages:
             self._start_reduction(g, s, self.env.now, 0.0)

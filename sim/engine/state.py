@@ -1,0 +1,60 @@
+"""The state the engine keeps per simulated GPU, per group collective and per pipeline transfer
+(plain containers; `core.Engine` updates them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import simpy
+
+#: what a GPU's time is charged to (`results.BREAKDOWN_KEYS` adds the bubble)
+ACCOUNTS = ("compute", "recompute", "tp_comm", "pp_comm", "dp_comm", "zero_comm", "optimizer")
+
+
+class GpuState:
+    """State of one simulated GPU."""
+
+    def __init__(self, env: simpy.Environment, rank: int, prank: int, key: tuple[int, ...]):
+        self.rank, self.prank, self.key = rank, prank, key
+        self.acc = dict.fromkeys(ACCOUNTS, 0.0)
+        self.send_next = simpy.Resource(env, 1)
+        self.send_prev = simpy.Resource(env, 1)
+        #: when each send stream (F: to the next stage, B: to the previous) is free again, for
+        #: transfers booked without a process (a network that does not share links)
+        self.send_free = {"F": 0.0, "B": 0.0}
+        self.dp = simpy.Resource(env, 1)
+        self.zero = simpy.Resource(env, 1)
+        self.reductions: list[simpy.Process] = []
+        self.gathered: dict[int, simpy.Event] = {}
+        self.reduced: set[int] = set()
+        self.unsharded = 0.0  # ZeRO-3: bytes of gathered 16-bit parameters held now, and their peak
+        self.peak_unsharded = 0.0
+        self.finish = 0.0
+        self.act = 0.0
+        self.mem: list[tuple[float, float]] = [(0.0, 0.0)]
+        self.dp_group: tuple[int, ...] = ()
+        self.tp_group: tuple[int, ...] = ()
+        #: with ``Engine.marks``: when each action began, and (time, accounts, activation bytes)
+        #: at each marked action (`rounds` reads the steady state off them)
+        self.starts: list[float] = []
+        self.snaps: list[tuple[float, dict[str, float], float]] = []
+
+
+@dataclass
+class Rendezvous:
+    """Members of a group collective that have arrived, the event all of them wait on, and when
+    the last one arrived."""
+
+    done: simpy.Event
+    arrived: int = 0
+    at: float = 0.0
+
+
+@dataclass
+class Transfer:
+    """One pipeline transfer: when its send was posted, and the event of its arrival (made by
+    whichever of the two ends comes first)."""
+
+    arrival: simpy.Event | None = None
+    sent_at: float | None = None
+    at: float | None = None  # when it arrives, once a network that does not share links booked it
