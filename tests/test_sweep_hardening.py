@@ -270,7 +270,7 @@ def test_printed_time_is_the_wait_with_its_parts(finished):
     m = re.search(r"\(([\d.]+) s: search ([\d.]+) s, plans and figures ([\d.]+) s\)", finished[1])
     assert m, finished[1]
     total, search, plans = map(float, m.groups())
-    assert total + 0.05 >= search + plans and plans > 0
+    assert total + 0.15 >= search + plans and plans > 0  # three figures, each rounded to 0.1 s
 
 
 # --- journals ------------------------------------------------------------------------------
