@@ -92,6 +92,23 @@ def asymmetric_pipeline(
     return None
 
 
+def replica_check(
+    model: ModelSpec,
+    plan: ParallelPlan,
+    work: list[StageWork],
+    net,
+    profile: RuntimeProfile,
+    options: EngineOptions,
+) -> dict[str, object]:
+    """Whether a full run may simulate one pipeline (``symmetric``), and if not, ``why``."""
+    if net.shares_links:
+        return {"symmetric": False, "why": f"the {net.backend} network shares links between pipelines"}
+    odd = asymmetric_pipeline(model, plan, work, net, profile, options)
+    if odd is not None:
+        return {"symmetric": False, "why": f"pipeline (dp, cp, tp) = {odd} differs from (0, 0, 0)"}
+    return {"symmetric": True}
+
+
 class ReplicatedEvents(Sequence[TraceEvent]):
     """The representative pipeline's events copied to every pipeline (ranks renamed), built on
     first use."""

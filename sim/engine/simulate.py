@@ -27,7 +27,7 @@ from ..schedules.ir import Schedule
 from ..specs import ClusterSpec, ModelSpec
 from ..specs.calibration import Calibration
 from .core import Engine, EngineOptions, run_engine
-from .replicas import asymmetric_pipeline, replicate
+from .replicas import replica_check, replicate
 from .results import BREAKDOWN_KEYS, SimResult
 from .rounds import Outcome, compressed_run, lowered_builder, outcome_of, schedule_rounds
 
@@ -108,13 +108,9 @@ def simulate(
     replicas = None
     if options.full and options.compress:
         net = make_network(cluster, backend, calibration=calibration)
-        odd = None if net.shares_links else asymmetric_pipeline(model, plan, work, net, profile, options)
-        if net.shares_links:
-            replicas = {"symmetric": False, "why": f"the {backend} network shares links between pipelines"}
-        elif odd is not None:
-            replicas = {"symmetric": False, "why": f"pipeline (dp, cp, tp) = {odd} differs from (0, 0, 0)"}
-        else:
-            opts, replicas = replace(options, full=False), {"symmetric": True}
+        replicas = replica_check(model, plan, work, net, profile, options)
+        if replicas["symmetric"]:
+            opts = replace(options, full=False)
     out, why = None, "off (EngineOptions.compress)"
     if options.compress:
         out, why = _compressed(plan, scosts, engine)
