@@ -38,8 +38,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from ..plan import ParallelPlan
-from ..schedules import build_schedule, lower
 from ..schedules.ir import Schedule
+from ..schedules.memo import lowered_schedule
 from ..schedules.periodic import CLOSED_FORM, Rounds, find_rounds
 from .core import Engine
 from .trace import TraceEvent
@@ -311,9 +311,8 @@ def compressed_run(
 
 def lowered_builder(plan: ParallelPlan, costs) -> Callable[[int], Schedule]:
     """m -> the lowered schedule of ``plan`` for m microbatches (zb-1p/2p steered by ``costs``)."""
-    pp = 1 if plan.schedule == "none" else plan.pp
 
     def build(m: int) -> Schedule:
-        return lower(build_schedule(plan.schedule, pp, plan.vpp, m, costs), plan)
+        return lowered_schedule(plan, m, costs)
 
     return build

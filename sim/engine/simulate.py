@@ -22,8 +22,9 @@ from ..layout import RankLayout
 from ..model import hardware_flops_per_iteration, model_flops_per_iteration
 from ..network import make_network
 from ..plan import ParallelPlan
-from ..schedules import StageCosts, lower, schedule_for_plan
+from ..schedules import StageCosts
 from ..schedules.ir import Schedule
+from ..schedules.memo import lowered_schedule
 from ..specs import ClusterSpec, ModelSpec
 from ..specs.calibration import Calibration
 from .core import Engine, EngineOptions, run_engine
@@ -77,7 +78,7 @@ def plan_schedule(
     """The lowered schedule simulate() runs for ``plan`` (zb-1p/2p are built from the engine's stage
     costs): what `--write-plan` and the sweep's plan folders write for the executor."""
     work, _, p2p = build_work(model, cluster, plan, calibration, costs=costs, profile=profile)
-    return lower(schedule_for_plan(plan, costs=stage_costs(work, p2p)), plan)
+    return lowered_schedule(plan, costs=stage_costs(work, p2p))
 
 
 def simulate(
@@ -115,7 +116,7 @@ def simulate(
     if options.compress:
         out, why = _compressed(plan, scosts, engine)
     if out is None:
-        sched = lower(schedule_for_plan(plan, costs=scosts), plan)
+        sched = lowered_schedule(plan, costs=scosts)
         out = outcome_of(engine(sched), sched.num_actions)
         out.rounds = {"compressed": False, "why": why}
     if replicas is not None and replicas["symmetric"]:

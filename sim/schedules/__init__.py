@@ -50,6 +50,8 @@ __all__ = [
     "v_placement",
 ]
 
+#: schedules whose order is searched from the stage costs (the rest depend on pp, vpp and m only)
+COST_STEERED = frozenset({"zb-1p", "zb-2p"})
 #: name -> (stages per rank it requires, or None for any; builder(pp, vpp, m, costs))
 _BUILDERS: dict[str, tuple[int | None, Callable[[int, int, int, StageCosts | None], Schedule]]] = {
     "none": (1, lambda pp, v, m, c: _none(pp, m)),

@@ -40,8 +40,9 @@ from ..engine import iteration as it
 from ..engine.iteration import CollectiveTimer, Comm, EngineOptions
 from ..layout import RankLayout
 from ..plan import ParallelPlan, ZeroPolicy
-from ..schedules import StageCosts, list_schedule, lower, schedule_for_plan
+from ..schedules import StageCosts, list_schedule, lower
 from ..schedules.ir import Kind
+from ..schedules.memo import lowered_schedule
 from ..specs import ModelSpec
 
 #: Weight-gradient passes that fill each rank's warm-up gap: ZB-H1 (p - 1)(T_F + T_B - T_W),
@@ -330,7 +331,7 @@ def oracle_estimate(x: Inputs, schedule=None) -> Estimate:
     if x.fsdp or len(x.ranks) == 1:
         q = quick_estimate(x)
         return Estimate(q.iter_time_s, q.breakdown_s, "oracle")
-    sched = schedule or schedule_for_plan(x.plan, costs=stage_costs(x.work, x.p2p))
+    sched = schedule or lowered_schedule(x.plan, costs=stage_costs(x.work, x.p2p))
     if not sched.lowered:
         sched = lower(sched, x.plan)
     f, _, w = x.seconds

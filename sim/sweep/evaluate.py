@@ -27,6 +27,7 @@ from ..units import GiB
 from .estimator import Estimate, Inputs, dp_groups, lower_bound, oracle_estimate, quick_estimate
 from .memory_screen import MemoryScreen
 from .space import Config, SearchSpace, checked_plan
+from .store import as_text
 
 
 @dataclass(frozen=True)
@@ -217,8 +218,9 @@ def evaluator(setup: SweepSetup) -> Evaluator:
     return _EVALUATOR[1]
 
 
-def evaluate(setup: SweepSetup, phase: str, configs: list[Config]) -> list[dict[str, Any]]:
-    """The per-configuration function: one row per configuration, in order."""
+def evaluate(setup: SweepSetup, phase: str, configs: list[Config]) -> list[dict[str, str]]:
+    """The per-configuration function: one row per configuration, in order, as the journal holds
+    it (`store.as_text`: formatted where it is computed, so the parent process only writes)."""
     ev = evaluator(setup)
     fn = {"screen": ev.screen, "refine": ev.refine, "simulate": ev.simulate}[phase]
-    return [fn(c) for c in configs]
+    return [as_text(fn(c)) for c in configs]

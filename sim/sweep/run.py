@@ -226,6 +226,12 @@ def _phase(
     return rows
 
 
+def schedule_key(cfg: Config) -> tuple:
+    """Configurations with the same key run the same schedule if they have the same micro-batch
+    count (which the global batch and dp x mbs decide)."""
+    return (cfg.schedule, cfg.pp, cfg.vpp, cfg.dp * cfg.mbs, cfg.zero, cfg.recompute, cfg.id)
+
+
 #: configurations the bounded search simulates between two looks at the k-th best time (fixed,
 #: so which configurations are simulated does not depend on the workers)
 BOUND_STEP = 16
@@ -339,9 +345,10 @@ def _run(
         )
         timings["screen"], t = time.perf_counter() - t, time.perf_counter()
         if opts.exhaustive:
-            simulated = _phase(
-                backend, setup, "simulate", [by_id[r["id"]] for r in fitting], jdir, progress, 1, note, throughput
-            )
+            # grouped by schedule, so a worker's batch reuses its lowered schedules (`schedules.memo`)
+            todo = sorted((by_id[r["id"]] for r in fitting), key=schedule_key)
+            batch = max(1, min(16, len(todo) // (backend.workers * 8)))
+            simulated = _phase(backend, setup, "simulate", todo, jdir, progress, batch, note, throughput)
         else:
             if opts.refine:
                 cand = [by_id[r["id"]] for r in fitting[: opts.refine]]

@@ -112,6 +112,13 @@ def fmt(v: Any) -> str:
     return str(v).replace("\r", " ").replace("\n", " ")  # one CSV line per row (the journal is read by lines)
 
 
+def as_text(row: dict[str, Any]) -> dict[str, str]:
+    """A computed row as the journal and results.csv hold it (every column, as text), after
+    checking its numbers are finite. Workers call it, so the parent only writes lines."""
+    _check_finite(row)
+    return {c: fmt(row.get(c)) for c in COLUMNS}
+
+
 def to_line(row: dict[str, Any]) -> str:
     buf = io.StringIO()
     csv.writer(buf, lineterminator="\n").writerow([fmt(row.get(c)) for c in COLUMNS])
@@ -265,13 +272,10 @@ class Journal:
         except OSError as exc:
             raise SpecError(f"journal {self.path}", f"cannot be rewritten ({exc.strerror or exc}).", _DISK) from None
 
-    def append(self, rows: Iterable[dict[str, Any]]) -> list[dict[str, str]]:
-        """Write rows (one write, flushed; a signal waits until it is done) and return them as
-        read back (strings)."""
-        batch = list(rows)
-        for r in batch:
-            _check_finite(r)
-        texts = [[fmt(r.get(c)) for c in COLUMNS] for r in batch]
+    def append(self, rows: Iterable[dict[str, str]]) -> list[dict[str, str]]:
+        """Write rows of text (`as_text`; a missing column is empty) in one write, flushed (a
+        signal waits until it is done), and return them as read back."""
+        texts = [[r.get(c) or "" for c in COLUMNS] for r in rows]
         buf = io.StringIO()
         csv.writer(buf, lineterminator="\n").writerows(texts)
         lines = [buf.getvalue()]

@@ -1,0 +1,77 @@
+"""The lowered schedule of a plan, remembered: configurations of a sweep that differ only in what
+a schedule does not depend on (tensor parallelism, micro-batch size at the same micro-batch count,
+sequence parallelism, ...) run the same action lists, so they are built and lowered once.
+
+A schedule is a value (`ir.Schedule` is frozen, its ranks are tuples and passes return new
+schedules), so sharing one between simulations is safe. The key is everything the generator
+(`build_schedule`: name, pp, vpp, m, and the stage costs for the cost-steered zero-bubble
+schedules) and `lower` (recompute, ZeRO stage, whether the stages are FSDP-managed) read.
+Both caches are small LRUs: a lowered schedule of 35 stages x 3 chunks x 1,120 micro-batches
+holds about a million actions.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from typing import TYPE_CHECKING
+
+from .costs import StageCosts
+from .ir import Schedule
+from .lower import lower
+
+if TYPE_CHECKING:
+    from ..plan import ParallelPlan
+
+#: entries each cache keeps (the least recently used goes first)
+SIZE = 8
+
+
+class _Lru:
+    def __init__(self, size: int):
+        self.size, self.items = size, OrderedDict[Hashable, Schedule]()
+
+    def get(self, key: Hashable, make: Callable[[], Schedule]) -> Schedule:
+        hit = self.items.get(key)
+        if hit is not None:
+            self.items.move_to_end(key)
+            return hit
+        value = self.items[key] = make()
+        if len(self.items) > self.size:
+            self.items.popitem(last=False)
+        return value
+
+    def clear(self) -> None:
+        self.items.clear()
+
+
+_BUILT = _Lru(SIZE)
+_LOWERED = _Lru(SIZE)
+
+
+def built_schedule(plan: ParallelPlan, m: int | None = None, costs: StageCosts | None = None) -> Schedule:
+    """``schedule_for_plan`` for m micro-batches (default: the plan's), remembered."""
+    from . import COST_STEERED, build_schedule
+
+    pp = 1 if plan.schedule == "none" else plan.pp
+    m = plan.num_microbatches if m is None else m
+    steer = costs if plan.schedule in COST_STEERED else None
+    key = (plan.schedule, pp, plan.vpp, m, steer)
+    return _BUILT.get(key, lambda: build_schedule(plan.schedule, pp, plan.vpp, m, steer))
+
+
+def lowered_schedule(plan: ParallelPlan, m: int | None = None, costs: StageCosts | None = None) -> Schedule:
+    """``lower(schedule_for_plan(plan, costs), plan)`` for m micro-batches (default: the plan's),
+    remembered."""
+    from . import COST_STEERED
+
+    m = plan.num_microbatches if m is None else m
+    steer = costs if plan.schedule in COST_STEERED else None
+    key = (plan.schedule, plan.pp, plan.vpp, m, steer, plan.recompute, plan.zero, plan.zero_shards > 1)
+    return _LOWERED.get(key, lambda: lower(built_schedule(plan, m, costs), plan))
+
+
+def clear() -> None:
+    """Forget every remembered schedule (tests; a long-lived process that wants the memory back)."""
+    _BUILT.clear()
+    _LOWERED.clear()

@@ -1,0 +1,47 @@
+"""The remembered lowered schedules (`schedules.memo`) are the schedules `lower` builds, keyed on
+everything the generator and `lower` read, and bounded in number."""
+
+from simpar.sim.plan import ParallelPlan
+from simpar.sim.schedules import StageCosts, lower, memo, schedule_for_plan
+from simpar.sim.schedules.memo import lowered_schedule
+
+
+def plan(**kw) -> ParallelPlan:
+    base = dict(dp=2, tp=1, pp=4, global_batch_size=32, schedule="1f1b")
+    return ParallelPlan(**{**base, **kw})
+
+
+def test_the_same_schedule_as_lower_and_shared_between_equal_keys():
+    memo.clear()
+    a = plan()
+    got = lowered_schedule(a)
+    assert got == lower(schedule_for_plan(a), a)
+    assert lowered_schedule(plan(tp=2, sequence_parallel=True)) is got  # tp and sp do not change the schedule
+
+
+def test_whatever_lower_or_the_generator_reads_gives_another_schedule():
+    memo.clear()
+    a = plan(zero=1)
+    others = [plan(zero=3), plan(recompute="full"), plan(global_batch_size=64), plan(schedule="zb-h1")]
+    base = lowered_schedule(a)
+    for p in others:
+        got = lowered_schedule(p)
+        assert got is not base and got == lower(schedule_for_plan(p), p), p.describe()
+
+
+def test_cost_steered_schedules_are_keyed_on_their_costs():
+    memo.clear()
+    a = plan(schedule="zb-1p")
+    fast = StageCosts((1.0,) * 4, (1.0,) * 4, (1.0,) * 4)
+    slow_comm = StageCosts((1.0,) * 4, (1.0,) * 4, (1.0,) * 4, (2.0,))
+    assert lowered_schedule(a, costs=fast) == lower(schedule_for_plan(a, costs=fast), a)
+    want = lower(schedule_for_plan(a, costs=slow_comm), a)
+    assert want != lowered_schedule(a, costs=fast)  # the two costs steer the search apart
+    assert lowered_schedule(a, costs=slow_comm) == want
+
+
+def test_the_cache_is_bounded():
+    memo.clear()
+    for gbs in range(2, 2 * (memo.SIZE + 4) + 2, 2):
+        lowered_schedule(plan(global_batch_size=gbs * 2))
+    assert len(memo._LOWERED.items) == memo.SIZE and len(memo._BUILT.items) == memo.SIZE
