@@ -15,7 +15,7 @@ from simpar.sim.errors import SpecError
 from simpar.sim.specs import load_gpu
 from simpar.sim.specs.calibration import default_calibration, default_calibration_path, validate_calibration
 
-GPUS = ("a100-40g", "a100-80g", "h100-sxm", "h200", "b200")
+GPUS = ("a100-40g", "a100-80g", "h100-sxm", "h200", "b200", "b300", "gb300")
 
 
 @pytest.mark.parametrize("name", GPUS)

@@ -10,7 +10,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..units import GB, TFLOPS, GiB
 
-DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
+#: fp4 is informational (no plan trains in it): Blackwell Ultra's headline dense peak is FP4.
+DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8", "fp4")
 
 
 class GPUSpec(BaseModel):
@@ -20,7 +21,7 @@ class GPUSpec(BaseModel):
 
     name: str
     vendor_name: str = ""
-    peak_TFLOPS: dict[str, float] = Field(description="dense peak per dtype: fp32 (vector), tf32, bf16, fp16, fp8")
+    peak_TFLOPS: dict[str, float] = Field(description="dense peak per dtype: fp32 (vector), tf32, bf16, fp16, fp8, fp4")
     hbm_GiB: float = Field(gt=0, description="usable HBM capacity as the driver reports it, GiB")
     hbm_bw_GBps: float = Field(gt=0, description="HBM bandwidth, GB/s (decimal)")
     sms: int = Field(default=0, ge=0, description="streaming multiprocessors (informational)", strict=True)
@@ -39,9 +40,12 @@ class GPUSpec(BaseModel):
         return v
 
     def peak_flops(self, dtype: str) -> float:
-        """Dense peak in FLOP/s; fp8 falls back to the 16-bit peak where the GPU has none."""
+        """Dense peak in FLOP/s; fp8 falls back to the 16-bit peak and fp4 to the fp8 peak where
+        the GPU has none."""
         if dtype in self.peak_TFLOPS:
             return self.peak_TFLOPS[dtype] * TFLOPS
+        if dtype == "fp4":
+            return self.peak_flops("fp8")
         if dtype == "fp8":
             return self.peak_flops("bf16")
         if dtype in ("bf16", "fp16"):
