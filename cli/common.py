@@ -82,6 +82,24 @@ def plan_options(f: Callable[..., Any]) -> Callable[..., Any]:
         ),
         click.option("--mesh-order", default=None, help="mesh axes outermost first, e.g. pp,dp,cp,tp"),
         click.option("--allow-tp-across-nodes", is_flag=True, help="allow tp larger than a node"),
+        click.option(
+            "--ep", type=click.IntRange(1, MAX_GPUS), default=1, show_default=True, help="expert-parallel size (MoE)"
+        ),
+        click.option(
+            "--etp", type=click.IntRange(1, MAX_GPUS), default=None, help="expert tensor-parallel size [default: tp]"
+        ),
+        click.option(
+            "--expert-order",
+            default=None,
+            help="expert mesh axes outermost first [default: edp,ep,etp: an EP group inside a node while it fits]",
+        ),
+        click.option(
+            "--moe-imbalance",
+            type=click.FloatRange(1.0, 64.0),
+            default=1.0,
+            show_default=True,
+            help="busiest expert rank's tokens over the balanced share (1: force-balanced routing)",
+        ),
     ]
     for opt in reversed(opts):
         f = opt(f)
@@ -145,9 +163,14 @@ def setup_from_options(kw: dict[str, Any]) -> Setup:
         flash_attention=kw.get("flash_attention", True),
         layer_split=split or None,
         allow_tp_across_nodes=kw.get("allow_tp_across_nodes", False),
+        ep=kw.get("ep", 1),
+        etp=kw.get("etp"),
+        moe_imbalance=kw.get("moe_imbalance", 1.0),
     )
     if kw.get("mesh_order"):
         data["mesh_order"] = tuple(x.strip() for x in kw["mesh_order"].split(","))
+    if kw.get("expert_order"):
+        data["expert_order"] = tuple(x.strip() for x in kw["expert_order"].split(","))
     plan = build(ParallelPlan, data, "plan")
     check_plan(plan, model, cluster, kw["gpus"])
     return Setup(model, cluster, plan)

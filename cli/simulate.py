@@ -33,6 +33,11 @@ if TYPE_CHECKING:
 )
 @click.option("--overlap-tp", is_flag=True, help="hide tensor-parallel collectives behind compute")
 @click.option("--no-overlap-grad-reduce", is_flag=True, help="reduce gradients after the backward pass")
+@click.option(
+    "--overlap-moe-a2a",
+    is_flag=True,
+    help="hide MoE all-to-alls behind other micro-batches' compute (Megatron-Core --overlap-moe-expert-parallel-comm)",
+)
 @click.option("--json", "as_json", is_flag=True)
 @click.option(
     "--trace", "trace_path", type=click.Path(dir_okay=False), default=None, help="write a Chrome/Perfetto trace"
@@ -56,6 +61,7 @@ def simulate(
     uncompressed,
     overlap_tp,
     no_overlap_grad_reduce,
+    overlap_moe_a2a,
     as_json,
     trace_path,
     plot_path,
@@ -71,7 +77,11 @@ def simulate(
     st = setup_from_options(kw)
     calib = load_calibration_option(calibration, st.cluster.gpu.name)
     opts = EngineOptions(
-        full=full, compress=not uncompressed, overlap_tp=overlap_tp, overlap_grad_reduce=not no_overlap_grad_reduce
+        full=full,
+        compress=not uncompressed,
+        overlap_tp=overlap_tp,
+        overlap_grad_reduce=not no_overlap_grad_reduce,
+        overlap_moe_a2a=overlap_moe_a2a,
     )
     profile, opts = runtime_of(runtime, calib, opts)
     res = run(st.model, st.cluster, st.plan, backend=backend, calibration=calib, options=opts, profile=profile)
@@ -111,6 +121,15 @@ def print_result(st: Setup, res: SimResult) -> None:
         f"iteration {res.iter_time_s:.4f} s | {res.tokens_per_s:,.0f} tokens/s | {flops_rate(res.tflops_per_gpu)}/GPU"
         f" (hardware {flops_rate(res.hw_tflops_per_gpu)}) | MFU {res.mfu:.1%} | bubble {res.bubble_fraction:.1%}"
     )
+    if st.model.moe is not None:
+        from simpar.sim.model import active_params, total_params
+
+        total, active = total_params(st.model) / 1e9, active_params(st.model) / 1e9
+        click.echo(
+            f"MoE: {total:.2f}B parameters, {active:.2f}B active per token;"
+            " FLOPs and MFU count active parameters as Megatron-Core does (top-k routed and shared experts,"
+            " no router, MTP layers included)"
+        )
     rows = [(k, f"{v:.4f}", f"{v / res.iter_time_s:.1%}") for k, v in res.breakdown_s.items()]
     rows.append(("total", f"{sum(res.breakdown_s.values()):.4f}", "100.0%"))
     print_table(f"breakdown of GPU rank {res.reported_rank} (seconds)", ["part", "seconds", "share"], rows)

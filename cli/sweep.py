@@ -102,6 +102,8 @@ def space_from(kw: dict[str, Any]):
         sequence_parallel={"both": (False, True), "on": (True,), "off": (False,)}[kw["sequence_parallel"]],
         layer_split=kw["layer_split"],
         precision=kw["precision"],
+        ep=_list(kw["ep"], "ep", cast=int) if kw.get("ep") else None,
+        etp=tuple(0 if v == "tp" else _whole_text(v, "etp") for v in _list(kw.get("etp") or "tp,1", "etp")),
     )
 
 
@@ -117,6 +119,8 @@ _COMMAND = [
     ("sequence_parallel", "both"),
     ("layer_split", "even"),
     ("precision", "bf16"),
+    ("ep", None),
+    ("etp", "tp,1"),
     ("objective", "throughput"),
     ("refine", 0),
     ("simulate", 20),
@@ -226,6 +230,10 @@ class _Bar:
     help="balanced: allow uneven layer splits (fewer layers on the first and last stage)",
 )
 @click.option("--precision", type=click.Choice(PRECISIONS), default="bf16", show_default=True)
+@click.option(
+    "--ep", default=None, help="MoE: expert-parallel sizes to try [default: every one dividing experts and tp*cp*dp]"
+)
+@click.option("--etp", default="tp,1", show_default=True, help="MoE: expert tensor-parallel sizes to try (tp: = tp)")
 @click.option("--objective", type=click.Choice(["throughput", "memory"]), default="throughput", show_default=True)
 @click.option("--top", type=Whole(0), default=10, show_default=True, help="rows of the table of best plans")
 @click.option(
@@ -299,6 +307,11 @@ def sweep(**kw) -> None:
         parse_filter(kw["why_filter"])  # a typo fails now, not after the search
     limits.whole(kw["gpus"], "gpus", 1, limits.MAX_GPUS, " GPUs")  # before the cluster is scaled to it
     model = load_model(kw["model"], seq_len=kw["seq_len"])
+    if model.moe is None and (kw["ep"] or kw["etp"] != "tp,1"):
+        flag = "ep" if kw["ep"] else "etp"
+        raise SimparError(
+            flag, f"{model.name} has no MoE layers; --{flag} applies to expert layers only.", f"drop --{flag}."
+        )
     cluster = load_cluster(kw["cluster"], gpus=kw["gpus"])
     calib = load_calibration_option(kw["calibration"], cluster.gpu.name)
     out = kw["out_dir"] or f"sweeps/{model.name}-{kw['gpus']}x{cluster.gpu.name}"

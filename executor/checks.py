@@ -61,6 +61,21 @@ def check_plan_for_executor(plan: ParallelPlan, model: ModelSpec) -> None:
     """The plan rules that need no cluster, and what the executor does not implement."""
     if plan.cp > 1:
         raise PlanError("cp", "the executor does not implement context parallelism.", "use cp=1.")
+    unsupported = [
+        (model.moe is not None, "moe", "Mixture-of-Experts layers"),
+        (model.mla is not None, "mla", "multi-head latent attention"),
+        (model.mtp_layers > 0, "mtp_layers", "multi-token prediction"),
+        (model.window > 0, "window", "windowed attention"),
+        (model.attn_width != model.hidden, "head_dim", "an attention width other than the hidden size"),
+        (model.attention_bias or model.attention_sinks, "attention_bias", "attention biases or sinks"),
+    ]
+    for bad, field, what in unsupported:
+        if bad:
+            raise PlanError(
+                f"model {model.name}: {field}",
+                f"the executor does not implement {what} yet (the simulator does).",
+                "simulate it with simpar simulate / sweep, or run a dense gpt or llama model.",
+            )
     for what, n in (("heads", model.heads), ("kv_heads", model.kv_heads), ("ffn", model.ffn)):
         if n % plan.tp:
             raise PlanError(

@@ -47,7 +47,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from simpar.sim.cost.memory import rank_params
+from simpar.sim.cost.params import rank_params
 from simpar.sim.plan import ParallelPlan
 from simpar.sim.schedules import schedule_for_plan, write_csv
 from simpar.sim.specs import ModelSpec

@@ -3,6 +3,10 @@
 The plan's ``mesh_order`` lists the axes outermost first; the innermost axis varies fastest
 over consecutive global ranks (Megatron's default ``pp, dp, cp, tp`` keeps a TP group on
 consecutive GPUs of one node). The executor builds its DeviceMesh in the same order.
+
+Expert layers (Megatron-Core's parallel folding) number the GPUs of one pipeline rank 0 ..
+tp cp dp - 1 in mesh order (its "local" index) and read that index as (edp, ep, etp)
+coordinates in the plan's ``expert_order``: `expert_group`.
 """
 
 from __future__ import annotations
@@ -71,6 +75,49 @@ class RankLayout:
         base = rank - c["dp"] * st["dp"] - c["cp"] * st["cp"]
         dp, cp, sd, sc = self.sizes["dp"], self.sizes["cp"], st["dp"], st["cp"]
         return tuple(sorted(base + d * sd + k * sc for d in range(dp) for k in range(cp)))
+
+    # --- expert layers (parallel folding) -------------------------------------------------
+    @cached_property
+    def expert_sizes(self) -> dict[str, int]:
+        p = self.plan
+        return {"edp": p.edp, "ep": p.ep, "etp": p.expert_tp}
+
+    def _local(self, c: dict[str, int]) -> int:
+        """The index of a GPU among those of its pipeline rank (non-pp axes in mesh order)."""
+        r = 0
+        for axis in self.order:
+            if axis != "pp":
+                r = r * self.sizes[axis] + c[axis]
+        return r
+
+    def _from_local(self, pp: int, local: int) -> int:
+        c = {"pp": pp}
+        for axis in reversed(self.order):
+            if axis != "pp":
+                c[axis] = local % self.sizes[axis]
+                local //= self.sizes[axis]
+        return self.rank(**c)
+
+    def expert_coords(self, rank: int) -> dict[str, int]:
+        """Global rank -> {edp, ep, etp} of its expert layers."""
+        local, out = self._local(self.coords(rank)), {}
+        for axis in reversed(self.plan.expert_order):
+            n = self.expert_sizes[axis]
+            out[axis] = local % n
+            local //= n
+        return out
+
+    def expert_group(self, rank: int, axis: str) -> tuple[int, ...]:
+        """The ranks whose expert layers differ from ``rank``'s only along ``axis`` (edp, ep or
+        etp): its all-to-all (ep), expert tensor-parallel (etp) or expert gradient (edp) group."""
+        c, pp = self.expert_coords(rank), self.coords(rank)["pp"]
+        out = []
+        for i in range(self.expert_sizes[axis]):
+            local = 0
+            for a in self.plan.expert_order:
+                local = local * self.expert_sizes[a] + (i if a == axis else c[a])
+            out.append(self._from_local(pp, local))
+        return tuple(out)
 
     def groups(self, axis: str) -> list[tuple[int, ...]]:
         """All groups along ``axis``, each sorted, ordered by their first rank."""

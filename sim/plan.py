@@ -30,6 +30,11 @@ SPLIT_BACKWARD = frozenset({"zb-h1", "zb-h2", "zb-1p", "zb-2p", "zb-v"})
 AXES = ("pp", "dp", "cp", "tp")
 #: Megatron's default: pp outermost ... tp innermost (a TP group stays inside a node).
 DEFAULT_MESH_ORDER = ("pp", "dp", "cp", "tp")
+#: Expert layers fold the same GPUs of one pipeline rank into edp x ep x etp (Megatron-Core's
+#: parallel folding, Liu et al. 2025 arXiv:2504.14960): by default etp innermost, then ep, so an EP
+#: group stays inside a node while ep x etp fits in one.
+EXPERT_AXES = ("edp", "ep", "etp")
+DEFAULT_EXPERT_ORDER = ("edp", "ep", "etp")
 
 
 class ZeroPolicy(enum.Enum):
@@ -81,6 +86,14 @@ class ParallelPlan(BaseModel):
     mesh_order: tuple[str, ...] = Field(DEFAULT_MESH_ORDER, description="mesh axes, outermost first")
     layer_split: tuple[int, ...] | None = Field(None, description="transformer layers per stage, pp*vpp entries")
     allow_tp_across_nodes: bool = False
+    ep: int = Field(1, ge=1, le=MAX_GPUS, strict=True, description="expert-parallel size (MoE layers)")
+    etp: int | None = Field(None, ge=1, le=MAX_GPUS, strict=True, description="expert tensor-parallel size; None: tp")
+    expert_order: tuple[str, ...] = Field(
+        DEFAULT_EXPERT_ORDER, description="expert mesh axes inside a pipeline rank, outermost first"
+    )
+    moe_imbalance: float = Field(
+        1.0, ge=1.0, le=64.0, description="busiest expert rank's tokens over the balanced share (1: force-balanced)"
+    )
 
     @field_validator("schedule")
     @classmethod
@@ -96,10 +109,28 @@ class ParallelPlan(BaseModel):
             raise ValueError(f"mesh_order must be a permutation of {', '.join(AXES)}")
         return tuple(v)
 
+    @field_validator("expert_order")
+    @classmethod
+    def _expert_mesh(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        if sorted(v) != sorted(EXPERT_AXES):
+            raise ValueError(f"expert_order must be a permutation of {', '.join(EXPERT_AXES)}")
+        return tuple(v)
+
     # --- derived values ---------------------------------------------------------------
     @property
     def num_gpus(self) -> int:
         return self.dp * self.tp * self.pp * self.cp
+
+    @property
+    def expert_tp(self) -> int:
+        """Tensor-parallel size of the expert MLPs (Megatron-Core's default: tp)."""
+        return self.tp if self.etp is None else self.etp
+
+    @property
+    def edp(self) -> int:
+        """Expert data-parallel size: the GPUs of one pipeline rank (tp x cp x dp) over ep x etp.
+        Expert gradients are reduced, and with ZeRO expert states sharded, over edp."""
+        return max(1, self.tp * self.cp * self.dp // (self.ep * self.expert_tp))
 
     @property
     def num_microbatches(self) -> int:
@@ -151,8 +182,9 @@ class ParallelPlan(BaseModel):
 
     def describe(self) -> str:
         """One line: sizes, batch, schedule, ZeRO, recomputation, SP and precision."""
+        experts = f" ep {self.ep} etp {self.expert_tp}" if self.ep > 1 or self.etp is not None else ""
         return (
-            f"tp {self.tp} pp {self.pp} dp {self.dp} cp {self.cp} vpp {self.vpp}, mbs {self.micro_batch_size}"
+            f"tp {self.tp} pp {self.pp} dp {self.dp} cp {self.cp} vpp {self.vpp}{experts}, mbs {self.micro_batch_size}"
             f" gbs {self.global_batch_size} ({self.num_microbatches} microbatches), {self.schedule},"
             f" ZeRO {self.zero}, recompute {self.recompute}{', SP' if self.sequence_parallel else ''}, {self.precision}"
         )
@@ -243,6 +275,49 @@ def check_plan(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec, num_g
         )
     _check_schedule(plan)
     _check_split(plan, model)
+    _check_experts(plan, model)
+
+
+def _check_experts(plan: ParallelPlan, model: ModelSpec) -> None:
+    """Megatron-Core's parallel folding: the expert layers of a pipeline rank run on the same
+    tp x cp x dp GPUs as its attention, folded into edp x ep x etp."""
+    moe = model.moe
+    if moe is None:
+        if plan.ep > 1 or plan.etp is not None:
+            flag = "ep" if plan.ep > 1 else "etp"
+            raise PlanError(
+                flag, f"{model.name} has no MoE layers; {flag} applies to expert layers only.", f"drop --{flag}."
+            )
+        return
+    ep, etp = plan.ep, plan.expert_tp
+    if plan.zero >= 3:
+        raise PlanError(
+            "zero",
+            "ZeRO-3 / FSDP of MoE models is not modelled yet (expert parameters gathered over edp).",
+            "use --zero 0, 1 or 2 (Megatron-Core's distributed optimizer) for MoE models.",
+        )
+    if moe.experts % ep:
+        raise PlanError(
+            "ep", f"ep={ep} does not divide the {moe.experts} experts.", "pick ep dividing the expert count."
+        )
+    width = plan.tp * plan.cp * plan.dp
+    if width % (ep * etp):
+        raise PlanError(
+            "ep",
+            f"ep*etp = {ep}*{etp} does not divide tp*cp*dp = {width}, the GPUs of a pipeline rank the expert "
+            "layers fold over.",
+            f"pick ep and etp whose product divides {width}.",
+        )
+    if moe.expert_ffn % etp:
+        raise PlanError(
+            "etp", f"etp={etp} does not divide the expert MLP size {moe.expert_ffn}.", "pick etp dividing it."
+        )
+    if moe.shared_experts and (moe.shared_experts * moe.shared_ffn) % plan.tp:
+        raise PlanError(
+            "tp",
+            f"tp={plan.tp} does not divide the shared experts' MLP size {moe.shared_experts * moe.shared_ffn}.",
+            "pick tp dividing it.",
+        )
 
 
 def _check_schedule(plan: ParallelPlan) -> None:

@@ -395,7 +395,7 @@ def test_engine_times_the_executors_reduce_grad_from_the_in_situ_table():
     units x unit_s + bytes x s_per_byte of the calibration (one unit per layer plus the root);
     with Megatron's overlapped buckets (the default) the network model times it as before."""
     from simpar.sim.calibration.check import EXECUTOR_OPTIONS
-    from simpar.sim.cost.memory import rank_params
+    from simpar.sim.cost.params import rank_params
     from simpar.sim.engine.simulate import simulate
 
     m = ModelSpec(name="x", arch="gpt", layers=4, hidden=256, heads=4, ffn=1024, vocab=512, seq_len=128)
@@ -425,7 +425,7 @@ def test_engine_and_sweep_time_a_zero2_parameter_gather_from_the_in_situ_table()
     calibration's all-gather row, in the engine and in the sweep's estimate alike; ZeRO-1 (DDP in
     the executor) keeps the network model."""
     from simpar.sim.calibration.check import EXECUTOR_OPTIONS
-    from simpar.sim.cost.memory import rank_params
+    from simpar.sim.cost.params import rank_params
     from simpar.sim.engine.simulate import simulate
     from simpar.sim.sweep.estimator import oracle_estimate
     from simpar.sim.sweep.evaluate import Evaluator, SweepSetup

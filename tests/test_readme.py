@@ -7,6 +7,8 @@ import re
 import runpy
 from pathlib import Path
 
+from simpar.sim.engine.results import BREAKDOWN_KEYS
+
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
 
@@ -25,10 +27,10 @@ def test_readme_python_example_runs(tmp_path, monkeypatch, capsys) -> None:
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("fits: peak")
     assert re.fullmatch(r"\d+\.\d\d s per iteration, MFU \d+\.\d%", out[1])
-    parts = {line.split()[0] for line in out[2:10]}
-    assert parts == {"compute", "recompute", "tp_comm", "pp_comm", "dp_comm", "zero_comm", "optimizer", "bubble"}
-    assert "F" in out[10]  # the first actions of rank 0
-    best_id, best_time, source = out[11].split()
+    parts = {line.split()[0] for line in out[2:12]}
+    assert parts == set(BREAKDOWN_KEYS) and {"compute", "moe_a2a", "bubble"} <= parts
+    assert "F" in out[12]  # the first actions of rank 0
+    best_id, best_time, source = out[13].split()
     assert (
         "-mbs" in best_id and float(best_time) > 0 and source == "engine"
     )  # the best plans are simulated by the engine

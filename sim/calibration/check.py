@@ -114,8 +114,10 @@ CHECK_PLANS = (
 
 def check_model(key: str) -> ModelSpec:
     preset, over = CHECK_MODELS[key]
-    base = load_model(preset)
-    return build(ModelSpec, {**base.model_dump(), **over}, f"check model {over['name']}")
+    base = load_model(preset).model_dump()
+    if "head_dim" not in over:  # derived from the overridden hidden size and heads again
+        base["head_dim"] = 0
+    return build(ModelSpec, {**base, **over}, f"check model {over['name']}")
 
 
 def plan_of(case: CheckPlan, cluster: ClusterSpec) -> tuple[ModelSpec, ParallelPlan]:

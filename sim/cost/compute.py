@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..model import LayerFlops, layer_flops, logits_flops
+from ..model import DENSE, LayerFlops, LayerKind, layer_flops, logits_flops
 from ..plan import ParallelPlan
 from ..specs import GPUSpec, ModelSpec
 from ..specs.calibration import Calibration, EfficiencyParams, default_calibration
@@ -49,6 +49,19 @@ UNFUSED_SCORE_BYTES = 9
 def causal_attention_fraction(seq_len: float) -> float:
     """Share of the full s x s attention square a causal FlashAttention computes (1/2 + B/2s)."""
     return min(1.0, 0.5 + FLASH_BLOCK / (2.0 * max(seq_len, 1.0)))
+
+
+def computed_attention_fraction(m: ModelSpec, kind: LayerKind) -> float:
+    """Share of the attention core the FLOP count charges (`model.attended_keys`) that a causal
+    FlashAttention kernel computes: the causal half of the square (plus diagonal blocks); within
+    each chunk for chunked attention; for a sliding window of w keys the band of query blocks x
+    key blocks it touches, about w + B keys per query."""
+    s, w = m.seq_len, kind.window
+    if not w or w >= s:
+        return causal_attention_fraction(s)
+    if m.window_kind == "chunked":
+        return causal_attention_fraction(w)
+    return min(s, w + FLASH_BLOCK) / w
 
 
 #: Adam step bytes per locally owned parameter: fp32 master r/w (8), moments r/w (16), grad read
@@ -69,10 +82,34 @@ class PassTimes:
     i: float
     w: float
     attn_f: float = 0.0  # attention-core forward part of f (what selective recompute re-runs)
+    #: the routed experts' part of f, i, w (their grouped GEMMs, permutation and unpermutation):
+    #: charged to expert_compute instead of compute
+    expert_f: float = 0.0
+    expert_i: float = 0.0
+    expert_w: float = 0.0
 
     @property
     def b(self) -> float:
         return self.i + self.w
+
+
+def attention_shapes(m: ModelSpec, plan: ParallelPlan, tokens: float) -> list[tuple[float, float, float]]:
+    """The (m, n, k) GEMMs of one layer's attention projections on one GPU of a tp group: fused
+    QKV and output projection, or MLA's down-projections (not split over tp: Megatron-Core
+    replicates them), up-projections and output projection."""
+    t, h = plan.tp, m.hidden
+    if m.mla is None:
+        kv = m.kv_heads * m.head_dim
+        return [(tokens, (m.attn_width + 2 * kv) / t, h), (tokens, h, m.attn_width / t)]
+    a, n = m.mla, m.heads
+    out = []
+    if a.q_lora_rank:
+        out += [(tokens, a.q_lora_rank, h), (tokens, n * a.qk_head_dim / t, a.q_lora_rank)]
+    else:
+        out += [(tokens, n * a.qk_head_dim / t, h)]
+    out += [(tokens, a.kv_lora_rank + a.qk_rope_head_dim, h)]
+    out += [(tokens, n * (a.qk_nope_head_dim + a.v_head_dim) / t, a.kv_lora_rank)]
+    return out + [(tokens, h, n * a.v_head_dim / t)]
 
 
 @dataclass(frozen=True)
@@ -102,7 +139,12 @@ class CostModel:
         return x / (x + self.eff.mm_half_dim)
 
     def matmul_time(self, m: float, n: float, k: float, dtype: str = "bf16") -> float:
-        flops = 2.0 * m * n * k
+        return self.grouped_matmul_time(1, m, n, k, dtype)
+
+    def grouped_matmul_time(self, groups: float, m: float, n: float, k: float, dtype: str = "bf16") -> float:
+        """``groups`` GEMMs of one shape in one kernel (a grouped GEMM: one expert each), each at
+        the efficiency of its own shape: small per-expert token counts under-fill the tiles."""
+        flops = 2.0 * m * n * k * groups
         eff = self.eff.mm_eff_max * self._sat(m) * self._sat(n) * self._sat(k)
         if dtype == "fp8":
             eff *= self.eff.fp8_mm_eff_scale
@@ -124,25 +166,34 @@ class CostModel:
         return self.memory_time(ADAM_BYTES_PER_PARAM * local_params)
 
     # --- model pieces -----------------------------------------------------------------------
-    def layer_times(self, m: ModelSpec, plan: ParallelPlan) -> PassTimes:
-        """One transformer layer, one micro-batch, on one GPU of a tp x cp group (compute only).
-        A calibration's measured layer table is used when it covers the layer (`tables`)."""
-        hit = self.tables.layer(m, plan)
-        if hit is not None:
-            return PassTimes(*hit)
+    def gemm_times(self, shapes: list[tuple[float, float, float]], dtype: str) -> tuple[float, float, float]:
+        """(forward, input-gradient, weight-gradient) seconds of GEMMs of (m, n, k) shapes:
+        dX = dY W^T has shape m x k x n, dW = X^T dY shape k x n x m."""
+        f = sum(self.matmul_time(a, b, c, dtype) for a, b, c in shapes)
+        i = sum(self.matmul_time(a, c, b, dtype) for a, b, c in shapes)
+        w = sum(self.matmul_time(c, b, a, dtype) for a, b, c in shapes)
+        return f, i, w
+
+    def layer_times(self, m: ModelSpec, plan: ParallelPlan, kind: LayerKind = DENSE) -> PassTimes:
+        """One transformer layer of ``kind``, one micro-batch, on one GPU of a tp x cp group
+        (compute only). For an MoE layer, everything but its MLP: `moe.moe_layer_times` adds
+        that. A calibration's measured layer table is used when it covers the layer (`tables`:
+        plain dense layers only)."""
+        if kind == DENSE and m.moe is None and m.mla is None and not m.window and m.attn_width == m.hidden:
+            hit = self.tables.layer(m, plan)
+            if hit is not None:
+                return PassTimes(*hit)
         t, dt = plan.tp, plan.precision
         tokens = plan.micro_batch_size * m.seq_len / plan.cp
-        h, f, kv = m.hidden, m.ffn, m.kv_heads * m.head_dim
-        shapes = [(tokens, (h + 2 * kv) / t, h), (tokens, h, h / t)]
-        shapes += [(tokens, f / t, h)] * (2 if m.gated_mlp else 1) + [(tokens, h, f / t)]
-        fwd_mm = sum(self.matmul_time(a, b, c, dt) for a, b, c in shapes)
-        # Input grads: dX = dY W^T (shape m x k x n); weight grads: dW = X^T dY (k x n x m).
-        i_mm = sum(self.matmul_time(a, c, b, dt) for a, b, c in shapes)
-        w_mm = sum(self.matmul_time(c, b, a, dt) for a, b, c in shapes)
-        lf: LayerFlops = layer_flops(m, m.seq_len, plan.micro_batch_size)
+        h, f = m.hidden, m.ffn
+        shapes = attention_shapes(m, plan, tokens)
+        if not kind.moe:
+            shapes += [(tokens, f / t, h)] * (2 if m.gated_mlp else 1) + [(tokens, h, f / t)]
+        fwd_mm, i_mm, w_mm = self.gemm_times(shapes, dt)
+        lf: LayerFlops = layer_flops(m, m.seq_len, plan.micro_batch_size, kind)
         if plan.flash_attention:
             attn_f, attn_b = self.attention_time(
-                lf.attn_core_f * causal_attention_fraction(m.seq_len) / (t * plan.cp), dt
+                lf.attn_core_f * computed_attention_fraction(m, kind) / (t * plan.cp), dt
             )
         else:  # scores materialised: two batched matmuls over the full square + softmax traffic
             mm_peak = self.gpu.peak_flops("bf16" if dt == "fp8" else dt) * self.eff.mm_eff_max
@@ -150,8 +201,8 @@ class CostModel:
             attn_f = lf.attn_core_f / (t * plan.cp) / mm_peak + self.memory_time(UNFUSED_SCORE_BYTES * scores)
             attn_b = 2 * lf.attn_core_f / (t * plan.cp) / mm_peak + self.memory_time(2 * UNFUSED_SCORE_BYTES * scores)
         sp = t if plan.sequence_parallel else 1
-        ew_bytes = tokens * (ELEMENTWISE_BYTES_PER_TOKEN_H * h / sp + (6 if m.gated_mlp else 4) * f / t)
-        ew_f = self.memory_time(ew_bytes)
+        mlp_ew = 0 if kind.moe else (6 if m.gated_mlp else 4) * f / t  # the MoE MLP times its own
+        ew_f = self.memory_time(tokens * (ELEMENTWISE_BYTES_PER_TOKEN_H * h / sp + mlp_ew))
         launch = KERNELS_PER_LAYER_FWD * self.eff.launch_s
         f_time = max(fwd_mm + attn_f + ew_f, launch)
         i_time = max(i_mm + attn_b + 2 * ew_f, 2 * launch)

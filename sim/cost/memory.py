@@ -32,12 +32,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from ..model import embedding_params, layer_params, output_params
 from ..plan import ParallelPlan, ZeroPolicy
 from ..schedules import Kind, Schedule, build_schedule, peak_activation_units, peak_inflight, schedule_for_plan
 from ..schedules.lower import MAX_ACTIVE_STAGES
 from ..specs import GPUSpec, ModelSpec
 from ..units import GiB
+from .params import rank_expert_params, rank_params
 
 #: fp32 master weights + Adam first and second moments (ZeRO paper, K = 12).
 OPTIMIZER_BYTES_PER_PARAM = 12
@@ -275,25 +275,6 @@ class MemoryReport:
         )
 
 
-def rank_params(m: ModelSpec, plan: ParallelPlan, stages: Sequence[int]) -> float:
-    """Parameters one GPU holds for the given stages, after the tensor-parallel split.
-    Norm weights are replicated over tp; everything else is split."""
-    t = plan.tp
-    norms = (4 if m.arch == "gpt" else 2) * m.hidden
-    per_layer = (layer_params(m) - norms) / t + norms
-    split = plan.stage_layers(m.layers)
-    total = 0.0
-    last = plan.num_stages - 1
-    for s in stages:
-        total += split[s] * per_layer
-        if s == 0:
-            total += embedding_params(m) / t
-        if s == last:
-            out = output_params(m)
-            total += out / t if not m.tied_embeddings else (m.vocab * m.hidden / t if plan.num_stages > 1 else 0) + out
-    return total
-
-
 def recompute_transient_bytes(m: ModelSpec, plan: ParallelPlan) -> float:
     """Activations re-materialised for one layer during its backward (freed right after)."""
     if plan.recompute == "full":
@@ -317,15 +298,21 @@ def rank_memory(
     inflight: float = 0.0,
     zero3_unsharded: float | None = None,
     conventions: MemoryConventions = GPU_MIXED_PRECISION,
+    expert_psi: float = 0.0,
 ) -> RankMemory:
     """Peak memory of one GPU of pipeline rank ``rank`` holding ``psi`` parameters (its stages hold
     ``stage_params`` each, ``layers`` layers in all) with ``acts`` bytes of stored activations at
     the peak and ``transient`` recomputed ones (both as the formulas count them), on a GPU of
-    ``capacity`` bytes, under ``conventions``. The one place the per-rank sum is made."""
+    ``capacity`` bytes, under ``conventions``; ``expert_psi`` of the ``psi`` are routed-expert
+    parameters, whose states ZeRO shards over edp instead of dp x cp. The one place the per-rank
+    sum is made."""
     nd = plan.zero_shards
-    weights, grads, opt = model_state_bytes(psi, plan.zero, nd)
-    if plan.precision == "fp8":
-        weights += psi / (nd if plan.zero >= 3 else 1)  # cached fp8 weight copies (Transformer Engine)
+    states = [model_state_bytes(psi - expert_psi, plan.zero, nd)]
+    if expert_psi:
+        states.append(model_state_bytes(expert_psi, plan.zero, plan.edp))
+    weights, grads, opt = (sum(x) for x in zip(*states))
+    if plan.precision == "fp8":  # cached fp8 weight copies (Transformer Engine)
+        weights += (psi - expert_psi) / (nd if plan.zero >= 3 else 1) + expert_psi / (plan.edp if plan.zero >= 3 else 1)
     policy = plan.zero_policy
     gather = 0.0
     if policy is ZeroPolicy.PER_LAYER:
@@ -419,6 +406,7 @@ def _report(
                 float(inflight[r]),
                 None if zero3_unsharded is None else zero3_unsharded[r],
                 conventions,
+                rank_expert_params(m, plan, stages),
             )
         )
     return MemoryReport(tuple(ranks), capacity, conventions)

@@ -8,18 +8,30 @@ al. 2019 §3; Korthikanti et al. 2022 §4.2.2): per layer 2 all-reduces of the b
 in the forward and 2 in the backward, or with sequence parallelism 2 all-gathers + 2
 reduce-scatters of the same size each way. Context parallelism uses ring attention: cp - 1 steps
 each sending a K and V chunk, overlapped with the attention core (backward sends dK, dV too).
+An MoE layer keeps the same TP collectives (Megatron-Core's token dispatcher gathers and scatters
+the tp group's tokens around the experts in place of the MLP's) and adds its all-to-alls
+(`moe.dispatch_bytes`: dispatch + combine in the forward, their gradients in the backward, the
+forward pair again under full recompute) over its EP group on the topology.
+
+A stage sums its layers by kind (`model.layer_kinds`: dense or MoE, full or windowed attention);
+the last stage also holds the MTP modules (a projection, one layer, the logits again).
+`StageWork.parts` is the one place a pass's seconds are split into what the engine and the
+sweep's estimator charge.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Protocol
 
 from ..layout import RankLayout
+from ..model import DENSE, LayerKind, layer_kinds, mtp_kind
 from ..plan import ParallelPlan
 from ..specs import ModelSpec
 from .compute import CostModel, PassTimes
-from .memory import rank_params
+from .moe import dispatch_bytes, moe_layer_times
+from .params import rank_expert_params, rank_params, stage_layer_range
 from .profile import MEGATRON, RuntimeProfile
 
 
@@ -45,6 +57,18 @@ class StageWork:
     params: float  # parameters of this stage held by one GPU (after tp)
     layer_compute: float  # one layer's forward compute (for ZeRO-3 prefetch overlap)
     tp_w: float = 0.0  # ... in the backward for weights (W): only where a runtime moves I's work there
+    #: MoE all-to-all seconds (dispatch + combine) in the forward, the backward for inputs and
+    #: the recompute forward, before any overlap (`parts`)
+    a2a_f: float = 0.0
+    a2a_b: float = 0.0
+    a2a_r: float = 0.0
+    #: the routed experts' part of f, i, w, r (charged to expert_compute)
+    expert_f: float = 0.0
+    expert_i: float = 0.0
+    expert_w: float = 0.0
+    expert_r: float = 0.0
+    #: the routed-expert part of ``params`` (reduced and ZeRO-sharded over edp, not dp x cp)
+    expert_params: float = 0.0
 
     @property
     def b(self) -> float:
@@ -54,6 +78,33 @@ class StageWork:
     def tp_bw(self) -> float:
         """Exposed TP/CP communication of a full backward (B = I + W)."""
         return self.tp_b + self.tp_w
+
+    def parts(
+        self, kind: str, overlap_tp: bool = False, overlap_a2a: bool = False
+    ) -> tuple[float, float, float, float]:
+        """(compute, expert compute, exposed TP/CP, exposed all-to-all) seconds of one pass
+        (``kind`` F, B, I, W or R) on the compute stream; their sum is its duration.
+
+        With ``overlap_tp`` the TP/CP collectives are hidden. With ``overlap_a2a`` (Megatron-Core
+        ``--overlap-moe-expert-parallel-comm``: another micro-batch's computation runs while one
+        micro-batch's tokens are dispatched) the all-to-all is hidden up to the pass's own
+        non-expert compute, the longer of the two showing; a backward hides behind its
+        input-gradient part either way (B and I expose the same)."""
+        c, e, tp, a2a = {
+            "F": (self.f, self.expert_f, self.tp_f, self.a2a_f),
+            "B": (self.b, self.expert_i + self.expert_w, self.tp_bw, self.a2a_b),
+            "I": (self.i, self.expert_i, self.tp_b, self.a2a_b),
+            "W": (self.w, self.expert_w, self.tp_w, 0.0),
+            "R": (self.r, self.expert_r, self.tp_r, self.a2a_r),
+        }[kind]
+        if overlap_a2a and a2a:
+            hide = self.i - self.expert_i if kind in ("B", "I") else c - e
+            a2a = max(0.0, a2a - hide)
+        return c - e, e, 0.0 if overlap_tp else tp, a2a
+
+    def seconds(self, kind: str, overlap_tp: bool = False, overlap_a2a: bool = False) -> float:
+        """The duration of one pass on the compute stream (`parts` summed)."""
+        return sum(self.parts(kind, overlap_tp, overlap_a2a))
 
 
 def stage_work(
@@ -65,54 +116,127 @@ def stage_work(
     profile: RuntimeProfile = MEGATRON,
 ) -> list[StageWork]:
     """Per-stage seconds of one micro-batch under ``profile`` (`profile.RuntimeProfile`)."""
-    timed_with_tp = profile.layer_with_tp(m, plan)
-    lt = PassTimes(*timed_with_tp) if timed_with_tp is not None else costs.layer_times(m, plan)
+    timed_with_tp = profile.layer_with_tp(m, plan) if m.moe is None else None
+    kinds = layer_kinds(m)
+    extra = {mtp_kind(m)} if m.mtp_layers else set()
+    # a layer timed with its TP collectives (the executor profile) already holds them
+    times = {
+        kind: PassTimes(*timed_with_tp) if timed_with_tp is not None else moe_layer_times(costs, m, plan, kind)
+        for kind in set(kinds) | extra
+    }
     lg = costs.logits_times(m, plan)
     em = costs.embedding_times(m, plan)
-    split = plan.stage_layers(m.layers)
     tokens = plan.micro_batch_size * m.seq_len / plan.cp
     act = 2.0 * tokens * m.hidden  # one 16-bit b x s x h activation (per cp rank)
-    # a layer timed with its TP collectives (the executor profile) already holds them
     tp_layer = 0.0 if timed_with_tp is not None else _tp_layer_time(plan, net, layout, act)
-    cp_f, cp_b = _cp_layer_time(m, plan, net, layout, lt)
-    rec_layer = {"full": lt.f, "selective": lt.attn_f}.get(plan.recompute, 0.0)
-    rec_tp = tp_layer + cp_f if plan.recompute == "full" else 0.0
+    a2a = _a2a_time(m, plan, net, layout)
+    per = {
+        kind: _layer_work(plan, net, layout, m, lt, tp_layer, a2a if kind.moe else 0.0) for kind, lt in times.items()
+    }
     last = plan.num_stages - 1
     k, a = profile.compute_map(plan)
+    sp = plan.tp if plan.sequence_parallel else 1
     out: list[StageWork] = []
-    for s, n in enumerate(split):
-        f, i, w = n * lt.f, n * lt.i, n * lt.w
-        tp_f = n * (tp_layer + cp_f)
-        tp_b = n * (tp_layer + cp_b)
+    for s in range(plan.num_stages):
+        counts = Counter(kinds[i] for i in stage_layer_range(m, plan, s))
+        if s == last and m.mtp_layers:
+            counts[mtp_kind(m)] += m.mtp_layers
+        x = _sum_layers(per, counts)
         if s == 0:
-            f, w = f + em.f, w + em.w
-            tp_f += _tp_small(plan, net, layout, act)  # vocab-parallel embedding all-reduce / reduce-scatter
+            x["f"], x["w"] = x["f"] + em.f, x["w"] + em.w
+            x["tp_f"] += _tp_small(plan, net, layout, act)  # vocab-parallel embedding all-reduce / reduce-scatter
         if s == last:
-            f, i, w = f + lg.f, i + lg.i, w + lg.w
-            tp_f += _tp_small(plan, net, layout, 4.0 * tokens * 3)  # vocab-parallel cross-entropy (max, sum, target)
-        sp = plan.tp if plan.sequence_parallel else 1
-        f, i, w = a + k * f, a / 2 + k * i, a / 2 + k * w
-        tp_w = 0.0
+            heads = 1 + m.mtp_layers  # the output head, and each MTP module's logits and 2h -> h projection
+            proj = costs.gemm_times([(tokens, m.hidden, 2 * m.hidden / plan.tp)], plan.precision)
+            for key, lgx, px in (("f", lg.f, proj[0]), ("i", lg.i, proj[1]), ("w", lg.w, proj[2])):
+                x[key] += heads * lgx + m.mtp_layers * px
+            x["tp_f"] += heads * _tp_small(plan, net, layout, 4.0 * tokens * 3)  # vocab-parallel cross-entropy
+        f, i, w = a + k * x["f"], a / 2 + k * x["i"], a / 2 + k * x["w"]
+        tp_b, tp_w = x["tp_b"], 0.0
+        ei, ew = k * x["expert_i"], k * x["expert_w"]
         if s == 0 and not profile.first_stage_input_grad:  # the first stage's I is empty, W does it all
-            i, w, tp_b, tp_w = 0.0, i + w, 0.0, tp_b
+            i, w, tp_b, tp_w, ei, ew = 0.0, i + w, 0.0, tp_b, 0.0, ei + ew
         out.append(
             StageWork(
                 stage=s,
-                layers=n,
+                layers=sum(counts.values()) - (m.mtp_layers if s == last else 0),
                 f=f,
                 i=i,
                 w=w,
-                r=k * n * rec_layer,
-                tp_f=tp_f,
+                r=k * x["r"],
+                tp_f=x["tp_f"],
                 tp_b=tp_b,
-                tp_r=n * rec_tp,
+                tp_r=x["tp_r"],
                 act_bytes=act / sp,
                 params=rank_params(m, plan, [s]),
-                layer_compute=k * lt.f,
+                layer_compute=k * times[DENSE if DENSE in times else kinds[0]].f,
                 tp_w=tp_w,
+                a2a_f=x["a2a_f"],
+                a2a_b=x["a2a_b"],
+                a2a_r=x["a2a_r"],
+                expert_f=k * x["expert_f"],
+                expert_i=ei,
+                expert_w=ew,
+                expert_r=k * x["expert_r"],
+                expert_params=rank_expert_params(m, plan, [s]),
             )
         )
     return out
+
+
+_FIELDS = (
+    "f",
+    "i",
+    "w",
+    "r",
+    "tp_f",
+    "tp_b",
+    "tp_r",
+    "a2a_f",
+    "a2a_b",
+    "a2a_r",
+    "expert_f",
+    "expert_i",
+    "expert_w",
+    "expert_r",
+)
+
+
+def _layer_work(
+    plan: ParallelPlan, net: CollectiveTimer, layout: RankLayout, m: ModelSpec, lt: PassTimes, tp: float, a2a: float
+) -> dict[str, float]:
+    """One layer's seconds by `StageWork` field (``a2a``: one all-to-all of its MoE MLP, or 0)."""
+    cp_f, cp_b = _cp_layer_time(m, plan, net, layout, lt)
+    full = plan.recompute == "full"
+    rec = {"full": lt.f, "selective": lt.attn_f}.get(plan.recompute, 0.0)
+    return {
+        "f": lt.f,
+        "i": lt.i,
+        "w": lt.w,
+        "r": rec,
+        "tp_f": tp + cp_f,
+        "tp_b": tp + cp_b,
+        "tp_r": tp + cp_f if full else 0.0,
+        "a2a_f": 2 * a2a,
+        "a2a_b": 2 * a2a,
+        "a2a_r": 2 * a2a if full else 0.0,
+        "expert_f": lt.expert_f,
+        "expert_i": lt.expert_i,
+        "expert_w": lt.expert_w,
+        "expert_r": lt.expert_f if full else 0.0,
+    }
+
+
+def _sum_layers(per: dict[LayerKind, dict[str, float]], counts: Counter) -> dict[str, float]:
+    return {key: sum(n * per[kind][key] for kind, n in counts.items()) for key in _FIELDS}
+
+
+def _a2a_time(m: ModelSpec, plan: ParallelPlan, net: CollectiveTimer, layout: RankLayout) -> float:
+    """One dispatch (or combine) all-to-all of one MoE layer over the EP group of pipeline rank 0."""
+    if m.moe is None or plan.ep == 1:
+        return 0.0
+    group = layout.expert_group(layout.rank(pp=0), "ep")
+    return net.collective_time("all-to-all", group, dispatch_bytes(m, plan))
 
 
 def _tp_layer_time(plan: ParallelPlan, net: CollectiveTimer, layout: RankLayout, act: float) -> float:

@@ -23,17 +23,14 @@ from .trace import NO_ARGS, TraceEvent
 _COMPUTE = frozenset({Kind.F, Kind.B, Kind.I, Kind.W, Kind.R})
 
 
-def _compute_table(eng: Any) -> dict[tuple[int, Kind], tuple[float, float, str]]:
-    """(stage, kind) -> (compute seconds, exposed TP/CP seconds, account): what `Engine._compute`
-    charges for F, B, I, W and R."""
-    tpx = 0.0 if eng.opt.overlap_tp else 1.0
-    out = {}
+def _compute_table(eng: Any) -> dict[tuple[int, Kind], tuple[tuple[float, float, float, float], float, str]]:
+    """(stage, kind) -> ((compute, expert compute, exposed TP/CP, exposed all-to-all) seconds,
+    their sum, account): what `Engine._compute` charges for F, B, I, W and R."""
+    o, out = eng.opt, {}
     for s, w in enumerate(eng.work):
-        out[(s, Kind.F)] = (w.f, tpx * w.tp_f, "compute")
-        out[(s, Kind.B)] = (w.b, tpx * w.tp_bw, "compute")
-        out[(s, Kind.I)] = (w.i, tpx * w.tp_b, "compute")
-        out[(s, Kind.W)] = (w.w, tpx * w.tp_w, "compute")
-        out[(s, Kind.R)] = (w.r, tpx * w.tp_r, "recompute")
+        for k in (Kind.F, Kind.B, Kind.I, Kind.W, Kind.R):
+            parts = w.parts(k.value, o.overlap_tp, o.overlap_moe_a2a)
+            out[(s, k)] = (parts, sum(parts), "recompute" if k is Kind.R else "compute")
     return out
 
 
@@ -64,17 +61,19 @@ def walk_ahead(eng: Any, g: Any, actions):
                 ev = g.gathered.get(st)
                 clock = ev is None or not ev.processed
             if not clock:
-                secs, tp, name = table[(st, k)]
+                (secs, ex, tp, a2a), dur, name = table[(st, k)]
                 if k is F:
                     g.act += act_bytes[st]
                     mem.append((t, g.act))
-                dur = secs + tp
                 if dur > 0:
                     kv = k._value_
                     events.append(new(TraceEvent, (rank, "compute", f"{st}{kv}{mb}", kv, t, dur, st, mb, NO_ARGS)))
                 t += dur
                 acc[name] += secs
                 acc["tp_comm"] += tp
+                if ex or a2a:
+                    acc["expert_compute"] += ex
+                    acc["moe_a2a"] += a2a
                 if k is B or k is I:
                     g.act -= act_bytes[st]
                     mem.append((t, g.act))

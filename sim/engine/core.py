@@ -82,6 +82,8 @@ class Engine:
                 if (d, c, pr) not in tps:
                     tps[(d, c, pr)] = self.layout.group(rank, "tp")
                 g.dp_group, g.tp_group = shards[(t, pr)], tps[(d, c, pr)]
+                if model.moe is not None:
+                    g.edp_group = self.layout.expert_group(rank, "edp")
 
     # --- setup helpers -------------------------------------------------------------------
     def _pipeline_keys(self) -> list[tuple[int, ...]]:
@@ -221,11 +223,13 @@ class Engine:
         if ev is None:
             if self.policy is ZeroPolicy.PER_UNSHARD:
                 self._params_mem(g, self.work[stage].params)
-            comm = it.param_gather(self.plan, self.work[stage], g.dp_group, self.profile)
-            ev = g.gathered[stage] = self.env.process(
-                self._comm(g, g.zero, comm, ("params", stage), "zero", "ZERO_GATHER", stage)
-            )
+            comms = it.param_gathers(self.plan, self.work[stage], g.dp_group, self.profile, g.edp_group)
+            ev = g.gathered[stage] = self.env.process(self._gathers(g, comms, stage))
         return ev
+
+    def _gathers(self, g: GpuState, comms: list[it.Comm], stage: int):
+        for comm in comms:
+            yield from self._comm(g, g.zero, comm, ("params", stage), "zero", "ZERO_GATHER", stage)
 
     def _wait_gather(self, g: GpuState, s: int):
         ev = self._zero_gather(g, s)
@@ -239,7 +243,7 @@ class Engine:
             g.reduced.add(stage)
             return
         g.reduced.add(stage)
-        buckets = it.grad_buckets(self.plan, self.work[stage], g.dp_group, self.profile, self.opt)
+        buckets = it.grad_buckets(self.plan, self.work[stage], g.dp_group, self.profile, self.opt, g.edp_group)
         ready = it.bucket_ready(start, dur, len(buckets), self.opt.overlap_grad_reduce, self.env.now)
         for b, (comm, t) in enumerate(zip(buckets, ready)):
             g.reductions.append(self.env.process(self._bucket(g, comm, t, (stage, b))))
@@ -260,62 +264,71 @@ class Engine:
         g.peak_unsharded = max(g.peak_unsharded, g.unsharded)
 
     # --- compute ------------------------------------------------------------------------
-    def _compute(self, g: GpuState, a: Action, seconds: float, tp: float, acc: str = "compute"):
+    def _parts(self, a: Action, kind: str) -> tuple[float, float, float, float]:
+        """(compute, expert compute, exposed TP/CP, exposed all-to-all) of a pass (`StageWork.parts`)."""
+        return self.work[a.stage].parts(kind, self.opt.overlap_tp, self.opt.overlap_moe_a2a)
+
+    def _compute(self, g: GpuState, a: Action, parts: tuple[float, float, float, float], acc: str = "compute"):
         t0 = self.env.now
-        tp_exposed = 0.0 if self.opt.overlap_tp else tp
-        yield self.env.timeout(seconds + tp_exposed)
-        g.acc[acc] += seconds
-        g.acc["tp_comm"] += tp_exposed
+        c, e, tp, a2a = parts
+        yield self.env.timeout(c + e + tp + a2a)
+        self._charge(g, acc, parts)
         self._record(g, "compute", str(a), a.kind.value, t0, a.stage, a.microbatch)
+
+    @staticmethod
+    def _charge(g: GpuState, acc: str, parts: tuple[float, float, float, float]) -> None:
+        c, e, tp, a2a = parts
+        g.acc[acc] += c
+        g.acc["expert_compute"] += e
+        g.acc["tp_comm"] += tp
+        g.acc["moe_a2a"] += a2a
 
     def _mem(self, g: GpuState, delta: float) -> None:
         g.act += delta
         g.mem.append((self.env.now, g.act))
 
-    def _pass(self, g: GpuState, a: Action, seconds: float, tp: float):
+    def _pass(self, g: GpuState, a: Action, kind: str):
         """One F/B/I/W on the compute stream, or, under FSDP, with its per-layer gathers."""
+        parts = self._parts(a, kind)
         if self.policy is ZeroPolicy.PER_LAYER:
-            yield from self._fsdp_pass(g, a, seconds, tp)
+            yield from self._fsdp_pass(g, a, parts)
         else:
-            yield from self._compute(g, a, seconds, tp)
+            yield from self._compute(g, a, parts)
 
     def _forward(self, g: GpuState, a: Action):
         if self.policy in (ZeroPolicy.PER_UNSHARD, ZeroPolicy.GATHER_AT_START) and self._gathers_before_use():
             yield from self._wait_gather(g, a.stage)
         self._mem(g, self.act_bytes[a.stage])
-        w = self.work[a.stage]
-        yield from self._pass(g, a, w.f, w.tp_f)
+        yield from self._pass(g, a, "F")
 
     def _gathers_before_use(self) -> bool:
         """ZeRO-3 gathers on use; ZeRO-1/2 only when overlapped with the next forward."""
         return self.policy is ZeroPolicy.PER_UNSHARD or self.opt.overlap_param_gather
 
     def _backward(self, g: GpuState, a: Action):
-        s, k, w = a.stage, a.kind, self.work[a.stage]
+        s, k = a.stage, a.kind
         if self.policy is ZeroPolicy.PER_UNSHARD:
             yield from self._wait_gather(g, s)
-        secs, tp = {Kind.B: (w.b, w.tp_bw), Kind.I: (w.i, w.tp_b), Kind.W: (w.w, w.tp_w)}[k]
         last = self.last_bwd.get((g.prank, s)) == a
         if self.opt.overlap_grad_reduce and last and self.policy is not ZeroPolicy.PER_LAYER:
             # gradient buckets become ready during this last weight-gradient pass
-            self._start_reduction(g, s, self.env.now, secs + (0.0 if self.opt.overlap_tp else tp))
-        yield from self._pass(g, a, secs, tp)
+            self._start_reduction(g, s, self.env.now, sum(self._parts(a, k.value)))
+        yield from self._pass(g, a, k.value)
         if k is not Kind.W:
             self._mem(g, -self.act_bytes[s])
 
     def _recompute(self, g: GpuState, a: Action):
-        w = self.work[a.stage]
-        yield from self._compute(g, a, w.r, w.tp_r, acc="recompute")
+        yield from self._compute(g, a, self._parts(a, "R"), acc="recompute")
 
-    def _fsdp_pass(self, g: GpuState, a: Action, seconds: float, tp: float):
+    def _fsdp_pass(self, g: GpuState, a: Action, parts: tuple[float, float, float, float]):
         """`iteration.FsdpPass`: the first layer's gather exposed, the rest (and in the backward
         the gradients' reduce-scatter) alongside the compute."""
         fp = it.fsdp_pass(self.plan, self.work[a.stage], g.dp_group)
         backward = a.kind is not Kind.F
         t0 = self.env.now
         yield self.env.timeout(fp.first.time(self.net))
-        tp_exposed = 0.0 if self.opt.overlap_tp else tp
-        rest: list[simpy.Event] = [self.env.timeout(seconds + tp_exposed)]
+        busy = sum(parts)
+        rest: list[simpy.Event] = [self.env.timeout(busy)]
         if fp.rest is not None:
             tag = ("params", a.stage, a.microbatch, backward)
             rest.append(self.env.process(self._comm(g, g.zero, fp.rest, tag, "zero", "ZERO_GATHER", a.stage)))
@@ -329,9 +342,8 @@ class Engine:
             grads = ("grads", a.stage, a.microbatch)
             rest.append(self.env.process(self._comm(g, res, fp.reduce, grads, "dp", "REDUCE_GRAD", a.stage)))
         yield simpy.AllOf(self.env, rest)
-        g.acc["compute"] += seconds
-        g.acc["tp_comm"] += tp_exposed
-        g.acc["zero_comm"] += self.env.now - t0 - seconds - tp_exposed
+        self._charge(g, "compute", parts)
+        g.acc["zero_comm"] += self.env.now - t0 - busy
         g.reduced.add(a.stage)
         self._record(g, "compute", str(a), a.kind.value, t0, a.stage, a.microbatch)
 

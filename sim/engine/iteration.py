@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ..cost.compute import CostModel
-from ..cost.memory import rank_params
+from ..cost.params import rank_expert_params, rank_params
 from ..cost.profile import RuntimeProfile
 from ..cost.workload import StageWork
 from ..plan import ParallelPlan
@@ -36,6 +36,7 @@ class EngineOptions:
     overlap_grad_reduce: bool = True  # Megatron --overlap-grad-reduce / DDP buckets
     overlap_param_gather: bool = True  # ZeRO-1/2 parameter all-gather hidden behind the next forward
     overlap_tp: bool = False  # TP collectives exposed by default
+    overlap_moe_a2a: bool = False  # Megatron-Core --overlap-moe-expert-parallel-comm (`StageWork.parts`)
     grad_buckets: int = 4  # buckets per stage for the overlapped gradient reduction
 
 
@@ -72,15 +73,30 @@ def reduction_op(plan: ParallelPlan) -> str:
 
 
 def grad_buckets(
-    plan: ParallelPlan, work: StageWork, group: tuple[int, ...], profile: RuntimeProfile, options: EngineOptions
+    plan: ParallelPlan,
+    work: StageWork,
+    group: tuple[int, ...],
+    profile: RuntimeProfile,
+    options: EngineOptions,
+    expert_group: tuple[int, ...] = (),
 ) -> list[Comm]:
     """A stage's gradient reduction: ``grad_buckets`` equal buckets when overlapped with the
-    backward, else one (timed by the profile where it measured one)."""
+    backward, else one (timed by the profile where it measured one). Routed-expert gradients
+    are reduced over their own ``expert_group`` (edp; Megatron-Core's expert data-parallel
+    group): each bucket then becomes a dense one and an expert one, in that order."""
     op = reduction_op(plan)
-    total = work.params * grad_bytes_per_param(plan)
+    per = grad_bytes_per_param(plan)
+    total = (work.params - work.expert_params) * per
+    experts = work.expert_params * per if work.expert_params and expert_group else 0.0
+    if not experts:
+        total = work.params * per
     if options.overlap_grad_reduce:
         n = options.grad_buckets
+        if experts:
+            return [Comm(op, group, total / n), Comm(op, expert_group, experts / n)] * n
         return [Comm(op, group, total / n)] * n
+    if experts:
+        return [Comm(op, group, total), Comm(op, expert_group, experts)]
     return [Comm(op, group, total, profile.reduction_seconds(plan, op, work.layers, total, False))]
 
 
@@ -92,10 +108,20 @@ def bucket_ready(start: float, duration: float, n: int, overlapped: bool, now: f
     return [start + (b + 1) / n * duration for b in range(n)]
 
 
-def param_gather(plan: ParallelPlan, work: StageWork, group: tuple[int, ...], profile: RuntimeProfile) -> Comm:
-    """All-gather of a stage's 16-bit parameters over the ZeRO group."""
+def param_gathers(
+    plan: ParallelPlan,
+    work: StageWork,
+    group: tuple[int, ...],
+    profile: RuntimeProfile,
+    expert_group: tuple[int, ...] = (),
+) -> list[Comm]:
+    """All-gather of a stage's 16-bit parameters over the ZeRO group; routed experts over their
+    own ``expert_group`` (edp), one after the other."""
+    if work.expert_params and expert_group:
+        dense = 2.0 * (work.params - work.expert_params)
+        return [Comm("all-gather", group, dense), Comm("all-gather", expert_group, 2.0 * work.expert_params)]
     nbytes = 2.0 * work.params
-    return Comm("all-gather", group, nbytes, profile.gather_seconds(plan, work.layers, nbytes))
+    return [Comm("all-gather", group, nbytes, profile.gather_seconds(plan, work.layers, nbytes))]
 
 
 @dataclass(frozen=True)
@@ -158,9 +184,13 @@ def sp_grad_sync(
 
 
 def local_params(m: ModelSpec, plan: ParallelPlan, stages: list[int]) -> float:
-    """Parameters whose optimizer state one GPU updates (sharded by ZeRO >= 1)."""
+    """Parameters whose optimizer state one GPU updates (sharded by ZeRO >= 1: over dp x cp, the
+    routed experts over edp)."""
     p = rank_params(m, plan, stages)
-    return p / plan.zero_shards if plan.zero >= 1 else p
+    if plan.zero < 1:
+        return p
+    e = rank_expert_params(m, plan, stages)
+    return (p - e) / plan.zero_shards + e / plan.edp
 
 
 def optimizer_seconds(

@@ -60,8 +60,9 @@ def signature(
         if dp_group is None:
             dp_group = shards[(key[2], pr)] = layout.shard_group(ranks[pr])
         for s in stages:
-            comms = it.grad_buckets(plan, work[s], dp_group, profile, options)[:1]
-            comms.append(it.param_gather(plan, work[s], dp_group, profile))
+            edp = layout.expert_group(ranks[pr], "edp") if model.moe is not None else ()
+            comms = it.grad_buckets(plan, work[s], dp_group, profile, options, edp)[:2]
+            comms += it.param_gathers(plan, work[s], dp_group, profile, edp)
             if plan.zero_policy is ZeroPolicy.PER_LAYER:
                 fp = it.fsdp_pass(plan, work[s], dp_group)
                 comms += [c for c in (fp.first, fp.rest, fp.reduce) if c is not None]

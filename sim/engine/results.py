@@ -15,9 +15,11 @@ from typing import Any
 
 from ..cost.memory import MemoryReport
 from ..units import GiB
+from .state import ACCOUNTS
 from .trace import TraceEvent
 
-BREAKDOWN_KEYS = ("compute", "recompute", "tp_comm", "pp_comm", "dp_comm", "zero_comm", "optimizer", "bubble")
+#: what an iteration's seconds are charged to: the engine's accounts and the bubble
+BREAKDOWN_KEYS = (*ACCOUNTS, "bubble")
 
 
 @dataclass(frozen=True)

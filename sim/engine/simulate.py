@@ -36,11 +36,11 @@ from .rounds import Outcome, compressed_run, lowered_builder, outcome_of, schedu
 def stage_costs(work: list[StageWork], p2p_s: float) -> StageCosts:
     """The engine's per-stage seconds in the schedules' StageCosts form (for zb-1p/2p and the oracle)."""
     return StageCosts(
-        t_f=tuple(w.f + w.tp_f for w in work),
-        t_i=tuple(w.i + w.tp_b for w in work),
-        t_w=tuple(w.w + w.tp_w for w in work),
+        t_f=tuple(w.seconds("F") for w in work),
+        t_i=tuple(w.seconds("I") for w in work),
+        t_w=tuple(w.seconds("W") for w in work),
         t_comm=(p2p_s,),
-        t_r=tuple(w.r + w.tp_r for w in work),
+        t_r=tuple(w.seconds("R") for w in work),
     )
 
 

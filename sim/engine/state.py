@@ -8,7 +8,17 @@ from dataclasses import dataclass
 import simpy
 
 #: what a GPU's time is charged to (`results.BREAKDOWN_KEYS` adds the bubble)
-ACCOUNTS = ("compute", "recompute", "tp_comm", "pp_comm", "dp_comm", "zero_comm", "optimizer")
+ACCOUNTS = (
+    "compute",
+    "expert_compute",
+    "recompute",
+    "tp_comm",
+    "moe_a2a",
+    "pp_comm",
+    "dp_comm",
+    "zero_comm",
+    "optimizer",
+)
 
 
 class GpuState:
@@ -34,6 +44,7 @@ class GpuState:
         self.mem: list[tuple[float, float]] = [(0.0, 0.0)]
         self.dp_group: tuple[int, ...] = ()
         self.tp_group: tuple[int, ...] = ()
+        self.edp_group: tuple[int, ...] = ()  # MoE: the expert data-parallel group (expert gradients, ZeRO)
         #: with ``Engine.marks``: when each action began, and (time, accounts, activation bytes)
         #: at each marked action (`rounds` reads the steady state off them)
         self.starts: list[float] = []

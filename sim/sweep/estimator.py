@@ -74,6 +74,10 @@ class Inputs:
     dp_groups: tuple[tuple[int, ...], ...]  # per pipeline rank: its DP x CP group (ZeRO shards)
     cache: dict = field(default_factory=dict, compare=False)
     profile: RuntimeProfile = MEGATRON
+    edp_groups: tuple[tuple[int, ...], ...] = ()  # MoE: per pipeline rank, its expert data-parallel group
+
+    def edp(self, prank: int) -> tuple[int, ...]:
+        return self.edp_groups[prank] if self.edp_groups else ()
 
     @property
     def ranks(self) -> tuple[tuple[int, ...], ...]:
@@ -83,13 +87,19 @@ class Inputs:
     def post(self) -> float:
         return self.profile.post_seconds(self.plan)
 
+    def dur(self, w: StageWork, kind: str) -> float:
+        """A pass's seconds on the compute stream, as the engine charges it (`StageWork.seconds`)."""
+        return w.seconds(kind, self.options.overlap_tp, self.options.overlap_moe_a2a)
+
+    def parts(self, w: StageWork, kind: str) -> tuple[float, float, float, float]:
+        return w.parts(kind, self.options.overlap_tp, self.options.overlap_moe_a2a)
+
     @cached_property
     def seconds(self) -> tuple[list[float], list[float], list[float]]:
-        """Per stage (f, i + recompute, w) with exposed TP/CP communication folded in."""
-        tp = 0.0 if self.options.overlap_tp else 1.0
-        f = [w.f + tp * w.tp_f for w in self.work]
-        i = [w.i + tp * w.tp_b + w.r + tp * w.tp_r for w in self.work]
-        return f, i, [w.w + tp * w.tp_w for w in self.work]
+        """Per stage (f, i + recompute, w) with exposed TP/CP and all-to-all communication folded in."""
+        f = [self.dur(w, "F") for w in self.work]
+        i = [self.dur(w, "I") + self.dur(w, "R") for w in self.work]
+        return f, i, [self.dur(w, "W") for w in self.work]
 
     @cached_property
     def posts(self) -> list[int]:
@@ -130,6 +140,12 @@ def dp_groups(plan: ParallelPlan) -> tuple[tuple[int, ...], ...]:
     return tuple(lay.shard_group(lay.rank(pp=r)) for r in range(plan.pp))
 
 
+def edp_groups(plan: ParallelPlan) -> tuple[tuple[int, ...], ...]:
+    """Per pipeline rank, the expert data-parallel group of its representative GPU (MoE)."""
+    lay = RankLayout(plan)
+    return tuple(lay.expert_group(lay.rank(pp=r), "edp") for r in range(plan.pp))
+
+
 def _fsdp_seconds(x: Inputs) -> tuple[float, float, float]:
     """(F, B, exposed ZeRO) per micro-batch of the single stage under FSDP (the engine's
     `_fsdp_pass` on the analytical network: the rest of the gathers and the reduce-scatter queue
@@ -137,8 +153,7 @@ def _fsdp_seconds(x: Inputs) -> tuple[float, float, float]:
     w = x.work[0]
     fp = it.fsdp_pass(x.plan, w, x.dp_groups[0])
     first, rest, rs = x.time(fp.first, 0), x.time(fp.rest, 0), x.time(fp.reduce, 0)
-    tp = 0.0 if x.options.overlap_tp else 1.0
-    f0, b0 = w.f + tp * w.tp_f, w.b + tp * w.tp_bw
+    f0, b0 = x.dur(w, "F"), x.dur(w, "B")
     f1, b1 = first + max(f0, rest), first + max(b0, rest + rs)
     return f1, b1, (f1 - f0) + (b1 - b0)
 
@@ -161,7 +176,7 @@ def _dp_tail(x: Inputs, prank: int, rt: RankTimes) -> float:
     o, group = x.options, x.dp_groups[prank]
     buckets = []
     for s, (t0, d, at) in sorted(rt.last_bwd.items()):
-        comms = it.grad_buckets(x.plan, x.work[s], group, x.profile, o)
+        comms = it.grad_buckets(x.plan, x.work[s], group, x.profile, o, x.edp(prank))
         ready = it.bucket_ready(t0, d, len(comms), o.overlap_grad_reduce, at)
         buckets += [(t, s, b, x.time(c, prank)) for b, (c, t) in enumerate(zip(comms, ready))]
     cur = 0.0
@@ -171,7 +186,8 @@ def _dp_tail(x: Inputs, prank: int, rt: RankTimes) -> float:
 
 
 def _gather(x: Inputs, prank: int, stage: int) -> float:
-    return x.time(it.param_gather(x.plan, x.work[stage], x.dp_groups[prank], x.profile), prank)
+    comms = it.param_gathers(x.plan, x.work[stage], x.dp_groups[prank], x.profile, x.edp(prank))
+    return sum(x.time(c, prank) for c in comms)
 
 
 def _zero_start(x: Inputs, first_f: list[float]) -> float:
@@ -200,7 +216,20 @@ def _cached(x: Inputs, key: tuple, fn) -> float:
 
 def _optimizer(x: Inputs, prank: int) -> float:
     p = x.plan
-    key = ("opt", p.tp, p.pp, p.vpp, p.dp, p.zero, p.schedule == "zb-v", p.layer_split, x.profile.name, prank)
+    key = (
+        "opt",
+        p.tp,
+        p.pp,
+        p.vpp,
+        p.dp,
+        p.zero,
+        p.schedule == "zb-v",
+        p.layer_split,
+        p.ep,
+        p.expert_tp,
+        x.profile.name,
+        prank,
+    )
     return _cached(x, key, lambda: it.optimizer_seconds(x.model, p, list(x.ranks[prank]), x.costs, x.profile))
 
 
@@ -258,14 +287,19 @@ def _finish(x: Inputs, rts: list[RankTimes], source: str) -> Estimate:
         ready[tied[0]] = ready[tied[1]] = meet
     finish = [ready[r] + _sp_sync(x, r) + _optimizer(x, r) + _zero_end(x, r) for r in range(len(rts))]
     t = max(finish)
-    m, tpx = x.plan.num_microbatches, 0.0 if x.options.overlap_tp else 1.0
+    m = x.plan.num_microbatches
     busy = max(range(len(rts)), key=lambda r: (x.rank_work[r], -r))
     ws = [x.work[s] for s in x.ranks[busy]]
     posts = m * sum(x.posts[s] for s in x.ranks[busy]) * x.post
+    # per pass (compute, expert compute, TP/CP, all-to-all), summed over the rank's stages
+    run = [x.parts(w, k) for w in ws for k in ("F", "I", "W")]
+    rec = [x.parts(w, "R") for w in ws]
     bd = {
-        "compute": m * sum(w.f + w.i + w.w for w in ws),
-        "recompute": m * sum(w.r for w in ws),
-        "tp_comm": m * tpx * sum(w.tp_f + w.tp_b + w.tp_w + w.tp_r for w in ws) + _sp_sync(x, busy),
+        "compute": m * sum(p[0] for p in run),
+        "expert_compute": m * sum(p[1] for p in run + rec),
+        "recompute": m * sum(p[0] for p in rec),
+        "tp_comm": m * sum(p[2] for p in run + rec) + _sp_sync(x, busy),
+        "moe_a2a": m * sum(p[3] for p in run + rec),
         "pp_comm": posts + (t_tied if tied is not None and busy in tied else 0.0),
         "dp_comm": tails[busy],
         "zero_comm": shift + _zero_end(x, busy) + (m * _fsdp_seconds(x)[2] if x.fsdp else 0.0),
@@ -298,8 +332,7 @@ def quick_estimate(x: Inputs) -> Estimate:
     p, m = x.plan, x.plan.num_microbatches
     if x.fsdp:
         fb, bb, _ = _fsdp_seconds(x)
-        w0 = x.work[0]
-        end = m * (fb + bb + w0.r + (0.0 if x.options.overlap_tp else w0.tp_r))
+        end = m * (fb + bb + x.dur(x.work[0], "R"))
         return _finish(x, [RankTimes(0.0, end, {})], "quick")
     f, i, w = x.seconds
     pr, c = len(x.ranks), x.p2p + x.post
@@ -335,9 +368,8 @@ def oracle_estimate(x: Inputs, schedule=None) -> Estimate:
     if not sched.lowered:
         sched = lower(sched, x.plan)
     f, _, w = x.seconds
-    tp = 0.0 if x.options.overlap_tp else 1.0
-    i = tuple(s.i + tp * s.tp_b for s in x.work)  # the lowered schedule's R actions hold the recompute
-    rc = tuple(s.r + tp * s.tp_r for s in x.work)
+    i = tuple(x.dur(s, "I") for s in x.work)  # the lowered schedule's R actions hold the recompute
+    rc = tuple(x.dur(s, "R") for s in x.work)
     res = list_schedule(sched, StageCosts(tuple(f), i, tuple(w), (x.p2p,), t_r=rc, t_post=x.post))
     rts = []
     for r, acts in enumerate(sched.ranks):
@@ -367,12 +399,14 @@ def _last_reduction(x: Inputs, prank: int, stage: int) -> float:
         p.precision,
         p.mesh_order,
         x.work[stage].params,
+        x.work[stage].expert_params,
         x.work[stage].layers,
+        x.edp(prank),
         prank,
     )
 
     def timed() -> float:
-        comms = it.grad_buckets(p, x.work[stage], x.dp_groups[prank], x.profile, x.options)
+        comms = it.grad_buckets(p, x.work[stage], x.dp_groups[prank], x.profile, x.options, x.edp(prank))
         return x.time(comms[-1], prank)
 
     return _cached(x, key, timed)
@@ -400,11 +434,10 @@ def lower_bound(x: Inputs, backend: str = "analytical") -> float:
       gradient goes back through the earlier stages to stage 0, its weight gradient, its step.
     """
     p, m = x.plan, x.plan.num_microbatches
-    tp = 0.0 if x.options.overlap_tp else 1.0
-    fwd = [w.f + tp * w.tp_f for w in x.work]
-    rec = [w.r + tp * w.tp_r for w in x.work]  # 0 without recompute
-    back = [w.i + w.w + tp * (w.tp_b + w.tp_w) for w in x.work]  # B, or I + W
-    back_in = [w.i + tp * w.tp_b for w in x.work] if p.split_backward else back
+    fwd = [x.dur(w, "F") for w in x.work]
+    rec = [x.dur(w, "R") for w in x.work]  # 0 without recompute
+    back = [x.dur(w, "I") + x.dur(w, "W") for w in x.work]  # B, or I + W
+    back_in = [x.dur(w, "I") for w in x.work] if p.split_backward else back
     w0 = back[0] - back_in[0]  # stage 0's W after its I (0 with a full backward B)
     # the SP sync is a collective: timed as the engine times it on the analytical network only
     sync = backend == "analytical"

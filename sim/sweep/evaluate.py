@@ -24,7 +24,7 @@ from ..plan import ParallelPlan
 from ..specs import ClusterSpec, ModelSpec
 from ..specs.calibration import Calibration
 from ..units import GiB
-from .estimator import Estimate, Inputs, dp_groups, lower_bound, oracle_estimate, quick_estimate
+from .estimator import Estimate, Inputs, dp_groups, edp_groups, lower_bound, oracle_estimate, quick_estimate
 from .memory_screen import MemoryScreen
 from .space import Config, SearchSpace, checked_plan
 from .store import as_text
@@ -53,6 +53,7 @@ class Evaluator:
         self.costs = CostModel.for_gpu(setup.cluster.gpu, setup.calibration)
         self._work: dict[tuple, tuple[list, float]] = {}
         self._groups: dict[tuple, tuple[tuple[int, ...], ...]] = {}
+        self._edp: dict[tuple, tuple[tuple[int, ...], ...]] = {}
         self._times: dict = {}
         self.memory = MemoryScreen(setup.model, setup.cluster.gpu)
 
@@ -76,6 +77,10 @@ class Evaluator:
             plan.layer_split,
             plan.precision,
             plan.flash_attention,
+            plan.ep,
+            plan.expert_tp,
+            plan.expert_order,
+            plan.moe_imbalance,
         )
         hit = self._work.get(key)
         if hit is None:
@@ -93,6 +98,10 @@ class Evaluator:
         groups = self._groups.get(gkey)
         if groups is None:
             groups = self._groups[gkey] = dp_groups(plan)
+        edp: tuple[tuple[int, ...], ...] = ()
+        if self.s.model.moe is not None:
+            ekey = (*gkey, plan.ep, plan.expert_tp, plan.expert_order)
+            edp = self._edp.get(ekey) or self._edp.setdefault(ekey, edp_groups(plan))
         return Inputs(
             self.s.model,
             plan,
@@ -104,6 +113,7 @@ class Evaluator:
             groups,
             self._times,
             self.s.profile,
+            edp,
         )
 
     def base_row(self, cfg: Config, plan: ParallelPlan | None) -> dict[str, Any]:

@@ -16,15 +16,16 @@ from ..cost.memory import (
     MemoryReport,
     plan_profile,
     rank_memory,
-    rank_params,
     recompute_transient_bytes,
     stage_activations,
 )
+from ..cost.params import rank_expert_params, rank_params
 from ..plan import ParallelPlan
 from ..specs import GPUSpec, ModelSpec
 
-#: Per pipeline rank: parameters held, parameters held per stage, transformer layers held.
-RankParams = tuple[tuple[float, ...], tuple[tuple[float, ...], ...], tuple[int, ...]]
+#: Per pipeline rank: parameters held, parameters held per stage, transformer layers held, routed-expert
+#: parameters held.
+RankParams = tuple[tuple[float, ...], tuple[tuple[float, ...], ...], tuple[int, ...], tuple[float, ...]]
 
 
 class MemoryScreen:
@@ -37,17 +38,19 @@ class MemoryScreen:
         self._peaks: dict[tuple, tuple[list[float], tuple[int, ...]]] = {}
 
     def _rank_params(self, plan: ParallelPlan) -> RankParams:
-        """Per pipeline rank: parameters held, parameters per stage held, layers held."""
-        key = (plan.tp, plan.pp, plan.vpp, plan.schedule == "zb-v", plan.layer_split)
+        """Per pipeline rank: parameters held, parameters per stage held, layers held, and the
+        routed-expert part of the parameters held."""
+        key = (plan.tp, plan.pp, plan.vpp, plan.schedule == "zb-v", plan.layer_split, plan.ep, plan.expert_tp)
         hit = self._params.get(key)
         if hit is None:
             split = plan.stage_layers(self.m.layers)
-            psis, stage_psis, layers = [], [], []
+            psis, stage_psis, layers, experts = [], [], [], []
             for stages in plan.rank_stages:
                 psis.append(rank_params(self.m, plan, stages))
                 stage_psis.append(tuple(rank_params(self.m, plan, [s]) for s in stages))
                 layers.append(sum(split[s] for s in stages))
-            hit = self._params[key] = (tuple(psis), tuple(stage_psis), tuple(layers))
+                experts.append(rank_expert_params(self.m, plan, stages))
+            hit = self._params[key] = (tuple(psis), tuple(stage_psis), tuple(layers), tuple(experts))
         return hit
 
     @staticmethod
@@ -83,13 +86,23 @@ class MemoryScreen:
 
     def report(self, plan: ParallelPlan) -> MemoryReport:
         """The plan's `MemoryReport`, equal to `memory.memory_report(model, plan, gpu)`."""
-        psis, stage_psis, layers = self._rank_params(plan)
+        psis, stage_psis, layers, experts = self._rank_params(plan)
         weights, transient = self._activations(plan)
         peaks, inflight = self._alive(plan, weights)
         cap = self.gpu.hbm_bytes
         ranks = tuple(
             rank_memory(
-                self.m, plan, cap, r, psi, stage_psis[r], layers[r], float(peaks[r]), transient, float(inflight[r])
+                self.m,
+                plan,
+                cap,
+                r,
+                psi,
+                stage_psis[r],
+                layers[r],
+                float(peaks[r]),
+                transient,
+                float(inflight[r]),
+                expert_psi=experts[r],
             )
             for r, psi in enumerate(psis)
         )

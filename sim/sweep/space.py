@@ -15,6 +15,9 @@ name are left out by construction, never reported:
 - ``vpp``: 1, except ``zb-v`` (2) and ``interleaved-1f1b`` (every v >= 2 dividing layers // pp).
 - ZeRO stages above 0 only where dp x cp > 1 (with one shard ZeRO changes nothing).
 - sequence parallelism on and off where tp > 1 (off where tp = 1).
+- MoE models only: ``ep`` every divisor of the expert count that divides tp x cp x dp (the GPUs of
+  a pipeline rank the expert layers fold over), and ``etp`` 1 and tp (0 stands for "= tp",
+  Megatron-Core's default; with tp = 1 the two are one); dense models run ep = 1 only.
 
 Everything else (layers per stage, the global batch per dp x mbs, heads per tp, ...) is checked by
 `check_plan`, and a configuration that breaks a rule is kept with the rule as its reason.
@@ -34,7 +37,7 @@ PIPELINE_SCHEDULES = tuple(s for s in SCHEDULES if s != "none")
 #: Default lower bound on sequence tokens per GPU when choosing the largest cp to search.
 CP_MIN_TOKENS = 4096
 #: Config fields in CSV column order.
-CONFIG_FIELDS = ("tp", "pp", "dp", "cp", "vpp", "mbs", "schedule", "zero", "recompute", "sp")
+CONFIG_FIELDS = ("tp", "pp", "dp", "cp", "vpp", "mbs", "schedule", "zero", "recompute", "sp", "ep", "etp")
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,8 @@ class SearchSpace:
     sequence_parallel: tuple[bool, ...] = (False, True)
     layer_split: str = "even"  # even: layers must divide; balanced: uneven splits as published runs use
     precision: str = "bf16"
+    ep: tuple[int, ...] | None = None  # MoE: None = every ep that folds (module docstring)
+    etp: tuple[int, ...] = (0, 1)  # MoE: 0 = tp (Megatron-Core's default)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -57,9 +62,11 @@ class SearchSpace:
     @classmethod
     def from_json(cls, d: dict) -> SearchSpace:
         kw = {f.name: d[f.name] for f in fields(cls) if f.name in d}
-        for k in ("schedules", "zero", "recompute", "mbs", "sequence_parallel"):
+        for k in ("schedules", "zero", "recompute", "mbs", "sequence_parallel", "etp"):
             if k in kw:
                 kw[k] = tuple(kw[k])
+        if kw.get("ep") is not None:
+            kw["ep"] = tuple(kw["ep"])
         return cls(**kw)
 
 
@@ -77,12 +84,15 @@ class Config:
     zero: int
     recompute: str
     sp: bool
+    ep: int = 1
+    etp: int = 0  # 0: = tp
 
     @property
     def id(self) -> str:
+        experts = f"-ep{self.ep}-etp{self.etp or self.tp}" if self.ep > 1 or self.etp else ""
         return (
             f"tp{self.tp}-pp{self.pp}-dp{self.dp}-cp{self.cp}-v{self.vpp}-mbs{self.mbs}-{self.schedule}"
-            f"-z{self.zero}-{self.recompute}-sp{int(self.sp)}"
+            f"-z{self.zero}-{self.recompute}-sp{int(self.sp)}{experts}"
         )
 
     def label(self, other: Config | None = None) -> str:
@@ -100,6 +110,8 @@ class Config:
                 parts.append("SP" if v else "no SP")
             elif f == "zero":
                 parts.append(f"ZeRO {v}")
+            elif f == "etp":
+                parts.append(f"etp {v or self.tp}")
             else:
                 parts.append(f"{f} {v}")
         return " ".join(parts) if parts else "the same plan"
@@ -121,6 +133,8 @@ class Config:
             int(row["zero"]),
             str(row["recompute"]),
             str(row["sp"]).lower() in _TRUE,
+            int(row.get("ep") or 1),
+            int(row.get("etp") or 0),
         )
 
 
@@ -159,6 +173,22 @@ class _Layout:
     schedules: list[str]
     zeros: list[int]
     sps: list[bool]
+    experts: list[tuple[int, int]]  # (ep, etp) pairs
+
+
+def _experts(model: ModelSpec, tp: int, width: int, space: SearchSpace) -> list[tuple[int, int]]:
+    """The (ep, etp) pairs of a layout whose pipeline ranks have ``width`` = tp cp dp GPUs."""
+    moe = model.moe
+    if moe is None:
+        return [(1, 0)]
+    eps = [e for e in (space.ep or _divisors(moe.experts)) if moe.experts % e == 0 and width % e == 0]
+    etps = _axis(tuple(0 if e == tp else e for e in space.etp))  # etp = tp is the default, 0
+    return [
+        (e, t)
+        for e in _axis(tuple(eps))
+        for t in etps
+        if width % (e * (t or tp)) == 0 and moe.expert_ffn % (t or tp) == 0
+    ]
 
 
 def _layouts(model: ModelSpec, cluster: ClusterSpec, num_gpus: int, space: SearchSpace) -> Iterator[_Layout]:
@@ -173,7 +203,7 @@ def _layouts(model: ModelSpec, cluster: ClusterSpec, num_gpus: int, space: Searc
                 scheds = pipe if pp > 1 else (["none"] if "none" in schedules else [])
                 zeros = [z for z in _axis(space.zero) if z == 0 or dp * cp > 1]
                 sps = [s for s in _axis(space.sequence_parallel) if tp > 1 or not s] or [False]
-                yield _Layout(tp, cp, pp, dp, scheds, zeros, sps)
+                yield _Layout(tp, cp, pp, dp, scheds, zeros, sps, _experts(model, tp, tp * cp * dp, space))
 
 
 def enumerate_configs(model: ModelSpec, cluster: ClusterSpec, num_gpus: int, space: SearchSpace) -> list[Config]:
@@ -187,7 +217,10 @@ def enumerate_configs(model: ModelSpec, cluster: ClusterSpec, num_gpus: int, spa
                     for sp in lay.sps:
                         for zero in lay.zeros:
                             for rc in recomputes:
-                                out.append(Config(lay.tp, lay.pp, lay.dp, lay.cp, vpp, mbs, sched, zero, rc, sp))
+                                for ep, etp in lay.experts:
+                                    out.append(
+                                        Config(lay.tp, lay.pp, lay.dp, lay.cp, vpp, mbs, sched, zero, rc, sp, ep, etp)
+                                    )
     return out
 
 
@@ -195,7 +228,7 @@ def count_configs(model: ModelSpec, cluster: ClusterSpec, num_gpus: int, space: 
     """``len(enumerate_configs(...))`` without building the list (to refuse an absurd space first)."""
     per = len(_axis(space.mbs)) * len(_axis(space.recompute))
     return sum(
-        len(_vpps(sched, model.layers, lay.pp)) * per * len(lay.sps) * len(lay.zeros)
+        len(_vpps(sched, model.layers, lay.pp)) * per * len(lay.sps) * len(lay.zeros) * len(lay.experts)
         for lay in _layouts(model, cluster, num_gpus, space)
         for sched in lay.schedules
     )
@@ -247,6 +280,8 @@ def make_plan(cfg: Config, model: ModelSpec, cluster: ClusterSpec, gbs: int, spa
         precision=space.precision,
         layer_split=layer_split_for(cfg, model, space),
         allow_tp_across_nodes=cfg.tp > cluster.gpus_per_node,
+        ep=cfg.ep,
+        etp=cfg.etp or None,
     )
 
 

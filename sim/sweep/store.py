@@ -32,7 +32,7 @@ from ..plan import RECOMPUTE, SCHEDULES
 from . import interrupt
 from .space import Config
 
-SWEEP_FORMAT_VERSION = 2  # 2: lower_bound_s
+SWEEP_FORMAT_VERSION = 3  # 2: lower_bound_s; 3: expert_compute_s, moe_a2a_s
 MANIFEST, RESULTS, JOURNAL = "sweep.json", "results.csv", "journal"
 PHASES = ("screen", "refine", "simulate")
 STATUSES = ("simulated", "refined", "estimated", "oom", "invalid")
@@ -344,6 +344,8 @@ def read_results(path: Path, fix: str = "re-run the sweep.") -> list[dict[str, s
         raise SpecError(where, f"is not a valid CSV file ({exc}).", fix) from None
     if not records:
         raise SpecError(where, "is empty.", fix)
+    if not text.endswith("\n"):  # simpar ends every row with one; a cut at a comma keeps the field count
+        raise SpecError(where, f"line {len(records)} has no line end: the file is cut off or was edited.", fix)
     header = records[0]
     missing = [c for c in COLUMNS if c not in header]
     if missing:

@@ -19,6 +19,7 @@ from ..procs import fork_map
 from ..specs import load_cluster
 from ..specs.model import ModelSpec
 from ..units import GiB
+from .moe_rows import MOE_COLUMNS, cell, is_moe_row, moe_model, moe_plan_fields
 
 #: Facts about the software of a source that the CSV format has no column for, matched on the
 #: ``source`` text: (substring, plan fields, why). An optional CSV column of the same name
@@ -34,18 +35,14 @@ SOURCE_HINTS: tuple[tuple[str, dict[str, Any], str], ...] = (
 )
 OPTIONAL_PLAN_COLUMNS = ("flash_attention",)
 
+#: the architecture columns of a dense row (an MoE row names a ``model`` preset instead: `moe_rows`)
+ARCH_COLUMNS = ("arch", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab")
 COLUMNS = (
     "id",
     "source",
     "cluster",
     "num_gpus",
-    "arch",
-    "layers",
-    "hidden",
-    "heads",
-    "kv_heads",
-    "ffn",
-    "vocab",
+    *ARCH_COLUMNS,
     "seq_len",
     "tp",
     "pp",
@@ -113,7 +110,18 @@ def read_rows(path: str | Path) -> list[dict[str, str]]:
     """The rows of a measured-run CSV; file-level faults (unreadable, no rows, a missing column)
     are a `SimparError`, a bad value stays with its row (`validate_rows`)."""
     p = Path(path)
-    rows = files.read_csv(p, "measured-run CSV", COLUMNS)
+    rows = files.read_csv(p, "measured-run CSV")
+    header = set(rows[0]) if rows else set()
+    need = [c for c in COLUMNS if c not in ARCH_COLUMNS] + (
+        list(MOE_COLUMNS) if "model" in header else list(ARCH_COLUMNS)
+    )
+    missing = [c for c in need if c not in header]
+    if rows and missing:
+        raise SimparError(
+            f"measured-run CSV {p}",
+            f"has no column {missing[0]!r}.",
+            "see FORMAT.md: the architecture columns, or a model preset column with ep for MoE rows.",
+        )
     if not rows:
         raise SimparError(f"measured-run CSV {p}", "has no data rows.", "see FORMAT.md for the columns.")
     return rows
@@ -149,17 +157,22 @@ def row_hints(r: dict[str, str]) -> dict[str, Any]:
 
 
 def row_setup(r: dict[str, str]) -> tuple[ModelSpec, Any, ParallelPlan]:
-    model = ModelSpec(
-        name=r["id"],
-        arch=r["arch"],
-        layers=int(r["layers"]),
-        hidden=int(r["hidden"]),
-        heads=int(r["heads"]),
-        kv_heads=int(r["kv_heads"] or 0),
-        ffn=int(r["ffn"] or 0),
-        vocab=int(r["vocab"]),
-        seq_len=int(r["seq_len"]),
-    )
+    if is_moe_row(r):
+        model = moe_model(r)
+        extra_moe = moe_plan_fields(r)
+    else:
+        model = ModelSpec(
+            name=r["id"],
+            arch=r["arch"],
+            layers=int(r["layers"]),
+            hidden=int(r["hidden"]),
+            heads=int(r["heads"]),
+            kv_heads=int(r["kv_heads"] or 0),
+            ffn=int(r["ffn"] or 0),
+            vocab=int(r["vocab"]),
+            seq_len=int(r["seq_len"]),
+        )
+        extra_moe = {}
     n = int(r["num_gpus"])
     cluster = load_cluster(r["cluster"], gpus=n)
     pp, vpp = int(r["pp"]), int(r["vpp"] or 1)
@@ -175,13 +188,14 @@ def row_setup(r: dict[str, str]) -> tuple[ModelSpec, Any, ParallelPlan]:
         micro_batch_size=int(r["mbs"]),
         global_batch_size=int(r["gbs"]),
         schedule=r["schedule"],
-        zero=int(r["zero"]),
-        recompute=r["recompute"],
-        sequence_parallel=r["sequence_parallel"] == "1" and tp > 1,
+        zero=int(cell(r, "zero")),
+        recompute=cell(r, "recompute"),
+        sequence_parallel=cell(r, "sequence_parallel") == "1" and tp > 1,
         precision=r["precision"],
         layer_split=split,
         allow_tp_across_nodes=True,
         **extra,
+        **extra_moe,
     )
     check_plan(plan, model, cluster, n)
     return model, cluster, plan

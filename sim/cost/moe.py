@@ -1,0 +1,115 @@
+"""The MLP of an MoE layer on one GPU, one micro-batch: router, shared experts, and the routed
+experts as grouped GEMMs after token dispatch, under Megatron-Core's parallel folding.
+
+A pipeline rank's tp x cp x dp GPUs hold T = mbs x s / cp tokens each per micro-batch (the
+same T on every GPU of a tp group). Each token goes to ``top_k`` routed experts; the GPUs fold
+into edp x ep x etp for the experts, so one GPU runs E / ep local experts, each on a 1 / etp
+slice of its inner size, and (balanced routing) the token copies of its group divide evenly:
+
+    rows per local expert  n = T x top_k x ep x etp / (tp x E)  x  load factor
+
+(the T x top_k / tp token copies a GPU's share of the work holds, spread over E / ep experts,
+each row computed by etp GPUs). The load factor is the plan's ``moe_imbalance`` (the busiest
+expert rank's tokens over the balanced share; 1 with force-balanced routing, as the published
+Megatron-Bridge runs use), capped at the capacity factor when tokens over capacity are dropped.
+The expert rank that gets the most tokens sets the pace of the whole EP group: the all-to-all
+waits for it.
+
+Dispatch and combine are an all-to-all each way (forward: dispatch, combine; backward: the
+same for the gradients; a full recompute repeats the forward pair). One GPU's send buffer is its
+T x top_k / tp token copies of h 16-bit values (the nccl-tests all-to-all size), scaled by the
+load factor.
+
+The routed experts are timed as grouped GEMMs (`CostModel.grouped_matmul_time`: one kernel, each
+expert's GEMM at the efficiency of its own small shape), plus the memory-bound permutation and
+unpermutation of the dispatched rows and the gated activation; the router is an h x E GEMM that
+every GPU of a tp group runs on the tokens it holds (its weight is not split over tp), plus the
+top-k over fp32 scores; shared experts are a dense MLP split over tp.
+"""
+
+from __future__ import annotations
+
+from ..model import LayerKind
+from ..plan import ParallelPlan
+from ..specs import ModelSpec
+from .compute import CostModel, PassTimes
+
+#: Bytes moved per dispatched row element by the permutation before dispatch and the
+#: unpermutation after combine (each reads and writes the 16-bit row: 2 x (2 + 2)).
+PERMUTE_BYTES_PER_ELEMENT = 8
+#: fp32 router scores per token and expert: written by the GEMM, read and written by the
+#: softmax / sigmoid and top-k (3 passes of 4 bytes).
+ROUTER_SCORE_BYTES = 12
+
+
+def load_factor(m: ModelSpec, plan: ParallelPlan) -> float:
+    """The busiest expert rank's rows over the balanced share (see the module docstring)."""
+    assert m.moe is not None
+    if m.moe.dispatch == "capacity" and m.moe.capacity_factor is not None:
+        return min(plan.moe_imbalance, m.moe.capacity_factor)
+    return plan.moe_imbalance
+
+
+def tokens(m: ModelSpec, plan: ParallelPlan) -> float:
+    """Tokens of one micro-batch on one GPU of a tp group (T)."""
+    return plan.micro_batch_size * m.seq_len / plan.cp
+
+
+def expert_rows(m: ModelSpec, plan: ParallelPlan) -> float:
+    """Rows each local expert computes per micro-batch on the busiest GPU (n above)."""
+    assert m.moe is not None
+    balanced = tokens(m, plan) * m.moe.top_k * plan.ep * plan.expert_tp / (plan.tp * m.moe.experts)
+    return balanced * load_factor(m, plan)
+
+
+def dispatch_bytes(m: ModelSpec, plan: ParallelPlan) -> float:
+    """One GPU's all-to-all send buffer for one dispatch (or combine) of one micro-batch."""
+    assert m.moe is not None
+    return tokens(m, plan) * m.moe.top_k / plan.tp * m.hidden * 2.0 * load_factor(m, plan)
+
+
+def moe_mlp_times(cost: CostModel, m: ModelSpec, plan: ParallelPlan) -> PassTimes:
+    """The MoE MLP of one layer (compute only; the all-to-all is `dispatch_bytes`), with the
+    routed experts' part in ``expert_*``."""
+    moe = m.moe
+    assert moe is not None
+    t, dt, h, tok = plan.tp, plan.precision, m.hidden, tokens(m, plan)
+    held = tok / (t if plan.sequence_parallel else 1)  # tokens this GPU routes
+    gated = 2 if m.gated_mlp else 1
+    # router and top-k (replicated over tp) + shared experts (a dense MLP split over tp)
+    shared = []
+    if moe.shared_experts:
+        fs = moe.shared_experts * moe.shared_ffn / t
+        shared = [(tok, fs, h)] * gated + [(tok, h, fs)]
+    rf, ri, rw = cost.gemm_times([(held, moe.experts, h), *shared], dt)
+    scores = cost.memory_time(held * moe.experts * ROUTER_SCORE_BYTES)
+    shared_ew = cost.memory_time(tok * (6 if m.gated_mlp else 4) * moe.shared_experts * moe.shared_ffn / t)
+    # routed experts: grouped GEMMs over the local experts
+    n, local, fe = expert_rows(m, plan), moe.experts / plan.ep, moe.expert_ffn / plan.expert_tp
+    ef = gated * cost.grouped_matmul_time(local, n, fe, h, dt) + cost.grouped_matmul_time(local, n, h, fe, dt)
+    ei = gated * cost.grouped_matmul_time(local, n, h, fe, dt) + cost.grouped_matmul_time(local, n, fe, h, dt)
+    ew = gated * cost.grouped_matmul_time(local, h, fe, n, dt) + cost.grouped_matmul_time(local, fe, h, n, dt)
+    rows = n * local
+    moved = cost.memory_time(rows * h * PERMUTE_BYTES_PER_ELEMENT)
+    act = cost.memory_time(rows * (6 if m.gated_mlp else 4) * fe)
+    ef, ei = ef + moved + act, ei + moved + 2 * act
+    return PassTimes(
+        rf + scores + shared_ew + ef,
+        ri + scores + 2 * shared_ew + ei,
+        rw + ew,
+        0.0,
+        ef,
+        ei,
+        ew,
+    )
+
+
+def moe_layer_times(cost: CostModel, m: ModelSpec, plan: ParallelPlan, kind: LayerKind) -> PassTimes:
+    """A whole layer of ``kind``: `CostModel.layer_times`, plus the MoE MLP for an MoE layer."""
+    base = cost.layer_times(m, plan, kind)
+    if not kind.moe:
+        return base
+    mlp = moe_mlp_times(cost, m, plan)
+    return PassTimes(
+        base.f + mlp.f, base.i + mlp.i, base.w + mlp.w, base.attn_f, mlp.expert_f, mlp.expert_i, mlp.expert_w
+    )

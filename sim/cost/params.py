@@ -1,0 +1,82 @@
+"""Parameters one GPU holds, per stage, split into what data parallelism replicates (attention,
+dense MLPs, shared experts, router, norms, embeddings: sharded by ZeRO over dp x cp) and the
+routed experts (split over ep x etp, replicated over edp, sharded by ZeRO over edp), as
+Megatron-Core lays them out:
+
+- attention and dense MLP weights are split over tp; norm weights are replicated;
+- an MoE layer's router is replicated (its h x E weight is not tensor-parallel), its shared
+  experts are split over tp like a dense MLP, and each GPU holds experts / ep routed experts,
+  each split over etp;
+- the input embedding is on the first stage, the output head on the last (tied embeddings:
+  the last stage keeps a copy for pp > 1), the MTP modules on the last stage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..model import (
+    DENSE,
+    LayerKind,
+    attention_params,
+    embedding_params,
+    expert_params,
+    layer_kinds,
+    mlp_params,
+    mtp_kind,
+    norm_params,
+    output_params,
+    router_params,
+    shared_expert_params,
+)
+from ..plan import ParallelPlan
+from ..specs import ModelSpec
+
+
+def stage_layer_range(m: ModelSpec, plan: ParallelPlan, stage: int) -> range:
+    """The transformer layers (0-based indices) of ``stage``."""
+    split = plan.stage_layers(m.layers)
+    start = sum(split[:stage])
+    return range(start, start + split[stage])
+
+
+def layer_rank_params(m: ModelSpec, plan: ParallelPlan, kind: LayerKind = DENSE) -> tuple[float, float]:
+    """(replicated-over-dp, routed-expert) parameters of one layer of ``kind`` on one GPU."""
+    t = plan.tp
+    base = attention_params(m) / t + norm_params(m)
+    if not kind.moe:
+        return base + mlp_params(m, m.ffn) / t, 0.0
+    assert m.moe is not None
+    dense = base + router_params(m) + shared_expert_params(m) / t
+    return dense, m.moe.experts / plan.ep * expert_params(m) / plan.expert_tp
+
+
+def stage_params(m: ModelSpec, plan: ParallelPlan, stage: int) -> tuple[float, float]:
+    """(replicated-over-dp, routed-expert) parameters of ``stage`` on one GPU."""
+    kinds = layer_kinds(m)
+    dense = expert = 0.0
+    for i in stage_layer_range(m, plan, stage):
+        d, e = layer_rank_params(m, plan, kinds[i])
+        dense, expert = dense + d, expert + e
+    t = plan.tp
+    if stage == 0:
+        dense += embedding_params(m) / t
+    if stage == plan.num_stages - 1:
+        out = output_params(m)
+        dense += out / t if not m.tied_embeddings else (m.vocab * m.hidden / t if plan.num_stages > 1 else 0) + out
+        if m.mtp_layers:
+            d, e = layer_rank_params(m, plan, mtp_kind(m))
+            h = m.hidden
+            dense += m.mtp_layers * (d + 3 * h + 2 * h * h / t)
+            expert += m.mtp_layers * e
+    return dense, expert
+
+
+def rank_params(m: ModelSpec, plan: ParallelPlan, stages: Sequence[int]) -> float:
+    """Parameters one GPU holds for the given stages (all of them: replicated and experts)."""
+    return sum(sum(stage_params(m, plan, s)) for s in stages)
+
+
+def rank_expert_params(m: ModelSpec, plan: ParallelPlan, stages: Sequence[int]) -> float:
+    """The routed-expert part of `rank_params`."""
+    return sum(stage_params(m, plan, s)[1] for s in stages)
