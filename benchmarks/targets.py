@@ -4,7 +4,8 @@ recorded (benchmarks/results.jsonl, one JSON line per recorded run: commit, date
 Every figure is a wall-clock median of whole commands or in-process calls on this machine; the
 load average is printed with them, since a shared 2-core VM drifts 10-25 % between runs.
 
-Run:    python benchmarks/targets.py            (about 2 minutes: startup, one iteration, sweep, validate)
+Run:    python benchmarks/targets.py            (about 3 minutes: startup, one iteration, sweep, validate, the
+                                                 DeepSeek-V3 iteration and sweep of the MoE issue)
         python benchmarks/targets.py --long     (adds every rank of Llama-3-405B on 16,384 and 131,072 H100 and the
                                                  exhaustive GPT-3 sweep: tens of minutes)
         python benchmarks/targets.py --record   (also appends this run to benchmarks/results.jsonl)
@@ -26,6 +27,12 @@ RESULTS = HERE / "results.jsonl"
 ROOT = HERE.parent
 GPT3 = ["--model", "gpt3-175b", "--cluster", "dgx-a100-80g", "--gpus", "1024", "--gbs", "1536"]
 SIMULATE = ["simulate", *GPT3, "--tp", "8", "--pp", "8", "--schedule", "1f1b"]
+#: DeepSeek-V3 as its report trained it (pp 16, ep 64 on 2,048 GPUs; 15,360 sequences per step)
+DEEPSEEK = ["--model", "deepseek-v3", "--cluster", "dgx-h100", "--layer-split", "balanced"]
+DEEPSEEK_SIMULATE = ["simulate", *DEEPSEEK, "--gpus", "2048", "--gbs", "15360", "--pp", "16", "--ep", "64"]
+#: the committed reports/sweep-deepseek-v3-1024xH100 (its sweep.json holds the same command)
+DEEPSEEK_SWEEP = ["sweep", *DEEPSEEK, "--gpus", "1024", "--gbs", "8192", "--zero", "1,2", "--mbs", "1,2"]
+DEEPSEEK_SWEEP += ["--sequence-parallel", "on"]
 
 #: name -> (target, unit, description)
 TARGETS = {
@@ -40,6 +47,8 @@ TARGETS = {
     "full_llama_131k_s": (120.0, "s", "every rank: Llama-3-405B on 131,072 H100 (--long)"),
     "full_llama_131k_gib": (4.0, "GiB", "the same, peak memory of the process (--long)"),
     "sweep_exhaustive_s": (60.0, "s", "every fitting GPT-3 plan through the engine (--long)"),
+    "deepseek_simulate_s": (2.0, "s", "DeepSeek-V3 / 2,048 H100 (pp 16, ep 64), whole process"),
+    "deepseek_sweep_s": (120.0, "s", "sweep of DeepSeek-V3 on 1,024 H100 (the committed report's)"),
 }
 
 IN_PROCESS = """
@@ -102,6 +111,9 @@ def measure(long: bool) -> dict[str, float]:
         if long:
             fig["sweep_exhaustive_s"] = _wall([*simpar, "sweep", *GPT3, "--exhaustive", "--out", f"{tmp}/x"])
     fig["validate_s"] = _wall([*simpar, "validate", "tests/data/published.csv"])
+    fig["deepseek_simulate_s"] = _wall([*simpar, *DEEPSEEK_SIMULATE], repeat=3)
+    with tempfile.TemporaryDirectory() as tmp:
+        fig["deepseek_sweep_s"] = _wall([*simpar, *DEEPSEEK_SWEEP, "--out", f"{tmp}/d"])
     if long:
         fig["full_llama_16k_s"] = _python(FULL.replace("GPUS", "16384"))["full"]
         big = _python(FULL.replace("GPUS", "131072"))

@@ -273,3 +273,27 @@ def test_the_oracle_equals_the_engine_and_the_bound_holds(kw, overlap):
     assert lower_bound(x, "analytical") <= res.iter_time_s * (1 + 1e-12)
     est = oracle_estimate(x)
     assert est.iter_time_s == pytest.approx(res.iter_time_s, rel=1e-9)
+
+
+def test_every_breakdown_part_has_words_in_the_explanations():
+    from simpar.sim.engine.results import BREAKDOWN_KEYS
+    from simpar.sim.sweep.explain import WORDS
+
+    assert set(WORDS) == set(BREAKDOWN_KEYS)
+
+
+def test_moe_activations_by_hand():
+    """tiny-moe, mbs 1, ep 4: 256 tokens x top-2 over 8 experts -> 2 local experts of 256 rows on
+    each GPU; per row the dispatched and combined rows (2 x 2 h bytes) and the SwiGLU internals
+    (6 x 256 bytes); the shared expert as a dense MLP (6 x 256 per token); fp32 router scores."""
+    from simpar.sim.cost.memory import layer_activation_bytes
+    from simpar.sim.cost.moe import moe_mlp_activation_bytes
+
+    p = plan(ep=4)
+    rows = 2 * 256
+    want = rows * (4 * 256 + 6 * 256) + 6 * 256 * 256 + 4 * 256 * 8
+    assert moe_mlp_activation_bytes(TINY, p) == want
+    dense, moe = (layer_activation_bytes(TINY, p, kind=LayerKind(moe=x)) for x in (False, True))
+    assert moe - dense == want - 6 * 256 * 512  # the dense MLP (ffn 512) replaced by the MoE one
+    # ep 8 puts 1 expert of 512 rows on a GPU: the same rows
+    assert moe_mlp_activation_bytes(TINY, plan(ep=8)) == want

@@ -28,16 +28,19 @@ Equal to `schedules.peak_activation_units` up to rounding (tested).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from ..model import DENSE, LayerKind, layer_kinds, mtp_kind
 from ..plan import ParallelPlan, ZeroPolicy
 from ..schedules import Kind, Schedule, build_schedule, peak_activation_units, peak_inflight, schedule_for_plan
 from ..schedules.lower import MAX_ACTIVE_STAGES
 from ..specs import GPUSpec, ModelSpec
 from ..units import GiB
-from .params import rank_expert_params, rank_params
+from .moe import moe_mlp_activation_bytes
+from .params import rank_expert_params, rank_params, stage_layer_range
 
 #: fp32 master weights + Adam first and second moments (ZeRO paper, K = 12).
 OPTIMIZER_BYTES_PER_PARAM = 12
@@ -86,9 +89,14 @@ def model_state_bytes(psi: float, zero: int, nd: int, k: int = OPTIMIZER_BYTES_P
 
 
 def layer_activation_bytes(
-    m: ModelSpec, plan: ParallelPlan, recompute: str | None = None, flash: bool | None = None
+    m: ModelSpec,
+    plan: ParallelPlan,
+    recompute: str | None = None,
+    flash: bool | None = None,
+    kind: LayerKind = DENSE,
 ) -> float:
-    """Bytes one transformer layer keeps for one micro-batch until its backward (per GPU)."""
+    """Bytes one transformer layer of ``kind`` keeps for one micro-batch until its backward (per
+    GPU); an MoE layer's MLP is `moe.moe_mlp_activation_bytes`."""
     recompute = plan.recompute if recompute is None else recompute
     flash = plan.flash_attention if flash is None else flash
     s = m.seq_len / plan.cp
@@ -106,8 +114,23 @@ def layer_activation_bytes(
     replicated = sbh * (2 + 2 + 2 + 2 + 2 * drop)
     # Always split by tp: Q, K, V (GQA shrinks K and V), projection input, MLP internals.
     mlp = (6 if m.gated_mlp else 4) * s * b * f  # SwiGLU: gate, up, down input; GeLU: gelu in, fc2 in
-    split = sbh * (2 + 2 * g + 2 * g + 2) + mlp
+    if kind.moe:
+        mlp = 0.0
+    # Q, K, V and the output projection's input, in units of h (heads x head_dim wide; GQA
+    # shrinks K and V); MLA: per head qk_head_dim for Q and K, v_head_dim for V and the output,
+    # plus the compressed q and kv latents (replicated over tp, Megatron-Core's down-projections)
+    if m.mla is not None:
+        a, n = m.mla, m.heads
+        q = k = n * a.qk_head_dim / h
+        v = o = n * a.v_head_dim / h
+        replicated += sbh * 2 * (a.q_lora_rank + a.kv_lora_rank + a.qk_rope_head_dim) / h
+    else:
+        q = o = m.attn_width / h
+        k = v = g * m.attn_width / h
+    split = sbh * 2 * (q + k + v + o) + mlp
     total = replicated / (t if plan.sequence_parallel else 1) + split / t
+    if kind.moe:
+        total += moe_mlp_activation_bytes(m, plan)
     if recompute == "none" and not flash:
         # softmax output (2 bytes) + dropout mask (1) + dropout output (2): 5as^2b (2as^2b without dropout)
         total += (2 + 3 * drop) * a * s * (m.seq_len if plan.cp > 1 else s) * b / t
@@ -118,10 +141,12 @@ def layer_activation_bytes(
 
 def stage_activation_bytes(m: ModelSpec, plan: ParallelPlan, stage: int) -> float:
     """Bytes one stage keeps per micro-batch: its layers, plus embedding / logits tensors."""
-    layers = plan.stage_layers(m.layers)[stage]
     s, b, h, t = m.seq_len / plan.cp, plan.micro_batch_size, m.hidden, plan.tp
     sp_div = t if plan.sequence_parallel else 1
-    total = layers * layer_activation_bytes(m, plan)
+    counts = Counter(layer_kinds(m)[i] for i in stage_layer_range(m, plan, stage))
+    if stage == plan.num_stages - 1 and m.mtp_layers:
+        counts[mtp_kind(m)] += m.mtp_layers
+    total = sum(n * layer_activation_bytes(m, plan, kind=k) for k, n in counts.items())
     if stage == 0 and m.has_dropout:
         total += s * b * h / sp_div  # embedding dropout mask
     if stage == plan.num_stages - 1:
@@ -277,8 +302,9 @@ class MemoryReport:
 
 def recompute_transient_bytes(m: ModelSpec, plan: ParallelPlan) -> float:
     """Activations re-materialised for one layer during its backward (freed right after)."""
+    kinds = set(layer_kinds(m))
     if plan.recompute == "full":
-        return layer_activation_bytes(m, plan, recompute="none")
+        return max(layer_activation_bytes(m, plan, recompute="none", kind=k) for k in kinds)
     if plan.recompute == "selective" and not plan.flash_attention:
         full = layer_activation_bytes(m, plan, recompute="none")
         return full - layer_activation_bytes(m, plan, recompute="selective")

@@ -113,3 +113,20 @@ def moe_layer_times(cost: CostModel, m: ModelSpec, plan: ParallelPlan, kind: Lay
     return PassTimes(
         base.f + mlp.f, base.i + mlp.i, base.w + mlp.w, base.attn_f, mlp.expert_f, mlp.expert_i, mlp.expert_w
     )
+
+
+def moe_mlp_activation_bytes(m: ModelSpec, plan: ParallelPlan) -> float:
+    """Bytes an MoE MLP keeps for one micro-batch until its backward, on the busiest GPU: the
+    router's fp32 scores (every token this GPU routes x E), the dispatched rows (h each) and the
+    combine's input rows, each expert's internals as a dense MLP's (gated: gate, up and the
+    activation's output; else two) on its 1 / etp slice, and the shared experts as a dense MLP
+    split over tp. 16-bit elements (Korthikanti et al. 2022 §4's convention)."""
+    moe = m.moe
+    assert moe is not None
+    tok = tokens(m, plan)
+    held = tok / (plan.tp if plan.sequence_parallel else 1)
+    rows = expert_rows(m, plan) * moe.experts / plan.ep
+    per_inner = 6 if m.gated_mlp else 4
+    experts = rows * (2 * 2 * m.hidden + per_inner * moe.expert_ffn / plan.expert_tp)
+    shared = per_inner * tok * moe.shared_experts * moe.shared_ffn / plan.tp
+    return 4.0 * held * moe.experts + experts + shared

@@ -10,8 +10,10 @@ from .store import num
 
 WORDS = {
     "compute": "compute",
+    "expert_compute": "routed-expert compute",
     "recompute": "recomputation",
     "tp_comm": "exposed TP/CP communication",
+    "moe_a2a": "exposed MoE all-to-all",
     "pp_comm": "waiting on pipeline transfers",
     "dp_comm": "exposed DP gradient reduction",
     "zero_comm": "exposed ZeRO parameter gathers",

@@ -32,7 +32,7 @@ from ..plan import RECOMPUTE, SCHEDULES
 from . import interrupt
 from .space import Config
 
-SWEEP_FORMAT_VERSION = 3  # 2: lower_bound_s; 3: expert_compute_s, moe_a2a_s
+SWEEP_FORMAT_VERSION = 3  # 2: lower_bound_s; 3: ep, etp, expert_compute_s, moe_a2a_s
 MANIFEST, RESULTS, JOURNAL = "sweep.json", "results.csv", "journal"
 PHASES = ("screen", "refine", "simulate")
 STATUSES = ("simulated", "refined", "estimated", "oom", "invalid")
@@ -55,6 +55,8 @@ PLAN_COLUMNS = (
     "zero",
     "recompute",
     "sp",
+    "ep",
+    "etp",
     "precision",
     "layer_split",
 )
@@ -80,7 +82,7 @@ COLUMNS = (
     + TIME_COLUMNS
 )
 _HEADER = ",".join(COLUMNS)
-_POSITIVE = ("tp", "pp", "dp", "cp", "vpp", "mbs", "gbs")
+_POSITIVE = ("tp", "pp", "dp", "cp", "vpp", "mbs", "gbs", "ep")
 _OPTIONAL_INTS = ("rank", "num_microbatches", "reported_rank", "worst_memory_rank")
 _FLOATS = (
     tuple(c for c in RESULT_COLUMNS if c != "reported_rank")
@@ -162,6 +164,8 @@ def _plan_problem(row: dict[str, str]) -> str:
         return f"recompute {row['recompute']!r} is not one of {', '.join(RECOMPUTE)}"
     if row["sp"] not in ("0", "1"):
         return f"sp {row['sp']!r} is not 0 or 1"
+    if not _is_int(row["etp"], 0):
+        return f"etp {row['etp']!r} is not a whole number (0: = tp)"
     if Config.from_row(row).id != row["id"]:
         return "its plan columns do not match its id"
     if row["layer_split"] and not all(_is_int(x, 1) for x in row["layer_split"].split(";")):
