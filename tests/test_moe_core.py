@@ -297,3 +297,22 @@ def test_moe_activations_by_hand():
     assert moe - dense == want - 6 * 256 * 512  # the dense MLP (ffn 512) replaced by the MoE one
     # ep 8 puts 1 expert of 512 rows on a GPU: the same rows
     assert moe_mlp_activation_bytes(TINY, plan(ep=8)) == want
+
+
+@pytest.mark.parametrize(
+    "name", ["deepseek-v3", "kimi-k2", "gpt-oss-20b", "qwen3-30b-a3b", "mixtral-8x7b", "llama4-scout"]
+)
+def test_every_moe_preset_simulates_with_its_memory(name):
+    m = load_model(name).with_seq_len(4096)
+    cluster = load_cluster("dgx-h100", gpus=64)
+    split = None
+    if m.layers % 4:
+        from simpar.sim.plan import balanced_layer_split
+
+        split = balanced_layer_split(m.layers, 4)
+    ep = 8 if m.moe.experts % 8 == 0 else m.moe.experts
+    p = ParallelPlan(dp=16, pp=4, ep=ep, etp=1, global_batch_size=64, zero=1, layer_split=split)
+    check_plan(p, m, cluster, 64)
+    res = simulate(m, cluster, p)
+    assert res.iter_time_s > 0 and res.memory.peak.total > 0
+    assert res.breakdown_s["expert_compute"] > 0 or max(b["expert_compute"] for b in res.rank_breakdowns.values()) > 0

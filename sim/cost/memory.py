@@ -120,10 +120,10 @@ def layer_activation_bytes(
     # shrinks K and V); MLA: per head qk_head_dim for Q and K, v_head_dim for V and the output,
     # plus the compressed q and kv latents (replicated over tp, Megatron-Core's down-projections)
     if m.mla is not None:
-        a, n = m.mla, m.heads
-        q = k = n * a.qk_head_dim / h
-        v = o = n * a.v_head_dim / h
-        replicated += sbh * 2 * (a.q_lora_rank + a.kv_lora_rank + a.qk_rope_head_dim) / h
+        mla, n = m.mla, m.heads
+        q = k = n * mla.qk_head_dim / h
+        v = o = n * mla.v_head_dim / h
+        replicated += sbh * 2 * (mla.q_lora_rank + mla.kv_lora_rank + mla.qk_rope_head_dim) / h
     else:
         q = o = m.attn_width / h
         k = v = g * m.attn_width / h
