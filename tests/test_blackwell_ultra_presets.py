@@ -80,8 +80,9 @@ def test_gb300_rack_is_one_nvlink_domain_and_scales_by_racks() -> None:
     assert s["graph_nodes"]["nvswitch"] == 1 and s["graph_nodes"]["gpu"] == 72
     assert s["links"]["nvlink"] == {"count": 72, "bw_GBps_per_direction": [900.0]}
     assert c.with_gpus(144).num_nodes == 2
+    assert (c.with_gpus(100).num_nodes, c.with_gpus(100).gpus_per_node) == (2, 50)  # part of each rack
     with pytest.raises(PlanError):
-        c.with_gpus(100)
+        c.with_gpus(101)  # not an even spread over 2 racks
 
 
 @pytest.mark.parametrize("name", ["b300", "gb300"])

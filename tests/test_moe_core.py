@@ -316,3 +316,24 @@ def test_every_moe_preset_simulates_with_its_memory(name):
     res = simulate(m, cluster, p)
     assert res.iter_time_s > 0 and res.memory.peak.total > 0
     assert res.breakdown_s["expert_compute"] > 0 or max(b["expert_compute"] for b in res.rank_breakdowns.values()) > 0
+
+
+def test_nvl72_jobs_may_use_part_of_each_rack():
+    c = load_cluster("gb300-nvl72", gpus=256)
+    assert (c.num_nodes, c.gpus_per_node) == (4, 64)
+    with pytest.raises(PlanError, match="not a whole number of gb200-nvl72 nodes"):
+        load_cluster("gb200-nvl72", gpus=146)
+    with pytest.raises(PlanError, match="not a whole number of dgx-h100 nodes"):
+        load_cluster("dgx-h100", gpus=12)  # whole DGX nodes only
+
+
+def test_every_published_moe_row_is_read_and_simulated():
+    from pathlib import Path
+
+    from simpar.sim.engine.simulate import simulate as run
+    from simpar.sim.validation.published import read_rows, validate_rows
+
+    rows = read_rows(Path(__file__).parent / "data" / "moe-published.csv")
+    results = validate_rows(rows, run)
+    assert len(results) == 40 and [r.id for r in results if r.status != "ok"] == []
+    assert all(r.breakdown_s["expert_compute"] > 0 for r in results)

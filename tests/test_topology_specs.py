@@ -53,8 +53,9 @@ def test_gb200_rack_is_one_nvlink_domain_and_scales_by_racks():
     c = load_cluster("gb200-nvl72")
     assert (c.gpus_per_node, c.gpu.name) == (72, "b200")
     assert c.with_gpus(144).num_nodes == 2
+    assert (c.with_gpus(100).num_nodes, c.with_gpus(100).gpus_per_node) == (2, 50)  # part of each rack
     with pytest.raises(PlanError):
-        c.with_gpus(100)
+        c.with_gpus(101)  # not an even spread over 2 racks
 
 
 def test_pcie_box_shares_nics_and_has_no_nvlink():

@@ -144,6 +144,11 @@ class ClusterSpec(BaseModel):
     num_nodes: int = Field(default=1, gt=0, description="nodes in the preset; --gpus rescales it", strict=True)
     node: NodeFabric
     scale_out: ScaleOutFabric = Field(ScaleOutFabric(topology="none"), validate_default=True)
+    partial_nodes: bool = Field(
+        False,
+        description="a job may use the same part of each node (an NVL72 rack): N GPUs that are not whole "
+        "nodes spread evenly over the fewest nodes",
+    )
 
     @field_validator("scale_out")
     @classmethod
@@ -165,6 +170,9 @@ class ClusterSpec(BaseModel):
             )
         if n < self.gpus_per_node:
             return self._rebuilt(num_nodes=1, gpus_per_node=n)
+        nodes = -(-n // self.gpus_per_node)
+        if n % self.gpus_per_node and self.partial_nodes and n % nodes == 0:
+            return self._rebuilt(num_nodes=nodes, gpus_per_node=n // nodes)
         if n % self.gpus_per_node:
             raise PlanError(
                 "gpus",
