@@ -337,3 +337,15 @@ def test_every_published_moe_row_is_read_and_simulated():
     results = validate_rows(rows, run)
     assert len(results) == 40 and [r.id for r in results if r.status != "ok"] == []
     assert all(r.breakdown_s["expert_compute"] > 0 for r in results)
+
+
+def test_the_accuracy_report_has_an_moe_section(tmp_path):
+    from pathlib import Path
+
+    csv = Path(__file__).parent / "data" / "moe-published.csv"
+    res = CliRunner().invoke(cli, ["accuracy", "--moe", str(csv), "--out", str(tmp_path / "a")])
+    assert res.exit_code == 0, res.output
+    assert "MoE published: iteration time n=40" in res.output
+    text = (tmp_path / "a" / "README.md").read_text()
+    assert "## Mixture-of-Experts runs" in text and "| gb300-nvl72 |" in text
+    assert (tmp_path / "a" / "moe.md").exists()

@@ -154,26 +154,19 @@ def build(
     notes: dict[str, str] | None = None,
     worst: int = 12,
     progress: Callable[[str], None] | None = None,
+    moe_csv: str | Path | None = None,
 ) -> dict[str, Any]:
-    """Everything the report shows, as plain data (JSON-ready)."""
+    """Everything the report shows, as plain data (JSON-ready): ``published`` (dense runs),
+    ``moe`` (Mixture-of-Experts runs, the same format with a model column) and ``closed_loop``."""
     notes = notes or {}
     out: dict[str, Any] = {}
     if published_csv is not None:
-        rows = read_rows(published_csv)
-        results = validate_rows(rows, simulate_fn, progress)
-        doc = report(results)
-        doc["memory_per_source"] = memory_groups(results, "source")
-        by_id = {r["id"]: r for r in rows}
-        for d in doc["rows"]:
-            d["hints"] = row_hints(by_id[d["id"]])
-            d["note"] = notes.get(d["id"], "")
-        doc["worst_iter"] = [d["id"] for d in _worst(doc["rows"], "error", worst)]
-        doc["worst_mem"] = [d["id"] for d in _worst(doc["rows"], "mem_error", max(3, worst // 2))]
-        doc["csv"] = str(published_csv)
-        out["published"] = doc
+        out["published"] = _measured_doc(published_csv, simulate_fn, notes, worst, progress)
+    if moe_csv is not None:
+        out["moe"] = _measured_doc(moe_csv, simulate_fn, notes, worst, progress)
     if closed_loop is not None:
         cl = read_closed_loop(closed_loop)
-        doc = (
+        doc: dict[str, Any] = (
             report(cl)
             if cl
             else {
@@ -190,6 +183,31 @@ def build(
         doc["path"] = str(closed_loop)
         out["closed_loop"] = doc
     return out
+
+
+def _measured_doc(
+    csv: str | Path,
+    simulate_fn: Callable,
+    notes: dict[str, str],
+    worst: int,
+    progress: Callable[[str], None] | None,
+) -> dict[str, Any]:
+    """A measured-run CSV simulated and summarised (per source, schedule and cluster), its worst
+    rows with their hints and notes."""
+    rows = read_rows(csv)
+    results = validate_rows(rows, simulate_fn, progress)
+    doc = report(results)
+    doc["memory_per_source"] = memory_groups(results, "source")
+    by_id = {r["id"]: r for r in rows}
+    clusters = sorted({r["cluster"] for r in rows})
+    doc["per_cluster"] = {c: summarize([x for x in results if by_id[x.id]["cluster"] == c]) for c in clusters}
+    for d in doc["rows"]:
+        d["hints"] = row_hints(by_id[d["id"]])
+        d["note"] = notes.get(d["id"], "")
+    doc["worst_iter"] = [d["id"] for d in _worst(doc["rows"], "error", worst)]
+    doc["worst_mem"] = [d["id"] for d in _worst(doc["rows"], "mem_error", max(3, worst // 2))]
+    doc["csv"] = str(csv)
+    return doc
 
 
 def _worst(rows: list[dict[str, Any]], key: str, n: int) -> list[dict[str, Any]]:

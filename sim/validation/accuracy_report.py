@@ -155,6 +155,29 @@ def markdown(data: dict[str, Any], command: str, plots: dict[str, bool], preface
             "",
             *_worst(pub, pub["worst_mem"], "mem_error"),
         ]
+    moe = data.get("moe")
+    if moe:
+        lines += [
+            "## Mixture-of-Experts runs",
+            "",
+            f"`{moe['csv']}`: {moe['summary']['rows']} rows, {moe['summary']['n']} simulated, "
+            f"{moe['summary']['not_simulated']} not simulated. What an empty cell of these rows stands for, and "
+            "what is not modelled yet (the fp8 recipes), is in `sim/validation/moe_rows.py`.",
+            "",
+            "- " + _summary_line(moe["summary"], "iteration time"),
+            "",
+            "### Per cluster",
+            "",
+            *_table(moe["per_cluster"], "cluster"),
+            "### Per schedule",
+            "",
+            *_table(moe["per_schedule"], "schedule"),
+            "### Worst rows",
+            "",
+            *_worst(moe, moe["worst_iter"], "error"),
+            "Per-row table: [moe.md](moe.md).",
+            "",
+        ]
     if cl and cl["rows"]:
         lines += [
             "## Closed loop: per schedule",
