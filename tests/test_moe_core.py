@@ -349,3 +349,19 @@ def test_the_accuracy_report_has_an_moe_section(tmp_path):
     text = (tmp_path / "a" / "README.md").read_text()
     assert "## Mixture-of-Experts runs" in text and "| gb300-nvl72 |" in text
     assert (tmp_path / "a" / "moe.md").exists()
+
+
+@pytest.mark.parametrize("full", [False, True])
+def test_on_the_contention_network_all_to_alls_are_network_events(full):
+    """With links shared, each dispatch and combine is a collective on the network (every GPU of
+    the EP group meets in a full run); alone it takes what the analytical model says, and DP and
+    pipeline traffic can only slow it down."""
+    p = ParallelPlan(dp=8, pp=2, ep=8, global_batch_size=32, schedule="1f1b", zero=1)
+    opts = EngineOptions(full=full)
+    ana = simulate(QWEN, H100x16, p, options=opts)
+    con = simulate(QWEN, H100x16, p, backend="contention", options=opts)
+    assert con.breakdown_s["moe_a2a"] >= ana.breakdown_s["moe_a2a"] * (1 - 1e-9) > 0
+    assert any(e.stream == "moe" and e.kind == "ALL_TO_ALL" for e in con.events)
+    assert con.iter_time_s == pytest.approx(ana.iter_time_s, rel=0.05)
+    ev = Evaluator(SweepSetup(QWEN, H100x16, 16, 32, backend="contention", token="moe-con"))
+    assert lower_bound(ev.inputs(p), "contention") <= con.iter_time_s * (1 + 1e-12)

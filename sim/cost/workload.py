@@ -11,7 +11,9 @@ each sending a K and V chunk, overlapped with the attention core (backward sends
 An MoE layer keeps the same TP collectives (Megatron-Core's token dispatcher gathers and scatters
 the tp group's tokens around the experts in place of the MLP's) and adds its all-to-alls
 (`moe.dispatch_bytes`: dispatch + combine in the forward, their gradients in the backward, the
-forward pair again under full recompute) over its EP group on the topology.
+forward pair again under full recompute) over its EP group on the topology; on a network that
+shares links (the contention backend) the engine runs each of them as a collective there, where
+DP and pipeline traffic slow it (`core.Engine._all_to_alls`).
 
 A stage sums its layers by kind (`model.layer_kinds`: dense or MoE, full or windowed attention);
 the last stage also holds the MTP modules (a projection, one layer, the logits again).
@@ -69,6 +71,11 @@ class StageWork:
     expert_r: float = 0.0
     #: the routed-expert part of ``params`` (reduced and ZeRO-sharded over edp, not dp x cp)
     expert_params: float = 0.0
+    #: one MoE all-to-all's send buffer (bytes) and how many a forward (F, and R under full
+    #: recompute) and an input-gradient pass (I or B) run: a2a_f = a2a_count_f x its time
+    a2a_bytes: float = 0.0
+    a2a_count_f: int = 0
+    a2a_count_b: int = 0
 
     @property
     def b(self) -> float:
@@ -142,6 +149,7 @@ def stage_work(
         if s == last and m.mtp_layers:
             counts[mtp_kind(m)] += m.mtp_layers
         x = _sum_layers(per, counts)
+        moe_layers = sum(n for kind, n in counts.items() if kind.moe)
         if s == 0:
             x["f"], x["w"] = x["f"] + em.f, x["w"] + em.w
             x["tp_f"] += _tp_small(plan, net, layout, act)  # vocab-parallel embedding all-reduce / reduce-scatter
@@ -179,6 +187,9 @@ def stage_work(
                 expert_w=ew,
                 expert_r=k * x["expert_r"],
                 expert_params=rank_expert_params(m, plan, [s]),
+                a2a_bytes=dispatch_bytes(m, plan) if a2a else 0.0,
+                a2a_count_f=2 * moe_layers if a2a else 0,
+                a2a_count_b=2 * moe_layers if a2a else 0,
             )
         )
     return out

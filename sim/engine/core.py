@@ -84,6 +84,7 @@ class Engine:
                 g.dp_group, g.tp_group = shards[(t, pr)], tps[(d, c, pr)]
                 if model.moe is not None:
                     g.edp_group = self.layout.expert_group(rank, "edp")
+                    g.ep_group = self.layout.expert_group(rank, "ep")
 
     # --- setup helpers -------------------------------------------------------------------
     def _pipeline_keys(self) -> list[tuple[int, ...]]:
@@ -271,9 +272,25 @@ class Engine:
     def _compute(self, g: GpuState, a: Action, parts: tuple[float, float, float, float], acc: str = "compute"):
         t0 = self.env.now
         c, e, tp, a2a = parts
-        yield self.env.timeout(c + e + tp + a2a)
+        if a2a > 0 and not self.timed_p2p and not self.opt.overlap_moe_a2a:
+            # a network that shares links: the MoE all-to-alls run on it, contending with DP/PP traffic
+            yield self.env.timeout(c + e + tp)
+            t1 = self.env.now
+            yield from self._all_to_alls(g, a)
+            parts = (c, e, tp, self.env.now - t1)
+        else:
+            yield self.env.timeout(c + e + tp + a2a)
         self._charge(g, acc, parts)
         self._record(g, "compute", str(a), a.kind.value, t0, a.stage, a.microbatch)
+
+    def _all_to_alls(self, g: GpuState, a: Action):
+        """The pass's MoE dispatch and combine all-to-alls over the GPU's EP group, one after the
+        other (their count and size: `StageWork`), as network collectives."""
+        w = self.work[a.stage]
+        count = w.a2a_count_f if a.kind in (Kind.F, Kind.R) else w.a2a_count_b
+        comm = it.Comm("all-to-all", g.ep_group, w.a2a_bytes)
+        for i in range(count):
+            yield from self._comm(g, g.a2a, comm, ("a2a", str(a), i), "moe", "ALL_TO_ALL", a.stage)
 
     @staticmethod
     def _charge(g: GpuState, acc: str, parts: tuple[float, float, float, float]) -> None:

@@ -45,6 +45,8 @@ class GpuState:
         self.dp_group: tuple[int, ...] = ()
         self.tp_group: tuple[int, ...] = ()
         self.edp_group: tuple[int, ...] = ()  # MoE: the expert data-parallel group (expert gradients, ZeRO)
+        self.ep_group: tuple[int, ...] = ()  # MoE: the expert-parallel group (token all-to-alls)
+        self.a2a = simpy.Resource(env, 1)  # MoE all-to-alls on a network that shares links
         #: with ``Engine.marks``: when each action began, and (time, accounts, activation bytes)
         #: at each marked action (`rounds` reads the steady state off them)
         self.starts: list[float] = []
