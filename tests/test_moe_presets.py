@@ -1,6 +1,6 @@
 """The Mixture-of-Experts presets (topologies/models/): parameter counts against the published
 figures, in each source's own counting convention, MoE layer counts, and the import of the same
-models from HuggingFace ``config.json`` files (`sim.specs.model.from_hf_config`)."""
+models from HuggingFace ``config.json`` files (`sim.specs.hf.from_hf_config`)."""
 
 from __future__ import annotations
 
