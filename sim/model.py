@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import NamedTuple
 
 from .specs import ModelSpec
@@ -65,15 +66,20 @@ class LayerKind(NamedTuple):
 DENSE = LayerKind()
 
 
+@lru_cache(maxsize=64)
 def layer_kinds(m: ModelSpec) -> tuple[LayerKind, ...]:
-    """The kind of every transformer layer, in order."""
+    """The kind of every transformer layer, in order (remembered per model: a sweep asks for it
+    for every configuration)."""
+    if m.moe is None and not m.window:
+        return (DENSE,) * m.layers
     return tuple(LayerKind(m.is_moe_layer(i), m.window_of(i)) for i in range(m.layers))
 
 
-def kind_counts(m: ModelSpec, layers: range | None = None) -> Counter[LayerKind]:
-    """How many layers of each kind (of ``layers``, default all)."""
+@lru_cache(maxsize=1024)
+def kind_counts(m: ModelSpec, start: int = 0, stop: int | None = None) -> Counter[LayerKind]:
+    """How many layers of each kind among layers ``start`` .. ``stop`` - 1 (default all)."""
     kinds = layer_kinds(m)
-    return Counter(kinds[i] for i in (layers if layers is not None else range(m.layers)))
+    return Counter(kinds[start : m.layers if stop is None else stop])
 
 
 def mtp_kind(m: ModelSpec) -> LayerKind:

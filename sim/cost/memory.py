@@ -28,7 +28,6 @@ Equal to `schedules.peak_activation_units` up to rounding (tested).
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -40,7 +39,7 @@ from ..schedules.lower import MAX_ACTIVE_STAGES
 from ..specs import GPUSpec, ModelSpec
 from ..units import GiB
 from .moe import moe_mlp_activation_bytes
-from .params import rank_expert_params, rank_params, stage_layer_range
+from .params import rank_expert_params, rank_params, stage_kinds
 
 #: fp32 master weights + Adam first and second moments (ZeRO paper, K = 12).
 OPTIMIZER_BYTES_PER_PARAM = 12
@@ -143,7 +142,7 @@ def stage_activation_bytes(m: ModelSpec, plan: ParallelPlan, stage: int) -> floa
     """Bytes one stage keeps per micro-batch: its layers, plus embedding / logits tensors."""
     s, b, h, t = m.seq_len / plan.cp, plan.micro_batch_size, m.hidden, plan.tp
     sp_div = t if plan.sequence_parallel else 1
-    counts = Counter(layer_kinds(m)[i] for i in stage_layer_range(m, plan, stage))
+    counts = stage_kinds(m, plan, stage)
     if stage == plan.num_stages - 1 and m.mtp_layers:
         counts[mtp_kind(m)] += m.mtp_layers
     total = sum(n * layer_activation_bytes(m, plan, kind=k) for k, n in counts.items())

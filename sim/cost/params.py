@@ -13,6 +13,7 @@ Megatron-Core lays them out:
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 
 from ..model import (
@@ -21,7 +22,7 @@ from ..model import (
     attention_params,
     embedding_params,
     expert_params,
-    layer_kinds,
+    kind_counts,
     mlp_params,
     mtp_kind,
     norm_params,
@@ -40,6 +41,12 @@ def stage_layer_range(m: ModelSpec, plan: ParallelPlan, stage: int) -> range:
     return range(start, start + split[stage])
 
 
+def stage_kinds(m: ModelSpec, plan: ParallelPlan, stage: int) -> Counter[LayerKind]:
+    """How many layers of each kind ``stage`` holds (a copy: the caller may add to it)."""
+    r = stage_layer_range(m, plan, stage)
+    return Counter(kind_counts(m, r.start, r.stop))
+
+
 def layer_rank_params(m: ModelSpec, plan: ParallelPlan, kind: LayerKind = DENSE) -> tuple[float, float]:
     """(replicated-over-dp, routed-expert) parameters of one layer of ``kind`` on one GPU."""
     t = plan.tp
@@ -53,11 +60,10 @@ def layer_rank_params(m: ModelSpec, plan: ParallelPlan, kind: LayerKind = DENSE)
 
 def stage_params(m: ModelSpec, plan: ParallelPlan, stage: int) -> tuple[float, float]:
     """(replicated-over-dp, routed-expert) parameters of ``stage`` on one GPU."""
-    kinds = layer_kinds(m)
     dense = expert = 0.0
-    for i in stage_layer_range(m, plan, stage):
-        d, e = layer_rank_params(m, plan, kinds[i])
-        dense, expert = dense + d, expert + e
+    for kind, n in stage_kinds(m, plan, stage).items():
+        d, e = layer_rank_params(m, plan, kind)
+        dense, expert = dense + n * d, expert + n * e
     t = plan.tp
     if stage == 0:
         dense += embedding_params(m) / t

@@ -33,7 +33,7 @@ from ..plan import ParallelPlan
 from ..specs import ModelSpec
 from .compute import CostModel, PassTimes
 from .moe import dispatch_bytes, moe_layer_times
-from .params import rank_expert_params, rank_params, stage_layer_range
+from .params import rank_expert_params, rank_params, stage_kinds
 from .profile import MEGATRON, RuntimeProfile
 
 
@@ -97,13 +97,18 @@ class StageWork:
         micro-batch's tokens are dispatched) the all-to-all is hidden up to the pass's own
         non-expert compute, the longer of the two showing; a backward hides behind its
         input-gradient part either way (B and I expose the same)."""
-        c, e, tp, a2a = {
-            "F": (self.f, self.expert_f, self.tp_f, self.a2a_f),
-            "B": (self.b, self.expert_i + self.expert_w, self.tp_bw, self.a2a_b),
-            "I": (self.i, self.expert_i, self.tp_b, self.a2a_b),
-            "W": (self.w, self.expert_w, self.tp_w, 0.0),
-            "R": (self.r, self.expert_r, self.tp_r, self.a2a_r),
-        }[kind]
+        if kind == "F":
+            c, e, tp, a2a = self.f, self.expert_f, self.tp_f, self.a2a_f
+        elif kind == "I":
+            c, e, tp, a2a = self.i, self.expert_i, self.tp_b, self.a2a_b
+        elif kind == "W":
+            c, e, tp, a2a = self.w, self.expert_w, self.tp_w, 0.0
+        elif kind == "B":
+            c, e, tp, a2a = self.i + self.w, self.expert_i + self.expert_w, self.tp_b + self.tp_w, self.a2a_b
+        elif kind == "R":
+            c, e, tp, a2a = self.r, self.expert_r, self.tp_r, self.a2a_r
+        else:
+            raise ValueError(f"unknown pass {kind!r}")
         if overlap_a2a and a2a:
             hide = self.i - self.expert_i if kind in ("B", "I") else c - e
             a2a = max(0.0, a2a - hide)
@@ -145,7 +150,7 @@ def stage_work(
     sp = plan.tp if plan.sequence_parallel else 1
     out: list[StageWork] = []
     for s in range(plan.num_stages):
-        counts = Counter(kinds[i] for i in stage_layer_range(m, plan, s))
+        counts = stage_kinds(m, plan, s)
         if s == last and m.mtp_layers:
             counts[mtp_kind(m)] += m.mtp_layers
         x = _sum_layers(per, counts)
