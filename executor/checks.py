@@ -6,8 +6,9 @@ Refused on purpose (torch 2.13 behaviour, measured):
 - ZeRO-3 (FSDP ``reshard_after_forward=True``) with a schedule that has I/W actions: torch
   computes silently wrong gradients (the last stage's are missing).
 - ZeRO-1 (DDP + ZeroRedundancyOptimizer) with I/W actions (DDP's reducer misses the weight
-  gradients of split backwards: wrong gradients on every stage but the first) or with tensor
-  parallelism (DDP and ZeroRedundancyOptimizer broadcast DTensors, which fails).
+  gradients of split backwards: wrong gradients on every stage but the first), with tensor
+  parallelism (DDP and ZeroRedundancyOptimizer broadcast DTensors, which fails) or with several
+  stages per pipeline rank (vpp > 1: the reducer's "rebuilt parameter indices size" assertion).
 - A schedule file that already holds communication (simpar's lowered form) but no
   ``REDUCE_GRAD`` (gradients come out multiplied by the number of microbatches) or, under FSDP
   (zero >= 2), no ``UNSHARD``/``RESHARD``. Its simpar-only R actions are dropped (torch
@@ -24,7 +25,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from simpar.sim.errors import PlanError, ScheduleError, SimparError
-from simpar.sim.plan import ParallelPlan, _check_schedule, _check_split
+from simpar.sim.plan import ParallelPlan, _check_experts, _check_schedule, _check_split
 from simpar.sim.schedules import check_schedule, read_csv
 from simpar.sim.schedules.ir import Kind, Schedule, looped_placement, v_placement
 from simpar.sim.specs import ModelSpec
@@ -62,7 +63,6 @@ def check_plan_for_executor(plan: ParallelPlan, model: ModelSpec) -> None:
     if plan.cp > 1:
         raise PlanError("cp", "the executor does not implement context parallelism.", "use cp=1.")
     unsupported = [
-        (model.moe is not None, "moe", "Mixture-of-Experts layers"),
         (model.mla is not None, "mla", "multi-head latent attention"),
         (model.mtp_layers > 0, "mtp_layers", "multi-token prediction"),
         (model.window > 0, "window", "windowed attention"),
@@ -76,6 +76,7 @@ def check_plan_for_executor(plan: ParallelPlan, model: ModelSpec) -> None:
                 f"the executor does not implement {what} yet (the simulator does).",
                 "simulate it with simpar simulate / sweep, or run a dense gpt or llama model.",
             )
+    _check_moe(plan, model)
     for what, n in (("heads", model.heads), ("kv_heads", model.kv_heads), ("ffn", model.ffn)):
         if n % plan.tp:
             raise PlanError(
@@ -97,6 +98,42 @@ def check_plan_for_executor(plan: ParallelPlan, model: ModelSpec) -> None:
         )
     _check_schedule(plan)
     _check_split(plan, model)
+
+
+def _check_moe(plan: ParallelPlan, model: ModelSpec) -> None:
+    """The simulator's expert-parallel rules (`sim.plan._check_experts`), then what the
+    executor's MoE (executor/moe.py) does not run."""
+    _check_experts(plan, model)
+    moe = model.moe
+    if moe is None:
+        return
+    name = f"model {model.name}"
+    if model.arch != "llama":
+        raise PlanError(
+            f"{name}: arch",
+            f"the executor's MoE layers are llama's (SwiGLU experts); this model is {model.arch}.",
+            "use arch: llama for an MoE model.",
+        )
+    if moe.dispatch != "dropless":
+        raise PlanError(
+            f"{name}: moe.dispatch",
+            "the executor runs dropless dispatch only (which tokens a capacity drops depends on each rank's "
+            "share of the batch, so no single-process reference matches it).",
+            "use moe.dispatch: dropless to run it, or simulate capacity dispatch with simpar simulate / sweep.",
+        )
+    if plan.expert_tp > 1:
+        raise PlanError(
+            "etp",
+            f"the executor does not split experts by tensor parallelism (etp={plan.expert_tp}; etp defaults to tp).",
+            "pass --etp 1: with tp > 1 each tp rank then routes its share of the sequence.",
+        )
+    if model.seq_len % plan.tp:
+        raise PlanError(
+            "tp",
+            f"seq_len={model.seq_len} is not divisible by tp={plan.tp}: the MoE layers split the sequence over "
+            "the tp ranks.",
+            "pick tp dividing the sequence length.",
+        )
 
 
 def check_precision(precision: str, plan: ParallelPlan, device: str) -> str:
@@ -147,8 +184,14 @@ def check_run(plan: ParallelPlan, model: ModelSpec, sched: Schedule, world_size:
             "gradients in torch 2.13.",
             "use --zero 2, or a schedule without I/W (gpipe, 1f1b, interleaved-1f1b).",
         )
-    if plan.zero == 1 and plan.dp > 1 and (plan.tp > 1 or split_backward(sched)):
-        why = "tensor-parallel (DTensor) parameters" if plan.tp > 1 else "a schedule with I/W actions (wrong gradients)"
+    if plan.zero == 1 and plan.dp > 1 and (plan.tp > 1 or split_backward(sched) or plan.vpp > 1):
+        why = (
+            "tensor-parallel (DTensor) parameters"
+            if plan.tp > 1
+            else "a schedule with I/W actions (wrong gradients)"
+            if split_backward(sched)
+            else "several stages per pipeline rank (its reducer asserts when it rebuilds its buckets)"
+        )
         raise PlanError(
             "zero",
             f"ZeRO-1 runs as DDP + ZeroRedundancyOptimizer, which in torch 2.13 does not work with {why}.",

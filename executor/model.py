@@ -2,12 +2,14 @@
 
 - ``gpt``: learned positions, LayerNorm, GeLU MLP (``w1``, ``w2``), biases, tied embeddings.
 - ``llama``: RoPE, RMSNorm, SwiGLU MLP (``w1`` gate, ``w3`` up, ``w2`` down), grouped-query
-  attention, untied embeddings, no biases.
+  attention, untied embeddings, no biases; Mixture-of-Experts layers (router, routed experts,
+  shared expert) where the spec has them (`moe.py`).
 
 A pipeline stage is the same class holding a slice of the layers: the embedding only on the
 first stage, the final norm, logits (and the loss, computed by the schedule) only on the last.
-Parameter names are the same as in the whole model (``layers.<global index>.…``), so a stage's
-gradients can be compared name by name with a single-process reference.
+Parameter names are the same as in the whole model (``layers.<global index>.…``, a routed
+expert ``layers.<i>.mlp.experts.<global expert index>.…``), so a stage's gradients can be
+compared name by name with a single-process reference.
 
 Initialisation is deterministic per parameter name (its own generator, seeded from the run seed
 and the name), so a stage built alone holds exactly the values the whole model would, and a
@@ -28,6 +30,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from simpar.sim.specs import ModelSpec
+
+from .moe import ExpertParallel, MoE
 
 INIT_STD = 0.02  # GPT-2 / Megatron init_method_std
 
@@ -102,14 +106,15 @@ def norm(spec: ModelSpec) -> nn.Module:
 
 
 class Block(nn.Module):
-    """Pre-norm transformer layer; ``recompute='full'`` checkpoints the whole layer."""
+    """Pre-norm transformer layer ``layer``; ``recompute='full'`` checkpoints the whole layer.
+    An MoE layer (`ModelSpec.is_moe_layer`) has an `moe.MoE` MLP, its experts placed by ``ep``."""
 
-    def __init__(self, spec: ModelSpec, recompute: str) -> None:
+    def __init__(self, spec: ModelSpec, recompute: str, layer: int = 0, ep: ExpertParallel | None = None) -> None:
         super().__init__()
         self.full_recompute = recompute == "full"
         self.attention_norm, self.mlp_norm = norm(spec), norm(spec)
         self.attention = Attention(spec, selective_recompute=recompute == "selective")
-        self.mlp = MLP(spec)
+        self.mlp: nn.Module = MoE(spec, ep) if spec.is_moe_layer(layer) else MLP(spec)
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attention(self.attention_norm(x))
@@ -141,16 +146,23 @@ class Transformer(nn.Module):
 
     ``autocast_dtype`` runs the forward under autocast (mixed precision without FSDP); it lives
     inside the module because wrapping a stage module breaks torch's pipelining/FSDP handling.
+    ``ep`` places the routed experts of MoE layers (default: all experts here).
     """
 
-    def __init__(self, spec: ModelSpec, shape: StageShape | None = None, recompute: str = "none") -> None:
+    def __init__(
+        self,
+        spec: ModelSpec,
+        shape: StageShape | None = None,
+        recompute: str = "none",
+        ep: ExpertParallel | None = None,
+    ) -> None:
         super().__init__()
         shape = shape or StageShape(0, spec.layers, True, True)
         self.spec, self.shape = spec, shape
         self.autocast_dtype: torch.dtype | None = None
         self.embed = Embedding(spec) if shape.is_first else None
         ids = range(shape.first_layer, shape.first_layer + shape.num_layers)
-        self.layers = nn.ModuleDict({str(i): Block(spec, recompute) for i in ids})
+        self.layers = nn.ModuleDict({str(i): Block(spec, recompute, i, ep) for i in ids})
         self.norm = norm(spec) if shape.is_last else None
         self.output = nn.Linear(spec.hidden, spec.vocab, bias=False) if shape.is_last else None
 
@@ -193,8 +205,14 @@ def init_weights(model: Transformer, seed: int) -> None:
         model.output.weight = model.embed.tok.weight
 
 
-def build_model(spec: ModelSpec, seed: int, shape: StageShape | None = None, recompute: str = "none") -> Transformer:
-    model = Transformer(spec, shape, recompute)
+def build_model(
+    spec: ModelSpec,
+    seed: int,
+    shape: StageShape | None = None,
+    recompute: str = "none",
+    ep: ExpertParallel | None = None,
+) -> Transformer:
+    model = Transformer(spec, shape, recompute, ep)
     init_weights(model, seed)
     return model
 

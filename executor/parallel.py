@@ -9,6 +9,15 @@ ZeRO mapping:
 - 1: DDP + ZeroRedundancyOptimizer (optimizer state sharded over dp);
 - 2: FSDP2 ``fully_shard(reshard_after_forward=False)`` (gradients and, between steps, params);
 - 3: FSDP2 ``fully_shard(reshard_after_forward=True)`` (params re-gathered for backward).
+
+Routed experts of MoE layers (Megatron-Core's parallel folding, `RankLayout`'s expert groups):
+where their expert data-parallel group (edp) is not the dp group (ep > 1, or tp > 1 folded into
+edp), their gradients are reduced over edp only and scaled by 1/dp like the dense ones (an expert
+sees the tokens of its whole EP group). ZeRO-0 (dp > 1) and ZeRO-2 wrap each stage's
+`moe.LocalExperts` in a ``replicate`` / ``fully_shard`` of their own over the edp mesh before the
+blocks (as torchtitan), which the blocks' dp wrappers then leave out; otherwise (ZeRO-1, whose DDP
+ignores them, or no dp wrapper with dp = 1) `ExpertGradSync` all-reduces their gradients over edp
+after the backward, and ZeRO-1 shards their optimizer state over edp (`Optimizers`).
 """
 
 from __future__ import annotations
@@ -19,10 +28,11 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
-from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor import Replicate, Shard, distribute_module
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
+    PrepareModuleInputOutput,
     PrepareModuleOutput,
     RowwiseParallel,
     SequenceParallel,
@@ -34,6 +44,7 @@ from simpar.sim.layout import RankLayout
 from simpar.sim.plan import ParallelPlan
 
 from .model import Transformer
+from .moe import ExpertParallel, LocalExperts, MoE, is_expert_param
 from .torch_pipelining import replicate_module
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -42,6 +53,38 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 def build_mesh(plan: ParallelPlan, device_type: str) -> DeviceMesh:
     """The device mesh in the plan's axis order (outermost first), as RankLayout numbers ranks."""
     return init_device_mesh(device_type, RankLayout(plan).shape, mesh_dim_names=tuple(plan.mesh_order))
+
+
+def build_expert_mesh(plan: ParallelPlan, device_type: str) -> DeviceMesh | None:
+    """The expert layers' mesh (``ep`` > 1): dims ``("pp", *plan.expert_order)``, each rank at
+    its (pipeline rank, `RankLayout.expert_coords`) place, so that ``mesh.get_group("ep")`` is
+    `RankLayout.expert_group(rank, "ep")` (and likewise edp, etp). Every rank builds it. None
+    when the routed experts are reduced like the dense parameters (ep = 1 and edp = dp)."""
+    if plan.ep == 1 and plan.edp == plan.dp:
+        return None
+    return DeviceMesh(device_type, expert_mesh_ranks(plan), mesh_dim_names=("pp", *plan.expert_order))
+
+
+def expert_mesh_ranks(plan: ParallelPlan) -> torch.Tensor:
+    """The global rank at each (pipeline rank, *expert coordinates in ``plan.expert_order``)."""
+    layout = RankLayout(plan)
+    ranks = torch.empty((plan.pp, *(layout.expert_sizes[a] for a in plan.expert_order)), dtype=torch.int)
+    for r in range(plan.num_gpus):
+        c = layout.expert_coords(r)
+        ranks[(layout.coords(r)["pp"], *(c[a] for a in plan.expert_order))] = r
+    return ranks
+
+
+def expert_parallel(plan: ParallelPlan, expert_mesh: DeviceMesh | None) -> ExpertParallel | None:
+    """This rank's place in its EP group (None without expert parallelism)."""
+    if expert_mesh is None or plan.ep == 1:
+        return None
+    coord = RankLayout(plan).expert_coords(dist.get_rank())["ep"]
+    return ExpertParallel(coord, plan.ep, expert_mesh.get_group("ep"))
+
+
+def local_experts(model: nn.Module) -> list[LocalExperts]:
+    return [m for m in model.modules() if isinstance(m, LocalExperts)]
 
 
 def apply_tp(model: Transformer, tp_mesh: DeviceMesh, sequence_parallel: bool) -> None:
@@ -54,7 +97,7 @@ def apply_tp(model: Transformer, tp_mesh: DeviceMesh, sequence_parallel: bool) -
         plan["embed.tok"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
         if sequence_parallel:  # positions are added on the full sequence, then it is split
             plan["embed"] = PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=Shard(1))
-    for name in model.layers:
+    for name, block in model.layers.items():
         p = f"layers.{name}"
         plan.update(
             {
@@ -62,24 +105,57 @@ def apply_tp(model: Transformer, tp_mesh: DeviceMesh, sequence_parallel: bool) -
                 f"{p}.attention.wk": ColwiseParallel(),
                 f"{p}.attention.wv": ColwiseParallel(),
                 f"{p}.attention.wo": RowwiseParallel(output_layouts=seq),
-                f"{p}.mlp.w1": ColwiseParallel(),
-                f"{p}.mlp.w2": RowwiseParallel(output_layouts=seq),
             }
         )
-        if model.spec.gated_mlp:
-            plan[f"{p}.mlp.w3"] = ColwiseParallel()
+        moe = isinstance(block.mlp, MoE)
+        if moe:
+            plan.update(_moe_tp_plan(p, seq, block.mlp.shared is not None))
+        else:
+            plan[f"{p}.mlp.w1"] = ColwiseParallel()
+            plan[f"{p}.mlp.w2"] = RowwiseParallel(output_layouts=seq)
+            if model.spec.gated_mlp:
+                plan[f"{p}.mlp.w3"] = ColwiseParallel()
         if sequence_parallel:
             for part, norm in (("attention", "attention_norm"), ("mlp", "mlp_norm")):
                 plan[f"{p}.{norm}"] = SequenceParallel()
-                plan[f"{p}.{part}"] = PrepareModuleInput(
-                    input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
-                )
+                if not (moe and part == "mlp"):
+                    plan[f"{p}.{part}"] = PrepareModuleInput(
+                        input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
+                    )
     if model.output is not None:
         if sequence_parallel:
             plan["norm"] = SequenceParallel()
         plan["output"] = ColwiseParallel(input_layouts=seq, output_layouts=Replicate(), use_local_output=True)
     parallelize_module(model, tp_mesh, plan)
+    for block in model.layers.values():
+        if isinstance(block.mlp, MoE):  # replicated: its gradient, partial per rank, is summed over tp
+            distribute_module(block.mlp.router, tp_mesh)
     _retie(model)
+
+
+def _moe_tp_plan(p: str, seq, shared: bool) -> dict[str, object]:
+    """An MoE layer under tensor parallelism with etp = 1 (Megatron-Core's way with sequence
+    parallelism): its input is split along the sequence over the tp ranks (a slice without SP),
+    each rank routes its own tokens (the EP groups fold tp and dp), the shared expert is column /
+    row parallel, and the output goes back to the residual stream's layout (an all-gather
+    without SP). The router is replicated (`apply_tp`)."""
+    out: dict[str, object] = {
+        f"{p}.mlp": PrepareModuleInputOutput(
+            input_layouts=(seq,),
+            desired_input_layouts=(Shard(1),),
+            output_layouts=(Shard(1),),
+            desired_output_layouts=(seq,),
+        )
+    }
+    if shared:
+        out.update(
+            {
+                f"{p}.mlp.shared.w1": ColwiseParallel(input_layouts=Shard(1)),
+                f"{p}.mlp.shared.w3": ColwiseParallel(input_layouts=Shard(1)),
+                f"{p}.mlp.shared.w2": RowwiseParallel(output_layouts=Shard(1)),
+            }
+        )
+    return out
 
 
 def _retie(model: Transformer) -> None:
@@ -88,15 +164,43 @@ def _retie(model: Transformer) -> None:
         model.output.weight = model.embed.tok.weight
 
 
+def experts_wrapped(plan: ParallelPlan) -> bool:
+    """Whether the routed experts get a data-parallel wrapper of their own over edp (FSDP2's
+    fully_shard or replicate); otherwise (ZeRO-1's DDP, or no dp wrapper at all with dp = 1)
+    `ExpertGradSync` reduces their gradients."""
+    return plan.zero >= 2 or (plan.zero == 0 and plan.dp > 1)
+
+
 def reshard_after_forward(plan: ParallelPlan) -> bool:
     return plan.zero == 3
 
 
+def _wrap_experts(model: Transformer, plan: ParallelPlan, expert_mesh: DeviceMesh | None, wrap, sharded: bool) -> None:
+    """``wrap(module, edp mesh)`` each LocalExperts (before the blocks are wrapped), their
+    gradients divided by dp rather than edp. A sharded (fully_shard) reduction over more than one
+    rank is forced to a sum followed by the division (else torch reduce-scatters with PREMUL_SUM,
+    which gloo lacks); never otherwise: torch 2.13's foreach_reduce then divides twice (once in its
+    single-rank copy, once after the all-reduce)."""
+    if expert_mesh is None or not experts_wrapped(plan):
+        return
+    for experts in local_experts(model):
+        wrap(experts, expert_mesh["edp"])
+        experts.set_gradient_divide_factor(float(plan.dp))
+        if sharded and plan.edp > 1:
+            experts.set_force_sum_reduction_for_comms(True)
+
+
 def apply_dp(
-    model: Transformer, plan: ParallelPlan, mesh: DeviceMesh, device: torch.device, mp_dtype: torch.dtype | None
+    model: Transformer,
+    plan: ParallelPlan,
+    mesh: DeviceMesh,
+    device: torch.device,
+    mp_dtype: torch.dtype | None,
+    expert_mesh: DeviceMesh | None = None,
 ) -> nn.Module:
     """Wrap one stage for data parallelism; returns the module to hand to the PipelineStage
-    (the FSDP module itself, or the DDP wrapper), never a further wrapper of it."""
+    (the FSDP module itself, or the DDP wrapper), never a further wrapper of it. Routed experts
+    (``expert_mesh``, ep > 1) are reduced over edp (see the module docstring)."""
     if plan.zero >= 2:
         mp = (
             MixedPrecisionPolicy(param_dtype=mp_dtype, reduce_dtype=torch.float32)
@@ -104,6 +208,13 @@ def apply_dp(
             else MixedPrecisionPolicy()
         )
         reshard = reshard_after_forward(plan)
+        _wrap_experts(
+            model,
+            plan,
+            expert_mesh,
+            lambda m, em: fully_shard(m, mesh=em, reshard_after_forward=reshard, mp_policy=mp),
+            sharded=True,
+        )
         for block in model.layers.values():
             fully_shard(block, mesh=mesh["dp"], reshard_after_forward=reshard, mp_policy=mp)
         fully_shard(model, mesh=mesh["dp"], reshard_after_forward=reshard, mp_policy=mp)
@@ -112,22 +223,85 @@ def apply_dp(
     if plan.dp == 1:
         return model
     if plan.zero == 0:
+        _wrap_experts(model, plan, expert_mesh, replicate_module, sharded=False)
         for block in model.layers.values():
             replicate_module(block, mesh["dp"])
         return replicate_module(model, mesh["dp"])
+    if expert_mesh is not None:  # ExpertGradSync reduces them over edp
+        names = [n for n, _ in model.named_parameters() if is_expert_param(n)]
+        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, names)
     ids = [device.index] if device.type == "cuda" else None
     return DistributedDataParallel(model, device_ids=ids, process_group=mesh.get_group("dp"))
 
 
+class Optimizers:
+    """Several optimizers stepped as one (ZeRO-1 with ep > 1: dense parameters sharded over dp,
+    routed experts over edp); what the worker, the loss scaler and `measure.state_bytes` use."""
+
+    def __init__(self, parts: list[torch.optim.Optimizer]) -> None:
+        self.parts = parts
+
+    @property
+    def state(self) -> dict:
+        return {k: v for o in self.parts for k, v in o.state.items()}
+
+    def step(self) -> None:
+        for o in self.parts:
+            o.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for o in self.parts:
+            o.zero_grad(set_to_none=set_to_none)
+
+
 def make_optimizer(
-    params: list[nn.Parameter], plan: ParallelPlan, mesh: DeviceMesh, lr: float
-) -> torch.optim.Optimizer:
-    """AdamW; under ZeRO-1 its state is sharded over the dp group by ZeroRedundancyOptimizer."""
-    if plan.zero == 1 and plan.dp > 1:
-        return ZeroRedundancyOptimizer(
-            params, optimizer_class=torch.optim.AdamW, process_group=mesh.get_group("dp"), lr=lr
-        )
-    return torch.optim.AdamW(params, lr=lr)
+    models: list[Transformer],
+    plan: ParallelPlan,
+    mesh: DeviceMesh,
+    lr: float,
+    expert_mesh: DeviceMesh | None = None,
+) -> torch.optim.Optimizer | Optimizers:
+    """AdamW over the stages' parameters; under ZeRO-1 its state is sharded over the dp group by
+    ZeroRedundancyOptimizer, routed experts (``expert_mesh``, ep > 1) over the edp group."""
+    named = {id(p): (n, p) for m in models for n, p in m.named_parameters()}.values()
+    if not (plan.zero == 1 and plan.dp > 1):
+        return torch.optim.AdamW([p for _, p in named], lr=lr)
+
+    def zero(params: list[nn.Parameter], group) -> torch.optim.Optimizer:
+        return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, process_group=group, lr=lr)
+
+    if expert_mesh is None:
+        return zero([p for _, p in named], mesh.get_group("dp"))
+    dense = [p for n, p in named if not is_expert_param(n)]
+    experts = [p for n, p in named if is_expert_param(n)]
+    edp = expert_mesh.get_group("edp")
+    parts = [zero(dense, mesh.get_group("dp"))]
+    if experts:
+        parts.append(zero(experts, edp) if plan.edp > 1 else torch.optim.AdamW(experts, lr=lr))
+    return Optimizers(parts)
+
+
+class ExpertGradSync:
+    """Routed experts without a wrapper of their own (`experts_wrapped`: ZeRO-1, whose DDP leaves
+    them out, or dp = 1 with tp > 1): after the backward their gradients are summed over the edp
+    group and divided by dp (see the module docstring)."""
+
+    def __init__(self, plan: ParallelPlan, expert_mesh: DeviceMesh | None) -> None:
+        self.active = expert_mesh is not None and not experts_wrapped(plan)
+        self.dp = plan.dp
+        self.group = expert_mesh.get_group("edp") if expert_mesh is not None and plan.edp > 1 else None
+
+    def __call__(self, models: list[Transformer]) -> None:
+        if not self.active:
+            return
+        with torch.no_grad():
+            for m in models:
+                for n, p in m.named_parameters():
+                    if is_expert_param(n) and p.grad is not None:
+                        if self.group is not None:
+                            dist.all_reduce(p.grad, group=self.group)
+                        if self.dp > 1:
+                            p.grad.div_(self.dp)
 
 
 def unwrap(module: nn.Module) -> Transformer:

@@ -4,7 +4,8 @@ The reference is the whole model (same seed, hence the same initial values) on t
 global batch in fp32: one forward, the mean loss, one backward. A distributed run's step-0
 loss and every parameter's gradient (gathered from its shards) must equal it: pipeline stages
 scale by 1/microbatches, DP averages, TP and SP sum partial results, a tied embedding split
-over stages gets both contributions.
+over stages gets both contributions, a routed expert (held by one rank of each EP group, named
+by its global index) gets the tokens of its whole EP group, reduced over edp.
 
 `failures` judges a run's summary against `TOLERANCE`; ``simpar run --verify`` exits 1 on any.
 """

@@ -65,12 +65,14 @@ class Stages:
         self.ids = [s for s, r in enumerate(self.placement) if r == self.pp_rank]
         shapes = stage_shapes(spec, plan.stage_layers(spec.layers))
         mp_dtype = None if dtype == "fp32" else parallel.DTYPES[dtype]
+        expert_mesh = parallel.build_expert_mesh(plan, device.type) if spec.moe is not None else None
+        ep = parallel.expert_parallel(plan, expert_mesh)
         self.modules, self.models, stages = [], [], []
         for s in self.ids:
-            model = build_model(spec, cfg.seed, shapes[s], plan.recompute).to(device)
+            model = build_model(spec, cfg.seed, shapes[s], plan.recompute, ep).to(device)
             if plan.tp > 1:
                 parallel.apply_tp(model, mesh["tp"], plan.sequence_parallel)
-            module = parallel.apply_dp(model, plan, mesh, device, mp_dtype)
+            module = parallel.apply_dp(model, plan, mesh, device, mp_dtype, expert_mesh)
             self.models.append(model)
             self.modules.append(module)
             stages.append(make_stage(module, s, len(self.placement), device, mesh.get_group("pp")))
@@ -79,8 +81,8 @@ class Stages:
             stages, plan.num_microbatches, self.scaler.wrap(loss_fn), torch_rows(sched), has_comms(sched)
         )
         self.tie = parallel.TiedEmbeddingSync(plan, self.placement, spec.tied_embeddings)
-        params = list({id(p): p for m in self.models for p in m.parameters()}.values())
-        self.optimizer = parallel.make_optimizer(params, plan, mesh, cfg.lr)
+        self.expert_sync = parallel.ExpertGradSync(plan, expert_mesh)
+        self.optimizer = parallel.make_optimizer(self.models, plan, mesh, cfg.lr, expert_mesh)
 
     @property
     def has_last(self) -> bool:
@@ -137,6 +139,9 @@ def run_rank(cfg: RunConfig) -> dict:
             if st.tie.active:
                 with rec.span("tied_embedding_grad", "allreduce", "pp"):
                     st.tie(st.models)
+            if st.expert_sync.active:
+                with rec.span("expert_grad", "allreduce", "dp"):
+                    st.expert_sync(st.models)
             with rec.span("optimizer", "OPT", "compute"):
                 st.scaler.step(st.optimizer, st.models)
         _sync(device)

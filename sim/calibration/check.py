@@ -6,7 +6,9 @@ one action takes milliseconds on a CPU core (a launch's microseconds of noise th
 dominate): hidden 256, 4 heads, 128 tokens, 4 layers, vocab 512 (ffn 1024 GELU / 768 SwiGLU,
 2 kv heads for the Llama). The set covers the schedules gpipe, 1f1b, interleaved-1f1b, zb-h1 and
 zb-v, pipeline, tensor (with and without sequence parallelism) and data parallelism (ZeRO 0 and
-2), micro-batch sizes 1, 2 and 4, and the three recompute modes, on at most 2 processes.
+2), micro-batch sizes 1, 2 and 4, and the three recompute modes, on at most 2 processes; and two
+Mixture-of-Experts plans of ``tiny-moe`` (128 tokens): expert parallelism ep 2 over dp 2 (the
+tokens' all-to-alls), and a 2-stage 1F1B pipeline with its MoE layers whole on each stage.
 
 No torch here: running a plan is the caller's ``runner(plan_dir, out_dir, nproc)`` (the CLI
 passes the executor's launcher), which must leave the executor's ``result.json`` and
@@ -51,6 +53,7 @@ CHECK_MODELS = {
         "tiny-llama",
         {"name": "tiny-llama-x256", "hidden": 256, "heads": 4, "kv_heads": 2, "ffn": 768, "seq_len": 128},
     ),
+    "moe": ("tiny-moe", {"name": "tiny-moe-x128", "seq_len": 128}),
 }
 
 
@@ -109,6 +112,8 @@ CHECK_PLANS = (
     CheckPlan(
         "gpt-single-mbs4-full", "gpt", dict(micro_batch_size=4, global_batch_size=8, schedule="none", recompute="full")
     ),
+    CheckPlan("moe-dp2-ep2-mbs2", "moe", dict(dp=2, ep=2, micro_batch_size=2, global_batch_size=8, schedule="none")),
+    CheckPlan("moe-pp2-1f1b-mbs2", "moe", dict(pp=2, micro_batch_size=2, global_batch_size=8, schedule="1f1b")),
 )
 
 
