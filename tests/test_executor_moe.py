@@ -15,6 +15,8 @@ import pytest
 torch = pytest.importorskip("torch")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+from test_executor_numerics import assert_ran_in_file_order  # noqa: E402
+
 from simpar.cli.main import cli  # noqa: E402
 from simpar.executor.checks import check_plan_for_executor, check_run, read_schedule_file  # noqa: E402
 from simpar.executor.launch import run_local, write_schedule  # noqa: E402
@@ -25,7 +27,6 @@ from simpar.executor.worker import RunConfig, summarize  # noqa: E402
 from simpar.sim.errors import PlanError  # noqa: E402
 from simpar.sim.layout import RankLayout  # noqa: E402
 from simpar.sim.plan import ParallelPlan  # noqa: E402
-from simpar.sim.schedules import Action, read_csv  # noqa: E402
 from simpar.sim.specs import load_model  # noqa: E402
 from simpar.sim.specs.planfile import write_plan_file  # noqa: E402
 
@@ -194,12 +195,7 @@ def check(cfg: RunConfig, results: list[dict]) -> None:
     names = set(results[0]["verify"]["ref_names"])
     held = {n for r in results for n in r["verify"]["errors"]}
     assert held == names  # every expert of every layer is held (and checked) somewhere
-    rows = read_csv(cfg.schedule).ranks
-    for r in results:
-        want = [str(a) for a in rows[r["coords"]["pp"]] if a.kind.value in COMPUTE]
-        traced = sorted((e for e in events if e.rank == r["rank"] and e.kind in COMPUTE), key=lambda e: e.start)
-        assert [e.name for e in traced] == want, f"rank {r['rank']} ran another order"
-        assert [a for a in r["actions"] if Action.parse(a).kind.value in COMPUTE] == want
+    assert_ran_in_file_order(cfg, results, events)
 
 
 @pytest.fixture(scope="module")

@@ -121,6 +121,11 @@ def check(cfg: RunConfig, results: list[dict]) -> None:
     assert v["loss_err"] < TOL, v
     assert v["max_grad_err"] < TOL, v
     assert v["params_checked"] >= len(set(results[0]["verify"]["ref_names"]))
+    assert_ran_in_file_order(cfg, results, events)
+
+
+def assert_ran_in_file_order(cfg, results, events) -> None:
+    """Every rank ran its compute actions in the schedule file's order (trace and action log)."""
     rows = read_csv(cfg.schedule).ranks
     for r in results:
         want = [str(a) for a in rows[r["coords"]["pp"]] if a.kind.value in COMPUTE]
