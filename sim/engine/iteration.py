@@ -86,17 +86,13 @@ def grad_buckets(
     group): each bucket then becomes a dense one and an expert one, in that order."""
     op = reduction_op(plan)
     per = grad_bytes_per_param(plan)
-    total = (work.params - work.expert_params) * per
-    experts = work.expert_params * per if work.expert_params and expert_group else 0.0
-    if not experts:
-        total = work.params * per
-    if options.overlap_grad_reduce:
-        n = options.grad_buckets
-        if experts:
-            return [Comm(op, group, total / n), Comm(op, expert_group, experts / n)] * n
-        return [Comm(op, group, total / n)] * n
+    experts = work.expert_params * per if expert_group else 0.0
+    total = work.params * per - experts
+    n = options.grad_buckets if options.overlap_grad_reduce else 1
     if experts:
-        return [Comm(op, group, total), Comm(op, expert_group, experts)]
+        return [Comm(op, group, total / n), Comm(op, expert_group, experts / n)] * n
+    if options.overlap_grad_reduce:
+        return [Comm(op, group, total / n)] * n
     return [Comm(op, group, total, profile.reduction_seconds(plan, op, work.layers, total, False))]
 
 

@@ -59,8 +59,8 @@ def signature(
         dp_group = shards.get((key[2], pr))  # the DP x CP group depends on tp and pp only
         if dp_group is None:
             dp_group = shards[(key[2], pr)] = layout.shard_group(ranks[pr])
+        edp = layout.expert_group(ranks[pr], "edp") if model.moe is not None else ()
         for s in stages:
-            edp = layout.expert_group(ranks[pr], "edp") if model.moe is not None else ()
             comms = it.grad_buckets(plan, work[s], dp_group, profile, options, edp)[:2]
             comms += it.param_gathers(plan, work[s], dp_group, profile, edp)
             if plan.zero_policy is ZeroPolicy.PER_LAYER:
