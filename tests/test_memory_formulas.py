@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 from conftest import read_csv_rows
 
+from simpar.sim.cost.alive import plan_profile
 from simpar.sim.cost.memory import (
     EXECUTOR_CPU,
     deallocated_output_bytes,
     layer_activation_bytes,
     memory_report,
     model_state_bytes,
-    plan_profile,
     restated,
 )
 from simpar.sim.plan import ParallelPlan

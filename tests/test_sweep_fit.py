@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simpar.sim.cost.memory import STEADY, alive_profile, cached_profile, memory_report, schedule_memory_report
+from simpar.sim.cost.alive import STEADY, alive_profile, cached_profile
+from simpar.sim.cost.memory import memory_report, schedule_memory_report
 from simpar.sim.schedules import build_schedule, peak_activation_units, peak_inflight
 from simpar.sim.specs import load_cluster, load_model
 from simpar.sim.sweep.memory_screen import MemoryScreen

@@ -1,5 +1,5 @@
 """Does a configuration fit in memory: `memory.memory_report` (activations from the schedule's
-alive profile, `memory.plan_profile`), made cheap enough to run on every valid configuration.
+alive profile, `alive.plan_profile`), made cheap enough to run on every valid configuration.
 
 `MemoryScreen` caches the parts that do not change between neighbouring configurations: per
 layout the parameters each pipeline rank holds, per activation shape the bytes of each stage, per
@@ -12,9 +12,9 @@ the plan's real costs, and its memory (from its own timeline) is the one a simul
 
 from __future__ import annotations
 
+from ..cost.alive import plan_profile
 from ..cost.memory import (
     MemoryReport,
-    plan_profile,
     rank_memory,
     recompute_transient_bytes,
     stage_activations,
@@ -76,7 +76,7 @@ class MemoryScreen:
         return hit
 
     def _alive(self, plan: ParallelPlan, weights: list[float]) -> tuple[list[float], tuple[int, ...]]:
-        """Per pipeline rank: the activation peak and the sets alive at once (`memory.plan_profile`)."""
+        """Per pipeline rank: the activation peak and the sets alive at once (`alive.plan_profile`)."""
         key = (plan.schedule, plan.pp, plan.vpp, plan.num_microbatches, self._act_key(plan))
         hit = self._peaks.get(key)
         if hit is None:
