@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from simpar.sim.choices import MAX_BATCH, MAX_GPUS, PRECISIONS, RECOMPUTE, SCHEDULES
+from simpar.sim.choices import FP8_RECIPES, MAX_BATCH, MAX_GPUS, PRECISIONS, RECOMPUTE, SCHEDULES
 from simpar.sim.errors import PlanError
 
 if TYPE_CHECKING:
@@ -72,10 +72,26 @@ def plan_options(f: Callable[..., Any]) -> Callable[..., Any]:
         ),
         click.option("--precision", type=click.Choice(PRECISIONS), default="bf16", show_default=True),
         click.option(
-            "--flash-attention/--no-flash-attention",
-            default=True,
+            "--stack",
+            default="megatron-core",
             show_default=True,
-            help="attention scores not stored",
+            help="training stack preset (megatron-core, megatron-bridge, torchtitan, ...) or stack YAML file",
+        ),
+        click.option(
+            "--fp8-recipe",
+            type=click.Choice(FP8_RECIPES),
+            default=None,
+            help="fp8/fp4 scaling recipe [default: the stack's]",
+        ),
+        click.option(
+            "--tp-comm-overlap/--no-tp-comm-overlap",
+            default=None,
+            help="overlap TP communication with the GEMMs [default: the stack's, when tp > 1 with SP]",
+        ),
+        click.option(
+            "--flash-attention/--no-flash-attention",
+            default=None,
+            help="attention scores not stored [default: the stack's]",
         ),
         click.option(
             "--layer-split", default=None, help="layers per stage, comma-separated (pp*vpp entries), or 'balanced'"
@@ -160,13 +176,16 @@ def setup_from_options(kw: dict[str, Any]) -> Setup:
         recompute=kw["recompute"],
         sequence_parallel=sp,
         precision=kw["precision"],
-        flash_attention=kw.get("flash_attention", True),
+        stack=kw.get("stack") or "megatron-core",
         layer_split=split or None,
         allow_tp_across_nodes=kw.get("allow_tp_across_nodes", False),
         ep=kw.get("ep", 1),
         etp=kw.get("etp"),
         moe_imbalance=kw.get("moe_imbalance", 1.0),
     )
+    for key in ("flash_attention", "tp_comm_overlap", "fp8_recipe"):  # unset: the stack decides
+        if kw.get(key) is not None:
+            data[key] = kw[key]
     if kw.get("mesh_order"):
         data["mesh_order"] = tuple(x.strip() for x in kw["mesh_order"].split(","))
     if kw.get("expert_order"):

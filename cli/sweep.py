@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from simpar.sim.choices import PRECISIONS, RECOMPUTE, SCHEDULES
+from simpar.sim.choices import FP8_RECIPES, PRECISIONS, RECOMPUTE, SCHEDULES
 from simpar.sim.errors import SimparError
 
 from .calib import calibration_options, load_calibration_option, runtime_of, uncalibrated_hint
@@ -102,6 +102,8 @@ def space_from(kw: dict[str, Any]):
         sequence_parallel={"both": (False, True), "on": (True,), "off": (False,)}[kw["sequence_parallel"]],
         layer_split=kw["layer_split"],
         precision=kw["precision"],
+        stack=kw.get("stack") or "megatron-core",
+        fp8_recipe=kw.get("fp8_recipe"),
         ep=_list(kw["ep"], "ep", cast=int) if kw.get("ep") else None,
         etp=tuple(0 if v == "tp" else _whole_text(v, "etp") for v in _list(kw.get("etp") or "tp,1", "etp")),
     )
@@ -119,6 +121,8 @@ _COMMAND = [
     ("sequence_parallel", "both"),
     ("layer_split", "even"),
     ("precision", "bf16"),
+    ("stack", "megatron-core"),
+    ("fp8_recipe", None),
     ("ep", None),
     ("etp", "tp,1"),
     ("objective", "throughput"),
@@ -204,6 +208,25 @@ class _Bar:
         self.p.stop()
 
 
+def _check_stack(space, gpu) -> None:
+    """An unknown stack, or a recipe the stack or GPU cannot run, fails the sweep before the search
+    (every plan would be refused for it)."""
+    from simpar.sim.specs.recipes import recipe_problem
+    from simpar.sim.specs.stack import load_stack
+
+    stack = load_stack(space.stack)
+    recipe = space.fp8_recipe
+    if recipe is None and space.precision in ("fp8", "fp4"):
+        recipe = stack.fp8_default if space.precision == "fp8" else "nvfp4"
+    problem = recipe_problem(space.precision, recipe, stack, gpu)
+    if problem is not None:
+        raise SimparError("fp8_recipe" if recipe else "precision", *problem)
+    if recipe is not None and space.precision not in ("fp8", "fp4"):
+        raise SimparError(
+            "fp8_recipe", f"a {space.precision} sweep has no fp8 recipe.", "drop --fp8-recipe or use fp8."
+        )
+
+
 @click.command("sweep")
 @click.option("--model", required=True, help="model preset name, YAML file or HF config.json")
 @click.option("--cluster", required=True, help="cluster preset name or YAML file")
@@ -230,6 +253,15 @@ class _Bar:
     help="balanced: allow uneven layer splits (fewer layers on the first and last stage)",
 )
 @click.option("--precision", type=click.Choice(PRECISIONS), default="bf16", show_default=True)
+@click.option(
+    "--stack",
+    default="megatron-core",
+    show_default=True,
+    help="training stack every plan runs on (megatron-core, megatron-bridge, torchtitan, ...) or a stack YAML",
+)
+@click.option(
+    "--fp8-recipe", type=click.Choice(FP8_RECIPES), default=None, help="fp8/fp4 recipe [default: the stack's]"
+)
 @click.option(
     "--ep", default=None, help="MoE: expert-parallel sizes to try [default: every one dividing experts and tp*cp*dp]"
 )
@@ -313,6 +345,7 @@ def sweep(**kw) -> None:
             flag, f"{model.name} has no MoE layers; --{flag} applies to expert layers only.", f"drop --{flag}."
         )
     cluster = load_cluster(kw["cluster"], gpus=kw["gpus"])
+    _check_stack(space, cluster.gpu)
     calib = load_calibration_option(kw["calibration"], cluster.gpu.name)
     out = kw["out_dir"] or f"sweeps/{model.name}-{kw['gpus']}x{cluster.gpu.name}"
     from simpar.sim.engine.core import EngineOptions

@@ -10,7 +10,9 @@ from __future__ import annotations
 #: Schedule names; ``none`` means no pipeline (pp = 1, plain gradient accumulation).
 SCHEDULES = ("none", "gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-1p", "zb-2p", "zb-v")
 RECOMPUTE = ("none", "selective", "full")
-PRECISIONS = ("bf16", "fp16", "fp8")
+PRECISIONS = ("bf16", "fp16", "fp8", "fp4")
+#: Low-precision GEMM recipes (`simpar.sim.specs.recipes`).
+FP8_RECIPES = ("delayed", "tensorwise", "rowwise", "blockwise", "mxfp8", "nvfp4")
 
 #: The most GPUs a cluster (and a plan) may have: the largest clusters trained on today have ~100k
 #: GPUs; beyond this bound a typo would build a graph for hours.

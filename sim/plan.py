@@ -11,9 +11,11 @@ import enum
 import json
 from functools import cached_property
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from .choices import FP8_RECIPES as FP8_RECIPES
 
 # The choices and bounds live in `choices` (no imports: the CLI's options read them) and are re-exported here.
 from .choices import MAX_BATCH as MAX_BATCH
@@ -24,6 +26,8 @@ from .choices import RECOMPUTE as RECOMPUTE
 from .choices import SCHEDULES as SCHEDULES
 from .errors import PlanError
 from .specs import ClusterSpec, ModelSpec
+from .specs.recipes import recipe_problem
+from .specs.stack import DEFAULT_STACK, load_stack
 
 #: Schedules whose stages are split into I (input grad) and W (weight grad).
 SPLIT_BACKWARD = frozenset({"zb-h1", "zb-h2", "zb-1p", "zb-2p", "zb-v"})
@@ -81,8 +85,12 @@ class ParallelPlan(BaseModel):
     zero: int = Field(0, ge=0, le=3, description="ZeRO stage: 1 optimizer, 2 +grads, 3 +params")
     recompute: Literal["none", "selective", "full"] = "none"
     sequence_parallel: bool = False
-    precision: Literal["bf16", "fp16", "fp8"] = "bf16"
+    precision: Literal["bf16", "fp16", "fp8", "fp4"] = "bf16"
+    #: the framework that runs the plan (`simpar.sim.specs.stack`); the three fields after it default to its values
+    stack: str = Field(DEFAULT_STACK, description="training stack preset name or stack YAML path")
     flash_attention: bool = Field(True, description="attention scores are not stored (FlashAttention)")
+    tp_comm_overlap: bool = Field(False, description="TP communication overlapped with the GEMMs (needs SP)")
+    fp8_recipe: str | None = Field(None, description="fp8/fp4 scaling recipe (None for a 16-bit plan)")
     mesh_order: tuple[str, ...] = Field(DEFAULT_MESH_ORDER, description="mesh axes, outermost first")
     layer_split: tuple[int, ...] | None = Field(None, description="transformer layers per stage, pp*vpp entries")
     allow_tp_across_nodes: bool = False
@@ -94,6 +102,30 @@ class ParallelPlan(BaseModel):
     moe_imbalance: float = Field(
         1.0, ge=1.0, le=64.0, description="busiest expert rank's tokens over the balanced share (1: force-balanced)"
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _stack_defaults(cls, data: Any) -> Any:
+        """Fill the fields a stack decides by default (`specs.stack`) when the plan does not give them."""
+        if not isinstance(data, dict):
+            return data
+        stack = load_stack(str(data.get("stack", DEFAULT_STACK)))
+        out = dict(data)
+        out.setdefault("flash_attention", stack.flash_attention)
+        tp, sp = out.get("tp", 1), out.get("sequence_parallel", False)
+        out.setdefault("tp_comm_overlap", stack.tp_comm_overlap and isinstance(tp, int) and tp > 1 and bool(sp))
+        if out.get("precision") == "fp4":
+            out.setdefault("fp8_recipe", "nvfp4" if "nvfp4" in stack.fp8_recipes else None)
+        elif out.get("precision") == "fp8":
+            out.setdefault("fp8_recipe", stack.fp8_default)
+        return out
+
+    @field_validator("fp8_recipe")
+    @classmethod
+    def _known_recipe(cls, v: str | None) -> str | None:
+        if v is not None and v not in FP8_RECIPES:
+            raise ValueError(f"unknown fp8 recipe {v!r}; use one of {', '.join(FP8_RECIPES)}")
+        return v
 
     @field_validator("schedule")
     @classmethod
@@ -186,7 +218,9 @@ class ParallelPlan(BaseModel):
         return (
             f"tp {self.tp} pp {self.pp} dp {self.dp} cp {self.cp} vpp {self.vpp}{experts}, mbs {self.micro_batch_size}"
             f" gbs {self.global_batch_size} ({self.num_microbatches} microbatches), {self.schedule},"
-            f" ZeRO {self.zero}, recompute {self.recompute}{', SP' if self.sequence_parallel else ''}, {self.precision}"
+            f" ZeRO {self.zero}, recompute {self.recompute}{', SP' if self.sequence_parallel else ''}"
+            f"{', TP overlap' if self.tp_comm_overlap else ''}, {self.precision}"
+            f"{f' ({self.fp8_recipe})' if self.fp8_recipe else ''}, {self.stack}"
         )
 
     def stage_layers(self, num_layers: int) -> tuple[int, ...]:
@@ -275,7 +309,27 @@ def check_plan(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec, num_g
         )
     _check_schedule(plan)
     _check_split(plan, model)
+    _check_stack(plan, cluster)
     _check_experts(plan, model)
+
+
+def _check_stack(plan: ParallelPlan, cluster: ClusterSpec) -> None:
+    """The stack-decided fields: the low-precision recipe on this stack and GPU, TP overlap."""
+    stack = load_stack(plan.stack)
+    if plan.fp8_recipe is not None and plan.precision not in ("fp8", "fp4"):
+        raise PlanError("fp8_recipe", f"a {plan.precision} plan has no fp8 recipe.", "drop the recipe or use fp8.")
+    problem = recipe_problem(plan.precision, plan.fp8_recipe, stack, cluster.gpu)
+    if problem is not None:
+        raise PlanError("fp8_recipe", *problem)
+    if plan.tp_comm_overlap:
+        if not stack.tp_comm_overlap_supported:
+            raise PlanError("tp_comm_overlap", f"stack {stack.name} cannot overlap TP communication.", "turn it off.")
+        if plan.tp == 1 or not plan.sequence_parallel:
+            raise PlanError(
+                "tp_comm_overlap",
+                "TP communication overlap needs tp > 1 with sequence parallelism (Megatron-Core and torch's async TP).",
+                "add --sequence-parallel, or turn the overlap off.",
+            )
 
 
 def _check_experts(plan: ParallelPlan, model: ModelSpec) -> None:

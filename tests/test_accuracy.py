@@ -53,18 +53,19 @@ def test_markdown_has_command_tables_and_notes(report: Path) -> None:
     assert "simpar accuracy --published" in md
     assert "per source" in md and "per schedule" in md
     assert "hand-written explanation XYZZY" in md  # notes.yaml merged into the worst-row discussion
-    assert "source facts applied: flash_attention=False" in md  # the zero-bubble row's documented hint
+    assert "stack megatron-lm-legacy" in md  # the zero-bubble row's stack, named in its hints
 
 
-def test_hints_and_source_facts() -> None:
+def test_hints_and_the_rows_stack() -> None:
     rows = {r["id"]: r for r in read_rows(CSV)}
     zb = rows["zb_t9_1.5B_1F1B_m4"]
-    assert row_setup(zb)[2].flash_attention is False
-    assert row_setup(rows["meg21_t1_1.7B"])[2].flash_attention is True
-    assert row_setup({**zb, "flash_attention": "1"})[2].flash_attention is True  # a column overrides the hint
+    assert row_setup(zb)[2].flash_attention is False  # its stack, megatron-lm-legacy, stores the scores
+    assert row_setup({**zb, "stack": "megatron-core"})[2].flash_attention is True
+    assert row_setup({**zb, "flash_attention": "1"})[2].flash_attention is True  # a column overrides the stack
     long_fp8 = {**rows["meg21_t1_1.7B"], "precision": "fp8", "seq_len": "32768", "notes": "torch.compile on"}
     hints = row_hints(long_fp8)
-    assert "fp8 row" in hints and any("long sequence" in h for h in hints) and any("torch.compile" in h for h in hints)
+    assert "fp8 row (the stack's default recipe)" in hints and "stack megatron-lm-legacy" in hints
+    assert any("long sequence" in h for h in hints) and any("torch.compile" in h for h in hints)
 
 
 def test_bad_input(tmp_path: Path) -> None:

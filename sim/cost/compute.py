@@ -29,12 +29,14 @@ overrides either, key by key.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..model import DENSE, LayerFlops, LayerKind, layer_flops, logits_flops
 from ..plan import ParallelPlan
 from ..specs import GPUSpec, ModelSpec
 from ..specs.calibration import Calibration, EfficiencyParams, default_calibration
+from .precision import cast_bytes, gemm_dtype, recipe_of
 from .tables import MeasuredTables
 
 #: FlashAttention's query/key block (FA2 forward, 128 on A100/H100): the diagonal blocks of a
@@ -87,6 +89,10 @@ class PassTimes:
     expert_f: float = 0.0
     expert_i: float = 0.0
     expert_w: float = 0.0
+    #: the tensor-parallel GEMMs of f and of i + w (attention and dense-MLP projections): what
+    #: TP-communication overlap hides the TP collectives under (0 for a measured layer: no split)
+    tp_gemm_f: float = 0.0
+    tp_gemm_b: float = 0.0
 
     @property
     def b(self) -> float:
@@ -138,15 +144,19 @@ class CostModel:
     def _sat(self, x: float) -> float:
         return x / (x + self.eff.mm_half_dim)
 
-    def matmul_time(self, m: float, n: float, k: float, dtype: str = "bf16") -> float:
-        return self.grouped_matmul_time(1, m, n, k, dtype)
+    def matmul_time(self, m: float, n: float, k: float, dtype: str = "bf16", scale: float = 1.0) -> float:
+        return self.grouped_matmul_time(1, m, n, k, dtype, scale)
 
-    def grouped_matmul_time(self, groups: float, m: float, n: float, k: float, dtype: str = "bf16") -> float:
+    def grouped_matmul_time(
+        self, groups: float, m: float, n: float, k: float, dtype: str = "bf16", scale: float = 1.0
+    ) -> float:
         """``groups`` GEMMs of one shape in one kernel (a grouped GEMM: one expert each), each at
-        the efficiency of its own shape: small per-expert token counts under-fill the tiles."""
+        the efficiency of its own shape: small per-expert token counts under-fill the tiles. fp8
+        and fp4 GEMMs reach ``fp8_mm_eff_scale`` of the 16-bit efficiency on their own peak;
+        ``scale`` is the recipe's factor (`specs.recipes.Recipe.gemm_scale`)."""
         flops = 2.0 * m * n * k * groups
-        eff = self.eff.mm_eff_max * self._sat(m) * self._sat(n) * self._sat(k)
-        if dtype == "fp8":
+        eff = self.eff.mm_eff_max * self._sat(m) * self._sat(n) * self._sat(k) * scale
+        if dtype in ("fp8", "fp4"):
             eff *= self.eff.fp8_mm_eff_scale
         return max(flops / (self.gpu.peak_flops(dtype) * eff), self.eff.launch_s)
 
@@ -154,7 +164,7 @@ class CostModel:
         return max(nbytes / (self.gpu.hbm_bw * self.eff.hbm_eff), self.eff.launch_s)
 
     def attention_time(self, flops_fwd: float, dtype: str) -> tuple[float, float]:
-        peak = self.gpu.peak_flops("bf16" if dtype == "fp8" else dtype)  # attention stays in 16-bit
+        peak = self.gpu.peak_flops("fp16" if dtype == "fp16" else "bf16")  # attention stays in 16-bit
         return flops_fwd / (peak * self.eff.attn_eff_fwd), 2 * flops_fwd / (peak * self.eff.attn_eff_bwd)
 
     def optimizer_time(self, local_params: float) -> float:
@@ -166,12 +176,32 @@ class CostModel:
         return self.memory_time(ADAM_BYTES_PER_PARAM * local_params)
 
     # --- model pieces -----------------------------------------------------------------------
-    def gemm_times(self, shapes: list[tuple[float, float, float]], dtype: str) -> tuple[float, float, float]:
-        """(forward, input-gradient, weight-gradient) seconds of GEMMs of (m, n, k) shapes:
-        dX = dY W^T has shape m x k x n, dW = X^T dY shape k x n x m."""
-        f = sum(self.matmul_time(a, b, c, dtype) for a, b, c in shapes)
-        i = sum(self.matmul_time(a, c, b, dtype) for a, b, c in shapes)
-        w = sum(self.matmul_time(c, b, a, dtype) for a, b, c in shapes)
+    def gemm_times(
+        self, shapes: Sequence[tuple[float, float, float]], dtype: str, groups: float = 1, scale: float = 1.0
+    ) -> tuple[float, float, float]:
+        """(forward, input-gradient, weight-gradient) seconds of GEMMs of (m, n, k) shapes (each
+        ``groups`` GEMMs in one kernel): dX = dY W^T has shape m x k x n, dW = X^T dY k x n x m."""
+        mm = self.grouped_matmul_time
+        f = sum(mm(groups, a, b, c, dtype, scale) for a, b, c in shapes)
+        i = sum(mm(groups, a, c, b, dtype, scale) for a, b, c in shapes)
+        w = sum(mm(groups, c, b, a, dtype, scale) for a, b, c in shapes)
+        return f, i, w
+
+    def linear_times(
+        self, plan: ParallelPlan, group: str, shapes: Sequence[tuple[float, float, float]], groups: float = 1
+    ) -> tuple[float, float, float]:
+        """`gemm_times` of one linear-layer group (`specs.stack.GEMM_GROUPS`) in the precision the
+        plan's stack runs it (`precision.gemm_dtype`), with the recipe's GEMM speed and its
+        quantisation casts (`precision.cast_bytes`) added to the forward and input-gradient passes."""
+        dtype = gemm_dtype(plan, group)
+        recipe = recipe_of(plan)
+        scale = recipe.gemm_scale if recipe is not None and dtype == recipe.dtype else 1.0
+        f, i, w = self.gemm_times(shapes, dtype, groups, scale)
+        cast_f, cast_b = cast_bytes(plan, group, shapes)
+        if cast_f:
+            f += self.memory_time(groups * cast_f)
+        if cast_b:
+            i += self.memory_time(groups * cast_b)
         return f, i, w
 
     def layer_times(self, m: ModelSpec, plan: ParallelPlan, kind: LayerKind = DENSE) -> PassTimes:
@@ -186,17 +216,18 @@ class CostModel:
         t, dt = plan.tp, plan.precision
         tokens = plan.micro_batch_size * m.seq_len / plan.cp
         h, f = m.hidden, m.ffn
-        shapes = attention_shapes(m, plan, tokens)
+        parts = [self.linear_times(plan, "attention", attention_shapes(m, plan, tokens))]
         if not kind.moe:
-            shapes += [(tokens, f / t, h)] * (2 if m.gated_mlp else 1) + [(tokens, h, f / t)]
-        fwd_mm, i_mm, w_mm = self.gemm_times(shapes, dt)
+            mlp = [(tokens, f / t, h)] * (2 if m.gated_mlp else 1) + [(tokens, h, f / t)]
+            parts.append(self.linear_times(plan, "mlp", mlp))
+        fwd_mm, i_mm, w_mm = (sum(x) for x in zip(*parts))
         lf: LayerFlops = layer_flops(m, m.seq_len, plan.micro_batch_size, kind)
         if plan.flash_attention:
             attn_f, attn_b = self.attention_time(
                 lf.attn_core_f * computed_attention_fraction(m, kind) / (t * plan.cp), dt
             )
         else:  # scores materialised: two batched matmuls over the full square + softmax traffic
-            mm_peak = self.gpu.peak_flops("bf16" if dt == "fp8" else dt) * self.eff.mm_eff_max
+            mm_peak = self.gpu.peak_flops("fp16" if dt == "fp16" else "bf16") * self.eff.mm_eff_max
             scores = m.heads / t * tokens * m.seq_len
             attn_f = lf.attn_core_f / (t * plan.cp) / mm_peak + self.memory_time(UNFUSED_SCORE_BYTES * scores)
             attn_b = 2 * lf.attn_core_f / (t * plan.cp) / mm_peak + self.memory_time(2 * UNFUSED_SCORE_BYTES * scores)
@@ -207,20 +238,16 @@ class CostModel:
         f_time = max(fwd_mm + attn_f + ew_f, launch)
         i_time = max(i_mm + attn_b + 2 * ew_f, 2 * launch)
         w_time = max(w_mm, launch)
-        return PassTimes(f_time, i_time, w_time, attn_f)
+        return PassTimes(f_time, i_time, w_time, attn_f, tp_gemm_f=fwd_mm, tp_gemm_b=i_mm + w_mm)
 
     def logits_times(self, m: ModelSpec, plan: ParallelPlan) -> PassTimes:
         """Final norm, output projection (vocab split over tp) and cross-entropy."""
         tokens = plan.micro_batch_size * m.seq_len / plan.cp
-        t, dt = plan.tp, plan.precision
-        shape = (tokens, m.vocab / t, m.hidden)
-        ce = self.memory_time(tokens * m.vocab / t * 4 * 3)  # fp32 logits: write, softmax read/write
+        ce = self.memory_time(tokens * m.vocab / plan.tp * 4 * 3)  # fp32 logits: write, softmax read/write
         lg = logits_flops(m, m.seq_len, plan.micro_batch_size)
         assert lg.f > 0
-        f = self.matmul_time(*shape, dt) + ce
-        i = self.matmul_time(shape[0], shape[2], shape[1], dt) + ce
-        w = self.matmul_time(shape[2], shape[1], shape[0], dt)
-        return PassTimes(f, i, w)
+        f, i, w = self.linear_times(plan, "logits", [(tokens, m.vocab / plan.tp, m.hidden)])
+        return PassTimes(f + ce, i + ce, w)
 
     def embedding_times(self, m: ModelSpec, plan: ParallelPlan) -> PassTimes:
         """Embedding lookup (memory-bound gather) and its sparse gradient accumulation."""

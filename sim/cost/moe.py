@@ -33,6 +33,7 @@ from ..model import LayerKind
 from ..plan import ParallelPlan
 from ..specs import ModelSpec
 from .compute import CostModel, PassTimes
+from .precision import gemm_dtype
 
 #: Bytes moved per dispatched row element by the permutation before dispatch and the
 #: unpermutation after combine (each reads and writes the 16-bit row: 2 x (2 + 2)).
@@ -73,7 +74,7 @@ def moe_mlp_times(cost: CostModel, m: ModelSpec, plan: ParallelPlan) -> PassTime
     routed experts' part in ``expert_*``."""
     moe = m.moe
     assert moe is not None
-    t, dt, h, tok = plan.tp, plan.precision, m.hidden, tokens(m, plan)
+    t, h, tok = plan.tp, m.hidden, tokens(m, plan)
     held = tok / (t if plan.sequence_parallel else 1)  # tokens this GPU routes
     gated = 2 if m.gated_mlp else 1
     # router and top-k (replicated over tp) + shared experts (a dense MLP split over tp)
@@ -81,14 +82,15 @@ def moe_mlp_times(cost: CostModel, m: ModelSpec, plan: ParallelPlan) -> PassTime
     if moe.shared_experts:
         fs = moe.shared_experts * moe.shared_ffn / t
         shared = [(tok, fs, h)] * gated + [(tok, h, fs)]
-    rf, ri, rw = cost.gemm_times([(held, moe.experts, h), *shared], dt)
+    # the router is a plain 16-bit linear; the shared experts run as the stack runs a dense MLP
+    router = cost.gemm_times([(held, moe.experts, h)], gemm_dtype(plan, "router"))
+    sh = cost.linear_times(plan, "mlp", shared) if shared else (0.0, 0.0, 0.0)
+    rf, ri, rw = (a + b for a, b in zip(router, sh))
     scores = cost.memory_time(held * moe.experts * ROUTER_SCORE_BYTES)
     shared_ew = cost.memory_time(tok * (6 if m.gated_mlp else 4) * moe.shared_experts * moe.shared_ffn / t)
     # routed experts: grouped GEMMs over the local experts
     n, local, fe = expert_rows(m, plan), moe.experts / plan.ep, moe.expert_ffn / plan.expert_tp
-    ef = gated * cost.grouped_matmul_time(local, n, fe, h, dt) + cost.grouped_matmul_time(local, n, h, fe, dt)
-    ei = gated * cost.grouped_matmul_time(local, n, h, fe, dt) + cost.grouped_matmul_time(local, n, fe, h, dt)
-    ew = gated * cost.grouped_matmul_time(local, h, fe, n, dt) + cost.grouped_matmul_time(local, fe, h, n, dt)
+    ef, ei, ew = cost.linear_times(plan, "experts", [(n, fe, h)] * gated + [(n, h, fe)], groups=local)
     rows = n * local
     moved = cost.memory_time(rows * h * PERMUTE_BYTES_PER_ELEMENT)
     act = cost.memory_time(rows * (6 if m.gated_mlp else 4) * fe)
@@ -111,7 +113,15 @@ def moe_layer_times(cost: CostModel, m: ModelSpec, plan: ParallelPlan, kind: Lay
         return base
     mlp = moe_mlp_times(cost, m, plan)
     return PassTimes(
-        base.f + mlp.f, base.i + mlp.i, base.w + mlp.w, base.attn_f, mlp.expert_f, mlp.expert_i, mlp.expert_w
+        base.f + mlp.f,
+        base.i + mlp.i,
+        base.w + mlp.w,
+        base.attn_f,
+        mlp.expert_f,
+        mlp.expert_i,
+        mlp.expert_w,
+        base.tp_gemm_f,
+        base.tp_gemm_b,
     )
 
 

@@ -160,7 +160,7 @@ def stage_work(
             x["tp_f"] += _tp_small(plan, net, layout, act)  # vocab-parallel embedding all-reduce / reduce-scatter
         if s == last:
             heads = 1 + m.mtp_layers  # the output head, and each MTP module's logits and 2h -> h projection
-            proj = costs.gemm_times([(tokens, m.hidden, 2 * m.hidden / plan.tp)], plan.precision)
+            proj = costs.linear_times(plan, "mtp", [(tokens, m.hidden, 2 * m.hidden / plan.tp)])
             for key, lgx, px in (("f", lg.f, proj[0]), ("i", lg.i, proj[1]), ("w", lg.w, proj[2])):
                 x[key] += heads * lgx + m.mtp_layers * px
             x["tp_f"] += heads * _tp_small(plan, net, layout, 4.0 * tokens * 3)  # vocab-parallel cross-entropy
@@ -223,6 +223,7 @@ def _layer_work(
 ) -> dict[str, float]:
     """One layer's seconds by `StageWork` field (``a2a``: one all-to-all of its MoE MLP, or 0)."""
     cp_f, cp_b = _cp_layer_time(m, plan, net, layout, lt)
+    tp_f, tp_b = (_tp_overlapped(plan, tp, lt.tp_gemm_f), _tp_overlapped(plan, tp, lt.tp_gemm_b)) if tp else (0.0, 0.0)
     full = plan.recompute == "full"
     rec = {"full": lt.f, "selective": lt.attn_f}.get(plan.recompute, 0.0)
     return {
@@ -230,9 +231,9 @@ def _layer_work(
         "i": lt.i,
         "w": lt.w,
         "r": rec,
-        "tp_f": tp + cp_f,
-        "tp_b": tp + cp_b,
-        "tp_r": tp + cp_f if full else 0.0,
+        "tp_f": tp_f + cp_f,
+        "tp_b": tp_b + cp_b,
+        "tp_r": tp_f + cp_f if full else 0.0,
         "a2a_f": 2 * a2a,
         "a2a_b": 2 * a2a,
         "a2a_r": 2 * a2a if full else 0.0,
@@ -263,6 +264,18 @@ def _tp_layer_time(plan: ParallelPlan, net: CollectiveTimer, layout: RankLayout,
     if plan.sequence_parallel:
         return 2 * (net.collective_time("all-gather", group, act) + net.collective_time("reduce-scatter", group, act))
     return 2 * net.collective_time("all-reduce", group, act)
+
+
+def _tp_overlapped(plan: ParallelPlan, comm: float, gemms: float) -> float:
+    """Exposed part of a layer's TP collectives (one pass direction) under TP-communication overlap
+    (Megatron-Core / Transformer Engine userbuffers, torch's async TP): each all-gather and
+    reduce-scatter is decomposed into tp steps, each hidden under the matching chunk of its GEMM
+    (Wang et al., ASPLOS'23, "Overlap communication with dependent computation via decomposition"),
+    so what shows is the step that has no GEMM chunk beside it, or the part the GEMMs are too short
+    to cover. The chunked GEMMs are priced as the whole ones (their smaller tiles are not charged)."""
+    if not plan.tp_comm_overlap:
+        return comm
+    return max(comm - gemms, comm / plan.tp)
 
 
 def _tp_small(plan: ParallelPlan, net: CollectiveTimer, layout: RankLayout, nbytes: float) -> float:

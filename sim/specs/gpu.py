@@ -26,6 +26,10 @@ class GPUSpec(BaseModel):
     hbm_bw_GBps: float = Field(gt=0, description="HBM bandwidth, GB/s (decimal)")
     sms: int = Field(default=0, ge=0, description="streaming multiprocessors (informational)", strict=True)
     tdp_W: float = Field(default=0, ge=0)
+    mx_formats: bool = Field(
+        default=False,
+        description="tensor cores take block-scaled operands (MXFP8, NVFP4: Blackwell's fifth-generation tensor cores)",
+    )
 
     @field_validator("peak_TFLOPS")
     @classmethod

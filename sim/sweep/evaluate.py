@@ -77,6 +77,8 @@ class Evaluator:
             plan.layer_split,
             plan.precision,
             plan.flash_attention,
+            plan.tp_comm_overlap,
+            plan.fp8_recipe,
             plan.ep,
             plan.expert_tp,
             plan.expert_order,

@@ -53,6 +53,8 @@ class SearchSpace:
     sequence_parallel: tuple[bool, ...] = (False, True)
     layer_split: str = "even"  # even: layers must divide; balanced: uneven splits as published runs use
     precision: str = "bf16"
+    stack: str = "megatron-core"  # the training stack every plan runs on (`specs.stack`)
+    fp8_recipe: str | None = None  # None: the stack's default recipe for fp8/fp4
     ep: tuple[int, ...] | None = None  # MoE: None = every ep that folds (module docstring)
     etp: tuple[int, ...] = (0, 1)  # MoE: 0 = tp (Megatron-Core's default)
 
@@ -278,6 +280,8 @@ def make_plan(cfg: Config, model: ModelSpec, cluster: ClusterSpec, gbs: int, spa
         recompute=cfg.recompute,
         sequence_parallel=cfg.sp,
         precision=space.precision,
+        stack=space.stack,
+        **({"fp8_recipe": space.fp8_recipe} if space.fp8_recipe else {}),
         layer_split=layer_split_for(cfg, model, space),
         allow_tp_across_nodes=cfg.tp > cluster.gpus_per_node,
         ep=cfg.ep,

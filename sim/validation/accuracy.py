@@ -4,7 +4,7 @@ summarised per source, per schedule and for memory, with the worst rows explaine
 
 Explanations of a row come from two places: automatic hints read off the row (fp8, long
 sequence, a derived iteration time, features the simulator does not model that the row's notes
-name, the source facts of `SOURCE_HINTS`), and a hand-written notes file (YAML, ``row id: text``)
+name, the row's stack and recipe), and a hand-written notes file (YAML, ``row id: text``)
 kept next to the report. Nothing here changes a prediction.
 
 Closed-loop results: the ``check.json`` that ``simpar calibrate --check`` writes (``plans``: objects
@@ -24,7 +24,7 @@ from typing import Any
 
 from .. import files
 from ..errors import SimparError
-from .published import SOURCE_HINTS, RowResult, read_rows, report, summarize, validate_rows
+from .published import RowResult, read_rows, report, summarize, validate_rows
 
 #: A sequence this long or longer is "long" for the hints (attention dominates the layer).
 LONG_SEQ = 16384
@@ -32,9 +32,6 @@ LONG_SEQ = 16384
 FEATURE_HINTS: tuple[tuple[str, str], ...] = (
     ("torch.compile", "torch.compile (kernel fusion) is not modelled"),
     ("compile on", "torch.compile (kernel fusion) is not modelled"),
-    ("float8", "torchao float8 linears: cast/scale kernels priced only through fp8_mm_eff_scale"),
-    ("fp8-cs", "Transformer Engine FP8 (current scaling): priced only through fp8_mm_eff_scale"),
-    ("asynctp", "async tensor parallelism (comm/compute overlap) is not modelled"),
     ("alibi", "ALiBi attention bias (llm-foundry's triton/flash kernels), priced as plain FlashAttention"),
     ("op-level selective ac", "torchtitan's op-level selective recompute differs from Megatron's attention-core one"),
     ("h100-96g-500w", "H100 96 GB at a 500 W power limit, simulated on the 80 GB 700 W H100 preset"),
@@ -124,8 +121,11 @@ def load_notes(path: str | Path | None) -> dict[str, str]:
 def row_hints(row: dict[str, str]) -> list[str]:
     """Automatic reasons a row may be hard to predict, read off the CSV row."""
     hints = []
-    if row.get("precision") == "fp8":
-        hints.append("fp8 row")
+    if row.get("precision") in ("fp8", "fp4"):
+        recipe = (row.get("fp8_recipe") or "").strip() or "the stack's default recipe"
+        hints.append(f"{row['precision']} row ({recipe})")
+    if (row.get("stack") or "").strip():
+        hints.append(f"stack {row['stack'].strip()}")
     if int(row.get("seq_len") or 0) >= LONG_SEQ:
         hints.append(f"long sequence ({row['seq_len']}): attention-dominated")
     if row.get("iter_time_derived") == "1":
@@ -136,9 +136,6 @@ def row_hints(row: dict[str, str]) -> list[str]:
         if needle in text and hint not in seen:
             seen.add(hint)
             hints.append(hint)
-    for needle, fields, _why in SOURCE_HINTS:
-        if needle.lower() in row.get("source", "").lower():
-            hints.append("source facts applied: " + ", ".join(f"{k}={v}" for k, v in fields.items()))
     return hints
 
 

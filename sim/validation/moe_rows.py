@@ -12,8 +12,8 @@ What an empty cell means is stated here, once, for every row (never per row):
 - ``token_dispatch``: dropless, the Megatron-Core default; ``drop`` drops tokens over a capacity
   factor of 1 (Megatron-Bridge's token-drop variants);
 - routing: force-balanced, as the source says of these runs (``moe_imbalance`` 1).
-``fp8_recipe`` is read but not modelled: every fp8 row runs simpar's one fp8 model (the fp8
-recipes are a separate piece of work), and `simpar validate` lists the recipe per row.
+``stack`` and ``fp8_recipe`` are read as in dense rows (`published.row_hints`): these rows name
+``megatron-bridge``; "not stated" leaves the recipe to that stack's default.
 """
 
 from __future__ import annotations

@@ -14,26 +14,19 @@ from typing import Any
 
 from .. import files
 from ..errors import SimparError
-from ..plan import ParallelPlan, balanced_layer_split, check_plan
+from ..plan import FP8_RECIPES, ParallelPlan, balanced_layer_split, check_plan
 from ..procs import fork_map
 from ..specs import load_cluster
 from ..specs.model import ModelSpec
 from ..units import GiB
 from .moe_rows import MOE_COLUMNS, cell, is_moe_row, moe_model, moe_plan_fields
 
-#: Facts about the software of a source that the CSV format has no column for, matched on the
-#: ``source`` text: (substring, plan fields, why). An optional CSV column of the same name
-#: (``flash_attention``: 1/0) overrides a hint for one row.
-SOURCE_HINTS: tuple[tuple[str, dict[str, Any], str], ...] = (
-    (
-        "Zero Bubble Pipeline Parallelism",
-        {"flash_attention": False},
-        "the authors' Megatron-LM fork (2023, legacy local transformer layer) materialises the attention "
-        "scores: the paper's memory analysis uses Korthikanti et al.'s sbh(34 + 5as/h) per layer, and the "
-        "published peak memory of all 34 rows matches that term (median |error| 3 % with it, 42 % without)",
-    ),
-)
-OPTIONAL_PLAN_COLUMNS = ("flash_attention",)
+#: Optional per-row columns (FORMAT.md): ``stack`` (a stack preset, `simpar.sim.specs.stack`; empty:
+#: megatron-core), ``fp8_recipe`` (a recipe, or the published spelling below; empty or "not stated
+#: ...": the stack's default), ``flash_attention`` and ``tp_comm_overlap`` (1/0; empty: the stack's).
+OPTIONAL_PLAN_COLUMNS = ("stack", "fp8_recipe", "flash_attention", "tp_comm_overlap")
+#: the recipe names sources print, as simpar's recipes
+RECIPE_SPELLINGS = {"current-scaling": "tensorwise", "current": "tensorwise", "mx": "mxfp8"}
 
 #: the architecture columns of a dense row (an MoE row names a ``model`` preset instead: `moe_rows`)
 ARCH_COLUMNS = ("arch", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab")
@@ -142,12 +135,21 @@ def measured(r: dict[str, str], col: str, required: bool = True) -> float | None
 
 
 def row_hints(r: dict[str, str]) -> dict[str, Any]:
-    """Plan fields a row's source implies (SOURCE_HINTS), overridden by the row's own columns."""
+    """The plan fields of a row's optional columns (`OPTIONAL_PLAN_COLUMNS`); an empty cell leaves
+    the field to the row's stack."""
     out: dict[str, Any] = {}
-    for needle, fields, _why in SOURCE_HINTS:
-        if needle.lower() in r.get("source", "").lower():
-            out.update(fields)
-    for col in OPTIONAL_PLAN_COLUMNS:
+    stack = (r.get("stack") or "").strip()
+    if stack:
+        out["stack"] = stack
+    recipe = (r.get("fp8_recipe") or "").strip().lower()
+    if recipe and not recipe.startswith("not stated") and r.get("precision") in ("fp8", "fp4"):
+        recipe = RECIPE_SPELLINGS.get(recipe, recipe)
+        if recipe not in FP8_RECIPES:
+            raise SimparError(
+                f"row {r.get('id')}: fp8_recipe", f"is {recipe!r}.", f"write one of {', '.join(FP8_RECIPES)}."
+            )
+        out["fp8_recipe"] = recipe
+    for col in ("flash_attention", "tp_comm_overlap"):
         v = (r.get(col) or "").strip()
         if v:
             if v not in ("0", "1"):

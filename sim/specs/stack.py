@@ -1,0 +1,128 @@
+"""The training stack as data: what the software that runs a plan does differently, as facts.
+
+A stack file (``topologies/stacks/<name>.yaml``, or a user's YAML file) describes one framework as
+it runs a plan on GPUs: which GEMMs it runs in fp8 and with which scaling recipe by default,
+whether its quantisation casts are fused into the kernels that produce their inputs, whether it can
+overlap tensor-parallel communication with the GEMMs, whether its attention stores the scores, and
+how much memory it holds outside the model and how it reports its peak. Every value has its source
+in the file's ``sources`` (one entry per field). The GPU's own figures (kernel efficiencies) are
+never here: they are the GPU preset's and its calibration's.
+
+A plan names its stack (`ParallelPlan.stack`, default ``megatron-core``); the plan fields a stack
+sets by default (``flash_attention``, ``tp_comm_overlap``, ``fp8_recipe``) are filled in from it
+when a plan does not give them. The fp8 recipes themselves (scaling granularity, cast traffic,
+which GPUs run them) are in `simpar.sim.cost.precision`.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from ..choices import FP8_RECIPES
+from ..units import GiB
+from .loader import build, presets_dir, read_mapping, resolve
+
+#: The fp8/fp4 recipes a stack may name (their physics: `simpar.sim.specs.recipes.RECIPES`).
+RECIPE_NAMES = FP8_RECIPES
+#: The linear-layer groups whose GEMMs a stack may run in low precision.
+GEMM_GROUPS = ("attention", "mlp", "experts", "mtp", "logits")
+
+_STRICT = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+
+class StackMemory(BaseModel):
+    """What a stack holds outside the model and how it reports its peak memory."""
+
+    model_config = _STRICT
+
+    overhead_GiB: float = Field(
+        ge=0, description="per GPU outside the model: CUDA context, library workspaces, NCCL buffers"
+    )
+    fragmentation: float = Field(ge=0, le=1, description="caching-allocator waste, a fraction of activation bytes")
+    reported: Literal["allocated", "reserved", "nvidia-smi"] = Field(
+        description="what the stack's logs print as peak memory: torch max allocated, max reserved, or nvidia-smi"
+    )
+
+    @property
+    def overhead_bytes(self) -> float:
+        return self.overhead_GiB * GiB
+
+
+class StackSpec(BaseModel):
+    """One training framework as it runs a plan (module docstring)."""
+
+    model_config = _STRICT
+
+    name: str
+    description: str
+    fp8_recipes: tuple[str, ...] = Field(description="low-precision recipes the stack implements")
+    fp8_default: str | None = Field(description="the recipe a plan gets when it names none (None: no fp8 at all)")
+    fp8_gemms: tuple[str, ...] = Field(description="linear-layer groups whose GEMMs run in fp8/fp4")
+    fp8_fused_casts: bool = Field(
+        description="the kernel that produces a forward GEMM input (norm, activation) writes it quantised"
+    )
+    tp_comm_overlap: bool = Field(description="tensor-parallel communication overlapped with the GEMMs by default")
+    tp_comm_overlap_supported: bool = Field(description="the stack can overlap TP communication with the GEMMs")
+    flash_attention: bool = Field(description="attention does not materialise the scores (FlashAttention/cuDNN)")
+    memory: StackMemory
+    sources: dict[str, str] = Field(description="where each value comes from, by field name")
+
+    @field_validator("fp8_recipes")
+    @classmethod
+    def _recipes(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        bad = [r for r in v if r not in RECIPE_NAMES]
+        if bad:
+            raise ValueError(f"unknown recipe {bad[0]!r}; use {', '.join(RECIPE_NAMES)}")
+        return v
+
+    @field_validator("fp8_gemms")
+    @classmethod
+    def _gemms(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        bad = [g for g in v if g not in GEMM_GROUPS]
+        if bad:
+            raise ValueError(f"unknown GEMM group {bad[0]!r}; use {', '.join(GEMM_GROUPS)}")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> StackSpec:
+        if self.fp8_default is not None and self.fp8_default not in self.fp8_recipes:
+            raise ValueError(f"fp8_default {self.fp8_default!r} is not one of fp8_recipes")
+        if self.tp_comm_overlap and not self.tp_comm_overlap_supported:
+            raise ValueError("tp_comm_overlap is on by default but tp_comm_overlap_supported is false")
+        missing = [f for f in _SOURCED if f not in self.sources]
+        if missing:
+            raise ValueError(f"sources has no entry for {missing[0]!r} (every value needs its source)")
+        return self
+
+
+#: the fields whose values are facts about the framework and need a source
+_SOURCED = (
+    "fp8_recipes",
+    "fp8_default",
+    "fp8_gemms",
+    "fp8_fused_casts",
+    "tp_comm_overlap",
+    "flash_attention",
+    "memory",
+)
+
+DEFAULT_STACK = "megatron-core"
+
+
+def stack_names() -> list[str]:
+    return sorted(p.stem for p in presets_dir("stacks").glob("*.yaml"))
+
+
+@lru_cache(maxsize=64)
+def load_stack(name_or_path: str) -> StackSpec:
+    """A stack preset by name, or a user's stack YAML by path (one clear error naming the known
+    stacks or the field)."""
+    path = resolve("stacks", name_or_path, "stack")
+    data = read_mapping(path, "stack")
+    data.setdefault("name", path.stem if path.parent == presets_dir("stacks") else str(Path(name_or_path)))
+    where = f"stacks/{path.name}" if path.parent == presets_dir("stacks") else str(path)
+    return build(StackSpec, data, where)
