@@ -86,12 +86,12 @@ def test_gb300_rack_is_one_nvlink_domain_and_scales_by_racks() -> None:
 
 
 @pytest.mark.parametrize("name", ["b300", "gb300"])
-def test_default_calibration_reuses_h100_fit(name: str) -> None:
-    calib, h100 = default_calibration(name), default_calibration("h100-sxm")
-    assert calib is not None and h100 is not None
-    assert calib.compute == h100.compute
-    assert calib.fit is not None and calib.fit["copied_from"] == "h100-sxm"
-    assert calib.notes is not None and "H100" in calib.notes["about"]
+def test_default_calibration_is_the_blackwell_group_fit(name: str) -> None:
+    calib, b200 = default_calibration(name), default_calibration("b200")
+    assert calib is not None and b200 is not None
+    assert calib.compute == b200.compute
+    assert calib.fit is not None and calib.fit["group"] == ["b200", "b300", "gb300"]
+    assert calib.notes is not None and "Blackwell group" in calib.notes["about"]
 
 
 def test_simulate_runs_on_both_clusters() -> None:

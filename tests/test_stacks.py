@@ -1,0 +1,145 @@
+"""The training stack as data and the fp8/fp4 recipes: stack files, plan defaults from the stack,
+recipe refusals, per-GEMM precision, cast traffic and TP-communication overlap."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from simpar.cli.main import cli
+from simpar.sim.cost.compute import CostModel
+from simpar.sim.cost.precision import cast_bytes, gemm_dtype
+from simpar.sim.engine.simulate import simulate
+from simpar.sim.errors import PlanError, SimparError
+from simpar.sim.plan import ParallelPlan, check_plan
+from simpar.sim.specs import load_cluster, load_gpu, load_model, preset_names
+from simpar.sim.specs.recipes import RECIPES
+from simpar.sim.specs.stack import load_stack, stack_names
+
+STACKS = stack_names()
+
+
+def test_every_stack_file_loads_with_a_source_per_value() -> None:
+    assert {"megatron-core", "megatron-bridge", "torchtitan", "llm-foundry", "deepspeed"} <= set(STACKS)
+    for name in STACKS:
+        s = load_stack(name)
+        assert s.name == name and s.description
+        assert all(r in RECIPES for r in s.fp8_recipes)
+        assert s.fp8_default is None or s.fp8_default in s.fp8_recipes
+
+
+def test_an_unknown_stack_is_exit_2_naming_the_known_ones() -> None:
+    res = CliRunner().invoke(
+        cli, ["simulate", "--model", "tiny", "--cluster", "dgx-h100", "--gpus", "8", "--gbs", "8", "--stack", "nemo2"]
+    )
+    assert res.exit_code == 2
+    assert "unknown preset 'nemo2'" in res.output and "megatron-core" in res.output and "torchtitan" in res.output
+    assert "Traceback" not in res.output
+
+
+def test_a_stack_file_missing_a_source_is_refused(tmp_path: Path) -> None:
+    text = (Path(__file__).parents[1] / "topologies/stacks/megatron-core.yaml").read_text()
+    bad = tmp_path / "mine.yaml"
+    bad.write_text(text.replace("  flash_attention: ", "  flash_attn_typo: "))
+    with pytest.raises(SimparError, match="flash_attention"):
+        load_stack(str(bad))
+
+
+def test_the_plan_takes_its_defaults_from_the_stack() -> None:
+    legacy = ParallelPlan(stack="megatron-lm-legacy")
+    assert legacy.flash_attention is False and legacy.fp8_recipe is None
+    bridge = ParallelPlan(stack="megatron-bridge", tp=2, sequence_parallel=True, precision="fp8")
+    assert bridge.tp_comm_overlap is True and bridge.fp8_recipe == "tensorwise"
+    assert ParallelPlan(stack="megatron-bridge", tp=2).tp_comm_overlap is False  # no SP, no overlap
+    assert ParallelPlan(precision="fp8").fp8_recipe == "delayed"  # Megatron-LM's --fp8-recipe default
+    assert ParallelPlan(stack="torchtitan", precision="fp8").fp8_recipe == "tensorwise"
+    # a value the plan gives wins, and the file round trip keeps it explicit
+    p = ParallelPlan(stack="megatron-bridge", tp=2, sequence_parallel=True, tp_comm_overlap=False)
+    assert ParallelPlan.model_validate_json(p.to_json()) == p
+
+
+@pytest.mark.parametrize(
+    ("cluster", "fields", "needle"),
+    [
+        ("dgx-h100", {"precision": "fp8", "fp8_recipe": "mxfp8"}, "cannot run block-scaled mxfp8"),
+        ("dgx-a100-80g", {"precision": "fp8"}, "has no fp8 tensor cores"),
+        ("dgx-h100", {"precision": "fp8", "stack": "megatron-lm-legacy"}, "has no fp8 training"),
+        ("dgx-h100", {"precision": "fp8", "stack": "torchtitan", "fp8_recipe": "delayed"}, "does not implement"),
+        ("dgx-h100", {"precision": "bf16", "fp8_recipe": "delayed"}, "has no fp8 recipe"),
+        ("dgx-h100", {"precision": "fp4"}, "has no fp4 tensor cores"),
+        ("dgx-h100", {"tp": 2, "dp": 4, "tp_comm_overlap": True}, "needs tp > 1 with sequence parallelism"),
+        (
+            "dgx-h100",
+            {"tp": 2, "dp": 4, "sequence_parallel": True, "tp_comm_overlap": True, "stack": "deepspeed"},
+            "cannot overlap",
+        ),
+    ],
+)
+def test_what_a_stack_or_gpu_cannot_run_is_refused(cluster: str, fields: dict, needle: str) -> None:
+    plan = ParallelPlan(**{"dp": 8, "global_batch_size": 8, **fields})
+    with pytest.raises(PlanError, match=needle):
+        check_plan(plan, load_model("tiny"), load_cluster(cluster, gpus=8))
+
+
+def test_block_scaled_recipes_run_on_blackwell() -> None:
+    for precision, recipe in (("fp8", "mxfp8"), ("fp4", "nvfp4")):
+        plan = ParallelPlan(dp=8, global_batch_size=8, precision=precision, fp8_recipe=recipe)
+        check_plan(plan, load_model("tiny"), load_cluster("dgx-b200", gpus=8))
+
+
+@pytest.mark.parametrize("gpu", [g for g in preset_names("gpus") if "fp8" in load_gpu(g).peak_TFLOPS])
+@pytest.mark.parametrize("shape", [(8192, 8192, 8192), (4096, 28672, 8192), (512, 1024, 4096), (16, 128, 256)])
+def test_an_fp8_gemm_lies_between_the_bf16_gemm_and_half_of_it(gpu: str, shape: tuple[int, int, int]) -> None:
+    cost = CostModel.for_gpu(load_gpu(gpu))
+    bf16 = cost.matmul_time(*shape, "bf16")
+    for recipe in RECIPES.values():
+        if recipe.dtype != "fp8":
+            continue
+        fp8 = cost.matmul_time(*shape, "fp8", recipe.gemm_scale)
+        assert bf16 / 2 <= fp8 <= bf16, (gpu, shape, recipe.name)
+
+
+def test_only_the_stacks_gemm_groups_run_in_fp8() -> None:
+    plan = ParallelPlan(precision="fp8")
+    assert [gemm_dtype(plan, g) for g in ("attention", "mlp", "experts", "logits")] == ["fp8", "fp8", "fp8", "bf16"]
+    assert gemm_dtype(ParallelPlan(precision="fp16"), "mlp") == "fp16"
+    assert gemm_dtype(ParallelPlan(precision="fp4", fp8_recipe="nvfp4"), "mlp") == "fp4"
+
+
+def test_cast_bytes_follow_the_recipe_and_the_fusion() -> None:
+    shapes = [(1000.0, 300.0, 200.0)]  # X 1000 x 200 forward, dY 1000 x 300 backward
+    # delayed on megatron-core: the norm writes X quantised (2 copies x 1 B), dY: 1 read (2 B) + 2 copies
+    assert cast_bytes(ParallelPlan(precision="fp8"), "mlp", shapes) == (1000 * 200 * 2.0, 1000 * 300 * 4.0)
+    # tensorwise on torchtao: not fused, amax pass + cast pass (4 B) + 2 copies, both ways
+    tt = ParallelPlan(precision="fp8", stack="torchtitan")
+    assert cast_bytes(tt, "mlp", shapes) == (1000 * 200 * 6.0, 1000 * 300 * 6.0)
+    assert cast_bytes(tt, "logits", shapes) == (0.0, 0.0)
+    assert cast_bytes(ParallelPlan(), "mlp", shapes) == (0.0, 0.0)
+
+
+def test_fp8_speed_follows_the_recipe_and_the_stacks_fusion() -> None:
+    """fp8's gain on a small model is eaten by its cast traffic as the recipe and stack make it:
+    fused delayed (Megatron-Core) < unfused tensorwise (torchtitan) < unfused rowwise < bf16."""
+    m, c = load_model("llama3-8b", seq_len=1024), load_cluster("dgx-h100", gpus=8)
+    base = dict(dp=8, global_batch_size=8, zero=3)
+
+    def compute(**kw) -> float:
+        return simulate(m, c, ParallelPlan(**base, **kw)).breakdown_s["compute"]
+
+    fused = compute(precision="fp8")
+    tensor = compute(precision="fp8", stack="torchtitan")
+    row = compute(precision="fp8", stack="torchtitan", fp8_recipe="rowwise")
+    assert fused < tensor < row < compute(stack="torchtitan")
+
+
+def test_tp_overlap_hides_the_tp_collectives_down_to_one_step() -> None:
+    m, c = load_model("llama3-70b", seq_len=4096), load_cluster("dgx-h100", gpus=8)
+    base = dict(tp=8, global_batch_size=1, sequence_parallel=True, stack="megatron-bridge")
+    off = simulate(m, c, ParallelPlan(**base, tp_comm_overlap=False))
+    on = simulate(m, c, ParallelPlan(**base))
+    assert on.breakdown_s["tp_comm"] == pytest.approx(
+        off.breakdown_s["tp_comm"] / 8, rel=0.02
+    )  # GEMMs longer than comm
+    assert on.breakdown_s["compute"] == pytest.approx(off.breakdown_s["compute"])
