@@ -62,6 +62,10 @@ def check_plan_for_executor(plan: ParallelPlan, model: ModelSpec) -> None:
     """The plan rules that need no cluster, and what the executor does not implement."""
     if plan.cp > 1:
         raise PlanError("cp", "the executor does not implement context parallelism.", "use cp=1.")
+    if plan.tp_comm_overlap:
+        raise PlanError(
+            "tp_comm_overlap", "the executor does not overlap TP communication with the GEMMs.", "turn it off."
+        )
     unsupported = [
         (model.mla is not None, "mla", "multi-head latent attention"),
         (model.mtp_layers > 0, "mtp_layers", "multi-token prediction"),
@@ -141,8 +145,8 @@ def check_precision(precision: str, plan: ParallelPlan, device: str) -> str:
     if precision not in PRECISIONS:
         raise SimparError("precision", f"unknown precision {precision!r}.", f"use one of {', '.join(PRECISIONS)}.")
     chosen = (plan.precision if device == "cuda" else "fp32") if precision == "auto" else precision
-    if chosen == "fp8":
-        raise PlanError("precision", "the executor does not run fp8.", "pass --precision bf16 (or fp16).")
+    if chosen in ("fp8", "fp4"):
+        raise PlanError("precision", f"the executor does not run {chosen}.", "pass --precision bf16 (or fp16).")
     return chosen
 
 

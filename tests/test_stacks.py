@@ -143,3 +143,14 @@ def test_tp_overlap_hides_the_tp_collectives_down_to_one_step() -> None:
         off.breakdown_s["tp_comm"] / 8, rel=0.02
     )  # GEMMs longer than comm
     assert on.breakdown_s["compute"] == pytest.approx(off.breakdown_s["compute"])
+
+
+def test_the_executor_refuses_what_it_does_not_run() -> None:
+    from simpar.executor.checks import check_plan_for_executor, check_precision
+
+    plan = ParallelPlan(tp=2, sequence_parallel=True, stack="megatron-bridge", global_batch_size=2)
+    assert plan.tp_comm_overlap
+    with pytest.raises(PlanError, match="does not overlap TP communication"):
+        check_plan_for_executor(plan, load_model("tiny"))
+    with pytest.raises(PlanError, match="does not run fp4"):
+        check_precision("auto", ParallelPlan(precision="fp4"), "cuda")
