@@ -210,21 +210,19 @@ class _Bar:
 
 def _check_stack(space, gpu) -> None:
     """An unknown stack, or a recipe the stack or GPU cannot run, fails the sweep before the search
-    (every plan would be refused for it)."""
+    (every plan would be refused for it). The plan's own defaults decide the recipe."""
+    from simpar.sim.plan import ParallelPlan
     from simpar.sim.specs.recipes import recipe_problem
     from simpar.sim.specs.stack import load_stack
 
     stack = load_stack(space.stack)
-    recipe = space.fp8_recipe
-    if recipe is None and space.precision in ("fp8", "fp4"):
-        recipe = stack.fp8_default if space.precision == "fp8" else "nvfp4"
-    problem = recipe_problem(space.precision, recipe, stack, gpu)
+    given = {"fp8_recipe": space.fp8_recipe} if space.fp8_recipe else {}
+    plan = ParallelPlan(precision=space.precision, stack=space.stack, **given)
+    if plan.fp8_recipe is not None and plan.precision not in ("fp8", "fp4"):
+        raise SimparError("fp8_recipe", f"a {plan.precision} sweep has no fp8 recipe.", "drop --fp8-recipe or use fp8.")
+    problem = recipe_problem(plan.precision, plan.fp8_recipe, stack, gpu)
     if problem is not None:
-        raise SimparError("fp8_recipe" if recipe else "precision", *problem)
-    if recipe is not None and space.precision not in ("fp8", "fp4"):
-        raise SimparError(
-            "fp8_recipe", f"a {space.precision} sweep has no fp8 recipe.", "drop --fp8-recipe or use fp8."
-        )
+        raise SimparError("fp8_recipe" if plan.fp8_recipe else "precision", *problem)
 
 
 @click.command("sweep")

@@ -154,3 +154,17 @@ def test_the_executor_refuses_what_it_does_not_run() -> None:
         check_plan_for_executor(plan, load_model("tiny"))
     with pytest.raises(PlanError, match="does not run fp4"):
         check_precision("auto", ParallelPlan(precision="fp4"), "cuda")
+
+
+@pytest.mark.parametrize(
+    ("flags", "needle"),
+    [
+        (["--precision", "fp8", "--fp8-recipe", "mxfp8"], "cannot run block-scaled mxfp8"),
+        (["--stack", "nope"], "unknown preset 'nope'"),
+        (["--fp8-recipe", "delayed"], "a bf16 sweep has no fp8 recipe"),
+    ],
+)
+def test_a_sweep_refuses_a_stack_or_recipe_before_the_search(tmp_path: Path, flags: list[str], needle: str) -> None:
+    args = ["sweep", "--model", "tiny", "--cluster", "dgx-h100", "--gpus", "8", "--gbs", "16", "--out", str(tmp_path)]
+    res = CliRunner().invoke(cli, [*args, *flags])
+    assert res.exit_code == 2 and needle in res.output
