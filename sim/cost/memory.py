@@ -14,7 +14,7 @@ sbh(34/t + 5as/ht), ... ; full recompute stores the layer input 2sbh only).
 
 These formulas count what 16-bit mixed-precision training on a GPU stores; `MemoryConventions`
 (bytes per activation element, framework overhead, fragmentation) is the model's parameter for
-another runtime: `GPU_MIXED_PRECISION` by default, `EXECUTOR_CPU` for the executor's fp32 runs.
+another runtime: the plan's stack's by default (`stack_conventions`), `EXECUTOR_CPU` for the executor's fp32 runs.
 
 The activation peak of a pipeline rank comes from its schedule (`alive.plan_profile`).
 """
@@ -29,6 +29,7 @@ from ..plan import ParallelPlan, ZeroPolicy
 from ..schedules import peak_activation_units, peak_inflight, schedule_for_plan
 from ..schedules.lower import MAX_ACTIVE_STAGES
 from ..specs import GPUSpec, ModelSpec
+from ..specs.stack import load_stack
 from ..units import GiB
 from .alive import plan_profile
 from .moe import moe_mlp_activation_bytes
@@ -36,11 +37,6 @@ from .params import rank_expert_params, rank_params, stage_kinds
 
 #: fp32 master weights + Adam first and second moments (ZeRO paper, K = 12).
 OPTIMIZER_BYTES_PER_PARAM = 12
-#: Framework overhead per GPU: CUDA context and cuBLAS/cuDNN workspaces (~0.5 GiB on A100/H100 with
-#: PyTorch 2.x) plus NCCL channel buffers (~0.5 GiB for a few communicators). An estimate, stated here.
-FRAMEWORK_OVERHEAD_BYTES = 1.0 * GiB
-#: Caching-allocator fragmentation, as a fraction of activation bytes (an estimate, stated here).
-FRAGMENTATION = 0.05
 
 
 @dataclass(frozen=True)
@@ -53,9 +49,9 @@ class MemoryConventions:
     the model. ``fragmentation``: the caching allocator's waste, a fraction of activation bytes.
     Model states do not depend on them (16 bytes per parameter with Adam either way)."""
 
-    activation_element_bytes: int = 2
-    framework_overhead_bytes: float = FRAMEWORK_OVERHEAD_BYTES
-    fragmentation: float = FRAGMENTATION
+    activation_element_bytes: int
+    framework_overhead_bytes: float
+    fragmentation: float
 
     @property
     def activation_scale(self) -> float:
@@ -63,8 +59,13 @@ class MemoryConventions:
         return self.activation_element_bytes / 2
 
 
-#: 16-bit mixed-precision training on a GPU: what the formulas above describe.
-GPU_MIXED_PRECISION = MemoryConventions()
+def stack_conventions(plan: ParallelPlan) -> MemoryConventions:
+    """16-bit mixed-precision training on a GPU (what the formulas above describe), with the
+    framework overhead and fragmentation of the plan's stack (`specs.stack.StackMemory`)."""
+    mem = load_stack(plan.stack).memory
+    return MemoryConventions(2, mem.overhead_bytes, mem.fragmentation)
+
+
 #: The executor on a CPU (executor/measure.py reports state bytes plus the profiler's peak of net
 #: allocations): fp32 activations, so every activation figure doubles (masks and logits included,
 #: as a convention); no CUDA context or NCCL buffers; no caching allocator, so no fragmentation.
@@ -182,7 +183,7 @@ class MemoryReport:
 
     ranks: tuple[RankMemory, ...]
     capacity: float
-    conventions: MemoryConventions = GPU_MIXED_PRECISION
+    conventions: MemoryConventions
 
     @property
     def fits(self) -> bool:
@@ -244,7 +245,7 @@ def rank_memory(
     transient: float,
     inflight: float = 0.0,
     zero3_unsharded: float | None = None,
-    conventions: MemoryConventions = GPU_MIXED_PRECISION,
+    conventions: MemoryConventions | None = None,
     expert_psi: float = 0.0,
 ) -> RankMemory:
     """Peak memory of one GPU of pipeline rank ``rank`` holding ``psi`` parameters (its stages hold
@@ -276,6 +277,7 @@ def rank_memory(
         else:
             gather = 2.0 * sum(sorted(stage_params, reverse=True)[:MAX_ACTIVE_STAGES])
         grads = 2.0 * psi
+    conventions = conventions or stack_conventions(plan)
     scale = conventions.activation_scale
     acts, transient = scale * acts, scale * transient
     overhead = conventions.framework_overhead_bytes
@@ -308,7 +310,7 @@ def memory_report(
     inflight: Sequence[float] | None = None,
     activation_peak: Sequence[float] | None = None,
     zero3_unsharded: Sequence[float] | None = None,
-    conventions: MemoryConventions = GPU_MIXED_PRECISION,
+    conventions: MemoryConventions | None = None,
 ) -> MemoryReport:
     """Peak memory per pipeline rank of ``plan`` on ``gpu``, under ``conventions``.
 
@@ -322,6 +324,7 @@ def memory_report(
         prof = plan_profile(plan)
         inflight = prof.inflight if inflight is None else inflight
         activation_peak = prof.peaks(stage_activations(m, plan)) if activation_peak is None else activation_peak
+    conventions = conventions or stack_conventions(plan)
     return _report(m, plan, gpu.hbm_bytes, inflight, activation_peak, zero3_unsharded, conventions)
 
 

@@ -64,10 +64,10 @@ def gemm_dtype(plan: ParallelPlan, group: str) -> str:
 def cast_bytes(plan: ParallelPlan, group: str, shapes: Sequence[tuple[float, float, float]]) -> tuple[float, float]:
     """(forward, backward) quantisation bytes of one layer group's GEMMs of (m, n, k) shapes for one
     micro-batch: X (m x k) forward, dY (m x n) backward (module docstring)."""
-    recipe = recipe_of(plan)
-    if recipe is None or group not in stack_of(plan).fp8_gemms:
+    recipe, stack = recipe_of(plan), stack_of(plan)
+    if recipe is None or group not in stack.fp8_gemms:
         return 0.0, 0.0
-    fused = stack_of(plan).fp8_fused_casts
+    fused = stack.fp8_fused_casts
     fwd = sum(recipe.cast_bytes(m * k, fused) for m, _n, k in shapes)
     bwd = sum(recipe.cast_bytes(m * n, False) for m, n, _k in shapes)
     return fwd, bwd

@@ -4,7 +4,7 @@ A stack file (``topologies/stacks/<name>.yaml``, or a user's YAML file) describe
 it runs a plan on GPUs: which GEMMs it runs in fp8 and with which scaling recipe by default,
 whether its quantisation casts are fused into the kernels that produce their inputs, whether it can
 overlap tensor-parallel communication with the GEMMs, whether its attention stores the scores, and
-how much memory it holds outside the model and how it reports its peak. Every value has its source
+how much memory it holds outside the model. Every value has its source
 in the file's ``sources`` (one entry per field). The GPU's own figures (kernel efficiencies) are
 never here: they are the GPU preset's and its calibration's.
 
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -35,7 +34,7 @@ _STRICT = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class StackMemory(BaseModel):
-    """What a stack holds outside the model and how it reports its peak memory."""
+    """What a stack holds outside the model (`cost.memory.stack_conventions` uses it)."""
 
     model_config = _STRICT
 
@@ -43,9 +42,6 @@ class StackMemory(BaseModel):
         ge=0, description="per GPU outside the model: CUDA context, library workspaces, NCCL buffers"
     )
     fragmentation: float = Field(ge=0, le=1, description="caching-allocator waste, a fraction of activation bytes")
-    reported: Literal["allocated", "reserved", "nvidia-smi"] = Field(
-        description="what the stack's logs print as peak memory: torch max allocated, max reserved, or nvidia-smi"
-    )
 
     @property
     def overhead_bytes(self) -> float:

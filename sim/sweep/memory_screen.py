@@ -17,6 +17,7 @@ from ..cost.memory import (
     MemoryReport,
     rank_memory,
     recompute_transient_bytes,
+    stack_conventions,
     stage_activations,
 )
 from ..cost.params import rank_expert_params, rank_params
@@ -90,6 +91,7 @@ class MemoryScreen:
         weights, transient = self._activations(plan)
         peaks, inflight = self._alive(plan, weights)
         cap = self.gpu.hbm_bytes
+        conventions = stack_conventions(plan)
         ranks = tuple(
             rank_memory(
                 self.m,
@@ -102,8 +104,9 @@ class MemoryScreen:
                 float(peaks[r]),
                 transient,
                 float(inflight[r]),
+                conventions=conventions,
                 expert_psi=experts[r],
             )
             for r, psi in enumerate(psis)
         )
-        return MemoryReport(ranks, cap)
+        return MemoryReport(ranks, cap, conventions)
