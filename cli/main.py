@@ -24,6 +24,7 @@ COMMANDS: dict[str, str] = {
     "calibrate": "Measure the device and write a calibration file for --calibration.",
     "collective": "Predicted nccl-tests table for one collective over all GPUs of a cluster.",
     "compare": "Per rank and action kind: simulated and measured mean time and their difference.",
+    "nccl": "Predicted vs measured nccl-tests rows of a CSV: busbw, time, the algorithm simpar chose.",
     "memory": "Peak memory per pipeline rank: weights, grads, optimizer, activations, other.",
     "report": "Rebuild a sweep's report from DIRECTORY/results.csv and DIRECTORY/sweep.json.",
     "run": "Run PLAN's training steps with torch (torchrun, one process per GPU) and measure them.",

@@ -25,6 +25,8 @@ def memory_json(rep: MemoryReport) -> dict:
         "capacity_gib": g(rep.capacity),
         "worst_rank": rep.peak.pipeline_rank,
         "over_by_gib": g(max(0.0, rep.over_by)),
+        "reports": rep.conventions.reports,
+        "reported_peak_gib": g(rep.reported_peak()),
         "ranks": [
             {
                 "pipeline_rank": r.pipeline_rank,
@@ -35,6 +37,8 @@ def memory_json(rep: MemoryReport) -> dict:
                 "activations_gib": g(r.activations),
                 "other_gib": g(r.other),
                 "total_gib": g(r.total),
+                "allocated_gib": g(r.reported("allocated")),
+                "reserved_gib": g(r.reported("reserved")),
                 "fits": r.fits,
                 "inflight_microbatches": r.inflight,
                 "detail_gib": {k: g(v) for k, v in sorted(r.detail.items())},
@@ -76,4 +80,11 @@ def memory(as_json: bool, **kw) -> None:
         for r in rep.ranks
     ]
     print_table(title, ["pp rank", "weights", "grads", "optimizer", "activations", "other", "total", "fits"], rows)
+    pk = rep.peak
+    click.echo(
+        f"pipeline rank {pk.pipeline_rank}: allocated {pk.reported('allocated') / GiB:.2f} GiB (live tensors),"
+        f" reserved {pk.reported('reserved') / GiB:.2f} (+ the allocator's cache), total {pk.total / GiB:.2f}"
+        f" (+ context outside the allocator: what must fit, as nvidia-smi shows it); stack {p.stack} reports"
+        f" {rep.conventions.reports}."
+    )
     click.echo(rep.verdict())

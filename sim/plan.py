@@ -27,7 +27,7 @@ from .choices import SCHEDULES as SCHEDULES
 from .errors import PlanError
 from .specs import ClusterSpec, ModelSpec
 from .specs.recipes import recipe_problem
-from .specs.stack import DEFAULT_STACK, load_stack
+from .specs.stack import DEFAULT_STACK, load_stack, op_level_problem
 
 #: Schedules whose stages are split into I (input grad) and W (weight grad).
 SPLIT_BACKWARD = frozenset({"zb-h1", "zb-h2", "zb-1p", "zb-2p", "zb-v"})
@@ -309,11 +309,11 @@ def check_plan(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec, num_g
         )
     _check_schedule(plan)
     _check_split(plan, model)
-    _check_stack(plan, cluster)
+    _check_stack(plan, model, cluster)
     _check_experts(plan, model)
 
 
-def _check_stack(plan: ParallelPlan, cluster: ClusterSpec) -> None:
+def _check_stack(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec) -> None:
     """The stack-decided fields: the low-precision recipe on this stack and GPU, TP overlap."""
     stack = load_stack(plan.stack)
     if plan.fp8_recipe is not None and plan.precision not in ("fp8", "fp4"):
@@ -321,6 +321,14 @@ def _check_stack(plan: ParallelPlan, cluster: ClusterSpec) -> None:
     problem = recipe_problem(plan.precision, plan.fp8_recipe, stack, cluster.gpu)
     if problem is not None:
         raise PlanError("fp8_recipe", *problem)
+    if plan.recompute == "selective" and stack.selective_recompute == "op-level":
+        what = op_level_problem(model)
+        if what is not None:
+            raise PlanError(
+                "recompute",
+                f"stack {stack.name}'s op-level selective recompute is not modelled for {what}.",
+                "use --recompute full or none, or a stack with attention-core selective recompute.",
+            )
     if plan.tp_comm_overlap:
         if not stack.tp_comm_overlap_supported:
             raise PlanError("tp_comm_overlap", f"stack {stack.name} cannot overlap TP communication.", "turn it off.")

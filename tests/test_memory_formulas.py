@@ -15,7 +15,7 @@ from simpar.sim.cost.memory import (
     model_state_bytes,
     restated,
 )
-from simpar.sim.plan import ParallelPlan
+from simpar.sim.plan import ParallelPlan, ZeroPolicy
 from simpar.sim.specs import load_cluster, load_model
 from simpar.sim.specs.model import ModelSpec
 
@@ -89,11 +89,19 @@ def test_all_kinds_covered() -> None:
     ],
 )
 def test_executor_cpu_conventions_double_activations_and_drop_overheads(kw) -> None:
-    """Under `EXECUTOR_CPU` a rank holds its model states, twice its activations (fp32 elements, the
-    recompute transient included) and its ZeRO-3 gather buffers: no framework overhead, no fragmentation."""
+    """Under `EXECUTOR_CPU` a rank holds fp32 model states (4-byte weights and gradients, Adam's 8
+    bytes of moments, sharded by ZeRO stage), twice its activations (fp32 elements, the recompute
+    transient included) and its ZeRO-3 gather buffers: no context, no fragmentation."""
     model, gpu = load_model("gpt-1.7b"), load_cluster("dgx-a100-80g", gpus=16).gpu
     plan = ParallelPlan(**{"micro_batch_size": 1, "global_batch_size": 64, **kw})
     gpu_rep = memory_report(model, plan, gpu)
-    want = [r.weights + r.grads + r.optimizer + 2.0 * r.activations + r.detail["zero3_gather"] for r in gpu_rep.ranks]
-    assert [r.total for r in restated(gpu_rep, model, plan, EXECUTOR_CPU).ranks] == want
-    assert [r.total for r in memory_report(model, plan, gpu, conventions=EXECUTOR_CPU).ranks] == want
+    nd, z = plan.zero_shards, plan.zero
+
+    def states(p: float) -> float:
+        grads = 4 * p if plan.zero_policy is ZeroPolicy.PER_UNSHARD else 4 * p / (nd if z >= 2 else 1)
+        return 4 * p / (nd if z >= 3 else 1) + grads + 8 * p / (nd if z >= 1 else 1)
+
+    want = [states(r.params) + 2.0 * r.activations + r.detail["zero3_gather"] for r in gpu_rep.ranks]
+    assert [r.total for r in restated(gpu_rep, model, plan, EXECUTOR_CPU).ranks] == pytest.approx(want, rel=1e-12)
+    cpu = memory_report(model, plan, gpu, conventions=EXECUTOR_CPU)
+    assert [r.total for r in cpu.ranks] == pytest.approx(want, rel=1e-12)

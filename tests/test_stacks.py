@@ -17,6 +17,7 @@ from simpar.sim.plan import ParallelPlan, check_plan
 from simpar.sim.specs import load_cluster, load_gpu, load_model, preset_names
 from simpar.sim.specs.recipes import RECIPES
 from simpar.sim.specs.stack import load_stack, stack_names
+from simpar.sim.units import GiB
 
 STACKS = stack_names()
 
@@ -168,3 +169,102 @@ def test_a_sweep_refuses_a_stack_or_recipe_before_the_search(tmp_path: Path, fla
     args = ["sweep", "--model", "tiny", "--cluster", "dgx-h100", "--gpus", "8", "--gbs", "16", "--out", str(tmp_path)]
     res = CliRunner().invoke(cli, [*args, *flags])
     assert res.exit_code == 2 and needle in res.output
+
+
+# --- what each stack keeps in memory and how it reports it ---------------------------------
+def _mem_plan(**kw):
+    base = dict(dp=8, micro_batch_size=1, global_batch_size=8, schedule="none")
+    return ParallelPlan(**{**base, **kw})
+
+
+def test_megatron_bf16_keeps_fp32_gradients_as_its_docs_count():
+    """Megatron-LM dist_optimizer.md: bf16 params with fp32 grads, 18 bytes per parameter without the
+    distributed optimizer and 6 + 12/d with it; fp16 params and grads, 16 while the fp32 gradient copy
+    of the step is not alive."""
+    from simpar.sim.cost.memory import stack_conventions, stack_state_bytes
+
+    psi, d = 1e9, 8
+    bf16 = stack_conventions(_mem_plan(precision="bf16")).states
+    assert sum(stack_state_bytes(psi, 0, d, bf16)) == pytest.approx(18 * psi)
+    assert sum(stack_state_bytes(psi, 1, d, bf16)) == pytest.approx((6 + 12 / d) * psi)
+    fp16 = stack_conventions(_mem_plan(precision="fp16")).states
+    assert sum(stack_state_bytes(psi, 0, d, fp16)) == pytest.approx(16 * psi)
+
+
+def test_fsdp_stacks_keep_fp32_sharded_parameters_as_the_master():
+    from simpar.sim.cost.memory import stack_conventions, stack_state_bytes
+
+    psi, d = 1e9, 8
+    for stack in ("torchtitan", "llm-foundry"):
+        sb = stack_conventions(_mem_plan(zero=3, stack=stack)).states
+        assert sum(stack_state_bytes(psi, 3, d, sb)) == pytest.approx(16 * psi / d)
+        assert sb.master == 0 and sb.weights == 4
+
+
+def test_gradient_reduction_bytes_come_from_the_stack():
+    from simpar.sim.engine.iteration import grad_bytes_per_param
+
+    assert grad_bytes_per_param(_mem_plan(precision="bf16")) == 4
+    assert grad_bytes_per_param(_mem_plan(precision="fp16")) == 2
+    assert grad_bytes_per_param(_mem_plan(stack="llm-foundry", zero=3)) == 2  # mixed_precision PURE
+
+
+def test_reported_memory_is_what_the_stack_prints():
+    """allocated <= reserved <= device (the total that must fit); the report's printed peak is the
+    stack's metric, and the fits verdict is always on the device total."""
+    from simpar.sim.cost.memory import memory_report
+
+    model, gpu = load_model("llama3-8b"), load_cluster("dgx-h100", gpus=8).gpu
+    for stack, metric in (("megatron-core", "allocated"), ("torchtitan", "reserved"), ("deepspeed", "device")):
+        rep = memory_report(model, _mem_plan(zero=3 if stack == "torchtitan" else 1, stack=stack), gpu)
+        r = rep.peak
+        assert r.reported("allocated") < r.reported("reserved") < r.reported("device") == r.total
+        assert r.reported("device") - r.reported("reserved") == pytest.approx(1.0 * GiB)
+        assert rep.conventions.reports == metric
+        assert rep.reported_peak() == pytest.approx(r.reported(metric))
+    with pytest.raises(ValueError, match="unknown memory metric"):
+        rep.peak.reported("nvidia")
+
+
+def test_op_level_selective_stores_less_and_recomputes_matmuls():
+    """torchtitan's op-level selective checkpointing keeps the block input, every other matmul
+    output (q, v, w1, w2 of a Llama block), attention's output and log-sum-exp: for Llama-3-8B at
+    tp 1 that is (2 + 2 + 2g + 2 + 2) sbh + 2 sbf + 4 asb bytes (g = kv/q width)."""
+    from simpar.sim.cost.compute import CostModel
+    from simpar.sim.cost.memory import layer_activation_bytes
+
+    m = load_model("llama3-8b")
+    tt = _mem_plan(zero=3, stack="torchtitan", recompute="selective", micro_batch_size=2, global_batch_size=16)
+    mc = _mem_plan(zero=3, recompute="selective", micro_batch_size=2, global_batch_size=16)
+    s, b, h, f, a = m.seq_len, 2, m.hidden, m.ffn, m.heads
+    g = m.kv_heads / m.heads
+    want = (8 + 2 * g) * s * b * h + 2 * s * b * f + 4 * a * s * b
+    assert layer_activation_bytes(m, tt) == pytest.approx(want)
+    assert layer_activation_bytes(m, tt) < 0.6 * layer_activation_bytes(m, mc)
+    cost = CostModel.for_gpu(load_cluster("dgx-h100", gpus=8).gpu)
+    lt_tt, lt_mc = cost.layer_times(m, tt), cost.layer_times(m, mc)
+    assert lt_tt.op_level_f is not None and lt_mc.op_level_f is None
+    assert lt_mc.selective_f == lt_mc.attn_f
+    assert 0 < lt_tt.selective_f < lt_tt.f
+
+
+def test_op_level_selective_is_refused_where_its_order_is_unknown():
+    from simpar.sim.errors import PlanError
+    from simpar.sim.plan import check_plan
+
+    m = load_model("deepseek-v3")
+    c = load_cluster("dgx-h100", gpus=64)
+    p = ParallelPlan(
+        dp=64, micro_batch_size=1, global_batch_size=64, schedule="none", stack="torchtitan", recompute="selective"
+    )
+    with pytest.raises(PlanError, match="op-level selective recompute is not modelled for multi-head latent"):
+        check_plan(p, m, c)
+
+
+def test_unfused_cross_entropy_keeps_more_logit_bytes():
+    from simpar.sim.cost.memory import stage_activation_bytes
+
+    m = load_model("llama3-8b")
+    a = stage_activation_bytes(m, _mem_plan(zero=3, stack="torchtitan", recompute="full"), 0)
+    b = stage_activation_bytes(m, _mem_plan(zero=3, recompute="full"), 0)
+    assert a - b == pytest.approx((12 - 4) * m.seq_len * m.vocab)

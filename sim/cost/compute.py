@@ -37,6 +37,7 @@ from ..plan import ParallelPlan
 from ..specs import GPUSpec, ModelSpec
 from ..specs.calibration import Calibration, EfficiencyParams, default_calibration
 from .precision import cast_bytes, gemm_dtype, recipe_of
+from .recompute import block_linears, selective_mode
 from .tables import MeasuredTables
 
 #: FlashAttention's query/key block (FA2 forward, 128 on A100/H100): the diagonal blocks of a
@@ -83,7 +84,7 @@ class PassTimes:
     f: float
     i: float
     w: float
-    attn_f: float = 0.0  # attention-core forward part of f (what selective recompute re-runs)
+    attn_f: float = 0.0  # attention-core forward part of f
     #: the routed experts' part of f, i, w (their grouped GEMMs, permutation and unpermutation):
     #: charged to expert_compute instead of compute
     expert_f: float = 0.0
@@ -93,10 +94,18 @@ class PassTimes:
     #: TP-communication overlap hides the TP collectives under (0 for a measured layer: no split)
     tp_gemm_f: float = 0.0
     tp_gemm_b: float = 0.0
+    #: what selective recompute re-runs when it is not the attention core (`recompute.selective_mode`)
+    op_level_f: float | None = None
 
     @property
     def b(self) -> float:
         return self.i + self.w
+
+    @property
+    def selective_f(self) -> float:
+        """Seconds of forward work selective recompute re-runs: the attention core, or under
+        op-level checkpointing the unsaved matmuls and the element-wise work."""
+        return self.attn_f if self.op_level_f is None else self.op_level_f
 
 
 def attention_shapes(m: ModelSpec, plan: ParallelPlan, tokens: float) -> list[tuple[float, float, float]]:
@@ -238,7 +247,11 @@ class CostModel:
         f_time = max(fwd_mm + attn_f + ew_f, launch)
         i_time = max(i_mm + attn_b + 2 * ew_f, 2 * launch)
         w_time = max(w_mm, launch)
-        return PassTimes(f_time, i_time, w_time, attn_f, tp_gemm_f=fwd_mm, tp_gemm_b=i_mm + w_mm)
+        op_level = None
+        if selective_mode(plan) == "op-level" and not kind.moe:
+            unsaved = [lin for lin in block_linears(m, plan, tokens) if not lin.saved]
+            op_level = ew_f + sum(self.linear_times(plan, lin.group, [lin.shape])[0] for lin in unsaved)
+        return PassTimes(f_time, i_time, w_time, attn_f, tp_gemm_f=fwd_mm, tp_gemm_b=i_mm + w_mm, op_level_f=op_level)
 
     def logits_times(self, m: ModelSpec, plan: ParallelPlan) -> PassTimes:
         """Final norm, output projection (vocab split over tp) and cross-entropy."""

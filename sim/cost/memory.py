@@ -13,8 +13,13 @@ GPT with ffn = 4h they reduce exactly to the paper's sbh(34 + 5as/h), sbh(10 + 2
 sbh(34/t + 5as/ht), ... ; full recompute stores the layer input 2sbh only).
 
 These formulas count what 16-bit mixed-precision training on a GPU stores; `MemoryConventions`
-(bytes per activation element, framework overhead, fragmentation) is the model's parameter for
-another runtime: the plan's stack's by default (`stack_conventions`), `EXECUTOR_CPU` for the executor's fp32 runs.
+(bytes per activation element, model-state bytes, context outside the allocator, fragmentation, and
+what the runtime's memory figure counts) is the model's parameter for a runtime: the plan's stack's
+by default (`stack_conventions`), `EXECUTOR_CPU` for the executor's fp32 runs.
+
+A rank's total is what must fit in the GPU (`RankMemory.total`, the device's view); a framework's
+printed figure (`RankMemory.reported`) is allocated (live tensors), reserved (plus the allocator's
+cache) or device (plus the context), as its stack says.
 
 The activation peak of a pipeline rank comes from its schedule (`alive.plan_profile`).
 """
@@ -29,29 +34,38 @@ from ..plan import ParallelPlan, ZeroPolicy
 from ..schedules import peak_activation_units, peak_inflight, schedule_for_plan
 from ..schedules.lower import MAX_ACTIVE_STAGES
 from ..specs import GPUSpec, ModelSpec
-from ..specs.stack import load_stack
+from ..specs.stack import MEMORY_METRICS, StateBytes, load_stack
 from ..units import GiB
 from .alive import plan_profile
 from .moe import moe_mlp_activation_bytes
 from .params import rank_expert_params, rank_params, stage_kinds
+from .recompute import op_level_stored_bytes, selective_mode
 
 #: fp32 master weights + Adam first and second moments (ZeRO paper, K = 12).
 OPTIMIZER_BYTES_PER_PARAM = 12
+#: Adam's two fp32 moments per parameter (Kingma & Ba 2015): the optimizer's own state, beside the
+#: stack's master copies (`StateBytes.master`).
+ADAM_MOMENT_BYTES = 8
 
 
 @dataclass(frozen=True)
 class MemoryConventions:
-    """How the runtime being modelled stores what the formulas count (16-bit activation elements,
-    1-byte dropout masks, fp32 logits: mixed-precision training).
+    """How the runtime being modelled stores what the formulas count, and what its memory figure is.
 
     ``activation_element_bytes``: bytes of a stored activation element; every activation figure,
-    stored or recompute transient, scales by it / 2. ``framework_overhead_bytes``: per GPU, outside
-    the model. ``fragmentation``: the caching allocator's waste, a fraction of activation bytes.
-    Model states do not depend on them (16 bytes per parameter with Adam either way)."""
+    stored or recompute transient, scales by it / 2 (the formulas count 16-bit elements, 1-byte
+    dropout masks, fp32 logits). ``states``: model-state bytes per parameter (`StateBytes`).
+    ``context_bytes``: per GPU outside torch's caching allocator (CUDA context, NCCL buffers).
+    ``fragmentation``: the caching allocator's cache beyond the live tensors, a fraction of
+    activation bytes. ``reports``: what the runtime's memory figure counts (`MEMORY_METRICS`).
+    ``fp8_weight_cache``: an fp8 copy of each weight is kept between micro-batches."""
 
     activation_element_bytes: int
-    framework_overhead_bytes: float
+    states: StateBytes
+    context_bytes: float
     fragmentation: float
+    reports: str = "allocated"
+    fp8_weight_cache: bool = False
 
     @property
     def activation_scale(self) -> float:
@@ -60,25 +74,42 @@ class MemoryConventions:
 
 
 def stack_conventions(plan: ParallelPlan) -> MemoryConventions:
-    """16-bit mixed-precision training on a GPU (what the formulas above describe), with the
-    framework overhead and fragmentation of the plan's stack (`specs.stack.StackMemory`)."""
-    mem = load_stack(plan.stack).memory
-    return MemoryConventions(2, mem.overhead_bytes, mem.fragmentation)
+    """16-bit mixed-precision training on a GPU (what the formulas above describe) as the plan's
+    stack keeps it (`specs.stack.StackSpec`: its state bytes, context, fragmentation, what it reports)."""
+    stack = load_stack(plan.stack)
+    mem = stack.memory
+    return MemoryConventions(
+        2, stack.states_for(plan.precision), mem.context_bytes, mem.fragmentation, mem.reports, stack.fp8_weight_cache
+    )
 
 
 #: The executor on a CPU (executor/measure.py reports state bytes plus the profiler's peak of net
-#: allocations): fp32 activations, so every activation figure doubles (masks and logits included,
-#: as a convention); no CUDA context or NCCL buffers; no caching allocator, so no fragmentation.
-#: Model states are unchanged: 4+4+8 bytes per parameter for fp32 Adam, 2+2+12 for mixed precision.
-EXECUTOR_CPU = MemoryConventions(activation_element_bytes=4, framework_overhead_bytes=0.0, fragmentation=0.0)
+#: allocations): fp32 training, so every activation figure doubles (masks and logits included, as a
+#: convention) and the states are fp32 weights and gradients beside Adam's moments; no CUDA context
+#: or NCCL buffers; no caching allocator, so no fragmentation.
+EXECUTOR_CPU = MemoryConventions(
+    activation_element_bytes=4,
+    states=StateBytes(weights=4, grads=4, master=0, reduce=4),
+    context_bytes=0.0,
+    fragmentation=0.0,
+)
 
 
-def model_state_bytes(psi: float, zero: int, nd: int, k: int = OPTIMIZER_BYTES_PER_PARAM) -> tuple[float, float, float]:
-    """(weights, gradients, optimizer) bytes for psi parameters (ZeRO paper Table 1)."""
-    weights = 2 * psi / (nd if zero >= 3 else 1)
-    grads = 2 * psi / (nd if zero >= 2 else 1)
-    opt = k * psi / (nd if zero >= 1 else 1)
-    return weights, grads, opt
+def model_state_bytes(
+    psi: float, zero: int, nd: int, weights: float = 2, grads: float = 2, optimizer: float = OPTIMIZER_BYTES_PER_PARAM
+) -> tuple[float, float, float]:
+    """(weights, gradients, optimizer) bytes for psi parameters kept at the given bytes per
+    parameter (default: the ZeRO paper's 2 + 2 + K = 12), sharded over nd by ZeRO stage (Table 1)."""
+    return (
+        weights * psi / (nd if zero >= 3 else 1),
+        grads * psi / (nd if zero >= 2 else 1),
+        optimizer * psi / (nd if zero >= 1 else 1),
+    )
+
+
+def stack_state_bytes(psi: float, zero: int, nd: int, states: StateBytes) -> tuple[float, float, float]:
+    """`model_state_bytes` as a stack keeps them, with Adam's moments beside its master copies."""
+    return model_state_bytes(psi, zero, nd, states.weights, states.grads, states.master + ADAM_MOMENT_BYTES)
 
 
 def layer_activation_bytes(
@@ -100,6 +131,8 @@ def layer_activation_bytes(
         # itself split over the sequence (Megatron and torchtitan checkpoint the [s/t, b, h] block
         # input), so 2sbh/t; without it the paper's 2sbh/t variant (an extra all-gather) is not used.
         return 2 * sbh / (t if plan.sequence_parallel else 1)
+    if recompute == "selective" and load_stack(plan.stack).selective_recompute == "op-level":
+        return op_level_stored_bytes(m, plan)  # check_plan refuses MLA and MoE models here
     g = m.kv_ratio
     drop = 1 if m.has_dropout else 0
     # Replicated across tensor-parallel ranks unless sequence parallelism splits them:
@@ -143,8 +176,10 @@ def stage_activation_bytes(m: ModelSpec, plan: ParallelPlan, stage: int) -> floa
     if stage == 0 and m.has_dropout:
         total += s * b * h / sp_div  # embedding dropout mask
     if stage == plan.num_stages - 1:
-        # final norm input, output-projection input (16-bit), fp32 logits for the loss (Korthikanti §4.3)
-        total += 2 * s * b * h / sp_div + 2 * s * b * h + 4 * s * b * m.vocab / t
+        # final norm input, output-projection input (16-bit), and the loss's logits when its backward
+        # starts: Megatron's fused cross entropy keeps the fp32 softmax (4 bytes, Korthikanti §4.3)
+        per_logit = load_stack(plan.stack).loss_bytes_per_logit
+        total += 2 * s * b * h / sp_div + 2 * s * b * h + per_logit * s * b * m.vocab / t
     return total
 
 
@@ -163,7 +198,7 @@ class RankMemory:
     grads: float
     optimizer: float
     activations: float
-    other: float  # ZeRO-3 gather buffers, framework overhead, fragmentation
+    other: float  # ZeRO-3 gather buffers, context outside the allocator, fragmentation
     capacity: float
     inflight: float = 0.0  # stage-microbatch activation sets alive at the peak
     detail: dict[str, float] = field(default_factory=dict)
@@ -175,6 +210,19 @@ class RankMemory:
     @property
     def fits(self) -> bool:
         return self.total <= self.capacity
+
+    def reported(self, metric: str) -> float:
+        """The figure a framework prints (`MEMORY_METRICS`): ``device`` is the total (nvidia-smi),
+        ``reserved`` leaves out the context outside torch's allocator, ``allocated`` also the
+        allocator's cache (fragmentation)."""
+        if metric not in MEMORY_METRICS:
+            raise ValueError(f"unknown memory metric {metric!r}; use {', '.join(MEMORY_METRICS)}")
+        out = self.total
+        if metric != "device":
+            out -= self.detail.get("context", 0.0)
+        if metric == "allocated":
+            out -= self.detail.get("fragmentation", 0.0)
+        return out
 
 
 @dataclass(frozen=True)
@@ -194,6 +242,12 @@ class MemoryReport:
     def peak(self) -> RankMemory:
         """The rank needing the most memory (the lowest such rank on a tie)."""
         return max(self.ranks, key=lambda r: (r.total, -r.pipeline_rank))
+
+    def reported_peak(self, metric: str | None = None) -> float:
+        """The largest figure over the ranks that the runtime prints (``metric``, default the
+        conventions' `MemoryConventions.reports`)."""
+        metric = metric or self.conventions.reports
+        return max(r.reported(metric) for r in self.ranks)
 
     @property
     def over_by(self) -> float:
@@ -227,7 +281,7 @@ def recompute_transient_bytes(m: ModelSpec, plan: ParallelPlan) -> float:
     kinds = set(layer_kinds(m))
     if plan.recompute == "full":
         return max(layer_activation_bytes(m, plan, recompute="none", kind=k) for k in kinds)
-    if plan.recompute == "selective" and not plan.flash_attention:
+    if plan.recompute == "selective" and (not plan.flash_attention or selective_mode(plan) == "op-level"):
         full = layer_activation_bytes(m, plan, recompute="none")
         return full - layer_activation_bytes(m, plan, recompute="selective")
     return 0.0
@@ -255,11 +309,13 @@ def rank_memory(
     parameters, whose states ZeRO shards over edp instead of dp x cp. The one place the per-rank
     sum is made."""
     nd = plan.zero_shards
-    states = [model_state_bytes(psi - expert_psi, plan.zero, nd)]
+    conventions = conventions or stack_conventions(plan)
+    sb = conventions.states
+    states = [stack_state_bytes(psi - expert_psi, plan.zero, nd, sb)]
     if expert_psi:
-        states.append(model_state_bytes(expert_psi, plan.zero, plan.edp))
+        states.append(stack_state_bytes(expert_psi, plan.zero, plan.edp, sb))
     weights, grads, opt = (sum(x) for x in zip(*states))
-    if plan.precision == "fp8":  # cached fp8 weight copies (Transformer Engine)
+    if plan.precision == "fp8" and conventions.fp8_weight_cache:  # cached fp8 weight copies (Transformer Engine)
         weights += (psi - expert_psi) / (nd if plan.zero >= 3 else 1) + expert_psi / (plan.edp if plan.zero >= 3 else 1)
     policy = plan.zero_policy
     gather = 0.0
@@ -271,18 +327,18 @@ def rank_memory(
         # ZeRO-3 inside a pipeline, as torch.distributed.pipelining runs FSDP2: a stage stays
         # gathered from its UNSHARD to its RESHARD (window of the next 3 distinct stages the rank
         # runs, lower.py), and gradients accumulate unsharded over the micro-batches until the
-        # reduce-scatter of REDUCE_GRAD — so the gradients are not sharded during the iteration.
+        # reduce-scatter of REDUCE_GRAD — so the gradients are not sharded during the iteration
+        # (FSDP2 accumulates them in its reduce dtype: the stack's gradient bytes).
         if zero3_unsharded is not None:
             gather = float(zero3_unsharded)
         else:
             gather = 2.0 * sum(sorted(stage_params, reverse=True)[:MAX_ACTIVE_STAGES])
-        grads = 2.0 * psi
-    conventions = conventions or stack_conventions(plan)
+        grads = sb.grads * psi
     scale = conventions.activation_scale
     acts, transient = scale * acts, scale * transient
-    overhead = conventions.framework_overhead_bytes
+    context = conventions.context_bytes
     frag = conventions.fragmentation * (acts + transient)
-    other = gather + overhead + frag
+    other = gather + context + frag
     return RankMemory(
         pipeline_rank=rank,
         params=psi,
@@ -297,7 +353,7 @@ def rank_memory(
             "activations_stored": acts,
             "recompute_transient": transient,
             "zero3_gather": gather,
-            "framework_overhead": overhead,
+            "context": context,
             "fragmentation": frag,
         },
     )

@@ -225,7 +225,10 @@ def _layer_work(
     cp_f, cp_b = _cp_layer_time(m, plan, net, layout, lt)
     tp_f, tp_b = (_tp_overlapped(plan, tp, lt.tp_gemm_f), _tp_overlapped(plan, tp, lt.tp_gemm_b)) if tp else (0.0, 0.0)
     full = plan.recompute == "full"
-    rec = {"full": lt.f, "selective": lt.attn_f}.get(plan.recompute, 0.0)
+    rec = {"full": lt.f, "selective": lt.selective_f}.get(plan.recompute, 0.0)
+    # op-level selective checkpointing saves the reduce-scatter outputs but re-runs the sequence-parallel
+    # all-gathers that feed the unsaved matmuls: half of the forward TP collectives
+    tp_rec = tp_f + cp_f if full else (tp_f / 2 if lt.op_level_f is not None else 0.0)
     return {
         "f": lt.f,
         "i": lt.i,
@@ -233,7 +236,7 @@ def _layer_work(
         "r": rec,
         "tp_f": tp_f + cp_f,
         "tp_b": tp_b + cp_b,
-        "tp_r": tp_f + cp_f if full else 0.0,
+        "tp_r": tp_rec,
         "a2a_f": 2 * a2a,
         "a2a_b": 2 * a2a,
         "a2a_r": 2 * a2a if full else 0.0,

@@ -209,11 +209,13 @@ class Engine:
                     self.env.process(self._run_group(comm, rv.done))
                 yield rv.done
             else:
-                yield from self.net.collective(self.env, comm.op, comm.group, comm.nbytes)
+                for _ in range(comm.count):
+                    yield from self.net.collective(self.env, comm.op, comm.group, comm.call_bytes)
             self._record(g, stream, comm.op, kind, t0, stage)
 
     def _run_group(self, comm: it.Comm, done: simpy.Event):
-        yield from self.net.collective(self.env, comm.op, comm.group, comm.nbytes)
+        for _ in range(comm.count):
+            yield from self.net.collective(self.env, comm.op, comm.group, comm.call_bytes)
         done.succeed()
 
     # --- ZeRO and data parallel ---------------------------------------------------------

@@ -21,6 +21,7 @@ from ..cost.profile import RuntimeProfile
 from ..cost.workload import StageWork
 from ..plan import ParallelPlan
 from ..specs import ModelSpec
+from ..specs.stack import load_stack
 
 
 class CollectiveTimer(Protocol):
@@ -50,21 +51,31 @@ EXECUTOR_OPTIONS = EngineOptions(overlap_grad_reduce=False)
 @dataclass(frozen=True)
 class Comm:
     """One collective: ``op`` over ``group`` moving ``nbytes`` per rank, or ``seconds`` measured by
-    a runtime profile for it (then the network does not time it)."""
+    a runtime profile for it (then the network does not time it). ``count`` > 1: as many calls of
+    ``nbytes / count`` each, one after the other (FSDP's per-layer gathers: each call pays the
+    collective's latency, which grows with the group size)."""
 
     op: str
     group: tuple[int, ...]
     nbytes: float
     seconds: float | None = None
+    count: int = 1
+
+    @property
+    def call_bytes(self) -> float:
+        """Bytes of one of the ``count`` calls."""
+        return self.nbytes / self.count
 
     def time(self, net: CollectiveTimer) -> float:
-        return self.seconds if self.seconds is not None else net.collective_time(self.op, self.group, self.nbytes)
+        if self.seconds is not None:
+            return self.seconds
+        return self.count * net.collective_time(self.op, self.group, self.call_bytes)
 
 
-def grad_bytes_per_param(plan: ParallelPlan) -> int:
-    """Megatron-LM reduces bf16 gradients in fp32 (accumulate_allreduce_grads_in_fp32 is on for bf16),
-    fp16 runs reduce in fp16; FSDP2 in torchtitan reduces in fp32 (MixedPrecisionPolicy)."""
-    return 2 if plan.precision == "fp16" else 4
+def grad_bytes_per_param(plan: ParallelPlan) -> float:
+    """Bytes per parameter a gradient reduction moves: the plan's stack's (`StateBytes.reduce`:
+    Megatron reduces bf16 gradients in fp32 and fp16 ones in fp16, FSDP2 in its reduce dtype)."""
+    return load_stack(plan.stack).states_for(plan.precision).reduce
 
 
 def reduction_op(plan: ParallelPlan) -> str:
@@ -133,10 +144,14 @@ class FsdpPass:
 
 
 def fsdp_pass(plan: ParallelPlan, work: StageWork, group: tuple[int, ...]) -> FsdpPass:
+    """One layer per FSDP unit (torchtitan and FSDP wrap each transformer block): a gather and, in
+    the backward, a reduce-scatter per layer, each a collective call of its own."""
     nl = max(1, work.layers)
-    first = Comm("all-gather", group, 2.0 * work.params / nl)
-    rest = Comm("all-gather", group, 2.0 * work.params * (nl - 1) / nl) if nl > 1 else None
-    return FsdpPass(first, rest, Comm("reduce-scatter", group, work.params * grad_bytes_per_param(plan)))
+    layer = 2.0 * work.params / nl
+    first = Comm("all-gather", group, layer)
+    rest = Comm("all-gather", group, layer * (nl - 1), count=nl - 1) if nl > 1 else None
+    reduce = Comm("reduce-scatter", group, work.params * grad_bytes_per_param(plan), count=nl)
+    return FsdpPass(first, rest, reduce)
 
 
 def tied_embedding_ranks(m: ModelSpec, plan: ParallelPlan) -> tuple[int, int] | None:

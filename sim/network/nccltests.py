@@ -75,3 +75,87 @@ def topology_report(net: Network, size: int = 2**30) -> dict:
             break
     out["predicted_busbw"] = preds
     return out
+
+
+# --- published measurements ---------------------------------------------------------------
+#: NCCL algorithms a measured row may have forced that simpar models (others are not compared).
+MODELLED_ALGORITHMS = ("ring", "tree", "default")
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One measured nccl-tests row (tests/data/nccl-tests.csv) beside simpar's prediction."""
+
+    row_id: str
+    cluster: str
+    gpus: int
+    op: str
+    nbytes: int
+    measured_busbw_GBps: float | None
+    measured_time_us: float | None
+    predicted_busbw_GBps: float | None
+    predicted_time_us: float | None
+    algorithm: str  # what simpar ran: ring/Simple, tree/LL, ...
+    status: str  # "compared", or why not
+
+    @property
+    def busbw_error(self) -> float | None:
+        if self.predicted_busbw_GBps is None or not self.measured_busbw_GBps or self.measured_busbw_GBps < 1.0:
+            return None
+        return (self.predicted_busbw_GBps - self.measured_busbw_GBps) / self.measured_busbw_GBps
+
+    @property
+    def time_error(self) -> float | None:
+        if self.predicted_time_us is None or not self.measured_time_us:
+            return None
+        return (self.predicted_time_us - self.measured_time_us) / self.measured_time_us
+
+
+def _figure(text: str) -> float | None:
+    text = (text or "").strip()
+    return float(text) if text else None
+
+
+def compare(rows: Iterable[dict[str, str]], network_for) -> list[Comparison]:
+    """Each row's prediction on its ``cluster`` preset (``network_for(cluster, gpus)`` gives the
+    network), forcing the row's algorithm where it forced ring or tree. A row without a cluster,
+    with an algorithm simpar does not model (NVLS tree, CollNet/SHARP, PAT) or without a message
+    size is listed with the reason and not compared."""
+    out = []
+    for r in rows:
+        n, op, algo = int(r["gpus"]), r["op"], (r.get("algorithm") or "default").strip().lower()
+        size = int(r["bytes"]) if (r.get("bytes") or "").strip() else None
+        meas_bus, meas_t = _figure(r.get("busbw_GBps", "")), _figure(r.get("time_us", ""))
+        status = "compared"
+        if not r.get("cluster"):
+            status = "no simpar preset for this system"
+        elif algo not in MODELLED_ALGORITHMS:
+            status = f"algorithm {algo} not modelled"
+        elif size is None:
+            status = "no message size in the source"
+        if status != "compared" or size is None:
+            out.append(
+                Comparison(
+                    r["row_id"], r.get("cluster", ""), n, op, size or 0, meas_bus, meas_t, None, None, "", status
+                )
+            )
+            continue
+        net = network_for(r["cluster"], n)
+        est = net.estimate(op, tuple(range(n)), size, algorithm=None if algo == "default" else algo)
+        bus = size / est.time / GB * busbw_factor(op, n)
+        out.append(
+            Comparison(
+                r["row_id"],
+                r["cluster"],
+                n,
+                op,
+                size,
+                meas_bus,
+                meas_t,
+                bus,
+                est.time * 1e6,
+                f"{est.algorithm}/{est.protocol}",
+                status,
+            )
+        )
+    return out

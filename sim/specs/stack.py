@@ -3,8 +3,9 @@
 A stack file (``topologies/stacks/<name>.yaml``, or a user's YAML file) describes one framework as
 it runs a plan on GPUs: which GEMMs it runs in fp8 and with which scaling recipe by default,
 whether its quantisation casts are fused into the kernels that produce their inputs, whether it can
-overlap tensor-parallel communication with the GEMMs, whether its attention stores the scores, and
-how much memory it holds outside the model. Every value has its source
+overlap tensor-parallel communication with the GEMMs, whether its attention stores the scores, what
+its selective recomputation keeps, the bytes of model state it keeps per parameter, how much memory
+it holds outside the model and what its memory figure counts. Every value has its source
 in the file's ``sources`` (one entry per field). The GPU's own figures (kernel efficiencies) are
 never here: they are the GPU preset's and its calibration's.
 
@@ -18,12 +19,14 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ..choices import FP8_RECIPES
 from ..units import GiB
 from .loader import build, presets_dir, read_mapping, resolve
+from .model import ModelSpec
 
 #: The fp8/fp4 recipes a stack may name (their physics: `simpar.sim.specs.recipes.RECIPES`).
 RECIPE_NAMES = FP8_RECIPES
@@ -33,19 +36,53 @@ GEMM_GROUPS = ("attention", "mlp", "experts", "mtp", "logits")
 _STRICT = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
+#: What a framework's memory figure counts: ``allocated`` (torch.cuda.max_memory_allocated: live
+#: tensors), ``reserved`` (max_memory_reserved: allocated plus the caching allocator's cache) or
+#: ``device`` (nvidia-smi / NVML: reserved plus what lives outside torch's allocator).
+MEMORY_METRICS = ("allocated", "reserved", "device")
+
+
 class StackMemory(BaseModel):
-    """What a stack holds outside the model (`cost.memory.stack_conventions` uses it)."""
+    """What a stack holds outside the model and how it reports memory (`cost.memory.stack_conventions`)."""
 
     model_config = _STRICT
 
-    overhead_GiB: float = Field(
-        ge=0, description="per GPU outside the model: CUDA context, library workspaces, NCCL buffers"
+    reports: Literal["allocated", "reserved", "device"] = Field(description="what the stack's logs print as memory")
+    context_GiB: float = Field(
+        ge=0,
+        description="per GPU outside torch's caching allocator: CUDA context, NCCL buffers, library workspaces",
     )
-    fragmentation: float = Field(ge=0, le=1, description="caching-allocator waste, a fraction of activation bytes")
+    fragmentation: float = Field(
+        ge=0, le=1, description="caching-allocator cache beyond the live tensors, a fraction of activation bytes"
+    )
 
     @property
-    def overhead_bytes(self) -> float:
-        return self.overhead_GiB * GiB
+    def context_bytes(self) -> float:
+        return self.context_GiB * GiB
+
+
+class StateBytes(BaseModel):
+    """Bytes per parameter of the model states a framework keeps for one parameter format, before
+    ZeRO shards them (weights at stage 3, gradients at stage 2, optimizer-side copies at stage 1;
+    Rajbhandari et al. 2020 Table 1). The optimizer's own state (Adam's two fp32 moments) is the
+    optimizer's, not the stack's."""
+
+    model_config = _STRICT
+
+    weights: float = Field(ge=0, description="the parameters a rank computes with and keeps (16-bit, or fp32)")
+    grads: float = Field(ge=0, description="gradient buffers (accumulated over micro-batches)")
+    master: float = Field(ge=0, description="optimizer-side copies: fp32 master weights, fp32 gradient copy")
+    reduce: float = Field(gt=0, description="bytes per parameter the gradient reduction moves")
+
+
+class StackStates(BaseModel):
+    """`StateBytes` per parameter format: ``fp16`` runs, and ``bf16`` runs (fp8/fp4 runs keep bf16
+    parameters and use it too)."""
+
+    model_config = _STRICT
+
+    fp16: StateBytes
+    bf16: StateBytes
 
 
 class StackSpec(BaseModel):
@@ -64,6 +101,15 @@ class StackSpec(BaseModel):
     tp_comm_overlap: bool = Field(description="tensor-parallel communication overlapped with the GEMMs by default")
     tp_comm_overlap_supported: bool = Field(description="the stack can overlap TP communication with the GEMMs")
     flash_attention: bool = Field(description="attention does not materialise the scores (FlashAttention/cuDNN)")
+    selective_recompute: Literal["attention-core", "op-level"] = Field(
+        description="what recompute 'selective' recomputes: the attention core (Megatron), or every op but "
+        "attention and every other matmul (torch's op-level selective activation checkpointing)"
+    )
+    fp8_weight_cache: bool = Field(description="an fp8 copy of each weight is kept between micro-batches")
+    loss_bytes_per_logit: float = Field(
+        gt=0, description="bytes per logit alive when the loss backward starts (fp32 softmax and its gradients)"
+    )
+    states: StackStates
     memory: StackMemory
     sources: dict[str, str] = Field(description="where each value comes from, by field name")
 
@@ -94,6 +140,10 @@ class StackSpec(BaseModel):
             raise ValueError(f"sources has no entry for {missing[0]!r} (every value needs its source)")
         return self
 
+    def states_for(self, precision: str) -> StateBytes:
+        """The state bytes of a plan of ``precision`` (fp8/fp4 plans keep bf16 parameters)."""
+        return self.states.fp16 if precision == "fp16" else self.states.bf16
+
 
 #: the fields whose values are facts about the framework and need a source
 _SOURCED = (
@@ -103,10 +153,24 @@ _SOURCED = (
     "fp8_fused_casts",
     "tp_comm_overlap",
     "flash_attention",
+    "selective_recompute",
+    "fp8_weight_cache",
+    "loss_bytes_per_logit",
+    "states",
     "memory",
 )
 
 DEFAULT_STACK = "megatron-core"
+
+
+def op_level_problem(m: ModelSpec) -> str | None:
+    """Why op-level selective recompute of ``m`` is not modelled (None when it is): its matmul
+    order is known for plain attention and dense MLPs only."""
+    if m.mla is not None:
+        return "multi-head latent attention"
+    if m.moe is not None:
+        return "MoE layers"
+    return None
 
 
 def stack_names() -> list[str]:

@@ -127,7 +127,7 @@ class Inputs:
         if comm.seconds is not None:
             return comm.seconds
         p = self.plan
-        key = (comm.op, p.tp, p.cp, p.pp, p.dp, p.mesh_order, prank, comm.group, comm.nbytes)
+        key = (comm.op, p.tp, p.cp, p.pp, p.dp, p.mesh_order, prank, comm.group, comm.nbytes, comm.count)
         t = self.cache.get(key)
         if t is None:
             t = self.cache[key] = comm.time(self.net)

@@ -18,6 +18,7 @@ from ..plan import FP8_RECIPES, ParallelPlan, balanced_layer_split, check_plan
 from ..procs import fork_map
 from ..specs import load_cluster
 from ..specs.model import ModelSpec
+from ..specs.stack import MEMORY_METRICS
 from ..units import GiB
 from .moe_rows import MOE_COLUMNS, cell, is_moe_row, moe_model, moe_plan_fields
 
@@ -158,6 +159,19 @@ def row_hints(r: dict[str, str]) -> dict[str, Any]:
     return out
 
 
+def memory_metric(r: dict[str, str]) -> str | None:
+    """What a row's ``peak_mem_gib`` counts (column ``memory_metric``: allocated, reserved or
+    device); empty: what the row's stack reports (`StackMemory.reports`)."""
+    v = (r.get("memory_metric") or "").strip()
+    if not v:
+        return None
+    if v not in MEMORY_METRICS:
+        raise SimparError(
+            f"row {r.get('id')}: memory_metric", f"is {v!r}.", f"write one of {', '.join(MEMORY_METRICS)}."
+        )
+    return v
+
+
 def row_setup(r: dict[str, str]) -> tuple[ModelSpec, Any, ParallelPlan]:
     if is_moe_row(r):
         model = moe_model(r)
@@ -238,7 +252,7 @@ def _validate_row(r: dict[str, str], simulate_fn: Callable) -> RowResult:
         model, cluster, plan = row_setup(r)
         res = simulate_fn(model, cluster, plan)
         rr.predicted_iter_time_s = res.iter_time_s
-        rr.predicted_peak_mem_gib = res.memory.peak.total / GiB
+        rr.predicted_peak_mem_gib = res.memory.reported_peak(memory_metric(r)) / GiB
         rr.breakdown_s = dict(res.breakdown_s)
     except SimparError as exc:
         rr.status = f"not simulated: {exc}"

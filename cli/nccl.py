@@ -1,0 +1,88 @@
+"""`simpar nccl FILE.csv [--json]`: published nccl-tests measurements beside the network model.
+
+FILE has the columns of tests/data/nccl-tests.csv (described in tests/data/nccl-tests.md): one
+measured row per system, GPU count, collective and message size, naming the simpar cluster preset
+closest to the measured system. Rows marked ``check = ring`` are the large-message ring figures the
+network model is held to (within 10 %); the summary prints their errors.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+import click
+
+
+@click.command("nccl")
+@click.argument("csv_file", type=click.Path(exists=True, dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="print every row and the summary as JSON")
+def nccl(csv_file: str, as_json: bool) -> None:
+    """Predicted vs measured nccl-tests rows of a CSV: busbw, time, the algorithm simpar chose."""
+    from pathlib import Path
+
+    from simpar.sim import files
+    from simpar.sim.errors import SimparError
+    from simpar.sim.network import make_network
+    from simpar.sim.network.nccltests import compare
+    from simpar.sim.specs import load_cluster
+
+    rows = files.read_csv(Path(csv_file), "nccl-tests CSV")
+    need = ("row_id", "cluster", "gpus", "op", "algorithm", "bytes", "time_us", "busbw_GBps", "check")
+    missing = [c for c in need if rows and c not in rows[0]]
+    if not rows or missing:
+        what = f"has no column {missing[0]!r}" if missing else "has no data rows"
+        raise SimparError(f"nccl-tests CSV {csv_file}", f"{what}.", "see tests/data/nccl-tests.md for the columns.")
+    nets: dict = {}
+
+    def network_for(cluster: str, gpus: int):
+        if (cluster, gpus) not in nets:
+            nets[(cluster, gpus)] = make_network(load_cluster(cluster, gpus=gpus))
+        return nets[(cluster, gpus)]
+
+    results = compare(rows, network_for)
+    checked = [c for c, r in zip(results, rows) if r["check"] == "ring" and c.busbw_error is not None]
+    errs = [abs(c.busbw_error) for c in checked if c.busbw_error is not None]
+    summary = {
+        "ring_check_rows": len(errs),
+        "ring_check_median_abs_busbw_error": statistics.median(errs) if errs else None,
+        "ring_check_max_abs_busbw_error": max(errs) if errs else None,
+    }
+    if as_json:
+        out = [
+            {**c.__dict__, "busbw_error": c.busbw_error, "time_error": c.time_error, "check": r["check"]}
+            for c, r in zip(results, rows)
+        ]
+        click.echo(json.dumps({"rows": out, "summary": summary}, indent=1))
+        return
+    from simpar.sim.units import human_bytes
+
+    from .render import print_table
+
+    def pct(x: float | None) -> str:
+        return "—" if x is None else f"{100 * x:+.1f}%"
+
+    def num(x: float | None, fmt: str) -> str:
+        return "—" if x is None else format(x, fmt)
+
+    table = [
+        (
+            ("* " if r["check"] == "ring" else "") + c.row_id,
+            c.gpus,
+            c.op,
+            human_bytes(c.nbytes) if c.nbytes else "—",
+            num(c.measured_busbw_GBps, ".1f"),
+            num(c.predicted_busbw_GBps, ".1f"),
+            pct(c.busbw_error),
+            pct(c.time_error),
+            c.algorithm or c.status,
+        )
+        for c, r in zip(results, rows)
+    ]
+    head = ["row (* ring check)", "gpus", "op", "size", "busbw meas", "pred", "err", "time err", "simpar"]
+    print_table(f"{csv_file}: nccl-tests rows (busbw in GB/s = 1e9 B/s)", head, table)
+    if errs:
+        click.echo(
+            f"ring check (rows marked check=ring): n = {len(errs)}, median |busbw error| "
+            f"{100 * statistics.median(errs):.1f}%, max {100 * max(errs):.1f}% (target: within 10%)"
+        )

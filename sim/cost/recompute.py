@@ -1,0 +1,73 @@
+"""What selective recomputation keeps and re-runs, as the plan's stack implements it.
+
+``recompute = "selective"`` means different things in different frameworks (`StackSpec.selective_recompute`):
+
+- ``attention-core`` (Megatron-LM / Megatron-Core, Korthikanti et al. 2022 §5): the attention core
+  (scores, softmax, dropout, the value product) is recomputed; every other activation is stored.
+  With FlashAttention the core stores nothing anyway. Its memory is `memory.layer_activation_bytes`'
+  selective term, its time the attention core's forward.
+- ``op-level`` (torch's selective activation checkpointing, as torchtitan applies it per block,
+  ``selective_ac_option = "op"``): inside a checkpointed block the outputs of scaled-dot-product
+  attention (output and fp32 log-sum-exp), of the tensor-parallel reduce-scatters and of every
+  other matmul, counted in forward order from the first, are saved; everything else (the other
+  matmuls, norms, rotary embeddings, activations, residual adds) is recomputed from the block input
+  in the backward (torchtitan ``_save_list`` and ``_custom_policy``: an mm is saved unless its
+  running count is even).
+
+The linear layers of a block, in forward order, are `block_linears`; memory and compute both read
+them from there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..plan import ParallelPlan
+from ..specs import ModelSpec
+from ..specs.stack import load_stack
+
+
+@dataclass(frozen=True)
+class Linear:
+    """One matmul of a block on one GPU: ``group`` (`specs.stack.GEMM_GROUPS`), its (m, n, k)
+    shape for ``tokens`` tokens, and whether op-level selective checkpointing saves its output."""
+
+    group: str
+    shape: tuple[float, float, float]
+    saved: bool
+
+
+def selective_mode(plan: ParallelPlan) -> str | None:
+    """The plan's kind of selective recompute (None when it does not recompute selectively)."""
+    if plan.recompute != "selective":
+        return None
+    return load_stack(plan.stack).selective_recompute
+
+
+def block_linears(m: ModelSpec, plan: ParallelPlan, tokens: float) -> list[Linear]:
+    """The matmuls of one dense block in torchtitan's forward order (separate q, k, v projections,
+    the output projection; w1, w3, w2 for a gated MLP, fc1, fc2 otherwise), sharded over tp
+    (column-parallel outputs split, row-parallel outputs full-width partial sums); every other one
+    from the first is saved by op-level checkpointing."""
+    t, h, f = plan.tp, m.hidden, m.ffn
+    kv = m.kv_heads * m.head_dim
+    attn = [(tokens, m.attn_width / t, h), (tokens, kv / t, h), (tokens, kv / t, h), (tokens, h, m.attn_width / t)]
+    mlp = [(tokens, f / t, h)] * (2 if m.gated_mlp else 1) + [(tokens, h, f / t)]
+    groups = ["attention"] * len(attn) + ["mlp"] * len(mlp)
+    return [Linear(g, shape, i % 2 == 0) for i, (g, shape) in enumerate(zip(groups, attn + mlp))]
+
+
+def op_level_stored_bytes(m: ModelSpec, plan: ParallelPlan) -> float:
+    """Bytes one block keeps per micro-batch under op-level selective checkpointing (16-bit
+    elements, as `memory.layer_activation_bytes` counts): the block input, the saved matmul
+    outputs, attention's output and fp32 log-sum-exp, and with sequence parallelism the two
+    reduce-scatter outputs."""
+    s = m.seq_len / plan.cp
+    b, h, t = plan.micro_batch_size, m.hidden, plan.tp
+    tokens = s * b
+    sp = t if plan.sequence_parallel else 1
+    block_input = 2 * tokens * h / sp
+    saved = sum(2 * tokens * lin.shape[1] for lin in block_linears(m, plan, tokens) if lin.saved)
+    attention = 2 * tokens * m.attn_width / t + 4 * m.heads * tokens / t
+    reduce_scatter = 2 * (2 * tokens * h / t) if plan.sequence_parallel else 0.0
+    return block_input + saved + attention + reduce_scatter
