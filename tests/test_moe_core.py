@@ -138,9 +138,10 @@ def test_model_states_per_sharding_choice_by_hand(kw, dense, expert, nd, edp, ze
     assert (p.zero_shards, p.edp) == (nd, edp)
     assert rank_params(TINY, p, [0]) == pytest.approx(dense + expert, rel=1e-15)
     assert rank_expert_params(TINY, p, [0]) == pytest.approx(expert, rel=1e-15)
-    # ZeRO (Rajbhandari et al. Table 1): 2 + 2 + 12 bytes, sharded by stage; experts over edp
+    # ZeRO (Rajbhandari et al. Table 1) sharding of Megatron-Core's bf16 states: 2-byte weights,
+    # fp32 gradients (4), fp32 master + Adam (12), by stage; experts over edp
     w = 2 * dense / (nd if zero >= 3 else 1) + 2 * expert / (edp if zero >= 3 else 1)
-    g = 2 * dense / (nd if zero >= 2 else 1) + 2 * expert / (edp if zero >= 2 else 1)
+    g = 4 * dense / (nd if zero >= 2 else 1) + 4 * expert / (edp if zero >= 2 else 1)
     o = 12 * dense / (nd if zero >= 1 else 1) + 12 * expert / (edp if zero >= 1 else 1)
     r = memory_report(TINY, p, H100x16.gpu).ranks[0]
     assert (r.weights, r.grads, r.optimizer) == pytest.approx((w, g, o), rel=1e-12)

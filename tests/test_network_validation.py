@@ -148,11 +148,11 @@ def test_small_allreduce_latency_grows_with_nodes_under_the_default_choice():
 
 
 def test_nccl_command_prints_the_ring_check(tmp_path):
+    from pathlib import Path
+
     from click.testing import CliRunner
 
     from simpar.cli.main import cli
-
-    from pathlib import Path
 
     res = CliRunner().invoke(cli, ["nccl", str(Path(__file__).parent / "data" / "nccl-tests.csv")])
     assert res.exit_code == 0, res.output

@@ -51,8 +51,13 @@ def block_linears(m: ModelSpec, plan: ParallelPlan, tokens: float) -> list[Linea
     from the first is saved by op-level checkpointing."""
     t, h, f = plan.tp, m.hidden, m.ffn
     kv = m.kv_heads * m.head_dim
-    attn = [(tokens, m.attn_width / t, h), (tokens, kv / t, h), (tokens, kv / t, h), (tokens, h, m.attn_width / t)]
-    mlp = [(tokens, f / t, h)] * (2 if m.gated_mlp else 1) + [(tokens, h, f / t)]
+    attn: list[tuple[float, float, float]] = [
+        (tokens, m.attn_width / t, h),
+        (tokens, kv / t, h),
+        (tokens, kv / t, h),
+        (tokens, h, m.attn_width / t),
+    ]
+    mlp: list[tuple[float, float, float]] = [(tokens, f / t, h)] * (2 if m.gated_mlp else 1) + [(tokens, h, f / t)]
     groups = ["attention"] * len(attn) + ["mlp"] * len(mlp)
     return [Linear(g, shape, i % 2 == 0) for i, (g, shape) in enumerate(zip(groups, attn + mlp))]
 
