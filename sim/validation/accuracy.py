@@ -19,11 +19,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from .. import files
 from ..errors import SimparError
+from ..specs import load_cluster
+from ..specs.stack import DEFAULT_STACK
 from .published import RowResult, read_rows, report, summarize, validate_rows
 
 #: A sequence this long or longer is "long" for the hints (attention dominates the layer).
@@ -139,9 +142,41 @@ def row_hints(row: dict[str, str]) -> list[str]:
     return hints
 
 
+def row_category(row: dict[str, str]) -> dict[str, str]:
+    """A row's category: its stack (empty: the default), precision (with the fp8 recipe as the
+    source names it) and GPU (its cluster preset's)."""
+    stack = (row.get("stack") or "").strip() or DEFAULT_STACK
+    precision = row.get("precision") or "?"
+    recipe = (row.get("fp8_recipe") or "").strip()
+    if precision in ("fp8", "fp4") and recipe and not recipe.startswith("not stated"):
+        precision = f"{precision} {recipe}"
+    return {"stack": stack, "precision": precision, "gpu": _cluster_gpu(row.get("cluster", ""))}
+
+
+@lru_cache(maxsize=64)
+def _cluster_gpu(cluster: str) -> str:
+    try:
+        return load_cluster(cluster).gpu.name
+    except SimparError:
+        return cluster or "?"
+
+
+def _axis(cats: dict[str, dict[str, str]], axis: str) -> Callable[[RowResult], str]:
+    return lambda x: cats[x.id][axis]
+
+
+def _grouped(results: list[RowResult], key: Callable[[RowResult], str]) -> dict[str, Any]:
+    groups = sorted({key(r) for r in results})
+    return {g: summarize([r for r in results if key(r) == g]) for g in groups}
+
+
+def memory_groups_by(results: list[RowResult], key: Callable[[RowResult], str]) -> dict[str, Any]:
+    groups = sorted({key(r) for r in results if r.mem_error is not None})
+    return {g: summarize([r for r in results if key(r) == g], "mem_error") for g in groups}
+
+
 def memory_groups(results: list[RowResult], key: str) -> dict[str, Any]:
-    groups = sorted({getattr(r, key) for r in results if r.mem_error is not None})
-    return {g: summarize([r for r in results if getattr(r, key) == g], "mem_error") for g in groups}
+    return memory_groups_by(results, lambda r: getattr(r, key))
 
 
 def build(
@@ -198,6 +233,20 @@ def _measured_doc(
     by_id = {r["id"]: r for r in rows}
     clusters = sorted({r["cluster"] for r in rows})
     doc["per_cluster"] = {c: summarize([x for x in results if by_id[x.id]["cluster"] == c]) for c in clusters}
+    cats = {r["id"]: row_category(r) for r in rows}
+    for axis in ("stack", "precision", "gpu"):
+        doc[f"per_{axis}"] = _grouped(results, _axis(cats, axis))
+    doc["memory_per_stack"] = memory_groups_by(results, _axis(cats, "stack"))
+
+    def label(x: RowResult) -> str:
+        return " × ".join(cats[x.id][a] for a in ("stack", "precision", "gpu"))
+
+    doc["per_category"] = _grouped(results, label)
+    doc["category_worst"] = {
+        g: max((x for x in results if label(x) == g and x.error is not None), key=lambda x: abs(x.error or 0)).id
+        for g, v in doc["per_category"].items()
+        if v["n"]
+    }
     for d in doc["rows"]:
         d["hints"] = row_hints(by_id[d["id"]])
         d["note"] = notes.get(d["id"], "")

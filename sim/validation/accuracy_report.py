@@ -59,18 +59,39 @@ def _summary_line(s: dict[str, Any], what: str) -> str:
     )
 
 
-def _table(groups: dict[str, Any], title: str) -> list[str]:
+def _table(groups: dict[str, Any], title: str, worst: dict[str, str] | None = None) -> list[str]:
+    extra = " worst row |" if worst is not None else ""
     lines = [
-        f"| {title} | n | median abs | p90 abs | max abs | median signed |",
-        "| --- | ---: | ---: | ---: | ---: | ---: |",
+        f"| {title} | n | median abs | p90 abs | max abs | median signed |{extra}",
+        "| --- | ---: | ---: | ---: | ---: | ---: |" + (" --- |" if worst is not None else ""),
     ]
     for g, v in groups.items():
         if v["n"]:
+            tail = f" {worst.get(g, '')} |" if worst is not None else ""
             lines.append(
                 f"| {g} | {v['n']} | {_abs(v['median_abs_error'])} | {_abs(v['p90_abs_error'])} | "
-                f"{_abs(v['max_abs_error'])} | {_pct(v.get('median_signed_error'))} |"
+                f"{_abs(v['max_abs_error'])} | {_pct(v.get('median_signed_error'))} |{tail}"
             )
     return lines + [""]
+
+
+def _categories(doc: dict[str, Any], what: str) -> list[str]:
+    """Iteration-time tables per stack, precision, GPU and their combination (with its worst row)."""
+    if "per_category" not in doc:
+        return []
+    return [
+        f"## {what}: iteration time per stack, precision and GPU",
+        "",
+        *_table(doc["per_stack"], "stack"),
+        *_table(doc["per_precision"], "precision"),
+        *_table(doc["per_gpu"], "GPU"),
+        f"### {what}: per category (stack × precision × GPU)",
+        "",
+        "Each category's worst row is explained under the worst rows below when it is among them, else in "
+        "`notes.yaml` / the per-row table.",
+        "",
+        *_table(doc["per_category"], "category", doc.get("category_worst", {})),
+    ]
 
 
 def _worst(doc: dict[str, Any], ids: list[str], key: str) -> list[str]:
@@ -145,9 +166,13 @@ def markdown(data: dict[str, Any], command: str, plots: dict[str, bool], preface
             "## Published runs: iteration time per schedule",
             "",
             *_table(pub["per_schedule"], "schedule"),
+            *_categories(pub, "Published runs"),
             "## Published runs: peak memory per source",
             "",
             *_table(pub["memory_per_source"], "source"),
+            "## Published runs: peak memory per stack",
+            "",
+            *_table(pub.get("memory_per_stack", {}), "stack"),
             "## Worst rows: iteration time",
             "",
             *_worst(pub, pub["worst_iter"], "error"),
@@ -172,6 +197,7 @@ def markdown(data: dict[str, Any], command: str, plots: dict[str, bool], preface
             "### Per schedule",
             "",
             *_table(moe["per_schedule"], "schedule"),
+            *_categories(moe, "Mixture-of-Experts runs"),
             "### Worst rows",
             "",
             *_worst(moe, moe["worst_iter"], "error"),
