@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from simpar.sim.cost.profile import MEGATRON
 from simpar.sim.cost.workload import StageWork
+from simpar.sim.engine import iteration as it
 from simpar.sim.engine.core import EngineOptions, run_engine
 from simpar.sim.plan import ParallelPlan
 from simpar.sim.schedules import StageCosts, list_schedule, lower, schedule_for_plan
@@ -265,3 +266,41 @@ def test_posting_pipeline_sends_and_receives_costs_the_rank_its_post_time() -> N
     # measured for other process counts: no cost
     eng, _ = run(p, work(2), profile=ExecutorProfile(in_run=InRun(compute_scale={4: 1.0}, p2p_post_s={4: 0.1})))
     assert max(g.finish for g in eng.gpus.values()) == pytest.approx(9.0)
+
+
+# --- gradient buckets: the stack's size, issued as at most two calls per buffer --------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    n=st.integers(1, 400),
+    tau=st.floats(1e-6, 1.0),
+    start=st.floats(0.0, 10.0),
+    dur=st.floats(1e-6, 5.0),
+)
+def test_bucket_calls_end_when_every_bucket_would(n, tau, start, dur):
+    """`reduction_calls` issues n buckets as one or two calls; on an idle stream they end exactly
+    when n separate buckets released at start + (b+1)/n x dur and queued FIFO would."""
+    comm = it.Comm("all-reduce", (0, 1), 1e6 * n, count=n)
+
+    def seconds(c: it.Comm) -> float:
+        return tau * c.count
+
+    end = 0.0
+    for b in range(n):
+        end = max(end, start + (b + 1) / n * dur) + tau
+    calls = it.reduction_calls([comm], start, dur, True, 0.0, seconds)
+    assert 1 <= len(calls) <= 2 and sum(c.count for c, _ in calls) == n
+    assert sum(c.nbytes for c, _ in calls) == pytest.approx(comm.nbytes)
+    got = 0.0
+    for c, t in calls:
+        got = max(got, t) + seconds(c)
+    assert got == pytest.approx(end, rel=1e-9, abs=1e-12)
+
+
+def test_bucket_count_follows_the_stack():
+    mc = ParallelPlan(dp=64, micro_batch_size=1, global_batch_size=64, schedule="none")
+    assert it.bucket_count(mc, 4.0e9) == 63  # max(40M, 1M x 64) = 64M parameters per bucket
+    ds = ParallelPlan(dp=64, micro_batch_size=1, global_batch_size=64, schedule="none", stack="deepspeed")
+    assert it.bucket_count(ds, 4.0e9) == 8  # reduce_bucket_size 5e8
+    assert it.bucket_count(mc, 1.0) == 1

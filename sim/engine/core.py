@@ -247,8 +247,10 @@ class Engine:
             return
         g.reduced.add(stage)
         buckets = it.grad_buckets(self.plan, self.work[stage], g.dp_group, self.profile, self.opt, g.edp_group)
-        ready = it.bucket_ready(start, dur, len(buckets), self.opt.overlap_grad_reduce, self.env.now)
-        for b, (comm, t) in enumerate(zip(buckets, ready)):
+        releases = it.reduction_calls(
+            buckets, start, dur, self.opt.overlap_grad_reduce, self.env.now, lambda c: c.time(self.net)
+        )
+        for b, (comm, t) in enumerate(releases):
             g.reductions.append(self.env.process(self._bucket(g, comm, t, (stage, b))))
 
     def _bucket(self, g: GpuState, comm: it.Comm, ready: float, tag):

@@ -12,6 +12,8 @@ profile measured for it.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -38,7 +40,9 @@ class EngineOptions:
     overlap_param_gather: bool = True  # ZeRO-1/2 parameter all-gather hidden behind the next forward
     overlap_tp: bool = False  # TP collectives exposed by default
     overlap_moe_a2a: bool = False  # Megatron-Core --overlap-moe-expert-parallel-comm (`StageWork.parts`)
-    grad_buckets: int = 4  # buckets per stage for the overlapped gradient reduction
+    #: buckets per stage for the overlapped gradient reduction; None: as many as the plan's stack's
+    #: bucket size makes (`StackSpec.grad_bucket`)
+    grad_buckets: int | None = None
 
 
 #: The engine options that describe how simpar's executor runs a plan: torch's pipeline runtime
@@ -91,28 +95,71 @@ def grad_buckets(
     options: EngineOptions,
     expert_group: tuple[int, ...] = (),
 ) -> list[Comm]:
-    """A stage's gradient reduction: ``grad_buckets`` equal buckets when overlapped with the
-    backward, else one (timed by the profile where it measured one). Routed-expert gradients
-    are reduced over their own ``expert_group`` (edp; Megatron-Core's expert data-parallel
-    group): each bucket then becomes a dense one and an expert one, in that order."""
+    """A stage's gradient reduction: when overlapped with the backward, one entry per gradient
+    buffer whose ``count`` is its number of equal buckets (``grad_buckets``, or as many as the
+    stack's bucket size makes: `bucket_count`; `reduction_calls` says when each may start), else
+    one call per buffer (timed by the profile where it measured one). Routed-expert gradients
+    are reduced over their own ``expert_group`` (edp; Megatron-Core's expert data-parallel group)
+    from a buffer of their own."""
     op = reduction_op(plan)
     per = grad_bytes_per_param(plan)
-    experts = work.expert_params * per if expert_group else 0.0
-    total = work.params * per - experts
-    n = options.grad_buckets if options.overlap_grad_reduce else 1
-    if experts:
-        return [Comm(op, group, total / n), Comm(op, expert_group, experts / n)] * n
-    if options.overlap_grad_reduce:
-        return [Comm(op, group, total / n)] * n
-    return [Comm(op, group, total, profile.reduction_seconds(plan, op, work.layers, total, False))]
+    expert_params = work.expert_params if expert_group else 0.0
+    dense_params = work.params - expert_params
+    if not options.overlap_grad_reduce:
+        if expert_params:
+            return [Comm(op, group, dense_params * per), Comm(op, expert_group, expert_params * per)]
+        total = dense_params * per
+        return [Comm(op, group, total, profile.reduction_seconds(plan, op, work.layers, total, False))]
+    out = []
+    for params, grp in ((dense_params, group), (expert_params, expert_group)):
+        if params > 0:
+            out.append(Comm(op, grp, params * per, count=options.grad_buckets or bucket_count(plan, params)))
+    return out
 
 
-def bucket_ready(start: float, duration: float, n: int, overlapped: bool, now: float) -> list[float]:
-    """When each of ``n`` buckets of a stage may start: spread over its last weight-gradient pass
-    (``start``, ``duration``) when overlapped, else all at ``now``."""
+def bucket_count(plan: ParallelPlan, params: float) -> int:
+    """Buckets of ``params`` gradients under the stack's bucket size (Megatron-Core:
+    max(40M, 1M x data-parallel size) parameters)."""
+    size = load_stack(plan.stack).grad_bucket.params_for(plan.zero_shards)
+    return max(1, math.ceil(params / size - 1e-9))
+
+
+def reduction_calls(
+    comms: list[Comm],
+    start: float,
+    duration: float,
+    overlapped: bool,
+    now: float,
+    seconds: Callable[[Comm], float],
+) -> list[tuple[Comm, float]]:
+    """The calls a stage's gradient reduction makes (`grad_buckets`' entries) and when each may
+    start, in order; ``seconds`` times a call. Not overlapped: every entry at ``now``.
+
+    Overlapped, an entry of ``count`` = n buckets releases bucket b at start + (b + 1)/n x
+    duration (its buffer fills over the stage's last weight-gradient pass: Megatron's
+    --overlap-grad-reduce, DDP's buckets). The n buckets are issued as at most two calls that end
+    when the n would on an otherwise idle stream: a bucket that takes at least the interval
+    between releases makes them run back to back from the first release (one call of n); one
+    that takes less ends before the next is released, so only the last one's end matters (n - 1
+    from the first release, then the last at its release)."""
     if not overlapped:
-        return [now] * n
-    return [start + (b + 1) / n * duration for b in range(n)]
+        return [(c, now) for c in comms]
+    out: list[tuple[Comm, float]] = []
+    for c in comms:
+        n = c.count
+        first, last = start + duration / n, start + duration
+        if n == 1 or seconds(c) / n >= (last - first) / (n - 1):
+            out.append((c, first))
+        else:
+            rest = Comm(c.op, c.group, c.nbytes * (n - 1) / n, count=n - 1)
+            out += [(rest, first), (Comm(c.op, c.group, c.nbytes / n), last)]
+    return sorted(out, key=lambda ct: ct[1])
+
+
+def last_bucket(comms: list[Comm]) -> Comm:
+    """One bucket of the last entry of `grad_buckets` (the reduction that can run after the backward)."""
+    c = comms[-1]
+    return Comm(c.op, c.group, c.nbytes / c.count, c.seconds)
 
 
 def param_gathers(

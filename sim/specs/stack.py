@@ -4,7 +4,8 @@ A stack file (``topologies/stacks/<name>.yaml``, or a user's YAML file) describe
 it runs a plan on GPUs: which GEMMs it runs in fp8 and with which scaling recipe by default,
 whether its quantisation casts are fused into the kernels that produce their inputs, whether it can
 overlap tensor-parallel communication with the GEMMs, whether its attention stores the scores, what
-its selective recomputation keeps, the bytes of model state it keeps per parameter, how much memory
+its selective recomputation keeps, the bytes of model state it keeps per parameter and the dtype it
+reduces gradients in, the size of its gradient buckets, the loss's bytes per logit, how much memory
 it holds outside the model and what its memory figure counts. Every value has its source
 in the file's ``sources`` (one entry per field). The GPU's own figures (kernel efficiencies) are
 never here: they are the GPU preset's and its calibration's.
@@ -85,6 +86,18 @@ class StackStates(BaseModel):
     bf16: StateBytes
 
 
+class GradBucket(BaseModel):
+    """The size of the buckets a stack reduces gradients in while the backward runs."""
+
+    model_config = _STRICT
+
+    params: float = Field(gt=0, description="parameters per bucket")
+    params_per_dp_rank: float = Field(0.0, ge=0, description="the bucket grows to this many times the DP size")
+
+    def params_for(self, dp: int) -> float:
+        return max(self.params, self.params_per_dp_rank * dp)
+
+
 class StackSpec(BaseModel):
     """One training framework as it runs a plan (module docstring)."""
 
@@ -110,6 +123,7 @@ class StackSpec(BaseModel):
         gt=0, description="bytes per logit alive when the loss backward starts (fp32 softmax and its gradients)"
     )
     states: StackStates
+    grad_bucket: GradBucket
     memory: StackMemory
     sources: dict[str, str] = Field(description="where each value comes from, by field name")
 
@@ -157,6 +171,7 @@ _SOURCED = (
     "fp8_weight_cache",
     "loss_bytes_per_logit",
     "states",
+    "grad_bucket",
     "memory",
 )
 

@@ -177,8 +177,8 @@ def _dp_tail(x: Inputs, prank: int, rt: RankTimes) -> float:
     buckets = []
     for s, (t0, d, at) in sorted(rt.last_bwd.items()):
         comms = it.grad_buckets(x.plan, x.work[s], group, x.profile, o, x.edp(prank))
-        ready = it.bucket_ready(t0, d, len(comms), o.overlap_grad_reduce, at)
-        buckets += [(t, s, b, x.time(c, prank)) for b, (c, t) in enumerate(zip(comms, ready))]
+        releases = it.reduction_calls(comms, t0, d, o.overlap_grad_reduce, at, lambda c: x.time(c, prank))
+        buckets += [(t, s, b, x.time(c, prank)) for b, (c, t) in enumerate(releases)]
     cur = 0.0
     for ready_at, _, _, dur in sorted(buckets):
         cur = max(cur, ready_at) + dur
@@ -407,7 +407,7 @@ def _last_reduction(x: Inputs, prank: int, stage: int) -> float:
 
     def timed() -> float:
         comms = it.grad_buckets(p, x.work[stage], x.dp_groups[prank], x.profile, x.options, x.edp(prank))
-        return x.time(comms[-1], prank)
+        return x.time(it.last_bucket(comms), prank)
 
     return _cached(x, key, timed)
 
