@@ -181,7 +181,7 @@ def test_megatron_bf16_keeps_fp32_gradients_as_its_docs_count():
     """Megatron-LM dist_optimizer.md: bf16 params with fp32 grads, 18 bytes per parameter without the
     distributed optimizer and 6 + 12/d with it; fp16 params and grads, 16 while the fp32 gradient copy
     of the step is not alive."""
-    from simpar.sim.cost.memory import stack_conventions, stack_state_bytes
+    from simpar.sim.cost.states import stack_conventions, stack_state_bytes
 
     psi, d = 1e9, 8
     bf16 = stack_conventions(_mem_plan(precision="bf16")).states
@@ -192,7 +192,7 @@ def test_megatron_bf16_keeps_fp32_gradients_as_its_docs_count():
 
 
 def test_fsdp_stacks_keep_fp32_sharded_parameters_as_the_master():
-    from simpar.sim.cost.memory import stack_conventions, stack_state_bytes
+    from simpar.sim.cost.states import stack_conventions, stack_state_bytes
 
     psi, d = 1e9, 8
     for stack in ("torchtitan", "llm-foundry"):

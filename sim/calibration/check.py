@@ -193,9 +193,10 @@ def prepare(case: CheckPlan, cluster: ClusterSpec, calibration: Calibration | No
 
 def predicted_memory(pred: dict[str, Any], device: str) -> float:
     """The largest rank's peak bytes of a `prepare` result: the engine's memory report on a GPU; on
-    the CPU the same report under the executor's conventions (`memory.EXECUTOR_CPU`: fp32
+    the CPU the same report under the executor's conventions (`states.EXECUTOR_CPU`: fp32
     activations, no framework overhead, no fragmentation), as the docstring says."""
-    from ..cost.memory import EXECUTOR_CPU, restated
+    from ..cost.memory import restated
+    from ..cost.states import EXECUTOR_CPU
 
     mem = pred["memory"]
     if device == "cpu":

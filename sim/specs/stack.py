@@ -44,7 +44,7 @@ MEMORY_METRICS = ("allocated", "reserved", "device")
 
 
 class StackMemory(BaseModel):
-    """What a stack holds outside the model and how it reports memory (`cost.memory.stack_conventions`)."""
+    """What a stack holds outside the model and how it reports memory (`cost.states.stack_conventions`)."""
 
     model_config = _STRICT
 

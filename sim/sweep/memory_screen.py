@@ -17,10 +17,10 @@ from ..cost.memory import (
     MemoryReport,
     rank_memory,
     recompute_transient_bytes,
-    stack_conventions,
     stage_activations,
 )
 from ..cost.params import rank_expert_params, rank_params
+from ..cost.states import stack_conventions
 from ..plan import ParallelPlan
 from ..specs import GPUSpec, ModelSpec
 

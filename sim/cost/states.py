@@ -1,0 +1,86 @@
+"""Model-state bytes and the memory conventions of a runtime (what the activation formulas'
+elements cost, what lives outside the model, what a memory figure counts).
+
+Model states follow Rajbhandari et al., "ZeRO" (SC'20) §3 / Table 1: stage 1 shards the optimizer
+side over N_d data-parallel ranks, stage 2 also the gradients, stage 3 also the weights. How many
+bytes each part takes per parameter is the stack's (`specs.stack.StateBytes`: Megatron keeps fp32
+gradients for bf16, FSDP keeps fp32 sharded parameters as the master); Adam's two fp32 moments
+are the optimizer's. simpar shards over N_d = dp x cp, as Megatron's distributed optimizer does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..plan import ParallelPlan
+from ..specs.stack import StateBytes, load_stack
+
+#: fp32 master weights + Adam first and second moments (ZeRO paper, K = 12).
+OPTIMIZER_BYTES_PER_PARAM = 12
+#: Adam's two fp32 moments per parameter (Kingma & Ba 2015): the optimizer's own state, beside the
+#: stack's master copies (`StateBytes.master`).
+ADAM_MOMENT_BYTES = 8
+
+
+@dataclass(frozen=True)
+class MemoryConventions:
+    """How the runtime being modelled stores what the formulas count, and what its memory figure is.
+
+    ``activation_element_bytes``: bytes of a stored activation element; every activation figure,
+    stored or recompute transient, scales by it / 2 (the formulas count 16-bit elements, 1-byte
+    dropout masks, fp32 logits). ``states``: model-state bytes per parameter (`StateBytes`).
+    ``context_bytes``: per GPU outside torch's caching allocator (CUDA context, NCCL buffers).
+    ``fragmentation``: the caching allocator's cache beyond the live tensors, a fraction of
+    activation bytes. ``reports``: what the runtime's memory figure counts (`MEMORY_METRICS`).
+    ``fp8_weight_cache``: an fp8 copy of each weight is kept between micro-batches."""
+
+    activation_element_bytes: int
+    states: StateBytes
+    context_bytes: float
+    fragmentation: float
+    reports: str = "allocated"
+    fp8_weight_cache: bool = False
+
+    @property
+    def activation_scale(self) -> float:
+        """Factor on the formulas' activation bytes (which count 2-byte elements)."""
+        return self.activation_element_bytes / 2
+
+
+def stack_conventions(plan: ParallelPlan) -> MemoryConventions:
+    """16-bit mixed-precision training on a GPU (what the formulas above describe) as the plan's
+    stack keeps it (`specs.stack.StackSpec`: its state bytes, context, fragmentation, what it reports)."""
+    stack = load_stack(plan.stack)
+    mem = stack.memory
+    return MemoryConventions(
+        2, stack.states_for(plan.precision), mem.context_bytes, mem.fragmentation, mem.reports, stack.fp8_weight_cache
+    )
+
+
+#: The executor on a CPU (executor/measure.py reports state bytes plus the profiler's peak of net
+#: allocations): fp32 training, so every activation figure doubles (masks and logits included, as a
+#: convention) and the states are fp32 weights and gradients beside Adam's moments; no CUDA context
+#: or NCCL buffers; no caching allocator, so no fragmentation.
+EXECUTOR_CPU = MemoryConventions(
+    activation_element_bytes=4,
+    states=StateBytes(weights=4, grads=4, master=0, reduce=4),
+    context_bytes=0.0,
+    fragmentation=0.0,
+)
+
+
+def model_state_bytes(
+    psi: float, zero: int, nd: int, weights: float = 2, grads: float = 2, optimizer: float = OPTIMIZER_BYTES_PER_PARAM
+) -> tuple[float, float, float]:
+    """(weights, gradients, optimizer) bytes for psi parameters kept at the given bytes per
+    parameter (default: the ZeRO paper's 2 + 2 + K = 12), sharded over nd by ZeRO stage (Table 1)."""
+    return (
+        weights * psi / (nd if zero >= 3 else 1),
+        grads * psi / (nd if zero >= 2 else 1),
+        optimizer * psi / (nd if zero >= 1 else 1),
+    )
+
+
+def stack_state_bytes(psi: float, zero: int, nd: int, states: StateBytes) -> tuple[float, float, float]:
+    """`model_state_bytes` as a stack keeps them, with Adam's moments beside its master copies."""
+    return model_state_bytes(psi, zero, nd, states.weights, states.grads, states.master + ADAM_MOMENT_BYTES)
