@@ -268,3 +268,28 @@ def test_unfused_cross_entropy_keeps_more_logit_bytes():
     a = stage_activation_bytes(m, _mem_plan(zero=3, stack="torchtitan", recompute="full"), 0)
     b = stage_activation_bytes(m, _mem_plan(zero=3, recompute="full"), 0)
     assert a - b == pytest.approx((12 - 4) * m.seq_len * m.vocab)
+
+
+def test_zero3_calls_follow_the_stack():
+    """FSDP stacks gather and reduce-scatter once per layer and pass; DeepSpeed fetches each of a
+    block's six parameter submodules and reduces in its reduce buckets; more calls, more latency
+    at a large data-parallel size."""
+    from simpar.sim.engine import iteration as it
+    from simpar.sim.engine.simulate import build_work
+    from simpar.sim.network import make_network
+
+    m = load_model("llama2-13b")
+    c = load_cluster("dgx-a100-80g", gpus=1536)
+    net = make_network(c)
+    group = tuple(range(1536))
+    times = {}
+    for stack in ("torchtitan", "deepspeed"):
+        p = ParallelPlan(dp=1536, zero=3, micro_batch_size=1, global_batch_size=1536, schedule="none", stack=stack)
+        w = build_work(m, c, p, network=net)[0][0]
+        fp = it.fsdp_pass(p, w, group)
+        calls = 1 if stack == "torchtitan" else 6
+        assert fp.first.count == calls and fp.rest is not None and fp.rest.count == calls * (w.layers - 1)
+        want = w.layers if stack == "torchtitan" else it.bucket_count(p, w.params)
+        assert fp.reduce.count == want
+        times[stack] = fp.rest.time(net)
+    assert times["deepspeed"] > 2 * times["torchtitan"]

@@ -191,13 +191,20 @@ class FsdpPass:
 
 
 def fsdp_pass(plan: ParallelPlan, work: StageWork, group: tuple[int, ...]) -> FsdpPass:
-    """One layer per FSDP unit (torchtitan and FSDP wrap each transformer block): a gather and, in
-    the backward, a reduce-scatter per layer, each a collective call of its own."""
+    """The collective calls of one ZeRO-3 pass as the plan's stack makes them (`StackSpec.zero3`):
+    ``gathers_per_layer`` all-gathers per layer (FSDP wraps each transformer block: 1; DeepSpeed
+    fetches each submodule), and in the backward one reduce-scatter per layer (FSDP) or per
+    gradient bucket (DeepSpeed's reduce buckets); each call pays the collective's latency."""
+    z3 = load_stack(plan.stack).zero3
     nl = max(1, work.layers)
-    layer = 2.0 * work.params / nl
-    first = Comm("all-gather", group, layer)
-    rest = Comm("all-gather", group, layer * (nl - 1), count=nl - 1) if nl > 1 else None
-    reduce = Comm("reduce-scatter", group, work.params * grad_bytes_per_param(plan), count=nl)
+    calls = nl * z3.gathers_per_layer
+    first_bytes = 2.0 * work.params / nl
+    first = Comm("all-gather", group, first_bytes, count=z3.gathers_per_layer)
+    rest = None
+    if nl > 1:
+        rest = Comm("all-gather", group, 2.0 * work.params - first_bytes, count=calls - z3.gathers_per_layer)
+    reduces = nl if z3.reduce_per == "layer" else bucket_count(plan, work.params)
+    reduce = Comm("reduce-scatter", group, work.params * grad_bytes_per_param(plan), count=reduces)
     return FsdpPass(first, rest, reduce)
 
 

@@ -98,6 +98,17 @@ class GradBucket(BaseModel):
         return max(self.params, self.params_per_dp_rank * dp)
 
 
+class Zero3Calls(BaseModel):
+    """The collective calls a stack makes for ZeRO-3 / FSDP (`engine.iteration.fsdp_pass`)."""
+
+    model_config = _STRICT
+
+    gathers_per_layer: int = Field(ge=1, description="parameter all-gathers per transformer layer and pass")
+    reduce_per: Literal["layer", "bucket"] = Field(
+        description="gradients reduce-scattered per layer (FSDP units), or per gradient bucket (grad_bucket)"
+    )
+
+
 class StackSpec(BaseModel):
     """One training framework as it runs a plan (module docstring)."""
 
@@ -124,6 +135,7 @@ class StackSpec(BaseModel):
     )
     states: StackStates
     grad_bucket: GradBucket
+    zero3: Zero3Calls
     memory: StackMemory
     sources: dict[str, str] = Field(description="where each value comes from, by field name")
 
@@ -172,6 +184,7 @@ _SOURCED = (
     "loss_bytes_per_logit",
     "states",
     "grad_bucket",
+    "zero3",
     "memory",
 )
 
