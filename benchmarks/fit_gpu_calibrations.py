@@ -28,10 +28,11 @@ from pathlib import Path
 from simpar.sim.cost.compute import CostModel
 from simpar.sim.engine.simulate import simulate
 from simpar.sim.procs import fork_map
+from simpar.sim.specs import load_cluster
 from simpar.sim.specs.calibration import EfficiencyParams, default_calibration_path
 from simpar.sim.validation.published import read_rows, row_setup
 
-GROUPS = {"a100": ("a100-40g", "a100-80g"), "h100": ("h100-sxm",), "blackwell": ("b200", "b300", "gb300")}
+GROUPS = {"a100": ("a100-40g", "a100-80g"), "h100": ("h100-sxm", "h100-96g"), "blackwell": ("b200", "b300", "gb300")}
 #: parameter -> (relative step, lower, upper); attention fwd and bwd move together (ratio kept)
 STEPS = {
     "mm_eff_max": (0.04, 0.4, 0.9),
@@ -150,17 +151,8 @@ def write(fitted: dict[str, EfficiencyParams], figures: dict, csvs: list[str]) -
 
 
 def _gpu(r) -> str:
-    return {
-        "dgx-a100-80g": "a100-80g",
-        "dgx-a100-40g": "a100-40g",
-        "dgx-h100": "h100-sxm",
-        "hgx-h200": "h200",
-        "dgx-b200": "b200",
-        "gb200-nvl72": "b200",
-        "dgx-b300": "b300",
-        "gb300-nvl72": "gb300",
-        "pcie-a100-8g": "a100-80g",
-    }.get(r["cluster"], r["cluster"])
+    """The GPU preset of a row's cluster (as its cluster file names it)."""
+    return load_cluster(r["cluster"]).gpu.name
 
 
 if __name__ == "__main__":

@@ -37,7 +37,11 @@ FEATURE_HINTS: tuple[tuple[str, str], ...] = (
     ("compile on", "torch.compile (kernel fusion) is not modelled"),
     ("alibi", "ALiBi attention bias (llm-foundry's triton/flash kernels), priced as plain FlashAttention"),
     ("op-level selective ac", "torchtitan's op-level selective recompute differs from Megatron's attention-core one"),
-    ("h100-96g-500w", "H100 96 GB at a 500 W power limit, simulated on the 80 GB 700 W H100 preset"),
+    (
+        "h100-96g-500w",
+        "H100 96 GB at a 500 W power limit (preset h100-96g: its memory and bandwidth; the power-limited clocks"
+        " are not modelled)",
+    ),
     ("not hdr infiniband", "inter-node fabric (RoCE) differs from the preset's InfiniBand"),
     ("roce", "inter-node fabric (RoCE) differs from the preset's InfiniBand"),
     ("ambiguity", "the source is ambiguous (see the row's notes)"),
