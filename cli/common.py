@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from simpar.sim.choices import FP8_RECIPES, MAX_BATCH, MAX_GPUS, PRECISIONS, RECOMPUTE, SCHEDULES
+from simpar.sim.choices import FP8_RECIPES, MAX_BATCH, MAX_GPUS, PRECISIONS, RECOMPUTE, RECOMPUTE_MODULES, SCHEDULES
 from simpar.sim.errors import PlanError
 
 if TYPE_CHECKING:
@@ -65,6 +65,13 @@ def plan_options(f: Callable[..., Any]) -> Callable[..., Any]:
         ),
         click.option("--zero", type=click.IntRange(0, 3), default=0, show_default=True, help="ZeRO stage"),
         click.option("--recompute", type=click.Choice(RECOMPUTE), default="none", show_default=True),
+        click.option(
+            "--recompute-modules",
+            default=None,
+            help="Megatron-Core recompute modules of --recompute selective, comma-separated: "
+            + ", ".join(RECOMPUTE_MODULES)
+            + " [default: the stack's selective recompute]",
+        ),
         click.option(
             "--sequence-parallel/--no-sequence-parallel",
             default=None,
@@ -183,6 +190,8 @@ def setup_from_options(kw: dict[str, Any]) -> Setup:
         etp=kw.get("etp"),
         moe_imbalance=kw.get("moe_imbalance", 1.0),
     )
+    if kw.get("recompute_modules"):
+        data["recompute_modules"] = tuple(x.strip() for x in kw["recompute_modules"].split(",") if x.strip())
     for key in ("flash_attention", "tp_comm_overlap", "fp8_recipe"):  # unset: the stack decides
         if kw.get(key) is not None:
             data[key] = kw[key]

@@ -10,6 +10,8 @@ from __future__ import annotations
 #: Schedule names; ``none`` means no pipeline (pp = 1, plain gradient accumulation).
 SCHEDULES = ("none", "gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-1p", "zb-2p", "zb-v")
 RECOMPUTE = ("none", "selective", "full")
+#: Megatron-Core's fine-grained selective recompute modules (TransformerConfig.recompute_modules)
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe_act", "moe", "shared_experts")
 PRECISIONS = ("bf16", "fp16", "fp8", "fp4")
 #: Low-precision GEMM recipes (`simpar.sim.specs.recipes`).
 FP8_RECIPES = ("delayed", "tensorwise", "rowwise", "blockwise", "mxfp8", "nvfp4")

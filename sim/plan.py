@@ -23,6 +23,7 @@ from .choices import MAX_GPUS as MAX_GPUS
 from .choices import MAX_MICROBATCHES as MAX_MICROBATCHES
 from .choices import PRECISIONS as PRECISIONS
 from .choices import RECOMPUTE as RECOMPUTE
+from .choices import RECOMPUTE_MODULES as RECOMPUTE_MODULES
 from .choices import SCHEDULES as SCHEDULES
 from .errors import PlanError
 from .specs import ClusterSpec, ModelSpec
@@ -84,6 +85,11 @@ class ParallelPlan(BaseModel):
     schedule: str = Field("1f1b", description="pipeline schedule name")
     zero: int = Field(0, ge=0, le=3, description="ZeRO stage: 1 optimizer, 2 +grads, 3 +params")
     recompute: Literal["none", "selective", "full"] = "none"
+    #: what selective recompute re-runs, as Megatron-Core's --recompute-modules names it (None: the
+    #: stack's selective recompute; Megatron's default is the attention core alone)
+    recompute_modules: tuple[str, ...] | None = Field(
+        None, description="Megatron-Core recompute modules of a selective plan (core_attn, layernorm, ...)"
+    )
     sequence_parallel: bool = False
     precision: Literal["bf16", "fp16", "fp8", "fp4"] = "bf16"
     #: the framework that runs the plan (`simpar.sim.specs.stack`); the three fields after it default to its values
@@ -126,6 +132,16 @@ class ParallelPlan(BaseModel):
         if v is not None and v not in FP8_RECIPES:
             raise ValueError(f"unknown fp8 recipe {v!r}; use one of {', '.join(FP8_RECIPES)}")
         return v
+
+    @field_validator("recompute_modules")
+    @classmethod
+    def _known_modules(cls, v: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if v is None:
+            return v
+        bad = [x for x in v if x not in RECOMPUTE_MODULES]
+        if bad:
+            raise ValueError(f"unknown recompute module {bad[0]!r}; use {', '.join(RECOMPUTE_MODULES)}")
+        return tuple(sorted(set(v), key=RECOMPUTE_MODULES.index))
 
     @field_validator("schedule")
     @classmethod
@@ -218,7 +234,9 @@ class ParallelPlan(BaseModel):
         return (
             f"tp {self.tp} pp {self.pp} dp {self.dp} cp {self.cp} vpp {self.vpp}{experts}, mbs {self.micro_batch_size}"
             f" gbs {self.global_batch_size} ({self.num_microbatches} microbatches), {self.schedule},"
-            f" ZeRO {self.zero}, recompute {self.recompute}{', SP' if self.sequence_parallel else ''}"
+            f" ZeRO {self.zero}, recompute {self.recompute}"
+            f"{f' ({chr(44).join(self.recompute_modules)})' if self.recompute_modules else ''}"
+            f"{', SP' if self.sequence_parallel else ''}"
             f"{', TP overlap' if self.tp_comm_overlap else ''}, {self.precision}"
             f"{f' ({self.fp8_recipe})' if self.fp8_recipe else ''}, {self.stack}"
         )
@@ -321,6 +339,18 @@ def _check_stack(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec) -> 
     problem = recipe_problem(plan.precision, plan.fp8_recipe, stack, cluster.gpu)
     if problem is not None:
         raise PlanError("fp8_recipe", *problem)
+    if plan.recompute_modules is not None:
+        if plan.recompute != "selective":
+            raise PlanError(
+                "recompute_modules", "recompute modules apply to selective recompute.", "add --recompute selective."
+            )
+        if stack.selective_recompute != "attention-core":
+            raise PlanError(
+                "recompute_modules",
+                f"stack {stack.name} has no Megatron-Core recompute modules (its selective recompute is"
+                f" {stack.selective_recompute}).",
+                "drop --recompute-modules, or use a Megatron stack.",
+            )
     if plan.recompute == "selective" and stack.selective_recompute == "op-level":
         what = op_level_problem(model)
         if what is not None:

@@ -243,7 +243,7 @@ def test_op_level_selective_stores_less_and_recomputes_matmuls():
     assert layer_activation_bytes(m, tt) < 0.6 * layer_activation_bytes(m, mc)
     cost = CostModel.for_gpu(load_cluster("dgx-h100", gpus=8).gpu)
     lt_tt, lt_mc = cost.layer_times(m, tt), cost.layer_times(m, mc)
-    assert lt_tt.op_level_f is not None and lt_mc.op_level_f is None
+    assert lt_tt.sel_f is not None and lt_mc.sel_f is None
     assert lt_mc.selective_f == lt_mc.attn_f
     assert 0 < lt_tt.selective_f < lt_tt.f
 
@@ -293,3 +293,71 @@ def test_zero3_calls_follow_the_stack():
         assert fp.reduce.count == want
         times[stack] = fp.rest.time(net)
     assert times["deepspeed"] > 2 * times["torchtitan"]
+
+
+# --- Megatron-Core recompute modules (--recompute-modules) -----------------------------------
+def _sel(model: str, gpus: int, **kw) -> ParallelPlan:
+    base = dict(dp=gpus, micro_batch_size=1, global_batch_size=gpus, schedule="none", recompute="selective")
+    return ParallelPlan(**{**base, **kw})
+
+
+def test_recompute_modules_drop_what_they_recompute():
+    """Each module drops exactly its tensors from a layer's stored activations: ``mlp`` a dense
+    MLP's internals (SwiGLU: 6 s b f bytes), ``mla_up_proj`` MLA's up-projected q, k and v,
+    ``moe_act`` the experts' activation output, ``moe`` the whole MoE MLP; ``core_attn`` alone is
+    Megatron's default selective recompute."""
+    from simpar.sim.cost.memory import layer_activation_bytes
+    from simpar.sim.cost.moe import moe_mlp_activation_parts
+    from simpar.sim.model import layer_kinds
+
+    m = load_model("llama3-8b")
+    default, mlp = _sel("llama3-8b", 8), _sel("llama3-8b", 8, recompute_modules=("core_attn", "mlp"))
+    assert layer_activation_bytes(m, _sel("x", 8, recompute_modules=("core_attn",))) == layer_activation_bytes(
+        m, default
+    )
+    assert layer_activation_bytes(m, default) - layer_activation_bytes(m, mlp) == pytest.approx(6 * m.seq_len * m.ffn)
+    ds = load_model("deepseek-v3")
+    moe_kind = next(k for k in layer_kinds(ds) if k.moe)
+    kw = dict(ep=8)
+    base = _sel("ds", 64, **kw)
+    parts = moe_mlp_activation_parts(ds, base)
+    a = layer_activation_bytes(ds, base, kind=moe_kind)
+    act = layer_activation_bytes(ds, _sel("ds", 64, recompute_modules=("core_attn", "moe_act"), **kw), kind=moe_kind)
+    assert a - act == pytest.approx(parts["expert_act"])
+    whole = layer_activation_bytes(ds, _sel("ds", 64, recompute_modules=("core_attn", "moe"), **kw), kind=moe_kind)
+    assert a - whole == pytest.approx(sum(parts.values()))
+    up = layer_activation_bytes(ds, _sel("ds", 64, recompute_modules=("core_attn", "mla_up_proj"), **kw), kind=moe_kind)
+    mla, n = ds.mla, ds.heads
+    assert a - up == pytest.approx(2 * ds.seq_len * n * (2 * mla.qk_head_dim + mla.v_head_dim))
+    # without core_attn, FlashAttention's log-sum-exp stays (4 bytes per head and token)
+    no_core = layer_activation_bytes(m, _sel("x", 8, recompute_modules=("mlp",)))
+    assert no_core - layer_activation_bytes(m, mlp) == pytest.approx(4 * m.heads * m.seq_len)
+
+
+def test_recompute_modules_cost_their_forward_again():
+    """The recompute time of a selective plan is the forward time of its modules: more modules,
+    more time, never more than the layer's whole forward."""
+    from simpar.sim.cost.moe import moe_layer_times
+    from simpar.sim.model import layer_kinds
+
+    ds = load_model("deepseek-v3")
+    cost = CostModel.for_gpu(load_cluster("dgx-b200", gpus=64).gpu)
+    kind = next(k for k in layer_kinds(ds) if k.moe)
+
+    def sel(mods):
+        return moe_layer_times(cost, ds, _sel("ds", 64, ep=8, recompute_modules=mods), kind).selective_f
+
+    core = moe_layer_times(cost, ds, _sel("ds", 64, ep=8), kind)
+    assert sel(("core_attn",)) == pytest.approx(core.attn_f)
+    assert sel(("core_attn",)) < sel(("core_attn", "mla_up_proj")) < sel(("core_attn", "mla_up_proj", "moe_act"))
+    assert sel(("moe_act",)) < sel(("moe",)) < core.f
+
+
+def test_recompute_modules_are_refused_where_they_do_not_apply():
+    m, c = load_model("llama3-8b"), load_cluster("dgx-h100", gpus=8)
+    with pytest.raises(PlanError, match="apply to selective recompute"):
+        check_plan(_sel("x", 8, recompute="full", recompute_modules=("mlp",)), m, c)
+    with pytest.raises(PlanError, match="no Megatron-Core recompute modules"):
+        check_plan(_sel("x", 8, zero=3, stack="torchtitan", recompute_modules=("mlp",)), m, c)
+    with pytest.raises(ValueError, match="unknown recompute module"):
+        _sel("x", 8, recompute_modules=("attention",))

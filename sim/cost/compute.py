@@ -37,7 +37,7 @@ from ..plan import ParallelPlan
 from ..specs import GPUSpec, ModelSpec
 from ..specs.calibration import Calibration, EfficiencyParams, default_calibration
 from .precision import cast_bytes, gemm_dtype, recipe_of
-from .recompute import block_linears, selective_mode
+from .recompute import block_linears, selective_mode, selective_modules
 from .tables import MeasuredTables
 
 #: FlashAttention's query/key block (FA2 forward, 128 on A100/H100): the diagonal blocks of a
@@ -73,6 +73,9 @@ ADAM_BYTES_PER_PARAM = 28
 #: Element-wise bytes per layer and token, in units of hidden size, forward (norms, residuals,
 #: dropout, bias adds; GeLU/SwiGLU traffic is counted from ffn separately). Backward moves twice.
 ELEMENTWISE_BYTES_PER_TOKEN_H = 24
+#: Bytes per element of a norm's forward (16-bit read and write): what the ``layernorm`` recompute
+#: module re-runs.
+NORM_BYTES_PER_ELEMENT = 4
 #: Kernels per transformer layer forward (backward launches about twice as many).
 KERNELS_PER_LAYER_FWD = 14
 
@@ -94,8 +97,9 @@ class PassTimes:
     #: TP-communication overlap hides the TP collectives under (0 for a measured layer: no split)
     tp_gemm_f: float = 0.0
     tp_gemm_b: float = 0.0
-    #: what selective recompute re-runs when it is not the attention core (`recompute.selective_mode`)
-    op_level_f: float | None = None
+    #: what selective recompute re-runs when it is not the attention core alone: op-level
+    #: checkpointing, or Megatron-Core recompute modules (`recompute.selective_modules`)
+    sel_f: float | None = None
 
     @property
     def b(self) -> float:
@@ -103,9 +107,20 @@ class PassTimes:
 
     @property
     def selective_f(self) -> float:
-        """Seconds of forward work selective recompute re-runs: the attention core, or under
-        op-level checkpointing the unsaved matmuls and the element-wise work."""
-        return self.attn_f if self.op_level_f is None else self.op_level_f
+        """Seconds of forward work selective recompute re-runs: the attention core, or what the
+        stack's op-level checkpointing or the plan's recompute modules re-run."""
+        return self.attn_f if self.sel_f is None else self.sel_f
+
+
+def mla_up_shapes(m: ModelSpec, plan: ParallelPlan, tokens: float) -> list[tuple[float, float, float]]:
+    """MLA's up-projections of one layer on one GPU (queries from the q latent when it has one,
+    keys and values from the kv latent): what the ``mla_up_proj`` recompute module re-runs."""
+    a, n, t = m.mla, m.heads, plan.tp
+    assert a is not None
+    ups: list[tuple[float, float, float]] = []
+    if a.q_lora_rank:
+        ups.append((tokens, n * a.qk_head_dim / t, float(a.q_lora_rank)))
+    return ups + [(tokens, n * (a.qk_nope_head_dim + a.v_head_dim) / t, float(a.kv_lora_rank))]
 
 
 def attention_shapes(m: ModelSpec, plan: ParallelPlan, tokens: float) -> list[tuple[float, float, float]]:
@@ -117,14 +132,9 @@ def attention_shapes(m: ModelSpec, plan: ParallelPlan, tokens: float) -> list[tu
         kv = m.kv_heads * m.head_dim
         return [(tokens, (m.attn_width + 2 * kv) / t, h), (tokens, h, m.attn_width / t)]
     a, n = m.mla, m.heads
-    out = []
-    if a.q_lora_rank:
-        out += [(tokens, a.q_lora_rank, h), (tokens, n * a.qk_head_dim / t, a.q_lora_rank)]
-    else:
-        out += [(tokens, n * a.qk_head_dim / t, h)]
-    out += [(tokens, a.kv_lora_rank + a.qk_rope_head_dim, h)]
-    out += [(tokens, n * (a.qk_nope_head_dim + a.v_head_dim) / t, a.kv_lora_rank)]
-    return out + [(tokens, h, n * a.v_head_dim / t)]
+    down = [(tokens, a.q_lora_rank, h)] if a.q_lora_rank else [(tokens, n * a.qk_head_dim / t, h)]
+    down += [(tokens, a.kv_lora_rank + a.qk_rope_head_dim, h)]
+    return down + mla_up_shapes(m, plan, tokens) + [(tokens, h, n * a.v_head_dim / t)]
 
 
 @dataclass(frozen=True)
@@ -247,11 +257,21 @@ class CostModel:
         f_time = max(fwd_mm + attn_f + ew_f, launch)
         i_time = max(i_mm + attn_b + 2 * ew_f, 2 * launch)
         w_time = max(w_mm, launch)
-        op_level = None
-        if selective_mode(plan) == "op-level" and not kind.moe:
+        sel = None
+        mode = selective_mode(plan)
+        if mode == "op-level" and not kind.moe:
             unsaved = [lin for lin in block_linears(m, plan, tokens) if not lin.saved]
-            op_level = ew_f + sum(self.linear_times(plan, lin.group, [lin.shape])[0] for lin in unsaved)
-        return PassTimes(f_time, i_time, w_time, attn_f, tp_gemm_f=fwd_mm, tp_gemm_b=i_mm + w_mm, op_level_f=op_level)
+            sel = ew_f + sum(self.linear_times(plan, lin.group, [lin.shape])[0] for lin in unsaved)
+        elif mode == "attention-core" and plan.recompute_modules:
+            mods = selective_modules(plan)
+            sel = attn_f if "core_attn" in mods else 0.0
+            if m.mla is not None and "layernorm" in mods:
+                sel += self.memory_time(NORM_BYTES_PER_ELEMENT * tokens * h / sp)  # the input norm
+            if m.mla is not None and "mla_up_proj" in mods:
+                sel += self.linear_times(plan, "attention", mla_up_shapes(m, plan, tokens))[0]
+            if "mlp" in mods and not kind.moe:
+                sel += parts[1][0] + self.memory_time(tokens * mlp_ew)
+        return PassTimes(f_time, i_time, w_time, attn_f, tp_gemm_f=fwd_mm, tp_gemm_b=i_mm + w_mm, sel_f=sel)
 
     def logits_times(self, m: ModelSpec, plan: ParallelPlan) -> PassTimes:
         """Final norm, output projection (vocab split over tp) and cross-entropy."""

@@ -32,9 +32,9 @@ from ..specs import GPUSpec, ModelSpec
 from ..specs.stack import MEMORY_METRICS, load_stack
 from ..units import GiB
 from .alive import plan_profile
-from .moe import moe_mlp_activation_bytes
+from .moe import moe_mlp_activation_parts
 from .params import rank_expert_params, rank_params, stage_kinds
-from .recompute import op_level_stored_bytes, selective_mode
+from .recompute import op_level_stored_bytes, selective_mode, selective_modules
 from .states import MemoryConventions, stack_conventions, stack_state_bytes
 
 
@@ -46,7 +46,8 @@ def layer_activation_bytes(
     kind: LayerKind = DENSE,
 ) -> float:
     """Bytes one transformer layer of ``kind`` keeps for one micro-batch until its backward (per
-    GPU); an MoE layer's MLP is `moe.moe_mlp_activation_bytes`."""
+    GPU); an MoE layer's MLP is `moe.moe_mlp_activation_parts`. A selective plan keeps what its
+    recompute modules leave (`recompute.selective_modules`)."""
     recompute = plan.recompute if recompute is None else recompute
     flash = plan.flash_attention if flash is None else flash
     s = m.seq_len / plan.cp
@@ -80,14 +81,31 @@ def layer_activation_bytes(
         q = o = m.attn_width / h
         k = v = g * m.attn_width / h
     split = sbh * 2 * (q + k + v + o) + mlp
-    total = replicated / (t if plan.sequence_parallel else 1) + split / t
-    if kind.moe:
-        total += moe_mlp_activation_bytes(m, plan)
-    if recompute == "none" and not flash:
+    sp = t if plan.sequence_parallel else 1
+    total = replicated / sp + split / t
+    moe_parts = moe_mlp_activation_parts(m, plan) if kind.moe else {}
+    total += sum(moe_parts.values())
+    if not flash:
         # softmax output (2 bytes) + dropout mask (1) + dropout output (2): 5as^2b (2as^2b without dropout)
-        total += (2 + 3 * drop) * a * s * (m.seq_len if plan.cp > 1 else s) * b / t
-    elif flash and recompute == "none":
-        total += 4 * a * s * b / t  # FlashAttention's fp32 log-sum-exp per head and token
+        core = (2 + 3 * drop) * a * s * (m.seq_len if plan.cp > 1 else s) * b / t
+    else:
+        core = 4 * a * s * b / t  # FlashAttention's fp32 log-sum-exp per head and token
+    if recompute == "none":
+        return total + core
+    # selective: what Megatron-Core's recompute modules drop (`recompute.selective_modules`)
+    modules = selective_modules(plan)
+    if "core_attn" not in modules:
+        total += core
+    if "layernorm" in modules:
+        total -= (2 * sbh / sp) * (kind.moe + (m.mla is not None))
+    if "mla_up_proj" in modules and m.mla is not None:
+        total -= sbh * 2 * (q + k + v) / t
+    if "mlp" in modules:
+        total -= mlp / t
+    if "moe" in modules:
+        total -= sum(moe_parts.values())
+    elif moe_parts:
+        total -= moe_parts["expert_act"] * ("moe_act" in modules) + moe_parts["shared"] * ("shared_experts" in modules)
     return total
 
 
@@ -207,9 +225,15 @@ def recompute_transient_bytes(m: ModelSpec, plan: ParallelPlan) -> float:
     kinds = set(layer_kinds(m))
     if plan.recompute == "full":
         return max(layer_activation_bytes(m, plan, recompute="none", kind=k) for k in kinds)
-    if plan.recompute == "selective" and (not plan.flash_attention or selective_mode(plan) == "op-level"):
-        full = layer_activation_bytes(m, plan, recompute="none")
-        return full - layer_activation_bytes(m, plan, recompute="selective")
+    if plan.recompute == "selective" and (
+        not plan.flash_attention or selective_mode(plan) == "op-level" or plan.recompute_modules
+    ):
+        # the re-materialised part of one layer, the largest over the model's layer kinds
+        return max(
+            layer_activation_bytes(m, plan, recompute="none", kind=k)
+            - layer_activation_bytes(m, plan, recompute="selective", kind=k)
+            for k in kinds
+        )
     return 0.0
 
 

@@ -32,8 +32,9 @@ from __future__ import annotations
 from ..model import LayerKind
 from ..plan import ParallelPlan
 from ..specs import ModelSpec
-from .compute import CostModel, PassTimes
+from .compute import NORM_BYTES_PER_ELEMENT, CostModel, PassTimes
 from .precision import gemm_dtype
+from .recompute import selective_mode, selective_modules
 
 #: Bytes moved per dispatched row element by the permutation before dispatch and the
 #: unpermutation after combine (each reads and writes the 16-bit row: 2 x (2 + 2)).
@@ -95,15 +96,16 @@ def moe_mlp_times(cost: CostModel, m: ModelSpec, plan: ParallelPlan) -> PassTime
     moved = cost.memory_time(rows * h * PERMUTE_BYTES_PER_ELEMENT)
     act = cost.memory_time(rows * (6 if m.gated_mlp else 4) * fe)
     ef, ei = ef + moved + act, ei + moved + 2 * act
-    return PassTimes(
-        rf + scores + shared_ew + ef,
-        ri + scores + 2 * shared_ew + ei,
-        rw + ew,
-        0.0,
-        ef,
-        ei,
-        ew,
-    )
+    forward = rf + scores + shared_ew + ef
+    sel = None
+    if plan.recompute_modules and selective_mode(plan) == "attention-core":  # `recompute.selective_modules`
+        mods = selective_modules(plan)
+        sel = cost.memory_time(NORM_BYTES_PER_ELEMENT * held * h) if "layernorm" in mods else 0.0
+        if "moe" in mods:
+            sel += forward
+        else:
+            sel += act * ("moe_act" in mods) + (sh[0] + shared_ew) * ("shared_experts" in mods)
+    return PassTimes(forward, ri + scores + 2 * shared_ew + ei, rw + ew, 0.0, ef, ei, ew, sel_f=sel)
 
 
 def moe_layer_times(cost: CostModel, m: ModelSpec, plan: ParallelPlan, kind: LayerKind) -> PassTimes:
@@ -122,21 +124,33 @@ def moe_layer_times(cost: CostModel, m: ModelSpec, plan: ParallelPlan, kind: Lay
         mlp.expert_w,
         base.tp_gemm_f,
         base.tp_gemm_b,
+        sel_f=None if mlp.sel_f is None else base.selective_f + mlp.sel_f,
     )
 
 
-def moe_mlp_activation_bytes(m: ModelSpec, plan: ParallelPlan) -> float:
-    """Bytes an MoE MLP keeps for one micro-batch until its backward, on the busiest GPU: the
-    router's fp32 scores (every token this GPU routes x E), the dispatched rows (h each) and the
-    combine's input rows, each expert's internals as a dense MLP's (gated: gate, up and the
-    activation's output; else two) on its 1 / etp slice, and the shared experts as a dense MLP
-    split over tp. 16-bit elements (Korthikanti et al. 2022 §4's convention)."""
+def moe_mlp_activation_parts(m: ModelSpec, plan: ParallelPlan) -> dict[str, float]:
+    """Bytes an MoE MLP keeps for one micro-batch until its backward, on the busiest GPU, by part:
+    ``router`` (fp32 scores of every token this GPU routes x E), ``rows`` (the dispatched rows and
+    the combine's input rows, h each), ``expert_inner`` and ``expert_act`` (each expert's internals
+    as a dense MLP's on its 1 / etp slice: gated, gate and up, else the activation's input; and the
+    activation's output), ``shared`` (the shared experts as a dense MLP split over tp). 16-bit
+    elements (Korthikanti et al. 2022 §4's convention)."""
     moe = m.moe
     assert moe is not None
     tok = tokens(m, plan)
     held = tok / (plan.tp if plan.sequence_parallel else 1)
     rows = expert_rows(m, plan) * moe.experts / plan.ep
     per_inner = 6 if m.gated_mlp else 4
-    experts = rows * (2 * 2 * m.hidden + per_inner * moe.expert_ffn / plan.expert_tp)
-    shared = per_inner * tok * moe.shared_experts * moe.shared_ffn / plan.tp
-    return 4.0 * held * moe.experts + experts + shared
+    fe = moe.expert_ffn / plan.expert_tp
+    return {
+        "router": 4.0 * held * moe.experts,
+        "rows": rows * 2 * 2 * m.hidden,
+        "expert_inner": rows * (per_inner - 2) * fe,
+        "expert_act": rows * 2 * fe,
+        "shared": per_inner * tok * moe.shared_experts * moe.shared_ffn / plan.tp,
+    }
+
+
+def moe_mlp_activation_bytes(m: ModelSpec, plan: ParallelPlan) -> float:
+    """The sum of `moe_mlp_activation_parts`."""
+    return sum(moe_mlp_activation_parts(m, plan).values())

@@ -37,6 +37,25 @@ class Linear:
     saved: bool
 
 
+def selective_modules(plan: ParallelPlan) -> frozenset[str]:
+    """The Megatron-Core recompute modules a selective recompute of ``plan`` re-runs (its
+    ``recompute_modules``, else Megatron's default: the attention core alone). Only meaningful on
+    a stack whose selective recompute is the attention core (check_plan refuses the others).
+
+    What each module drops from the stored activations and re-runs in the backward
+    (Megatron-Core TransformerConfig.recompute_modules):
+    - ``core_attn``: the attention core (its scores, or FlashAttention's log-sum-exp);
+    - ``layernorm``: a norm that is a module of its own (not fused into TE's LayerNormLinear): the
+      pre-MLP norm of an MoE layer (the router's and experts' input) and the input norm of an MLA
+      layer (its down-projections are plain linears);
+    - ``mla_up_proj``: MLA's up-projected queries, keys and values (rebuilt from the latents);
+    - ``mlp``: a dense MLP's internals (its input is kept);
+    - ``moe_act``: the routed experts' activation output; ``shared_experts``: the shared experts'
+      internals; ``moe``: the whole MoE MLP (router scores, dispatched rows, experts), its
+      dispatch and combine all-to-alls included."""
+    return frozenset(plan.recompute_modules or ("core_attn",))
+
+
 def selective_mode(plan: ParallelPlan) -> str | None:
     """The plan's kind of selective recompute (None when it does not recompute selectively)."""
     if plan.recompute != "selective":

@@ -35,6 +35,7 @@ from .compute import CostModel, PassTimes
 from .moe import dispatch_bytes, moe_layer_times
 from .params import rank_expert_params, rank_params, stage_kinds
 from .profile import MEGATRON, RuntimeProfile
+from .recompute import selective_mode
 
 
 class CollectiveTimer(Protocol):
@@ -228,7 +229,9 @@ def _layer_work(
     rec = {"full": lt.f, "selective": lt.selective_f}.get(plan.recompute, 0.0)
     # op-level selective checkpointing saves the reduce-scatter outputs but re-runs the sequence-parallel
     # all-gathers that feed the unsaved matmuls: half of the forward TP collectives
-    tp_rec = tp_f + cp_f if full else (tp_f / 2 if lt.op_level_f is not None else 0.0)
+    tp_rec = tp_f + cp_f if full else (tp_f / 2 if selective_mode(plan) == "op-level" else 0.0)
+    # the moe recompute module re-runs the MoE layer's dispatch and combine
+    moe_rec = full or (plan.recompute == "selective" and "moe" in (plan.recompute_modules or ()))
     return {
         "f": lt.f,
         "i": lt.i,
@@ -239,7 +242,7 @@ def _layer_work(
         "tp_r": tp_rec,
         "a2a_f": 2 * a2a,
         "a2a_b": 2 * a2a,
-        "a2a_r": 2 * a2a if full else 0.0,
+        "a2a_r": 2 * a2a if moe_rec else 0.0,
         "expert_f": lt.expert_f,
         "expert_i": lt.expert_i,
         "expert_w": lt.expert_w,

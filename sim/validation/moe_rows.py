@@ -6,8 +6,10 @@ What an empty cell means is stated here, once, for every row (never per row):
 - ``etp``: 1 (Megatron-Bridge's MoE recipes set ``expert_tensor_parallel_size`` 1; Megatron-Core's
   own default, etp = tp, would not even fold for the tp 2 x dp 16 x ep 32 rows);
 - ``zero``: 1 (Megatron-Bridge's MoE recipes run the distributed optimizer);
-- ``recompute``: none; ``sequence_parallel``: on when tp > 1 (Megatron-Core requires it for
-  MoE with tp > 1);
+- ``recompute``: selective when the row names ``recompute_modules`` (Megatron-Core's recompute
+  modules, filled in from Megatron-Bridge's performance recipes where the row's layout matches
+  one; see FORMAT.md), else none; ``sequence_parallel``: on when tp > 1 (Megatron-Core requires it
+  for MoE with tp > 1);
 - ``mtp``: the preset's MTP modules; 0 removes them, 1 keeps one;
 - ``token_dispatch``: dropless, the Megatron-Core default; ``drop`` drops tokens over a capacity
   factor of 1 (Megatron-Bridge's token-drop variants);
@@ -66,4 +68,6 @@ def cell(r: dict[str, str], col: str) -> str:
         return v
     if col == "sequence_parallel":
         return "1" if int(r["tp"]) > 1 else "0"
+    if col == "recompute" and (r.get("recompute_modules") or "").strip():
+        return "selective"
     return DEFAULTS.get(col, v)

@@ -14,7 +14,7 @@ from typing import Any
 
 from .. import files
 from ..errors import SimparError
-from ..plan import FP8_RECIPES, ParallelPlan, balanced_layer_split, check_plan
+from ..plan import FP8_RECIPES, RECOMPUTE_MODULES, ParallelPlan, balanced_layer_split, check_plan
 from ..procs import fork_map
 from ..specs import load_cluster
 from ..specs.model import ModelSpec
@@ -24,8 +24,9 @@ from .moe_rows import MOE_COLUMNS, cell, is_moe_row, moe_model, moe_plan_fields
 
 #: Optional per-row columns (FORMAT.md): ``stack`` (a stack preset, `simpar.sim.specs.stack`; empty:
 #: megatron-core), ``fp8_recipe`` (a recipe, or the published spelling below; empty or "not stated
-#: ...": the stack's default), ``flash_attention`` and ``tp_comm_overlap`` (1/0; empty: the stack's).
-OPTIONAL_PLAN_COLUMNS = ("stack", "fp8_recipe", "flash_attention", "tp_comm_overlap")
+#: ...": the stack's default), ``flash_attention`` and ``tp_comm_overlap`` (1/0; empty: the stack's),
+#: ``recompute_modules`` (Megatron-Core recompute modules, space-separated, for a selective row).
+OPTIONAL_PLAN_COLUMNS = ("stack", "fp8_recipe", "flash_attention", "tp_comm_overlap", "recompute_modules")
 #: the recipe names sources print, as simpar's recipes
 RECIPE_SPELLINGS = {"current-scaling": "tensorwise", "current": "tensorwise", "mx": "mxfp8"}
 
@@ -150,6 +151,14 @@ def row_hints(r: dict[str, str]) -> dict[str, Any]:
                 f"row {r.get('id')}: fp8_recipe", f"is {recipe!r}.", f"write one of {', '.join(FP8_RECIPES)}."
             )
         out["fp8_recipe"] = recipe
+    modules = (r.get("recompute_modules") or "").split()
+    if modules:
+        bad = [x for x in modules if x not in RECOMPUTE_MODULES]
+        if bad:
+            raise SimparError(
+                f"row {r.get('id')}: recompute_modules", f"has {bad[0]!r}.", f"use {', '.join(RECOMPUTE_MODULES)}."
+            )
+        out["recompute_modules"] = tuple(modules)
     for col in ("flash_attention", "tp_comm_overlap"):
         v = (r.get(col) or "").strip()
         if v:
