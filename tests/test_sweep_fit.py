@@ -71,6 +71,22 @@ def test_screen_equals_the_memory_report():
     assert checked > 50
 
 
+def test_screen_equals_the_memory_report_for_moe_layouts():
+    """One screen caches activations across plans: an MoE layer's rows per GPU grow with etp, so
+    plans differing only in their expert layout must not share a cached activation figure."""
+    model, cluster = load_model("tiny-moe"), load_cluster("dgx-h100", gpus=16)
+    space = SearchSpace(mbs=(1, 2), recompute=("none", "selective"), zero=(1,))
+    screen = MemoryScreen(model, cluster.gpu)
+    etps = set()
+    for cfg in enumerate_configs(model, cluster, 16, space):
+        plan, _ = checked_plan(cfg, model, cluster, 32, space)
+        if plan is None:
+            continue
+        assert screen.report(plan) == memory_report(model, plan, cluster.gpu), cfg.id
+        etps.add((plan.tp, plan.expert_tp))
+    assert len({e for _, e in etps}) > 1
+
+
 def test_oom_reason_names_rank_and_excess():
     model, cluster = load_model("gpt-7.5b"), load_cluster("dgx-a100-40g", gpus=8)
     from simpar.sim.sweep.space import Config

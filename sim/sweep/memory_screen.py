@@ -56,16 +56,22 @@ class MemoryScreen:
 
     @staticmethod
     def _act_key(plan: ParallelPlan) -> tuple:
-        """What the stored activation bytes of the stages depend on."""
+        """What the stored activation bytes of the stages depend on (the expert sizes: an MoE
+        layer's rows per GPU grow with etp; the stack and the recompute modules: what is kept)."""
         return (
             plan.tp,
             plan.cp,
             plan.micro_batch_size,
             plan.sequence_parallel,
             plan.recompute,
+            plan.recompute_modules,
             plan.flash_attention,
             plan.num_stages,
             plan.layer_split,
+            plan.ep,
+            plan.expert_tp,
+            plan.moe_imbalance,
+            plan.stack,
         )
 
     def _activations(self, plan: ParallelPlan) -> tuple[list[float], float]:
