@@ -59,7 +59,8 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time names load lazily (
     from simpar.sim.engine.results import SimResult
     from simpar.sim.engine.simulate import simulate
     from simpar.sim.errors import SimparError
-    from simpar.sim.plan import ParallelPlan, check_plan
+    from simpar.sim.plan import ParallelPlan
+    from simpar.sim.plan_check import check_plan
     from simpar.sim.schedules import build_schedule, schedule_for_plan
     from simpar.sim.specs import ClusterSpec, ModelSpec, load_cluster, load_gpu, load_model
     from simpar.sim.specs.calibration import Calibration, load_calibration

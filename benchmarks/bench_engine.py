@@ -12,7 +12,8 @@ import time
 
 from simpar.sim.engine.core import EngineOptions
 from simpar.sim.engine.simulate import simulate
-from simpar.sim.plan import ParallelPlan, check_plan
+from simpar.sim.plan import ParallelPlan
+from simpar.sim.plan_check import check_plan
 from simpar.sim.specs import load_cluster, load_model
 
 

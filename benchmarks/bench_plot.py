@@ -17,7 +17,8 @@ from pathlib import Path
 
 from simpar.sim.engine.core import EngineOptions
 from simpar.sim.engine.simulate import simulate
-from simpar.sim.plan import ParallelPlan, check_plan
+from simpar.sim.plan import ParallelPlan
+from simpar.sim.plan_check import check_plan
 from simpar.sim.plot.schedule import plot_schedule
 from simpar.sim.plot.timeline import plot_timeline
 from simpar.sim.schedules import StageCosts, build_schedule, list_schedule

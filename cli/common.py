@@ -138,7 +138,8 @@ class Setup:
 
 def setup_from_options(kw: dict[str, Any]) -> Setup:
     """Load presets, build and check the plan; raises SimparError with a clear line."""
-    from simpar.sim.plan import ParallelPlan, balanced_layer_split, check_plan
+    from simpar.sim.plan import ParallelPlan, balanced_layer_split
+    from simpar.sim.plan_check import check_plan
     from simpar.sim.specs import load_cluster, load_model
     from simpar.sim.specs.loader import build
 

@@ -22,7 +22,8 @@ from simpar.sim.errors import PlanError
 from simpar.sim.layout import RankLayout
 from simpar.sim.model import LayerKind
 from simpar.sim.network import make_network
-from simpar.sim.plan import ParallelPlan, check_plan
+from simpar.sim.plan import ParallelPlan
+from simpar.sim.plan_check import check_plan
 from simpar.sim.specs import load_cluster, load_model
 from simpar.sim.sweep.estimator import lower_bound, oracle_estimate
 from simpar.sim.sweep.evaluate import Evaluator, SweepSetup

@@ -11,7 +11,8 @@ from simpar.cli.main import cli
 from simpar.sim.cost.memory import memory_report, schedule_memory_report
 from simpar.sim.engine.core import EngineOptions
 from simpar.sim.engine.simulate import simulate
-from simpar.sim.plan import ParallelPlan, check_plan
+from simpar.sim.plan import ParallelPlan
+from simpar.sim.plan_check import check_plan
 from simpar.sim.specs import load_cluster, load_model
 
 MODEL = load_model("gpt-1.7b")

@@ -13,7 +13,8 @@ from simpar.sim.cost.compute import CostModel
 from simpar.sim.cost.precision import cast_bytes, gemm_dtype
 from simpar.sim.engine.simulate import simulate
 from simpar.sim.errors import PlanError, SimparError
-from simpar.sim.plan import ParallelPlan, check_plan
+from simpar.sim.plan import ParallelPlan
+from simpar.sim.plan_check import check_plan
 from simpar.sim.specs import load_cluster, load_gpu, load_model, preset_names
 from simpar.sim.specs.recipes import RECIPES
 from simpar.sim.specs.stack import load_stack, stack_names
@@ -250,7 +251,7 @@ def test_op_level_selective_stores_less_and_recomputes_matmuls():
 
 def test_op_level_selective_is_refused_where_its_order_is_unknown():
     from simpar.sim.errors import PlanError
-    from simpar.sim.plan import check_plan
+    from simpar.sim.plan_check import check_plan
 
     m = load_model("deepseek-v3")
     c = load_cluster("dgx-h100", gpus=64)

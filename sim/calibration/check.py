@@ -38,7 +38,8 @@ from ..cost.profile import ExecutorProfile
 from ..engine.iteration import EXECUTOR_OPTIONS
 from ..engine.simulate import simulate
 from ..engine.trace import TraceEvent, read_trace, write_trace
-from ..plan import ParallelPlan, check_plan
+from ..plan import ParallelPlan
+from ..plan_check import check_plan
 from ..schedules import schedule_for_plan, write_csv
 from ..specs import ClusterSpec, ModelSpec, load_model
 from ..specs.calibration import Calibration

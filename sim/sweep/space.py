@@ -30,7 +30,8 @@ from dataclasses import asdict, dataclass, fields
 from math import isqrt
 
 from ..errors import PlanError, SimparError
-from ..plan import RECOMPUTE, SCHEDULES, ParallelPlan, balanced_layer_split, check_plan
+from ..plan import RECOMPUTE, SCHEDULES, ParallelPlan, balanced_layer_split
+from ..plan_check import check_plan
 from ..specs import ClusterSpec, ModelSpec
 
 PIPELINE_SCHEDULES = tuple(s for s in SCHEDULES if s != "none")

@@ -14,7 +14,8 @@ from typing import Any
 
 from .. import files
 from ..errors import SimparError
-from ..plan import FP8_RECIPES, RECOMPUTE_MODULES, ParallelPlan, balanced_layer_split, check_plan
+from ..plan import FP8_RECIPES, RECOMPUTE_MODULES, ParallelPlan, balanced_layer_split
+from ..plan_check import check_plan
 from ..procs import fork_map
 from ..specs import load_cluster
 from ..specs.model import ModelSpec

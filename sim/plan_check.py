@@ -1,0 +1,219 @@
+"""`check_plan`: the rules a plan must keep against its model, cluster and stack, one PlanError
+(field, problem, fix) for the first it breaks. The plan type itself is `simpar.sim.plan`."""
+
+from __future__ import annotations
+
+from .choices import MAX_GPUS, MAX_MICROBATCHES
+from .errors import PlanError
+from .plan import ParallelPlan, balanced_layer_split
+from .specs import ClusterSpec, ModelSpec
+from .specs.recipes import recipe_problem
+from .specs.stack import load_stack, op_level_problem
+
+
+def check_plan(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec, num_gpus: int | None = None) -> None:
+    """Raise one PlanError (field, problem, fix) for the first rule the plan breaks."""
+    n = cluster.num_gpus if num_gpus is None else num_gpus
+    if plan.num_gpus > MAX_GPUS:
+        raise PlanError("dp*tp*pp*cp", f"{plan.num_gpus} GPUs is more than simpar's bound of {MAX_GPUS}.", "use fewer.")
+    if plan.num_gpus != n:
+        raise PlanError(
+            "dp*tp*pp*cp",
+            f"{plan.dp}*{plan.tp}*{plan.pp}*{plan.cp} = {plan.num_gpus} does not equal the GPU count {n}.",
+            f"choose sizes whose product is {n} (or omit --dp to derive it).",
+        )
+    if model.heads % plan.tp:
+        raise PlanError(
+            "tp", f"tp={plan.tp} does not divide the {model.heads} attention heads.", "pick tp dividing the head count."
+        )
+    if model.kv_heads % plan.tp and plan.tp % model.kv_heads:
+        raise PlanError(
+            "tp",
+            f"tp={plan.tp} and the {model.kv_heads} kv heads do not divide each other.",
+            "pick tp dividing kv_heads (or a multiple of it).",
+        )
+    if model.ffn % plan.tp:
+        raise PlanError("tp", f"tp={plan.tp} does not divide ffn={model.ffn}.", "pick tp dividing the MLP size.")
+    if plan.tp > cluster.gpus_per_node and not plan.allow_tp_across_nodes:
+        raise PlanError(
+            "tp",
+            f"tp={plan.tp} is larger than a node ({cluster.gpus_per_node} GPUs).",
+            "use tp <= GPUs per node, or allow it explicitly (--allow-tp-across-nodes).",
+        )
+    if plan.sequence_parallel and plan.tp == 1:
+        raise PlanError(
+            "sequence_parallel", "sequence parallelism needs tp > 1.", "drop --sequence-parallel or use tp > 1."
+        )
+    if model.seq_len % (plan.cp * (plan.tp if plan.sequence_parallel else 1)):
+        raise PlanError(
+            "cp",
+            f"seq_len={model.seq_len} is not divisible by cp{'*tp' if plan.sequence_parallel else ''}.",
+            "pick cp (and tp) dividing the sequence length.",
+        )
+    per_step = plan.dp * plan.micro_batch_size
+    if plan.global_batch_size % per_step:
+        raise PlanError(
+            "gbs",
+            f"global batch {plan.global_batch_size} is not divisible by dp*mbs = "
+            f"{plan.dp}*{plan.micro_batch_size} = {per_step}.",
+            f"use a multiple of {per_step}.",
+        )
+    _check_schedule(plan)
+    _check_split(plan, model)
+    _check_stack(plan, model, cluster)
+    _check_experts(plan, model)
+
+
+def _check_stack(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec) -> None:
+    """The stack-decided fields: the low-precision recipe on this stack and GPU, TP overlap."""
+    stack = load_stack(plan.stack)
+    if plan.fp8_recipe is not None and plan.precision not in ("fp8", "fp4"):
+        raise PlanError("fp8_recipe", f"a {plan.precision} plan has no fp8 recipe.", "drop the recipe or use fp8.")
+    problem = recipe_problem(plan.precision, plan.fp8_recipe, stack, cluster.gpu)
+    if problem is not None:
+        raise PlanError("fp8_recipe", *problem)
+    if plan.recompute_modules is not None:
+        if plan.recompute != "selective":
+            raise PlanError(
+                "recompute_modules", "recompute modules apply to selective recompute.", "add --recompute selective."
+            )
+        if stack.selective_recompute != "attention-core":
+            raise PlanError(
+                "recompute_modules",
+                f"stack {stack.name} has no Megatron-Core recompute modules (its selective recompute is"
+                f" {stack.selective_recompute}).",
+                "drop --recompute-modules, or use a Megatron stack.",
+            )
+    if plan.recompute == "selective" and stack.selective_recompute == "op-level":
+        what = op_level_problem(model)
+        if what is not None:
+            raise PlanError(
+                "recompute",
+                f"stack {stack.name}'s op-level selective recompute is not modelled for {what}.",
+                "use --recompute full or none, or a stack with attention-core selective recompute.",
+            )
+    if plan.tp_comm_overlap:
+        if not stack.tp_comm_overlap_supported:
+            raise PlanError("tp_comm_overlap", f"stack {stack.name} cannot overlap TP communication.", "turn it off.")
+        if plan.tp == 1 or not plan.sequence_parallel:
+            raise PlanError(
+                "tp_comm_overlap",
+                "TP communication overlap needs tp > 1 with sequence parallelism (Megatron-Core and torch's async TP).",
+                "add --sequence-parallel, or turn the overlap off.",
+            )
+
+
+def _check_experts(plan: ParallelPlan, model: ModelSpec) -> None:
+    """Megatron-Core's parallel folding: the expert layers of a pipeline rank run on the same
+    tp x cp x dp GPUs as its attention, folded into edp x ep x etp."""
+    moe = model.moe
+    if moe is None:
+        if plan.ep > 1 or plan.etp is not None:
+            flag = "ep" if plan.ep > 1 else "etp"
+            raise PlanError(
+                flag, f"{model.name} has no MoE layers; {flag} applies to expert layers only.", f"drop --{flag}."
+            )
+        return
+    ep, etp = plan.ep, plan.expert_tp
+    if plan.zero >= 3:
+        raise PlanError(
+            "zero",
+            "ZeRO-3 / FSDP of MoE models is not modelled yet (expert parameters gathered over edp).",
+            "use --zero 0, 1 or 2 (Megatron-Core's distributed optimizer) for MoE models.",
+        )
+    if moe.experts % ep:
+        raise PlanError(
+            "ep", f"ep={ep} does not divide the {moe.experts} experts.", "pick ep dividing the expert count."
+        )
+    width = plan.tp * plan.cp * plan.dp
+    if width % (ep * etp):
+        raise PlanError(
+            "ep",
+            f"ep*etp = {ep}*{etp} does not divide tp*cp*dp = {width}, the GPUs of a pipeline rank the expert "
+            "layers fold over.",
+            f"pick ep and etp whose product divides {width}.",
+        )
+    if moe.expert_ffn % etp:
+        raise PlanError(
+            "etp", f"etp={etp} does not divide the expert MLP size {moe.expert_ffn}.", "pick etp dividing it."
+        )
+    if moe.shared_experts and (moe.shared_experts * moe.shared_ffn) % plan.tp:
+        raise PlanError(
+            "tp",
+            f"tp={plan.tp} does not divide the shared experts' MLP size {moe.shared_experts * moe.shared_ffn}.",
+            "pick tp dividing it.",
+        )
+
+
+def _check_schedule(plan: ParallelPlan) -> None:
+    s, m = plan.schedule, plan.num_microbatches
+    if s == "none" and plan.pp > 1:
+        raise PlanError(
+            "schedule",
+            f"pp={plan.pp} needs a pipeline schedule.",
+            "use --schedule 1f1b (or gpipe, interleaved-1f1b, zb-*).",
+        )
+    if s == "interleaved-1f1b" and plan.vpp < 2:
+        raise PlanError(
+            "vpp", "interleaved-1f1b needs vpp >= 2 model chunks per pipeline rank.", "pass --vpp 2 (or more)."
+        )
+    if s == "interleaved-1f1b" and plan.pp < 2:
+        raise PlanError("pp", "interleaved-1f1b needs pp >= 2.", "use pp >= 2 or --schedule none.")
+    if s == "zb-v" and plan.vpp != 2:
+        raise PlanError(
+            "vpp", f"zb-v places exactly 2 chunks per pipeline rank (V shape), got vpp={plan.vpp}.", "pass --vpp 2."
+        )
+    if s not in ("interleaved-1f1b", "zb-v") and plan.vpp != 1:
+        raise PlanError(
+            "vpp",
+            f"schedule {s} runs one stage per pipeline rank, got vpp={plan.vpp}.",
+            "use --vpp 1, or --schedule interleaved-1f1b / zb-v.",
+        )
+    if s == "interleaved-1f1b" and m < plan.pp:
+        raise PlanError(
+            "gbs",
+            f"interleaved-1f1b needs at least pp={plan.pp} microbatches, got {m}.",
+            "raise the global batch or lower mbs/dp.",
+        )
+    # m need not be a multiple of pp: the interleaved generator runs Megatron's microbatch groups of
+    # pp and lets the last group absorb the remainder (sim/schedules/interleaved.py).
+    if m < 1:
+        raise PlanError("gbs", "the plan has no microbatch.", "raise the global batch.")
+    if m > MAX_MICROBATCHES:
+        raise PlanError(
+            "gbs",
+            f"{m} micro-batches per iteration is more than simpar's bound of {MAX_MICROBATCHES}.",
+            "raise mbs or dp, or lower the global batch.",
+        )
+
+
+def _check_split(plan: ParallelPlan, model: ModelSpec) -> None:
+    stages = plan.num_stages
+    if plan.layer_split is None:
+        if model.layers % stages:
+            raise PlanError(
+                "pp",
+                f"{model.layers} layers cannot be split evenly into pp*vpp = {stages} stages.",
+                f"pick pp*vpp dividing {model.layers}, or give an explicit layer split (e.g. "
+                f"{','.join(map(str, balanced_layer_split(model.layers, stages)))}).",
+            )
+        return
+    split = plan.layer_split
+    if len(split) != stages:
+        raise PlanError(
+            "layer_split",
+            f"has {len(split)} entries, the plan has pp*vpp = {stages} stages.",
+            f"give {stages} comma-separated layer counts.",
+        )
+    if sum(split) != model.layers or min(split) < 0:
+        raise PlanError(
+            "layer_split",
+            f"sums to {sum(split)}, the model has {model.layers} layers.",
+            "make the counts non-negative and sum to the layer count.",
+        )
+    if any(x == 0 for x in split[1:-1]):
+        raise PlanError(
+            "layer_split",
+            "only the first and last stage may hold 0 transformer layers.",
+            "give every middle stage at least one layer.",
+        )
