@@ -25,7 +25,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from simpar.sim.errors import PlanError, ScheduleError, SimparError
-from simpar.sim.plan import ParallelPlan, _check_experts, _check_schedule, _check_split
+from simpar.sim.plan import ParallelPlan
+from simpar.sim.plan_check import _check_experts, _check_schedule, _check_split
 from simpar.sim.schedules import check_schedule, read_csv
 from simpar.sim.schedules.ir import Kind, Schedule, looped_placement, v_placement
 from simpar.sim.specs import ModelSpec

@@ -8,7 +8,8 @@ import time
 import pytest
 
 from simpar.sim.errors import ScheduleError
-from simpar.sim.plan import ParallelPlan, _check_schedule
+from simpar.sim.plan import ParallelPlan
+from simpar.sim.plan_check import _check_schedule
 from simpar.sim.schedules import (
     SCHEDULE_NAMES,
     Kind,
