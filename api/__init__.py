@@ -31,7 +31,7 @@ _EXPORTS = {
     "ModelSpec": "simpar.sim.specs",
     "ClusterSpec": "simpar.sim.specs",
     "ParallelPlan": "simpar.sim.plan",
-    "check_plan": "simpar.sim.plan",
+    "check_plan": "simpar.sim.plan_check",
     "build_schedule": "simpar.sim.schedules",
     "schedule_for_plan": "simpar.sim.schedules",
     "memory_report": "simpar.sim.cost.memory",
