@@ -23,9 +23,7 @@ def nccl(csv_file: str, as_json: bool) -> None:
 
     from simpar.sim import files
     from simpar.sim.errors import SimparError
-    from simpar.sim.network import make_network
     from simpar.sim.network.nccltests import compare
-    from simpar.sim.specs import load_cluster
 
     rows = files.read_csv(Path(csv_file), "nccl-tests CSV")
     need = ("row_id", "cluster", "gpus", "op", "algorithm", "bytes", "time_us", "busbw_GBps", "check")
@@ -33,14 +31,7 @@ def nccl(csv_file: str, as_json: bool) -> None:
     if not rows or missing:
         what = f"has no column {missing[0]!r}" if missing else "has no data rows"
         raise SimparError(f"nccl-tests CSV {csv_file}", f"{what}.", "see tests/data/nccl-tests.md for the columns.")
-    nets: dict = {}
-
-    def network_for(cluster: str, gpus: int):
-        if (cluster, gpus) not in nets:
-            nets[(cluster, gpus)] = make_network(load_cluster(cluster, gpus=gpus))
-        return nets[(cluster, gpus)]
-
-    results = compare(rows, network_for)
+    results = compare(rows)
     checked = [c for c, r in zip(results, rows) if r["check"] == "ring" and c.busbw_error is not None]
     errs = [abs(c.busbw_error) for c in checked if c.busbw_error is not None]
     summary = {

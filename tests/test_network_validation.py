@@ -94,17 +94,6 @@ def test_the_curve_has_the_nccl_tests_shape(cluster, gpus):
 NCCL_ROWS = read_csv_rows("nccl-tests.csv")
 
 
-def _network_for():
-    nets: dict = {}
-
-    def get(cluster: str, gpus: int):
-        if (cluster, gpus) not in nets:
-            nets[(cluster, gpus)] = make_network(load_cluster(cluster, gpus=gpus))
-        return nets[(cluster, gpus)]
-
-    return get
-
-
 def test_large_message_ring_rows_within_10_percent():
     """The rows marked check=ring (large-message ring all-reduce on H100 with 8 x 400 Gb/s, 16 to 64
     GPUs, as measured and accepted by the NCCL maintainers) within 10 % of the predicted busbw."""
@@ -112,7 +101,7 @@ def test_large_message_ring_rows_within_10_percent():
 
     rows = [r for r in NCCL_ROWS if r["check"] == "ring"]
     assert len(rows) >= 5 and len({r["gpus"] for r in rows}) >= 3
-    for c in compare(rows, _network_for()):
+    for c in compare(rows):
         assert c.status == "compared" and c.algorithm.startswith("ring"), c
         assert abs(c.busbw_error) <= 0.10, (c.row_id, c.measured_busbw_GBps, c.predicted_busbw_GBps)
 
@@ -120,7 +109,7 @@ def test_large_message_ring_rows_within_10_percent():
 def test_rows_simpar_cannot_model_are_named_not_compared():
     from simpar.sim.network.nccltests import compare
 
-    out = {c.row_id: c for c in compare(NCCL_ROWS, _network_for())}
+    out = {c.row_id: c for c in compare(NCCL_ROWS)}
     sharp = next(r for r in NCCL_ROWS if r["algorithm"] == "collnet")
     assert out[sharp["row_id"]].status == "algorithm collnet not modelled"
     assert out[sharp["row_id"]].predicted_busbw_GBps is None

@@ -7,7 +7,7 @@ reduce-scatter (n-1)/n, all-to-all (n-1)/n, broadcast 1. GB/s here are 1e9 bytes
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from ..units import GB
@@ -116,11 +116,29 @@ def _figure(text: str) -> float | None:
     return float(text) if text else None
 
 
-def compare(rows: Iterable[dict[str, str]], network_for) -> list[Comparison]:
+def preset_networks() -> Callable[[str, int], Network]:
+    """``(cluster preset, gpus) -> analytical network``, each built once."""
+    from ..specs import load_cluster
+    from . import make_network
+
+    nets: dict[tuple[str, int], Network] = {}
+
+    def get(cluster: str, gpus: int) -> Network:
+        if (cluster, gpus) not in nets:
+            nets[(cluster, gpus)] = make_network(load_cluster(cluster, gpus=gpus))
+        return nets[(cluster, gpus)]
+
+    return get
+
+
+def compare(
+    rows: Iterable[dict[str, str]], network_for: Callable[[str, int], Network] | None = None
+) -> list[Comparison]:
     """Each row's prediction on its ``cluster`` preset (``network_for(cluster, gpus)`` gives the
-    network), forcing the row's algorithm where it forced ring or tree. A row without a cluster,
-    with an algorithm simpar does not model (NVLS tree, CollNet/SHARP, PAT) or without a message
+    network; default `preset_networks`), forcing the row's algorithm where it forced ring or tree. A
+    row without a cluster, with an algorithm simpar does not model (NVLS tree, CollNet/SHARP, PAT) or without a message
     size is listed with the reason and not compared."""
+    network_for = network_for or preset_networks()
     out = []
     for r in rows:
         n, op, algo = int(r["gpus"]), r["op"], (r.get("algorithm") or "default").strip().lower()
