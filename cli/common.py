@@ -12,7 +12,16 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from simpar.sim.choices import FP8_RECIPES, MAX_BATCH, MAX_GPUS, PRECISIONS, RECOMPUTE, RECOMPUTE_MODULES, SCHEDULES
+from simpar.sim.choices import (
+    FP8_RECIPES,
+    MAX_BATCH,
+    MAX_GPUS,
+    MOE_DISPATCHERS,
+    PRECISIONS,
+    RECOMPUTE,
+    RECOMPUTE_MODULES,
+    SCHEDULES,
+)
 from simpar.sim.errors import PlanError
 
 if TYPE_CHECKING:
@@ -123,6 +132,20 @@ def plan_options(f: Callable[..., Any]) -> Callable[..., Any]:
             show_default=True,
             help="busiest expert rank's tokens over the balanced share (1: force-balanced routing)",
         ),
+        click.option(
+            "--moe-dispatcher",
+            type=click.Choice(MOE_DISPATCHERS),
+            default="alltoall",
+            show_default=True,
+            help="MoE token dispatcher: alltoall (a copy per expert) or flex (DeepEP / HybridEP: a copy per GPU "
+            "and node)",
+        ),
+        click.option(
+            "--moe-a2a-overlap",
+            is_flag=True,
+            help="hide MoE all-to-alls under another micro-batch's compute (Megatron-Core "
+            "--overlap-moe-expert-parallel-comm)",
+        ),
     ]
     for opt in reversed(opts):
         f = opt(f)
@@ -190,6 +213,8 @@ def setup_from_options(kw: dict[str, Any]) -> Setup:
         ep=kw.get("ep", 1),
         etp=kw.get("etp"),
         moe_imbalance=kw.get("moe_imbalance", 1.0),
+        moe_dispatcher=kw.get("moe_dispatcher") or "alltoall",
+        moe_a2a_overlap=bool(kw.get("moe_a2a_overlap")),
     )
     if kw.get("recompute_modules"):
         data["recompute_modules"] = tuple(x.strip() for x in kw["recompute_modules"].split(",") if x.strip())

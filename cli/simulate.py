@@ -33,11 +33,6 @@ if TYPE_CHECKING:
 )
 @click.option("--overlap-tp", is_flag=True, help="hide tensor-parallel collectives behind compute")
 @click.option("--no-overlap-grad-reduce", is_flag=True, help="reduce gradients after the backward pass")
-@click.option(
-    "--overlap-moe-a2a",
-    is_flag=True,
-    help="hide MoE all-to-alls behind other micro-batches' compute (Megatron-Core --overlap-moe-expert-parallel-comm)",
-)
 @click.option("--json", "as_json", is_flag=True)
 @click.option(
     "--trace", "trace_path", type=click.Path(dir_okay=False), default=None, help="write a Chrome/Perfetto trace"
@@ -61,7 +56,6 @@ def simulate(
     uncompressed,
     overlap_tp,
     no_overlap_grad_reduce,
-    overlap_moe_a2a,
     as_json,
     trace_path,
     plot_path,
@@ -81,7 +75,6 @@ def simulate(
         compress=not uncompressed,
         overlap_tp=overlap_tp,
         overlap_grad_reduce=not no_overlap_grad_reduce,
-        overlap_moe_a2a=overlap_moe_a2a,
     )
     profile, opts = runtime_of(runtime, calib, opts)
     res = run(st.model, st.cluster, st.plan, backend=backend, calibration=calib, options=opts, profile=profile)

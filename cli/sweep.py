@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from simpar.sim.choices import FP8_RECIPES, PRECISIONS, RECOMPUTE, SCHEDULES
+from simpar.sim.choices import FP8_RECIPES, MOE_DISPATCHERS, PRECISIONS, RECOMPUTE, SCHEDULES
 from simpar.sim.errors import SimparError
 
 from .calib import calibration_options, load_calibration_option, runtime_of, uncalibrated_hint
@@ -106,6 +106,8 @@ def space_from(kw: dict[str, Any]):
         fp8_recipe=kw.get("fp8_recipe"),
         ep=_list(kw["ep"], "ep", cast=int) if kw.get("ep") else None,
         etp=tuple(0 if v == "tp" else _whole_text(v, "etp") for v in _list(kw.get("etp") or "tp,1", "etp")),
+        moe_dispatcher=kw.get("moe_dispatcher") or "alltoall",
+        moe_a2a_overlap=bool(kw.get("moe_a2a_overlap")),
     )
 
 
@@ -125,6 +127,8 @@ _COMMAND = [
     ("fp8_recipe", None),
     ("ep", None),
     ("etp", "tp,1"),
+    ("moe_dispatcher", "alltoall"),
+    ("moe_a2a_overlap", False),
     ("objective", "throughput"),
     ("refine", 0),
     ("simulate", 20),
@@ -264,6 +268,19 @@ def _check_stack(space, gpu) -> None:
     "--ep", default=None, help="MoE: expert-parallel sizes to try [default: every one dividing experts and tp*cp*dp]"
 )
 @click.option("--etp", default="tp,1", show_default=True, help="MoE: expert tensor-parallel sizes to try (tp: = tp)")
+@click.option(
+    "--moe-dispatcher",
+    type=click.Choice(MOE_DISPATCHERS),
+    default="alltoall",
+    show_default=True,
+    help="MoE: token dispatcher of every plan with ep > 1 (flex: DeepEP / HybridEP)",
+)
+@click.option(
+    "--moe-a2a-overlap",
+    is_flag=True,
+    help="MoE: overlap the all-to-alls in every plan Megatron-Core allows it (ep > 1; no pipeline or "
+    "interleaved 1F1B; no full recompute)",
+)
 @click.option("--objective", type=click.Choice(["throughput", "memory"]), default="throughput", show_default=True)
 @click.option("--top", type=Whole(0), default=10, show_default=True, help="rows of the table of best plans")
 @click.option(
@@ -337,8 +354,14 @@ def sweep(**kw) -> None:
         parse_filter(kw["why_filter"])  # a typo fails now, not after the search
     limits.whole(kw["gpus"], "gpus", 1, limits.MAX_GPUS, " GPUs")  # before the cluster is scaled to it
     model = load_model(kw["model"], seq_len=kw["seq_len"])
-    if model.moe is None and (kw["ep"] or kw["etp"] != "tp,1"):
-        flag = "ep" if kw["ep"] else "etp"
+    moe_flags = {
+        "ep": bool(kw["ep"]),
+        "etp": kw["etp"] != "tp,1",
+        "moe-dispatcher": kw.get("moe_dispatcher", "alltoall") != "alltoall",
+        "moe-a2a-overlap": bool(kw.get("moe_a2a_overlap")),
+    }
+    if model.moe is None and any(moe_flags.values()):
+        flag = next(k for k, v in moe_flags.items() if v)
         raise SimparError(
             flag, f"{model.name} has no MoE layers; --{flag} applies to expert layers only.", f"drop --{flag}."
         )

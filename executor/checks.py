@@ -67,6 +67,16 @@ def check_plan_for_executor(plan: ParallelPlan, model: ModelSpec) -> None:
         raise PlanError(
             "tp_comm_overlap", "the executor does not overlap TP communication with the GEMMs.", "turn it off."
         )
+    if plan.moe_dispatcher != "alltoall":
+        raise PlanError(
+            "moe_dispatcher",
+            "the executor dispatches tokens with torch's all_to_all_single (one copy per expert).",
+            "use --moe-dispatcher alltoall.",
+        )
+    if plan.moe_a2a_overlap:
+        raise PlanError(
+            "moe_a2a_overlap", "the executor does not overlap MoE all-to-alls with compute.", "turn it off."
+        )
     unsupported = [
         (model.mla is not None, "mla", "multi-head latent attention"),
         (model.mtp_layers > 0, "mtp_layers", "multi-token prediction"),

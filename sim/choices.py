@@ -13,6 +13,8 @@ RECOMPUTE = ("none", "selective", "full")
 #: Megatron-Core's fine-grained selective recompute modules (TransformerConfig.recompute_modules)
 RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe_act", "moe", "shared_experts")
 PRECISIONS = ("bf16", "fp16", "fp8", "fp4")
+#: Megatron-Core MoE token dispatchers (`simpar.sim.cost.moe`): one copy per expert, or DeepEP/HybridEP's.
+MOE_DISPATCHERS = ("alltoall", "flex")
 #: Low-precision GEMM recipes (`simpar.sim.specs.recipes`).
 FP8_RECIPES = ("delayed", "tensorwise", "rowwise", "blockwise", "mxfp8", "nvfp4")
 

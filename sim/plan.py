@@ -21,6 +21,7 @@ from .choices import FP8_RECIPES as FP8_RECIPES
 from .choices import MAX_BATCH as MAX_BATCH
 from .choices import MAX_GPUS as MAX_GPUS
 from .choices import MAX_MICROBATCHES as MAX_MICROBATCHES
+from .choices import MOE_DISPATCHERS as MOE_DISPATCHERS
 from .choices import PRECISIONS as PRECISIONS
 from .choices import RECOMPUTE as RECOMPUTE
 from .choices import RECOMPUTE_MODULES as RECOMPUTE_MODULES
@@ -105,6 +106,13 @@ class ParallelPlan(BaseModel):
     moe_imbalance: float = Field(
         1.0, ge=1.0, le=64.0, description="busiest expert rank's tokens over the balanced share (1: force-balanced)"
     )
+    #: Megatron-Core --moe-token-dispatcher-type: ``alltoall`` sends a token once per chosen expert;
+    #: ``flex`` (DeepEP / HybridEP) once per GPU, and across nodes once per node (`cost.moe`)
+    moe_dispatcher: str = Field(
+        "alltoall", description="MoE token dispatcher: alltoall (one copy per expert) or flex (DeepEP/HybridEP)"
+    )
+    #: Megatron-Core --overlap-moe-expert-parallel-comm (the combined 1F1B schedule)
+    moe_a2a_overlap: bool = Field(False, description="MoE all-to-alls hidden under another micro-batch's compute")
 
     @model_validator(mode="before")
     @classmethod
@@ -139,6 +147,13 @@ class ParallelPlan(BaseModel):
         if bad:
             raise ValueError(f"unknown recompute module {bad[0]!r}; use {', '.join(RECOMPUTE_MODULES)}")
         return tuple(sorted(set(v), key=RECOMPUTE_MODULES.index))
+
+    @field_validator("moe_dispatcher")
+    @classmethod
+    def _known_dispatcher(cls, v: str) -> str:
+        if v not in MOE_DISPATCHERS:
+            raise ValueError(f"unknown MoE token dispatcher {v!r}; use one of {', '.join(MOE_DISPATCHERS)}")
+        return v
 
     @field_validator("schedule")
     @classmethod
@@ -228,6 +243,10 @@ class ParallelPlan(BaseModel):
     def describe(self) -> str:
         """One line: sizes, batch, schedule, ZeRO, recomputation, SP and precision."""
         experts = f" ep {self.ep} etp {self.expert_tp}" if self.ep > 1 or self.etp is not None else ""
+        if self.moe_dispatcher != "alltoall":
+            experts += f" ({self.moe_dispatcher} dispatch)"
+        if self.moe_a2a_overlap:
+            experts += " A2A overlap"
         return (
             f"tp {self.tp} pp {self.pp} dp {self.dp} cp {self.cp} vpp {self.vpp}{experts}, mbs {self.micro_batch_size}"
             f" gbs {self.global_batch_size} ({self.num_microbatches} microbatches), {self.schedule},"

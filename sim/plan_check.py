@@ -113,7 +113,16 @@ def _check_experts(plan: ParallelPlan, model: ModelSpec) -> None:
             raise PlanError(
                 flag, f"{model.name} has no MoE layers; {flag} applies to expert layers only.", f"drop --{flag}."
             )
+        for flag, on in (
+            ("moe_dispatcher", plan.moe_dispatcher != "alltoall"),
+            ("moe_a2a_overlap", plan.moe_a2a_overlap),
+        ):
+            if on:
+                raise PlanError(
+                    flag, f"{model.name} has no MoE layers; {flag} applies to expert layers only.", "leave it unset."
+                )
         return
+    _check_dispatch(plan, model)
     ep, etp = plan.ep, plan.expert_tp
     if plan.zero >= 3:
         raise PlanError(
@@ -143,6 +152,45 @@ def _check_experts(plan: ParallelPlan, model: ModelSpec) -> None:
             f"tp={plan.tp} does not divide the shared experts' MLP size {moe.shared_experts * moe.shared_ffn}.",
             "pick tp dividing it.",
         )
+
+
+def _check_dispatch(plan: ParallelPlan, model: ModelSpec) -> None:
+    """The token dispatcher and its overlap, as Megatron-Core's TransformerConfig checks them
+    (megatron/core/transformer/transformer_config.py, overlap_moe_expert_parallel_comm)."""
+    if plan.moe_dispatcher == "flex" and plan.ep == 1:
+        raise PlanError("moe_dispatcher", "the flex dispatcher sends tokens over the EP group; ep is 1.", "use ep > 1.")
+    if not plan.moe_a2a_overlap:
+        return
+    rules = (
+        (plan.ep == 1, "ep", "MoE all-to-all overlap needs expert parallelism (ep > 1).", "use ep > 1."),
+        (
+            plan.pp > 1 and plan.schedule != "interleaved-1f1b",
+            "schedule",
+            "MoE all-to-all overlap with pp > 1 runs in Megatron-Core's combined interleaved 1F1B schedule.",
+            "use --schedule interleaved-1f1b with --vpp >= 2.",
+        ),
+        (
+            plan.recompute == "full",
+            "recompute",
+            "MoE all-to-all overlap cannot run with full recomputation.",
+            "use selective or no recompute.",
+        ),
+        (
+            "moe" in (plan.recompute_modules or ()),
+            "recompute_modules",
+            "MoE all-to-all overlap cannot recompute the moe module.",
+            "drop moe from the recompute modules.",
+        ),
+        (
+            model.mtp_layers > 1,
+            "mtp",
+            f"MoE all-to-all overlap supports at most one MTP layer; {model.name} has {model.mtp_layers}.",
+            "use one MTP layer, or turn the overlap off.",
+        ),
+    )
+    for bad, field, why, fix in rules:
+        if bad:
+            raise PlanError(field, why, fix)
 
 
 def _check_schedule(plan: ParallelPlan) -> None:

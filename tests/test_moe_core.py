@@ -246,7 +246,7 @@ def test_all_to_all_inside_a_node_is_faster_than_across_nodes():
 def test_overlapping_the_all_to_all_hides_some_of_it():
     p = plan(dp=16, ep=8, expert_order=("ep", "edp", "etp"), global_batch_size=128)
     shown = simulate(TINY, H100x16, p).breakdown_s["moe_a2a"]
-    hidden = simulate(TINY, H100x16, p, options=EngineOptions(overlap_moe_a2a=True)).breakdown_s["moe_a2a"]
+    hidden = simulate(TINY, H100x16, p.model_copy(update={"moe_a2a_overlap": True})).breakdown_s["moe_a2a"]
     assert hidden < shown
 
 
@@ -261,10 +261,18 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("overlap", [False, True], ids=["exposed", "overlap-a2a"])
-@pytest.mark.parametrize("kw", CASES, ids=lambda k: f"{k['schedule']}-ep{k['ep']}")
-def test_the_oracle_equals_the_engine_and_the_bound_holds(kw, overlap):
-    opts = EngineOptions(overlap_moe_a2a=overlap)
+#: the cases Megatron-Core can overlap (interleaved or no pipeline, no full recompute), and the flex dispatcher
+OVERLAP_CASES = [
+    dict(dp=8, pp=2, ep=8, schedule="interleaved-1f1b", vpp=2, global_batch_size=64, moe_a2a_overlap=True),
+    dict(dp=16, pp=1, ep=8, schedule="none", global_batch_size=64, zero=1, moe_a2a_overlap=True),
+    dict(dp=16, pp=1, ep=16, schedule="none", global_batch_size=64, zero=1, moe_dispatcher="flex"),
+]
+
+
+@pytest.mark.parametrize("kw", CASES + OVERLAP_CASES, ids=lambda k: f"{k['schedule']}-ep{k['ep']}-{len(k)}")
+def test_the_oracle_equals_the_engine_and_the_bound_holds(kw):
+    opts = EngineOptions()
+    overlap = kw.get("moe_a2a_overlap", False)
     p = ParallelPlan(**kw)
     check_plan(p, QWEN, H100x16, 16)
     ev = Evaluator(SweepSetup(QWEN, H100x16, 16, p.global_batch_size, options=opts, token=f"moe-{overlap}"))

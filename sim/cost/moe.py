@@ -16,9 +16,21 @@ The expert rank that gets the most tokens sets the pace of the whole EP group: t
 waits for it.
 
 Dispatch and combine are an all-to-all each way (forward: dispatch, combine; backward: the
-same for the gradients; a full recompute repeats the forward pair). One GPU's send buffer is its
-T x top_k / tp token copies of h 16-bit values (the nccl-tests all-to-all size), scaled by the
-load factor.
+same for the gradients; a full recompute repeats the forward pair). With Megatron-Core's
+``alltoall`` dispatcher one GPU's send buffer is its T x top_k / tp token copies of h 16-bit
+values (the nccl-tests all-to-all size), scaled by the load factor: a token whose experts share
+a GPU travels there once per expert. The ``flex`` dispatcher (DeepEP, HybridEP) sends a token once
+to each GPU holding one of its experts, and to another node once, over the sender's rail, where
+the receiving GPU forwards it over NVLink (DeepSeek-V3 report §3.2.2; DeepEP's normal kernels).
+Under uniform routing over E experts in G equal blocks (GPUs, or nodes) a token's top-k distinct
+experts touch
+
+    D(G) = G x (1 - C(E - E/G, k) / C(E, k))
+
+blocks on average (`distinct_blocks`; force-balanced routing draws the top-k uniformly). So a GPU
+sends T / tp x h x 2 x D(ep) bytes over NVLink (its own tokens and those it forwards: the local
+all-to-all) and T / tp x h x 2 x D(M) to the M - 1 other nodes (an all-to-all among the GPUs of
+one rail), the two pipelined (`flex_dispatch_bytes`; `workload` takes the longer).
 
 The routed experts are timed as grouped GEMMs (`CostModel.grouped_matmul_time`: one kernel, each
 expert's GEMM at the efficiency of its own small shape), plus the memory-bound permutation and
@@ -28,6 +40,8 @@ top-k over fp32 scores; shared experts are a dense MLP split over tp.
 """
 
 from __future__ import annotations
+
+from math import comb
 
 from ..model import LayerKind
 from ..plan import ParallelPlan
@@ -68,6 +82,23 @@ def dispatch_bytes(m: ModelSpec, plan: ParallelPlan) -> float:
     """One GPU's all-to-all send buffer for one dispatch (or combine) of one micro-batch."""
     assert m.moe is not None
     return tokens(m, plan) * m.moe.top_k / plan.tp * m.hidden * 2.0 * load_factor(m, plan)
+
+
+def distinct_blocks(experts: int, top_k: int, blocks: int) -> float:
+    """D(G) of the module docstring: the expected number of ``blocks`` equal groups of experts a
+    token's ``top_k`` distinct, uniformly drawn experts fall in."""
+    per = experts // blocks
+    return blocks * (1.0 - comb(experts - per, top_k) / comb(experts, top_k))
+
+
+def flex_dispatch_bytes(m: ModelSpec, plan: ParallelPlan, nodes: int) -> tuple[float, float]:
+    """The flex dispatcher's (NVLink, network) all-to-all buffers of one GPU for one dispatch (or
+    combine) of one micro-batch, its EP group spread over ``nodes`` nodes (module docstring)."""
+    assert m.moe is not None
+    row = tokens(m, plan) / plan.tp * m.hidden * 2.0 * load_factor(m, plan)
+    e, k = m.moe.experts, m.moe.top_k
+    inter = row * distinct_blocks(e, k, nodes) if nodes > 1 else 0.0
+    return row * distinct_blocks(e, k, plan.ep), inter
 
 
 def moe_mlp_times(cost: CostModel, m: ModelSpec, plan: ParallelPlan) -> PassTimes:

@@ -32,7 +32,7 @@ from ..model import DENSE, LayerKind, layer_kinds, mtp_kind
 from ..plan import ParallelPlan
 from ..specs import ModelSpec
 from .compute import CostModel, PassTimes
-from .moe import dispatch_bytes, moe_layer_times
+from .moe import dispatch_bytes, flex_dispatch_bytes, moe_layer_times
 from .params import rank_expert_params, rank_params, stage_kinds
 from .profile import MEGATRON, RuntimeProfile
 from .recompute import selective_mode
@@ -41,6 +41,7 @@ from .recompute import selective_mode
 class CollectiveTimer(Protocol):
     def collective_time(self, op: str, ranks: tuple[int, ...], nbytes: float) -> float: ...
     def p2p_time(self, src: int, dst: int, nbytes: float) -> float: ...
+    def node_groups(self, ranks: tuple[int, ...]) -> tuple[tuple[int, ...], ...]: ...
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,8 @@ class StageWork:
     a2a_bytes: float = 0.0
     a2a_count_f: int = 0
     a2a_count_b: int = 0
+    #: the plan's ``moe_a2a_overlap`` (`parts`)
+    a2a_overlap: bool = False
 
     @property
     def b(self) -> float:
@@ -87,17 +90,16 @@ class StageWork:
         """Exposed TP/CP communication of a full backward (B = I + W)."""
         return self.tp_b + self.tp_w
 
-    def parts(
-        self, kind: str, overlap_tp: bool = False, overlap_a2a: bool = False
-    ) -> tuple[float, float, float, float]:
+    def parts(self, kind: str, overlap_tp: bool = False) -> tuple[float, float, float, float]:
         """(compute, expert compute, exposed TP/CP, exposed all-to-all) seconds of one pass
         (``kind`` F, B, I, W or R) on the compute stream; their sum is its duration.
 
-        With ``overlap_tp`` the TP/CP collectives are hidden. With ``overlap_a2a`` (Megatron-Core
-        ``--overlap-moe-expert-parallel-comm``: another micro-batch's computation runs while one
-        micro-batch's tokens are dispatched) the all-to-all is hidden up to the pass's own
-        non-expert compute, the longer of the two showing; a backward hides behind its
-        input-gradient part either way (B and I expose the same)."""
+        With ``overlap_tp`` the TP/CP collectives are hidden. With ``a2a_overlap`` (the plan's
+        ``moe_a2a_overlap``, Megatron-Core ``--overlap-moe-expert-parallel-comm``: another
+        micro-batch's computation runs while one micro-batch's tokens are dispatched) the
+        all-to-all is hidden up to the pass's own non-expert compute, the longer of the two
+        showing; a backward hides behind its input-gradient part either way (B and I expose the
+        same)."""
         if kind == "F":
             c, e, tp, a2a = self.f, self.expert_f, self.tp_f, self.a2a_f
         elif kind == "I":
@@ -110,14 +112,14 @@ class StageWork:
             c, e, tp, a2a = self.r, self.expert_r, self.tp_r, self.a2a_r
         else:
             raise ValueError(f"unknown pass {kind!r}")
-        if overlap_a2a and a2a:
+        if self.a2a_overlap and a2a:
             hide = self.i - self.expert_i if kind in ("B", "I") else c - e
             a2a = max(0.0, a2a - hide)
         return c - e, e, 0.0 if overlap_tp else tp, a2a
 
-    def seconds(self, kind: str, overlap_tp: bool = False, overlap_a2a: bool = False) -> float:
+    def seconds(self, kind: str, overlap_tp: bool = False) -> float:
         """The duration of one pass on the compute stream (`parts` summed)."""
-        return sum(self.parts(kind, overlap_tp, overlap_a2a))
+        return sum(self.parts(kind, overlap_tp))
 
 
 def stage_work(
@@ -143,6 +145,9 @@ def stage_work(
     act = 2.0 * tokens * m.hidden  # one 16-bit b x s x h activation (per cp rank)
     tp_layer = 0.0 if timed_with_tp is not None else _tp_layer_time(plan, net, layout, act)
     a2a = _a2a_time(m, plan, net, layout)
+    # the engine runs alltoall-dispatcher all-to-alls on a network that shares links; the flex
+    # dispatcher's two-tier exchange keeps its time here (`a2a_bytes` 0)
+    shared = a2a > 0 and plan.moe_dispatcher == "alltoall"
     per = {
         kind: _layer_work(plan, net, layout, m, lt, tp_layer, a2a if kind.moe else 0.0) for kind, lt in times.items()
     }
@@ -193,9 +198,10 @@ def stage_work(
                 expert_w=ew,
                 expert_r=k * x["expert_r"],
                 expert_params=rank_expert_params(m, plan, [s]),
-                a2a_bytes=dispatch_bytes(m, plan) if a2a else 0.0,
-                a2a_count_f=2 * moe_layers if a2a else 0,
-                a2a_count_b=2 * moe_layers if a2a else 0,
+                a2a_bytes=dispatch_bytes(m, plan) if shared else 0.0,
+                a2a_count_f=2 * moe_layers if shared else 0,
+                a2a_count_b=2 * moe_layers if shared else 0,
+                a2a_overlap=plan.moe_a2a_overlap,
             )
         )
     return out
@@ -255,11 +261,19 @@ def _sum_layers(per: dict[LayerKind, dict[str, float]], counts: Counter) -> dict
 
 
 def _a2a_time(m: ModelSpec, plan: ParallelPlan, net: CollectiveTimer, layout: RankLayout) -> float:
-    """One dispatch (or combine) all-to-all of one MoE layer over the EP group of pipeline rank 0."""
+    """One dispatch (or combine) of one MoE layer over the EP group of pipeline rank 0: one
+    all-to-all, or the flex dispatcher's NVLink and rail all-to-alls, pipelined (`moe` docstring)."""
     if m.moe is None or plan.ep == 1:
         return 0.0
     group = layout.expert_group(layout.rank(pp=0), "ep")
-    return net.collective_time("all-to-all", group, dispatch_bytes(m, plan))
+    if plan.moe_dispatcher == "alltoall":
+        return net.collective_time("all-to-all", group, dispatch_bytes(m, plan))
+    nodes = net.node_groups(group)
+    local, rail = flex_dispatch_bytes(m, plan, len(nodes))
+    t = max(net.collective_time("all-to-all", g, local) for g in nodes)
+    if len(nodes) > 1:
+        t = max(t, net.collective_time("all-to-all", tuple(g[0] for g in nodes), rail))
+    return t
 
 
 def _tp_layer_time(plan: ParallelPlan, net: CollectiveTimer, layout: RankLayout, act: float) -> float:

@@ -29,7 +29,7 @@ def _compute_table(eng: Any) -> dict[tuple[int, Kind], tuple[tuple[float, float,
     o, out = eng.opt, {}
     for s, w in enumerate(eng.work):
         for k in (Kind.F, Kind.B, Kind.I, Kind.W, Kind.R):
-            parts = w.parts(k.value, o.overlap_tp, o.overlap_moe_a2a)
+            parts = w.parts(k.value, o.overlap_tp)
             out[(s, k)] = (parts, sum(parts), "recompute" if k is Kind.R else "compute")
     return out
 

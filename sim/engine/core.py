@@ -271,12 +271,13 @@ class Engine:
     # --- compute ------------------------------------------------------------------------
     def _parts(self, a: Action, kind: str) -> tuple[float, float, float, float]:
         """(compute, expert compute, exposed TP/CP, exposed all-to-all) of a pass (`StageWork.parts`)."""
-        return self.work[a.stage].parts(kind, self.opt.overlap_tp, self.opt.overlap_moe_a2a)
+        return self.work[a.stage].parts(kind, self.opt.overlap_tp)
 
     def _compute(self, g: GpuState, a: Action, parts: tuple[float, float, float, float], acc: str = "compute"):
         t0 = self.env.now
         c, e, tp, a2a = parts
-        if a2a > 0 and not self.timed_p2p and not self.opt.overlap_moe_a2a:
+        w = self.work[a.stage]
+        if a2a > 0 and not self.timed_p2p and not w.a2a_overlap and w.a2a_bytes > 0:
             # a network that shares links: the MoE all-to-alls run on it, contending with DP/PP traffic
             yield self.env.timeout(c + e + tp)
             t1 = self.env.now

@@ -39,7 +39,6 @@ class EngineOptions:
     overlap_grad_reduce: bool = True  # Megatron --overlap-grad-reduce / DDP buckets
     overlap_param_gather: bool = True  # ZeRO-1/2 parameter all-gather hidden behind the next forward
     overlap_tp: bool = False  # TP collectives exposed by default
-    overlap_moe_a2a: bool = False  # Megatron-Core --overlap-moe-expert-parallel-comm (`StageWork.parts`)
     #: buckets per stage for the overlapped gradient reduction; None: as many as the plan's stack's
     #: bucket size makes (`StackSpec.grad_bucket`)
     grad_buckets: int | None = None

@@ -94,6 +94,13 @@ class Network:
     def collective_time(self, op: str, ranks: Iterable[int], nbytes: float) -> float:
         return self.estimate(op, ranks, nbytes).time
 
+    def node_groups(self, ranks: Iterable[int]) -> tuple[tuple[int, ...], ...]:
+        """``ranks`` split by the node (NVLink domain) their GPUs sit in, in order of appearance."""
+        out: dict[int, list[int]] = {}
+        for r in ranks:
+            out.setdefault(self.topology.node_of(self._gpu(r)), []).append(r)
+        return tuple(tuple(v) for v in out.values())
+
     def p2p(self, env: Any, src: int, dst: int, nbytes: float):  # pragma: no cover - abstract
         raise NotImplementedError
 

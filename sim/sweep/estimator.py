@@ -89,10 +89,10 @@ class Inputs:
 
     def dur(self, w: StageWork, kind: str) -> float:
         """A pass's seconds on the compute stream, as the engine charges it (`StageWork.seconds`)."""
-        return w.seconds(kind, self.options.overlap_tp, self.options.overlap_moe_a2a)
+        return w.seconds(kind, self.options.overlap_tp)
 
     def parts(self, w: StageWork, kind: str) -> tuple[float, float, float, float]:
-        return w.parts(kind, self.options.overlap_tp, self.options.overlap_moe_a2a)
+        return w.parts(kind, self.options.overlap_tp)
 
     @cached_property
     def seconds(self) -> tuple[list[float], list[float], list[float]]:

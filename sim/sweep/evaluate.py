@@ -29,6 +29,9 @@ from .memory_screen import MemoryScreen
 from .space import Config, SearchSpace, checked_plan
 from .store import as_text
 
+#: plan fields `build_work` does not read: plans differing only in them share their stage work
+WORK_FREE_FIELDS = frozenset({"global_batch_size", "schedule", "zero"})
+
 
 @dataclass(frozen=True)
 class SweepSetup:
@@ -65,25 +68,8 @@ class Evaluator:
     def inputs(self, plan: ParallelPlan) -> Inputs:
         from ..engine.simulate import build_work
 
-        key = (
-            plan.tp,
-            plan.cp,
-            plan.pp,
-            plan.dp,
-            plan.vpp,
-            plan.micro_batch_size,
-            plan.sequence_parallel,
-            plan.recompute,
-            plan.layer_split,
-            plan.precision,
-            plan.flash_attention,
-            plan.tp_comm_overlap,
-            plan.fp8_recipe,
-            plan.ep,
-            plan.expert_tp,
-            plan.expert_order,
-            plan.moe_imbalance,
-        )
+        # everything the stage work depends on: every plan field but those it does not read
+        key = tuple(v for k, v in plan if k not in WORK_FREE_FIELDS)
         hit = self._work.get(key)
         if hit is None:
             work, _, p2p = build_work(

@@ -58,6 +58,8 @@ class SearchSpace:
     fp8_recipe: str | None = None  # None: the stack's default recipe for fp8/fp4
     ep: tuple[int, ...] | None = None  # MoE: None = every ep that folds (module docstring)
     etp: tuple[int, ...] = (0, 1)  # MoE: 0 = tp (Megatron-Core's default)
+    moe_dispatcher: str = "alltoall"  # MoE: the token dispatcher of every plan with ep > 1
+    moe_a2a_overlap: bool = False  # MoE: all-to-alls overlapped wherever Megatron-Core allows (`make_plan`)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -287,7 +289,21 @@ def make_plan(cfg: Config, model: ModelSpec, cluster: ClusterSpec, gbs: int, spa
         allow_tp_across_nodes=cfg.tp > cluster.gpus_per_node,
         ep=cfg.ep,
         etp=cfg.etp or None,
+        **_dispatch(cfg, model, space),
     )
+
+
+def _dispatch(cfg: Config, model: ModelSpec, space: SearchSpace) -> dict[str, object]:
+    """The sweep's dispatcher and overlap on a plan that can take them: the flex dispatcher needs
+    ep > 1; Megatron-Core overlaps the all-to-alls with ep > 1, without a pipeline or in the
+    interleaved schedule, and without full recompute or more than one MTP layer (`plan_check`)."""
+    if cfg.ep == 1:
+        return {}
+    out: dict[str, object] = {"moe_dispatcher": space.moe_dispatcher}
+    pipeline_ok = cfg.pp == 1 or cfg.schedule == "interleaved-1f1b"
+    if space.moe_a2a_overlap and pipeline_ok and cfg.recompute != "full" and model.mtp_layers <= 1:
+        out["moe_a2a_overlap"] = True
+    return out
 
 
 def checked_plan(

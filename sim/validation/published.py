@@ -14,7 +14,7 @@ from typing import Any
 
 from .. import files
 from ..errors import SimparError
-from ..plan import FP8_RECIPES, RECOMPUTE_MODULES, ParallelPlan, balanced_layer_split
+from ..plan import FP8_RECIPES, MOE_DISPATCHERS, RECOMPUTE_MODULES, ParallelPlan, balanced_layer_split
 from ..plan_check import check_plan
 from ..procs import fork_map
 from ..specs import load_cluster
@@ -26,8 +26,17 @@ from .moe_rows import MOE_COLUMNS, cell, is_moe_row, moe_model, moe_plan_fields
 #: Optional per-row columns (FORMAT.md): ``stack`` (a stack preset, `simpar.sim.specs.stack`; empty:
 #: megatron-core), ``fp8_recipe`` (a recipe, or the published spelling below; empty or "not stated
 #: ...": the stack's default), ``flash_attention`` and ``tp_comm_overlap`` (1/0; empty: the stack's),
-#: ``recompute_modules`` (Megatron-Core recompute modules, space-separated, for a selective row).
-OPTIONAL_PLAN_COLUMNS = ("stack", "fp8_recipe", "flash_attention", "tp_comm_overlap", "recompute_modules")
+#: ``recompute_modules`` (Megatron-Core recompute modules, space-separated, for a selective row),
+#: ``moe_dispatcher`` (alltoall or flex; empty: alltoall) and ``moe_a2a_overlap`` (1/0; empty: 0).
+OPTIONAL_PLAN_COLUMNS = (
+    "stack",
+    "fp8_recipe",
+    "flash_attention",
+    "tp_comm_overlap",
+    "recompute_modules",
+    "moe_dispatcher",
+    "moe_a2a_overlap",
+)
 #: the recipe names sources print, as simpar's recipes
 RECIPE_SPELLINGS = {"current-scaling": "tensorwise", "current": "tensorwise", "mx": "mxfp8"}
 
@@ -160,7 +169,14 @@ def row_hints(r: dict[str, str]) -> dict[str, Any]:
                 f"row {r.get('id')}: recompute_modules", f"has {bad[0]!r}.", f"use {', '.join(RECOMPUTE_MODULES)}."
             )
         out["recompute_modules"] = tuple(modules)
-    for col in ("flash_attention", "tp_comm_overlap"):
+    dispatcher = (r.get("moe_dispatcher") or "").strip()
+    if dispatcher:
+        if dispatcher not in MOE_DISPATCHERS:
+            raise SimparError(
+                f"row {r.get('id')}: moe_dispatcher", f"is {dispatcher!r}.", f"write {' or '.join(MOE_DISPATCHERS)}."
+            )
+        out["moe_dispatcher"] = dispatcher
+    for col in ("flash_attention", "tp_comm_overlap", "moe_a2a_overlap"):
         v = (r.get(col) or "").strip()
         if v:
             if v not in ("0", "1"):
