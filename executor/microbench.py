@@ -36,8 +36,10 @@ import torch
 from torch import nn
 
 from simpar.sim.specs import ModelSpec
+from simpar.sim.specs.moe import MoESpec
 
 from .model import Block, attention_core
+from .moe import MoE
 from .timing import DTYPES, BenchConfig, LayerShape, _null, _sync, bench_attention_core, robust, timeit
 
 Progress = Callable[[str], None]
@@ -159,9 +161,36 @@ def bench_optimizer(shape: LayerShape, device: torch.device, quick: bool, warmup
     return rows
 
 
+class _RankExperts(MoE):
+    """One GPU's share of an MoE layer under expert parallelism, without the exchanges: the router
+    scores all ``experts``, and each of a token's top-k choices is folded onto the E / ep experts
+    this GPU holds (expert e -> e mod E/ep), so that the local experts compute as many rows as
+    balanced routing sends them from the whole EP group (T x top-k over E / ep experts)."""
+
+    def __init__(self, spec: ModelSpec, experts: int) -> None:
+        super().__init__(spec)
+        self.router = nn.Linear(spec.hidden, experts, bias=False)
+
+    def route(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        w, idx = super().route(logits)
+        return w, idx % self.num_experts
+
+
 def local_block(shape: LayerShape, device: torch.device) -> nn.Module:
     """The executor's Block with the local shapes of one tensor-parallel rank (heads, kv heads and
-    ffn split by tp; norms and the residual on the full hidden size)."""
+    ffn split by tp; norms and the residual on the full hidden size); an MoE shape holds the local
+    experts of one rank of its EP group (`_RankExperts`)."""
+    moe = None
+    if shape.experts:
+        shared = 1 if shape.shared_ffn else 0
+        moe = MoESpec(
+            experts=shape.experts // shape.ep,
+            top_k=shape.top_k,
+            expert_ffn=shape.expert_ffn,
+            shared_experts=shared,
+            shared_ffn=shape.shared_ffn,
+            dense_layers=0,
+        )
     spec = ModelSpec(
         name="bench",
         arch=shape.arch,
@@ -172,8 +201,14 @@ def local_block(shape: LayerShape, device: torch.device) -> nn.Module:
         ffn=shape.ffn,
         vocab=2,
         seq_len=shape.seq,
+        moe=moe,
     )
     blk = Block(spec, "none")
+    if moe is not None:
+        if shape.tp > 1:
+            raise ValueError("MoE layer shapes are timed at tp 1")
+        blk.mlp = _RankExperts(spec, shape.experts)
+        return blk.to(device)
     t, h, hd, bias = shape.tp, shape.hidden, spec.head_dim, spec.has_bias
     if t > 1:
         att, mlp = blk.attention, blk.mlp

@@ -28,7 +28,9 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 @dataclass(frozen=True)
 class LayerShape:
-    """One transformer layer to time: a model's layer dims, the tp shard, micro-batch and sequence."""
+    """One transformer layer to time: a model's layer dims, the tp shard, micro-batch and sequence;
+    for an MoE layer (``experts`` > 0) its routed experts, top-k, expert and shared-expert widths
+    and the ep whose local share of the experts one GPU runs (`microbench.local_block`)."""
 
     arch: str
     hidden: int
@@ -38,6 +40,11 @@ class LayerShape:
     seq: int
     mbs: int
     tp: int = 1
+    experts: int = 0
+    top_k: int = 0
+    expert_ffn: int = 0
+    shared_ffn: int = 0
+    ep: int = 1
 
 
 @dataclass(frozen=True)

@@ -201,3 +201,12 @@ def test_sweep_dispatch_flags_on_a_dense_model_are_exit_2():
     args = ["sweep", "--model", "tiny-llama", "--cluster", "dgx-h100", "--gpus", "8", "--gbs", "16"]
     r = CliRunner().invoke(cli, [*args, "--moe-dispatcher", "flex"])
     assert r.exit_code == 2 and "moe-dispatcher" in r.output
+
+
+def test_the_sweeps_rivals_tell_expert_layouts_apart():
+    from simpar.sim.sweep.explain import rivals
+
+    row = dict(tp=1, pp=1, schedule="none")
+    rows = [{**row, "rank": 1, "ep": 8}, {**row, "rank": 2, "ep": 8}, {**row, "rank": 3, "ep": 8}]
+    rows.append({**row, "rank": 4, "ep": 16})
+    assert [r["rank"] for r in rivals(rows)] == [2, 4]  # ep 16 is a layout of its own; the third ep 8 is not

@@ -134,25 +134,28 @@ def plan_of(case: CheckPlan, cluster: ClusterSpec) -> tuple[ModelSpec, ParallelP
 
 
 def layer_grid(nproc: int, quick: bool) -> list[dict[str, Any]]:
-    """The layer shapes ``simpar calibrate`` measures: the check models at micro-batch 1, 2, 4 and
-    tp 1 (and 2 with two or more processes); quick: the GPT model at tp 1, micro-batch 2 and 4."""
+    """The layer shapes ``simpar calibrate`` measures: the check models' dense layers at
+    micro-batch 1, 2, 4 and tp 1 (and 2 with two or more processes), and the MoE model's MoE layer
+    at tp 1 for ep 1 (and 2 with two or more processes: one rank's share of the experts); quick:
+    the GPT model at tp 1, micro-batch 2 and 4."""
     out = []
     for key in ("gpt",) if quick else tuple(CHECK_MODELS):
         m = check_model(key)
+        dims = {"arch": m.arch, "hidden": m.hidden, "heads": m.heads, "kv_heads": m.kv_heads, "ffn": m.ffn}
         for tp in (1,) if quick or nproc < 2 else (1, 2):
             for mbs in (2, 4) if quick else (1, 2, 4):
-                out.append(
-                    {
-                        "arch": m.arch,
-                        "hidden": m.hidden,
-                        "heads": m.heads,
-                        "kv_heads": m.kv_heads,
-                        "ffn": m.ffn,
-                        "seq": m.seq_len,
-                        "mbs": mbs,
-                        "tp": tp,
-                    }
-                )
+                out.append({**dims, "seq": m.seq_len, "mbs": mbs, "tp": tp})
+        if m.moe is None or quick:
+            continue
+        moe = {
+            "experts": m.moe.experts,
+            "top_k": m.moe.top_k,
+            "expert_ffn": m.moe.expert_ffn,
+            "shared_ffn": m.moe.shared_experts * m.moe.shared_ffn,
+        }
+        for ep in (1,) if nproc < 2 else (1, 2):
+            for mbs in (1, 2, 4):
+                out.append({**dims, "seq": m.seq_len, "mbs": mbs, "tp": 1, **moe, "ep": ep})
     return out
 
 

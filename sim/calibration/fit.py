@@ -47,12 +47,15 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..cost.compute import CostModel, causal_attention_fraction
+from ..cost.moe import moe_layer_times
 from ..cost.tables import optimizer_seconds
+from ..model import LayerKind, layer_kinds
 from ..network import make_network
 from ..network.constants import BASE_LATENCY_US
 from ..plan import ParallelPlan
 from ..specs import ClusterSpec, GPUSpec, ModelSpec
 from ..specs.calibration import CALIBRATION_VERSION, EfficiencyParams, validate_calibration
+from ..specs.moe import MoESpec
 
 
 # --- generic fits ---------------------------------------------------------------------------
@@ -287,7 +290,19 @@ def _errors(pred: Sequence[float], meas: Sequence[float]) -> dict[str, float] | 
     return {"n": len(errs), "median_abs_rel_err": statistics.median(errs), "max_abs_rel_err": max(errs)}
 
 
-def layer_model(row: dict) -> tuple[ModelSpec, ParallelPlan]:
+def layer_model(row: dict) -> tuple[ModelSpec, ParallelPlan, LayerKind]:
+    """The one-layer model, plan and layer kind a measured layer row describes."""
+    moe = None
+    if row.get("experts"):
+        shared = row.get("shared_ffn", 0)
+        moe = MoESpec(
+            experts=row["experts"],
+            top_k=row["top_k"],
+            expert_ffn=row["expert_ffn"],
+            shared_experts=1 if shared else 0,
+            shared_ffn=shared,
+            dense_layers=0,
+        )
     m = ModelSpec(
         name="layer",
         arch=row["arch"],
@@ -298,15 +313,19 @@ def layer_model(row: dict) -> tuple[ModelSpec, ParallelPlan]:
         ffn=row["ffn"],
         vocab=2,
         seq_len=row["seq"],
+        moe=moe,
     )
+    ep = row.get("ep", 1)
     plan = ParallelPlan(
         tp=row["tp"],
+        dp=ep,
+        ep=ep,
         micro_batch_size=row["mbs"],
-        global_batch_size=row["mbs"],
+        global_batch_size=row["mbs"] * ep,
         schedule="none",
         sequence_parallel=False,
     )
-    return m, plan
+    return m, plan, layer_kinds(m)[0]
 
 
 def fit_report(
@@ -344,8 +363,8 @@ def fit_report(
     if lay:
         pred, obs = [], []
         for r in lay:
-            m, plan = layer_model(r)
-            pt = analytic.layer_times(m, plan)
+            m, plan, kind = layer_model(r)
+            pt = moe_layer_times(analytic, m, plan, kind)
             pred += [pt.f, pt.i + pt.w]
             obs += [r["f_s"], r["b_s"]]
         out["layers_analytical_f_and_b"] = _errors(pred, obs)
@@ -425,6 +444,11 @@ def build_calibration(
             "w_s",
             "attn_f_s",
             "tp_comm",
+            "experts",
+            "top_k",
+            "expert_ffn",
+            "shared_ffn",
+            "ep",
         )
         doc["layers"] = [{k: r[k] for k in keep if k in r} for r in comp["layers"]]
     probe = comp.get("probe")

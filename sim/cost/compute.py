@@ -80,6 +80,12 @@ NORM_BYTES_PER_ELEMENT = 4
 KERNELS_PER_LAYER_FWD = 14
 
 
+def measurable_attention(m: ModelSpec) -> bool:
+    """Whether a layer of ``m`` is one the executor's benchmark can time (and its layer table
+    describe): plain multi-head or grouped-query attention of the hidden width, no MLA, no window."""
+    return m.mla is None and not m.window and m.attn_width == m.hidden
+
+
 @dataclass(frozen=True)
 class PassTimes:
     """Seconds of one pass of one unit on one GPU (per micro-batch)."""
@@ -227,8 +233,8 @@ class CostModel:
         """One transformer layer of ``kind``, one micro-batch, on one GPU of a tp x cp group
         (compute only). For an MoE layer, everything but its MLP: `moe.moe_layer_times` adds
         that. A calibration's measured layer table is used when it covers the layer (`tables`:
-        plain dense layers only)."""
-        if kind == DENSE and m.moe is None and m.mla is None and not m.window and m.attn_width == m.hidden:
+        dense layers of plain attention; `moe.moe_layer_times` looks up MoE layers)."""
+        if kind == DENSE and measurable_attention(m):
             hit = self.tables.layer(m, plan)
             if hit is not None:
                 return PassTimes(*hit)

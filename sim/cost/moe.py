@@ -46,7 +46,7 @@ from math import comb
 from ..model import LayerKind
 from ..plan import ParallelPlan
 from ..specs import ModelSpec
-from .compute import NORM_BYTES_PER_ELEMENT, CostModel, PassTimes
+from .compute import NORM_BYTES_PER_ELEMENT, CostModel, PassTimes, measurable_attention
 from .precision import gemm_dtype
 from .recompute import selective_mode, selective_modules
 
@@ -140,7 +140,31 @@ def moe_mlp_times(cost: CostModel, m: ModelSpec, plan: ParallelPlan) -> PassTime
 
 
 def moe_layer_times(cost: CostModel, m: ModelSpec, plan: ParallelPlan, kind: LayerKind) -> PassTimes:
-    """A whole layer of ``kind``: `CostModel.layer_times`, plus the MoE MLP for an MoE layer."""
+    """A whole layer of ``kind``: `CostModel.layer_times`, plus the MoE MLP for an MoE layer. A
+    calibration's measured row for the MoE layer (`tables.layer_key`) sets its f, i and w; the
+    routed experts' share of each is the analytical one, so the breakdown still tells them apart."""
+    model = _analytical_moe_layer(cost, m, plan, kind)
+    hit = cost.tables.layer(m, plan, kind) if kind.moe and measurable_attention(m) else None
+    if hit is None:
+        return model
+    f, i, w, attn_f = hit
+
+    def share(part: float, whole: float, measured: float) -> float:
+        return part / whole * measured if whole > 0 else 0.0
+
+    return PassTimes(
+        f,
+        i,
+        w,
+        attn_f,
+        share(model.expert_f, model.f, f),
+        share(model.expert_i, model.i, i),
+        share(model.expert_w, model.w, w),
+        sel_f=None if model.sel_f is None else share(model.sel_f, model.f, f),
+    )
+
+
+def _analytical_moe_layer(cost: CostModel, m: ModelSpec, plan: ParallelPlan, kind: LayerKind) -> PassTimes:
     base = cost.layer_times(m, plan, kind)
     if not kind.moe:
         return base

@@ -2,7 +2,9 @@
 
 - Layer rows (`simpar.sim.specs.calibration.LayerRow`): a plan's layer is *covered* when a row has
   its architecture, hidden, heads, kv_heads, ffn, sequence length (per cp rank, cp = 1 only) and
-  tp; its micro-batch size is then interpolated linearly between the two nearest measured ones
+  tp, and for an MoE layer its experts, top-k, expert and shared widths and the plan's ep (the
+  row times the layer's compute on one GPU of the EP group; its all-to-alls are the network's);
+  its micro-batch size is then interpolated linearly between the two nearest measured ones
   (or extrapolated from the nearest two; with one, scaled in proportion to the tokens). Layer time
   is close to linear in the tokens of a micro-batch at these sizes, which is what the
   interpolation assumes. An uncovered layer falls back to the analytical model.
@@ -21,14 +23,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ..model import DENSE, LayerKind
 from ..plan import ParallelPlan
 from ..specs import ModelSpec
 from ..specs.calibration import Calibration, LayerRow, OptimizerRow
 
 
-def layer_key(m: ModelSpec, plan: ParallelPlan) -> tuple:
-    """The shape a layer row is looked up by (`LayerRow.key`)."""
-    return (m.arch, m.hidden, m.heads, m.kv_heads, m.ffn, m.seq_len, plan.tp)
+def layer_key(m: ModelSpec, plan: ParallelPlan, kind: LayerKind = DENSE) -> tuple:
+    """The shape a layer row is looked up by (`LayerRow.key`): an MoE layer adds its experts,
+    top-k, expert and shared widths and the plan's ep; a dense layer (of any model) zeros."""
+    moe = (0, 0, 0, 0, 1)
+    if kind.moe and m.moe is not None:
+        moe = (m.moe.experts, m.moe.top_k, m.moe.expert_ffn, m.moe.shared_experts * m.moe.shared_ffn, plan.ep)
+    return (m.arch, m.hidden, m.heads, m.kv_heads, m.ffn, m.seq_len, plan.tp, *moe)
 
 
 @dataclass(frozen=True)
@@ -38,11 +45,13 @@ class LayerTable:
     rows: tuple[LayerRow, ...] = ()
     any_precision: bool = False
 
-    def lookup(self, m: ModelSpec, plan: ParallelPlan, tp_comm: str = "") -> tuple[float, float, float, float] | None:
-        """(f, i, w, attn_f) seconds of the plan's layer from rows with ``tp_comm``, or None."""
+    def lookup(
+        self, m: ModelSpec, plan: ParallelPlan, tp_comm: str = "", kind: LayerKind = DENSE
+    ) -> tuple[float, float, float, float] | None:
+        """(f, i, w, attn_f) seconds of the plan's layer of ``kind`` from rows with ``tp_comm``, or None."""
         if plan.cp != 1:
             return None
-        key = layer_key(m, plan)
+        key = layer_key(m, plan, kind)
         rows = [
             r
             for r in self.rows
@@ -100,8 +109,10 @@ class MeasuredTables:
             LayerTable(calibration.layers, calibration.on_cpu), tuple(r for r in calibration.optimizer if r.tp == 1)
         )
 
-    def layer(self, m: ModelSpec, plan: ParallelPlan) -> tuple[float, float, float, float] | None:
-        return self.layers.lookup(m, plan)
+    def layer(
+        self, m: ModelSpec, plan: ParallelPlan, kind: LayerKind = DENSE
+    ) -> tuple[float, float, float, float] | None:
+        return self.layers.lookup(m, plan, kind=kind)
 
     def optimizer_seconds(self, params: float) -> float | None:
         return optimizer_seconds(self.optimizer, params)

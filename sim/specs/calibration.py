@@ -94,11 +94,20 @@ class LayerRow(BaseModel):
     w_s: float = Field(ge=0)
     attn_f_s: float = Field(0.0, ge=0)
     tp_comm: Literal["", "ar", "sp"] = ""
+    #: an MoE layer (``experts`` > 0): its routed experts, top-k, expert and shared-expert MLP
+    #: widths, and the expert-parallel size whose local share of the experts it ran (all-to-alls
+    #: not included); a dense layer leaves them 0 (ep 1)
+    experts: int = Field(0, ge=0, strict=True)
+    top_k: int = Field(0, ge=0, strict=True)
+    expert_ffn: int = Field(0, ge=0, strict=True)
+    shared_ffn: int = Field(0, ge=0, strict=True)
+    ep: int = Field(1, ge=1, strict=True)
 
     @property
     def key(self) -> tuple:
         """The shape a plan's layer is looked up by (`simpar.sim.cost.tables.layer_key`)."""
-        return (self.arch, self.hidden, self.heads, self.kv_heads, self.ffn, self.seq, self.tp)
+        moe = (self.experts, self.top_k, self.expert_ffn, self.shared_ffn, self.ep)
+        return (self.arch, self.hidden, self.heads, self.kv_heads, self.ffn, self.seq, self.tp, *moe)
 
 
 class OptimizerRow(BaseModel):

@@ -62,11 +62,11 @@ def compare(best: dict, other: dict, objective: str = "throughput") -> str:
 
 
 def rivals(rows: list[dict], count: int = 4) -> list[dict]:
-    """The runner-up, then the best plan of each next different layout (tp, pp, schedule)."""
+    """The runner-up, then the best plan of each next different layout (tp, pp, schedule, ep)."""
     ranked = [r for r in rows if r.get("rank")]
     if len(ranked) < 2:
         return []
-    layout = lambda r: (r["tp"], r["pp"], r["schedule"])  # noqa: E731
+    layout = lambda r: (r["tp"], r["pp"], r["schedule"], str(r.get("ep") or 1))  # noqa: E731
     out, seen = [ranked[1]], {layout(ranked[0]), layout(ranked[1])}
     for r in ranked[2:]:
         if len(out) >= count:
