@@ -124,12 +124,6 @@ def _check_experts(plan: ParallelPlan, model: ModelSpec) -> None:
         return
     _check_dispatch(plan, model)
     ep, etp = plan.ep, plan.expert_tp
-    if plan.zero >= 3:
-        raise PlanError(
-            "zero",
-            "ZeRO-3 / FSDP of MoE models is not modelled yet (expert parameters gathered over edp).",
-            "use --zero 0, 1 or 2 (Megatron-Core's distributed optimizer) for MoE models.",
-        )
     if moe.experts % ep:
         raise PlanError(
             "ep", f"ep={ep} does not divide the {moe.experts} experts.", "pick ep dividing the expert count."

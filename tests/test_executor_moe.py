@@ -107,7 +107,6 @@ def test_expert_mesh_is_the_rank_layouts_parallel_folding(fields):
         (MOE, dict(dp=2, tp=2, ep=2), "etp=2; etp defaults to tp"),
         (MOE, dict(dp=2, tp=2, etp=2, ep=1), "does not split experts"),
         (MOE.model_copy(update={"arch": "gpt"}), dict(dp=2, ep=2), "MoE layers are llama's"),
-        (MOE, dict(dp=2, ep=2, zero=3), "ZeRO-3 / FSDP of MoE models"),
         (MOE, dict(dp=2, ep=4), "ep\\*etp = 4\\*1 does not divide"),
         (load_model("deepseek-v3"), dict(dp=2, ep=2), "multi-head latent attention"),
     ],
@@ -142,6 +141,7 @@ TWO = [
     ("dp2-ep2-zero0", MOE, dict(dp=2, ep=2, global_batch_size=4, schedule="none", zero=0)),
     ("dp2-ep2-zero1", MOE, dict(dp=2, ep=2, global_batch_size=4, schedule="none", zero=1)),
     ("dp2-ep2-zero2-sigmoid", SIGMOID, dict(dp=2, ep=2, global_batch_size=4, schedule="none", zero=2)),
+    ("dp2-ep2-zero3", MOE, dict(dp=2, ep=2, global_batch_size=4, schedule="none", zero=3)),
     ("tp2-etp1-ep2-sp", MOE, dict(tp=2, etp=1, ep=2, global_batch_size=2, schedule="none", sequence_parallel=True)),
     ("tp2-etp1-ep1", MOE, dict(tp=2, etp=1, global_batch_size=2, schedule="none")),
 ]
@@ -162,6 +162,7 @@ FOUR_SLOW = [
         dict(dp=4, ep=2, global_batch_size=8, schedule="none", zero=1, expert_order=("ep", "edp", "etp")),
     ),
     ("dp4-ep4-zero2", MOE, dict(dp=4, ep=4, global_batch_size=8, schedule="none", zero=2)),
+    ("dp4-ep2-zero3", MOE, dict(dp=4, ep=2, global_batch_size=8, schedule="none", zero=3)),
     ("dp2-tp2-ep2-zero0", MOE, dict(dp=2, tp=2, etp=1, ep=2, global_batch_size=4, schedule="none", zero=0)),
     (
         "dp2-tp2-ep4-zero2-sp",

@@ -133,7 +133,7 @@ EMB, OUT = 1024 * 256, 1024 * 256 + 256
         ),
     ],
 )
-@pytest.mark.parametrize("zero", [0, 1, 2])  # ZeRO-3 of MoE models is refused (check_plan)
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
 def test_model_states_per_sharding_choice_by_hand(kw, dense, expert, nd, edp, zero):
     p = plan(zero=zero, **kw)
     assert (p.zero_shards, p.edp) == (nd, edp)
@@ -148,9 +148,30 @@ def test_model_states_per_sharding_choice_by_hand(kw, dense, expert, nd, edp, ze
     assert (r.weights, r.grads, r.optimizer) == pytest.approx((w, g, o), rel=1e-12)
 
 
-def test_zero_3_of_an_moe_model_is_refused():
-    with pytest.raises(PlanError, match="ZeRO-3 / FSDP of MoE models"):
-        check_plan(plan(zero=3, ep=4), TINY, load_cluster("dgx-h100", gpus=8), 8)
+def test_fsdp_gathers_each_moe_layers_experts_over_edp():
+    p = plan(dp=16, ep=8, zero=3)  # edp 2
+    lay = RankLayout(p)
+    dp, edp = lay.shard_group(0), lay.expert_group(0, "edp")
+    net = make_network(H100x16)
+    w = it_stage_work(TINY, p, net)[0]
+    assert w.moe_layers == 3 and not w.first_moe  # tiny-moe: one dense layer, then 3 MoE layers
+    fp = it.fsdp_pass(p, w, dp, edp)
+    dense, expert = w.params - w.expert_params, w.expert_params
+    assert [c.group for c in fp.first] == [dp]  # the first layer is dense: its gather alone is exposed
+    assert fp.first[0].nbytes == pytest.approx(2 * dense / 4, rel=1e-12)
+    assert [(c.group, c.count) for c in fp.rest] == [(dp, 3), (edp, 3)]
+    assert fp.rest[1].nbytes == pytest.approx(2 * expert, rel=1e-12)
+    assert [(c.op, c.group, c.count) for c in fp.reduce] == [("reduce-scatter", dp, 4), ("reduce-scatter", edp, 3)]
+    assert sum(c.nbytes for c in fp.reduce) == pytest.approx(w.params * 4, rel=1e-12)  # fp32 gradients
+    # no expert data parallelism (edp 1): the experts go with the dense parameters
+    one = it.fsdp_pass(p, w, dp, (0,))
+    assert len(one.rest) == 1 and one.rest[0].nbytes + one.first[0].nbytes == pytest.approx(2 * w.params)
+
+
+def it_stage_work(m, p, net):
+    from simpar.sim.cost.workload import stage_work
+
+    return stage_work(m, p, CostModel.for_gpu(H100x16.gpu), net, RankLayout(p), MEGATRON)
 
 
 @pytest.mark.parametrize("overlap", [True, False])
@@ -258,6 +279,8 @@ CASES = [
     dict(dp=8, pp=2, ep=8, schedule="interleaved-1f1b", vpp=2, global_batch_size=64, recompute="full"),
     dict(dp=4, pp=2, tp=2, ep=2, etp=1, schedule="zb-h1", global_batch_size=64, sequence_parallel=True),
     dict(dp=16, pp=1, ep=8, schedule="none", global_batch_size=64, zero=1),
+    dict(dp=16, pp=1, ep=8, schedule="none", global_batch_size=64, zero=3),  # FSDP: experts over edp 2
+    dict(dp=8, pp=2, ep=4, schedule="1f1b", global_batch_size=64, zero=3),  # ZeRO-3 in a pipeline
 ]
 
 

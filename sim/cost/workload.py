@@ -33,7 +33,7 @@ from ..plan import ParallelPlan
 from ..specs import ModelSpec
 from .compute import CostModel, PassTimes
 from .moe import dispatch_bytes, flex_dispatch_bytes, moe_layer_times
-from .params import rank_expert_params, rank_params, stage_kinds
+from .params import rank_expert_params, rank_params, stage_kinds, stage_layer_range
 from .profile import MEGATRON, RuntimeProfile
 from .recompute import selective_mode
 
@@ -80,6 +80,9 @@ class StageWork:
     a2a_count_b: int = 0
     #: the plan's ``moe_a2a_overlap`` (`parts`)
     a2a_overlap: bool = False
+    #: MoE layers of the stage, and whether its first layer is one (FSDP's per-layer gathers)
+    moe_layers: int = 0
+    first_moe: bool = False
 
     @property
     def b(self) -> float:
@@ -202,6 +205,8 @@ def stage_work(
                 a2a_count_f=2 * moe_layers if shared else 0,
                 a2a_count_b=2 * moe_layers if shared else 0,
                 a2a_overlap=plan.moe_a2a_overlap,
+                moe_layers=moe_layers,
+                first_moe=m.is_moe_layer(stage_layer_range(m, plan, s).start),
             )
         )
     return out

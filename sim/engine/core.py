@@ -213,6 +213,11 @@ class Engine:
                     yield from self.net.collective(self.env, comm.op, comm.group, comm.call_bytes)
             self._record(g, stream, comm.op, kind, t0, stage)
 
+    def _comms(self, g: GpuState, res: simpy.Resource, comms, tag, stream: str, kind: str, stage=None):
+        """`_comm` of each of ``comms``, one after the other."""
+        for i, comm in enumerate(comms):
+            yield from self._comm(g, res, comm, (*tag, i), stream, kind, stage)
+
     def _run_group(self, comm: it.Comm, done: simpy.Event):
         for _ in range(comm.count):
             yield from self.net.collective(self.env, comm.op, comm.group, comm.call_bytes)
@@ -345,15 +350,15 @@ class Engine:
     def _fsdp_pass(self, g: GpuState, a: Action, parts: tuple[float, float, float, float]):
         """`iteration.FsdpPass`: the first layer's gather exposed, the rest (and in the backward
         the gradients' reduce-scatter) alongside the compute."""
-        fp = it.fsdp_pass(self.plan, self.work[a.stage], g.dp_group)
+        fp = it.fsdp_pass(self.plan, self.work[a.stage], g.dp_group, g.edp_group)
         backward = a.kind is not Kind.F
         t0 = self.env.now
-        yield self.env.timeout(fp.first.time(self.net))
+        yield self.env.timeout(sum(c.time(self.net) for c in fp.first))
         busy = sum(parts)
         rest: list[simpy.Event] = [self.env.timeout(busy)]
-        if fp.rest is not None:
+        if fp.rest:
             tag = ("params", a.stage, a.microbatch, backward)
-            rest.append(self.env.process(self._comm(g, g.zero, fp.rest, tag, "zero", "ZERO_GATHER", a.stage)))
+            rest.append(self.env.process(self._comms(g, g.zero, fp.rest, tag, "zero", "ZERO_GATHER", a.stage)))
         if backward and a.kind is not Kind.I:
             # The gradient reduce-scatter and the next layers' all-gathers cross the same links
             # (FSDP2 runs them on two streams). The contention backend shares the links between
@@ -362,7 +367,7 @@ class Engine:
             # times, which the queue reproduces for the later one.
             res = g.dp if getattr(self.net, "backend", "") == "contention" else g.zero
             grads = ("grads", a.stage, a.microbatch)
-            rest.append(self.env.process(self._comm(g, res, fp.reduce, grads, "dp", "REDUCE_GRAD", a.stage)))
+            rest.append(self.env.process(self._comms(g, res, fp.reduce, grads, "dp", "REDUCE_GRAD", a.stage)))
         yield simpy.AllOf(self.env, rest)
         self._charge(g, "compute", parts)
         g.acc["zero_comm"] += self.env.now - t0 - busy

@@ -182,29 +182,48 @@ class FsdpPass:
     """ZeRO-3 without a pipeline (FSDP2, reshard after forward): every forward and backward gathers
     the stage's parameters layer by layer with prefetch, the backward also reduce-scatters each
     layer's gradients. The first layer's gather is exposed, the rest overlaps with compute
-    (Rajbhandari et al. 2020 §5.3; Zhao et al. 2023, PyTorch FSDP §3.3)."""
+    (Rajbhandari et al. 2020 §5.3; Zhao et al. 2023, PyTorch FSDP §3.3). Each part is a list of
+    collectives run one after the other: the dense parameters' over the ZeRO group, and the routed
+    experts' over their expert data-parallel group (torchtitan and the executor wrap each MoE
+    layer's experts in an FSDP unit of their own over edp)."""
 
-    first: Comm  # the first layer's gather, exposed
-    rest: Comm | None  # the other layers' gathers, overlapped with compute
-    reduce: Comm  # the gradients' reduce-scatter (backward only)
+    first: tuple[Comm, ...]  # the first layer's gathers, exposed
+    rest: tuple[Comm, ...]  # the other layers' gathers, overlapped with compute
+    reduce: tuple[Comm, ...]  # the gradients' reduce-scatters (backward only)
 
 
-def fsdp_pass(plan: ParallelPlan, work: StageWork, group: tuple[int, ...]) -> FsdpPass:
+def fsdp_pass(
+    plan: ParallelPlan, work: StageWork, group: tuple[int, ...], expert_group: tuple[int, ...] = ()
+) -> FsdpPass:
     """The collective calls of one ZeRO-3 pass as the plan's stack makes them (`StackSpec.zero3`):
     ``gathers_per_layer`` all-gathers per layer (FSDP wraps each transformer block: 1; DeepSpeed
     fetches each submodule), and in the backward one reduce-scatter per layer (FSDP) or per
-    gradient bucket (DeepSpeed's reduce buckets); each call pays the collective's latency."""
+    gradient bucket (DeepSpeed's reduce buckets); each call pays the collective's latency. With an
+    ``expert_group`` of more than one GPU, each MoE layer's routed experts are one more gather (and
+    reduce-scatter) over it; otherwise they go with the dense parameters."""
     z3 = load_stack(plan.stack).zero3
     nl = max(1, work.layers)
+    experts = work.expert_params if len(expert_group) > 1 and work.moe_layers else 0.0
+    dense = work.params - experts
     calls = nl * z3.gathers_per_layer
-    first_bytes = 2.0 * work.params / nl
-    first = Comm("all-gather", group, first_bytes, count=z3.gathers_per_layer)
-    rest = None
+    first_bytes = 2.0 * dense / nl
+    first = [Comm("all-gather", group, first_bytes, count=z3.gathers_per_layer)]
+    rest = []
     if nl > 1:
-        rest = Comm("all-gather", group, 2.0 * work.params - first_bytes, count=calls - z3.gathers_per_layer)
-    reduces = nl if z3.reduce_per == "layer" else bucket_count(plan, work.params)
-    reduce = Comm("reduce-scatter", group, work.params * grad_bytes_per_param(plan), count=reduces)
-    return FsdpPass(first, rest, reduce)
+        rest.append(Comm("all-gather", group, 2.0 * dense - first_bytes, count=calls - z3.gathers_per_layer))
+    reduces = nl if z3.reduce_per == "layer" else bucket_count(plan, dense)
+    reduce = [Comm("reduce-scatter", group, dense * grad_bytes_per_param(plan), count=reduces)]
+    if experts:
+        k = work.moe_layers
+        per = 2.0 * experts / k
+        exposed = 1 if work.first_moe else 0
+        if exposed:
+            first.append(Comm("all-gather", expert_group, per))
+        if k > exposed:
+            rest.append(Comm("all-gather", expert_group, per * (k - exposed), count=k - exposed))
+        calls_e = k if z3.reduce_per == "layer" else bucket_count(plan, experts)
+        reduce.append(Comm("reduce-scatter", expert_group, experts * grad_bytes_per_param(plan), count=calls_e))
+    return FsdpPass(tuple(first), tuple(rest), tuple(reduce))
 
 
 def tied_embedding_ranks(m: ModelSpec, plan: ParallelPlan) -> tuple[int, int] | None:

@@ -64,8 +64,8 @@ def signature(
             comms = it.grad_buckets(plan, work[s], dp_group, profile, options, edp)[:2]
             comms += it.param_gathers(plan, work[s], dp_group, profile, edp)
             if plan.zero_policy is ZeroPolicy.PER_LAYER:
-                fp = it.fsdp_pass(plan, work[s], dp_group)
-                comms += [c for c in (fp.first, fp.rest, fp.reduce) if c is not None]
+                fp = it.fsdp_pass(plan, work[s], dp_group, edp)
+                comms += [*fp.first, *fp.rest, *fp.reduce]
             out += [c.time(net) for c in comms]
         sync = it.sp_grad_sync(model, plan, list(stages), layout.group(ranks[pr], "tp"), profile)
         out.append(sync.time(net) if sync is not None else 0.0)

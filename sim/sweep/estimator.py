@@ -151,8 +151,8 @@ def _fsdp_seconds(x: Inputs) -> tuple[float, float, float]:
     `_fsdp_pass` on the analytical network: the rest of the gathers and the reduce-scatter queue
     on one stream)."""
     w = x.work[0]
-    fp = it.fsdp_pass(x.plan, w, x.dp_groups[0])
-    first, rest, rs = x.time(fp.first, 0), x.time(fp.rest, 0), x.time(fp.reduce, 0)
+    fp = it.fsdp_pass(x.plan, w, x.dp_groups[0], x.edp(0))
+    first, rest, rs = (sum(x.time(c, 0) for c in part) for part in (fp.first, fp.rest, fp.reduce))
     f0, b0 = x.dur(w, "F"), x.dur(w, "B")
     f1, b1 = first + max(f0, rest), first + max(b0, rest + rs)
     return f1, b1, (f1 - f0) + (b1 - b0)
