@@ -49,6 +49,51 @@ def test_distinct_blocks_lies_between_one_and_top_k(e, k, g):
     assert d == pytest.approx(blocks * (1 - comb(e - per, k) / comb(e, k)), rel=1e-12)
 
 
+def _enumerated(e: int, k: int, blocks: int, groups: int, gk: int) -> float:
+    """D by listing every choice of groups and of experts inside them (tiny cases only)."""
+    from itertools import combinations
+
+    size, gsize, total, n = e // blocks, e // groups, 0, 0
+    for chosen in combinations(range(groups), gk):
+        pool = [g * gsize + i for g in chosen for i in range(gsize)]
+        for picked in combinations(pool, k):
+            total += len({x // size for x in picked})
+            n += 1
+    return total / n
+
+
+@pytest.mark.parametrize(
+    "e, k, blocks, groups, gk",
+    [(8, 2, 4, 4, 2), (8, 3, 2, 4, 2), (16, 2, 8, 4, 1), (24, 3, 4, 6, 2), (12, 2, 3, 4, 3), (8, 2, 4, 2, 2)],
+)
+def test_group_limited_routing_by_enumeration(e, k, blocks, groups, gk):
+    # aligned both ways, a block inside a group, blocks straddling groups (24 experts: blocks of 6, groups of 4)
+    assert distinct_blocks(e, k, blocks, groups, gk) == pytest.approx(_enumerated(e, k, blocks, groups, gk), rel=1e-12)
+
+
+def test_deepseek_v3_reaches_at_most_its_four_nodes():
+    ds = load_model("deepseek-v3").moe
+    assert ds is not None and (ds.router_groups, ds.router_group_topk) == (8, 4)
+    limited = distinct_blocks(256, 8, 8, 8, 4)
+    assert limited == pytest.approx(4 * (1 - comb(96, 8) / comb(128, 8)), rel=1e-12)  # 8 nodes = the 8 groups
+    assert limited < 4 < distinct_blocks(256, 8, 8)
+
+
+@pytest.mark.parametrize(
+    "kw, words",
+    [
+        (dict(router_groups=3), "does not divide"),
+        (dict(router_groups=4, router_group_topk=5), "more than router_groups"),
+        (dict(top_k=8, router_groups=8, router_group_topk=1), "experts of 1 groups"),
+    ],
+)
+def test_bad_group_limited_routing_is_refused(kw, words):
+    from simpar.sim.specs.moe import MoESpec
+
+    with pytest.raises(ValueError, match=words):
+        MoESpec(**{"experts": 16, "top_k": 2, "expert_ffn": 8, **kw})
+
+
 def test_flex_buffers_inside_one_node_and_across_two():
     p = plan(ep=16)
     row = 4096 * QWEN.hidden * 2.0

@@ -27,7 +27,8 @@ experts touch
 
     D(G) = G x (1 - C(E - E/G, k) / C(E, k))
 
-blocks on average (`distinct_blocks`; force-balanced routing draws the top-k uniformly). So a GPU
+blocks on average (`distinct_blocks`; force-balanced routing draws the top-k uniformly; group-
+limited routing, as DeepSeek-V3's to at most 4 nodes, lowers it). So a GPU
 sends T / tp x h x 2 x D(ep) bytes over NVLink (its own tokens and those it forwards: the local
 all-to-all) and T / tp x h x 2 x D(M) to the M - 1 other nodes (an all-to-all among the GPUs of
 one rail), the two pipelined (`flex_dispatch_bytes`; `workload` takes the longer).
@@ -41,6 +42,7 @@ top-k over fp32 scores; shared experts are a dense MLP split over tp.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from math import comb
 
 from ..model import LayerKind
@@ -84,11 +86,50 @@ def dispatch_bytes(m: ModelSpec, plan: ParallelPlan) -> float:
     return tokens(m, plan) * m.moe.top_k / plan.tp * m.hidden * 2.0 * load_factor(m, plan)
 
 
-def distinct_blocks(experts: int, top_k: int, blocks: int) -> float:
-    """D(G) of the module docstring: the expected number of ``blocks`` equal groups of experts a
-    token's ``top_k`` distinct, uniformly drawn experts fall in."""
-    per = experts // blocks
-    return blocks * (1.0 - comb(experts - per, top_k) / comb(experts, top_k))
+@lru_cache(maxsize=4096)
+def distinct_blocks(experts: int, top_k: int, blocks: int, groups: int = 1, group_topk: int = 1) -> float:
+    """D(G) of the module docstring: the expected number of ``blocks`` equal runs of consecutive
+    experts (the experts of one GPU, or of one node) that a token's ``top_k`` distinct experts fall
+    in. Routing is uniform (force-balanced routing draws the top-k at random); with group-limited
+    routing (``groups`` runs of consecutive experts, ``group_topk`` of them per token, DeepSeek-V3
+    §2.1.2) the token's groups are drawn uniformly first and its experts uniformly from them. Exact:
+    a block is missed when none of the k experts lands in it; per block the chance sums over how
+    many experts of the chosen groups it holds (a count over the groups it overlaps)."""
+    if groups == 1 or group_topk == groups:
+        return blocks * (1.0 - _none_in(experts, experts // blocks, top_k))
+    size, gsize = experts // blocks, experts // groups
+    pool = group_topk * gsize  # the experts of the token's groups
+    total = 0.0
+    for b in range(blocks):
+        lo, hi = b * size, (b + 1) * size
+        overlaps = [min(hi, (g + 1) * gsize) - max(lo, g * gsize) for g in range(lo // gsize, (hi - 1) // gsize + 1)]
+        # ways[j][n]: ways to choose j of the overlapped groups holding n of the block's experts
+        ways: list[dict[int, int]] = [{0: 1}]
+        for c in overlaps:
+            nxt: list[dict[int, int]] = [dict(w) for w in ways] + [{}]
+            for j, w in enumerate(ways):
+                for n, count in w.items():
+                    nxt[j + 1][n + c] = nxt[j + 1].get(n + c, 0) + count
+            ways = nxt
+        r, miss = len(overlaps), 0.0
+        for j, w in enumerate(ways):
+            if j > group_topk or group_topk - j > groups - r:
+                continue
+            pick = comb(groups - r, group_topk - j) / comb(groups, group_topk)
+            miss += pick * sum(count * _none_in(pool, n, top_k) for n, count in w.items())
+        total += 1.0 - miss
+    return total
+
+
+def _none_in(pool: int, held: int, k: int) -> float:
+    """The chance that ``k`` distinct experts drawn uniformly from ``pool`` miss ``held`` of them:
+    C(pool - held, k) / C(pool, k), as a product (pool may be large)."""
+    if pool - held < k:
+        return 0.0
+    out = 1.0
+    for i in range(k):
+        out *= (pool - held - i) / (pool - i)
+    return out
 
 
 def flex_dispatch_bytes(m: ModelSpec, plan: ParallelPlan, nodes: int) -> tuple[float, float]:
@@ -96,9 +137,9 @@ def flex_dispatch_bytes(m: ModelSpec, plan: ParallelPlan, nodes: int) -> tuple[f
     combine) of one micro-batch, its EP group spread over ``nodes`` nodes (module docstring)."""
     assert m.moe is not None
     row = tokens(m, plan) / plan.tp * m.hidden * 2.0 * load_factor(m, plan)
-    e, k = m.moe.experts, m.moe.top_k
-    inter = row * distinct_blocks(e, k, nodes) if nodes > 1 else 0.0
-    return row * distinct_blocks(e, k, plan.ep), inter
+    e, k, g, gk = m.moe.experts, m.moe.top_k, m.moe.router_groups, m.moe.router_group_topk
+    inter = row * distinct_blocks(e, k, nodes, g, gk) if nodes > 1 else 0.0
+    return row * distinct_blocks(e, k, plan.ep, g, gk), inter
 
 
 def moe_mlp_times(cost: CostModel, m: ModelSpec, plan: ParallelPlan) -> PassTimes:

@@ -190,7 +190,8 @@ def _hf_moe(cfg: dict[str, Any], top: dict[str, Any], path: Path, name: str, key
       first_k_dense_replace and moe_layer_freq (MoE iff i >= first_k_dense_replace and
       i % moe_layer_freq == 0), q_lora_rank (null: 0), kv_lora_rank, qk_nope_head_dim,
       qk_rope_head_dim, v_head_dim, scoring_func (softmax or sigmoid; default softmax for
-      deepseek_v2, sigmoid otherwise), num_nextn_predict_layers (MTP modules).
+      deepseek_v2, sigmoid otherwise), num_nextn_predict_layers (MTP modules), n_group and
+      topk_group (group-limited routing, when n_group > 1).
     - gpt_oss: num_local_experts, num_experts_per_tok or experts_per_token, intermediate_size,
       head_dim, attention_bias, sliding_window and layer_types (default: sliding on even layers);
       expert and router biases and attention sinks always.
@@ -203,8 +204,8 @@ def _hf_moe(cfg: dict[str, Any], top: dict[str, Any], path: Path, name: str, key
     tie_word_embeddings must be false (the llama arch unties them). A key simpar cannot represent
     (an irregular layer pattern, MLA with attention biases, another router) is refused, naming it.
     Not read, as they change no parameter, FLOP or memory count simpar models: routing details
-    (norm_topk_prob, routed_scaling_factor, topk_method, n_group / topk_group node-limited
-    routing, aux losses), RoPE settings, hidden_act, QK norms (Qwen3: 2 x head_dim per layer)."""
+    (norm_topk_prob, routed_scaling_factor, topk_method, aux losses), RoPE settings, hidden_act,
+    QK norms (Qwen3: 2 x head_dim per layer)."""
 
     def get(key: str, default: int | None = None, *alts: str) -> int:
         return _hf_get(cfg, path, key, default, *alts)
@@ -279,6 +280,9 @@ def _hf_moe(cfg: dict[str, Any], top: dict[str, Any], path: Path, name: str, key
                 "write softmax or sigmoid.",
             )
         moe["router"] = router
+        groups = cfg.get("n_group")
+        if isinstance(groups, int) and groups > 1:  # group-limited (node-limited) routing
+            moe.update(router_groups=groups, router_group_topk=get("topk_group"))
         if _hf_flag(cfg, path, "attention_bias", False):
             raise SpecError(
                 f"model file {path.name}: attention_bias",

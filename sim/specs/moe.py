@@ -6,6 +6,8 @@ decoder does not have (plain, frozen data; validated where a field alone can be 
   leading ``dense_layers`` that keep a dense MLP (DeepSeek-V3's first 3, Kimi K2's first 1), and
   the MoE layer frequency. Dispatch is dropless or drops tokens over ``capacity_factor`` x the
   balanced share (Fedus et al. 2021 §2.1; Megatron-Core ``--moe-expert-capacity-factor``).
+  Group-limited routing (``router_groups``, ``router_group_topk``) bounds how many groups of
+  experts, and so how many nodes, one token's experts come from.
 - `MLASpec`: DeepSeek-V2/V3 multi-head latent attention (DeepSeek-AI 2024, arXiv:2405.04434
   §2.1.2): queries and keys/values go through low-rank projections (``q_lora_rank``,
   ``kv_lora_rank``), each head has a ``qk_nope_head_dim`` part and a decoupled RoPE part of
@@ -46,11 +48,24 @@ class MoESpec(BaseModel):
     capacity_factor: float | None = Field(None, gt=0.0, le=64.0, description="with dispatch capacity")
     expert_bias: bool = Field(False, description="biases on the expert MLPs (GPT-OSS)")
     router_bias: bool = Field(False, description="a bias on the router's logits (GPT-OSS)")
+    #: group-limited routing (DeepSeek-V3's node-limited routing, arXiv:2412.19437 §2.1.2; HF n_group /
+    #: topk_group, Megatron-Core --moe-router-num-groups / --moe-router-group-topk): the experts form
+    #: ``router_groups`` equal groups of consecutive experts and a token's top-k are taken from
+    #: ``router_group_topk`` of them; 1 / 1: no limit
+    router_groups: int = Field(1, ge=1, le=100_000, strict=True, description="expert groups of group-limited routing")
+    router_group_topk: int = Field(1, ge=1, le=100_000, strict=True, description="groups a token's experts come from")
 
     @model_validator(mode="after")
     def _checks(self) -> MoESpec:
         if self.top_k > self.experts:
             raise ValueError(f"top_k ({self.top_k}) is more than experts ({self.experts})")
+        g, gk = self.router_groups, self.router_group_topk
+        if self.experts % g:
+            raise ValueError(f"router_groups ({g}) does not divide the {self.experts} experts")
+        if gk > g:
+            raise ValueError(f"router_group_topk ({gk}) is more than router_groups ({g})")
+        if g > 1 and self.top_k > gk * (self.experts // g):
+            raise ValueError(f"top_k ({self.top_k}) is more than the experts of {gk} groups")
         if self.shared_ffn == 0:
             object.__setattr__(self, "shared_ffn", self.expert_ffn)
         if (self.dispatch == "capacity") != (self.capacity_factor is not None):
