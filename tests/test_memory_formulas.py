@@ -99,3 +99,36 @@ def test_executor_cpu_conventions_double_activations_and_drop_overheads(kw) -> N
     assert [r.total for r in restated(gpu_rep, model, plan, EXECUTOR_CPU).ranks] == pytest.approx(want, rel=1e-12)
     cpu = memory_report(model, plan, gpu, conventions=EXECUTOR_CPU)
     assert [r.total for r in cpu.ranks] == pytest.approx(want, rel=1e-12)
+
+
+# --- fp8 linears keep their inputs quantised where the stack does (Transformer Engine) -----------
+GPT_H = ModelSpec(name="g", arch="gpt", layers=1, hidden=1024, heads=16, ffn=4096, vocab=512, seq_len=2048)
+
+
+@pytest.mark.parametrize(
+    "stack, recipe, quantised",
+    [("megatron-core", "mxfp8", 1 + 1 / 32), ("megatron-core", "tensorwise", 1.0), ("torchtitan", "tensorwise", 2.0)],
+)
+def test_fp8_linear_inputs_are_kept_as_the_stack_keeps_them(stack, recipe, quantised) -> None:
+    # Korthikanti's GPT layer with flash attention: the QKV, projection, fc1 and fc2 inputs
+    # (2sbh + 2sbh + 2sbh + 8sbh at 16 bits) become `quantised` bytes per element
+    p16 = ParallelPlan(micro_batch_size=2, global_batch_size=2, schedule="none", stack=stack)
+    p8 = p16.model_copy(update={"precision": "fp8", "fp8_recipe": recipe})
+    sbh = 2048 * 2 * 1024
+    linear_inputs = sbh * (1 + 1 + 1 + 4)  # elements: QKV in, proj in, fc1 in, fc2 in (4h)
+    saved = layer_activation_bytes(GPT_H, p16) - layer_activation_bytes(GPT_H, p8)
+    assert saved == pytest.approx(linear_inputs * (2 - quantised), rel=1e-12)
+
+
+def test_fp8_expert_inputs_are_kept_quantised_by_transformer_engine() -> None:
+    from simpar.sim.cost.moe import expert_rows, moe_mlp_activation_parts
+
+    m = load_model("qwen3-30b-a3b", seq_len=4096)
+    p16 = ParallelPlan(dp=8, ep=8, micro_batch_size=1, global_batch_size=8, schedule="none")
+    p8 = p16.model_copy(update={"precision": "fp8", "fp8_recipe": "mxfp8"})
+    a, b = moe_mlp_activation_parts(m, p16), moe_mlp_activation_parts(m, p8)
+    rows = expert_rows(m, p16) * 128 / 8
+    q = (1 + 1 / 32) / 2  # MXFP8 element and scale, relative to 16 bits
+    assert a["rows"] - b["rows"] == pytest.approx(rows * 2 * m.hidden * (1 - q), rel=1e-12)  # the dispatched rows
+    assert b["expert_act"] == pytest.approx(a["expert_act"] * q, rel=1e-12)  # fc2's input
+    assert b["expert_inner"] == a["expert_inner"]  # fc1's outputs stay 16-bit

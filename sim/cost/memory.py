@@ -7,7 +7,8 @@ Table 2, generalised tensor by tensor so GQA, SwiGLU and models without dropout 
 GPT with ffn = 4h they reduce exactly to the paper's sbh(34 + 5as/h), sbh(10 + 24/t + 5as/ht),
 sbh(34/t + 5as/ht), ... ; full recompute stores the layer input 2sbh only).
 
-These formulas count what 16-bit mixed-precision training on a GPU stores; `MemoryConventions`
+These formulas count what 16-bit mixed-precision training on a GPU stores (a linear whose GEMM runs
+in fp8/fp4 keeps its input quantised where the stack does: `precision.saved_input_fraction`); `MemoryConventions`
 (bytes per activation element, model-state bytes, context outside the allocator, fragmentation, and
 what the runtime's memory figure counts) is the model's parameter for a runtime: the plan's stack's
 by default (`stack_conventions`), `EXECUTOR_CPU` for the executor's fp32 runs.
@@ -33,6 +34,7 @@ from ..specs.stack import MEMORY_METRICS, load_stack
 from ..units import GiB
 from .alive import plan_profile
 from .moe import moe_mlp_activation_parts
+from .precision import saved_input_fraction
 from .params import rank_expert_params, rank_params, stage_kinds
 from .recompute import op_level_stored_bytes, selective_mode, selective_modules
 from .states import MemoryConventions, stack_conventions, stack_state_bytes
@@ -62,11 +64,15 @@ def layer_activation_bytes(
         return op_level_stored_bytes(m, plan)  # check_plan refuses MLA and MoE models here
     g = m.kv_ratio
     drop = 1 if m.has_dropout else 0
+    # a linear's saved input shrinks to its quantised copy under fp8 where the stack keeps that
+    # (`precision.saved_input_fraction`: Transformer Engine)
+    qa, qm = saved_input_fraction(plan, "attention"), saved_input_fraction(plan, "mlp")
     # Replicated across tensor-parallel ranks unless sequence parallelism splits them:
     # two norm inputs, QKV input, fc1 input (2 bytes each), two dropout masks (1 byte each).
-    replicated = sbh * (2 + 2 + 2 + 2 + 2 * drop)
+    replicated = sbh * (2 + 2 + 2 * qa + 2 * (1.0 if kind.moe else qm) + 2 * drop)
     # Always split by tp: Q, K, V (GQA shrinks K and V), projection input, MLP internals.
-    mlp = (6 if m.gated_mlp else 4) * s * b * f  # SwiGLU: gate, up, down input; GeLU: gelu in, fc2 in
+    # SwiGLU: gate, up, down input; GeLU: gelu in, fc2 in
+    mlp = ((4 if m.gated_mlp else 2) + 2 * qm) * s * b * f
     if kind.moe:
         mlp = 0.0
     # Q, K, V and the output projection's input, in units of h (heads x head_dim wide; GQA
@@ -80,7 +86,7 @@ def layer_activation_bytes(
     else:
         q = o = m.attn_width / h
         k = v = g * m.attn_width / h
-    split = sbh * 2 * (q + k + v + o) + mlp
+    split = sbh * 2 * (q + k + v + o * qa) + mlp
     sp = t if plan.sequence_parallel else 1
     total = replicated / sp + split / t
     moe_parts = moe_mlp_activation_parts(m, plan) if kind.moe else {}

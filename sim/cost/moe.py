@@ -49,7 +49,7 @@ from ..model import LayerKind
 from ..plan import ParallelPlan
 from ..specs import ModelSpec
 from .compute import NORM_BYTES_PER_ELEMENT, CostModel, PassTimes, measurable_attention
-from .precision import gemm_dtype
+from .precision import gemm_dtype, saved_input_fraction
 from .recompute import selective_mode, selective_modules
 
 #: Bytes moved per dispatched row element by the permutation before dispatch and the
@@ -230,7 +230,9 @@ def moe_mlp_activation_parts(m: ModelSpec, plan: ParallelPlan) -> dict[str, floa
     the combine's input rows, h each), ``expert_inner`` and ``expert_act`` (each expert's internals
     as a dense MLP's on its 1 / etp slice: gated, gate and up, else the activation's input; and the
     activation's output), ``shared`` (the shared experts as a dense MLP split over tp). 16-bit
-    elements (Korthikanti et al. 2022 §4's convention)."""
+    elements (Korthikanti et al. 2022 §4's convention), except the inputs of fp8/fp4 linears where
+    the stack keeps them quantised (`precision.saved_input_fraction`: the dispatched rows and the
+    activation's output)."""
     moe = m.moe
     assert moe is not None
     tok = tokens(m, plan)
@@ -238,12 +240,14 @@ def moe_mlp_activation_parts(m: ModelSpec, plan: ParallelPlan) -> dict[str, floa
     rows = expert_rows(m, plan) * moe.experts / plan.ep
     per_inner = 6 if m.gated_mlp else 4
     fe = moe.expert_ffn / plan.expert_tp
+    # the experts' and shared experts' linear inputs as their stack keeps them (`precision.saved_input_fraction`)
+    qe, qm = saved_input_fraction(plan, "experts"), saved_input_fraction(plan, "mlp")
     return {
         "router": 4.0 * held * moe.experts,
-        "rows": rows * 2 * 2 * m.hidden,
+        "rows": rows * 2 * (1 + qe) * m.hidden,
         "expert_inner": rows * (per_inner - 2) * fe,
-        "expert_act": rows * 2 * fe,
-        "shared": per_inner * tok * moe.shared_experts * moe.shared_ffn / plan.tp,
+        "expert_act": rows * 2 * qe * fe,
+        "shared": (per_inner - 2 + 2 * qm) * tok * moe.shared_experts * moe.shared_ffn / plan.tp,
     }
 
 

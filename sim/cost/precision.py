@@ -30,6 +30,10 @@ its output gradient dY (tokens x n); the weights are quantised once per iteratio
 cache them across micro-batches) and not charged. A stack with fused casts
 (`StackSpec.fp8_fused_casts`) has the kernel that produces X (a norm, an activation) write it
 quantised: the reads of X are free, the copies are still written.
+
+What a quantised linear keeps for its backward (`saved_input_fraction`): Transformer Engine keeps
+the quantised X (its transposed copy, ``elem_bytes`` per element) for the weight-gradient GEMM;
+torchao keeps the 16-bit X and casts it again (`StackSpec.fp8_saved_inputs`).
 """
 
 from __future__ import annotations
@@ -71,3 +75,13 @@ def cast_bytes(plan: ParallelPlan, group: str, shapes: Sequence[tuple[float, flo
     fwd = sum(recipe.cast_bytes(m * k, fused) for m, _n, k in shapes)
     bwd = sum(recipe.cast_bytes(m * n, False) for m, n, _k in shapes)
     return fwd, bwd
+
+
+def saved_input_fraction(plan: ParallelPlan, group: str) -> float:
+    """The bytes a linear of ``group`` keeps of its input for the backward, relative to a 16-bit
+    copy: the recipe's quantised element where the GEMM runs in it and the stack keeps that copy
+    (`StackSpec.fp8_saved_inputs`), else 1."""
+    recipe = recipe_of(plan)
+    if recipe is None or group not in stack_of(plan).fp8_gemms or not stack_of(plan).fp8_saved_inputs:
+        return 1.0
+    return recipe.elem_bytes / 2.0

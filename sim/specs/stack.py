@@ -130,6 +130,9 @@ class StackSpec(BaseModel):
         "attention and every other matmul (torch's op-level selective activation checkpointing)"
     )
     fp8_weight_cache: bool = Field(description="an fp8 copy of each weight is kept between micro-batches")
+    fp8_saved_inputs: bool = Field(
+        description="an fp8/fp4 linear keeps its input for the backward quantised (not in 16 bits)"
+    )
     loss_bytes_per_logit: float = Field(
         gt=0, description="bytes per logit alive when the loss backward starts (fp32 softmax and its gradients)"
     )
@@ -181,6 +184,7 @@ _SOURCED = (
     "flash_attention",
     "selective_recompute",
     "fp8_weight_cache",
+    "fp8_saved_inputs",
     "loss_bytes_per_logit",
     "states",
     "grad_bucket",
