@@ -34,8 +34,8 @@ from ..specs.stack import MEMORY_METRICS, load_stack
 from ..units import GiB
 from .alive import plan_profile
 from .moe import moe_mlp_activation_parts
-from .precision import saved_input_fraction
 from .params import rank_expert_params, rank_params, stage_kinds
+from .precision import saved_input_fraction
 from .recompute import op_level_stored_bytes, selective_mode, selective_modules
 from .states import MemoryConventions, stack_conventions, stack_state_bytes
 
