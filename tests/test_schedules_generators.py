@@ -218,3 +218,27 @@ def test_speed() -> None:
 
     assert best(lambda: lower(schedule_for_plan(plan), plan)) < 0.1
     assert best(lambda: build_schedule("zb-1p", 8, 1, 64)) < 1.0
+
+
+def test_interleaved_equal_rounds_hold_fewer_activations_than_a_remainder_group() -> None:
+    """m not a multiple of p: equal rounds of g = m / (m // p) (torch's) warm rank 0 up with
+    2 (p - 1) + (v - 1) g forwards, fewer than the 2 (p - 1) + (v - 1) (p + m mod p) a last group
+    absorbing the remainder would need; its peak of activation sets in flight is one more."""
+    from simpar.sim.schedules import peak_inflight
+    from simpar.sim.schedules.interleaved import interleaved_1f1b, microbatch_groups
+
+    checked = 0
+    for p in range(2, 7):
+        for v in (2, 3, 4):
+            for m in range(p + 1, 41):
+                rounds = m // p
+                if m % p == 0 or m % rounds:
+                    continue
+                g = m // rounds
+                assert [len(r) for r in microbatch_groups(m, p)] == [g] * rounds
+                warm = 2 * (p - 1) + (v - 1) * g
+                assert peak_inflight(interleaved_1f1b(p, v, m))[0] == min(warm + 1, v * m)
+                if rounds > 1:  # one round: both are a single group of m
+                    assert warm < 2 * (p - 1) + (v - 1) * (p + m % p)
+                    checked += 1
+    assert checked >= 30

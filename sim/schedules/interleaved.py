@@ -6,13 +6,15 @@ through chunk 0, then chunk 1, ... in the forward order, and through the chunks 
 backward (Megatron's ``get_schedule_table``). Rank r warms up with ``2 (p - r - 1) + (v - 1) * g``
 forwards (capped at v m), then alternates one F and one B.
 
-When m is not a multiple of the group size, Megatron refuses a final group smaller than p (it
-would stall the pipeline); simpar lets the last group absorb the remainder (group .. 2 group - 1
-microbatches) and counts the largest group ``g`` in the warm-up, so any m >= 1 works without
-deadlock and still reaches the bubble (p-1)/(v m + p - 1), at the price of (v-1) (m mod p) more
-warm-up forwards. With m a multiple of p this is exactly Megatron's and torch's
-``ScheduleInterleaved1F1B`` order (torch instead uses m // (m // p) microbatches per round and needs
-that to divide m). vpp = 1 is accepted (a 1F1B with a 2 (p - r - 1) warm-up).
+When m is not a multiple of p, the microbatches go in equal rounds as torch's
+``ScheduleInterleaved1F1B`` runs them: m // p rounds of m / (m // p) microbatches each, when that
+divides m (m = 10 on p = 4: two rounds of 5, not 4 + 6). Equal rounds keep the warm-up as short as
+the rounds allow (the widest group sets it), so they never hold more activations than unequal ones.
+When no equal split exists (m = 9 on p = 4; torch refuses it), the last group absorbs the remainder
+(group .. 2 group - 1 microbatches), so any m >= 1 works without deadlock and still reaches the
+bubble (p-1)/(v m + p - 1), at the price of (v-1) (m mod p) more warm-up forwards. With m a
+multiple of p this is exactly Megatron's and torch's order. vpp = 1 is accepted (a 1F1B with a
+2 (p - r - 1) warm-up).
 """
 
 from __future__ import annotations
@@ -23,7 +25,12 @@ from .ir import B, F, Schedule, looped_placement
 
 
 def microbatch_groups(num_microbatches: int, group: int) -> list[range]:
-    """Consecutive groups of ``group`` microbatches; the last one takes the remainder."""
+    """Consecutive groups of ``group`` microbatches; when ``group`` does not divide them, equal
+    rounds where they exist (torch's m // (m // group) per round), else the last group takes the
+    remainder (module docstring)."""
+    rounds = num_microbatches // group
+    if num_microbatches % group and rounds and num_microbatches % rounds == 0:
+        group = num_microbatches // rounds
     out, lo = [], 0
     while lo < num_microbatches:
         hi = num_microbatches if num_microbatches - lo < 2 * group else lo + group
