@@ -106,10 +106,13 @@ def space_from(kw: dict[str, Any]):
         fp8_recipe=kw.get("fp8_recipe"),
         ep=_list(kw["ep"], "ep", cast=int) if kw.get("ep") else None,
         etp=tuple(0 if v == "tp" else _whole_text(v, "etp") for v in _list(kw.get("etp") or "tp,1", "etp")),
-        moe_dispatcher=kw.get("moe_dispatcher") or "alltoall",
-        moe_a2a_overlap=bool(kw.get("moe_a2a_overlap")),
+        moe_dispatcher=_list(kw.get("moe_dispatcher") or "alltoall", "moe-dispatcher", MOE_DISPATCHERS),
+        moe_a2a_overlap=OVERLAP_CHOICES[kw.get("moe_a2a_overlap") or "off"],
     )
 
+
+#: --moe-a2a-overlap: the overlap values the sweep tries
+OVERLAP_CHOICES = {"off": (False,), "on": (True,), "both": (False, True)}
 
 #: (option, default) in the order the canonical command lists them; results depend on these only.
 _COMMAND = [
@@ -128,7 +131,7 @@ _COMMAND = [
     ("ep", None),
     ("etp", "tp,1"),
     ("moe_dispatcher", "alltoall"),
-    ("moe_a2a_overlap", False),
+    ("moe_a2a_overlap", "off"),
     ("objective", "throughput"),
     ("refine", 0),
     ("simulate", 20),
@@ -270,16 +273,17 @@ def _check_stack(space, gpu) -> None:
 @click.option("--etp", default="tp,1", show_default=True, help="MoE: expert tensor-parallel sizes to try (tp: = tp)")
 @click.option(
     "--moe-dispatcher",
-    type=click.Choice(MOE_DISPATCHERS),
     default="alltoall",
     show_default=True,
-    help="MoE: token dispatcher of every plan with ep > 1 (flex: DeepEP / HybridEP)",
+    help="MoE: token dispatchers to try where ep > 1, comma-separated: alltoall, flex (DeepEP / HybridEP)",
 )
 @click.option(
     "--moe-a2a-overlap",
-    is_flag=True,
-    help="MoE: overlap the all-to-alls in every plan Megatron-Core allows it (ep > 1; no pipeline or "
-    "interleaved 1F1B; no full recompute)",
+    type=click.Choice(tuple(OVERLAP_CHOICES)),
+    default="off",
+    show_default=True,
+    help="MoE: all-to-all overlap to try, where Megatron-Core allows it (ep > 1; no pipeline or interleaved "
+    "1F1B; no full recompute)",
 )
 @click.option("--objective", type=click.Choice(["throughput", "memory"]), default="throughput", show_default=True)
 @click.option("--top", type=Whole(0), default=10, show_default=True, help="rows of the table of best plans")
@@ -357,8 +361,8 @@ def sweep(**kw) -> None:
     moe_flags = {
         "ep": bool(kw["ep"]),
         "etp": kw["etp"] != "tp,1",
-        "moe-dispatcher": kw.get("moe_dispatcher", "alltoall") != "alltoall",
-        "moe-a2a-overlap": bool(kw.get("moe_a2a_overlap")),
+        "moe-dispatcher": (kw.get("moe_dispatcher") or "alltoall") != "alltoall",
+        "moe-a2a-overlap": (kw.get("moe_a2a_overlap") or "off") != "off",
     }
     if model.moe is None and any(moe_flags.values()):
         flag = next(k for k, v in moe_flags.items() if v)

@@ -224,28 +224,55 @@ def test_cli_overlap_on_a_plain_pipeline_is_exit_2_naming_the_field():
 
 
 # --- the sweep ----------------------------------------------------------------------------------
-def test_the_sweep_overlaps_only_where_megatron_core_allows_it():
-    from simpar.sim.sweep.space import Config, SearchSpace, checked_plan
+def test_the_sweep_searches_dispatchers_and_overlap_where_megatron_core_allows_it():
+    from simpar.sim.sweep.space import SearchSpace, checked_plan, count_configs, enumerate_configs
 
-    space = SearchSpace(moe_dispatcher="flex", moe_a2a_overlap=True)
-    cases = {
-        Config(1, 1, 16, 1, 1, 1, "none", 1, "none", False, 16, 0): True,
-        Config(1, 2, 8, 1, 2, 1, "interleaved-1f1b", 1, "none", False, 8, 0): True,
-        Config(1, 2, 8, 1, 1, 1, "1f1b", 1, "none", False, 8, 0): False,
-        Config(1, 1, 16, 1, 1, 1, "none", 1, "full", False, 16, 0): False,
-    }
-    for cfg, overlapped in cases.items():
-        p, why = checked_plan(cfg, QWEN, H100x16, 64, space)
-        assert p is not None, why
-        assert p.moe_a2a_overlap is overlapped and p.moe_dispatcher == "flex"
-    p, _ = checked_plan(Config(1, 1, 16, 1, 1, 1, "none", 1, "none", False, 1, 0), QWEN, H100x16, 64, space)
-    assert p is not None and p.moe_dispatcher == "alltoall" and not p.moe_a2a_overlap  # ep 1: nothing to dispatch
+    space = SearchSpace(
+        schedules=("none", "1f1b", "interleaved-1f1b"),
+        recompute=("none", "full"),
+        mbs=(1,),
+        zero=(1,),
+        moe_dispatcher=("alltoall", "flex"),
+        moe_a2a_overlap=(False, True),
+    )
+    cfgs = enumerate_configs(QWEN, H100x16, 16, space)
+    assert len(cfgs) == count_configs(QWEN, H100x16, 16, space) == len(set(cfgs))
+    for c in cfgs:
+        if c.ep == 1:
+            assert (c.dispatch, c.a2a_overlap) == ("alltoall", False)
+        if c.a2a_overlap:
+            assert (c.pp == 1 or c.schedule == "interleaved-1f1b") and c.recompute != "full"
+    over = [c for c in cfgs if c.a2a_overlap and c.dispatch == "flex"]
+    assert over and all("-flex-a2aov" in c.id for c in over)
+    p, why = checked_plan(over[0], QWEN, H100x16, 64, space)
+    assert p is not None and p.moe_dispatcher == "flex" and p.moe_a2a_overlap, why
+    # each configuration with ep > 1 comes in every dispatcher, and with and without the overlap where allowed
+    base = {(c.tp, c.pp, c.dp, c.vpp, c.schedule, c.recompute, c.ep, c.etp) for c in cfgs if c.ep > 1}
+    for key in base:
+        kinds = {
+            (c.dispatch, c.a2a_overlap)
+            for c in cfgs
+            if (c.tp, c.pp, c.dp, c.vpp, c.schedule, c.recompute, c.ep, c.etp) == key
+        }
+        allowed = (key[1] == 1 or key[4] == "interleaved-1f1b") and key[5] != "full"
+        assert len(kinds) == (4 if allowed else 2)
+
+
+def test_a_results_row_reads_back_its_dispatch():
+    from simpar.sim.sweep.space import Config
+
+    c = Config(1, 1, 16, 1, 1, 1, "none", 1, "none", False, 16, 0, "flex", True)
+    row = {k: str(v) for k, v in c.as_dict().items()}
+    assert Config.from_row(row) == c
+    old = {k: v for k, v in row.items() if k not in ("dispatch", "a2a_overlap")}  # a results.csv of an older sweep
+    assert Config.from_row(old) == Config(1, 1, 16, 1, 1, 1, "none", 1, "none", False, 16, 0)
 
 
 def test_sweep_dispatch_flags_on_a_dense_model_are_exit_2():
     args = ["sweep", "--model", "tiny-llama", "--cluster", "dgx-h100", "--gpus", "8", "--gbs", "16"]
-    r = CliRunner().invoke(cli, [*args, "--moe-dispatcher", "flex"])
-    assert r.exit_code == 2 and "moe-dispatcher" in r.output
+    for flag, value in (("--moe-dispatcher", "flex"), ("--moe-a2a-overlap", "both")):
+        r = CliRunner().invoke(cli, [*args, flag, value])
+        assert r.exit_code == 2 and flag[2:] in r.output
 
 
 def test_the_sweeps_rivals_tell_expert_layouts_apart():

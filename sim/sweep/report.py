@@ -126,14 +126,15 @@ _FIX = "free disk space or fix the folder's permissions, then run `simpar report
 def _plan_cell(r: dict, compact: bool = False) -> str:
     c = Config.from_row(r)
     moe = c.ep > 1 or c.etp
+    dispatch = (f" {c.dispatch}" if c.dispatch != "alltoall" else "") + (" A2A-overlap" if c.a2a_overlap else "")
     if compact:
         return (
-            f"tp{c.tp} pp{c.pp} dp{c.dp} cp{c.cp} v{c.vpp}{f' ep{c.ep} etp{c.etp or c.tp}' if moe else ''}"
+            f"tp{c.tp} pp{c.pp} dp{c.dp} cp{c.cp} v{c.vpp}{f' ep{c.ep} etp{c.etp or c.tp}' if moe else ''}{dispatch}"
             f" mbs{c.mbs} {c.schedule} z{c.zero} {c.recompute}{' SP' if c.sp else ''}"
         )
     return (
         f"tp {c.tp} pp {c.pp} dp {c.dp} cp {c.cp} vpp {c.vpp}{f' ep {c.ep} etp {c.etp or c.tp}' if moe else ''}"
-        f" mbs {c.mbs} {c.schedule} ZeRO {c.zero} {c.recompute}{' SP' if c.sp else ''}"
+        f"{dispatch} mbs {c.mbs} {c.schedule} ZeRO {c.zero} {c.recompute}{' SP' if c.sp else ''}"
     )
 
 

@@ -17,7 +17,10 @@ name are left out by construction, never reported:
 - sequence parallelism on and off where tp > 1 (off where tp = 1).
 - MoE models only: ``ep`` every divisor of the expert count that divides tp x cp x dp (the GPUs of
   a pipeline rank the expert layers fold over), and ``etp`` 1 and tp (0 stands for "= tp",
-  Megatron-Core's default; with tp = 1 the two are one); dense models run ep = 1 only.
+  Megatron-Core's default; with tp = 1 the two are one); dense models run ep = 1 only. Where
+  ep > 1, each token dispatcher asked for (``moe_dispatcher``) and the all-to-all overlap off
+  and/or on (``moe_a2a_overlap``), on only where Megatron-Core allows it (no pipeline or the
+  interleaved schedule, no full recompute, at most one MTP layer).
 
 Everything else (layers per stage, the global batch per dp x mbs, heads per tp, ...) is checked by
 `check_plan`, and a configuration that breaks a rule is kept with the rule as its reason.
@@ -38,7 +41,22 @@ PIPELINE_SCHEDULES = tuple(s for s in SCHEDULES if s != "none")
 #: Default lower bound on sequence tokens per GPU when choosing the largest cp to search.
 CP_MIN_TOKENS = 4096
 #: Config fields in CSV column order.
-CONFIG_FIELDS = ("tp", "pp", "dp", "cp", "vpp", "mbs", "schedule", "zero", "recompute", "sp", "ep", "etp")
+CONFIG_FIELDS = (
+    "tp",
+    "pp",
+    "dp",
+    "cp",
+    "vpp",
+    "mbs",
+    "schedule",
+    "zero",
+    "recompute",
+    "sp",
+    "ep",
+    "etp",
+    "dispatch",
+    "a2a_overlap",
+)
 
 
 @dataclass(frozen=True)
@@ -58,8 +76,8 @@ class SearchSpace:
     fp8_recipe: str | None = None  # None: the stack's default recipe for fp8/fp4
     ep: tuple[int, ...] | None = None  # MoE: None = every ep that folds (module docstring)
     etp: tuple[int, ...] = (0, 1)  # MoE: 0 = tp (Megatron-Core's default)
-    moe_dispatcher: str = "alltoall"  # MoE: the token dispatcher of every plan with ep > 1
-    moe_a2a_overlap: bool = False  # MoE: all-to-alls overlapped wherever Megatron-Core allows (`make_plan`)
+    moe_dispatcher: tuple[str, ...] = ("alltoall",)  # MoE: token dispatchers tried where ep > 1
+    moe_a2a_overlap: tuple[bool, ...] = (False,)  # MoE: overlap off/on, on where Megatron-Core allows it
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -67,9 +85,18 @@ class SearchSpace:
     @classmethod
     def from_json(cls, d: dict) -> SearchSpace:
         kw = {f.name: d[f.name] for f in fields(cls) if f.name in d}
-        for k in ("schedules", "zero", "recompute", "mbs", "sequence_parallel", "etp"):
+        for k in (
+            "schedules",
+            "zero",
+            "recompute",
+            "mbs",
+            "sequence_parallel",
+            "etp",
+            "moe_dispatcher",
+            "moe_a2a_overlap",
+        ):
             if k in kw:
-                kw[k] = tuple(kw[k])
+                kw[k] = tuple(kw[k]) if isinstance(kw[k], list | tuple) else (kw[k],)
         if kw.get("ep") is not None:
             kw["ep"] = tuple(kw["ep"])
         return cls(**kw)
@@ -91,10 +118,14 @@ class Config:
     sp: bool
     ep: int = 1
     etp: int = 0  # 0: = tp
+    dispatch: str = "alltoall"  # MoE token dispatcher (`ParallelPlan.moe_dispatcher`)
+    a2a_overlap: bool = False  # MoE all-to-alls overlapped (`ParallelPlan.moe_a2a_overlap`)
 
     @property
     def id(self) -> str:
         experts = f"-ep{self.ep}-etp{self.etp or self.tp}" if self.ep > 1 or self.etp else ""
+        experts += f"-{self.dispatch}" if self.dispatch != "alltoall" else ""
+        experts += "-a2aov" if self.a2a_overlap else ""
         return (
             f"tp{self.tp}-pp{self.pp}-dp{self.dp}-cp{self.cp}-v{self.vpp}-mbs{self.mbs}-{self.schedule}"
             f"-z{self.zero}-{self.recompute}-sp{int(self.sp)}{experts}"
@@ -117,6 +148,10 @@ class Config:
                 parts.append(f"ZeRO {v}")
             elif f == "etp":
                 parts.append(f"etp {v or self.tp}")
+            elif f == "dispatch":
+                parts.append(f"{v} dispatch")
+            elif f == "a2a_overlap":
+                parts.append("A2A overlap" if v else "no A2A overlap")
             else:
                 parts.append(f"{f} {v}")
         return " ".join(parts) if parts else "the same plan"
@@ -140,6 +175,8 @@ class Config:
             str(row["sp"]).lower() in _TRUE,
             int(row.get("ep") or 1),
             int(row.get("etp") or 0),
+            str(row.get("dispatch") or "alltoall"),
+            str(row.get("a2a_overlap", "")).lower() in _TRUE,
         )
 
 
@@ -223,17 +260,54 @@ def enumerate_configs(model: ModelSpec, cluster: ClusterSpec, num_gpus: int, spa
                         for zero in lay.zeros:
                             for rc in recomputes:
                                 for ep, etp in lay.experts:
-                                    out.append(
-                                        Config(lay.tp, lay.pp, lay.dp, lay.cp, vpp, mbs, sched, zero, rc, sp, ep, etp)
-                                    )
+                                    for disp, ov in _dispatch(model, space, lay.pp, sched, rc, ep):
+                                        out.append(
+                                            Config(
+                                                lay.tp,
+                                                lay.pp,
+                                                lay.dp,
+                                                lay.cp,
+                                                vpp,
+                                                mbs,
+                                                sched,
+                                                zero,
+                                                rc,
+                                                sp,
+                                                ep,
+                                                etp,
+                                                disp,
+                                                ov,
+                                            )
+                                        )
     return out
+
+
+def _dispatch(
+    model: ModelSpec, space: SearchSpace, pp: int, schedule: str, recompute: str, ep: int
+) -> list[tuple[str, bool]]:
+    """The (dispatcher, overlap) pairs a configuration can take: none but the default without
+    expert parallelism; the overlap where Megatron-Core allows it (no pipeline or the interleaved
+    schedule, no full recompute, at most one MTP layer: `plan_check`)."""
+    if ep == 1:
+        return [("alltoall", False)]
+    can = (pp == 1 or schedule == "interleaved-1f1b") and recompute != "full" and model.mtp_layers <= 1
+    overlaps = [o for o in _axis(space.moe_a2a_overlap) if can or not o] or [False]
+    return [(d, o) for d in _axis(space.moe_dispatcher) for o in _axis(tuple(overlaps))]
 
 
 def count_configs(model: ModelSpec, cluster: ClusterSpec, num_gpus: int, space: SearchSpace) -> int:
     """``len(enumerate_configs(...))`` without building the list (to refuse an absurd space first)."""
-    per = len(_axis(space.mbs)) * len(_axis(space.recompute))
+    mbs = len(_axis(space.mbs))
     return sum(
-        len(_vpps(sched, model.layers, lay.pp)) * per * len(lay.sps) * len(lay.zeros) * len(lay.experts)
+        len(_vpps(sched, model.layers, lay.pp))
+        * mbs
+        * len(lay.sps)
+        * len(lay.zeros)
+        * sum(
+            len(_dispatch(model, space, lay.pp, sched, rc, ep))
+            for rc in _axis(space.recompute)
+            for ep, _ in lay.experts
+        )
         for lay in _layouts(model, cluster, num_gpus, space)
         for sched in lay.schedules
     )
@@ -289,21 +363,9 @@ def make_plan(cfg: Config, model: ModelSpec, cluster: ClusterSpec, gbs: int, spa
         allow_tp_across_nodes=cfg.tp > cluster.gpus_per_node,
         ep=cfg.ep,
         etp=cfg.etp or None,
-        **_dispatch(cfg, model, space),
+        moe_dispatcher=cfg.dispatch,
+        moe_a2a_overlap=cfg.a2a_overlap,
     )
-
-
-def _dispatch(cfg: Config, model: ModelSpec, space: SearchSpace) -> dict[str, object]:
-    """The sweep's dispatcher and overlap on a plan that can take them: the flex dispatcher needs
-    ep > 1; Megatron-Core overlaps the all-to-alls with ep > 1, without a pipeline or in the
-    interleaved schedule, and without full recompute or more than one MTP layer (`plan_check`)."""
-    if cfg.ep == 1:
-        return {}
-    out: dict[str, object] = {"moe_dispatcher": space.moe_dispatcher}
-    pipeline_ok = cfg.pp == 1 or cfg.schedule == "interleaved-1f1b"
-    if space.moe_a2a_overlap and pipeline_ok and cfg.recompute != "full" and model.mtp_layers <= 1:
-        out["moe_a2a_overlap"] = True
-    return out
 
 
 def checked_plan(
