@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from simpar.sim.choices import FP8_RECIPES, MOE_DISPATCHERS, PRECISIONS, RECOMPUTE, SCHEDULES
+from simpar.sim.choices import FP8_RECIPES, MOE_DISPATCHERS, PRECISIONS, RECOMPUTE, SCHEDULES, SWEEP_SCHEDULES
 from simpar.sim.errors import SimparError
 
 from .calib import calibration_options, load_calibration_option, runtime_of, uncalibrated_hint
@@ -117,7 +117,7 @@ OVERLAP_CHOICES = {"off": (False,), "on": (True,), "both": (False, True)}
 #: (option, default) in the order the canonical command lists them; results depend on these only.
 _COMMAND = [
     ("seq_len", None),
-    ("schedules", ",".join(SCHEDULES)),
+    ("schedules", ",".join(SWEEP_SCHEDULES)),
     ("zero", "0,1,2,3"),
     ("recompute", ",".join(RECOMPUTE)),
     ("mbs", "1,2,4,8"),
@@ -238,7 +238,12 @@ def _check_stack(space, gpu) -> None:
 @click.option("--gpus", type=Whole(1), required=True, help="number of GPUs (whole nodes)")
 @click.option("--gbs", type=Whole(1), required=True, help="global batch size (sequences)")
 @click.option("--seq-len", type=Whole(1), default=None, help="override the model's sequence length")
-@click.option("--schedules", default=",".join(SCHEDULES), show_default=True, help="pipeline schedules to try")
+@click.option(
+    "--schedules",
+    default=",".join(SWEEP_SCHEDULES),
+    show_default=True,
+    help="pipeline schedules to try (looped-bfs, which keeps every activation set alive, only when named)",
+)
 @click.option("--zero", default="0,1,2,3", show_default=True, help="ZeRO stages to try")
 @click.option("--recompute", default=",".join(RECOMPUTE), show_default=True, help="recomputation modes to try")
 @click.option("--mbs", default="1,2,4,8", show_default=True, help="micro-batch sizes to try")

@@ -242,3 +242,16 @@ def test_interleaved_equal_rounds_hold_fewer_activations_than_a_remainder_group(
                     assert warm < 2 * (p - 1) + (v - 1) * (p + m % p)
                     checked += 1
     assert checked >= 30
+
+
+def test_looped_bfs_keeps_every_chunk_of_every_microbatch_and_the_memory_model_sees_it() -> None:
+    """All v m activation sets of a rank are alive before its first backward (as GPipe's m), however
+    long the schedule: the memory model must not cut it to a few times pp microbatches."""
+    from simpar.sim.cost.alive import plan_profile
+    from simpar.sim.plan import ParallelPlan
+    from simpar.sim.schedules import build_schedule, peak_inflight
+
+    for p, v, m in [(2, 2, 3), (4, 2, 16), (3, 3, 20)]:
+        assert peak_inflight(build_schedule("looped-bfs", p, v, m)) == [v * m] * p
+    plan = ParallelPlan(pp=4, vpp=2, global_batch_size=64, schedule="looped-bfs")
+    assert plan_profile(plan).inflight == (2 * 64,) * 4

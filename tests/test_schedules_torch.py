@@ -135,3 +135,9 @@ def test_1f1b_equals_torch_but_for_its_last_rank_numbering(pp: int, m: int) -> N
         for a in map(Action.parse, theirs[-1])
     ]
     assert shifted == mine[-1]
+
+
+@pytest.mark.parametrize("pp,v,m", [(2, 2, 4), (3, 2, 4), (4, 3, 8), (4, 2, 3), (2, 1, 5)])
+def test_looped_bfs_equals_torch(pp: int, v: int, m: int) -> None:
+    local = [c * pp for c in range(v)]
+    assert torch_order(S.ScheduleLoopedBFS, pp, pp * v, local, m) == ours("looped-bfs", pp, v, m)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from ..plan import ParallelPlan
-from ..schedules import Kind, Schedule, build_schedule
+from ..schedules import ALL_FORWARDS_FIRST, Kind, Schedule, build_schedule
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ def alive_profile(schedule: Schedule) -> AliveProfile:
 
 
 #: Past ``STEADY * pp`` micro-batches a schedule's alive-set profile no longer changes (its peak is
-#: reached in the warm-up and steady phases, which do not depend on m; GPipe excepted): checked
+#: reached in the warm-up and steady phases, which do not depend on m; GPipe and looped BFS excepted): checked
 #: against the full schedule in tests/test_sweep_fit.py for every schedule.
 STEADY = 2
 
@@ -84,6 +84,6 @@ def plan_profile(plan: ParallelPlan) -> AliveProfile:
     """The alive profile of the plan's compute-only schedule, cut to `STEADY` x pp micro-batches."""
     pp = plan.pipeline_ranks
     m = plan.num_microbatches
-    if plan.schedule != "gpipe":
+    if plan.schedule not in ALL_FORWARDS_FIRST:
         m = min(m, STEADY * pp)
     return cached_profile(plan.schedule, pp, plan.vpp, m)

@@ -321,7 +321,7 @@ def _fill(x: Inputs) -> float:
     comm = 2 * (pr - 1) * (c + x.post)
     if p.schedule in ("gpipe", "1f1b"):
         return sum(f) + sum(i) + sum(w) + comm
-    if p.schedule == "interleaved-1f1b":
+    if p.schedule in ("interleaved-1f1b", "looped-bfs"):  # one chunk's fill and drain per hop
         return max(x.rank_work) + (pr - 1) * (mf + mi + mw) + comm
     k = _ZB_WEIGHT[p.schedule]  # zero-bubble family: k weight-gradient passes fill each gap
     return max(x.rank_work) + (pr - 1) * max(0.0, mf + mi - k * mw) + comm

@@ -12,7 +12,8 @@ name are left out by construction, never reported:
   §3.3.2); ``pp`` divides the rest and is at most the layer count;
   ``dp`` = GPUs / (tp cp pp).
 - ``pp = 1`` runs schedule ``none`` only; ``pp > 1`` runs every pipeline schedule asked for.
-- ``vpp``: 1, except ``zb-v`` (2) and ``interleaved-1f1b`` (every v >= 2 dividing layers // pp).
+- ``vpp``: 1, except ``zb-v`` (2) and ``interleaved-1f1b`` and ``looped-bfs`` (every v >= 2 dividing
+  layers // pp; looped BFS with one chunk is GPipe with its backwards reversed).
 - ZeRO stages above 0 only where dp x cp > 1 (with one shard ZeRO changes nothing).
 - sequence parallelism on and off where tp > 1 (off where tp = 1).
 - MoE models only: ``ep`` every divisor of the expert count that divides tp x cp x dp (the GPUs of
@@ -32,6 +33,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, fields
 from math import isqrt
 
+from ..choices import SWEEP_SCHEDULES
 from ..errors import PlanError, SimparError
 from ..plan import RECOMPUTE, SCHEDULES, ParallelPlan, balanced_layer_split
 from ..plan_check import check_plan
@@ -63,7 +65,7 @@ CONFIG_FIELDS = (
 class SearchSpace:
     """Axis values to search; see the module docstring for how they combine."""
 
-    schedules: tuple[str, ...] = SCHEDULES
+    schedules: tuple[str, ...] = SWEEP_SCHEDULES
     zero: tuple[int, ...] = (0, 1, 2, 3)
     recompute: tuple[str, ...] = RECOMPUTE
     mbs: tuple[int, ...] = (1, 2, 4, 8)
@@ -193,7 +195,7 @@ def _divisors(n: int) -> list[int]:
 def _vpps(schedule: str, layers: int, pp: int) -> list[int]:
     if schedule == "zb-v":
         return [2]
-    if schedule != "interleaved-1f1b":
+    if schedule not in ("interleaved-1f1b", "looped-bfs"):
         return [1]
     per = layers // pp
     return [v for v in range(2, per + 1) if per % v == 0] or [2]
