@@ -13,6 +13,7 @@ SCHEDULES = (
     "gpipe",
     "1f1b",
     "interleaved-1f1b",
+    "interleaved-zb",
     "looped-bfs",
     "zb-h1",
     "zb-h2",

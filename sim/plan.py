@@ -29,7 +29,7 @@ from .choices import SCHEDULES as SCHEDULES
 from .specs.stack import DEFAULT_STACK, load_stack
 
 #: Schedules whose stages are split into I (input grad) and W (weight grad).
-SPLIT_BACKWARD = frozenset({"zb-h1", "zb-h2", "zb-1p", "zb-2p", "zb-v"})
+SPLIT_BACKWARD = frozenset({"zb-h1", "zb-h2", "zb-1p", "zb-2p", "zb-v", "interleaved-zb"})
 AXES = ("pp", "dp", "cp", "tp")
 #: Megatron's default: pp outermost ... tp innermost (a TP group stays inside a node).
 DEFAULT_MESH_ORDER = ("pp", "dp", "cp", "tp")

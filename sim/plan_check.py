@@ -205,11 +205,18 @@ def _check_schedule(plan: ParallelPlan) -> None:
         raise PlanError(
             "vpp", f"zb-v places exactly 2 chunks per pipeline rank (V shape), got vpp={plan.vpp}.", "pass --vpp 2."
         )
-    if s not in ("interleaved-1f1b", "looped-bfs", "zb-v") and plan.vpp != 1:
+    if s not in ("interleaved-1f1b", "interleaved-zb", "looped-bfs", "zb-v") and plan.vpp != 1:
         raise PlanError(
             "vpp",
             f"schedule {s} runs one stage per pipeline rank, got vpp={plan.vpp}.",
-            "use --vpp 1, or --schedule interleaved-1f1b / looped-bfs / zb-v.",
+            "use --vpp 1, or --schedule interleaved-1f1b / interleaved-zb / looped-bfs / zb-v.",
+        )
+    if s == "interleaved-zb" and m % max(1, m // plan.pp):
+        rounds = max(1, m // plan.pp)
+        raise PlanError(
+            "gbs",
+            f"interleaved-zb runs microbatches in equal rounds: {m} microbatches do not split into {rounds}.",
+            f"use a multiple of {rounds} (or of pp={plan.pp}) microbatches.",
         )
     if s == "interleaved-1f1b" and m < plan.pp:
         raise PlanError(

@@ -29,6 +29,7 @@ CASES = [
     (2, 4, 4, 1, 1, 2, "gpipe", 0, "full", False),
     (4, 2, 4, 1, 3, 1, "interleaved-1f1b", 0, "none", True),
     (4, 2, 4, 1, 2, 1, "looped-bfs", 1, "none", True),
+    (4, 2, 4, 1, 2, 1, "interleaved-zb", 2, "selective", True),
     (2, 4, 4, 1, 1, 1, "zb-h1", 2, "none", True),
     (2, 4, 4, 1, 1, 1, "zb-h2", 0, "none", False),
     (4, 4, 2, 1, 1, 1, "zb-1p", 1, "full", True),

@@ -41,6 +41,7 @@ TWO = [
     ("zb-h2-gpt", "tiny", False, dict(pp=2, global_batch_size=6, schedule="zb-h2")),
     ("zb-v-gpt", "tiny", False, dict(pp=2, vpp=2, global_batch_size=4, schedule="zb-v")),
     ("looped-bfs-llama", "tiny-llama", False, dict(pp=2, vpp=2, global_batch_size=4, schedule="looped-bfs")),
+    ("interleaved-zb-gpt", "tiny", False, dict(pp=2, vpp=2, global_batch_size=4, schedule="interleaved-zb")),
     ("zb-v-llama-full", "tiny-llama", False, dict(pp=2, vpp=2, global_batch_size=4, schedule="zb-v", recompute="full")),
     ("1f1b-gpt-lowered-R", "tiny", True, dict(pp=2, global_batch_size=4, schedule="1f1b", recompute="full")),
     (

@@ -255,3 +255,12 @@ def test_looped_bfs_keeps_every_chunk_of_every_microbatch_and_the_memory_model_s
         assert peak_inflight(build_schedule("looped-bfs", p, v, m)) == [v * m] * p
     plan = ParallelPlan(pp=4, vpp=2, global_batch_size=64, schedule="looped-bfs")
     assert plan_profile(plan).inflight == (2 * 64,) * 4
+
+
+def test_looped_zero_bubble_cuts_interleaved_1f1bs_bubble_to_a_third_without_more_memory() -> None:
+    """p 8, v 2, m 32, unit F, I and W: the W's fill the slots where interleaved 1F1B waits."""
+    from simpar.sim.schedules import build_schedule, list_schedule, peak_inflight
+
+    zb, il = build_schedule("interleaved-zb", 8, 2, 32), build_schedule("interleaved-1f1b", 8, 2, 32)
+    assert list_schedule(zb).bubble_rate < 0.4 * list_schedule(il).bubble_rate
+    assert max(peak_inflight(zb)) <= max(peak_inflight(il))

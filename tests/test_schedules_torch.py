@@ -141,3 +141,22 @@ def test_1f1b_equals_torch_but_for_its_last_rank_numbering(pp: int, m: int) -> N
 def test_looped_bfs_equals_torch(pp: int, v: int, m: int) -> None:
     local = [c * pp for c in range(v)]
     assert torch_order(S.ScheduleLoopedBFS, pp, pp * v, local, m) == ours("looped-bfs", pp, v, m)
+
+
+def test_interleaved_zb_equals_torch_wherever_torch_builds_it() -> None:
+    """torch's ScheduleInterleavedZeroBubble (I/W split on the interleaved placement) against
+    simpar's interleaved-zb over p 2-5, v 1-3, m 1-24 (v = 1 is ZB-H1)."""
+    compared = 0
+    for pp in range(2, 6):
+        for v in (1, 2, 3):
+            local = [c * pp for c in range(v)]
+            for m in range(1, 25):
+                try:
+                    theirs = torch_order(S.ScheduleInterleavedZeroBubble, pp, pp * v, local, m)
+                except ValueError:
+                    with pytest.raises(Exception, match="equal rounds"):
+                        ours("interleaved-zb", pp, v, m)
+                    continue
+                assert theirs == ours("interleaved-zb", pp, v, m), (pp, v, m)
+                compared += 1
+    assert compared >= 150  # torch builds 171 of the 288

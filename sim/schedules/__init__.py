@@ -18,6 +18,7 @@ from .csvio import read_csv, write_csv
 from .deadlock import check_schedule
 from .gpipe import gpipe
 from .interleaved import interleaved_1f1b
+from .interleaved_zb import interleaved_zb
 from .ir import Action, Kind, Schedule, looped_placement, v_placement
 from .looped_bfs import looped_bfs
 from .lower import lower
@@ -65,6 +66,7 @@ _BUILDERS: dict[str, tuple[int | None, Callable[[int, int, int, StageCosts | Non
     "zb-2p": (1, lambda pp, v, m, c: zb_auto(pp, m, c, 2)),
     "zb-v": (2, lambda pp, v, m, c: zb_v(pp, m)),
     "looped-bfs": (None, lambda pp, v, m, c: looped_bfs(pp, v, m)),
+    "interleaved-zb": (None, lambda pp, v, m, c: interleaved_zb(pp, v, m)),
 }
 #: schedules that run every forward of a rank before its backwards: their activation peak grows with m
 ALL_FORWARDS_FIRST = frozenset({"gpipe", "looped-bfs"})
@@ -88,7 +90,11 @@ def build_schedule(name: str, pp: int, vpp: int, num_microbatches: int, costs: S
         raise ScheduleError("schedule", f"unknown schedule {name!r}.", f"use one of {', '.join(SCHEDULE_NAMES)}.")
     need, build = _BUILDERS[name]
     if need is not None and vpp != need:
-        hint = "pass --vpp 2." if need == 2 else "use --vpp 1, or --schedule interleaved-1f1b / looped-bfs / zb-v."
+        hint = (
+            "pass --vpp 2."
+            if need == 2
+            else "use --vpp 1, or --schedule interleaved-1f1b / interleaved-zb / looped-bfs / zb-v."
+        )
         raise ScheduleError(
             "vpp", f"schedule {name} runs exactly {need} stage(s) per pipeline rank, got vpp={vpp}.", hint
         )

@@ -48,7 +48,7 @@ from ..specs import ModelSpec
 #: Weight-gradient passes that fill each rank's warm-up gap: ZB-H1 (p - 1)(T_F + T_B - T_W),
 #: ZB-H2 and ZB-V (p - 1)(T_F + T_B - 2 T_W) with per-chunk times (Qi et al. 2024 §2-3; Qi et al.,
 #: "Pipeline Parallelism with Controllable Memory", 2024); ZB-1p/2p are taken as H1/H2.
-_ZB_WEIGHT = {"zb-h1": 1.0, "zb-1p": 1.0, "zb-h2": 2.0, "zb-2p": 2.0, "zb-v": 2.0}
+_ZB_WEIGHT = {"zb-h1": 1.0, "zb-1p": 1.0, "zb-h2": 2.0, "zb-2p": 2.0, "zb-v": 2.0, "interleaved-zb": 1.0}
 _POSTED = (Kind.SEND_F, Kind.SEND_B, Kind.RECV_F, Kind.RECV_B)
 
 

@@ -12,8 +12,9 @@ name are left out by construction, never reported:
   §3.3.2); ``pp`` divides the rest and is at most the layer count;
   ``dp`` = GPUs / (tp cp pp).
 - ``pp = 1`` runs schedule ``none`` only; ``pp > 1`` runs every pipeline schedule asked for.
-- ``vpp``: 1, except ``zb-v`` (2) and ``interleaved-1f1b`` and ``looped-bfs`` (every v >= 2 dividing
-  layers // pp; looped BFS with one chunk is GPipe with its backwards reversed).
+- ``vpp``: 1, except ``zb-v`` (2) and ``interleaved-1f1b``, ``interleaved-zb`` and ``looped-bfs``
+  (every v >= 2 dividing layers // pp; with one chunk they are 1F1B, ZB-H1 and GPipe with its
+  backwards reversed).
 - ZeRO stages above 0 only where dp x cp > 1 (with one shard ZeRO changes nothing).
 - sequence parallelism on and off where tp > 1 (off where tp = 1).
 - MoE models only: ``ep`` every divisor of the expert count that divides tp x cp x dp (the GPUs of
@@ -195,7 +196,7 @@ def _divisors(n: int) -> list[int]:
 def _vpps(schedule: str, layers: int, pp: int) -> list[int]:
     if schedule == "zb-v":
         return [2]
-    if schedule not in ("interleaved-1f1b", "looped-bfs"):
+    if schedule not in ("interleaved-1f1b", "interleaved-zb", "looped-bfs"):
         return [1]
     per = layers // pp
     return [v for v in range(2, per + 1) if per % v == 0] or [2]
