@@ -60,13 +60,13 @@ _BUILDERS: dict[str, tuple[int | None, Callable[[int, int, int, StageCosts | Non
     "gpipe": (1, lambda pp, v, m, c: gpipe(pp, m)),
     "1f1b": (1, lambda pp, v, m, c: one_f_one_b(pp, m)),
     "interleaved-1f1b": (None, lambda pp, v, m, c: interleaved_1f1b(pp, v, m)),
+    "interleaved-zb": (None, lambda pp, v, m, c: interleaved_zb(pp, v, m)),
+    "looped-bfs": (None, lambda pp, v, m, c: looped_bfs(pp, v, m)),
     "zb-h1": (1, lambda pp, v, m, c: zb_h1(pp, m)),
     "zb-h2": (1, lambda pp, v, m, c: zb_h2(pp, m)),
     "zb-1p": (1, lambda pp, v, m, c: zb_auto(pp, m, c, 1)),
     "zb-2p": (1, lambda pp, v, m, c: zb_auto(pp, m, c, 2)),
     "zb-v": (2, lambda pp, v, m, c: zb_v(pp, m)),
-    "looped-bfs": (None, lambda pp, v, m, c: looped_bfs(pp, v, m)),
-    "interleaved-zb": (None, lambda pp, v, m, c: interleaved_zb(pp, v, m)),
 }
 #: schedules that run every forward of a rank before its backwards: their activation peak grows with m
 ALL_FORWARDS_FIRST = frozenset({"gpipe", "looped-bfs"})
