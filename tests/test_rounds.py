@@ -124,6 +124,19 @@ def test_too_few_microbatches_runs_every_round() -> None:
     _same_run(on, off)
 
 
+def test_interleaved_with_m_not_a_multiple_of_pp_is_never_compressed() -> None:
+    """Its grouping depends on m (equal rounds of 65 for m = 2,600 on pp = 64, groups of 64 and a
+    remainder around it), so rounds read off other microbatch counts would not be m's."""
+    from simpar.sim.engine.rounds import schedule_rounds
+    from simpar.sim.schedules.interleaved import microbatch_groups
+
+    assert {len(g) for g in microbatch_groups(2600, 64)} == {65}
+    assert {len(g) for g in microbatch_groups(2604, 64)} == {64, 108}
+    plan = ParallelPlan(pp=64, vpp=2, dp=1, global_batch_size=2600, schedule="interleaved-1f1b")
+    rounds, why = schedule_rounds(plan, lambda m: lower(build_schedule("interleaved-1f1b", 64, 2, m)))
+    assert rounds is None and "not a multiple of pp" in why
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     schedule=st.sampled_from(["1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "zb-1p", "gpipe", "none"]),

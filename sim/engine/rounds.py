@@ -95,6 +95,10 @@ def schedule_rounds(plan: ParallelPlan, build: Callable[[int], Schedule]) -> tup
         )
     m, pp = plan.num_microbatches, (1 if plan.schedule == "none" else plan.pp)
     d = pp if plan.schedule == "interleaved-1f1b" else 1
+    if d > 1 and m % d:
+        # the microbatch grouping depends on m itself (equal rounds where m // pp divides m, else a
+        # remainder group: `schedules.interleaved`), so rounds read off other counts may not be m's
+        return None, f"{m} microbatches: not a multiple of pp = {pp}, the grouping depends on m"
     stages = len(plan.placement)
     # the steady state needs num_stages microbatches (1F1B) or twice as many (zb-h2)
     for start in (stages + (d if d > 1 else 0), 2 * stages + d):
