@@ -30,7 +30,7 @@ from ..engine.results import BREAKDOWN_KEYS
 from ..errors import SimparError, SpecError
 from ..plan import MOE_DISPATCHERS, RECOMPUTE, SCHEDULES
 from . import interrupt
-from .space import Config
+from .space import CONFIG_FIELDS, Config
 
 SWEEP_FORMAT_VERSION = 4  # 2: lower_bound_s; 3: ep, etp, expert_compute_s, moe_a2a_s; 4: dispatch, a2a_overlap
 MANIFEST, RESULTS, JOURNAL = "sweep.json", "results.csv", "journal"
@@ -42,26 +42,9 @@ PHASE_STATUSES = {"screen": ("estimated", "oom", "invalid"), "refine": ("refined
 SOURCES = ("", "quick", "oracle", "engine")
 OBJECTIVES = ("throughput", "memory")
 COUNT_KEYS = ("enumerated", "invalid", "oom", "fitting", "refined", "simulated")
-PLAN_COLUMNS = (
-    "tp",
-    "pp",
-    "dp",
-    "cp",
-    "vpp",
-    "mbs",
-    "gbs",
-    "num_microbatches",
-    "schedule",
-    "zero",
-    "recompute",
-    "sp",
-    "ep",
-    "etp",
-    "dispatch",
-    "a2a_overlap",
-    "precision",
-    "layer_split",
-)
+#: a configuration's fields (`space.CONFIG_FIELDS`) with the batch after the micro-batch size and the
+#: precision and layer split after the rest
+PLAN_COLUMNS = (*CONFIG_FIELDS[:6], "gbs", "num_microbatches", *CONFIG_FIELDS[6:], "precision", "layer_split")
 RESULT_COLUMNS = (
     "iter_time_s",
     "tokens_per_s",
