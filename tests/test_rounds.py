@@ -32,6 +32,7 @@ def _lowered(name: str, pp: int, vpp: int, zero: int = 1, recompute: str = "none
         ("zb-h2", 3, 1, 1),
         ("zb-v", 4, 2, 1),
         ("interleaved-1f1b", 4, 2, 4),
+        ("interleaved-zb", 4, 2, 4),
         ("none", 1, 1, 1),
     ],
 )
@@ -139,7 +140,9 @@ def test_interleaved_with_m_not_a_multiple_of_pp_is_never_compressed() -> None:
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    schedule=st.sampled_from(["1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "zb-1p", "gpipe", "none"]),
+    schedule=st.sampled_from(
+        ["1f1b", "interleaved-1f1b", "interleaved-zb", "zb-h1", "zb-h2", "zb-v", "zb-1p", "gpipe", "looped-bfs", "none"]
+    ),
     pp=st.sampled_from([2, 4]),
     tp=st.sampled_from([1, 2]),
     cp=st.sampled_from([1, 2]),
@@ -150,10 +153,10 @@ def test_interleaved_with_m_not_a_multiple_of_pp_is_never_compressed() -> None:
     full=st.booleans(),
 )
 def test_compression_is_exact(schedule, pp, tp, cp, zero, recompute, m, backend, full) -> None:
-    vpp = 2 if schedule in ("interleaved-1f1b", "zb-v") else 1
+    vpp = 2 if schedule in ("interleaved-1f1b", "interleaved-zb", "zb-v") else 1
     if schedule == "none":
         pp, vpp = 1, 1
-    if schedule == "interleaved-1f1b":
+    if schedule in ("interleaved-1f1b", "interleaved-zb"):
         m -= m % pp
     dp = 32 // (tp * cp * pp) // 2
     plan = ParallelPlan(

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from ..plan import ParallelPlan
 from ..schedules.ir import Schedule
 from ..schedules.memo import lowered_schedule
-from ..schedules.periodic import CLOSED_FORM, Rounds, find_rounds
+from ..schedules.periodic import CLOSED_FORM, GROUPED, Rounds, find_rounds
 from .core import Engine
 from .trace import TraceEvent
 
@@ -94,10 +94,10 @@ def schedule_rounds(plan: ParallelPlan, build: Callable[[int], Schedule]) -> tup
             f"schedule {plan.schedule}: not built of repeating rounds (periodic.CLOSED_FORM)",
         )
     m, pp = plan.num_microbatches, (1 if plan.schedule == "none" else plan.pp)
-    d = pp if plan.schedule == "interleaved-1f1b" else 1
+    d = pp if plan.schedule in GROUPED else 1
     if d > 1 and m % d:
         # the microbatch grouping depends on m itself (equal rounds where m // pp divides m, else a
-        # remainder group: `schedules.interleaved`), so rounds read off other counts may not be m's
+        # remainder group or none: `schedules.interleaved`), so rounds read off other counts may not be m's
         return None, f"{m} microbatches: not a multiple of pp = {pp}, the grouping depends on m"
     stages = len(plan.placement)
     # the steady state needs num_stages microbatches (1F1B) or twice as many (zb-h2)

@@ -18,9 +18,12 @@ from ..errors import ScheduleError
 from .ir import Action, Kind, Schedule
 
 #: schedule families whose generator is closed-form in the microbatch count (a new microbatch, or
-#: group of pp for interleaved-1f1b, adds one steady-state round and renumbers the cool-down);
-#: zb-1p/zb-2p are searched from the costs for each microbatch count, gpipe has two phases.
-CLOSED_FORM = frozenset({"none", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v"})
+#: group of pp for interleaved-1f1b and interleaved-zb, adds one steady-state round and renumbers
+#: the cool-down); zb-1p/zb-2p are searched from the costs for each microbatch count, gpipe and
+#: looped-bfs have two phases.
+CLOSED_FORM = frozenset({"none", "1f1b", "interleaved-1f1b", "interleaved-zb", "zb-h1", "zb-h2", "zb-v"})
+#: the closed-form families whose rounds are groups of pp microbatches
+GROUPED = frozenset({"interleaved-1f1b", "interleaved-zb"})
 
 
 def shift(a: Action, d: int) -> Action:
