@@ -20,7 +20,15 @@ SCHEDULES = (
     "zb-1p",
     "zb-2p",
     "zb-v",
+    "dualpipe-v",
+    "dualpipe",
+    "chimera",
 )
+#: Schedules that run two pipelines in opposite directions over the same ranks, each over the whole
+#: model with half of the microbatches: every rank holds two model replicas' chunks.
+BIDIRECTIONAL = frozenset({"dualpipe", "chimera"})
+#: Schedules with two stages per rank in a V (stage r and 2 pp - 1 - r on rank r).
+V_SHAPED = frozenset({"zb-v", "dualpipe-v", "dualpipe", "chimera"})
 #: What a sweep tries unless --schedules says otherwise: every schedule but looped BFS, which keeps
 #: all v x m activation sets of a rank alive (as GPipe) and so rarely fits where interleaved 1F1B
 #: does (GPT-3 175B on 1,024 A100: +8,736 configurations, +6,036 that do not fit, none in the top 20).

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from .choices import BIDIRECTIONAL, V_SHAPED
 from .choices import FP8_RECIPES as FP8_RECIPES
 
 # The choices and bounds live in `choices` (no imports: the CLI's options read them) and are re-exported here.
@@ -96,7 +97,9 @@ class ParallelPlan(BaseModel):
     tp_comm_overlap: bool = Field(False, description="TP communication overlapped with the GEMMs (needs SP)")
     fp8_recipe: str | None = Field(None, description="fp8/fp4 scaling recipe (None for a 16-bit plan)")
     mesh_order: tuple[str, ...] = Field(DEFAULT_MESH_ORDER, description="mesh axes, outermost first")
-    layer_split: tuple[int, ...] | None = Field(None, description="transformer layers per stage, pp*vpp entries")
+    layer_split: tuple[int, ...] | None = Field(
+        None, description="transformer layers per model chunk: pp*vpp entries (pp for chimera and dualpipe)"
+    )
     allow_tp_across_nodes: bool = False
     ep: int = Field(1, ge=1, le=MAX_GPUS, strict=True, description="expert-parallel size (MoE layers)")
     etp: int | None = Field(None, ge=1, le=MAX_GPUS, strict=True, description="expert tensor-parallel size; None: tp")
@@ -201,6 +204,29 @@ class ParallelPlan(BaseModel):
         return self.pp * self.vpp
 
     @property
+    def pipelines(self) -> int:
+        """2 for the bidirectional schedules (Chimera, DualPipe: two pipelines in opposite
+        directions, each over the whole model), else 1."""
+        return 2 if self.schedule in BIDIRECTIONAL else 1
+
+    @property
+    def num_chunks(self) -> int:
+        """Model chunks the layers are split into: the stages, or half of them with two pipelines
+        (stage s runs chunk ``s % num_chunks``: `stage_chunk`)."""
+        return self.num_stages // self.pipelines
+
+    def stage_chunk(self, stage: int) -> int:
+        return stage % self.num_chunks
+
+    def holds_embedding(self, stage: int) -> bool:
+        """The stage runs the model's first chunk (input embedding)."""
+        return stage % self.num_chunks == 0
+
+    def holds_head(self, stage: int) -> bool:
+        """The stage runs the model's last chunk (final norm, output head, loss, MTP)."""
+        return stage % self.num_chunks == self.num_chunks - 1
+
+    @property
     def split_backward(self) -> bool:
         return self.schedule in SPLIT_BACKWARD
 
@@ -216,8 +242,9 @@ class ParallelPlan(BaseModel):
 
     @cached_property
     def placement(self) -> tuple[int, ...]:
-        """Pipeline rank of each stage: a V for zb-v, else looped (stage s on rank s % pp)."""
-        if self.schedule == "zb-v":
+        """Pipeline rank of each stage: a V for zb-v, dualpipe-v and the bidirectional schedules
+        (whose second pipeline is the V's way back up), else looped (stage s on rank s % pp)."""
+        if self.schedule in V_SHAPED:
             return v_placement(self.pp)
         return looped_placement(self.pipeline_ranks, self.vpp)
 
@@ -257,13 +284,24 @@ class ParallelPlan(BaseModel):
             f"{f' ({self.fp8_recipe})' if self.fp8_recipe else ''}, {self.stack}"
         )
 
-    def stage_layers(self, num_layers: int) -> tuple[int, ...]:
-        """Transformer layers in each stage (index = stage id)."""
+    def chunk_layers(self, num_layers: int) -> tuple[int, ...]:
+        """Transformer layers in each model chunk (index = chunk id)."""
         if self.layer_split is not None:
             return self.layer_split
-        n = self.num_stages
+        n = self.num_chunks
         assert num_layers % n == 0, "check_plan rejects uneven splits without layer_split"
         return (num_layers // n,) * n
+
+    def stage_layers(self, num_layers: int) -> tuple[int, ...]:
+        """Transformer layers in each stage (index = stage id): its chunk's."""
+        chunks = self.chunk_layers(num_layers)
+        if self.pipelines == 1:
+            return chunks
+        return tuple(chunks[self.stage_chunk(s)] for s in range(self.num_stages))
+
+    def chunk_first_layer(self, num_layers: int, stage: int) -> int:
+        """Index of the first transformer layer ``stage`` runs."""
+        return sum(self.chunk_layers(num_layers)[: self.stage_chunk(stage)])
 
     def to_json(self) -> str:
         return json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=True)

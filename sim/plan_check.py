@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from .choices import MAX_GPUS, MAX_MICROBATCHES
+from .choices import MAX_GPUS, MAX_MICROBATCHES, V_SHAPED
 from .errors import PlanError
 from .plan import ParallelPlan, balanced_layer_split
 from .specs import ClusterSpec, ModelSpec
@@ -201,15 +201,35 @@ def _check_schedule(plan: ParallelPlan) -> None:
         )
     if s == "interleaved-1f1b" and plan.pp < 2:
         raise PlanError("pp", "interleaved-1f1b needs pp >= 2.", "use pp >= 2 or --schedule none.")
-    if s == "zb-v" and plan.vpp != 2:
+    if s in V_SHAPED and plan.vpp != 2:
         raise PlanError(
-            "vpp", f"zb-v places exactly 2 chunks per pipeline rank (V shape), got vpp={plan.vpp}.", "pass --vpp 2."
+            "vpp", f"{s} places exactly 2 stages per pipeline rank (V shape), got vpp={plan.vpp}.", "pass --vpp 2."
         )
-    if s not in ("interleaved-1f1b", "interleaved-zb", "looped-bfs", "zb-v") and plan.vpp != 1:
+    if s not in ("interleaved-1f1b", "interleaved-zb", "looped-bfs", *V_SHAPED) and plan.vpp != 1:
         raise PlanError(
             "vpp",
             f"schedule {s} runs one stage per pipeline rank, got vpp={plan.vpp}.",
-            "use --vpp 1, or --schedule interleaved-1f1b / interleaved-zb / looped-bfs / zb-v.",
+            "use --vpp 1, or --schedule interleaved-1f1b / interleaved-zb / looped-bfs / zb-v / dualpipe-v.",
+        )
+    if s == "dualpipe-v" and m < 2 * plan.pp:
+        raise PlanError(
+            "gbs",
+            f"dualpipe-v needs at least as many microbatches as stages (2 x pp = {2 * plan.pp}), got {m}.",
+            f"raise the global batch to at least {2 * plan.pp} microbatches.",
+        )
+    if s == "dualpipe" and (plan.pp % 2 or m % 2 or m < 2 * plan.pp):
+        raise PlanError(
+            "gbs" if plan.pp % 2 == 0 else "pp",
+            f"dualpipe runs an even pp and an even number of microbatches >= 2 x pp (half in each direction), "
+            f"got pp={plan.pp} and {m} microbatches.",
+            f"use an even pp and an even microbatch count >= {2 * plan.pp}.",
+        )
+    if s == "chimera" and (plan.pp % 2 or m % plan.pp):
+        raise PlanError(
+            "gbs" if plan.pp % 2 == 0 else "pp",
+            f"chimera runs an even pp and a multiple of pp microbatches (basic units of pp, half in each "
+            f"direction), got pp={plan.pp} and {m} microbatches.",
+            f"use an even pp and a multiple of {plan.pp} microbatches.",
         )
     if s == "interleaved-zb" and m % max(1, m // plan.pp):
         rounds = max(1, m // plan.pp)
@@ -237,12 +257,13 @@ def _check_schedule(plan: ParallelPlan) -> None:
 
 
 def _check_split(plan: ParallelPlan, model: ModelSpec) -> None:
-    stages = plan.num_stages
+    stages = plan.num_chunks
+    what = "pp*vpp" if plan.pipelines == 1 else "pp (the chunks of each of the two pipelines)"
     if plan.layer_split is None:
         if model.layers % stages:
             raise PlanError(
                 "pp",
-                f"{model.layers} layers cannot be split evenly into pp*vpp = {stages} stages.",
+                f"{model.layers} layers cannot be split evenly into {what} = {stages} stages.",
                 f"pick pp*vpp dividing {model.layers}, or give an explicit layer split (e.g. "
                 f"{','.join(map(str, balanced_layer_split(model.layers, stages)))}).",
             )
@@ -251,7 +272,7 @@ def _check_split(plan: ParallelPlan, model: ModelSpec) -> None:
     if len(split) != stages:
         raise PlanError(
             "layer_split",
-            f"has {len(split)} entries, the plan has pp*vpp = {stages} stages.",
+            f"has {len(split)} entries, the plan has {what} = {stages} stages.",
             f"give {stages} comma-separated layer counts.",
         )
     if sum(split) != model.layers or min(split) < 0:

@@ -199,9 +199,10 @@ def test_bad_input(name: str, pp: int, vpp: int, m: int, field: str) -> None:
 
 
 def test_all_names_build() -> None:
+    two = ("zb-v", "interleaved-1f1b", "dualpipe-v", "dualpipe", "chimera")
     for name in SCHEDULE_NAMES:
-        pp, vpp = (1, 1) if name == "none" else (3, 2 if name in ("zb-v", "interleaved-1f1b") else 1)
-        check_schedule(build_schedule(name, pp, vpp, 5))
+        pp, vpp = (1, 1) if name == "none" else (4, 2 if name in two else 1)
+        check_schedule(build_schedule(name, pp, vpp, 8))
 
 
 def test_speed() -> None:

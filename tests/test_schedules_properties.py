@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from simpar.sim.errors import ScheduleError
 from simpar.sim.schedules import SCHEDULE_NAMES, Kind, build_schedule, check_schedule, lower, read_csv, write_csv
+from simpar.sim.schedules.ir import flat
 
 
 @st.composite
@@ -20,16 +21,22 @@ def schedules(draw):
     name = draw(st.sampled_from(SCHEDULE_NAMES))
     pp = 1 if name == "none" else draw(st.integers(1, 6))
     looped = ("interleaved-1f1b", "interleaved-zb", "looped-bfs")
-    vpp = 2 if name == "zb-v" else draw(st.integers(1, 4)) if name in looped else 1
-    m = draw(st.integers(1, 14))
+    vpp = (
+        2 if name in ("zb-v", "dualpipe-v", "dualpipe", "chimera") else draw(st.integers(1, 4)) if name in looped else 1
+    )
+    m = draw(st.integers(1, 14)) if draw(st.booleans()) else draw(st.sampled_from((2, 4, 6, 8))) * pp
     try:
         return build_schedule(name, pp, vpp, m)
     except ScheduleError as exc:
         # the only refusals: interleaved with m not a multiple of pp whose order would hang, and
         # looped zero-bubble with m that does not split into equal rounds (as torch)
         refused = str(exc)
-    assert (name == "interleaved-1f1b" and m % pp and "not a multiple" in refused) or (
-        name == "interleaved-zb" and m % max(1, m // pp) and "equal rounds" in refused
+    assert (
+        (name == "interleaved-1f1b" and m % pp and "not a multiple" in refused)
+        or (name == "interleaved-zb" and m % max(1, m // pp) and "equal rounds" in refused)
+        or (name == "dualpipe-v" and m < 2 * pp)
+        or (name == "dualpipe" and (pp % 2 or m % 2 or m < 2 * pp))
+        or (name == "chimera" and (pp % 2 or m % pp))
     )
     assume(False)
 
@@ -38,13 +45,13 @@ def schedules(draw):
 @given(schedules())
 def test_generated_schedules_are_valid(s) -> None:
     check_schedule(s)
-    count = Counter((a.stage, a.kind, a.microbatch) for acts in s.ranks for a in acts)
+    count = Counter((a.stage, a.kind, a.microbatch) for acts in s.ranks for a in flat(acts))
     for stage in range(s.num_stages):
-        for mb in range(s.num_microbatches):
+        for mb in range(s.microbatches_per_stage):
             assert count[(stage, Kind.F, mb)] == 1
             assert count[(stage, Kind.B, mb)] + count[(stage, Kind.I, mb)] == 1
             assert count[(stage, Kind.I, mb)] == count[(stage, Kind.W, mb)]
-    assert sum(count.values()) == s.num_actions
+    assert sum(count.values()) == sum(len(flat(acts)) for acts in s.ranks)
 
 
 @settings(max_examples=60, deadline=None)

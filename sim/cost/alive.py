@@ -16,6 +16,7 @@ from functools import lru_cache
 
 from ..plan import ParallelPlan
 from ..schedules import ALL_FORWARDS_FIRST, Kind, Schedule, build_schedule
+from ..schedules.ir import flat
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,7 @@ def alive_profile(schedule: Schedule) -> AliveProfile:
         idx = {s: i for i, s in enumerate(stages)}
         alive = [0] * len(stages)
         seen: set[tuple[int, ...]] = set()
-        for a in acts:
+        for a in flat(acts):  # an overlapped pair takes its F's set before freeing its B's
             if a.kind is Kind.F:
                 alive[idx[a.stage]] += 1
                 seen.add(tuple(alive))

@@ -120,12 +120,12 @@ def stage_activation_bytes(m: ModelSpec, plan: ParallelPlan, stage: int) -> floa
     s, b, h, t = m.seq_len / plan.cp, plan.micro_batch_size, m.hidden, plan.tp
     sp_div = t if plan.sequence_parallel else 1
     counts = stage_kinds(m, plan, stage)
-    if stage == plan.num_stages - 1 and m.mtp_layers:
+    if plan.holds_head(stage) and m.mtp_layers:
         counts[mtp_kind(m)] += m.mtp_layers
     total = sum(n * layer_activation_bytes(m, plan, kind=k) for k, n in counts.items())
-    if stage == 0 and m.has_dropout:
+    if plan.holds_embedding(stage) and m.has_dropout:
         total += s * b * h / sp_div  # embedding dropout mask
-    if stage == plan.num_stages - 1:
+    if plan.holds_head(stage):
         # final norm input, output-projection input (16-bit), and the loss's logits when its backward
         # starts: Megatron's fused cross entropy keeps the fp32 softmax (4 bytes, Korthikanti §4.3)
         per_logit = load_stack(plan.stack).loss_bytes_per_logit

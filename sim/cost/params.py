@@ -36,9 +36,8 @@ from ..specs import ModelSpec
 
 def stage_layer_range(m: ModelSpec, plan: ParallelPlan, stage: int) -> range:
     """The transformer layers (0-based indices) of ``stage``."""
-    split = plan.stage_layers(m.layers)
-    start = sum(split[:stage])
-    return range(start, start + split[stage])
+    start = plan.chunk_first_layer(m.layers, stage)
+    return range(start, start + plan.stage_layers(m.layers)[stage])
 
 
 def stage_kinds(m: ModelSpec, plan: ParallelPlan, stage: int) -> Counter[LayerKind]:
@@ -65,11 +64,11 @@ def stage_params(m: ModelSpec, plan: ParallelPlan, stage: int) -> tuple[float, f
         d, e = layer_rank_params(m, plan, kind)
         dense, expert = dense + n * d, expert + n * e
     t = plan.tp
-    if stage == 0:
+    if plan.holds_embedding(stage):
         dense += embedding_params(m) / t
-    if stage == plan.num_stages - 1:
+    if plan.holds_head(stage):
         out = output_params(m)
-        dense += out / t if not m.tied_embeddings else (m.vocab * m.hidden / t if plan.num_stages > 1 else 0) + out
+        dense += out / t if not m.tied_embeddings else (m.vocab * m.hidden / t if plan.num_chunks > 1 else 0) + out
         if m.mtp_layers:
             d, e = layer_rank_params(m, plan, mtp_kind(m))
             h = m.hidden

@@ -154,20 +154,20 @@ def stage_work(
     per = {
         kind: _layer_work(plan, net, layout, m, lt, tp_layer, a2a if kind.moe else 0.0) for kind, lt in times.items()
     }
-    last = plan.num_stages - 1
     k, a = profile.compute_map(plan)
     sp = plan.tp if plan.sequence_parallel else 1
     out: list[StageWork] = []
     for s in range(plan.num_stages):
         counts = stage_kinds(m, plan, s)
-        if s == last and m.mtp_layers:
+        first, last = plan.holds_embedding(s), plan.holds_head(s)
+        if last and m.mtp_layers:
             counts[mtp_kind(m)] += m.mtp_layers
         x = _sum_layers(per, counts)
         moe_layers = sum(n for kind, n in counts.items() if kind.moe)
-        if s == 0:
+        if first:
             x["f"], x["w"] = x["f"] + em.f, x["w"] + em.w
             x["tp_f"] += _tp_small(plan, net, layout, act)  # vocab-parallel embedding all-reduce / reduce-scatter
-        if s == last:
+        if last:
             heads = 1 + m.mtp_layers  # the output head, and each MTP module's logits and 2h -> h projection
             proj = costs.linear_times(plan, "mtp", [(tokens, m.hidden, 2 * m.hidden / plan.tp)])
             for key, lgx, px in (("f", lg.f, proj[0]), ("i", lg.i, proj[1]), ("w", lg.w, proj[2])):
@@ -176,12 +176,12 @@ def stage_work(
         f, i, w = a + k * x["f"], a / 2 + k * x["i"], a / 2 + k * x["w"]
         tp_b, tp_w = x["tp_b"], 0.0
         ei, ew = k * x["expert_i"], k * x["expert_w"]
-        if s == 0 and not profile.first_stage_input_grad:  # the first stage's I is empty, W does it all
+        if first and not profile.first_stage_input_grad:  # the first stage's I is empty, W does it all
             i, w, tp_b, tp_w, ei, ew = 0.0, i + w, 0.0, tp_b, 0.0, ei + ew
         out.append(
             StageWork(
                 stage=s,
-                layers=sum(counts.values()) - (m.mtp_layers if s == last else 0),
+                layers=sum(counts.values()) - (m.mtp_layers if last else 0),
                 f=f,
                 i=i,
                 w=w,

@@ -50,11 +50,17 @@ def walk_ahead(eng: Any, g: Any, actions):
     F, R, B, I = Kind.F, Kind.R, Kind.B, Kind.I  # noqa: E741
     t = env.now
     for i, a in enumerate(actions):
-        st, k, mb = a
         if marks is not None:
             g.starts.append(t)
             if i in marks:
                 g.snaps.append((t, dict(acc), g.act))
+        if a.kind is Kind.OVERLAP_F_B:  # an overlapped pair runs at the clock, through its handler
+            if t > env.now:
+                yield env.timeout(t - env.now)
+            yield from handlers[Kind.OVERLAP_F_B](eng, g, a)
+            t = env.now
+            continue
+        st, k, mb = a
         if k in _COMPUTE:
             clock = a in last
             if (gather_f if k is F else gather_all and k is not R) and not clock:
@@ -80,7 +86,7 @@ def walk_ahead(eng: Any, g: Any, actions):
                 continue
         if k is Kind.SEND_F or k is Kind.SEND_B:
             direction = "F" if k is Kind.SEND_F else "B"
-            dst_stage = a.stage + 1 if direction == "F" else a.stage - 1
+            dst_stage = eng.sched.next_stage(st) if direction == "F" else eng.sched.prev_stage(st)
             dst = eng.gpus[(g.key, eng.plan.placement[dst_stage])]
             tr = eng._transfer_of(g.key, dst_stage, a.microbatch, direction)
             tr.sent_at = t

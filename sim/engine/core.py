@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import gc
 import time
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 import simpy
 
@@ -26,7 +28,8 @@ from ..cost.profile import MEGATRON, RuntimeProfile
 from ..cost.workload import StageWork
 from ..layout import RankLayout
 from ..plan import ParallelPlan, ZeroPolicy
-from ..schedules.ir import Action, Kind, Schedule
+from ..schedules.costs import overlap_seconds
+from ..schedules.ir import Action, Kind, Pair, Schedule, flat
 from ..specs import ModelSpec
 from . import iteration as it
 from .ahead import walk_ahead
@@ -97,7 +100,7 @@ class Engine:
         """(pipeline rank, stage) -> the stage's last weight-gradient action on that rank."""
         out: dict[tuple[int, int], Action] = {}
         for r, acts in enumerate(self.sched.ranks):
-            for a in acts:
+            for a in flat(acts):
                 if a.kind in (Kind.B, Kind.W):
                     out[(r, a.stage)] = a
         return out
@@ -147,7 +150,8 @@ class Engine:
 
     def _send(self, g: GpuState, stage: int, mb: int, direction: str):
         """Post the send (the rank spends ``post_s`` on it); the transfer runs on its own stream."""
-        dst_stage = stage + 1 if direction == "F" else stage - 1
+        dst_stage = self.sched.next_stage(stage) if direction == "F" else self.sched.prev_stage(stage)
+        assert dst_stage is not None, "lowering sends only to a stage of the same pipeline"
         dst = self.gpus[(g.key, self.plan.placement[dst_stage])]
         tr = self._transfer_of(g.key, dst_stage, mb, direction)
         tr.sent_at = self.env.now
@@ -344,6 +348,37 @@ class Engine:
         if k is not Kind.W:
             self._mem(g, -self.act_bytes[s])
 
+    def _pair(self, g: GpuState, a: Pair):
+        """An overlapped F&B pair (`schedules.costs.overlap_seconds`): both parts' ZeRO gathers
+        first, the forward's activations taken at its start and the backward's freed at its end.
+        Its compute is charged as compute, what the overlap leaves exposed of the two parts'
+        communication as TP / all-to-all time in their proportion. (Under per-layer FSDP, pp 1,
+        the two passes run one after the other.)"""
+        f, b = a.f, a.b
+        if self.policy is ZeroPolicy.PER_LAYER:
+            yield from self._forward(g, f)
+            yield from self._backward(g, b)
+            return
+        if self.policy in (ZeroPolicy.PER_UNSHARD, ZeroPolicy.GATHER_AT_START) and self._gathers_before_use():
+            yield from self._wait_gather(g, f.stage)
+        if self.policy is ZeroPolicy.PER_UNSHARD:
+            yield from self._wait_gather(g, b.stage)
+        pf, pb = self._parts(f, "F"), self._parts(b, b.kind.value)
+        dur = overlap_seconds(
+            (pf[0] + pf[1], pf[2] + pf[3]), (pb[0] + pb[1], pb[2] + pb[3]), self.costs.eff.overlap_contention
+        )
+        if self.opt.overlap_grad_reduce and self.last_bwd.get((g.prank, b.stage)) == b:
+            self._start_reduction(g, b.stage, self.env.now, dur)
+        self._mem(g, self.act_bytes[f.stage])
+        t0 = self.env.now
+        yield self.env.timeout(dur)
+        comp, tp, a2a = pf[0] + pb[0], pf[2] + pb[2], pf[3] + pb[3]
+        exposed = max(0.0, dur - comp - pf[1] - pb[1])
+        share = tp / (tp + a2a) if tp + a2a > 0 else 1.0
+        self._charge(g, "compute", (comp, pf[1] + pb[1], exposed * share, exposed * (1.0 - share)))
+        self._record(g, "compute", str(a), Kind.OVERLAP_F_B.value, t0)
+        self._mem(g, -self.act_bytes[b.stage])
+
     def _recompute(self, g: GpuState, a: Action):
         yield from self._compute(g, a, self._parts(a, "R"), acc="recompute")
 
@@ -389,12 +424,13 @@ class Engine:
         self._start_reduction(g, a.stage, self.env.now, 0.0)
         yield from ()
 
-    HANDLERS = {
+    HANDLERS: ClassVar[dict[Kind, Callable[..., Any]]] = {
         Kind.F: _forward,
         Kind.B: _backward,
         Kind.I: _backward,
         Kind.W: _backward,
         Kind.R: _recompute,
+        Kind.OVERLAP_F_B: _pair,
         Kind.SEND_F: lambda self, g, a: self._send(g, a.stage, a.microbatch, "F"),
         Kind.SEND_B: lambda self, g, a: self._send(g, a.stage, a.microbatch, "B"),
         Kind.RECV_F: lambda self, g, a: self._recv(g, a.stage, a.microbatch, "F"),
@@ -441,6 +477,23 @@ class Engine:
         g.acc["pp_comm"] += self.env.now - rv.at
         self._record(g, "pp", "tied_embedding_grad", "allreduce", rv.at)
 
+    def _replica_grad_sync(self, g: GpuState, stages: list[int]):
+        """Two pipelines (`iteration.replica_grad_sync`): all-reduce the rank's gradients with the
+        rank holding the other replicas of its chunks once both have reduced theirs over data
+        parallelism; the wait for the partner is idle time, the transfer data-parallel communication."""
+        partner = it.replica_partner(self.plan, g.prank)
+        assert partner is not None
+        coords = dict(zip(("dp", "cp", "tp"), g.key))
+        pair = tuple(sorted(self.layout.rank(pp=pr, **coords) for pr in (g.prank, partner)))
+        rv = self.pending.setdefault(("replicas", g.key, pair), Rendezvous(self.env.event()))
+        rv.arrived += 1
+        if rv.arrived == 2:
+            rv.at = self.env.now
+            self.env.process(self._run_group(it.replica_grad_sync(self.m, self.plan, stages, pair), rv.done))
+        yield rv.done
+        g.acc["dp_comm"] += self.env.now - rv.at
+        self._record(g, "dp", "replica_grad_sync", "allreduce", rv.at)
+
     def _sp_grad_sync(self, g: GpuState, stages: list[int]):
         """Sequence parallelism's gradient sync before the step (`iteration.sp_grad_sync`):
         exposed TP communication, shown on the compute stream as exposed TP traffic inside a
@@ -462,6 +515,8 @@ class Engine:
             if not proc.processed:
                 yield proc
         g.acc["dp_comm"] += self.env.now - t0
+        if self.plan.pipelines == 2:
+            yield from self._replica_grad_sync(g, stages)
         if self.tied is not None and g.prank in self.tied:
             yield from self._tied_embedding_grad(g)
         yield from self._sp_grad_sync(g, stages)

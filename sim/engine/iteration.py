@@ -13,7 +13,7 @@ profile measured for it.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -230,8 +230,23 @@ def tied_embedding_ranks(m: ModelSpec, plan: ParallelPlan) -> tuple[int, int] | 
     """(first, last) pipeline rank holding a copy of a tied embedding, or None (untied, or one rank
     holds both ends). They all-reduce its gradient after the backward, before the optimizer
     (Megatron's embedding group, finalize_model_grads; the executor's TiedEmbeddingSync)."""
-    ends = (plan.placement[0], plan.placement[-1])
+    ends = (plan.placement[0], plan.placement[plan.num_chunks - 1])  # the first pipeline's ends
     return ends if m.tied_embeddings and ends[0] != ends[1] else None
+
+
+def replica_partner(plan: ParallelPlan, prank: int) -> int | None:
+    """The pipeline rank that holds the other replica of ``prank``'s two model chunks under a
+    bidirectional schedule (rank r runs chunks r and pp - 1 - r, as rank pp - 1 - r does in the
+    other pipeline), or None with one pipeline."""
+    return plan.pp - 1 - prank if plan.pipelines == 2 else None
+
+
+def replica_grad_sync(m: ModelSpec, plan: ParallelPlan, stages: Sequence[int], pair: tuple[int, ...]) -> Comm:
+    """Chimera's and DualPipe's gradient all-reduce between the two replicas of a rank's chunks
+    (Li & Hoefler 2021 §3.4; DeepSeek-V3 report §3.2.1), after the data-parallel reduction: the
+    rank's gradients, only its ZeRO shard of them once they were reduce-scattered (ZeRO >= 1)."""
+    shards = plan.zero_shards if plan.zero >= 1 else 1
+    return Comm("all-reduce", pair, rank_params(m, plan, stages) * grad_bytes_per_param(plan) / shards)
 
 
 def tied_embedding_grad(m: ModelSpec, plan: ParallelPlan, pair: tuple[int, ...]) -> Comm:
@@ -247,8 +262,8 @@ def sp_replicated_grads(m: ModelSpec, plan: ParallelPlan, stages: list[int]) -> 
     if not plan.sequence_parallel or plan.tp == 1:
         return 0, 0.0
     per_norm = 2 if m.arch == "gpt" else 1  # LayerNorm weight + bias, RMSNorm weight
-    split, last = plan.stage_layers(m.layers), plan.num_stages - 1
-    norms = sum(2 * split[s] + (1 if s == last else 0) for s in stages)
+    split = plan.stage_layers(m.layers)
+    norms = sum(2 * split[s] + plan.holds_head(s) for s in stages)
     return norms * per_norm, float(norms * m.hidden)
 
 

@@ -33,14 +33,18 @@ from .results import BREAKDOWN_KEYS, SimResult
 from .rounds import Outcome, compressed_run, lowered_builder, outcome_of, schedule_rounds
 
 
-def stage_costs(work: list[StageWork], p2p_s: float) -> StageCosts:
-    """The engine's per-stage seconds in the schedules' StageCosts form (for zb-1p/2p and the oracle)."""
+def stage_costs(work: list[StageWork], p2p_s: float, contention: float = 0.0) -> StageCosts:
+    """The engine's per-stage seconds in the schedules' StageCosts form (for zb-1p/2p and the
+    oracle); ``contention``: the overlap model's (overlapped F&B pairs)."""
     return StageCosts(
         t_f=tuple(w.seconds("F") for w in work),
         t_i=tuple(w.seconds("I") for w in work),
         t_w=tuple(w.seconds("W") for w in work),
         t_comm=(p2p_s,),
         t_r=tuple(w.seconds("R") for w in work),
+        x_f=tuple(sum(w.parts("F")[2:]) for w in work),
+        x_b=tuple(sum(w.parts("B")[2:]) for w in work),
+        contention=contention,
     )
 
 
@@ -94,7 +98,7 @@ def simulate(
 ) -> SimResult:
     """One training iteration of ``plan`` (see the module docstring for the arguments)."""
     work, costs, p2p = build_work(model, cluster, plan, calibration, costs=costs, profile=profile)
-    scosts = stage_costs(work, p2p)
+    scosts = stage_costs(work, p2p, costs.eff.overlap_contention)
     act = [stage_activation_bytes(model, plan, s) for s in range(plan.num_stages)]
     t0 = time.perf_counter()
     envs: list[simpy.Environment] = []

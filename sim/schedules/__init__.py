@@ -11,11 +11,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from .. import choices
 from ..errors import ScheduleError
 from .analysis import ListScheduleResult, list_schedule, peak_activation_units, peak_inflight
+from .chimera import chimera
 from .costs import StageCosts, parse_costs
 from .csvio import read_csv, write_csv
 from .deadlock import check_schedule
+from .dualpipe import dualpipe, dualpipe_v
 from .gpipe import gpipe
 from .interleaved import interleaved_1f1b
 from .interleaved_zb import interleaved_zb
@@ -67,7 +70,11 @@ _BUILDERS: dict[str, tuple[int | None, Callable[[int, int, int, StageCosts | Non
     "zb-1p": (1, lambda pp, v, m, c: zb_auto(pp, m, c, 1)),
     "zb-2p": (1, lambda pp, v, m, c: zb_auto(pp, m, c, 2)),
     "zb-v": (2, lambda pp, v, m, c: zb_v(pp, m)),
+    "dualpipe-v": (2, lambda pp, v, m, c: dualpipe_v(pp, m)),
+    "dualpipe": (2, lambda pp, v, m, c: dualpipe(pp, m)),
+    "chimera": (2, lambda pp, v, m, c: chimera(pp, m)),
 }
+BIDIRECTIONAL = choices.BIDIRECTIONAL
 #: schedules that run every forward of a rank before its backwards: their activation peak grows with m
 ALL_FORWARDS_FIRST = frozenset({"gpipe", "looped-bfs"})
 SCHEDULE_NAMES = tuple(_BUILDERS)

@@ -9,6 +9,10 @@ and its inputs have arrived:
 - Crossing pipeline ranks adds ``t_comm`` of that stage boundary as latency (it does not occupy
   the compute stream), as in the zero-bubble paper's simulation. In a lowered schedule the data goes
   through ``SEND_*`` (posted, non-blocking, zero compute time) and ``RECV_*`` (waits for the data).
+- An overlapped pair (``OVERLAP_F_B``) starts when both parts could, takes ``StageCosts.fb`` and
+  makes both parts' products at its end.
+- With two pipelines (Chimera, DualPipe) "the stage before/after" is within the microbatch's own
+  pipeline (`Schedule.prev_stage` / `next_stage`).
 - ``REDUCE_GRAD``/``UNSHARD``/``RESHARD`` take no time here (the engine costs them).
 - ``t_post`` (a runtime that spends time posting transfers, the executor profile's): a send
   occupies the rank for ``t_post`` after its data leaves; a receive posts for ``t_post`` from
@@ -33,7 +37,7 @@ from dataclasses import dataclass
 
 from ..errors import ScheduleError
 from .costs import StageCosts
-from .ir import STAGE_WIDE, Action, Kind, Schedule
+from .ir import STAGE_WIDE, Action, Kind, Pair, Schedule, flat
 
 _RECV = frozenset({Kind.RECV_F, Kind.RECV_B})
 _POSTED = _RECV | {Kind.SEND_F, Kind.SEND_B}
@@ -77,10 +81,11 @@ class ListScheduleResult:
         """(time, activation sets alive from then on) steps on ``rank``: +1 at F start, -1 at B/I end."""
         events: list[tuple[float, int]] = []
         for a, s, e in zip(self.schedule.ranks[rank], self.start[rank], self.end[rank]):
-            if a.kind is Kind.F:
-                events.append((s, 1))
-            elif a.kind in (Kind.B, Kind.I):
-                events.append((e, -1))
+            for part in a.parts if isinstance(a, Pair) else (a,):
+                if part.kind is Kind.F:
+                    events.append((s, 1))
+                elif part.kind in (Kind.B, Kind.I):
+                    events.append((e, -1))
         events.sort(key=lambda x: (x[0], x[1]))
         out, alive = [], 0
         for t, d in events:
@@ -102,30 +107,37 @@ def list_schedule(schedule: Schedule, costs: StageCosts | None = None) -> ListSc
     post = costs.t_post
     S, M = schedule.num_stages, max(schedule.num_microbatches, 1)
     place = schedule.placement
-    comm = [costs.comm(b) if b + 1 < S and place[b] != place[b + 1] else 0.0 for b in range(S)]
+    nxt = [schedule.next_stage(b) for b in range(S)]
+    prv = [schedule.prev_stage(b) for b in range(S)]
+    # the transfer after stage b (to the next stage of its pipeline), where the two are on different ranks
+    comm = [0.0 if n is None or place[b] == place[n] else costs.comm(b) for b, n in enumerate(nxt)]
     dur = _durations(costs)
     lowered = schedule.lowered
 
     def key(tag: int, s: int, m: int) -> int:
         return (tag * S + s) * M + m
 
-    def deps(a: Action) -> tuple[tuple[int, float], ...]:
+    def deps(a: Action | Pair) -> tuple[tuple[int, float], ...]:
+        if isinstance(a, Pair):
+            return deps(a.f) + deps(a.b)
         if a.kind in STAGE_WIDE:
             return ()
         s, k, m = a.stage, a.kind, a.mb
         if k is Kind.F:
-            if s == 0:
+            p = prv[s]
+            if p is None:
                 return ()
-            if lowered and place[s - 1] != place[s]:
+            if lowered and place[p] != place[s]:
                 return ((key(_RF, s, m), 0.0),)
-            return ((key(_F, s - 1, m), comm[s - 1]),)
+            return ((key(_F, p, m), comm[p]),)
         if k is Kind.B or k is Kind.I:
             own = (key(_F, s, m), 0.0)
-            if s == S - 1:
+            n = nxt[s]
+            if n is None:
                 return (own,)
-            if lowered and place[s + 1] != place[s]:
+            if lowered and place[n] != place[s]:
                 return (own, (key(_RB, s, m), 0.0))
-            return (own, (key(_G, s + 1, m), comm[s]))
+            return (own, (key(_G, n, m), comm[s]))
         if k is Kind.W:
             return ((key(_G, s, m), 0.0),)
         if k is Kind.R:
@@ -135,9 +147,13 @@ def list_schedule(schedule: Schedule, costs: StageCosts | None = None) -> ListSc
         if k is Kind.SEND_B:
             return ((key(_G, s, m), 0.0),)
         if k is Kind.RECV_F:
-            return ((key(_SF, s - 1, m), comm[s - 1]),)
+            p = prv[s]
+            assert p is not None
+            return ((key(_SF, p, m), comm[p]),)
         if k is Kind.RECV_B:
-            return ((key(_SB, s + 1, m), comm[s]),)
+            n = nxt[s]
+            assert n is not None
+            return ((key(_SB, n, m), comm[s]),)
         return ()
 
     product = {
@@ -173,7 +189,10 @@ def list_schedule(schedule: Schedule, costs: StageCosts | None = None) -> ListSc
             if blocked is not None:
                 waiting.setdefault(blocked, []).append(r)
                 break
-            d = dur[a.kind](a.stage) if a.kind in dur else 0.0
+            if isinstance(a, Pair):
+                d = costs.fb(a.f.stage, a.b.stage, a.b.kind)
+            else:
+                d = dur[a.kind](a.stage) if a.kind in dur else 0.0
             t1 = t0 + d
             made = t1  # when the action's product (activation, gradient, sent data) exists
             if post and a.kind in _POSTED:
@@ -186,17 +205,18 @@ def list_schedule(schedule: Schedule, costs: StageCosts | None = None) -> ListSc
             ends[r].append(t1)
             free[r] = t1
             ptr[r] += 1
-            tag = product.get(a.kind)
-            if tag is not None:
-                k = key(tag, a.stage, a.mb)
-                done[k] = made
-                ready.extend(waiting.pop(k, ()))
+            for part in a.parts if isinstance(a, Pair) else (a,):
+                tag = product.get(part.kind)
+                if tag is not None:
+                    k = key(tag, part.stage, part.mb)
+                    done[k] = made
+                    ready.extend(waiting.pop(k, ()))
     stuck = [r for r in range(P) if ptr[r] < len(schedule.ranks[r])]
     if stuck:
         raise _deadlock(schedule, ptr, stuck)
     first, last = [], []
     for r in range(P):
-        comp = [k for k, a in enumerate(schedule.ranks[r]) if a.kind in dur]
+        comp = [k for k, a in enumerate(schedule.ranks[r]) if a.kind in dur or a.kind is Kind.OVERLAP_F_B]
         first.append(starts[r][comp[0]] if comp else 0.0)
         last.append(ends[r][comp[-1]] if comp else 0.0)
     return ListScheduleResult(
@@ -216,8 +236,8 @@ def _deadlock(schedule: Schedule, ptr: list[int], stuck: list[int]) -> ScheduleE
     )
 
 
-def _alive_deltas(acts: Sequence[Action]):
-    for a in acts:
+def _alive_deltas(acts: Sequence[Action | Pair]):
+    for a in flat(acts):
         if a.kind is Kind.F:
             yield a.stage, 1
         elif a.kind is Kind.B or a.kind is Kind.I:

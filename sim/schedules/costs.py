@@ -8,7 +8,11 @@ zero-bubble paper calls B), ``t_w`` the backward for weights, and ``t_b`` a full
 backward, which defaults to ``t_i + t_w``. ``t_comm[s]`` is the latency of one activation (or
 gradient) transfer across the boundary between stage ``s`` and ``s + 1`` when the two stages sit on
 different pipeline ranks; it delays the consumer but does not occupy the compute stream (the
-paper's T_comm). ``t_r`` is a recompute forward (``R``), default ``t_f``.
+paper's T_comm). ``t_r`` is a recompute forward (``R``), default ``t_f``. ``t_fb`` is an overlapped
+pair (``OVERLAP_F_B``: one forward and one backward run together, DeepSeek-V3's F&B); by default
+`overlap_seconds` of its parts, with ``x_f`` / ``x_b`` the exposed communication inside a forward /
+a backward (TP collectives, MoE all-to-all; part of ``t_f`` / ``t_b``, default 0) and
+``contention`` the overlap model's contention share.
 
 A tuple of length 1 applies to every stage, so ``StageCosts.uniform()`` fits any schedule.
 """
@@ -20,6 +24,28 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..errors import ScheduleError
+
+
+def overlap_seconds(f: tuple[float, float], b: tuple[float, float], contention: float) -> float:
+    """Seconds of an overlapped F&B pair (DeepSeek-V3 report §3.2.1: one microbatch's all-to-all
+    and TP communication run while another's attention and MLP compute).
+
+    ``f`` and ``b`` are each part's (compute, exposed communication) when it runs alone. The two
+    computations share the SMs (they do not speed each other up); each part's communication can
+    hide under the other's compute, on one communication stream. The ideal pair takes
+    ``max(cF + cB, xF + xB, cF + xF, cB + xB)``: no part finishes before its own compute and
+    communication, which depend on each other. Hiding is not free: communication kernels take SMs
+    and memory bandwidth from the compute they run under (DeepSeek-V3 gives 20 of the H800's 132
+    SMs to communication), so the pair gives back ``contention`` of what the overlap saved:
+
+        pair = ideal + contention x (tF + tB - ideal),  0 <= contention <= 1
+
+    which lies between the longer part and the two parts' sum (equal to the sum without
+    communication to hide). ``contention`` is a calibration parameter (`EfficiencyParams`)."""
+    (cf, xf), (cb, xb) = f, b
+    alone = cf + xf + cb + xb
+    ideal = max(cf + cb, xf + xb, cf + xf, cb + xb)
+    return ideal + contention * (alone - ideal)
 
 
 def _tuple(x: float | Sequence[float] | None) -> tuple[float, ...] | None:
@@ -40,11 +66,20 @@ class StageCosts:
     t_comm: tuple[float, ...] = (0.0,)
     t_b: tuple[float, ...] | None = None
     t_r: tuple[float, ...] | None = None
+    #: an overlapped F&B pair, indexed by its forward's stage (default: `overlap_seconds` of its parts)
+    t_fb: tuple[float, ...] | None = None
+    #: exposed communication inside a forward / a backward (B or I), part of t_f / t_b (default 0)
+    x_f: tuple[float, ...] | None = None
+    x_b: tuple[float, ...] | None = None
+    #: `overlap_seconds`' contention share
+    contention: float = 0.0
     #: seconds a rank spends posting one send or receive of a lowered schedule (0 on a GPU run)
     t_post: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("t_f", "t_i", "t_w", "t_comm", "t_b", "t_r"):
+        if not 0.0 <= self.contention <= 1.0:
+            raise ScheduleError("costs", f"contention must lie in [0, 1], got {self.contention}.", "give 0..1.")
+        for name in ("t_f", "t_i", "t_w", "t_comm", "t_b", "t_r", "t_fb", "x_f", "x_b"):
             val = _tuple(getattr(self, name))
             object.__setattr__(self, name, val)
             if val is not None and (not val or min(val) < 0):
@@ -59,9 +94,18 @@ class StageCosts:
         t_comm: float = 0.0,
         t_b: float | None = None,
         t_r: float | None = None,
+        t_fb: float | None = None,
     ) -> StageCosts:
         """The same durations on every stage (default: unit F, I, W; no communication)."""
-        return cls((t_f,), (t_i,), (t_w,), (t_comm,), None if t_b is None else (t_b,), None if t_r is None else (t_r,))
+        return cls(
+            (t_f,),
+            (t_i,),
+            (t_w,),
+            (t_comm,),
+            None if t_b is None else (t_b,),
+            None if t_r is None else (t_r,),
+            None if t_fb is None else (t_fb,),
+        )
 
     @classmethod
     def per_rank(cls, vpp: int, t_f: float, t_i: float, t_w: float, t_comm: float = 0.0) -> StageCosts:
@@ -92,13 +136,23 @@ class StageCosts:
     def r(self, stage: int) -> float:
         return self._at(self.t_r, stage) if self.t_r is not None else self.f(stage)
 
+    def fb(self, f_stage: int, b_stage: int, b_kind=None) -> float:
+        """An overlapped pair of F on ``f_stage`` and a full B (or, ``b_kind`` I, an I) on ``b_stage``."""
+        if self.t_fb is not None:
+            return self._at(self.t_fb, f_stage)
+        back = self.i(b_stage) if getattr(b_kind, "value", b_kind) == "I" else self.b(b_stage)
+        fwd = self.f(f_stage)
+        xf = min(fwd, self._at(self.x_f, f_stage)) if self.x_f is not None else 0.0
+        xb = min(back, self._at(self.x_b, b_stage)) if self.x_b is not None else 0.0
+        return overlap_seconds((fwd - xf, xf), (back - xb, xb), self.contention)
+
     def comm(self, boundary: int) -> float:
         """Latency of a transfer between stage ``boundary`` and ``boundary + 1``."""
         return self._at(self.t_comm, boundary)
 
     def check(self, num_stages: int) -> None:
         """Raise ScheduleError unless every per-stage tuple has 1 or ``num_stages`` entries."""
-        for name in ("t_f", "t_i", "t_w", "t_comm", "t_b", "t_r"):
+        for name in ("t_f", "t_i", "t_w", "t_comm", "t_b", "t_r", "t_fb", "x_f", "x_b"):
             val = getattr(self, name)
             if val is not None and len(val) not in (1, num_stages):
                 raise ScheduleError(

@@ -2,16 +2,16 @@
 
 torch's format (``PipelineScheduleMulti._dump_csv`` / ``_PipelineScheduleRuntime._load_csv``):
 one row per pipeline rank, one cell per action in its text form (``2F0``, ``1SEND_B3``,
-``0REDUCE_GRAD``), written with ``csv.writer``; an empty cell is an idle step (``None``), which
-simpar drops on reading. A compute-only CSV loads with ``format="compute_only"`` (torch lowers it
+``0REDUCE_GRAD``, an overlapped pair ``(0F3;3B1)OVERLAP_F_B``), written with ``csv.writer``; an
+empty cell is an idle step (``None``), which simpar drops on reading. A compute-only CSV loads with ``format="compute_only"`` (torch lowers it
 itself); a lowered one with ``format="compute_comms"`` unless it holds ``R`` actions, which are
 simpar-only (torch recomputes inside B/I).
 
 The CSV carries only actions, so ``write_csv`` also writes a sidecar ``<file>.meta.json`` with the
-name, pp, vpp, microbatch count, placement, lowered flag and meta. ``read_csv`` uses the sidecar
-when present (exact round trip); without one it infers the placement from where each stage's
-actions appear, ``vpp = stages / pp``, ``m = 1 + the largest microbatch`` and names the schedule
-``custom``.
+name, pp, vpp, microbatch count, placement, pipelines, lowered flag and meta. ``read_csv`` uses the
+sidecar when present (exact round trip); without one it infers the placement from where each stage's
+actions appear, ``vpp = stages / pp``, ``m = 1 + the largest microbatch``, one pipeline, and
+names the schedule ``custom``.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from .. import files
 from ..errors import ScheduleError, SpecError
 from ..specs.loader import build
-from .ir import Action, Kind, Schedule
+from .ir import Action, Kind, Schedule, Step, flat
 
 _META_FORMAT = "simpar-schedule-meta/1"
 
@@ -45,6 +45,7 @@ class _Meta(BaseModel):
     placement: list[int]
     lowered: bool
     meta: dict[str, Any] = {}
+    pipelines: int = Field(1, ge=1, le=2, strict=True)
 
 
 def sidecar_path(path: Path | str) -> Path:
@@ -68,12 +69,13 @@ def write_csv(schedule: Schedule, path: Path | str) -> Path:
         placement=list(schedule.placement),
         lowered=schedule.lowered,
         meta=schedule.meta,
+        pipelines=schedule.pipelines,
     )
     sidecar_path(path).write_text(json.dumps(meta, indent=2, sort_keys=True, default=str) + "\n")
     return path
 
 
-def _read_rows(path: Path) -> list[tuple[Action, ...]]:
+def _read_rows(path: Path) -> list[tuple[Step, ...]]:
     try:
         rows = list(csv.reader(io.StringIO(files.read_text(path, "schedule"), newline="")))
     except SpecError as exc:
@@ -91,10 +93,10 @@ def _read_rows(path: Path) -> list[tuple[Action, ...]]:
     return out
 
 
-def _infer(path: Path, ranks: list[tuple[Action, ...]], pp: int) -> Schedule:
+def _infer(path: Path, ranks: list[tuple[Step, ...]], pp: int) -> Schedule:
     where: dict[int, int] = {}
     for r, acts in enumerate(ranks):
-        for a in acts:
+        for a in flat(acts):
             if where.setdefault(a.stage, r) != r:
                 raise ScheduleError(
                     "csv",
@@ -109,8 +111,8 @@ def _infer(path: Path, ranks: list[tuple[Action, ...]], pp: int) -> Schedule:
             f"{path.name}: cannot infer a placement ({S} stages over {pp} ranks, missing {missing}).",
             "add the .meta.json sidecar written by write_csv.",
         )
-    mbs = [a.microbatch for acts in ranks for a in acts if a.microbatch is not None]
-    lowered = any(a.kind not in (Kind.F, Kind.B, Kind.I, Kind.W) for acts in ranks for a in acts)
+    mbs = [a.microbatch for acts in ranks for a in flat(acts) if a.microbatch is not None]
+    lowered = any(a.kind not in (Kind.F, Kind.B, Kind.I, Kind.W) for acts in ranks for a in flat(acts))
     placement = tuple(where[s] for s in range(S))
     return Schedule("custom", pp, S // pp, max(mbs, default=-1) + 1, placement, tuple(ranks), lowered)
 
@@ -146,6 +148,7 @@ def read_csv(path: Path | str, pp: int | None = None) -> Schedule:
         tuple(ranks),
         meta.lowered,
         meta.meta,
+        meta.pipelines,
     )
 
 

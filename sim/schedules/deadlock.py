@@ -3,7 +3,8 @@
 Rules (compute-only and lowered schedules):
 
 - shape: ``pp`` ranks, ``pp * vpp`` placed stages, every action on the rank that holds its stage,
-  microbatches in ``0..m-1``;
+  microbatches in ``0..m-1`` (``0..m/2-1`` with two pipelines); an overlapped pair holds an F and
+  a B or I (the checks below read its two parts);
 - every (stage, microbatch) has exactly one F and one backward: a full B, or an I and then a W on
   the same rank; at most one R, before the backward;
 - lowered: one SEND/RECV pair per transfer between different ranks (none within a rank), the
@@ -19,7 +20,7 @@ from collections import Counter
 
 from ..errors import ScheduleError
 from .analysis import list_schedule
-from .ir import STAGE_WIDE, Action, Kind, Schedule
+from .ir import STAGE_WIDE, Action, Kind, Pair, Schedule, flat
 
 
 def _fail(problem: str, fix: str = "fix the schedule (or regenerate it with build_schedule).") -> ScheduleError:
@@ -33,9 +34,14 @@ def _check_shape(s: Schedule) -> None:
         raise _fail(f"places {len(s.placement)} stages, pp*vpp = {s.pp * s.vpp}.")
     if any(not 0 <= r < s.pp for r in s.placement):
         raise _fail(f"placement {s.placement} names a rank outside 0..{s.pp - 1}.")
-    m = s.num_microbatches
+    if s.pipelines not in (1, 2) or s.num_stages % s.pipelines or s.num_microbatches % s.pipelines:
+        raise _fail(
+            f"has {s.pipelines} pipelines over {s.num_stages} stages and {s.num_microbatches} microbatches; "
+            "expected 1, or 2 with an even number of each."
+        )
+    m = s.microbatches_per_stage
     for r, acts in enumerate(s.ranks):
-        for k, a in enumerate(acts):
+        for k, a in enumerate(flat(acts)):
             if not 0 <= a.stage < s.num_stages:
                 raise _fail(f"rank {r} step {k} ({a}): stage outside 0..{s.num_stages - 1}.")
             if s.placement[a.stage] != r:
@@ -44,6 +50,9 @@ def _check_shape(s: Schedule) -> None:
                 raise _fail(f"rank {r} step {k} ({a}): microbatch outside 0..{m - 1}.")
             if not s.lowered and a.kind not in (Kind.F, Kind.B, Kind.I, Kind.W):
                 raise _fail(f"rank {r} step {k} ({a}): {a.kind} in a schedule not marked lowered.")
+        for k, step in enumerate(acts):
+            if isinstance(step, Pair) and (step.f.kind is not Kind.F or step.b.kind not in (Kind.B, Kind.I)):
+                raise _fail(f"rank {r} step {k} ({step}): an overlapped pair runs an F with a B or an I.")
 
 
 def _check_counts(s: Schedule) -> None:
@@ -51,14 +60,14 @@ def _check_counts(s: Schedule) -> None:
     pos: dict[tuple[int, Kind, int | None], tuple[int, int]] = {}
     count: Counter = Counter()
     for r, acts in enumerate(s.ranks):
-        for k, a in enumerate(acts):
+        for k, a in enumerate(flat(acts)):
             key = (a.stage, a.kind, a.microbatch)
             count[key] += 1
             pos.setdefault(key, (r, k))
             if count[key] > 1 and a.kind not in (Kind.UNSHARD, Kind.RESHARD):
                 raise _fail(f"rank {r} step {k}: {a} appears more than once.")
     for st in range(s.num_stages):
-        for mb in range(s.num_microbatches):
+        for mb in range(s.microbatches_per_stage):
             n = {kind: count[(st, kind, mb)] for kind in (Kind.F, Kind.B, Kind.I, Kind.W)}
             if n[Kind.F] != 1:
                 raise _fail(f"stage {st} microbatch {mb} has {n[Kind.F]} forwards (F), expected 1.")
@@ -83,16 +92,17 @@ def _check_counts(s: Schedule) -> None:
 
 
 def _check_lowered(s: Schedule, count: Counter, pos: dict) -> None:
-    place, S = s.placement, s.num_stages
+    place, S, M = s.placement, s.num_stages, s.microbatches_per_stage
     for st in range(S):
-        for mb in range(s.num_microbatches):
+        nxt, prv = s.next_stage(st), s.prev_stage(st)
+        for mb in range(M):
             for kind, peer in (
-                (Kind.SEND_F, st + 1),
-                (Kind.RECV_F, st - 1),
-                (Kind.SEND_B, st - 1),
-                (Kind.RECV_B, st + 1),
+                (Kind.SEND_F, nxt),
+                (Kind.RECV_F, prv),
+                (Kind.SEND_B, prv),
+                (Kind.RECV_B, nxt),
             ):
-                want = int(0 <= peer < S and place[peer] != place[st])
+                want = int(peer is not None and place[peer] != place[st])
                 if count[(st, kind, mb)] != want:
                     raise _fail(
                         f"stage {st} microbatch {mb}: {count[(st, kind, mb)]} {kind} actions, expected {want}.",
@@ -100,7 +110,7 @@ def _check_lowered(s: Schedule, count: Counter, pos: dict) -> None:
                     )
         rg = pos.get((st, Kind.REDUCE_GRAD, None))
         if rg is not None:
-            last = max(pos.get((st, k, mb), (-1, -1)) for k in (Kind.B, Kind.W) for mb in range(s.num_microbatches))
+            last = max(pos.get((st, k, mb), (-1, -1)) for k in (Kind.B, Kind.W) for mb in range(M))
             if rg < last:
                 raise _fail(f"rank {rg[0]}: {st}REDUCE_GRAD runs before the last backward of stage {st}.")
     _check_pairs(s)
@@ -117,8 +127,18 @@ def _check_lowered(s: Schedule, count: Counter, pos: dict) -> None:
                 live.discard(a.stage)
 
 
-#: The receive a send feeds: SEND_F(s, m) -> RECV_F(s + 1, m), SEND_B(s, m) -> RECV_B(s - 1, m).
-_FEEDS = {Kind.SEND_F: (Kind.RECV_F, 1), Kind.SEND_B: (Kind.RECV_B, -1)}
+def fed(s: Schedule, send: Action) -> Action:
+    """The receive a send feeds: SEND_F(s, m) -> RECV_F(next, m), SEND_B(s, m) -> RECV_B(previous, m)."""
+    if send.kind is Kind.SEND_F:
+        return Action(s.next_stage(send.stage), Kind.RECV_F, send.mb)  # type: ignore[arg-type]
+    return Action(s.prev_stage(send.stage), Kind.RECV_B, send.mb)  # type: ignore[arg-type]
+
+
+def source(s: Schedule, recv: Action) -> int:
+    """The stage a receive's data comes from."""
+    src = s.prev_stage(recv.stage) if recv.kind is Kind.RECV_F else s.next_stage(recv.stage)
+    assert src is not None
+    return src
 
 
 def _check_pairs(s: Schedule) -> None:
@@ -132,14 +152,12 @@ def _check_pairs(s: Schedule) -> None:
     sent: dict[tuple[int, int], list[Action]] = {}  # (sender, receiver) -> the receives fed, in send order
     got: dict[tuple[int, int], list[Action]] = {}  # (sender, receiver) -> receives in posting order
     for r, acts in enumerate(s.ranks):
-        for a in acts:
-            if a.kind in _FEEDS:
-                kind, step = _FEEDS[a.kind]
-                recv = Action(a.stage + step, kind, a.mb)
+        for a in flat(acts):
+            if a.kind is Kind.SEND_F or a.kind is Kind.SEND_B:
+                recv = fed(s, a)
                 sent.setdefault((r, s.placement[recv.stage]), []).append(recv)
             elif a.kind in (Kind.RECV_F, Kind.RECV_B):
-                src = a.stage - 1 if a.kind is Kind.RECV_F else a.stage + 1
-                got.setdefault((s.placement[src], r), []).append(a)
+                got.setdefault((s.placement[source(s, a)], r), []).append(a)
     for (src, dst), recvs in sorted(got.items()):
         order = sent.get((src, dst), [])
         k = next((i for i, (x, y) in enumerate(zip(recvs, order)) if x != y), None)

@@ -3,7 +3,9 @@
 Added per rank, in order (the input schedule is never modified):
 
 - ``RECV_F(s, m)`` just before ``F(s, m)`` and ``SEND_F(s, m)`` just after it when stage s-1 / s+1
-  is on another rank; ``RECV_B``/``SEND_B`` likewise around ``B``/``I``. Sends are posted
+  (of the microbatch's pipeline) is on another rank; ``RECV_B``/``SEND_B`` likewise around
+  ``B``/``I``. An overlapped pair gets both parts' receives before it and their sends after it
+  (torch's ``_add_send_recv``), and the recompute of its backward before it. Sends are posted
   (non-blocking) and a receive waits for the data, as in torch's runtime with its receives deferred
   to their consumer (``_defer_recv_ops``): deadlock-free exactly when the compute order is.
 - ``R(s, m)`` (recompute forward) right before each ``B``/``I`` when recompute is ``full`` or
@@ -27,7 +29,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..errors import ScheduleError
-from .ir import Action, Kind, Schedule
+from .ir import Action, Kind, Pair, Schedule, Step
 
 if TYPE_CHECKING:
     from ..plan import ParallelPlan
@@ -37,22 +39,24 @@ _BACKWARD = (Kind.B, Kind.I)
 MAX_ACTIVE_STAGES = 3
 
 
-def _next_distinct(stages: list[int], n: int) -> list[tuple[int, ...]]:
-    """For each position i, the first ``n`` distinct stages of ``stages[i:]`` (linear time)."""
+def _next_distinct(stages: list[tuple[int, ...]], n: int) -> list[tuple[int, ...]]:
+    """For each position i, the first ``n`` distinct stages of ``stages[i:]`` (linear time); a
+    position may use two stages (an overlapped pair), which then both stay in its window."""
     out: list[tuple[int, ...]] = [()] * len(stages)
     ahead: tuple[int, ...] = ()
     for i in range(len(stages) - 1, -1, -1):
-        s = stages[i]
-        ahead = ((s,) + tuple(x for x in ahead if x != s))[:n]
+        own = stages[i]
+        ahead = (own + tuple(x for x in ahead if x not in own))[: max(n, len(own))]
         out[i] = ahead
     return out
 
 
-def add_unshard_reshard(acts: tuple[Action, ...], max_active_stages: int = MAX_ACTIVE_STAGES) -> list[Action]:
+def add_unshard_reshard(acts: tuple[Step, ...], max_active_stages: int = MAX_ACTIVE_STAGES) -> list[Step]:
     """UNSHARD/RESHARD around one rank's compute actions (torch's sliding-window policy)."""
-    window = _next_distinct([a.stage for a in acts], max_active_stages)
+    uses = [tuple(dict.fromkeys(p.stage for p in a.parts)) if isinstance(a, Pair) else (a.stage,) for a in acts]
+    window = _next_distinct(uses, max_active_stages)
     active: list[int] = []
-    out: list[Action] = []
+    out: list[Step] = []
     for a, nxt in zip(acts, window):
         for s in [s for s in active if s not in nxt]:
             active.remove(s)
@@ -66,25 +70,53 @@ def add_unshard_reshard(acts: tuple[Action, ...], max_active_stages: int = MAX_A
     return out
 
 
-def _lower_rank(s: Schedule, acts: list[Action], recompute: bool, reduce_grad: bool) -> list[Action]:
-    place, last = s.placement, s.num_stages - 1
-    # per stage: (receive before F, send after F, receive before B/I, send after B/I) or None
-    # where that boundary stays on the rank (lowered schedules hold hundreds of thousands of these)
+def _lower_pair(a: Pair, edges, recompute: bool) -> list[Step]:
+    """An overlapped pair with its parts' receives before it and their sends after it."""
+    f, b = a.f, a.b
+    before, after = [], []
+    if edges[f.stage][0]:
+        before.append(Action(f.stage, Kind.RECV_F, f.mb))
+    if edges[f.stage][1]:
+        after.append(Action(f.stage, Kind.SEND_F, f.mb))
+    if edges[b.stage][1]:
+        before.append(Action(b.stage, Kind.RECV_B, b.mb))
+    if recompute:
+        before.append(Action(b.stage, Kind.R, b.mb))
+    if edges[b.stage][0]:
+        after.append(Action(b.stage, Kind.SEND_B, b.mb))
+    return [*before, a, *after]
+
+
+def _lower_rank(s: Schedule, acts: list[Step], recompute: bool, reduce_grad: bool) -> list[Step]:
+    place = s.placement
+    # per stage: (receive before F / send after B, send after F / receive before B) where the
+    # neighbouring stage of the pipeline is on another rank (lowered schedules hold hundreds of
+    # thousands of these actions)
     new = tuple.__new__
+    nxt = [s.next_stage(st) for st in range(s.num_stages)]
+    prv = [s.prev_stage(st) for st in range(s.num_stages)]
     edges = [
         (
-            st > 0 and place[st - 1] != place[st],
-            st < last and place[st + 1] != place[st],
+            prv[st] is not None and place[prv[st]] != place[st],  # type: ignore[index]
+            nxt[st] is not None and place[nxt[st]] != place[st],  # type: ignore[index]
         )
-        for st in range(last + 1)
+        for st in range(s.num_stages)
     ]
     done: dict[int, int] = {}
-    m = s.num_microbatches
-    out: list[Action] = []
+    m = s.microbatches_per_stage
+    out: list[Step] = []
     add = out.append
     F, B, W, R = Kind.F, Kind.B, Kind.W, Kind.R
     recv_f, send_f, recv_b, send_b = Kind.RECV_F, Kind.SEND_F, Kind.RECV_B, Kind.SEND_B
     for a in acts:
+        if isinstance(a, Pair):
+            out += _lower_pair(a, edges, recompute)
+            st, k = a.b.stage, a.b.kind  # its backward counts towards REDUCE_GRAD
+            if k is B:
+                done[st] = done.get(st, 0) + 1
+                if reduce_grad and done[st] == m:
+                    add(Action(st, Kind.REDUCE_GRAD))
+            continue
         st, k, mb = a
         if k is F:
             before, after = edges[st]
@@ -111,7 +143,7 @@ def _lower_rank(s: Schedule, acts: list[Action], recompute: bool, reduce_grad: b
     return out
 
 
-def _receives_in_send_order(ranks: list[list[Action]], placement: tuple[int, ...]) -> list[list[Action]]:
+def _receives_in_send_order(ranks: list[list[Step]], sched: Schedule) -> list[list[Step]]:
     """Each rank's receives from a peer posted in the order the peer sends: a receive that comes
     later in the peer's order pulls the earlier ones in front of it.
 
@@ -125,37 +157,38 @@ def _receives_in_send_order(ranks: list[list[Action]], placement: tuple[int, ...
     was sent after them: no compute waits longer and a deadlock-free order stays deadlock-free.
     """
     recv_f, recv_b, send_f, send_b = Kind.RECV_F, Kind.RECV_B, Kind.SEND_F, Kind.SEND_B
+    placement, nxt, prv = sched.placement, sched.next_stage, sched.prev_stage
     # receiver -> sender -> the receives it feeds, in send order (plain tuples equal to the Actions)
     order: dict[int, dict[int, list[tuple]]] = {}
     for r, row in enumerate(ranks):
         for a in row:
             if a.kind is send_f:
-                recv: tuple = (a.stage + 1, recv_f, a.microbatch)
+                recv: tuple = (nxt(a.stage), recv_f, a.microbatch)
             elif a.kind is send_b:
-                recv = (a.stage - 1, recv_b, a.microbatch)
+                recv = (prv(a.stage), recv_b, a.microbatch)
             else:
                 continue
             order.setdefault(placement[recv[0]], {}).setdefault(r, []).append(recv)
-    out: list[list[Action]] = []
+    out: list[list[Step]] = []
     for r, row in enumerate(ranks):
         peers = order.get(r, {})
-        posted: dict[int, list[Action]] = {peer: [] for peer in peers}
+        posted: dict[int, list[Step]] = {peer: [] for peer in peers}
         for a in row:
             if a.kind is recv_f:
-                posted[placement[a.stage - 1]].append(a)
+                posted[placement[prv(a.stage)]].append(a)  # type: ignore[index]
             elif a.kind is recv_b:
-                posted[placement[a.stage + 1]].append(a)
+                posted[placement[nxt(a.stage)]].append(a)  # type: ignore[index]
         if all(posted[peer] == sent for peer, sent in peers.items()):
             out.append(row)  # already in send order (the usual case): nothing moves
             continue
         index = {peer: {x: k for k, x in enumerate(acts)} for peer, acts in peers.items()}
         done = dict.fromkeys(peers, 0)  # receives from each peer posted so far (a prefix of its order)
-        acts: list[Action] = []
+        acts: list[Step] = []
         for a in row:
-            if a.kind is not recv_f and a.kind is not recv_b:
+            if isinstance(a, Pair) or (a.kind is not recv_f and a.kind is not recv_b):
                 acts.append(a)
                 continue
-            peer = placement[a.stage - 1] if a.kind is recv_f else placement[a.stage + 1]
+            peer = placement[prv(a.stage) if a.kind is recv_f else nxt(a.stage)]  # type: ignore[index]
             k = index[peer][a]  # lowering pairs every receive with a send
             d = done[peer]
             if k == d:  # the next one the peer sends: the usual case
@@ -199,13 +232,13 @@ def lower(
     zero = zero if zero is not None else (plan.zero if plan is not None else 0)
     if recompute not in ("none", "selective", "full"):
         raise ScheduleError("recompute", f"unknown mode {recompute!r}.", "use none, selective or full.")
-    ranks: list[list[Action]] = []
+    ranks: list[list[Step]] = []
     # FSDP-managed stages need UNSHARD/RESHARD: ZeRO-2/3, and ZeRO-0 with data parallelism, which
     # the executor runs with torch's `replicate` (FSDP2's DDP); ZeRO-1 runs as plain DDP.
     fsdp = zero >= 2 or (zero == 0 and plan is not None and plan.zero_shards > 1)
     for acts in schedule.ranks:
         seq = add_unshard_reshard(acts, max_active_stages) if fsdp else list(acts)
         ranks.append(_lower_rank(schedule, seq, recompute != "none", reduce_grad))
-    out = schedule.replace_ranks(_receives_in_send_order(ranks, schedule.placement), lowered=True)
+    out = schedule.replace_ranks(_receives_in_send_order(ranks, schedule), lowered=True)
     out.meta.update(recompute=recompute, zero=zero)
     return out

@@ -11,11 +11,11 @@ what the engine's compression (`simpar.sim.engine.rounds`) needs for its exactne
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ..errors import ScheduleError
-from .ir import Action, Kind, Schedule
+from .ir import Action, Kind, Pair, Schedule, Step
 
 #: schedule families whose generator is closed-form in the microbatch count (a new microbatch, or
 #: group of pp for interleaved-1f1b and interleaved-zb, adds one steady-state round and renumbers
@@ -26,13 +26,15 @@ CLOSED_FORM = frozenset({"none", "1f1b", "interleaved-1f1b", "interleaved-zb", "
 GROUPED = frozenset({"interleaved-1f1b", "interleaved-zb"})
 
 
-def shift(a: Action, d: int) -> Action:
-    """``a`` for the microbatch ``d`` later (a stage-wide action stays as it is)."""
+def shift(a: Step, d: int) -> Step:
+    """``a`` for the microbatch ``d`` later (a stage-wide action stays as it is; a pair shifts both parts)."""
+    if isinstance(a, Pair):
+        return Pair(Action(a.f.stage, a.f.kind, a.f.mb + d), Action(a.b.stage, a.b.kind, a.b.mb + d))
     return a if a.microbatch is None else Action(a.stage, a.kind, a.microbatch + d)
 
 
-def _shifted(acts: tuple[Action, ...] | list[Action], d: int) -> list[Action]:
-    return [a if a.microbatch is None else Action(a.stage, a.kind, a.microbatch + d) for a in acts]
+def _shifted(acts: Sequence[Step], d: int) -> list[Step]:
+    return [shift(a, d) for a in acts]
 
 
 @dataclass(frozen=True)
@@ -137,7 +139,7 @@ class Rounds:
         return True
 
 
-def _fit(a: tuple[Action, ...], b: tuple[Action, ...], d: int) -> tuple[int, int] | None:
+def _fit(a: tuple[Step, ...], b: tuple[Step, ...], d: int) -> tuple[int, int] | None:
     """(cut, length): ``b`` is ``a`` with one round inserted at ``cut`` (a copy of the ``length``
     actions before it, ``d`` microbatches later) and the rest renumbered; None if it is not."""
     n, length = len(a), len(b) - len(a)

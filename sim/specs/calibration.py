@@ -59,6 +59,13 @@ class EfficiencyParams(BaseModel):
     hbm_eff: float = Field(0.80, gt=0, description="fraction of HBM bandwidth element-wise kernels reach")
     launch_s: float = Field(4e-6, gt=0, description="seconds a kernel costs at least (launch and scheduling)")
     fp8_mm_eff_scale: float = Field(0.70, gt=0, description="fp8 GEMM efficiency relative to bf16's")
+    #: `simpar.sim.schedules.costs.overlap_seconds`: the share of what an overlapped F&B pair saves
+    #: that it gives back to the SMs its communication kernels take. Default 20/112: DeepSeek-V3
+    #: gives 20 of the H800's 132 SMs to communication (report §3.2.1), so the compute the
+    #: communication hides under runs on 112 SMs for as long as it is hidden.
+    overlap_contention: float = Field(
+        20 / 112, gt=0, le=1, description="share of an overlapped pair's saving lost to SM contention"
+    )
 
 
 class Device(BaseModel):

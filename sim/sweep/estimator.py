@@ -281,6 +281,16 @@ def _finish(x: Inputs, rts: list[RankTimes], source: str) -> Estimate:
         tail = _dp_tail(x, r, rt)
         ready.append(shift + rt.end + tail)
         tails.append(tail)
+    for r in range(len(rts)) if x.plan.pipelines == 2 else ():
+        partner = it.replica_partner(x.plan, r)
+        if partner is not None and partner > r:  # the two replicas meet, all-reduce, then go on
+            layout = RankLayout(x.plan)
+            pair = (layout.rank(pp=r), layout.rank(pp=partner))
+            sync = x.time(it.replica_grad_sync(x.model, x.plan, list(x.ranks[r]), pair), r)
+            meet = max(ready[r], ready[partner]) + sync
+            tails[r] += meet - ready[r]
+            tails[partner] += meet - ready[partner]
+            ready[r] = ready[partner] = meet
     tied, t_tied = _tied_embedding(x)
     if tied is not None:  # both ends of the pipeline meet, all-reduce, then step
         meet = max(ready[tied[0]], ready[tied[1]]) + t_tied
@@ -364,7 +374,7 @@ def oracle_estimate(x: Inputs, schedule=None) -> Estimate:
     if x.fsdp or len(x.ranks) == 1:
         q = quick_estimate(x)
         return Estimate(q.iter_time_s, q.breakdown_s, "oracle")
-    sched = schedule or lowered_schedule(x.plan, costs=stage_costs(x.work, x.p2p))
+    sched = schedule or lowered_schedule(x.plan, costs=stage_costs(x.work, x.p2p, x.costs.eff.overlap_contention))
     if not sched.lowered:
         sched = lower(sched, x.plan)
     f, _, w = x.seconds

@@ -1,0 +1,86 @@
+"""Chimera (Li & Hoefler, "Chimera: Efficiently Training Large-Scale Neural Networks with
+Bidirectional Pipelines", SC'21): two pipelines in opposite directions over the same ``D`` ranks.
+
+The first pipeline puts stage j on rank j, the second on rank D - 1 - j (stages D..2D-1 here,
+``v_placement``), so every rank holds two model replicas' chunks (j and D - 1 - j) and each
+pipeline runs half of the microbatches with full backwards.
+
+The order is the paper's list schedule, read at equal forward and backward times: every rank,
+whenever it is free, runs a ready backward before a ready forward (the earliest microbatch first,
+the first pipeline's stage on a tie), and a forward only while its stage holds
+fewer activation sets than in one *basic unit* (D microbatches, D/2 per direction: the paper's
+Figure 3). One basic unit has the paper's Table 2 figures: bubble ratio (D - 2) / (2N + D - 2) and
+(D/2 + 1) to D activation sets per rank. With N = k D microbatches the units are concatenated
+greedily: the bubbles that direct concatenation leaves between units (paper §3.5) fill with the next
+unit's forwards, so the bubble stays D - 2 (at F = B) and the activation peak stays the unit's.
+
+Rules (the paper's): D (pp) even, N a multiple of D.
+"""
+
+from __future__ import annotations
+
+from ..errors import ScheduleError
+from .common import check_sizes
+from .ir import Action, B, F, Schedule, v_placement
+
+
+def _greedy(D: int, half: int, cap: list[int] | None) -> tuple[list[list[Action]], list[int]]:
+    """Unit-time list schedule of both pipelines (``half`` microbatches each); returns each
+    rank's order and each stage's peak activation sets. ``cap[st]``: the most a stage may hold."""
+    S = 2 * D
+    nf, nb = [0] * S, [0] * S  # next microbatch to run forward / backward on each stage
+    f_end: list[dict[int, int]] = [{} for _ in range(S)]
+    b_end: list[dict[int, int]] = [{} for _ in range(S)]
+    peak = [0] * S
+    order: list[list[Action]] = [[] for _ in range(D)]
+    left, t = 2 * S * half, 0
+    limit = 2 * left + 2 * S  # every step some rank progresses, or the order could not finish
+    while left:
+        if t > limit:
+            raise AssertionError(f"chimera list schedule stalled (D={D}, {half} microbatches per direction)")
+        for r in range(D):
+            best: tuple | None = None
+            for st in (r, S - 1 - r):
+                j = st % D
+                mb = nb[st]
+                if mb < nf[st] and f_end[st][mb] <= t and (j == D - 1 or b_end[st + 1].get(mb, t + 1) <= t):
+                    cand = (0, mb, st, "B")
+                    best = cand if best is None or cand < best else best
+                mb = nf[st]
+                if (
+                    mb < half
+                    and (j == 0 or f_end[st - 1].get(mb, t + 1) <= t)
+                    and (cap is None or nf[st] - nb[st] < cap[st])
+                ):
+                    cand = (1, mb, st, "F")
+                    best = cand if best is None or cand < best else best
+            if best is None:
+                continue
+            _, mb, st, kind = best
+            if kind == "F":
+                f_end[st][mb] = t + 1
+                nf[st] += 1
+                order[r].append(F(st, mb))
+            else:
+                b_end[st][mb] = t + 1
+                nb[st] += 1
+                order[r].append(B(st, mb))
+            peak[st] = max(peak[st], nf[st] - nb[st])
+            left -= 1
+        t += 1
+    return order, peak
+
+
+def chimera(pp: int, num_microbatches: int) -> Schedule:
+    check_sizes("chimera", pp, 2, num_microbatches, vpp_allowed=(2,))
+    D, N = pp, num_microbatches
+    if D % 2 or N % D:
+        raise ScheduleError(
+            "microbatches",
+            f"chimera runs an even pp and a multiple of pp microbatches (basic units of pp, half in each direction), "
+            f"got pp={D} and {N} microbatches.",
+            f"use an even pp and a microbatch count that is a multiple of {D}.",
+        )
+    _, unit = _greedy(D, D // 2, None)
+    order, _ = _greedy(D, N // 2, unit)
+    return Schedule("chimera", D, 2, N, v_placement(D), tuple(map(tuple, order)), pipelines=2)
