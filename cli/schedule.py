@@ -3,13 +3,14 @@ and activation sets in flight; optionally write torch's CSV and draw the pipelin
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import click
 
-from simpar.sim.choices import MAX_MICROBATCHES, SCHEDULES
+from simpar.sim.choices import BIDIRECTIONAL, MAX_MICROBATCHES, SCHEDULES
 
-_DEFAULT_VPP = {"interleaved-1f1b": 2, "zb-v": 2}
+_DEFAULT_VPP = {"interleaved-1f1b": 2, "zb-v": 2, "dualpipe-v": 2, "dualpipe": 2, "chimera": 2}
 #: A schedule's grid is pp x (vpp x microbatches) actions: bounded so that a typo cannot run for ever.
 MAX_PP = 4096
 
@@ -24,7 +25,7 @@ MAX_PP = 4096
     "--vpp",
     type=click.IntRange(1, MAX_PP),
     default=None,
-    help="stages per rank [default: 2 for interleaved-1f1b and zb-v, else 1]",
+    help="stages per rank [default: 2 for interleaved-1f1b, zb-v, dualpipe-v, dualpipe and chimera, else 1]",
 )
 @click.option(
     "--costs",
@@ -40,6 +41,13 @@ MAX_PP = 4096
 @click.option(
     "--plot", "plot_path", type=click.Path(dir_okay=False), default=None, help="draw the pipeline diagram (PNG/SVG)"
 )
+@click.option(
+    "--fb",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="time of an overlapped F&B pair (dualpipe, dualpipe-v) [default: F + its backward: compute does not "
+    "overlap compute, and --costs has no communication to hide]",
+)
 @click.option("--json", "as_json", is_flag=True, help="print JSON (bubble_rate, makespan, peak_inflight, ...)")
 @click.option("--grid/--no-grid", default=True, show_default=True, help="print the per-rank time grid")
 def schedule(
@@ -48,6 +56,7 @@ def schedule(
     m: int,
     vpp: int | None,
     costs: str | None,
+    fb: float | None,
     csv_path: str | None,
     plot_path: str | None,
     as_json: bool,
@@ -73,9 +82,13 @@ def schedule(
     if plot_path:
         files.output_file(plot_path, "--plot", PLOT_SUFFIXES)
     rank_costs = parse_costs(costs) if costs else StageCosts.uniform()
+    # chunks one microbatch passes on a rank (two pipelines: one of the rank's two stages, a whole chunk)
+    split = vpp // 2 if name in BIDIRECTIONAL else vpp
     stage_costs = StageCosts.per_rank(
-        vpp, rank_costs.t_f[0], rank_costs.t_i[0], rank_costs.t_w[0], rank_costs.t_comm[0]
+        split, rank_costs.t_f[0], rank_costs.t_i[0], rank_costs.t_w[0], rank_costs.t_comm[0]
     )
+    if fb is not None:
+        stage_costs = dataclasses.replace(stage_costs, t_fb=(fb,))
     sched = build_schedule(name, pp, vpp, m, stage_costs)
     check_schedule(sched)
     res = list_schedule(sched, stage_costs)
@@ -85,8 +98,10 @@ def schedule(
     if plot_path:
         from simpar.sim.plot.schedule import plot_schedule
 
-        cmd = f"simpar schedule --schedule {name} --pp {pp} --vpp {vpp} --microbatches {m}" + (
-            f" --costs {costs}" if costs else ""
+        cmd = (
+            f"simpar schedule --schedule {name} --pp {pp} --vpp {vpp} --microbatches {m}"
+            + (f" --costs {costs}" if costs else "")
+            + (f" --fb {fb:g}" if fb is not None else "")
         )
         plot_schedule(res, plot_path, footer=f"regenerate: {cmd} --plot {plot_path}")
     if as_json:

@@ -28,7 +28,7 @@ from simpar.sim.errors import PlanError, ScheduleError, SimparError
 from simpar.sim.plan import ParallelPlan
 from simpar.sim.plan_check import _check_experts, _check_schedule, _check_split
 from simpar.sim.schedules import check_schedule, read_csv
-from simpar.sim.schedules.ir import Kind, Schedule, looped_placement, v_placement
+from simpar.sim.schedules.ir import Kind, Schedule, flat
 from simpar.sim.specs import ModelSpec
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
@@ -42,11 +42,11 @@ def read_schedule_file(path: str | Path) -> Schedule:
 
 def has_comms(s: Schedule) -> bool:
     """Whether the file already holds communication (then torch runs it as written)."""
-    return any(a.kind not in COMPUTE_KINDS and a.kind is not Kind.R for row in s.ranks for a in row)
+    return any(a.kind not in COMPUTE_KINDS and a.kind is not Kind.R for row in s.ranks for a in flat(row))
 
 
 def split_backward(s: Schedule) -> bool:
-    return any(a.kind in (Kind.I, Kind.W) for row in s.ranks for a in row)
+    return any(a.kind in (Kind.I, Kind.W) for row in s.ranks for a in flat(row))
 
 
 def torch_rows(s: Schedule) -> list[list[str]]:
@@ -56,13 +56,20 @@ def torch_rows(s: Schedule) -> list[list[str]]:
 
 
 def microbatches(s: Schedule) -> int:
-    return len({a.microbatch for row in s.ranks for a in row if a.kind is Kind.F})
+    return len({a.microbatch for row in s.ranks for a in flat(row) if a.kind is Kind.F})
 
 
 def check_plan_for_executor(plan: ParallelPlan, model: ModelSpec) -> None:
     """The plan rules that need no cluster, and what the executor does not implement."""
     if plan.cp > 1:
         raise PlanError("cp", "the executor does not implement context parallelism.", "use cp=1.")
+    if plan.pipelines == 2:
+        raise PlanError(
+            "schedule",
+            f"{plan.schedule} runs two pipelines in opposite directions (two model replicas per rank); torch's "
+            "pipeline runtime runs one pipeline over the ranks, and the executor has no runtime of its own for two.",
+            "simulate it with simpar simulate / sweep, or run dualpipe-v (one pipeline, the same F&B overlap).",
+        )
     if plan.tp_comm_overlap:
         raise PlanError(
             "tp_comm_overlap", "the executor does not overlap TP communication with the GEMMs.", "turn it off."
@@ -178,7 +185,7 @@ def check_run(plan: ParallelPlan, model: ModelSpec, sched: Schedule, world_size:
         )
     check_schedule(sched)  # simpar's validator: each action once, sends paired with receives in order, no deadlock
     placement = sched.placement
-    expected = v_placement(plan.pp) if plan.schedule == "zb-v" else looped_placement(plan.pp, plan.vpp)
+    expected = plan.placement
     if placement != expected:
         raise ScheduleError(
             "schedule",

@@ -79,7 +79,9 @@ def lower(rows: list[list[str]], num_microbatches: int, num_stages: int, comms: 
     actions = _parse(rows)
     try:
         if comms:
-            stage_to_rank = {a.stage_index: r for r, acts in actions.items() for a in acts}
+            stage_to_rank = {
+                sub.stage_index: r for r, acts in actions.items() for a in acts for sub in (a.sub_actions or (a,))
+            }
             lowered = actions
         else:
             stage_to_rank = _validate_schedule(actions, len(rows), num_stages, num_microbatches)
@@ -102,7 +104,11 @@ def lower(rows: list[list[str]], num_microbatches: int, num_stages: int, comms: 
 
 def check_deadlock(lowered: dict[int, list[_Action]], stage_to_rank: dict[int, int], num_stages: int) -> None:
     """Dry-run torch's own simulation of sends, receives and compute; raise if nothing progresses."""
-    order = {r: [a for a in acts if a.computation_type.value not in _STAGE_WIDE] for r, acts in lowered.items()}
+    # torch's simulator has no OVERLAP_F_B; its runtime runs a pair's two actions one after the other
+    order = {
+        r: [sub for a in acts for sub in (a.sub_actions or (a,)) if sub.computation_type.value not in _STAGE_WIDE]
+        for r, acts in lowered.items()
+    }
     with contextlib.redirect_stdout(io.StringIO()) as out:  # torch prints the stuck schedule
         try:
             _simulate_comms_compute(order, lambda s: stage_to_rank[s], num_stages)

@@ -254,6 +254,12 @@ class ParallelPlan(BaseModel):
         place = self.placement
         return tuple(tuple(s for s, r in enumerate(place) if r == q) for q in range(self.pipeline_ranks))
 
+    def first_stage_of(self, prank: int) -> int:
+        """The stage pipeline rank ``prank`` runs first: its lowest, except on the second half of
+        the ranks under two pipelines, which the second pipeline's microbatches reach first."""
+        stages = self.rank_stages[prank]
+        return max(stages) if self.pipelines == 2 and 2 * prank >= self.pp else min(stages)
+
     @property
     def zero_policy(self) -> ZeroPolicy:
         if self.zero == 0 or self.zero_shards == 1:

@@ -42,6 +42,13 @@ TWO = [
     ("zb-v-gpt", "tiny", False, dict(pp=2, vpp=2, global_batch_size=4, schedule="zb-v")),
     ("looped-bfs-llama", "tiny-llama", False, dict(pp=2, vpp=2, global_batch_size=4, schedule="looped-bfs")),
     ("interleaved-zb-gpt", "tiny", False, dict(pp=2, vpp=2, global_batch_size=4, schedule="interleaved-zb")),
+    ("dualpipe-v-gpt", "tiny", False, dict(pp=2, vpp=2, global_batch_size=6, schedule="dualpipe-v")),
+    (
+        "dualpipe-v-llama-lowered-R",
+        "tiny-llama",
+        True,
+        dict(pp=2, vpp=2, global_batch_size=4, schedule="dualpipe-v", recompute="full"),
+    ),
     ("zb-v-llama-full", "tiny-llama", False, dict(pp=2, vpp=2, global_batch_size=4, schedule="zb-v", recompute="full")),
     ("1f1b-gpt-lowered-R", "tiny", True, dict(pp=2, global_batch_size=4, schedule="1f1b", recompute="full")),
     (
@@ -57,6 +64,18 @@ TWO = [
     ("dp2-zero3-llama-lowered", "tiny-llama", True, dict(dp=2, global_batch_size=4, schedule="none", zero=3)),
 ]
 FOUR = [
+    (
+        "dp2pp2-zero0-dualpipe-v-gpt",
+        "tiny",
+        False,
+        dict(dp=2, pp=2, vpp=2, global_batch_size=8, schedule="dualpipe-v", zero=0),
+    ),
+    (
+        "dp2pp2-zero2-interleaved-zb-llama",
+        "tiny-llama",
+        False,
+        dict(dp=2, pp=2, vpp=2, global_batch_size=8, schedule="interleaved-zb", zero=2),
+    ),
     ("dp2pp2-zero0-zb-h1-gpt", "tiny", False, dict(dp=2, pp=2, global_batch_size=8, schedule="zb-h1", zero=0)),
     ("dp2pp2-zero1-1f1b-llama", "tiny-llama", False, dict(dp=2, pp=2, global_batch_size=8, schedule="1f1b", zero=1)),
     (

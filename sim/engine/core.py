@@ -442,7 +442,8 @@ class Engine:
 
     def _walk(self, g: GpuState, actions):
         if self.policy is ZeroPolicy.GATHER_AT_START and self.opt.overlap_param_gather:
-            for s in self.plan.rank_stages[g.prank]:
+            first = self.plan.first_stage_of(g.prank)  # gathered first: the first forward waits for it
+            for s in (first, *(s for s in self.plan.rank_stages[g.prank] if s != first)):
                 self._zero_gather(g, s)
         handlers = self.HANDLERS
         if self.timed_p2p and self.policy is not ZeroPolicy.PER_LAYER:

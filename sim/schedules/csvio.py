@@ -3,9 +3,10 @@
 torch's format (``PipelineScheduleMulti._dump_csv`` / ``_PipelineScheduleRuntime._load_csv``):
 one row per pipeline rank, one cell per action in its text form (``2F0``, ``1SEND_B3``,
 ``0REDUCE_GRAD``, an overlapped pair ``(0F3;3B1)OVERLAP_F_B``), written with ``csv.writer``; an
-empty cell is an idle step (``None``), which simpar drops on reading. A compute-only CSV loads with ``format="compute_only"`` (torch lowers it
-itself); a lowered one with ``format="compute_comms"`` unless it holds ``R`` actions, which are
-simpar-only (torch recomputes inside B/I).
+empty cell is an idle step (``None``), which simpar drops on reading. A compute-only CSV loads
+with ``format="compute_only"`` (torch lowers it itself); a lowered one with
+``format="compute_comms"`` unless it holds ``R`` actions, which are simpar-only (torch recomputes
+inside B/I).
 
 The CSV carries only actions, so ``write_csv`` also writes a sidecar ``<file>.meta.json`` with the
 name, pp, vpp, microbatch count, placement, pipelines, lowered flag and meta. ``read_csv`` uses the

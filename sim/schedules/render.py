@@ -4,15 +4,16 @@ pipeline figures of the GPipe, Megatron and zero-bubble papers.
 A slot is the shortest compute duration in the schedule, so unit costs give one cell per action;
 with uneven costs a box is moved right when rounding would make it overlap the previous one.
 A cell shows ``{kind}{microbatch}`` (``{stage}{kind}{microbatch}`` when ranks hold several
-stages); ``~`` continues an action longer than one slot; ``.`` is idle.
+stages), an overlapped pair ``{F}&{B}`` (e.g. ``0F3&3B1``); ``~`` continues an action longer than
+one slot; ``.`` is idle.
 """
 
 from __future__ import annotations
 
 from .analysis import ListScheduleResult
-from .ir import Kind
+from .ir import Kind, Pair
 
-_SHOWN = (Kind.F, Kind.B, Kind.I, Kind.W, Kind.R)
+_SHOWN = (Kind.F, Kind.B, Kind.I, Kind.W, Kind.R, Kind.OVERLAP_F_B)
 
 
 def format_grid(result: ListScheduleResult) -> str:
@@ -28,6 +29,8 @@ def format_grid(result: ListScheduleResult) -> str:
     slot = min(durations)
 
     def label(a) -> str:
+        if isinstance(a, Pair):
+            return f"{label(a.f)}&{label(a.b)}"
         return str(a) if sched.vpp > 1 else f"{a.kind.value}{a.microbatch}"
 
     width = 1 + max(len(label(a)) for acts in sched.ranks for a in acts if a.kind in _SHOWN)

@@ -8,7 +8,11 @@ network) and add the same data-parallel, ZeRO and optimizer terms the engine cha
   the fill is the schedule's bubble: the first micro-batch's path through every stage for GPipe and
   1F1B (Narayanan et al. 2021), one chunk per rank for interleaved 1F1B (Narayanan et al. SC'21
   §2.2), and the zero-bubble paper's (p - 1)(T_F + T_B - T_W) for ZB-H1 and (p - 1)(T_F + T_B -
-  2 T_W) for ZB-H2 (Qi et al. 2024, §2; their B is our I), ZB-1p/2p/V likewise;
+  2 T_W) for ZB-H2 (Qi et al. 2024, §2; their B is our I), ZB-1p/2p/V likewise; DualPipe and
+  DualPipe-V's (PP/2 - 1)(F&B + B - 3W) (DeepSeek-V3 report Table 2; F&B taken as F + B, the
+  overlap's saving left to the oracle) and Chimera's (D/2 - 1)(F + B) (Li & Hoefler 2021 Table 2:
+  D - 2 at F = B). With two pipelines (Chimera, DualPipe) each stage runs m / 2 micro-batches, so
+  the periods are m / 2 of the rank's two-chunk work;
 - ``oracle`` (the best few hundred): the list scheduler of `schedules.analysis` times the very
   schedule the engine would run (zb-1p/2p built with the same costs), which gives each rank's
   last backward per stage; the gradient buckets are then queued exactly as the engine queues them.
@@ -33,6 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from ..choices import V_SHAPED
 from ..cost.compute import CostModel
 from ..cost.profile import MEGATRON, RuntimeProfile
 from ..cost.workload import StageWork
@@ -41,7 +46,7 @@ from ..engine.iteration import CollectiveTimer, Comm, EngineOptions
 from ..layout import RankLayout
 from ..plan import ParallelPlan, ZeroPolicy
 from ..schedules import StageCosts, list_schedule, lower
-from ..schedules.ir import Kind
+from ..schedules.ir import Kind, Pair
 from ..schedules.memo import lowered_schedule
 from ..specs import ModelSpec
 
@@ -104,10 +109,10 @@ class Inputs:
     @cached_property
     def posts(self) -> list[int]:
         """Per stage and micro-batch, the pipeline sends and receives its rank posts."""
-        place, last = self.plan.placement, self.plan.num_stages - 1
-        out = []
-        for s in range(last + 1):
-            remote = (s > 0 and place[s - 1] != place[s]) + (s < last and place[s + 1] != place[s])
+        p, out = self.plan, []
+        place, n = p.placement, p.num_chunks
+        for s in range(p.num_stages):
+            remote = (s % n > 0 and place[s - 1] != place[s]) + (s % n < n - 1 and place[s + 1] != place[s])
             out.append(2 * remote)
         return out
 
@@ -166,6 +171,8 @@ class RankTimes:
     first_f: float
     end: float
     last_bwd: dict[int, tuple[float, float, float]]
+    #: (TP/CP, all-to-all) seconds the rank's overlapped F&B pairs hide (`overlap_seconds`)
+    hidden: tuple[float, float] = (0.0, 0.0)
 
 
 def _dp_tail(x: Inputs, prank: int, rt: RankTimes) -> float:
@@ -197,7 +204,8 @@ def _zero_start(x: Inputs, first_f: list[float]) -> float:
     overlapped = policy is ZeroPolicy.GATHER_AT_START and x.options.overlap_param_gather
     if not (overlapped or policy is ZeroPolicy.PER_UNSHARD):
         return 0.0
-    return max(0.0, max(_gather(x, r, min(st)) - first_f[r] for r, st in enumerate(x.ranks)))
+    first = x.plan.first_stage_of
+    return max(0.0, max(_gather(x, r, first(r)) - first_f[r] for r in range(len(x.ranks))))
 
 
 def _zero_end(x: Inputs, prank: int) -> float:
@@ -223,7 +231,8 @@ def _optimizer(x: Inputs, prank: int) -> float:
         p.vpp,
         p.dp,
         p.zero,
-        p.schedule == "zb-v",
+        p.schedule in V_SHAPED,
+        p.pipelines,
         p.layer_split,
         p.ep,
         p.expert_tp,
@@ -245,7 +254,8 @@ def _sp_sync(x: Inputs, prank: int) -> float:
         p.dp,
         p.pp,
         p.vpp,
-        p.schedule == "zb-v",
+        p.schedule in V_SHAPED,
+        p.pipelines,
         p.layer_split,
         p.mesh_order,
         p.precision,
@@ -297,7 +307,7 @@ def _finish(x: Inputs, rts: list[RankTimes], source: str) -> Estimate:
         ready[tied[0]] = ready[tied[1]] = meet
     finish = [ready[r] + _sp_sync(x, r) + _optimizer(x, r) + _zero_end(x, r) for r in range(len(rts))]
     t = max(finish)
-    m = x.plan.num_microbatches
+    m = x.plan.num_microbatches // x.plan.pipelines  # micro-batches each stage runs
     busy = max(range(len(rts)), key=lambda r: (x.rank_work[r], -r))
     ws = [x.work[s] for s in x.ranks[busy]]
     posts = m * sum(x.posts[s] for s in x.ranks[busy]) * x.post
@@ -308,8 +318,8 @@ def _finish(x: Inputs, rts: list[RankTimes], source: str) -> Estimate:
         "compute": m * sum(p[0] for p in run),
         "expert_compute": m * sum(p[1] for p in run + rec),
         "recompute": m * sum(p[0] for p in rec),
-        "tp_comm": m * sum(p[2] for p in run + rec) + _sp_sync(x, busy),
-        "moe_a2a": m * sum(p[3] for p in run + rec),
+        "tp_comm": m * sum(p[2] for p in run + rec) + _sp_sync(x, busy) - rts[busy].hidden[0],
+        "moe_a2a": m * sum(p[3] for p in run + rec) - rts[busy].hidden[1],
         "pp_comm": posts + (t_tied if tied is not None and busy in tied else 0.0),
         "dp_comm": tails[busy],
         "zero_comm": shift + _zero_end(x, busy) + (m * _fsdp_seconds(x)[2] if x.fsdp else 0.0),
@@ -329,6 +339,12 @@ def _fill(x: Inputs) -> float:
     n = len(f)
     mf, mi, mw = sum(f) / n, sum(i) / n, sum(w) / n  # one stage (chunk) on average
     comm = 2 * (pr - 1) * (c + x.post)
+    if p.schedule == "dualpipe-v":  # PP = 2 pr stages of one chunk each
+        return max(x.rank_work) + (pr - 1) * max(0.0, mf + 2 * (mi + mw) - 3 * mw) + comm
+    if p.schedule == "dualpipe":  # PP = pr stages per pipeline
+        return max(x.rank_work) + (pr / 2 - 1) * max(0.0, mf + 2 * (mi + mw) - 3 * mw) + comm
+    if p.schedule == "chimera":
+        return max(x.rank_work) + (pr / 2 - 1) * (mf + mi + mw) + comm
     if p.schedule in ("gpipe", "1f1b"):
         return sum(f) + sum(i) + sum(w) + comm
     if p.schedule in ("interleaved-1f1b", "looped-bfs"):  # one chunk's fill and drain per hop
@@ -339,7 +355,7 @@ def _fill(x: Inputs) -> float:
 
 def quick_estimate(x: Inputs) -> Estimate:
     """Closed-form pipeline time plus the iteration terms (see the module docstring)."""
-    p, m = x.plan, x.plan.num_microbatches
+    p, m = x.plan, x.plan.num_microbatches // x.plan.pipelines  # micro-batches each stage runs
     if x.fsdp:
         fb, bb, _ = _fsdp_seconds(x)
         end = m * (fb + bb + x.dur(x.work[0], "R"))
@@ -349,9 +365,15 @@ def quick_estimate(x: Inputs) -> Estimate:
     # Two lower bounds for few micro-batches: no rank ends before its first input arrives and it
     # has done all its work; the last micro-batch starts on stage 0 after m - 1 forwards there and
     # then runs forward through every stage and back.
+    periods = m
+    one = range(p.num_chunks)  # the first pipeline's stages (the second mirrors it)
     arrive = [sum(f[s] + c for s in range(min(st))) for st in x.ranks]
-    chain = (m - 1) * f[0] + sum(f) + sum(i) + 2 * (pr - 1) * c + w[0]
-    t_pipe = max((m - 1) * max(x.rank_work) + _fill(x), max(a + m * wr for a, wr in zip(arrive, x.rank_work)), chain)
+    chain = (periods - 1) * f[0] + sum(f[s] for s in one) + sum(i[s] for s in one) + 2 * (pr - 1) * c + w[0]
+    t_pipe = max(
+        (periods - 1) * max(x.rank_work) + _fill(x),
+        max(a + periods * wr for a, wr in zip(arrive, x.rank_work)),
+        chain,
+    )
     rts: list[RankTimes] = []
     drain = 0.0
     for stages in x.ranks:
@@ -380,16 +402,38 @@ def oracle_estimate(x: Inputs, schedule=None) -> Estimate:
     f, _, w = x.seconds
     i = tuple(x.dur(s, "I") for s in x.work)  # the lowered schedule's R actions hold the recompute
     rc = tuple(x.dur(s, "R") for s in x.work)
-    res = list_schedule(sched, StageCosts(tuple(f), i, tuple(w), (x.p2p,), t_r=rc, t_post=x.post))
+    exposed = [(sum(x.parts(s, "F")[2:]), sum(x.parts(s, "B")[2:])) for s in x.work]
+    scosts = StageCosts(
+        tuple(f),
+        i,
+        tuple(w),
+        (x.p2p,),
+        t_r=rc,
+        t_post=x.post,
+        t_b=tuple(x.dur(s, "B") for s in x.work),
+        x_f=tuple(e[0] for e in exposed),
+        x_b=tuple(e[1] for e in exposed),
+        contention=x.costs.eff.overlap_contention,
+    )
+    res = list_schedule(sched, scosts)
     rts = []
     for r, acts in enumerate(sched.ranks):
         lb: dict[int, tuple[float, float, float]] = {}
+        hidden = [0.0, 0.0]
         for a, t0, t1 in zip(acts, res.start[r], res.end[r]):
+            if isinstance(a, Pair):  # an overlapped pair: what it hides, and its backward's gradients
+                pf, pb = x.parts(x.work[a.f.stage], "F"), x.parts(x.work[a.b.stage], a.b.kind.value)
+                saved = sum(pf) + sum(pb) - (t1 - t0)
+                tp, a2a = pf[2] + pb[2], pf[3] + pb[3]
+                share = tp / (tp + a2a) if tp + a2a > 0 else 1.0
+                hidden[0] += saved * share
+                hidden[1] += saved * (1.0 - share)
+                a = a.b
             if a.kind in (Kind.B, Kind.W):
                 lb[a.stage] = (t0, t1 - t0, t1)
             elif a.kind is Kind.REDUCE_GRAD:
                 lb[a.stage] = (*lb[a.stage][:2], t0)
-        rts.append(RankTimes(res.rank_start[r], res.end[r][-1] if acts else 0.0, lb))
+        rts.append(RankTimes(res.rank_start[r], res.end[r][-1] if acts else 0.0, lb, (hidden[0], hidden[1])))
     return _finish(x, rts, "oracle")
 
 
@@ -443,7 +487,7 @@ def lower_bound(x: Inputs, backend: str = "analytical") -> float:
       its forwards, recomputes and input gradients (after micro-batch 0 reached it); then that
       gradient goes back through the earlier stages to stage 0, its weight gradient, its step.
     """
-    p, m = x.plan, x.plan.num_microbatches
+    p, m = x.plan, x.plan.num_microbatches // x.plan.pipelines  # micro-batches each stage runs
     fwd = [x.dur(w, "F") for w in x.work]
     rec = [x.dur(w, "R") for w in x.work]  # 0 without recompute
     back = [x.dur(w, "I") + x.dur(w, "W") for w in x.work]  # B, or I + W
@@ -462,7 +506,8 @@ def lower_bound(x: Inputs, backend: str = "analytical") -> float:
     walks = [t + min(red[r]) for r, t in enumerate(walks)]
     first = next(r for r, st in enumerate(x.ranks) if 0 in st)
     end[first] += red[first][x.ranks[first].index(0)]
-    chain = (m - 1) * fwd[0] + sum(fwd) + sum(rec) + sum(back_in) + w0 + end[first]
+    n = p.num_chunks  # one pipeline's stages (the first; a second one mirrors it)
+    chain = (m - 1) * fwd[0] + sum(fwd[:n]) + sum(rec[:n]) + sum(back_in[:n]) + w0 + end[first]
     drains = [
         sum(fwd[: min(st)])
         + m * sum(fwd[s] + rec[s] + back_in[s] for s in st)

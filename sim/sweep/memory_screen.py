@@ -12,6 +12,7 @@ the plan's real costs, and its memory (from its own timeline) is the one a simul
 
 from __future__ import annotations
 
+from ..choices import V_SHAPED
 from ..cost.alive import plan_profile
 from ..cost.memory import (
     MemoryReport,
@@ -41,7 +42,16 @@ class MemoryScreen:
     def _rank_params(self, plan: ParallelPlan) -> RankParams:
         """Per pipeline rank: parameters held, parameters per stage held, layers held, and the
         routed-expert part of the parameters held."""
-        key = (plan.tp, plan.pp, plan.vpp, plan.schedule == "zb-v", plan.layer_split, plan.ep, plan.expert_tp)
+        key = (
+            plan.tp,
+            plan.pp,
+            plan.vpp,
+            plan.schedule in V_SHAPED,
+            plan.pipelines,
+            plan.layer_split,
+            plan.ep,
+            plan.expert_tp,
+        )
         hit = self._params.get(key)
         if hit is None:
             split = plan.stage_layers(self.m.layers)

@@ -34,7 +34,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, fields
 from math import isqrt
 
-from ..choices import SWEEP_SCHEDULES
+from ..choices import BIDIRECTIONAL, SWEEP_SCHEDULES, V_SHAPED
 from ..errors import PlanError, SimparError
 from ..plan import RECOMPUTE, SCHEDULES, ParallelPlan, balanced_layer_split
 from ..plan_check import check_plan
@@ -194,7 +194,7 @@ def _divisors(n: int) -> list[int]:
 
 
 def _vpps(schedule: str, layers: int, pp: int) -> list[int]:
-    if schedule == "zb-v":
+    if schedule in V_SHAPED:
         return [2]
     if schedule not in ("interleaved-1f1b", "interleaved-zb", "looped-bfs"):
         return [1]
@@ -339,7 +339,7 @@ def empty_space_reason(model: ModelSpec, cluster: ClusterSpec, num_gpus: int, sp
 
 
 def layer_split_for(cfg: Config, model: ModelSpec, space: SearchSpace) -> tuple[int, ...] | None:
-    stages = cfg.pp * cfg.vpp
+    stages = cfg.pp * cfg.vpp // (2 if cfg.schedule in BIDIRECTIONAL else 1)  # model chunks
     if space.layer_split == "balanced" and model.layers % stages and stages <= model.layers:
         return balanced_layer_split(model.layers, stages)
     return None
