@@ -30,12 +30,17 @@ class Stub:
 
 
 def torch_order(cls, pp: int, num_stages: int, local: list[int], m: int) -> list[list[str]]:
+    """torch's compute order per rank (overlapped pairs included, written as torch writes them)."""
     if issubclass(cls, S.PipelineScheduleSingle):
         obj = cls(Stub(0, num_stages, pp), m)
     else:
         obj = cls([Stub(s, num_stages, pp) for s in local], m)
     return [
-        [str(a) for a in obj.pipeline_order[r] if a is not None and a.computation_type.value in "FBIW"]
+        [
+            str(a)
+            for a in obj.pipeline_order[r]
+            if a is not None and (a.sub_actions is not None or a.computation_type.value in ("F", "B", "I", "W"))
+        ]
         for r in range(pp)
     ]
 
@@ -160,3 +165,38 @@ def test_interleaved_zb_equals_torch_wherever_torch_builds_it() -> None:
                 assert theirs == ours("interleaved-zb", pp, v, m), (pp, v, m)
                 compared += 1
     assert compared >= 150  # torch builds 171 of the 288
+
+
+def test_dualpipe_v_equals_torch_wherever_torch_builds_it() -> None:
+    """torch's ScheduleDualPipeV (its OVERLAP_F_B pairs included) against simpar's dualpipe-v over
+    p 1-6 and m 2p..2p+13; below 2p microbatches both refuse."""
+    compared = 0
+    for pp in range(1, 7):
+        for m in range(2 * pp - 1, 2 * pp + 14):
+            local = [0, 2 * pp - 1]
+            try:
+                theirs = torch_order(S.ScheduleDualPipeV, pp, 2 * pp, local, m)
+            except ValueError:
+                assert m < 2 * pp
+                with pytest.raises(Exception, match="at least as many microbatches"):
+                    ours("dualpipe-v", pp, 2, m)
+                continue
+            assert theirs == ours("dualpipe-v", pp, 2, m), (pp, m)
+            compared += 1
+    assert compared == 84
+
+
+def test_dualpipe_v_csv_round_trips_through_torch(tmp_path) -> None:
+    """Our CSV loads in torch's runtime (its parser, validation and lowering of OVERLAP_F_B), and
+    the CSV torch dumps for its own ScheduleDualPipeV reads back as ours."""
+    pp, m = 3, 8
+    s = build_schedule("dualpipe-v", pp, 2, m)
+    path = write_csv(s, tmp_path / "ours.csv")
+    rt = runtime(pp, s.num_stages, m)
+    rt._load_csv(str(path))
+    assert [[str(a) for a in rt.pipeline_order[r]] for r in range(pp)] == ours("dualpipe-v", pp, 2, m)
+    theirs = S.ScheduleDualPipeV([Stub(st, 2 * pp, pp) for st in (0, 2 * pp - 1)], m)
+    theirs._dump_csv(str(tmp_path / "torch.csv"), format="compute_only")
+    back = read_csv(tmp_path / "torch.csv")
+    assert [list(map(str, r)) for r in back.ranks] == ours("dualpipe-v", pp, 2, m)
+    assert back.placement == s.placement  # inferred from where each stage's actions are

@@ -15,6 +15,13 @@ greedily: the bubbles that direct concatenation leaves between units (paper §3.
 unit's forwards, so the bubble stays D - 2 (at F = B) and the activation peak stays the unit's.
 
 Rules (the paper's): D (pp) even, N a multiple of D.
+
+The order is read at F = B, the tables' convention, and the engine then times it with the plan's
+own pass times. With a backward about twice the forward and N several times D its steady state
+keeps a bubble of about a fifth of the iteration (unit times F 1, B 2, D 8, N 128: 21.0 % against
+1F1B's 5.2 %); the paper's remedies for that (§3.5: forward doubling, backward halving) change
+what one step computes and are not built. A greedy order without the activation cap reaches
+1F1B's bubble there, at up to twice the unit's activations, which Chimera exists to avoid.
 """
 
 from __future__ import annotations

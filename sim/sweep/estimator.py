@@ -53,6 +53,8 @@ from ..specs import ModelSpec
 #: Weight-gradient passes that fill each rank's warm-up gap: ZB-H1 (p - 1)(T_F + T_B - T_W),
 #: ZB-H2 and ZB-V (p - 1)(T_F + T_B - 2 T_W) with per-chunk times (Qi et al. 2024 §2-3; Qi et al.,
 #: "Pipeline Parallelism with Controllable Memory", 2024); ZB-1p/2p are taken as H1/H2.
+#: schedules whose ranks run overlapped F&B pairs
+OVERLAPPED = frozenset({"dualpipe", "dualpipe-v"})
 _ZB_WEIGHT = {"zb-h1": 1.0, "zb-1p": 1.0, "zb-h2": 2.0, "zb-2p": 2.0, "zb-v": 2.0, "interleaved-zb": 1.0}
 _POSTED = (Kind.SEND_F, Kind.SEND_B, Kind.RECV_F, Kind.RECV_B)
 
@@ -486,6 +488,10 @@ def lower_bound(x: Inputs, backend: str = "analytical") -> float:
       rank's lowest stage finishes the last micro-batch's input gradient, the rank has run all
       its forwards, recomputes and input gradients (after micro-batch 0 reached it); then that
       gradient goes back through the earlier stages to stage 0, its weight gradient, its step.
+
+    With two pipelines (Chimera, DualPipe) "earlier stages" are those of the stage's own pipeline,
+    a rank starts when the first of its two pipelines reaches it, and the drain follows the rank's
+    last input gradient on whichever of its stages (see the comment there).
     """
     p, m = x.plan, x.plan.num_microbatches // x.plan.pipelines  # micro-batches each stage runs
     fwd = [x.dur(w, "F") for w in x.work]
@@ -493,11 +499,30 @@ def lower_bound(x: Inputs, backend: str = "analytical") -> float:
     back = [x.dur(w, "I") + x.dur(w, "W") for w in x.work]  # B, or I + W
     back_in = [x.dur(w, "I") for w in x.work] if p.split_backward else back
     w0 = back[0] - back_in[0]  # stage 0's W after its I (0 with a full backward B)
+    # A rank's sum of passes: an overlapped F&B pair saves at most (1 - contention) of its parts'
+    # exposed communication (`overlap_seconds`), so each pass counts that much less there; one
+    # pass on a chain across ranks still takes its whole time (a pair lasts its longer part).
+    fwd_r, back_r, back_in_r = fwd, back, back_in
+    if p.schedule in OVERLAPPED:
+        keep = 1.0 - x.costs.eff.overlap_contention
+        xf = [keep * sum(x.parts(w, "F")[2:]) for w in x.work]
+        xb = [keep * sum(x.parts(w, "B")[2:]) for w in x.work]
+        fwd_r = [t - e for t, e in zip(fwd, xf)]
+        back_r = [t - e for t, e in zip(back, xb)]
+        back_in_r = [max(0.0, t - e) for t, e in zip(back_in, xb)]
     # the SP sync is a collective: timed as the engine times it on the analytical network only
     sync = backend == "analytical"
     end = [(_sp_sync(x, r) if sync else 0.0) + _optimizer(x, r) for r in range(len(x.ranks))]
+    n = p.num_chunks  # one pipeline's stages; with two, stage s is position s % n of its pipeline
+
+    def ahead(s: int, times: list[float]) -> float:
+        """The stages before s in its pipeline, summed."""
+        return sum(times[s - s % n : s])
+
     walks = [
-        sum(fwd[: min(st)]) + sum(m * (fwd[s] + rec[s] + back[s] + x.posts[s] * x.post) for s in st) + end[r]
+        min(ahead(s, fwd) for s in st)
+        + sum(m * (fwd_r[s] + rec[s] + back_r[s] + x.posts[s] * x.post) for s in st)
+        + end[r]
         for r, st in enumerate(x.ranks)
     ]
     # the stage's last gradient bucket is released at the end of its last backward and reduced
@@ -506,14 +531,26 @@ def lower_bound(x: Inputs, backend: str = "analytical") -> float:
     walks = [t + min(red[r]) for r, t in enumerate(walks)]
     first = next(r for r, st in enumerate(x.ranks) if 0 in st)
     end[first] += red[first][x.ranks[first].index(0)]
-    n = p.num_chunks  # one pipeline's stages (the first; a second one mirrors it)
-    chain = (m - 1) * fwd[0] + sum(fwd[:n]) + sum(rec[:n]) + sum(back_in[:n]) + w0 + end[first]
+    chain = (m - 1) * fwd_r[0] + sum(fwd[:n]) + sum(rec[:n]) + sum(back_in[:n]) + w0 + end[first]
+    if p.pipelines == 1:
+        drains = [
+            sum(fwd[: min(st)])
+            + m * sum(fwd_r[s] + rec[s] + back_in_r[s] for s in st)
+            + sum(rec[: min(st)])
+            + sum(back_in[: min(st)])
+            + w0 * (min(st) > 0)
+            + end[first]
+            for st in x.ranks
+        ]
+        return max(*walks, chain, *drains)
+    # Two pipelines (the second's first stage, n, mirrors stage 0: same work, same rank step). A
+    # rank's last input gradient, on either of its stages, comes after all its forwards,
+    # recomputes and input gradients (each precedes one of its own stage's, and that stage's last
+    # is at most the last); then it goes back through the earlier stages of its own pipeline.
     drains = [
-        sum(fwd[: min(st)])
-        + m * sum(fwd[s] + rec[s] + back_in[s] for s in st)
-        + sum(rec[: min(st)])
-        + sum(back_in[: min(st)])
-        + w0 * (min(st) > 0)
+        min(ahead(s, fwd) for s in st)
+        + m * sum(fwd_r[s] + rec[s] + back_in_r[s] for s in st)
+        + min(ahead(s, rec) + ahead(s, back_in) + w0 * (s % n > 0) for s in st)
         + end[first]
         for st in x.ranks
     ]

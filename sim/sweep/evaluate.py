@@ -29,7 +29,8 @@ from .memory_screen import MemoryScreen
 from .space import Config, SearchSpace, checked_plan
 from .store import as_text
 
-#: plan fields `build_work` does not read: plans differing only in them share their stage work
+#: plan fields `build_work` does not read (but for the schedule's pipelines, keyed apart): plans
+#: differing only in them share their stage work
 WORK_FREE_FIELDS = frozenset({"global_batch_size", "schedule", "zero"})
 
 
@@ -68,8 +69,9 @@ class Evaluator:
     def inputs(self, plan: ParallelPlan) -> Inputs:
         from ..engine.simulate import build_work
 
-        # everything the stage work depends on: every plan field but those it does not read
-        key = tuple(v for k, v in plan if k not in WORK_FREE_FIELDS)
+        # everything the stage work depends on: every plan field but those it does not read, and
+        # the schedule's pipelines (two: a stage runs a whole chunk of pp, not of pp x vpp)
+        key = (*(v for k, v in plan if k not in WORK_FREE_FIELDS), plan.pipelines)
         hit = self._work.get(key)
         if hit is None:
             work, _, p2p = build_work(
