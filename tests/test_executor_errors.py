@@ -150,3 +150,15 @@ def test_cli_refuses_a_deadlocked_schedule(runner, tmp_path):
     res = runner.invoke(cli, args)
     assert res.exit_code == 2, res.output
     assert "error: schedule: deadlock: rank" in res.output and "Traceback" not in res.output
+
+
+@pytest.mark.parametrize("schedule", ["chimera", "dualpipe"])
+def test_two_pipelines_are_refused_naming_the_schedule(runner, tmp_path, schedule):
+    """torch's runtime runs one pipeline over the ranks: `simpar run` says so, exit 2, no traceback."""
+    plan = ParallelPlan(pp=2, vpp=2, global_batch_size=4, schedule=schedule)
+    with pytest.raises(PlanError, match="two pipelines in opposite directions") as exc:
+        check_run(plan, GPT, sched(tmp_path, pp=2, vpp=2, global_batch_size=4, schedule=schedule), 2)
+    assert "run dualpipe-v" in str(exc.value)
+    res = runner.invoke(cli, _files(tmp_path, plan))
+    assert res.exit_code == 2, res.output
+    assert f"error: schedule: {schedule} runs two pipelines" in res.output and "Traceback" not in res.output

@@ -55,7 +55,7 @@ def test_sweep_writes_results_plans_report(swept):
         text,
     )
     n, bad, oom, fit, sim = (int(x.replace(",", "")) for x in m.groups())
-    assert n == 544 and bad + oom + fit == n and min(bad, oom, fit) > 0 and 3 <= sim < fit
+    assert n == 652 and bad + oom + fit == n and min(bad, oom, fit) > 0 and 3 <= sim < fit
     assert re.search(r"Top 3 exact: the engine simulated [\d,]+ plans in order of a provable lower bound", text)
     assert "best plans" in text and " beats " in text and f"report: {out / 'report.md'}" in text
     plan_dirs = sorted((out / "plans").iterdir())
@@ -90,7 +90,7 @@ def test_json_output_and_report_rebuild(swept, runner):
     res = runner.invoke(cli, ["sweep", *ARGS, "--top", "4", "--out", str(out), "--resume", "--json"])
     assert res.exit_code == 0, res.output
     doc = json.loads(res.output)
-    assert doc["counts"]["enumerated"] == 544 and len(doc["best"]) == 4 and doc["best"][0]["rank"] == "1"
+    assert doc["counts"]["enumerated"] == 652 and len(doc["best"]) == 4 and doc["best"][0]["rank"] == "1"
     (out / "report.md").unlink()
     res = runner.invoke(cli, ["report", str(out), "--json"])
     assert res.exit_code == 0 and (out / "report.md").exists() and json.loads(res.output)["explain"]

@@ -105,7 +105,7 @@ def test_out_under_a_file_fails_before_any_work(runner, tmp_path):
 def test_an_absurd_space_is_refused_naming_the_bound(runner, tmp_path, monkeypatch):
     monkeypatch.setattr(limits, "MAX_CONFIGS", 100)
     res = runner.invoke(cli, ["sweep", *SMALL, "--out", str(tmp_path / "o")])
-    _one_error(res, "has 544 configurations, above the bound of 100")
+    _one_error(res, "has 652 configurations, above the bound of 100")
 
 
 def test_the_library_checks_the_same_inputs(tmp_path):
@@ -216,7 +216,7 @@ CORRUPT = {
     ),
     "results.csv half the rows": (
         _edit_results(lambda ls: ls[: len(ls) // 2]),
-        "has 271 rows but sweep.json counts 544 configurations",
+        "has 325 rows but sweep.json counts 652 configurations",
     ),
     "results.csv cut mid-line": (
         lambda out: (out / "results.csv").write_bytes((out / "results.csv").read_bytes()[:5000]),

@@ -40,7 +40,7 @@ def test_structural_rules(gpt):
     assert all(c.tp > 1 or not c.sp for c in cfgs)
     assert all(c.tp <= cluster.gpus_per_node and c.cp <= 2 and c.pp <= model.layers for c in cfgs)
     for c in cfgs:
-        if c.schedule == "zb-v":
+        if c.schedule in ("zb-v", "dualpipe-v", "dualpipe", "chimera"):
             assert c.vpp == 2
         elif c.schedule in ("interleaved-1f1b", "interleaved-zb"):
             per = model.layers // c.pp  # when no vpp >= 2 divides it, vpp 2 stands for the rejected case

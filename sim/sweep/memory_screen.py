@@ -77,6 +77,7 @@ class MemoryScreen:
             plan.recompute_modules,
             plan.flash_attention,
             plan.num_stages,
+            plan.pipelines,
             plan.layer_split,
             plan.ep,
             plan.expert_tp,
