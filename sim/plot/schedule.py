@@ -2,8 +2,9 @@
 
 One row per pipeline rank (rank 0 on top), one box per action from its start to its end,
 coloured by kind (F blue, full B orange, I green, W purple, R grey; a rank's second chunk in a
-darker shade), with the microbatch number in the box. Uses the object API (``Figure`` +
-``FigureCanvasAgg``), so it never touches pyplot's global backend.
+darker shade), with the microbatch number in the box. An overlapped F&B pair is one box, its upper
+half the forward's colour and its lower half the backward's, labelled ``{F mb}|{B mb}``. Uses the
+object API (``Figure`` + ``FigureCanvasAgg``), so it never touches pyplot's global backend.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..schedules.analysis import ListScheduleResult
-from ..schedules.ir import Kind
+from ..schedules.ir import Kind, Pair
 from . import label_cutoff
 
 COLORS = {Kind.F: "#9ec5ee", Kind.B: "#f4b183", Kind.I: "#a9d18e", Kind.W: "#c9a0dc", Kind.R: "#d9d9d9"}
@@ -37,17 +38,27 @@ def plot_schedule(
 
     sched = result.schedule
     span = result.makespan or 1.0
-    n_boxes = max((sum(a.kind in COLORS for a in acts) for acts in sched.ranks), default=1)
+    n_boxes = max((sum(a.kind in COLORS or isinstance(a, Pair) for a in acts) for acts in sched.ranks), default=1)
     fig = Figure(figsize=(min(max(8.0, 0.32 * n_boxes), 48.0), 0.55 * sched.pp + 1.6))
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
     width_in = fig.get_figwidth() * 0.8
     labels: list[tuple[float, float, int, str]] = []
+    halves: dict[str, tuple[list, list]] = {"top": ([], []), "bottom": ([], [])}  # pairs: (spans+rank, colors)
     for r in range(sched.pp):
         chunks = sched.stages_of(r)
         spans: list[tuple[float, float]] = []
         colors: list[str] = []
         for a, s, e in zip(sched.ranks[r], result.start[r], result.end[r]):
+            if isinstance(a, Pair) and e > s:
+                for half, part in (("top", a.f), ("bottom", a.b)):
+                    dark = chunks.index(part.stage) % 2 == 1
+                    halves[half][0].append((r, (s, e - s)))
+                    halves[half][1].append((_DARK if dark else COLORS)[part.kind])
+                box_in = (e - s) / span * width_in
+                if box_in > 0.12:
+                    labels.append((box_in, s + (e - s) / 2, r, f"{a.f.microbatch}|{a.b.microbatch}"))
+                continue
             if a.kind not in COLORS or e <= s:
                 continue
             dark = chunks.index(a.stage) % 2 == 1
@@ -60,6 +71,18 @@ def plot_schedule(
             ax.broken_barh(
                 spans, (r - 0.4, 0.8), facecolors=colors, edgecolor="black", linewidth=0.5, joinstyle="miter"
             )
+    for half, (rows, cols) in halves.items():
+        for r in sorted({r for r, _ in rows}):
+            idx = [i for i, (q, _) in enumerate(rows) if q == r]
+            y = (r - 0.4, 0.4) if half == "top" else (r, 0.4)
+            ax.broken_barh(
+                [rows[i][1] for i in idx],
+                y,
+                facecolors=[cols[i] for i in idx],
+                edgecolor="black",
+                linewidth=0.5,
+                joinstyle="miter",
+            )
     cutoff = label_cutoff([w for w, *_ in labels], MAX_LABELS)
     for box_in, x, r, text in labels:
         if box_in > cutoff:
@@ -69,9 +92,16 @@ def plot_schedule(
     ax.set_ylim(sched.pp - 0.5, -0.5)
     ax.set_yticks(range(sched.pp), [f"rank {r}" for r in range(sched.pp)])
     ax.set_xlabel("time")
-    kinds = sorted({a.kind for acts in sched.ranks for a in acts if a.kind in COLORS}, key=list(COLORS).index)
+    kinds = sorted(
+        {p.kind for acts in sched.ranks for a in acts for p in (a.parts if isinstance(a, Pair) else (a,))}
+        & set(COLORS),
+        key=list(COLORS).index,
+    )
+    handles = [Patch(color=COLORS[k], label=LABELS[k]) for k in kinds]
+    if halves["top"][0]:
+        handles.append(Patch(facecolor="white", edgecolor="black", label="F&B overlapped pair (upper F, lower B)"))
     ax.legend(
-        handles=[Patch(color=COLORS[k], label=LABELS[k]) for k in kinds],
+        handles=handles,
         loc="upper left",
         bbox_to_anchor=(1.0, 1.0),
         frameon=False,

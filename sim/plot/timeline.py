@@ -22,6 +22,7 @@ COLORS = {
     "I": "#E8A44C",
     "W": "#6CC070",
     "R": "#B084D6",
+    "OVERLAP_F_B": "#2E7D8C",  # an overlapped F&B pair
     "OPT": "#8C8C8C",
     "SEND_F": "#9EC9F0",
     "SEND_B": "#F2CF9E",
