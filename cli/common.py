@@ -17,8 +17,10 @@ from simpar.sim.choices import (
     MAX_BATCH,
     MAX_GPUS,
     MOE_DISPATCHERS,
+    OPTIMIZERS,
     PRECISIONS,
     RECOMPUTE,
+    RECOMPUTE_METHODS,
     RECOMPUTE_MODULES,
     SCHEDULES,
 )
@@ -80,6 +82,28 @@ def plan_options(f: Callable[..., Any]) -> Callable[..., Any]:
             help="Megatron-Core recompute modules of --recompute selective, comma-separated: "
             + ", ".join(RECOMPUTE_MODULES)
             + " [default: the stack's selective recompute]",
+        ),
+        click.option(
+            "--recompute-layers",
+            type=click.IntRange(1, 1 << 16),
+            default=None,
+            help="with --recompute full: layers per checkpoint (uniform) or recomputed per stage (block) "
+            "(Megatron-Core --recompute-num-layers) [default: every layer on its own]",
+        ),
+        click.option(
+            "--recompute-method",
+            type=click.Choice(RECOMPUTE_METHODS),
+            default="uniform",
+            show_default=True,
+            help="uniform: checkpoint groups of --recompute-layers; block: recompute the first --recompute-layers "
+            "of each stage, keep the rest",
+        ),
+        click.option(
+            "--optimizer",
+            type=click.Choice(OPTIMIZERS),
+            default="adamw",
+            show_default=True,
+            help="optimizer: its state bytes and step cost (adam-8bit: bitsandbytes; muon: Newton-Schulz steps)",
         ),
         click.option(
             "--sequence-parallel/--no-sequence-parallel",
@@ -215,6 +239,9 @@ def setup_from_options(kw: dict[str, Any]) -> Setup:
         moe_imbalance=kw.get("moe_imbalance", 1.0),
         moe_dispatcher=kw.get("moe_dispatcher") or "alltoall",
         moe_a2a_overlap=bool(kw.get("moe_a2a_overlap")),
+        recompute_layers=kw.get("recompute_layers"),
+        recompute_method=kw.get("recompute_method") or "uniform",
+        optimizer=kw.get("optimizer") or "adamw",
     )
     if kw.get("recompute_modules"):
         data["recompute_modules"] = tuple(x.strip() for x in kw["recompute_modules"].split(",") if x.strip())

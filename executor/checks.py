@@ -63,6 +63,16 @@ def check_plan_for_executor(plan: ParallelPlan, model: ModelSpec) -> None:
     """The plan rules that need no cluster, and what the executor does not implement."""
     if plan.cp > 1:
         raise PlanError("cp", "the executor does not implement context parallelism.", "use cp=1.")
+    if plan.optimizer in ("adam-8bit", "muon"):
+        why = {
+            "adam-8bit": "bitsandbytes is not a dependency",
+            "muon": "torch's Muon takes only 2-D parameters, and the executor builds no second optimizer for the rest",
+        }[plan.optimizer]
+        raise PlanError(
+            "optimizer",
+            f"the executor does not run {plan.optimizer} ({why}).",
+            "simulate it, or run the plan with adamw, adam, sgd or adafactor.",
+        )
     if plan.pipelines == 2:
         raise PlanError(
             "schedule",

@@ -147,6 +147,9 @@ class Transformer(nn.Module):
     ``autocast_dtype`` runs the forward under autocast (mixed precision without FSDP); it lives
     inside the module because wrapping a stage module breaks torch's pipelining/FSDP handling.
     ``ep`` places the routed experts of MoE layers (default: all experts here).
+    ``recompute_layers`` with full recompute (Megatron-Core --recompute-num-layers): ``block``
+    checkpoints the stage's first ones one by one and keeps the rest; ``uniform`` checkpoints the
+    layers in groups of that many, each group as one checkpoint (its input kept).
     """
 
     def __init__(
@@ -155,14 +158,23 @@ class Transformer(nn.Module):
         shape: StageShape | None = None,
         recompute: str = "none",
         ep: ExpertParallel | None = None,
+        recompute_layers: int | None = None,
+        recompute_method: str = "uniform",
     ) -> None:
         super().__init__()
         shape = shape or StageShape(0, spec.layers, True, True)
         self.spec, self.shape = spec, shape
         self.autocast_dtype: torch.dtype | None = None
         self.embed = Embedding(spec) if shape.is_first else None
-        ids = range(shape.first_layer, shape.first_layer + shape.num_layers)
-        self.layers = nn.ModuleDict({str(i): Block(spec, recompute, i, ep) for i in ids})
+        ids = list(range(shape.first_layer, shape.first_layer + shape.num_layers))
+        self.group = 1  # layers per checkpoint (uniform method)
+        modes = dict.fromkeys(ids, recompute)
+        if recompute == "full" and recompute_layers is not None:
+            if recompute_method == "block":
+                modes = {i: "full" if k < recompute_layers else "none" for k, i in enumerate(ids)}
+            elif recompute_layers > 1:
+                modes, self.group = dict.fromkeys(ids, "none"), recompute_layers
+        self.layers = nn.ModuleDict({str(i): Block(spec, modes[i], i, ep) for i in ids})
         self.norm = norm(spec) if shape.is_last else None
         self.output = nn.Linear(spec.hidden, spec.vocab, bias=False) if shape.is_last else None
 
@@ -171,11 +183,22 @@ class Transformer(nn.Module):
         with ctx:
             if self.embed is not None:
                 x = self.embed(x)
-            for layer in self.layers.values():
-                x = layer(x)
+            blocks = list(self.layers.values())
+            if self.group > 1:  # one checkpoint per group of layers
+                for k in range(0, len(blocks), self.group):
+                    x = checkpoint(_run, blocks[k : k + self.group], x, use_reentrant=False)
+            else:
+                for layer in blocks:
+                    x = layer(x)
             if self.output is not None:
                 x = self.output(self.norm(x))
         return x
+
+
+def _run(blocks: list[nn.Module], x: torch.Tensor) -> torch.Tensor:
+    for layer in blocks:
+        x = layer(x)
+    return x
 
 
 def tied_name(name: str, spec: ModelSpec) -> str:
@@ -211,8 +234,10 @@ def build_model(
     shape: StageShape | None = None,
     recompute: str = "none",
     ep: ExpertParallel | None = None,
+    recompute_layers: int | None = None,
+    recompute_method: str = "uniform",
 ) -> Transformer:
-    model = Transformer(spec, shape, recompute, ep)
+    model = Transformer(spec, shape, recompute, ep, recompute_layers, recompute_method)
     init_weights(model, seed)
     return model
 

@@ -254,6 +254,23 @@ class Optimizers:
             o.zero_grad(set_to_none=set_to_none)
 
 
+#: the optimizers torch ships, as the executor runs each plan's (`sim.cost.optimizers` has their
+#: state and step cost); SGD with momentum 0.9 (the momentum buffer the memory model counts)
+_TORCH_OPTIMIZERS: dict[str, tuple[str, dict]] = {
+    "adamw": ("AdamW", {}),
+    "adam": ("Adam", {}),
+    "sgd": ("SGD", {"momentum": 0.9}),
+    "adafactor": ("Adafactor", {}),
+}
+
+
+def optimizer_class(name: str) -> tuple[type[torch.optim.Optimizer], dict]:
+    """torch's class and keyword arguments for the plan's optimizer (check_plan_for_executor
+    refuses the others)."""
+    cls, kwargs = _TORCH_OPTIMIZERS[name]
+    return getattr(torch.optim, cls), dict(kwargs)
+
+
 def make_optimizer(
     models: list[Transformer],
     plan: ParallelPlan,
@@ -261,14 +278,16 @@ def make_optimizer(
     lr: float,
     expert_mesh: DeviceMesh | None = None,
 ) -> torch.optim.Optimizer | Optimizers:
-    """AdamW over the stages' parameters; under ZeRO-1 its state is sharded over the dp group by
-    ZeroRedundancyOptimizer, routed experts (``expert_mesh``, ep > 1) over the edp group."""
+    """The plan's optimizer (`optimizer_class`) over the stages' parameters; under ZeRO-1 its state
+    is sharded over the dp group by ZeroRedundancyOptimizer, routed experts (``expert_mesh``, ep > 1)
+    over the edp group."""
     named = {id(p): (n, p) for m in models for n, p in m.named_parameters()}.values()
+    cls, kwargs = optimizer_class(plan.optimizer)
     if not (plan.zero == 1 and plan.dp > 1):
-        return torch.optim.AdamW([p for _, p in named], lr=lr)
+        return cls([p for _, p in named], lr=lr, **kwargs)
 
     def zero(params: list[nn.Parameter], group) -> torch.optim.Optimizer:
-        return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, process_group=group, lr=lr)
+        return ZeroRedundancyOptimizer(params, optimizer_class=cls, process_group=group, lr=lr, **kwargs)
 
     if expert_mesh is None:
         return zero([p for _, p in named], mesh.get_group("dp"))
@@ -277,7 +296,7 @@ def make_optimizer(
     edp = expert_mesh.get_group("edp")
     parts = [zero(dense, mesh.get_group("dp"))]
     if experts:
-        parts.append(zero(experts, edp) if plan.edp > 1 else torch.optim.AdamW(experts, lr=lr))
+        parts.append(zero(experts, edp) if plan.edp > 1 else cls(experts, lr=lr, **kwargs))
     return Optimizers(parts)
 
 

@@ -69,7 +69,9 @@ class Stages:
         ep = parallel.expert_parallel(plan, expert_mesh)
         self.modules, self.models, stages = [], [], []
         for s in self.ids:
-            model = build_model(spec, cfg.seed, shapes[s], plan.recompute, ep).to(device)
+            model = build_model(
+                spec, cfg.seed, shapes[s], plan.recompute, ep, plan.recompute_layers, plan.recompute_method
+            ).to(device)
             if plan.tp > 1:
                 parallel.apply_tp(model, mesh["tp"], plan.sequence_parallel)
             module = parallel.apply_dp(model, plan, mesh, device, mp_dtype, expert_mesh)

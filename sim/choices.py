@@ -39,6 +39,12 @@ RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe_act", 
 PRECISIONS = ("bf16", "fp16", "fp8", "fp4")
 #: Megatron-Core MoE token dispatchers (`simpar.sim.cost.moe`): one copy per expert, or DeepEP/HybridEP's.
 MOE_DISPATCHERS = ("alltoall", "flex")
+#: Optimizers (`simpar.sim.cost.optimizers`: state bytes and step cost of each).
+OPTIMIZERS = ("adamw", "adam", "adam-8bit", "adafactor", "sgd", "muon")
+#: How a partial recompute picks its layers (Megatron-Core --recompute-method): ``uniform`` checkpoints
+#: the input of every group of recompute_layers layers, ``block`` recomputes the first recompute_layers
+#: layers of each stage (model chunk) and stores the rest.
+RECOMPUTE_METHODS = ("uniform", "block")
 #: Low-precision GEMM recipes (`simpar.sim.specs.recipes`).
 FP8_RECIPES = ("delayed", "tensorwise", "rowwise", "blockwise", "mxfp8", "nvfp4")
 

@@ -23,6 +23,7 @@ from .choices import MAX_BATCH as MAX_BATCH
 from .choices import MAX_GPUS as MAX_GPUS
 from .choices import MAX_MICROBATCHES as MAX_MICROBATCHES
 from .choices import MOE_DISPATCHERS as MOE_DISPATCHERS
+from .choices import OPTIMIZERS as OPTIMIZERS
 from .choices import PRECISIONS as PRECISIONS
 from .choices import RECOMPUTE as RECOMPUTE
 from .choices import RECOMPUTE_MODULES as RECOMPUTE_MODULES
@@ -89,6 +90,19 @@ class ParallelPlan(BaseModel):
     recompute_modules: tuple[str, ...] | None = Field(
         None, description="Megatron-Core recompute modules of a selective plan (core_attn, layernorm, ...)"
     )
+    #: full recompute of only some layers (Megatron-Core --recompute-num-layers with
+    #: --recompute-method): None recomputes every layer on its own (method uniform, one layer)
+    recompute_layers: int | None = Field(
+        None,
+        ge=1,
+        le=1 << 16,
+        strict=True,
+        description="layers per checkpoint (uniform) or recomputed per stage (block)",
+    )
+    recompute_method: Literal["uniform", "block"] = Field(
+        "uniform", description="uniform: checkpoint groups of recompute_layers; block: the first recompute_layers"
+    )
+    optimizer: str = Field("adamw", description="optimizer (simpar.sim.cost.optimizers: state bytes, step cost)")
     sequence_parallel: bool = False
     precision: Literal["bf16", "fp16", "fp8", "fp4"] = "bf16"
     #: the framework that runs the plan (`simpar.sim.specs.stack`); the three fields after it default to its values
@@ -150,6 +164,13 @@ class ParallelPlan(BaseModel):
         if bad:
             raise ValueError(f"unknown recompute module {bad[0]!r}; use {', '.join(RECOMPUTE_MODULES)}")
         return tuple(sorted(set(v), key=RECOMPUTE_MODULES.index))
+
+    @field_validator("optimizer")
+    @classmethod
+    def _known_optimizer(cls, v: str) -> str:
+        if v not in OPTIMIZERS:
+            raise ValueError(f"unknown optimizer {v!r}; use one of {', '.join(OPTIMIZERS)}")
+        return v
 
     @field_validator("moe_dispatcher")
     @classmethod
@@ -284,10 +305,12 @@ class ParallelPlan(BaseModel):
             f"tp {self.tp} pp {self.pp} dp {self.dp} cp {self.cp} vpp {self.vpp}{experts}, mbs {self.micro_batch_size}"
             f" gbs {self.global_batch_size} ({self.num_microbatches} microbatches), {self.schedule},"
             f" ZeRO {self.zero}, recompute {self.recompute}"
+            f"{f' ({self.recompute_method} {self.recompute_layers})' if self.recompute_layers else ''}"
             f"{f' ({chr(44).join(self.recompute_modules)})' if self.recompute_modules else ''}"
             f"{', SP' if self.sequence_parallel else ''}"
             f"{', TP overlap' if self.tp_comm_overlap else ''}, {self.precision}"
             f"{f' ({self.fp8_recipe})' if self.fp8_recipe else ''}, {self.stack}"
+            f"{f', {self.optimizer}' if self.optimizer != 'adamw' else ''}"
         )
 
     def chunk_layers(self, num_layers: int) -> tuple[int, ...]:

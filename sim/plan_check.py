@@ -60,8 +60,33 @@ def check_plan(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec, num_g
         )
     _check_schedule(plan)
     _check_split(plan, model)
+    _check_partial_recompute(plan, model)
     _check_stack(plan, model, cluster)
     _check_experts(plan, model)
+
+
+def _check_partial_recompute(plan: ParallelPlan, model: ModelSpec) -> None:
+    """Megatron-Core's --recompute-num-layers: only with full recompute, at most a stage's layers."""
+    n = plan.recompute_layers
+    if n is None:
+        if plan.recompute_method != "uniform":
+            raise PlanError(
+                "recompute_method", "the block method needs a layer count.", "add --recompute-layers N (1 or more)."
+            )
+        return
+    if plan.recompute != "full":
+        raise PlanError(
+            "recompute_layers",
+            "a recompute layer count applies to full recompute (Megatron's --recompute-granularity full).",
+            "add --recompute full, or drop --recompute-layers.",
+        )
+    most = max(plan.chunk_layers(model.layers))
+    if n > most:
+        raise PlanError(
+            "recompute_layers",
+            f"{n} layers is more than a stage holds ({most}).",
+            f"use at most {most} (with --recompute-method block, {most} recomputes every layer).",
+        )
 
 
 def _check_stack(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec) -> None:

@@ -44,6 +44,28 @@ TWO = [
     ("interleaved-zb-gpt", "tiny", False, dict(pp=2, vpp=2, global_batch_size=4, schedule="interleaved-zb")),
     ("dualpipe-v-gpt", "tiny", False, dict(pp=2, vpp=2, global_batch_size=6, schedule="dualpipe-v")),
     (
+        "1f1b-gpt-full-block1-sgd",
+        "tiny",
+        False,
+        dict(
+            pp=2, global_batch_size=4, recompute="full", recompute_layers=1, recompute_method="block", optimizer="sgd"
+        ),
+    ),
+    (
+        "none-llama-full-uniform2-adafactor",
+        "tiny-llama",
+        False,
+        dict(
+            dp=2,
+            global_batch_size=4,
+            schedule="none",
+            zero=1,
+            recompute="full",
+            recompute_layers=2,
+            optimizer="adafactor",
+        ),
+    ),
+    (
         "dualpipe-v-llama-lowered-R",
         "tiny-llama",
         True,

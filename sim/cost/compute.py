@@ -36,6 +36,7 @@ from ..model import DENSE, LayerFlops, LayerKind, layer_flops, logits_flops
 from ..plan import ParallelPlan
 from ..specs import GPUSpec, ModelSpec
 from ..specs.calibration import Calibration, EfficiencyParams, default_calibration
+from .optimizers import optimizer_facts
 from .precision import cast_bytes, gemm_dtype, recipe_of
 from .recompute import block_linears, selective_mode, selective_modules
 from .tables import MeasuredTables
@@ -67,9 +68,6 @@ def computed_attention_fraction(m: ModelSpec, kind: LayerKind) -> float:
     return min(s, w + FLASH_BLOCK) / w
 
 
-#: Adam step bytes per locally owned parameter: fp32 master r/w (8), moments r/w (16), grad read
-#: (2), 16-bit weight write (2).
-ADAM_BYTES_PER_PARAM = 28
 #: Element-wise bytes per layer and token, in units of hidden size, forward (norms, residuals,
 #: dropout, bias adds; GeLU/SwiGLU traffic is counted from ffn separately). Backward moves twice.
 ELEMENTWISE_BYTES_PER_TOKEN_H = 24
@@ -192,13 +190,21 @@ class CostModel:
         peak = self.gpu.peak_flops("fp16" if dtype == "fp16" else "bf16")  # attention stays in 16-bit
         return flops_fwd / (peak * self.eff.attn_eff_fwd), 2 * flops_fwd / (peak * self.eff.attn_eff_bwd)
 
-    def optimizer_time(self, local_params: float) -> float:
+    def optimizer_time(self, local_params: float, optimizer: str = "adamw", hidden: int = 0) -> float:
         """The optimizer step over ``local_params`` parameters of one GPU: the calibration's
-        measured table where it has one, else memory-bound Adam."""
-        measured = self.tables.optimizer_seconds(local_params)
-        if measured is not None:
-            return measured
-        return self.memory_time(ADAM_BYTES_PER_PARAM * local_params)
+        measured table where it has one (it times AdamW: Adam and AdamW only), else the step's
+        memory traffic (`optimizers.OptimizerFacts.step_bytes`) and Muon's Newton-Schulz GEMMs
+        on the model's h x h matrices (``hidden``)."""
+        if optimizer in ("adam", "adamw"):
+            measured = self.tables.optimizer_seconds(local_params)
+            if measured is not None:
+                return measured
+        facts = optimizer_facts(optimizer)
+        t = self.memory_time(facts.step_bytes * local_params)
+        flops = facts.step_flops(hidden) * local_params
+        if flops > 0:  # ns_steps iterations of three h x h GEMMs per h^2 parameters
+            t += flops / (2.0 * hidden**3) * self.matmul_time(hidden, hidden, hidden)
+        return t
 
     # --- model pieces -----------------------------------------------------------------------
     def gemm_times(

@@ -34,9 +34,10 @@ from ..specs.stack import MEMORY_METRICS, load_stack
 from ..units import GiB
 from .alive import plan_profile
 from .moe import moe_mlp_activation_parts
-from .params import rank_expert_params, rank_params, stage_kinds
+from .optimizers import optimizer_facts
+from .params import rank_expert_params, rank_params, stage_kinds, stage_layer_range
 from .precision import saved_input_fraction
-from .recompute import op_level_stored_bytes, selective_mode, selective_modules
+from .recompute import op_level_stored_bytes, partial_recompute, selective_mode, selective_modules
 from .states import MemoryConventions, stack_conventions, stack_state_bytes
 
 
@@ -122,7 +123,15 @@ def stage_activation_bytes(m: ModelSpec, plan: ParallelPlan, stage: int) -> floa
     counts = stage_kinds(m, plan, stage)
     if plan.holds_head(stage) and m.mtp_layers:
         counts[mtp_kind(m)] += m.mtp_layers
-    total = sum(n * layer_activation_bytes(m, plan, kind=k) for k, n in counts.items())
+    if plan.recompute == "full" and plan.recompute_layers is not None:
+        # some layers recomputed (`recompute.partial_recompute`): a kept input per checkpointed
+        # group, the other layers whole
+        part = partial_recompute(m, plan, counts, stage_layer_range(m, plan, stage).start)
+        total = part.groups * layer_activation_bytes(m, plan, recompute="full") + sum(
+            n * layer_activation_bytes(m, plan, recompute="none", kind=k) for k, n in part.stored.items()
+        )
+    else:
+        total = sum(n * layer_activation_bytes(m, plan, kind=k) for k, n in counts.items())
     if plan.holds_embedding(stage) and m.has_dropout:
         total += s * b * h / sp_div  # embedding dropout mask
     if plan.holds_head(stage):
@@ -230,7 +239,10 @@ def recompute_transient_bytes(m: ModelSpec, plan: ParallelPlan) -> float:
     """Activations re-materialised for one layer during its backward (freed right after)."""
     kinds = set(layer_kinds(m))
     if plan.recompute == "full":
-        return max(layer_activation_bytes(m, plan, recompute="none", kind=k) for k in kinds)
+        # a checkpointed group of layers is re-materialised whole (uniform method: recompute_layers)
+        group = plan.recompute_layers if plan.recompute_method == "uniform" and plan.recompute_layers else 1
+        group = min(group, max(plan.stage_layers(m.layers)))
+        return group * max(layer_activation_bytes(m, plan, recompute="none", kind=k) for k in kinds)
     if plan.recompute == "selective" and (
         not plan.flash_attention or selective_mode(plan) == "op-level" or plan.recompute_modules
     ):
@@ -267,9 +279,10 @@ def rank_memory(
     nd = plan.zero_shards
     conventions = conventions or stack_conventions(plan)
     sb = conventions.states
-    states = [stack_state_bytes(psi - expert_psi, plan.zero, nd, sb)]
+    own = optimizer_facts(plan.optimizer).state_bytes_for(m.hidden)  # the optimizer's own state
+    states = [stack_state_bytes(psi - expert_psi, plan.zero, nd, sb, own)]
     if expert_psi:
-        states.append(stack_state_bytes(expert_psi, plan.zero, plan.edp, sb))
+        states.append(stack_state_bytes(expert_psi, plan.zero, plan.edp, sb, own))
     weights, grads, opt = (sum(x) for x in zip(*states))
     if plan.precision == "fp8" and conventions.fp8_weight_cache:  # cached fp8 weight copies (Transformer Engine)
         weights += (psi - expert_psi) / (nd if plan.zero >= 3 else 1) + expert_psi / (plan.edp if plan.zero >= 3 else 1)

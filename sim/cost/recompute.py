@@ -16,12 +16,25 @@
 
 The linear layers of a block, in forward order, are `block_linears`; memory and compute both read
 them from there.
+
+Full recompute of only some layers (`partial_recompute`, Megatron-Core ``--recompute-num-layers N``
+with ``--recompute-method``, transformer_block._checkpointed_forward):
+
+- ``uniform``: the stage's layers are checkpointed in groups of N (the last group may be shorter):
+  each group keeps only its input, and its backward re-runs the whole group's forward, so all of the
+  group's activations are alive at once. Every layer is recomputed; N = 1 is plain full recompute.
+- ``block``: the first N layers of each stage (model chunk) are checkpointed one by one and
+  recomputed; the others keep all their activations and are not recomputed. N = 0 would be no
+  recompute, N = the stage's layers full recompute: memory and recompute time move linearly between.
 """
 
 from __future__ import annotations
 
+import math
+from collections import Counter
 from dataclasses import dataclass
 
+from ..model import LayerKind, kind_counts
 from ..plan import ParallelPlan
 from ..specs import ModelSpec
 from ..specs.stack import load_stack
@@ -95,3 +108,30 @@ def op_level_stored_bytes(m: ModelSpec, plan: ParallelPlan) -> float:
     attention = 2 * tokens * m.attn_width / t + 4 * m.heads * tokens / t
     reduce_scatter = 2 * (2 * tokens * h / t) if plan.sequence_parallel else 0.0
     return block_input + saved + attention + reduce_scatter
+
+
+@dataclass(frozen=True)
+class PartialRecompute:
+    """One stage under full recompute of some layers: the layer kinds whose forward the backward
+    re-runs (``recomputed``), those kept whole (``stored``), the checkpointed groups whose inputs
+    are kept (``groups``; each recomputed layer is its own group under ``block``) and the most
+    layers re-materialised at once (``transient_layers``)."""
+
+    recomputed: Counter[LayerKind]
+    stored: Counter[LayerKind]
+    groups: int
+    transient_layers: int
+
+
+def partial_recompute(m: ModelSpec, plan: ParallelPlan, counts: Counter[LayerKind], first: int) -> PartialRecompute:
+    """How a stage holding ``counts`` layers (its transformer layers from index ``first``, then its
+    MTP layers) recomputes under ``plan.recompute_layers`` (module docstring); ``recompute_layers``
+    None is every layer on its own."""
+    total = sum(counts.values())
+    n = plan.recompute_layers or 1
+    if plan.recompute_method == "block" and plan.recompute_layers is not None:
+        k = min(n, total)
+        rec = Counter(kind_counts(m, first, first + k))
+        rec = Counter({kind: min(c, counts[kind]) for kind, c in rec.items()})
+        return PartialRecompute(rec, counts - rec, sum(rec.values()), 1 if k else 0)
+    return PartialRecompute(Counter(counts), Counter(), math.ceil(total / n) if total else 0, min(n, total))

@@ -5,7 +5,8 @@ Model states follow Rajbhandari et al., "ZeRO" (SC'20) §3 / Table 1: stage 1 sh
 side over N_d data-parallel ranks, stage 2 also the gradients, stage 3 also the weights. How many
 bytes each part takes per parameter is the stack's (`specs.stack.StateBytes`: Megatron keeps fp32
 gradients for bf16, FSDP keeps fp32 sharded parameters as the master); Adam's two fp32 moments
-are the optimizer's. simpar shards over N_d = dp x cp, as Megatron's distributed optimizer does.
+are the optimizer's (`cost.optimizers`). simpar shards over N_d = dp x cp, as Megatron's distributed
+optimizer does.
 """
 
 from __future__ import annotations
@@ -81,6 +82,9 @@ def model_state_bytes(
     )
 
 
-def stack_state_bytes(psi: float, zero: int, nd: int, states: StateBytes) -> tuple[float, float, float]:
-    """`model_state_bytes` as a stack keeps them, with Adam's moments beside its master copies."""
-    return model_state_bytes(psi, zero, nd, states.weights, states.grads, states.master + ADAM_MOMENT_BYTES)
+def stack_state_bytes(
+    psi: float, zero: int, nd: int, states: StateBytes, optimizer_state: float = ADAM_MOMENT_BYTES
+) -> tuple[float, float, float]:
+    """`model_state_bytes` as a stack keeps them, with the optimizer's own state (``optimizer_state``
+    bytes per parameter, `cost.optimizers`; Adam's moments by default) beside its master copies."""
+    return model_state_bytes(psi, zero, nd, states.weights, states.grads, states.master + optimizer_state)

@@ -35,7 +35,7 @@ from .compute import CostModel, PassTimes
 from .moe import dispatch_bytes, flex_dispatch_bytes, moe_layer_times
 from .params import rank_expert_params, rank_params, stage_kinds, stage_layer_range
 from .profile import MEGATRON, RuntimeProfile
-from .recompute import selective_mode
+from .recompute import partial_recompute, selective_mode
 
 
 class CollectiveTimer(Protocol):
@@ -162,7 +162,18 @@ def stage_work(
         first, last = plan.holds_embedding(s), plan.holds_head(s)
         if last and m.mtp_layers:
             counts[mtp_kind(m)] += m.mtp_layers
-        x = _sum_layers(per, counts)
+        if plan.recompute == "full" and plan.recompute_layers is not None:
+            # only some layers re-run their forward (`recompute.partial_recompute`)
+            part = partial_recompute(m, plan, counts, stage_layer_range(m, plan, s).start)
+            kept = {kind: {**w, **dict.fromkeys(_RECOMPUTE_FIELDS, 0.0)} for kind, w in per.items()}
+            x = {
+                key: a + b
+                for (key, a), b in zip(
+                    _sum_layers(per, part.recomputed).items(), _sum_layers(kept, part.stored).values()
+                )
+            }
+        else:
+            x = _sum_layers(per, counts)
         moe_layers = sum(n for kind, n in counts.items() if kind.moe)
         if first:
             x["f"], x["w"] = x["f"] + em.f, x["w"] + em.w
@@ -228,6 +239,10 @@ _FIELDS = (
     "expert_w",
     "expert_r",
 )
+
+
+#: the `StageWork` fields of the recompute forward (0 for a layer that keeps its activations)
+_RECOMPUTE_FIELDS = ("r", "tp_r", "a2a_r", "expert_r")
 
 
 def _layer_work(

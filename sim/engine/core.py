@@ -353,7 +353,8 @@ class Engine:
         first, the forward's activations taken at its start and the backward's freed at its end.
         Its compute is charged as compute, what the overlap leaves exposed of the two parts'
         communication as TP / all-to-all time in their proportion. (Under per-layer FSDP, pp 1,
-        the two passes run one after the other.)"""
+        the two passes run one after the other.) The parts' all-to-alls are timed as `StageWork`
+        times them, on either backend: a pair does not put them on the shared links."""
         f, b = a.f, a.b
         if self.policy is ZeroPolicy.PER_LAYER:
             yield from self._forward(g, f)

@@ -294,7 +294,8 @@ def local_params(m: ModelSpec, plan: ParallelPlan, stages: list[int]) -> float:
 def optimizer_seconds(
     m: ModelSpec, plan: ParallelPlan, stages: list[int], costs: CostModel, profile: RuntimeProfile
 ) -> float:
-    """The optimizer step over the parameters the GPU owns."""
+    """The optimizer step over the parameters the GPU owns (the plan's optimizer; a profile's
+    measured step is AdamW's and stands for Adam and AdamW only)."""
     n = local_params(m, plan, stages)
-    measured = profile.optimizer_seconds(plan, n)
-    return measured if measured is not None else costs.optimizer_time(n)
+    measured = profile.optimizer_seconds(plan, n) if plan.optimizer in ("adam", "adamw") else None
+    return measured if measured is not None else costs.optimizer_time(n, plan.optimizer, m.hidden)

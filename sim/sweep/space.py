@@ -33,6 +33,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, fields
 from math import isqrt
+from typing import Any
 
 from ..choices import BIDIRECTIONAL, SWEEP_SCHEDULES, V_SHAPED
 from ..errors import PlanError, SimparError
@@ -347,7 +348,7 @@ def layer_split_for(cfg: Config, model: ModelSpec, space: SearchSpace) -> tuple[
 
 def make_plan(cfg: Config, model: ModelSpec, cluster: ClusterSpec, gbs: int, space: SearchSpace) -> ParallelPlan:
     """The ParallelPlan of a configuration (not yet checked)."""
-    return ParallelPlan(
+    data: dict[str, Any] = dict(
         dp=cfg.dp,
         tp=cfg.tp,
         pp=cfg.pp,
@@ -361,7 +362,6 @@ def make_plan(cfg: Config, model: ModelSpec, cluster: ClusterSpec, gbs: int, spa
         sequence_parallel=cfg.sp,
         precision=space.precision,
         stack=space.stack,
-        **({"fp8_recipe": space.fp8_recipe} if space.fp8_recipe else {}),
         layer_split=layer_split_for(cfg, model, space),
         allow_tp_across_nodes=cfg.tp > cluster.gpus_per_node,
         ep=cfg.ep,
@@ -369,6 +369,9 @@ def make_plan(cfg: Config, model: ModelSpec, cluster: ClusterSpec, gbs: int, spa
         moe_dispatcher=cfg.dispatch,
         moe_a2a_overlap=cfg.a2a_overlap,
     )
+    if space.fp8_recipe:  # else the stack's default
+        data["fp8_recipe"] = space.fp8_recipe
+    return ParallelPlan(**data)
 
 
 def checked_plan(
