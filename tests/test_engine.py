@@ -44,7 +44,7 @@ class FixedCosts:
         self.opt = opt
         self.source = "test"
 
-    def optimizer_time(self, params, tp=1):
+    def optimizer_time(self, params, optimizer="adamw", hidden=0):
         return self.opt
 
 
