@@ -12,7 +12,15 @@ from typing import Any
 
 import click
 
-from simpar.sim.choices import FP8_RECIPES, MOE_DISPATCHERS, PRECISIONS, RECOMPUTE, SCHEDULES, SWEEP_SCHEDULES
+from simpar.sim.choices import (
+    FP8_RECIPES,
+    MOE_DISPATCHERS,
+    OPTIMIZERS,
+    PRECISIONS,
+    RECOMPUTE,
+    SCHEDULES,
+    SWEEP_SCHEDULES,
+)
 from simpar.sim.errors import SimparError
 
 from .calib import calibration_options, load_calibration_option, runtime_of, uncalibrated_hint
@@ -92,6 +100,9 @@ def space_from(kw: dict[str, Any]):
     mbs = _list(kw["mbs"], "mbs", cast=int)
     if min(mbs) < 1:
         raise SimparError("mbs", "micro-batch sizes must be >= 1.", "write e.g. --mbs 1,2,4,8.")
+    rlayers = _list(kw.get("recompute_layers") or "0", "recompute-layers", cast=int)
+    if min(rlayers) < 0:
+        raise SimparError("recompute-layers", "layer counts must be >= 0 (0: every layer).", "write e.g. 0,2,4.")
     return SearchSpace(
         schedules=_list(kw["schedules"], "schedules", SCHEDULES),
         zero=_list(kw["zero"], "zero", (0, 1, 2, 3), int),
@@ -108,6 +119,8 @@ def space_from(kw: dict[str, Any]):
         etp=tuple(0 if v == "tp" else _whole_text(v, "etp") for v in _list(kw.get("etp") or "tp,1", "etp")),
         moe_dispatcher=_list(kw.get("moe_dispatcher") or "alltoall", "moe-dispatcher", MOE_DISPATCHERS),
         moe_a2a_overlap=OVERLAP_CHOICES[kw.get("moe_a2a_overlap") or "off"],
+        optimizer=_list(kw.get("optimizer") or "adamw", "optimizer", OPTIMIZERS),
+        recompute_layers=rlayers,
     )
 
 
@@ -132,6 +145,8 @@ _COMMAND = [
     ("etp", "tp,1"),
     ("moe_dispatcher", "alltoall"),
     ("moe_a2a_overlap", "off"),
+    ("optimizer", "adamw"),
+    ("recompute_layers", "0"),
     ("objective", "throughput"),
     ("refine", 0),
     ("simulate", 20),
@@ -289,6 +304,19 @@ def _check_stack(space, gpu) -> None:
     show_default=True,
     help="MoE: all-to-all overlap to try, where Megatron-Core allows it (ep > 1; no pipeline or interleaved "
     "1F1B; no full recompute)",
+)
+@click.option(
+    "--optimizer",
+    default="adamw",
+    show_default=True,
+    help="optimizers to try, comma-separated: " + ", ".join(OPTIMIZERS) + " (their state bytes and step cost)",
+)
+@click.option(
+    "--recompute-layers",
+    default="0",
+    show_default=True,
+    help="with full recompute: layers recomputed per stage to try (block method, Megatron-Core "
+    "--recompute-num-layers), comma-separated; 0 recomputes every layer",
 )
 @click.option("--objective", type=click.Choice(["throughput", "memory"]), default="throughput", show_default=True)
 @click.option("--top", type=Whole(0), default=10, show_default=True, help="rows of the table of best plans")

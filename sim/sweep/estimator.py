@@ -228,6 +228,7 @@ def _optimizer(x: Inputs, prank: int) -> float:
     p = x.plan
     key = (
         "opt",
+        p.optimizer,
         p.tp,
         p.pp,
         p.vpp,

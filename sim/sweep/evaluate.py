@@ -31,7 +31,7 @@ from .store import as_text
 
 #: plan fields `build_work` does not read (but for the schedule's pipelines, keyed apart): plans
 #: differing only in them share their stage work
-WORK_FREE_FIELDS = frozenset({"global_batch_size", "schedule", "zero"})
+WORK_FREE_FIELDS = frozenset({"global_batch_size", "schedule", "zero", "optimizer"})
 
 
 @dataclass(frozen=True)

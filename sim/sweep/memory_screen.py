@@ -75,6 +75,8 @@ class MemoryScreen:
             plan.sequence_parallel,
             plan.recompute,
             plan.recompute_modules,
+            plan.recompute_layers,
+            plan.recompute_method,
             plan.flash_attention,
             plan.num_stages,
             plan.pipelines,

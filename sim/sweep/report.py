@@ -127,14 +127,15 @@ def _plan_cell(r: dict, compact: bool = False) -> str:
     c = Config.from_row(r)
     moe = c.ep > 1 or c.etp
     dispatch = (f" {c.dispatch}" if c.dispatch != "alltoall" else "") + (" A2A-overlap" if c.a2a_overlap else "")
+    levers = (f"({c.rlayers})" if c.rlayers else "") + (f" {c.optimizer}" if c.optimizer != "adamw" else "")
     if compact:
         return (
             f"tp{c.tp} pp{c.pp} dp{c.dp} cp{c.cp} v{c.vpp}{f' ep{c.ep} etp{c.etp or c.tp}' if moe else ''}{dispatch}"
-            f" mbs{c.mbs} {c.schedule} z{c.zero} {c.recompute}{' SP' if c.sp else ''}"
+            f" mbs{c.mbs} {c.schedule} z{c.zero} {c.recompute}{levers}{' SP' if c.sp else ''}"
         )
     return (
         f"tp {c.tp} pp {c.pp} dp {c.dp} cp {c.cp} vpp {c.vpp}{f' ep {c.ep} etp {c.etp or c.tp}' if moe else ''}"
-        f"{dispatch} mbs {c.mbs} {c.schedule} ZeRO {c.zero} {c.recompute}{' SP' if c.sp else ''}"
+        f"{dispatch} mbs {c.mbs} {c.schedule} ZeRO {c.zero} {c.recompute}{levers}{' SP' if c.sp else ''}"
     )
 
 

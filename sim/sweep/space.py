@@ -60,6 +60,8 @@ CONFIG_FIELDS = (
     "etp",
     "dispatch",
     "a2a_overlap",
+    "optimizer",
+    "rlayers",
 )
 
 
@@ -82,6 +84,9 @@ class SearchSpace:
     etp: tuple[int, ...] = (0, 1)  # MoE: 0 = tp (Megatron-Core's default)
     moe_dispatcher: tuple[str, ...] = ("alltoall",)  # MoE: token dispatchers tried where ep > 1
     moe_a2a_overlap: tuple[bool, ...] = (False,)  # MoE: overlap off/on, on where Megatron-Core allows it
+    optimizer: tuple[str, ...] = ("adamw",)  # optimizers (`cost.optimizers`)
+    #: with full recompute: layers recomputed per stage, block method (0: every layer)
+    recompute_layers: tuple[int, ...] = (0,)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -98,6 +103,8 @@ class SearchSpace:
             "etp",
             "moe_dispatcher",
             "moe_a2a_overlap",
+            "optimizer",
+            "recompute_layers",
         ):
             if k in kw:
                 kw[k] = tuple(kw[k]) if isinstance(kw[k], list | tuple) else (kw[k],)
@@ -124,15 +131,20 @@ class Config:
     etp: int = 0  # 0: = tp
     dispatch: str = "alltoall"  # MoE token dispatcher (`ParallelPlan.moe_dispatcher`)
     a2a_overlap: bool = False  # MoE all-to-alls overlapped (`ParallelPlan.moe_a2a_overlap`)
+    optimizer: str = "adamw"  # `ParallelPlan.optimizer`
+    rlayers: int = 0  # full recompute of this many layers per stage, block method (0: every layer)
 
     @property
     def id(self) -> str:
         experts = f"-ep{self.ep}-etp{self.etp or self.tp}" if self.ep > 1 or self.etp else ""
         experts += f"-{self.dispatch}" if self.dispatch != "alltoall" else ""
         experts += "-a2aov" if self.a2a_overlap else ""
+        extra = (f"-{self.optimizer}" if self.optimizer != "adamw" else "") + (
+            f"-rl{self.rlayers}" if self.rlayers else ""
+        )
         return (
             f"tp{self.tp}-pp{self.pp}-dp{self.dp}-cp{self.cp}-v{self.vpp}-mbs{self.mbs}-{self.schedule}"
-            f"-z{self.zero}-{self.recompute}-sp{int(self.sp)}{experts}"
+            f"-z{self.zero}-{self.recompute}-sp{int(self.sp)}{experts}{extra}"
         )
 
     def label(self, other: Config | None = None) -> str:
@@ -156,6 +168,10 @@ class Config:
                 parts.append(f"{v} dispatch")
             elif f == "a2a_overlap":
                 parts.append("A2A overlap" if v else "no A2A overlap")
+            elif f == "optimizer":
+                parts.append(str(v))
+            elif f == "rlayers":
+                parts.append(f"recompute {v} layers per stage" if v else "recompute every layer")
             else:
                 parts.append(f"{f} {v}")
         return " ".join(parts) if parts else "the same plan"
@@ -181,6 +197,8 @@ class Config:
             int(row.get("etp") or 0),
             str(row.get("dispatch") or "alltoall"),
             str(row.get("a2a_overlap", "")).lower() in _TRUE,
+            str(row.get("optimizer") or "adamw"),
+            int(row.get("rlayers") or 0),
         )
 
 
@@ -265,25 +283,36 @@ def enumerate_configs(model: ModelSpec, cluster: ClusterSpec, num_gpus: int, spa
                             for rc in recomputes:
                                 for ep, etp in lay.experts:
                                     for disp, ov in _dispatch(model, space, lay.pp, sched, rc, ep):
-                                        out.append(
-                                            Config(
-                                                lay.tp,
-                                                lay.pp,
-                                                lay.dp,
-                                                lay.cp,
-                                                vpp,
-                                                mbs,
-                                                sched,
-                                                zero,
-                                                rc,
-                                                sp,
-                                                ep,
-                                                etp,
-                                                disp,
-                                                ov,
+                                        for opt, rl in _levers(model, space, lay.pp * vpp, rc):
+                                            out.append(
+                                                Config(
+                                                    lay.tp,
+                                                    lay.pp,
+                                                    lay.dp,
+                                                    lay.cp,
+                                                    vpp,
+                                                    mbs,
+                                                    sched,
+                                                    zero,
+                                                    rc,
+                                                    sp,
+                                                    ep,
+                                                    etp,
+                                                    disp,
+                                                    ov,
+                                                    opt,
+                                                    rl,
+                                                )
                                             )
-                                        )
     return out
+
+
+def _levers(model: ModelSpec, space: SearchSpace, stages: int, recompute: str) -> list[tuple[str, int]]:
+    """The (optimizer, recompute layers) pairs of a configuration: a layer count only under full
+    recompute, and below a stage's layers (that many is full recompute, counted already)."""
+    per = model.layers // stages
+    layers = [k for k in _axis(space.recompute_layers) if k == 0 or (recompute == "full" and k < per)] or [0]
+    return [(o, k) for o in _axis(space.optimizer) for k in layers]
 
 
 def _dispatch(
@@ -303,17 +332,17 @@ def count_configs(model: ModelSpec, cluster: ClusterSpec, num_gpus: int, space: 
     """``len(enumerate_configs(...))`` without building the list (to refuse an absurd space first)."""
     mbs = len(_axis(space.mbs))
     return sum(
-        len(_vpps(sched, model.layers, lay.pp))
-        * mbs
+        mbs
         * len(lay.sps)
         * len(lay.zeros)
         * sum(
-            len(_dispatch(model, space, lay.pp, sched, rc, ep))
+            len(_dispatch(model, space, lay.pp, sched, rc, ep)) * len(_levers(model, space, lay.pp * vpp, rc))
             for rc in _axis(space.recompute)
             for ep, _ in lay.experts
         )
         for lay in _layouts(model, cluster, num_gpus, space)
         for sched in lay.schedules
+        for vpp in _vpps(sched, model.layers, lay.pp)
     )
 
 
@@ -368,6 +397,9 @@ def make_plan(cfg: Config, model: ModelSpec, cluster: ClusterSpec, gbs: int, spa
         etp=cfg.etp or None,
         moe_dispatcher=cfg.dispatch,
         moe_a2a_overlap=cfg.a2a_overlap,
+        optimizer=cfg.optimizer,
+        recompute_layers=cfg.rlayers or None,
+        recompute_method="block" if cfg.rlayers else "uniform",
     )
     if space.fp8_recipe:  # else the stack's default
         data["fp8_recipe"] = space.fp8_recipe

@@ -28,11 +28,12 @@ from typing import Any
 from .. import files
 from ..engine.results import BREAKDOWN_KEYS
 from ..errors import SimparError, SpecError
-from ..plan import MOE_DISPATCHERS, RECOMPUTE, SCHEDULES
+from ..plan import MOE_DISPATCHERS, OPTIMIZERS, RECOMPUTE, SCHEDULES
 from . import interrupt
 from .space import CONFIG_FIELDS, Config
 
-SWEEP_FORMAT_VERSION = 4  # 2: lower_bound_s; 3: ep, etp, expert_compute_s, moe_a2a_s; 4: dispatch, a2a_overlap
+#: 2: lower_bound_s; 3: ep, etp, expert_compute_s, moe_a2a_s; 4: dispatch, a2a_overlap; 5: optimizer, rlayers
+SWEEP_FORMAT_VERSION = 5
 MANIFEST, RESULTS, JOURNAL = "sweep.json", "results.csv", "journal"
 PHASES = ("screen", "refine", "simulate")
 STATUSES = ("simulated", "refined", "estimated", "oom", "invalid")
@@ -155,6 +156,10 @@ def _plan_problem(row: dict[str, str]) -> str:
         return f"dispatch {row['dispatch']!r} is not one of {', '.join(MOE_DISPATCHERS)}"
     if row["a2a_overlap"] not in ("0", "1"):
         return f"a2a_overlap {row['a2a_overlap']!r} is not 0 or 1"
+    if row["optimizer"] not in OPTIMIZERS:
+        return f"optimizer {row['optimizer']!r} is not one of {', '.join(OPTIMIZERS)}"
+    if not _is_int(row["rlayers"], 0):
+        return f"rlayers {row['rlayers']!r} is not a whole number (0: every layer)"
     if Config.from_row(row).id != row["id"]:
         return "its plan columns do not match its id"
     if row["layer_split"] and not all(_is_int(x, 1) for x in row["layer_split"].split(";")):
