@@ -335,10 +335,16 @@ def _default_cp(ident: dict) -> str:
 
 def _space_text(ident: dict) -> str:
     s = ident["space"]
+    layers = [k for k in s.get("recompute_layers", [0]) if k]
+    opts = s.get("optimizer", ["adamw"])
     return (
         f"schedules {', '.join(s['schedules'])}; ZeRO {', '.join(map(str, s['zero']))}; recompute "
-        f"{', '.join(s['recompute'])}; micro-batch {', '.join(map(str, s['mbs']))}; tp up to "
+        f"{', '.join(s['recompute'])}"
+        + (f" (full: also {', '.join(map(str, layers))} layers per stage, block method)" if layers else "")
+        + f"; micro-batch {', '.join(map(str, s['mbs']))}; tp up to "
         f"{s['max_tp'] or 'a node'}; cp up to {s['max_cp'] or _default_cp(ident)}; sequence parallelism "
         f"{'/'.join('on' if x else 'off' for x in s['sequence_parallel'])}; layer split {s['layer_split']}; "
-        f"{s['precision']}; engine backend {ident['backend']}"
+        f"{s['precision']}; optimizer {', '.join(opts)}"
+        + (" (compared by memory and step time only: how fast each converges is not modelled)" if len(opts) > 1 else "")
+        + f"; engine backend {ident['backend']}"
     )

@@ -171,7 +171,10 @@ class Config:
             elif f == "optimizer":
                 parts.append(str(v))
             elif f == "rlayers":
-                parts.append(f"recompute {v} layers per stage" if v else "recompute every layer")
+                if v:
+                    parts.append(f"recompute {v} layers per stage")
+                elif self.recompute == "full":
+                    parts.append("recompute every layer")
             else:
                 parts.append(f"{f} {v}")
         return " ".join(parts) if parts else "the same plan"
