@@ -123,6 +123,15 @@ def print_result(st: Setup, res: SimResult) -> None:
             " FLOPs and MFU count active parameters as Megatron-Core does (top-k routed and shared experts,"
             " no router, MTP layers included)"
         )
+    if st.plan.precision == "fp16":
+        from simpar.sim.cost.states import skipped_step_fraction
+
+        skip = skipped_step_fraction(st.plan)
+        click.echo(
+            f"fp16 dynamic loss scaling: about 1 step in {round(1 / skip):,} overflows and is skipped (the stack's"
+            f" loss scale window), so {res.tokens_per_s * (1 - skip):,.0f} tokens/s train; the optimizer step"
+            " includes the gradients' unscale and overflow check"
+        )
     rows = [(k, f"{v:.4f}", f"{v / res.iter_time_s:.1%}") for k, v in res.breakdown_s.items()]
     rows.append(("total", f"{sum(res.breakdown_s.values()):.4f}", "100.0%"))
     print_table(f"breakdown of GPU rank {res.reported_rank} (seconds)", ["part", "seconds", "share"], rows)

@@ -172,7 +172,12 @@ def check_precision(precision: str, plan: ParallelPlan, device: str) -> str:
     """The dtype the run computes in: ``auto`` is the plan's precision on CUDA, fp32 on CPU."""
     if precision not in PRECISIONS:
         raise SimparError("precision", f"unknown precision {precision!r}.", f"use one of {', '.join(PRECISIONS)}.")
+    if plan.precision == "tf32" and device == "cuda":
+        raise PlanError(
+            "precision", "the executor does not switch torch's matmuls to TF32.", "run the plan as fp32 (or bf16)."
+        )
     chosen = (plan.precision if device == "cuda" else "fp32") if precision == "auto" else precision
+    chosen = "fp32" if chosen == "tf32" else chosen
     if chosen in ("fp8", "fp4"):
         raise PlanError("precision", f"the executor does not run {chosen}.", "pass --precision bf16 (or fp16).")
     return chosen

@@ -36,7 +36,8 @@ SWEEP_SCHEDULES = tuple(s for s in SCHEDULES if s != "looped-bfs")
 RECOMPUTE = ("none", "selective", "full")
 #: Megatron-Core's fine-grained selective recompute modules (TransformerConfig.recompute_modules)
 RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe_act", "moe", "shared_experts")
-PRECISIONS = ("bf16", "fp16", "fp8", "fp4")
+#: fp32: plain single precision (CUDA cores); tf32: fp32 storage with TF32 tensor-core GEMMs
+PRECISIONS = ("bf16", "fp16", "fp8", "fp4", "fp32", "tf32")
 #: Megatron-Core MoE token dispatchers (`simpar.sim.cost.moe`): one copy per expert, or DeepEP/HybridEP's.
 MOE_DISPATCHERS = ("alltoall", "flex")
 #: Optimizers (`simpar.sim.cost.optimizers`: state bytes and step cost of each).

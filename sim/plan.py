@@ -104,7 +104,7 @@ class ParallelPlan(BaseModel):
     )
     optimizer: str = Field("adamw", description="optimizer (simpar.sim.cost.optimizers: state bytes, step cost)")
     sequence_parallel: bool = False
-    precision: Literal["bf16", "fp16", "fp8", "fp4"] = "bf16"
+    precision: Literal["bf16", "fp16", "fp8", "fp4", "fp32", "tf32"] = "bf16"
     #: the framework that runs the plan (`simpar.sim.specs.stack`); the three fields after it default to its values
     stack: str = Field(DEFAULT_STACK, description="training stack preset name or stack YAML path")
     flash_attention: bool = Field(True, description="attention scores are not stored (FlashAttention)")
@@ -139,7 +139,8 @@ class ParallelPlan(BaseModel):
             return data
         stack = load_stack(str(data.get("stack", DEFAULT_STACK)))
         out = dict(data)
-        out.setdefault("flash_attention", stack.flash_attention)
+        # FlashAttention runs in 16-bit only: an fp32 / tf32 plan materialises the scores
+        out.setdefault("flash_attention", stack.flash_attention and out.get("precision") not in ("fp32", "tf32"))
         tp, sp = out.get("tp", 1), out.get("sequence_parallel", False)
         out.setdefault("tp_comm_overlap", stack.tp_comm_overlap and isinstance(tp, int) and tp > 1 and bool(sp))
         if out.get("precision") == "fp4":

@@ -94,6 +94,12 @@ def _check_stack(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec) -> 
     stack = load_stack(plan.stack)
     if plan.fp8_recipe is not None and plan.precision not in ("fp8", "fp4"):
         raise PlanError("fp8_recipe", f"a {plan.precision} plan has no fp8 recipe.", "drop the recipe or use fp8.")
+    if plan.flash_attention and plan.precision in ("fp32", "tf32"):
+        raise PlanError(
+            "flash_attention",
+            f"FlashAttention runs in 16-bit; a {plan.precision} plan materialises the attention scores.",
+            f"drop --flash-attention (a {plan.precision} plan runs without it).",
+        )
     problem = recipe_problem(plan.precision, plan.fp8_recipe, stack, cluster.gpu)
     if problem is not None:
         raise PlanError("fp8_recipe", *problem)

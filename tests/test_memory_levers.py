@@ -114,3 +114,42 @@ def test_optimizer_step_time_follows_its_traffic_and_scales_with_parameters() ->
         )
         assert t["muon"] == pytest.approx(t["sgd"] + ns)
     assert costs.optimizer_time(4e8, "adam") == pytest.approx(4 * costs.optimizer_time(1e8, "adam"))
+
+
+def test_fp32_and_tf32_keep_four_byte_states_and_activations() -> None:
+    """No master copy, fp32 gradients reduced in fp32, 4-byte activations; no FlashAttention."""
+    bf16, fp32, tf32 = plan(), plan(precision="fp32"), plan(precision="tf32")
+    assert not fp32.flash_attention and not tf32.flash_attention
+    r32 = memory_report(MODEL, fp32, CLUSTER.gpu).ranks[0]
+    psi = rank_params(MODEL, bf16, bf16.rank_stages[0])
+    assert r32.weights == pytest.approx(4 * psi) and r32.grads == pytest.approx(4 * psi)
+    assert r32.optimizer == pytest.approx(8 * psi)  # AdamW's moments, no master copy
+    no_flash = plan(flash_attention=False)
+    assert stage_bytes(MODEL, fp32, 0) == pytest.approx(
+        stage_bytes(MODEL, no_flash, 0), rel=1e-12
+    )  # formulas: elements
+    assert stack_conventions(fp32).activation_scale == 2 and stack_conventions(bf16).activation_scale == 1
+    assert r32.activations == pytest.approx(2 * memory_report(MODEL, no_flash, CLUSTER.gpu).ranks[0].activations)
+    t = {p.precision: build_work(MODEL, CLUSTER, p)[0][0].f for p in (bf16, tf32, fp32)}
+    assert t["bf16"] < t["tf32"] < t["fp32"]  # A100/H100 peaks: bf16 2x TF32, TF32 ~8x fp32
+    with pytest.raises(PlanError) as exc:
+        plan(precision="fp32", flash_attention=True)
+    assert exc.value.field == "flash_attention"
+
+
+def test_fp16_pays_its_loss_scaler() -> None:
+    """The optimizer step unscales and checks the fp32 main gradients (8 bytes per parameter) and
+    one step in window + 1 is skipped (Megatron's window 1000)."""
+    from simpar.sim.cost.profile import MEGATRON
+    from simpar.sim.cost.states import skipped_step_fraction
+    from simpar.sim.engine.iteration import local_params, optimizer_seconds
+
+    bf16, fp16 = plan(), plan(precision="fp16")
+    costs = CostModel.for_gpu(CLUSTER.gpu)
+    stages = list(bf16.rank_stages[0])
+    extra = optimizer_seconds(MODEL, fp16, stages, costs, MEGATRON) - optimizer_seconds(
+        MODEL, bf16, stages, costs, MEGATRON
+    )
+    assert extra == pytest.approx(costs.memory_time(8 * local_params(MODEL, fp16, stages)), rel=1e-12)
+    assert skipped_step_fraction(fp16) == 1 / 1001 and skipped_step_fraction(bf16) == 0
+    assert skipped_step_fraction(plan(precision="fp16", stack="torchtitan")) == 1 / 2001

@@ -37,7 +37,7 @@ from ..plan import ParallelPlan
 from ..specs import GPUSpec, ModelSpec
 from ..specs.calibration import Calibration, EfficiencyParams, default_calibration
 from .optimizers import optimizer_facts
-from .precision import cast_bytes, gemm_dtype, recipe_of
+from .precision import cast_bytes, element_bytes, gemm_dtype, recipe_of
 from .recompute import block_linears, selective_mode, selective_modules
 from .tables import MeasuredTables
 
@@ -187,7 +187,8 @@ class CostModel:
         return max(nbytes / (self.gpu.hbm_bw * self.eff.hbm_eff), self.eff.launch_s)
 
     def attention_time(self, flops_fwd: float, dtype: str) -> tuple[float, float]:
-        peak = self.gpu.peak_flops("fp16" if dtype == "fp16" else "bf16")  # attention stays in 16-bit
+        # attention runs in 16-bit (fp8 plans too), in fp32 / TF32 in an fp32 / tf32 plan
+        peak = self.gpu.peak_flops(dtype if dtype in ("fp16", "fp32", "tf32") else "bf16")
         return flops_fwd / (peak * self.eff.attn_eff_fwd), 2 * flops_fwd / (peak * self.eff.attn_eff_bwd)
 
     def optimizer_time(self, local_params: float, optimizer: str = "adamw", hidden: int = 0) -> float:
@@ -245,6 +246,7 @@ class CostModel:
             if hit is not None:
                 return PassTimes(*hit)
         t, dt = plan.tp, plan.precision
+        el = element_bytes(plan) / 2  # element-wise traffic is counted in 16-bit elements
         tokens = plan.micro_batch_size * m.seq_len / plan.cp
         h, f = m.hidden, m.ffn
         parts = [self.linear_times(plan, "attention", attention_shapes(m, plan, tokens))]
@@ -258,13 +260,13 @@ class CostModel:
                 lf.attn_core_f * computed_attention_fraction(m, kind) / (t * plan.cp), dt
             )
         else:  # scores materialised: two batched matmuls over the full square + softmax traffic
-            mm_peak = self.gpu.peak_flops("fp16" if dt == "fp16" else "bf16") * self.eff.mm_eff_max
-            scores = m.heads / t * tokens * m.seq_len
+            mm_peak = self.gpu.peak_flops(dt if dt in ("fp16", "fp32", "tf32") else "bf16") * self.eff.mm_eff_max
+            scores = m.heads / t * tokens * m.seq_len * el  # the traffic counts 16-bit elements
             attn_f = lf.attn_core_f / (t * plan.cp) / mm_peak + self.memory_time(UNFUSED_SCORE_BYTES * scores)
             attn_b = 2 * lf.attn_core_f / (t * plan.cp) / mm_peak + self.memory_time(2 * UNFUSED_SCORE_BYTES * scores)
         sp = t if plan.sequence_parallel else 1
         mlp_ew = 0 if kind.moe else (6 if m.gated_mlp else 4) * f / t  # the MoE MLP times its own
-        ew_f = self.memory_time(tokens * (ELEMENTWISE_BYTES_PER_TOKEN_H * h / sp + mlp_ew))
+        ew_f = self.memory_time(el * tokens * (ELEMENTWISE_BYTES_PER_TOKEN_H * h / sp + mlp_ew))
         launch = KERNELS_PER_LAYER_FWD * self.eff.launch_s
         f_time = max(fwd_mm + attn_f + ew_f, launch)
         i_time = max(i_mm + attn_b + 2 * ew_f, 2 * launch)
@@ -297,5 +299,5 @@ class CostModel:
     def embedding_times(self, m: ModelSpec, plan: ParallelPlan) -> PassTimes:
         """Embedding lookup (memory-bound gather) and its sparse gradient accumulation."""
         tokens = plan.micro_batch_size * m.seq_len / plan.cp
-        nbytes = tokens * m.hidden * 2 * 2
+        nbytes = tokens * m.hidden * 2 * element_bytes(plan)
         return PassTimes(self.memory_time(nbytes), 0.0, self.memory_time(2 * nbytes))

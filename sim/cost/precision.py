@@ -56,10 +56,23 @@ def recipe_of(plan: ParallelPlan) -> Recipe | None:
     return RECIPES[plan.fp8_recipe]
 
 
+#: plans whose tensors are 4-byte floats (fp32 storage; tf32 only changes the GEMMs' tensor-core math)
+FP32_PLANS = ("fp32", "tf32")
+
+
+def element_bytes(plan: ParallelPlan) -> int:
+    """Bytes of an activation element (and of a pipeline or TP message): 4 in an fp32 / tf32
+    plan, else 2 (16-bit activations; fp8 recipes keep 16-bit activations between GEMMs)."""
+    return 4 if plan.precision in FP32_PLANS else 2
+
+
 def gemm_dtype(plan: ParallelPlan, group: str) -> str:
     """Data type of the GEMMs of one linear-layer group (`specs.stack.GEMM_GROUPS`): the recipe's
-    for the groups the stack quantises, else 16-bit (fp16 plans stay fp16)."""
+    for the groups the stack quantises, else the plan's own (16-bit, fp32 on CUDA cores, or TF32
+    on the tensor cores; fp16 plans stay fp16)."""
     recipe = recipe_of(plan)
+    if plan.precision in FP32_PLANS:
+        return plan.precision
     if recipe is None:
         return "fp16" if plan.precision == "fp16" else "bf16"
     return recipe.dtype if group in stack_of(plan).fp8_gemms else "bf16"

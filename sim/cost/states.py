@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from ..plan import ParallelPlan
 from ..specs.stack import StateBytes, load_stack
+from .precision import element_bytes
 
 #: fp32 master weights + Adam first and second moments (ZeRO paper, K = 12).
 OPTIMIZER_BYTES_PER_PARAM = 12
@@ -54,8 +55,27 @@ def stack_conventions(plan: ParallelPlan) -> MemoryConventions:
     stack = load_stack(plan.stack)
     mem = stack.memory
     return MemoryConventions(
-        2, stack.states_for(plan.precision), mem.context_bytes, mem.fragmentation, mem.reports, stack.fp8_weight_cache
+        element_bytes(plan),
+        stack.states_for(plan.precision),
+        mem.context_bytes,
+        mem.fragmentation,
+        mem.reports,
+        stack.fp8_weight_cache,
     )
+
+
+def skipped_step_fraction(plan: ParallelPlan) -> float:
+    """Steps an fp16 run skips under dynamic loss scaling (Micikevicius et al. 2018 §3.2): the scale
+    doubles after the stack's window of clean steps and then overflows once, so one step in
+    window + 1 is skipped in the steady state (the first ones, while the initial scale comes down,
+    are not counted). 0 for other precisions."""
+    return 1.0 / (load_stack(plan.stack).loss_scale_window + 1) if plan.precision == "fp16" else 0.0
+
+
+#: bytes per parameter of fp16's gradient unscale and overflow check: the fp32 main gradients read
+#: and written once (Megatron-Core _unscale_main_grads_and_check_for_nan; torch's
+#: _amp_foreach_non_finite_check_and_unscale_)
+FP16_UNSCALE_BYTES = 8
 
 
 #: The executor on a CPU (executor/measure.py reports state bytes plus the profiler's peak of net

@@ -34,6 +34,7 @@ from ..specs import ModelSpec
 from .compute import CostModel, PassTimes
 from .moe import dispatch_bytes, flex_dispatch_bytes, moe_layer_times
 from .params import rank_expert_params, rank_params, stage_kinds, stage_layer_range
+from .precision import element_bytes
 from .profile import MEGATRON, RuntimeProfile
 from .recompute import partial_recompute, selective_mode
 
@@ -145,7 +146,7 @@ def stage_work(
     lg = costs.logits_times(m, plan)
     em = costs.embedding_times(m, plan)
     tokens = plan.micro_batch_size * m.seq_len / plan.cp
-    act = 2.0 * tokens * m.hidden  # one 16-bit b x s x h activation (per cp rank)
+    act = element_bytes(plan) * tokens * m.hidden  # one b x s x h activation (per cp rank)
     tp_layer = 0.0 if timed_with_tp is not None else _tp_layer_time(plan, net, layout, act)
     a2a = _a2a_time(m, plan, net, layout)
     # the engine runs alltoall-dispatcher all-to-alls on a network that shares links; the flex

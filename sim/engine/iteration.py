@@ -20,6 +20,7 @@ from typing import Protocol
 from ..cost.compute import CostModel
 from ..cost.params import rank_expert_params, rank_params
 from ..cost.profile import RuntimeProfile
+from ..cost.states import FP16_UNSCALE_BYTES
 from ..cost.workload import StageWork
 from ..plan import ParallelPlan
 from ..specs import ModelSpec
@@ -298,4 +299,7 @@ def optimizer_seconds(
     measured step is AdamW's and stands for Adam and AdamW only)."""
     n = local_params(m, plan, stages)
     measured = profile.optimizer_seconds(plan, n) if plan.optimizer in ("adam", "adamw") else None
-    return measured if measured is not None else costs.optimizer_time(n, plan.optimizer, m.hidden)
+    step = measured if measured is not None else costs.optimizer_time(n, plan.optimizer, m.hidden)
+    if plan.precision == "fp16":  # dynamic loss scaling: unscale and check the gradients first
+        step += costs.memory_time(FP16_UNSCALE_BYTES * n)
+    return step

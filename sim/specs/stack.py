@@ -76,6 +76,12 @@ class StateBytes(BaseModel):
     reduce: float = Field(gt=0, description="bytes per parameter the gradient reduction moves")
 
 
+#: Single-precision training: the optimizer updates the fp32 weights it computes with, so there is
+#: no master copy (Micikevicius et al. 2018 §3.1 introduce that copy for 16-bit training only);
+#: gradients are fp32 and reduced in fp32.
+FP32_STATES = StateBytes(weights=4, grads=4, master=0, reduce=4)
+
+
 class StackStates(BaseModel):
     """`StateBytes` per parameter format: ``fp16`` runs, and ``bf16`` runs (fp8/fp4 runs keep bf16
     parameters and use it too)."""
@@ -133,6 +139,11 @@ class StackSpec(BaseModel):
     fp8_saved_inputs: bool = Field(
         description="an fp8/fp4 linear keeps its input for the backward quantised (not in 16 bits)"
     )
+    loss_scale_window: int = Field(
+        gt=0,
+        strict=True,
+        description="fp16 dynamic loss scaling: clean steps before the scale is raised again (and overflows)",
+    )
     loss_bytes_per_logit: float = Field(
         gt=0, description="bytes per logit alive when the loss backward starts (fp32 softmax and its gradients)"
     )
@@ -170,7 +181,10 @@ class StackSpec(BaseModel):
         return self
 
     def states_for(self, precision: str) -> StateBytes:
-        """The state bytes of a plan of ``precision`` (fp8/fp4 plans keep bf16 parameters)."""
+        """The state bytes of a plan of ``precision`` (fp8/fp4 plans keep bf16 parameters; fp32 /
+        tf32 plans keep `FP32_STATES` on every stack)."""
+        if precision in ("fp32", "tf32"):
+            return FP32_STATES
         return self.states.fp16 if precision == "fp16" else self.states.bf16
 
 
@@ -186,6 +200,7 @@ _SOURCED = (
     "fp8_weight_cache",
     "fp8_saved_inputs",
     "loss_bytes_per_logit",
+    "loss_scale_window",
     "states",
     "grad_bucket",
     "zero3",
