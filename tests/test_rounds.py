@@ -31,6 +31,7 @@ def _lowered(name: str, pp: int, vpp: int, zero: int = 1, recompute: str = "none
         ("zb-h1", 4, 1, 1),
         ("zb-h2", 3, 1, 1),
         ("zb-v", 4, 2, 1),
+        ("dualpipe-v", 4, 2, 1),
         ("interleaved-1f1b", 4, 2, 4),
         ("interleaved-zb", 4, 2, 4),
         ("none", 1, 1, 1),
@@ -99,6 +100,7 @@ def _both(plan, backend="analytical", full=False):
         dict(schedule="1f1b", zero=3),
         dict(schedule="zb-h2"),
         dict(schedule="zb-v", vpp=2),
+        dict(schedule="dualpipe-v", vpp=2, zero=3, recompute="full"),
         dict(schedule="interleaved-1f1b", vpp=2, pp=2, global_batch_size=2 * 120),
         dict(schedule="1f1b", recompute="full", tp=2, sequence_parallel=True),
     ],
@@ -141,7 +143,21 @@ def test_interleaved_with_m_not_a_multiple_of_pp_is_never_compressed() -> None:
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     schedule=st.sampled_from(
-        ["1f1b", "interleaved-1f1b", "interleaved-zb", "zb-h1", "zb-h2", "zb-v", "zb-1p", "gpipe", "looped-bfs", "none"]
+        [
+            "1f1b",
+            "interleaved-1f1b",
+            "interleaved-zb",
+            "zb-h1",
+            "zb-h2",
+            "zb-v",
+            "dualpipe-v",
+            "dualpipe",
+            "chimera",
+            "zb-1p",
+            "gpipe",
+            "looped-bfs",
+            "none",
+        ]
     ),
     pp=st.sampled_from([2, 4]),
     tp=st.sampled_from([1, 2]),
@@ -153,11 +169,13 @@ def test_interleaved_with_m_not_a_multiple_of_pp_is_never_compressed() -> None:
     full=st.booleans(),
 )
 def test_compression_is_exact(schedule, pp, tp, cp, zero, recompute, m, backend, full) -> None:
-    vpp = 2 if schedule in ("interleaved-1f1b", "interleaved-zb", "zb-v") else 1
+    vpp = 2 if schedule in ("interleaved-1f1b", "interleaved-zb", "zb-v", "dualpipe-v", "dualpipe", "chimera") else 1
     if schedule == "none":
         pp, vpp = 1, 1
-    if schedule in ("interleaved-1f1b", "interleaved-zb"):
+    if schedule in ("interleaved-1f1b", "interleaved-zb", "chimera"):
         m -= m % pp
+    if schedule == "dualpipe":
+        m -= m % 2
     dp = 32 // (tp * cp * pp) // 2
     plan = ParallelPlan(
         dp=dp,

@@ -38,9 +38,9 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from ..plan import ParallelPlan
-from ..schedules.ir import Schedule
+from ..schedules.ir import Action, Kind, Schedule
 from ..schedules.memo import lowered_schedule
-from ..schedules.periodic import CLOSED_FORM, GROUPED, Rounds, find_rounds
+from ..schedules.periodic import CLOSED_FORM, GROUPED, Rounds, find_rounds, shift
 from .core import Engine
 from .trace import TraceEvent
 
@@ -208,6 +208,9 @@ def _periodic_around_cut(
 
 # --- the expansion ----------------------------------------------------------------------------
 def _moved(e: TraceEvent, dt: float, dmb: int) -> TraceEvent:
+    if e.kind == Kind.OVERLAP_F_B.value:  # a pair names both its microbatches
+        name = str(shift(Action.parse(e.name), dmb))
+        return TraceEvent(e.rank, e.stream, name, e.kind, e.start + dt, e.duration, e.stage, None, e.args)
     if e.microbatch is None:
         return TraceEvent(e.rank, e.stream, e.name, e.kind, e.start + dt, e.duration, e.stage, None, e.args)
     mb = e.microbatch + dmb

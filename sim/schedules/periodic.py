@@ -19,9 +19,10 @@ from .ir import Action, Kind, Pair, Schedule, Step
 
 #: schedule families whose generator is closed-form in the microbatch count (a new microbatch, or
 #: group of pp for interleaved-1f1b and interleaved-zb, adds one steady-state round and renumbers
-#: the cool-down); zb-1p/zb-2p are searched from the costs for each microbatch count, gpipe and
-#: looped-bfs have two phases.
-CLOSED_FORM = frozenset({"none", "1f1b", "interleaved-1f1b", "interleaved-zb", "zb-h1", "zb-h2", "zb-v"})
+#: the cool-down; dualpipe-v: one more pair of overlapped pairs); zb-1p/zb-2p are searched from the
+#: costs for each microbatch count, gpipe and looped-bfs have two phases, and the two-pipeline
+#: schedules number their microbatches per direction (not built of rounds here).
+CLOSED_FORM = frozenset({"none", "1f1b", "interleaved-1f1b", "interleaved-zb", "zb-h1", "zb-h2", "zb-v", "dualpipe-v"})
 #: the closed-form families whose rounds are groups of pp microbatches
 GROUPED = frozenset({"interleaved-1f1b", "interleaved-zb"})
 
@@ -101,13 +102,13 @@ class Rounds:
         follow one another causally and the steady state cannot be cut out."""
         k = 3
         sched = self.expand(k)
-        sent: dict[tuple[int, Kind, int | None], int] = {}
+        sent: dict[tuple[int | None, Kind, int | None], int] = {}
         for r, acts in enumerate(sched.ranks):
             for i, a in enumerate(acts):
                 if a.kind is Kind.SEND_F:
-                    sent[(a.stage + 1, Kind.RECV_F, a.microbatch)] = self.region(r, i, k)
+                    sent[(sched.next_stage(a.stage), Kind.RECV_F, a.microbatch)] = self.region(r, i, k)
                 elif a.kind is Kind.SEND_B:
-                    sent[(a.stage - 1, Kind.RECV_B, a.microbatch)] = self.region(r, i, k)
+                    sent[(sched.prev_stage(a.stage), Kind.RECV_B, a.microbatch)] = self.region(r, i, k)
         span = first = tail = 0
         for r, acts in enumerate(sched.ranks):
             for i, a in enumerate(acts):
@@ -136,6 +137,8 @@ class Rounds:
         for r, acts in enumerate(sched.ranks):
             last: dict[tuple[int, bool], int] = {}
             for i, a in enumerate(acts):
+                if a.__class__ is Pair:  # an overlapped pair: its backward
+                    a = a.b  # type: ignore[union-attr]
                 if a.kind in (Kind.B, Kind.W, Kind.REDUCE_GRAD):
                     last[(a.stage, a.kind is Kind.REDUCE_GRAD)] = i
             if any(self.region(r, i, k) < k for i in last.values()):
