@@ -25,7 +25,8 @@ from simpar.sim.network import make_network
 from simpar.sim.plan import ParallelPlan
 from simpar.sim.plan_check import check_plan
 from simpar.sim.specs import load_cluster, load_model
-from simpar.sim.sweep.estimator import lower_bound, oracle_estimate
+from simpar.sim.sweep.bound import lower_bound
+from simpar.sim.sweep.estimator import oracle_estimate
 from simpar.sim.sweep.evaluate import Evaluator, SweepSetup
 
 TINY = load_model("tiny-moe")

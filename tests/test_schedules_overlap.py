@@ -190,7 +190,8 @@ def test_the_sweep_bound_holds_and_the_estimates_stay_close(schedule: str) -> No
     """The sweep prunes on `lower_bound`: it must not exceed the engine's time; the quick
     estimate (closed-form fill) and the oracle (list scheduler with pairs) track it."""
     from simpar.sim.engine.simulate import simulate
-    from simpar.sim.sweep.estimator import lower_bound, oracle_estimate, quick_estimate
+    from simpar.sim.sweep.bound import lower_bound
+    from simpar.sim.sweep.estimator import oracle_estimate, quick_estimate
     from simpar.sim.sweep.evaluate import Evaluator, SweepSetup
     from simpar.sim.sweep.space import Config, SearchSpace
 

@@ -9,8 +9,8 @@ simulates every GPU; group collectives then start when every member has arrived.
 `simulate()` runs the pipeline's identical steady-state rounds once where it can (`rounds`):
 ``marks`` then asks the walk to note when each action began and the accounts at round starts.
 
-The walk is a dispatch table over action kinds (`Engine.HANDLERS`); what each communication or
-tail term costs comes from `iteration` (shared with the sweep's estimator), how the runtime
+The walk is a dispatch table over action kinds (`Engine.HANDLERS`), its end `tail.IterationTail`;
+what each communication or tail term costs comes from `iteration` (shared with the sweep's estimator), how the runtime
 differs from a Megatron-like run from the runtime profile (`simpar.sim.cost.profile`).
 """
 
@@ -35,12 +35,13 @@ from . import iteration as it
 from .ahead import walk_ahead
 from .iteration import EngineOptions
 from .state import GpuState, Rendezvous, Transfer
+from .tail import IterationTail
 from .trace import TraceEvent
 
 __all__ = ["Engine", "EngineOptions", "run_engine"]
 
 
-class Engine:
+class Engine(IterationTail):
     def __init__(
         self,
         model: ModelSpec,
@@ -461,78 +462,6 @@ class Engine:
                 yield from handlers[a.kind](self, g, a)
             starts.append(env.now)
         yield from self._finish(g)
-
-    # --- the tail of the iteration ----------------------------------------------------------
-    def _tied_embedding_grad(self, g: GpuState):
-        """All-reduce of the tied embedding's gradient between the first and the last pipeline
-        rank of g's pipeline: starts when both have arrived (the wait is idle time, the transfer
-        is pipeline communication)."""
-        assert self.tied is not None
-        coords = dict(zip(("dp", "cp", "tp"), g.key))
-        pair = tuple(self.layout.rank(pp=pr, **coords) for pr in self.tied)
-        rv = self.pending.setdefault(("tied", g.key), Rendezvous(self.env.event()))
-        rv.arrived += 1
-        if rv.arrived == 2:
-            rv.at = self.env.now
-            self.env.process(self._run_group(it.tied_embedding_grad(self.m, self.plan, pair), rv.done))
-        yield rv.done
-        g.acc["pp_comm"] += self.env.now - rv.at
-        self._record(g, "pp", "tied_embedding_grad", "allreduce", rv.at)
-
-    def _replica_grad_sync(self, g: GpuState, stages: list[int]):
-        """Two pipelines (`iteration.replica_grad_sync`): all-reduce the rank's gradients with the
-        rank holding the other replicas of its chunks once both have reduced theirs over data
-        parallelism; the wait for the partner is idle time, the transfer data-parallel communication."""
-        partner = it.replica_partner(self.plan, g.prank)
-        assert partner is not None
-        coords = dict(zip(("dp", "cp", "tp"), g.key))
-        pair = tuple(sorted(self.layout.rank(pp=pr, **coords) for pr in (g.prank, partner)))
-        rv = self.pending.setdefault(("replicas", g.key, pair), Rendezvous(self.env.event()))
-        rv.arrived += 1
-        if rv.arrived == 2:
-            rv.at = self.env.now
-            self.env.process(self._run_group(it.replica_grad_sync(self.m, self.plan, stages, pair), rv.done))
-        yield rv.done
-        g.acc["dp_comm"] += self.env.now - rv.at
-        self._record(g, "dp", "replica_grad_sync", "allreduce", rv.at)
-
-    def _sp_grad_sync(self, g: GpuState, stages: list[int]):
-        """Sequence parallelism's gradient sync before the step (`iteration.sp_grad_sync`):
-        exposed TP communication, shown on the compute stream as exposed TP traffic inside a
-        layer is."""
-        comm = it.sp_grad_sync(self.m, self.plan, stages, g.tp_group, self.profile)
-        dur = comm.time(self.net) if comm is not None else 0.0
-        if dur > 0:
-            t0 = self.env.now
-            yield self.env.timeout(dur)
-            g.acc["tp_comm"] += dur
-            self._record(g, "compute", "sp_grad_sync", "SP_GRAD_SYNC", t0)
-
-    def _finish(self, g: GpuState):
-        stages = list(self.plan.rank_stages[g.prank])
-        for s in stages:
-            self._start_reduction(g, s, self.env.now, 0.0)
-        t0 = self.env.now
-        for proc in g.reductions:
-            if not proc.processed:
-                yield proc
-        g.acc["dp_comm"] += self.env.now - t0
-        if self.plan.pipelines == 2:
-            yield from self._replica_grad_sync(g, stages)
-        if self.tied is not None and g.prank in self.tied:
-            yield from self._tied_embedding_grad(g)
-        yield from self._sp_grad_sync(g, stages)
-        t0 = self.env.now
-        yield self.env.timeout(it.optimizer_seconds(self.m, self.plan, stages, self.costs, self.profile))
-        g.acc["optimizer"] += self.env.now - t0
-        self._record(g, "compute", "optimizer", "OPT", t0)
-        if self.policy is ZeroPolicy.GATHER_AT_START and not self.opt.overlap_param_gather:
-            t0 = self.env.now
-            for s in stages:
-                g.gathered.pop(s, None)
-                yield self._zero_gather(g, s)
-            g.acc["zero_comm"] += self.env.now - t0
-        g.finish = self.env.now
 
 
 def run_engine(

@@ -24,7 +24,8 @@ from ..plan import ParallelPlan
 from ..specs import ClusterSpec, ModelSpec
 from ..specs.calibration import Calibration
 from ..units import GiB
-from .estimator import Estimate, Inputs, dp_groups, edp_groups, lower_bound, oracle_estimate, quick_estimate
+from .bound import lower_bound
+from .estimator import Estimate, Inputs, dp_groups, edp_groups, oracle_estimate, quick_estimate
 from .memory_screen import MemoryScreen
 from .space import Config, SearchSpace, checked_plan
 from .store import as_text

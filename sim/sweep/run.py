@@ -244,7 +244,7 @@ def kth_best(rows: dict[str, dict[str, str]], k: int) -> float | None:
 
 
 def _bounded(backend, setup, fitting, by_id, opts, jdir, progress, note, throughput) -> tuple[dict, dict]:
-    """Engine runs in order of the provable lower bound (`estimator.lower_bound`), BOUND_STEP at a
+    """Engine runs in order of the provable lower bound (`bound.lower_bound`), BOUND_STEP at a
     time, until the next configuration's bound exceeds the k-th best simulated time (k =
     ``opts.simulate``): no configuration left can enter the top k, which are then exactly those of
     an engine run of every fitting configuration. Returns the simulated rows and what the bound

@@ -1,0 +1,118 @@
+"""The tail of a simulated iteration on one GPU, after its last pipeline action: its gradient
+reductions finish, the replicas of a two-pipeline schedule and the ends of a tied embedding
+all-reduce their gradients, sequence parallelism syncs its replicated gradients, the optimizer
+steps, and ZeRO-1/2 gathers the new parameters when not overlapped. A base of `core.Engine`, whose
+state and helpers these methods use."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..plan import ZeroPolicy
+from . import iteration as it
+from .state import GpuState, Rendezvous
+
+if TYPE_CHECKING:
+    import simpy
+
+    from ..cost.compute import CostModel
+    from ..cost.profile import RuntimeProfile
+    from ..layout import RankLayout
+    from ..plan import ParallelPlan
+    from ..specs import ModelSpec
+    from .iteration import EngineOptions
+
+
+class IterationTail:
+    """`core.Engine`'s end of the walk (module docstring)."""
+
+    if TYPE_CHECKING:
+        m: ModelSpec
+        plan: ParallelPlan
+        env: simpy.Environment
+        net: Any
+        opt: EngineOptions
+        costs: CostModel
+        profile: RuntimeProfile
+        layout: RankLayout
+        pending: dict[tuple, Rendezvous]
+        tied: tuple[int, int] | None
+        policy: ZeroPolicy
+
+        def _start_reduction(self, g: GpuState, stage: int, start: float, dur: float) -> None: ...
+        def _run_group(self, comm: it.Comm, done: simpy.Event) -> Any: ...
+        def _record(
+            self, g: GpuState, stream: str, name: str, kind: str, start: float, stage=None, mb=None
+        ) -> None: ...
+        def _zero_gather(self, g: GpuState, stage: int) -> simpy.Event: ...
+
+    def _tied_embedding_grad(self, g: GpuState):
+        """All-reduce of the tied embedding's gradient between the first and the last pipeline
+        rank of g's pipeline: starts when both have arrived (the wait is idle time, the transfer
+        is pipeline communication)."""
+        assert self.tied is not None
+        coords = dict(zip(("dp", "cp", "tp"), g.key))
+        pair = tuple(self.layout.rank(pp=pr, **coords) for pr in self.tied)
+        rv = self.pending.setdefault(("tied", g.key), Rendezvous(self.env.event()))
+        rv.arrived += 1
+        if rv.arrived == 2:
+            rv.at = self.env.now
+            self.env.process(self._run_group(it.tied_embedding_grad(self.m, self.plan, pair), rv.done))
+        yield rv.done
+        g.acc["pp_comm"] += self.env.now - rv.at
+        self._record(g, "pp", "tied_embedding_grad", "allreduce", rv.at)
+
+    def _replica_grad_sync(self, g: GpuState, stages: list[int]):
+        """Two pipelines (`iteration.replica_grad_sync`): all-reduce the rank's gradients with the
+        rank holding the other replicas of its chunks once both have reduced theirs over data
+        parallelism; the wait for the partner is idle time, the transfer data-parallel communication."""
+        partner = it.replica_partner(self.plan, g.prank)
+        assert partner is not None
+        coords = dict(zip(("dp", "cp", "tp"), g.key))
+        pair = tuple(sorted(self.layout.rank(pp=pr, **coords) for pr in (g.prank, partner)))
+        rv = self.pending.setdefault(("replicas", g.key, pair), Rendezvous(self.env.event()))
+        rv.arrived += 1
+        if rv.arrived == 2:
+            rv.at = self.env.now
+            self.env.process(self._run_group(it.replica_grad_sync(self.m, self.plan, stages, pair), rv.done))
+        yield rv.done
+        g.acc["dp_comm"] += self.env.now - rv.at
+        self._record(g, "dp", "replica_grad_sync", "allreduce", rv.at)
+
+    def _sp_grad_sync(self, g: GpuState, stages: list[int]):
+        """Sequence parallelism's gradient sync before the step (`iteration.sp_grad_sync`):
+        exposed TP communication, shown on the compute stream as exposed TP traffic inside a
+        layer is."""
+        comm = it.sp_grad_sync(self.m, self.plan, stages, g.tp_group, self.profile)
+        dur = comm.time(self.net) if comm is not None else 0.0
+        if dur > 0:
+            t0 = self.env.now
+            yield self.env.timeout(dur)
+            g.acc["tp_comm"] += dur
+            self._record(g, "compute", "sp_grad_sync", "SP_GRAD_SYNC", t0)
+
+    def _finish(self, g: GpuState):
+        stages = list(self.plan.rank_stages[g.prank])
+        for s in stages:
+            self._start_reduction(g, s, self.env.now, 0.0)
+        t0 = self.env.now
+        for proc in g.reductions:
+            if not proc.processed:
+                yield proc
+        g.acc["dp_comm"] += self.env.now - t0
+        if self.plan.pipelines == 2:
+            yield from self._replica_grad_sync(g, stages)
+        if self.tied is not None and g.prank in self.tied:
+            yield from self._tied_embedding_grad(g)
+        yield from self._sp_grad_sync(g, stages)
+        t0 = self.env.now
+        yield self.env.timeout(it.optimizer_seconds(self.m, self.plan, stages, self.costs, self.profile))
+        g.acc["optimizer"] += self.env.now - t0
+        self._record(g, "compute", "optimizer", "OPT", t0)
+        if self.policy is ZeroPolicy.GATHER_AT_START and not self.opt.overlap_param_gather:
+            t0 = self.env.now
+            for s in stages:
+                g.gathered.pop(s, None)
+                yield self._zero_gather(g, s)
+            g.acc["zero_comm"] += self.env.now - t0
+        g.finish = self.env.now

@@ -1,0 +1,125 @@
+"""A provable lower bound on a plan's iteration time, from the estimator's inputs: what the sweep
+orders the engine runs by and prunes on (`run.simulate_phase`), safe on either network backend."""
+
+from __future__ import annotations
+
+from ..engine import iteration as it
+from .estimator import OVERLAPPED, Inputs, _cached, _optimizer, _sp_sync
+
+
+def _last_reduction(x: Inputs, prank: int, stage: int) -> float:
+    """Seconds of the stage's last gradient reduction, which no schedule starts before the end of
+    the stage's last backward (its last bucket, or the whole reduction when not overlapped)."""
+    p = x.plan
+    if not p.reduces_gradients or x.fsdp:
+        return 0.0
+    key = (
+        "last-reduction",
+        p.tp,
+        p.cp,
+        p.pp,
+        p.dp,
+        p.zero,
+        p.precision,
+        p.mesh_order,
+        x.work[stage].params,
+        x.work[stage].expert_params,
+        x.work[stage].layers,
+        x.edp(prank),
+        prank,
+    )
+
+    def timed() -> float:
+        comms = it.grad_buckets(p, x.work[stage], x.dp_groups[prank], x.profile, x.options, x.edp(prank))
+        return x.time(it.last_bucket(comms), prank)
+
+    return _cached(x, key, timed)
+
+
+def lower_bound(x: Inputs, backend: str = "analytical") -> float:
+    """Seconds no engine run of the plan can beat, on either network backend: the sweep prunes a
+    plan whose bound exceeds the k-th best simulated time, and the pruning is safe.
+
+    Only durations the engine waits out in sequence on one GPU's walk enter (compute with its
+    exposed TP/CP communication, recompute, posting pipeline transfers, the sequence-parallel
+    sync and the optimizer step); every wait and every collective the network times is taken as
+    0, but the stage's last gradient reduction on the analytical network. These chains each give
+    a bound (the largest is returned):
+
+    - a pipeline rank's walk: its first forward needs the activations of micro-batch 0 from
+      every earlier stage (their forwards, one after another), then it runs all its work;
+    - the last micro-batch on stage 0: m - 1 forwards of stage 0 come first on its rank, then
+      the micro-batch goes forward through every stage and back (input gradients, with the
+      recompute before each), its weight gradient on stage 0, and that rank's step;
+    - a rank's drain: every schedule runs a stage's forwards, and its input gradients, in
+      micro-batch order, and a stage's input gradient waits for the later stage's; so before the
+      rank's lowest stage finishes the last micro-batch's input gradient, the rank has run all
+      its forwards, recomputes and input gradients (after micro-batch 0 reached it); then that
+      gradient goes back through the earlier stages to stage 0, its weight gradient, its step.
+
+    With two pipelines (Chimera, DualPipe) "earlier stages" are those of the stage's own pipeline,
+    a rank starts when the first of its two pipelines reaches it, and the drain follows the rank's
+    last input gradient on whichever of its stages (see the comment there).
+    """
+    p, m = x.plan, x.plan.num_microbatches // x.plan.pipelines  # micro-batches each stage runs
+    fwd = [x.dur(w, "F") for w in x.work]
+    rec = [x.dur(w, "R") for w in x.work]  # 0 without recompute
+    back = [x.dur(w, "I") + x.dur(w, "W") for w in x.work]  # B, or I + W
+    back_in = [x.dur(w, "I") for w in x.work] if p.split_backward else back
+    w0 = back[0] - back_in[0]  # stage 0's W after its I (0 with a full backward B)
+    # A rank's sum of passes: an overlapped F&B pair saves at most (1 - contention) of its parts'
+    # exposed communication (`overlap_seconds`), so each pass counts that much less there; one
+    # pass on a chain across ranks still takes its whole time (a pair lasts its longer part).
+    fwd_r, back_r, back_in_r = fwd, back, back_in
+    if p.schedule in OVERLAPPED:
+        keep = 1.0 - x.costs.eff.overlap_contention
+        xf = [keep * sum(x.parts(w, "F")[2:]) for w in x.work]
+        xb = [keep * sum(x.parts(w, "B")[2:]) for w in x.work]
+        fwd_r = [t - e for t, e in zip(fwd, xf)]
+        back_r = [t - e for t, e in zip(back, xb)]
+        back_in_r = [max(0.0, t - e) for t, e in zip(back_in, xb)]
+    # the SP sync is a collective: timed as the engine times it on the analytical network only
+    sync = backend == "analytical"
+    end = [(_sp_sync(x, r) if sync else 0.0) + _optimizer(x, r) for r in range(len(x.ranks))]
+    n = p.num_chunks  # one pipeline's stages; with two, stage s is position s % n of its pipeline
+
+    def ahead(s: int, times: list[float]) -> float:
+        """The stages before s in its pipeline, summed."""
+        return sum(times[s - s % n : s])
+
+    walks = [
+        min(ahead(s, fwd) for s in st)
+        + sum(m * (fwd_r[s] + rec[s] + back_r[s] + x.posts[s] * x.post) for s in st)
+        + end[r]
+        for r, st in enumerate(x.ranks)
+    ]
+    # the stage's last gradient bucket is released at the end of its last backward and reduced
+    # before the step (timed as the engine times it on the analytical network only)
+    red = [[_last_reduction(x, r, s) if sync else 0.0 for s in st] for r, st in enumerate(x.ranks)]
+    walks = [t + min(red[r]) for r, t in enumerate(walks)]
+    first = next(r for r, st in enumerate(x.ranks) if 0 in st)
+    end[first] += red[first][x.ranks[first].index(0)]
+    chain = (m - 1) * fwd_r[0] + sum(fwd[:n]) + sum(rec[:n]) + sum(back_in[:n]) + w0 + end[first]
+    if p.pipelines == 1:
+        drains = [
+            sum(fwd[: min(st)])
+            + m * sum(fwd_r[s] + rec[s] + back_in_r[s] for s in st)
+            + sum(rec[: min(st)])
+            + sum(back_in[: min(st)])
+            + w0 * (min(st) > 0)
+            + end[first]
+            for st in x.ranks
+        ]
+        return max(*walks, chain, *drains)
+    # Two pipelines (the second's first stage, n, mirrors stage 0: same work, same rank step). A
+    # rank's last input gradient, on either of its stages, comes after all its forwards,
+    # recomputes and input gradients (each precedes one of its own stage's, and that stage's last
+    # is at most the last); then it goes back through the earlier stages of its own pipeline.
+    drains = [
+        min(ahead(s, fwd) for s in st)
+        + m * sum(fwd_r[s] + rec[s] + back_in_r[s] for s in st)
+        + min(ahead(s, rec) + ahead(s, back_in) + w0 * (s % n > 0) for s in st)
+        + end[first]
+        for st in x.ranks
+    ]
+    return max(*walks, chain, *drains)
