@@ -71,26 +71,11 @@ def looped_zb() -> None:
 def torch_equality() -> None:
     try:
         import torch.distributed.pipelining.schedules as S
+
+        from simpar.executor.torch_pipelining import torch_compute_order as theirs
     except ImportError:
         print("torch equality: skipped (no torch)")
         return
-
-    class Stub:
-        def __init__(self, stage: int, num_stages: int, pp: int) -> None:
-            self.stage_index, self.num_stages, self.group_size, self.group_rank = stage, num_stages, pp, 0
-            self.submod = None
-            self.is_first, self.is_last = stage == 0, stage == num_stages - 1
-
-    def theirs(cls, pp: int, stages: int, local: list[int], m: int) -> list[list[str]]:
-        obj = cls([Stub(s, stages, pp) for s in local], m)
-        return [
-            [
-                str(a)
-                for a in obj.pipeline_order[r]
-                if a is not None and (a.sub_actions is not None or a.computation_type.value in ("F", "B", "I", "W"))
-            ]
-            for r in range(pp)
-        ]
 
     def ours(name: str, pp: int, v: int, m: int) -> list[list[str]] | None:
         try:

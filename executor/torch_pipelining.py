@@ -215,3 +215,31 @@ class PipelineRunner:
         with timed_actions(recorder):
             self.runtime.step(inputs, target=targets, losses=losses, return_outputs=False)
         return losses
+
+
+class StubStage:
+    """The fields torch's schedule constructors read from a pipeline stage: enough to make a
+    schedule class compute its ``pipeline_order`` without a process group."""
+
+    def __init__(self, stage: int, num_stages: int, pp: int) -> None:
+        self.stage_index, self.num_stages, self.group_size, self.group_rank = stage, num_stages, pp, 0
+        self.submod = None
+        self.is_first, self.is_last = stage == 0, stage == num_stages - 1
+
+
+def torch_compute_order(cls, pp: int, num_stages: int, local: list[int], m: int) -> list[list[str]]:
+    """torch's compute order per rank for schedule class ``cls`` (its overlapped pairs included, as
+    torch writes them), built from stub stages ``local`` of ``num_stages``: what simpar's generators
+    are checked against."""
+    if issubclass(cls, _sched.PipelineScheduleSingle):
+        obj = cls(StubStage(0, num_stages, pp), m)
+    else:
+        obj = cls([StubStage(s, num_stages, pp) for s in local], m)
+    return [
+        [
+            str(a)
+            for a in obj.pipeline_order[r]
+            if a is not None and (a.sub_actions is not None or a.computation_type.value in ("F", "B", "I", "W"))
+        ]
+        for r in range(pp)
+    ]

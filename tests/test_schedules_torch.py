@@ -17,32 +17,11 @@ import pytest
 torch = pytest.importorskip("torch")
 S = pytest.importorskip("torch.distributed.pipelining.schedules")
 
+from simpar.executor.torch_pipelining import StubStage, torch_compute_order  # noqa: E402
 from simpar.sim.schedules import Action, Kind, build_schedule, lower, read_csv, write_csv  # noqa: E402
 
-
-class Stub:
-    """The fields torch's schedule constructors read from a pipeline stage."""
-
-    def __init__(self, stage: int, num_stages: int, pp: int) -> None:
-        self.stage_index, self.num_stages, self.group_size, self.group_rank = stage, num_stages, pp, 0
-        self.submod = None
-        self.is_first, self.is_last = stage == 0, stage == num_stages - 1
-
-
-def torch_order(cls, pp: int, num_stages: int, local: list[int], m: int) -> list[list[str]]:
-    """torch's compute order per rank (overlapped pairs included, written as torch writes them)."""
-    if issubclass(cls, S.PipelineScheduleSingle):
-        obj = cls(Stub(0, num_stages, pp), m)
-    else:
-        obj = cls([Stub(s, num_stages, pp) for s in local], m)
-    return [
-        [
-            str(a)
-            for a in obj.pipeline_order[r]
-            if a is not None and (a.sub_actions is not None or a.computation_type.value in ("F", "B", "I", "W"))
-        ]
-        for r in range(pp)
-    ]
+Stub = StubStage
+torch_order = torch_compute_order
 
 
 def ours(name: str, pp: int, vpp: int, m: int) -> list[list[str]]:
