@@ -56,7 +56,7 @@ def memory(as_json: bool, **kw) -> None:
     from simpar.sim.cost.memory import schedule_memory_report
 
     st = setup_from_options(kw)
-    rep = schedule_memory_report(st.model, st.plan, st.cluster.gpu)
+    rep = schedule_memory_report(st.model, st.plan, st.cluster.gpu, st.cluster)
     if as_json:
         echo_json(memory_json(rep))
         return

@@ -95,12 +95,20 @@ def _list(text: str, field: str, allowed: tuple | None = None, cast=str) -> tupl
 
 
 def space_from(kw: dict[str, Any]):
-    from simpar.sim.sweep.space import SearchSpace
+    from simpar.sim.sweep.space import SearchSpace, offload_fields
 
     mbs = _list(kw["mbs"], "mbs", cast=int)
     if min(mbs) < 1:
         raise SimparError("mbs", "micro-batch sizes must be >= 1.", "write e.g. --mbs 1,2,4,8.")
     rlayers = _list(kw.get("recompute_layers") or "0", "recompute-layers", cast=int)
+    offload = _list(kw.get("offload") or "none", "offload")
+    for v in offload:
+        try:
+            offload_fields(v)
+        except ValueError as exc:
+            raise SimparError(
+                "offload", str(exc) + ".", "write e.g. --offload none,optimizer:1,activations:2."
+            ) from None
     if min(rlayers) < 0:
         raise SimparError("recompute-layers", "layer counts must be >= 0 (0: every layer).", "write e.g. 0,2,4.")
     return SearchSpace(
@@ -121,6 +129,7 @@ def space_from(kw: dict[str, Any]):
         moe_a2a_overlap=OVERLAP_CHOICES[kw.get("moe_a2a_overlap") or "off"],
         optimizer=_list(kw.get("optimizer") or "adamw", "optimizer", OPTIMIZERS),
         recompute_layers=rlayers,
+        offload=offload,
     )
 
 
@@ -147,6 +156,7 @@ _COMMAND = [
     ("moe_a2a_overlap", "off"),
     ("optimizer", "adamw"),
     ("recompute_layers", "0"),
+    ("offload", "none"),
     ("objective", "throughput"),
     ("refine", 0),
     ("simulate", 20),
@@ -317,6 +327,14 @@ def _check_stack(space, gpu) -> None:
     show_default=True,
     help="with full recompute: layers recomputed per stage to try (block method, Megatron-Core "
     "--recompute-num-layers), comma-separated; 0 recomputes every layer",
+)
+@click.option(
+    "--offload",
+    default="none",
+    show_default=True,
+    help="host offload variants to try, comma-separated: none, optimizer:F (the fraction F of the optimizer "
+    "on the CPU), params (ZeRO-3 shards; the whole optimizer), activations:N (first N layers per stage); "
+    "join parts with +",
 )
 @click.option("--objective", type=click.Choice(["throughput", "memory"]), default="throughput", show_default=True)
 @click.option("--top", type=Whole(0), default=10, show_default=True, help="rows of the table of best plans")

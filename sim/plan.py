@@ -103,6 +103,18 @@ class ParallelPlan(BaseModel):
         "uniform", description="uniform: checkpoint groups of recompute_layers; block: the first recompute_layers"
     )
     optimizer: str = Field("adamw", description="optimizer (simpar.sim.cost.optimizers: state bytes, step cost)")
+    #: host memory (`cost.offload`): the part of the optimizer (master weights, its states and the
+    #: step) on the CPU (DeepSpeed offload_optimizer with its ratio, Megatron-Core
+    #: --optimizer-offload-fraction); ZeRO-3 parameter shards on the CPU (FSDP2 CPUOffloadPolicy,
+    #: DeepSpeed offload_param); the stored activations of the first N layers of each stage
+    #: (Megatron-Core cpu_offloading_num_layers)
+    offload_optimizer: float = Field(
+        0.0, ge=0.0, le=1.0, description="fraction of the optimizer's states and step on the host CPU"
+    )
+    offload_params: bool = Field(False, description="ZeRO-3 parameter shards (and their gradients) in host memory")
+    offload_activations: int = Field(
+        0, ge=0, le=1 << 16, strict=True, description="layers per stage whose stored activations go to host memory"
+    )
     sequence_parallel: bool = False
     precision: Literal["bf16", "fp16", "fp8", "fp4", "fp32", "tf32"] = "bf16"
     #: the framework that runs the plan (`simpar.sim.specs.stack`); the three fields after it default to its values
@@ -139,6 +151,8 @@ class ParallelPlan(BaseModel):
             return data
         stack = load_stack(str(data.get("stack", DEFAULT_STACK)))
         out = dict(data)
+        if out.get("offload_params"):  # the shards live on the CPU, so the optimizer steps there
+            out.setdefault("offload_optimizer", 1.0)
         # FlashAttention runs in 16-bit only: an fp32 / tf32 plan materialises the scores
         out.setdefault("flash_attention", stack.flash_attention and out.get("precision") not in ("fp32", "tf32"))
         tp, sp = out.get("tp", 1), out.get("sequence_parallel", False)
@@ -311,8 +325,14 @@ class ParallelPlan(BaseModel):
             f"{', SP' if self.sequence_parallel else ''}"
             f"{', TP overlap' if self.tp_comm_overlap else ''}, {self.precision}"
             f"{f' ({self.fp8_recipe})' if self.fp8_recipe else ''}, {self.stack}"
-            f"{f', {self.optimizer}' if self.optimizer != 'adamw' else ''}"
+            f"{f', {self.optimizer}' if self.optimizer != 'adamw' else ''}{self._describe_offload()}"
         )
+
+    def _describe_offload(self) -> str:
+        parts = [f"optimizer {self.offload_optimizer:.0%}"] if self.offload_optimizer else []
+        parts += ["params"] * self.offload_params
+        parts += [f"activations of {self.offload_activations} layers/stage"] * (self.offload_activations > 0)
+        return f", offload {' + '.join(parts)}" if parts else ""
 
     def chunk_layers(self, num_layers: int) -> tuple[int, ...]:
         """Transformer layers in each model chunk (index = chunk id)."""

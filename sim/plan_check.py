@@ -61,6 +61,7 @@ def check_plan(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec, num_g
     _check_schedule(plan)
     _check_split(plan, model)
     _check_partial_recompute(plan, model)
+    _check_offload(plan, model, cluster)
     _check_stack(plan, model, cluster)
     _check_experts(plan, model)
 
@@ -87,6 +88,60 @@ def _check_partial_recompute(plan: ParallelPlan, model: ModelSpec) -> None:
             f"{n} layers is more than a stage holds ({most}).",
             f"use at most {most} (with --recompute-method block, {most} recomputes every layer).",
         )
+
+
+def _check_offload(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec) -> None:
+    """Offload needs a host in the cluster file, a stack that offloads that, and ZeRO's shards."""
+    kinds = [
+        k
+        for k, on in (
+            ("optimizer", plan.offload_optimizer > 0),
+            ("params", plan.offload_params),
+            ("activations", plan.offload_activations > 0),
+        )
+        if on
+    ]
+    if not kinds:
+        return
+    field = {"optimizer": "offload_optimizer", "params": "offload_params", "activations": "offload_activations"}
+    if cluster.node.host is None:
+        raise PlanError(
+            field[kinds[0]],
+            f"cluster {cluster.name} has no host memory in its file (node.host).",
+            "add node.host (memory_GiB, memory_bw_GBps, adam_Gparams_per_s) with sources, or do not offload.",
+        )
+    stack = load_stack(plan.stack)
+    for k in kinds:
+        if k not in stack.offload:
+            can = ", ".join(stack.offload) or "nothing"
+            raise PlanError(
+                field[k],
+                f"stack {stack.name} cannot offload {k} (it offloads {can}).",
+                "use another stack, or drop it.",
+            )
+    if plan.offload_optimizer > 0 and plan.zero < 1:
+        raise PlanError(
+            "offload_optimizer",
+            "optimizer offload runs on ZeRO's optimizer shards (DeepSpeed ZeRO-Offload extends ZeRO-1/2; "
+            "Megatron-Core needs the distributed optimizer).",
+            "add --zero 1 (or 2, 3).",
+        )
+    if plan.offload_params and (plan.zero < 3 or plan.offload_optimizer < 1):
+        raise PlanError(
+            "offload_params",
+            "parameter offload keeps ZeRO-3's shards on the CPU, where the whole optimizer steps "
+            "(FSDP2 CPUOffloadPolicy, DeepSpeed offload_param).",
+            "use --zero 3 with --offload-optimizer 1.",
+        )
+    if plan.offload_activations:
+        least = min(plan.chunk_layers(model.layers))
+        if plan.offload_activations >= least:
+            raise PlanError(
+                "offload_activations",
+                f"{plan.offload_activations} layers is not fewer than a stage holds ({least}); Megatron-Core "
+                "offloads fewer layers than the stage has (the last one's backward starts at once).",
+                f"use at most {least - 1}.",
+            )
 
 
 def _check_stack(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec) -> None:

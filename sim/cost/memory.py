@@ -25,15 +25,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from ..layout import RankLayout
 from ..model import DENSE, LayerKind, layer_kinds, mtp_kind
 from ..plan import ParallelPlan, ZeroPolicy
 from ..schedules import peak_activation_units, peak_inflight, schedule_for_plan
 from ..schedules.lower import MAX_ACTIVE_STAGES
-from ..specs import GPUSpec, ModelSpec
+from ..specs import ClusterSpec, GPUSpec, ModelSpec
 from ..specs.stack import MEMORY_METRICS, load_stack
 from ..units import GiB
 from .alive import plan_profile
 from .moe import moe_mlp_activation_parts
+from .offload import host_state_bytes, offload_layers, offloads
 from .optimizers import optimizer_facts
 from .params import rank_expert_params, rank_params, stage_kinds, stage_layer_range
 from .precision import saved_input_fraction
@@ -116,8 +118,21 @@ def layer_activation_bytes(
     return total
 
 
+def stage_offloaded_bytes(m: ModelSpec, plan: ParallelPlan, stage: int) -> float:
+    """Bytes of one micro-batch's stored activations of ``stage`` that go to host memory: those of
+    its first ``offload_activations`` layers (`offload`), as they are stored (checkpoints under
+    full recompute)."""
+    if not plan.offload_activations:
+        return 0.0
+    rng = stage_layer_range(m, plan, stage)
+    k = offload_layers(m, plan, len(rng))
+    kinds = layer_kinds(m)
+    return sum(layer_activation_bytes(m, plan, kind=kinds[i]) for i in list(rng)[:k])
+
+
 def stage_activation_bytes(m: ModelSpec, plan: ParallelPlan, stage: int) -> float:
-    """Bytes one stage keeps per micro-batch: its layers, plus embedding / logits tensors."""
+    """Bytes one stage keeps per micro-batch in GPU memory: its layers (less those offloaded to the
+    host, `stage_offloaded_bytes`), plus embedding / logits tensors."""
     s, b, h, t = m.seq_len / plan.cp, plan.micro_batch_size, m.hidden, plan.tp
     sp_div = t if plan.sequence_parallel else 1
     counts = stage_kinds(m, plan, stage)
@@ -139,7 +154,7 @@ def stage_activation_bytes(m: ModelSpec, plan: ParallelPlan, stage: int) -> floa
         # starts: Megatron's fused cross entropy keeps the fp32 softmax (4 bytes, Korthikanti §4.3)
         per_logit = load_stack(plan.stack).loss_bytes_per_logit
         total += 2 * s * b * h / sp_div + 2 * s * b * h + per_logit * s * b * m.vocab / t
-    return total
+    return total - stage_offloaded_bytes(m, plan, stage)
 
 
 def stage_activations(m: ModelSpec, plan: ParallelPlan) -> list[float]:
@@ -160,6 +175,7 @@ class RankMemory:
     other: float  # ZeRO-3 gather buffers, context outside the allocator, fragmentation
     capacity: float
     inflight: float = 0.0  # stage-microbatch activation sets alive at the peak
+    host: float = 0.0  # bytes this GPU keeps in host memory (`offload`; not part of ``total``)
     detail: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -191,11 +207,39 @@ class MemoryReport:
     ranks: tuple[RankMemory, ...]
     capacity: float
     conventions: MemoryConventions
+    #: host memory each node needs (bytes, node order; empty without offload) and what it has
+    host_need: tuple[float, ...] = ()
+    host_capacity: float = 0.0
+
+    @property
+    def gpu_fits(self) -> bool:
+        return all(r.fits for r in self.ranks)
+
+    @property
+    def host_fits(self) -> bool:
+        return not self.host_need or max(self.host_need) <= self.host_capacity
 
     @property
     def fits(self) -> bool:
-        """Every rank fits."""
-        return all(r.fits for r in self.ranks)
+        """Every rank fits its GPU, and every node's offloaded bytes its host memory."""
+        return self.gpu_fits and self.host_fits
+
+    @property
+    def host_node(self) -> int:
+        """The node needing the most host memory (the lowest on a tie; 0 without offload)."""
+        return max(range(len(self.host_need)), key=lambda n: (self.host_need[n], -n)) if self.host_need else 0
+
+    def host_line(self) -> str:
+        """One line on host memory ('' without offload)."""
+        if not self.host_need:
+            return ""
+        n, need, cap = self.host_node, max(self.host_need), self.host_capacity
+        if need <= cap:
+            return f"host memory: node {n} needs {need / GiB:.1f} of {cap / GiB:.0f} GiB"
+        return (
+            f"does not fit in host memory by {(need - cap) / GiB:.1f} GiB on node {n}"
+            f" (needs {need / GiB:.1f} of {cap / GiB:.0f} GiB)"
+        )
 
     @property
     def peak(self) -> RankMemory:
@@ -214,9 +258,14 @@ class MemoryReport:
         return self.peak.total - self.capacity
 
     def verdict(self) -> str:
-        """One line: fits or not, with the peak rank and its bytes against the capacity."""
+        """One line: fits or not, with the peak rank and its bytes against the capacity (and the
+        host memory's line where the plan offloads)."""
+        line = self._gpu_verdict()
+        return f"{line}; {self.host_line()}" if self.host_need else line
+
+    def _gpu_verdict(self) -> str:
         p = self.peak
-        if self.fits:
+        if self.gpu_fits:
             return (
                 f"fits: peak {p.total / GiB:.2f} GiB on pipeline rank {p.pipeline_rank} "
                 f"of {self.capacity / GiB:.1f} GiB"
@@ -227,12 +276,58 @@ class MemoryReport:
         )
 
     def reason(self) -> str:
-        """Why a plan is dropped for memory: 'does not fit by X GiB on pipeline rank r (needs Y of Z GiB)'."""
+        """Why a plan is dropped for memory: 'does not fit by X GiB on pipeline rank r (needs Y of Z
+        GiB)', or the host memory's line when only that is short."""
         p = self.peak
+        if self.gpu_fits and not self.host_fits:
+            return self.host_line()
         return (
             f"does not fit by {self.over_by / GiB:.2f} GiB on pipeline rank {p.pipeline_rank} "
             f"(needs {p.total / GiB:.2f} of {self.capacity / GiB:.1f} GiB)"
         )
+
+
+def transient_activation_bytes(m: ModelSpec, plan: ParallelPlan) -> float:
+    """Activations alive only around one backward: the recomputed ones (`recompute_transient_bytes`)
+    and one offloaded layer reloaded ahead of its backward (the layers after it, whose backward
+    runs first, free theirs as it goes: Megatron-Core reloads a layer ahead)."""
+    reload = 0.0
+    if plan.offload_activations:
+        split = plan.stage_layers(m.layers)
+        reload = max(
+            stage_offloaded_bytes(m, plan, st) / max(1, offload_layers(m, plan, split[st]))
+            for st in range(plan.num_stages)
+        )
+    return recompute_transient_bytes(m, plan) + reload
+
+
+def host_memory(ranks: Sequence[RankMemory], plan: ParallelPlan, cluster: ClusterSpec | None) -> tuple[float, ...]:
+    """Host bytes each node needs: the sum of what its GPUs keep there (`RankMemory.host`, by the
+    pipeline rank each GPU holds); empty when the plan offloads nothing."""
+    if not offloads(plan):
+        return ()
+    if cluster is None:
+        raise ValueError("an offloading plan's memory needs its cluster (host memory per node)")
+    g = cluster.gpus_per_node
+    layout = RankLayout(plan)
+    need = [0.0] * -(-plan.num_gpus // g)
+    for r in range(plan.num_gpus):
+        need[r // g] += ranks[layout.pipeline_rank(r)].host
+    return tuple(need)
+
+
+def host_capacity(cluster: ClusterSpec | None) -> float:
+    host = None if cluster is None else cluster.node.host
+    return 0.0 if host is None else host.memory_GiB * GiB
+
+
+def host_activation_bytes(m: ModelSpec, plan: ParallelPlan, inflight: Sequence[float]) -> list[float]:
+    """Offloaded activation bytes each pipeline rank keeps on the host at its peak: its in-flight
+    sets times its stages' largest offloaded set (`stage_offloaded_bytes`)."""
+    if not plan.offload_activations:
+        return [0.0] * plan.pp
+    per = [stage_offloaded_bytes(m, plan, st) for st in range(plan.num_stages)]
+    return [float(inflight[r]) * max(per[st] for st in stages) for r, stages in enumerate(plan.rank_stages)]
 
 
 def recompute_transient_bytes(m: ModelSpec, plan: ParallelPlan) -> float:
@@ -269,13 +364,14 @@ def rank_memory(
     zero3_unsharded: float | None = None,
     conventions: MemoryConventions | None = None,
     expert_psi: float = 0.0,
+    host_acts: float = 0.0,
 ) -> RankMemory:
     """Peak memory of one GPU of pipeline rank ``rank`` holding ``psi`` parameters (its stages hold
     ``stage_params`` each, ``layers`` layers in all) with ``acts`` bytes of stored activations at
     the peak and ``transient`` recomputed ones (both as the formulas count them), on a GPU of
     ``capacity`` bytes, under ``conventions``; ``expert_psi`` of the ``psi`` are routed-expert
-    parameters, whose states ZeRO shards over edp instead of dp x cp. The one place the per-rank
-    sum is made."""
+    parameters, whose states ZeRO shards over edp instead of dp x cp; ``host_acts`` bytes of
+    activations sit in host memory at the peak (`offload`). The one place the per-rank sum is made."""
     nd = plan.zero_shards
     conventions = conventions or stack_conventions(plan)
     sb = conventions.states
@@ -303,6 +399,15 @@ def rank_memory(
         else:
             gather = 2.0 * sum(sorted(stage_params, reverse=True)[:MAX_ACTIVE_STAGES])
         grads = sb.grads * psi
+    host = {"optimizer": 0.0, "grads": 0.0, "params": 0.0}
+    if offloads(plan):
+        owned = psi if plan.zero == 0 else (psi - expert_psi) / nd + expert_psi / plan.edp
+        sharded_grads = grads if policy is not ZeroPolicy.PER_UNSHARD else 0.0
+        host = host_state_bytes(plan, owned, sb, own, sharded_grads)
+        opt *= 1.0 - plan.offload_optimizer
+        if plan.offload_params:  # the shards (and FSDP's reduced gradient shards) live on the host
+            weights -= sb.weights * owned
+            grads -= sharded_grads
     scale = conventions.activation_scale
     acts, transient = scale * acts, scale * transient
     context = conventions.context_bytes
@@ -318,7 +423,10 @@ def rank_memory(
         other=other,
         capacity=capacity,
         inflight=inflight,
+        host=sum(host.values()) + host_acts,
         detail={
+            **{f"host_{k}": v for k, v in host.items()},
+            "host_activations": host_acts,
             "activations_stored": acts,
             "recompute_transient": transient,
             "zero3_gather": gather,
@@ -336,8 +444,10 @@ def memory_report(
     activation_peak: Sequence[float] | None = None,
     zero3_unsharded: Sequence[float] | None = None,
     conventions: MemoryConventions | None = None,
+    cluster: ClusterSpec | None = None,
 ) -> MemoryReport:
-    """Peak memory per pipeline rank of ``plan`` on ``gpu``, under ``conventions``.
+    """Peak memory per pipeline rank of ``plan`` on ``gpu``, under ``conventions``; with offload,
+    the host memory of each node of ``cluster`` too.
 
     ``activation_peak``: stored activation bytes per rank at its peak, as the formulas count them
     (e.g. from the engine's memory timeline); ``inflight``: activation sets alive at the peak.
@@ -350,7 +460,7 @@ def memory_report(
         inflight = prof.inflight if inflight is None else inflight
         activation_peak = prof.peaks(stage_activations(m, plan)) if activation_peak is None else activation_peak
     conventions = conventions or stack_conventions(plan)
-    return _report(m, plan, gpu.hbm_bytes, inflight, activation_peak, zero3_unsharded, conventions)
+    return _report(m, plan, gpu.hbm_bytes, inflight, activation_peak, zero3_unsharded, conventions, cluster)
 
 
 def _report(
@@ -361,9 +471,13 @@ def _report(
     activation_peak: Sequence[float],
     zero3_unsharded: Sequence[float] | None,
     conventions: MemoryConventions,
+    cluster: ClusterSpec | None = None,
+    host: tuple[tuple[float, ...], float] | None = None,
 ) -> MemoryReport:
-    """`rank_memory` of every pipeline rank, given its activation peak and in-flight count."""
-    transient = recompute_transient_bytes(m, plan)
+    """`rank_memory` of every pipeline rank, given its activation peak and in-flight count; the
+    host memory per node of ``cluster``, or ``host`` as it is (need per node, capacity)."""
+    transient = transient_activation_bytes(m, plan)
+    host_acts = host_activation_bytes(m, plan, inflight)
     split = plan.stage_layers(m.layers)
     ranks = []
     for r, stages in enumerate(plan.rank_stages):
@@ -382,14 +496,24 @@ def _report(
                 None if zero3_unsharded is None else zero3_unsharded[r],
                 conventions,
                 rank_expert_params(m, plan, stages),
+                host_acts[r],
             )
         )
-    return MemoryReport(tuple(ranks), capacity, conventions)
+    if host is None:
+        host = (host_memory(ranks, plan, cluster), host_capacity(cluster))
+    return MemoryReport(tuple(ranks), capacity, conventions, *host)
 
 
-def restated(report: MemoryReport, m: ModelSpec, plan: ParallelPlan, conventions: MemoryConventions) -> MemoryReport:
+def restated(
+    report: MemoryReport,
+    m: ModelSpec,
+    plan: ParallelPlan,
+    conventions: MemoryConventions,
+    cluster: ClusterSpec | None = None,
+) -> MemoryReport:
     """``report`` of ``plan`` (e.g. the engine's, from its timeline) under other ``conventions``: the
-    same activation peaks, in-flight counts and gathered ZeRO-3 parameters."""
+    same activation peaks, in-flight counts and gathered ZeRO-3 parameters (and host memory, where
+    no ``cluster`` is given to count it again)."""
     scale = report.conventions.activation_scale
     return _report(
         m,
@@ -399,6 +523,8 @@ def restated(report: MemoryReport, m: ModelSpec, plan: ParallelPlan, conventions
         [r.detail["activations_stored"] / scale for r in report.ranks],
         [r.detail["zero3_gather"] for r in report.ranks],
         conventions,
+        cluster,
+        None if cluster is not None else (report.host_need, report.host_capacity),
     )
 
 
@@ -409,9 +535,11 @@ def deallocated_output_bytes(m: ModelSpec, plan: ParallelPlan, inflight: float) 
     return 2 * m.seq_len / plan.cp * plan.micro_batch_size * m.hidden * inflight
 
 
-def schedule_memory_report(m: ModelSpec, plan: ParallelPlan, gpu: GPUSpec) -> MemoryReport:
+def schedule_memory_report(
+    m: ModelSpec, plan: ParallelPlan, gpu: GPUSpec, cluster: ClusterSpec | None = None
+) -> MemoryReport:
     """`memory_report` with the activation peak read off the plan's whole schedule (a running sum
     over its actions, as `simpar memory` prints it; `plan_profile` gives it up to rounding)."""
     sched = schedule_for_plan(plan)
     peaks = peak_activation_units(sched, stage_activations(m, plan))
-    return memory_report(m, plan, gpu, inflight=peak_inflight(sched), activation_peak=peaks)
+    return memory_report(m, plan, gpu, inflight=peak_inflight(sched), activation_peak=peaks, cluster=cluster)

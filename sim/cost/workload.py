@@ -32,7 +32,9 @@ from ..model import DENSE, LayerKind, layer_kinds, mtp_kind
 from ..plan import ParallelPlan
 from ..specs import ModelSpec
 from .compute import CostModel, PassTimes
+from .memory import stage_offloaded_bytes
 from .moe import dispatch_bytes, flex_dispatch_bytes, moe_layer_times
+from .offload import activation_exposure, offload_layers
 from .params import rank_expert_params, rank_params, stage_kinds, stage_layer_range
 from .precision import element_bytes
 from .profile import MEGATRON, RuntimeProfile
@@ -43,6 +45,7 @@ class CollectiveTimer(Protocol):
     def collective_time(self, op: str, ranks: tuple[int, ...], nbytes: float) -> float: ...
     def p2p_time(self, src: int, dst: int, nbytes: float) -> float: ...
     def node_groups(self, ranks: tuple[int, ...]) -> tuple[tuple[int, ...], ...]: ...
+    def host_copy_time(self, rank: int, nbytes: float, to_host: bool, concurrent: bool = False) -> float: ...
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,11 @@ class StageWork:
     #: MoE layers of the stage, and whether its first layer is one (FSDP's per-layer gathers)
     moe_layers: int = 0
     first_moe: bool = False
+    #: seconds a forward / an input-gradient pass (B or I; R under recompute, which reloads first)
+    #: waits on its offloaded activations' copy (`offload.activation_exposure`)
+    off_f: float = 0.0
+    off_b: float = 0.0
+    off_r: float = 0.0
 
     @property
     def b(self) -> float:
@@ -94,9 +102,10 @@ class StageWork:
         """Exposed TP/CP communication of a full backward (B = I + W)."""
         return self.tp_b + self.tp_w
 
-    def parts(self, kind: str, overlap_tp: bool = False) -> tuple[float, float, float, float]:
-        """(compute, expert compute, exposed TP/CP, exposed all-to-all) seconds of one pass
-        (``kind`` F, B, I, W or R) on the compute stream; their sum is its duration.
+    def parts(self, kind: str, overlap_tp: bool = False) -> tuple[float, float, float, float, float]:
+        """(compute, expert compute, exposed TP/CP, exposed all-to-all, exposed activation
+        offload) seconds of one pass (``kind`` F, B, I, W or R) on the compute stream; their sum
+        is its duration.
 
         With ``overlap_tp`` the TP/CP collectives are hidden. With ``a2a_overlap`` (the plan's
         ``moe_a2a_overlap``, Megatron-Core ``--overlap-moe-expert-parallel-comm``: another
@@ -104,26 +113,56 @@ class StageWork:
         all-to-all is hidden up to the pass's own non-expert compute, the longer of the two
         showing; a backward hides behind its input-gradient part either way (B and I expose the
         same)."""
+        off = 0.0
         if kind == "F":
-            c, e, tp, a2a = self.f, self.expert_f, self.tp_f, self.a2a_f
+            c, e, tp, a2a, off = self.f, self.expert_f, self.tp_f, self.a2a_f, self.off_f
         elif kind == "I":
-            c, e, tp, a2a = self.i, self.expert_i, self.tp_b, self.a2a_b
+            c, e, tp, a2a, off = self.i, self.expert_i, self.tp_b, self.a2a_b, self.off_b
         elif kind == "W":
             c, e, tp, a2a = self.w, self.expert_w, self.tp_w, 0.0
         elif kind == "B":
             c, e, tp, a2a = self.i + self.w, self.expert_i + self.expert_w, self.tp_b + self.tp_w, self.a2a_b
+            off = self.off_b
         elif kind == "R":
-            c, e, tp, a2a = self.r, self.expert_r, self.tp_r, self.a2a_r
+            c, e, tp, a2a, off = self.r, self.expert_r, self.tp_r, self.a2a_r, self.off_r
         else:
             raise ValueError(f"unknown pass {kind!r}")
         if self.a2a_overlap and a2a:
             hide = self.i - self.expert_i if kind in ("B", "I") else c - e
             a2a = max(0.0, a2a - hide)
-        return c - e, e, 0.0 if overlap_tp else tp, a2a
+        return c - e, e, 0.0 if overlap_tp else tp, a2a, off
 
     def seconds(self, kind: str, overlap_tp: bool = False) -> float:
         """The duration of one pass on the compute stream (`parts` summed)."""
         return sum(self.parts(kind, overlap_tp))
+
+
+def _activation_offload(
+    m: ModelSpec,
+    plan: ParallelPlan,
+    net: CollectiveTimer,
+    layout: RankLayout,
+    stage: int,
+    layers: int,
+    f: float,
+    i: float,
+    r: float,
+) -> tuple[float, float, float]:
+    """(forward, backward, recompute) seconds a pass of ``stage`` waits on its offloaded
+    activations (`offload`): the copy out hides under the forward of the stage's other layers,
+    the copy back under the input-gradient pass of the layers after them (under the recompute
+    forward when the stage recomputes: the checkpoints come back first). Every GPU of the node
+    copies at once (the ranks run the same schedule)."""
+    if not plan.offload_activations:
+        return 0.0, 0.0, 0.0
+    nbytes = stage_offloaded_bytes(m, plan, stage)
+    k = offload_layers(m, plan, layers)
+    rank = layout.rank(pp=plan.placement[stage])
+    out = activation_exposure(net.host_copy_time(rank, nbytes, True, concurrent=True), f, layers, k)
+    back = net.host_copy_time(rank, nbytes, False, concurrent=True)
+    if r > 0:
+        return out, 0.0, activation_exposure(back, r, layers, k)
+    return out, activation_exposure(back, i, layers, k), 0.0
 
 
 def stage_work(
@@ -190,10 +229,12 @@ def stage_work(
         ei, ew = k * x["expert_i"], k * x["expert_w"]
         if first and not profile.first_stage_input_grad:  # the first stage's I is empty, W does it all
             i, w, tp_b, tp_w, ei, ew = 0.0, i + w, 0.0, tp_b, 0.0, ei + ew
+        layers = sum(counts.values()) - (m.mtp_layers if last else 0)
+        off = _activation_offload(m, plan, net, layout, s, layers, f, i, k * x["r"])
         out.append(
             StageWork(
                 stage=s,
-                layers=sum(counts.values()) - (m.mtp_layers if last else 0),
+                layers=layers,
                 f=f,
                 i=i,
                 w=w,
@@ -217,6 +258,9 @@ def stage_work(
                 a2a_count_f=2 * moe_layers if shared else 0,
                 a2a_count_b=2 * moe_layers if shared else 0,
                 a2a_overlap=plan.moe_a2a_overlap,
+                off_f=off[0],
+                off_b=off[1],
+                off_r=off[2],
                 moe_layers=moe_layers,
                 first_moe=m.is_moe_layer(stage_layer_range(m, plan, s).start),
             )

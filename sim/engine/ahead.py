@@ -23,9 +23,12 @@ from .trace import NO_ARGS, TraceEvent
 _COMPUTE = frozenset({Kind.F, Kind.B, Kind.I, Kind.W, Kind.R})
 
 
-def _compute_table(eng: Any) -> dict[tuple[int, Kind], tuple[tuple[float, float, float, float], float, str]]:
-    """(stage, kind) -> ((compute, expert compute, exposed TP/CP, exposed all-to-all) seconds,
-    their sum, account): what `Engine._compute` charges for F, B, I, W and R."""
+def _compute_table(
+    eng: Any,
+) -> dict[tuple[int, Kind], tuple[tuple[float, float, float, float, float], float, str]]:
+    """(stage, kind) -> ((compute, expert compute, exposed TP/CP, exposed all-to-all, exposed
+    activation offload) seconds, their sum, account): what `Engine._compute` charges for F, B, I,
+    W and R."""
     o, out = eng.opt, {}
     for s, w in enumerate(eng.work):
         for k in (Kind.F, Kind.B, Kind.I, Kind.W, Kind.R):
@@ -67,7 +70,7 @@ def walk_ahead(eng: Any, g: Any, actions):
                 ev = g.gathered.get(st)
                 clock = ev is None or not ev.processed
             if not clock:
-                (secs, ex, tp, a2a), dur, name = table[(st, k)]
+                (secs, ex, tp, a2a, off), dur, name = table[(st, k)]
                 if k is F:
                     g.act += act_bytes[st]
                     mem.append((t, g.act))
@@ -77,9 +80,10 @@ def walk_ahead(eng: Any, g: Any, actions):
                 t += dur
                 acc[name] += secs
                 acc["tp_comm"] += tp
-                if ex or a2a:
+                if ex or a2a or off:
                     acc["expert_compute"] += ex
                     acc["moe_a2a"] += a2a
+                    acc["offload"] += off
                 if k is B or k is I:
                     g.act -= act_bytes[st]
                     mem.append((t, g.act))

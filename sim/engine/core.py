@@ -205,6 +205,8 @@ class Engine(IterationTail):
         with res.request() as req:
             yield req
             t0 = self.env.now
+            if comm.host_bytes and comm.seconds is None:  # an offloaded shard comes up first
+                yield self.env.timeout(comm.host_seconds(self.net))
             if comm.seconds is not None:
                 yield self.env.timeout(comm.seconds)
             elif self.opt.full and len(comm.group) > 1:
@@ -279,22 +281,23 @@ class Engine(IterationTail):
         g.peak_unsharded = max(g.peak_unsharded, g.unsharded)
 
     # --- compute ------------------------------------------------------------------------
-    def _parts(self, a: Action, kind: str) -> tuple[float, float, float, float]:
-        """(compute, expert compute, exposed TP/CP, exposed all-to-all) of a pass (`StageWork.parts`)."""
+    def _parts(self, a: Action, kind: str) -> tuple[float, float, float, float, float]:
+        """(compute, expert compute, exposed TP/CP, exposed all-to-all, exposed activation
+        offload) of a pass (`StageWork.parts`)."""
         return self.work[a.stage].parts(kind, self.opt.overlap_tp)
 
-    def _compute(self, g: GpuState, a: Action, parts: tuple[float, float, float, float], acc: str = "compute"):
+    def _compute(self, g: GpuState, a: Action, parts: tuple[float, float, float, float, float], acc: str = "compute"):
         t0 = self.env.now
-        c, e, tp, a2a = parts
+        c, e, tp, a2a, off = parts
         w = self.work[a.stage]
         if a2a > 0 and not self.timed_p2p and not w.a2a_overlap and w.a2a_bytes > 0:
             # a network that shares links: the MoE all-to-alls run on it, contending with DP/PP traffic
-            yield self.env.timeout(c + e + tp)
+            yield self.env.timeout(c + e + tp + off)
             t1 = self.env.now
             yield from self._all_to_alls(g, a)
-            parts = (c, e, tp, self.env.now - t1)
+            parts = (c, e, tp, self.env.now - t1, off)
         else:
-            yield self.env.timeout(c + e + tp + a2a)
+            yield self.env.timeout(c + e + tp + a2a + off)
         self._charge(g, acc, parts)
         self._record(g, "compute", str(a), a.kind.value, t0, a.stage, a.microbatch)
 
@@ -308,12 +311,13 @@ class Engine(IterationTail):
             yield from self._comm(g, g.a2a, comm, ("a2a", str(a), i), "moe", "ALL_TO_ALL", a.stage)
 
     @staticmethod
-    def _charge(g: GpuState, acc: str, parts: tuple[float, float, float, float]) -> None:
-        c, e, tp, a2a = parts
+    def _charge(g: GpuState, acc: str, parts: tuple[float, float, float, float, float]) -> None:
+        c, e, tp, a2a, off = parts
         g.acc[acc] += c
         g.acc["expert_compute"] += e
         g.acc["tp_comm"] += tp
         g.acc["moe_a2a"] += a2a
+        g.acc["offload"] += off
 
     def _mem(self, g: GpuState, delta: float) -> None:
         g.act += delta
@@ -367,24 +371,25 @@ class Engine(IterationTail):
             yield from self._wait_gather(g, b.stage)
         pf, pb = self._parts(f, "F"), self._parts(b, b.kind.value)
         dur = overlap_seconds(
-            (pf[0] + pf[1], pf[2] + pf[3]), (pb[0] + pb[1], pb[2] + pb[3]), self.costs.eff.overlap_contention
+            (pf[0] + pf[1], sum(pf[2:])), (pb[0] + pb[1], sum(pb[2:])), self.costs.eff.overlap_contention
         )
         if self.opt.overlap_grad_reduce and self.last_bwd.get((g.prank, b.stage)) == b:
             self._start_reduction(g, b.stage, self.env.now, dur)
         self._mem(g, self.act_bytes[f.stage])
         t0 = self.env.now
         yield self.env.timeout(dur)
-        comp, tp, a2a = pf[0] + pb[0], pf[2] + pb[2], pf[3] + pb[3]
+        comp, waits = pf[0] + pb[0], (pf[2] + pb[2], pf[3] + pb[3], pf[4] + pb[4])
         exposed = max(0.0, dur - comp - pf[1] - pb[1])
-        share = tp / (tp + a2a) if tp + a2a > 0 else 1.0
-        self._charge(g, "compute", (comp, pf[1] + pb[1], exposed * share, exposed * (1.0 - share)))
+        total = sum(waits)
+        tp, a2a, off = (exposed * w / total for w in waits) if total > 0 else (exposed, 0.0, 0.0)
+        self._charge(g, "compute", (comp, pf[1] + pb[1], tp, a2a, off))
         self._record(g, "compute", str(a), Kind.OVERLAP_F_B.value, t0)
         self._mem(g, -self.act_bytes[b.stage])
 
     def _recompute(self, g: GpuState, a: Action):
         yield from self._compute(g, a, self._parts(a, "R"), acc="recompute")
 
-    def _fsdp_pass(self, g: GpuState, a: Action, parts: tuple[float, float, float, float]):
+    def _fsdp_pass(self, g: GpuState, a: Action, parts: tuple[float, float, float, float, float]):
         """`iteration.FsdpPass`: the first layer's gather exposed, the rest (and in the backward
         the gradients' reduce-scatter) alongside the compute."""
         fp = it.fsdp_pass(self.plan, self.work[a.stage], g.dp_group, g.edp_group)

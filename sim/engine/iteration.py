@@ -18,17 +18,22 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ..cost.compute import CostModel
+from ..cost.offload import cpu_step_seconds
 from ..cost.params import rank_expert_params, rank_params
 from ..cost.profile import RuntimeProfile
-from ..cost.states import FP16_UNSCALE_BYTES
+from ..cost.states import FP16_UNSCALE_BYTES, stack_conventions
 from ..cost.workload import StageWork
 from ..plan import ParallelPlan
-from ..specs import ModelSpec
+from ..specs import ClusterSpec, ModelSpec
 from ..specs.stack import load_stack
 
 
 class CollectiveTimer(Protocol):
+    cluster: ClusterSpec
+
     def collective_time(self, op: str, ranks: tuple[int, ...], nbytes: float) -> float: ...
+
+    def host_copy_time(self, rank: int, nbytes: float, to_host: bool, concurrent: bool = False) -> float: ...
 
 
 @dataclass(frozen=True)
@@ -64,16 +69,24 @@ class Comm:
     nbytes: float
     seconds: float | None = None
     count: int = 1
+    #: bytes each rank first copies from host memory (an offloaded ZeRO-3 shard, `cost.offload`), in all
+    host_bytes: float = 0.0
 
     @property
     def call_bytes(self) -> float:
         """Bytes of one of the ``count`` calls."""
         return self.nbytes / self.count
 
+    def host_seconds(self, net: CollectiveTimer) -> float:
+        """The host -> device copies before the calls (every GPU of the node copying at once)."""
+        if not self.host_bytes:
+            return 0.0
+        return self.count * net.host_copy_time(self.group[0], self.host_bytes / self.count, False, concurrent=True)
+
     def time(self, net: CollectiveTimer) -> float:
         if self.seconds is not None:
             return self.seconds
-        return self.count * net.collective_time(self.op, self.group, self.call_bytes)
+        return self.count * net.collective_time(self.op, self.group, self.call_bytes) + self.host_seconds(net)
 
 
 def grad_bytes_per_param(plan: ParallelPlan) -> float:
@@ -175,7 +188,8 @@ def param_gathers(
         dense = 2.0 * (work.params - work.expert_params)
         return [Comm("all-gather", group, dense), Comm("all-gather", expert_group, 2.0 * work.expert_params)]
     nbytes = 2.0 * work.params
-    return [Comm("all-gather", group, nbytes, profile.gather_seconds(plan, work.layers, nbytes))]
+    up = stack_conventions(plan).states.weights * work.params / len(group) if plan.offload_params else 0.0
+    return [Comm("all-gather", group, nbytes, profile.gather_seconds(plan, work.layers, nbytes), host_bytes=up)]
 
 
 @dataclass(frozen=True)
@@ -208,10 +222,13 @@ def fsdp_pass(
     dense = work.params - experts
     calls = nl * z3.gathers_per_layer
     first_bytes = 2.0 * dense / nl
-    first = [Comm("all-gather", group, first_bytes, count=z3.gathers_per_layer)]
+    # offloaded shards come up from host memory before each gather, as the stack keeps them (`cost.offload`)
+    up = stack_conventions(plan).states.weights / 2.0 / len(group) if plan.offload_params else 0.0
+    first = [Comm("all-gather", group, first_bytes, count=z3.gathers_per_layer, host_bytes=up * first_bytes)]
     rest = []
     if nl > 1:
-        rest.append(Comm("all-gather", group, 2.0 * dense - first_bytes, count=calls - z3.gathers_per_layer))
+        more = 2.0 * dense - first_bytes
+        rest.append(Comm("all-gather", group, more, count=calls - z3.gathers_per_layer, host_bytes=up * more))
     reduces = nl if z3.reduce_per == "layer" else bucket_count(plan, dense)
     reduce = [Comm("reduce-scatter", group, dense * grad_bytes_per_param(plan), count=reduces)]
     if experts:
@@ -303,3 +320,32 @@ def optimizer_seconds(
     if plan.precision == "fp16":  # dynamic loss scaling: unscale and check the gradients first
         step += costs.memory_time(FP16_UNSCALE_BYTES * n)
     return step
+
+
+@dataclass(frozen=True)
+class HostStep:
+    """The offloaded part of one GPU's optimizer step (`cost.offload`): its gradients device ->
+    host, the CPU step, its new 16-bit weights host -> device (none with ``offload_params``: the
+    shards stay on the host and every all-gather copies them up), in bytes and seconds. The GPU steps
+    the rest at the same time."""
+
+    params: float
+    d2h_bytes: float
+    h2d_bytes: float
+    cpu_seconds: float
+
+    def seconds(self, net: CollectiveTimer, rank: int) -> float:
+        """The whole host path with every GPU of the node copying at once (no other traffic)."""
+        d2h = net.host_copy_time(rank, self.d2h_bytes, True, concurrent=True)
+        h2d = net.host_copy_time(rank, self.h2d_bytes, False, concurrent=True)
+        return d2h + self.cpu_seconds + h2d
+
+
+def host_step(m: ModelSpec, plan: ParallelPlan, stages: list[int], cluster: ClusterSpec) -> HostStep | None:
+    """The plan's `HostStep` for a GPU holding ``stages`` (None without optimizer offload)."""
+    if plan.offload_optimizer <= 0:
+        return None
+    n = plan.offload_optimizer * local_params(m, plan, stages)
+    sb = stack_conventions(plan).states
+    h2d = 0.0 if plan.offload_params else n * sb.weights
+    return HostStep(n, n * sb.grads, h2d, cpu_step_seconds(plan, cluster, n))

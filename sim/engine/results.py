@@ -3,8 +3,10 @@
 Breakdown keys (seconds, for the reported GPU; they sum to the iteration time):
 ``compute`` (F/B/I/W math), ``recompute``, ``tp_comm`` (exposed tensor/context-parallel
 collectives), ``pp_comm`` (waiting on a pipeline transfer in flight), ``dp_comm`` (exposed
-gradient reduction), ``zero_comm`` (exposed ZeRO parameter gathers), ``optimizer``, ``bubble``
-(idle: waiting for another stage's compute, or done early).
+gradient reduction), ``zero_comm`` (exposed ZeRO parameter gathers, with an offloaded shard's copy
+up from the host), ``optimizer`` (the GPU's step), ``offload`` (waiting on the host: activation
+copies a pass cannot hide, the offloaded optimizer part's copies and CPU step beyond the GPU's),
+``bubble`` (idle: waiting for another stage's compute, or done early).
 """
 
 from __future__ import annotations

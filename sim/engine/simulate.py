@@ -149,6 +149,7 @@ def simulate(
         cluster.gpu,
         activation_peak=peaks,
         zero3_unsharded=unsharded if plan.zero >= 3 and plan.pp > 1 else None,
+        cluster=cluster,
     )
     gbs = plan.global_batch_size
     return SimResult(

@@ -18,6 +18,7 @@ ACCOUNTS = (
     "dp_comm",
     "zero_comm",
     "optimizer",
+    "offload",
 )
 
 

@@ -91,6 +91,19 @@ class IterationTail:
             g.acc["tp_comm"] += dur
             self._record(g, "compute", "sp_grad_sync", "SP_GRAD_SYNC", t0)
 
+    def _host_step(self, g: GpuState, host: it.HostStep):
+        """The offloaded optimizer part (`iteration.HostStep`) on the host stream: a full run on a
+        network that shares links copies as flows (the GPUs under one PCIe switch share its uplink);
+        otherwise every GPU of the node is taken to copy at once (`HostStep.seconds`)."""
+        t0 = self.env.now
+        if self.opt.full and self.net.shares_links:
+            yield from self.net.host_copy(self.env, g.rank, host.d2h_bytes, True)
+            yield self.env.timeout(host.cpu_seconds)
+            yield from self.net.host_copy(self.env, g.rank, host.h2d_bytes, False)
+        else:
+            yield self.env.timeout(host.seconds(self.net, g.rank))
+        self._record(g, "host", "cpu_optimizer", "HOST_OPT", t0)
+
     def _finish(self, g: GpuState):
         stages = list(self.plan.rank_stages[g.prank])
         for s in stages:
@@ -106,9 +119,16 @@ class IterationTail:
             yield from self._tied_embedding_grad(g)
         yield from self._sp_grad_sync(g, stages)
         t0 = self.env.now
-        yield self.env.timeout(it.optimizer_seconds(self.m, self.plan, stages, self.costs, self.profile))
+        step = it.optimizer_seconds(self.m, self.plan, stages, self.costs, self.profile)
+        host = it.host_step(self.m, self.plan, stages, self.net.cluster) if self.plan.offload_optimizer else None
+        path = None if host is None else self.env.process(self._host_step(g, host))
+        yield self.env.timeout(step * (1.0 - self.plan.offload_optimizer))
         g.acc["optimizer"] += self.env.now - t0
         self._record(g, "compute", "optimizer", "OPT", t0)
+        if path is not None:
+            t1 = self.env.now
+            yield path
+            g.acc["offload"] += self.env.now - t1
         if self.policy is ZeroPolicy.GATHER_AT_START and not self.opt.overlap_param_gather:
             t0 = self.env.now
             for s in stages:

@@ -5,7 +5,10 @@
 - ``p2p_time(src, dst, nbytes)`` and ``collective_time(op, ranks, nbytes)`` -> seconds;
 - ``p2p(env, src, dst, nbytes)`` and ``collective(env, op, ranks, nbytes)``: SimPy process
   generators that take that much simulated time (``yield env.process(net.p2p(env, 0, 8, n))``
-  or ``yield from net.p2p(env, 0, 8, n)``).
+  or ``yield from net.p2p(env, 0, 8, n)``);
+- ``host_copy_time(rank, nbytes, to_host)`` and ``host_copy(env, rank, nbytes, to_host)``: a copy
+  between the GPU and the DRAM of its socket (offload), one DMA flow over the PCIe switch's uplink
+  (`Topology.host_links`): ``HOST_COPY_LATENCY_S`` plus the bytes over the route's slowest link.
 
 ``op`` is one of `OPS`; ``nbytes`` is the per-rank buffer as nccl-tests counts it (all-gather: the
 output, reduce-scatter: the input, all-to-all: the whole send buffer). Zero bytes or a group of
@@ -26,6 +29,11 @@ from ..topology.graph import Topology, build_topology
 from .algorithms import OPS, CollectiveSchedule, Phase, schedules
 from .algorithms import p2p as p2p_schedule
 from .constants import DEFAULT_CONSTANTS, NetworkConstants, network_overrides
+
+#: Launch and DMA set-up of one cudaMemcpyAsync between pinned host memory and a GPU, seconds: an
+#: assumption of the order of CUDA's bandwidthTest small-copy times (about 10 us), negligible for
+#: the per-stage copies offload makes.
+HOST_COPY_LATENCY_S = 10e-6
 
 
 def busbw_factor(op: str, n: int) -> float:
@@ -86,6 +94,7 @@ class Network:
         self._candidates: dict[tuple[str, tuple[int, ...]], list[Candidate]] = {}
         self._estimates: dict[tuple[str, tuple[int, ...], float], CollectiveEstimate] = {}
         self._choices: dict[tuple, Candidate | None] = {}
+        self._host_share: dict[tuple[int, bool], dict[int, int]] = {}
 
     # --- the interface ---------------------------------------------------------------------
     def p2p_time(self, src: int, dst: int, nbytes: float) -> float:
@@ -100,6 +109,35 @@ class Network:
         for r in ranks:
             out.setdefault(self.topology.node_of(self._gpu(r)), []).append(r)
         return tuple(tuple(v) for v in out.values())
+
+    def host_copy_time(self, rank: int, nbytes: float, to_host: bool, concurrent: bool = False) -> float:
+        """Seconds to copy ``nbytes`` between rank's GPU and its socket's DRAM: alone, or with
+        ``concurrent`` every GPU of the node copying the same at once (each link's capacity split
+        over the GPUs whose host route crosses it: the PCIe switch's uplink, the socket's DRAM)."""
+        if nbytes <= 0:
+            return 0.0
+        gpu = self._gpu(rank)
+        links = self.topology.host_links(gpu, to_host)
+        share = self._host_sharing(gpu, to_host) if concurrent else dict.fromkeys(links, 1)
+        return HOST_COPY_LATENCY_S + nbytes / min(self.capacity[i] / share[i] for i in links)
+
+    def _host_sharing(self, gpu: int, to_host: bool) -> dict[int, int]:
+        """Per link of ``gpu``'s host route: how many GPUs of its node route through it."""
+        key = (gpu, to_host)
+        hit = self._host_share.get(key)
+        if hit is None:
+            topo, g = self.topology, self.topology.gpus_per_node
+            node = topo.node_of(gpu)
+            count: dict[int, int] = {}
+            for other in range(node * g, (node + 1) * g):
+                for i in topo.host_links(other, to_host):
+                    count[i] = count.get(i, 0) + 1
+            hit = self._host_share[key] = count
+        return hit
+
+    def host_copy(self, env: Any, rank: int, nbytes: float, to_host: bool):
+        """SimPy process: `host_copy_time` (backends that share links run it as a flow)."""
+        yield env.timeout(self.host_copy_time(rank, nbytes, to_host))
 
     def p2p(self, env: Any, src: int, dst: int, nbytes: float):  # pragma: no cover - abstract
         raise NotImplementedError

@@ -48,6 +48,9 @@ LINK_EFFICIENCY = {
     # cpu_link_bw_GBps in the cluster files is NCCL's own (already effective) socket-link figure
     # (topo.h AMD_BW 16, SKL_QPI_BW 10, ...).
     "cpu": 1.0,
+    # a socket's DRAM (carries host copies; CPU work on it is the host's adam rate, not a flow): STREAM
+    # triad reaches about 80 % of the channels' peak on current EPYC / Xeon sockets (an assumption).
+    "mem": 0.8,
     # NICs and switch links: nccl-tests #290 (maintainer): 46-48 GB/s busbw per 400 Gb/s NIC
     # (50 GB/s line) -> 47/50. (nccl-tests #29: 12.2 of 12.5 GB/s on 100 Gb/s.)
     "net": 47.0 / 50.0,

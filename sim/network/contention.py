@@ -19,7 +19,7 @@ from typing import Any
 
 import simpy
 
-from .base import Candidate, Network
+from .base import HOST_COPY_LATENCY_S, Candidate, Network
 from .fairshare import FlowFabric
 
 
@@ -50,6 +50,13 @@ class ContentionNetwork(Network):
         cand = self.choose(op, ranks if type(ranks) is tuple else tuple(ranks), nbytes)
         if cand is not None:
             yield from self._run(env, cand, nbytes)
+
+    def host_copy(self, env: Any, rank: int, nbytes: float, to_host: bool):
+        """SimPy process: a GPU <-> host-memory copy as one flow, sharing the PCIe switch's uplink
+        with the other GPUs under it (and whatever else crosses those links)."""
+        if nbytes > 0:
+            yield env.timeout(HOST_COPY_LATENCY_S)
+            yield self.fabric(env).start([(self.topology.host_links(self._gpu(rank), to_host), nbytes, 1.0)])
 
     def _run(self, env: Any, cand: Candidate, nbytes: float):
         fab = self.fabric(env)

@@ -28,6 +28,25 @@ from ..errors import PlanError, SpecError
 from .gpu import GPUSpec
 
 
+class HostSpec(BaseModel):
+    """The CPU side of a node: its sockets' memory and the optimizer rate of its cores (facts of the
+    box, with sources in the cluster file). The sockets are the node's CPUs of `NodeFabric` (each
+    with the PCIe switches above its GPUs); a GPU reaches host memory through its switch and socket.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    cpu: str = Field("", description="informational: the CPU model and count")
+    memory_GiB: float = Field(gt=0, description="host memory installed in one node (GiB)")
+    memory_bw_GBps: float = Field(gt=0, description="one socket's DRAM, channels x transfer rate x 8 bytes (GB/s)")
+    adam_Gparams_per_s: float | None = Field(
+        None,
+        gt=0,
+        description="the node's CPU Adam step over fp32 states, all cores (DeepSpeed CPU-Adam; 1e9 params/s); "
+        "None: not measured (a calibration's host.adam_Gparams_per_s supplies it)",
+    )
+
+
 class NodeFabric(BaseModel):
     """Inside one node: GPUs, their NVLink/NVSwitch or PCIe switches, CPU sockets and NICs.
 
@@ -62,10 +81,13 @@ class NodeFabric(BaseModel):
         description="socket-to-socket link (UPI/xGMI), per direction, as NCCL's topology model rates it (GB/s)",
     )
     nic_bw_Gbps: float | None = Field(None, gt=0, description="one NIC port, per direction, line rate (Gb/s)")
+    host: HostSpec | None = Field(None, description="the node's CPU sockets and memory (needed by offload plans)")
 
     @model_validator(mode="after")
     def _consistent(self) -> NodeFabric:
         if self.interconnect == "host":
+            if self.host is not None:
+                raise ValueError("a host node is itself the host: remove host")
             if self.host_bw_GBps is None:
                 raise ValueError("a host node needs host_bw_GBps (per process, per direction)")
             if self.nvls or self.nvlink_bw_GBps is not None or self.nics_per_pcie_switch:

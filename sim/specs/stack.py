@@ -147,6 +147,11 @@ class StackSpec(BaseModel):
     loss_bytes_per_logit: float = Field(
         gt=0, description="bytes per logit alive when the loss backward starts (fp32 softmax and its gradients)"
     )
+    offload: tuple[Literal["optimizer", "params", "activations"], ...] = Field(
+        (),
+        description="what the stack can keep in host memory: optimizer (states and step on the CPU), "
+        "params (ZeRO-3 / FSDP shards), activations (stored activations of some layers)",
+    )
     states: StackStates
     grad_bucket: GradBucket
     zero3: Zero3Calls
@@ -201,6 +206,7 @@ _SOURCED = (
     "fp8_saved_inputs",
     "loss_bytes_per_logit",
     "loss_scale_window",
+    "offload",
     "states",
     "grad_bucket",
     "zero3",

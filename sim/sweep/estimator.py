@@ -98,7 +98,7 @@ class Inputs:
         """A pass's seconds on the compute stream, as the engine charges it (`StageWork.seconds`)."""
         return w.seconds(kind, self.options.overlap_tp)
 
-    def parts(self, w: StageWork, kind: str) -> tuple[float, float, float, float]:
+    def parts(self, w: StageWork, kind: str) -> tuple[float, float, float, float, float]:
         return w.parts(kind, self.options.overlap_tp)
 
     @cached_property
@@ -173,8 +173,8 @@ class RankTimes:
     first_f: float
     end: float
     last_bwd: dict[int, tuple[float, float, float]]
-    #: (TP/CP, all-to-all) seconds the rank's overlapped F&B pairs hide (`overlap_seconds`)
-    hidden: tuple[float, float] = (0.0, 0.0)
+    #: (TP/CP, all-to-all, activation offload) seconds the rank's overlapped F&B pairs hide (`overlap_seconds`)
+    hidden: tuple[float, float, float] = (0.0, 0.0, 0.0)
 
 
 def _dp_tail(x: Inputs, prank: int, rt: RankTimes) -> float:
@@ -242,7 +242,19 @@ def _optimizer(x: Inputs, prank: int) -> float:
         x.profile.name,
         prank,
     )
-    return _cached(x, key, lambda: it.optimizer_seconds(x.model, p, list(x.ranks[prank]), x.costs, x.profile))
+    step = _cached(x, key, lambda: it.optimizer_seconds(x.model, p, list(x.ranks[prank]), x.costs, x.profile))
+    return step * (1.0 - p.offload_optimizer)
+
+
+def _host_wait(x: Inputs, prank: int) -> float:
+    """Seconds the rank waits on its offloaded optimizer part beyond its GPU step (`iteration.HostStep`)."""
+    if not x.plan.offload_optimizer:
+        return 0.0
+    host = it.host_step(x.model, x.plan, list(x.ranks[prank]), x.net.cluster)
+    if host is None:
+        return 0.0
+    rank = RankLayout(x.plan).rank(pp=prank)
+    return max(0.0, host.seconds(x.net, rank) - _optimizer(x, prank))
 
 
 def _sp_sync(x: Inputs, prank: int) -> float:
@@ -308,7 +320,9 @@ def _finish(x: Inputs, rts: list[RankTimes], source: str) -> Estimate:
     if tied is not None:  # both ends of the pipeline meet, all-reduce, then step
         meet = max(ready[tied[0]], ready[tied[1]]) + t_tied
         ready[tied[0]] = ready[tied[1]] = meet
-    finish = [ready[r] + _sp_sync(x, r) + _optimizer(x, r) + _zero_end(x, r) for r in range(len(rts))]
+    finish = [
+        ready[r] + _sp_sync(x, r) + _optimizer(x, r) + _host_wait(x, r) + _zero_end(x, r) for r in range(len(rts))
+    ]
     t = max(finish)
     m = x.plan.num_microbatches // x.plan.pipelines  # micro-batches each stage runs
     busy = max(range(len(rts)), key=lambda r: (x.rank_work[r], -r))
@@ -323,10 +337,12 @@ def _finish(x: Inputs, rts: list[RankTimes], source: str) -> Estimate:
         "recompute": m * sum(p[0] for p in rec),
         "tp_comm": m * sum(p[2] for p in run + rec) + _sp_sync(x, busy) - rts[busy].hidden[0],
         "moe_a2a": m * sum(p[3] for p in run + rec) - rts[busy].hidden[1],
+        # activation copies a pass waits on; the offloaded optimizer part beyond the GPU's step below
         "pp_comm": posts + (t_tied if tied is not None and busy in tied else 0.0),
         "dp_comm": tails[busy],
         "zero_comm": shift + _zero_end(x, busy) + (m * _fsdp_seconds(x)[2] if x.fsdp else 0.0),
         "optimizer": _optimizer(x, busy),
+        "offload": m * sum(p[4] for p in run + rec) - rts[busy].hidden[2] + _host_wait(x, busy),
     }
     bd["bubble"] = max(0.0, t - sum(bd.values()))
     return Estimate(t, bd, source)
@@ -422,19 +438,19 @@ def oracle_estimate(x: Inputs, schedule=None) -> Estimate:
     rts = []
     for r, acts in enumerate(sched.ranks):
         lb: dict[int, tuple[float, float, float]] = {}
-        hidden = [0.0, 0.0]
+        hidden = [0.0, 0.0, 0.0]
         for a, t0, t1 in zip(acts, res.start[r], res.end[r]):
             if isinstance(a, Pair):  # an overlapped pair: what it hides, and its backward's gradients
                 pf, pb = x.parts(x.work[a.f.stage], "F"), x.parts(x.work[a.b.stage], a.b.kind.value)
                 saved = sum(pf) + sum(pb) - (t1 - t0)
-                tp, a2a = pf[2] + pb[2], pf[3] + pb[3]
-                share = tp / (tp + a2a) if tp + a2a > 0 else 1.0
-                hidden[0] += saved * share
-                hidden[1] += saved * (1.0 - share)
+                waits = (pf[2] + pb[2], pf[3] + pb[3], pf[4] + pb[4])
+                total = sum(waits)
+                for j, wait in enumerate(waits):
+                    hidden[j] += saved * (wait / total if total > 0 else float(j == 0))
                 a = a.b
             if a.kind in (Kind.B, Kind.W):
                 lb[a.stage] = (t0, t1 - t0, t1)
             elif a.kind is Kind.REDUCE_GRAD:
                 lb[a.stage] = (*lb[a.stage][:2], t0)
-        rts.append(RankTimes(res.rank_start[r], res.end[r][-1] if acts else 0.0, lb, (hidden[0], hidden[1])))
+        rts.append(RankTimes(res.rank_start[r], res.end[r][-1] if acts else 0.0, lb, (hidden[0], hidden[1], hidden[2])))
     return _finish(x, rts, "oracle")

@@ -32,7 +32,7 @@ from .store import as_text
 
 #: plan fields `build_work` does not read (but for the schedule's pipelines, keyed apart): plans
 #: differing only in them share their stage work
-WORK_FREE_FIELDS = frozenset({"global_batch_size", "schedule", "zero", "optimizer"})
+WORK_FREE_FIELDS = frozenset({"global_batch_size", "schedule", "zero", "optimizer", "offload_optimizer"})
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ class Evaluator:
         self._groups: dict[tuple, tuple[tuple[int, ...], ...]] = {}
         self._edp: dict[tuple, tuple[tuple[int, ...], ...]] = {}
         self._times: dict = {}
-        self.memory = MemoryScreen(setup.model, setup.cluster.gpu)
+        self.memory = MemoryScreen(setup.model, setup.cluster.gpu, setup.cluster)
 
     # --- pieces ---------------------------------------------------------------------------
     def plan(self, cfg: Config) -> tuple[ParallelPlan | None, str]:
@@ -141,6 +141,7 @@ class Evaluator:
             "worst_memory_rank": peak.pipeline_rank,
             "over_by_gib": max(0.0, mem.over_by / GiB),
             "memory_per_rank_gib": [round(r.total / GiB, 2) for r in mem.ranks],
+            "host_memory_gib": max(mem.host_need, default=0.0) / GiB,
         }
 
     # --- phases ---------------------------------------------------------------------------

@@ -18,6 +18,7 @@ WORDS = {
     "dp_comm": "exposed DP gradient reduction",
     "zero_comm": "exposed ZeRO parameter gathers",
     "optimizer": "optimizer step",
+    "offload": "waiting on host offload (PCIe copies, CPU optimizer step)",
     "bubble": "pipeline bubble",
 }
 SOURCES = {"engine": "simulated", "oracle": "list-scheduler estimate", "quick": "quick estimate"}

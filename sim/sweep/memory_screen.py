@@ -16,14 +16,17 @@ from ..choices import V_SHAPED
 from ..cost.alive import plan_profile
 from ..cost.memory import (
     MemoryReport,
+    host_activation_bytes,
+    host_capacity,
+    host_memory,
     rank_memory,
-    recompute_transient_bytes,
     stage_activations,
+    transient_activation_bytes,
 )
 from ..cost.params import rank_expert_params, rank_params
 from ..cost.states import stack_conventions
 from ..plan import ParallelPlan
-from ..specs import GPUSpec, ModelSpec
+from ..specs import ClusterSpec, GPUSpec, ModelSpec
 
 #: Per pipeline rank: parameters held, parameters held per stage, transformer layers held, routed-expert
 #: parameters held.
@@ -33,8 +36,8 @@ RankParams = tuple[tuple[float, ...], tuple[tuple[float, ...], ...], tuple[int, 
 class MemoryScreen:
     """`memory.memory_report(model, plan, gpu)` of a sweep's plans, with its terms cached."""
 
-    def __init__(self, model: ModelSpec, gpu: GPUSpec):
-        self.m, self.gpu = model, gpu
+    def __init__(self, model: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec | None = None):
+        self.m, self.gpu, self.cluster = model, gpu, cluster
         self._params: dict[tuple, RankParams] = {}
         self._acts: dict[tuple, tuple[list[float], float]] = {}
         self._peaks: dict[tuple, tuple[list[float], tuple[int, ...]]] = {}
@@ -85,6 +88,7 @@ class MemoryScreen:
             plan.expert_tp,
             plan.moe_imbalance,
             plan.stack,
+            plan.offload_activations,
         )
 
     def _activations(self, plan: ParallelPlan) -> tuple[list[float], float]:
@@ -92,7 +96,7 @@ class MemoryScreen:
         key = self._act_key(plan)
         hit = self._acts.get(key)
         if hit is None:
-            hit = self._acts[key] = (stage_activations(self.m, plan), recompute_transient_bytes(self.m, plan))
+            hit = self._acts[key] = (stage_activations(self.m, plan), transient_activation_bytes(self.m, plan))
         return hit
 
     def _alive(self, plan: ParallelPlan, weights: list[float]) -> tuple[list[float], tuple[int, ...]]:
@@ -111,6 +115,7 @@ class MemoryScreen:
         peaks, inflight = self._alive(plan, weights)
         cap = self.gpu.hbm_bytes
         conventions = stack_conventions(plan)
+        host_acts = host_activation_bytes(self.m, plan, inflight)
         ranks = tuple(
             rank_memory(
                 self.m,
@@ -125,7 +130,10 @@ class MemoryScreen:
                 float(inflight[r]),
                 conventions=conventions,
                 expert_psi=experts[r],
+                host_acts=host_acts[r],
             )
             for r, psi in enumerate(psis)
         )
-        return MemoryReport(ranks, cap, conventions)
+        return MemoryReport(
+            ranks, cap, conventions, host_memory(ranks, plan, self.cluster), host_capacity(self.cluster)
+        )

@@ -13,6 +13,7 @@ import shutil
 import tempfile
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import matplotlib
@@ -22,7 +23,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from .. import files  # noqa: E402
 from ..errors import SpecError  # noqa: E402
-from .explain import SOURCES, explain  # noqa: E402
+from .explain import SOURCES, explain, seconds  # noqa: E402
 from .manifest import PHASES  # noqa: E402
 from .plans import PLAN_DIR, plan_dir_name  # noqa: E402
 from .space import CP_MIN_TOKENS, Config  # noqa: E402
@@ -128,6 +129,7 @@ def _plan_cell(r: dict, compact: bool = False) -> str:
     moe = c.ep > 1 or c.etp
     dispatch = (f" {c.dispatch}" if c.dispatch != "alltoall" else "") + (" A2A-overlap" if c.a2a_overlap else "")
     levers = (f"({c.rlayers})" if c.rlayers else "") + (f" {c.optimizer}" if c.optimizer != "adamw" else "")
+    levers += f" offload {c.offload}" if c.offload != "none" else ""
     if compact:
         return (
             f"tp{c.tp} pp{c.pp} dp{c.dp} cp{c.cp} v{c.vpp}{f' ep{c.ep} etp{c.etp or c.tp}' if moe else ''}{dispatch}"
@@ -299,6 +301,7 @@ def write_report(out: Path, rows: list[dict], manifest: dict, top: int = 10) -> 
         cols, table = top_table(rows, top)
         lines += ["## Best plans", ""] + _md_table(cols, table) + [""]
         lines += ["## Why the best plan wins", ""] + [f"- {s}" for s in explain(rows, ident["objective"])] + [""]
+        lines += offload_lines(rows)
         d = f"{PLAN_DIR}/{plan_dir_name(1, best[0])}"
         if (out / d / "timeline.png").exists():
             _replace(out / TIMELINE, lambda tmp: shutil.copyfile(out / d / "timeline.png", tmp))  # a stable name
@@ -328,6 +331,42 @@ def write_report(out: Path, rows: list[dict], manifest: dict, top: int = 10) -> 
     return out / REPORT
 
 
+def offload_lines(rows: list[dict], most: int = 5) -> list[str]:
+    """'## Host offload': what offload and a leaner optimizer buy the best plans that use them: the
+    same layout without them (does it fit?), the seconds spent waiting on the host, the host memory."""
+    by_id = {r["id"]: r for r in rows}
+    out = []
+    for r in ranked(rows):
+        c = Config.from_row(r)
+        if c.offload == "none" and c.optimizer == "adamw":
+            continue
+        plain = by_id.get(replace(c, offload="none", optimizer="adamw").id)
+        if plain is None:
+            without = "the same layout without them was not searched"
+        elif plain["status"] in ("oom", "invalid"):
+            without = f"without them it {plain.get('reason') or 'does not fit'}"
+        else:
+            without = f"without them it takes {num(plain, 'iter_time_s'):.3f} s"
+        what = " and ".join(
+            x
+            for x in (
+                f"offload {c.offload}" if c.offload != "none" else "",
+                c.optimizer if c.optimizer != "adamw" else "",
+            )
+            if x
+        )
+        host = num(r, "host_memory_gib", 0.0)
+        out.append(
+            f"- rank {r['rank']}, {_plan_cell(r)}: {what}: {num(r, 'iter_time_s'):.3f} s, of which"
+            f" {seconds(num(r, 'offload_s', 0.0))} waiting on the host"
+            + (f", {host:.0f} GiB of host memory per node" if host else "")
+            + f"; {without}."
+        )
+        if len(out) == most:
+            break
+    return ["## Host offload and optimizer choice", ""] + out + [""] if out else []
+
+
 def _default_cp(ident: dict) -> str:
     cp = max(1, min(ident["cluster"]["gpus_per_node"], ident["model"]["seq_len"] // CP_MIN_TOKENS))
     return f"{cp} (at least {CP_MIN_TOKENS:,} tokens per GPU)"
@@ -346,5 +385,6 @@ def _space_text(ident: dict) -> str:
         f"{'/'.join('on' if x else 'off' for x in s['sequence_parallel'])}; layer split {s['layer_split']}; "
         f"{s['precision']}; optimizer {', '.join(opts)}"
         + (" (compared by memory and step time only: how fast each converges is not modelled)" if len(opts) > 1 else "")
+        + (f"; host offload {', '.join(s['offload'])}" if s.get("offload", ["none"]) != ["none"] else "")
         + f"; engine backend {ident['backend']}"
     )

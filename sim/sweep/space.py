@@ -62,6 +62,7 @@ CONFIG_FIELDS = (
     "a2a_overlap",
     "optimizer",
     "rlayers",
+    "offload",
 )
 
 
@@ -87,6 +88,8 @@ class SearchSpace:
     optimizer: tuple[str, ...] = ("adamw",)  # optimizers (`cost.optimizers`)
     #: with full recompute: layers recomputed per stage, block method (0: every layer)
     recompute_layers: tuple[int, ...] = (0,)
+    #: host offload variants (`offload_fields`): none, optimizer:F, params, activations:N, joined by +
+    offload: tuple[str, ...] = ("none",)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -105,6 +108,7 @@ class SearchSpace:
             "moe_a2a_overlap",
             "optimizer",
             "recompute_layers",
+            "offload",
         ):
             if k in kw:
                 kw[k] = tuple(kw[k]) if isinstance(kw[k], list | tuple) else (kw[k],)
@@ -133,6 +137,7 @@ class Config:
     a2a_overlap: bool = False  # MoE all-to-alls overlapped (`ParallelPlan.moe_a2a_overlap`)
     optimizer: str = "adamw"  # `ParallelPlan.optimizer`
     rlayers: int = 0  # full recompute of this many layers per stage, block method (0: every layer)
+    offload: str = "none"  # host offload (`offload_fields`)
 
     @property
     def id(self) -> str:
@@ -142,6 +147,7 @@ class Config:
         extra = (f"-{self.optimizer}" if self.optimizer != "adamw" else "") + (
             f"-rl{self.rlayers}" if self.rlayers else ""
         )
+        extra += f"-off-{self.offload.replace(':', '').replace('+', '-')}" if self.offload != "none" else ""
         return (
             f"tp{self.tp}-pp{self.pp}-dp{self.dp}-cp{self.cp}-v{self.vpp}-mbs{self.mbs}-{self.schedule}"
             f"-z{self.zero}-{self.recompute}-sp{int(self.sp)}{experts}{extra}"
@@ -170,6 +176,8 @@ class Config:
                 parts.append("A2A overlap" if v else "no A2A overlap")
             elif f == "optimizer":
                 parts.append(str(v))
+            elif f == "offload":
+                parts.append("no offload" if v == "none" else f"offload {v}")
             elif f == "rlayers":
                 if v:
                     parts.append(f"recompute {v} layers per stage")
@@ -202,6 +210,7 @@ class Config:
             str(row.get("a2a_overlap", "")).lower() in _TRUE,
             str(row.get("optimizer") or "adamw"),
             int(row.get("rlayers") or 0),
+            str(row.get("offload") or "none"),
         )
 
 
@@ -286,7 +295,7 @@ def enumerate_configs(model: ModelSpec, cluster: ClusterSpec, num_gpus: int, spa
                             for rc in recomputes:
                                 for ep, etp in lay.experts:
                                     for disp, ov in _dispatch(model, space, lay.pp, sched, rc, ep):
-                                        for opt, rl in _levers(model, space, lay.pp * vpp, rc):
+                                        for opt, rl, off in _levers(model, space, lay.pp * vpp, rc, zero):
                                             out.append(
                                                 Config(
                                                     lay.tp,
@@ -305,17 +314,55 @@ def enumerate_configs(model: ModelSpec, cluster: ClusterSpec, num_gpus: int, spa
                                                     ov,
                                                     opt,
                                                     rl,
+                                                    off,
                                                 )
                                             )
     return out
 
 
-def _levers(model: ModelSpec, space: SearchSpace, stages: int, recompute: str) -> list[tuple[str, int]]:
-    """The (optimizer, recompute layers) pairs of a configuration: a layer count only under full
-    recompute, and below a stage's layers (that many is full recompute, counted already)."""
+def _levers(model: ModelSpec, space: SearchSpace, stages: int, recompute: str, zero: int) -> list[tuple[str, int, str]]:
+    """The (optimizer, recompute layers, offload) triples of a configuration: a layer count only
+    under full recompute, and below a stage's layers (that many is full recompute, counted
+    already); an offload variant only where `plan_check` allows it (optimizer offload on ZeRO's
+    shards, parameter offload with ZeRO-3, fewer offloaded layers than a stage holds)."""
     per = model.layers // stages
     layers = [k for k in _axis(space.recompute_layers) if k == 0 or (recompute == "full" and k < per)] or [0]
-    return [(o, k) for o in _axis(space.optimizer) for k in layers]
+    offloads = [v for v in _axis(space.offload) if _offload_fits(offload_fields(v), zero, per)] or ["none"]
+    return [(o, k, v) for o in _axis(space.optimizer) for k in layers for v in offloads]
+
+
+def offload_fields(spec: str) -> dict[str, float | bool | int]:
+    """The plan fields of an offload variant: ``none``, or parts joined by ``+``: ``optimizer:F``
+    (the fraction F of the optimizer on the CPU), ``params`` (ZeRO-3 shards on the host, the whole
+    optimizer with them), ``activations:N`` (the first N layers of each stage). ValueError names a
+    bad part."""
+    out: dict[str, float | bool | int] = {}
+    if spec == "none":
+        return out
+    for part in spec.split("+"):
+        name, _, val = part.partition(":")
+        try:
+            if name == "optimizer" and 0.0 < float(val) <= 1.0:
+                out["offload_optimizer"] = float(val)
+            elif name == "params" and not val:
+                out["offload_params"], out["offload_optimizer"] = True, 1.0
+            elif name == "activations" and val.isdigit() and int(val) > 0:
+                out["offload_activations"] = int(val)
+            else:
+                raise ValueError
+        except ValueError:
+            raise ValueError(
+                f"offload variant {part!r}: use none, optimizer:F (0 < F <= 1), params or activations:N (N >= 1)"
+            ) from None
+    return out
+
+
+def _offload_fits(fields: dict[str, float | bool | int], zero: int, per_stage: int) -> bool:
+    if fields.get("offload_params") and zero < 3:
+        return False
+    if fields.get("offload_optimizer") and zero < 1:
+        return False
+    return int(fields.get("offload_activations", 0)) < per_stage
 
 
 def _dispatch(
@@ -337,9 +384,9 @@ def count_configs(model: ModelSpec, cluster: ClusterSpec, num_gpus: int, space: 
     return sum(
         mbs
         * len(lay.sps)
-        * len(lay.zeros)
         * sum(
-            len(_dispatch(model, space, lay.pp, sched, rc, ep)) * len(_levers(model, space, lay.pp * vpp, rc))
+            len(_dispatch(model, space, lay.pp, sched, rc, ep)) * len(_levers(model, space, lay.pp * vpp, rc, zero))
+            for zero in lay.zeros
             for rc in _axis(space.recompute)
             for ep, _ in lay.experts
         )
@@ -403,6 +450,7 @@ def make_plan(cfg: Config, model: ModelSpec, cluster: ClusterSpec, gbs: int, spa
         optimizer=cfg.optimizer,
         recompute_layers=cfg.rlayers or None,
         recompute_method="block" if cfg.rlayers else "uniform",
+        **offload_fields(cfg.offload),
     )
     if space.fp8_recipe:  # else the stack's default
         data["fp8_recipe"] = space.fp8_recipe

@@ -30,10 +30,11 @@ from ..engine.results import BREAKDOWN_KEYS
 from ..errors import SimparError, SpecError
 from ..plan import MOE_DISPATCHERS, OPTIMIZERS, RECOMPUTE, SCHEDULES
 from . import interrupt
-from .space import CONFIG_FIELDS, Config
+from .space import CONFIG_FIELDS, Config, offload_fields
 
-#: 2: lower_bound_s; 3: ep, etp, expert_compute_s, moe_a2a_s; 4: dispatch, a2a_overlap; 5: optimizer, rlayers
-SWEEP_FORMAT_VERSION = 5
+#: 2: lower_bound_s; 3: ep, etp, expert_compute_s, moe_a2a_s; 4: dispatch, a2a_overlap; 5: optimizer, rlayers;
+#: 6: offload, offload_s, host_memory_gib
+SWEEP_FORMAT_VERSION = 6
 MANIFEST, RESULTS, JOURNAL = "sweep.json", "results.csv", "journal"
 PHASES = ("screen", "refine", "simulate")
 STATUSES = ("simulated", "refined", "estimated", "oom", "invalid")
@@ -57,7 +58,7 @@ RESULT_COLUMNS = (
     "model_flops",
     "hardware_flops",
 )
-MEMORY_COLUMNS = ("peak_memory_gib", "worst_memory_rank", "over_by_gib", "memory_per_rank_gib")
+MEMORY_COLUMNS = ("peak_memory_gib", "worst_memory_rank", "over_by_gib", "memory_per_rank_gib", "host_memory_gib")
 TIME_COLUMNS = ("quick_time_s", "lower_bound_s", "oracle_time_s", "engine_time_s")
 COLUMNS = (
     ("id", "status", "reason", "rank", "source")
@@ -73,7 +74,7 @@ _OPTIONAL_INTS = ("rank", "num_microbatches", "reported_rank", "worst_memory_ran
 _FLOATS = (
     tuple(c for c in RESULT_COLUMNS if c != "reported_rank")
     + tuple(f"{k}_s" for k in BREAKDOWN_KEYS)
-    + ("peak_memory_gib", "over_by_gib")
+    + ("peak_memory_gib", "over_by_gib", "host_memory_gib")
     + TIME_COLUMNS
 )
 _TIMES = ("iter_time_s",) + TIME_COLUMNS
@@ -160,6 +161,10 @@ def _plan_problem(row: dict[str, str]) -> str:
         return f"optimizer {row['optimizer']!r} is not one of {', '.join(OPTIMIZERS)}"
     if not _is_int(row["rlayers"], 0):
         return f"rlayers {row['rlayers']!r} is not a whole number (0: every layer)"
+    try:
+        offload_fields(row["offload"])
+    except ValueError as exc:
+        return str(exc)
     if Config.from_row(row).id != row["id"]:
         return "its plan columns do not match its id"
     if row["layer_split"] and not all(_is_int(x, 1) for x in row["layer_split"].split(";")):

@@ -4,21 +4,24 @@ drawing, max-flow), so a simulation never pays for networkx. `build_topology` ke
 topologies, so every simulation of a sweep and both network backends share one.
 
 Graph nodes (attribute ``kind``): ``gpu``, ``nvswitch``, ``pcie`` (switch), ``cpu`` (socket /
-root complex), ``host`` (the memory of a ``host`` node, through which its CPU worker processes
-talk), ``nic``, ``leaf``, ``spine``. Names read ``n3/gpu5``, ``n3/nic5``, ``leaf/r5/g0``
+root complex), ``mem`` (a socket's DRAM, where the node has a ``host``: offloaded states live
+there), ``host`` (the memory of a ``host`` node, through which its CPU worker processes talk),
+``nic``, ``leaf``, ``spine``. Names read ``n3/gpu5``, ``n3/nic5``, ``leaf/r5/g0``
 (rail 5, leaf group 0), ``spine2``. Every physical link is two directed edges, each with
 
 - ``bw``: line rate of that direction, bytes/s;
 - ``latency``: one-way latency of the hop, s (switch traversals; intra-node hops carry 0 because
   NCCL's per-step latency of the link class already covers them, see network.constants);
-- ``kind``: ``nvlink``, ``pcie``, ``cpu`` (socket link), ``host`` (process to host memory), ``nic``
-  (NIC to leaf), ``fabric`` (leaf to spine); ``cls``: the efficiency class (``nvlink3/4/5``,
-  ``pcie``, ``cpu``, ``host``, ``net``);
+- ``kind``: ``nvlink``, ``pcie``, ``cpu`` (socket link), ``mem`` (socket to its DRAM), ``host``
+  (process to host memory), ``nic`` (NIC to leaf), ``fabric`` (leaf to spine); ``cls``: the
+  efficiency class (``nvlink3/4/5``, ``pcie``, ``cpu``, ``mem``, ``host``, ``net``);
 - ``id``: index into the flat arrays ``link_bw``, ``link_cls``, ... used by the network models.
 
 Routes are computed from the structure (no graph search per call) and cached: GPU -> PCIe switch
 -> NIC -> leaf [-> spine -> leaf] -> NIC -> PCIe switch -> GPU between nodes; GPU -> NVSwitch ->
-GPU, or GPU -> PCIe switch [-> CPU [-> CPU] -> PCIe switch] -> GPU inside a node. Between rails of
+GPU, or GPU -> PCIe switch [-> CPU [-> CPU] -> PCIe switch] -> GPU inside a node; GPU -> PCIe
+switch -> CPU -> DRAM of that socket to host memory (`host_links`: the uplink of a switch is shared
+by its GPUs, as in the real box). Between rails of
 one leaf group of a rail-optimized fabric, traffic leaves from the NIC on the destination's rail
 (under the GPU's own PCIe switch, or after an NVLink hop to the GPU on that rail: NCCL's PXN), so
 it never needs a spine. Where a spine is needed, ``scale_out.ecmp`` picks it per flow
@@ -41,9 +44,9 @@ if TYPE_CHECKING:
     import networkx as nx
 
 #: Edge kinds, in display order.
-LINK_KINDS = ("nvlink", "pcie", "cpu", "host", "nic", "fabric")
+LINK_KINDS = ("nvlink", "pcie", "cpu", "mem", "host", "nic", "fabric")
 #: Node kinds, in display order.
-NODE_KINDS = ("gpu", "nvswitch", "pcie", "cpu", "host", "nic", "leaf", "spine")
+NODE_KINDS = ("gpu", "nvswitch", "pcie", "cpu", "mem", "host", "nic", "leaf", "spine")
 
 
 @dataclass(frozen=True)
@@ -72,7 +75,7 @@ class Topology:
         self.link_ends: list[tuple[str, str]] = []
         self._link_id: dict[tuple[str, str], int] = {}
         self._routes: dict[tuple[int, int], Route] = {}
-        self._pieces: dict[tuple[str, int], tuple[int, int]] = {}
+        self._pieces: dict[tuple[str, int], tuple[int, ...]] = {}
         self._build()
         self._check_connected()
 
@@ -129,6 +132,9 @@ class Topology:
             self._add_node(self.switch_name(n, s), "pcie", node=n)
         for c in range(f.cpus(g)):
             self._add_node(f"n{n}/cpu{c}", "cpu", node=n)
+            if f.host is not None:
+                self._add_node(f"n{n}/mem{c}", "mem", node=n)
+                self._link(f"n{n}/cpu{c}", f"n{n}/mem{c}", f.host.memory_bw_GBps * GB, "mem", "mem")
         for s in range(f.pcie_switches(g)):
             self._link(self.switch_name(n, s), f"n{n}/cpu{s // f.pcie_switches_per_cpu}", pcie_bw, "pcie", "pcie")
         if f.interconnect == "pcie" and f.cpus(g) > 1:
@@ -355,13 +361,34 @@ class Topology:
             pos = pos * self.cluster.node.nics(self.gpus_per_node) + jb
         return pos % k
 
+    def host_links(self, gpu: int, to_host: bool) -> tuple[int, ...]:
+        """Link ids from GPU ``gpu`` to the DRAM of its socket (``to_host``), or back: GPU -> PCIe
+        switch -> CPU -> DRAM. SpecError when the node has no ``host``."""
+        key = ("d2h" if to_host else "h2d", gpu)
+        if key not in self._pieces:
+            f = self.cluster.node
+            if f.host is None or f.interconnect == "host":
+                raise SpecError(
+                    f"cluster {self.cluster.name}: node.host",
+                    "the node has no host memory in the cluster file, so nothing can be offloaded.",
+                    "add node.host (memory_GiB, memory_bw_GBps, adam_Gparams_per_s) with sources, or do not offload.",
+                )
+            n, sw = self.node_of(gpu), (gpu % self.gpus_per_node) // f.gpus_per_pcie_switch
+            names = [self.gpu_name(gpu), self.switch_name(n, sw), f"n{n}/cpu{sw // f.pcie_switches_per_cpu}"]
+            names.append(f"n{n}/mem{sw // f.pcie_switches_per_cpu}")
+            down = tuple(self._link_id[(a, b)] for a, b in zip(names, names[1:]))
+            up = tuple(self._link_id[(b, a)] for a, b in reversed(list(zip(names, names[1:]))))
+            self._pieces[("d2h", gpu)], self._pieces[("h2d", gpu)] = down, up
+        return self._pieces[key]
+
     def nvswitch_links(self, gpu: int) -> tuple[int, int]:
         """(GPU -> NVSwitch, NVSwitch -> GPU) link ids of ``gpu`` (NVSwitch nodes only)."""
         key = ("nvs", gpu)
         if key not in self._pieces:
             g, s = self.gpu_name(gpu), f"n{self.node_of(gpu)}/nvswitch"
             self._pieces[key] = (self._link_id[(g, s)], self._link_id[(s, g)])
-        return self._pieces[key]
+        up, down = self._pieces[key]
+        return up, down
 
     # --- summaries -----------------------------------------------------------------------
     @cached_property
