@@ -106,6 +106,27 @@ def plan_options(f: Callable[..., Any]) -> Callable[..., Any]:
             help="optimizer: its state bytes and step cost (adam-8bit: bitsandbytes; muon: Newton-Schulz steps)",
         ),
         click.option(
+            "--offload-optimizer",
+            type=click.FloatRange(0.0, 1.0),
+            default=None,
+            help="fraction of the optimizer (fp32 master, states, step) on the host CPU (DeepSpeed "
+            "offload_optimizer ratio, Megatron-Core --optimizer-offload-fraction) "
+            "[default: 0; 1 with --offload-params]",
+        ),
+        click.option(
+            "--offload-params",
+            is_flag=True,
+            default=False,
+            help="ZeRO-3 parameter shards in host memory (FSDP2 CPUOffloadPolicy, DeepSpeed offload_param)",
+        ),
+        click.option(
+            "--offload-activations",
+            type=click.IntRange(0, 1 << 16),
+            default=0,
+            help="layers per stage whose stored activations go to host memory "
+            "(Megatron-Core cpu_offloading_num_layers)",
+        ),
+        click.option(
             "--sequence-parallel/--no-sequence-parallel",
             default=None,
             help="Megatron sequence parallelism [default: on when tp>1]",
@@ -242,7 +263,11 @@ def setup_from_options(kw: dict[str, Any]) -> Setup:
         recompute_layers=kw.get("recompute_layers"),
         recompute_method=kw.get("recompute_method") or "uniform",
         optimizer=kw.get("optimizer") or "adamw",
+        offload_params=bool(kw.get("offload_params")),
+        offload_activations=kw.get("offload_activations") or 0,
     )
+    if kw.get("offload_optimizer") is not None:
+        data["offload_optimizer"] = kw["offload_optimizer"]
     if kw.get("recompute_modules"):
         data["recompute_modules"] = tuple(x.strip() for x in kw["recompute_modules"].split(",") if x.strip())
     for key in ("flash_attention", "tp_comm_overlap", "fp8_recipe"):  # unset: the stack decides

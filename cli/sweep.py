@@ -95,7 +95,8 @@ def _list(text: str, field: str, allowed: tuple | None = None, cast=str) -> tupl
 
 
 def space_from(kw: dict[str, Any]):
-    from simpar.sim.sweep.space import SearchSpace, offload_fields
+    from simpar.sim.cost.offload import offload_fields
+    from simpar.sim.sweep.space import SearchSpace
 
     mbs = _list(kw["mbs"], "mbs", cast=int)
     if min(mbs) < 1:

@@ -85,5 +85,14 @@ def _print(r: dict) -> None:
     for p in r["predicted_busbw"]:
         pred.add_row(p["group"], p["op"], human_bytes(p["bytes"]), f"{p['busbw_GBps']:.1f}", p["algorithm"])
     con.print(pred)
+    h = r.get("host")
+    if h:
+        rate = h["adam_Gparams_per_s"]
+        adam = f"{rate:g} G params/s" if rate else "not measured"
+        con.print(
+            f"host per node: {h['cpu'] or 'CPU'}, {h['memory_GiB']:,.0f} GiB,"
+            f" DRAM {h['memory_bw_GBps_per_socket']:g} GB/s per socket; CPU Adam {adam}; GPU -> host {h['gpu_to_host_GBps']:.1f} GB/s alone,"
+            f" {h['gpu_to_host_GBps_all']:.1f} GB/s each with every GPU copying (PCIe switch uplinks shared)"
+        )
     if "plot" in r:
         con.print(f"wrote {r['plot']}")

@@ -119,6 +119,19 @@ def _check_offload(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec) -
                 f"stack {stack.name} cannot offload {k} (it offloads {can}).",
                 "use another stack, or drop it.",
             )
+    if plan.offload_optimizer > 0 and cluster.node.host.adam_Gparams_per_s is None:
+        raise PlanError(
+            "offload_optimizer",
+            f"cluster {cluster.name}'s host has no measured CPU optimizer rate (node.host.adam_Gparams_per_s).",
+            "add the rate measured on that host (DeepSpeed CPU-Adam, whole node) with its source to the cluster file.",
+        )
+    if plan.offload_optimizer > 0 and plan.optimizer == "muon":
+        raise PlanError(
+            "offload_optimizer",
+            "Muon's Newton-Schulz steps on the CPU are not modelled "
+            "(only element-wise optimizers scale the host rate).",
+            "use another optimizer, or do not offload it.",
+        )
     if plan.offload_optimizer > 0 and plan.zero < 1:
         raise PlanError(
             "offload_optimizer",

@@ -40,10 +40,29 @@ def test_every_preset_builds_one_connected_graph(name):
 def test_dgx_a100_two_nodes_counts_and_rates():
     topo = small("dgx-a100-80g", 16)
     s = topo.summary()
-    assert s["graph_nodes"] == {"gpu": 16, "nvswitch": 2, "pcie": 8, "cpu": 4, "nic": 16, "leaf": 8, "spine": 20}
+    assert s["graph_nodes"] == {
+        "gpu": 16,
+        "nvswitch": 2,
+        "pcie": 8,
+        "cpu": 4,
+        "mem": 4,
+        "nic": 16,
+        "leaf": 8,
+        "spine": 20,
+    }
     assert s["links"]["nvlink"] == {"count": 16, "bw_GBps_per_direction": [300.0]}  # 600 GB/s bidirectional
+    assert s["links"]["mem"] == {"count": 4, "bw_GBps_per_direction": [204.8]}  # a socket's 8 DDR4-3200 channels
     assert s["links"]["nic"] == {"count": 16, "bw_GBps_per_direction": [25.0]}  # 200 Gb/s HDR
     assert s["bisection_GBps"] == pytest.approx(8 * 25.0)
+
+
+def test_host_route_climbs_the_gpus_switch_and_socket():
+    topo = small("dgx-a100-80g", 16)
+    down = [topo.link_ends[i] for i in topo.host_links(11, True)]
+    assert down == [("n1/gpu3", "n1/pcie1"), ("n1/pcie1", "n1/cpu0"), ("n1/cpu0", "n1/mem0")]
+    up = [topo.link_ends[i] for i in topo.host_links(11, False)]
+    assert up == [(b, a) for a, b in reversed(down)]
+    assert all(topo.graph.has_edge(*e) for e in down + up)
 
 
 @pytest.mark.parametrize(

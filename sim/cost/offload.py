@@ -84,3 +84,29 @@ def activation_exposure(copy_s: float, pass_s: float, layers: int, offloaded: in
     if offloaded <= 0 or copy_s <= 0:
         return 0.0
     return max(0.0, copy_s - pass_s * (layers - offloaded) / max(1, layers))
+
+
+def offload_fields(spec: str) -> dict[str, float | bool | int]:
+    """The plan fields of an offload variant: ``none``, or parts joined by ``+``: ``optimizer:F``
+    (the fraction F of the optimizer on the CPU), ``params`` (ZeRO-3 shards on the host, the whole
+    optimizer with them), ``activations:N`` (the first N layers of each stage). ValueError names a
+    bad part."""
+    out: dict[str, float | bool | int] = {}
+    if spec == "none":
+        return out
+    for part in spec.split("+"):
+        name, _, val = part.partition(":")
+        try:
+            if name == "optimizer" and 0.0 < float(val) <= 1.0:
+                out["offload_optimizer"] = float(val)
+            elif name == "params" and not val:
+                out["offload_params"], out["offload_optimizer"] = True, 1.0
+            elif name == "activations" and val.isdigit() and int(val) > 0:
+                out["offload_activations"] = int(val)
+            else:
+                raise ValueError
+        except ValueError:
+            raise ValueError(
+                f"offload variant {part!r}: use none, optimizer:F (0 < F <= 1), params or activations:N (N >= 1)"
+            ) from None
+    return out

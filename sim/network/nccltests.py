@@ -74,6 +74,18 @@ def topology_report(net: Network, size: int = 2**30) -> dict:
         if len(everyone) == len(in_node):
             break
     out["predicted_busbw"] = preds
+    host = net.cluster.node.host
+    if host is not None and net.cluster.node.interconnect != "host":
+        alone = size / net.host_copy_time(0, size, True) / 1e9
+        shared = size / net.host_copy_time(0, size, True, concurrent=True) / 1e9
+        out["host"] = {
+            "cpu": host.cpu,
+            "memory_GiB": host.memory_GiB,
+            "memory_bw_GBps_per_socket": host.memory_bw_GBps,
+            "adam_Gparams_per_s": host.adam_Gparams_per_s,
+            "gpu_to_host_GBps": alone,  # one GPU copying alone (the route's slowest link, effective)
+            "gpu_to_host_GBps_all": shared,  # each GPU while every GPU of the node copies
+        }
     return out
 
 

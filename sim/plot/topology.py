@@ -11,11 +11,12 @@ from pathlib import Path
 from ..topology.graph import Topology
 
 MAX_PLOT_NODES = 600
-_ROWS = {"spine": 6, "leaf": 5, "nic": 4, "cpu": 3, "host": 3, "pcie": 2, "nvswitch": 1, "gpu": 0}
+_ROWS = {"spine": 7, "leaf": 6, "nic": 5, "mem": 4, "cpu": 3, "host": 3, "pcie": 2, "nvswitch": 1, "gpu": 0}
 _COLOURS = {
     "nvlink": "tab:green",
     "pcie": "tab:blue",
     "cpu": "tab:purple",
+    "mem": "tab:pink",
     "host": "tab:brown",
     "nic": "tab:orange",
     "fabric": "tab:red",
@@ -60,7 +61,9 @@ def draw_topology(topo: Topology, path: Path) -> None:
         nodes = [n for n, k in g.nodes(data="kind") if k == kind]
         if nodes:
             nx.draw_networkx_nodes(g, pos, nodelist=nodes, node_size=60, ax=ax)
-    ax.set_yticks(list(_ROWS.values()), list(_ROWS))
+    present = {k for _, k in g.nodes(data="kind")}
+    rows = {k: y for k, y in _ROWS.items() if k in present or not any(_ROWS[o] == y and o in present for o in _ROWS)}
+    ax.set_yticks(list(rows.values()), list(rows))  # one label per row: the kind drawn there
     ax.tick_params(left=True, labelleft=True)
     ax.set_title(f"{topo.cluster.name}: {topo.num_gpus} GPUs, {topo.num_nodes} node(s)")
     ax.legend(loc="upper right", fontsize="small")

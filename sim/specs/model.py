@@ -53,6 +53,10 @@ class ModelSpec(BaseModel):
     seq_len: int = Field(gt=0, le=100_000_000, strict=True, description="training sequence length in tokens")
     head_dim: int = Field(0, ge=0, le=100_000, strict=True, description="attention head size; 0 means hidden / heads")
     attention_bias: bool = Field(False, description="biases on the attention projections (llama arch)")
+    tie_embeddings: bool | None = Field(
+        None,
+        description="input and output embeddings shared (None: the arch's: tied for gpt, untied for llama)",
+    )
     moe: MoESpec | None = None
     mla: MLASpec | None = None
     mtp_layers: int = Field(0, ge=0, le=64, strict=True, description="multi-token-prediction modules")
@@ -114,7 +118,7 @@ class ModelSpec(BaseModel):
 
     @property
     def tied_embeddings(self) -> bool:
-        return self.arch == "gpt"
+        return self.arch == "gpt" if self.tie_embeddings is None else self.tie_embeddings
 
     @property
     def has_bias(self) -> bool:

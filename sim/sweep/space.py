@@ -36,6 +36,7 @@ from math import isqrt
 from typing import Any
 
 from ..choices import BIDIRECTIONAL, SWEEP_SCHEDULES, V_SHAPED
+from ..cost.offload import offload_fields
 from ..errors import PlanError, SimparError
 from ..plan import RECOMPUTE, SCHEDULES, ParallelPlan, balanced_layer_split
 from ..plan_check import check_plan
@@ -329,32 +330,6 @@ def _levers(model: ModelSpec, space: SearchSpace, stages: int, recompute: str, z
     layers = [k for k in _axis(space.recompute_layers) if k == 0 or (recompute == "full" and k < per)] or [0]
     offloads = [v for v in _axis(space.offload) if _offload_fits(offload_fields(v), zero, per)] or ["none"]
     return [(o, k, v) for o in _axis(space.optimizer) for k in layers for v in offloads]
-
-
-def offload_fields(spec: str) -> dict[str, float | bool | int]:
-    """The plan fields of an offload variant: ``none``, or parts joined by ``+``: ``optimizer:F``
-    (the fraction F of the optimizer on the CPU), ``params`` (ZeRO-3 shards on the host, the whole
-    optimizer with them), ``activations:N`` (the first N layers of each stage). ValueError names a
-    bad part."""
-    out: dict[str, float | bool | int] = {}
-    if spec == "none":
-        return out
-    for part in spec.split("+"):
-        name, _, val = part.partition(":")
-        try:
-            if name == "optimizer" and 0.0 < float(val) <= 1.0:
-                out["offload_optimizer"] = float(val)
-            elif name == "params" and not val:
-                out["offload_params"], out["offload_optimizer"] = True, 1.0
-            elif name == "activations" and val.isdigit() and int(val) > 0:
-                out["offload_activations"] = int(val)
-            else:
-                raise ValueError
-        except ValueError:
-            raise ValueError(
-                f"offload variant {part!r}: use none, optimizer:F (0 < F <= 1), params or activations:N (N >= 1)"
-            ) from None
-    return out
 
 
 def _offload_fits(fields: dict[str, float | bool | int], zero: int, per_stage: int) -> bool:

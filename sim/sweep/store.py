@@ -26,11 +26,12 @@ from pathlib import Path
 from typing import Any
 
 from .. import files
+from ..cost.offload import offload_fields
 from ..engine.results import BREAKDOWN_KEYS
 from ..errors import SimparError, SpecError
 from ..plan import MOE_DISPATCHERS, OPTIMIZERS, RECOMPUTE, SCHEDULES
 from . import interrupt
-from .space import CONFIG_FIELDS, Config, offload_fields
+from .space import CONFIG_FIELDS, Config
 
 #: 2: lower_bound_s; 3: ep, etp, expert_compute_s, moe_a2a_s; 4: dispatch, a2a_overlap; 5: optimizer, rlayers;
 #: 6: offload, offload_s, host_memory_gib

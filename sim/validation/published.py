@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from .. import files
+from ..choices import OPTIMIZERS
+from ..cost.offload import offload_fields
 from ..errors import SimparError
 from ..plan import FP8_RECIPES, MOE_DISPATCHERS, RECOMPUTE_MODULES, ParallelPlan, balanced_layer_split
 from ..plan_check import check_plan
@@ -27,9 +29,14 @@ from .moe_rows import MOE_COLUMNS, cell, is_moe_row, moe_model, moe_plan_fields
 #: megatron-core), ``fp8_recipe`` (a recipe, or the published spelling below; empty or "not stated
 #: ...": the stack's default), ``flash_attention`` and ``tp_comm_overlap`` (1/0; empty: the stack's),
 #: ``recompute_modules`` (Megatron-Core recompute modules, space-separated, for a selective row),
-#: ``moe_dispatcher`` (alltoall or flex; empty: alltoall) and ``moe_a2a_overlap`` (1/0; empty: 0).
+#: ``moe_dispatcher`` (alltoall or flex; empty: alltoall) and ``moe_a2a_overlap`` (1/0; empty: 0),
+#: ``optimizer`` (empty: adamw) and ``offload`` (a sweep's offload variant, `sweep.space.offload_fields`;
+#: empty: none). Architecture extras of a dense row: ``tied_embeddings`` and ``attention_bias`` (1/0;
+#: empty: the arch's).
 OPTIONAL_PLAN_COLUMNS = (
     "stack",
+    "optimizer",
+    "offload",
     "fp8_recipe",
     "flash_attention",
     "tp_comm_overlap",
@@ -169,6 +176,19 @@ def row_hints(r: dict[str, str]) -> dict[str, Any]:
                 f"row {r.get('id')}: recompute_modules", f"has {bad[0]!r}.", f"use {', '.join(RECOMPUTE_MODULES)}."
             )
         out["recompute_modules"] = tuple(modules)
+    optimizer = (r.get("optimizer") or "").strip()
+    if optimizer:
+        if optimizer not in OPTIMIZERS:
+            raise SimparError(
+                f"row {r.get('id')}: optimizer", f"is {optimizer!r}.", f"write one of {', '.join(OPTIMIZERS)}."
+            )
+        out["optimizer"] = optimizer
+    offload = (r.get("offload") or "").strip()
+    if offload:
+        try:
+            out.update(offload_fields(offload))
+        except ValueError as exc:
+            raise SimparError(f"row {r.get('id')}: offload", str(exc) + ".", "see FORMAT.md.") from None
     dispatcher = (r.get("moe_dispatcher") or "").strip()
     if dispatcher:
         if dispatcher not in MOE_DISPATCHERS:
@@ -198,6 +218,17 @@ def memory_metric(r: dict[str, str]) -> str | None:
     return v
 
 
+def _arch_extras(r: dict[str, str]) -> dict[str, bool]:
+    out = {}
+    for col, name in (("tied_embeddings", "tie_embeddings"), ("attention_bias", "attention_bias")):
+        v = (r.get(col) or "").strip()
+        if v:
+            if v not in ("0", "1"):
+                raise SimparError(f"row {r.get('id')}: {col}", f"is {v!r}.", "write 1 or 0 (or leave it empty).")
+            out[name] = v == "1"
+    return out
+
+
 def row_setup(r: dict[str, str]) -> tuple[ModelSpec, Any, ParallelPlan]:
     if is_moe_row(r):
         model = moe_model(r)
@@ -213,6 +244,7 @@ def row_setup(r: dict[str, str]) -> tuple[ModelSpec, Any, ParallelPlan]:
             ffn=int(r["ffn"] or 0),
             vocab=int(r["vocab"]),
             seq_len=int(r["seq_len"]),
+            **_arch_extras(r),
         )
         extra_moe = {}
     n = int(r["num_gpus"])

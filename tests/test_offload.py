@@ -1,0 +1,175 @@
+"""Host offload (`cost.offload`): memory moved to the host in exact small cases, the per-node host
+check, the PCIe switch shared by its GPUs, the CPU step's scaling, plan rules, and the sweep axis."""
+
+from __future__ import annotations
+
+import pytest
+import simpy
+
+from simpar.sim.cost.memory import memory_report
+from simpar.sim.cost.offload import HOST_GRAD_BYTES, cpu_step_seconds, offload_fields
+from simpar.sim.cost.optimizers import optimizer_facts
+from simpar.sim.cost.states import stack_conventions
+from simpar.sim.engine.iteration import host_step, local_params
+from simpar.sim.engine.simulate import simulate
+from simpar.sim.errors import PlanError
+from simpar.sim.network.analytical import AnalyticalNetwork
+from simpar.sim.network.contention import ContentionNetwork
+from simpar.sim.plan import ParallelPlan
+from simpar.sim.plan_check import check_plan
+from simpar.sim.specs import load_cluster, load_model
+from simpar.sim.sweep.space import SearchSpace, enumerate_configs, make_plan
+from simpar.sim.units import GiB
+
+A100 = load_cluster("dgx-a100-40g")
+
+
+def _plan(**kw) -> ParallelPlan:
+    base = dict(tp=1, pp=1, dp=8, zero=1, micro_batch_size=1, global_batch_size=8, stack="deepspeed")
+    return ParallelPlan(**{**base, **kw})
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_model("llama3-8b")
+
+
+def test_optimizer_offload_moves_that_fraction_of_the_states(model):
+    plain, half = _plan(), _plan(offload_optimizer=0.5)
+    a = memory_report(model, plain, A100.gpu, cluster=A100).ranks[0]
+    b = memory_report(model, half, A100.gpu, cluster=A100).ranks[0]
+    assert b.optimizer == pytest.approx(a.optimizer / 2)
+    assert (b.weights, b.grads, b.activations) == (a.weights, a.grads, a.activations)
+    owned = a.params / 8
+    sb = stack_conventions(half).states
+    state = sb.master + optimizer_facts("adamw").state_bytes_for(model.hidden)
+    assert b.host == pytest.approx(0.5 * owned * (state + HOST_GRAD_BYTES))
+    assert a.host == 0.0
+
+
+def test_parameter_offload_empties_the_shards(model):
+    z3 = _plan(zero=3)
+    off = _plan(zero=3, offload_params=True)
+    assert off.offload_optimizer == 1.0  # the shards live on the host, so the optimizer steps there
+    a = memory_report(model, z3, A100.gpu, cluster=A100).ranks[0]
+    b = memory_report(model, off, A100.gpu, cluster=A100).ranks[0]
+    assert b.optimizer == 0.0 and b.weights == pytest.approx(0.0, abs=1.0) and b.grads == pytest.approx(0.0, abs=1.0)
+    assert b.host == pytest.approx(a.weights + a.optimizer + max(a.grads, a.params / 8 * HOST_GRAD_BYTES))
+
+
+def test_host_memory_is_checked_per_node():
+    big = load_model("llama3-70b")
+    plan = _plan(tp=8, dp=1, zero=1, global_batch_size=1, recompute="full", offload_optimizer=1.0)
+    rep = memory_report(big, plan, A100.gpu, cluster=A100)
+    # 8 GPUs x 1/8 of 70B parameters x (4 master + 8 Adam + 4 gradient) bytes > 1 TB
+    assert rep.host_need[0] == pytest.approx(8 * rep.ranks[0].host)
+    assert rep.host_capacity == 1024 * GiB
+    assert not rep.host_fits and not rep.fits
+    assert rep.host_line().startswith("does not fit in host memory by ") and "on node 0" in rep.host_line()
+    assert rep.host_line() in rep.verdict()
+    smaller = memory_report(big, plan.model_copy(update={"offload_optimizer": 0.5}), A100.gpu, cluster=A100)
+    assert smaller.host_fits
+
+
+def test_two_gpus_behind_one_switch_share_its_uplink():
+    cluster = A100.with_gpus(8)
+    net = ContentionNetwork(cluster)
+    env = simpy.Environment()
+    ends = {}
+
+    def copy(rank):
+        yield from net.host_copy(env, rank, 1e9, True)
+        ends[rank] = env.now
+
+    for r in (0, 1, 2):  # 0 and 1 share PCIe switch 0; 2 sits under switch 1
+        env.process(copy(r))
+    env.run()
+    alone = AnalyticalNetwork(cluster).host_copy_time(2, 1e9, True)
+    assert ends[2] == pytest.approx(alone)
+    assert ends[0] == pytest.approx(ends[1]) and ends[0] == pytest.approx(2 * alone, rel=1e-3)
+    assert AnalyticalNetwork(cluster).host_copy_time(0, 1e9, True, concurrent=True) == pytest.approx(ends[0], rel=1e-3)
+
+
+def test_cpu_step_scales_with_the_offloaded_parameters(model):
+    cluster = A100.with_gpus(8)
+    steps = [host_step(model, _plan(offload_optimizer=f), [0], cluster) for f in (0.25, 0.5, 1.0)]
+    assert [s.cpu_seconds / steps[0].cpu_seconds for s in steps] == pytest.approx([1.0, 2.0, 4.0])
+    n = local_params(model, _plan(), [0])
+    rate = A100.node.host.adam_Gparams_per_s * 1e9 / 8  # the node's cores split over its 8 GPUs
+    assert steps[2].cpu_seconds == pytest.approx(n / rate)
+    sgd = cpu_step_seconds(_plan(offload_optimizer=1.0, optimizer="sgd"), cluster, n)
+    assert sgd == pytest.approx(n / rate * 20 / 28)  # its step moves 20 bytes to Adam's 28
+
+
+def test_offload_shows_in_the_breakdown_and_the_estimate_agrees(model):
+    cluster = A100.with_gpus(8)
+    plain, off = _plan(recompute="full"), _plan(recompute="full", offload_optimizer=1.0)
+    a, b = simulate(model, cluster, plain), simulate(model, cluster, off)
+    host = host_step(model, off, [0], cluster)
+    path = host.seconds(AnalyticalNetwork(cluster), 0)
+    assert b.breakdown_s["offload"] == pytest.approx(path, rel=1e-9)
+    assert b.iter_time_s == pytest.approx(a.iter_time_s - a.breakdown_s["optimizer"] + path, rel=1e-9)
+    c = simulate(model, cluster, off, backend="contention")
+    assert c.iter_time_s == pytest.approx(b.iter_time_s, rel=1e-9)
+
+
+def test_activation_offload_lowers_gpu_memory_and_costs_copies(model):
+    cluster = A100.with_gpus(8)
+    plain, off = _plan(recompute="none"), _plan(recompute="none", offload_activations=8)
+    a, b = (memory_report(model, p, A100.gpu, cluster=cluster).ranks[0] for p in (plain, off))
+    assert b.activations < a.activations and b.host > 0
+    t = simulate(model, cluster, off)
+    assert t.breakdown_s["offload"] >= 0.0
+    assert sum(t.breakdown_s.values()) == pytest.approx(t.iter_time_s)
+
+
+@pytest.mark.parametrize(
+    ("kw", "field", "words"),
+    [
+        (dict(offload_optimizer=1.0, zero=0), "offload_optimizer", "ZeRO"),
+        (dict(zero=3, offload_params=True, stack="megatron-core"), "offload_params", "cannot offload params"),
+        (dict(offload_activations=32), "offload_activations", "fewer layers"),
+        (dict(offload_optimizer=1.0, optimizer="muon"), "offload_optimizer", "Newton-Schulz"),
+    ],
+)
+def test_plan_rules(model, kw, field, words):
+    with pytest.raises(PlanError) as e:
+        check_plan(_plan(**kw), model, A100.with_gpus(8))
+    assert e.value.field == field and words in str(e.value)
+
+
+def test_offload_needs_a_host_in_the_cluster(model):
+    nohost = load_cluster("gb200-nvl72").with_gpus(8)
+    with pytest.raises(PlanError, match="node.host"):
+        check_plan(_plan(offload_optimizer=1.0, stack="megatron-core"), model, nohost)
+    h100 = load_cluster("dgx-h100").with_gpus(8)  # a host, but no measured CPU Adam rate
+    with pytest.raises(PlanError, match="adam_Gparams_per_s"):
+        check_plan(_plan(offload_optimizer=1.0), model, h100)
+
+
+def test_offload_variants_parse_and_are_refused_by_name():
+    assert offload_fields("none") == {}
+    assert offload_fields("optimizer:0.5+activations:2") == {"offload_optimizer": 0.5, "offload_activations": 2}
+    assert offload_fields("params") == {"offload_params": True, "offload_optimizer": 1.0}
+    for bad in ("optimizer:0", "optimizer:2", "activations:x", "params:1", "disk"):
+        with pytest.raises(ValueError, match="offload variant"):
+            offload_fields(bad)
+
+
+def test_sweep_axis_offers_offload_only_where_the_plan_allows_it(model):
+    cluster = A100.with_gpus(8)
+    space = SearchSpace(
+        schedules=("none",),
+        zero=(0, 2, 3),
+        recompute=("full",),
+        mbs=(1,),
+        max_tp=1,
+        stack="deepspeed",
+        offload=("none", "optimizer:1", "params"),
+    )
+    cfgs = enumerate_configs(model, cluster, 8, space)
+    by_zero = {z: sorted({c.offload for c in cfgs if c.zero == z}) for z in (0, 2, 3)}
+    assert by_zero == {0: ["none"], 2: ["none", "optimizer:1"], 3: ["none", "optimizer:1", "params"]}
+    cfg = next(c for c in cfgs if c.offload == "params")
+    plan = make_plan(cfg, model, cluster, 8, space)
+    assert plan.offload_params and plan.offload_optimizer == 1.0 and cfg.id.endswith("-off-params")
