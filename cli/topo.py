@@ -91,7 +91,8 @@ def _print(r: dict) -> None:
         adam = f"{rate:g} G params/s" if rate else "not measured"
         con.print(
             f"host per node: {h['cpu'] or 'CPU'}, {h['memory_GiB']:,.0f} GiB,"
-            f" DRAM {h['memory_bw_GBps_per_socket']:g} GB/s per socket; CPU Adam {adam}; GPU -> host {h['gpu_to_host_GBps']:.1f} GB/s alone,"
+            f" DRAM {h['memory_bw_GBps_per_socket']:g} GB/s per socket; CPU Adam {adam};"
+            f" GPU -> host {h['gpu_to_host_GBps']:.1f} GB/s alone,"
             f" {h['gpu_to_host_GBps_all']:.1f} GB/s each with every GPU copying (PCIe switch uplinks shared)"
         )
     if "plot" in r:
