@@ -73,12 +73,12 @@ def check_plan_for_executor(plan: ParallelPlan, model: ModelSpec) -> None:
             f"the executor does not run {plan.optimizer} ({why}).",
             "simulate it, or run the plan with adamw, adam, sgd or adafactor.",
         )
-    if plan.offload_optimizer or plan.offload_params or plan.offload_activations:
+    if plan.offload_optimizer and not plan.offload_params:
         raise PlanError(
-            "offload_optimizer" if plan.offload_optimizer else "offload_activations",
-            "the executor does not offload to host memory (no CPU optimizer step, no CPUOffloadPolicy, "
-            "no activation offload yet).",
-            "simulate it with simpar simulate / sweep, or run the plan without offload.",
+            "offload_optimizer",
+            "the executor offloads the optimizer only with the parameters (FSDP2 CPUOffloadPolicy); torch has "
+            "no optimizer that steps a fraction of the states on the CPU (Megatron-Core's HybridDeviceOptimizer).",
+            "add --offload-params with --zero 3, or simulate it.",
         )
     if plan.pipelines == 2:
         raise PlanError(

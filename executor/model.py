@@ -160,10 +160,14 @@ class Transformer(nn.Module):
         ep: ExpertParallel | None = None,
         recompute_layers: int | None = None,
         recompute_method: str = "uniform",
+        offload_layers: int = 0,
     ) -> None:
         super().__init__()
         shape = shape or StageShape(0, spec.layers, True, True)
         self.spec, self.shape = spec, shape
+        #: the first layers of the stage whose saved activations go to host memory (Megatron-Core
+        #: cpu_offloading_num_layers; torch's save_on_cpu), fewer than the stage holds
+        self.offload = min(offload_layers, max(0, shape.num_layers - 1))
         self.autocast_dtype: torch.dtype | None = None
         self.embed = Embedding(spec) if shape.is_first else None
         ids = list(range(shape.first_layer, shape.first_layer + shape.num_layers))
@@ -186,13 +190,21 @@ class Transformer(nn.Module):
             blocks = list(self.layers.values())
             if self.group > 1:  # one checkpoint per group of layers
                 for k in range(0, len(blocks), self.group):
-                    x = checkpoint(_run, blocks[k : k + self.group], x, use_reentrant=False)
+                    with self._saved(k, x):
+                        x = checkpoint(_run, blocks[k : k + self.group], x, use_reentrant=False)
             else:
-                for layer in blocks:
-                    x = layer(x)
+                for k, layer in enumerate(blocks):
+                    with self._saved(k, x):
+                        x = layer(x)
             if self.output is not None:
                 x = self.output(self.norm(x))
         return x
+
+    def _saved(self, k: int, x: torch.Tensor):
+        """Where layer ``k``'s saved activations live: host memory for the offloaded layers."""
+        if k < self.offload:
+            return torch.autograd.graph.save_on_cpu(pin_memory=x.device.type == "cuda")
+        return nullcontext()
 
 
 def _run(blocks: list[nn.Module], x: torch.Tensor) -> torch.Tensor:
@@ -236,8 +248,9 @@ def build_model(
     ep: ExpertParallel | None = None,
     recompute_layers: int | None = None,
     recompute_method: str = "uniform",
+    offload_layers: int = 0,
 ) -> Transformer:
-    model = Transformer(spec, shape, recompute, ep, recompute_layers, recompute_method)
+    model = Transformer(spec, shape, recompute, ep, recompute_layers, recompute_method, offload_layers)
     init_weights(model, seed)
     return model
 

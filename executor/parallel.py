@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.tensor import Replicate, Shard, distribute_module
 from torch.distributed.tensor.parallel import (
@@ -208,16 +208,14 @@ def apply_dp(
             else MixedPrecisionPolicy()
         )
         reshard = reshard_after_forward(plan)
-        _wrap_experts(
-            model,
-            plan,
-            expert_mesh,
-            lambda m, em: fully_shard(m, mesh=em, reshard_after_forward=reshard, mp_policy=mp),
-            sharded=True,
-        )
+        # offload_params: FSDP2 keeps the shards (and their gradients) in host memory and the
+        # optimizer steps there; pinned host memory only where there is a GPU to copy to
+        off = CPUOffloadPolicy(pin_memory=device.type == "cuda") if plan.offload_params else OffloadPolicy()
+        kw = dict(reshard_after_forward=reshard, mp_policy=mp, offload_policy=off)
+        _wrap_experts(model, plan, expert_mesh, lambda m, em: fully_shard(m, mesh=em, **kw), sharded=True)
         for block in model.layers.values():
-            fully_shard(block, mesh=mesh["dp"], reshard_after_forward=reshard, mp_policy=mp)
-        fully_shard(model, mesh=mesh["dp"], reshard_after_forward=reshard, mp_policy=mp)
+            fully_shard(block, mesh=mesh["dp"], **kw)
+        fully_shard(model, mesh=mesh["dp"], **kw)
         return model
     model.autocast_dtype = mp_dtype
     if plan.dp == 1:

@@ -70,7 +70,14 @@ class Stages:
         self.modules, self.models, stages = [], [], []
         for s in self.ids:
             model = build_model(
-                spec, cfg.seed, shapes[s], plan.recompute, ep, plan.recompute_layers, plan.recompute_method
+                spec,
+                cfg.seed,
+                shapes[s],
+                plan.recompute,
+                ep,
+                plan.recompute_layers,
+                plan.recompute_method,
+                plan.offload_activations,
             ).to(device)
             if plan.tp > 1:
                 parallel.apply_tp(model, mesh["tp"], plan.sequence_parallel)

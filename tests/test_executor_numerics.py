@@ -38,6 +38,7 @@ TWO = [
         dict(pp=2, vpp=2, global_batch_size=4, schedule="interleaved-1f1b", recompute="full"),
     ),
     ("zb-h1-llama", "tiny-llama", False, dict(pp=2, global_batch_size=4, schedule="zb-h1")),
+    ("1f1b-gpt-offload-acts", "tiny", False, dict(pp=2, global_batch_size=4, schedule="1f1b", offload_activations=1)),
     ("zb-h2-gpt", "tiny", False, dict(pp=2, global_batch_size=6, schedule="zb-h2")),
     ("zb-v-gpt", "tiny", False, dict(pp=2, vpp=2, global_batch_size=4, schedule="zb-v")),
     ("looped-bfs-llama", "tiny-llama", False, dict(pp=2, vpp=2, global_batch_size=4, schedule="looped-bfs")),
@@ -84,6 +85,20 @@ TWO = [
     ("dp2-zero1-llama", "tiny-llama", False, dict(dp=2, global_batch_size=4, schedule="none", zero=1)),
     ("dp2-zero2-gpt", "tiny", False, dict(dp=2, global_batch_size=4, schedule="none", zero=2)),
     ("dp2-zero3-llama-lowered", "tiny-llama", True, dict(dp=2, global_batch_size=4, schedule="none", zero=3)),
+    (  # FSDP2 CPUOffloadPolicy and save_on_cpu: the same numbers as the plain plan
+        "dp2-zero3-offload-params-acts-llama",
+        "tiny-llama",
+        False,
+        dict(
+            dp=2,
+            global_batch_size=4,
+            schedule="none",
+            zero=3,
+            stack="deepspeed",
+            offload_params=True,
+            offload_activations=2,
+        ),
+    ),
 ]
 FOUR = [
     (

@@ -97,6 +97,22 @@ def test_fsdp_stage_is_not_wrapped_and_uses_its_mp_policy(world1, tmp_path):
     assert len(losses) == 2 and all(torch.isfinite(v) for v in losses)
 
 
+def test_offload_wraps_the_shards_in_cpu_offload_and_saves_activations_on_the_host(world1, tmp_path):
+    from torch.distributed.fsdp import CPUOffloadPolicy
+
+    cfg = _cfg(tmp_path, zero=3, stack="deepspeed", offload_params=True, offload_activations=1)
+    st = Stages(cfg, parallel.build_mesh(cfg.plan, "cpu"), torch.device("cpu"), "fp32")
+    model = st.models[0]
+    for module in (model, *model.layers.values()):
+        assert isinstance(module._get_fsdp_state()._fsdp_param_group.offload_policy, CPUOffloadPolicy)
+    assert model.offload == 1
+    assert isinstance(model._saved(0, torch.zeros(1)), torch.autograd.graph.save_on_cpu)
+    assert not isinstance(model._saved(1, torch.zeros(1)), torch.autograd.graph.save_on_cpu)
+    x, y = synthetic_batch(GPT, 2, 0, 0)
+    losses = st.runner.step(x, y)
+    assert len(losses) == 2 and all(torch.isfinite(v) for v in losses)
+
+
 def test_autocast_lives_inside_the_model_without_fsdp(world1, tmp_path):
     cfg = _cfg(tmp_path, zero=0)
     st = Stages(cfg, parallel.build_mesh(cfg.plan, "cpu"), torch.device("cpu"), "bf16")
