@@ -213,6 +213,12 @@ def setup_from_options(kw: dict[str, Any]) -> Setup:
 
     model = load_model(kw["model"], seq_len=kw.get("seq_len"))
     cluster = load_cluster(kw["cluster"], gpus=kw["gpus"])
+    if kw.get("calibration"):  # a measured host optimizer rate replaces the cluster file's
+        from .calib import load_calibration_option
+
+        calib = load_calibration_option(kw["calibration"], cluster.gpu.name)
+        if calib is not None and calib.host is not None:
+            cluster = cluster.with_host_rate(calib.host.adam_Gparams_per_s)
     tp, pp, cp = kw["tp"], kw["pp"], kw["cp"]
     dp = kw.get("dp")
     if dp is None:

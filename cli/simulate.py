@@ -68,7 +68,7 @@ def simulate(
     from simpar.sim.engine.simulate import simulate as run
 
     check_outputs(trace_path, plot_path, mem_plot, plan_dir)
-    st = setup_from_options(kw)
+    st = setup_from_options({**kw, "calibration": calibration})
     calib = load_calibration_option(calibration, st.cluster.gpu.name)
     opts = EngineOptions(
         full=full,

@@ -424,6 +424,8 @@ def sweep(**kw) -> None:
     cluster = load_cluster(kw["cluster"], gpus=kw["gpus"])
     _check_stack(space, cluster.gpu)
     calib = load_calibration_option(kw["calibration"], cluster.gpu.name)
+    if calib is not None and calib.host is not None:  # a measured host optimizer rate replaces the file's
+        cluster = cluster.with_host_rate(calib.host.adam_Gparams_per_s)
     out = kw["out_dir"] or f"sweeps/{model.name}-{kw['gpus']}x{cluster.gpu.name}"
     from simpar.sim.engine.core import EngineOptions
 

@@ -123,7 +123,8 @@ def _check_offload(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec) -
         raise PlanError(
             "offload_optimizer",
             f"cluster {cluster.name}'s host has no measured CPU optimizer rate (node.host.adam_Gparams_per_s).",
-            "add the rate measured on that host (DeepSpeed CPU-Adam, whole node) with its source to the cluster file.",
+            "pass a calibration that measured it (simpar calibrate writes host.adam_Gparams_per_s), or add the "
+            "rate measured on that host with its source to the cluster file.",
         )
     if plan.offload_optimizer > 0 and plan.optimizer == "muon":
         raise PlanError(

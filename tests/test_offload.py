@@ -173,3 +173,24 @@ def test_sweep_axis_offers_offload_only_where_the_plan_allows_it(model):
     cfg = next(c for c in cfgs if c.offload == "params")
     plan = make_plan(cfg, model, cluster, 8, space)
     assert plan.offload_params and plan.offload_optimizer == 1.0 and cfg.id.endswith("-off-params")
+
+
+def test_a_calibration_supplies_a_host_rate_the_cluster_file_lacks(tmp_path):
+    import json
+    from pathlib import Path
+
+    from click.testing import CliRunner
+
+    from simpar.cli.main import cli
+
+    doc = json.loads(Path("topologies/calibrations/h100-sxm.json").read_text())
+    doc["host"] = {"adam_Gparams_per_s": 2.0, "threads": 112, "params": 6.7e7, "cpu": "Xeon 8480C"}
+    path = tmp_path / "calib.json"
+    path.write_text(json.dumps(doc))
+    args = ["simulate", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8", "--gbs", "8", "--zero", "1"]
+    args += ["--offload-optimizer", "1"]
+    refused = CliRunner().invoke(cli, args)
+    assert refused.exit_code == 2 and "adam_Gparams_per_s" in refused.output
+    ran = CliRunner().invoke(cli, [*args, "--calibration", str(path)])
+    assert ran.exit_code == 0, ran.output
+    assert "offload" in ran.output

@@ -461,6 +461,9 @@ def build_calibration(
         note = unstable_device(probe["times_s"])
         if note:
             notes.append(note)
+    host = comp.get("host_adam")
+    if host:  # the host's CPU optimizer rate, whole node (`Calibration.host`)
+        doc["host"] = {k: host[k] for k in ("adam_Gparams_per_s", "threads", "params", "cpu")}
     if comp.get("optimizer"):
         doc["optimizer"] = [
             {"params": r["params"], "time_s": r["time_s"], "tp": r.get("tp", 1)} for r in comp["optimizer"]

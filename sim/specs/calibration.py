@@ -128,6 +128,19 @@ class OptimizerRow(BaseModel):
     tp: int = Field(1, gt=0, strict=True)
 
 
+class HostRow(BaseModel):
+    """The host's CPU optimizer rate, measured (`executor.microbench.host_adam`): an AdamW step over
+    fp32 states on the CPU with ``threads`` threads, in 1e9 parameters per second for the whole
+    node; it replaces the cluster file's ``node.host.adam_Gparams_per_s`` (`with_calibration`)."""
+
+    model_config = _STRICT
+
+    adam_Gparams_per_s: float = Field(gt=0)
+    threads: int = Field(gt=0, strict=True)
+    params: float = Field(gt=0, description="parameters the timed step updated")
+    cpu: str = ""
+
+
 class GradReduceRow(BaseModel):
     """The executor's REDUCE_GRAD (or ZeRO-2 gather) over ``group`` ranks:
     seconds = units x unit_s + bytes x s_per_byte, one unit per transformer block plus the root."""
@@ -208,6 +221,7 @@ class Calibration(BaseModel):
     network: dict[str, Any] = {}
     layers: tuple[LayerRow, ...] = ()
     optimizer: tuple[OptimizerRow, ...] = ()
+    host: HostRow | None = None
     grad_reduce: dict[Literal["all-reduce", "reduce-scatter", "all-gather"], GradReduceRow] = {}
     in_run: InRun | None = None
     sp_grad_sync: tuple[SpGradSyncRow, ...] = ()

@@ -203,6 +203,14 @@ class ClusterSpec(BaseModel):
             )
         return self._rebuilt(num_nodes=n // self.gpus_per_node)
 
+    def with_host_rate(self, adam_Gparams_per_s: float) -> ClusterSpec:
+        """The same cluster whose host steps the optimizer at ``adam_Gparams_per_s`` (a measured
+        rate, `Calibration.host`); unchanged without a host in the file."""
+        if self.node.host is None:
+            return self
+        host = self.node.host.model_copy(update={"adam_Gparams_per_s": adam_Gparams_per_s})
+        return self.model_copy(update={"node": self.node.model_copy(update={"host": host})})
+
     def _rebuilt(self, **update: int) -> ClusterSpec:
         """A copy with ``update`` applied and validated again (so the fabric checks run)."""
         data = {**dict(self), **update}
