@@ -28,6 +28,13 @@ from .calib import load_calibration_option
     help="measured-run CSV of Mixture-of-Experts runs (FORMAT.md), e.g. tests/data/moe-published.csv",
 )
 @click.option(
+    "--offload",
+    "offload",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="measured-run CSV of runs with host offload (FORMAT.md), e.g. tests/data/offload-published.csv",
+)
+@click.option(
     "--closed-loop",
     "closed_loop",
     type=click.Path(),
@@ -43,7 +50,7 @@ from .calib import load_calibration_option
 @click.option("--calibration", type=click.Path(dir_okay=False), default=None, help="calibration JSON (one GPU type)")
 @click.option("--worst", type=int, default=12, show_default=True, help="worst rows to discuss")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True, help="report folder")
-def accuracy(published, moe, closed_loop, notes, calibration, worst: int, out_dir: str) -> None:
+def accuracy(published, moe, offload, closed_loop, notes, calibration, worst: int, out_dir: str) -> None:
     """Predicted vs measured on published runs and closed-loop runs: plots, tables, worst rows."""
     from simpar.sim import files
     from simpar.sim.engine.simulate import simulate
@@ -53,8 +60,8 @@ def accuracy(published, moe, closed_loop, notes, calibration, worst: int, out_di
     from simpar.sim.validation.accuracy_report import markdown, scatter
     from simpar.sim.validation.published_report import markdown as rows_markdown
 
-    if not published and not closed_loop and not moe:
-        raise SimparError("--published/--moe/--closed-loop", "none was given.", "give at least one of them.")
+    if not published and not closed_loop and not moe and not offload:
+        raise SimparError("--published/--moe/--offload/--closed-loop", "none was given.", "give at least one of them.")
     out = files.output_dir(out_dir, "--out")
     notes_path = notes or (out / "notes.yaml")
     calib = load_calibration_option(calibration, None)  # the file's faults stop the run; its GPU is per row
@@ -64,12 +71,13 @@ def accuracy(published, moe, closed_loop, notes, calibration, worst: int, out_di
             validate_calibration(calib.to_json(), Path(calibration).name, cluster.gpu.name)
         return simulate(model, cluster, plan, calibration=calib)
 
-    data = build(published, sim, closed_loop, load_notes(notes_path), worst, moe_csv=moe)
+    data = build(published, sim, closed_loop, load_notes(notes_path), worst, moe_csv=moe, offload_csv=offload)
     cmd = (
         "simpar " + " ".join(shlex.quote(a) for a in sys.argv[1:])
         if sys.argv[1:2] == ["accuracy"]
         else f"simpar accuracy{' --published ' + published if published else ''}"
-        f"{' --moe ' + moe if moe else ''}{' --closed-loop ' + closed_loop if closed_loop else ''} --out {out_dir}"
+        f"{' --moe ' + moe if moe else ''}{' --offload ' + offload if offload else ''}"
+        f"{' --closed-loop ' + closed_loop if closed_loop else ''} --out {out_dir}"
     )
     plots = {k: scatter(data, k, out / f"scatter_{k}.png") for k in ("iter", "mem")}
     preface = files.read_text(out / "preface.md", "preface") if (out / "preface.md").is_file() else ""
@@ -78,10 +86,14 @@ def accuracy(published, moe, closed_loop, notes, calibration, worst: int, out_di
         files.write_text(out / "published.md", rows_markdown(data["published"], cmd))
     if "moe" in data:
         files.write_text(out / "moe.md", rows_markdown(data["moe"], cmd))
+    if "offload" in data:
+        files.write_text(out / "offload.md", rows_markdown(data["offload"], cmd))
     files.write_text(out / "accuracy.json", json.dumps(data, indent=1, sort_keys=True))
     for part, doc in data.items():
         s, ms = doc["summary"], doc["memory_summary"]
-        name = {"published": "published", "moe": "MoE published"}.get(part, "closed loop")
+        name = {"published": "published", "moe": "MoE published", "offload": "offload published"}.get(
+            part, "closed loop"
+        )
         if s["n"]:
             click.echo(
                 f"{name}: iteration time n={s['n']} median |error| {s['median_abs_error']:.1%}, "

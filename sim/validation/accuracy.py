@@ -191,15 +191,19 @@ def build(
     worst: int = 12,
     progress: Callable[[str], None] | None = None,
     moe_csv: str | Path | None = None,
+    offload_csv: str | Path | None = None,
 ) -> dict[str, Any]:
     """Everything the report shows, as plain data (JSON-ready): ``published`` (dense runs),
-    ``moe`` (Mixture-of-Experts runs, the same format with a model column) and ``closed_loop``."""
+    ``moe`` (Mixture-of-Experts runs, the same format with a model column), ``offload`` (runs with
+    host offload) and ``closed_loop``."""
     notes = notes or {}
     out: dict[str, Any] = {}
     if published_csv is not None:
         out["published"] = _measured_doc(published_csv, simulate_fn, notes, worst, progress)
     if moe_csv is not None:
         out["moe"] = _measured_doc(moe_csv, simulate_fn, notes, worst, progress)
+    if offload_csv is not None:
+        out["offload"] = _measured_doc(offload_csv, simulate_fn, notes, worst, progress)
     if closed_loop is not None:
         cl = read_closed_loop(closed_loop)
         doc: dict[str, Any] = (

@@ -204,6 +204,20 @@ def markdown(data: dict[str, Any], command: str, plots: dict[str, bool], preface
             "Per-row table: [moe.md](moe.md).",
             "",
         ]
+    off = data.get("offload")
+    if off:
+        lines += [
+            "## Host offload runs",
+            "",
+            f"`{off['csv']}`: {off['summary']['rows']} rows, {off['summary']['n']} simulated. Where the host's CPU "
+            "Adam rate comes from, and which row it rests on, is in `tests/data/FORMAT.md` (offload rows).",
+            "",
+            "- " + _summary_line(off["summary"], "iteration time"),
+            "",
+            *_worst(off, off["worst_iter"], "error"),
+            "Per-row table: [offload.md](offload.md).",
+            "",
+        ]
     if cl and cl["rows"]:
         lines += [
             "## Closed loop: per schedule",
