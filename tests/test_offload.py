@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 import simpy
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from simpar.sim.cost.memory import memory_report
 from simpar.sim.cost.offload import HOST_GRAD_BYTES, cpu_step_seconds, offload_fields
@@ -194,3 +196,16 @@ def test_a_calibration_supplies_a_host_rate_the_cluster_file_lacks(tmp_path):
     ran = CliRunner().invoke(cli, [*args, "--calibration", str(path)])
     assert ran.exit_code == 0, ran.output
     assert "offload" in ran.output
+
+
+@settings(max_examples=25, deadline=None)
+@given(f=st.floats(0.01, 1.0), zero=st.sampled_from([1, 2, 3]), dp=st.sampled_from([2, 4, 8]))
+def test_offloaded_states_move_without_loss(model, f, zero, dp):
+    """Whatever the fraction, ZeRO stage and sharding: what leaves the GPU's optimizer states
+    arrives in host memory (beside the CPU's fp32 gradient copy), and nothing else on the GPU changes."""
+    kw = dict(zero=zero, dp=dp, tp=8 // dp, global_batch_size=dp)
+    a = memory_report(model, _plan(**kw), A100.gpu, cluster=A100).ranks[0]
+    b = memory_report(model, _plan(**kw, offload_optimizer=f), A100.gpu, cluster=A100).ranks[0]
+    owned = a.params / (dp if zero else 1)
+    assert a.optimizer - b.optimizer + f * owned * HOST_GRAD_BYTES == pytest.approx(b.host)
+    assert b.total == pytest.approx(a.total - f * a.optimizer)
