@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 from conftest import read_csv_rows
 
+from simpar.sim.cost.activations import deallocated_output_bytes, layer_activation_bytes
 from simpar.sim.cost.alive import plan_profile
-from simpar.sim.cost.memory import deallocated_output_bytes, layer_activation_bytes, memory_report, restated
+from simpar.sim.cost.memory import memory_report, restated
 from simpar.sim.cost.states import EXECUTOR_CPU, model_state_bytes
 from simpar.sim.plan import ParallelPlan, ZeroPolicy
 from simpar.sim.specs import load_cluster, load_model

@@ -7,9 +7,10 @@ import math
 
 import pytest
 
+from simpar.sim.cost.activations import layer_activation_bytes, recompute_transient_bytes
+from simpar.sim.cost.activations import stage_activation_bytes as stage_bytes
 from simpar.sim.cost.compute import CostModel
-from simpar.sim.cost.memory import layer_activation_bytes, memory_report, recompute_transient_bytes
-from simpar.sim.cost.memory import stage_activation_bytes as stage_bytes
+from simpar.sim.cost.memory import memory_report
 from simpar.sim.cost.optimizers import OPTIMIZER_FACTS, optimizer_facts
 from simpar.sim.cost.params import rank_params
 from simpar.sim.cost.states import stack_conventions

@@ -320,7 +320,7 @@ def test_moe_activations_by_hand():
     """tiny-moe, mbs 1, ep 4: 256 tokens x top-2 over 8 experts -> 2 local experts of 256 rows on
     each GPU; per row the dispatched and combined rows (2 x 2 h bytes) and the SwiGLU internals
     (6 x 256 bytes); the shared expert as a dense MLP (6 x 256 per token); fp32 router scores."""
-    from simpar.sim.cost.memory import layer_activation_bytes
+    from simpar.sim.cost.activations import layer_activation_bytes
     from simpar.sim.cost.moe import moe_mlp_activation_bytes
 
     p = plan(ep=4)

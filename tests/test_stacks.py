@@ -231,8 +231,8 @@ def test_op_level_selective_stores_less_and_recomputes_matmuls():
     """torchtitan's op-level selective checkpointing keeps the block input, every other matmul
     output (q, v, w1, w2 of a Llama block), attention's output and log-sum-exp: for Llama-3-8B at
     tp 1 that is (2 + 2 + 2g + 2 + 2) sbh + 2 sbf + 4 asb bytes (g = kv/q width)."""
+    from simpar.sim.cost.activations import layer_activation_bytes
     from simpar.sim.cost.compute import CostModel
-    from simpar.sim.cost.memory import layer_activation_bytes
 
     m = load_model("llama3-8b")
     tt = _mem_plan(zero=3, stack="torchtitan", recompute="selective", micro_batch_size=2, global_batch_size=16)
@@ -263,7 +263,7 @@ def test_op_level_selective_is_refused_where_its_order_is_unknown():
 
 
 def test_unfused_cross_entropy_keeps_more_logit_bytes():
-    from simpar.sim.cost.memory import stage_activation_bytes
+    from simpar.sim.cost.activations import stage_activation_bytes
 
     m = load_model("llama3-8b")
     a = stage_activation_bytes(m, _mem_plan(zero=3, stack="torchtitan", recompute="full"), 0)
@@ -308,7 +308,7 @@ def test_recompute_modules_drop_what_they_recompute():
     MLP's internals (SwiGLU: 6 s b f bytes), ``mla_up_proj`` MLA's up-projected q, k and v,
     ``moe_act`` the experts' activation output, ``moe`` the whole MoE MLP; ``core_attn`` alone is
     Megatron's default selective recompute."""
-    from simpar.sim.cost.memory import layer_activation_bytes
+    from simpar.sim.cost.activations import layer_activation_bytes
     from simpar.sim.cost.moe import moe_mlp_activation_parts
     from simpar.sim.model import layer_kinds
 

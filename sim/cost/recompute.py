@@ -4,7 +4,7 @@
 
 - ``attention-core`` (Megatron-LM / Megatron-Core, Korthikanti et al. 2022 §5): the attention core
   (scores, softmax, dropout, the value product) is recomputed; every other activation is stored.
-  With FlashAttention the core stores nothing anyway. Its memory is `memory.layer_activation_bytes`'
+  With FlashAttention the core stores nothing anyway. Its memory is `activations.layer_activation_bytes`'
   selective term, its time the attention core's forward.
 - ``op-level`` (torch's selective activation checkpointing, as torchtitan applies it per block,
   ``selective_ac_option = "op"``): inside a checkpointed block the outputs of scaled-dot-product
@@ -96,7 +96,7 @@ def block_linears(m: ModelSpec, plan: ParallelPlan, tokens: float) -> list[Linea
 
 def op_level_stored_bytes(m: ModelSpec, plan: ParallelPlan) -> float:
     """Bytes one block keeps per micro-batch under op-level selective checkpointing (16-bit
-    elements, as `memory.layer_activation_bytes` counts): the block input, the saved matmul
+    elements, as `activations.layer_activation_bytes` counts): the block input, the saved matmul
     outputs, attention's output and fp32 log-sum-exp, and with sequence parallelism the two
     reduce-scatter outputs."""
     s = m.seq_len / plan.cp

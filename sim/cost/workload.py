@@ -31,8 +31,8 @@ from ..layout import RankLayout
 from ..model import DENSE, LayerKind, layer_kinds, mtp_kind
 from ..plan import ParallelPlan
 from ..specs import ModelSpec
+from .activations import stage_offloaded_bytes
 from .compute import CostModel, PassTimes
-from .memory import stage_offloaded_bytes
 from .moe import dispatch_bytes, flex_dispatch_bytes, moe_layer_times
 from .offload import activation_exposure, offload_layers
 from .params import rank_expert_params, rank_params, stage_kinds, stage_layer_range

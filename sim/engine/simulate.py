@@ -14,8 +14,9 @@ from dataclasses import replace
 
 import simpy
 
+from ..cost.activations import stage_activation_bytes
 from ..cost.compute import CostModel
-from ..cost.memory import memory_report, stage_activation_bytes
+from ..cost.memory import memory_report
 from ..cost.profile import MEGATRON, RuntimeProfile
 from ..cost.workload import StageWork, stage_work
 from ..layout import RankLayout

@@ -13,16 +13,9 @@ the plan's real costs, and its memory (from its own timeline) is the one a simul
 from __future__ import annotations
 
 from ..choices import V_SHAPED
+from ..cost.activations import host_activation_bytes, stage_activations, transient_activation_bytes
 from ..cost.alive import plan_profile
-from ..cost.memory import (
-    MemoryReport,
-    host_activation_bytes,
-    host_capacity,
-    host_memory,
-    rank_memory,
-    stage_activations,
-    transient_activation_bytes,
-)
+from ..cost.memory import MemoryReport, host_capacity, host_memory, rank_memory
 from ..cost.params import rank_expert_params, rank_params
 from ..cost.states import stack_conventions
 from ..plan import ParallelPlan
