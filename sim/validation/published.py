@@ -176,26 +176,18 @@ def row_hints(r: dict[str, str]) -> dict[str, Any]:
                 f"row {r.get('id')}: recompute_modules", f"has {bad[0]!r}.", f"use {', '.join(RECOMPUTE_MODULES)}."
             )
         out["recompute_modules"] = tuple(modules)
-    optimizer = (r.get("optimizer") or "").strip()
-    if optimizer:
-        if optimizer not in OPTIMIZERS:
-            raise SimparError(
-                f"row {r.get('id')}: optimizer", f"is {optimizer!r}.", f"write one of {', '.join(OPTIMIZERS)}."
-            )
-        out["optimizer"] = optimizer
+    for col, allowed in (("optimizer", OPTIMIZERS), ("moe_dispatcher", MOE_DISPATCHERS)):
+        v = (r.get(col) or "").strip()
+        if v:
+            if v not in allowed:
+                raise SimparError(f"row {r.get('id')}: {col}", f"is {v!r}.", f"write one of {', '.join(allowed)}.")
+            out[col] = v
     offload = (r.get("offload") or "").strip()
     if offload:
         try:
             out.update(offload_fields(offload))
         except ValueError as exc:
             raise SimparError(f"row {r.get('id')}: offload", str(exc) + ".", "see FORMAT.md.") from None
-    dispatcher = (r.get("moe_dispatcher") or "").strip()
-    if dispatcher:
-        if dispatcher not in MOE_DISPATCHERS:
-            raise SimparError(
-                f"row {r.get('id')}: moe_dispatcher", f"is {dispatcher!r}.", f"write {' or '.join(MOE_DISPATCHERS)}."
-            )
-        out["moe_dispatcher"] = dispatcher
     for col in ("flash_attention", "tp_comm_overlap", "moe_a2a_overlap"):
         v = (r.get(col) or "").strip()
         if v:
