@@ -1,0 +1,259 @@
+"""A plan written back as the launch recipe of the framework that would run it: a Megatron-LM
+torchrun line (`megatron_launch`), a DeepSpeed ds_config.json with its launcher line
+(`deepspeed_recipe`), a torchtitan job TOML (`torchtitan_toml`). Each reads back through its importer
+(`megatron.read_megatron`, `deepspeed.read_deepspeed`, `torchtitan.read_torchtitan`) to the same plan;
+what a framework cannot express is refused by name (`SpecError`), never dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from typing import Any
+
+from ..errors import SpecError
+from ..plan import ParallelPlan
+from ..specs import ModelSpec
+from .torchtitan import MODELS, SCHEDULES, SINGLE_STAGE, torchtitan_layer_split
+
+EMIT_TARGETS = ("megatron", "deepspeed", "torchtitan")
+_MEGATRON_STACKS = ("megatron-core", "megatron-bridge")
+_MESH = ParallelPlan.model_fields["mesh_order"].default
+
+
+def _refuse(field: str, target: str, why: str, fix: str) -> SpecError:
+    return SpecError(field, f"cannot be written as a {target} recipe: {why}.", fix)
+
+
+def _defaults_only(plan: ParallelPlan, target: str, fields: dict[str, Any]) -> None:
+    """Refuse a plan whose ``fields`` differ from the values the recipe implies."""
+    for name, want in fields.items():
+        if getattr(plan, name) != want:
+            raise _refuse(
+                name, target, f"{name} is {getattr(plan, name)!r}, which it has no setting for", f"use {want!r}."
+            )
+
+
+def megatron_launch(plan: ParallelPlan, model: ModelSpec | None, num_gpus: int, gpus_per_node: int) -> str:
+    """``torchrun ... pretrain_gpt.py`` with Megatron-LM's arguments for ``plan`` (and the model's
+    shape, unless ``model`` is None or an MoE model: then the model is the --model option's)."""
+    t = "Megatron-LM"
+    if plan.stack not in _MEGATRON_STACKS:
+        raise _refuse("stack", t, f"the plan runs on {plan.stack}", "emit that stack's recipe.")
+    if plan.schedule not in ("none", "1f1b", "interleaved-1f1b"):
+        raise _refuse(
+            "schedule", t, f"Megatron-LM runs 1F1B and interleaved 1F1B, not {plan.schedule}", "use one of them."
+        )
+    if plan.zero not in (0, 1):
+        raise _refuse("zero", t, "its distributed optimizer shards the optimizer only (ZeRO-1)", "use --zero 0 or 1.")
+    _defaults_only(
+        plan,
+        t,
+        {"offload_params": False, "offload_activations": 0, "moe_imbalance": 1.0, "mesh_order": _MESH},
+    )
+    nodes = max(1, num_gpus // gpus_per_node)
+    a: list[str] = ["--tensor-model-parallel-size", str(plan.tp), "--pipeline-model-parallel-size", str(plan.pp)]
+    a += ["--context-parallel-size", str(plan.cp)] if plan.cp > 1 else []
+    a += ["--virtual-pipeline-model-parallel-size", str(plan.vpp)] if plan.vpp > 1 else []
+    a += ["--micro-batch-size", str(plan.micro_batch_size), "--global-batch-size", str(plan.global_batch_size)]
+    a += ["--sequence-parallel"] * plan.sequence_parallel + ["--use-distributed-optimizer"] * (plan.zero == 1)
+    a += ["--overlap-grad-reduce", "--overlap-param-gather"]
+    a += ["--tp-comm-overlap"] * plan.tp_comm_overlap
+    if plan.precision in ("bf16", "fp16"):
+        a.append(f"--{plan.precision}")
+    elif plan.precision == "fp8":
+        a += ["--bf16", "--fp8-format", "hybrid", "--fp8-recipe", str(plan.fp8_recipe)]
+    elif plan.precision != "fp32":
+        raise _refuse(
+            "precision", t, f"{plan.precision} has no Megatron-LM argument here", "use bf16, fp16, fp8 or fp32."
+        )
+    if plan.recompute != "none":
+        a += ["--recompute-granularity", plan.recompute]
+    if plan.recompute_layers is not None:
+        a += ["--recompute-method", plan.recompute_method, "--recompute-num-layers", str(plan.recompute_layers)]
+    if plan.recompute_modules is not None:
+        a += ["--recompute-modules", *plan.recompute_modules]
+    if plan.optimizer not in ("adamw", "sgd"):
+        raise _refuse(
+            "optimizer",
+            t,
+            f"Megatron-LM's optimizers are adam (AdamW) and sgd, not {plan.optimizer}",
+            "use adamw or sgd.",
+        )
+    a += ["--optimizer", "adam" if plan.optimizer == "adamw" else "sgd"]
+    if plan.offload_optimizer:
+        a += ["--optimizer-cpu-offload", "--optimizer-offload-fraction", repr(plan.offload_optimizer)]
+    if plan.ep > 1 or plan.etp is not None:
+        a += ["--expert-model-parallel-size", str(plan.ep)]
+        a += ["--expert-tensor-parallel-size", str(plan.etp)] if plan.etp is not None else []
+    a += ["--moe-token-dispatcher-type", plan.moe_dispatcher] if plan.moe_dispatcher != "alltoall" else []
+    a += ["--overlap-moe-expert-parallel-comm"] * plan.moe_a2a_overlap
+    a += _megatron_model(plan, model)
+    launcher = ["torchrun", "--nproc_per_node", str(min(num_gpus, gpus_per_node)), "--nnodes", str(nodes)]
+    return shlex.join([*launcher, "pretrain_gpt.py", *a])
+
+
+def _megatron_model(plan: ParallelPlan, model: ModelSpec | None) -> list[str]:
+    if model is None or model.moe is not None or model.mla is not None:
+        return []
+    if model.window or model.mtp_layers:
+        return []
+    a = [
+        "--num-layers",
+        str(model.layers),
+        "--hidden-size",
+        str(model.hidden),
+        "--num-attention-heads",
+        str(model.heads),
+    ]
+    a += ["--ffn-hidden-size", str(model.ffn), "--seq-length", str(model.seq_len), "--vocab-size", str(model.vocab)]
+    if model.kv_heads and model.kv_heads != model.heads:
+        a += ["--group-query-attention", "--num-query-groups", str(model.kv_heads)]
+    if model.head_dim and model.head_dim != model.hidden // model.heads:
+        a += ["--kv-channels", str(model.head_dim)]
+    if model.arch == "llama":
+        a += ["--swiglu", "--normalization", "RMSNorm", "--position-embedding-type", "rope", "--disable-bias-linear"]
+        a += ["--untie-embeddings-and-output-weights"] * (not model.tied_embeddings)
+        a += ["--add-qkv-bias"] * model.attention_bias
+    if plan.layer_split is not None:
+        split = plan.layer_split
+        if plan.vpp > 1 or len(set(split[1:-1])) > 1:
+            raise _refuse(
+                "layer_split", "Megatron-LM", "only the first and last stages may differ", "use an even split."
+            )
+        mid = split[1] if len(split) > 2 else None
+        if mid is None or split[0] != mid:
+            a += ["--decoder-first-pipeline-num-layers", str(split[0])]
+        if mid is None or split[-1] != mid:
+            a += ["--decoder-last-pipeline-num-layers", str(split[-1])]
+    return a
+
+
+def deepspeed_recipe(plan: ParallelPlan, num_gpus: int, gpus_per_node: int) -> tuple[dict[str, Any], str]:
+    """(ds_config.json, launcher line) for ``plan``; tp and pp go to Megatron-DeepSpeed's arguments."""
+    t = "DeepSpeed"
+    if plan.stack != "deepspeed":
+        raise _refuse("stack", t, f"the plan runs on {plan.stack}", "emit that stack's recipe.")
+    if plan.schedule not in ("none", "1f1b") or plan.vpp > 1 or plan.cp > 1:
+        raise _refuse(
+            "schedule", t, "DeepSpeed's pipeline engine runs one stage per rank, 1F1B, without cp", "use 1f1b."
+        )
+    _defaults_only(plan, t, {"offload_activations": 0, "ep": 1, "layer_split": None, "mesh_order": _MESH})
+    if plan.optimizer not in ("adamw", "adam", "sgd"):
+        raise _refuse(
+            "optimizer", t, f"{plan.optimizer} is not one of its built-in optimizers", "use adamw, adam or sgd."
+        )
+    cfg: dict[str, Any] = {
+        "train_batch_size": plan.global_batch_size,
+        "train_micro_batch_size_per_gpu": plan.micro_batch_size,
+        "gradient_accumulation_steps": plan.global_batch_size // (plan.micro_batch_size * plan.dp),
+        "zero_optimization": {"stage": plan.zero},
+        "optimizer": {"type": {"adamw": "AdamW", "adam": "Adam", "sgd": "SGD"}[plan.optimizer]},
+    }
+    if plan.precision in ("bf16", "fp16"):
+        cfg[plan.precision] = {"enabled": True}
+    elif plan.precision != "fp32":
+        raise _refuse("precision", t, f"{plan.precision} is not a ds_config precision", "use bf16, fp16 or fp32.")
+    if plan.offload_optimizer:
+        off: dict[str, Any] = {"device": "cpu", "pin_memory": True}
+        if plan.offload_optimizer < 1:
+            off["ratio"] = plan.offload_optimizer
+        cfg["zero_optimization"]["offload_optimizer"] = off
+    if plan.offload_params:
+        cfg["zero_optimization"]["offload_param"] = {"device": "cpu", "pin_memory": True}
+    nodes = max(1, num_gpus // gpus_per_node)
+    line = shlex.join(
+        ["deepspeed", "--num_gpus", str(min(num_gpus, gpus_per_node)), "--num_nodes", str(nodes), "pretrain_gpt.py"]
+        + ["--tensor-model-parallel-size", str(plan.tp), "--pipeline-model-parallel-size", str(plan.pp)]
+        + ["--deepspeed", "--deepspeed_config", "ds_config.json"]
+    )
+    return cfg, line
+
+
+def torchtitan_toml(plan: ParallelPlan, model: ModelSpec) -> str:
+    """A torchtitan job TOML for ``plan`` on ``model`` (a torchtitan flavor: `torchtitan.MODELS`)."""
+    t = "torchtitan"
+    if plan.stack != "torchtitan":
+        raise _refuse("stack", t, f"the plan runs on {plan.stack}", "emit that stack's recipe.")
+    flavor = {v: k for k, v in MODELS.items()}.get(model.name)
+    if flavor is None:
+        raise _refuse(
+            "model", t, f"{model.name} is not a torchtitan flavor", f"use one of {', '.join(MODELS.values())}."
+        )
+    sched = {v: k for k, v in SCHEDULES.items()}
+    if plan.pp > 1 and plan.schedule not in sched:
+        raise _refuse("schedule", t, f"torch has no {plan.schedule} schedule class", f"use one of {', '.join(sched)}.")
+    _defaults_only(plan, t, {"offload_optimizer": 1.0 if plan.offload_params else 0.0, "offload_activations": 0})
+    if plan.zero == 1 or (plan.zero == 0 and plan.cp > 1):
+        raise _refuse(
+            "zero", t, "FSDP shards parameters and gradients (ZeRO-2/3) or nothing (DDP)", "use --zero 0, 2 or 3."
+        )
+    if plan.sequence_parallel != (plan.tp > 1):
+        raise _refuse(
+            "sequence_parallel", t, "its tensor parallelism always shards the norms' sequence", "set it to tp > 1."
+        )
+    if plan.recompute_layers is not None or plan.recompute_modules is not None:
+        raise _refuse("recompute_layers", t, "it recomputes every layer or per op", "use none, selective or full.")
+    stages = plan.pp * plan.vpp
+    if plan.pp > 1:
+        single = plan.schedule in SINGLE_STAGE
+        if (plan.vpp == 1) != single:
+            raise _refuse(
+                "vpp", t, f"{plan.schedule} runs {'1' if single else '2 or more'} stages per rank", "adjust vpp."
+            )
+        split = plan.layer_split or plan.stage_layers(model.layers)
+        if tuple(split) != torchtitan_layer_split(stages, model.layers):
+            raise _refuse(
+                "layer_split", t, "torchtitan splits layers its own way", "use its split (torchtitan_layer_split)."
+            )
+    reshard = {0: "default", 2: "never", 3: "always"}[plan.zero]
+    lines = [
+        "[model]",
+        f'name = "{flavor[0]}"',
+        f'flavor = "{flavor[1]}"',
+        "",
+        "[training]",
+        f"local_batch_size = {plan.micro_batch_size if plan.pp == 1 else plan.global_batch_size // plan.dp}",
+        f"global_batch_size = {plan.global_batch_size}",
+        f"seq_len = {model.seq_len}",
+        f'mixed_precision_param = "{ {"bf16": "bfloat16", "fp32": "float32"}[_tt_precision(plan)] }"',
+        f"enable_cpu_offload = {str(plan.offload_params).lower()}",
+        "",
+        "[parallelism]",
+        f"data_parallel_replicate_degree = {plan.dp if plan.zero == 0 else 1}",
+        f"data_parallel_shard_degree = {1 if plan.zero == 0 else plan.dp}",
+        f'fsdp_reshard_after_forward = "{reshard}"',
+        f"tensor_parallel_degree = {plan.tp}",
+        f"enable_async_tensor_parallel = {str(plan.tp_comm_overlap).lower()}",
+        f"context_parallel_degree = {plan.cp}",
+        f"pipeline_parallel_degree = {plan.pp}",
+    ]
+    if plan.pp > 1:
+        lines += [
+            f'pipeline_parallel_schedule = "{sched[plan.schedule]}"',
+            f"pipeline_parallel_microbatch_size = {plan.micro_batch_size}",
+        ]
+    mode = {"none": "none", "selective": "selective", "full": "full"}[plan.recompute]
+    lines += ["", "[activation_checkpoint]", f'mode = "{mode}"'] + (
+        ['selective_ac_option = "op"'] if mode == "selective" else []
+    )
+    lines += ["", "[optimizer]", f'name = "{ {"adamw": "AdamW", "adam": "Adam"}[_tt_optimizer(plan)] }"', ""]
+    return "\n".join(lines)
+
+
+def _tt_precision(plan: ParallelPlan) -> str:
+    if plan.precision not in ("bf16", "fp32"):
+        raise _refuse(
+            "precision", "torchtitan", f"{plan.precision} is not a mixed_precision_param", "use bf16 or fp32."
+        )
+    return plan.precision
+
+
+def _tt_optimizer(plan: ParallelPlan) -> str:
+    if plan.optimizer not in ("adamw", "adam"):
+        raise _refuse("optimizer", "torchtitan", f"{plan.optimizer} is not one of its optimizers", "use adamw or adam.")
+    return plan.optimizer
+
+
+def write_json(cfg: dict[str, Any]) -> str:
+    return json.dumps(cfg, indent=2) + "\n"

@@ -1,0 +1,434 @@
+"""A Megatron-LM / Megatron-Core launch (`torchrun ... pretrain_gpt.py --tensor-model-parallel-size
+...`) read onto simpar's plan and model fields (`read_megatron`), and a plan written back as one
+(`megatron_args`). The argument names and defaults are Megatron-LM's
+(`megatron/training/arguments.py`); where simpar's meaning differs from a Megatron default it says
+so in the warning block rather than guessing.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Any
+
+from ..errors import SpecError
+from .common import Imported, fraction, one_of, whole
+
+#: integer arguments -> plan fields
+PLAN_INTS = {
+    "--tensor-model-parallel-size": "tp",
+    "--pipeline-model-parallel-size": "pp",
+    "--context-parallel-size": "cp",
+    "--virtual-pipeline-model-parallel-size": "vpp",
+    "--micro-batch-size": "micro_batch_size",
+    "--global-batch-size": "global_batch_size",
+    "--expert-model-parallel-size": "ep",
+    "--expert-tensor-parallel-size": "etp",
+    "--recompute-num-layers": "recompute_layers",
+}
+#: integer arguments -> model fields
+MODEL_INTS = {
+    "--num-layers": "layers",
+    "--hidden-size": "hidden",
+    "--num-attention-heads": "heads",
+    "--num-query-groups": "kv_heads",
+    "--ffn-hidden-size": "ffn",
+    "--seq-length": "seq_len",
+    "--vocab-size": "vocab",
+    "--padded-vocab-size": "vocab",
+    "--kv-channels": "head_dim",
+}
+#: switches simpar reads (their meaning: `read_megatron`)
+SWITCHES = frozenset(
+    {
+        "--sequence-parallel",
+        "--use-distributed-optimizer",
+        "--bf16",
+        "--fp16",
+        "--swiglu",
+        "--untie-embeddings-and-output-weights",
+        "--disable-bias-linear",
+        "--add-qkv-bias",
+        "--group-query-attention",
+        "--tp-comm-overlap",
+        "--overlap-moe-expert-parallel-comm",
+        "--optimizer-cpu-offload",
+        "--overlap-grad-reduce",
+        "--overlap-param-gather",
+    }
+)
+#: valued arguments simpar reads besides the integers
+VALUED = frozenset(
+    {
+        "--recompute-granularity",
+        "--recompute-method",
+        "--recompute-modules",
+        "--fp8-format",
+        "--fp8-recipe",
+        "--fp4-format",
+        "--optimizer",
+        "--optimizer-offload-fraction",
+        "--moe-token-dispatcher-type",
+        "--normalization",
+        "--position-embedding-type",
+        "--num-layers-per-virtual-pipeline-stage",
+        "--decoder-first-pipeline-num-layers",
+        "--decoder-last-pipeline-num-layers",
+        "--num-experts",
+    }
+)
+#: arguments that do not change an iteration's time or memory as simpar models it (learning rate,
+#: data, logging, checkpointing, numerics of the init), listed in the warning block
+UNMODELLED = frozenset(
+    {
+        "--lr",
+        "--min-lr",
+        "--lr-decay-style",
+        "--lr-decay-iters",
+        "--lr-decay-samples",
+        "--lr-warmup-iters",
+        "--lr-warmup-samples",
+        "--lr-warmup-fraction",
+        "--train-iters",
+        "--train-samples",
+        "--weight-decay",
+        "--clip-grad",
+        "--adam-beta1",
+        "--adam-beta2",
+        "--adam-eps",
+        "--init-method-std",
+        "--attention-dropout",
+        "--hidden-dropout",
+        "--seed",
+        "--log-interval",
+        "--eval-interval",
+        "--eval-iters",
+        "--save-interval",
+        "--save",
+        "--load",
+        "--data-path",
+        "--split",
+        "--tokenizer-type",
+        "--tokenizer-model",
+        "--vocab-file",
+        "--merge-file",
+        "--tensorboard-dir",
+        "--wandb-project",
+        "--wandb-exp-name",
+        "--exit-duration-in-mins",
+        "--distributed-backend",
+        "--use-mcore-models",
+        "--transformer-impl",
+        "--use-flash-attn",
+        "--attention-softmax-in-fp32",
+        "--accumulate-allreduce-grads-in-fp32",
+        "--use-precision-aware-optimizer",
+        "--manual-gc",
+        "--log-throughput",
+        "--timing-log-level",
+        "--max-position-embeddings",
+        "--rotary-base",
+        "--norm-epsilon",
+        "--make-vocab-size-divisible-by",
+        "--mock-data",
+        "--num-workers",
+        "--dataloader-type",
+        "--eod-mask-loss",
+        "--no-load-optim",
+        "--no-load-rng",
+        "--ckpt-format",
+        "--async-save",
+        "--use-dist-ckpt",
+        "--no-masked-softmax-fusion",
+        "--no-bias-gelu-fusion",
+        "--no-bias-swiglu-fusion",
+        "--no-gradient-accumulation-fusion",
+        "--use-rotary-position-embeddings",
+        "--initial-loss-scale",
+        "--loss-scale-window",
+        "--hysteresis",
+        "--min-loss-scale",
+        "--log-params-norm",
+        "--log-num-zeros-in-grad",
+        "--log-validation-ppl-to-tensorboard",
+        "--log-timers-to-tensorboard",
+        "--tensorboard-log-interval",
+        "--no-async-tensor-model-parallel-allreduce",
+        "--cross-entropy-loss-fusion",
+        "--moe-router-load-balancing-type",
+        "--moe-aux-loss-coeff",
+        "--moe-router-topk",
+        "--moe-grouped-gemm",
+    }
+)
+#: switches among UNMODELLED (take no value)
+UNMODELLED_SWITCHES = frozenset(
+    {
+        "--use-mcore-models",
+        "--use-flash-attn",
+        "--attention-softmax-in-fp32",
+        "--accumulate-allreduce-grads-in-fp32",
+        "--use-precision-aware-optimizer",
+        "--manual-gc",
+        "--log-throughput",
+        "--mock-data",
+        "--eod-mask-loss",
+        "--no-load-optim",
+        "--no-load-rng",
+        "--async-save",
+        "--use-dist-ckpt",
+        "--no-masked-softmax-fusion",
+        "--no-bias-gelu-fusion",
+        "--no-bias-swiglu-fusion",
+        "--no-gradient-accumulation-fusion",
+        "--use-rotary-position-embeddings",
+        "--log-params-norm",
+        "--log-num-zeros-in-grad",
+        "--log-validation-ppl-to-tensorboard",
+        "--log-timers-to-tensorboard",
+        "--no-async-tensor-model-parallel-allreduce",
+        "--cross-entropy-loss-fusion",
+        "--moe-grouped-gemm",
+    }
+)
+_FP8_RECIPES = {"delayed": "delayed", "tensorwise": "tensorwise", "mxfp8": "mxfp8", "blockwise": "blockwise"}
+
+
+def tokens_of(text_or_path: str) -> list[str]:
+    """The launch as tokens: a file's text, or the string itself (backslash line ends joined)."""
+    p = Path(text_or_path)
+    text = p.read_text() if "\n" not in text_or_path and len(text_or_path) < 4096 and p.is_file() else text_or_path
+    return shlex.split(text.replace("\\\n", " "), comments=True)
+
+
+def _split_launcher(tokens: list[str]) -> tuple[list[str], list[str]]:
+    """(launcher tokens, Megatron arguments): everything up to the training script (``*.py``)."""
+    for i, t in enumerate(tokens):
+        if t.endswith(".py"):
+            return tokens[:i], tokens[i + 1 :]
+    return [], tokens
+
+
+def _gpus(launcher: list[str], where: str) -> int | None:
+    """GPU count of a torchrun line: --nproc_per_node x --nnodes (or --nproc-per-node)."""
+    vals: dict[str, str] = {}
+    for i, t in enumerate(launcher):
+        key, eq, val = t.partition("=")
+        if key in ("--nproc_per_node", "--nproc-per-node", "--nnodes"):
+            vals[key.replace("-", "_")] = val if eq else (launcher[i + 1] if i + 1 < len(launcher) else "")
+    if "__nproc_per_node" not in vals:
+        return None
+    per = whole(vals["__nproc_per_node"], f"{where}: --nproc_per_node")
+    return per * whole(vals.get("__nnodes", "1"), f"{where}: --nnodes")
+
+
+def _parse(args: list[str], where: str) -> dict[str, Any]:
+    """``--flag value`` / ``--flag`` / ``--flag=value`` into a dict (a switch reads as True); an
+    argument simpar does not know is refused by name."""
+    out: dict[str, Any] = {}
+    i = 0
+    while i < len(args):
+        tok = args[i]
+        if not tok.startswith("--"):
+            raise SpecError(f"{where}: {tok}", "is a value without an argument before it.", "check the quoting.")
+        key, eq, val = tok.partition("=")
+        if key in SWITCHES or key in UNMODELLED_SWITCHES:
+            out[key] = True
+            i += 1
+            continue
+        if key not in PLAN_INTS and key not in MODEL_INTS and key not in VALUED and key not in UNMODELLED:
+            raise SpecError(
+                f"{where}: {key}",
+                "is an argument simpar does not know, so it cannot tell whether it changes the result.",
+                "remove it, or report it so that simpar learns it.",
+            )
+        if eq:
+            out[key] = val
+            i += 1
+            continue
+        vals = []
+        i += 1
+        while i < len(args) and not args[i].startswith("--"):
+            vals.append(args[i])
+            i += 1
+        if not vals:
+            raise SpecError(f"{where}: {key}", "needs a value.", f"write {key} VALUE.")
+        out[key] = vals if key == "--recompute-modules" else vals[0]
+    return out
+
+
+def read_megatron(text_or_path: str, model_given: bool = False) -> Imported:
+    """A Megatron-LM launch onto simpar's fields. Model arguments build the model unless
+    ``model_given`` (the --model option names it; they are then listed as not read)."""
+    where = "Megatron-LM arguments"
+    launcher, args = _split_launcher(tokens_of(text_or_path))
+    a = _parse(args, where)
+    imp = Imported(where, gpus=_gpus(launcher, where))
+    imp.unmodelled += [k for k in a if k in UNMODELLED]
+    plan = imp.plan
+    for key, name in PLAN_INTS.items():
+        if key in a:
+            plan[name] = whole(a[key], f"{where}: {key}")
+    plan["stack"] = "megatron-core"
+    plan["sequence_parallel"] = bool(a.get("--sequence-parallel"))
+    plan["zero"] = 1 if a.get("--use-distributed-optimizer") else 0
+    plan["tp_comm_overlap"] = bool(a.get("--tp-comm-overlap"))
+    plan["moe_a2a_overlap"] = bool(a.get("--overlap-moe-expert-parallel-comm"))
+    if not (a.get("--overlap-grad-reduce") and a.get("--overlap-param-gather")):
+        imp.unmodelled.append("no --overlap-grad-reduce/--overlap-param-gather (simpar overlaps both by default)")
+    _precision(a, plan, where)
+    _recompute(a, plan, where)
+    _optimizer(a, plan, where)
+    if "--moe-token-dispatcher-type" in a:
+        plan["moe_dispatcher"] = one_of(
+            a["--moe-token-dispatcher-type"],
+            f"{where}: --moe-token-dispatcher-type",
+            {"alltoall": "alltoall", "flex": "flex"},
+        )
+    model_keys = [k for k in (*MODEL_INTS, "--swiglu", "--normalization", "--position-embedding-type") if k in a]
+    if model_given:
+        imp.unmodelled += [f"{k} (the model is --model's)" for k in model_keys]
+    elif model_keys:
+        imp.model = _model(a, where)
+    _stages(a, plan, imp.model.get("layers"), where)
+    return imp
+
+
+def _precision(a: dict[str, Any], plan: dict[str, Any], where: str) -> None:
+    if a.get("--bf16") and a.get("--fp16"):
+        raise SpecError(f"{where}: --fp16", "and --bf16 are both given.", "keep one.")
+    plan["precision"] = "fp16" if a.get("--fp16") else "bf16" if a.get("--bf16") else "fp32"
+    if "--fp4-format" in a:
+        plan["precision"] = "fp4"
+    elif "--fp8-format" in a:
+        one_of(a["--fp8-format"], f"{where}: --fp8-format", {"hybrid": 1, "e4m3": 1})
+        plan["precision"] = "fp8"
+        plan["fp8_recipe"] = one_of(a.get("--fp8-recipe", "delayed"), f"{where}: --fp8-recipe", _FP8_RECIPES)
+    elif "--fp8-recipe" in a:
+        raise SpecError(f"{where}: --fp8-recipe", "is given without --fp8-format.", "add --fp8-format hybrid.")
+
+
+def _recompute(a: dict[str, Any], plan: dict[str, Any], where: str) -> None:
+    gran = a.get("--recompute-granularity")
+    plan["recompute"] = (
+        one_of(gran, f"{where}: --recompute-granularity", {"full": "full", "selective": "selective"})
+        if gran
+        else "none"
+    )
+    if "--recompute-method" in a:
+        plan["recompute_method"] = one_of(
+            a["--recompute-method"], f"{where}: --recompute-method", {"uniform": "uniform", "block": "block"}
+        )
+    if "--recompute-modules" in a:
+        plan["recompute_modules"] = tuple(a["--recompute-modules"])
+
+
+def _optimizer(a: dict[str, Any], plan: dict[str, Any], where: str) -> None:
+    # Megatron's --optimizer adam is Apex/TE FusedAdam in AdamW mode (decoupled weight decay)
+    plan["optimizer"] = one_of(a.get("--optimizer", "adam"), f"{where}: --optimizer", {"adam": "adamw", "sgd": "sgd"})
+    if a.get("--optimizer-cpu-offload"):
+        plan["offload_optimizer"] = fraction(
+            a.get("--optimizer-offload-fraction", "1.0"), f"{where}: --optimizer-offload-fraction"
+        )
+    elif "--optimizer-offload-fraction" in a:
+        raise SpecError(
+            f"{where}: --optimizer-offload-fraction",
+            "is given without --optimizer-cpu-offload.",
+            "add it, or drop the fraction.",
+        )
+
+
+def _model(a: dict[str, Any], where: str) -> dict[str, Any]:
+    """ModelSpec fields of Megatron's model arguments: ``llama`` (SwiGLU, RMSNorm, RoPE, no biases)
+    or ``gpt`` (GeLU, LayerNorm, learned positions, biases); a mix of the two is refused."""
+    if "--num-experts" in a:
+        raise SpecError(
+            f"{where}: --num-experts",
+            "MoE model arguments are not read from a Megatron launch (router, experts, shared experts...).",
+            "give the model with --model (an MoE preset or its HF config.json); the launch then gives the plan.",
+        )
+    m: dict[str, Any] = {"name": "megatron-model"}
+    for key, name in MODEL_INTS.items():
+        if key in a:
+            m[name] = whole(a[key], f"{where}: {key}")
+    missing = [k for k in ("--num-layers", "--hidden-size", "--num-attention-heads", "--seq-length") if k not in a]
+    if "vocab" not in m:
+        missing.append("--vocab-size")
+    if missing:
+        raise SpecError(
+            f"{where}: {missing[0]}", "is needed to build the model from the launch.", "add it, or give --model."
+        )
+    norm = a.get("--normalization", "LayerNorm")
+    pos = a.get("--position-embedding-type", "learned_absolute")
+    llama = (bool(a.get("--swiglu")), norm == "RMSNorm", pos == "rope")
+    if all(llama):
+        m["arch"] = "llama"
+        if not a.get("--disable-bias-linear"):
+            raise SpecError(
+                f"{where}: --disable-bias-linear", "is missing: simpar's llama arch has no linear biases.", "add it."
+            )
+        m["tie_embeddings"] = not a.get("--untie-embeddings-and-output-weights")
+        m["attention_bias"] = bool(a.get("--add-qkv-bias"))
+    elif not any(llama):
+        m["arch"] = "gpt"
+        if a.get("--disable-bias-linear") or a.get("--untie-embeddings-and-output-weights"):
+            flag = (
+                "--disable-bias-linear" if a.get("--disable-bias-linear") else "--untie-embeddings-and-output-weights"
+            )
+            raise SpecError(f"{where}: {flag}", "simpar's gpt arch has biases and tied embeddings.", "drop it.")
+    else:
+        names = ("--swiglu", "--normalization RMSNorm", "--position-embedding-type rope")
+        have = [n for n, on in zip(names, llama) if on]
+        raise SpecError(
+            f"{where}: {have[0]}",
+            "is a mix simpar does not model: its llama arch is SwiGLU + RMSNorm + RoPE, its gpt arch "
+            "GeLU + LayerNorm + learned positions.",
+            f"use all three of {', '.join(names)} or none.",
+        )
+    if a.get("--group-query-attention") and "kv_heads" not in m:
+        raise SpecError(f"{where}: --num-query-groups", "is needed with --group-query-attention.", "add it.")
+    return m
+
+
+def _stages(a: dict[str, Any], plan: dict[str, Any], layers: int | None, where: str) -> None:
+    """Virtual stages (by count or by layers per stage), the schedule, and uneven first/last stages."""
+    pp = plan.get("pp", 1)
+    per = a.get("--num-layers-per-virtual-pipeline-stage")
+    if per is not None:
+        per = whole(per, f"{where}: --num-layers-per-virtual-pipeline-stage")
+        if layers is None:
+            raise SpecError(
+                f"{where}: --num-layers-per-virtual-pipeline-stage",
+                "needs --num-layers.",
+                "give --num-layers, or --virtual-pipeline-model-parallel-size.",
+            )
+        if layers % (pp * per):
+            raise SpecError(
+                f"{where}: --num-layers-per-virtual-pipeline-stage",
+                f"{per} does not divide {layers} layers over pp {pp}.",
+                "pick a divisor.",
+            )
+        plan["vpp"] = layers // (pp * per)
+    vpp = plan.get("vpp", 1)
+    plan["schedule"] = "none" if pp == 1 else "interleaved-1f1b" if vpp > 1 else "1f1b"
+    first, last = a.get("--decoder-first-pipeline-num-layers"), a.get("--decoder-last-pipeline-num-layers")
+    if first is None and last is None:
+        return
+    if layers is None or vpp > 1 or pp < 2:
+        raise SpecError(
+            f"{where}: --decoder-first-pipeline-num-layers",
+            "uneven first/last stages are read for pp >= 2 without virtual stages, with --num-layers.",
+            "drop them, or give --num-layers and no virtual stages.",
+        )
+    f = whole(first, f"{where}: --decoder-first-pipeline-num-layers", 0) if first is not None else None
+    l_ = whole(last, f"{where}: --decoder-last-pipeline-num-layers", 0) if last is not None else None
+    inner = pp - (f is not None) - (l_ is not None)
+    rest = layers - (f or 0) - (l_ or 0)
+    if inner < 1 or rest % inner:
+        raise SpecError(
+            f"{where}: --decoder-first-pipeline-num-layers",
+            f"the other {rest} layers do not split evenly over {inner} stages.",
+            "adjust the counts.",
+        )
+    mid = [rest // inner] * inner
+    plan["layer_split"] = tuple(([f] if f is not None else []) + mid + ([l_] if l_ is not None else []))
