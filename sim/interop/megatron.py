@@ -196,8 +196,16 @@ _FP8_RECIPES = {"delayed": "delayed", "tensorwise": "tensorwise", "mxfp8": "mxfp
 
 def tokens_of(text_or_path: str) -> list[str]:
     """The launch as tokens: a file's text, or the string itself (backslash line ends joined)."""
-    p = Path(text_or_path)
-    text = p.read_text() if "\n" not in text_or_path and len(text_or_path) < 4096 and p.is_file() else text_or_path
+    text = text_or_path
+    if not text.lstrip().startswith("-") and "\n" not in text and " " not in text.strip():
+        p = Path(text.strip())  # one word: a file holding the launch
+        if not p.is_file():
+            raise SpecError(
+                f"Megatron-LM arguments {text.strip()}",
+                "is neither a file nor an argument list.",
+                "give a file, or the arguments themselves.",
+            )
+        text = p.read_text()
     return shlex.split(text.replace("\\\n", " "), comments=True)
 
 
