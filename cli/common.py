@@ -26,6 +26,8 @@ from simpar.sim.choices import (
 )
 from simpar.sim.errors import PlanError
 
+from .imports import apply_import, import_options
+
 if TYPE_CHECKING:
     from simpar.sim.plan import ParallelPlan
     from simpar.sim.specs import ClusterSpec, ModelSpec
@@ -35,9 +37,19 @@ def plan_options(f: Callable[..., Any]) -> Callable[..., Any]:
     """--model --cluster --gpus --tp --pp [--dp] [--cp] [--vpp] --mbs --gbs --schedule --zero
     --recompute [--sequence-parallel/--no-sequence-parallel] [--precision] and friends."""
     opts = [
-        click.option("--model", "model", required=True, help="model preset name, YAML file or HF config.json"),
+        click.option(
+            "--model",
+            "model",
+            default=None,
+            help="model preset name, YAML file or HF config.json [required unless a --from-* gives it]",
+        ),
         click.option("--cluster", "cluster", required=True, help="cluster preset name or YAML file"),
-        click.option("--gpus", type=click.IntRange(1, MAX_GPUS), required=True, help="number of GPUs (whole nodes)"),
+        click.option(
+            "--gpus",
+            type=click.IntRange(1, MAX_GPUS),
+            default=None,
+            help="number of GPUs (whole nodes) [required unless a --from-* launcher line gives it]",
+        ),
         click.option(
             "--tp", type=click.IntRange(1, MAX_GPUS), default=1, show_default=True, help="tensor-parallel size"
         ),
@@ -64,7 +76,12 @@ def plan_options(f: Callable[..., Any]) -> Callable[..., Any]:
             show_default=True,
             help="micro-batch size (sequences)",
         ),
-        click.option("--gbs", type=click.IntRange(1, MAX_BATCH), required=True, help="global batch size (sequences)"),
+        click.option(
+            "--gbs",
+            type=click.IntRange(1, MAX_BATCH),
+            default=None,
+            help="global batch size (sequences) [required unless a --from-* configuration gives it]",
+        ),
         click.option(
             "--seq-len", type=click.IntRange(1, 100_000_000), default=None, help="override the model's sequence length"
         ),
@@ -194,7 +211,7 @@ def plan_options(f: Callable[..., Any]) -> Callable[..., Any]:
     ]
     for opt in reversed(opts):
         f = opt(f)
-    return f
+    return import_options(f)
 
 
 @dataclass(frozen=True)
@@ -210,8 +227,18 @@ def setup_from_options(kw: dict[str, Any]) -> Setup:
     from simpar.sim.plan_check import check_plan
     from simpar.sim.specs import load_cluster, load_model
     from simpar.sim.specs.loader import build
+    from simpar.sim.specs.model import ModelSpec
 
-    model = load_model(kw["model"], seq_len=kw.get("seq_len"))
+    kw = apply_import(kw)
+    for name in ("model", "gpus", "gbs"):
+        if not kw.get(name):
+            raise PlanError(f"--{name}", "is missing.", f"pass --{name}, or a --from-* configuration that gives it.")
+    if isinstance(kw["model"], ModelSpec):  # built from an imported launch's model arguments
+        model = kw["model"]
+        if kw.get("seq_len"):
+            model = model.model_copy(update={"seq_len": kw["seq_len"]})
+    else:
+        model = load_model(kw["model"], seq_len=kw.get("seq_len"))
     cluster = load_cluster(kw["cluster"], gpus=kw["gpus"])
     if kw.get("calibration"):  # a measured host optimizer rate replaces the cluster file's
         from .calib import load_calibration_option

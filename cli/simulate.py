@@ -42,6 +42,13 @@ if TYPE_CHECKING:
     "--memory-plot", "mem_plot", type=click.Path(dir_okay=False), default=None, help="write memory over time PNG"
 )
 @click.option(
+    "--emit",
+    type=click.Choice(("megatron", "deepspeed", "torchtitan")),
+    default=None,
+    help="with --write-plan: also the launch recipe of the plan for that framework (torchrun line, "
+    "ds_config.json + launcher, job TOML), which --from-* reads back to the same plan",
+)
+@click.option(
     "--write-plan",
     "plan_dir",
     type=click.Path(file_okay=False),
@@ -61,6 +68,7 @@ def simulate(
     plot_path,
     mem_plot,
     plan_dir,
+    emit,
     **kw,
 ) -> None:
     """Simulate one training iteration: time, throughput, MFU, breakdown, memory."""
@@ -68,7 +76,15 @@ def simulate(
     from simpar.sim.engine.simulate import simulate as run
 
     check_outputs(trace_path, plot_path, mem_plot, plan_dir)
+    if emit and not plan_dir:
+        from simpar.sim.errors import SimparError
+
+        raise SimparError("--emit", "needs a folder to write the recipe into.", "add --write-plan DIR.")
     st = setup_from_options({**kw, "calibration": calibration})
+    if emit:  # a plan the framework cannot express is refused before any work
+        from simpar.sim.interop.emit import recipe_files
+
+        recipe = recipe_files(emit, st.plan, st.model, st.cluster.num_gpus, st.cluster.gpus_per_node)
     calib = load_calibration_option(calibration, st.cluster.gpu.name)
     opts = EngineOptions(
         full=full,
@@ -79,6 +95,11 @@ def simulate(
     profile, opts = runtime_of(runtime, calib, opts)
     res = run(st.model, st.cluster, st.plan, backend=backend, calibration=calib, options=opts, profile=profile)
     write_outputs(st, res, trace_path, plot_path, mem_plot, plan_dir, calib, profile)
+    if emit:
+        from simpar.sim import files
+
+        for name, text in recipe.items():
+            files.write_text(Path(plan_dir) / name, text)
     if as_json:
         echo_json(res.to_json())
         return

@@ -347,6 +347,13 @@ def _check_stack(space, gpu) -> None:
     help="best plans written out (plan.json, schedule.csv, trace, PNG)",
 )
 @click.option(
+    "--emit",
+    type=click.Choice(("megatron", "deepspeed", "torchtitan")),
+    default=None,
+    help="also write each written plan's launch recipe for that framework beside its plan.json "
+    "(a plan the framework cannot express gets a <framework>-refused.txt saying why)",
+)
+@click.option(
     "--refine",
     type=Whole(0),
     default=0,
@@ -491,7 +498,9 @@ def finish(setup, res, kw: dict, command: str, bar) -> None:
     n = min(kw["plans"], sum(1 for r in res.rows if r.get("rank")))
     if n:
         bar("plans", 0, n)
-        write_plan_dirs(setup, res.rows, res.out, n, command, workers=kw["workers"] or os.cpu_count() or 1)
+        write_plan_dirs(
+            setup, res.rows, res.out, n, command, workers=kw["workers"] or os.cpu_count() or 1, emit=kw.get("emit")
+        )
         bar("plans", n, n)
     write_report(res.out, res.rows, res.manifest, kw["top"])
 

@@ -44,8 +44,6 @@ def megatron_launch(plan: ParallelPlan, model: ModelSpec | None, num_gpus: int, 
         raise _refuse(
             "schedule", t, f"Megatron-LM runs 1F1B and interleaved 1F1B, not {plan.schedule}", "use one of them."
         )
-    if plan.zero not in (0, 1):
-        raise _refuse("zero", t, "its distributed optimizer shards the optimizer only (ZeRO-1)", "use --zero 0 or 1.")
     _defaults_only(
         plan,
         t,
@@ -57,6 +55,12 @@ def megatron_launch(plan: ParallelPlan, model: ModelSpec | None, num_gpus: int, 
     a += ["--virtual-pipeline-model-parallel-size", str(plan.vpp)] if plan.vpp > 1 else []
     a += ["--micro-batch-size", str(plan.micro_batch_size), "--global-batch-size", str(plan.global_batch_size)]
     a += ["--sequence-parallel"] * plan.sequence_parallel + ["--use-distributed-optimizer"] * (plan.zero == 1)
+    if plan.zero >= 2:  # Megatron-FSDP shards the gradients (and parameters) too
+        a += [
+            "--use-megatron-fsdp",
+            "--data-parallel-sharding-strategy",
+            ("optim_grads", "optim_grads_params")[plan.zero - 2],
+        ]
     a += ["--overlap-grad-reduce", "--overlap-param-gather"]
     a += ["--tp-comm-overlap"] * plan.tp_comm_overlap
     if plan.precision in ("bf16", "fp16"):
@@ -165,6 +169,10 @@ def deepspeed_recipe(plan: ParallelPlan, num_gpus: int, gpus_per_node: int) -> t
     line = shlex.join(
         ["deepspeed", "--num_gpus", str(min(num_gpus, gpus_per_node)), "--num_nodes", str(nodes), "pretrain_gpt.py"]
         + ["--tensor-model-parallel-size", str(plan.tp), "--pipeline-model-parallel-size", str(plan.pp)]
+        + ["--sequence-parallel"] * plan.sequence_parallel
+        + {"none": [], "full": ["--checkpoint-activations"], "selective": ["--recompute-granularity", "selective"]}[
+            plan.recompute
+        ]
         + ["--deepspeed", "--deepspeed_config", "ds_config.json"]
     )
     return cfg, line
@@ -257,3 +265,28 @@ def _tt_optimizer(plan: ParallelPlan) -> str:
 
 def write_json(cfg: dict[str, Any]) -> str:
     return json.dumps(cfg, indent=2) + "\n"
+
+
+def recipe_files(
+    target: str, plan: ParallelPlan, model: ModelSpec, num_gpus: int, gpus_per_node: int
+) -> dict[str, str]:
+    """The files of ``target``'s launch recipe for ``plan`` (name -> text); `SpecError` names what
+    the framework cannot express."""
+    if target == "megatron":
+        return {
+            "launch.sh": "#!/bin/sh\n"
+            + megatron_launch(plan, model, num_gpus, gpus_per_node).replace(" --", " \\\n  --")
+            + "\n"
+        }
+    if target == "deepspeed":
+        cfg, line = deepspeed_recipe(plan, num_gpus, gpus_per_node)
+        return {"ds_config.json": write_json(cfg), "launch.sh": "#!/bin/sh\n" + line + "\n"}
+    if target == "torchtitan":
+        per_node = min(num_gpus, gpus_per_node)
+        nodes = max(1, num_gpus // gpus_per_node)
+        line = shlex.join(
+            ["torchrun", "--nproc_per_node", str(per_node), "--nnodes", str(nodes), "-m", "torchtitan.train"]
+            + ["--job.config_file", "job.toml"]
+        )
+        return {"job.toml": torchtitan_toml(plan, model), "launch.sh": "#!/bin/sh\n" + line + "\n"}
+    raise SpecError("emit", f"{target!r} is not a recipe simpar writes.", f"use one of {', '.join(EMIT_TARGETS)}.")

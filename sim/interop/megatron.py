@@ -55,6 +55,7 @@ SWITCHES = frozenset(
         "--optimizer-cpu-offload",
         "--overlap-grad-reduce",
         "--overlap-param-gather",
+        "--use-megatron-fsdp",
     }
 )
 #: valued arguments simpar reads besides the integers
@@ -75,6 +76,7 @@ VALUED = frozenset(
         "--decoder-first-pipeline-num-layers",
         "--decoder-last-pipeline-num-layers",
         "--num-experts",
+        "--data-parallel-sharding-strategy",
     }
 )
 #: arguments that do not change an iteration's time or memory as simpar models it (learning rate,
@@ -191,6 +193,8 @@ UNMODELLED_SWITCHES = frozenset(
         "--moe-grouped-gemm",
     }
 )
+#: Megatron-FSDP's --data-parallel-sharding-strategy -> ZeRO stage
+_FSDP_STAGES = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
 _FP8_RECIPES = {"delayed": "delayed", "tensorwise": "tensorwise", "mxfp8": "mxfp8", "blockwise": "blockwise"}
 
 
@@ -280,6 +284,15 @@ def read_megatron(text_or_path: str, model_given: bool = False) -> Imported:
     plan["stack"] = "megatron-core"
     plan["sequence_parallel"] = bool(a.get("--sequence-parallel"))
     plan["zero"] = 1 if a.get("--use-distributed-optimizer") else 0
+    if a.get("--use-megatron-fsdp"):  # Megatron-FSDP: what it shards over data parallelism, as ZeRO's stages
+        strategy = a.get("--data-parallel-sharding-strategy", "optim_grads_params")
+        plan["zero"] = one_of(strategy, f"{where}: --data-parallel-sharding-strategy", _FSDP_STAGES)
+    elif "--data-parallel-sharding-strategy" in a:
+        raise SpecError(
+            f"{where}: --data-parallel-sharding-strategy",
+            "is given without --use-megatron-fsdp.",
+            "add it, or drop the strategy.",
+        )
     plan["tp_comm_overlap"] = bool(a.get("--tp-comm-overlap"))
     plan["moe_a2a_overlap"] = bool(a.get("--overlap-moe-expert-parallel-comm"))
     if not (a.get("--overlap-grad-reduce") and a.get("--overlap-param-gather")):

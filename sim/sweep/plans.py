@@ -14,6 +14,7 @@ from ..engine.results import SimResult
 from ..engine.simulate import plan_schedule, simulate
 from ..engine.trace import write_trace
 from ..errors import SpecError
+from ..interop.emit import recipe_files
 from ..plan import ParallelPlan
 from ..plot.timeline import plot_timeline
 from ..procs import fork_map
@@ -36,7 +37,7 @@ def plan_dir_name(rank: int, row: dict) -> str:
     return f"{rank:02d}-{row['id']}"
 
 
-def write_plan_dir(setup: SweepSetup, cfg: Config, out: Path, command: str = "") -> SimResult:
+def write_plan_dir(setup: SweepSetup, cfg: Config, out: Path, command: str = "", emit: str | None = None) -> SimResult:
     """plan.json, schedule.csv (+ its .meta.json), trace.json and timeline.png of one plan, in a
     folder that appears only once all of them are written."""
     tmp = out.with_name(f".{out.name}.tmp")
@@ -44,6 +45,8 @@ def write_plan_dir(setup: SweepSetup, cfg: Config, out: Path, command: str = "")
     try:
         tmp.mkdir(parents=True)
         res = _write_files(setup, cfg, tmp, command)
+        if emit:
+            _write_recipe(setup, cfg, tmp, emit)
         shutil.rmtree(out, ignore_errors=True)  # an incomplete folder of an older version
         os.replace(tmp, out)
     except OSError as exc:
@@ -87,20 +90,40 @@ def _write_files(setup: SweepSetup, cfg: Config, out: Path, command: str) -> Sim
     return res
 
 
+def _write_recipe(setup: SweepSetup, cfg: Config, out: Path, emit: str) -> None:
+    """The plan's launch recipe for ``emit`` (`interop.emit.recipe_files`), or why it has none."""
+    plan, _ = checked_plan(cfg, setup.model, setup.cluster, setup.gbs, setup.space)
+    assert plan is not None
+    c = setup.cluster
+    try:
+        made = recipe_files(emit, plan, setup.model, c.num_gpus, c.gpus_per_node)
+    except SpecError as exc:
+        made = {f"{emit}-refused.txt": f"{exc}\n"}
+    for name, text in made.items():
+        (out / name).write_text(text)
+
+
 def write_plan_dirs(
-    setup: SweepSetup, rows: list[dict], out: Path, count: int, command: str = "", workers: int = 1
+    setup: SweepSetup,
+    rows: list[dict],
+    out: Path,
+    count: int,
+    command: str = "",
+    workers: int = 1,
+    emit: str | None = None,
 ) -> list[Path]:
     """Folders for the ``count`` best ranked rows, ``plans/NN-<id>`` (complete ones are kept),
     written on ``workers`` forked processes."""
     done, todo = [], []
     for row in [r for r in rows if r.get("rank")][:count]:
         d = Path(out) / PLAN_DIR / plan_dir_name(int(row["rank"]), row)
-        if not all((d / f).exists() for f in FILES):  # a resumed, finished sweep keeps its folders
+        recipe = [] if not emit else [f"{emit}-refused.txt"] if (d / f"{emit}-refused.txt").exists() else ["launch.sh"]
+        if not all((d / f).exists() for f in (*FILES, *recipe)):  # a resumed, finished sweep keeps its folders
             todo.append((Config.from_row(row), d))
         done.append(d)
 
     def write(job: tuple[Config, Path]) -> None:
-        write_plan_dir(setup, job[0], job[1], command)
+        write_plan_dir(setup, job[0], job[1], command, emit)
 
     for _ in fork_map(write, todo, workers):
         pass

@@ -1,0 +1,104 @@
+"""--from-megatron / --from-deepspeed / --from-torchtitan: a framework configuration as the plan (and
+model, GPU count) of a command; the command's own flags, where given, win over it. The fields read
+but not modelled are printed in one warning block on stderr."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from simpar.sim.errors import PlanError
+
+#: plan fields -> the option (kw) names of `common.plan_options`
+_KW = {
+    "micro_batch_size": "mbs",
+    "global_batch_size": "gbs",
+    "offload_optimizer": "offload_optimizer",
+    "offload_params": "offload_params",
+    "offload_activations": "offload_activations",
+}
+#: plan fields the options spell as text
+_TEXT = {"layer_split": lambda v: ",".join(map(str, v)), "recompute_modules": lambda v: ",".join(v)}
+
+
+def import_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    opts = [
+        click.option(
+            "--from-megatron",
+            "from_megatron",
+            default=None,
+            help="a Megatron-LM launch (torchrun ... pretrain_gpt.py --tensor-model-parallel-size ...), "
+            "as a file or the arguments themselves: its plan, and its model where --model is not given",
+        ),
+        click.option(
+            "--from-deepspeed",
+            "from_deepspeed",
+            type=click.Path(dir_okay=False),
+            default=None,
+            help="a DeepSpeed ds_config.json: batch sizes, ZeRO stage, offload, precision, optimizer "
+            "(tp and pp from --tp/--pp, as Megatron-DeepSpeed passes them)",
+        ),
+        click.option(
+            "--from-torchtitan",
+            "from_torchtitan",
+            type=click.Path(dir_okay=False),
+            default=None,
+            help="a torchtitan job TOML: its model flavor (where --model is not given) and its plan",
+        ),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+def _explicit(name: str) -> bool:
+    """Whether the option ``name`` was given on the command line (not left at its default)."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:
+        return False
+    src = ctx.get_parameter_source(name)
+    return src is not None and src.name not in ("DEFAULT", "DEFAULT_MAP")
+
+
+def apply_import(kw: dict[str, Any]) -> dict[str, Any]:
+    """``kw`` with an imported configuration's values where the command's options were not given."""
+    chosen = [k for k in ("from_megatron", "from_deepspeed", "from_torchtitan") if kw.get(k)]
+    if not chosen:
+        return kw
+    if len(chosen) > 1:
+        raise PlanError(f"--{chosen[1].replace('_', '-')}", "is given with another --from-* option.", "give one.")
+    from simpar.sim.interop.deepspeed import read_deepspeed
+    from simpar.sim.interop.megatron import read_megatron
+    from simpar.sim.interop.torchtitan import read_torchtitan
+    from simpar.sim.specs import load_model
+    from simpar.sim.specs.model import model_from_dict
+
+    out = dict(kw)
+    if chosen[0] == "from_megatron":
+        imp = read_megatron(kw["from_megatron"], model_given=bool(kw.get("model")))
+    elif chosen[0] == "from_deepspeed":
+        imp = read_deepspeed(kw["from_deepspeed"], kw.get("gpus"), kw.get("tp") or 1, kw.get("pp") or 1)
+    else:
+        layers = load_model(kw["model"]).layers if kw.get("model") else None
+        imp = read_torchtitan(kw["from_torchtitan"], layers, kw.get("gpus"))
+        if layers is None and imp.model_preset is not None and imp.plan.get("pp", 1) > 1:
+            imp = read_torchtitan(kw["from_torchtitan"], load_model(imp.model_preset).layers, kw.get("gpus"))
+    if not kw.get("model"):
+        if imp.model_preset is not None:
+            out["model"] = imp.model_preset
+        elif imp.model:
+            out["model"] = model_from_dict(imp.model, imp.source)
+    if not kw.get("gpus") and imp.gpus is not None:
+        out["gpus"] = imp.gpus
+    for field, value in imp.plan.items():
+        key = _KW.get(field, field)
+        assert key in kw, f"plan field {field} has no option of its own"  # else it would be dropped
+        if _explicit(key):
+            continue  # the command line wins
+        out[key] = _TEXT[field](value) if field in _TEXT else value
+    note = imp.warning()
+    if note:
+        click.echo(note, err=True)
+    return out

@@ -1,0 +1,150 @@
+"""The --from-* options and --emit on the command line: a framework configuration is the plan of
+`simpar simulate` / `simpar memory` (the command's own flags win), what it does not model is listed
+once, a bad field exits 2 naming it, and an emitted recipe simulates to the same iteration."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from simpar.cli.main import cli
+
+from tests.test_interop import GPT3, LLAMA3_8B_TOML, ZERO2_OFFLOAD
+
+
+def run(*args: str):
+    return CliRunner().invoke(cli, list(args))
+
+
+def _iteration(output: str) -> str:
+    return next(line for line in output.splitlines() if line.startswith("iteration "))
+
+
+def test_a_megatron_launch_is_the_plan_and_the_model(tmp_path):
+    launch = tmp_path / "gpt3.sh"
+    launch.write_text(GPT3)
+    res = run("simulate", "--cluster", "dgx-a100-80g", "--from-megatron", str(launch), "--json")
+    assert res.exit_code == 0, res.output
+    assert "read but not modelled" in res.output and "--data-path" in res.output
+    doc = json.loads(res.output[res.output.index("{") :])
+    assert doc["num_gpus"] == 1024
+    # the command's own flags win over the launch's
+    res2 = run("memory", "--cluster", "dgx-a100-80g", "--from-megatron", str(launch), "--pp", "16", "--json")
+    assert res2.exit_code == 0, res2.output
+    assert len(json.loads(res2.output[res2.output.index("{") :])["peak_memory_gib"]) == 16
+
+
+def test_emitted_recipes_simulate_to_the_same_iteration(tmp_path):
+    base = ["simulate", "--model", "llama3-8b", "--cluster", "dgx-a100-40g", "--gpus", "8", "--gbs", "32"]
+    cases = [
+        (
+            "megatron",
+            [*base, "--tp", "2", "--pp", "2", "--zero", "1", "--recompute", "full"],
+            "--from-megatron",
+            "launch.sh",
+        ),
+        (
+            "deepspeed",
+            [*base, "--stack", "deepspeed", "--zero", "2", "--offload-optimizer", "1", "--recompute", "full"],
+            "--from-deepspeed",
+            "ds_config.json",
+        ),
+        (
+            "torchtitan",
+            [*base, "--stack", "torchtitan", "--zero", "3", "--recompute", "full"],
+            "--from-torchtitan",
+            "job.toml",
+        ),
+    ]
+    for target, args, option, name in cases:
+        out = tmp_path / target
+        first = run(*args, "--write-plan", str(out), "--emit", target)
+        assert first.exit_code == 0, first.output
+        again = ["simulate", "--cluster", "dgx-a100-40g", "--gpus", "8", option, str(out / name)]
+        if target == "deepspeed":  # its model code checkpoints (the launcher's --checkpoint-activations)
+            again += ["--model", "llama3-8b", "--recompute", "full"]
+        if target == "megatron":
+            again += ["--model", "llama3-8b"]
+        second = run(*again)
+        assert second.exit_code == 0, second.output
+        assert _iteration(second.output) == _iteration(first.output), target
+
+
+def test_bad_imports_exit_2_naming_the_field(tmp_path):
+    ds = tmp_path / "ds_config.json"
+    ds.write_text(json.dumps({**ZERO2_OFFLOAD, "train_batch_size": 48}))
+    res = run(
+        "simulate", "--model", "llama3-8b", "--cluster", "dgx-a100-40g", "--gpus", "8", "--from-deepspeed", str(ds)
+    )
+    assert res.exit_code == 2 and "train_batch_size" in res.output and "Traceback" not in res.output
+    toml = tmp_path / "job.toml"
+    toml.write_text(LLAMA3_8B_TOML + "\n[float9]\nenable = true\n")
+    res = run("simulate", "--cluster", "dgx-a100-40g", "--gpus", "8", "--from-torchtitan", str(toml))
+    assert res.exit_code == 2 and "[float9]" in res.output
+    res = run(
+        "simulate",
+        "--cluster",
+        "dgx-a100-40g",
+        "--gpus",
+        "8",
+        "--from-megatron",
+        "--tensor-model-parallel-size 2 --bogus 1",
+    )
+    assert res.exit_code == 2 and "--bogus" in res.output
+    res = run("simulate", "--cluster", "dgx-a100-40g", "--gpus", "8", "--gbs", "8")
+    assert res.exit_code == 2 and "--model" in res.output
+    res = run(
+        "simulate",
+        "--model",
+        "llama3-8b",
+        "--cluster",
+        "dgx-a100-40g",
+        "--gpus",
+        "8",
+        "--gbs",
+        "8",
+        "--emit",
+        "megatron",
+    )
+    assert res.exit_code == 2 and "--write-plan" in res.output
+
+
+def test_sweep_writes_recipes_or_says_why_not(tmp_path):
+    out = tmp_path / "sweep"
+    res = run(
+        "sweep",
+        "--model",
+        "gpt-7.5b",
+        "--cluster",
+        "dgx-a100-80g",
+        "--gpus",
+        "16",
+        "--gbs",
+        "64",
+        "--mbs",
+        "1",
+        "--schedules",
+        "none,1f1b,zb-h1",
+        "--zero",
+        "1",
+        "--plans",
+        "4",
+        "--emit",
+        "megatron",
+        "--workers",
+        "1",
+        "--out",
+        str(out),
+    )
+    assert res.exit_code == 0, res.output
+    dirs = sorted((out / "plans").iterdir())
+    assert len(dirs) == 4
+    for d in dirs:
+        made = {p.name for p in d.iterdir()}
+        assert ("launch.sh" in made) != ("megatron-refused.txt" in made)
+        if "zb-h1" in d.name:
+            assert "megatron-refused.txt" in made
+        else:
+            assert "launch.sh" in made
