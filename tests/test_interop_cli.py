@@ -5,12 +5,10 @@ once, a bad field exits 2 naming it, and an emitted recipe simulates to the same
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from click.testing import CliRunner
 
 from simpar.cli.main import cli
-
 from tests.test_interop import GPT3, LLAMA3_8B_TOML, ZERO2_OFFLOAD
 
 
