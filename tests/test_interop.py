@@ -256,3 +256,48 @@ def test_megatron_round_trip_of_uneven_first_and_last_stages():
     assert ParallelPlan(dp=2, **imp.plan) == plan and imp.gpus == 16
     with pytest.raises(SpecError, match="only the first and last stages may differ"):
         megatron_launch(plan.model_copy(update={"layer_split": (7, 8, 10, 7)}), model, 16, 8)
+
+
+# Narayanan et al. SC'21 Table 1 as Megatron-LM's examples/academic_paper_scripts/sc21/run_table_1.sh
+# sets it (TP, PP, MBS, GBS, layers, hidden, heads, DDP, nodes, extra arguments), with CONFIG.sh's
+# common arguments: the launches behind the meg21_t1_* rows of tests/data/published.csv
+SC21_TABLE1 = {
+    "1.7B": (1, 1, 16, 512, 24, 2304, 24, "torch", 4, ""),
+    "3.6B": (2, 1, 16, 512, 30, 3072, 32, "torch", 8, ""),
+    "7.5B": (4, 1, 16, 512, 36, 4096, 32, "torch", 16, ""),
+    "18.4B": (8, 1, 8, 1024, 40, 6144, 48, "torch", 32, ""),
+    "39.1B": (8, 2, 4, 1536, 48, 8192, 64, "local", 64, ""),
+    "76.1B": (8, 4, 2, 1792, 60, 10240, 80, "local", 128, "--num-layers-per-virtual-pipeline-stage 5"),
+    "145.6B": (8, 8, 2, 2304, 80, 12288, 96, "local", 192, "--num-layers-per-virtual-pipeline-stage 5"),
+    "310.1B": (8, 16, 1, 2160, 96, 16384, 128, "local", 240, "--num-layers-per-virtual-pipeline-stage 3"),
+    "529.6B": (8, 35, 1, 2520, 105, 20480, 128, "local", 315, "--num-layers-per-virtual-pipeline-stage 1"),
+    "1008.0B": (8, 64, 1, 3072, 128, 25600, 160, "local", 384, ""),
+}
+SC21_COMMON = (
+    "--data-path /data/pile --vocab-file gpt2-vocab.json --merge-file gpt2-merges.txt --log-interval 5 "
+    "--seq-length 2048 --max-position-embeddings 2048 --train-iters 500 --lr-decay-iters 320 --lr 0.0001 "
+    "--min-lr 0.00001 --lr-decay-style cosine --lr-warmup-fraction 0.01 --split 969,30,1 --eval-iters 100 "
+    "--eval-interval 1000 --clip-grad 1.0 --fp16 --loss-scale 8192"
+)
+
+
+@pytest.mark.parametrize("size", list(SC21_TABLE1))
+def test_the_sc21_launches_import_to_the_published_rows_plans(size):
+    from simpar.sim.validation.published import read_rows, row_setup
+
+    tp, pp, mbs, gbs, nls, hs, nah, ddp, nodes, extra = SC21_TABLE1[size]
+    launch = (
+        f"srun python pretrain_gpt.py --activations-checkpoint-method uniform {extra} "
+        f"--tensor-model-parallel-size {tp} --pipeline-model-parallel-size {pp} --micro-batch-size {mbs} "
+        f"--global-batch-size {gbs} --num-layers {nls} --hidden-size {hs} --num-attention-heads {nah} "
+        f"--DDP-impl {ddp} {SC21_COMMON}"
+    )
+    (row,) = [r for r in read_rows(Path("tests/data/published.csv")) if r["id"] == f"meg21_t1_{size}"]
+    model, cluster, want = row_setup(row)
+    imp = read_megatron(launch, model_given=True)
+    got = ParallelPlan(dp=nodes * 8 // (tp * pp), layer_split=want.layer_split, allow_tp_across_nodes=True, **imp.plan)
+    assert got == want  # validation rows allow tp across nodes (a check of simpar's, not a launch's)
+    assert nodes * 8 == cluster.num_gpus
+    back = read_megatron(megatron_launch(want, model, cluster.num_gpus, 8))  # and out again, legacy arguments
+    assert back.plan["stack"] == "megatron-lm-legacy" and ModelSpec(**{**back.model, "name": model.name}) == model
+    assert ParallelPlan(dp=want.dp, layer_split=want.layer_split, allow_tp_across_nodes=True, **back.plan) == want

@@ -17,7 +17,7 @@ from ..specs import ModelSpec
 from .torchtitan import MODELS, SCHEDULES, SINGLE_STAGE, torchtitan_layer_split
 
 EMIT_TARGETS = ("megatron", "deepspeed", "torchtitan")
-_MEGATRON_STACKS = ("megatron-core", "megatron-bridge")
+_MEGATRON_STACKS = ("megatron-core", "megatron-bridge", "megatron-lm-legacy")
 _MESH = ParallelPlan.model_fields["mesh_order"].default
 
 
@@ -61,7 +61,7 @@ def megatron_launch(plan: ParallelPlan, model: ModelSpec | None, num_gpus: int, 
             "--data-parallel-sharding-strategy",
             ("optim_grads", "optim_grads_params")[plan.zero - 2],
         ]
-    a += ["--overlap-grad-reduce", "--overlap-param-gather"]
+    a += ["--overlap-grad-reduce", "--overlap-param-gather"] if plan.stack != "megatron-lm-legacy" else []
     a += ["--tp-comm-overlap"] * plan.tp_comm_overlap
     if plan.precision in ("bf16", "fp16"):
         a.append(f"--{plan.precision}")
@@ -71,9 +71,11 @@ def megatron_launch(plan: ParallelPlan, model: ModelSpec | None, num_gpus: int, 
         raise _refuse(
             "precision", t, f"{plan.precision} has no Megatron-LM argument here", "use bf16, fp16, fp8 or fp32."
         )
-    if plan.recompute != "none":
+    if plan.stack == "megatron-lm-legacy":
+        a += _legacy_recompute(plan)
+    elif plan.recompute != "none":
         a += ["--recompute-granularity", plan.recompute]
-    if plan.recompute_layers is not None:
+    if plan.recompute_layers is not None and plan.stack != "megatron-lm-legacy":
         a += ["--recompute-method", plan.recompute_method, "--recompute-num-layers", str(plan.recompute_layers)]
     if plan.recompute_modules is not None:
         a += ["--recompute-modules", *plan.recompute_modules]
@@ -95,6 +97,22 @@ def megatron_launch(plan: ParallelPlan, model: ModelSpec | None, num_gpus: int, 
     a += _megatron_model(plan, model)
     launcher = ["torchrun", "--nproc_per_node", str(min(num_gpus, gpus_per_node)), "--nnodes", str(nodes)]
     return shlex.join([*launcher, "pretrain_gpt.py", *a])
+
+
+def _legacy_recompute(plan: ParallelPlan) -> list[str]:
+    """The 2021-22 Megatron-LM's arguments: full recompute only, and its DDP (which names the stack)."""
+    if plan.recompute == "selective" or plan.zero or plan.tp_comm_overlap:
+        raise _refuse(
+            "stack",
+            "Megatron-LM (2021)",
+            "it has no selective recompute, distributed optimizer or TP overlap",
+            "use megatron-core.",
+        )
+    a = ["--DDP-impl", "local"]
+    if plan.recompute == "full":
+        a += ["--activations-checkpoint-method", plan.recompute_method]
+        a += ["--activations-checkpoint-num-layers", str(plan.recompute_layers)] if plan.recompute_layers else []
+    return a
 
 
 def _megatron_model(plan: ParallelPlan, model: ModelSpec | None) -> list[str]:

@@ -56,6 +56,7 @@ SWITCHES = frozenset(
         "--overlap-grad-reduce",
         "--overlap-param-gather",
         "--use-megatron-fsdp",
+        "--checkpoint-activations",
     }
 )
 #: valued arguments simpar reads besides the integers
@@ -77,6 +78,10 @@ VALUED = frozenset(
         "--decoder-last-pipeline-num-layers",
         "--num-experts",
         "--data-parallel-sharding-strategy",
+        "--activations-checkpoint-method",
+        "--activations-checkpoint-num-layers",
+        "--DDP-impl",
+        "--loss-scale",
     }
 )
 #: arguments that do not change an iteration's time or memory as simpar models it (learning rate,
@@ -193,6 +198,8 @@ UNMODELLED_SWITCHES = frozenset(
         "--moe-grouped-gemm",
     }
 )
+#: arguments only the 2021-22 Megatron-LM has (the SC'21 scripts use them)
+_LEGACY = ("--activations-checkpoint-method", "--checkpoint-activations", "--DDP-impl")
 #: Megatron-FSDP's --data-parallel-sharding-strategy -> ZeRO stage
 _FSDP_STAGES = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
 _FP8_RECIPES = {"delayed": "delayed", "tensorwise": "tensorwise", "mxfp8": "mxfp8", "blockwise": "blockwise"}
@@ -281,7 +288,16 @@ def read_megatron(text_or_path: str, model_given: bool = False) -> Imported:
     for key, name in PLAN_INTS.items():
         if key in a:
             plan[name] = whole(a[key], f"{where}: {key}")
-    plan["stack"] = "megatron-core"
+    # the 2021-22 Megatron-LM (the SC'21 scripts): its recompute and DDP arguments name it
+    legacy = any(k in a for k in _LEGACY)
+    plan["stack"] = "megatron-lm-legacy" if legacy else "megatron-core"
+    if "--DDP-impl" in a:
+        one_of(a["--DDP-impl"], f"{where}: --DDP-impl", {"local": 1, "torch": 1})
+        imp.unmodelled.append("--DDP-impl")
+    if "--loss-scale" in a:
+        imp.unmodelled.append(
+            "--loss-scale (a static loss scale: simpar's fp16 counts dynamic scaling's skipped steps)"
+        )
     plan["sequence_parallel"] = bool(a.get("--sequence-parallel"))
     plan["zero"] = 1 if a.get("--use-distributed-optimizer") else 0
     if a.get("--use-megatron-fsdp"):  # Megatron-FSDP: what it shards over data parallelism, as ZeRO's stages
@@ -311,7 +327,8 @@ def read_megatron(text_or_path: str, model_given: bool = False) -> Imported:
         imp.unmodelled += [f"{k} (the model is --model's)" for k in model_keys]
     elif model_keys:
         imp.model = _model(a, where)
-    _stages(a, plan, imp.model.get("layers"), where)
+    layers = whole(a["--num-layers"], f"{where}: --num-layers") if "--num-layers" in a else None
+    _stages(a, plan, layers, where)
     return imp
 
 
@@ -331,6 +348,20 @@ def _precision(a: dict[str, Any], plan: dict[str, Any], where: str) -> None:
 
 def _recompute(a: dict[str, Any], plan: dict[str, Any], where: str) -> None:
     gran = a.get("--recompute-granularity")
+    legacy = a.get("--activations-checkpoint-method")
+    if legacy is not None or a.get("--checkpoint-activations"):  # legacy Megatron-LM: full recompute
+        if gran is not None:
+            raise SpecError(
+                f"{where}: --recompute-granularity", "is given with legacy activation checkpointing.", "keep one."
+            )
+        plan["recompute"] = "full"
+        method = one_of(
+            legacy or "uniform", f"{where}: --activations-checkpoint-method", {"uniform": "uniform", "block": "block"}
+        )
+        n = whole(a.get("--activations-checkpoint-num-layers", 1), f"{where}: --activations-checkpoint-num-layers")
+        if method == "block" or n > 1:
+            plan["recompute_method"], plan["recompute_layers"] = method, n
+        return
     plan["recompute"] = (
         one_of(gran, f"{where}: --recompute-granularity", {"full": "full", "selective": "selective"})
         if gran
