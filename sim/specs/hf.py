@@ -1,5 +1,5 @@
-"""HuggingFace ``config.json`` read offline onto `ModelSpec` fields: Llama-style and GPT-2-style
-dense configs, and the Mixture-of-Experts families of `_HF_MOE_FAMILIES` (a key that would change
+"""HuggingFace ``config.json`` read offline onto `ModelSpec` fields: GPT-2-style configs, the dense
+families of `hf_dense`, and the Mixture-of-Experts families of `_HF_MOE_FAMILIES` (a key that would change
 the result and that simpar cannot represent is refused by name, never approximated)."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import SpecError
+from .hf_dense import dense_from_hf, language_config
 
 #: HuggingFace keys of a mixture-of-experts model (the routed-expert count of Mixtral, GPT-OSS and
 #: Llama 4, of Qwen2/Qwen3-MoE, of DeepSeek-V2/V3 and Kimi K2, of other families; the top-k): a
@@ -45,6 +46,8 @@ def from_hf_config(cfg: dict[str, Any], path: Path) -> dict[str, Any]:
     if moe:
         return _hf_moe(text, cfg, path, name, moe[0])
 
+    cfg = language_config(cfg)
+
     def get(key: str, default: int | None = None, *alts: str) -> int:
         return _hf_get(cfg, path, key, default, *alts)
 
@@ -60,18 +63,14 @@ def from_hf_config(cfg: dict[str, Any], path: Path) -> dict[str, Any]:
             "vocab": get("vocab_size"),
             "seq_len": get("n_positions", 1024, "n_ctx"),
         }
-    h, heads = get("hidden_size"), get("num_attention_heads")
-    return {
-        "name": name,
-        "arch": "gpt" if cfg.get("model_type") in ("gpt2", "gpt_neox", "opt") else "llama",
-        "layers": get("num_hidden_layers"),
-        "hidden": h,
-        "heads": heads,
-        "kv_heads": get("num_key_value_heads", heads),
-        "ffn": get("intermediate_size", 4 * h),
-        "vocab": get("vocab_size"),
-        "seq_len": get("max_position_embeddings", 4096),
-    }
+    return dense_from_hf(
+        cfg,
+        path,
+        name,
+        get,
+        lambda key, default: _hf_flag(cfg, path, key, default),
+        lambda key, default=0: _hf_count(cfg, path, key, default),
+    )
 
 
 def _hf_get(cfg: dict[str, Any], path: Path, key: str, default: int | None = None, *alts: str) -> int:
