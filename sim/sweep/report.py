@@ -26,6 +26,7 @@ from ..errors import SpecError  # noqa: E402
 from .explain import SOURCES, explain, seconds  # noqa: E402
 from .manifest import PHASES  # noqa: E402
 from .plans import PLAN_DIR, plan_dir_name  # noqa: E402
+from .report_html import REPORT_HTML, write_html  # noqa: E402
 from .space import CP_MIN_TOKENS, Config  # noqa: E402
 from .store import num  # noqa: E402
 
@@ -324,6 +325,8 @@ def write_report(out: Path, rows: list[dict], manifest: dict, top: int = 10) -> 
         _md_table(["count", "reason", "example"], [[f"{n:,}", p, e] for n, p, e in reasons]) if reasons else ["None."]
     )
     lines += ["", "Ask about any configuration: `simpar report " + out.as_posix() + ' --why "tp=4,pp=8"`.', ""]
+    lines += [f"The same report as one self-contained, interactive page: [`{REPORT_HTML}`]({REPORT_HTML}).", ""]
+    write_html(out, rows, manifest, top, title, top_table(rows, top), reasons)
     try:
         files.write_text(out / REPORT, "\n".join(lines))
     except OSError as exc:
