@@ -27,16 +27,13 @@ from .explain import SOURCES, explain, seconds  # noqa: E402
 from .manifest import PHASES  # noqa: E402
 from .plans import PLAN_DIR, plan_dir_name  # noqa: E402
 from .report_html import REPORT_HTML, write_html  # noqa: E402
+from .rows import plan_cell, ranked  # noqa: E402
 from .space import CP_MIN_TOKENS, Config  # noqa: E402
 from .store import num  # noqa: E402
 
 REPORT, PARETO, TIMELINE = "report.md", "pareto.png", "timeline.png"
 #: The sizing example of report.md: this many configurations in a sweep of this many minutes.
 SIZING_CONFIGS, SIZING_MINUTES = 1_000_000, 10
-
-
-def ranked(rows: list[dict]) -> list[dict]:
-    return [r for r in rows if r.get("rank")]
 
 
 def pareto_front(rows: list[dict]) -> list[dict]:
@@ -125,23 +122,6 @@ def _replace(path: Path, write: Callable[[Path], object]) -> None:
 _FIX = "free disk space or fix the folder's permissions, then run `simpar report DIR` again."
 
 
-def _plan_cell(r: dict, compact: bool = False) -> str:
-    c = Config.from_row(r)
-    moe = c.ep > 1 or c.etp
-    dispatch = (f" {c.dispatch}" if c.dispatch != "alltoall" else "") + (" A2A-overlap" if c.a2a_overlap else "")
-    levers = (f"({c.rlayers})" if c.rlayers else "") + (f" {c.optimizer}" if c.optimizer != "adamw" else "")
-    levers += f" offload {c.offload}" if c.offload != "none" else ""
-    if compact:
-        return (
-            f"tp{c.tp} pp{c.pp} dp{c.dp} cp{c.cp} v{c.vpp}{f' ep{c.ep} etp{c.etp or c.tp}' if moe else ''}{dispatch}"
-            f" mbs{c.mbs} {c.schedule} z{c.zero} {c.recompute}{levers}{' SP' if c.sp else ''}"
-        )
-    return (
-        f"tp {c.tp} pp {c.pp} dp {c.dp} cp {c.cp} vpp {c.vpp}{f' ep {c.ep} etp {c.etp or c.tp}' if moe else ''}"
-        f"{dispatch} mbs {c.mbs} {c.schedule} ZeRO {c.zero} {c.recompute}{levers}{' SP' if c.sp else ''}"
-    )
-
-
 def top_table(rows: list[dict], k: int, compact: bool = False) -> tuple[list[str], list[list[str]]]:
     cols = ["rank", "plan", "iteration", "tokens/s", "TFLOP/s/GPU", "MFU", "bubble", "peak GiB", "from"]
     out = []
@@ -149,7 +129,7 @@ def top_table(rows: list[dict], k: int, compact: bool = False) -> tuple[list[str
         out.append(
             [
                 r["rank"],
-                _plan_cell(r, compact),
+                plan_cell(r, compact),
                 f"{num(r, 'iter_time_s'):.3f} s",
                 f"{num(r, 'tokens_per_s'):,.0f}",
                 f"{num(r, 'tflops_per_gpu'):.1f}",
@@ -360,7 +340,7 @@ def offload_lines(rows: list[dict], most: int = 5) -> list[str]:
         )
         host = num(r, "host_memory_gib", 0.0)
         out.append(
-            f"- rank {r['rank']}, {_plan_cell(r)}: {what}: {num(r, 'iter_time_s'):.3f} s, of which"
+            f"- rank {r['rank']}, {plan_cell(r)}: {what}: {num(r, 'iter_time_s'):.3f} s, of which"
             f" {seconds(num(r, 'offload_s', 0.0))} waiting on the host"
             + (f", {host:.0f} GiB of host memory per node" if host else "")
             + f"; {without}."

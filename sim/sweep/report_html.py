@@ -14,6 +14,7 @@ from pathlib import Path
 from .. import files
 from .explain import SOURCES
 from .plans import PLAN_DIR, plan_dir_name
+from .rows import plan_cell, ranked
 from .store import num
 
 REPORT_HTML = "report.html"
@@ -46,9 +47,7 @@ def _row_points(best: list[dict]) -> list[dict]:
 
 
 def _plan_text(r: dict) -> str:
-    from .report import _plan_cell  # the markdown report's spelling of a plan
-
-    return _plan_cell(r)
+    return plan_cell(r)
 
 
 def _embedded_png(path: Path) -> str:
@@ -74,8 +73,6 @@ def _memory_svg(per_rank: list[float], capacity: float | None) -> str:
 def write_html(out: Path, rows: list[dict], manifest: dict, top: int, title: str, cols_rows, reasons) -> Path:
     """``report.html`` in ``out`` (module docstring); ``cols_rows`` the best-plans table and
     ``reasons`` the drop reasons, as the markdown report has them."""
-    from .report import ranked
-
     best = ranked(rows)
     ident = manifest["identity"]
     capacity = ident["cluster"]["gpu"].get("hbm_GiB")
