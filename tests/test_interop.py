@@ -301,3 +301,46 @@ def test_the_sc21_launches_import_to_the_published_rows_plans(size):
     back = read_megatron(megatron_launch(want, model, cluster.num_gpus, 8))  # and out again, legacy arguments
     assert back.plan["stack"] == "megatron-lm-legacy" and ModelSpec(**{**back.model, "name": model.name}) == model
     assert ParallelPlan(dp=want.dp, layer_split=want.layer_split, allow_tp_across_nodes=True, **back.plan) == want
+
+
+# torchtitan jobs as its benchmark pages describe the runs behind the tt_* published rows
+# (benchmarks/llama3_h100_202412_torchtitan.md, benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md)
+TT_ROWS = {
+    "tt_h100_8B_8gpu_FSDP+compile+Float8": (
+        8,
+        "8B",
+        2,
+        'mode = "selective"\nselective_ac_option = "op"',
+        "",
+        "[float8]\nenable_float8_linear = true\n",
+    ),
+    "tt_h100_8B_128gpu_FSDP": (128, "8B", 2, 'mode = "selective"\nselective_ac_option = "op"', "", ""),
+    "tt_asynctp_70B_VanillaTP_bf16": (256, "70B", 16, 'mode = "full"', "tensor_parallel_degree = 8", ""),
+    "tt_asynctp_70B_AsyncTP_bf16": (
+        256,
+        "70B",
+        16,
+        'mode = "full"',
+        "tensor_parallel_degree = 8\nenable_async_tensor_parallel = true",
+        "",
+    ),
+}
+
+
+@pytest.mark.parametrize("row_id", list(TT_ROWS))
+def test_torchtitan_benchmark_jobs_import_to_the_published_rows_plans(tmp_path, row_id):
+    from simpar.sim.validation.published import read_rows, row_setup
+
+    gpus, flavor, local, ac, par, extra = TT_ROWS[row_id]
+    job = (
+        f'[model]\nname = "llama3"\nflavor = "{flavor}"\n[training]\nlocal_batch_size = {local}\nseq_len = 8192\n'
+        f"[parallelism]\ndata_parallel_shard_degree = -1\n{par}\n[activation_checkpoint]\n{ac}\n"
+        "[compile]\nenable = true\n" + extra
+    )
+    path = tmp_path / "job.toml"
+    path.write_text(job)
+    (row,) = [r for r in read_rows(Path("tests/data/published.csv")) if r["id"] == row_id]
+    model, cluster, want = row_setup(row)
+    imp = read_torchtitan(str(path), layers=model.layers, gpus=gpus)
+    assert ParallelPlan(allow_tp_across_nodes=True, **imp.plan) == want
+    assert any("compile" in u for u in imp.unmodelled)

@@ -264,10 +264,14 @@ def torchtitan_toml(plan: ParallelPlan, model: ModelSpec) -> str:
         ['selective_ac_option = "op"'] if mode == "selective" else []
     )
     lines += ["", "[optimizer]", f'name = "{ {"adamw": "AdamW", "adam": "Adam"}[_tt_optimizer(plan)] }"', ""]
+    if plan.precision == "fp8":
+        lines += ["[float8]", "enable_float8_linear = true", f'recipe_name = "{plan.fp8_recipe}"', ""]
     return "\n".join(lines)
 
 
 def _tt_precision(plan: ParallelPlan) -> str:
+    if plan.precision == "fp8" and plan.fp8_recipe in ("tensorwise", "rowwise"):
+        return "bf16"  # float8 linears inside bf16 mixed precision ([float8])
     if plan.precision not in ("bf16", "fp32"):
         raise _refuse(
             "precision", "torchtitan", f"{plan.precision} is not a mixed_precision_param", "use bf16 or fp32."

@@ -50,6 +50,7 @@ READ = {
     },
     "activation_checkpoint": {"mode", "selective_ac_option"},
     "optimizer": {"name"},
+    "float8": {"enable_float8_linear", "recipe_name"},
 }
 #: keys of modelled sections that do not change simpar's answer
 UNMODELLED_KEYS = {
@@ -68,6 +69,11 @@ UNMODELLED_KEYS = {
     "parallelism": {"disable_loss_parallel", "context_parallel_rotate_method", "pipeline_parallel_schedule_csv"},
     "activation_checkpoint": {"preserve_rng_state", "determinism_check", "debug", "early_stop"},
     "optimizer": {"lr", "beta1", "beta2", "eps", "weight_decay", "implementation", "early_step_in_backward"},
+    "float8": {
+        "enable_fsdp_float8_all_gather",
+        "precompute_float8_dynamic_scale_for_fsdp",
+        "force_recompute_fp8_weight_in_bwd",
+    },
 }
 
 
@@ -127,6 +133,12 @@ def read_torchtitan(path: str, layers: int | None = None, gpus: int | None = Non
         {"bfloat16": "bf16", "float32": "fp32"},
     )
     plan["offload_params"] = bool(get("training", "enable_cpu_offload", False))
+    if get("float8", "enable_float8_linear", False):  # torchtitan's float8 linears (torchao), dynamic scaling
+        plan["precision"] = "fp8"
+        recipe = get("float8", "recipe_name", "tensorwise") or "tensorwise"
+        plan["fp8_recipe"] = one_of(
+            recipe, f"{where}: float8.recipe_name", {"tensorwise": "tensorwise", "rowwise": "rowwise"}
+        )
     _parallel(cfg, plan, imp, where, layers, gpus)
     mode = get("activation_checkpoint", "mode", "selective")
     plan["recompute"] = one_of(
