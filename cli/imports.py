@@ -102,3 +102,61 @@ def apply_import(kw: dict[str, Any]) -> dict[str, Any]:
     if note:
         click.echo(note, err=True)
     return out
+
+
+#: what a sweep takes from an imported configuration (the rest it searches): option -> plan field
+_SWEEP_TAKES = {"stack": "stack", "precision": "precision", "fp8_recipe": "fp8_recipe"}
+
+
+def apply_sweep_import(kw: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+    """(``kw`` with the configuration's model, GPUs, global batch, stack, precision and offload
+    where the sweep's options were not given, the model the configuration built or None). The
+    fields the sweep searches are named in the warning block, as not taken."""
+    chosen = [k for k in ("from_megatron", "from_deepspeed", "from_torchtitan") if kw.get(k)]
+    if not chosen:
+        return kw, None
+    if len(chosen) > 1:
+        raise PlanError(f"--{chosen[1].replace('_', '-')}", "is given with another --from-* option.", "give one.")
+    from simpar.sim.interop.deepspeed import read_deepspeed
+    from simpar.sim.interop.megatron import read_megatron
+    from simpar.sim.interop.torchtitan import read_torchtitan
+    from simpar.sim.specs import load_model
+    from simpar.sim.specs.model import model_from_dict
+
+    out, model = dict(kw), None
+    if chosen[0] == "from_megatron":
+        imp = read_megatron(kw["from_megatron"], model_given=bool(kw.get("model")))
+    elif chosen[0] == "from_deepspeed":
+        imp = read_deepspeed(kw["from_deepspeed"], None)
+    else:
+        layers = load_model(kw["model"]).layers if kw.get("model") else None
+        imp = read_torchtitan(kw["from_torchtitan"], layers, kw.get("gpus"))
+    if not kw.get("model"):
+        if imp.model_preset is not None:
+            out["model"] = imp.model_preset
+        elif imp.model:
+            model = model_from_dict(imp.model, imp.source)
+    if not kw.get("gpus") and imp.gpus is not None:
+        out["gpus"] = imp.gpus
+    if not kw.get("gbs") and "global_batch_size" in imp.plan:
+        out["gbs"] = imp.plan["global_batch_size"]
+    for key, field in _SWEEP_TAKES.items():
+        if field in imp.plan and not _explicit(key):
+            out[key] = imp.plan[field]
+    offload = []
+    if imp.plan.get("offload_params"):
+        offload.append("params")
+    elif imp.plan.get("offload_optimizer"):
+        offload.append(f"optimizer:{imp.plan['offload_optimizer']:g}")
+    if imp.plan.get("offload_activations"):
+        offload.append(f"activations:{imp.plan['offload_activations']}")
+    if offload and not _explicit("offload"):
+        out["offload"] = "+".join(offload)
+    taken = {"global_batch_size", "offload_optimizer", "offload_params", "offload_activations", *_SWEEP_TAKES.values()}
+    searched = sorted(k for k in imp.plan if k not in taken)
+    if searched:
+        imp.unmodelled.append("searched by the sweep, not taken: " + " ".join(searched))
+    note = imp.warning()
+    if note:
+        click.echo(note, err=True)
+    return out, model

@@ -24,6 +24,7 @@ from simpar.sim.choices import (
 from simpar.sim.errors import SimparError
 
 from .calib import calibration_options, load_calibration_option, runtime_of, uncalibrated_hint
+from .imports import apply_sweep_import, import_options
 from .render import echo_json
 
 PHASES = {
@@ -158,6 +159,9 @@ _COMMAND = [
     ("optimizer", "adamw"),
     ("recompute_layers", "0"),
     ("offload", "none"),
+    ("from_megatron", None),
+    ("from_deepspeed", None),
+    ("from_torchtitan", None),
     ("objective", "throughput"),
     ("refine", 0),
     ("simulate", 20),
@@ -167,23 +171,24 @@ _COMMAND = [
     ("backend", "analytical"),
     ("top", 10),
     ("plans", 3),
+    ("emit", None),
 ]
 
 
 def canonical_command(kw: dict[str, Any], out: str) -> str:
     """The command that regenerates this sweep (only options that differ from their defaults)."""
-    parts = [
-        "simpar",
-        "sweep",
-        "--model",
-        kw["model"],
-        "--cluster",
-        kw["cluster"],
-        "--gpus",
-        str(kw["gpus"]),
-        "--gbs",
-        str(kw["gbs"]),
-    ]
+    parts = (
+        ["simpar", "sweep"]
+        + (["--model", kw["model"]] if kw.get("model") else [])
+        + [
+            "--cluster",
+            kw["cluster"],
+            "--gpus",
+            str(kw["gpus"]),
+            "--gbs",
+            str(kw["gbs"]),
+        ]
+    )
     for name, default in _COMMAND:
         v = kw.get(name)
         if v is None or v == default or v is False:
@@ -259,10 +264,17 @@ def _check_stack(space, gpu) -> None:
 
 
 @click.command("sweep")
-@click.option("--model", required=True, help="model preset name, YAML file or HF config.json")
+@click.option(
+    "--model", default=None, help="model preset name, YAML file or HF config.json [required unless a --from-* gives it]"
+)
 @click.option("--cluster", required=True, help="cluster preset name or YAML file")
-@click.option("--gpus", type=Whole(1), required=True, help="number of GPUs (whole nodes)")
-@click.option("--gbs", type=Whole(1), required=True, help="global batch size (sequences)")
+@click.option(
+    "--gpus", type=Whole(1), default=None, help="number of GPUs (whole nodes) [required unless a --from-* gives it]"
+)
+@click.option(
+    "--gbs", type=Whole(1), default=None, help="global batch size (sequences) [required unless a --from-* gives it]"
+)
+@import_options
 @click.option("--seq-len", type=Whole(1), default=None, help="override the model's sequence length")
 @click.option(
     "--schedules",
@@ -411,12 +423,19 @@ def sweep(**kw) -> None:
     from simpar.sim.sweep.space import parse_filter
 
     t0 = _started()
+    kw, built = apply_sweep_import(kw)
+    for name in ("gpus", "gbs") if built is not None else ("model", "gpus", "gbs"):
+        if not kw.get(name):
+            raise SimparError(f"--{name}", "is missing.", f"pass --{name}, or a --from-* configuration that gives it.")
     kw["simulate"] = kw.pop("n_simulate")
     space = space_from(kw)
     if kw["why_filter"]:
         parse_filter(kw["why_filter"])  # a typo fails now, not after the search
     limits.whole(kw["gpus"], "gpus", 1, limits.MAX_GPUS, " GPUs")  # before the cluster is scaled to it
-    model = load_model(kw["model"], seq_len=kw["seq_len"])
+    if built is not None:  # the model a Megatron launch describes
+        model = built.model_copy(update={"seq_len": kw["seq_len"]}) if kw["seq_len"] else built
+    else:
+        model = load_model(kw["model"], seq_len=kw["seq_len"])
     moe_flags = {
         "ep": bool(kw["ep"]),
         "etp": kw["etp"] != "tp,1",

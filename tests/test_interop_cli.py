@@ -146,3 +146,38 @@ def test_sweep_writes_recipes_or_says_why_not(tmp_path):
             assert "megatron-refused.txt" in made
         else:
             assert "launch.sh" in made
+
+
+def test_a_sweep_takes_the_model_batch_and_stack_of_a_configuration(tmp_path):
+    launch = (
+        "torchrun --nproc_per_node 8 --nnodes 2 pretrain_gpt.py --tensor-model-parallel-size 2 "
+        "--num-layers 8 --hidden-size 1024 --num-attention-heads 16 --seq-length 1024 --vocab-size 32000 "
+        "--micro-batch-size 1 --global-batch-size 64 --bf16 --lr 1e-4"
+    )
+    path = tmp_path / "launch.sh"
+    path.write_text(launch)
+    out = tmp_path / "sweep"
+    res = run(
+        "sweep",
+        "--cluster",
+        "dgx-a100-80g",
+        "--from-megatron",
+        str(path),
+        "--mbs",
+        "1",
+        "--plans",
+        "1",
+        "--workers",
+        "1",
+        "--out",
+        str(out),
+    )
+    assert res.exit_code == 0, res.output
+    assert "searched by the sweep, not taken" in res.output and "tp" in res.output
+    doc = json.loads((out / "sweep.json").read_text())
+    assert doc["identity"]["gbs"] == 64 and doc["identity"]["num_gpus"] == 16
+    assert doc["identity"]["model"]["layers"] == 8 and "--from-megatron" in doc["command"]
+    missing = run(
+        "sweep", "--model", "gpt-7.5b", "--cluster", "dgx-a100-80g", "--gpus", "16", "--out", str(tmp_path / "x")
+    )
+    assert missing.exit_code == 2 and "--gbs" in missing.output
