@@ -62,29 +62,42 @@ def _explicit(name: str) -> bool:
     return src is not None and src.name not in ("DEFAULT", "DEFAULT_MAP")
 
 
-def apply_import(kw: dict[str, Any]) -> dict[str, Any]:
-    """``kw`` with an imported configuration's values where the command's options were not given."""
+def _chosen(kw: dict[str, Any]) -> str | None:
+    """The one --from-* option given (None: none); two are refused."""
     chosen = [k for k in ("from_megatron", "from_deepspeed", "from_torchtitan") if kw.get(k)]
-    if not chosen:
-        return kw
     if len(chosen) > 1:
         raise PlanError(f"--{chosen[1].replace('_', '-')}", "is given with another --from-* option.", "give one.")
+    return chosen[0] if chosen else None
+
+
+def _read(kw: dict[str, Any], which: str, gpus: int | None, tp: int = 1, pp: int = 1):
+    """The `Imported` of the --from-* option ``which``; a torchtitan pipeline needs the model's
+    layers (--model's, or its own flavor's)."""
     from simpar.sim.interop.deepspeed import read_deepspeed
     from simpar.sim.interop.megatron import read_megatron
     from simpar.sim.interop.torchtitan import read_torchtitan
     from simpar.sim.specs import load_model
+
+    if which == "from_megatron":
+        return read_megatron(kw["from_megatron"], model_given=bool(kw.get("model")))
+    if which == "from_deepspeed":
+        return read_deepspeed(kw["from_deepspeed"], gpus, tp, pp)
+    layers = load_model(kw["model"]).layers if kw.get("model") else None
+    imp = read_torchtitan(kw["from_torchtitan"], layers, gpus)
+    if layers is None and imp.model_preset is not None and imp.plan.get("pp", 1) > 1:
+        imp = read_torchtitan(kw["from_torchtitan"], load_model(imp.model_preset).layers, gpus)
+    return imp
+
+
+def apply_import(kw: dict[str, Any]) -> dict[str, Any]:
+    """``kw`` with an imported configuration's values where the command's options were not given."""
+    which = _chosen(kw)
+    if which is None:
+        return kw
     from simpar.sim.specs.model import model_from_dict
 
     out = dict(kw)
-    if chosen[0] == "from_megatron":
-        imp = read_megatron(kw["from_megatron"], model_given=bool(kw.get("model")))
-    elif chosen[0] == "from_deepspeed":
-        imp = read_deepspeed(kw["from_deepspeed"], kw.get("gpus"), kw.get("tp") or 1, kw.get("pp") or 1)
-    else:
-        layers = load_model(kw["model"]).layers if kw.get("model") else None
-        imp = read_torchtitan(kw["from_torchtitan"], layers, kw.get("gpus"))
-        if layers is None and imp.model_preset is not None and imp.plan.get("pp", 1) > 1:
-            imp = read_torchtitan(kw["from_torchtitan"], load_model(imp.model_preset).layers, kw.get("gpus"))
+    imp = _read(kw, which, kw.get("gpus"), kw.get("tp") or 1, kw.get("pp") or 1)
     if not kw.get("model"):
         if imp.model_preset is not None:
             out["model"] = imp.model_preset
@@ -112,25 +125,13 @@ def apply_sweep_import(kw: dict[str, Any]) -> tuple[dict[str, Any], Any]:
     """(``kw`` with the configuration's model, GPUs, global batch, stack, precision and offload
     where the sweep's options were not given, the model the configuration built or None). The
     fields the sweep searches are named in the warning block, as not taken."""
-    chosen = [k for k in ("from_megatron", "from_deepspeed", "from_torchtitan") if kw.get(k)]
-    if not chosen:
+    which = _chosen(kw)
+    if which is None:
         return kw, None
-    if len(chosen) > 1:
-        raise PlanError(f"--{chosen[1].replace('_', '-')}", "is given with another --from-* option.", "give one.")
-    from simpar.sim.interop.deepspeed import read_deepspeed
-    from simpar.sim.interop.megatron import read_megatron
-    from simpar.sim.interop.torchtitan import read_torchtitan
-    from simpar.sim.specs import load_model
     from simpar.sim.specs.model import model_from_dict
 
     out, model = dict(kw), None
-    if chosen[0] == "from_megatron":
-        imp = read_megatron(kw["from_megatron"], model_given=bool(kw.get("model")))
-    elif chosen[0] == "from_deepspeed":
-        imp = read_deepspeed(kw["from_deepspeed"], None)
-    else:
-        layers = load_model(kw["model"]).layers if kw.get("model") else None
-        imp = read_torchtitan(kw["from_torchtitan"], layers, kw.get("gpus"))
+    imp = _read(kw, which, kw.get("gpus") if which == "from_torchtitan" else None)
     if not kw.get("model"):
         if imp.model_preset is not None:
             out["model"] = imp.model_preset

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, replace
@@ -162,38 +161,6 @@ def bench_optimizer(shape: LayerShape, device: torch.device, quick: bool, warmup
     return rows
 
 
-def bench_host_adam(quick: bool, warmup: int, reps: int) -> dict:
-    """The host's CPU optimizer rate (`Calibration.host`): torch's AdamW (foreach) stepping fp32
-    parameters on the CPU with every core, as FSDP2's CPUOffloadPolicy steps them, over 16 or 64
-    tensors of 2**20 elements (the rate of a step much larger than the caches). DeepSpeed's
-    CPU-Adam is faster than torch's (its docs: 5-7x), so a rate measured here is torch's."""
-    threads = torch.get_num_threads()
-    cores = os.cpu_count() or 1
-    torch.set_num_threads(cores)
-    try:
-        params = [torch.randn(1 << 20) for _ in range(16 if quick else 64)]
-        for p in params:
-            p.grad = torch.randn_like(p)
-        opt = torch.optim.AdamW(params, lr=1e-3, foreach=True)
-        t = timeit(opt.step, torch.device("cpu"), warmup, reps)
-    finally:
-        torch.set_num_threads(threads)
-    n = float(sum(p.numel() for p in params))
-    return {"params": n, "time_s": t, "threads": cores, "adam_Gparams_per_s": n / t / 1e9, "cpu": _cpu_name()}
-
-
-def _cpu_name() -> str:
-    """The CPU model as /proc/cpuinfo names it (Linux), else what the platform module says."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
-
-
 class _RankExperts(MoE):
     """One GPU's share of an MoE layer under expert parallelism, without the exchanges: the router
     scores all ``experts``, and each of a token's top-k choices is folded onto the E / ep experts
@@ -325,6 +292,7 @@ def run_compute(cfg: BenchConfig, progress: Progress = lambda _: None) -> dict:
     device = torch.device("cuda", torch.cuda.current_device()) if cfg.device == "cuda" else torch.device("cpu")
     w, r = cfg.warmup, cfg.reps
     dtypes = ["fp32"] if cfg.device == "cpu" else ["bf16", "fp32"]
+    from .host_bench import bench_host_adam
     from .probe import PROBE_WHAT, speed_probe
 
     # the device-speed probe, now and again at the end (executor/probe.py)
@@ -339,7 +307,7 @@ def run_compute(cfg: BenchConfig, progress: Progress = lambda _: None) -> dict:
     progress("element-wise")
     out["optimizer"] = bench_optimizer(optimizer_shape(cfg), device, cfg.quick, w, r)
     progress("optimizer step")
-    out["host_adam"] = bench_host_adam(cfg.quick, w, r)
+    out["host_adam"] = bench_host_adam(cfg.quick, w, r)  # the CPU's optimizer rate (offload)
     progress("host optimizer rate")
     out["layers"] = in_passes(
         lambda sh: bench_layer(sh, device, cfg.dtype, w, r),

@@ -13,196 +13,17 @@ from typing import Any
 
 from ..errors import SpecError
 from .common import Imported, fraction, one_of, whole
-
-#: integer arguments -> plan fields
-PLAN_INTS = {
-    "--tensor-model-parallel-size": "tp",
-    "--pipeline-model-parallel-size": "pp",
-    "--context-parallel-size": "cp",
-    "--virtual-pipeline-model-parallel-size": "vpp",
-    "--micro-batch-size": "micro_batch_size",
-    "--global-batch-size": "global_batch_size",
-    "--expert-model-parallel-size": "ep",
-    "--expert-tensor-parallel-size": "etp",
-    "--recompute-num-layers": "recompute_layers",
-}
-#: integer arguments -> model fields
-MODEL_INTS = {
-    "--num-layers": "layers",
-    "--hidden-size": "hidden",
-    "--num-attention-heads": "heads",
-    "--num-query-groups": "kv_heads",
-    "--ffn-hidden-size": "ffn",
-    "--seq-length": "seq_len",
-    "--vocab-size": "vocab",
-    "--padded-vocab-size": "vocab",
-    "--kv-channels": "head_dim",
-}
-#: switches simpar reads (their meaning: `read_megatron`)
-SWITCHES = frozenset(
-    {
-        "--sequence-parallel",
-        "--use-distributed-optimizer",
-        "--bf16",
-        "--fp16",
-        "--swiglu",
-        "--untie-embeddings-and-output-weights",
-        "--disable-bias-linear",
-        "--add-qkv-bias",
-        "--group-query-attention",
-        "--tp-comm-overlap",
-        "--overlap-moe-expert-parallel-comm",
-        "--optimizer-cpu-offload",
-        "--overlap-grad-reduce",
-        "--overlap-param-gather",
-        "--use-megatron-fsdp",
-        "--checkpoint-activations",
-    }
+from .megatron_args import (
+    FP8_RECIPE_ARGS,
+    FSDP_STAGES,
+    LEGACY_ARGS,
+    MODEL_INTS,
+    PLAN_INTS,
+    SWITCHES,
+    UNMODELLED,
+    UNMODELLED_SWITCHES,
+    VALUED,
 )
-#: valued arguments simpar reads besides the integers
-VALUED = frozenset(
-    {
-        "--recompute-granularity",
-        "--recompute-method",
-        "--recompute-modules",
-        "--fp8-format",
-        "--fp8-recipe",
-        "--fp4-format",
-        "--optimizer",
-        "--optimizer-offload-fraction",
-        "--moe-token-dispatcher-type",
-        "--normalization",
-        "--position-embedding-type",
-        "--num-layers-per-virtual-pipeline-stage",
-        "--decoder-first-pipeline-num-layers",
-        "--decoder-last-pipeline-num-layers",
-        "--num-experts",
-        "--data-parallel-sharding-strategy",
-        "--activations-checkpoint-method",
-        "--activations-checkpoint-num-layers",
-        "--DDP-impl",
-        "--loss-scale",
-    }
-)
-#: arguments that do not change an iteration's time or memory as simpar models it (learning rate,
-#: data, logging, checkpointing, numerics of the init), listed in the warning block
-UNMODELLED = frozenset(
-    {
-        "--lr",
-        "--min-lr",
-        "--lr-decay-style",
-        "--lr-decay-iters",
-        "--lr-decay-samples",
-        "--lr-warmup-iters",
-        "--lr-warmup-samples",
-        "--lr-warmup-fraction",
-        "--train-iters",
-        "--train-samples",
-        "--weight-decay",
-        "--clip-grad",
-        "--adam-beta1",
-        "--adam-beta2",
-        "--adam-eps",
-        "--init-method-std",
-        "--attention-dropout",
-        "--hidden-dropout",
-        "--seed",
-        "--log-interval",
-        "--eval-interval",
-        "--eval-iters",
-        "--save-interval",
-        "--save",
-        "--load",
-        "--data-path",
-        "--split",
-        "--tokenizer-type",
-        "--tokenizer-model",
-        "--vocab-file",
-        "--merge-file",
-        "--tensorboard-dir",
-        "--wandb-project",
-        "--wandb-exp-name",
-        "--exit-duration-in-mins",
-        "--distributed-backend",
-        "--use-mcore-models",
-        "--transformer-impl",
-        "--use-flash-attn",
-        "--attention-softmax-in-fp32",
-        "--accumulate-allreduce-grads-in-fp32",
-        "--use-precision-aware-optimizer",
-        "--manual-gc",
-        "--log-throughput",
-        "--timing-log-level",
-        "--max-position-embeddings",
-        "--rotary-base",
-        "--norm-epsilon",
-        "--make-vocab-size-divisible-by",
-        "--mock-data",
-        "--num-workers",
-        "--dataloader-type",
-        "--eod-mask-loss",
-        "--no-load-optim",
-        "--no-load-rng",
-        "--ckpt-format",
-        "--async-save",
-        "--use-dist-ckpt",
-        "--no-masked-softmax-fusion",
-        "--no-bias-gelu-fusion",
-        "--no-bias-swiglu-fusion",
-        "--no-gradient-accumulation-fusion",
-        "--use-rotary-position-embeddings",
-        "--initial-loss-scale",
-        "--loss-scale-window",
-        "--hysteresis",
-        "--min-loss-scale",
-        "--log-params-norm",
-        "--log-num-zeros-in-grad",
-        "--log-validation-ppl-to-tensorboard",
-        "--log-timers-to-tensorboard",
-        "--tensorboard-log-interval",
-        "--no-async-tensor-model-parallel-allreduce",
-        "--cross-entropy-loss-fusion",
-        "--moe-router-load-balancing-type",
-        "--moe-aux-loss-coeff",
-        "--moe-router-topk",
-        "--moe-grouped-gemm",
-    }
-)
-#: switches among UNMODELLED (take no value)
-UNMODELLED_SWITCHES = frozenset(
-    {
-        "--use-mcore-models",
-        "--use-flash-attn",
-        "--attention-softmax-in-fp32",
-        "--accumulate-allreduce-grads-in-fp32",
-        "--use-precision-aware-optimizer",
-        "--manual-gc",
-        "--log-throughput",
-        "--mock-data",
-        "--eod-mask-loss",
-        "--no-load-optim",
-        "--no-load-rng",
-        "--async-save",
-        "--use-dist-ckpt",
-        "--no-masked-softmax-fusion",
-        "--no-bias-gelu-fusion",
-        "--no-bias-swiglu-fusion",
-        "--no-gradient-accumulation-fusion",
-        "--use-rotary-position-embeddings",
-        "--log-params-norm",
-        "--log-num-zeros-in-grad",
-        "--log-validation-ppl-to-tensorboard",
-        "--log-timers-to-tensorboard",
-        "--no-async-tensor-model-parallel-allreduce",
-        "--cross-entropy-loss-fusion",
-        "--moe-grouped-gemm",
-    }
-)
-#: arguments only the 2021-22 Megatron-LM has (the SC'21 scripts use them)
-_LEGACY = ("--activations-checkpoint-method", "--checkpoint-activations", "--DDP-impl")
-#: Megatron-FSDP's --data-parallel-sharding-strategy -> ZeRO stage
-_FSDP_STAGES = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
-_FP8_RECIPES = {"delayed": "delayed", "tensorwise": "tensorwise", "mxfp8": "mxfp8", "blockwise": "blockwise"}
 
 
 def tokens_of(text_or_path: str) -> list[str]:
@@ -289,7 +110,7 @@ def read_megatron(text_or_path: str, model_given: bool = False) -> Imported:
         if key in a:
             plan[name] = whole(a[key], f"{where}: {key}")
     # the 2021-22 Megatron-LM (the SC'21 scripts): its recompute and DDP arguments name it
-    legacy = any(k in a for k in _LEGACY)
+    legacy = any(k in a for k in LEGACY_ARGS)
     plan["stack"] = "megatron-lm-legacy" if legacy else "megatron-core"
     if "--DDP-impl" in a:
         one_of(a["--DDP-impl"], f"{where}: --DDP-impl", {"local": 1, "torch": 1})
@@ -302,7 +123,7 @@ def read_megatron(text_or_path: str, model_given: bool = False) -> Imported:
     plan["zero"] = 1 if a.get("--use-distributed-optimizer") else 0
     if a.get("--use-megatron-fsdp"):  # Megatron-FSDP: what it shards over data parallelism, as ZeRO's stages
         strategy = a.get("--data-parallel-sharding-strategy", "optim_grads_params")
-        plan["zero"] = one_of(strategy, f"{where}: --data-parallel-sharding-strategy", _FSDP_STAGES)
+        plan["zero"] = one_of(strategy, f"{where}: --data-parallel-sharding-strategy", FSDP_STAGES)
     elif "--data-parallel-sharding-strategy" in a:
         raise SpecError(
             f"{where}: --data-parallel-sharding-strategy",
@@ -341,7 +162,7 @@ def _precision(a: dict[str, Any], plan: dict[str, Any], where: str) -> None:
     elif "--fp8-format" in a:
         one_of(a["--fp8-format"], f"{where}: --fp8-format", {"hybrid": 1, "e4m3": 1})
         plan["precision"] = "fp8"
-        plan["fp8_recipe"] = one_of(a.get("--fp8-recipe", "delayed"), f"{where}: --fp8-recipe", _FP8_RECIPES)
+        plan["fp8_recipe"] = one_of(a.get("--fp8-recipe", "delayed"), f"{where}: --fp8-recipe", FP8_RECIPE_ARGS)
     elif "--fp8-recipe" in a:
         raise SpecError(f"{where}: --fp8-recipe", "is given without --fp8-format.", "add --fp8-format hybrid.")
 
