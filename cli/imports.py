@@ -89,22 +89,31 @@ def _read(kw: dict[str, Any], which: str, gpus: int | None, tp: int = 1, pp: int
     return imp
 
 
+def _fill_model_and_gpus(kw: dict[str, Any], imp: Any, out: dict[str, Any]) -> Any:
+    """Set ``out``'s model (the configuration's preset) and GPU count where the options give none;
+    return the model a launch's arguments build (None: a preset or --model)."""
+    from simpar.sim.specs.model import model_from_dict
+
+    if not kw.get("gpus") and imp.gpus is not None:
+        out["gpus"] = imp.gpus
+    if kw.get("model"):
+        return None
+    if imp.model_preset is not None:
+        out["model"] = imp.model_preset
+        return None
+    return model_from_dict(imp.model, imp.source) if imp.model else None
+
+
 def apply_import(kw: dict[str, Any]) -> dict[str, Any]:
     """``kw`` with an imported configuration's values where the command's options were not given."""
     which = _chosen(kw)
     if which is None:
         return kw
-    from simpar.sim.specs.model import model_from_dict
-
     out = dict(kw)
     imp = _read(kw, which, kw.get("gpus"), kw.get("tp") or 1, kw.get("pp") or 1)
-    if not kw.get("model"):
-        if imp.model_preset is not None:
-            out["model"] = imp.model_preset
-        elif imp.model:
-            out["model"] = model_from_dict(imp.model, imp.source)
-    if not kw.get("gpus") and imp.gpus is not None:
-        out["gpus"] = imp.gpus
+    built = _fill_model_and_gpus(kw, imp, out)
+    if built is not None:
+        out["model"] = built
     for field, value in imp.plan.items():
         key = _KW.get(field, field)
         assert key in kw, f"plan field {field} has no option of its own"  # else it would be dropped
@@ -128,17 +137,9 @@ def apply_sweep_import(kw: dict[str, Any]) -> tuple[dict[str, Any], Any]:
     which = _chosen(kw)
     if which is None:
         return kw, None
-    from simpar.sim.specs.model import model_from_dict
-
-    out, model = dict(kw), None
+    out = dict(kw)
     imp = _read(kw, which, kw.get("gpus") if which == "from_torchtitan" else None)
-    if not kw.get("model"):
-        if imp.model_preset is not None:
-            out["model"] = imp.model_preset
-        elif imp.model:
-            model = model_from_dict(imp.model, imp.source)
-    if not kw.get("gpus") and imp.gpus is not None:
-        out["gpus"] = imp.gpus
+    model = _fill_model_and_gpus(kw, imp, out)
     if not kw.get("gbs") and "global_batch_size" in imp.plan:
         out["gbs"] = imp.plan["global_batch_size"]
     for key, field in _SWEEP_TAKES.items():

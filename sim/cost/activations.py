@@ -106,7 +106,7 @@ def stage_offloaded_bytes(m: ModelSpec, plan: ParallelPlan, stage: int) -> float
     if not plan.offload_activations:
         return 0.0
     rng = stage_layer_range(m, plan, stage)
-    k = offload_layers(m, plan, len(rng))
+    k = offload_layers(plan, len(rng))
     kinds = layer_kinds(m)
     return sum(layer_activation_bytes(m, plan, kind=kinds[i]) for i in list(rng)[:k])
 
@@ -151,7 +151,7 @@ def transient_activation_bytes(m: ModelSpec, plan: ParallelPlan) -> float:
     if plan.offload_activations:
         split = plan.stage_layers(m.layers)
         reload = max(
-            stage_offloaded_bytes(m, plan, st) / max(1, offload_layers(m, plan, split[st]))
+            stage_offloaded_bytes(m, plan, st) / max(1, offload_layers(plan, split[st]))
             for st in range(plan.num_stages)
         )
     return recompute_transient_bytes(m, plan) + reload

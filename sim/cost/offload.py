@@ -33,7 +33,7 @@ are not counted.
 from __future__ import annotations
 
 from ..plan import ParallelPlan
-from ..specs import ClusterSpec, ModelSpec
+from ..specs import ClusterSpec
 from .optimizers import optimizer_facts
 from .states import StateBytes
 
@@ -73,7 +73,7 @@ def cpu_step_seconds(plan: ParallelPlan, cluster: ClusterSpec, params: float) ->
     return params * scale / per_gpu
 
 
-def offload_layers(m: ModelSpec, plan: ParallelPlan, layers: int) -> int:
+def offload_layers(plan: ParallelPlan, layers: int) -> int:
     """Transformer layers of a stage of ``layers`` whose activations go to the host."""
     return min(plan.offload_activations, max(0, layers - 1))
 

@@ -156,7 +156,7 @@ def _activation_offload(
     if not plan.offload_activations:
         return 0.0, 0.0, 0.0
     nbytes = stage_offloaded_bytes(m, plan, stage)
-    k = offload_layers(m, plan, layers)
+    k = offload_layers(plan, layers)
     rank = layout.rank(pp=plan.placement[stage])
     out = activation_exposure(net.host_copy_time(rank, nbytes, True, concurrent=True), f, layers, k)
     back = net.host_copy_time(rank, nbytes, False, concurrent=True)

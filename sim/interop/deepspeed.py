@@ -60,8 +60,8 @@ _OPTIMIZERS = {"Adam": "adam", "AdamW": "adamw", "adam": "adam", "adamw": "adamw
 
 
 def read_deepspeed(path: str, gpus: int | None = None, tp: int = 1, pp: int = 1) -> Imported:
-    """``ds_config.json`` onto plan fields; ``gpus`` (or a launcher line in a ``.sh`` beside it: not
-    read) and tp / pp give the data-parallel size that DeepSpeed's batch sizes must agree with."""
+    """``ds_config.json`` onto plan fields; ``gpus`` (`launcher_gpus` of its ``deepspeed`` line) and
+    tp / pp give the data-parallel size that DeepSpeed's batch sizes must agree with."""
     p = Path(path)
     where = f"DeepSpeed config {p.name}"
     try:

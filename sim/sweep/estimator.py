@@ -250,11 +250,12 @@ def _host_wait(x: Inputs, prank: int) -> float:
     """Seconds the rank waits on its offloaded optimizer part beyond its GPU step (`iteration.HostStep`)."""
     if not x.plan.offload_optimizer:
         return 0.0
-    host = it.host_step(x.model, x.plan, list(x.ranks[prank]), x.net.cluster)
-    if host is None:
-        return 0.0
-    rank = RankLayout(x.plan).rank(pp=prank)
-    return max(0.0, host.seconds(x.net, rank) - _optimizer(x, prank))
+
+    def path() -> float:  # the host path of the rank's first GPU (every GPU of a pipeline rank alike)
+        host = it.host_step(x.model, x.plan, list(x.ranks[prank]), x.net.cluster)
+        return 0.0 if host is None else host.seconds(x.net, RankLayout(x.plan).rank(pp=prank))
+
+    return max(0.0, _cached(x, ("host", x.plan, prank), path) - _optimizer(x, prank))
 
 
 def _sp_sync(x: Inputs, prank: int) -> float:
