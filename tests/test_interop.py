@@ -66,6 +66,12 @@ def test_llama_arguments_build_a_llama_model():
     assert p["offload_optimizer"] == 0.5 and p["schedule"] == "none" and imp.gpus is None
 
 
+MOE_BASE = (
+    "--num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 128 --vocab-size 100 "
+    "--num-experts 8 --moe-ffn-hidden-size 32"
+)
+
+
 @pytest.mark.parametrize(
     ("text", "field"),
     [
@@ -77,7 +83,12 @@ def test_llama_arguments_build_a_llama_model():
         ),
         ("--tensor-model-parallel-size two", "--tensor-model-parallel-size"),
         ("--fp8-recipe delayed", "--fp8-recipe"),
-        ("--num-layers 4 --num-experts 8", "--num-experts"),
+        (MOE_BASE.replace("--num-experts 8 --moe-ffn-hidden-size 32", "--moe-router-topk 2"), "--moe-router-topk"),
+        (MOE_BASE + " --moe-layer-freq ([1]*2+[0]*2)", "--moe-layer-freq"),
+        (MOE_BASE + " --moe-layer-freq ([0]*1+[1]*2)", "--moe-layer-freq"),
+        (MOE_BASE + " --moe-token-drop-policy probs", "--moe-token-drop-policy"),
+        (MOE_BASE + " --q-lora-rank 64", "--q-lora-rank"),
+        (MOE_BASE.replace(" --moe-ffn-hidden-size 32", ""), "--moe-ffn-hidden-size"),
     ],
 )
 def test_megatron_refusals_name_the_argument(text, field):

@@ -181,3 +181,18 @@ def test_a_sweep_takes_the_model_batch_and_stack_of_a_configuration(tmp_path):
         "sweep", "--model", "gpt-7.5b", "--cluster", "dgx-a100-80g", "--gpus", "16", "--out", str(tmp_path / "x")
     )
     assert missing.exit_code == 2 and "--gbs" in missing.output
+
+
+def test_a_moe_launch_beside_a_preset_takes_its_token_dropping(tmp_path):
+    base = ["simulate", "--model", "tiny-moe", "--cluster", "dgx-a100-80g", "--json"]
+    launch = (
+        "torchrun --nproc_per_node 8 --nnodes 1 pretrain_gpt.py --expert-model-parallel-size 4 "
+        "--micro-batch-size 1 --global-batch-size 64 --bf16 --moe-grouped-gemm --moe-router-force-load-balancing"
+    )
+    plain = run(*base, "--from-megatron", launch)
+    dropping = run(*base, "--from-megatron", launch + " --moe-expert-capacity-factor 0.5")
+    assert plain.exit_code == 0 and dropping.exit_code == 0, plain.output + dropping.output
+    t = [json.loads(r.output[r.output.index("{") :])["iter_time_s"] for r in (plain, dropping)]
+    assert t[1] < t[0]  # half the balanced share per expert: less expert work
+    bad = run(*base, "--from-megatron", launch + " --moe-expert-capacity-factor lots")
+    assert bad.exit_code == 2 and "--moe-expert-capacity-factor" in bad.output

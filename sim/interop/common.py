@@ -10,6 +10,7 @@ represent, with `SpecError` naming the field (exit 2).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +27,9 @@ class Imported:
     model_preset: str | None = None  # a preset the configuration names (torchtitan's model flavor)
     gpus: int | None = None  # from a launcher line (torchrun / deepspeed)
     unmodelled: list[str] = field(default_factory=list)  # fields read that do not change simpar's answer
+    #: what the configuration says of a model given beside it (Megatron's token dropping and MTP
+    #: are launch arguments; simpar keeps them in the model); None: nothing
+    model_update: Callable[[Any], Any] | None = None
 
     def warning(self) -> str:
         """One block listing the fields read but not modelled ('' when there are none)."""

@@ -14,6 +14,7 @@ from typing import Any
 from ..errors import SpecError
 from ..plan import ParallelPlan
 from ..specs import ModelSpec
+from .megatron_moe import expressible, megatron_moe_args
 from .torchtitan import MODELS, SCHEDULES, SINGLE_STAGE, torchtitan_layer_split
 
 EMIT_TARGETS = ("megatron", "deepspeed", "torchtitan")
@@ -36,7 +37,8 @@ def _defaults_only(plan: ParallelPlan, target: str, fields: dict[str, Any]) -> N
 
 def megatron_launch(plan: ParallelPlan, model: ModelSpec | None, num_gpus: int, gpus_per_node: int) -> str:
     """``torchrun ... pretrain_gpt.py`` with Megatron-LM's arguments for ``plan`` (and the model's
-    shape, unless ``model`` is None or an MoE model: then the model is the --model option's)."""
+    shape, unless ``model`` is None or one its arguments cannot describe, `megatron_moe.expressible`:
+    then the model is the --model option's)."""
     t = "Megatron-LM"
     if plan.stack not in _MEGATRON_STACKS:
         raise _refuse("stack", t, f"the plan runs on {plan.stack}", "emit that stack's recipe.")
@@ -94,7 +96,8 @@ def megatron_launch(plan: ParallelPlan, model: ModelSpec | None, num_gpus: int, 
         a += ["--expert-tensor-parallel-size", str(plan.etp)] if plan.etp is not None else []
     a += ["--moe-token-dispatcher-type", plan.moe_dispatcher] if plan.moe_dispatcher != "alltoall" else []
     a += ["--overlap-moe-expert-parallel-comm"] * plan.moe_a2a_overlap
-    a += _megatron_model(plan, model)
+    a += _megatron_model(model)
+    a += _split_args(plan, model, model is not None and expressible(model))
     launcher = ["torchrun", "--nproc_per_node", str(min(num_gpus, gpus_per_node)), "--nnodes", str(nodes)]
     return shlex.join([*launcher, "pretrain_gpt.py", *a])
 
@@ -115,11 +118,11 @@ def _legacy_recompute(plan: ParallelPlan) -> list[str]:
     return a
 
 
-def _megatron_model(plan: ParallelPlan, model: ModelSpec | None) -> list[str]:
-    if model is None or model.moe is not None or model.mla is not None:
+def _megatron_model(model: ModelSpec | None) -> list[str]:
+    if model is None:
         return []
-    if model.window or model.mtp_layers:
-        return []
+    if not expressible(model):
+        return megatron_moe_args(model, shape=False)
     a = [
         "--num-layers",
         str(model.layers),
@@ -137,18 +140,37 @@ def _megatron_model(plan: ParallelPlan, model: ModelSpec | None) -> list[str]:
         a += ["--swiglu", "--normalization", "RMSNorm", "--position-embedding-type", "rope", "--disable-bias-linear"]
         a += ["--untie-embeddings-and-output-weights"] * (not model.tied_embeddings)
         a += ["--add-qkv-bias"] * model.attention_bias
-    if plan.layer_split is not None:
-        split = plan.layer_split
-        if plan.vpp > 1 or len(set(split[1:-1])) > 1:
-            raise _refuse(
-                "layer_split", "Megatron-LM", "only the first and last stages may differ", "use an even split."
-            )
-        mid = split[1] if len(split) > 2 else None
-        if mid is None or split[0] != mid:
-            a += ["--decoder-first-pipeline-num-layers", str(split[0])]
-        if mid is None or split[-1] != mid:
-            a += ["--decoder-last-pipeline-num-layers", str(split[-1])]
+    return a + megatron_moe_args(model)
+
+
+def _split_args(plan: ParallelPlan, model: ModelSpec | None, shape_written: bool) -> list[str]:
+    """An uneven layer split: Megatron-Core's account-for-embedding/loss arguments with virtual
+    stages, else the first and last stages' layer counts (with --num-layers where the model's
+    arguments are not written)."""
+    split = plan.layer_split
+    if split is None:
+        return []
+    a = [] if shape_written or model is None else ["--num-layers", str(model.layers)]
+    if plan.vpp > 1 and _accounted(split):
+        return a + _accounted(split)
+    if plan.vpp > 1 or len(set(split[1:-1])) > 1:
+        raise _refuse("layer_split", "Megatron-LM", "only the first and last stages may differ", "use an even split.")
+    mid = split[1] if len(split) > 2 else None
+    if mid is None or split[0] != mid:
+        a += ["--decoder-first-pipeline-num-layers", str(split[0])]
+    if mid is None or split[-1] != mid:
+        a += ["--decoder-last-pipeline-num-layers", str(split[-1])]
     return a
+
+
+def _accounted(split: tuple[int, ...]) -> list[str]:
+    """Megatron-Core's account-for-embedding/loss arguments whose split is ``split`` ([] if none)."""
+    per = max(split)
+    mid_even = all(n == per for n in split[1:-1])
+    e, l_ = per - split[0], per - split[-1]
+    if not mid_even or e not in (0, 1) or l_ not in (0, 1) or e + l_ == 0:
+        return []
+    return ["--account-for-embedding-in-pipeline-split"] * e + ["--account-for-loss-in-pipeline-split"] * l_
 
 
 def deepspeed_recipe(plan: ParallelPlan, num_gpus: int, gpus_per_node: int) -> tuple[dict[str, Any], str]:

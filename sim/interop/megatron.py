@@ -24,6 +24,7 @@ from .megatron_args import (
     UNMODELLED_SWITCHES,
     VALUED,
 )
+from .megatron_moe import MLA_INTS, MOE_INTS, MOE_SWITCHES, MOE_VALUED, launch_model_update, moe_model_fields
 
 
 def tokens_of(text_or_path: str) -> list[str]:
@@ -72,11 +73,11 @@ def _parse(args: list[str], where: str) -> dict[str, Any]:
         if not tok.startswith("--"):
             raise SpecError(f"{where}: {tok}", "is a value without an argument before it.", "check the quoting.")
         key, eq, val = tok.partition("=")
-        if key in SWITCHES or key in UNMODELLED_SWITCHES:
+        if key in SWITCHES or key in UNMODELLED_SWITCHES or key in MOE_SWITCHES:
             out[key] = True
             i += 1
             continue
-        if key not in PLAN_INTS and key not in MODEL_INTS and key not in VALUED and key not in UNMODELLED:
+        if key not in KNOWN_VALUED:
             raise SpecError(
                 f"{where}: {key}",
                 "is an argument simpar does not know, so it cannot tell whether it changes the result.",
@@ -95,6 +96,24 @@ def _parse(args: list[str], where: str) -> dict[str, Any]:
             raise SpecError(f"{where}: {key}", "needs a value.", f"write {key} VALUE.")
         out[key] = vals if key == "--recompute-modules" else vals[0]
     return out
+
+
+KNOWN_VALUED = frozenset({*PLAN_INTS, *MODEL_INTS, *VALUED, *UNMODELLED, *MOE_INTS, *MLA_INTS, *MOE_VALUED})
+#: the arguments that describe the model's shape (read as the model, or listed when --model gives it)
+MODEL_KEYS = frozenset(
+    {
+        *MODEL_INTS,
+        *MOE_INTS,
+        *MLA_INTS,
+        "--moe-shared-expert-intermediate-size",
+        "--moe-layer-freq",
+        "--moe-router-score-function",
+        "--multi-latent-attention",
+        "--swiglu",
+        "--normalization",
+        "--position-embedding-type",
+    }
+)
 
 
 def read_megatron(text_or_path: str, model_given: bool = False) -> Imported:
@@ -119,7 +138,14 @@ def read_megatron(text_or_path: str, model_given: bool = False) -> Imported:
         imp.unmodelled.append(
             "--loss-scale (a static loss scale: simpar's fp16 counts dynamic scaling's skipped steps)"
         )
-    plan["sequence_parallel"] = bool(a.get("--sequence-parallel"))
+    # Megatron-LM turns sequence parallelism off at tp 1, and asserts it for --tp-comm-overlap
+    plan["sequence_parallel"] = bool(a.get("--sequence-parallel")) and plan.get("tp", 1) > 1
+    if a.get("--tp-comm-overlap") and not plan["sequence_parallel"]:
+        raise SpecError(
+            f"{where}: --tp-comm-overlap",
+            "needs sequence parallelism with tp > 1 (Megatron-LM asserts it).",
+            "add --sequence-parallel with tp > 1, or drop it.",
+        )
     plan["zero"] = 1 if a.get("--use-distributed-optimizer") else 0
     if a.get("--use-megatron-fsdp"):  # Megatron-FSDP: what it shards over data parallelism, as ZeRO's stages
         strategy = a.get("--data-parallel-sharding-strategy", "optim_grads_params")
@@ -143,9 +169,11 @@ def read_megatron(text_or_path: str, model_given: bool = False) -> Imported:
             f"{where}: --moe-token-dispatcher-type",
             {"alltoall": "alltoall", "flex": "flex"},
         )
-    model_keys = [k for k in (*MODEL_INTS, "--swiglu", "--normalization", "--position-embedding-type") if k in a]
+    _moe_launch(a, imp)
+    model_keys = [k for k in a if k in MODEL_KEYS]
     if model_given:
         imp.unmodelled += [f"{k} (the model is --model's)" for k in model_keys]
+        imp.model_update = lambda m: launch_model_update(a, m, where)
     elif model_keys:
         imp.model = _model(a, where)
     layers = whole(a["--num-layers"], f"{where}: --num-layers") if "--num-layers" in a else None
@@ -214,12 +242,6 @@ def _optimizer(a: dict[str, Any], plan: dict[str, Any], where: str) -> None:
 def _model(a: dict[str, Any], where: str) -> dict[str, Any]:
     """ModelSpec fields of Megatron's model arguments: ``llama`` (SwiGLU, RMSNorm, RoPE, no biases)
     or ``gpt`` (GeLU, LayerNorm, learned positions, biases); a mix of the two is refused."""
-    if "--num-experts" in a:
-        raise SpecError(
-            f"{where}: --num-experts",
-            "MoE model arguments are not read from a Megatron launch (router, experts, shared experts...).",
-            "give the model with --model (an MoE preset or its HF config.json); the launch then gives the plan.",
-        )
     m: dict[str, Any] = {"name": "megatron-model"}
     for key, name in MODEL_INTS.items():
         if key in a:
@@ -260,7 +282,22 @@ def _model(a: dict[str, Any], where: str) -> dict[str, Any]:
         )
     if a.get("--group-query-attention") and "kv_heads" not in m:
         raise SpecError(f"{where}: --num-query-groups", "is needed with --group-query-attention.", "add it.")
+    if "--num-experts" in a and not m.get("ffn") and "--moe-ffn-hidden-size" not in a:
+        raise SpecError(f"{where}: --moe-ffn-hidden-size", "is needed for the experts' MLP.", "add it.")
+    m.update(moe_model_fields(a, m["layers"], m.get("ffn", 0), where))
     return m
+
+
+def _moe_launch(a: dict[str, Any], imp: Imported) -> None:
+    """What an MoE launch says about how simpar times it (not the model's shape)."""
+    if "--num-experts" not in a:
+        return
+    if not a.get("--moe-router-force-load-balancing"):
+        imp.unmodelled.append(
+            "no --moe-router-force-load-balancing (simpar times balanced routing unless the plan sets moe_imbalance)"
+        )
+    if not a.get("--moe-grouped-gemm"):
+        imp.unmodelled.append("no --moe-grouped-gemm (simpar times the experts as grouped GEMMs)")
 
 
 def _stages(a: dict[str, Any], plan: dict[str, Any], layers: int | None, where: str) -> None:
@@ -285,6 +322,10 @@ def _stages(a: dict[str, Any], plan: dict[str, Any], layers: int | None, where: 
     vpp = plan.get("vpp", 1)
     plan["schedule"] = "none" if pp == 1 else "interleaved-1f1b" if vpp > 1 else "1f1b"
     first, last = a.get("--decoder-first-pipeline-num-layers"), a.get("--decoder-last-pipeline-num-layers")
+    emb, loss = bool(a.get(ACCOUNT_EMBEDDING)), bool(a.get(ACCOUNT_LOSS))
+    if emb or loss:
+        plan["layer_split"] = _accounted_split(layers, pp * vpp, emb, loss, first is None and last is None, where)
+        return
     if first is None and last is None:
         return
     if layers is None or vpp > 1 or pp < 2:
@@ -305,3 +346,31 @@ def _stages(a: dict[str, Any], plan: dict[str, Any], layers: int | None, where: 
         )
     mid = [rest // inner] * inner
     plan["layer_split"] = tuple(([f] if f is not None else []) + mid + ([l_] if l_ is not None else []))
+
+
+ACCOUNT_EMBEDDING = "--account-for-embedding-in-pipeline-split"
+ACCOUNT_LOSS = "--account-for-loss-in-pipeline-split"
+
+
+def _accounted_split(
+    layers: int | None, chunks: int, emb: bool, loss: bool, alone: bool, where: str
+) -> tuple[int, ...]:
+    """Megatron-Core's split with the embedding and/or the loss counted as one layer of the first /
+    last model chunk (``account_for_embedding_in_pipeline_split``, ``..._loss_...``): the layers
+    plus those must divide evenly over the pp x vpp chunks."""
+    key = ACCOUNT_EMBEDDING if emb else ACCOUNT_LOSS
+    if not alone:
+        raise SpecError(f"{where}: {key}", "is given with --decoder-first/last-pipeline-num-layers.", "keep one.")
+    if layers is None:
+        raise SpecError(f"{where}: {key}", "needs --num-layers.", "give --num-layers.")
+    total = layers + emb + loss
+    if total % chunks or total // chunks < 2:
+        raise SpecError(
+            f"{where}: {key}",
+            f"{layers} layers{' + embedding' * emb}{' + loss' * loss} do not split evenly over {chunks} chunks.",
+            "adjust the layers or the pipeline sizes.",
+        )
+    split = [total // chunks] * chunks
+    split[0] -= emb
+    split[-1] -= loss
+    return tuple(split)

@@ -47,6 +47,8 @@ SWITCHES = frozenset(
         "--overlap-param-gather",
         "--use-megatron-fsdp",
         "--checkpoint-activations",
+        "--account-for-embedding-in-pipeline-split",
+        "--account-for-loss-in-pipeline-split",
     }
 )
 #: valued arguments simpar reads besides the integers
@@ -66,7 +68,6 @@ VALUED = frozenset(
         "--num-layers-per-virtual-pipeline-stage",
         "--decoder-first-pipeline-num-layers",
         "--decoder-last-pipeline-num-layers",
-        "--num-experts",
         "--data-parallel-sharding-strategy",
         "--activations-checkpoint-method",
         "--activations-checkpoint-num-layers",
@@ -130,7 +131,15 @@ UNMODELLED_VALUED = frozenset(
         "--tensorboard-log-interval",
         "--moe-router-load-balancing-type",
         "--moe-aux-loss-coeff",
-        "--moe-router-topk",
+        "--moe-router-topk-scaling-factor",
+        "--moe-router-bias-update-rate",
+        "--moe-z-loss-coeff",
+        "--moe-router-dtype",
+        "--moe-input-jitter-eps",
+        "--mtp-loss-scaling-factor",
+        "--rotary-scaling-factor",
+        "--mscale",
+        "--mscale-all-dim",
     }
 )
 #: switches that do not change simpar's answer (take no value)
@@ -160,7 +169,12 @@ UNMODELLED_SWITCHES = frozenset(
         "--log-timers-to-tensorboard",
         "--no-async-tensor-model-parallel-allreduce",
         "--cross-entropy-loss-fusion",
-        "--moe-grouped-gemm",
+        "--moe-router-pre-softmax",
+        "--moe-router-enable-expert-bias",
+        "--moe-permute-fusion",
+        "--moe-router-fusion",
+        "--moe-shared-expert-overlap",
+        "--delay-wgrad-compute",
     }
 )
 UNMODELLED = UNMODELLED_VALUED | UNMODELLED_SWITCHES

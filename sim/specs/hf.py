@@ -9,6 +9,7 @@ from typing import Any
 
 from ..errors import SpecError
 from .hf_dense import dense_from_hf, language_config
+from .moe import moe_pattern
 
 #: HuggingFace keys of a mixture-of-experts model (the routed-expert count of Mixtral, GPT-OSS and
 #: Llama 4, of Qwen2/Qwen3-MoE, of DeepSeek-V2/V3 and Kimi K2, of other families; the top-k): a
@@ -139,12 +140,10 @@ def _hf_brief(value: Any) -> str:
 def _hf_moe_pattern(flags: list[bool], path: Path, key: str, value: Any) -> tuple[int, int]:
     """(dense_layers, layer_freq) whose MoE layers (`ModelSpec.is_moe_layer`) are ``flags``;
     refused, naming ``key``, when no pair gives them."""
+    pattern = moe_pattern(flags)
+    if pattern is not None:
+        return pattern
     idx = [i for i, f in enumerate(flags) if f]
-    if idx:
-        freq = idx[1] - idx[0] if len(idx) > 1 else max(1, len(flags) - idx[0])
-        dense = idx[0] + 1 - freq
-        if dense >= 0 and all(f == (i >= dense and (i + 1 - dense) % freq == 0) for i, f in enumerate(flags)):
-            return dense, freq
     raise SpecError(
         f"model file {path.name}: {key}",
         f"is {_hf_brief(value)}, which makes layers {_hf_brief(idx)} of {len(flags)} MoE: simpar models "

@@ -87,3 +87,16 @@ class MLASpec(BaseModel):
     @property
     def qk_head_dim(self) -> int:
         return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+
+def moe_pattern(flags: list[bool]) -> tuple[int, int] | None:
+    """(dense_layers, layer_freq) whose MoE layers (`ModelSpec.is_moe_layer`) are exactly ``flags``
+    (one per layer, True: MoE), or None when no pair gives them."""
+    idx = [i for i, f in enumerate(flags) if f]
+    if not idx:
+        return None
+    freq = idx[1] - idx[0] if len(idx) > 1 else max(1, len(flags) - idx[0])
+    dense = idx[0] + 1 - freq
+    if dense >= 0 and all(f == (i >= dense and (i + 1 - dense) % freq == 0) for i, f in enumerate(flags)):
+        return dense, freq
+    return None

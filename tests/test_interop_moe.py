@@ -1,0 +1,165 @@
+"""Megatron-Core's MoE, MLA and MTP arguments in and out (`sim/interop/megatron_moe.py`), the
+account-for-embedding/loss layer split, and the Megatron-Bridge performance recipes behind the
+``mbridge_*`` rows of tests/data/moe-published.csv imported to those rows' plans."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from simpar.sim.interop.emit import megatron_launch
+from simpar.sim.interop.megatron import read_megatron
+from simpar.sim.plan import ParallelPlan, balanced_layer_split
+from simpar.sim.specs import load_cluster, load_model
+from simpar.sim.specs.model import ModelSpec
+from simpar.sim.sweep.space import SearchSpace
+from simpar.sim.validation.published import read_rows, row_setup
+from tests.test_interop import _top20
+
+
+def _same_model(got: dict, want: ModelSpec) -> None:
+    back = ModelSpec(**{**got, "name": want.name, "description": want.description})
+    assert back.tied_embeddings == want.tied_embeddings
+    skip = {"tie_embeddings"}
+    assert back.model_dump(exclude=skip) == want.model_dump(exclude=skip)
+
+
+@pytest.mark.parametrize(
+    "name", ["deepseek-v3", "kimi-k2", "qwen3-30b-a3b", "qwen3-235b-a22b", "mixtral-8x22b", "tiny-moe"]
+)
+def test_moe_models_go_out_as_megatron_arguments_and_back(name):
+    model = load_model(name)
+    plan = ParallelPlan(dp=8, ep=8, etp=1, schedule="none", micro_batch_size=1, global_batch_size=64)
+    imp = read_megatron(megatron_launch(plan, model, 8, 8))
+    _same_model(imp.model, model)
+    assert ParallelPlan(dp=8, **imp.plan) == plan
+
+
+def test_token_dropping_and_mtp_are_launch_arguments():
+    base = load_model("tiny-moe")
+    model = base.model_copy(
+        update={"moe": base.moe.model_copy(update={"dispatch": "capacity", "capacity_factor": 1.25}), "mtp_layers": 1}
+    )
+    text = megatron_launch(
+        ParallelPlan(dp=8, ep=4, schedule="none", micro_batch_size=1, global_batch_size=64), model, 8, 8
+    )
+    assert "--moe-expert-capacity-factor 1.25" in text and "--mtp-num-layers 1" in text
+    _same_model(read_megatron(text).model, model)
+    # beside --model: the preset's shape, the launch's dropping and MTP (none unless it says so)
+    given = read_megatron(text, model_given=True)
+    assert given.model_update(base) == model
+    plain = read_megatron("--num-layers 4 --tensor-model-parallel-size 1", model_given=True)
+    ds = load_model("deepseek-v3")
+    assert ds.mtp_layers == 1 and plain.model_update(ds).mtp_layers == 0
+
+
+def test_a_gpt_oss_launch_leaves_the_model_to_the_preset():
+    model = load_model("gpt-oss-20b")
+    plan = ParallelPlan(dp=8, ep=8, etp=1, schedule="none", micro_batch_size=1, global_batch_size=64)
+    text = megatron_launch(plan, model, 8, 8)
+    assert "--num-experts" not in text  # biased experts, attention sinks and windows have no argument
+    imp = read_megatron(text, model_given=True)
+    assert not imp.model and imp.model_update(model) == model
+    assert ParallelPlan(dp=8, **imp.plan) == plan
+
+
+def test_multi_latent_attention_defaults_are_megatrons():
+    imp = read_megatron(
+        "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 128 --vocab-size 100 "
+        "--multi-latent-attention"
+    )
+    assert imp.model["mla"] == {
+        "q_lora_rank": 0,
+        "kv_lora_rank": 32,
+        "qk_nope_head_dim": 128,
+        "qk_rope_head_dim": 64,
+        "v_head_dim": 128,
+    }
+
+
+def test_a_moe_launch_says_what_it_does_not_model():
+    imp = read_megatron(
+        "--num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 128 --vocab-size 100 "
+        "--num-experts 8 --moe-ffn-hidden-size 32 --moe-aux-loss-coeff 1e-3"
+    )
+    note = imp.warning()
+    assert "--moe-router-force-load-balancing" in note and "--moe-grouped-gemm" in note
+    assert "--moe-aux-loss-coeff" in note
+
+
+@pytest.mark.parametrize(("layers", "pp", "vpp"), [(94, 8, 4), (62, 4, 4), (30, 4, 2)])
+def test_the_embedding_and_loss_counted_as_layers(layers, pp, vpp):
+    split = balanced_layer_split(layers, pp * vpp)
+    plan = ParallelPlan(
+        dp=1, pp=pp, vpp=vpp, schedule="interleaved-1f1b", micro_batch_size=1, global_batch_size=64, layer_split=split
+    )
+    model = load_model("llama3-8b").model_copy(update={"layers": layers})
+    text = megatron_launch(plan, model, pp, 8)
+    assert "--account-for-embedding-in-pipeline-split" in text
+    assert ParallelPlan(dp=1, **read_megatron(text).plan) == plan
+
+
+def test_megatron_round_trip_of_a_moe_sweeps_top_20(tmp_path):
+    model, cluster = load_model("tiny-moe"), load_cluster("dgx-a100-80g", gpus=16)
+    space = SearchSpace(schedules=("none", "1f1b", "interleaved-1f1b"), zero=(0, 1), mbs=(1, 2), ep=(1, 2, 4, 8))
+    plans = _top20(tmp_path, model, cluster, 64, space)
+    assert len({p.ep for p in plans}) >= 2
+    for plan in plans:
+        imp = read_megatron(megatron_launch(plan, model, 16, 8))
+        _same_model(imp.model, model)
+        assert ParallelPlan(dp=plan.dp, **imp.plan) == plan, plan.describe()
+
+
+# Megatron-Bridge v0.4.1 (26.04.01, the tags as tests/data/FORMAT.md maps them; these recipes are the
+# same at v0.4.2), scripts/performance: the
+# workload base configs (configs/qwen/qwen3_workload_base_configs.py), the recipe functions
+# (configs/qwen/qwen3_llm_pretrain.py: comm_overlap, dispatcher; set_qwen3_common_configs: no
+# recompute, seq 4096, force-balanced routing), utils/overrides.py (sequence parallel = tp > 1,
+# moe_a2a_overlap -> overlap_moe_expert_parallel_comm + delay_wgrad_compute), the library recipes
+# (src/megatron/bridge/recipes/qwen/qwen3_moe.py: etp 1, distributed optimizer, overlapped grad
+# reduce and param gather, grouped GEMM, 235B: embedding and loss counted in the pipeline split)
+# and the precisions (training/mixed_precision.py: fp8_cs = hybrid/tensorwise, fp8_mx = e4m3/mxfp8),
+# written as the Megatron-Core arguments of the same config fields. The 30B recipes ask for TP
+# overlap at tp 1, which Bridge turns off (training/comm_overlap.py: "Disabling tensor parallel
+# communication overlap due to TP size < 2") and Megatron-LM refuses without sequence parallelism.
+_BRIDGE_COMMON = (
+    "--seq-length 4096 --bf16 --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather "
+    "--moe-router-force-load-balancing --moe-grouped-gemm --moe-permute-fusion --moe-router-fusion "
+    "--expert-tensor-parallel-size 1 --cross-entropy-loss-fusion --manual-gc"
+)
+BRIDGE_RECIPES = {
+    "mbridge_26.04.01_DGX-H100_Qwen3_30B_a3B_FP8_16g_tp1pp1cp1vpnambs1gbs1024": (
+        "torchrun --nproc_per_node 8 --nnodes 2 pretrain_gpt.py "
+        "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 --context-parallel-size 1 "
+        "--expert-model-parallel-size 16 --micro-batch-size 1 --global-batch-size 1024 "
+        "--fp8-format hybrid --fp8-recipe tensorwise --moe-token-dispatcher-type flex"
+    ),
+    "mbridge_26.04.01_DGX-H100_Qwen3_235B_a22B_FP8_256g_tp2pp8cp1vp4mbs1gbs8192": (
+        "torchrun --nproc_per_node 8 --nnodes 32 pretrain_gpt.py "
+        "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 8 --context-parallel-size 1 "
+        "--virtual-pipeline-model-parallel-size 4 --expert-model-parallel-size 32 --sequence-parallel "
+        "--micro-batch-size 1 --global-batch-size 8192 --fp8-format hybrid --fp8-recipe tensorwise "
+        "--moe-token-dispatcher-type alltoall --overlap-moe-expert-parallel-comm --delay-wgrad-compute "
+        "--num-layers 94 --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split"
+    ),
+    "mbridge_26.04.01_DGX-B200_Qwen3_30B_a3B_MXFP8_8g_tp1pp1cp1vpnambs4gbs512": (
+        "torchrun --nproc_per_node 8 --nnodes 1 pretrain_gpt.py "
+        "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 --context-parallel-size 1 "
+        "--expert-model-parallel-size 8 --micro-batch-size 4 --global-batch-size 512 "
+        "--fp8-format e4m3 --fp8-recipe mxfp8 --moe-token-dispatcher-type flex"
+    ),
+}
+
+
+@pytest.mark.parametrize("row_id", list(BRIDGE_RECIPES))
+def test_megatron_bridge_recipes_import_to_the_published_rows_plans(row_id):
+    (row,) = [r for r in read_rows(Path("tests/data/moe-published.csv")) if r["id"] == row_id]
+    model, cluster, want = row_setup(row)
+    imp = read_megatron(f"{BRIDGE_RECIPES[row_id]} {_BRIDGE_COMMON}", model_given=True)
+    assert imp.gpus == cluster.num_gpus
+    # a Megatron-Core argument list cannot say that Megatron-Bridge launched it: the stack is the
+    # row's (the --stack option on the command line)
+    got = ParallelPlan(dp=want.dp, allow_tp_across_nodes=True, **{**imp.plan, "stack": "megatron-bridge"})
+    assert got == want
+    assert imp.model_update(model) == model  # dropless, no MTP: as the row's model
