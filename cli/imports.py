@@ -92,23 +92,20 @@ def _read(kw: dict[str, Any], which: str, gpus: int | None, tp: int = 1, pp: int
 def _fill_model_and_gpus(kw: dict[str, Any], imp: Any, out: dict[str, Any]) -> Any:
     """Set ``out``'s model (the configuration's preset) and GPU count where the options give none;
     return the model a launch's arguments build, or --model's with what the launch says of it
-    (`Imported.model_update`); None: a preset, or --model as it is."""
+    (`Imported.model_update`) or the configuration's preset with it; None: the model as named.
+    The command's --seq-len still wins (`common`)."""
     from simpar.sim.specs.model import ModelSpec, model_from_dict
 
     if not kw.get("gpus") and imp.gpus is not None:
         out["gpus"] = imp.gpus
-    if kw.get("model"):
-        if imp.model_update is None:
-            return None
-        from simpar.sim.specs import load_model
+    from simpar.sim.specs import load_model
 
-        given = (
-            kw["model"] if isinstance(kw["model"], ModelSpec) else load_model(kw["model"], seq_len=kw.get("seq_len"))
-        )
-        return imp.model_update(given)
-    if imp.model_preset is not None:
-        out["model"] = imp.model_preset
-        return None
+    given = kw.get("model") or imp.model_preset
+    if given:
+        if imp.model_update is None:
+            out["model"] = given
+            return None
+        return imp.model_update(given if isinstance(given, ModelSpec) else load_model(given))
     return model_from_dict(imp.model, imp.source) if imp.model else None
 
 

@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from simpar.sim.interop.emit import megatron_launch
+from simpar.sim.errors import SpecError
+from simpar.sim.interop.emit import megatron_launch, torchtitan_toml
 from simpar.sim.interop.megatron import read_megatron
+from simpar.sim.interop.torchtitan import read_torchtitan
 from simpar.sim.plan import ParallelPlan, balanced_layer_split
 from simpar.sim.specs import load_cluster, load_model
 from simpar.sim.specs.model import ModelSpec
@@ -163,3 +165,80 @@ def test_megatron_bridge_recipes_import_to_the_published_rows_plans(row_id):
     got = ParallelPlan(dp=want.dp, allow_tp_across_nodes=True, **{**imp.plan, "stack": "megatron-bridge"})
     assert got == want
     assert imp.model_update(model) == model  # dropless, no MTP: as the row's model
+
+
+def _job(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "job.toml"
+    path.write_text(text)
+    return str(path)
+
+
+_TT = (
+    '[model]\nname = "llama3"\nflavor = "8B"\n{conv}\n[training]\nlocal_batch_size = 2\nseq_len = 4096\n'
+    '[activation_checkpoint]\nmode = "none"\n{extra}'
+)
+
+
+@pytest.mark.parametrize(
+    ("conv", "extra", "want"),
+    [
+        ("", "[float8]\nenable_float8_linear = true\n", ("fp8", "tensorwise")),
+        ('converters = ["float8"]', '[float8]\nrecipe_name = "rowwise"\n', ("fp8", "rowwise")),
+        ('converters = ["quantize.linear.float8"]', "", ("fp8", "tensorwise")),
+        (
+            'converters = ["quantize.linear.mx"]',
+            '[quantize.linear.mx]\nrecipe_name = "mxfp8_cublas"\n',
+            ("fp8", "mxfp8"),
+        ),
+        ("", '[quantize.linear.float8]\nrecipe_name = "rowwise"\n', ("bf16", None)),  # no converter: inert
+    ],
+)
+def test_torchtitan_converters_turn_on_float8(tmp_path, conv, extra, want):
+    imp = read_torchtitan(_job(tmp_path, _TT.format(conv=conv, extra=extra)), layers=32, gpus=8)
+    assert (imp.plan["precision"], imp.plan.get("fp8_recipe")) == want
+    # the job's sequence length, not the preset's
+    assert imp.model_update(load_model("llama3-8b")).seq_len == 4096
+
+
+@pytest.mark.parametrize(
+    ("conv", "field"),
+    [
+        ('converters = ["int4"]', "model.converters"),
+        ('converters = ["float8", "mx"]', "model.converters"),
+        ('converters = ["float8"]\n[float8]\nrecipe_name = "rowwise_with_gw_hp"', "float8.recipe_name"),
+    ],
+)
+def test_torchtitan_converter_refusals(tmp_path, conv, field):
+    with pytest.raises(SpecError) as e:
+        read_torchtitan(_job(tmp_path, _TT.format(conv=conv, extra="")), layers=32, gpus=8)
+    assert e.value.field.endswith(field)
+
+
+def test_torchtitans_deepseek_v3_671b_job_imports():
+    """The last TOML-era torchtitan job for DeepSeek-V3 671B (tests/data/torchtitan/)."""
+    imp = read_torchtitan("tests/data/torchtitan/deepseek_v3_671b.toml", layers=61, gpus=256)
+    assert imp.model_preset == "deepseek-v3"
+    p = imp.plan
+    assert (p["dp"], p["ep"], p["etp"], p["zero"], p["micro_batch_size"], p["recompute"]) == (
+        256,
+        1,
+        1,
+        3,
+        4,
+        "selective",
+    )
+    assert p["precision"] == "bf16" and "[quantize.linear.float8] (no converter turns it on)" in imp.warning()
+    model = imp.model_update(load_model("deepseek-v3"))
+    assert (model.seq_len, model.mtp_layers) == (4096, 0)  # torchtitan's 671B flavor has no MTP module
+
+
+def test_torchtitan_moe_round_trip(tmp_path):
+    model = load_model("qwen3-30b-a3b")
+    plan = ParallelPlan(
+        dp=16, ep=8, etp=1, zero=3, schedule="none", micro_batch_size=2, global_batch_size=32, stack="torchtitan"
+    )
+    imp = read_torchtitan(_job(tmp_path, torchtitan_toml(plan, model)), layers=model.layers, gpus=16)
+    assert ParallelPlan(**imp.plan) == plan and imp.model_preset == "qwen3-30b-a3b"
+    fp8 = plan.model_copy(update={"precision": "fp8", "fp8_recipe": "tensorwise"})
+    with pytest.raises(SpecError, match="MoE"):
+        read_torchtitan(_job(tmp_path, torchtitan_toml(fp8, model)), layers=model.layers, gpus=16)

@@ -259,6 +259,7 @@ def torchtitan_toml(plan: ParallelPlan, model: ModelSpec) -> str:
         "[model]",
         f'name = "{flavor[0]}"',
         f'flavor = "{flavor[1]}"',
+        *_tt_converters(plan),
         "",
         "[training]",
         f"local_batch_size = {plan.micro_batch_size if plan.pp == 1 else plan.global_batch_size // plan.dp}",
@@ -276,6 +277,11 @@ def torchtitan_toml(plan: ParallelPlan, model: ModelSpec) -> str:
         f"context_parallel_degree = {plan.cp}",
         f"pipeline_parallel_degree = {plan.pp}",
     ]
+    if model.moe is not None:
+        lines += [
+            f"expert_parallel_degree = {plan.ep}",
+            f"expert_tensor_parallel_degree = {plan.tp if plan.etp is None else plan.etp}",
+        ]
     if plan.pp > 1:
         lines += [
             f'pipeline_parallel_schedule = "{sched[plan.schedule]}"',
@@ -287,13 +293,21 @@ def torchtitan_toml(plan: ParallelPlan, model: ModelSpec) -> str:
     )
     lines += ["", "[optimizer]", f'name = "{ {"adamw": "AdamW", "adam": "Adam"}[_tt_optimizer(plan)] }"', ""]
     if plan.precision == "fp8":
-        lines += ["[float8]", "enable_float8_linear = true", f'recipe_name = "{plan.fp8_recipe}"', ""]
+        sec, recipe = ("mx", "mxfp8_cublas") if plan.fp8_recipe == "mxfp8" else ("float8", plan.fp8_recipe)
+        lines += [f"[quantize.linear.{sec}]", f'recipe_name = "{recipe}"', ""]
     return "\n".join(lines)
 
 
+def _tt_converters(plan: ParallelPlan) -> list[str]:
+    """torchao's float8 / MX linears, turned on by ``model.converters``."""
+    if plan.precision != "fp8":
+        return []
+    return [f'converters = ["quantize.linear.{"mx" if plan.fp8_recipe == "mxfp8" else "float8"}"]']
+
+
 def _tt_precision(plan: ParallelPlan) -> str:
-    if plan.precision == "fp8" and plan.fp8_recipe in ("tensorwise", "rowwise"):
-        return "bf16"  # float8 linears inside bf16 mixed precision ([float8])
+    if plan.precision == "fp8" and plan.fp8_recipe in ("tensorwise", "rowwise", "mxfp8"):
+        return "bf16"  # float8 / MX linears inside bf16 mixed precision (model.converters)
     if plan.precision not in ("bf16", "fp32"):
         raise _refuse(
             "precision", "torchtitan", f"{plan.precision} is not a mixed_precision_param", "use bf16 or fp32."

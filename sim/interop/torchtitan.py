@@ -24,15 +24,37 @@ SCHEDULES = {
     "DualPipeV": "dualpipe-v",
 }
 SINGLE_STAGE = frozenset({"gpipe", "1f1b"})
-#: [model] name + flavor -> simpar model preset
-MODELS = {("llama3", "8B"): "llama3-8b", ("llama3", "70B"): "llama3-70b", ("llama3", "405B"): "llama3-405b"}
+#: [model] name + flavor -> simpar model preset (the flavors' shapes: torchtitan
+#: models/*/__init__.py; DeepSeek-V3 671B and the Qwen3 MoE flavors as the presets, without MTP)
+MODELS = {
+    ("llama3", "8B"): "llama3-8b",
+    ("llama3", "70B"): "llama3-70b",
+    ("llama3", "405B"): "llama3-405b",
+    ("deepseek_v3", "671B"): "deepseek-v3",
+    ("qwen3", "30B-A3B"): "qwen3-30b-a3b",
+    ("qwen3", "235B-A22B"): "qwen3-235b-a22b",
+}
+#: the MoE flavors (expert parallelism, grouped-GEMM converters)
+MOE_PRESETS = frozenset({"deepseek-v3", "qwen3-30b-a3b", "qwen3-235b-a22b"})
+#: converters -> (kind, the section that configures it): torchtitan's model.converters, as named
+#: in 2025 ("float8", "mx") and after (torchtitan components/quantization: "quantize.linear.float8",
+#: "quantize.grouped_mm.float8", "quantize.linear.mx", "quantize.grouped_mm.mx")
+CONVERTERS = {
+    "float8": ("linear", "float8"),
+    "quantize.linear.float8": ("linear", "quantize.linear.float8"),
+    "quantize.grouped_mm.float8": ("grouped", "quantize.grouped_mm.float8"),
+    "mx": ("linear", "mx"),
+    "quantize.linear.mx": ("linear", "quantize.linear.mx"),
+    "quantize.grouped_mm.mx": ("grouped", "quantize.grouped_mm.mx"),
+}
+_F8_KEYS = {"enable_fsdp_float8_all_gather", "precompute_float8_dynamic_scale_for_fsdp", "filter_fqns"}
 #: sections whose keys never change simpar's answer
 UNMODELLED_SECTIONS = frozenset(
     {"job", "profiling", "metrics", "lr_scheduler", "checkpoint", "validation", "comm", "debug"}
 )
 #: keys read, per section (every other key of a modelled section is refused by name)
 READ = {
-    "model": {"name", "flavor"},
+    "model": {"name", "flavor", "converters"},
     "training": {"local_batch_size", "global_batch_size", "seq_len", "enable_cpu_offload", "mixed_precision_param"},
     "parallelism": {
         "data_parallel_replicate_degree",
@@ -47,14 +69,21 @@ READ = {
         "pipeline_parallel_first_stage_less_layers",
         "pipeline_parallel_last_stage_less_layers",
         "context_parallel_degree",
+        "expert_parallel_degree",
+        "expert_tensor_parallel_degree",
     },
     "activation_checkpoint": {"mode", "selective_ac_option"},
     "optimizer": {"name"},
     "float8": {"enable_float8_linear", "recipe_name"},
+    "quantize.linear.float8": {"recipe_name"},
+    "quantize.grouped_mm.float8": {"fqns"},
+    "mx": {"recipe_name"},
+    "quantize.linear.mx": {"recipe_name"},
+    "quantize.grouped_mm.mx": {"recipe_name", "fqns"},
 }
 #: keys of modelled sections that do not change simpar's answer
 UNMODELLED_KEYS = {
-    "model": {"hf_assets_path", "tokenizer_path", "converters", "print_after_conversion"},
+    "model": {"hf_assets_path", "tokenizer_path", "print_after_conversion"},
     "training": {
         "steps",
         "max_norm",
@@ -69,11 +98,10 @@ UNMODELLED_KEYS = {
     "parallelism": {"disable_loss_parallel", "context_parallel_rotate_method", "pipeline_parallel_schedule_csv"},
     "activation_checkpoint": {"preserve_rng_state", "determinism_check", "debug", "early_stop"},
     "optimizer": {"lr", "beta1", "beta2", "eps", "weight_decay", "implementation", "early_step_in_backward"},
-    "float8": {
-        "enable_fsdp_float8_all_gather",
-        "precompute_float8_dynamic_scale_for_fsdp",
-        "force_recompute_fp8_weight_in_bwd",
-    },
+    "float8": {*_F8_KEYS, "force_recompute_fp8_weight_in_bwd"},
+    "quantize.linear.float8": _F8_KEYS,
+    "mx": {"filter_fqns", "mxfp8_dim1_cast_kernel_choice"},
+    "quantize.linear.mx": {"filter_fqns", "mxfp8_dim1_cast_kernel_choice"},
 }
 
 
@@ -103,6 +131,7 @@ def read_torchtitan(path: str, layers: int | None = None, gpus: int | None = Non
         cfg = tomllib.loads(p.read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise SpecError(where, f"cannot be read as TOML ({exc}).", "give the job's .toml file.") from None
+    cfg = _flatten_quantize(cfg, where)
     imp = Imported(where, gpus=gpus)
     for sec, body in cfg.items():
         if sec in UNMODELLED_SECTIONS:
@@ -133,12 +162,10 @@ def read_torchtitan(path: str, layers: int | None = None, gpus: int | None = Non
         {"bfloat16": "bf16", "float32": "fp32"},
     )
     plan["offload_params"] = bool(get("training", "enable_cpu_offload", False))
-    if get("float8", "enable_float8_linear", False):  # torchtitan's float8 linears (torchao), dynamic scaling
-        plan["precision"] = "fp8"
-        recipe = get("float8", "recipe_name", "tensorwise") or "tensorwise"
-        plan["fp8_recipe"] = one_of(
-            recipe, f"{where}: float8.recipe_name", {"tensorwise": "tensorwise", "rowwise": "rowwise"}
-        )
+    _quantization(cfg, plan, imp, where)
+    seq = whole(get("training", "seq_len", 2048), f"{where}: training.seq_len")
+    # the job's sequence length; torchtitan's TOML-era models have no MTP modules
+    imp.model_update = lambda m: type(m).model_validate({**m.model_dump(), "seq_len": seq, "mtp_layers": 0})
     _parallel(cfg, plan, imp, where, layers, gpus)
     mode = get("activation_checkpoint", "mode", "selective")
     plan["recompute"] = one_of(
@@ -188,6 +215,9 @@ def _parallel(
         )
     dp = rep * shard
     plan.update(tp=tp, pp=pp, cp=cp, dp=dp)
+    if imp.model_preset in MOE_PRESETS or "expert_parallel_degree" in par:
+        plan["ep"] = w("expert_parallel_degree", 1)
+        plan["etp"] = w("expert_tensor_parallel_degree", 1)  # torchtitan's default: 1
     plan["sequence_parallel"] = tp > 1  # torchtitan's TP always shards the norms' sequence (SequenceParallel)
     plan["tp_comm_overlap"] = bool(par.get("enable_async_tensor_parallel", False))
     reshard = par.get("fsdp_reshard_after_forward", "default")
@@ -239,3 +269,61 @@ def _parallel(
         plan["layer_split"] = torchtitan_layer_split(stages, layers, first, last)
     except ValueError as exc:
         raise SpecError(f"{where}: parallelism", f"{exc}.", "use fewer stages.") from None
+
+
+def _flatten_quantize(cfg: dict[str, Any], where: str) -> dict[str, Any]:
+    """``[quantize.linear.float8]`` and its kin as sections of their own (``quantize.linear.float8``)."""
+    if "quantize" not in cfg:
+        return cfg
+    out = {k: v for k, v in cfg.items() if k != "quantize"}
+    for kind, body in (cfg["quantize"] or {}).items():
+        for fmt, sec in (body or {}).items() if isinstance(body, dict) else [(None, body)]:
+            name = f"quantize.{kind}.{fmt}"
+            if fmt is None or not isinstance(sec, dict):
+                raise SpecError(f"{where}: [quantize.{kind}]", "is not a section simpar knows.", "remove it.")
+            out[name] = sec
+    return out
+
+
+def _quantization(cfg: dict[str, Any], plan: dict[str, Any], imp: Imported, where: str) -> None:
+    """float8 / MX training of the linears (torchao): ``[float8] enable_float8_linear`` (2024) or the
+    ``model.converters`` (2025 on), configured by their sections; a section no converter turns on
+    changes nothing and is listed."""
+    model = cfg.get("model") or {}
+    convs = model.get("converters", [])
+    if isinstance(convs, str):
+        convs = [c.strip() for c in convs.split(",") if c.strip()]
+    for c in convs:
+        one_of(c, f"{where}: model.converters", dict.fromkeys(CONVERTERS, 1))
+    on = {CONVERTERS[c][1]: CONVERTERS[c][0] for c in convs}
+    if (cfg.get("float8") or {}).get("enable_float8_linear"):
+        on["float8"] = "linear"
+    for sec in ("float8", *(v[1] for v in CONVERTERS.values())):
+        if sec in cfg and sec not in on:
+            imp.unmodelled.append(f"[{sec}] (no converter turns it on)")
+    linear = [sec for sec, kind in on.items() if kind == "linear"]
+    if not on:
+        return
+    if imp.model_preset in MOE_PRESETS:
+        raise SpecError(
+            f"{where}: model.converters",
+            "converts an MoE model: torchtitan's float8/MX grouped GEMMs for experts are not modelled.",
+            "drop the converters (bf16), or report it.",
+        )
+    imp.unmodelled += [f"{sec} (a dense model has no grouped GEMMs)" for sec, kind in on.items() if kind == "grouped"]
+    if len(linear) != 1:
+        if linear:
+            raise SpecError(f"{where}: model.converters", f"turns on {' and '.join(linear)}.", "keep one.")
+        return
+    sec = linear[0]
+    recipe = (cfg.get(sec) or {}).get("recipe_name")
+    plan["precision"] = "fp8"
+    if sec.endswith("mx"):  # torchao MX recipes: mxfp8_cublas, mxfp8_cutlass, ... (MXLinear, default mxfp8_cublas)
+        name = str(recipe or "mxfp8_cublas")
+        if not name.startswith("mxfp8"):
+            raise SpecError(f"{where}: {sec}.recipe_name", f"is {name!r}, which simpar does not model.", "use mxfp8.")
+        plan["fp8_recipe"] = "mxfp8"
+        return
+    plan["fp8_recipe"] = one_of(
+        recipe or "tensorwise", f"{where}: {sec}.recipe_name", {"tensorwise": "tensorwise", "rowwise": "rowwise"}
+    )
