@@ -106,6 +106,14 @@ def _progress(total: int, what: str) -> Iterator:
     "(standard error above 3 % of their mean)",
 )
 @click.option(
+    "--from-trace",
+    "from_trace",
+    type=click.Path(exists=True),
+    default=None,
+    help="fit to torch profiler traces of a real run (a folder of per-rank .json/.json.gz, or one file) "
+    "instead of running the microbenchmarks",
+)
+@click.option(
     "--out", "out", required=True, type=click.Path(), help="calibration JSON (or, with --check, an output folder)"
 )
 def calibrate(
@@ -122,12 +130,14 @@ def calibrate(
     warmup,
     rounds,
     max_rounds,
+    from_trace,
     out,
 ) -> None:
     """Measure the device and write a calibration file for --calibration.
 
     \b
     simpar calibrate --device cpu --nproc 2 --out calib.json
+    simpar calibrate --from-trace profiler_traces/ --out calib.json
     simpar calibrate --check --calibration calib.json --out check/
     """
     from simpar.sim import files
@@ -141,6 +151,11 @@ def calibrate(
         _check(Path(calib_path), Path(out), plans, steps, warmup, rounds, max_rounds, cluster_name)
         return
     files.output_file(out, "--out", (".json",))  # before minutes of measuring
+    if from_trace:
+        from .traces import calibrate_from_trace
+
+        calibrate_from_trace(from_trace, gpu_name, cluster_name, Path(out))
+        return
     _calibrate(device, backend, nproc, gpu_name, cluster_name, quick, Path(out))
 
 

@@ -1,0 +1,146 @@
+"""A calibration fitted to profiler traces of real runs (``simpar calibrate --from-trace``).
+
+The rows come from the traces (`simpar.sim.kineto.rows`) in the microbenchmarks' shapes and go
+through the same fitters (`fit.fit_matmul`, `fit_attention`, `fit_bandwidth`, `fit_network`), so a
+parameter means the same whichever way it was measured. A family the traces hold too few rows of
+is not fitted: its parameters are the GPU preset's default calibration's (or the code defaults),
+and the document says which (``notes.trace.kept``). The document is the same format as the
+microbenchmarks' (`simpar.sim.specs.calibration`), stamped with the traces' device, software
+versions and the rows used (``measurements``: the rows file beside it).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..kineto.reader import RankTrace
+from ..kineto.rows import attention_rows, comm_rows, elementwise_rows, matmul_rows
+from ..specs import ClusterSpec, GPUSpec
+from ..specs.calibration import CALIBRATION_VERSION, EfficiencyParams, default_calibration, validate_calibration
+from .fit import fit_attention, fit_bandwidth, fit_matmul, fit_network, fit_report
+
+#: fewest rows of a family to fit it from
+MIN_ROWS = {"matmul": 3, "attention": 1, "elementwise": 3}
+#: a GEMM with a side below this is bound by memory, not by the efficiency curve (decode, router)
+MIN_GEMM_DIM = 64
+#: a family whose fitted parameters still miss its own rows by more than this (median) is not
+#: described by the cost model's curve: its parameters are kept, and the note says so
+MAX_FIT_ERROR = 0.30
+
+
+def trace_measurements(traces: list[RankTrace]) -> dict[str, Any]:
+    """The measurement rows of ``traces`` (the microbenchmarks' document shape)."""
+    compute: dict[str, list[dict[str, Any]]] = {"matmul": [], "attention": [], "elementwise": []}
+    for t in traces:
+        compute["matmul"] += matmul_rows(t)
+        compute["attention"] += attention_rows(t)
+        compute["elementwise"] += elementwise_rows(t)
+    first = traces[0]
+    return {
+        "device": {
+            "name": first.device.get("name", ""),
+            "kind": "cpu" if first.device.get("kind") == "cpu" else "cuda",
+        },
+        "compute": compute,
+        "comm": comm_rows(traces),
+        "traces": [t.path for t in traces],
+    }
+
+
+def trace_calibration(
+    traces: list[RankTrace], gpu: GPUSpec, cluster: ClusterSpec | None, *, date: str, measurements_file: str | None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(calibration document, its measurement rows) for ``gpu`` from ``traces``."""
+    meas = trace_measurements(traces)
+    kind = meas["device"]["kind"]
+    fit_dtype = "fp32" if kind == "cpu" else "bf16"
+    base = default_calibration(gpu.name)
+    eff = base.efficiencies() if base is not None else EfficiencyParams()
+    compute = {k: float(v) for k, v in eff.model_dump().items()}
+    kept_from = f"the default calibration of {gpu.name}" if base is not None else "simpar's code defaults"
+    peak = gpu.peak_flops(fit_dtype)
+    comp = meas["compute"]
+    fitted: list[str] = []
+    notes: list[str] = []
+    mm = [r for r in comp["matmul"] if r["dtype"] == fit_dtype and min(r["m"], r["n"], r["k"]) >= MIN_GEMM_DIM]
+    if len(mm) >= MIN_ROWS["matmul"]:
+        compute["mm_eff_max"], compute["mm_half_dim"] = fit_matmul(mm, peak, compute["launch_s"])
+        fitted += ["mm_eff_max", "mm_half_dim"]
+    at = [r for r in comp["attention"] if r["dtype"] == fit_dtype]
+    if len(at) >= MIN_ROWS["attention"]:
+        compute["attn_eff_fwd"], compute["attn_eff_bwd"] = fit_attention(at, peak)
+        fitted += ["attn_eff_fwd", "attn_eff_bwd"]
+    el = comp["elementwise"]
+    if len(el) >= MIN_ROWS["elementwise"]:
+        compute["hbm_eff"] = fit_bandwidth(el, gpu.hbm_bw, compute["launch_s"])
+        fitted.append("hbm_eff")
+    other = sorted({r["dtype"] for r in comp["matmul"] + comp["attention"]} - {fit_dtype})
+    if other:
+        notes.append(f"GEMM/attention rows in {', '.join(other)} left out: the efficiencies describe {fit_dtype}")
+    for family, rows in (("matmul", mm), ("attention", at), ("elementwise", el)):
+        if len(rows) < MIN_ROWS[family]:
+            notes.append(f"{len(rows)} {family} rows in the traces (fewer than {MIN_ROWS[family]}): kept {kept_from}")
+    network: dict[str, Any] = {}
+    if meas["comm"] and cluster is not None:
+        network, net_notes = fit_network(meas["comm"], cluster)
+        notes += net_notes
+    elif not meas["comm"]:
+        notes.append("no collective with its size and group in the traces: network left at its defaults")
+    first = traces[0]
+    doc: dict[str, Any] = {
+        "simpar_calibration_version": CALIBRATION_VERSION,
+        "device": {
+            "gpu": gpu.name,
+            "name": first.device.get("name", ""),
+            "kind": kind,
+            "cluster": cluster.name if cluster is not None else None,
+        },
+        "software": {k: str(v) for k, v in first.software.items()},
+        "date": date,
+        "source": "simpar calibrate --from-trace",
+        "compute": compute,
+        "network": network,
+        "notes": {
+            "trace": {
+                "files": [t.path for t in traces],
+                "ranks": [t.rank for t in traces],
+                "rows": {"matmul": len(mm), "attention": len(at), "elementwise": len(el), "comm": len(meas["comm"])},
+                "fitted": fitted,
+                "kept": {k: kept_from for k in compute if k not in fitted},
+            }
+        },
+    }
+    if measurements_file:
+        doc["measurements"] = measurements_file
+    errors = fit_report(
+        doc, {**meas, "compute": {"matmul": mm, "attention": at, "elementwise": el}}, gpu, cluster, fit_dtype
+    )
+    families = {
+        "matmul": ("mm_eff_max", "mm_half_dim"),
+        "elementwise": ("hbm_eff",),
+        "attention_fwd": ("attn_eff_fwd", "attn_eff_bwd"),
+    }
+    for family, params in families.items():
+        err = (errors.get(family) or {}).get("median_abs_rel_err")
+        if params[0] in fitted and compute[params[0]] > 1.0:
+            err = None
+            notes.append(
+                f"{family}: the fit gives {params[0]} {compute[params[0]]:.3g} > 1, more than the peak: the rows "
+                f"are not what the curve describes (another dtype's GEMMs, memory-bound shapes); kept {kept_from}"
+            )
+        elif err is None or err <= MAX_FIT_ERROR:
+            continue
+        if params[0] in fitted:
+            for k in params:
+                compute[k] = float(getattr(eff, k))
+                fitted.remove(k)
+                doc["notes"]["trace"]["kept"][k] = kept_from
+            if err is not None:
+                notes.append(f"{family}: the fit still misses its rows by {err:.0%} (median): kept {kept_from}")
+    if any(n.startswith(tuple(f"{f}:" for f in families)) for n in notes):
+        errors = fit_report(
+            doc, {**meas, "compute": {"matmul": mm, "attention": at, "elementwise": el}}, gpu, cluster, fit_dtype
+        )
+    doc["fit"] = {"notes": notes, "errors": errors}
+    validate_calibration(doc, "(fitted from traces)", gpu.name)
+    return doc, meas

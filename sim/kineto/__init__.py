@@ -1,0 +1,1 @@
+"""Reading torch.profiler (Kineto) traces: streaming reader, kernel classes, a measured iteration."""

@@ -1,0 +1,420 @@
+"""torch.profiler (Kineto) Chrome-trace files read as plain values: one `RankTrace` per file, the
+JSON streamed event by event (``.json`` or ``.json.gz``, hundreds of MB in bounded memory), no
+torch import.
+
+What is kept of each event (``ph: "X"``; times in seconds from the file's first timestamp, so a
+rank's clock offset never matters inside its own file):
+
+- device activity (``cat`` kernel, gpu_memcpy, gpu_memset): name, start, duration, stream,
+  correlation id, and the args that describe a collective where the trace records them;
+- host ops (``cpu_op``, ``user_annotation``): name, start, duration, thread, and for the ops
+  whose inputs matter (GEMMs, attention, element-wise, collectives: `KEEP_ARGS`) the
+  ``record_shapes`` args (``Input Dims``, ``Input type``, ``Concrete Inputs``) and the collective's
+  args (``Collective name``, ``In msg nelems``, ``Group size``, ``dtype``, ``Process Group Name``...);
+- runtime launches (``cuda_runtime``, ``cuda_driver``; HIP's too): correlation id -> (thread,
+  start), which ties a kernel to the host op that launched it;
+- ``ProfilerStep#N`` spans.
+
+Metadata: ``distributedInfo`` (rank, world size, backend, NCCL version), ``deviceProperties``
+(the GPU's name), the CUDA/ROCm versions. A file that is not JSON, is truncated, holds no
+``traceEvents`` (another tool's format) or has an event with non-numeric times is refused with
+`SpecError` naming the file and the problem.
+"""
+
+from __future__ import annotations
+
+import gc
+import gzip
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from ..errors import SpecError
+
+#: text read per refill of the stream buffer
+CHUNK = 1 << 22
+DEVICE_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
+RUNTIME_CATS = frozenset({"cuda_runtime", "cuda_driver", "hip_runtime", "runtime"})
+HOST_CATS = frozenset({"cpu_op", "user_annotation"})
+#: host ops whose args are kept (shapes of GEMMs / attention / element-wise, collectives)
+KEEP_ARGS = re.compile(
+    r"^(aten::(mm|addmm|bmm|baddbmm|matmul|linear|_scaled_mm|_grouped_mm|"
+    r"_scaled_dot_product_\w+|_flash_attention_\w+|_efficient_attention_\w+|add|add_|mul|mul_|copy_|"
+    r"silu|gelu|native_layer_norm|_fused_rms_norm|softmax|_softmax)|record_param_comms|nccl:|gloo:|c10d::)"
+)
+#: args of a collective (host op or, in newer traces, the NCCL kernel itself)
+COMM_ARGS = (
+    "Collective name",
+    "In msg nelems",
+    "Out msg nelems",
+    "In split size",
+    "Out split size",
+    "Group size",
+    "dtype",
+    "Process Group Name",
+    "Process Group Description",
+    "Process Group Ranks",
+)
+SHAPE_ARGS = ("Input Dims", "Input type", "Concrete Inputs")
+_WS = re.compile(r"[ \t\n\r]*")
+_DECODER = json.JSONDecoder()
+_NO_ARGS: dict[str, Any] = {}
+_RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
+
+
+@dataclass(slots=True)
+class Span:
+    """One timed interval: a kernel on a stream, or an op on a host thread."""
+
+    name: str
+    start: float  # seconds from the file's first timestamp
+    dur: float  # seconds
+    lane: int  # stream (device) or thread (host)
+    corr: int = -1  # correlation id (-1: none)
+    cat: str = ""
+    args: dict[str, Any] | None = None
+
+    @property
+    def end(self) -> float:
+        return self.start + self.dur
+
+
+@dataclass
+class RankTrace:
+    """What one rank's trace file holds (module docstring)."""
+
+    path: str
+    rank: int
+    world_size: int | None = None
+    device: dict[str, Any] = field(default_factory=dict)  # name, kind (cuda / rocm / cpu)
+    software: dict[str, Any] = field(default_factory=dict)
+    kernels: list[Span] = field(default_factory=list)
+    ops: list[Span] = field(default_factory=list)
+    launches: dict[int, tuple[int, float]] = field(default_factory=dict)
+    steps: list[Span] = field(default_factory=list)
+    events: int = 0
+    size_bytes: int = 0  # the file on disk
+    json_chars: int = 0  # the JSON text read (decompressed)
+
+
+class _Stream:
+    """A JSON text read in chunks; values decoded one at a time at the read position."""
+
+    def __init__(self, f: IO[str], where: str) -> None:
+        self.f, self.where = f, where
+        self.buf, self.pos, self.eof, self.done = "", 0, False, 0
+        self.started = False  # the text opened as JSON ({ or [)
+
+    def fill(self) -> bool:
+        try:
+            chunk = self.f.read(CHUNK)
+        except (EOFError, OSError, UnicodeDecodeError) as exc:  # a cut gzip stream, bad bytes
+            raise SpecError(self.where, f"cannot be read to its end ({exc}).", "give the complete file.") from None
+        if not chunk:
+            self.eof = True
+            return False
+        self.done += self.pos
+        self.buf = self.buf[self.pos :] + chunk
+        self.pos = 0
+        return True
+
+    def peek(self) -> str:
+        while True:
+            self.pos = _WS.match(self.buf, self.pos).end()  # type: ignore[union-attr]
+            if self.pos < len(self.buf) or not self.fill():
+                return self.buf[self.pos] if self.pos < len(self.buf) else ""
+
+    def expect(self, ch: str, what: str) -> None:
+        got = self.peek()
+        if got != ch:
+            self.fail(f"expected {what}, found {got!r}" if got else f"ends where {what} should follow")
+        self.pos += 1
+
+    def value(self) -> Any:
+        self.peek()
+        while True:
+            try:
+                obj, end = _DECODER.raw_decode(self.buf, self.pos)
+            except json.JSONDecodeError as exc:
+                if not self.eof and self.fill():
+                    continue
+                self.fail(f"is not JSON ({exc.msg})")
+            if end == len(self.buf) and not self.eof and self.fill():
+                continue  # a number cut at the chunk's end
+            self.pos = end
+            return obj
+
+    def fail(self, problem: str) -> None:
+        if not self.eof:  # read on: a file that stops early is truncated, whatever the first problem
+            while self.fill():
+                pass
+        cut = self.started and self.eof and not self.buf.rstrip().endswith(("}", "]"))
+        at = self.done + self.pos
+        raise SpecError(
+            self.where,
+            f"is truncated: it stops at character {self.done + len(self.buf)}, inside the event array."
+            if cut
+            else f"{problem} at character {at}.",
+            "give the complete trace file the torch profiler wrote (export_chrome_trace / tensorboard_trace_handler).",
+        )
+
+
+def _open(path: Path) -> IO[str]:
+    if path.suffix == ".gz":
+        return gzip.open(path, "rt", encoding="utf-8")
+    return path.open("r", encoding="utf-8")
+
+
+def read_rank_trace(path: str | Path, default_rank: int = 0) -> RankTrace:
+    """One rank's trace file (module docstring)."""
+    p = Path(path)
+    where = f"trace {p}"
+    if not p.is_file():
+        raise SpecError(where, "does not exist.", "give a torch profiler trace file (.json or .json.gz).")
+    out = RankTrace(str(p), default_rank, size_bytes=p.stat().st_size)
+    builder = _Builder(out, where)
+    top: dict[str, Any] = {}
+    collecting = gc.isenabled()
+    gc.disable()  # hundreds of thousands of small dicts: the cyclic collector would rescan them all
+    try:
+        first = _read_top(p, where, builder, top)
+    finally:
+        if collecting:
+            gc.enable()
+    if first == "{" and "traceEvents" not in top:
+        raise SpecError(
+            where,
+            f"has no traceEvents (keys: {', '.join(sorted(top))[:120]}): not a torch profiler (Kineto) trace.",
+            "give the JSON the torch profiler wrote (export_chrome_trace / tensorboard_trace_handler).",
+        )
+    if out.events == 0:
+        raise SpecError(where, "has no events.", "profile at least one step (profiler schedule active >= 1).")
+    _metadata(out, top)
+    return out
+
+
+def _read_top(p: Path, where: str, builder: _Builder, top: dict[str, Any]) -> str:
+    """Read the file's top level into ``top`` and its events into ``builder``; its first character."""
+    with _open(p) as f:
+        s = _Stream(f, where)
+        first = s.peek()
+        s.started = first in ("[", "{")
+        if first == "[":  # the Trace Event Format's bare array
+            _events(s, builder)
+        elif first == "{":
+            s.pos += 1
+            while s.peek() != "}":
+                key = s.value()
+                if not isinstance(key, str):
+                    s.fail("expected a key")
+                s.expect(":", f"':' after {key!r}")
+                if key == "traceEvents":
+                    top[key] = True
+                    _events(s, builder)
+                else:
+                    top[key] = s.value()
+                if s.peek() == ",":
+                    s.pos += 1
+                elif s.peek() != "}":
+                    s.fail("expected ',' or '}'")
+        else:
+            s.fail("is not a JSON trace" if first else "is empty")
+        builder.out.json_chars = s.done + len(s.buf)
+    return first
+
+
+def _events(s: _Stream, b: _Builder) -> None:
+    """The event array: decoded a batch at a time (`_batch`), else event by event."""
+    s.expect("[", "the event array")
+    if s.peek() == "]":
+        s.pos += 1
+        return
+    while True:
+        batch = _batch(s)
+        if batch:
+            b.add_many(batch)
+        else:
+            ev = s.value()
+            if not isinstance(ev, dict):
+                s.fail("an event is not an object")
+            b.add_many([ev])
+        c = s.peek()
+        s.pos += 1
+        if c == "]":
+            return
+        if c != ",":
+            s.pos -= 1
+            s.fail("expected ',' or ']' between events")
+
+
+def _batch(s: _Stream) -> list | None:
+    """The events from the read position to the last ``}`` before a ``,`` in the buffer, decoded
+    at once when that stretch is a whole number of events (it parses as an array only then: a cut
+    inside an event or a string leaves it unbalanced); None when it is not, or is short."""
+    if len(s.buf) - s.pos < CHUNK // 2 and not s.eof:
+        s.fill()
+    lo, hi = s.pos, len(s.buf)
+    for _ in range(4):
+        cut = s.buf.rfind("}", lo, hi)
+        while cut > lo:
+            nxt = _WS.match(s.buf, cut + 1).end()  # type: ignore[union-attr]
+            if nxt < len(s.buf) and s.buf[nxt] == ",":
+                break
+            cut = s.buf.rfind("}", lo, cut)
+        if cut - lo < 4096:
+            return None
+        try:
+            events = json.loads("[" + s.buf[lo : cut + 1] + "]")
+        except json.JSONDecodeError:
+            hi = cut  # a brace inside an event: try an earlier one
+            continue
+        if not all(isinstance(e, dict) for e in events):
+            s.fail("an event is not an object")
+        s.pos = cut + 1
+        return events
+    return None
+
+
+class _Builder:
+    """Events into a `RankTrace` (times rebased to the first timestamp)."""
+
+    def __init__(self, out: RankTrace, where: str) -> None:
+        self.out, self.where = out, where
+        self.base: float | None = None
+        self.names: dict[str, str] = {}
+
+    def _bad_time(self, ev: dict[str, Any], key: str) -> float:
+        v = ev.get(key, 0.0)
+        try:
+            return float(v)  # a number written as text
+        except (TypeError, ValueError):
+            raise SpecError(
+                self.where,
+                f"event ({ev.get('name', '?')!r}) has {key} {v!r}, not a number of microseconds.",
+                "give a torch profiler trace.",
+            ) from None
+
+    def add_many(self, events: list[dict[str, Any]]) -> None:
+        out, names = self.out, self.names
+        out.events += len(events)
+        kernels, ops, launches, steps = out.kernels, out.ops, out.launches, out.steps
+        for ev in events:
+            if ev.get("ph") != "X":
+                continue
+            cat = ev.get("cat", "")
+            if cat in DEVICE_CATS:
+                kind = 0
+            elif cat in HOST_CATS:
+                kind = 1
+            elif cat in RUNTIME_CATS:
+                kind = 2
+            else:
+                low = str(cat).lower()  # older traces: "Kernel", "Runtime"
+                kind = 0 if low in DEVICE_CATS else 1 if low in HOST_CATS else 2 if low in RUNTIME_CATS else -1
+                if kind < 0:
+                    continue
+                cat = low
+            ts = ev.get("ts")
+            if ts.__class__ is not float and ts.__class__ is not int:
+                ts = self._bad_time(ev, "ts")
+            if self.base is None:
+                self.base = ts
+            start = (ts - self.base) * 1e-6
+            args = ev.get("args") or _NO_ARGS
+            if kind == 2:
+                corr = args.get("correlation", -1)
+                if corr.__class__ is int and corr >= 0:
+                    launches[corr] = (_int(ev.get("tid")), start)
+                continue
+            dur = ev.get("dur", 0.0)
+            if dur.__class__ is not float and dur.__class__ is not int:
+                dur = self._bad_time(ev, "dur")
+            name = ev.get("name", "")
+            name = names.setdefault(name, name)  # one string per distinct name
+            if kind == 0:
+                keep = {k: args[k] for k in COMM_ARGS if k in args} if "Collective name" in args else None
+                stream = args.get("stream", ev.get("tid"))
+                corr = args.get("correlation", -1)
+                kernels.append(
+                    Span(name, start, dur * 1e-6, stream if stream.__class__ is int else _int(stream), corr, cat, keep)
+                )
+                continue
+            tid = ev.get("tid")
+            tid = tid if tid.__class__ is int else _int(tid)
+            if name.startswith("ProfilerStep#"):
+                steps.append(Span(name, start, dur * 1e-6, tid, -1, cat))
+                continue
+            keep = None
+            if args and KEEP_ARGS.match(name):
+                keep = {k: args[k] for k in SHAPE_ARGS if k in args}
+                if "Collective name" in args:
+                    keep.update((k, args[k]) for k in COMM_ARGS if k in args)
+                keep = keep or None
+            ops.append(Span(name, start, dur * 1e-6, tid, args.get("correlation", -1), cat, keep))
+
+
+def _int(v: Any) -> int:
+    if isinstance(v, int):
+        return v
+    try:
+        return int(str(v).split()[-1])  # "stream 7", "7"
+    except (ValueError, IndexError):
+        return abs(hash(v)) % (1 << 31)
+
+
+def _metadata(out: RankTrace, top: dict[str, Any]) -> None:
+    dist = top.get("distributedInfo") or {}
+    if isinstance(dist.get("rank"), int):
+        out.rank = dist["rank"]
+    else:
+        m = _RANK_IN_NAME.search(Path(out.path).name)
+        if m:
+            out.rank = int(m.group(1))
+    if isinstance(dist.get("world_size"), int):
+        out.world_size = dist["world_size"]
+    props = top.get("deviceProperties") or []
+    name = props[0].get("name", "") if props and isinstance(props[0], dict) else ""
+    rocm = (
+        "roc" in json.dumps(top.get("roctracer_version", ""))
+        or any(k.startswith(("rocm", "hip")) for k in top)
+        or bool(re.search(r"\b(MI\d{3}|Instinct|Radeon)", name))
+    )
+    out.device = {"name": name, "kind": "rocm" if rocm else "cuda" if out.kernels else "cpu"}
+    keys = ("schemaVersion", "cuda_runtime_version", "hip_runtime_version", "cuda_driver_version", "with_flops")
+    soft: dict[str, Any] = {k: top[k] for k in keys if k in top}
+    for k in ("backend", "nccl_version", "pg_count"):
+        if k in dist:
+            soft[k] = dist[k]
+    out.software = soft
+
+
+def trace_files(path: str | Path) -> list[Path]:
+    """The trace files of ``path``: the file itself, or a folder's ``*.json`` / ``*.json.gz``
+    (one per rank; simpar's own outputs and non-trace JSON are refused when read)."""
+    p = Path(path)
+    if p.is_file():
+        return [p]
+    if not p.is_dir():
+        raise SpecError(f"trace {p}", "does not exist.", "give a trace file or a folder of per-rank trace files.")
+    files = sorted(q for q in p.iterdir() if q.is_file() and (q.suffix == ".json" or q.name.endswith(".json.gz")))
+    if not files:
+        raise SpecError(f"trace {p}", "holds no .json or .json.gz file.", "give the folder the profiler wrote.")
+    return files
+
+
+def read_traces(path: str | Path) -> list[RankTrace]:
+    """Every rank's trace under ``path`` (`trace_files`), ordered by rank; two files of one rank
+    are refused."""
+    traces = [read_rank_trace(f, i) for i, f in enumerate(trace_files(path))]
+    seen: dict[int, str] = {}
+    for t in traces:
+        if t.rank in seen:
+            raise SpecError(
+                f"trace {t.path}",
+                f"is rank {t.rank} again (also {seen[t.rank]}).",
+                "give one file per rank, of one run.",
+            )
+        seen[t.rank] = t.path
+    return sorted(traces, key=lambda t: t.rank)

@@ -1,0 +1,230 @@
+"""The measurement rows a calibration is fitted to, taken from traces in the shapes the executor's
+microbenchmarks write them (`simpar.executor.microbench`), so that one fitter
+(`simpar.sim.calibration.fit`) serves both:
+
+- matmul ``{m, n, k, dtype, time_s}``: a GEMM op (``aten::mm``, ``addmm``, ``linear``, ``bmm`` with
+  its batch folded into m) and the time of the GEMM kernels it launched;
+- attention ``{b, heads, seq, head_dim, dtype, flops_fwd, fwd_s, bwd_s}``: a causal
+  ``aten::_scaled_dot_product_*`` / ``_flash_attention_*`` forward and its backward (median per
+  shape); a non-causal one is left out (the fit charges causal FLOPs);
+- elementwise ``{bytes, time_s}``: ``aten::add``/``mul``/``silu``/``gelu``/``copy_`` and their kernels,
+  bytes read and written (inputs + output), from `MIN_EW_BYTES` up (smaller ones time the launch);
+- comm ``{op, group, bytes, time_s}``: a collective's kernel with its ``Collective name``, message
+  size (all-gather: the output, reduce-scatter: the input, as nccl-tests counts them), dtype and
+  group size; per (op, group, bytes) the 25th percentile of its times (a collective's kernel also
+  waits for the slowest peer; the quicker ones measure the transfer).
+
+A kernel is tied to the op that launched it through its correlation id: the runtime launch with
+that id happened inside the op on the same thread (the innermost op with recorded args). On a CPU
+trace the op's own duration is its time.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import statistics
+from collections import defaultdict
+from typing import Any
+
+from .classify import collective, kernel_kind
+from .reader import RankTrace, Span
+
+#: torch's dtype names in ``Input type`` / ``dtype`` -> (simpar dtype, bytes per element)
+DTYPES = {
+    "c10::bfloat16": ("bf16", 2),
+    "bfloat16": ("bf16", 2),
+    "c10::half": ("fp16", 2),
+    "half": ("fp16", 2),
+    "float": ("fp32", 4),
+    "double": ("fp64", 8),
+    "c10::float8_e4m3fn": ("fp8", 1),
+    "float8_e4m3fn": ("fp8", 1),
+    "int": ("int32", 4),
+    "long int": ("int64", 8),
+    "long": ("int64", 8),
+    "byte": ("uint8", 1),
+    "char": ("int8", 1),
+}
+_EW_BYTES = {"add": 3, "add_": 3, "mul": 3, "mul_": 3, "silu": 2, "gelu": 2, "copy_": 2}
+#: an element-wise op moving less than this is bound by its launch, not by memory bandwidth
+MIN_EW_BYTES = 4 << 20
+
+
+def _dtype(name: Any) -> tuple[str, int] | None:
+    return DTYPES.get(str(name).strip().lower()) if name is not None else None
+
+
+def launching_ops(t: RankTrace) -> dict[int, Span]:
+    """Kernel correlation id -> the innermost op with recorded args around its launch."""
+    by_tid: dict[int, list[Span]] = defaultdict(list)
+    for op in t.ops:
+        if op.args:
+            by_tid[op.lane].append(op)
+    starts: dict[int, list[float]] = {}
+    for tid, ops in by_tid.items():
+        ops.sort(key=lambda o: o.start)
+        starts[tid] = [o.start for o in ops]
+    out: dict[int, Span] = {}
+    for corr, (tid, at) in t.launches.items():
+        cands = by_tid.get(tid)
+        if not cands:
+            continue
+        i = bisect.bisect_right(starts[tid], at) - 1
+        while i >= 0:  # the latest-starting op that still encloses the launch is the innermost
+            if cands[i].end >= at:
+                out[corr] = cands[i]
+                break
+            if at - cands[i].start > 10.0:  # nothing this old encloses it
+                break
+            i -= 1
+    return out
+
+
+def _op_times(t: RankTrace) -> list[tuple[Span, float, list[Span]]]:
+    """(op, device seconds of its kernels, kernels) for every op with args; a CPU trace: its own time."""
+    if not t.kernels:
+        return [(op, op.dur, []) for op in t.ops if op.args]
+    owner = launching_ops(t)
+    acc: dict[int, tuple[Span, list[Span]]] = {}
+    for k in t.kernels:
+        op = owner.get(k.corr)
+        if op is not None:
+            acc.setdefault(id(op), (op, []))[1].append(k)
+    return [(op, sum(k.dur for k in ks), ks) for op, ks in acc.values()]
+
+
+def _gemm_mnk(name: str, dims: list) -> tuple[int, int, int] | None:
+    short = name.removeprefix("aten::")
+    try:
+        if short == "mm":
+            (m, k), (_, n) = dims[0], dims[1]
+        elif short == "addmm":
+            (m, k), (_, n) = dims[1], dims[2]
+        elif short in ("bmm", "baddbmm"):
+            a, b = (dims[0], dims[1]) if short == "bmm" else (dims[1], dims[2])
+            m, k, n = a[0] * a[1], a[2], b[2]
+        elif short in ("linear", "matmul"):
+            x, w = dims[0], dims[1]
+            m, k = math.prod(x[:-1]), x[-1]
+            n = w[0] if short == "linear" else w[-1]
+        else:
+            return None
+    except (IndexError, TypeError, ValueError):
+        return None
+    return (int(m), int(n), int(k)) if m and n and k else None
+
+
+def matmul_rows(t: RankTrace) -> list[dict[str, Any]]:
+    rows = []
+    for op, sec, ks in _op_times(t):
+        dims = op.args.get("Input Dims") if op.args else None
+        mnk = _gemm_mnk(op.name, dims) if dims else None
+        types = op.args.get("Input type") if op.args else None
+        dt = _dtype(types[0] if isinstance(types, list) and types else None)
+        if mnk is None or dt is None or sec <= 0:
+            continue
+        if ks and not all(kernel_kind(k.name, k.cat) == "gemm" for k in ks):
+            sec = sum(k.dur for k in ks if kernel_kind(k.name, k.cat) == "gemm")
+            if sec <= 0:
+                continue
+        m, n, k = mnk
+        rows.append({"m": m, "n": n, "k": k, "dtype": dt[0], "time_s": sec, "flops": 2.0 * m * n * k})
+    return rows
+
+
+def attention_rows(t: RankTrace) -> list[dict[str, Any]]:
+    fwd: dict[tuple, list[float]] = defaultdict(list)
+    bwd: dict[tuple, list[float]] = defaultdict(list)
+    for op, sec, _ in _op_times(t):
+        name = op.name
+        if not (name.startswith("aten::_scaled_dot_product") or name.startswith("aten::_flash_attention")):
+            continue
+        args = op.args or {}
+        dims, conc, types = args.get("Input Dims"), args.get("Concrete Inputs"), args.get("Input type")
+        if not dims or not isinstance(dims[0], list) or len(dims[0]) != 4 or sec <= 0:
+            continue
+        causal = any(str(c).strip().lower() == "true" for c in (conc or []))
+        dt = _dtype(types[0] if isinstance(types, list) and types else None)
+        if not causal or dt is None:
+            continue
+        b, h, s, d = (int(x) for x in dims[0])
+        (bwd if "backward" in name else fwd)[(b, h, s, d, dt[0])].append(sec)
+    rows = []
+    for key in sorted(set(fwd) & set(bwd)):
+        b, h, s, d, dt = key
+        rows.append(
+            {
+                "b": b,
+                "heads": h,
+                "seq": s,
+                "head_dim": d,
+                "dtype": dt,
+                "fwd_s": statistics.median(fwd[key]),
+                "bwd_s": statistics.median(bwd[key]),
+                "flops_fwd": 4.0 * b * s * s * h * d,
+            }
+        )
+    return rows
+
+
+def elementwise_rows(t: RankTrace) -> list[dict[str, Any]]:
+    rows = []
+    for op, sec, _ in _op_times(t):
+        short = op.name.removeprefix("aten::")
+        if short not in _EW_BYTES or not op.args or sec <= 0:
+            continue
+        dims, types = op.args.get("Input Dims"), op.args.get("Input type")
+        if not dims or not isinstance(dims[0], list) or not dims[0]:
+            continue
+        tensor_inputs = sum(1 for d in dims if isinstance(d, list) and d)
+        if short in ("add", "add_", "mul", "mul_") and tensor_inputs < 2:
+            continue  # tensor-scalar: two passes, not three
+        dt = _dtype(types[0] if isinstance(types, list) and types else None)
+        if dt is None:
+            continue
+        n = math.prod(int(x) for x in dims[0])
+        nbytes = _EW_BYTES[short] * n * dt[1]
+        if nbytes >= MIN_EW_BYTES:
+            rows.append({"elements": n, "bytes": float(nbytes), "time_s": sec})
+    return rows
+
+
+def comm_rows(traces: list[RankTrace]) -> list[dict[str, Any]]:
+    times: dict[tuple[str, int, int], list[float]] = defaultdict(list)
+    for t in traces:
+        for op, sec, ks in _op_times(t):
+            if op.args is None or "Collective name" not in op.args or sec <= 0:
+                continue
+            if ks:
+                sec = sum(k.dur for k in ks if kernel_kind(k.name, k.cat) == "nccl") or sec
+            key = _comm_key(op.name, op.args)
+            if key is not None:
+                times[key].append(sec)
+        for k in t.kernels:  # newer traces put the collective's args on the NCCL kernel itself
+            if k.args and "Collective name" in k.args:
+                kkey = _comm_key(k.name, k.args)
+                if kkey is not None:
+                    times[kkey].append(k.dur)
+    rows = []
+    for (name, g, nbytes), ts in sorted(times.items()):
+        ts.sort()
+        rows.append({"op": name, "group": g, "bytes": nbytes, "time_s": ts[(len(ts) - 1) // 4], "samples": len(ts)})
+    return rows
+
+
+def _comm_key(name: str, args: dict[str, Any]) -> tuple[str, int, int] | None:
+    op = collective(name, args)
+    dt = _dtype(args.get("dtype"))
+    try:
+        nel = max(int(args.get("In msg nelems", 0) or 0), int(args.get("Out msg nelems", 0) or 0))
+        group = int(args.get("Group size", 0) or 0)
+    except (TypeError, ValueError):
+        return None
+    if op in ("other", "barrier") or dt is None or nel <= 0:
+        return None
+    if op == "p2p":
+        group = 2
+    if group < 2:
+        return None
+    return op, group, nel * dt[1]

@@ -1,0 +1,279 @@
+"""Profiler traces (`sim/kineto`): real traces from public trace-analysis tools read and classified,
+a synthetic trace of known kernel times and collective sizes fitted back to its parameters,
+malformed / truncated / foreign files refused by name, clock offsets without effect."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from simpar.cli.main import cli
+from simpar.sim.calibration.fit import causal_flops
+from simpar.sim.calibration.from_trace import trace_calibration
+from simpar.sim.cost.compute import CostModel
+from simpar.sim.errors import SpecError
+from simpar.sim.kineto.classify import collective, kernel_kind
+from simpar.sim.kineto.measure import kind_totals, measure_rank
+from simpar.sim.kineto.reader import read_rank_trace, read_traces
+from simpar.sim.kineto.rows import comm_rows, matmul_rows
+from simpar.sim.kineto.synth import SynthOp, synthetic_trace, write_trace_file
+from simpar.sim.network import make_network
+from simpar.sim.specs import load_cluster, load_gpu
+from simpar.sim.specs.calibration import EfficiencyParams
+
+FIXTURES = Path("tests/data/kineto")
+REAL = sorted(FIXTURES.glob("*/rank*.json.gz"))
+
+
+@pytest.mark.parametrize("path", REAL, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_real_traces_are_read_and_classified(path):
+    t = read_rank_trace(path)
+    assert t.kernels and t.ops and t.events > 1000
+    m = measure_rank(t)
+    assert m.classified >= 0.95  # the target: >= 95 % of GPU kernel time in a class
+    assert m.steps and all(b.window_s > 0 for b in m.steps)
+    assert sum(kind_totals(t).values()) == pytest.approx(m.device_s)
+
+
+def test_real_trace_metadata():
+    ranks = read_traces(FIXTURES / "hta_sampled_128rank")
+    assert [t.rank for t in ranks] == [0, 1] and ranks[0].world_size == 128
+    assert [s.name for s in ranks[0].steps] == ["ProfilerStep#551", "ProfilerStep#552"]
+    amd = read_rank_trace(FIXTURES / "tracelens_mi300x_resnet_ddp8/rank0.json.gz")
+    assert amd.device == {"name": "AMD Instinct MI300X", "kind": "rocm"}
+    b200 = read_rank_trace(FIXTURES / "tracelens_b200_vllm_tp8/rank0.json.gz")
+    assert b200.software["nccl_version"].startswith("2.27")
+    # the all-gather's size and group come from record_param_comms' args
+    assert {(r["op"], r["group"]) for r in comm_rows([b200])} == {("all-gather", 8)}
+
+
+@pytest.mark.parametrize(
+    ("name", "kind", "op"),
+    [
+        ("ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevComm*, unsigned long, ncclWork*)", "nccl", "all-reduce"),
+        ("ncclKernel_AllGather_RING_LL_Sum_int8_t(ncclWorkElem)", "nccl", "all-gather"),
+        ("ncclDevKernel_ReduceScatter_Sum_f32_RING_LL", "nccl", "reduce-scatter"),
+        ("ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclWorkElem)", "nccl", "p2p"),
+        ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1", "gemm", None),
+        ("nvjet_tst_64x64_64x16_2x1_2cta_v_bz_bias_TNT", "gemm", None),
+        ("Cijk_Alik_Bljk_BBS_BH_MT128x128x64_MI16x16x16x1_SN_1LDSB1", "gemm", None),
+        ("void flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4>>(Flash_fwd_params)", "attention", None),
+        (
+            "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16>>",
+            "elementwise",
+            None,
+        ),
+        ("void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<float, float>", "norm", None),
+        ("void at::native::multi_tensor_apply_kernel<FusedAdamMathFunctor>", "optimizer", None),
+        (
+            "void at::native::unrolled_elementwise_kernel<direct_copy_kernel_cuda(TensorIteratorBase&)::{lambda()}>",
+            "elementwise",
+            None,
+        ),
+    ],
+)
+def test_kernel_names(name, kind, op):
+    assert kernel_kind(name) == kind
+    if op:
+        assert collective(name) == op
+
+
+# --- a synthetic trace of known parameters, fitted back ----------------------------------------
+TRUTH = EfficiencyParams(mm_eff_max=0.62, mm_half_dim=150.0, attn_eff_fwd=0.45, attn_eff_bwd=0.33, hbm_eff=0.7)
+BF16 = ("c10::BFloat16", "c10::BFloat16")
+GEMMS = [
+    (8192, 4096, 4096),
+    (8192, 1024, 4096),
+    (2048, 8192, 8192),
+    (256, 4096, 4096),
+    (4096, 128, 4096),
+    (512, 512, 512),
+]
+ATTN = [(1, 32, 4096, 128), (2, 16, 2048, 128), (4, 8, 1024, 64)]
+
+
+def _compute_ops() -> list[SynthOp]:
+    cm = CostModel(load_gpu("h100-sxm"), TRUTH, "truth")
+    ops = []
+    for m, n, k in GEMMS:
+        ops.append(
+            SynthOp("aten::mm", "nvjet_tst_128x256_64x4_2x1_v_bz_TNN", cm.matmul_time(m, n, k), ((m, k), (k, n)), BF16)
+        )
+    for b, h, s, d in ATTN:
+        f, bwd = cm.attention_time(causal_flops({"flops_fwd": 4.0 * b * s * s * h * d, "seq": s}), "bf16")
+        dims = ((b, h, s, d),) * 3
+        conc = ("", "", "", "0.", "True", "False", "")
+        ops.append(SynthOp("aten::_scaled_dot_product_flash_attention", "flash_fwd_kernel", f, dims, BF16 * 2, conc))
+        ops.append(
+            SynthOp(
+                "aten::_scaled_dot_product_flash_attention_backward",
+                "flash_bwd_dq_dk_dv_loop_kernel",
+                bwd,
+                dims,
+                BF16 * 2,
+                conc,
+            )
+        )
+    for n in (1 << 22, 1 << 24, 1 << 26):
+        ops.append(
+            SynthOp(
+                "aten::add",
+                "vectorized_elementwise_kernel<4, CUDAFunctor_add<c10::BFloat16>>",
+                cm.memory_time(6.0 * n),
+                ((n,), (n,), ()),
+                (*BF16, "Scalar"),
+            )
+        )
+    return ops
+
+
+def test_a_synthetic_trace_fits_back_to_its_compute_parameters(tmp_path):
+    write_trace_file(tmp_path / "rank0.json.gz", synthetic_trace(_compute_ops(), steps=3))
+    doc, meas = trace_calibration(
+        read_traces(tmp_path), load_gpu("h100-sxm"), None, date="2026-11-25", measurements_file=None
+    )
+    got = doc["compute"]
+    for key in ("mm_eff_max", "mm_half_dim", "attn_eff_fwd", "attn_eff_bwd", "hbm_eff"):
+        assert got[key] == pytest.approx(getattr(TRUTH, key), rel=0.05), key
+    assert len(meas["compute"]["matmul"]) == 3 * len(GEMMS)
+    assert doc["source"] == "simpar calibrate --from-trace" and doc["device"]["name"] == "NVIDIA H100 80GB HBM3"
+    assert set(doc["notes"]["trace"]["fitted"]) >= {"mm_eff_max", "attn_eff_fwd", "hbm_eff"}
+
+
+def _comm_ops(net, sizes=(1 << 20, 1 << 23, 1 << 26)) -> list[SynthOp]:
+    ops = []
+    for nbytes in sizes:
+        nel = nbytes // 2
+        args = {
+            "Collective name": "send",
+            "In msg nelems": nel,
+            "Out msg nelems": nel,
+            "Group size": 2,
+            "dtype": "BFloat16",
+        }
+        ops.append(
+            SynthOp("record_param_comms", "ncclDevKernel_SendRecv", net.p2p_time(0, 1, nbytes), stream=21, comm=args)
+        )
+        for g in (4, 8):
+            t = net.collective_time("all-reduce", tuple(range(g)), nbytes)
+            args = {**args, "Collective name": "allreduce", "Group size": g}
+            ops.append(
+                SynthOp("record_param_comms", "ncclDevKernel_AllReduce_Sum_bf16_RING_LL", t, stream=20, comm=args)
+            )
+    return ops
+
+
+def _fit_network(tmp_path: Path, cluster_name: str, gpu: str, truth: dict):
+    cluster = load_cluster(cluster_name, gpus=8)
+    net = make_network(cluster, "analytical", calibration=truth)
+    for r in range(2):
+        write_trace_file(tmp_path / f"rank{r}.json", synthetic_trace(_comm_ops(net), rank=r, world_size=8, steps=2))
+    return trace_calibration(read_traces(tmp_path), load_gpu(gpu), cluster, date="x", measurements_file=None)
+
+
+def test_a_synthetic_trace_fits_back_to_its_network(tmp_path):
+    truth = {"pcie": {"bw_GBps": 20.0, "alpha_s": 8e-6}, "algorithm_efficiency": {"ring": 0.8}}
+    doc, meas = _fit_network(tmp_path, "pcie-a100-8g", "a100-80g", truth)
+    got = doc["network"]
+    assert got["pcie"]["bw_GBps"] == pytest.approx(20.0, rel=0.05)
+    assert got["pcie"]["alpha_s"] == pytest.approx(8e-6, rel=0.05)
+    assert got["algorithm_efficiency"]["ring"] == pytest.approx(0.8, rel=0.05)
+    assert {(r["op"], r["group"]) for r in meas["comm"]} == {("p2p", 2), ("all-reduce", 4), ("all-reduce", 8)}
+
+
+def test_an_nvswitch_trace_fits_its_link_bandwidth(tmp_path):
+    truth = {"nvlink": {"bw_GBps": 310.0, "alpha_s": 6e-6}}
+    doc, _ = _fit_network(tmp_path, "dgx-h100", "h100-sxm", truth)
+    assert doc["network"]["nvlink"]["bw_GBps"] == pytest.approx(310.0, rel=0.05)
+    assert doc["fit"]["errors"]["p2p"]["max_abs_rel_err"] < 0.05
+
+
+def test_clock_offsets_between_ranks_change_nothing(tmp_path):
+    ops = _compute_ops()[:4]
+    a = write_trace_file(tmp_path / "a.json", synthetic_trace(ops, steps=3))
+    b = write_trace_file(tmp_path / "b.json", synthetic_trace(ops, steps=3, clock_offset_us=8.3e12))
+    ta, tb = read_rank_trace(a), read_rank_trace(b)
+    ma, mb = measure_rank(ta), measure_rank(tb)
+    # 8.3e12 microseconds: a double keeps about a nanosecond of them
+    assert [s.window_s for s in ma.steps] == pytest.approx([s.window_s for s in mb.steps], rel=1e-5)
+    assert matmul_rows(ta) == matmul_rows(tb)
+
+
+def test_exposed_communication_and_idle_time(tmp_path):
+    # a 1 ms GEMM, then an all-reduce of 2 ms on its own stream that starts with the GEMM
+    gemm = SynthOp("aten::mm", "nvjet_gemm", 1e-3, ((4096, 4096), (4096, 4096)), BF16, host_s=1e-6)
+    args = {
+        "Collective name": "allreduce",
+        "In msg nelems": 1 << 20,
+        "Out msg nelems": 1 << 20,
+        "Group size": 8,
+        "dtype": "BFloat16",
+    }
+    ar = SynthOp(
+        "record_param_comms", "ncclDevKernel_AllReduce_Sum_bf16_RING_LL", 2e-3, stream=20, comm=args, host_s=1e-6
+    )
+    t = read_rank_trace(write_trace_file(tmp_path / "r.json", synthetic_trace([gemm, ar], steps=2)))
+    b = measure_rank(t).steps[0]
+    assert b.busy["gemm"] == pytest.approx(1e-3) and b.comm["all-reduce"] == pytest.approx(2e-3)
+    assert b.exposed["all-reduce"] == pytest.approx(2e-3 - 1e-3 + 1e-6, abs=2e-5)
+
+
+# --- refusals --------------------------------------------------------------------------------
+def _text(tmp_path: Path) -> str:
+    return json.dumps(synthetic_trace(_compute_ops()[:3], steps=1))
+
+
+@pytest.mark.parametrize(
+    ("name", "make", "problem"),
+    [
+        ("cut.json", lambda s: s[: len(s) // 2], "truncated"),
+        ("cut.json.gz", lambda s: gzip.compress(s.encode())[:400], "cannot be read"),
+        ("foreign.json", lambda s: json.dumps({"nodes": [1, 2], "schema": "chakra"}), "no traceEvents"),
+        ("notjson.json", lambda s: "SQLite format 3\x00", "not a JSON trace"),
+        ("empty.json", lambda s: json.dumps({"traceEvents": []}), "no events"),
+        ("badts.json", lambda s: s.replace('"ts": 1000.0', '"ts": "soon"', 1), "not a number"),
+        ("garbage.json", lambda s: s.replace('"ph": "X", ', '"ph": "X" ', 1), "not JSON"),
+    ],
+)
+def test_bad_files_are_refused_by_name(tmp_path, name, make, problem):
+    data = make(_text(tmp_path))
+    p = tmp_path / name
+    p.write_bytes(data) if isinstance(data, bytes) else p.write_text(data)
+    with pytest.raises(SpecError) as e:
+        read_rank_trace(p)
+    assert name in str(e.value) and problem in str(e.value)
+    res = CliRunner().invoke(cli, ["calibrate", "--from-trace", str(p), "--out", str(tmp_path / "c.json")])
+    assert res.exit_code == 2 and name in res.output and "Traceback" not in res.output
+
+
+def test_calibrate_from_trace_on_the_command_line(tmp_path):
+    write_trace_file(tmp_path / "traces" / "rank0.json.gz", synthetic_trace(_compute_ops(), steps=2)) if (
+        tmp_path / "traces"
+    ).mkdir() is None else None
+    out = tmp_path / "calib.json"
+    res = CliRunner().invoke(cli, ["calibrate", "--from-trace", str(tmp_path / "traces"), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "MB of JSON read" in res.output and "classified" in res.output
+    doc = json.loads(out.read_text())
+    assert doc["device"]["gpu"] == "h100-sxm" and doc["measurements"] == "calib.measurements.json"
+    sim = CliRunner().invoke(
+        cli,
+        [
+            "simulate",
+            "--model",
+            "tiny",
+            "--cluster",
+            "dgx-h100",
+            "--gpus",
+            "8",
+            "--gbs",
+            "8",
+            "--calibration",
+            str(out),
+        ],
+    )
+    assert sim.exit_code == 0, sim.output
