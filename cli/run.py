@@ -59,6 +59,12 @@ if TYPE_CHECKING:
 )
 @click.option("--verify", is_flag=True, help="check step-0 loss and gradients against a single-process reference")
 @click.option(
+    "--profile",
+    is_flag=True,
+    help="record the measured steps with the torch profiler: OUT/profile/rank<N>.json.gz, for "
+    "simpar calibrate --from-trace and simpar compare --trace (the profiler's overhead is in the steps' times)",
+)
+@click.option(
     "--dry-run",
     is_flag=True,
     help="check the plan and schedule and print the torchrun command, run nothing (devices are checked where it runs)",
@@ -67,7 +73,7 @@ if TYPE_CHECKING:
     "--out", "out", required=True, type=click.Path(file_okay=False), help="output folder (trace.json, result.json)"
 )
 def run(
-    plan_path, schedule_path, steps, warmup, device, nproc, precision, seed, timeout_s, verify, dry_run, out
+    plan_path, schedule_path, steps, warmup, device, nproc, precision, seed, timeout_s, verify, profile, dry_run, out
 ) -> None:
     """Run PLAN's training steps with torch (torchrun, one process per GPU) and measure them.
 
@@ -95,6 +101,7 @@ def run(
         seed=seed,
         timeout_s=timeout_s,
         verify=verify,
+        profile=profile,
     )
     if dry_run:  # the devices are checked on the node that runs the command
         click.echo(shlex.join(cmd))

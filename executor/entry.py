@@ -2,7 +2,9 @@
 --schedule schedule.csv --out DIR [--steps N] [--warmup K] [--device cpu|cuda] ...``.
 
 Initialises the process group (gloo on CPU, NCCL on CUDA, with a short timeout), runs the
-plan, gathers every rank's results on rank 0 which writes ``trace.json`` and ``result.json``,
+plan, gathers every rank's results on rank 0 which writes ``trace.json`` and ``result.json``
+(with ``--profile``, every rank writes its torch profiler trace of the measured steps to
+``OUT/profile/rank<N>.json.gz``),
 then ends with a barrier and a clean shutdown (without the barrier, processes using device-mesh
 sub-groups sometimes abort at exit in torch 2.13). Bad input exits with code 2. The process
 dies with torchrun (`guard.die_with_parent`): torchrun starts it in a session of its own, out of
@@ -41,6 +43,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=int, default=DEFAULT_TIMEOUT_S, help="process-group timeout, seconds")
     p.add_argument("--verify", action="store_true", help="check step-0 loss and gradients against one process")
+    p.add_argument("--profile", action="store_true", help="torch profiler traces of the measured steps in OUT/profile")
     return p.parse_args(argv)
 
 
@@ -57,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import torch.distributed as dist
 
-    from .worker import RunConfig, gather, run_rank, summarize
+    from .worker import PROFILE_DIR, RunConfig, gather, run_rank, summarize
 
     try:
         plan, model = read_plan_file(args.plan)
@@ -67,7 +70,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)  # the worker's own report, before any collective
         return 2
     cfg = RunConfig(
-        plan, model, args.schedule, args.steps, args.warmup, args.device, args.precision, args.seed, verify=args.verify
+        plan,
+        model,
+        args.schedule,
+        args.steps,
+        args.warmup,
+        args.device,
+        args.precision,
+        args.seed,
+        verify=args.verify,
+        profile_dir=str(Path(args.out) / PROFILE_DIR) if args.profile else None,
     )
     if args.device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))

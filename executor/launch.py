@@ -79,6 +79,7 @@ def torchrun_command(
     seed: int = 0,
     timeout_s: int = DEFAULT_TIMEOUT_S,
     verify: bool = False,
+    profile: bool = False,
 ) -> list[str]:
     args = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
@@ -87,7 +88,7 @@ def torchrun_command(
         "--steps", str(steps), "--warmup", str(warmup), "--device", device,
         "--precision", precision, "--seed", str(seed), "--timeout", str(timeout_s),
     ]  # fmt: skip
-    return args + (["--verify"] if verify else [])
+    return args + (["--verify"] if verify else []) + (["--profile"] if profile else [])
 
 
 #: glibc malloc settings of the executor's CPU processes: keep freed memory instead of returning

@@ -13,6 +13,7 @@ import statistics
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -46,6 +47,12 @@ class RunConfig:
     lr: float = 1e-3
     verify: bool = False
     profile_memory: bool = True  # CPU: profile one warm-up step for the peak memory
+    #: torch profiler (Kineto) trace of the measured steps, one file per rank here (None: none)
+    profile_dir: str | None = None
+
+
+#: the folder of --profile's traces inside the output folder
+PROFILE_DIR = "profile"
 
 
 def device_for(kind: str) -> torch.device:
@@ -135,7 +142,10 @@ def run_rank(cfg: RunConfig) -> dict:
     probes = [_probe(device, dtype)]  # the device's speed before and after the steps (executor/probe.py)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+    prof = None
     for i in range(total):
+        if cfg.profile_dir and i == cfg.warmup:
+            prof = _trace_profiler(device, cfg.steps, Path(cfg.profile_dir) / f"rank{rank}.json.gz")
         x, y = local_batch(cfg, i, device)
         dist.barrier()
         _sync(device)
@@ -155,6 +165,8 @@ def run_rank(cfg: RunConfig) -> dict:
                 st.scaler.step(st.optimizer, st.models)
         _sync(device)
         times.append(time.perf_counter() - t0)
+        if prof is not None:
+            prof.step()
         log.info("rank %d step %d: %.3f ms", rank, i, times[-1] * 1e3)
         if ref is not None and i == 0:  # gradients are still there after the optimizer step
             checked = verify.check_grads(st.models, ref)
@@ -164,6 +176,8 @@ def run_rank(cfg: RunConfig) -> dict:
             peak = mem["peak_bytes"]
         if i == total - 1:
             events = [event_dict(e) for e in rec.events(rank)]
+    if prof is not None:
+        prof.stop()
     if device.type == "cuda":
         peak = measure.peak_memory_cuda(device)
     probes.append(_probe(device, dtype))
@@ -179,6 +193,24 @@ def run_rank(cfg: RunConfig) -> dict:
         "verify": checked,
         "probe_s": probes,
     }
+
+
+def _trace_profiler(device: torch.device, steps: int, path: Path):
+    """A started torch profiler recording ``steps`` steps (``ProfilerStep#N``) with the input
+    shapes, which writes its Chrome trace to ``path`` when they are done. Its overhead is in the
+    measured steps' times."""
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    prof = profile(
+        activities=acts,
+        schedule=schedule(wait=0, warmup=0, active=steps, repeat=1),
+        on_trace_ready=lambda p: p.export_chrome_trace(str(path)),
+        record_shapes=True,
+    )
+    prof.start()
+    return prof
 
 
 def _probe(device: torch.device, dtype: str) -> float:

@@ -57,12 +57,44 @@ def measured(tmp_path_factory):
         "--warmup",
         "1",
         "--verify",
+        "--profile",
         "--timeout",
         "60",
     ]
     res = CliRunner().invoke(cli, args)
     assert res.exit_code == 0, res.output
     return d, res.output
+
+
+def test_run_profile_goes_through_the_trace_reader(measured, tmp_path):
+    """--profile: every rank's torch profiler trace of the measured steps, read, classified,
+    calibrated from and compared with the plan simulated (the CPU closed loop's trace path)."""
+    from click.testing import CliRunner
+
+    from simpar.sim.kineto.measure import measure_rank
+    from simpar.sim.kineto.reader import read_traces
+
+    d, _ = measured
+    prof = d / "out" / "profile"
+    traces = read_traces(prof)
+    assert [t.rank for t in traces] == [0, 1] and all(t.device["kind"] == "cpu" for t in traces)
+    for t in traces:
+        m = measure_rank(t)
+        assert len(m.steps) == 2 and m.classified >= 0.95
+        assert m.mean("busy").get("gemm", 0) > 0
+    out = tmp_path / "calib.json"
+    res = CliRunner().invoke(cli, ["calibrate", "--from-trace", str(prof), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert json.loads(out.read_text())["device"] == {"gpu": "cpu", "name": "", "kind": "cpu", "cluster": "cpu-host"}
+    res = CliRunner().invoke(
+        cli,
+        ["compare", "--trace", str(prof), "--plan", str(d / "plan.json"), "--cluster", "cpu-host"]
+        + ["--plot", str(tmp_path / "c.png"), "--perfetto", str(tmp_path / "both.json")],
+    )
+    assert res.exit_code == 0, res.output
+    assert "iteration time: simulated vs measured" in res.output and (tmp_path / "c.png").stat().st_size > 0
+    pids = {e["pid"] for e in json.loads((tmp_path / "both.json").read_text())["traceEvents"]}
+    assert {0, 1, 1000, 1001} <= pids
 
 
 def test_run_writes_result(measured):

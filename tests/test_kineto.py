@@ -219,7 +219,7 @@ def test_exposed_communication_and_idle_time(tmp_path):
     t = read_rank_trace(write_trace_file(tmp_path / "r.json", synthetic_trace([gemm, ar], steps=2)))
     b = measure_rank(t).steps[0]
     assert b.busy["gemm"] == pytest.approx(1e-3) and b.comm["all-reduce"] == pytest.approx(2e-3)
-    assert b.exposed["all-reduce"] == pytest.approx(2e-3 - 1e-3 + 1e-6, abs=2e-5)
+    assert b.exposed[("all-reduce", 8)] == pytest.approx(2e-3 - 1e-3 + 1e-6, abs=2e-5)
 
 
 # --- refusals --------------------------------------------------------------------------------
@@ -277,3 +277,55 @@ def test_calibrate_from_trace_on_the_command_line(tmp_path):
         ],
     )
     assert sim.exit_code == 0, sim.output
+
+
+def test_compare_a_plan_with_its_traces(tmp_path):
+    from simpar.sim.kineto.compare import comm_kind
+    from simpar.sim.plan import ParallelPlan
+
+    run = CliRunner().invoke(
+        cli,
+        [
+            "simulate",
+            "--model",
+            "tiny",
+            "--cluster",
+            "dgx-h100",
+            "--gpus",
+            "2",
+            "--gbs",
+            "4",
+            "--write-plan",
+            str(tmp_path / "p"),
+        ],
+    )
+    assert run.exit_code == 0, run.output
+    args = {
+        "Collective name": "allreduce",
+        "In msg nelems": 1 << 20,
+        "Out msg nelems": 1 << 20,
+        "Group size": 2,
+        "dtype": "BFloat16",
+    }
+    ops = _compute_ops()[:2] + [
+        SynthOp("record_param_comms", "ncclDevKernel_AllReduce_Sum_bf16_RING_LL", 1e-3, stream=20, comm=args)
+    ]
+    (tmp_path / "tr").mkdir()
+    for r in range(2):
+        write_trace_file(tmp_path / "tr" / f"rank{r}.json", synthetic_trace(ops, rank=r, world_size=2, steps=3))
+    plan = str(tmp_path / "p" / "plan.json")
+    res = CliRunner().invoke(cli, ["compare", "--trace", str(tmp_path / "tr"), "--plan", plan])
+    assert res.exit_code == 0, res.output
+    assert "dp_comm" in res.output and "over 2 rank(s)" in res.output
+    bad = CliRunner().invoke(cli, ["compare", "--trace", str(tmp_path / "tr")])
+    assert bad.exit_code == 2 and "--plan" in bad.output
+    # a collective's group says which parallelism it belongs to
+    p = ParallelPlan(tp=4, dp=2, pp=2, zero=1)
+    assert [
+        comm_kind(op, g, p) for op, g in [("all-reduce", 4), ("all-gather", 2), ("reduce-scatter", 2), ("p2p", 2)]
+    ] == [
+        "tp_comm",
+        "zero_comm",
+        "dp_comm",
+        "pp_comm",
+    ]

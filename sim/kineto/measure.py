@@ -27,8 +27,10 @@ class Breakdown:
     name: str
     window_s: float
     busy: dict[str, float] = field(default_factory=dict)  # kernel time per class (concurrent streams add)
+    compute_s: float = 0.0  # time some compute kernel runs (their union)
     comm: dict[str, float] = field(default_factory=dict)  # NCCL time per collective
-    exposed: dict[str, float] = field(default_factory=dict)  # NCCL time outside every compute kernel
+    #: NCCL time outside every compute kernel, per (collective, group size; 0: not recorded)
+    exposed: dict[tuple[str, int], float] = field(default_factory=dict)
     idle_s: float = 0.0  # no kernel running
     kernels: int = 0
 
@@ -44,17 +46,24 @@ class RankMeasure:
     def iteration_s(self) -> float:
         return statistics.median(b.window_s for b in self.steps)
 
-    def mean(self, attr: str) -> dict[str, float]:
+    def mean(self, attr: str) -> dict:
+        """The mean over the steps of the per-key figures ``attr`` (busy, comm, exposed)."""
         keys = sorted({k for b in self.steps for k in getattr(b, attr)})
         return {k: statistics.fmean(getattr(b, attr).get(k, 0.0) for b in self.steps) for k in keys}
 
 
+#: the host ops a CPU trace's device timeline is made of (wrappers such as autograd's
+#: ``evaluate_function`` or an optimizer's ``step`` are looked through)
+_DEVICE_OPS = ("aten::", "record_param_comms", "c10d::", "gloo:", "nccl:")
+
+
 def top_level_ops(t: RankTrace) -> list[Span]:
-    """The ATen ops no other ATen op on the same thread encloses (a CPU trace's 'kernels')."""
+    """The ATen ops (and collectives) no other one on the same thread encloses: a CPU trace's
+    'kernels'."""
     out: list[Span] = []
     by_tid: dict[int, list[Span]] = {}
     for op in t.ops:
-        if op.cat == "cpu_op":
+        if op.cat == "cpu_op" and op.name.startswith(_DEVICE_OPS):
             by_tid.setdefault(op.lane, []).append(op)
     for ops in by_tid.values():
         ops.sort(key=lambda o: (o.start, -o.dur))
@@ -139,7 +148,7 @@ def _overlap(x: list[tuple[float, float]], y: list[tuple[float, float]]) -> floa
 def breakdown(name: str, lo: float, hi: float, spans: list[Span]) -> Breakdown:
     b = Breakdown(name, hi - lo, kernels=len(spans))
     compute: list[tuple[float, float]] = []
-    comm: dict[str, list[tuple[float, float]]] = {}
+    comm: dict[tuple[str, int], list[tuple[float, float]]] = {}
     every: list[tuple[float, float]] = []
     for sp in spans:
         a, z = max(sp.start, lo), min(sp.end, hi)
@@ -150,16 +159,24 @@ def breakdown(name: str, lo: float, hi: float, spans: list[Span]) -> Breakdown:
         every.append((a, z))
         if kind == "nccl":
             op = collective(sp.name, sp.args)
-            comm.setdefault(op, []).append((a, z))
+            comm.setdefault((op, _group(sp)), []).append((a, z))
             b.comm[op] = b.comm.get(op, 0.0) + (z - a)
         elif kind in COMPUTE_KINDS:
             compute.append((a, z))
     cu = _merge(compute)
-    for op, iv in comm.items():
+    b.compute_s = _length(cu)
+    for key, iv in comm.items():
         m = _merge(iv)
-        b.exposed[op] = _length(m) - _overlap(m, cu)
+        b.exposed[key] = _length(m) - _overlap(m, cu)
     b.idle_s = max(0.0, (hi - lo) - _length(_merge(every)))
     return b
+
+
+def _group(sp: Span) -> int:
+    try:
+        return int((sp.args or {}).get("Group size", 0) or 0)
+    except (TypeError, ValueError):
+        return 0
 
 
 def measure_rank(t: RankTrace, spans: list[Span] | None = None) -> RankMeasure:

@@ -38,6 +38,8 @@ CHUNK = 1 << 22
 DEVICE_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 RUNTIME_CATS = frozenset({"cuda_runtime", "cuda_driver", "hip_runtime", "runtime"})
 HOST_CATS = frozenset({"cpu_op", "user_annotation"})
+#: category -> 0 device activity, 1 host op, 2 runtime launch
+_CAT_KIND = {**dict.fromkeys(DEVICE_CATS, 0), **dict.fromkeys(HOST_CATS, 1), **dict.fromkeys(RUNTIME_CATS, 2)}
 #: host ops whose args are kept (shapes of GEMMs / attention / element-wise, collectives)
 KEEP_ARGS = re.compile(
     r"^(aten::(mm|addmm|bmm|baddbmm|matmul|linear|_scaled_mm|_grouped_mm|"
@@ -300,33 +302,30 @@ class _Builder:
         out, names = self.out, self.names
         out.events += len(events)
         kernels, ops, launches, steps = out.kernels, out.ops, out.launches, out.steps
+        cat_kind, keep_args, span = _CAT_KIND, KEEP_ARGS.match, Span
+        base = self.base
         for ev in events:
+            cat = ev.get("cat")
+            kind = cat_kind.get(cat)
+            if kind is None:
+                if cat is None or str(cat).lower() not in cat_kind:  # older traces: "Kernel", "Runtime"
+                    continue
+                cat = str(cat).lower()
+                kind = cat_kind[cat]
             if ev.get("ph") != "X":
                 continue
-            cat = ev.get("cat", "")
-            if cat in DEVICE_CATS:
-                kind = 0
-            elif cat in HOST_CATS:
-                kind = 1
-            elif cat in RUNTIME_CATS:
-                kind = 2
-            else:
-                low = str(cat).lower()  # older traces: "Kernel", "Runtime"
-                kind = 0 if low in DEVICE_CATS else 1 if low in HOST_CATS else 2 if low in RUNTIME_CATS else -1
-                if kind < 0:
-                    continue
-                cat = low
             ts = ev.get("ts")
             if ts.__class__ is not float and ts.__class__ is not int:
                 ts = self._bad_time(ev, "ts")
-            if self.base is None:
-                self.base = ts
-            start = (ts - self.base) * 1e-6
+            if base is None:
+                base = self.base = ts
+            start = (ts - base) * 1e-6
             args = ev.get("args") or _NO_ARGS
             if kind == 2:
                 corr = args.get("correlation", -1)
                 if corr.__class__ is int and corr >= 0:
-                    launches[corr] = (_int(ev.get("tid")), start)
+                    tid = ev.get("tid")
+                    launches[corr] = (tid if tid.__class__ is int else _int(tid), start)
                 continue
             dur = ev.get("dur", 0.0)
             if dur.__class__ is not float and dur.__class__ is not int:
@@ -335,24 +334,24 @@ class _Builder:
             name = names.setdefault(name, name)  # one string per distinct name
             if kind == 0:
                 keep = {k: args[k] for k in COMM_ARGS if k in args} if "Collective name" in args else None
-                stream = args.get("stream", ev.get("tid"))
-                corr = args.get("correlation", -1)
-                kernels.append(
-                    Span(name, start, dur * 1e-6, stream if stream.__class__ is int else _int(stream), corr, cat, keep)
-                )
+                stream = args.get("stream")
+                if stream.__class__ is not int:
+                    stream = _int(ev.get("tid") if stream is None else stream)
+                kernels.append(span(name, start, dur * 1e-6, stream, args.get("correlation", -1), cat, keep))
                 continue
             tid = ev.get("tid")
-            tid = tid if tid.__class__ is int else _int(tid)
+            if tid.__class__ is not int:
+                tid = _int(tid)
             if name.startswith("ProfilerStep#"):
-                steps.append(Span(name, start, dur * 1e-6, tid, -1, cat))
+                steps.append(span(name, start, dur * 1e-6, tid, -1, cat))
                 continue
             keep = None
-            if args and KEEP_ARGS.match(name):
+            if args and keep_args(name):
                 keep = {k: args[k] for k in SHAPE_ARGS if k in args}
                 if "Collective name" in args:
                     keep.update((k, args[k]) for k in COMM_ARGS if k in args)
                 keep = keep or None
-            ops.append(Span(name, start, dur * 1e-6, tid, args.get("correlation", -1), cat, keep))
+            ops.append(span(name, start, dur * 1e-6, tid, args.get("correlation", -1), cat, keep))
 
 
 def _int(v: Any) -> int:

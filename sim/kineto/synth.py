@@ -116,12 +116,25 @@ def synthetic_trace(
     }
 
 
+def _kineto_event(e: dict[str, Any]) -> str:
+    """One event laid out as Kineto's ChromeTraceLogger writes it: the identity on one line, the
+    times on the next, each arg on a line of its own."""
+    ident = ", ".join(f"{json.dumps(k)}: {json.dumps(e[k])}" for k in ("ph", "cat", "name", "pid", "tid") if k in e)
+    times = ", ".join(f"{json.dumps(k)}: {json.dumps(e[k])}" for k in ("ts", "dur") if k in e)
+    lines = [f"    {ident},", f"    {times}"]
+    if e.get("args"):
+        args = ",\n".join(f"      {json.dumps(k)}: {json.dumps(v)}" for k, v in e["args"].items())
+        lines[-1] += ","
+        lines.append(f'    "args": {{\n{args}\n    }}')
+    return "  {\n" + "\n".join(lines) + "\n  }"
+
+
 def write_trace_file(path: str | Path, doc: dict[str, Any]) -> Path:
-    """``doc`` as Kineto writes it: one event per line (gzip for a ``.gz`` name)."""
+    """``doc`` as Kineto writes it (`_kineto_event`; gzip for a ``.gz`` name)."""
     p = Path(path)
     head = {k: v for k, v in doc.items() if k != "traceEvents"}
-    body = ",\n".join(json.dumps(e) for e in doc["traceEvents"])
-    text = json.dumps(head)[:-1] + ',\n"traceEvents": [\n' + body + "\n]}\n"
+    body = ",\n".join(_kineto_event(e) for e in doc["traceEvents"])
+    text = json.dumps(head, indent=2)[:-2] + ',\n  "traceEvents": [\n' + body + "\n]}\n"
     if p.suffix == ".gz":
         with gzip.open(p, "wt", encoding="utf-8") as f:
             f.write(text)
