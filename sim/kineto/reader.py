@@ -305,10 +305,10 @@ class _Builder:
         cat_kind, keep_args, span = _CAT_KIND, KEEP_ARGS.match, Span
         base = self.base
         for ev in events:
-            cat = ev.get("cat")
+            cat: str = ev.get("cat", "")
             kind = cat_kind.get(cat)
             if kind is None:
-                if cat is None or str(cat).lower() not in cat_kind:  # older traces: "Kernel", "Runtime"
+                if not cat or str(cat).lower() not in cat_kind:  # older traces: "Kernel", "Runtime"
                     continue
                 cat = str(cat).lower()
                 kind = cat_kind[cat]
