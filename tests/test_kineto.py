@@ -329,3 +329,26 @@ def test_compare_a_plan_with_its_traces(tmp_path):
         "dp_comm",
         "pp_comm",
     ]
+
+
+def test_the_readmes_calibrate_from_your_cluster_commands_run(tmp_path, monkeypatch):
+    import re
+    import shlex
+
+    readme = Path("README.md").read_text().split("## Calibrate from your cluster in three commands", 1)[1]
+    (block,) = re.findall(r"```sh\n(.*?)```", readme.split("\n## ", 1)[0], flags=re.S)
+    cmds = [shlex.split(line) for line in block.splitlines() if line.startswith("simpar ")]
+    assert [c[1] for c in cmds] == ["calibrate", "compare", "sweep"]
+    monkeypatch.chdir(tmp_path)
+    run = CliRunner().invoke(
+        cli, ["simulate", "--model", "tiny", "--cluster", "dgx-h100", "--gpus", "2", "--gbs", "4", "--write-plan", "p"]
+    )
+    assert run.exit_code == 0, run.output
+    Path("p/plan.json").rename("plan.json")
+    Path("profiler_traces").mkdir()
+    for r in range(2):
+        write_trace_file(f"profiler_traces/rank{r}.json.gz", synthetic_trace(_compute_ops(), rank=r, world_size=2))
+    for cmd in cmds[:2]:  # the sweep is the README's main job, run by its own tests
+        res = CliRunner().invoke(cli, cmd[1:])
+        assert res.exit_code == 0, (cmd, res.output)
+    assert Path("calib.json").exists() and Path("compare.png").exists() and Path("both.json").exists()

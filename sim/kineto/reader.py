@@ -389,31 +389,38 @@ def _metadata(out: RankTrace, top: dict[str, Any]) -> None:
     out.software = soft
 
 
+def _is_trace_name(q: Path) -> bool:
+    return q.is_file() and (q.suffix == ".json" or q.name.endswith(".json.gz"))
+
+
 def trace_files(path: str | Path) -> list[Path]:
-    """The trace files of ``path``: the file itself, or a folder's ``*.json`` / ``*.json.gz``
-    (one per rank; simpar's own outputs and non-trace JSON are refused when read)."""
+    """The trace files of ``path``: the file itself, a folder's ``*.json`` / ``*.json.gz`` (one
+    per rank), or, for a folder of run folders, every run's (non-trace JSON is refused when read)."""
     p = Path(path)
     if p.is_file():
         return [p]
     if not p.is_dir():
         raise SpecError(f"trace {p}", "does not exist.", "give a trace file or a folder of per-rank trace files.")
-    files = sorted(q for q in p.iterdir() if q.is_file() and (q.suffix == ".json" or q.name.endswith(".json.gz")))
+    files = sorted(q for q in p.iterdir() if _is_trace_name(q))
+    if not files:
+        files = sorted(q for sub in sorted(p.iterdir()) if sub.is_dir() for q in sub.iterdir() if _is_trace_name(q))
     if not files:
         raise SpecError(f"trace {p}", "holds no .json or .json.gz file.", "give the folder the profiler wrote.")
     return files
 
 
 def read_traces(path: str | Path) -> list[RankTrace]:
-    """Every rank's trace under ``path`` (`trace_files`), ordered by rank; two files of one rank
-    are refused."""
+    """Every rank's trace under ``path`` (`trace_files`), by run folder and rank; two files of one
+    rank in one folder are refused."""
     traces = [read_rank_trace(f, i) for i, f in enumerate(trace_files(path))]
-    seen: dict[int, str] = {}
+    seen: dict[tuple[str, int], str] = {}
     for t in traces:
-        if t.rank in seen:
+        key = (str(Path(t.path).parent), t.rank)
+        if key in seen:
             raise SpecError(
                 f"trace {t.path}",
-                f"is rank {t.rank} again (also {seen[t.rank]}).",
-                "give one file per rank, of one run.",
+                f"is rank {t.rank} again (also {seen[key]}).",
+                "give one file per rank, of one run (or one folder per run).",
             )
-        seen[t.rank] = t.path
-    return sorted(traces, key=lambda t: t.rank)
+        seen[key] = t.path
+    return sorted(traces, key=lambda t: (str(Path(t.path).parent), t.rank))
