@@ -154,7 +154,9 @@ def calibrate(
     if from_trace:
         from .traces import calibrate_from_trace
 
-        calibrate_from_trace(from_trace, gpu_name, cluster_name, Path(out))
+        doc = calibrate_from_trace(from_trace, gpu_name, cluster_name, Path(out), CUDA_CLUSTERS)
+        _print_calibration(doc)
+        click.echo(f"wrote {out} and {doc['measurements']}")
         return
     _calibrate(device, backend, nproc, gpu_name, cluster_name, quick, Path(out))
 

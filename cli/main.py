@@ -23,7 +23,8 @@ COMMANDS: dict[str, str] = {
     "accuracy": "Predicted vs measured on published runs and closed-loop runs: plots, tables, worst rows.",
     "calibrate": "Measure the device and write a calibration file for --calibration.",
     "collective": "Predicted nccl-tests table for one collective over all GPUs of a cluster.",
-    "compare": "Per rank and action kind: simulated and measured mean time and their difference.",
+    "compare": "Simulated against measured: two simpar traces (per rank and action kind), or a plan against the "
+    "profiler traces of its real run (per rank: iteration time and where it went).",
     "nccl": "Predicted vs measured nccl-tests rows of a CSV: busbw, time, the algorithm simpar chose.",
     "memory": "Peak memory per pipeline rank: weights, grads, optimizer, activations, other.",
     "report": "Rebuild a sweep's report from DIRECTORY/results.csv and DIRECTORY/sweep.json.",

@@ -95,18 +95,19 @@ def print_breakdown(traces: list[Any], speed: float) -> list[Any]:
     return measures
 
 
-def calibrate_from_trace(path: str, gpu_name: str | None, cluster_name: str | None, out: Path) -> dict[str, Any]:
-    """Read the traces, print their breakdown, fit and write the calibration (and its rows)."""
+def calibrate_from_trace(
+    path: str, gpu_name: str | None, cluster_name: str | None, out: Path, node_clusters: dict[str, str]
+) -> dict[str, Any]:
+    """Read the traces, print their breakdown, fit and write the calibration (and its rows); the
+    cluster, where not given, is the GPU's node preset (``node_clusters``)."""
     from simpar.sim import files
     from simpar.sim.calibration.from_trace import trace_calibration
     from simpar.sim.specs import load_cluster, load_gpu
 
-    from .calibrate import CUDA_CLUSTERS, _print_calibration
-
     traces, speed = read_dir(path)
     print_breakdown(traces, speed)
     gpu = load_gpu(trace_gpu(traces, gpu_name))
-    cluster_name = cluster_name or ("cpu-host" if gpu.name == "cpu" else CUDA_CLUSTERS.get(gpu.name))
+    cluster_name = cluster_name or ("cpu-host" if gpu.name == "cpu" else node_clusters.get(gpu.name))
     cluster = load_cluster(cluster_name, gpus=max(len(traces), 2)) if cluster_name else None
     if cluster is not None and cluster.gpu.name != gpu.name:
         raise SpecError(
@@ -120,6 +121,4 @@ def calibrate_from_trace(path: str, gpu_name: str | None, cluster_name: str | No
     )
     files.write_text(meas_path, json.dumps(meas, indent=1) + "\n")
     files.write_text(out, json.dumps(doc, indent=2) + "\n")
-    _print_calibration(doc)
-    click.echo(f"wrote {out} and {meas_path}")
     return doc
