@@ -96,6 +96,7 @@ class RankTrace:
     ops: list[Span] = field(default_factory=list)
     launches: dict[int, tuple[int, float]] = field(default_factory=dict)
     steps: list[Span] = field(default_factory=list)
+    group_sizes: tuple[int, ...] = ()  # the process groups' sizes (distributedInfo.pg_config)
     events: int = 0
     size_bytes: int = 0  # the file on disk
     json_chars: int = 0  # the JSON text read (decompressed)
@@ -373,6 +374,10 @@ def _metadata(out: RankTrace, top: dict[str, Any]) -> None:
             out.rank = int(m.group(1))
     if isinstance(dist.get("world_size"), int):
         out.world_size = dist["world_size"]
+    pgs = dist.get("pg_config") or []
+    out.group_sizes = tuple(
+        sorted({g["pg_size"] for g in pgs if isinstance(g, dict) and isinstance(g.get("pg_size"), int)})
+    )
     props = top.get("deviceProperties") or []
     name = props[0].get("name", "") if props and isinstance(props[0], dict) else ""
     rocm = (

@@ -11,8 +11,9 @@ microbenchmarks write them (`simpar.executor.microbench`), so that one fitter
   bytes read and written (inputs + output), from `MIN_EW_BYTES` up (smaller ones time the launch);
 - comm ``{op, group, bytes, time_s}``: a collective's kernel with its ``Collective name``, message
   size (all-gather: the output, reduce-scatter: the input, as nccl-tests counts them), dtype and
-  group size; per (op, group, bytes) the 25th percentile of its times (a collective's kernel also
-  waits for the slowest peer; the quicker ones measure the transfer).
+  group size (on a CPU trace, gloo's own ``gloo:*`` spans, `_gloo_key`); per (op, group, bytes) the
+  25th percentile of its times (a collective's kernel also waits for the slowest peer; the quicker
+  ones measure the transfer).
 
 A kernel is tied to the op that launched it through its correlation id: the runtime launch with
 that id happened inside the op on the same thread (the innermost op with recorded args). On a CPU
@@ -201,6 +202,11 @@ def comm_rows(traces: list[RankTrace]) -> list[dict[str, Any]]:
             key = _comm_key(op.name, op.args)
             if key is not None:
                 times[key].append(sec)
+        for op in t.ops:  # gloo's work on its own thread: the input's shape, the group from pg_config
+            if op.name.startswith("gloo:") and op.args and op.dur > 0:
+                gkey = _gloo_key(op, t)
+                if gkey is not None:
+                    times[gkey].append(op.dur)
         for k in t.kernels:  # newer traces put the collective's args on the NCCL kernel itself
             if k.args and "Collective name" in k.args:
                 kkey = _comm_key(k.name, k.args)
@@ -228,3 +234,21 @@ def _comm_key(name: str, args: dict[str, Any]) -> tuple[str, int, int] | None:
     if group < 2:
         return None
     return op, group, nel * dt[1]
+
+
+def _gloo_key(op: Span, t: RankTrace) -> tuple[str, int, int] | None:
+    """(op, group, bytes) of a ``gloo:all_reduce`` / ``gloo:all_gather`` span: bytes from its input
+    (an all-gather's output is group x its input); the group is the only size above 1 among the
+    trace's process groups (else unknown: left out). gloo's sends and receives are left out: a
+    receive's span is mostly the wait for its sender."""
+    name = collective(op.name)
+    dims, types = (op.args or {}).get("Input Dims"), (op.args or {}).get("Input type")
+    dt = _dtype(types[0] if isinstance(types, list) and types else None)
+    if name not in ("all-reduce", "all-gather") or not dims or not isinstance(dims[0], list) or dt is None:
+        return None
+    sizes = [g for g in t.group_sizes if g > 1]
+    group = sizes[0] if len(sizes) == 1 else 0
+    if group < 2:
+        return None
+    nbytes = math.prod(int(x) for x in dims[0]) * dt[1] * (group if name == "all-gather" else 1)
+    return (name, group, nbytes) if nbytes > 0 else None
