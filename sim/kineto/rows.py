@@ -238,16 +238,17 @@ def _comm_key(name: str, args: dict[str, Any]) -> tuple[str, int, int] | None:
 
 def _gloo_key(op: Span, t: RankTrace) -> tuple[str, int, int] | None:
     """(op, group, bytes) of a ``gloo:all_reduce`` / ``gloo:all_gather`` span: bytes from its input
-    (an all-gather's output is group x its input); the group is the only size above 1 among the
-    trace's process groups (else unknown: left out). gloo's sends and receives are left out: a
-    receive's span is mostly the wait for its sender."""
+    (an all-gather's output is group x its input). The span does not say which process group ran
+    it: the group is known only when every process group of the trace has one size (single-rank
+    groups count: torch records their instant collectives too), else the row is left out. gloo's
+    sends and receives are left out: a receive's span is mostly the wait for its sender."""
     name = collective(op.name)
     dims, types = (op.args or {}).get("Input Dims"), (op.args or {}).get("Input type")
     dt = _dtype(types[0] if isinstance(types, list) and types else None)
     if name not in ("all-reduce", "all-gather") or not dims or not isinstance(dims[0], list) or dt is None:
         return None
-    sizes = [g for g in t.group_sizes if g > 1]
-    group = sizes[0] if len(sizes) == 1 else 0
+    sizes = set(t.group_sizes)
+    group = sizes.pop() if len(sizes) == 1 else 0
     if group < 2:
         return None
     nbytes = math.prod(int(x) for x in dims[0]) * dt[1] * (group if name == "all-gather" else 1)
