@@ -368,3 +368,23 @@ def test_gloo_collectives_of_a_cpu_trace(tmp_path):
     assert rows == {("all-reduce", 2, 4 * 64 * 256 * 4), ("all-gather", 2, 2 * 4 * 64 * 256 * 4)}
     t.group_sizes = (1, 2)  # which group ran it is not recorded: left out
     assert comm_rows([t]) == []
+
+
+def test_passes_from_autograds_and_the_optimizers_spans(tmp_path):
+    mm = ((1024, 1024), (1024, 1024))
+    ops = [
+        SynthOp("aten::mm", "nvjet_fwd", 1e-3, mm, BF16),
+        SynthOp(
+            "aten::mm",
+            "nvjet_bwd",
+            2e-3,
+            mm,
+            BF16,
+            thread=2,
+            wrapper="autograd::engine::evaluate_function: MmBackward0",
+        ),
+        SynthOp("aten::add_", "vectorized_elementwise_kernel", 3e-4, wrapper="Optimizer.step#AdamW.step"),
+    ]
+    t = read_rank_trace(write_trace_file(tmp_path / "r.json", synthetic_trace(ops, steps=2)))
+    passes = measure_rank(t).steps[0].passes
+    assert passes == pytest.approx({"F": 1e-3, "B": 2e-3, "OPT": 3e-4})

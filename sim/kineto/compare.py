@@ -2,8 +2,10 @@
 per rank, the iteration time and where it went, in the simulator's breakdown keys.
 
 Measured, per profiler step (then the median step, or the mean of its parts):
-- ``compute``: time some compute kernel runs (their union: F, B, W, recompute and the optimizer
-  together; a trace does not say which pass a kernel belongs to);
+- ``compute``: time some compute kernel runs (their union), and per pass (`measure.span_passes`):
+  ``compute F``, ``compute B`` (autograd's backward: B, I, W and recompute, which a trace does not
+  tell apart), ``compute OPT`` (the optimizer's step); on a CPU trace the time between ops (Python,
+  dispatch) is not compute and shows as ``bubble``;
 - exposed communication: a collective's time outside every compute kernel, charged by its group
   to the plan's parallelism (`comm_kind`): ``tp_comm`` (a group of tp or tp x cp), ``pp_comm``
   (point-to-point), ``moe_a2a`` (all-to-all), ``zero_comm`` (an all-gather of a data-parallel
@@ -28,8 +30,24 @@ from .classify import COMPUTE_KINDS, kernel_kind
 from .measure import RankMeasure, windows
 from .reader import RankTrace, Span
 
-#: the keys both sides are compared in, in order
-KEYS = ("iteration", "compute", "tp_comm", "pp_comm", "dp_comm", "zero_comm", "moe_a2a", "other_comm", "bubble")
+#: the keys both sides are compared in, in order; "compute F" / "compute B" / "compute OPT" are
+#: parts of "compute" (the measured ones: the union of that pass's kernels; the simulated ones: the
+#: compute stream's F actions, its B, I, W and R actions, its OPT)
+KEYS = (
+    "iteration",
+    "compute",
+    "compute F",
+    "compute B",
+    "compute OPT",
+    "tp_comm",
+    "pp_comm",
+    "dp_comm",
+    "zero_comm",
+    "moe_a2a",
+    "other_comm",
+    "bubble",
+)
+SIM_PASSES = {"F": "compute F", "B": "compute B", "I": "compute B", "W": "compute B", "R": "compute B"}
 #: simulated accounts summed into "compute"
 SIM_COMPUTE = ("compute", "expert_compute", "recompute", "optimizer", "offload")
 MEASURED_PID = 1000
@@ -64,6 +82,8 @@ def measured_breakdown(m: RankMeasure, plan: ParallelPlan) -> dict[str, float]:
     if not m.steps:
         return out
     out["compute"] = statistics.fmean(b.compute_s for b in m.steps)
+    for p, sec in m.mean("passes").items():
+        out[f"compute {p}"] = sec
     out["bubble"] = statistics.fmean(b.idle_s for b in m.steps)
     for (op, group), sec in m.mean("exposed").items():
         key = comm_kind(op, group, plan)
@@ -71,9 +91,15 @@ def measured_breakdown(m: RankMeasure, plan: ParallelPlan) -> dict[str, float]:
     return out
 
 
-def simulated_breakdown(bd: dict[str, float]) -> dict[str, float]:
+def simulated_breakdown(bd: dict[str, float], events: list[TraceEvent] = ()) -> dict[str, float]:  # type: ignore[assignment]
+    """The rank's breakdown in `KEYS`, the passes from its compute-stream ``events``."""
     out = dict.fromkeys(KEYS, 0.0)
     out["iteration"] = sum(bd.values())
+    for e in events:
+        if e.stream == "compute":
+            key = SIM_PASSES.get(e.kind, "compute OPT" if e.kind == "OPT" else None)
+            if key:
+                out[key] += e.duration
     for k, v in bd.items():
         if k in SIM_COMPUTE:
             out["compute"] += v
@@ -86,11 +112,14 @@ def simulated_breakdown(bd: dict[str, float]) -> dict[str, float]:
 
 def compare_ranks(measures: list[RankMeasure], result: Any, plan: ParallelPlan) -> list[RankRow]:
     """A row per rank both sides have (a trace may hold a sample of the ranks)."""
+    by_rank: dict[int, list[TraceEvent]] = {}
+    for e in result.events:
+        by_rank.setdefault(e.rank, []).append(e)
     rows = []
     for m in measures:
         bd = result.rank_breakdowns.get(m.rank)
         if bd is not None:
-            rows.append(RankRow(m.rank, simulated_breakdown(bd), measured_breakdown(m, plan)))
+            rows.append(RankRow(m.rank, simulated_breakdown(bd, by_rank.get(m.rank, [])), measured_breakdown(m, plan)))
     return rows
 
 

@@ -28,6 +28,9 @@ class Breakdown:
     window_s: float
     busy: dict[str, float] = field(default_factory=dict)  # kernel time per class (concurrent streams add)
     compute_s: float = 0.0  # time some compute kernel runs (their union)
+    #: the same per pass (`span_passes`): "F", "B" (autograd's backward: B, I, W and recompute),
+    #: "OPT" (the optimizer's step, and optimizer kernels anywhere)
+    passes: dict[str, float] = field(default_factory=dict)
     comm: dict[str, float] = field(default_factory=dict)  # NCCL time per collective
     #: NCCL time outside every compute kernel, per (collective, group size; 0: not recorded)
     exposed: dict[tuple[str, int], float] = field(default_factory=dict)
@@ -145,9 +148,37 @@ def _overlap(x: list[tuple[float, float]], y: list[tuple[float, float]]) -> floa
     return total
 
 
-def breakdown(name: str, lo: float, hi: float, spans: list[Span]) -> Breakdown:
+#: host spans whose launches belong to a pass: autograd's backward (B, I, W, recompute), the
+#: optimizer's step (torch.optim wraps it in ``Optimizer.step#<class>.step``)
+PASS_WRAPPERS = (("autograd::engine::evaluate_function", "B"), ("Optimizer.step", "OPT"))
+
+
+def span_passes(t: RankTrace, spans: list[Span]) -> dict[int, str]:
+    """id -> pass ("B" or "OPT") of the ``spans`` whose launch (a kernel's runtime call, a CPU op's
+    own start) lies inside a `PASS_WRAPPERS` span of the same thread (on a GPU, the backward runs
+    on autograd's own thread); the others are "F"."""
+    out: dict[int, str] = {}
+    for prefix, label in PASS_WRAPPERS:
+        by_tid: dict[int, list[tuple[float, float]]] = {}
+        for op in t.ops:
+            if op.name.startswith(prefix):
+                by_tid.setdefault(op.lane, []).append((op.start, op.end))
+        merged = {tid: _merge(iv) for tid, iv in by_tid.items()}
+        starts = {tid: [a for a, _ in iv] for tid, iv in merged.items()}
+        for sp in spans:
+            at = t.launches.get(sp.corr) if t.kernels else (sp.lane, sp.start)
+            if at is None or at[0] not in merged:
+                continue
+            i = bisect.bisect_right(starts[at[0]], at[1]) - 1
+            if i >= 0 and merged[at[0]][i][1] >= at[1]:
+                out[id(sp)] = label
+    return out
+
+
+def breakdown(name: str, lo: float, hi: float, spans: list[Span], passes_of: dict[int, str] | None = None) -> Breakdown:
     b = Breakdown(name, hi - lo, kernels=len(spans))
     compute: list[tuple[float, float]] = []
+    passes: dict[str, list[tuple[float, float]]] = {}
     comm: dict[tuple[str, int], list[tuple[float, float]]] = {}
     every: list[tuple[float, float]] = []
     for sp in spans:
@@ -163,8 +194,11 @@ def breakdown(name: str, lo: float, hi: float, spans: list[Span]) -> Breakdown:
             b.comm[op] = b.comm.get(op, 0.0) + (z - a)
         elif kind in COMPUTE_KINDS:
             compute.append((a, z))
+            step = "OPT" if kind == "optimizer" else (passes_of or {}).get(id(sp), "F")
+            passes.setdefault(step, []).append((a, z))
     cu = _merge(compute)
     b.compute_s = _length(cu)
+    b.passes = {k: _length(_merge(iv)) for k, iv in passes.items()}
     for key, iv in comm.items():
         m = _merge(iv)
         b.exposed[key] = _length(m) - _overlap(m, cu)
@@ -183,7 +217,8 @@ def measure_rank(t: RankTrace, spans: list[Span] | None = None) -> RankMeasure:
     spans = device_spans(t) if spans is None else spans
     total = sum(s.dur for s in spans)
     other = sum(s.dur for s in spans if kernel_kind(s.name, s.cat) == "other")
-    steps = [breakdown(n, lo, hi, g) for n, lo, hi, g in windows(t, spans)]
+    of = span_passes(t, spans)
+    steps = [breakdown(n, lo, hi, g, of) for n, lo, hi, g in windows(t, spans)]
     return RankMeasure(t.rank, steps, 1.0 - other / total if total else 0.0, total)
 
 

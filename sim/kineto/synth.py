@@ -28,6 +28,8 @@ class SynthOp:
     stream: int = 7
     comm: dict[str, Any] | None = None  # Collective name, In/Out msg nelems, Group size, dtype, ...
     host_s: float = 10e-6  # the op's host time before its launch
+    thread: int = 1  # the host thread that launches it (autograd's backward has its own on a GPU)
+    wrapper: str = ""  # a host span around the op ("autograd::engine::evaluate_function: MmBackward0")
 
 
 def synthetic_trace(
@@ -57,9 +59,11 @@ def synthetic_trace(
             if o.comm:
                 args.update(o.comm)
             host = o.host_s * 1e6
-            ev.append(
-                {"ph": "X", "cat": "cpu_op", "name": o.op, "pid": 1, "tid": 1, "ts": t, "dur": host + 6, "args": args}
-            )
+            if o.wrapper:
+                span = {"ph": "X", "cat": "cpu_op", "name": o.wrapper, "pid": 1, "tid": o.thread, "ts": t - 1}
+                ev.append({**span, "dur": host + 8})
+            op = {"ph": "X", "cat": "cpu_op", "name": o.op, "pid": 1, "tid": o.thread, "ts": t, "dur": host + 6}
+            ev.append({**op, "args": args})
             launch = t + host
             ev.append(
                 {
@@ -67,7 +71,7 @@ def synthetic_trace(
                     "cat": "cuda_runtime",
                     "name": "cudaLaunchKernel",
                     "pid": 1,
-                    "tid": 1,
+                    "tid": o.thread,
                     "ts": launch,
                     "dur": 4.0,
                     "args": {"correlation": corr},
