@@ -68,7 +68,8 @@ def main() -> None:
             (out / "fit-traces").mkdir(exist_ok=True)
             (out / "traces" / case.name / "profile").rename(out / "fit-traces" / case.name)
     traces = read_traces(out / "fit-traces")
-    doc, _ = trace_calibration(traces, load_gpu("cpu"), cluster, date="", measurements_file=None)
+    runs = {str(out / "fit-traces" / c.name): plan_of(c, cluster)[::-1] for c in fit_cases}
+    doc, _ = trace_calibration(traces, load_gpu("cpu"), cluster, date="", measurements_file=None, runs=runs)
     (out / "trace-calib.json").write_text(json.dumps(doc, indent=2))
     tc = validate_calibration(doc, "trace-calib.json", "cpu")
     rows = []

@@ -114,6 +114,14 @@ def _progress(total: int, what: str) -> Iterator:
     "instead of running the microbenchmarks",
 )
 @click.option(
+    "--plan",
+    "plan_path",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="--from-trace: the plan.json the traced run executed (a run folder's own plan.json is read too); "
+    "simpar executor runs then also fit its in-run profile",
+)
+@click.option(
     "--out", "out", required=True, type=click.Path(), help="calibration JSON (or, with --check, an output folder)"
 )
 def calibrate(
@@ -131,6 +139,7 @@ def calibrate(
     rounds,
     max_rounds,
     from_trace,
+    plan_path,
     out,
 ) -> None:
     """Measure the device and write a calibration file for --calibration.
@@ -154,7 +163,7 @@ def calibrate(
     if from_trace:
         from .traces import calibrate_from_trace
 
-        doc = calibrate_from_trace(from_trace, gpu_name, cluster_name, Path(out), CUDA_CLUSTERS)
+        doc = calibrate_from_trace(from_trace, gpu_name, cluster_name, Path(out), CUDA_CLUSTERS, plan_path)
         _print_calibration(doc)
         click.echo(f"wrote {out} and {doc['measurements']}")
         return

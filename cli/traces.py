@@ -95,8 +95,33 @@ def print_breakdown(traces: list[Any], speed: float) -> list[Any]:
     return measures
 
 
+def run_plans(traces: list[Any], plan_path: str | None) -> dict[str, Any]:
+    """Run folder -> (plan, model) it executed: the folder's own plan.json, else ``plan_path`` for
+    the traces of a single folder."""
+    from simpar.sim.specs.planfile import read_plan_file
+
+    folders = sorted({str(Path(t.path).parent) for t in traces})
+    out = {}
+    for folder in folders:
+        own = Path(folder) / "plan.json"
+        if own.is_file():
+            out[folder] = read_plan_file(own)
+        elif plan_path and len(folders) == 1:
+            out[folder] = read_plan_file(plan_path)
+    if plan_path and len(folders) > 1:
+        raise SpecError(
+            "--plan", f"names one plan for {len(folders)} run folders.", "put each run's plan.json in its folder."
+        )
+    return out
+
+
 def calibrate_from_trace(
-    path: str, gpu_name: str | None, cluster_name: str | None, out: Path, node_clusters: dict[str, str]
+    path: str,
+    gpu_name: str | None,
+    cluster_name: str | None,
+    out: Path,
+    node_clusters: dict[str, str],
+    plan_path: str | None = None,
 ) -> dict[str, Any]:
     """Read the traces, print their breakdown, fit and write the calibration (and its rows); the
     cluster, where not given, is the GPU's node preset (``node_clusters``)."""
@@ -117,7 +142,12 @@ def calibrate_from_trace(
         )
     meas_path = out.with_name(out.stem + ".measurements.json")
     doc, meas = trace_calibration(
-        traces, gpu, cluster, date=_dt.date.today().isoformat(), measurements_file=meas_path.name
+        traces,
+        gpu,
+        cluster,
+        date=_dt.date.today().isoformat(),
+        measurements_file=meas_path.name,
+        runs=run_plans(traces, plan_path),
     )
     files.write_text(meas_path, json.dumps(meas, indent=1) + "\n")
     files.write_text(out, json.dumps(doc, indent=2) + "\n")

@@ -83,9 +83,14 @@ def test_run_profile_goes_through_the_trace_reader(measured, tmp_path):
         assert len(m.steps) == 2 and m.classified >= 0.95
         assert m.mean("busy").get("gemm", 0) > 0
     out = tmp_path / "calib.json"
-    res = CliRunner().invoke(cli, ["calibrate", "--from-trace", str(prof), "--out", str(out)])
+    res = CliRunner().invoke(
+        cli, ["calibrate", "--from-trace", str(prof), "--plan", str(d / "plan.json"), "--out", str(out)]
+    )
     assert res.exit_code == 0, res.output
-    assert json.loads(out.read_text())["device"] == {"gpu": "cpu", "name": "", "kind": "cpu", "cluster": "cpu-host"}
+    doc = json.loads(out.read_text())
+    assert doc["device"] == {"gpu": "cpu", "name": "", "kind": "cpu", "cluster": "cpu-host"}
+    # the executor's actions (PP:<stage><F|I|W><mb>) with the plan: its in-run profile, two stages
+    assert doc["notes"]["trace"]["rows"]["in_run"] == 2 and set(doc["in_run"]["compute_scale"]) == {"2"}
     res = CliRunner().invoke(
         cli,
         ["compare", "--trace", str(prof), "--plan", str(d / "plan.json"), "--cluster", "cpu-host"]

@@ -11,13 +11,17 @@ versions and the rows used (``measurements``: the rows file beside it).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+from ..kineto.actions import action_rows
 from ..kineto.reader import RankTrace
 from ..kineto.rows import attention_rows, comm_rows, elementwise_rows, matmul_rows
+from ..plan import ParallelPlan
 from ..specs import ClusterSpec, GPUSpec
 from ..specs.calibration import CALIBRATION_VERSION, EfficiencyParams, default_calibration, validate_calibration
-from .fit import fit_attention, fit_bandwidth, fit_matmul, fit_network, fit_report
+from ..specs.model import ModelSpec
+from .fit import fit_attention, fit_bandwidth, fit_grad_reduce, fit_in_run, fit_matmul, fit_network, fit_report
 
 #: fewest rows of a family to fit it from
 MIN_ROWS = {"matmul": 3, "attention": 1, "elementwise": 3}
@@ -28,13 +32,22 @@ MIN_GEMM_DIM = 64
 MAX_FIT_ERROR = 0.30
 
 
-def trace_measurements(traces: list[RankTrace]) -> dict[str, Any]:
-    """The measurement rows of ``traces`` (the microbenchmarks' document shape)."""
+def trace_measurements(
+    traces: list[RankTrace], runs: dict[str, tuple[ParallelPlan, ModelSpec]] | None = None
+) -> dict[str, Any]:
+    """The measurement rows of ``traces`` (the microbenchmarks' document shape); ``runs`` (run
+    folder -> the plan and model it ran) adds the executor's in-run rows of those runs."""
     compute: dict[str, list[dict[str, Any]]] = {"matmul": [], "attention": [], "elementwise": []}
     for t in traces:
         compute["matmul"] += matmul_rows(t)
         compute["attention"] += attention_rows(t)
         compute["elementwise"] += elementwise_rows(t)
+    in_run: list[dict[str, Any]] = []
+    grad_reduce: list[dict[str, Any]] = []
+    for folder, (plan, model) in (runs or {}).items():
+        got = action_rows([t for t in traces if str(Path(t.path).parent) == folder], plan, model)
+        in_run += got["compute"]
+        grad_reduce += got["grad_reduce"]
     first = traces[0]
     return {
         "device": {
@@ -43,15 +56,25 @@ def trace_measurements(traces: list[RankTrace]) -> dict[str, Any]:
         },
         "compute": compute,
         "comm": comm_rows(traces),
+        "in_run": in_run,
+        "grad_reduce": grad_reduce,
         "traces": [t.path for t in traces],
     }
 
 
 def trace_calibration(
-    traces: list[RankTrace], gpu: GPUSpec, cluster: ClusterSpec | None, *, date: str, measurements_file: str | None
+    traces: list[RankTrace],
+    gpu: GPUSpec,
+    cluster: ClusterSpec | None,
+    *,
+    date: str,
+    measurements_file: str | None,
+    runs: dict[str, tuple[ParallelPlan, ModelSpec]] | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(calibration document, its measurement rows) for ``gpu`` from ``traces``."""
-    meas = trace_measurements(traces)
+    """(calibration document, its measurement rows) for ``gpu`` from ``traces``; with ``runs``
+    (the plan each run folder executed), also the executor's in-run profile of simpar's executor
+    runs among them (`simpar.sim.kineto.actions`)."""
+    meas = trace_measurements(traces, runs)
     kind = meas["device"]["kind"]
     fit_dtype = "fp32" if kind == "cpu" else "bf16"
     base = default_calibration(gpu.name)
@@ -110,6 +133,13 @@ def trace_calibration(
             }
         },
     }
+    if meas["grad_reduce"]:
+        doc["grad_reduce"] = fit_grad_reduce(meas["grad_reduce"])
+    if meas["in_run"]:
+        in_run = fit_in_run(meas["in_run"], doc, gpu)
+        if in_run:
+            doc["in_run"] = in_run
+            doc["notes"]["trace"]["rows"]["in_run"] = len(meas["in_run"])
     if measurements_file:
         doc["measurements"] = measurements_file
     errors = fit_report(
