@@ -82,6 +82,15 @@ def test_kernel_names(name, kind, op):
         assert collective(name) == op
 
 
+def test_nccl_algorithm_from_the_kernel_name():
+    from simpar.sim.kineto.classify import nccl_algorithm
+
+    assert nccl_algorithm("ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevComm*)") == ("ring", "LL")
+    assert nccl_algorithm("ncclKernel_AllReduce_TREE_LL128_Sum_float(ncclWorkElem)") == ("tree", "LL128")
+    assert nccl_algorithm("ncclDevKernel_AllReduce_Sum_bf16_NVLS_SIMPLE") == ("nvls", "SIMPLE")
+    assert nccl_algorithm("ncclDevKernel_Generic(ncclDevKernelArgsStorage<4096ul>)") is None
+
+
 # --- a synthetic trace of known parameters, fitted back ----------------------------------------
 TRUTH = EfficiencyParams(mm_eff_max=0.62, mm_half_dim=150.0, attn_eff_fwd=0.45, attn_eff_bwd=0.33, hbm_eff=0.7)
 BF16 = ("c10::BFloat16", "c10::BFloat16")
@@ -219,7 +228,7 @@ def test_exposed_communication_and_idle_time(tmp_path):
     t = read_rank_trace(write_trace_file(tmp_path / "r.json", synthetic_trace([gemm, ar], steps=2)))
     b = measure_rank(t).steps[0]
     assert b.busy["gemm"] == pytest.approx(1e-3) and b.comm["all-reduce"] == pytest.approx(2e-3)
-    assert b.exposed[("all-reduce", 8)] == pytest.approx(2e-3 - 1e-3 + 1e-6, abs=2e-5)
+    assert b.exposed[("all-reduce", 8, "")] == pytest.approx(2e-3 - 1e-3 + 1e-6, abs=2e-5)
 
 
 # --- refusals --------------------------------------------------------------------------------

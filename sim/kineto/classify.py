@@ -110,3 +110,13 @@ def collective(name: str, args: dict | None = None) -> str:
         if pattern.search(name):
             return op
     return "other"
+
+
+_ALGO = re.compile(r"_(RING|TREE|COLLNET_DIRECT|COLLNET_CHAIN|NVLS_TREE|NVLS|PAT)_(LL128|LL|SIMPLE)(?![A-Za-z0-9])")
+
+
+def nccl_algorithm(name: str) -> tuple[str, str] | None:
+    """(algorithm, protocol) an NCCL kernel's name records (``..._RING_LL``: ring, LL), lower-case;
+    None when it does not (``ncclDevKernel_Generic``, SendRecv without one)."""
+    m = _ALGO.search(name)
+    return (m.group(1).lower(), m.group(2)) if m else None

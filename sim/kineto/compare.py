@@ -6,8 +6,9 @@ Measured, per profiler step (then the median step, or the mean of its parts):
   ``compute F``, ``compute B`` (autograd's backward: B, I, W and recompute, which a trace does not
   tell apart), ``compute OPT`` (the optimizer's step); on a CPU trace the time between ops (Python,
   dispatch) is not compute and shows as ``bubble``;
-- exposed communication: a collective's time outside every compute kernel, charged by its group
-  to the plan's parallelism (`comm_kind`): ``tp_comm`` (a group of tp or tp x cp), ``pp_comm``
+- exposed communication: a collective's time outside every compute kernel, charged by its process
+  group's description where the trace records it (``mesh_tp``, ``TENSOR_MODEL_PARALLEL_GROUP``), else
+  by its group's size, to the plan's parallelism (`comm_kind`): ``tp_comm`` (a group of tp or tp x cp), ``pp_comm``
   (point-to-point), ``moe_a2a`` (all-to-all), ``zero_comm`` (an all-gather of a data-parallel
   group: ZeRO's parameter gathers), ``dp_comm`` (the data-parallel group's reductions),
   ``other_comm`` (a group the plan does not have, or not recorded);
@@ -20,6 +21,7 @@ trace (`perfetto_doc`): simulated ranks as processes 0..n-1, measured ones from 
 
 from __future__ import annotations
 
+import re
 import statistics
 from dataclasses import dataclass
 from typing import Any
@@ -53,12 +55,28 @@ SIM_COMPUTE = ("compute", "expert_compute", "recompute", "optimizer", "offload")
 MEASURED_PID = 1000
 
 
-def comm_kind(op: str, group: int, plan: ParallelPlan) -> str:
-    """The breakdown key of a collective ``op`` over ``group`` GPUs (module docstring)."""
+#: words of a process group's description (torch's ``Process Group Description``: a DeviceMesh
+#: dimension "mesh_tp", Megatron-Core's "TENSOR_MODEL_PARALLEL_GROUP") -> breakdown key, first match
+_DESCRIPTIONS = (
+    (re.compile(r"expert|(^|_)ep($|_)", re.I), "moe_a2a"),
+    (re.compile(r"tensor|context|(^|_)(tp|cp)($|_)", re.I), "tp_comm"),
+    (re.compile(r"pipe|(^|_)pp($|_)", re.I), "pp_comm"),
+    (re.compile(r"data|(^|_)(dp|fsdp|dp_shard|dp_replicate)($|_)", re.I), "dp_comm"),
+)
+
+
+def comm_kind(op: str, group: int, plan: ParallelPlan, desc: str = "") -> str:
+    """The breakdown key of a collective ``op`` over ``group`` GPUs, by its process group's
+    description where the trace records one, else by the op and the group's size (module docstring)."""
     if op == "p2p":
         return "pp_comm"
     if op == "all-to-all":
         return "moe_a2a"
+    for pattern, key in _DESCRIPTIONS if desc else ():
+        if pattern.search(desc):
+            if key == "dp_comm" and op == "all-gather" and plan.zero >= 1:
+                return "zero_comm"
+            return key
     if group and plan.tp > 1 and group in (plan.tp, plan.tp * plan.cp):
         return "tp_comm"
     data = {plan.dp, plan.dp * plan.cp}
@@ -85,8 +103,8 @@ def measured_breakdown(m: RankMeasure, plan: ParallelPlan) -> dict[str, float]:
     for p, sec in m.mean("passes").items():
         out[f"compute {p}"] = sec
     out["bubble"] = statistics.fmean(b.idle_s for b in m.steps)
-    for (op, group), sec in m.mean("exposed").items():
-        key = comm_kind(op, group, plan)
+    for (op, group, desc), sec in m.mean("exposed").items():
+        key = comm_kind(op, group, plan, desc)
         out[key] += sec
     return out
 

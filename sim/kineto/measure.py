@@ -32,8 +32,9 @@ class Breakdown:
     #: "OPT" (the optimizer's step, and optimizer kernels anywhere)
     passes: dict[str, float] = field(default_factory=dict)
     comm: dict[str, float] = field(default_factory=dict)  # NCCL time per collective
-    #: NCCL time outside every compute kernel, per (collective, group size; 0: not recorded)
-    exposed: dict[tuple[str, int], float] = field(default_factory=dict)
+    #: NCCL time outside every compute kernel, per (collective, group size, the process group's
+    #: description; 0 and "": not recorded)
+    exposed: dict[tuple[str, int, str], float] = field(default_factory=dict)
     idle_s: float = 0.0  # no kernel running
     kernels: int = 0
 
@@ -179,7 +180,7 @@ def breakdown(name: str, lo: float, hi: float, spans: list[Span], passes_of: dic
     b = Breakdown(name, hi - lo, kernels=len(spans))
     compute: list[tuple[float, float]] = []
     passes: dict[str, list[tuple[float, float]]] = {}
-    comm: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    comm: dict[tuple[str, int, str], list[tuple[float, float]]] = {}
     every: list[tuple[float, float]] = []
     for sp in spans:
         a, z = max(sp.start, lo), min(sp.end, hi)
@@ -190,7 +191,8 @@ def breakdown(name: str, lo: float, hi: float, spans: list[Span], passes_of: dic
         every.append((a, z))
         if kind == "nccl":
             op = collective(sp.name, sp.args)
-            comm.setdefault((op, _group(sp)), []).append((a, z))
+            desc = str((sp.args or {}).get("Process Group Description", ""))
+            comm.setdefault((op, _group(sp), desc), []).append((a, z))
             b.comm[op] = b.comm.get(op, 0.0) + (z - a)
         elif kind in COMPUTE_KINDS:
             compute.append((a, z))

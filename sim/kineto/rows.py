@@ -13,7 +13,7 @@ microbenchmarks write them (`simpar.executor.microbench`), so that one fitter
   size (all-gather: the output, reduce-scatter: the input, as nccl-tests counts them), dtype and
   group size (on a CPU trace, gloo's own ``gloo:*`` spans, `_gloo_key`); per (op, group, bytes) the
   25th percentile of its times (a collective's kernel also waits for the slowest peer; the quicker
-  ones measure the transfer).
+  ones measure the transfer), and the NCCL algorithms/protocols its kernels' names record.
 
 A kernel is tied to the op that launched it through its correlation id: the runtime launch with
 that id happened inside the op on the same thread (the innermost op with recorded args). On a CPU
@@ -28,7 +28,7 @@ import statistics
 from collections import defaultdict
 from typing import Any
 
-from .classify import collective, kernel_kind
+from .classify import collective, kernel_kind, nccl_algorithm
 from .reader import RankTrace, Span
 
 #: torch's dtype names in ``Input type`` / ``dtype`` -> (simpar dtype, bytes per element)
@@ -193,6 +193,7 @@ def elementwise_rows(t: RankTrace) -> list[dict[str, Any]]:
 
 def comm_rows(traces: list[RankTrace]) -> list[dict[str, Any]]:
     times: dict[tuple[str, int, int], list[float]] = defaultdict(list)
+    algos: dict[tuple[str, int, int], set[tuple[str, str]]] = {}
     for t in traces:
         for op, sec, ks in _op_times(t):
             if op.args is None or "Collective name" not in op.args or sec <= 0:
@@ -202,6 +203,9 @@ def comm_rows(traces: list[RankTrace]) -> list[dict[str, Any]]:
             key = _comm_key(op.name, op.args)
             if key is not None:
                 times[key].append(sec)
+                algo = next((a for k in ks if (a := nccl_algorithm(k.name))), None)
+                if algo:
+                    algos.setdefault(key, set()).add(algo)
         for op in t.ops:  # gloo's work on its own thread: the input's shape, the group from pg_config
             if op.name.startswith("gloo:") and op.args and op.dur > 0:
                 gkey = _gloo_key(op, t)
@@ -212,10 +216,16 @@ def comm_rows(traces: list[RankTrace]) -> list[dict[str, Any]]:
                 kkey = _comm_key(k.name, k.args)
                 if kkey is not None:
                     times[kkey].append(k.dur)
+                    algo = nccl_algorithm(k.name)
+                    if algo:
+                        algos.setdefault(kkey, set()).add(algo)
     rows = []
     for (name, g, nbytes), ts in sorted(times.items()):
         ts.sort()
-        rows.append({"op": name, "group": g, "bytes": nbytes, "time_s": ts[(len(ts) - 1) // 4], "samples": len(ts)})
+        row = {"op": name, "group": g, "bytes": nbytes, "time_s": ts[(len(ts) - 1) // 4], "samples": len(ts)}
+        if algos.get((name, g, nbytes)):  # NCCL's choice, as its kernels' names record it
+            row["algorithms"] = sorted(f"{a}/{p}" for a, p in algos[(name, g, nbytes)])
+        rows.append(row)
     return rows
 
 
