@@ -24,17 +24,15 @@ Metadata: ``distributedInfo`` (rank, world size, backend, NCCL version), ``devic
 from __future__ import annotations
 
 import gc
-import gzip
 import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from ..errors import SpecError
+from .jsonstream import Stream, open_text
 
-#: text read per refill of the stream buffer
-CHUNK = 1 << 22
 DEVICE_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 RUNTIME_CATS = frozenset({"cuda_runtime", "cuda_driver", "hip_runtime", "runtime"})
 HOST_CATS = frozenset({"cpu_op", "user_annotation"})
@@ -60,8 +58,6 @@ COMM_ARGS = (
     "Process Group Ranks",
 )
 SHAPE_ARGS = ("Input Dims", "Input type", "Concrete Inputs")
-_WS = re.compile(r"[ \t\n\r]*")
-_DECODER = json.JSONDecoder()
 _NO_ARGS: dict[str, Any] = {}
 _RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
 
@@ -102,74 +98,6 @@ class RankTrace:
     json_chars: int = 0  # the JSON text read (decompressed)
 
 
-class _Stream:
-    """A JSON text read in chunks; values decoded one at a time at the read position."""
-
-    def __init__(self, f: IO[str], where: str) -> None:
-        self.f, self.where = f, where
-        self.buf, self.pos, self.eof, self.done = "", 0, False, 0
-        self.started = False  # the text opened as JSON ({ or [)
-
-    def fill(self) -> bool:
-        try:
-            chunk = self.f.read(CHUNK)
-        except (EOFError, OSError, UnicodeDecodeError) as exc:  # a cut gzip stream, bad bytes
-            raise SpecError(self.where, f"cannot be read to its end ({exc}).", "give the complete file.") from None
-        if not chunk:
-            self.eof = True
-            return False
-        self.done += self.pos
-        self.buf = self.buf[self.pos :] + chunk
-        self.pos = 0
-        return True
-
-    def peek(self) -> str:
-        while True:
-            self.pos = _WS.match(self.buf, self.pos).end()  # type: ignore[union-attr]
-            if self.pos < len(self.buf) or not self.fill():
-                return self.buf[self.pos] if self.pos < len(self.buf) else ""
-
-    def expect(self, ch: str, what: str) -> None:
-        got = self.peek()
-        if got != ch:
-            self.fail(f"expected {what}, found {got!r}" if got else f"ends where {what} should follow")
-        self.pos += 1
-
-    def value(self) -> Any:
-        self.peek()
-        while True:
-            try:
-                obj, end = _DECODER.raw_decode(self.buf, self.pos)
-            except json.JSONDecodeError as exc:
-                if not self.eof and self.fill():
-                    continue
-                self.fail(f"is not JSON ({exc.msg})")
-            if end == len(self.buf) and not self.eof and self.fill():
-                continue  # a number cut at the chunk's end
-            self.pos = end
-            return obj
-
-    def fail(self, problem: str) -> None:
-        if not self.eof:  # read on: a file that stops early is truncated, whatever the first problem
-            while self.fill():
-                pass
-        cut = self.started and self.eof and not self.buf.rstrip().endswith(("}", "]"))
-        at = self.done + self.pos
-        raise SpecError(
-            self.where,
-            f"is truncated: it stops at character {self.done + len(self.buf)}, inside the event array."
-            if cut
-            else f"{problem} at character {at}.",
-            "give the complete trace file the torch profiler wrote (export_chrome_trace / tensorboard_trace_handler).",
-        )
-
-
-def _open(path: Path) -> IO[str]:
-    if path.suffix == ".gz":
-        return gzip.open(path, "rt", encoding="utf-8")
-    return path.open("r", encoding="utf-8")
-
-
 def read_rank_trace(path: str | Path, default_rank: int = 0) -> RankTrace:
     """One rank's trace file (module docstring)."""
     p = Path(path)
@@ -200,8 +128,8 @@ def read_rank_trace(path: str | Path, default_rank: int = 0) -> RankTrace:
 
 def _read_top(p: Path, where: str, builder: _Builder, top: dict[str, Any]) -> str:
     """Read the file's top level into ``top`` and its events into ``builder``; its first character."""
-    with _open(p) as f:
-        s = _Stream(f, where)
+    with open_text(p) as f:
+        s = Stream(f, where)
         first = s.peek()
         s.started = first in ("[", "{")
         if first == "[":  # the Trace Event Format's bare array
@@ -228,14 +156,14 @@ def _read_top(p: Path, where: str, builder: _Builder, top: dict[str, Any]) -> st
     return first
 
 
-def _events(s: _Stream, b: _Builder) -> None:
+def _events(s: Stream, b: _Builder) -> None:
     """The event array: decoded a batch at a time (`_batch`), else event by event."""
     s.expect("[", "the event array")
     if s.peek() == "]":
         s.pos += 1
         return
     while True:
-        batch = _batch(s)
+        batch = s.batch()
         if batch:
             b.add_many(batch)
         else:
@@ -250,34 +178,6 @@ def _events(s: _Stream, b: _Builder) -> None:
         if c != ",":
             s.pos -= 1
             s.fail("expected ',' or ']' between events")
-
-
-def _batch(s: _Stream) -> list | None:
-    """The events from the read position to the last ``}`` before a ``,`` in the buffer, decoded
-    at once when that stretch is a whole number of events (it parses as an array only then: a cut
-    inside an event or a string leaves it unbalanced); None when it is not, or is short."""
-    if len(s.buf) - s.pos < CHUNK // 2 and not s.eof:
-        s.fill()
-    lo, hi = s.pos, len(s.buf)
-    for _ in range(4):
-        cut = s.buf.rfind("}", lo, hi)
-        while cut > lo:
-            nxt = _WS.match(s.buf, cut + 1).end()  # type: ignore[union-attr]
-            if nxt < len(s.buf) and s.buf[nxt] == ",":
-                break
-            cut = s.buf.rfind("}", lo, cut)
-        if cut - lo < 4096:
-            return None
-        try:
-            events = json.loads("[" + s.buf[lo : cut + 1] + "]")
-        except json.JSONDecodeError:
-            hi = cut  # a brace inside an event: try an earlier one
-            continue
-        if not all(isinstance(e, dict) for e in events):
-            s.fail("an event is not an object")
-        s.pos = cut + 1
-        return events
-    return None
 
 
 class _Builder:
