@@ -397,3 +397,20 @@ def test_passes_from_autograds_and_the_optimizers_spans(tmp_path):
     t = read_rank_trace(write_trace_file(tmp_path / "r.json", synthetic_trace(ops, steps=2)))
     passes = measure_rank(t).steps[0].passes
     assert passes == pytest.approx({"F": 1e-3, "B": 2e-3, "OPT": 3e-4})
+
+
+def test_rows_the_curve_does_not_describe_are_not_fitted():
+    """vLLM decode on a B200: fp8 and memory-bound GEMMs would fit an efficiency above the peak."""
+    traces = read_traces(FIXTURES / "tracelens_b200_vllm_tp8")
+    doc, meas = trace_calibration(traces, load_gpu("b200"), None, date="x", measurements_file=None)
+    assert len(meas["compute"]["matmul"]) > 100 and "mm_eff_max" not in doc["notes"]["trace"]["fitted"]
+    assert any("> 1, more than the peak" in n for n in doc["fit"]["notes"])
+    assert (
+        doc["compute"]["mm_eff_max"]
+        == EfficiencyParams.model_validate(
+            {
+                **EfficiencyParams().model_dump(),
+                **json.loads(Path("topologies/calibrations/b200.json").read_text())["compute"],
+            }
+        ).mm_eff_max
+    )

@@ -78,31 +78,13 @@ def trace_calibration(
     kind = meas["device"]["kind"]
     fit_dtype = "fp32" if kind == "cpu" else "bf16"
     base = default_calibration(gpu.name)
-    eff = base.efficiencies() if base is not None else EfficiencyParams()
-    compute = {k: float(v) for k, v in eff.model_dump().items()}
     kept_from = f"the default calibration of {gpu.name}" if base is not None else "simpar's code defaults"
-    peak = gpu.peak_flops(fit_dtype)
-    comp = meas["compute"]
-    fitted: list[str] = []
-    notes: list[str] = []
-    mm = [r for r in comp["matmul"] if r["dtype"] == fit_dtype and min(r["m"], r["n"], r["k"]) >= MIN_GEMM_DIM]
-    if len(mm) >= MIN_ROWS["matmul"]:
-        compute["mm_eff_max"], compute["mm_half_dim"] = fit_matmul(mm, peak, compute["launch_s"])
-        fitted += ["mm_eff_max", "mm_half_dim"]
-    at = [r for r in comp["attention"] if r["dtype"] == fit_dtype]
-    if len(at) >= MIN_ROWS["attention"]:
-        compute["attn_eff_fwd"], compute["attn_eff_bwd"] = fit_attention(at, peak)
-        fitted += ["attn_eff_fwd", "attn_eff_bwd"]
-    el = comp["elementwise"]
-    if len(el) >= MIN_ROWS["elementwise"]:
-        compute["hbm_eff"] = fit_bandwidth(el, gpu.hbm_bw, compute["launch_s"])
-        fitted.append("hbm_eff")
-    other = sorted({r["dtype"] for r in comp["matmul"] + comp["attention"]} - {fit_dtype})
+    eff = base.efficiencies() if base is not None else EfficiencyParams()
+    rows = _usable(meas["compute"], fit_dtype)
+    compute, fitted, notes = _fit_compute(rows, eff, gpu, fit_dtype, kept_from)
+    other = sorted({r["dtype"] for r in meas["compute"]["matmul"] + meas["compute"]["attention"]} - {fit_dtype})
     if other:
-        notes.append(f"GEMM/attention rows in {', '.join(other)} left out: the efficiencies describe {fit_dtype}")
-    for family, rows in (("matmul", mm), ("attention", at), ("elementwise", el)):
-        if len(rows) < MIN_ROWS[family]:
-            notes.append(f"{len(rows)} {family} rows in the traces (fewer than {MIN_ROWS[family]}): kept {kept_from}")
+        notes.insert(0, f"GEMM/attention rows in {', '.join(other)} left out: the efficiencies describe {fit_dtype}")
     network: dict[str, Any] = {}
     if meas["comm"] and cluster is not None:
         network, net_notes = fit_network(meas["comm"], cluster)
@@ -127,7 +109,7 @@ def trace_calibration(
             "trace": {
                 "files": [t.path for t in traces],
                 "ranks": [t.rank for t in traces],
-                "rows": {"matmul": len(mm), "attention": len(at), "elementwise": len(el), "comm": len(meas["comm"])},
+                "rows": {**{k: len(v) for k, v in rows.items()}, "comm": len(meas["comm"])},
                 "fitted": fitted,
                 "kept": {k: kept_from for k in compute if k not in fitted},
             }
@@ -135,42 +117,69 @@ def trace_calibration(
     }
     if meas["grad_reduce"]:
         doc["grad_reduce"] = fit_grad_reduce(meas["grad_reduce"])
-    if meas["in_run"]:
+    if meas["in_run"]:  # against the compute model as fitted above (`fit_in_run`)
         in_run = fit_in_run(meas["in_run"], doc, gpu)
         if in_run:
             doc["in_run"] = in_run
             doc["notes"]["trace"]["rows"]["in_run"] = len(meas["in_run"])
     if measurements_file:
         doc["measurements"] = measurements_file
-    errors = fit_report(
-        doc, {**meas, "compute": {"matmul": mm, "attention": at, "elementwise": el}}, gpu, cluster, fit_dtype
-    )
-    families = {
-        "matmul": ("mm_eff_max", "mm_half_dim"),
-        "elementwise": ("hbm_eff",),
-        "attention_fwd": ("attn_eff_fwd", "attn_eff_bwd"),
-    }
-    for family, params in families.items():
-        err = (errors.get(family) or {}).get("median_abs_rel_err")
-        if params[0] in fitted and compute[params[0]] > 1.0:
-            err = None
-            notes.append(
-                f"{family}: the fit gives {params[0]} {compute[params[0]]:.3g} > 1, more than the peak: the rows "
-                f"are not what the curve describes (another dtype's GEMMs, memory-bound shapes); kept {kept_from}"
-            )
-        elif err is None or err <= MAX_FIT_ERROR:
-            continue
-        if params[0] in fitted:
-            for k in params:
-                compute[k] = float(getattr(eff, k))
-                fitted.remove(k)
-                doc["notes"]["trace"]["kept"][k] = kept_from
-            if err is not None:
-                notes.append(f"{family}: the fit still misses its rows by {err:.0%} (median): kept {kept_from}")
-    if any(n.startswith(tuple(f"{f}:" for f in families)) for n in notes):
-        errors = fit_report(
-            doc, {**meas, "compute": {"matmul": mm, "attention": at, "elementwise": el}}, gpu, cluster, fit_dtype
-        )
-    doc["fit"] = {"notes": notes, "errors": errors}
+    doc["fit"] = {"notes": notes, "errors": fit_report(doc, {**meas, "compute": rows}, gpu, cluster, fit_dtype)}
     validate_calibration(doc, "(fitted from traces)", gpu.name)
     return doc, meas
+
+
+def _usable(comp: dict[str, list[dict[str, Any]]], fit_dtype: str) -> dict[str, list[dict[str, Any]]]:
+    """The rows a fit may use: the fit's dtype, GEMMs with every side from `MIN_GEMM_DIM`."""
+    return {
+        "matmul": [
+            r for r in comp["matmul"] if r["dtype"] == fit_dtype and min(r["m"], r["n"], r["k"]) >= MIN_GEMM_DIM
+        ],
+        "attention": [r for r in comp["attention"] if r["dtype"] == fit_dtype],
+        "elementwise": comp["elementwise"],
+    }
+
+
+#: family -> the parameters its fit sets
+FAMILIES = {
+    "matmul": ("mm_eff_max", "mm_half_dim"),
+    "attention": ("attn_eff_fwd", "attn_eff_bwd"),
+    "elementwise": ("hbm_eff",),
+}
+
+
+def _fit_compute(
+    rows: dict[str, list[dict[str, Any]]], eff: EfficiencyParams, gpu: GPUSpec, fit_dtype: str, kept_from: str
+) -> tuple[dict[str, float], list[str], list[str]]:
+    """(compute parameters, the fitted ones, notes): each family with enough rows fitted by the
+    microbenchmarks' fitter; a fit above the peak (> 1) or still missing its own rows by more
+    than `MAX_FIT_ERROR` (median) is not what the cost model's curve describes, and is dropped."""
+    compute = {k: float(v) for k, v in eff.model_dump().items()}
+    peak = gpu.peak_flops(fit_dtype)
+    fits = {
+        "matmul": lambda r: fit_matmul(r, peak, compute["launch_s"]),
+        "attention": lambda r: fit_attention(r, peak),
+        "elementwise": lambda r: (fit_bandwidth(r, gpu.hbm_bw, compute["launch_s"]),),
+    }
+    fitted: list[str] = []
+    notes: list[str] = []
+    for family, params in FAMILIES.items():
+        got = rows[family]
+        if len(got) < MIN_ROWS[family]:
+            notes.append(f"{len(got)} {family} rows in the traces (fewer than {MIN_ROWS[family]}): kept {kept_from}")
+            continue
+        trial = {**compute, **dict(zip(params, fits[family](got)))}
+        if trial[params[0]] > 1.0:
+            notes.append(
+                f"{family}: the fit gives {params[0]} {trial[params[0]]:.3g} > 1, more than the peak: the rows are "
+                f"not what the curve describes (another dtype's GEMMs, memory-bound shapes); kept {kept_from}"
+            )
+            continue
+        doc = {"simpar_calibration_version": CALIBRATION_VERSION, "device": {"gpu": gpu.name}, "compute": trial}
+        errs = fit_report(doc, {"compute": {family: got}}, gpu, None, fit_dtype)
+        err = (errs.get(family) or errs.get(f"{family}_fwd") or {}).get("median_abs_rel_err", 0.0)
+        if err > MAX_FIT_ERROR:
+            notes.append(f"{family}: the fit still misses its rows by {err:.0%} (median): kept {kept_from}")
+            continue
+        compute, fitted = trial, fitted + list(params)
+    return compute, fitted, notes
