@@ -28,6 +28,7 @@ from simpar.sim.calibration.from_trace import trace_calibration  # noqa: E402
 from simpar.sim.cost.profile import ExecutorProfile  # noqa: E402
 from simpar.sim.engine.iteration import EXECUTOR_OPTIONS  # noqa: E402
 from simpar.sim.engine.simulate import simulate  # noqa: E402
+from simpar.sim.kineto.actions import ExecutorRun  # noqa: E402
 from simpar.sim.kineto.reader import read_traces  # noqa: E402
 from simpar.sim.specs import load_cluster, load_gpu  # noqa: E402
 from simpar.sim.specs.calibration import load_calibration, validate_calibration  # noqa: E402
@@ -68,7 +69,11 @@ def main() -> None:
             (out / "fit-traces").mkdir(exist_ok=True)
             (out / "traces" / case.name / "profile").rename(out / "fit-traces" / case.name)
     traces = read_traces(out / "fit-traces")
-    runs = {str(out / "fit-traces" / c.name): plan_of(c, cluster)[::-1] for c in fit_cases}
+    runs = {}
+    for c in fit_cases:
+        model, plan = plan_of(c, cluster)
+        res = json.loads((out / "traces" / c.name / "result.json").read_text())
+        runs[str(out / "fit-traces" / c.name)] = ExecutorRun(plan, model, res.get("profile_overhead") or 1.0)
     doc, _ = trace_calibration(traces, load_gpu("cpu"), cluster, date="", measurements_file=None, runs=runs)
     (out / "trace-calib.json").write_text(json.dumps(doc, indent=2))
     tc = validate_calibration(doc, "trace-calib.json", "cpu")

@@ -61,8 +61,9 @@ if TYPE_CHECKING:
 @click.option(
     "--profile",
     is_flag=True,
-    help="record the measured steps with the torch profiler: OUT/profile/rank<N>.json.gz, for "
-    "simpar calibrate --from-trace and simpar compare --trace (the profiler's overhead is in the steps' times)",
+    help="run --steps more steps under the torch profiler after the measured ones: OUT/profile/rank<N>.json.gz, "
+    "for simpar calibrate --from-trace and simpar compare --trace (result.json: their times and profile_overhead, "
+    "their median over the measured steps')",
 )
 @click.option(
     "--dry-run",

@@ -96,22 +96,29 @@ def print_breakdown(traces: list[Any], speed: float) -> list[Any]:
 
 
 def run_plans(traces: list[Any], plan_path: str | None) -> dict[str, Any]:
-    """Run folder -> (plan, model) it executed: the folder's own plan.json, else ``plan_path`` for
-    the traces of a single folder."""
+    """Run folder -> `ExecutorRun`: the plan it executed (the folder's own plan.json, else
+    ``plan_path`` for the traces of a single folder) and, for ``simpar run --profile``'s
+    ``OUT/profile``, the profiler's overhead from ``OUT/result.json``."""
+    from simpar.sim.kineto.actions import ExecutorRun
     from simpar.sim.specs.planfile import read_plan_file
 
     folders = sorted({str(Path(t.path).parent) for t in traces})
-    out = {}
-    for folder in folders:
-        own = Path(folder) / "plan.json"
-        if own.is_file():
-            out[folder] = read_plan_file(own)
-        elif plan_path and len(folders) == 1:
-            out[folder] = read_plan_file(plan_path)
     if plan_path and len(folders) > 1:
         raise SpecError(
             "--plan", f"names one plan for {len(folders)} run folders.", "put each run's plan.json in its folder."
         )
+    out = {}
+    for folder in folders:
+        own = Path(folder) / "plan.json"
+        if not own.is_file() and not plan_path:
+            continue
+        plan, model = read_plan_file(own if own.is_file() else plan_path)
+        result = Path(folder).parent / "result.json"
+        overhead = 1.0
+        if result.is_file():
+            got = json.loads(result.read_text()).get("profile_overhead")
+            overhead = float(got) if isinstance(got, (int, float)) and got > 0 else 1.0
+        out[folder] = ExecutorRun(plan, model, overhead)
     return out
 
 

@@ -3,8 +3,8 @@
 
 Initialises the process group (gloo on CPU, NCCL on CUDA, with a short timeout), runs the
 plan, gathers every rank's results on rank 0 which writes ``trace.json`` and ``result.json``
-(with ``--profile``, every rank writes its torch profiler trace of the measured steps to
-``OUT/profile/rank<N>.json.gz``),
+(with ``--profile``, as many steps again run under the torch profiler after the measured ones and
+every rank writes its trace of them to ``OUT/profile/rank<N>.json.gz``),
 then ends with a barrier and a clean shutdown (without the barrier, processes using device-mesh
 sub-groups sometimes abort at exit in torch 2.13). Bad input exits with code 2. The process
 dies with torchrun (`guard.die_with_parent`): torchrun starts it in a session of its own, out of
@@ -43,7 +43,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=int, default=DEFAULT_TIMEOUT_S, help="process-group timeout, seconds")
     p.add_argument("--verify", action="store_true", help="check step-0 loss and gradients against one process")
-    p.add_argument("--profile", action="store_true", help="torch profiler traces of the measured steps in OUT/profile")
+    p.add_argument("--profile", action="store_true", help="torch profiler traces of --steps more steps in OUT/profile")
     return p.parse_args(argv)
 
 

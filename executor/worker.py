@@ -47,7 +47,8 @@ class RunConfig:
     lr: float = 1e-3
     verify: bool = False
     profile_memory: bool = True  # CPU: profile one warm-up step for the peak memory
-    #: torch profiler (Kineto) trace of the measured steps, one file per rank here (None: none)
+    #: torch profiler (Kineto) traces, one file per rank here, of ``steps`` more steps run after the
+    #: measured ones (None: none)
     profile_dir: str | None = None
 
 
@@ -136,7 +137,10 @@ def run_rank(cfg: RunConfig) -> dict:
     torch.manual_seed(cfg.seed)
     mesh = parallel.build_mesh(cfg.plan, device.type)
     st = Stages(cfg, mesh, device, dtype)
-    rank, total = dist.get_rank(), cfg.warmup + cfg.steps
+    # --profile: as many steps again after the measured ones, under the profiler (its per-op
+    # overhead stays out of the measured steps, and their ratio is the overhead, `summarize`)
+    rank, measured = dist.get_rank(), cfg.warmup + cfg.steps
+    total = measured + (cfg.steps if cfg.profile_dir else 0)
     ref = verify.reference(cfg) if cfg.verify else None
     times, losses, events, peak, checked = [], [], [], None, None
     probes = [_probe(device, dtype)]  # the device's speed before and after the steps (executor/probe.py)
@@ -144,7 +148,7 @@ def run_rank(cfg: RunConfig) -> dict:
         torch.cuda.reset_peak_memory_stats(device)
     prof = None
     for i in range(total):
-        if cfg.profile_dir and i == cfg.warmup:
+        if cfg.profile_dir and i == measured:
             prof = _trace_profiler(device, cfg.steps, Path(cfg.profile_dir) / f"rank{rank}.json.gz")
         x, y = local_batch(cfg, i, device)
         dist.barrier()
@@ -174,7 +178,7 @@ def run_rank(cfg: RunConfig) -> dict:
         losses.append(st.scaler.unscaled_mean(mb_losses) if st.has_last else None)
         if mem is not None:
             peak = mem["peak_bytes"]
-        if i == total - 1:
+        if i == measured - 1:
             events = [event_dict(e) for e in rec.events(rank)]
     if prof is not None:
         prof.stop()
@@ -187,8 +191,9 @@ def run_rank(cfg: RunConfig) -> dict:
         "stages": st.ids,
         "actions": st.runner.actions(),
         "events": events,
-        "step_times_s": times,
-        "losses": losses,
+        "step_times_s": times[:measured],
+        "profiled_step_times_s": times[measured:],
+        "losses": losses[:measured],
         "peak_memory_bytes": peak,
         "verify": checked,
         "probe_s": probes,
@@ -257,6 +262,10 @@ def summarize(cfg: RunConfig, results: list[dict]) -> tuple[dict, list[TraceEven
         if "probe_s" in results[0]
         else None,
     }
+    if results[0].get("profiled_step_times_s"):  # --profile: the profiler's overhead on this run's steps
+        profiled = [max(r["profiled_step_times_s"][i] for r in results) for i in range(cfg.steps)]
+        result["profiled_iteration_times_s"] = profiled
+        result["profile_overhead"] = statistics.median(profiled) / it if it > 0 else None
     if results[0]["verify"] is not None:
         result["verify"] = verify.summarize(results, losses[0])
     events = [TraceEvent(**e) for r in results for e in r["events"]]

@@ -76,6 +76,8 @@ def test_run_profile_goes_through_the_trace_reader(measured, tmp_path):
 
     d, _ = measured
     prof = d / "out" / "profile"
+    res = json.loads((d / "out" / "result.json").read_text())  # the profiled steps come after the measured ones
+    assert len(res["profiled_iteration_times_s"]) == 2 and res["profile_overhead"] > 0
     traces = read_traces(prof)
     assert [t.rank for t in traces] == [0, 1] and all(t.device["kind"] == "cpu" for t in traces)
     for t in traces:

@@ -14,13 +14,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..kineto.actions import action_rows
+from ..kineto.actions import ExecutorRun, action_rows
 from ..kineto.reader import RankTrace
 from ..kineto.rows import attention_rows, comm_rows, elementwise_rows, matmul_rows
-from ..plan import ParallelPlan
 from ..specs import ClusterSpec, GPUSpec
 from ..specs.calibration import CALIBRATION_VERSION, EfficiencyParams, default_calibration, validate_calibration
-from ..specs.model import ModelSpec
 from .fit import fit_attention, fit_bandwidth, fit_grad_reduce, fit_in_run, fit_matmul, fit_network, fit_report
 
 #: fewest rows of a family to fit it from
@@ -32,9 +30,7 @@ MIN_GEMM_DIM = 64
 MAX_FIT_ERROR = 0.30
 
 
-def trace_measurements(
-    traces: list[RankTrace], runs: dict[str, tuple[ParallelPlan, ModelSpec]] | None = None
-) -> dict[str, Any]:
+def trace_measurements(traces: list[RankTrace], runs: dict[str, ExecutorRun] | None = None) -> dict[str, Any]:
     """The measurement rows of ``traces`` (the microbenchmarks' document shape); ``runs`` (run
     folder -> the plan and model it ran) adds the executor's in-run rows of those runs."""
     compute: dict[str, list[dict[str, Any]]] = {"matmul": [], "attention": [], "elementwise": []}
@@ -44,8 +40,8 @@ def trace_measurements(
         compute["elementwise"] += elementwise_rows(t)
     in_run: list[dict[str, Any]] = []
     grad_reduce: list[dict[str, Any]] = []
-    for folder, (plan, model) in (runs or {}).items():
-        got = action_rows([t for t in traces if str(Path(t.path).parent) == folder], plan, model)
+    for folder, run in (runs or {}).items():
+        got = action_rows([t for t in traces if str(Path(t.path).parent) == folder], run)
         in_run += got["compute"]
         grad_reduce += got["grad_reduce"]
     first = traces[0]
@@ -69,7 +65,7 @@ def trace_calibration(
     *,
     date: str,
     measurements_file: str | None,
-    runs: dict[str, tuple[ParallelPlan, ModelSpec]] | None = None,
+    runs: dict[str, ExecutorRun] | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """(calibration document, its measurement rows) for ``gpu`` from ``traces``; with ``runs``
     (the plan each run folder executed), also the executor's in-run profile of simpar's executor

@@ -9,6 +9,11 @@ in-run profile in the shapes `simpar.executor.insitu` writes them, so that the s
 - grad_reduce ``{op, group, units, bytes, time_s}``: a data-parallel plan's median REDUCE_GRAD
   (all-reduce under ZeRO 0, reduce-scatter under ZeRO 2/3), bytes and units as the executor's
   in-situ rows count them (fp32 gradients of stage 0; the model's layers + 1).
+
+Every span is divided by the run's measured profiler overhead (`ExecutorRun.overhead`: ``simpar
+run --profile`` times its profiled steps against its measured ones, ``result.json``'s
+``profile_overhead``): on a CPU each op pays the profiler's own bookkeeping, which the plan's
+unprofiled steps do not.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import re
 import statistics
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any
 
 from ..cost.params import rank_params
@@ -26,8 +32,19 @@ from .reader import RankTrace
 _ACTION = re.compile(r"^PP:(\d+)(F|B|I|W|REDUCE_GRAD)(\d*)$")
 
 
-def action_rows(traces: list[RankTrace], plan: ParallelPlan, model: ModelSpec) -> dict[str, list[dict[str, Any]]]:
+@dataclass(frozen=True)
+class ExecutorRun:
+    """What simpar's executor ran for a folder of traces: the plan, the model, and the profiled
+    steps' time over the measured ones (1: not measured)."""
+
+    plan: ParallelPlan
+    model: ModelSpec
+    overhead: float = 1.0
+
+
+def action_rows(traces: list[RankTrace], run: ExecutorRun) -> dict[str, list[dict[str, Any]]]:
     """The compute and grad_reduce rows of one run's ``traces`` (module docstring)."""
+    plan, model, k = run.plan, run.model, 1.0 / run.overhead
     spans: dict[tuple[str, int], list[float]] = defaultdict(list)
     split: dict[tuple[int, int, int], float] = defaultdict(float)  # (rank, stage, mb) -> I + W
     for t in traces:
@@ -37,9 +54,9 @@ def action_rows(traces: list[RankTrace], plan: ParallelPlan, model: ModelSpec) -
                 continue
             stage, kind, mb = int(m.group(1)), m.group(2), m.group(3)
             if kind in ("I", "W"):
-                split[(t.rank, stage, int(mb or 0))] += op.dur
+                split[(t.rank, stage, int(mb or 0))] += op.dur * k
             else:
-                spans[(kind, stage)].append(op.dur)
+                spans[(kind, stage)].append(op.dur * k)
     for (_, stage, _), sec in split.items():
         spans[("B", stage)].append(sec)
     compute = []
