@@ -165,7 +165,7 @@ def calibrate(
 
         doc = calibrate_from_trace(from_trace, gpu_name, cluster_name, Path(out), CUDA_CLUSTERS, plan_path)
         _print_calibration(doc)
-        click.echo(f"wrote {out} and {doc['measurements']}")
+        click.echo(f"wrote {out} and {Path(out).with_name(doc['measurements'])}")
         return
     _calibrate(device, backend, nproc, gpu_name, cluster_name, quick, Path(out))
 

@@ -140,7 +140,8 @@ def calibrate_from_trace(
     print_breakdown(traces, speed)
     gpu = load_gpu(trace_gpu(traces, gpu_name))
     cluster_name = cluster_name or ("cpu-host" if gpu.name == "cpu" else node_clusters.get(gpu.name))
-    cluster = load_cluster(cluster_name, gpus=max(len(traces), 2)) if cluster_name else None
+    gpus = max([t.world_size or 0 for t in traces] + [len(traces), 2])  # a trace may hold a sample of the ranks
+    cluster = load_cluster(cluster_name, gpus=gpus) if cluster_name else None
     if cluster is not None and cluster.gpu.name != gpu.name:
         raise SpecError(
             "cluster",

@@ -184,21 +184,29 @@ def _fit_network(tmp_path: Path, cluster_name: str, gpu: str, truth: dict):
     return trace_calibration(read_traces(tmp_path), load_gpu(gpu), cluster, date="x", measurements_file=None)
 
 
-def test_a_synthetic_trace_fits_back_to_its_network(tmp_path):
-    truth = {"pcie": {"bw_GBps": 20.0, "alpha_s": 8e-6}, "algorithm_efficiency": {"ring": 0.8}}
-    doc, meas = _fit_network(tmp_path, "pcie-a100-8g", "a100-80g", truth)
-    got = doc["network"]
-    assert got["pcie"]["bw_GBps"] == pytest.approx(20.0, rel=0.05)
-    assert got["pcie"]["alpha_s"] == pytest.approx(8e-6, rel=0.05)
-    assert got["algorithm_efficiency"]["ring"] == pytest.approx(0.8, rel=0.05)
+@pytest.mark.parametrize(
+    ("cluster", "gpu", "cls", "bw", "alpha"),
+    [("pcie-a100-8g", "a100-80g", "pcie", 20.0, 8e-6), ("dgx-h100", "h100-sxm", "nvlink", 310.0, 6e-6)],
+)
+def test_a_synthetic_trace_fits_back_to_its_network(tmp_path, cluster, gpu, cls, bw, alpha):
+    """Through the network model's own times: a PCIe node's rings and an NVSwitch node's NVLS/tree
+    all-reduces alike."""
+    doc, meas = _fit_network(tmp_path, cluster, gpu, {cls: {"bw_GBps": bw, "alpha_s": alpha}})
+    got = doc["network"][cls]
+    assert got["bw_GBps"] == pytest.approx(bw, rel=0.05) and got["alpha_s"] == pytest.approx(alpha, rel=0.05)
+    errors = doc["fit"]["errors"]
+    assert errors["p2p"]["max_abs_rel_err"] < 0.05 and errors["all-reduce"]["max_abs_rel_err"] < 0.05
     assert {(r["op"], r["group"]) for r in meas["comm"]} == {("p2p", 2), ("all-reduce", 4), ("all-reduce", 8)}
 
 
-def test_an_nvswitch_trace_fits_its_link_bandwidth(tmp_path):
-    truth = {"nvlink": {"bw_GBps": 310.0, "alpha_s": 6e-6}}
-    doc, _ = _fit_network(tmp_path, "dgx-h100", "h100-sxm", truth)
-    assert doc["network"]["nvlink"]["bw_GBps"] == pytest.approx(310.0, rel=0.05)
-    assert doc["fit"]["errors"]["p2p"]["max_abs_rel_err"] < 0.05
+def test_all_reduces_alone_give_the_network(tmp_path):
+    """A data-parallel run without pipeline sends: its all-reduces still give the link."""
+    cluster = load_cluster("dgx-h100", gpus=8)
+    net = make_network(cluster, "analytical", calibration={"nvlink": {"bw_GBps": 280.0, "alpha_s": 9e-6}})
+    ops = [o for o in _comm_ops(net) if "AllReduce" in o.kernel]
+    write_trace_file(tmp_path / "rank0.json", synthetic_trace(ops, world_size=8))
+    doc, _ = trace_calibration(read_traces(tmp_path), load_gpu("h100-sxm"), cluster, date="x", measurements_file=None)
+    assert doc["network"]["nvlink"]["bw_GBps"] == pytest.approx(280.0, rel=0.05)
 
 
 def test_clock_offsets_between_ranks_change_nothing(tmp_path):

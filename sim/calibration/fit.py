@@ -139,6 +139,15 @@ def _series(rows: list[dict], op: str, group: int) -> tuple[list[float], list[fl
     return [x for x, _ in sel], [y for _, y in sel]
 
 
+def link_class(cluster: ClusterSpec) -> tuple[str, float]:
+    """(the link class inside a node of ``cluster`` a calibration's network section sets, its line
+    rate in GB/s): host, nvlink (NVSwitch) or pcie."""
+    node = cluster.node
+    cls = "host" if node.interconnect == "host" else ("nvlink" if node.interconnect == "nvswitch" else "pcie")
+    line = {"host": node.host_bw_GBps, "nvlink": node.nvlink_bw_GBps, "pcie": node.pcie_bw_GBps}[cls] or 0.0
+    return cls, line
+
+
 def fit_network(rows: list[dict], cluster: ClusterSpec) -> tuple[dict[str, Any], list[str]]:
     """The calibration's ``network`` section from p2p / collective rows, and notes on the fit."""
     notes: list[str] = []
@@ -147,10 +156,8 @@ def fit_network(rows: list[dict], cluster: ClusterSpec) -> tuple[dict[str, Any],
         return {}, ["fewer than 2 point-to-point sizes measured: network left at its defaults"]
     a_p, b_p = fit_linear(xs, ys)
     bw = 1.0 / b_p if b_p > 0 else float("inf")
-    node = cluster.node
-    host = node.interconnect == "host"
-    cls = "host" if host else ("nvlink" if node.interconnect == "nvswitch" else "pcie")
-    line = {"host": node.host_bw_GBps, "nvlink": node.nvlink_bw_GBps, "pcie": node.pcie_bw_GBps}[cls] or 0.0
+    cls, line = link_class(cluster)
+    host = cls == "host"
     bw_GBps = bw / 1e9
     if bw_GBps > line:
         notes.append(f"measured {cls} bandwidth {bw_GBps:.3g} GB/s exceeds the cluster's line rate {line:g}: clamped")

@@ -1,8 +1,10 @@
 """A calibration fitted to profiler traces of real runs (``simpar calibrate --from-trace``).
 
 The rows come from the traces (`simpar.sim.kineto.rows`) in the microbenchmarks' shapes and go
-through the same fitters (`fit.fit_matmul`, `fit_attention`, `fit_bandwidth`, `fit_network`), so a
-parameter means the same whichever way it was measured. A family the traces hold too few rows of
+through the same fitters (`fit.fit_matmul`, `fit_attention`, `fit_bandwidth`, `fit_in_run`), so a
+parameter means the same whichever way it was measured; the network is fitted through the network
+model itself (`netfit.fit_link`: a run's collectives run under NCCL's own algorithms and need not
+include point-to-point transfers). A family the traces hold too few rows of
 is not fitted: its parameters are the GPU preset's default calibration's (or the code defaults),
 and the document says which (``notes.trace.kept``). The document is the same format as the
 microbenchmarks' (`simpar.sim.specs.calibration`), stamped with the traces' device, software
@@ -19,7 +21,8 @@ from ..kineto.reader import RankTrace
 from ..kineto.rows import attention_rows, comm_rows, elementwise_rows, matmul_rows
 from ..specs import ClusterSpec, GPUSpec
 from ..specs.calibration import CALIBRATION_VERSION, EfficiencyParams, default_calibration, validate_calibration
-from .fit import fit_attention, fit_bandwidth, fit_grad_reduce, fit_in_run, fit_matmul, fit_network, fit_report
+from .fit import fit_attention, fit_bandwidth, fit_grad_reduce, fit_in_run, fit_matmul, fit_report
+from .netfit import fit_link
 
 #: fewest rows of a family to fit it from
 MIN_ROWS = {"matmul": 3, "attention": 1, "elementwise": 3}
@@ -83,7 +86,7 @@ def trace_calibration(
         notes.insert(0, f"GEMM/attention rows in {', '.join(other)} left out: the efficiencies describe {fit_dtype}")
     network: dict[str, Any] = {}
     if meas["comm"] and cluster is not None:
-        network, net_notes = fit_network(meas["comm"], cluster)
+        network, net_notes = fit_link(meas["comm"], cluster)
         notes += net_notes
     elif not meas["comm"]:
         notes.append("no collective with its size and group in the traces: network left at its defaults")
