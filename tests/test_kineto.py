@@ -26,6 +26,15 @@ from simpar.sim.specs import load_cluster, load_gpu
 from simpar.sim.specs.calibration import EfficiencyParams
 
 FIXTURES = Path("tests/data/kineto")
+
+
+def _ok(line: str, *more: str):
+    """``simpar <line> <more>`` through click's runner; it must exit 0."""
+    res = CliRunner().invoke(cli, [*line.split(), *more])
+    assert res.exit_code == 0, res.output
+    return res
+
+
 REAL = sorted(FIXTURES.glob("*/rank*.json.gz"))
 
 
@@ -268,55 +277,21 @@ def test_bad_files_are_refused_by_name(tmp_path, name, make, problem):
 
 
 def test_calibrate_from_trace_on_the_command_line(tmp_path):
-    write_trace_file(tmp_path / "traces" / "rank0.json.gz", synthetic_trace(_compute_ops(), steps=2)) if (
-        tmp_path / "traces"
-    ).mkdir() is None else None
+    (tmp_path / "traces").mkdir()
+    write_trace_file(tmp_path / "traces" / "rank0.json.gz", synthetic_trace(_compute_ops(), steps=2))
     out = tmp_path / "calib.json"
-    res = CliRunner().invoke(cli, ["calibrate", "--from-trace", str(tmp_path / "traces"), "--out", str(out)])
-    assert res.exit_code == 0, res.output
+    res = _ok("calibrate --from-trace", str(tmp_path / "traces"), "--out", str(out))
     assert "MB of JSON read" in res.output and "classified" in res.output
     doc = json.loads(out.read_text())
     assert doc["device"]["gpu"] == "h100-sxm" and doc["measurements"] == "calib.measurements.json"
-    sim = CliRunner().invoke(
-        cli,
-        [
-            "simulate",
-            "--model",
-            "tiny",
-            "--cluster",
-            "dgx-h100",
-            "--gpus",
-            "8",
-            "--gbs",
-            "8",
-            "--calibration",
-            str(out),
-        ],
-    )
-    assert sim.exit_code == 0, sim.output
+    _ok("simulate --model tiny --cluster dgx-h100 --gpus 8 --gbs 8 --calibration", str(out))
 
 
 def test_compare_a_plan_with_its_traces(tmp_path):
     from simpar.sim.kineto.compare import comm_kind
     from simpar.sim.plan import ParallelPlan
 
-    run = CliRunner().invoke(
-        cli,
-        [
-            "simulate",
-            "--model",
-            "tiny",
-            "--cluster",
-            "dgx-h100",
-            "--gpus",
-            "2",
-            "--gbs",
-            "4",
-            "--write-plan",
-            str(tmp_path / "p"),
-        ],
-    )
-    assert run.exit_code == 0, run.output
+    _ok("simulate --model tiny --cluster dgx-h100 --gpus 2 --gbs 4 --write-plan", str(tmp_path / "p"))
     args = {
         "Collective name": "allreduce",
         "In msg nelems": 1 << 20,
@@ -357,17 +332,13 @@ def test_the_readmes_calibrate_from_your_cluster_commands_run(tmp_path, monkeypa
     cmds = [shlex.split(line) for line in block.splitlines() if line.startswith("simpar ")]
     assert [c[1] for c in cmds] == ["calibrate", "compare", "sweep"]
     monkeypatch.chdir(tmp_path)
-    run = CliRunner().invoke(
-        cli, ["simulate", "--model", "tiny", "--cluster", "dgx-h100", "--gpus", "2", "--gbs", "4", "--write-plan", "p"]
-    )
-    assert run.exit_code == 0, run.output
+    _ok("simulate --model tiny --cluster dgx-h100 --gpus 2 --gbs 4 --write-plan p")
     Path("p/plan.json").rename("plan.json")
     Path("profiler_traces").mkdir()
     for r in range(2):
         write_trace_file(f"profiler_traces/rank{r}.json.gz", synthetic_trace(_compute_ops(), rank=r, world_size=2))
     for cmd in cmds[:2]:  # the sweep is the README's main job, run by its own tests
-        res = CliRunner().invoke(cli, cmd[1:])
-        assert res.exit_code == 0, (cmd, res.output)
+        _ok(" ".join(cmd[1:]))
     assert Path("calib.json").exists() and Path("compare.png").exists() and Path("both.json").exists()
 
 
