@@ -15,7 +15,8 @@ What is fitted, and how (every fit minimises *relative* errors, since timings sp
   that backward, times `causal_attention_fraction(s)`).
 - ``hbm_eff``: geometric mean of bytes / (time x nominal bandwidth) of the element-wise kernel.
 - ``launch_s``: the measured seconds per tiny kernel.
-- Network, per op and group size: ``t = a + b x bytes`` by weighted least squares (weights 1/t).
+- Network (`netfit.fit_network`), per op and group size: ``t = a + b x bytes`` by weighted least
+  squares (weights 1/t).
   Point-to-point gives the link class's effective bandwidth (1/b) and its one-step latency (a);
   all-reduce gives the ring's latency (a regressed on the ring's step count 2(n-1) where several
   group sizes exist, else a / steps) and ``algorithm_efficiency.ring`` = load factor x p2p beta /
@@ -43,7 +44,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from ..cost.compute import CostModel, causal_attention_fraction
@@ -51,52 +52,14 @@ from ..cost.moe import moe_layer_times
 from ..cost.tables import optimizer_seconds
 from ..model import LayerKind, layer_kinds
 from ..network import make_network
-from ..network.constants import BASE_LATENCY_US
 from ..plan import ParallelPlan
 from ..specs import ClusterSpec, GPUSpec, ModelSpec
 from ..specs.calibration import CALIBRATION_VERSION, EfficiencyParams, validate_calibration
 from ..specs.moe import MoESpec
+from .linfit import fit_linear, geomean, golden
+from .netfit import fit_network
 
 
-# --- generic fits ---------------------------------------------------------------------------
-def fit_linear(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
-    """(a, b) minimising sum(((a + b x - y) / y)^2); a and b clamped to >= 0 (refit if needed)."""
-    w = [1.0 / (y * y) for y in ys]
-    sw = sum(w)
-    sx = sum(wi * x for wi, x in zip(w, xs))
-    sy = sum(wi * y for wi, y in zip(w, ys))
-    sxx = sum(wi * x * x for wi, x in zip(w, xs))
-    sxy = sum(wi * x * y for wi, x, y in zip(w, xs, ys))
-    det = sw * sxx - sx * sx
-    if len(xs) < 2 or det <= 0:
-        return statistics.median(ys), 0.0
-    b = (sw * sxy - sx * sy) / det
-    a = (sy - b * sx) / sw
-    if a < 0:  # through the origin
-        return 0.0, sxy / sxx
-    if b < 0:  # flat
-        return sy / sw, 0.0
-    return a, b
-
-
-def geomean(xs: Sequence[float]) -> float:
-    return math.exp(statistics.fmean(math.log(x) for x in xs))
-
-
-def _golden(f: Callable[[float], float], lo: float, hi: float, iters: int = 40) -> float:
-    g = (math.sqrt(5) - 1) / 2
-    a, b = lo, hi
-    c, d = b - g * (b - a), a + g * (b - a)
-    for _ in range(iters):
-        if f(c) < f(d):
-            b = d
-        else:
-            a = c
-        c, d = b - g * (b - a), a + g * (b - a)
-    return (a + b) / 2
-
-
-# --- compute --------------------------------------------------------------------------------
 def fit_matmul(rows: list[dict], peak: float, launch_s: float = 0.0) -> tuple[float, float]:
     """(mm_eff_max, mm_half_dim) from rows {m, n, k, time_s}."""
     use = [r for r in rows if r["time_s"] > 3 * launch_s] or rows
@@ -113,7 +76,7 @@ def fit_matmul(rows: list[dict], peak: float, launch_s: float = 0.0) -> tuple[fl
     grid = [math.log(0.5) + i * (math.log(8192) - math.log(0.5)) / 80 for i in range(81)]
     i = min(range(len(grid)), key=lambda j: best(grid[j])[1])
     lo, hi = grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)]
-    log_h = _golden(lambda x: best(x)[1], lo, hi)
+    log_h = golden(lambda x: best(x)[1], lo, hi)
     return math.exp(best(log_h)[0]), math.exp(log_h)
 
 
@@ -131,70 +94,6 @@ def fit_attention(rows: list[dict], peak: float) -> tuple[float, float]:
 def fit_bandwidth(rows: list[dict], bw: float, launch_s: float = 0.0) -> float:
     use = [r for r in rows if r["time_s"] > 3 * launch_s] or rows
     return geomean([r["bytes"] / (r["time_s"] * bw) for r in use])
-
-
-# --- network --------------------------------------------------------------------------------
-def _series(rows: list[dict], op: str, group: int) -> tuple[list[float], list[float]]:
-    sel = sorted((r["bytes"], r["time_s"]) for r in rows if r["op"] == op and r["group"] == group and r.get("time_s"))
-    return [x for x, _ in sel], [y for _, y in sel]
-
-
-def link_class(cluster: ClusterSpec) -> tuple[str, float]:
-    """(the link class inside a node of ``cluster`` a calibration's network section sets, its line
-    rate in GB/s): host, nvlink (NVSwitch) or pcie."""
-    node = cluster.node
-    cls = "host" if node.interconnect == "host" else ("nvlink" if node.interconnect == "nvswitch" else "pcie")
-    line = {"host": node.host_bw_GBps, "nvlink": node.nvlink_bw_GBps, "pcie": node.pcie_bw_GBps}[cls] or 0.0
-    return cls, line
-
-
-def fit_network(rows: list[dict], cluster: ClusterSpec) -> tuple[dict[str, Any], list[str]]:
-    """The calibration's ``network`` section from p2p / collective rows, and notes on the fit."""
-    notes: list[str] = []
-    xs, ys = _series(rows, "p2p", 2)
-    if len(xs) < 2:
-        return {}, ["fewer than 2 point-to-point sizes measured: network left at its defaults"]
-    a_p, b_p = fit_linear(xs, ys)
-    bw = 1.0 / b_p if b_p > 0 else float("inf")
-    cls, line = link_class(cluster)
-    host = cls == "host"
-    bw_GBps = bw / 1e9
-    if bw_GBps > line:
-        notes.append(f"measured {cls} bandwidth {bw_GBps:.3g} GB/s exceeds the cluster's line rate {line:g}: clamped")
-        bw_GBps = line
-    # ring all-reduce: latency per step and efficiency, over the group sizes measured
-    steps, alphas, effs = [], [], []
-    for g in sorted({r["group"] for r in rows if r["op"] == "all-reduce"}):
-        gx, gy = _series(rows, "all-reduce", g)
-        if len(gx) < 2:
-            continue
-        a, b = fit_linear(gx, gy)
-        steps.append(2 * (g - 1))
-        alphas.append(a)
-        if b > 0:
-            effs.append(2 * (g - 1) / g / (b * bw_GBps * 1e9))
-    if len(set(steps)) >= 2:
-        base, per_step = fit_linear(steps, alphas)
-    elif steps:
-        base, per_step = 0.0, alphas[0] / steps[0]
-    else:
-        base, per_step = 0.0, None
-    if host:
-        net: dict[str, Any] = {
-            "host": {"bw_GBps": bw_GBps},
-            "base_latency_us": {"direct": {"Simple": 0.0}, "ring": {"Simple": base * 1e6}},
-            "step_latency_us": {"host": {"direct": {"Simple": a_p * 1e6}}},
-        }
-        if per_step is not None:
-            net["step_latency_us"]["host"]["ring"] = {"Simple": per_step * 1e6}
-            net["step_latency_us"]["host"]["tree"] = {"Simple": per_step * 1e6}
-    else:
-        alpha_s = max(a_p - BASE_LATENCY_US["direct"]["Simple"] * 1e-6, 1e-7)
-        net = {cls: {"bw_GBps": bw_GBps, "alpha_s": alpha_s}}
-        notes.append("ring latencies keep NCCL's constants scaled by the p2p step latency")
-    if effs:
-        net["algorithm_efficiency"] = {"ring": geomean(effs)}
-    return net, notes
 
 
 # --- the document ---------------------------------------------------------------------------

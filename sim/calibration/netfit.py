@@ -1,15 +1,13 @@
-"""The link a trace's collectives imply: the bandwidth and latency of the node's link class
-(`fit.link_class`) that bring the network model's own times closest to the measured ones.
+"""The network's fits, per link class:
 
-The model's times are `Network.p2p_time` and `collective_time`, with NCCL's algorithm and protocol
-choice (ring, tree, NVLS) as the model makes it. The fit minimises the squared log errors over a
-log grid of bandwidth x latency, then refines twice around the best point.
-
-Traces need this fit instead of the microbenchmarks' (`fit.fit_network`: bandwidth from
-point-to-point rows, then a ring efficiency from all-reduce). A training run's collectives need
-not include point-to-point transfers, and NCCL runs them with its own algorithms (NVLS / tree on
-NVSwitch), which a ring efficiency does not describe. Only collectives inside a node are used
-(the cluster's inter-node fabric is another class).
+- `fit_network`, the microbenchmarks': point-to-point rows give the class's bandwidth and latency,
+  all-reduce rows the ring's step latency and efficiency (`fit` module docstring);
+- `fit_link`, the traces': the class's bandwidth and latency that bring the network model's own
+  times (`Network.p2p_time`, `collective_time`, with NCCL's ring / tree / NVLS choice as the model
+  makes it) closest to the measured ones, by squared log errors over a log grid refined twice. A
+  training run's collectives need not include point-to-point transfers, and NCCL runs them with
+  its own algorithms, which a ring efficiency does not describe. Only collectives inside a node are
+  used (the inter-node fabric is another class).
 """
 
 from __future__ import annotations
@@ -18,8 +16,73 @@ import math
 from typing import Any
 
 from ..network import make_network
+from ..network.constants import BASE_LATENCY_US
 from ..specs import ClusterSpec
-from .fit import link_class
+from .linfit import fit_linear, geomean
+
+
+def _series(rows: list[dict], op: str, group: int) -> tuple[list[float], list[float]]:
+    sel = sorted((r["bytes"], r["time_s"]) for r in rows if r["op"] == op and r["group"] == group and r.get("time_s"))
+    return [x for x, _ in sel], [y for _, y in sel]
+
+
+def link_class(cluster: ClusterSpec) -> tuple[str, float]:
+    """(the link class inside a node of ``cluster`` a calibration's network section sets, its line
+    rate in GB/s): host, nvlink (NVSwitch) or pcie."""
+    node = cluster.node
+    cls = "host" if node.interconnect == "host" else ("nvlink" if node.interconnect == "nvswitch" else "pcie")
+    line = {"host": node.host_bw_GBps, "nvlink": node.nvlink_bw_GBps, "pcie": node.pcie_bw_GBps}[cls] or 0.0
+    return cls, line
+
+
+def fit_network(rows: list[dict], cluster: ClusterSpec) -> tuple[dict[str, Any], list[str]]:
+    """The calibration's ``network`` section from p2p / collective rows, and notes on the fit."""
+    notes: list[str] = []
+    xs, ys = _series(rows, "p2p", 2)
+    if len(xs) < 2:
+        return {}, ["fewer than 2 point-to-point sizes measured: network left at its defaults"]
+    a_p, b_p = fit_linear(xs, ys)
+    bw = 1.0 / b_p if b_p > 0 else float("inf")
+    cls, line = link_class(cluster)
+    host = cls == "host"
+    bw_GBps = bw / 1e9
+    if bw_GBps > line:
+        notes.append(f"measured {cls} bandwidth {bw_GBps:.3g} GB/s exceeds the cluster's line rate {line:g}: clamped")
+        bw_GBps = line
+    # ring all-reduce: latency per step and efficiency, over the group sizes measured
+    steps, alphas, effs = [], [], []
+    for g in sorted({r["group"] for r in rows if r["op"] == "all-reduce"}):
+        gx, gy = _series(rows, "all-reduce", g)
+        if len(gx) < 2:
+            continue
+        a, b = fit_linear(gx, gy)
+        steps.append(2 * (g - 1))
+        alphas.append(a)
+        if b > 0:
+            effs.append(2 * (g - 1) / g / (b * bw_GBps * 1e9))
+    if len(set(steps)) >= 2:
+        base, per_step = fit_linear(steps, alphas)
+    elif steps:
+        base, per_step = 0.0, alphas[0] / steps[0]
+    else:
+        base, per_step = 0.0, None
+    if host:
+        net: dict[str, Any] = {
+            "host": {"bw_GBps": bw_GBps},
+            "base_latency_us": {"direct": {"Simple": 0.0}, "ring": {"Simple": base * 1e6}},
+            "step_latency_us": {"host": {"direct": {"Simple": a_p * 1e6}}},
+        }
+        if per_step is not None:
+            net["step_latency_us"]["host"]["ring"] = {"Simple": per_step * 1e6}
+            net["step_latency_us"]["host"]["tree"] = {"Simple": per_step * 1e6}
+    else:
+        alpha_s = max(a_p - BASE_LATENCY_US["direct"]["Simple"] * 1e-6, 1e-7)
+        net = {cls: {"bw_GBps": bw_GBps, "alpha_s": alpha_s}}
+        notes.append("ring latencies keep NCCL's constants scaled by the p2p step latency")
+    if effs:
+        net["algorithm_efficiency"] = {"ring": geomean(effs)}
+    return net, notes
+
 
 OPS = ("p2p", "all-reduce", "all-gather", "reduce-scatter")
 #: the searched box: bandwidth from 1/50 of the line rate to the line rate, latency 0.2-200 us

@@ -24,7 +24,6 @@ Metadata: ``distributedInfo`` (rank, world size, backend, NCCL version), ``devic
 from __future__ import annotations
 
 import gc
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -280,10 +279,8 @@ def _metadata(out: RankTrace, top: dict[str, Any]) -> None:
     )
     props = top.get("deviceProperties") or []
     name = props[0].get("name", "") if props and isinstance(props[0], dict) else ""
-    rocm = (
-        "roc" in json.dumps(top.get("roctracer_version", ""))
-        or any(k.startswith(("rocm", "hip")) for k in top)
-        or bool(re.search(r"\b(MI\d{3}|Instinct|Radeon)", name))
+    rocm = any(k.startswith(("roctracer", "rocm", "hip")) for k in top) or bool(
+        re.search(r"\b(MI\d{3}|Instinct|Radeon)", name)
     )
     out.device = {"name": name, "kind": "rocm" if rocm else "cuda" if out.kernels else "cpu"}
     keys = ("schemaVersion", "cuda_runtime_version", "hip_runtime_version", "cuda_driver_version", "with_flops")
