@@ -393,3 +393,32 @@ def test_rows_the_curve_does_not_describe_are_not_fitted():
             }
         ).mm_eff_max
     )
+
+
+def test_where_a_collectives_group_lies():
+    """A 16-GPU run on 8-GPU nodes: a group over ranks 0 and 8 crosses nodes, one over 0-7 does not,
+    one without its ranks cannot be placed; only the first kind fits the node's link."""
+    from simpar.sim.calibration.netfit import fit_link
+    from simpar.sim.kineto.reader import RankTrace, Span
+
+    t = RankTrace("r0.json", 0, world_size=16)
+    base = {"Collective name": "allreduce", "In msg nelems": 1 << 20, "Out msg nelems": 1 << 20, "dtype": "BFloat16"}
+    t.ops += [
+        Span(
+            "record_param_comms", 0.0, 1e-3, 1, -1, "cpu_op", {**base, "Group size": 2, "Process Group Ranks": "[0, 8]"}
+        ),
+        Span(
+            "record_param_comms",
+            1.0,
+            2e-4,
+            1,
+            -1,
+            "cpu_op",
+            {**base, "Group size": 8, "Process Group Ranks": list(range(8))},
+        ),
+        Span("record_param_comms", 2.0, 3e-4, 1, -1, "cpu_op", {**base, "Group size": 4}),
+    ]
+    places = {(r["group"], r["place"]) for r in comm_rows([t], gpus_per_node=8)}
+    assert places == {(2, "inter"), (8, "intra"), (4, "?")}
+    net, notes = fit_link(comm_rows([t], gpus_per_node=8), load_cluster("dgx-h100", gpus=16))
+    assert net == {} and "1 collective rows inside a node (1 more whose group's node" in notes[0]

@@ -33,7 +33,9 @@ MIN_GEMM_DIM = 64
 MAX_FIT_ERROR = 0.30
 
 
-def trace_measurements(traces: list[RankTrace], runs: dict[str, ExecutorRun] | None = None) -> dict[str, Any]:
+def trace_measurements(
+    traces: list[RankTrace], runs: dict[str, ExecutorRun] | None = None, gpus_per_node: int | None = None
+) -> dict[str, Any]:
     """The measurement rows of ``traces`` (the microbenchmarks' document shape); ``runs`` (run
     folder -> the plan and model it ran) adds the executor's in-run rows of those runs."""
     compute: dict[str, list[dict[str, Any]]] = {"matmul": [], "attention": [], "elementwise": []}
@@ -54,7 +56,7 @@ def trace_measurements(traces: list[RankTrace], runs: dict[str, ExecutorRun] | N
             "kind": "cpu" if first.device.get("kind") == "cpu" else "cuda",
         },
         "compute": compute,
-        "comm": comm_rows(traces),
+        "comm": comm_rows(traces, gpus_per_node),
         "in_run": in_run,
         "grad_reduce": grad_reduce,
         "traces": [t.path for t in traces],
@@ -73,7 +75,7 @@ def trace_calibration(
     """(calibration document, its measurement rows) for ``gpu`` from ``traces``; with ``runs``
     (the plan each run folder executed), also the executor's in-run profile of simpar's executor
     runs among them (`simpar.sim.kineto.actions`)."""
-    meas = trace_measurements(traces, runs)
+    meas = trace_measurements(traces, runs, cluster.gpus_per_node if cluster is not None else None)
     kind = meas["device"]["kind"]
     fit_dtype = "fp32" if kind == "cpu" else "bf16"
     base = default_calibration(gpu.name)

@@ -6,8 +6,9 @@
   times (`Network.p2p_time`, `collective_time`, with NCCL's ring / tree / NVLS choice as the model
   makes it) closest to the measured ones, by squared log errors over a log grid refined twice. A
   training run's collectives need not include point-to-point transfers, and NCCL runs them with
-  its own algorithms, which a ring efficiency does not describe. Only collectives inside a node are
-  used (the inter-node fabric is another class).
+  its own algorithms, which a ring efficiency does not describe. Only collectives whose group lies
+  inside one node are used (``place`` intra: `simpar.sim.kineto.rows.comm_rows`; the inter-node
+  fabric is another class).
 """
 
 from __future__ import annotations
@@ -94,12 +95,17 @@ def _geom(lo: float, hi: float, n: int) -> list[float]:
 
 
 def fit_link(rows: list[dict[str, Any]], cluster: ClusterSpec) -> tuple[dict[str, Any], list[str]]:
-    """(the calibration's ``network`` section, notes) from rows {op, group, bytes, time_s}."""
+    """(the calibration's ``network`` section, notes) from rows {op, group, bytes, time_s, place}."""
     cls, line = link_class(cluster)
     per_node = cluster.gpus_per_node
-    use = [r for r in rows if r["op"] in OPS and 2 <= r["group"] <= min(per_node, cluster.num_gpus) and r["time_s"] > 0]
+    inside = [r for r in rows if r.get("place") == "intra"]
+    use = [
+        r for r in inside if r["op"] in OPS and 2 <= r["group"] <= min(per_node, cluster.num_gpus) and r["time_s"] > 0
+    ]
     if len(use) < 2 or not line:
-        return {}, [f"{len(use)} collective rows inside a node: network left at its defaults"]
+        unplaced = sum(1 for r in rows if r.get("place") == "?")
+        why = f" ({unplaced} more whose group's node the trace does not say)" if unplaced else ""
+        return {}, [f"{len(use)} collective rows inside a node{why}: network left at its defaults"]
 
     def loss(bw: float, alpha: float) -> float:
         net = make_network(cluster, "analytical", calibration={cls: {"bw_GBps": bw, "alpha_s": alpha}})

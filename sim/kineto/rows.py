@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import re
 import statistics
 from collections import defaultdict
 from typing import Any
@@ -191,9 +192,11 @@ def elementwise_rows(t: RankTrace) -> list[dict[str, Any]]:
     return rows
 
 
-def comm_rows(traces: list[RankTrace]) -> list[dict[str, Any]]:
-    times: dict[tuple[str, int, int], list[float]] = defaultdict(list)
-    algos: dict[tuple[str, int, int], set[tuple[str, str]]] = {}
+def comm_rows(traces: list[RankTrace], gpus_per_node: int | None = None) -> list[dict[str, Any]]:
+    """The comm rows of ``traces`` (module docstring); with ``gpus_per_node``, each row says where
+    its group lies (``place``: intra / inter / ? node, `_place`)."""
+    times: dict[tuple[str, int, int, str], list[float]] = defaultdict(list)
+    algos: dict[tuple[str, int, int, str], set[tuple[str, str]]] = {}
     for t in traces:
         for op, sec, ks in _op_times(t):
             if op.args is None or "Collective name" not in op.args or sec <= 0:
@@ -202,31 +205,49 @@ def comm_rows(traces: list[RankTrace]) -> list[dict[str, Any]]:
                 sec = sum(k.dur for k in ks if kernel_kind(k.name, k.cat) == "nccl") or sec
             key = _comm_key(op.name, op.args)
             if key is not None:
-                times[key].append(sec)
+                full = (*key, _place(op.args, t, gpus_per_node))
+                times[full].append(sec)
                 algo = next((a for k in ks if (a := nccl_algorithm(k.name))), None)
                 if algo:
-                    algos.setdefault(key, set()).add(algo)
+                    algos.setdefault(full, set()).add(algo)
         for op in t.ops:  # gloo's work on its own thread: the input's shape, the group from pg_config
             if op.name.startswith("gloo:") and op.args and op.dur > 0:
                 gkey = _gloo_key(op, t)
                 if gkey is not None:
-                    times[gkey].append(op.dur)
+                    times[(*gkey, _place({}, t, gpus_per_node))].append(op.dur)
         for k in t.kernels:  # newer traces put the collective's args on the NCCL kernel itself
             if k.args and "Collective name" in k.args:
                 kkey = _comm_key(k.name, k.args)
                 if kkey is not None:
-                    times[kkey].append(k.dur)
+                    kfull = (*kkey, _place(k.args, t, gpus_per_node))
+                    times[kfull].append(k.dur)
                     algo = nccl_algorithm(k.name)
                     if algo:
-                        algos.setdefault(kkey, set()).add(algo)
+                        algos.setdefault(kfull, set()).add(algo)
     rows = []
-    for (name, g, nbytes), ts in sorted(times.items()):
+    for full, ts in sorted(times.items()):
+        name, g, nbytes, place = full
         ts.sort()
         row = {"op": name, "group": g, "bytes": nbytes, "time_s": ts[(len(ts) - 1) // 4], "samples": len(ts)}
-        if algos.get((name, g, nbytes)):  # NCCL's choice, as its kernels' names record it
-            row["algorithms"] = sorted(f"{a}/{p}" for a, p in algos[(name, g, nbytes)])
+        row["place"] = place
+        if algos.get(full):  # NCCL's choice, as its kernels' names record it
+            row["algorithms"] = sorted(f"{a}/{p}" for a, p in algos[full])
         rows.append(row)
     return rows
+
+
+def _place(args: dict[str, Any], t: RankTrace, gpus_per_node: int | None) -> str:
+    """Where a collective's group lies: "intra" (one node) or "inter" from its ``Process Group
+    Ranks`` where the trace records them, "intra" for a run of one node, else "?"."""
+    if not gpus_per_node:
+        return "?"
+    raw = args.get("Process Group Ranks")
+    ranks = [int(x) for x in re.findall(r"\d+", str(raw))] if raw not in (None, "", []) else []
+    if ranks:
+        return "intra" if len({r // gpus_per_node for r in ranks}) == 1 else "inter"
+    if t.world_size is not None and t.world_size <= gpus_per_node:
+        return "intra"
+    return "?"
 
 
 def _comm_key(name: str, args: dict[str, Any]) -> tuple[str, int, int] | None:
