@@ -422,3 +422,26 @@ def test_where_a_collectives_group_lies():
     assert places == {(2, "inter"), (8, "intra"), (4, "?")}
     net, notes = fit_link(comm_rows([t], gpus_per_node=8), load_cluster("dgx-h100", gpus=16))
     assert net == {} and "1 collective rows inside a node (1 more whose group's node" in notes[0]
+
+
+def test_a_multi_node_trace_fits_the_inter_node_link_too(tmp_path):
+    cluster = load_cluster("dgx-h100", gpus=16)
+    truth = {"nvlink": {"bw_GBps": 300.0, "alpha_s": 7e-6}, "net": {"bw_GBps": 40.0, "alpha_s": 12e-6}}
+    net = make_network(cluster, "analytical", calibration=truth)
+    ops = []
+    for nbytes in (1 << 20, 1 << 23, 1 << 26):
+        nel = nbytes // 2
+        for ranks in (tuple(range(8)), tuple(range(4)), (0, 8)):  # two inside node 0, one across the nodes
+            args = {"Collective name": "allreduce", "In msg nelems": nel, "Out msg nelems": nel, "dtype": "BFloat16"}
+            args |= {"Group size": len(ranks), "Process Group Ranks": str(list(ranks))}
+            t = net.collective_time("all-reduce", ranks, nbytes)
+            ops.append(
+                SynthOp("record_param_comms", "ncclDevKernel_AllReduce_Sum_bf16_RING_LL", t, stream=20, comm=args)
+            )
+    write_trace_file(tmp_path / "rank0.json", synthetic_trace(ops, world_size=16))
+    doc, meas = trace_calibration(
+        read_traces(tmp_path), load_gpu("h100-sxm"), cluster, date="x", measurements_file=None
+    )
+    assert {r["place"] for r in meas["comm"]} == {"intra", "inter"}
+    assert doc["network"]["nvlink"]["bw_GBps"] == pytest.approx(300.0, rel=0.05)
+    assert doc["network"]["net"]["bw_GBps"] == pytest.approx(40.0, rel=0.05)

@@ -94,26 +94,26 @@ def _geom(lo: float, hi: float, n: int) -> list[float]:
     return [lo * (hi / lo) ** (i / (n - 1)) for i in range(n)]
 
 
-def fit_link(rows: list[dict[str, Any]], cluster: ClusterSpec) -> tuple[dict[str, Any], list[str]]:
-    """(the calibration's ``network`` section, notes) from rows {op, group, bytes, time_s, place}."""
-    cls, line = link_class(cluster)
-    per_node = cluster.gpus_per_node
-    inside = [r for r in rows if r.get("place") == "intra"]
-    use = [
-        r for r in inside if r["op"] in OPS and 2 <= r["group"] <= min(per_node, cluster.num_gpus) and r["time_s"] > 0
-    ]
-    if len(use) < 2 or not line:
-        unplaced = sum(1 for r in rows if r.get("place") == "?")
-        why = f" ({unplaced} more whose group's node the trace does not say)" if unplaced else ""
-        return {}, [f"{len(use)} collective rows inside a node{why}: network left at its defaults"]
+def _group(r: dict[str, Any]) -> tuple[int, ...]:
+    """The ranks a row's collective ran over: as recorded, else the first ``group`` of a node."""
+    return tuple(r["ranks"]) if r.get("ranks") else tuple(range(r["group"]))
+
+
+def _fit_class(
+    cls: str, line: float, use: list[dict[str, Any]], cluster: ClusterSpec, fixed: dict[str, Any]
+) -> tuple[float, float, float]:
+    """(squared log error, bandwidth GB/s, latency s) of link class ``cls`` (line rate ``line``)
+    that bring the model's times of ``use`` closest to theirs, with ``fixed`` classes as given."""
 
     def loss(bw: float, alpha: float) -> float:
-        net = make_network(cluster, "analytical", calibration={cls: {"bw_GBps": bw, "alpha_s": alpha}})
+        net = make_network(cluster, "analytical", calibration={**fixed, cls: {"bw_GBps": bw, "alpha_s": alpha}})
         total = 0.0
         for r in use:
-            group = tuple(range(r["group"]))
+            g = _group(r)
             pred = (
-                net.p2p_time(0, 1, r["bytes"]) if r["op"] == "p2p" else net.collective_time(r["op"], group, r["bytes"])
+                net.p2p_time(g[0], g[-1], r["bytes"])
+                if r["op"] == "p2p"
+                else net.collective_time(r["op"], g, r["bytes"])
             )
             total += math.log(pred / r["time_s"]) ** 2
         return total
@@ -125,11 +125,37 @@ def fit_link(rows: list[dict[str, Any]], cluster: ClusterSpec) -> tuple[dict[str
         bws = [min(line, b0 * step ** (i - 5)) for i in range(11)]
         alphas = [a0 * step ** (i - 5) for i in range(11)]
         best = min(best, *((loss(b, a), b, a) for b in bws for a in alphas))
-    err, bw, alpha = best
+    return best
+
+
+def fit_link(rows: list[dict[str, Any]], cluster: ClusterSpec) -> tuple[dict[str, Any], list[str]]:
+    """(the calibration's ``network`` section, notes) from rows {op, group, bytes, time_s, place,
+    ranks}: the node's link class from the groups inside a node, then, where the trace has groups
+    across nodes with their ranks and the cluster spans them, the inter-node class (``net``) with the
+    node's link as fitted."""
+    cls, line = link_class(cluster)
+    per_node = cluster.gpus_per_node
+    ok = [r for r in rows if r["op"] in OPS and r["time_s"] > 0]
+    use = [r for r in ok if r.get("place") == "intra" and 2 <= r["group"] <= min(per_node, cluster.num_gpus)]
+    if len(use) < 2 or not line:
+        unplaced = sum(1 for r in rows if r.get("place") == "?")
+        why = f" ({unplaced} more whose group's node the trace does not say)" if unplaced else ""
+        return {}, [f"{len(use)} collective rows inside a node{why}: network left at its defaults"]
+    err, bw, alpha = _fit_class(cls, line, use, cluster, {})
+    out: dict[str, Any] = {cls: {"bw_GBps": bw, "alpha_s": alpha}}
     notes = [
         f"network fitted through the model to {len(use)} collective rows inside a node "
         f"(rms log error {math.sqrt(err / len(use)):.2f}); algorithm efficiencies kept"
     ]
     if bw >= line * 0.999:
         notes.append(f"{cls} bandwidth at the line rate {line:g} GB/s: the traces' transfers are not slower")
-    return {cls: {"bw_GBps": bw, "alpha_s": alpha}}, notes
+    across = [r for r in ok if r.get("place") == "inter" and r.get("ranks") and max(r["ranks"]) < cluster.num_gpus]
+    nic = (cluster.node.nic_bw_Gbps or 0.0) / 8.0
+    if len(across) >= 2 and nic:
+        err, bw, alpha = _fit_class("net", nic, across, cluster, out)
+        out["net"] = {"bw_GBps": bw, "alpha_s": alpha}
+        notes.append(
+            f"inter-node link fitted to {len(across)} collective rows across nodes "
+            f"(rms log error {math.sqrt(err / len(across)):.2f})"
+        )
+    return out, notes

@@ -197,6 +197,7 @@ def comm_rows(traces: list[RankTrace], gpus_per_node: int | None = None) -> list
     its group lies (``place``: intra / inter / ? node, `_place`)."""
     times: dict[tuple[str, int, int, str], list[float]] = defaultdict(list)
     algos: dict[tuple[str, int, int, str], set[tuple[str, str]]] = {}
+    ranks: dict[tuple[str, int, int, str], tuple[int, ...]] = {}  # one group's ranks per row
     for t in traces:
         for op, sec, ks in _op_times(t):
             if op.args is None or "Collective name" not in op.args or sec <= 0:
@@ -207,6 +208,7 @@ def comm_rows(traces: list[RankTrace], gpus_per_node: int | None = None) -> list
             if key is not None:
                 full = (*key, _place(op.args, t, gpus_per_node))
                 times[full].append(sec)
+                ranks.setdefault(full, _ranks(op.args))
                 algo = next((a for k in ks if (a := nccl_algorithm(k.name))), None)
                 if algo:
                     algos.setdefault(full, set()).add(algo)
@@ -221,6 +223,7 @@ def comm_rows(traces: list[RankTrace], gpus_per_node: int | None = None) -> list
                 if kkey is not None:
                     kfull = (*kkey, _place(k.args, t, gpus_per_node))
                     times[kfull].append(k.dur)
+                    ranks.setdefault(kfull, _ranks(k.args))
                     algo = nccl_algorithm(k.name)
                     if algo:
                         algos.setdefault(kfull, set()).add(algo)
@@ -230,10 +233,18 @@ def comm_rows(traces: list[RankTrace], gpus_per_node: int | None = None) -> list
         ts.sort()
         row = {"op": name, "group": g, "bytes": nbytes, "time_s": ts[(len(ts) - 1) // 4], "samples": len(ts)}
         row["place"] = place
+        if place == "inter" and ranks.get(full):  # where it ran, for the inter-node fit
+            row["ranks"] = list(ranks[full])
         if algos.get(full):  # NCCL's choice, as its kernels' names record it
             row["algorithms"] = sorted(f"{a}/{p}" for a, p in algos[full])
         rows.append(row)
     return rows
+
+
+def _ranks(args: dict[str, Any]) -> tuple[int, ...]:
+    """The group's global ranks as the trace records them (``Process Group Ranks``; () if not)."""
+    raw = args.get("Process Group Ranks")
+    return tuple(int(x) for x in re.findall(r"\d+", str(raw))) if raw not in (None, "", []) else ()
 
 
 def _place(args: dict[str, Any], t: RankTrace, gpus_per_node: int | None) -> str:
@@ -241,8 +252,7 @@ def _place(args: dict[str, Any], t: RankTrace, gpus_per_node: int | None) -> str
     Ranks`` where the trace records them, "intra" for a run of one node, else "?"."""
     if not gpus_per_node:
         return "?"
-    raw = args.get("Process Group Ranks")
-    ranks = [int(x) for x in re.findall(r"\d+", str(raw))] if raw not in (None, "", []) else []
+    ranks = _ranks(args)
     if ranks:
         return "intra" if len({r // gpus_per_node for r in ranks}) == 1 else "inter"
     if t.world_size is not None and t.world_size <= gpus_per_node:
