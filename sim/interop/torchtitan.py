@@ -1,6 +1,11 @@
 """A torchtitan job file (TOML: ``[model]``, ``[training]``, ``[parallelism]``,
 ``[activation_checkpoint]``, ...; torchtitan's `config/job_config.py`) read onto simpar's plan
 fields and model preset (`read_torchtitan`), and a plan written back as one (`torchtitan_toml`).
+
+Jobs of torchtitan's first layout (its `torchtitan/config_manager.py` until March 2025, e.g. the
+commit 9dec370 of the December 2024 benchmarks) are read too: the parallel degrees under
+``[training]`` and ``[experimental]``, ``training.batch_size``, ``training.compile`` and the
+pipeline's ``pipeline_parallel_microbatches`` (`torchtitan_legacy`).
 """
 
 from __future__ import annotations
@@ -12,6 +17,8 @@ import tomllib
 
 from ..errors import SpecError
 from .common import Imported, one_of, whole
+from .torchtitan_legacy import legacy_layout, legacy_pipeline
+from .torchtitan_legacy import torchtitan_legacy_layer_split as torchtitan_legacy_layer_split
 
 #: torchtitan's pipeline_parallel_schedule names -> simpar's (torch.distributed.pipelining's classes)
 SCHEDULES = {
@@ -65,6 +72,7 @@ READ = {
         "pipeline_parallel_degree",
         "pipeline_parallel_schedule",
         "pipeline_parallel_microbatch_size",
+        "pipeline_parallel_microbatches",
         "pipeline_parallel_layers_per_stage",
         "pipeline_parallel_first_stage_less_layers",
         "pipeline_parallel_last_stage_less_layers",
@@ -133,6 +141,7 @@ def read_torchtitan(path: str, layers: int | None = None, gpus: int | None = Non
         raise SpecError(where, f"cannot be read as TOML ({exc}).", "give the job's .toml file.") from None
     cfg = _flatten_quantize(cfg, where)
     imp = Imported(where, gpus=gpus)
+    cfg, legacy = legacy_layout(cfg, imp, where)
     for sec, body in cfg.items():
         if sec in UNMODELLED_SECTIONS:
             imp.unmodelled.append(f"[{sec}]")
@@ -166,7 +175,7 @@ def read_torchtitan(path: str, layers: int | None = None, gpus: int | None = Non
     seq = whole(get("training", "seq_len", 2048), f"{where}: training.seq_len")
     # the job's sequence length; torchtitan's TOML-era models have no MTP modules
     imp.model_update = lambda m: type(m).model_validate({**m.model_dump(), "seq_len": seq, "mtp_layers": 0})
-    _parallel(cfg, plan, imp, where, layers, gpus)
+    _parallel(cfg, plan, imp, where, layers, gpus, legacy)
     mode = get("activation_checkpoint", "mode", "selective")
     plan["recompute"] = one_of(
         mode, f"{where}: activation_checkpoint.mode", {"none": "none", "selective": "selective", "full": "full"}
@@ -184,7 +193,13 @@ def read_torchtitan(path: str, layers: int | None = None, gpus: int | None = Non
 
 
 def _parallel(
-    cfg: dict[str, Any], plan: dict[str, Any], imp: Imported, where: str, layers: int | None, gpus: int | None
+    cfg: dict[str, Any],
+    plan: dict[str, Any],
+    imp: Imported,
+    where: str,
+    layers: int | None,
+    gpus: int | None,
+    legacy: bool = False,
 ) -> None:
     par = cfg.get("parallelism") or {}
     w = lambda key, default, least=1: whole(par.get(key, default), f"{where}: parallelism.{key}", least)  # noqa: E731
@@ -238,17 +253,13 @@ def _parallel(
         )
     if pp == 1:
         plan["schedule"], plan["micro_batch_size"] = "none", local
+        if "pipeline_parallel_microbatches" in par:
+            imp.unmodelled.append("parallelism.pipeline_parallel_microbatches (no pipeline)")
         return
     sched = one_of(
         par.get("pipeline_parallel_schedule", "1F1B"), f"{where}: parallelism.pipeline_parallel_schedule", SCHEDULES
     )
     plan["schedule"] = sched
-    plan["micro_batch_size"] = w("pipeline_parallel_microbatch_size", 1)
-    first, last = (
-        w("pipeline_parallel_first_stage_less_layers", 1, 0),
-        w("pipeline_parallel_last_stage_less_layers", 1, 0),
-    )
-    per = par.get("pipeline_parallel_layers_per_stage")
     if layers is None:
         raise SpecError(
             f"{where}: parallelism.pipeline_parallel_degree",
@@ -256,6 +267,15 @@ def _parallel(
             "give --model.",
         )
     stages = pp * (1 if sched in SINGLE_STAGE else 2)
+    if "pipeline_parallel_microbatches" in par or legacy:
+        legacy_pipeline(par, plan, local, stages, layers, where)
+        return
+    plan["micro_batch_size"] = w("pipeline_parallel_microbatch_size", 1)
+    first, last = (
+        w("pipeline_parallel_first_stage_less_layers", 1, 0),
+        w("pipeline_parallel_last_stage_less_layers", 1, 0),
+    )
+    per = par.get("pipeline_parallel_layers_per_stage")
     if per is not None:
         stages = -(-(layers + first + last) // whole(per, f"{where}: parallelism.pipeline_parallel_layers_per_stage"))
     if stages % pp:
