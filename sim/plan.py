@@ -216,36 +216,50 @@ class ParallelPlan(BaseModel):
         return tuple(v)
 
     # --- derived values ---------------------------------------------------------------
-    @property
+    # Derived values are `cached_property`s (the plan is immutable; they are read on every action
+    # of a simulation). They live in the instance's __dict__ beside the fields, so iteration and
+    # copies are restricted to the fields: a copy with an update never carries a stale derived value.
+    def __iter__(self):  # type: ignore[override]
+        fields = type(self).model_fields
+        return iter([(k, v) for k, v in self.__dict__.items() if k in fields])
+
+    def model_copy(self, *, update: Any = None, deep: bool = False) -> ParallelPlan:
+        copied = super().model_copy(update=update, deep=deep)
+        fields = type(self).model_fields
+        for k in [k for k in copied.__dict__ if k not in fields]:
+            del copied.__dict__[k]
+        return copied
+
+    @cached_property
     def num_gpus(self) -> int:
         return self.dp * self.tp * self.pp * self.cp
 
-    @property
+    @cached_property
     def expert_tp(self) -> int:
         """Tensor-parallel size of the expert MLPs (Megatron-Core's default: tp)."""
         return self.tp if self.etp is None else self.etp
 
-    @property
+    @cached_property
     def edp(self) -> int:
         """Expert data-parallel size: the GPUs of one pipeline rank (tp x cp x dp) over ep x etp.
         Expert gradients are reduced, and with ZeRO expert states sharded, over edp."""
         return max(1, self.tp * self.cp * self.dp // (self.ep * self.expert_tp))
 
-    @property
+    @cached_property
     def num_microbatches(self) -> int:
         return self.global_batch_size // (self.dp * self.micro_batch_size)
 
-    @property
+    @cached_property
     def num_stages(self) -> int:
         return self.pp * self.vpp
 
-    @property
+    @cached_property
     def pipelines(self) -> int:
         """2 for the bidirectional schedules (Chimera, DualPipe: two pipelines in opposite
         directions, each over the whole model), else 1."""
         return 2 if self.schedule in BIDIRECTIONAL else 1
 
-    @property
+    @cached_property
     def num_chunks(self) -> int:
         """Model chunks the layers are split into: the stages, or half of them with two pipelines
         (stage s runs chunk ``s % num_chunks``: `stage_chunk`)."""
@@ -262,16 +276,16 @@ class ParallelPlan(BaseModel):
         """The stage runs the model's last chunk (final norm, output head, loss, MTP)."""
         return stage % self.num_chunks == self.num_chunks - 1
 
-    @property
+    @cached_property
     def split_backward(self) -> bool:
         return self.schedule in SPLIT_BACKWARD
 
-    @property
+    @cached_property
     def zero_shards(self) -> int:
         """ZeRO shards optimizer/grad/param state over dp x cp (Megatron's distributed optimizer)."""
         return self.dp * self.cp
 
-    @property
+    @cached_property
     def pipeline_ranks(self) -> int:
         """Pipeline ranks the schedule runs on (1 without a pipeline schedule)."""
         return 1 if self.schedule == "none" else self.pp
@@ -296,7 +310,7 @@ class ParallelPlan(BaseModel):
         stages = self.rank_stages[prank]
         return max(stages) if self.pipelines == 2 and 2 * prank >= self.pp else min(stages)
 
-    @property
+    @cached_property
     def zero_policy(self) -> ZeroPolicy:
         if self.zero == 0 or self.zero_shards == 1:
             return ZeroPolicy.NONE
@@ -304,7 +318,7 @@ class ParallelPlan(BaseModel):
             return ZeroPolicy.GATHER_AT_START
         return ZeroPolicy.PER_LAYER if self.pp == 1 else ZeroPolicy.PER_UNSHARD
 
-    @property
+    @cached_property
     def reduces_gradients(self) -> bool:
         """Gradients are reduced over a data-parallel group (dp x cp > 1)."""
         return self.zero_shards > 1
@@ -342,16 +356,30 @@ class ParallelPlan(BaseModel):
         assert num_layers % n == 0, "check_plan rejects uneven splits without layer_split"
         return (num_layers // n,) * n
 
+    @cached_property
+    def _layer_memo(self) -> dict[int, tuple[tuple[int, ...], tuple[int, ...]]]:
+        """num_layers -> (layers per stage, first layer of each stage): asked for on every stage of
+        every pass, so computed once per plan (the plan is immutable)."""
+        return {}
+
+    def _layers(self, num_layers: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        hit = self._layer_memo.get(num_layers)
+        if hit is None:
+            chunks = self.chunk_layers(num_layers)
+            n = self.num_chunks
+            starts = [sum(chunks[:c]) for c in range(n)]
+            stages = range(self.num_stages)
+            per = chunks if self.pipelines == 1 else tuple(chunks[s % n] for s in stages)
+            hit = self._layer_memo[num_layers] = (tuple(per), tuple(starts[s % n] for s in stages))
+        return hit
+
     def stage_layers(self, num_layers: int) -> tuple[int, ...]:
         """Transformer layers in each stage (index = stage id): its chunk's."""
-        chunks = self.chunk_layers(num_layers)
-        if self.pipelines == 1:
-            return chunks
-        return tuple(chunks[self.stage_chunk(s)] for s in range(self.num_stages))
+        return self._layers(num_layers)[0]
 
     def chunk_first_layer(self, num_layers: int, stage: int) -> int:
         """Index of the first transformer layer ``stage`` runs."""
-        return sum(self.chunk_layers(num_layers)[: self.stage_chunk(stage)])
+        return self._layers(num_layers)[1][stage]
 
     def to_json(self) -> str:
         return json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=True)

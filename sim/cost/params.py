@@ -57,8 +57,22 @@ def layer_rank_params(m: ModelSpec, plan: ParallelPlan, kind: LayerKind = DENSE)
     return dense, m.moe.experts / plan.ep * expert_params(m) / plan.expert_tp
 
 
+#: `stage_params` by what it reads (a sweep asks for the same layouts' stages thousands of times)
+_STAGE_PARAMS: dict[tuple, tuple[float, float]] = {}
+
+
 def stage_params(m: ModelSpec, plan: ParallelPlan, stage: int) -> tuple[float, float]:
     """(replicated-over-dp, routed-expert) parameters of ``stage`` on one GPU."""
+    key = (m, plan.tp, plan.ep, plan.expert_tp, plan.num_chunks, plan.layer_split, plan.stage_chunk(stage))
+    hit = _STAGE_PARAMS.get(key)
+    if hit is None:
+        if len(_STAGE_PARAMS) > 1 << 16:
+            _STAGE_PARAMS.clear()
+        hit = _STAGE_PARAMS[key] = _stage_params(m, plan, stage)
+    return hit
+
+
+def _stage_params(m: ModelSpec, plan: ParallelPlan, stage: int) -> tuple[float, float]:
     dense = expert = 0.0
     for kind, n in stage_kinds(m, plan, stage).items():
         d, e = layer_rank_params(m, plan, kind)
