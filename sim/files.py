@@ -89,8 +89,10 @@ def read_yaml(path: str | Path, what: str | None = None) -> Any:
         return parse_json(text, where)
     import yaml  # here, not at the top: most commands read no YAML
 
+    # libyaml's parser where PyYAML was built with it (6x faster; the same documents), else PyYAML's own
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=loader)  # a safe loader either way
     except yaml.YAMLError as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise SpecError(where, f"is not valid YAML ({first}).", "fix the file's syntax.") from None
