@@ -9,18 +9,27 @@ Run:    python benchmarks/targets.py            (about 3 minutes: startup, one i
         python benchmarks/targets.py --long     (adds every rank of Llama-3-405B on 16,384 and 131,072 H100 and the
                                                  exhaustive GPT-3 sweep: tens of minutes)
         python benchmarks/targets.py --record   (also appends this run to benchmarks/results.jsonl)
+        python benchmarks/targets.py --against REV   (the same figures of revision REV in the same run, beside
+                                                 this checkout's: on a VM whose speed drifts between days, the
+                                                 comparison that means something)
+
+Whole-process figures run the CLI as its console script does, with bytecode cached (see `Tree`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+
+import tomllib
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results.jsonl"
@@ -83,42 +92,86 @@ print(json.dumps({"full": time.perf_counter() - t, "gib": gib}))
 """
 
 
-def _wall(cmd: list[str], repeat: int = 1) -> float:
+@dataclass(frozen=True)
+class Tree:
+    """Where the figures are measured: this checkout (the installed ``simpar``), or a revision's
+    files on PYTHONPATH (`_tree_of`). Both run the CLI the same way and may cache bytecode: this
+    VM sets PYTHONDONTWRITEBYTECODE=1, which would make every whole-process figure recompile
+    simpar's sources, something an installed simpar never does (pip byte-compiles it)."""
+
+    name: str
+    root: Path
+    pythonpath: str | None = None
+
+    @property
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+        env["OMP_NUM_THREADS"] = "1"
+        if self.pythonpath:
+            env["PYTHONPATH"] = self.pythonpath
+        return env
+
+    @property
+    def simpar(self) -> list[str]:
+        """The CLI as its console script runs it (not through a version manager's shell shim)."""
+        return [sys.executable, "-c", "import sys; from simpar.cli.main import main; sys.argv[0] = 'simpar'; main()"]
+
+
+def _wall(tree: Tree, cmd: list[str], repeat: int = 1) -> float:
+    subprocess.run(cmd, cwd=tree.root, check=True, capture_output=True, env=tree.env)  # warm: bytecode, page cache
     times = []
     for _ in range(repeat):
         t = time.perf_counter()
-        subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        subprocess.run(cmd, cwd=tree.root, check=True, capture_output=True, env=tree.env)
         times.append(time.perf_counter() - t)
     return statistics.median(times)
 
 
-def _python(code: str) -> dict[str, float]:
-    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd=ROOT)
+def _python(tree: Tree, code: str) -> dict[str, float]:
+    out = subprocess.run(
+        [sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd=tree.root, env=tree.env
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def measure(long: bool) -> dict[str, float]:
-    simpar = ["simpar"]
+def measure(tree: Tree, long: bool) -> dict[str, float]:
+    simpar = tree.simpar
     fig: dict[str, float] = {}
-    fig["python_s"] = _wall([sys.executable, "-c", "pass"], repeat=7)
-    fig["version_s"] = _wall([*simpar, "--version"], repeat=7)
-    fig["simulate_process_s"] = _wall([*simpar, *SIMULATE], repeat=5)
-    inproc = _python(IN_PROCESS)
+    fig["python_s"] = _wall(tree, [sys.executable, "-c", "pass"], repeat=7)
+    fig["version_s"] = _wall(tree, [*simpar, "--version"], repeat=7)
+    fig["simulate_process_s"] = _wall(tree, [*simpar, *SIMULATE], repeat=5)
+    inproc = _python(tree, IN_PROCESS)
     fig["simulate_first_ms"] = inproc["first"] * 1e3
     fig["simulate_warm_ms"] = inproc["warm"] * 1e3
     with tempfile.TemporaryDirectory() as tmp:
-        fig["sweep_default_s"] = _wall([*simpar, "sweep", *GPT3, "--out", f"{tmp}/s"])
+        fig["sweep_default_s"] = _wall(tree, [*simpar, "sweep", *GPT3, "--out", f"{tmp}/s"])
         if long:
-            fig["sweep_exhaustive_s"] = _wall([*simpar, "sweep", *GPT3, "--exhaustive", "--out", f"{tmp}/x"])
-    fig["validate_s"] = _wall([*simpar, "validate", "tests/data/published.csv"])
-    fig["deepseek_simulate_s"] = _wall([*simpar, *DEEPSEEK_SIMULATE], repeat=3)
+            fig["sweep_exhaustive_s"] = _wall(tree, [*simpar, "sweep", *GPT3, "--exhaustive", "--out", f"{tmp}/x"])
+    fig["validate_s"] = _wall(tree, [*simpar, "validate", "tests/data/published.csv"], repeat=3)
+    fig["deepseek_simulate_s"] = _wall(tree, [*simpar, *DEEPSEEK_SIMULATE], repeat=3)
     with tempfile.TemporaryDirectory() as tmp:
-        fig["deepseek_sweep_s"] = _wall([*simpar, *DEEPSEEK_SWEEP, "--out", f"{tmp}/d"])
+        fig["deepseek_sweep_s"] = _wall(tree, [*simpar, *DEEPSEEK_SWEEP, "--out", f"{tmp}/d"])
     if long:
-        fig["full_llama_16k_s"] = _python(FULL.replace("GPUS", "16384"))["full"]
-        big = _python(FULL.replace("GPUS", "131072"))
+        fig["full_llama_16k_s"] = _python(tree, FULL.replace("GPUS", "16384"))["full"]
+        big = _python(tree, FULL.replace("GPUS", "131072"))
         fig["full_llama_131k_s"], fig["full_llama_131k_gib"] = big["full"], big["gib"]
     return fig
+
+
+def _tree_of(rev: str, tmp: Path) -> Tree:
+    """Revision ``rev``'s files (`git archive`) with its packages laid out as pyproject.toml maps
+    them under ``simpar`` (package-dir), importable from PYTHONPATH ahead of the installed one."""
+    src = tmp / "src"
+    src.mkdir()
+    archive = subprocess.run(["git", "archive", rev], cwd=ROOT, check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(src)], input=archive, check=True)
+    dirs = tomllib.loads((src / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    pkg = tmp / "pkg" / "simpar"
+    shutil.copytree(src / dirs["simpar"], pkg)
+    for name, folder in dirs.items():
+        if name != "simpar":
+            (pkg / name.split(".", 1)[1]).symlink_to(src / folder)
+    return Tree(rev, src, str(tmp / "pkg"))
 
 
 def _previous() -> dict | None:
@@ -134,13 +187,28 @@ def _commit() -> str:
     return out.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
 
 
+def _option(name: str) -> str | None:
+    if name in sys.argv:
+        i = sys.argv.index(name)
+        if i + 1 < len(sys.argv):
+            return sys.argv[i + 1]
+        sys.exit(f"{name} needs a value, e.g. {name} HEAD~3")
+    return None
+
+
 def main() -> None:
-    long, record = "--long" in sys.argv, "--record" in sys.argv
+    long, record, against = "--long" in sys.argv, "--record" in sys.argv, _option("--against")
     load0 = os.getloadavg()[0]
-    fig = measure(long)
+    fig = measure(Tree("now", ROOT), long)
+    base: dict[str, float] = {}
+    if against:  # the same figures of another revision, in the same run (the VM drifts 2-3x between days)
+        with tempfile.TemporaryDirectory() as tmp:
+            base = measure(_tree_of(against, Path(tmp)), long)
     load = (load0, os.getloadavg()[0])
     prev = _previous()
     head = f"{'figure':54s} {'target':>9s} {'now':>10s}"
+    if against:
+        head += f" {against[:10]:>10s}"
     if prev:
         head += f" {'recorded':>10s}  (recorded: {prev['commit']}, {prev['date']}, load {prev['load']:.2f})"
     print(head)
@@ -151,6 +219,8 @@ def main() -> None:
         ok = "" if target is None else (" ok" if now <= target else " MISSED")
         tgt = "-" if target is None else f"{target:g} {unit}"
         line = f"{what:54s} {tgt:>9s} {now:>8.3g} {unit}{ok}"
+        if name in base:
+            line += f"  {base[name]:>8.3g} {unit}"
         if prev and name in prev["figures"]:
             line += f"  {prev['figures'][name]:>8.3g} {unit}"
         print(line)
@@ -163,6 +233,8 @@ def main() -> None:
             "cores": os.cpu_count(),
             "figures": {k: round(v, 4) for k, v in fig.items()},
         }
+        if against:
+            entry["against"] = {"commit": against, "figures": {k: round(v, 4) for k, v in base.items()}}
         with RESULTS.open("a") as fh:
             fh.write(json.dumps(entry, sort_keys=True) + "\n")
         print(f"recorded in {RESULTS.relative_to(ROOT)}")
