@@ -1,7 +1,9 @@
 """The trace reader's targets (issue: calibrated real-hardware runs), printed:
 
 - reading speed, MB of trace JSON per second, on a synthetic Kineto trace of ~60 MB written as the
-  profiler writes it (plain and gzip), best of three;
+  profiler writes it (plain and gzip), best of three, beside the speed of the standard library's
+  C parser (`json.loads` of the whole plain file) on the same machine: the machine's own scale,
+  since this VM's speed drifts 2-3x between days;
 - on the real public traces of tests/data/kineto (SOURCES.md): every file parsed, the share of GPU
   kernel time classified (target >= 95 %), and the per-kind breakdown.
 
@@ -10,6 +12,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import tempfile
@@ -59,6 +62,11 @@ def main() -> None:
             p = write_trace_file(Path(tmp) / name, doc)
             mb, rate = speed(p)
             print(f"reader speed, {name}: {mb:.0f} MB of JSON at {rate:.0f} MB/s (target >= 50)")
+        raw = (Path(tmp) / "synthetic.json").read_bytes()
+        t0 = time.perf_counter()
+        json.loads(raw)
+        scale = len(raw) / 1e6 / (time.perf_counter() - t0)
+        print(f"for scale, json.loads of the whole plain file on this machine: {scale:.0f} MB/s")
     print()
     for p in sorted((ROOT / "tests" / "data" / "kineto").glob("*/rank*.json.gz")):
         t = read_rank_trace(p)
