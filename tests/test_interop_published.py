@@ -146,7 +146,9 @@ enable_float8_linear = true
 _TT_405B_DIFFERS = (
     "published.csv records zero=3 and an empty tp_comm_overlap (torchtitan's default: off) for this row; "
     "the 9dec370 job gives zero=2 (apply_fsdp: reshard_after_forward=False under PP) and "
-    "tp_comm_overlap=True (Table 5 and llama3_405b.toml: AsyncTP)"
+    "tp_comm_overlap=True (Table 5 and llama3_405b.toml: AsyncTP). Under torch's pipelining runtime FSDP2 keeps a "
+    "stage unsharded from UNSHARD to RESHARD and accumulates unsharded gradients: simpar's ZeRO-3 with a pipeline, "
+    "so the importer's (and the executor's) ZeRO-2 under PP is what should change, not the row"
 )
 TT_DEC2024_ROWS = {
     "tt_h100_8B_cp8": (_TT_8B_TABLE2_CP8, 8),

@@ -13,7 +13,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import tomllib
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10 (simpar's floor): only reading a TOML job needs 3.11's tomllib
+    tomllib = None  # type: ignore[assignment]
 
 from ..errors import SpecError
 from .common import Imported, one_of, whole
@@ -135,6 +138,8 @@ def read_torchtitan(path: str, layers: int | None = None, gpus: int | None = Non
     -1 (the rest of the GPUs)."""
     p = Path(path)
     where = f"torchtitan job {p.name}"
+    if tomllib is None:
+        raise SpecError(where, "needs Python 3.11 or later to be read (tomllib).", "run simpar on Python 3.11+.")
     try:
         cfg = tomllib.loads(p.read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
