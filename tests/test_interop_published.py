@@ -137,19 +137,12 @@ mode = "full"
 enable_float8_linear = true
 """
 
-# The row of Table 5 records FSDP as ZeRO-3 and leaves tp_comm_overlap to the stack (off for
-# torchtitan). The job says otherwise: at 9dec370, torchtitan/parallelisms/parallelize_llama.py
-# apply_fsdp gives every block reshard_after_forward=False when PP is on ("For PP, do not reshard
-# after forward to avoid per-microbatch all-gathers"), which is simpar's ZeRO-2 (as the importer's
-# "default" and executor/parallel.py map it); and Table 5's title and llama3_405b.toml turn on
-# AsyncTP (experimental.enable_async_tensor_parallel), which is tp_comm_overlap.
-_TT_405B_DIFFERS = (
-    "published.csv records zero=3 and an empty tp_comm_overlap (torchtitan's default: off) for this row; "
-    "the 9dec370 job gives zero=2 (apply_fsdp: reshard_after_forward=False under PP) and "
-    "tp_comm_overlap=True (Table 5 and llama3_405b.toml: AsyncTP). Under torch's pipelining runtime FSDP2 keeps a "
-    "stage unsharded from UNSHARD to RESHARD and accumulates unsharded gradients: simpar's ZeRO-3 with a pipeline, "
-    "so the importer's (and the executor's) ZeRO-2 under PP is what should change, not the row"
-)
+# Table 5's job at 9dec370: torchtitan/parallelisms/parallelize_llama.py apply_fsdp gives every block
+# reshard_after_forward=False when PP is on ("For PP, do not reshard after forward to avoid
+# per-microbatch all-gathers"): under torch's pipelining runtime a stage then stays gathered from its
+# UNSHARD to its RESHARD with its gradients unsharded, simpar's ZeRO-3 with a pipeline (the row's
+# zero 3); Table 5's title and llama3_405b.toml turn on AsyncTP (experimental.enable_async_tensor_parallel),
+# the row's tp_comm_overlap.
 TT_DEC2024_ROWS = {
     "tt_h100_8B_cp8": (_TT_8B_TABLE2_CP8, 8),
     "tt_h100_405B_512gpu_Interleaved1F1B": (_TT_405B_TABLE5, 512),
@@ -166,12 +159,7 @@ def _tt_import(tmp_path: Path, row_id: str):
 
 @pytest.mark.parametrize(
     "row_id",
-    [
-        "tt_h100_8B_cp8",
-        pytest.param(
-            "tt_h100_405B_512gpu_Interleaved1F1B", marks=pytest.mark.xfail(strict=True, reason=_TT_405B_DIFFERS)
-        ),
-    ],
+    ["tt_h100_8B_cp8", "tt_h100_405B_512gpu_Interleaved1F1B"],
 )
 def test_torchtitan_dec_2024_benchmark_jobs_import_to_the_published_rows_plans(tmp_path, row_id):
     imp, model, want = _tt_import(tmp_path, row_id)
@@ -188,12 +176,10 @@ def test_torchtitan_dec_2024_jobs_name_the_rows_model_and_sequence(tmp_path, row
     assert "training.compile (torch.compile's speed-up is not modelled)" in imp.unmodelled
 
 
-def test_the_405b_interleaved_job_differs_from_its_row_in_zero_and_async_tp_only(tmp_path):
+def test_the_405b_interleaved_job_is_fsdp_under_a_pipeline_with_async_tp(tmp_path):
     imp, _, want = _tt_import(tmp_path, "tt_h100_405B_512gpu_Interleaved1F1B")
     got = ParallelPlan(allow_tp_across_nodes=True, **imp.plan)
-    assert (got.zero, got.tp_comm_overlap) == (2, True)
-    assert (want.zero, want.tp_comm_overlap) == (3, False)
-    assert got.model_copy(update={"zero": 3, "tp_comm_overlap": False}) == want
+    assert (got.zero, got.tp_comm_overlap) == (3, True)
     # what the row's notes assumed, as the job gives it: 8 micro-batches of 4, 2 stages per rank,
     # 126 layers as 7, 8 x 14, 7
     assert (got.micro_batch_size, got.vpp, got.layer_split) == (4, 2, (7,) + (8,) * 14 + (7,))
@@ -228,7 +214,7 @@ def test_a_first_layout_pipeline_job_imports(tmp_path):
         2,
         16,
     )
-    assert p["layer_split"] == (8, 8, 8, 8) and p["vpp"] == 1 and p["zero"] == 2
+    assert p["layer_split"] == (8, 8, 8, 8) and p["vpp"] == 1 and p["zero"] == 3  # FSDP under a pipeline
     ParallelPlan(**p)
     # the 2025-03 layout ([parallelism] with the micro-batch count) reads the same
     mid = (
@@ -371,3 +357,23 @@ def test_the_25_09_rows_layout_is_an_fp8_entry_of_its_perf_matrix(row_id):
         common = _DENSE_BRIDGE_COMMON.replace(" --fp8-format hybrid", "")
         plan = read_megatron(f"{bf16} {common}", model_given=True).plan
         assert (plan["pp"], plan["cp"], plan["precision"]) == (4, 2, "bf16") != (want.pp, want.cp, want.precision)
+
+
+def test_fsdp_under_a_pipeline_is_zero_3_both_ways(tmp_path):
+    """torchtitan's FSDP under a pipeline (reshard_after_forward default: never) is simpar's ZeRO-3
+    with a pipeline; 'always' there re-gathers per micro-batch and is refused; a ZeRO-2 pipeline
+    plan cannot be written as a torchtitan job."""
+    from simpar.sim.errors import SimparError
+    from simpar.sim.interop.emit import torchtitan_toml
+
+    job = '[model]\nname = "llama3"\nflavor = "8B"\n[training]\nlocal_batch_size = 8\nseq_len = 4096\n'
+    job += '[activation_checkpoint]\nmode = "full"\n'
+    job += "[parallelism]\npipeline_parallel_degree = 4\npipeline_parallel_microbatch_size = 2\n{extra}"
+    plan = ParallelPlan(**read_torchtitan(_job(tmp_path, job.format(extra="")), 32, 16).plan)
+    assert (plan.zero, plan.pp, plan.dp) == (3, 4, 4)
+    again = read_torchtitan(_job(tmp_path, torchtitan_toml(plan, load_model("llama3-8b"))), 32, 16)
+    assert ParallelPlan(**again.plan) == plan
+    with pytest.raises(SimparError, match="fsdp_reshard_after_forward"):
+        read_torchtitan(_job(tmp_path, job.format(extra='fsdp_reshard_after_forward = "always"\n')), 32, 16)
+    with pytest.raises(SimparError, match="zero"):
+        torchtitan_toml(plan.model_copy(update={"zero": 2}), load_model("llama3-8b"))

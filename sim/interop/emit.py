@@ -254,7 +254,16 @@ def torchtitan_toml(plan: ParallelPlan, model: ModelSpec) -> str:
             raise _refuse(
                 "layer_split", t, "torchtitan splits layers its own way", "use its split (torchtitan_layer_split)."
             )
-    reshard = {0: "default", 2: "never", 3: "always"}[plan.zero]
+    if plan.pp > 1 and plan.zero == 2:
+        raise _refuse(
+            "zero",
+            t,
+            "its FSDP under a pipeline keeps each stage gathered and its gradients unsharded until the last "
+            "backward, which is simpar's ZeRO-3 with a pipeline",
+            "use --zero 3.",
+        )
+    # under a pipeline, ZeRO-3 is FSDP2 without the per-micro-batch reshard (torchtitan's default there)
+    reshard = {0: "default", 2: "never", 3: "always" if plan.pp == 1 else "default"}[plan.zero]
     lines = [
         "[model]",
         f'name = "{flavor[0]}"',

@@ -246,7 +246,20 @@ def _parallel(
         f"{where}: parallelism.fsdp_reshard_after_forward",
         {"default": pp == 1, "always": True, "never": False},
     )
-    plan["zero"] = 0 if shard == 1 and cp == 1 else 3 if reshard else 2
+    sharded = not (shard == 1 and cp == 1)
+    if sharded and pp > 1 and reshard:
+        raise SpecError(
+            f"{where}: parallelism.fsdp_reshard_after_forward",
+            "'always' under a pipeline re-gathers every stage's parameters for each micro-batch's forward and "
+            "backward (FSDP2's post-forward reshard), which simpar does not model.",
+            "use the default (never under a pipeline), which simpar models as ZeRO-3 with a pipeline.",
+        )
+    # Without a pipeline: resharding after forward is ZeRO-3, keeping the parameters gathered is
+    # ZeRO-2. Under torch's pipelining runtime FSDP2 keeps a stage gathered from its UNSHARD to its
+    # RESHARD and accumulates its gradients unsharded over the micro-batches (stage.py:
+    # set_reshard_after_backward / set_requires_gradient_sync False until the last backward): what
+    # simpar's ZeRO-3 with a pipeline is (`cost.memory`, ZeroPolicy.PER_UNSHARD).
+    plan["zero"] = 0 if not sharded else 3 if reshard or pp > 1 else 2
     local = whole((cfg.get("training") or {}).get("local_batch_size", 8), f"{where}: training.local_batch_size")
     gbs = (cfg.get("training") or {}).get("global_batch_size", -1)
     plan["global_batch_size"] = local * dp if gbs in (-1, None) else whole(gbs, f"{where}: training.global_batch_size")
