@@ -3,8 +3,6 @@ model, the schedule file and the world size must agree, and the combination must
 executor runs correctly. Each failure is one `SimparError` line (exit code 2 from the CLI).
 
 Refused on purpose (torch 2.13 behaviour, measured):
-- ZeRO-3 (FSDP ``reshard_after_forward=True``) with a schedule that has I/W actions: torch
-  computes silently wrong gradients (the last stage's are missing).
 - ZeRO-1 (DDP + ZeroRedundancyOptimizer) with I/W actions (DDP's reducer misses the weight
   gradients of split backwards: wrong gradients on every stage but the first), with tensor
   parallelism (DDP and ZeroRedundancyOptimizer broadcast DTensors, which fails) or with several
@@ -220,13 +218,6 @@ def check_run(plan: ParallelPlan, model: ModelSpec, sched: Schedule, world_size:
             "schedule",
             f"has {microbatches(sched)} microbatches, the plan has {plan.num_microbatches}.",
             "write the schedule for this plan's batch sizes.",
-        )
-    if plan.zero == 3 and split_backward(sched):
-        raise PlanError(
-            "zero",
-            "ZeRO-3 (FSDP reshard_after_forward=True) with a schedule that has I/W actions gives wrong "
-            "gradients in torch 2.13.",
-            "use --zero 2, or a schedule without I/W (gpipe, 1f1b, interleaved-1f1b).",
         )
     if plan.zero == 1 and plan.dp > 1 and (plan.tp > 1 or split_backward(sched) or plan.vpp > 1):
         why = (

@@ -8,7 +8,8 @@ ZeRO mapping:
 - 0: DDP (plain replicas, gradients all-reduced);
 - 1: DDP + ZeroRedundancyOptimizer (optimizer state sharded over dp);
 - 2: FSDP2 ``fully_shard(reshard_after_forward=False)`` (gradients and, between steps, params);
-- 3: FSDP2 ``fully_shard(reshard_after_forward=True)`` (params re-gathered for backward).
+- 3: FSDP2 ``fully_shard(reshard_after_forward=True)`` (params re-gathered for backward); under a
+  pipeline ``False``, the schedule's UNSHARD/RESHARD bracketing a stage (`reshard_after_forward`).
 
 Routed experts of MoE layers (Megatron-Core's parallel folding, `RankLayout`'s expert groups):
 where their expert data-parallel group (edp) is not the dp group (ep > 1, or tp > 1 folded into
@@ -172,7 +173,11 @@ def experts_wrapped(plan: ParallelPlan) -> bool:
 
 
 def reshard_after_forward(plan: ParallelPlan) -> bool:
-    return plan.zero == 3
+    """ZeRO-3 without a pipeline reshards after each forward (FSDP, simpar's per-layer gathers);
+    under a pipeline the schedule's UNSHARD/RESHARD keep a stage gathered over its micro-batches
+    (simpar's ZeRO-3 with a pipeline, and torchtitan's default there): a reshard after each
+    forward would re-gather per micro-batch, which the simulator does not charge."""
+    return plan.zero == 3 and plan.pp == 1
 
 
 def _wrap_experts(model: Transformer, plan: ParallelPlan, expert_mesh: DeviceMesh | None, wrap, sharded: bool) -> None:

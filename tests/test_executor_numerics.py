@@ -127,6 +127,13 @@ FOUR = [
         False,
         dict(dp=2, pp=2, vpp=2, global_batch_size=8, schedule="interleaved-1f1b", zero=3),
     ),
+    ("dp2pp2-zero3-zb-h1-gpt", "tiny", False, dict(dp=2, pp=2, global_batch_size=8, schedule="zb-h1", zero=3)),
+    (
+        "dp2pp2-zero3-interleaved-zb-llama",
+        "tiny-llama",
+        False,
+        dict(dp=2, pp=2, vpp=2, global_batch_size=8, schedule="interleaved-zb", zero=3),
+    ),
     (
         "tp2pp2-sp-1f1b-gpt-selective",
         "tiny",
