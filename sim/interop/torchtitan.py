@@ -286,25 +286,28 @@ def _parallel(
         )
     stages = pp * (1 if sched in SINGLE_STAGE else 2)
     if "pipeline_parallel_microbatches" in par or legacy:
-        legacy_pipeline(par, plan, local, stages, layers, where)
-        return
-    plan["micro_batch_size"] = w("pipeline_parallel_microbatch_size", 1)
-    first, last = (
-        w("pipeline_parallel_first_stage_less_layers", 1, 0),
-        w("pipeline_parallel_last_stage_less_layers", 1, 0),
-    )
-    per = par.get("pipeline_parallel_layers_per_stage")
-    if per is not None:
-        stages = -(-(layers + first + last) // whole(per, f"{where}: parallelism.pipeline_parallel_layers_per_stage"))
-    if stages % pp:
-        raise SpecError(
-            f"{where}: parallelism.pipeline_parallel_layers_per_stage",
-            f"gives {stages} stages, not a multiple of pp {pp}.",
-            "adjust it.",
+        legacy_pipeline(par, plan, local, stages, where)
+        split = lambda: torchtitan_legacy_layer_split(stages, layers)  # noqa: E731
+    else:
+        plan["micro_batch_size"] = w("pipeline_parallel_microbatch_size", 1)
+        first, last = (
+            w("pipeline_parallel_first_stage_less_layers", 1, 0),
+            w("pipeline_parallel_last_stage_less_layers", 1, 0),
         )
+        per = par.get("pipeline_parallel_layers_per_stage")
+        if per is not None:
+            per = whole(per, f"{where}: parallelism.pipeline_parallel_layers_per_stage")
+            stages = -(-(layers + first + last) // per)
+        if stages % pp:
+            raise SpecError(
+                f"{where}: parallelism.pipeline_parallel_layers_per_stage",
+                f"gives {stages} stages, not a multiple of pp {pp}.",
+                "adjust it.",
+            )
+        split = lambda: torchtitan_layer_split(stages, layers, first, last)  # noqa: E731
     plan["vpp"] = stages // pp
     try:
-        plan["layer_split"] = torchtitan_layer_split(stages, layers, first, last)
+        plan["layer_split"] = split()
     except ValueError as exc:
         raise SpecError(f"{where}: parallelism", f"{exc}.", "use fewer stages.") from None
 

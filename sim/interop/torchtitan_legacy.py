@@ -64,14 +64,13 @@ def torchtitan_legacy_layer_split(stages: int, layers: int) -> tuple[int, ...]:
     return tuple(out)
 
 
-def legacy_pipeline(
-    par: dict[str, Any], plan: dict[str, Any], local: int, stages: int, layers: int, where: str
-) -> None:
-    """The pipeline of a job from before 2025-04-07: ``pipeline_parallel_microbatches`` splits the
-    local batch into that many micro-batches, and the layers split as torchtitan then split them
-    (`torchtitan_legacy_layer_split`). Its default changed on 2025-01-07 (the pipeline degree at
-    the December 2024 benchmarks' commit 9dec370, the stage count after), so a multi-stage schedule
-    must give it; a single-stage one has as many stages as pipeline ranks either way."""
+def legacy_pipeline(par: dict[str, Any], plan: dict[str, Any], local: int, stages: int, where: str) -> None:
+    """The micro-batch size of a job from before 2025-04-07: ``pipeline_parallel_microbatches``
+    splits the local batch into that many micro-batches (its layers split as torchtitan then split
+    them, `torchtitan_legacy_layer_split`, which the caller applies). Its default changed on
+    2025-01-07 (the pipeline degree at the December 2024 benchmarks' commit 9dec370, the stage count
+    after), so a multi-stage schedule must give it; a single-stage one has as many stages as
+    pipeline ranks either way."""
     key = "pipeline_parallel_microbatches"
     later = [k for k in MICROBATCH_LATER_KEYS if k in par]
     if later:
@@ -95,11 +94,6 @@ def legacy_pipeline(
             "make it a divisor of training.local_batch_size.",
         )
     plan["micro_batch_size"] = local // n
-    plan["vpp"] = stages // plan["pp"]
-    try:
-        plan["layer_split"] = torchtitan_legacy_layer_split(stages, layers)
-    except ValueError as exc:
-        raise SpecError(f"{where}: parallelism", f"{exc}.", "use fewer stages.") from None
 
 
 def legacy_layout(cfg: dict[str, Any], imp: Imported, where: str) -> tuple[dict[str, Any], bool]:
