@@ -24,7 +24,7 @@ sweep's estimator charge.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from ..layout import RankLayout
@@ -92,6 +92,9 @@ class StageWork:
     off_f: float = 0.0
     off_b: float = 0.0
     off_r: float = 0.0
+    #: `parts` already computed, by (kind, overlap_tp): a sweep asks for the same passes of a
+    #: stage millions of times (the fields are frozen, so the answers never change)
+    _memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def b(self) -> float:
@@ -113,6 +116,12 @@ class StageWork:
         all-to-all is hidden up to the pass's own non-expert compute, the longer of the two
         showing; a backward hides behind its input-gradient part either way (B and I expose the
         same)."""
+        hit = self._memo.get((kind, overlap_tp))
+        if hit is None:
+            hit = self._memo[(kind, overlap_tp)] = self._parts(kind, overlap_tp)
+        return hit
+
+    def _parts(self, kind: str, overlap_tp: bool) -> tuple[float, float, float, float, float]:
         off = 0.0
         if kind == "F":
             c, e, tp, a2a, off = self.f, self.expert_f, self.tp_f, self.a2a_f, self.off_f
@@ -134,7 +143,10 @@ class StageWork:
 
     def seconds(self, kind: str, overlap_tp: bool = False) -> float:
         """The duration of one pass on the compute stream (`parts` summed)."""
-        return sum(self.parts(kind, overlap_tp))
+        hit = self._memo.get((kind, overlap_tp, "sum"))
+        if hit is None:
+            hit = self._memo[(kind, overlap_tp, "sum")] = sum(self.parts(kind, overlap_tp))
+        return hit
 
 
 def _activation_offload(

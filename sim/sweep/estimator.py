@@ -177,15 +177,29 @@ class RankTimes:
     hidden: tuple[float, float, float] = (0.0, 0.0, 0.0)
 
 
+def _stage_buckets(x: Inputs, prank: int, stage: int) -> list[Comm]:
+    """`iteration.grad_buckets` of the stage on the rank, kept in the shared cache: it depends on
+    the stage's work, the plan's ZeRO stage and the rank's groups, and plans of one work table
+    (`x.work`, shared by every plan that differs only in `evaluate.WORK_FREE_FIELDS`) differ
+    only in their ZeRO stage there. The entry holds the table and the groups it was made from, so
+    objects built later at the same addresses are never matched."""
+    key = ("buckets", id(x.work), id(x.dp_groups), id(x.edp_groups), x.plan.zero, prank, stage)
+    hit = x.cache.get(key)
+    if hit is None or hit[0] is not x.work or hit[1] is not x.dp_groups or hit[2] is not x.edp_groups:
+        comms = it.grad_buckets(x.plan, x.work[stage], x.dp_groups[prank], x.profile, x.options, x.edp(prank))
+        hit = x.cache[key] = (x.work, x.dp_groups, x.edp_groups, comms)
+    return hit[3]
+
+
 def _dp_tail(x: Inputs, prank: int, rt: RankTimes) -> float:
     """Seconds the rank's gradient buckets run past its last action, queued on one DP stream as
     the engine queues them."""
     if not x.plan.reduces_gradients or x.fsdp:
         return 0.0
-    o, group = x.options, x.dp_groups[prank]
+    o = x.options
     buckets = []
     for s, (t0, d, at) in sorted(rt.last_bwd.items()):
-        comms = it.grad_buckets(x.plan, x.work[s], group, x.profile, o, x.edp(prank))
+        comms = _stage_buckets(x, prank, s)
         releases = it.reduction_calls(comms, t0, d, o.overlap_grad_reduce, at, lambda c: x.time(c, prank))
         buckets += [(t, s, b, x.time(c, prank)) for b, (c, t) in enumerate(releases)]
     cur = 0.0

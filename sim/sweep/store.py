@@ -91,6 +91,11 @@ _NEEDS = {
 
 def fmt(v: Any) -> str:
     """One value as text: floats to 6 significant digits, booleans as 0/1, lists joined by ';'."""
+    t = type(v)
+    if t is float:
+        return f"{v:.6g}"
+    if t is int:
+        return str(v)
     if v is None:
         return ""
     if isinstance(v, bool):
@@ -98,7 +103,7 @@ def fmt(v: Any) -> str:
     if isinstance(v, float):
         return f"{v:.6g}"
     if isinstance(v, (list, tuple)):
-        return ";".join(fmt(x) for x in v)
+        return ";".join([fmt(x) for x in v])
     return str(v).replace("\r", " ").replace("\n", " ")  # one CSV line per row (the journal is read by lines)
 
 
