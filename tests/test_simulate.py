@@ -66,7 +66,17 @@ def test_breakdown_sums_and_determinism() -> None:
 
 
 @pytest.mark.parametrize(
-    "kw", [dict(schedule="1f1b"), dict(schedule="gpipe"), dict(schedule="interleaved-1f1b", vpp=2)]
+    "kw",
+    [
+        dict(schedule="1f1b"),
+        dict(schedule="gpipe"),
+        dict(schedule="interleaved-1f1b", vpp=2),
+        # split backwards: each set keeps what its W reads from its I to its W
+        dict(schedule="zb-h1"),
+        dict(schedule="zb-h2"),
+        dict(schedule="zb-v", vpp=2),
+        dict(schedule="interleaved-zb", vpp=2),
+    ],
 )
 def test_memory_timeline_peak_equals_memory_model(kw) -> None:
     cluster = load_cluster("dgx-a100-80g", gpus=16)

@@ -7,8 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simpar.sim.cost.alive import STEADY, alive_profile, cached_profile
+from simpar.sim.cost.alive import STEADY, WHOLE, alive_profile, cached_profile, plan_profile, unit_costs
 from simpar.sim.cost.memory import memory_report, schedule_memory_report
+from simpar.sim.plan import ParallelPlan
 from simpar.sim.schedules import build_schedule, peak_activation_units, peak_inflight
 from simpar.sim.specs import load_cluster, load_model
 from simpar.sim.sweep.memory_screen import MemoryScreen
@@ -33,24 +34,37 @@ SCHEDS = [
     st.integers(2, 5),
     st.integers(1, 14),
     st.lists(st.floats(0.0, 10.0), min_size=15, max_size=15),
+    st.lists(st.floats(0.0, 20.0), min_size=15, max_size=15),
 )
-def test_profile_peaks_equal_peak_activation_units(sched, pp, m, weights):
+def test_profile_peaks_equal_peak_activation_units(sched, pp, m, weights, held):
     name, vpp = sched
     s = build_schedule(name, pp, vpp, m)
     prof = alive_profile(s)
-    w = weights[: s.num_stages]
+    w, hw = weights[: s.num_stages], held[: s.num_stages]  # held may outweigh a set (full recompute)
     assert prof.peaks(w) == pytest.approx(peak_activation_units(s, w), rel=1e-12, abs=1e-12)
+    assert prof.peaks(w, hw) == pytest.approx(peak_activation_units(s, w, hw), rel=1e-12, abs=1e-12)
     assert list(prof.inflight) == peak_inflight(s)
 
 
-@pytest.mark.parametrize("name,vpp", [x for x in SCHEDS if x[0] != "gpipe"])
+@pytest.mark.parametrize("name,vpp", [x for x in SCHEDS if x[0] not in WHOLE])
 @pytest.mark.parametrize("pp", [2, 3, 4, 6])
-def test_profile_stops_changing_after_a_few_pp_microbatches(name, vpp, pp):
-    short = cached_profile(name, pp, vpp, STEADY * pp)
+@pytest.mark.parametrize("frac", [None, 0.05, 0.43])
+def test_profile_stops_changing_after_a_few_pp_microbatches(name, vpp, pp, frac):
+    cut = STEADY * pp
+    short = cached_profile(name, pp, vpp, cut, frac)
     # interleaved 1F1B plans have a multiple of pp micro-batches (check_plan)
-    ms = (3 * pp, 5 * pp, 8 * pp) if name == "interleaved-1f1b" else (STEADY * pp + 1, 5 * pp, 7 * pp + 3)
+    ms = (3 * pp, 5 * pp, 8 * pp) if name == "interleaved-1f1b" else (cut + 1, cut + 3 * pp, cut + 5 * pp + 3)
     for m in ms:
-        assert cached_profile(name, pp, vpp, m) == short
+        assert cached_profile(name, pp, vpp, m, frac) == short
+
+
+@pytest.mark.parametrize("frac", [0.05, 0.43])
+def test_zb_2p_profile_is_read_off_the_whole_schedule(frac):
+    # ZB-2p's sets waiting for their W keep growing with m (by 1 / frac): its profile is never cut
+    plan = ParallelPlan(dp=1, pp=4, micro_batch_size=1, global_batch_size=96, schedule="zb-2p")
+    full = alive_profile(build_schedule("zb-2p", 4, 1, 96, unit_costs("zb-2p", frac)))
+    assert plan_profile(plan, frac) == full
+    assert cached_profile("zb-2p", 4, 1, STEADY * 4, frac) != full
 
 
 def test_screen_equals_the_memory_report():

@@ -17,7 +17,7 @@ from ..model import DENSE, LayerKind, layer_kinds, mtp_kind
 from ..plan import ParallelPlan
 from ..specs import ModelSpec
 from ..specs.stack import load_stack
-from .moe import moe_mlp_activation_parts
+from .moe import expert_rows, moe_mlp_activation_parts
 from .offload import offload_layers
 from .params import stage_kinds, stage_layer_range
 from .precision import saved_input_fraction
@@ -97,6 +97,86 @@ def layer_activation_bytes(
     elif moe_parts:
         total -= moe_parts["expert_act"] * ("moe_act" in modules) + moe_parts["shared"] * ("shared_experts" in modules)
     return total
+
+
+def layer_weight_grad_bytes(m: ModelSpec, plan: ParallelPlan, kind: LayerKind = DENSE) -> float:
+    """Bytes one layer of ``kind`` keeps for one micro-batch from the end of its input-gradient pass
+    (I) to its weight-gradient pass (W), when the schedule splits the backward: what W = dY^T X
+    reads, every linear's saved input X and its output gradient dY (16-bit; an input at the
+    stack's quantised fraction, `precision.saved_input_fraction`), whatever the recompute (W runs
+    after I's recomputed activations are gone).
+
+    Source: the zero-bubble reference runtime (sail-sg/zero-bubble-pipeline-parallelism,
+    `tensor_parallel/layers.py`: `WeightGradStore.put` keeps each linear's ``input`` and
+    ``grad_output`` until W; its scheduler counts ``w_mem_approx = 32 h`` per token, the GPT layer
+    below at t = 1). A column-parallel linear keeps its input as the forward stored it (sequence-
+    split under sequence parallelism, gathered again for W) and an output gradient split over tp;
+    a row-parallel one an input split over tp and the whole output gradient (its reduce-scatter's
+    backward gathers it)."""
+    tok = plan.micro_batch_size * m.seq_len / plan.cp
+    h, t = m.hidden, plan.tp
+    sp = t if plan.sequence_parallel else 1
+    qa, qm = saved_input_fraction(plan, "attention"), saved_input_fraction(plan, "mlp")
+    gated = 2 if m.gated_mlp else 1
+
+    def column(inp: float, out: float, q: float) -> float:  # per token: input replicated over tp, output split
+        return 2 * (q * inp / sp + out / t)
+
+    def row(inp: float, out: float, q: float) -> float:  # per token: input split over tp, output whole
+        return 2 * (q * inp / t + out)
+
+    if m.mla is None:
+        attn = column(h, m.attn_width * (1 + 2 * m.kv_ratio), qa) + row(m.attn_width, h, qa)
+    else:  # down-projections replicated over tp (sequence-split under sp), up-projections column-parallel
+        a, n = m.mla, m.heads
+        kv_down = 2 * (qa * h + a.kv_lora_rank + a.qk_rope_head_dim) / sp
+        if a.q_lora_rank:
+            q_side = 2 * (qa * h + a.q_lora_rank) / sp + column(a.q_lora_rank, n * a.qk_head_dim, qa)
+        else:
+            q_side = column(h, n * a.qk_head_dim, qa)
+        kv_up = column(a.kv_lora_rank, n * (a.qk_nope_head_dim + a.v_head_dim), qa)
+        attn = q_side + kv_down + kv_up + row(n * a.v_head_dim, h, qa)
+    if not kind.moe:
+        return tok * (attn + column(h, gated * m.ffn, qm) + row(m.ffn, h, qm))
+    moe = m.moe
+    assert moe is not None
+    fs = moe.shared_experts * moe.shared_ffn
+    shared = column(h, gated * fs, qm) + row(fs, h, qm) if fs else 0.0
+    router = 2 * (h + moe.experts) / sp  # a 16-bit linear over the tokens this GPU routes
+    # routed experts: their dispatched rows (`moe.moe_mlp_activation_parts`), each expert's slice
+    rows = expert_rows(m, plan) * moe.experts / plan.ep
+    fe, qe = moe.expert_ffn / plan.expert_tp, saved_input_fraction(plan, "experts")
+    routed = rows * 2 * (qe * h + gated * fe + qe * fe + h)
+    return tok * (attn + shared + router) + routed
+
+
+def zb_memory_fraction(m: ModelSpec) -> float:
+    """M_W / M_B as the zero-bubble reference scheduler estimates it for ZB-1p/2p, 32h / (34h + 5as)
+    (zerobubble/runtime.py: ``w_mem_approx = 32 h``, ``f_mem_approx = 34 h + 5 a s`` per token): the
+    memory limit those schedules keep is the reference's (`zb_auto`), in its own units; the
+    memory simpar charges is `layer_weight_grad_bytes` and `layer_activation_bytes`."""
+    return 32 * m.hidden / (34 * m.hidden + 5 * m.heads * m.seq_len)
+
+
+def stage_weight_grad_bytes(m: ModelSpec, plan: ParallelPlan, stage: int) -> float:
+    """`layer_weight_grad_bytes` of the stage's layers (its MTP layers too), plus the output head's
+    input and logit gradients on the last stage (a column-parallel linear, once per prediction
+    depth); 0 when the plan's schedule runs a whole backward (B)."""
+    if not plan.split_backward:
+        return 0.0
+    counts = stage_kinds(m, plan, stage)
+    if plan.holds_head(stage) and m.mtp_layers:
+        counts[mtp_kind(m)] += m.mtp_layers
+    total = sum(n * layer_weight_grad_bytes(m, plan, kind=k) for k, n in counts.items())
+    if plan.holds_head(stage):
+        tok, sp = plan.micro_batch_size * m.seq_len / plan.cp, plan.tp if plan.sequence_parallel else 1
+        total += (1 + m.mtp_layers) * 2 * tok * (m.hidden / sp + m.vocab / plan.tp)
+    return total
+
+
+def stage_weight_grads(m: ModelSpec, plan: ParallelPlan) -> list[float]:
+    """`stage_weight_grad_bytes` of every stage, in stage order."""
+    return [stage_weight_grad_bytes(m, plan, s) for s in range(plan.num_stages)]
 
 
 def stage_offloaded_bytes(m: ModelSpec, plan: ParallelPlan, stage: int) -> float:

@@ -1,7 +1,8 @@
 """The activation peak of a pipeline rank, read off its schedule: the peak over time of the summed
-bytes of the (stage, micro-batch) sets alive between their F and their input backward. It changes
-only at actions, so it is the largest dot product of the rank's per-stage alive counts, taken just
-after each F, with the per-stage bytes. `AliveProfile` keeps, per rank, only the count vectors no
+bytes of the (stage, micro-batch) sets alive between their F and their input backward, and, where
+the backward is split, of what each set keeps from its I to its W (`activations.stage_weight_grad_bytes`).
+It changes only at actions, so it is the largest dot product of the rank's per-stage counts of both,
+taken just after each F and each I, with the per-stage bytes. `AliveProfile` keeps, per rank, only the count vectors no
 other one dominates (one number for one stage per rank), so a schedule is walked once per
 (schedule, pp, vpp, micro-batches) and each plan then costs a few multiplications; past a few
 times pp micro-batches the profile no longer changes, so long schedules are not even built.
@@ -11,17 +12,18 @@ Equal to `schedules.peak_activation_units` up to rounding (tested).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from ..plan import ParallelPlan
-from ..schedules import ALL_FORWARDS_FIRST, Kind, Schedule, build_schedule
+from ..schedules import ALL_FORWARDS_FIRST, COST_STEERED, Kind, Schedule, StageCosts, build_schedule
 from ..schedules.ir import flat
 
 
 @dataclass(frozen=True)
 class AliveProfile:
-    """Per pipeline rank: its stages and the maximal vectors of alive sets per stage."""
+    """Per pipeline rank: its stages and the maximal vectors of (alive sets per stage, then sets
+    waiting for their W per stage)."""
 
     stages: tuple[tuple[int, ...], ...]
     vectors: tuple[tuple[tuple[int, ...], ...], ...]
@@ -29,13 +31,14 @@ class AliveProfile:
     @property
     def inflight(self) -> tuple[int, ...]:
         """Most sets alive at once per rank (`schedules.peak_inflight`)."""
-        return tuple(max((sum(v) for v in vecs), default=0) for vecs in self.vectors)
+        return tuple(max((sum(v[: len(st)]) for v in vecs), default=0) for st, vecs in zip(self.stages, self.vectors))
 
-    def peaks(self, stage_weight: Sequence[float]) -> list[float]:
-        """Per rank, the peak of the summed ``stage_weight`` of alive sets."""
+    def peaks(self, stage_weight: Sequence[float], held_weight: Sequence[float] | None = None) -> list[float]:
+        """Per rank, the peak of the summed ``stage_weight`` of alive sets plus ``held_weight`` of
+        the sets between their I and their W (none: 0)."""
         out = []
         for stages, vecs in zip(self.stages, self.vectors):
-            w = [stage_weight[s] for s in stages]
+            w = [stage_weight[s] for s in stages] + [held_weight[s] if held_weight else 0.0 for s in stages]
             out.append(max((sum(c * x for c, x in zip(v, w)) for v in vecs), default=0.0))
         return out
 
@@ -56,35 +59,60 @@ def alive_profile(schedule: Schedule) -> AliveProfile:
     for r, acts in enumerate(schedule.ranks):
         stages = schedule.stages_of(r)
         idx = {s: i for i, s in enumerate(stages)}
-        alive = [0] * len(stages)
+        n = len(stages)
+        alive = [0] * (2 * n)  # per stage: sets alive, then sets waiting for their W
         seen: set[tuple[int, ...]] = set()
         for a in flat(acts):  # an overlapped pair takes its F's set before freeing its B's
             if a.kind is Kind.F:
                 alive[idx[a.stage]] += 1
                 seen.add(tuple(alive))
-            elif a.kind is Kind.B or a.kind is Kind.I:
+            elif a.kind is Kind.B:
                 alive[idx[a.stage]] -= 1
+            elif a.kind is Kind.I:  # what its W reads may outweigh the set (full recompute)
+                alive[idx[a.stage]] -= 1
+                alive[n + idx[a.stage]] += 1
+                seen.add(tuple(alive))
+            elif a.kind is Kind.W:
+                alive[n + idx[a.stage]] -= 1
         stages_all.append(stages)
         vectors_all.append(_maximal(seen))
     return AliveProfile(tuple(stages_all), tuple(vectors_all))
 
 
 #: Past ``STEADY * pp`` micro-batches a schedule's alive-set profile no longer changes (its peak is
-#: reached in the warm-up and steady phases, which do not depend on m; GPipe and looped BFS excepted): checked
-#: against the full schedule in tests/test_sweep_fit.py for every schedule.
+#: reached in the warm-up and steady phases, which do not depend on m): checked against the full
+#: schedule in tests/test_sweep_fit.py for every schedule but those of `WHOLE`.
 STEADY = 2
+#: Schedules whose profile is read off the whole schedule: those that run every forward first (their
+#: peak grows with m), and ZB-2p, which defers weight-gradient passes up to its 2p memory limit, so
+#: the sets waiting for their W keep growing for about 2p / w_mem_fraction micro-batches.
+WHOLE = ALL_FORWARDS_FIRST | {"zb-2p"}
+
+
+def unit_costs(schedule: str, w_mem_fraction: float | None) -> StageCosts | None:
+    """What steers a compute-only ``schedule`` where no stage costs are at hand (`simpar memory`, the
+    sweep's memory screen): unit F, I, W and, for zb-1p/2p, the plan's memory model
+    (`activations.zb_memory_fraction`); None for the schedules no cost steers."""
+    if schedule not in COST_STEERED or w_mem_fraction is None:
+        return None
+    return replace(StageCosts.uniform(), w_mem_fraction=w_mem_fraction)
 
 
 @lru_cache(maxsize=4096)
-def cached_profile(schedule: str, pp: int, vpp: int, num_microbatches: int) -> AliveProfile:
+def cached_profile(
+    schedule: str, pp: int, vpp: int, num_microbatches: int, w_mem_fraction: float | None = None
+) -> AliveProfile:
     """The profile of a compute-only schedule (zb-1p/2p with unit costs, as `simpar memory`)."""
-    return alive_profile(build_schedule(schedule, pp, vpp, num_microbatches))
+    costs = unit_costs(schedule, w_mem_fraction)
+    return alive_profile(build_schedule(schedule, pp, vpp, num_microbatches, costs))
 
 
-def plan_profile(plan: ParallelPlan) -> AliveProfile:
-    """The alive profile of the plan's compute-only schedule, cut to `STEADY` x pp micro-batches."""
+def plan_profile(plan: ParallelPlan, w_mem_fraction: float | None = None) -> AliveProfile:
+    """The alive profile of the plan's compute-only schedule, cut to `STEADY` x pp micro-batches
+    (but for `WHOLE`); ``w_mem_fraction`` steers zb-1p/2p (`unit_costs`)."""
     pp = plan.pipeline_ranks
     m = plan.num_microbatches
-    if plan.schedule not in ALL_FORWARDS_FIRST:
+    if plan.schedule not in WHOLE:
         m = min(m, STEADY * pp)
-    return cached_profile(plan.schedule, pp, plan.vpp, m)
+    frac = w_mem_fraction if plan.schedule in COST_STEERED else None  # one cache entry for the others
+    return cached_profile(plan.schedule, pp, plan.vpp, m, frac)

@@ -26,8 +26,14 @@ from ..schedules.lower import MAX_ACTIVE_STAGES
 from ..specs import ClusterSpec, GPUSpec, ModelSpec
 from ..specs.stack import MEMORY_METRICS
 from ..units import GiB
-from .activations import host_activation_bytes, stage_activations, transient_activation_bytes
-from .alive import plan_profile
+from .activations import (
+    host_activation_bytes,
+    stage_activations,
+    stage_weight_grads,
+    transient_activation_bytes,
+    zb_memory_fraction,
+)
+from .alive import plan_profile, unit_costs
 from .offload import host_state_bytes, offloads
 from .optimizers import optimizer_facts
 from .params import rank_expert_params, rank_params
@@ -285,9 +291,10 @@ def memory_report(
     else the rank's largest 3 stages.
     """
     if inflight is None or activation_peak is None:
-        prof = plan_profile(plan)
+        prof = plan_profile(plan, zb_memory_fraction(m))
         inflight = prof.inflight if inflight is None else inflight
-        activation_peak = prof.peaks(stage_activations(m, plan)) if activation_peak is None else activation_peak
+        if activation_peak is None:
+            activation_peak = prof.peaks(stage_activations(m, plan), stage_weight_grads(m, plan))
     conventions = conventions or stack_conventions(plan)
     return _report(m, plan, gpu.hbm_bytes, inflight, activation_peak, zero3_unsharded, conventions, cluster)
 
@@ -362,6 +369,6 @@ def schedule_memory_report(
 ) -> MemoryReport:
     """`memory_report` with the activation peak read off the plan's whole schedule (a running sum
     over its actions, as `simpar memory` prints it; `plan_profile` gives it up to rounding)."""
-    sched = schedule_for_plan(plan)
-    peaks = peak_activation_units(sched, stage_activations(m, plan))
+    sched = schedule_for_plan(plan, unit_costs(plan.schedule, zb_memory_fraction(m)))
+    peaks = peak_activation_units(sched, stage_activations(m, plan), stage_weight_grads(m, plan))
     return memory_report(m, plan, gpu, inflight=peak_inflight(sched), activation_peak=peaks, cluster=cluster)

@@ -40,7 +40,7 @@ def _compute_table(
 def walk_ahead(eng: Any, g: Any, actions):
     """``eng``: the `core.Engine` (core imports this module, so it is not imported back)."""
     env, acc, post = eng.env, g.acc, eng.post_s
-    handlers, act_bytes = eng.HANDLERS, eng.act_bytes
+    handlers, act_bytes, held = eng.HANDLERS, eng.act_bytes, eng.held_bytes
     marks = eng.marks[g.prank] if eng.marks is not None else None
     events, mem, rank, new = eng.events, g.mem, g.rank, tuple.__new__
     table = _compute_table(eng)
@@ -50,7 +50,7 @@ def walk_ahead(eng: Any, g: Any, actions):
     gather_all = policy is ZeroPolicy.PER_UNSHARD
     gather_f = gather_all or (policy is ZeroPolicy.GATHER_AT_START and opt.overlap_param_gather)
     last = {x for (pr, _), x in eng.last_bwd.items() if pr == g.prank} if opt.overlap_grad_reduce else set()
-    F, R, B, I = Kind.F, Kind.R, Kind.B, Kind.I  # noqa: E741
+    F, R, B, I, W = Kind.F, Kind.R, Kind.B, Kind.I, Kind.W  # noqa: E741
     t = env.now
     for i, a in enumerate(actions):
         if marks is not None:
@@ -84,8 +84,14 @@ def walk_ahead(eng: Any, g: Any, actions):
                     acc["expert_compute"] += ex
                     acc["moe_a2a"] += a2a
                     acc["offload"] += off
-                if k is B or k is I:
+                if k is B:
                     g.act -= act_bytes[st]
+                    mem.append((t, g.act))
+                elif k is I:  # what its W reads stays (`Engine._freed`)
+                    g.act += held[st] - act_bytes[st]
+                    mem.append((t, g.act))
+                elif k is W and held[st]:
+                    g.act -= held[st]
                     mem.append((t, g.act))
                 continue
         if k is Kind.SEND_F or k is Kind.SEND_B:

@@ -55,6 +55,7 @@ class Engine(IterationTail):
         stage_act_bytes: list[float] | None = None,
         profile: RuntimeProfile = MEGATRON,
         marks: list[frozenset[int]] | None = None,
+        stage_held_bytes: list[float] | None = None,
     ):
         if not schedule.lowered:
             raise ValueError("the engine runs lowered schedules (schedules.lower)")
@@ -66,6 +67,8 @@ class Engine(IterationTail):
         self.timed_p2p = not getattr(network, "shares_links", True)
         self.layout = RankLayout(plan)
         self.act_bytes = stage_act_bytes or [0.0] * plan.num_stages
+        #: per stage, what a micro-batch keeps from its I to its W (`activations.stage_weight_grad_bytes`)
+        self.held_bytes = stage_held_bytes or [0.0] * plan.num_stages
         self.events: list[TraceEvent] = []
         self.transfers: dict[tuple, Transfer] = {}
         self.pending: dict[tuple, Rendezvous] = {}
@@ -350,8 +353,17 @@ class Engine(IterationTail):
             # gradient buckets become ready during this last weight-gradient pass
             self._start_reduction(g, s, self.env.now, sum(self._parts(a, k.value)))
         yield from self._pass(g, a, k.value)
-        if k is not Kind.W:
-            self._mem(g, -self.act_bytes[s])
+        if k is not Kind.W or self.held_bytes[s]:
+            self._mem(g, self._freed(a))
+
+    def _freed(self, a: Action) -> float:
+        """The activation bytes a backward pass changes at its end: B frees the micro-batch's set,
+        I all of it but what its W reads (`held_bytes`), W that."""
+        if a.kind is Kind.B:
+            return -self.act_bytes[a.stage]
+        if a.kind is Kind.I:
+            return self.held_bytes[a.stage] - self.act_bytes[a.stage]
+        return -self.held_bytes[a.stage]
 
     def _pair(self, g: GpuState, a: Pair):
         """An overlapped F&B pair (`schedules.costs.overlap_seconds`): both parts' ZeRO gathers
@@ -384,7 +396,7 @@ class Engine(IterationTail):
         tp, a2a, off = (exposed * w / total for w in waits) if total > 0 else (exposed, 0.0, 0.0)
         self._charge(g, "compute", (comp, pf[1] + pb[1], tp, a2a, off))
         self._record(g, "compute", str(a), Kind.OVERLAP_F_B.value, t0)
-        self._mem(g, -self.act_bytes[b.stage])
+        self._mem(g, self._freed(b))
 
     def _recompute(self, g: GpuState, a: Action):
         yield from self._compute(g, a, self._parts(a, "R"), acc="recompute")
@@ -481,10 +493,13 @@ def run_engine(
     stage_act_bytes=None,
     profile: RuntimeProfile = MEGATRON,
     marks: list[frozenset[int]] | None = None,
+    stage_held_bytes: list[float] | None = None,
 ) -> tuple[Engine, float]:
     """Build and run the engine; returns it and the wall-clock seconds the run took."""
     t0 = time.perf_counter()
-    eng = Engine(model, plan, schedule, work, costs, network, env, options, stage_act_bytes, profile, marks)
+    eng = Engine(
+        model, plan, schedule, work, costs, network, env, options, stage_act_bytes, profile, marks, stage_held_bytes
+    )
     # The run allocates millions of small, acyclic objects (events, trace records); the cyclic
     # garbage collector's full passes over them cost a third of a --full run and find nothing.
     was_enabled = gc.isenabled()

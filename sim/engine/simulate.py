@@ -14,7 +14,7 @@ from dataclasses import replace
 
 import simpy
 
-from ..cost.activations import stage_activation_bytes
+from ..cost.activations import stage_activation_bytes, stage_weight_grads, zb_memory_fraction
 from ..cost.compute import CostModel
 from ..cost.memory import memory_report
 from ..cost.profile import MEGATRON, RuntimeProfile
@@ -34,9 +34,12 @@ from .results import BREAKDOWN_KEYS, SimResult
 from .rounds import Outcome, compressed_run, lowered_builder, outcome_of, schedule_rounds
 
 
-def stage_costs(work: list[StageWork], p2p_s: float, contention: float = 0.0) -> StageCosts:
+def stage_costs(
+    work: list[StageWork], p2p_s: float, contention: float = 0.0, w_mem_fraction: float | None = None
+) -> StageCosts:
     """The engine's per-stage seconds in the schedules' StageCosts form (for zb-1p/2p and the
-    oracle); ``contention``: the overlap model's (overlapped F&B pairs)."""
+    oracle); ``contention``: the overlap model's (overlapped F&B pairs); ``w_mem_fraction``: the
+    zero-bubble scheduler's memory model (`activations.zb_memory_fraction`)."""
     return StageCosts(
         t_f=tuple(w.seconds("F") for w in work),
         t_i=tuple(w.seconds("I") for w in work),
@@ -46,6 +49,7 @@ def stage_costs(work: list[StageWork], p2p_s: float, contention: float = 0.0) ->
         x_f=tuple(sum(w.parts("F")[2:]) for w in work),
         x_b=tuple(sum(w.parts("B")[2:]) for w in work),
         contention=contention,
+        w_mem_fraction=w_mem_fraction,
     )
 
 
@@ -82,8 +86,9 @@ def plan_schedule(
 ):
     """The lowered schedule simulate() runs for ``plan`` (zb-1p/2p are built from the engine's stage
     costs): what `--write-plan` and the sweep's plan folders write for the executor."""
-    work, _, p2p = build_work(model, cluster, plan, calibration, costs=costs, profile=profile)
-    return lowered_schedule(plan, costs=stage_costs(work, p2p))
+    work, costs, p2p = build_work(model, cluster, plan, calibration, costs=costs, profile=profile)
+    scosts = stage_costs(work, p2p, costs.eff.overlap_contention, zb_memory_fraction(model))
+    return lowered_schedule(plan, costs=scosts)
 
 
 def simulate(
@@ -99,8 +104,9 @@ def simulate(
 ) -> SimResult:
     """One training iteration of ``plan`` (see the module docstring for the arguments)."""
     work, costs, p2p = build_work(model, cluster, plan, calibration, costs=costs, profile=profile)
-    scosts = stage_costs(work, p2p, costs.eff.overlap_contention)
+    scosts = stage_costs(work, p2p, costs.eff.overlap_contention, zb_memory_fraction(model))
     act = [stage_activation_bytes(model, plan, s) for s in range(plan.num_stages)]
+    held = stage_weight_grads(model, plan)  # from each I to its W (0 with a whole backward B)
     t0 = time.perf_counter()
     envs: list[simpy.Environment] = []
     opts = options
@@ -109,7 +115,7 @@ def simulate(
         env = simpy.Environment()
         envs.append(env)
         net = make_network(cluster, backend, env=env, calibration=calibration)
-        return run_engine(model, plan, sched, work, costs, net, env, opts, act, profile, marks)[0]
+        return run_engine(model, plan, sched, work, costs, net, env, opts, act, profile, marks, held)[0]
 
     replicas = None
     if options.full and options.compress:

@@ -258,19 +258,32 @@ def peak_inflight(schedule: Schedule) -> list[int]:
     return out
 
 
-def peak_activation_units(schedule: Schedule, stage_weight: Sequence[float]) -> list[float]:
-    """Per rank: the peak over time of the summed ``stage_weight[s]`` of alive (s, mb) sets."""
-    if len(stage_weight) != schedule.num_stages:
-        raise ScheduleError(
-            "stage_weight",
-            f"has {len(stage_weight)} entries, the schedule has {schedule.num_stages} stages.",
-            f"give one weight per stage ({schedule.num_stages}).",
-        )
+def peak_activation_units(
+    schedule: Schedule, stage_weight: Sequence[float], held_weight: Sequence[float] | None = None
+) -> list[float]:
+    """Per rank: the peak over time of the summed ``stage_weight[s]`` of alive (s, mb) sets, plus
+    ``held_weight[s]`` of the sets between their I and their W (what W reads; none: 0)."""
+    for name, weights in (("stage_weight", stage_weight), ("held_weight", held_weight)):
+        if weights is not None and len(weights) != schedule.num_stages:
+            raise ScheduleError(
+                name,
+                f"has {len(weights)} entries, the schedule has {schedule.num_stages} stages.",
+                f"give one weight per stage ({schedule.num_stages}).",
+            )
+    held = held_weight or [0.0] * schedule.num_stages
     out = []
     for acts in schedule.ranks:
         alive = peak = 0.0
-        for s, d in _alive_deltas(acts):
-            alive += d * stage_weight[s]
+        for a in flat(acts):
+            s = a.stage
+            if a.kind is Kind.F:
+                alive += stage_weight[s]
+            elif a.kind is Kind.B:
+                alive -= stage_weight[s]
+            elif a.kind is Kind.I:
+                alive += held[s] - stage_weight[s]
+            elif a.kind is Kind.W:
+                alive -= held[s]
             peak = max(peak, alive)
         out.append(peak)
     return out

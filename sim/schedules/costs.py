@@ -75,6 +75,9 @@ class StageCosts:
     contention: float = 0.0
     #: seconds a rank spends posting one send or receive of a lowered schedule (0 on a GPU run)
     t_post: float = 0.0
+    #: the zero-bubble auto schedules' memory model: the share of a micro-batch's activation set
+    #: that waits from its I for its W (None: `zb_auto.W_MEM_FRACTION`)
+    w_mem_fraction: float | None = None
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.contention <= 1.0:

@@ -17,11 +17,12 @@ heuristic builds each rank's order while simulating its timeline:
    execution time wins (the paper then refines with an ILP, which simpar does not).
 
 Memory accounting (as in the paper's reference scheduler): F allocates one activation set M_B
-(1 unit), I frees ``1 - w_mem_fraction`` of it and W the rest (M_W, the inputs kept for the weight
-gradient). The
-default 0.3 is about the reference code's estimate M_W/M_B = 32h / (34h + 5as) for the paper's GPT
-models at s = 1024 (0.28-0.43); any value in [0.1, 0.5] reproduces every ZB-1p and ZB-2p bubble
-rate of the paper's Table 5. Since memory >= sets alive until their I, a ZB-1p schedule never holds
+(1 unit), I frees ``1 - w_mem_fraction`` of it and W the rest (M_W, the inputs and output gradients
+kept for the weight gradient). A plan's schedule takes the reference code's own estimate
+M_W/M_B = 32h / (34h + 5as) (`StageCosts.w_mem_fraction`, `activations.zb_memory_fraction`); the
+default 0.3, for costs that do not give one, is about that for the paper's GPT models at s = 1024
+(0.28-0.43). Any value in [0.1, 0.5] reproduces every ZB-1p and ZB-2p bubble rate of the paper's
+Table 5. Since memory >= sets alive until their I, a ZB-1p schedule never holds
 more than p sets in `analysis.peak_inflight`'s count. With 0 (W free) the 1p heuristic keeps W
 pending longer and beats ZB-H1.
 """
@@ -177,7 +178,7 @@ class _Auto:
         return max(self.end[j] - (self.t[_F][j][0] - self.cost[j][_F]) for j in range(self.p))
 
 
-#: M_W / M_B, see the module docstring.
+#: M_W / M_B when the costs do not give the plan's (`StageCosts.w_mem_fraction`), see the module docstring.
 W_MEM_FRACTION = 0.3
 
 
@@ -193,6 +194,8 @@ def zb_auto(
     check_sizes(name, pp, 1, num_microbatches)
     costs = costs or StageCosts.uniform()
     costs.check(pp)
+    if costs.w_mem_fraction is not None:  # the plan's (`activations.zb_memory_fraction`)
+        w_mem_fraction = costs.w_mem_fraction
     if not 0.0 <= w_mem_fraction < 1.0:
         raise ScheduleError("w_mem_fraction", f"must be in [0, 1), got {w_mem_fraction}.", "use e.g. 0 or 0.3.")
     best, best_run = None, None

@@ -13,7 +13,13 @@ the plan's real costs, and its memory (from its own timeline) is the one a simul
 from __future__ import annotations
 
 from ..choices import V_SHAPED
-from ..cost.activations import host_activation_bytes, stage_activations, transient_activation_bytes
+from ..cost.activations import (
+    host_activation_bytes,
+    stage_activations,
+    stage_weight_grads,
+    transient_activation_bytes,
+    zb_memory_fraction,
+)
 from ..cost.alive import plan_profile
 from ..cost.memory import MemoryReport, host_capacity, host_memory, rank_memory
 from ..cost.params import rank_expert_params, rank_params
@@ -32,7 +38,7 @@ class MemoryScreen:
     def __init__(self, model: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec | None = None):
         self.m, self.gpu, self.cluster = model, gpu, cluster
         self._params: dict[tuple, RankParams] = {}
-        self._acts: dict[tuple, tuple[list[float], float]] = {}
+        self._acts: dict[tuple, tuple[list[float], float, list[float]]] = {}
         self._peaks: dict[tuple, tuple[list[float], tuple[int, ...]]] = {}
 
     def _rank_params(self, plan: ParallelPlan) -> RankParams:
@@ -84,28 +90,35 @@ class MemoryScreen:
             plan.offload_activations,
         )
 
-    def _activations(self, plan: ParallelPlan) -> tuple[list[float], float]:
-        """Stored activation bytes per stage and the recompute transient of one layer."""
-        key = self._act_key(plan)
+    def _activations(self, plan: ParallelPlan) -> tuple[list[float], float, list[float]]:
+        """Stored activation bytes per stage, the recompute transient of one layer, and per stage
+        what a set keeps from its I to its W (the schedule splits the backward or not: its key)."""
+        key = (*self._act_key(plan), plan.split_backward)
         hit = self._acts.get(key)
         if hit is None:
-            hit = self._acts[key] = (stage_activations(self.m, plan), transient_activation_bytes(self.m, plan))
+            hit = self._acts[key] = (
+                stage_activations(self.m, plan),
+                transient_activation_bytes(self.m, plan),
+                stage_weight_grads(self.m, plan),
+            )
         return hit
 
-    def _alive(self, plan: ParallelPlan, weights: list[float]) -> tuple[list[float], tuple[int, ...]]:
+    def _alive(
+        self, plan: ParallelPlan, weights: list[float], held: list[float]
+    ) -> tuple[list[float], tuple[int, ...]]:
         """Per pipeline rank: the activation peak and the sets alive at once (`alive.plan_profile`)."""
         key = (plan.schedule, plan.pp, plan.vpp, plan.num_microbatches, self._act_key(plan))
         hit = self._peaks.get(key)
         if hit is None:
-            prof = plan_profile(plan)
-            hit = self._peaks[key] = (prof.peaks(weights), prof.inflight)
+            prof = plan_profile(plan, zb_memory_fraction(self.m))
+            hit = self._peaks[key] = (prof.peaks(weights, held), prof.inflight)
         return hit
 
     def report(self, plan: ParallelPlan) -> MemoryReport:
         """The plan's `MemoryReport`, equal to `memory.memory_report(model, plan, gpu)`."""
         psis, stage_psis, layers, experts = self._rank_params(plan)
-        weights, transient = self._activations(plan)
-        peaks, inflight = self._alive(plan, weights)
+        weights, transient, held = self._activations(plan)
+        peaks, inflight = self._alive(plan, weights, held)
         cap = self.gpu.hbm_bytes
         conventions = stack_conventions(plan)
         host_acts = host_activation_bytes(self.m, plan, inflight)
