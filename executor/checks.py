@@ -24,7 +24,7 @@ from pathlib import Path
 
 from simpar.sim.errors import PlanError, ScheduleError, SimparError
 from simpar.sim.plan import ParallelPlan
-from simpar.sim.plan_check import _check_experts, _check_schedule, _check_split
+from simpar.sim.plan_check import _check_experts, _check_schedule, _check_split, check_zero
 from simpar.sim.schedules import check_schedule, read_csv
 from simpar.sim.schedules.ir import Kind, Schedule, flat
 from simpar.sim.specs import ModelSpec
@@ -59,6 +59,7 @@ def microbatches(s: Schedule) -> int:
 
 def check_plan_for_executor(plan: ParallelPlan, model: ModelSpec) -> None:
     """The plan rules that need no cluster, and what the executor does not implement."""
+    check_zero(plan)  # ZeRO-2 inside a pipeline: no runtime runs it (FSDP2 would keep gradients whole)
     if plan.cp > 1:
         raise PlanError("cp", "the executor does not implement context parallelism.", "use cp=1.")
     if plan.optimizer in ("adam-8bit", "muon"):

@@ -59,11 +59,28 @@ def check_plan(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec, num_g
             f"use a multiple of {per_step}.",
         )
     _check_schedule(plan)
+    check_zero(plan)
     _check_split(plan, model)
     _check_partial_recompute(plan, model)
     _check_offload(plan, model, cluster)
     _check_stack(plan, model, cluster)
     _check_experts(plan, model)
+
+
+def check_zero(plan: ParallelPlan) -> None:
+    """ZeRO-2 keeps gradients sharded only by reduce-scattering every micro-batch's (DeepSpeed
+    stage_1_and_2.py: with partition_gradients each micro-step reduces; FSDP2 by default). No
+    runtime does that inside a pipeline: DeepSpeed's pipeline engine refuses ZeRO-2 and -3
+    (runtime/pipe/engine.py), torch's pipelining keeps FSDP2 gradients unsharded until the last
+    micro-batch (simpar's ZeRO-3 with a pipeline) and Megatron's distributed optimizer is ZeRO-1."""
+    if plan.zero == 2 and plan.pp > 1 and plan.zero_shards > 1:
+        raise PlanError(
+            "zero",
+            "ZeRO-2 inside a pipeline is run by no framework (DeepSpeed's pipeline engine refuses it; "
+            "torch's pipelining keeps FSDP gradients whole until the last micro-batch).",
+            "use --zero 1 (Megatron's distributed optimizer, DeepSpeed's pipeline) or --zero 3 (FSDP2 under "
+            "torch's pipelining).",
+        )
 
 
 def _check_partial_recompute(plan: ParallelPlan, model: ModelSpec) -> None:

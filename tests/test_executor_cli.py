@@ -185,7 +185,7 @@ def test_torchrun_worker_rejects_a_bad_launch_fast(tmp_path):
 
 def test_dry_run_prints_the_torchrun_command(runner, tmp_path):
     pytest.importorskip("torch")
-    plan = ParallelPlan(pp=2, dp=2, global_batch_size=8, schedule="zb-h2", zero=2)
+    plan = ParallelPlan(pp=2, dp=2, global_batch_size=8, schedule="zb-h2", zero=3)
     write_plan_file(tmp_path / "plan.json", plan, load_model("tiny-llama"))
     write_schedule(plan, tmp_path / "s.csv")
     res = runner.invoke(

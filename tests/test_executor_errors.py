@@ -81,9 +81,12 @@ def test_lowered_schedule_needs_reduce_grad_and_unshard(tmp_path):
     check_run(fsdp, GPT, read_schedule_file(path), 2)
     with pytest.raises(ScheduleError, match="UNSHARD/0RESHARD"):
         check_run(fsdp, GPT, read_schedule_file(_drop(path, "SHARD")), 2)
-    zero2 = ParallelPlan(dp=2, pp=2, global_batch_size=8, schedule="1f1b", zero=2)  # simulate --write-plan --zero 2
-    path = write_schedule(zero2, tmp_path / "z2.csv", lowered=True)
-    check_run(zero2, GPT, read_schedule_file(path), 4)
+    zero3 = ParallelPlan(dp=2, pp=2, global_batch_size=8, schedule="1f1b", zero=3)  # simulate --write-plan --zero 3
+    path = write_schedule(zero3, tmp_path / "z3.csv", lowered=True)
+    check_run(zero3, GPT, read_schedule_file(path), 4)
+    zero2 = zero3.model_copy(update={"zero": 2})  # no runtime keeps ZeRO-2's gradients sharded in a pipeline
+    with pytest.raises(PlanError, match="ZeRO-2 inside a pipeline"):
+        check_run(zero2, GPT, read_schedule_file(path), 4)
     zero0 = ParallelPlan(dp=2, pp=2, global_batch_size=8, schedule="1f1b", zero=0)  # replicate is FSDP-managed too
     path = write_schedule(zero0, tmp_path / "z0.csv", lowered=True)
     check_run(zero0, GPT, read_schedule_file(path), 4)

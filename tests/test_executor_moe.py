@@ -147,7 +147,7 @@ TWO = [
 ]
 FOUR = [
     ("pp2-dp2-ep2-1f1b-zero1", MOE, dict(pp=2, dp=2, ep=2, global_batch_size=8, schedule="1f1b", zero=1)),
-    ("pp2-dp2-ep2-zbh1-zero2", MOE, dict(pp=2, dp=2, ep=2, global_batch_size=8, schedule="zb-h1", zero=2)),
+    ("pp2-dp2-ep2-zbh1-zero3", MOE, dict(pp=2, dp=2, ep=2, global_batch_size=8, schedule="zb-h1", zero=3)),
     (
         "pp2-dp2-ep2-interleaved-zero0-selective",
         MOE,

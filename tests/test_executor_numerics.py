@@ -107,19 +107,13 @@ FOUR = [
         False,
         dict(dp=2, pp=2, vpp=2, global_batch_size=8, schedule="dualpipe-v", zero=0),
     ),
-    (
-        "dp2pp2-zero2-interleaved-zb-llama",
-        "tiny-llama",
-        False,
-        dict(dp=2, pp=2, vpp=2, global_batch_size=8, schedule="interleaved-zb", zero=2),
-    ),
     ("dp2pp2-zero0-zb-h1-gpt", "tiny", False, dict(dp=2, pp=2, global_batch_size=8, schedule="zb-h1", zero=0)),
     ("dp2pp2-zero1-1f1b-llama", "tiny-llama", False, dict(dp=2, pp=2, global_batch_size=8, schedule="1f1b", zero=1)),
     (
-        "dp2pp2-zero2-zb-h2-gpt",
+        "dp2pp2-zero3-zb-h2-gpt",
         "tiny",
         False,
-        dict(dp=2, pp=2, global_batch_size=8, schedule="zb-h2", zero=2, mesh_order=("dp", "pp", "cp", "tp")),
+        dict(dp=2, pp=2, global_batch_size=8, schedule="zb-h2", zero=3, mesh_order=("dp", "pp", "cp", "tp")),
     ),
     (
         "dp2pp2-zero3-interleaved-llama",
@@ -150,10 +144,10 @@ FOUR = [
 ]
 EIGHT = [
     (
-        "dp2pp2tp2-zero2-interleaved-sp-gpt",
+        "dp2pp2tp2-zero3-interleaved-sp-gpt",
         "tiny",
         False,
-        dict(dp=2, pp=2, tp=2, vpp=2, global_batch_size=8, schedule="interleaved-1f1b", zero=2, sequence_parallel=True),
+        dict(dp=2, pp=2, tp=2, vpp=2, global_batch_size=8, schedule="interleaved-1f1b", zero=3, sequence_parallel=True),
     ),
     (
         "dp2pp2tp2-zero0-zb-h1-llama",

@@ -177,6 +177,8 @@ def test_compression_is_exact(schedule, pp, tp, cp, zero, recompute, m, backend,
     if schedule == "dualpipe":
         m -= m % 2
     dp = 32 // (tp * cp * pp) // 2
+    if zero == 2 and pp > 1:  # no framework runs ZeRO-2 inside a pipeline (plan_check refuses it)
+        zero = 1
     plan = ParallelPlan(
         dp=dp,
         tp=tp,

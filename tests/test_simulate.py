@@ -41,7 +41,7 @@ def _plan(**kw) -> ParallelPlan:
         dict(schedule="gpipe"),
         dict(schedule="interleaved-1f1b", vpp=2),
         dict(schedule="zb-h1", zero=0),
-        dict(dp=4, pp=2, zero=2),
+        dict(dp=4, pp=2, zero=3),
     ],
 )
 def test_representative_equals_full(kw) -> None:

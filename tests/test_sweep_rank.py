@@ -23,11 +23,11 @@ def ev():
 CASES = [
     (4, 4, 2, 1, 1, 1, "1f1b", 1, "selective", True),
     (2, 4, 4, 1, 1, 2, "gpipe", 0, "full", False),
-    (4, 2, 4, 1, 3, 1, "interleaved-1f1b", 2, "none", True),
+    (4, 2, 4, 1, 3, 1, "interleaved-1f1b", 1, "none", True),
     (2, 4, 4, 1, 1, 1, "zb-h1", 1, "none", True),
     (2, 4, 4, 1, 1, 1, "zb-h2", 0, "none", False),
     (4, 4, 2, 1, 1, 1, "zb-1p", 1, "full", True),
-    (4, 4, 2, 1, 1, 2, "zb-2p", 2, "selective", True),
+    (4, 4, 2, 1, 1, 2, "zb-2p", 1, "selective", True),
     (2, 2, 4, 2, 2, 1, "zb-v", 1, "none", True),
     (8, 1, 4, 1, 1, 2, "none", 1, "none", True),
 ]
