@@ -40,7 +40,7 @@ def _compute_table(
 def walk_ahead(eng: Any, g: Any, actions):
     """``eng``: the `core.Engine` (core imports this module, so it is not imported back)."""
     env, acc, post = eng.env, g.acc, eng.post_s
-    handlers, act_bytes, held = eng.HANDLERS, eng.act_bytes, eng.held_bytes
+    handlers, act_bytes, held, freed = eng.HANDLERS, eng.act_bytes, eng.held_bytes, eng._freed
     marks = eng.marks[g.prank] if eng.marks is not None else None
     events, mem, rank, new = eng.events, g.mem, g.rank, tuple.__new__
     table = _compute_table(eng)
@@ -84,14 +84,8 @@ def walk_ahead(eng: Any, g: Any, actions):
                     acc["expert_compute"] += ex
                     acc["moe_a2a"] += a2a
                     acc["offload"] += off
-                if k is B:
-                    g.act -= act_bytes[st]
-                    mem.append((t, g.act))
-                elif k is I:  # what its W reads stays (`Engine._freed`)
-                    g.act += held[st] - act_bytes[st]
-                    mem.append((t, g.act))
-                elif k is W and held[st]:
-                    g.act -= held[st]
+                if k is B or k is I or (k is W and held[st]):  # what the pass frees (`Engine._freed`)
+                    g.act += freed(a)
                     mem.append((t, g.act))
                 continue
         if k is Kind.SEND_F or k is Kind.SEND_B:
