@@ -16,8 +16,8 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from ..plan import ParallelPlan
-from ..schedules import ALL_FORWARDS_FIRST, COST_STEERED, Kind, Schedule, StageCosts, build_schedule
-from ..schedules.ir import flat
+from ..schedules import ALL_FORWARDS_FIRST, COST_STEERED, Schedule, StageCosts, build_schedule
+from ..schedules.analysis import alive_deltas
 
 
 @dataclass(frozen=True)
@@ -62,18 +62,13 @@ def alive_profile(schedule: Schedule) -> AliveProfile:
         n = len(stages)
         alive = [0] * (2 * n)  # per stage: sets alive, then sets waiting for their W
         seen: set[tuple[int, ...]] = set()
-        for a in flat(acts):  # an overlapped pair takes its F's set before freeing its B's
-            if a.kind is Kind.F:
-                alive[idx[a.stage]] += 1
+        # an overlapped pair takes its F's set before freeing its B's; a peak follows an F or an I
+        # (what its W reads may outweigh the set it frees: full recompute)
+        for s, d, h in alive_deltas(acts):
+            alive[idx[s]] += d
+            alive[n + idx[s]] += h
+            if d > 0 or h > 0:
                 seen.add(tuple(alive))
-            elif a.kind is Kind.B:
-                alive[idx[a.stage]] -= 1
-            elif a.kind is Kind.I:  # what its W reads may outweigh the set (full recompute)
-                alive[idx[a.stage]] -= 1
-                alive[n + idx[a.stage]] += 1
-                seen.add(tuple(alive))
-            elif a.kind is Kind.W:
-                alive[n + idx[a.stage]] -= 1
         stages_all.append(stages)
         vectors_all.append(_maximal(seen))
     return AliveProfile(tuple(stages_all), tuple(vectors_all))

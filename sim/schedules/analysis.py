@@ -236,12 +236,20 @@ def _deadlock(schedule: Schedule, ptr: list[int], stuck: list[int]) -> ScheduleE
     )
 
 
-def _alive_deltas(acts: Sequence[Action | Pair]):
+def alive_deltas(acts: Sequence[Action | Pair]):
+    """(stage, change of the sets alive, change of the sets waiting for their W) per action of a
+    rank that changes either: F takes a set, B frees it, I frees it but for what its W reads
+    (a split backward), W frees that. The one rule the activation peaks are counted by."""
     for a in flat(acts):
-        if a.kind is Kind.F:
-            yield a.stage, 1
-        elif a.kind is Kind.B or a.kind is Kind.I:
-            yield a.stage, -1
+        k = a.kind
+        if k is Kind.F:
+            yield a.stage, 1, 0
+        elif k is Kind.B:
+            yield a.stage, -1, 0
+        elif k is Kind.I:
+            yield a.stage, -1, 1
+        elif k is Kind.W:
+            yield a.stage, 0, -1
 
 
 def peak_inflight(schedule: Schedule) -> list[int]:
@@ -251,7 +259,7 @@ def peak_inflight(schedule: Schedule) -> list[int]:
     out = []
     for acts in schedule.ranks:
         alive = peak = 0
-        for _, d in _alive_deltas(acts):
+        for _, d, _ in alive_deltas(acts):
             alive += d
             peak = max(peak, alive)
         out.append(peak)
@@ -274,16 +282,8 @@ def peak_activation_units(
     out = []
     for acts in schedule.ranks:
         alive = peak = 0.0
-        for a in flat(acts):
-            s = a.stage
-            if a.kind is Kind.F:
-                alive += stage_weight[s]
-            elif a.kind is Kind.B:
-                alive -= stage_weight[s]
-            elif a.kind is Kind.I:
-                alive += held[s] - stage_weight[s]
-            elif a.kind is Kind.W:
-                alive -= held[s]
+        for s, d, h in alive_deltas(acts):
+            alive += d * stage_weight[s] + h * held[s]
             peak = max(peak, alive)
         out.append(peak)
     return out
