@@ -7,7 +7,8 @@ the model's forward, see model.py, so no wrapper renames parameters) -> FSDP -> 
 ZeRO mapping:
 - 0: DDP (plain replicas, gradients all-reduced);
 - 1: DDP + ZeroRedundancyOptimizer (optimizer state sharded over dp);
-- 2: FSDP2 ``fully_shard(reshard_after_forward=False)`` (gradients and, between steps, params);
+- 2: FSDP2 ``fully_shard(reshard_after_forward=False)`` (gradients and, between steps, params;
+  every micro-batch's gradients reduce-scattered at its backward: `sync_every_microbatch`);
 - 3: FSDP2 ``fully_shard(reshard_after_forward=True)`` (params re-gathered for backward); under a
   pipeline ``False``, the schedule's UNSHARD/RESHARD bracketing a stage (`reshard_after_forward`).
 
@@ -22,6 +23,8 @@ after the backward, and ZeRO-1 shards their optimizer state over edp (`Optimizer
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -180,6 +183,22 @@ def reshard_after_forward(plan: ParallelPlan) -> bool:
     return plan.zero == 3 and plan.pp == 1
 
 
+def sync_every_microbatch(module: nn.Module, reshard: bool) -> None:
+    """Without a pipeline, simpar's ZeRO-2 and ZeRO-3 reduce-scatter each micro-batch's gradients
+    at its backward (`iteration.reduces_every_microbatch`; FSDP's per-layer passes), as DeepSpeed
+    and FSDP2 on its own do. torch's pipeline runtime turns the sync off for every backward and
+    reduces once at REDUCE_GRAD, holding whole gradients meanwhile; so the root module's switch
+    stays on here (REDUCE_GRAD's pass then only reshards), and under ZeRO-3 (``reshard``: after
+    each forward) each backward reshards as well, so the next forward gathers again."""
+    fsdp: Any = module
+    sync, after_backward = fsdp.set_requires_gradient_sync, fsdp.set_reshard_after_backward
+    fsdp.set_requires_gradient_sync = lambda _on, *, recurse=True: sync(True, recurse=recurse)
+    # each backward also ends as FSDP's own does: its reduce-scatters waited on, their buffers freed
+    fsdp.set_is_last_backward = lambda _last, *, last=fsdp.set_is_last_backward: last(True)
+    if reshard:
+        fsdp.set_reshard_after_backward = lambda _on, *, recurse=True: after_backward(True, recurse=recurse)
+
+
 def _wrap_experts(model: Transformer, plan: ParallelPlan, expert_mesh: DeviceMesh | None, wrap, sharded: bool) -> None:
     """``wrap(module, edp mesh)`` each LocalExperts (before the blocks are wrapped), their
     gradients divided by dp rather than edp. A sharded (fully_shard) reduction over more than one
@@ -221,6 +240,8 @@ def apply_dp(
         for block in model.layers.values():
             fully_shard(block, mesh=mesh["dp"], **kw)
         fully_shard(model, mesh=mesh["dp"], **kw)
+        if plan.pp == 1:
+            sync_every_microbatch(model, reshard=reshard)
         return model
     model.autocast_dtype = mp_dtype
     if plan.dp == 1:

@@ -41,6 +41,8 @@ CASES = [
     (2, 4, 4, 1, 1, 1, "1f1b", 3, "none", True),
     (8, 1, 4, 1, 1, 2, "none", 1, "none", True),
     (2, 1, 16, 1, 1, 1, "none", 3, "none", True),
+    (8, 1, 4, 1, 1, 2, "none", 2, "none", True),
+    (1, 1, 32, 1, 1, 1, "none", 2, "selective", False),  # ZeRO-2: its reductions outlast a micro-batch
 ]
 OPTIONS = {
     "default": EngineOptions(),

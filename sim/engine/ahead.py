@@ -6,8 +6,8 @@ when the rank's next compute action ends. So the walk keeps its own clock ``t`` 
 compute actions, sends and receives whose data is already booked without yielding to SimPy: it
 adds each duration to ``t`` and records the event, the accounts and the memory sample at the
 times the SimPy walk would. It yields (to ``t``) only where it must see other processes: a
-receive whose send is not booked yet, a ZeRO gather still in flight, a stage's last backward
-(its gradient buckets start then) and the stage-wide actions; those run through the engine's own
+receive whose send is not booked yet, a ZeRO gather still in flight, a backward that releases
+gradient buckets (a stage's last; under ZeRO-2 each) and the stage-wide actions; those run through the engine's own
 handlers, the same code as the SimPy walk. Same times, same accounts, same events; a few SimPy
 events per rank instead of one or two per action.
 """
@@ -46,10 +46,10 @@ def walk_ahead(eng: Any, g: Any, actions):
     table = _compute_table(eng)
     policy, opt = eng.policy, eng.opt
     # a compute action runs at the clock when it waits on a ZeRO gather not yet done, or when it
-    # is a stage's last backward (gradient buckets are released during it)
+    # releases gradient buckets (a stage's last backward; under ZeRO-2 every backward)
     gather_all = policy is ZeroPolicy.PER_UNSHARD
     gather_f = gather_all or (policy is ZeroPolicy.GATHER_AT_START and opt.overlap_param_gather)
-    last = {x for (pr, _), x in eng.last_bwd.items() if pr == g.prank} if opt.overlap_grad_reduce else set()
+    last = eng.releases(g.prank)
     F, R, B, I, W = Kind.F, Kind.R, Kind.B, Kind.I, Kind.W  # noqa: E741
     t = env.now
     for i, a in enumerate(actions):

@@ -74,6 +74,8 @@ class Engine(IterationTail):
         self.pending: dict[tuple, Rendezvous] = {}
         self.last_bwd = self._last_backward()
         self.policy = plan.zero_policy
+        #: ZeRO-2 reduces each micro-batch's gradients at its backward (`iteration.reduces_every_microbatch`)
+        self.every_mb = it.reduces_every_microbatch(plan)
         self.post_s = profile.post_seconds(plan)
         self.tied = it.tied_embedding_ranks(model, plan)
         self.gpus: dict[tuple[tuple[int, ...], int], GpuState] = {}
@@ -99,6 +101,16 @@ class Engine(IterationTail):
         if not self.opt.full:
             return [(0, 0, 0)]
         return [(d, c, t) for d in range(p.dp) for c in range(p.cp) for t in range(p.tp)]
+
+    def releases(self, prank: int) -> set[Action]:
+        """The backward actions of pipeline rank ``prank`` at which gradient buckets are released:
+        every weight-gradient action under ZeRO-2 (`every_mb`), else, when the reduction overlaps
+        the backward, each stage's last; none otherwise (a REDUCE_GRAD action starts it)."""
+        if self.every_mb:
+            return {a for a in flat(self.sched.ranks[prank]) if a.kind in (Kind.B, Kind.W)}
+        if self.opt.overlap_grad_reduce:
+            return {x for (pr, _), x in self.last_bwd.items() if pr == prank}
+        return set()
 
     def _last_backward(self) -> dict[tuple[int, int], Action]:
         """(pipeline rank, stage) -> the stage's last weight-gradient action on that rank."""
@@ -256,17 +268,34 @@ class Engine(IterationTail):
             yield ev
             g.acc["zero_comm"] += self.env.now - t0
 
-    def _start_reduction(self, g: GpuState, stage: int, start: float, dur: float) -> None:
-        if stage in g.reduced or not self.plan.reduces_gradients:
-            g.reduced.add(stage)
+    def _start_reduction(self, g: GpuState, stage: int, start: float, dur: float, mb: int | None = None) -> None:
+        """Release the stage's gradient buckets (of micro-batch ``mb`` under ZeRO-2, `every_mb`;
+        of the whole iteration otherwise, once)."""
+        key = stage if mb is None else (stage, mb)
+        if key in g.reduced or not self.plan.reduces_gradients:
+            g.reduced.add(key)
             return
-        g.reduced.add(stage)
+        g.reduced.add(key)
         buckets = it.grad_buckets(self.plan, self.work[stage], g.dp_group, self.profile, self.opt, g.edp_group)
         releases = it.reduction_calls(
             buckets, start, dur, self.opt.overlap_grad_reduce, self.env.now, lambda c: c.time(self.net)
         )
+        tag = (stage,) if mb is None else (stage, mb)
         for b, (comm, t) in enumerate(releases):
-            g.reductions.append(self.env.process(self._bucket(g, comm, t, (stage, b))))
+            g.reductions.append(self.env.process(self._bucket(g, comm, t, (*tag, b))))
+
+    def _release(self, g: GpuState, b: Action, start: float, dur: float, ended: bool) -> None:
+        """Gradient buckets released by the backward ``b`` (starting at ``start``, ``dur`` long),
+        called at its start and at its end (``ended``): where the reduction overlaps the backward,
+        during it (at the start, `iteration.reduction_calls` spreads the buckets over it), else,
+        under ZeRO-2, at its end; a stage's last backward only, but under ZeRO-2 (`every_mb`)."""
+        if self.policy is ZeroPolicy.PER_LAYER or b.kind is Kind.I:
+            return
+        if self.every_mb:
+            if self.opt.overlap_grad_reduce is not ended:
+                self._start_reduction(g, b.stage, start, dur, b.microbatch)
+        elif self.opt.overlap_grad_reduce and not ended and self.last_bwd.get((g.prank, b.stage)) == b:
+            self._start_reduction(g, b.stage, start, dur)
 
     def _bucket(self, g: GpuState, comm: it.Comm, ready: float, tag):
         if ready > self.env.now:
@@ -348,11 +377,10 @@ class Engine(IterationTail):
         s, k = a.stage, a.kind
         if self.policy is ZeroPolicy.PER_UNSHARD:
             yield from self._wait_gather(g, s)
-        last = self.last_bwd.get((g.prank, s)) == a
-        if self.opt.overlap_grad_reduce and last and self.policy is not ZeroPolicy.PER_LAYER:
-            # gradient buckets become ready during this last weight-gradient pass
-            self._start_reduction(g, s, self.env.now, sum(self._parts(a, k.value)))
+        t0 = self.env.now
+        self._release(g, a, t0, sum(self._parts(a, k.value)), False)
         yield from self._pass(g, a, k.value)
+        self._release(g, a, t0, self.env.now - t0, True)
         if k is not Kind.W or self.held_bytes[s]:
             self._mem(g, self._freed(a))
 
@@ -385,8 +413,7 @@ class Engine(IterationTail):
         dur = overlap_seconds(
             (pf[0] + pf[1], sum(pf[2:])), (pb[0] + pb[1], sum(pb[2:])), self.costs.eff.overlap_contention
         )
-        if self.opt.overlap_grad_reduce and self.last_bwd.get((g.prank, b.stage)) == b:
-            self._start_reduction(g, b.stage, self.env.now, dur)
+        self._release(g, b, self.env.now, dur, False)
         self._mem(g, self.act_bytes[f.stage])
         t0 = self.env.now
         yield self.env.timeout(dur)
@@ -396,6 +423,7 @@ class Engine(IterationTail):
         tp, a2a, off = (exposed * w / total for w in waits) if total > 0 else (exposed, 0.0, 0.0)
         self._charge(g, "compute", (comp, pf[1] + pb[1], tp, a2a, off))
         self._record(g, "compute", str(a), Kind.OVERLAP_F_B.value, t0)
+        self._release(g, b, t0, dur, True)
         self._mem(g, self._freed(b))
 
     def _recompute(self, g: GpuState, a: Action):
@@ -440,7 +468,8 @@ class Engine(IterationTail):
         yield from ()
 
     def _reduce_grad(self, g: GpuState, a: Action):
-        self._start_reduction(g, a.stage, self.env.now, 0.0)
+        if not self.every_mb:  # under ZeRO-2 each backward has released its own
+            self._start_reduction(g, a.stage, self.env.now, 0.0)
         yield from ()
 
     HANDLERS: ClassVar[dict[Kind, Callable[..., Any]]] = {

@@ -95,6 +95,16 @@ def grad_bytes_per_param(plan: ParallelPlan) -> float:
     return load_stack(plan.stack).states_for(plan.precision).reduce
 
 
+def reduces_every_microbatch(plan: ParallelPlan) -> bool:
+    """ZeRO-2 keeps only its shard of the gradients, so every micro-batch's gradients are
+    reduce-scattered at that micro-batch's backward and added to the shard (DeepSpeed
+    runtime/engine.py ``allreduce_gradients``: "ZeRO stage >= 2 communicates during non gradient
+    accumulation boundaries as well", stage_1_and_2.py ``partition_gradients``; FSDP2 without
+    ``set_requires_gradient_sync(False)``). Every other ZeRO stage reduces a stage's gradients
+    once, after its last backward. (ZeRO-2 runs without a pipeline: `plan_check.check_zero`.)"""
+    return plan.zero == 2 and plan.reduces_gradients
+
+
 def reduction_op(plan: ParallelPlan) -> str:
     """DDP all-reduces gradients; ZeRO >= 1 reduce-scatters them to their owners."""
     return "all-reduce" if plan.zero == 0 else "reduce-scatter"

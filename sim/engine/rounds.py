@@ -42,6 +42,7 @@ from ..schedules.ir import Action, Kind, Schedule
 from ..schedules.memo import lowered_schedule
 from ..schedules.periodic import CLOSED_FORM, GROUPED, Rounds, find_rounds, shift
 from .core import Engine
+from .iteration import reduces_every_microbatch
 from .trace import TraceEvent
 
 #: relative tolerance of the periodicity checks (times are sums of a few thousand floats)
@@ -88,6 +89,10 @@ def outcome_of(eng: Engine, schedule_actions: int) -> Outcome:
 def schedule_rounds(plan: ParallelPlan, build: Callable[[int], Schedule]) -> tuple[Rounds | None, str]:
     """The rounds of ``plan``'s lowered schedule (``build(m)`` lowers the schedule of m
     microbatches), or None and why not."""
+    if reduces_every_microbatch(plan):
+        # a reduction queued per micro-batch on the data-parallel stream: a backlog that may grow
+        # round after round (a communication-bound plan), so rounds need not repeat
+        return None, "ZeRO-2 reduces every micro-batch's gradients (iteration.reduces_every_microbatch)"
     if plan.schedule not in CLOSED_FORM:
         return (
             None,

@@ -37,7 +37,7 @@ class GpuState:
         self.zero = simpy.Resource(env, 1)
         self.reductions: list[simpy.Process] = []
         self.gathered: dict[int, simpy.Event] = {}
-        self.reduced: set[int] = set()
+        self.reduced: set[int | tuple[int, int]] = set()  # stages reduced (ZeRO-2: (stage, micro-batch))
         self.unsharded = 0.0  # ZeRO-3: bytes of gathered 16-bit parameters held now, and their peak
         self.peak_unsharded = 0.0
         self.finish = 0.0

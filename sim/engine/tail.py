@@ -38,8 +38,11 @@ class IterationTail:
         pending: dict[tuple, Rendezvous]
         tied: tuple[int, int] | None
         policy: ZeroPolicy
+        every_mb: bool
 
-        def _start_reduction(self, g: GpuState, stage: int, start: float, dur: float) -> None: ...
+        def _start_reduction(
+            self, g: GpuState, stage: int, start: float, dur: float, mb: int | None = None
+        ) -> None: ...
         def _run_group(self, comm: it.Comm, done: simpy.Event) -> Any: ...
         def _record(
             self, g: GpuState, stream: str, name: str, kind: str, start: float, stage=None, mb=None
@@ -106,7 +109,7 @@ class IterationTail:
 
     def _finish(self, g: GpuState):
         stages = list(self.plan.rank_stages[g.prank])
-        for s in stages:
+        for s in stages if not self.every_mb else ():  # ZeRO-2: every backward released its own
             self._start_reduction(g, s, self.env.now, 0.0)
         t0 = self.env.now
         for proc in g.reductions:

@@ -19,7 +19,8 @@ network) and add the same data-parallel, ZeRO and optimizer terms the engine cha
 
 The terms around the pipeline come from `simpar.sim.engine.iteration`, the functions the engine
 yields on: each stage's gradients go out in ``grad_buckets`` buckets released during its last
-backward (or at its REDUCE_GRAD) and serialised on the rank's DP stream, what is still running after
+backward (or at its REDUCE_GRAD; under ZeRO-2, pp = 1, during every backward) and serialised on
+the rank's DP stream, what is still running after
 the rank's last action is exposed; ZeRO-1/2 parameter all-gathers start at the top of the
 iteration, so the first forward waits for them; ZeRO-3 with pp = 1 (FSDP) gathers every pass, one
 layer exposed; then the tied-embedding all-reduce, the sequence-parallel sync and the optimizer step.
@@ -34,7 +35,7 @@ forward (vpp > 1): the engine then waits, and the oracle is a lower bound.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 from ..choices import V_SHAPED
@@ -45,7 +46,7 @@ from ..engine import iteration as it
 from ..engine.iteration import CollectiveTimer, Comm, EngineOptions
 from ..layout import RankLayout
 from ..plan import ParallelPlan, ZeroPolicy
-from ..schedules import StageCosts, list_schedule, lower
+from ..schedules import ALL_FORWARDS_FIRST, StageCosts, list_schedule, lower
 from ..schedules.ir import Kind, Pair
 from ..schedules.memo import lowered_schedule
 from ..specs import ModelSpec
@@ -175,6 +176,9 @@ class RankTimes:
     last_bwd: dict[int, tuple[float, float, float]]
     #: (TP/CP, all-to-all, activation offload) seconds the rank's overlapped F&B pairs hide (`overlap_seconds`)
     hidden: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    #: ZeRO-2 (`iteration.reduces_every_microbatch`): (stage, start, duration) of every
+    #: weight-gradient pass, each releasing the buckets of its micro-batch; else empty
+    every_bwd: tuple[tuple[int, float, float], ...] = ()
 
 
 def _stage_buckets(x: Inputs, prank: int, stage: int) -> list[Comm]:
@@ -198,7 +202,12 @@ def _dp_tail(x: Inputs, prank: int, rt: RankTimes) -> float:
         return 0.0
     o = x.options
     buckets = []
-    for s, (t0, d, at) in sorted(rt.last_bwd.items()):
+    # (stage, start, duration, when a reduction not overlapped starts: a REDUCE_GRAD's time or,
+    # under ZeRO-2, the pass's end)
+    passes = [(s, t0, d, t0 + d) for s, t0, d in rt.every_bwd] or [
+        (s, t0, d, at) for s, (t0, d, at) in sorted(rt.last_bwd.items())
+    ]
+    for s, t0, d, at in passes:
         comms = _stage_buckets(x, prank, s)
         releases = it.reduction_calls(comms, t0, d, o.overlap_grad_reduce, at, lambda c: x.time(c, prank))
         buckets += [(t, s, b, x.time(c, prank)) for b, (c, t) in enumerate(releases)]
@@ -419,7 +428,22 @@ def quick_estimate(x: Inputs) -> Estimate:
             lb[s] = (t0, d, t0 + d)
         rts.append(RankTimes(arrive[len(rts)], end, lb))
         drain += i[stages[0]] + c
+    if it.reduces_every_microbatch(p):  # ZeRO-2 (pp = 1): every backward releases its buckets
+        rts = [replace(rts[0], every_bwd=_every_backward(x, rts[0].end, m))]
     return _finish(x, rts, "quick")
+
+
+def _every_backward(x: Inputs, end: float, m: int) -> tuple[tuple[int, float, float], ...]:
+    """pp = 1: (stage, start, duration) of each micro-batch's weight-gradient pass when the rank
+    runs its m micro-batches back to back up to ``end``, one forward and one backward after the
+    other, or every forward first (`ALL_FORWARDS_FIRST`)."""
+    f, i, w = x.seconds
+    out = []
+    for s in x.ranks[0]:
+        d = w[s] if x.plan.split_backward else i[s] + w[s]
+        step = d if x.plan.schedule in ALL_FORWARDS_FIRST else f[s] + i[s] + w[s]
+        out += [(s, end - (m - k) * step + step - d, d) for k in range(m)]
+    return tuple(out)
 
 
 def oracle_estimate(x: Inputs, schedule=None) -> Estimate:
