@@ -98,7 +98,6 @@ def plot_timeline(events: Iterable[TraceEvent], path: str | Path, title: str = "
         fontsize=7,
         frameon=False,
     )
-    fig.tight_layout()
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
 
