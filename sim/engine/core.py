@@ -116,9 +116,14 @@ class Engine(IterationTail):
         """(pipeline rank, stage) -> the stage's last weight-gradient action on that rank."""
         out: dict[tuple[int, int], Action] = {}
         for r, acts in enumerate(self.sched.ranks):
-            for a in flat(acts):
-                if a.kind in (Kind.B, Kind.W):
-                    out[(r, a.stage)] = a
+            todo = len(self.sched.stages_of(r))
+            for step in reversed(acts):  # from the end: stop once every stage of the rank has its own
+                for a in reversed(step.parts) if isinstance(step, Pair) else (step,):
+                    if (a.kind is Kind.B or a.kind is Kind.W) and (r, a.stage) not in out:
+                        out[(r, a.stage)] = a
+                        todo -= 1
+                if todo == 0:
+                    break
         return out
 
     # --- running ------------------------------------------------------------------------
