@@ -47,7 +47,8 @@ class ZeroPolicy(enum.Enum):
 
     - ``NONE``: parameters are not sharded (ZeRO 0, or a single shard);
     - ``GATHER_AT_START``: ZeRO-1/2, each stage's updated parameters are all-gathered once per
-      iteration, after the previous optimizer step (Megatron's distributed optimizer);
+      iteration, after the previous optimizer step (Megatron's distributed optimizer); ZeRO-2
+      also reduce-scatters every micro-batch's gradients (`iteration.reduces_every_microbatch`);
     - ``PER_UNSHARD``: ZeRO-3 inside a pipeline, a stage is gathered at its UNSHARD and freed at
       its RESHARD (torch.distributed.pipelining with FSDP2);
     - ``PER_LAYER``: ZeRO-3 without a pipeline (FSDP), every forward and backward gathers the
