@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from functools import cached_property, lru_cache
-from typing import Any
+from functools import lru_cache
+from operator import ge, mul
 
 from ..plan import ParallelPlan
 from ..schedules import ALL_FORWARDS_FIRST, COST_STEERED, Schedule, StageCosts, build_schedule
@@ -34,58 +34,27 @@ class AliveProfile:
         """Most sets alive at once per rank (`schedules.peak_inflight`)."""
         return tuple(max((sum(v[: len(st)]) for v in vecs), default=0) for st, vecs in zip(self.stages, self.vectors))
 
-    @cached_property
-    def _matrix(self) -> tuple[Any, Any, list[int]]:
-        """Every rank's vectors as rows of one matrix over (alive per stage, waiting per stage) of
-        all stages, the index of each rank's first row, and the ranks with no vector."""
-        import numpy as np
-
-        n = 1 + max((s for st in self.stages for s in st), default=0)
-        rows = sum(len(v) for v in self.vectors)
-        mat = np.zeros((rows, 2 * n))
-        starts, empty, i = [], [], 0
-        for r, (st, vecs) in enumerate(zip(self.stages, self.vectors)):
-            if not vecs:
-                empty.append(r)
-                continue
-            cols = [*st, *(n + s for s in st)]
-            mat[i : i + len(vecs), cols] = vecs
-            starts.append(i)
-            i += len(vecs)
-        return mat, np.array(starts, dtype=np.intp), empty
-
     def peaks(self, stage_weight: Sequence[float], held_weight: Sequence[float] | None = None) -> list[float]:
         """Per rank, the peak of the summed ``stage_weight`` of alive sets plus ``held_weight`` of
-        the sets between their I and their W (none: 0): the largest row of one matrix product."""
-        import numpy as np
-
-        mat, starts, empty = self._matrix
-        n = mat.shape[1] // 2
-        w = np.zeros(2 * n)
-        w[: len(stage_weight)] = stage_weight
-        if held_weight:
-            w[n : n + len(held_weight)] = held_weight
-        out = np.maximum.reduceat(mat @ w, starts).tolist() if len(starts) else []
-        for r in empty:
-            out.insert(r, 0.0)
+        the sets between their I and their W (none: 0)."""
+        out = []
+        for stages, vecs in zip(self.stages, self.vectors):
+            w = [stage_weight[s] for s in stages] + [held_weight[s] if held_weight else 0.0 for s in stages]
+            out.append(max((sum(map(mul, v, w)) for v in vecs), default=0.0))
         return out
 
 
 def _maximal(vectors: set[tuple[int, ...]]) -> tuple[tuple[int, ...], ...]:
-    """The vectors no other one dominates component-wise, sorted (all pairs compared at once)."""
-    import numpy as np
-
-    if len(vectors) < 2:
-        return tuple(sorted(vectors))
-    vs = sorted(vectors)
-    a = np.array(vs)
-    # dominated[i]: some other (distinct) vector is >= a[i] everywhere; rows taken in blocks so
-    # that the compared block stays under ~16 M entries
-    block = max(1, 16_000_000 // (len(vs) * a.shape[1]))
-    dominated = np.concatenate(
-        [(a[None, :, :] >= a[i : i + block, None, :]).all(axis=2).sum(axis=1) > 1 for i in range(0, len(vs), block)]
-    )
-    return tuple(v for v, d in zip(vs, dominated.tolist()) if not d)
+    """The vectors no other one dominates component-wise, sorted. A vector that dominates another
+    comes before it in reverse lexicographic order, so one pass against those kept suffices."""
+    keep: list[tuple[int, ...]] = []
+    for v in sorted(vectors, reverse=True):
+        for k in keep:
+            if all(map(ge, k, v)):
+                break
+        else:
+            keep.append(v)
+    return tuple(sorted(keep))
 
 
 def alive_profile(schedule: Schedule) -> AliveProfile:
