@@ -49,7 +49,7 @@ def walk_ahead(eng: Any, g: Any, actions):
     # releases gradient buckets (a stage's last backward; under ZeRO-2 every backward)
     gather_all = policy is ZeroPolicy.PER_UNSHARD
     gather_f = gather_all or (policy is ZeroPolicy.GATHER_AT_START and opt.overlap_param_gather)
-    last = eng.releases(g.prank)
+    last = eng.release_at[g.prank]
     F, R, B, I, W = Kind.F, Kind.R, Kind.B, Kind.I, Kind.W  # noqa: E741
     t = env.now
     for i, a in enumerate(actions):

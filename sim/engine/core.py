@@ -76,6 +76,8 @@ class Engine(IterationTail):
         self.policy = plan.zero_policy
         #: ZeRO-2 reduces each micro-batch's gradients at its backward (`iteration.reduces_every_microbatch`)
         self.every_mb = it.reduces_every_microbatch(plan)
+        #: per pipeline rank, the backward actions that release gradient buckets (`releases`)
+        self.release_at = [self.releases(pr) for pr in range(len(schedule.ranks))]
         self.post_s = profile.post_seconds(plan)
         self.tied = it.tied_embedding_ranks(model, plan)
         self.gpus: dict[tuple[tuple[int, ...], int], GpuState] = {}
@@ -276,7 +278,7 @@ class Engine(IterationTail):
     def _start_reduction(self, g: GpuState, stage: int, start: float, dur: float, mb: int | None = None) -> None:
         """Release the stage's gradient buckets (of micro-batch ``mb`` under ZeRO-2, `every_mb`;
         of the whole iteration otherwise, once)."""
-        key = stage if mb is None else (stage, mb)
+        key: int | tuple[int, int] = stage if mb is None else (stage, mb)
         if key in g.reduced or not self.plan.reduces_gradients:
             g.reduced.add(key)
             return
@@ -285,22 +287,19 @@ class Engine(IterationTail):
         releases = it.reduction_calls(
             buckets, start, dur, self.opt.overlap_grad_reduce, self.env.now, lambda c: c.time(self.net)
         )
-        tag = (stage,) if mb is None else (stage, mb)
+        tag = key if isinstance(key, tuple) else (key,)
         for b, (comm, t) in enumerate(releases):
             g.reductions.append(self.env.process(self._bucket(g, comm, t, (*tag, b))))
 
     def _release(self, g: GpuState, b: Action, start: float, dur: float, ended: bool) -> None:
-        """Gradient buckets released by the backward ``b`` (starting at ``start``, ``dur`` long),
-        called at its start and at its end (``ended``): where the reduction overlaps the backward,
-        during it (at the start, `iteration.reduction_calls` spreads the buckets over it), else,
-        under ZeRO-2, at its end; a stage's last backward only, but under ZeRO-2 (`every_mb`)."""
-        if self.policy is ZeroPolicy.PER_LAYER or b.kind is Kind.I:
+        """Gradient buckets released by the backward ``b`` (starting at ``start``, ``dur`` long)
+        when it is one of `release_at`, called at its start and at its end (``ended``): where the
+        reduction overlaps the backward, at the start (`iteration.reduction_calls` spreads the
+        buckets over the pass), else (ZeRO-2) at its end."""
+        if self.policy is ZeroPolicy.PER_LAYER or b not in self.release_at[g.prank]:
             return
-        if self.every_mb:
-            if self.opt.overlap_grad_reduce is not ended:
-                self._start_reduction(g, b.stage, start, dur, b.microbatch)
-        elif self.opt.overlap_grad_reduce and not ended and self.last_bwd.get((g.prank, b.stage)) == b:
-            self._start_reduction(g, b.stage, start, dur)
+        if self.opt.overlap_grad_reduce is not ended:
+            self._start_reduction(g, b.stage, start, dur, b.microbatch if self.every_mb else None)
 
     def _bucket(self, g: GpuState, comm: it.Comm, ready: float, tag):
         if ready > self.env.now:
