@@ -34,14 +34,19 @@ from ..specs import ModelSpec
 from . import iteration as it
 from .ahead import walk_ahead
 from .iteration import EngineOptions
+from .shards import DataParallel
 from .state import GpuState, Rendezvous, Transfer
 from .tail import IterationTail
 from .trace import TraceEvent
+from .transfers import PipelineTransfers
 
 __all__ = ["Engine", "EngineOptions", "run_engine"]
 
 
-class Engine(IterationTail):
+class Engine(PipelineTransfers, DataParallel, IterationTail):
+    """The walk of every simulated GPU (module docstring): pipeline transfers in `transfers`,
+    collectives and ZeRO in `shards`, the iteration's end in `tail`."""
+
     def __init__(
         self,
         model: ModelSpec,
@@ -137,184 +142,6 @@ class Engine(IterationTail):
     def _record(self, g: GpuState, stream: str, name: str, kind: str, start: float, stage=None, mb=None) -> None:
         if self.env.now > start:
             self.events.append(TraceEvent(g.rank, stream, name, kind, start, self.env.now - start, stage, mb))
-
-    def _transfer_of(self, key, stage: int, mb: int, direction: str) -> Transfer:
-        k = (key, stage, mb, direction)
-        tr = self.transfers.get(k)
-        if tr is None:
-            tr = self.transfers[k] = Transfer()
-        return tr
-
-    # --- pipeline transfers ----------------------------------------------------------------
-    def _post(self, g: GpuState):
-        """The rank's own time to post a pipeline send or receive (the profile's), pipeline communication."""
-        if self.post_s > 0:
-            yield self.env.timeout(self.post_s)
-            g.acc["pp_comm"] += self.post_s
-
-    def _recv(self, g: GpuState, stage: int, mb: int, direction: str):
-        """Post the receive, wait for the data; the wait behind a transfer in flight is exposed
-        pipeline communication, the wait for the sender's compute is bubble."""
-        yield from self._post(g)
-        yield from self._await(g, self._transfer_of(g.key, stage, mb, direction))
-
-    def _await(self, g: GpuState, tr: Transfer):
-        if tr.arrival is None:
-            if tr.at is not None and tr.at <= self.env.now:  # booked and already arrived
-                return
-            # booked and in flight (one timeout), or not sent yet (the send succeeds this event)
-            tr.arrival = self.env.event() if tr.at is None else self.env.timeout(tr.at - self.env.now)
-        elif tr.arrival.processed:
-            return
-        t0 = self.env.now
-        yield tr.arrival
-        sent = tr.sent_at if tr.sent_at is not None else t0
-        g.acc["pp_comm"] += self.env.now - max(t0, sent)
-
-    def _send(self, g: GpuState, stage: int, mb: int, direction: str):
-        """Post the send (the rank spends ``post_s`` on it); the transfer runs on its own stream."""
-        dst_stage = self.sched.next_stage(stage) if direction == "F" else self.sched.prev_stage(stage)
-        assert dst_stage is not None, "lowering sends only to a stage of the same pipeline"
-        dst = self.gpus[(g.key, self.plan.placement[dst_stage])]
-        tr = self._transfer_of(g.key, dst_stage, mb, direction)
-        tr.sent_at = self.env.now
-        if not self.timed_p2p:
-            if tr.arrival is None:
-                tr.arrival = self.env.event()
-            res = g.send_next if direction == "F" else g.send_prev
-            self.env.process(self._transfer(g, dst, res, self.work[stage].act_bytes, tr.arrival, stage, mb, direction))
-        else:
-            self._timed_transfer(g, dst, tr, stage, mb, direction, self.env.now)
-        yield from self._post(g)
-
-    def _timed_transfer(
-        self, g: GpuState, dst: GpuState, tr: Transfer, stage: int, mb: int, direction: str, now: float
-    ) -> None:
-        """The transfer on a network that does not share links, booked at once: it starts when its
-        send stream is free (the streams are FIFO, as the Resource of `_transfer` is) and takes
-        `p2p_time`; its arrival time is noted (``at``), and a receiver already waiting gets one
-        timeout that succeeds its event (`_await` reads ``at`` otherwise). Same times as
-        `_transfer`, without its process and queue events. ``now``: when the send is posted
-        (`ahead` posts sends ahead of the clock)."""
-        start = max(now, g.send_free[direction])
-        end = g.send_free[direction] = start + self.net.p2p_time(g.rank, dst.rank, self.work[stage].act_bytes)
-        if end > start:
-            name = f"{stage}SEND_{direction}{mb}"
-            self.events.append(TraceEvent(g.rank, "pp", name, f"SEND_{direction}", start, end - start, stage, mb))
-        tr.at = end
-        if tr.arrival is not None:  # the receiver waits already (else it reads ``at``)
-            waiting = tr.arrival
-
-            def arrive(_ev: simpy.Event) -> None:
-                waiting.succeed()
-
-            self.env.timeout(end - self.env.now).callbacks.append(arrive)
-
-    def _transfer(
-        self, g: GpuState, dst: GpuState, res: simpy.Resource, nbytes: float, done: simpy.Event, stage, mb, direction
-    ):
-        with res.request() as req:
-            yield req
-            t0 = self.env.now
-            yield from self.net.p2p(self.env, g.rank, dst.rank, nbytes)
-            self._record(g, "pp", f"{stage}SEND_{direction}{mb}", f"SEND_{direction}", t0, stage, mb)
-        done.succeed()
-
-    # --- collectives ----------------------------------------------------------------------
-    def _comm(self, g: GpuState, res: simpy.Resource, comm: it.Comm, tag, stream: str, kind: str, stage=None):
-        """Run ``comm`` on the stream ``res``: measured seconds as they are, else the network's
-        collective (in a full run, once every member of the group has arrived)."""
-        with res.request() as req:
-            yield req
-            t0 = self.env.now
-            if comm.host_bytes and comm.seconds is None:  # an offloaded shard comes up first
-                yield self.env.timeout(comm.host_seconds(self.net))
-            if comm.seconds is not None:
-                yield self.env.timeout(comm.seconds)
-            elif self.opt.full and len(comm.group) > 1:
-                rv = self.pending.setdefault((comm.op, tag, comm.group), Rendezvous(self.env.event()))
-                rv.arrived += 1
-                if rv.arrived == len(comm.group):
-                    self.env.process(self._run_group(comm, rv.done))
-                yield rv.done
-            else:
-                for _ in range(comm.count):
-                    yield from self.net.collective(self.env, comm.op, comm.group, comm.call_bytes)
-            self._record(g, stream, comm.op, kind, t0, stage)
-
-    def _comms(self, g: GpuState, res: simpy.Resource, comms, tag, stream: str, kind: str, stage=None):
-        """`_comm` of each of ``comms``, one after the other."""
-        for i, comm in enumerate(comms):
-            yield from self._comm(g, res, comm, (*tag, i), stream, kind, stage)
-
-    def _run_group(self, comm: it.Comm, done: simpy.Event):
-        for _ in range(comm.count):
-            yield from self.net.collective(self.env, comm.op, comm.group, comm.call_bytes)
-        done.succeed()
-
-    # --- ZeRO and data parallel ---------------------------------------------------------
-    def _zero_gather(self, g: GpuState, stage: int) -> simpy.Event:
-        """Parameters of ``stage`` gathered over the ZeRO group (ZeRO-1/2 after the previous
-        optimizer step, ZeRO-3 on first use); returns the event to wait on."""
-        ev = g.gathered.get(stage)
-        if ev is None:
-            if self.policy is ZeroPolicy.PER_UNSHARD:
-                self._params_mem(g, self.work[stage].params)
-            comms = it.param_gathers(self.plan, self.work[stage], g.dp_group, self.profile, g.edp_group)
-            ev = g.gathered[stage] = self.env.process(self._gathers(g, comms, stage))
-        return ev
-
-    def _gathers(self, g: GpuState, comms: list[it.Comm], stage: int):
-        for comm in comms:
-            yield from self._comm(g, g.zero, comm, ("params", stage), "zero", "ZERO_GATHER", stage)
-
-    def _wait_gather(self, g: GpuState, s: int):
-        ev = self._zero_gather(g, s)
-        if not ev.processed:
-            t0 = self.env.now
-            yield ev
-            g.acc["zero_comm"] += self.env.now - t0
-
-    def _start_reduction(self, g: GpuState, stage: int, start: float, dur: float, mb: int | None = None) -> None:
-        """Release the stage's gradient buckets (of micro-batch ``mb`` under ZeRO-2, `every_mb`;
-        of the whole iteration otherwise, once)."""
-        key: int | tuple[int, int] = stage if mb is None else (stage, mb)
-        if key in g.reduced or not self.plan.reduces_gradients:
-            g.reduced.add(key)
-            return
-        g.reduced.add(key)
-        buckets = it.grad_buckets(self.plan, self.work[stage], g.dp_group, self.profile, self.opt, g.edp_group)
-        releases = it.reduction_calls(
-            buckets, start, dur, self.opt.overlap_grad_reduce, self.env.now, lambda c: c.time(self.net)
-        )
-        tag = key if isinstance(key, tuple) else (key,)
-        for b, (comm, t) in enumerate(releases):
-            g.reductions.append(self.env.process(self._bucket(g, comm, t, (*tag, b))))
-
-    def _release(self, g: GpuState, b: Action, start: float, dur: float, ended: bool) -> None:
-        """Gradient buckets released by the backward ``b`` (starting at ``start``, ``dur`` long)
-        when it is one of `release_at`, called at its start and at its end (``ended``): where the
-        reduction overlaps the backward, at the start (`iteration.reduction_calls` spreads the
-        buckets over the pass), else (ZeRO-2) at its end."""
-        if self.policy is ZeroPolicy.PER_LAYER or b not in self.release_at[g.prank]:
-            return
-        if self.opt.overlap_grad_reduce is not ended:
-            self._start_reduction(g, b.stage, start, dur, b.microbatch if self.every_mb else None)
-
-    def _bucket(self, g: GpuState, comm: it.Comm, ready: float, tag):
-        if ready > self.env.now:
-            yield self.env.timeout(ready - self.env.now)
-        yield from self._comm(g, g.dp, comm, ("grads",) + tag, "dp", "REDUCE_GRAD", tag[0])
-
-    def _reshard(self, g: GpuState, s: int) -> None:
-        """ZeRO-3 RESHARD: free the stage's gathered parameters; its next UNSHARD (or use)
-        all-gathers them again. The unsharded bytes leave the memory timeline."""
-        if g.gathered.pop(s, None) is not None:
-            self._params_mem(g, -self.work[s].params)
-
-    def _params_mem(self, g: GpuState, params: float) -> None:
-        g.unsharded += 2.0 * params  # 16-bit weights
-        g.peak_unsharded = max(g.peak_unsharded, g.unsharded)
 
     # --- compute ------------------------------------------------------------------------
     def _parts(self, a: Action, kind: str) -> tuple[float, float, float, float, float]:
@@ -433,49 +260,7 @@ class Engine(IterationTail):
     def _recompute(self, g: GpuState, a: Action):
         yield from self._compute(g, a, self._parts(a, "R"), acc="recompute")
 
-    def _fsdp_pass(self, g: GpuState, a: Action, parts: tuple[float, float, float, float, float]):
-        """`iteration.FsdpPass`: the first layer's gather exposed, the rest (and in the backward
-        the gradients' reduce-scatter) alongside the compute."""
-        fp = it.fsdp_pass(self.plan, self.work[a.stage], g.dp_group, g.edp_group)
-        backward = a.kind is not Kind.F
-        t0 = self.env.now
-        yield self.env.timeout(sum(c.time(self.net) for c in fp.first))
-        busy = sum(parts)
-        rest: list[simpy.Event] = [self.env.timeout(busy)]
-        if fp.rest:
-            tag = ("params", a.stage, a.microbatch, backward)
-            rest.append(self.env.process(self._comms(g, g.zero, fp.rest, tag, "zero", "ZERO_GATHER", a.stage)))
-        if backward and a.kind is not Kind.I:
-            # The gradient reduce-scatter and the next layers' all-gathers cross the same links
-            # (FSDP2 runs them on two streams). The contention backend shares the links between
-            # them; the analytical one times each collective alone, so they are queued on one
-            # stream there: two equal flows sharing a link finish together at the sum of their
-            # times, which the queue reproduces for the later one.
-            res = g.dp if getattr(self.net, "backend", "") == "contention" else g.zero
-            grads = ("grads", a.stage, a.microbatch)
-            rest.append(self.env.process(self._comms(g, res, fp.reduce, grads, "dp", "REDUCE_GRAD", a.stage)))
-        yield simpy.AllOf(self.env, rest)
-        self._charge(g, "compute", parts)
-        g.acc["zero_comm"] += self.env.now - t0 - busy
-        g.reduced.add(a.stage)
-        self._record(g, "compute", str(a), a.kind.value, t0, a.stage, a.microbatch)
-
     # --- the walk ---------------------------------------------------------------------
-    def _unshard(self, g: GpuState, a: Action):
-        if self.policy is ZeroPolicy.PER_UNSHARD:
-            self._zero_gather(g, a.stage)  # a no-op while the stage is still unsharded
-        yield from ()
-
-    def _reshard_action(self, g: GpuState, a: Action):
-        if self.policy is ZeroPolicy.PER_UNSHARD:
-            self._reshard(g, a.stage)
-        yield from ()
-
-    def _reduce_grad(self, g: GpuState, a: Action):
-        if not self.every_mb:  # under ZeRO-2 each backward has released its own
-            self._start_reduction(g, a.stage, self.env.now, 0.0)
-        yield from ()
-
     HANDLERS: ClassVar[dict[Kind, Callable[..., Any]]] = {
         Kind.F: _forward,
         Kind.B: _backward,
@@ -487,9 +272,9 @@ class Engine(IterationTail):
         Kind.SEND_B: lambda self, g, a: self._send(g, a.stage, a.microbatch, "B"),
         Kind.RECV_F: lambda self, g, a: self._recv(g, a.stage, a.microbatch, "F"),
         Kind.RECV_B: lambda self, g, a: self._recv(g, a.stage, a.microbatch, "B"),
-        Kind.REDUCE_GRAD: _reduce_grad,
-        Kind.UNSHARD: _unshard,
-        Kind.RESHARD: _reshard_action,
+        Kind.REDUCE_GRAD: DataParallel._reduce_grad,
+        Kind.UNSHARD: DataParallel._unshard,
+        Kind.RESHARD: DataParallel._reshard_action,
     }
 
     def _walk(self, g: GpuState, actions):

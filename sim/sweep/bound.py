@@ -4,7 +4,10 @@ orders the engine runs by and prunes on (`run.simulate_phase`), safe on either n
 from __future__ import annotations
 
 from ..engine import iteration as it
-from .estimator import OVERLAPPED, Inputs, _cached, _optimizer, _sp_sync
+from .terms import Inputs, cached, optimizer_time, sp_sync_time
+
+#: schedules whose ranks run overlapped F&B pairs
+OVERLAPPED = frozenset({"dualpipe", "dualpipe-v"})
 
 
 def _last_reduction(x: Inputs, prank: int, stage: int) -> float:
@@ -33,7 +36,7 @@ def _last_reduction(x: Inputs, prank: int, stage: int) -> float:
         comms = it.grad_buckets(p, x.work[stage], x.dp_groups[prank], x.profile, x.options, x.edp(prank))
         return x.time(it.last_bucket(comms), prank)
 
-    return _cached(x, key, timed)
+    return cached(x, key, timed)
 
 
 def lower_bound(x: Inputs, backend: str = "analytical") -> float:
@@ -80,7 +83,7 @@ def lower_bound(x: Inputs, backend: str = "analytical") -> float:
         back_in_r = [max(0.0, t - e) for t, e in zip(back_in, xb)]
     # the SP sync is a collective: timed as the engine times it on the analytical network only
     sync = backend == "analytical"
-    end = [(_sp_sync(x, r) if sync else 0.0) + _optimizer(x, r) for r in range(len(x.ranks))]
+    end = [(sp_sync_time(x, r) if sync else 0.0) + optimizer_time(x, r) for r in range(len(x.ranks))]
     n = p.num_chunks  # one pipeline's stages; with two, stage s is position s % n of its pipeline
 
     def ahead(s: int, times: list[float]) -> float:

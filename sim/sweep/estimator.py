@@ -17,7 +17,7 @@ network) and add the same data-parallel, ZeRO and optimizer terms the engine cha
   schedule the engine would run (zb-1p/2p built with the same costs), which gives each rank's
   last backward per stage; the gradient buckets are then queued exactly as the engine queues them.
 
-The terms around the pipeline come from `simpar.sim.engine.iteration`, the functions the engine
+The terms around the pipeline (`terms`) come from `simpar.sim.engine.iteration`, the functions the engine
 yields on: each stage's gradients go out in ``grad_buckets`` buckets released during its last
 backward (or at its REDUCE_GRAD; under ZeRO-2, pp = 1, during every backward) and serialised on
 the rank's DP stream, what is still running after
@@ -35,341 +35,18 @@ forward (vpp > 1): the engine then waits, and the oracle is a lower bound.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from functools import cached_property
+from dataclasses import replace
 
-from ..choices import V_SHAPED
-from ..cost.compute import CostModel
-from ..cost.profile import MEGATRON, RuntimeProfile
-from ..cost.workload import StageWork
 from ..engine import iteration as it
-from ..engine.iteration import CollectiveTimer, Comm, EngineOptions
-from ..layout import RankLayout
-from ..plan import ParallelPlan, ZeroPolicy
 from ..schedules import ALL_FORWARDS_FIRST, StageCosts, list_schedule, lower
 from ..schedules.ir import Kind, Pair
 from ..schedules.memo import lowered_schedule
-from ..specs import ModelSpec
+from .terms import Estimate, Inputs, RankTimes, finish, fsdp_seconds
 
 #: Weight-gradient passes that fill each rank's warm-up gap: ZB-H1 (p - 1)(T_F + T_B - T_W),
 #: ZB-H2 and ZB-V (p - 1)(T_F + T_B - 2 T_W) with per-chunk times (Qi et al. 2024 §2-3; Qi et al.,
 #: "Pipeline Parallelism with Controllable Memory", 2024); ZB-1p/2p are taken as H1/H2.
-#: schedules whose ranks run overlapped F&B pairs
-OVERLAPPED = frozenset({"dualpipe", "dualpipe-v"})
 _ZB_WEIGHT = {"zb-h1": 1.0, "zb-1p": 1.0, "zb-h2": 2.0, "zb-2p": 2.0, "zb-v": 2.0, "interleaved-zb": 1.0}
-_POSTED = (Kind.SEND_F, Kind.SEND_B, Kind.RECV_F, Kind.RECV_B)
-
-
-@dataclass(frozen=True)
-class Estimate:
-    iter_time_s: float
-    breakdown_s: dict[str, float]
-    source: str  # "quick" or "oracle"
-
-
-@dataclass(frozen=True)
-class Inputs:
-    """What both tiers need for one plan. ``cache`` (shared between plans of one sweep) holds
-    collective times keyed by (op, group layout, pipeline rank, bytes)."""
-
-    model: ModelSpec
-    plan: ParallelPlan
-    work: list[StageWork]
-    p2p: float
-    costs: CostModel
-    net: CollectiveTimer
-    options: EngineOptions
-    dp_groups: tuple[tuple[int, ...], ...]  # per pipeline rank: its DP x CP group (ZeRO shards)
-    cache: dict = field(default_factory=dict, compare=False)
-    profile: RuntimeProfile = MEGATRON
-    edp_groups: tuple[tuple[int, ...], ...] = ()  # MoE: per pipeline rank, its expert data-parallel group
-
-    def edp(self, prank: int) -> tuple[int, ...]:
-        return self.edp_groups[prank] if self.edp_groups else ()
-
-    @property
-    def ranks(self) -> tuple[tuple[int, ...], ...]:
-        return self.plan.rank_stages
-
-    @cached_property
-    def post(self) -> float:
-        return self.profile.post_seconds(self.plan)
-
-    def dur(self, w: StageWork, kind: str) -> float:
-        """A pass's seconds on the compute stream, as the engine charges it (`StageWork.seconds`)."""
-        return w.seconds(kind, self.options.overlap_tp)
-
-    def parts(self, w: StageWork, kind: str) -> tuple[float, float, float, float, float]:
-        return w.parts(kind, self.options.overlap_tp)
-
-    @cached_property
-    def seconds(self) -> tuple[list[float], list[float], list[float]]:
-        """Per stage (f, i + recompute, w) with exposed TP/CP and all-to-all communication folded in."""
-        f = [self.dur(w, "F") for w in self.work]
-        i = [self.dur(w, "I") + self.dur(w, "R") for w in self.work]
-        return f, i, [self.dur(w, "W") for w in self.work]
-
-    @cached_property
-    def posts(self) -> list[int]:
-        """Per stage and micro-batch, the pipeline sends and receives its rank posts."""
-        p, out = self.plan, []
-        place, n = p.placement, p.num_chunks
-        for s in range(p.num_stages):
-            remote = (s % n > 0 and place[s - 1] != place[s]) + (s % n < n - 1 and place[s + 1] != place[s])
-            out.append(2 * remote)
-        return out
-
-    @cached_property
-    def rank_work(self) -> list[float]:
-        f, i, w = self.seconds
-        return [sum(f[s] + i[s] + w[s] + self.posts[s] * self.post for s in st) for st in self.ranks]
-
-    @property
-    def fsdp(self) -> bool:
-        return self.plan.zero_policy is ZeroPolicy.PER_LAYER
-
-    def time(self, comm: Comm | None, prank: int) -> float:
-        """Seconds of ``comm`` (issued by pipeline rank ``prank``), cached per layout."""
-        if comm is None:
-            return 0.0
-        if comm.seconds is not None:
-            return comm.seconds
-        p = self.plan
-        key = (comm.op, p.tp, p.cp, p.pp, p.dp, p.mesh_order, prank, comm.group, comm.nbytes, comm.count)
-        t = self.cache.get(key)
-        if t is None:
-            t = self.cache[key] = comm.time(self.net)
-        return t
-
-
-def dp_groups(plan: ParallelPlan) -> tuple[tuple[int, ...], ...]:
-    """Per pipeline rank, the DP x CP group of its representative GPU (as the engine's)."""
-    lay = RankLayout(plan)
-    return tuple(lay.shard_group(lay.rank(pp=r)) for r in range(plan.pp))
-
-
-def edp_groups(plan: ParallelPlan) -> tuple[tuple[int, ...], ...]:
-    """Per pipeline rank, the expert data-parallel group of its representative GPU (MoE)."""
-    lay = RankLayout(plan)
-    return tuple(lay.expert_group(lay.rank(pp=r), "edp") for r in range(plan.pp))
-
-
-def _fsdp_seconds(x: Inputs) -> tuple[float, float, float]:
-    """(F, B, exposed ZeRO) per micro-batch of the single stage under FSDP (the engine's
-    `_fsdp_pass` on the analytical network: the rest of the gathers and the reduce-scatter queue
-    on one stream)."""
-    w = x.work[0]
-    fp = it.fsdp_pass(x.plan, w, x.dp_groups[0], x.edp(0))
-    first, rest, rs = (sum(x.time(c, 0) for c in part) for part in (fp.first, fp.rest, fp.reduce))
-    f0, b0 = x.dur(w, "F"), x.dur(w, "B")
-    f1, b1 = first + max(f0, rest), first + max(b0, rest + rs)
-    return f1, b1, (f1 - f0) + (b1 - b0)
-
-
-@dataclass(frozen=True)
-class RankTimes:
-    """One pipeline rank's timeline as a tier estimates it: when its first forward starts, when
-    its last action ends, and per stage its last backward (start, duration) and REDUCE_GRAD time."""
-
-    first_f: float
-    end: float
-    last_bwd: dict[int, tuple[float, float, float]]
-    #: (TP/CP, all-to-all, activation offload) seconds the rank's overlapped F&B pairs hide (`overlap_seconds`)
-    hidden: tuple[float, float, float] = (0.0, 0.0, 0.0)
-    #: ZeRO-2 (`iteration.reduces_every_microbatch`): (stage, start, duration) of every
-    #: weight-gradient pass, each releasing the buckets of its micro-batch; else empty
-    every_bwd: tuple[tuple[int, float, float], ...] = ()
-
-
-def _stage_buckets(x: Inputs, prank: int, stage: int) -> list[Comm]:
-    """`iteration.grad_buckets` of the stage on the rank, kept in the shared cache: it depends on
-    the stage's work, the plan's ZeRO stage and the rank's groups, and plans of one work table
-    (`x.work`, shared by every plan that differs only in `evaluate.WORK_FREE_FIELDS`) differ
-    only in their ZeRO stage there. The entry holds the table and the groups it was made from, so
-    objects built later at the same addresses are never matched."""
-    key = ("buckets", id(x.work), id(x.dp_groups), id(x.edp_groups), x.plan.zero, prank, stage)
-    hit = x.cache.get(key)
-    if hit is None or hit[0] is not x.work or hit[1] is not x.dp_groups or hit[2] is not x.edp_groups:
-        comms = it.grad_buckets(x.plan, x.work[stage], x.dp_groups[prank], x.profile, x.options, x.edp(prank))
-        hit = x.cache[key] = (x.work, x.dp_groups, x.edp_groups, comms)
-    return hit[3]
-
-
-def _dp_tail(x: Inputs, prank: int, rt: RankTimes) -> float:
-    """Seconds the rank's gradient buckets run past its last action, queued on one DP stream as
-    the engine queues them."""
-    if not x.plan.reduces_gradients or x.fsdp:
-        return 0.0
-    o = x.options
-    buckets = []
-    # (stage, start, duration, when a reduction not overlapped starts: a REDUCE_GRAD's time or,
-    # under ZeRO-2, the pass's end)
-    passes = [(s, t0, d, t0 + d) for s, t0, d in rt.every_bwd] or [
-        (s, t0, d, at) for s, (t0, d, at) in sorted(rt.last_bwd.items())
-    ]
-    for s, t0, d, at in passes:
-        comms = _stage_buckets(x, prank, s)
-        releases = it.reduction_calls(comms, t0, d, o.overlap_grad_reduce, at, lambda c: x.time(c, prank))
-        buckets += [(t, s, b, x.time(c, prank)) for b, (c, t) in enumerate(releases)]
-    cur = 0.0
-    for ready_at, _, _, dur in sorted(buckets):
-        cur = max(cur, ready_at) + dur
-    return max(0.0, cur - rt.end)
-
-
-def _gather(x: Inputs, prank: int, stage: int) -> float:
-    comms = it.param_gathers(x.plan, x.work[stage], x.dp_groups[prank], x.profile, x.edp(prank))
-    return sum(x.time(c, prank) for c in comms)
-
-
-def _zero_start(x: Inputs, first_f: list[float]) -> float:
-    """Delay of the pipeline while the first stage's parameters are gathered (ZeRO-1/2 with
-    overlapped gathers, ZeRO-3 with pp > 1): the first forward of each rank waits for them."""
-    policy = x.plan.zero_policy
-    overlapped = policy is ZeroPolicy.GATHER_AT_START and x.options.overlap_param_gather
-    if not (overlapped or policy is ZeroPolicy.PER_UNSHARD):
-        return 0.0
-    first = x.plan.first_stage_of
-    return max(0.0, max(_gather(x, r, first(r)) - first_f[r] for r in range(len(x.ranks))))
-
-
-def _zero_end(x: Inputs, prank: int) -> float:
-    """ZeRO-1/2 gathers after the optimizer step when they are not overlapped."""
-    if x.plan.zero_policy is ZeroPolicy.GATHER_AT_START and not x.options.overlap_param_gather:
-        return sum(_gather(x, prank, s) for s in x.ranks[prank])
-    return 0.0
-
-
-def _cached(x: Inputs, key: tuple, fn) -> float:
-    t = x.cache.get(key)
-    if t is None:
-        t = x.cache[key] = fn()
-    return t
-
-
-def _optimizer(x: Inputs, prank: int) -> float:
-    p = x.plan
-    key = (
-        "opt",
-        p.optimizer,
-        p.tp,
-        p.pp,
-        p.vpp,
-        p.dp,
-        p.zero,
-        p.schedule in V_SHAPED,
-        p.pipelines,
-        p.layer_split,
-        p.ep,
-        p.expert_tp,
-        x.profile.name,
-        prank,
-    )
-    step = _cached(x, key, lambda: it.optimizer_seconds(x.model, p, list(x.ranks[prank]), x.costs, x.profile))
-    return step * (1.0 - p.offload_optimizer)
-
-
-def _host_wait(x: Inputs, prank: int) -> float:
-    """Seconds the rank waits on its offloaded optimizer part beyond its GPU step (`iteration.HostStep`)."""
-    if not x.plan.offload_optimizer:
-        return 0.0
-
-    def path() -> float:  # the host path of the rank's first GPU (every GPU of a pipeline rank alike)
-        host = it.host_step(x.model, x.plan, list(x.ranks[prank]), x.net.cluster)
-        return 0.0 if host is None else host.seconds(x.net, RankLayout(x.plan).rank(pp=prank))
-
-    return max(0.0, _cached(x, ("host", x.plan, prank), path) - _optimizer(x, prank))
-
-
-def _sp_sync(x: Inputs, prank: int) -> float:
-    """The sequence-parallel gradient sync before the step."""
-    p = x.plan
-    if not p.sequence_parallel or p.tp == 1:
-        return 0.0
-    key = (
-        "sp-sync",
-        p.tp,
-        p.cp,
-        p.dp,
-        p.pp,
-        p.vpp,
-        p.schedule in V_SHAPED,
-        p.pipelines,
-        p.layer_split,
-        p.mesh_order,
-        p.precision,
-        x.profile.name,
-        prank,
-    )
-
-    def timed() -> float:
-        layout = RankLayout(p)
-        group = layout.group(layout.rank(pp=prank), "tp")
-        return x.time(it.sp_grad_sync(x.model, p, list(x.ranks[prank]), group, x.profile), prank)
-
-    return _cached(x, key, timed)
-
-
-def _tied_embedding(x: Inputs) -> tuple[tuple[int, int] | None, float]:
-    """(first, last pipeline rank) and the all-reduce of a tied embedding's gradient between
-    them; (None, 0) when the model has none or one rank holds both."""
-    ends = it.tied_embedding_ranks(x.model, x.plan)
-    if ends is None:
-        return None, 0.0
-    layout = RankLayout(x.plan)
-    pair = tuple(layout.rank(pp=r) for r in ends)
-    return ends, x.time(it.tied_embedding_grad(x.model, x.plan, pair), ends[0])
-
-
-def _finish(x: Inputs, rts: list[RankTimes], source: str) -> Estimate:
-    """Add DP, ZeRO, tied-embedding, SP and optimizer terms to per-rank ends; breakdown of the
-    busiest rank."""
-    shift = _zero_start(x, [rt.first_f for rt in rts])
-    ready, tails = [], []
-    for r, rt in enumerate(rts):
-        tail = _dp_tail(x, r, rt)
-        ready.append(shift + rt.end + tail)
-        tails.append(tail)
-    for r in range(len(rts)) if x.plan.pipelines == 2 else ():
-        partner = it.replica_partner(x.plan, r)
-        if partner is not None and partner > r:  # the two replicas meet, all-reduce, then go on
-            layout = RankLayout(x.plan)
-            pair = (layout.rank(pp=r), layout.rank(pp=partner))
-            sync = x.time(it.replica_grad_sync(x.model, x.plan, list(x.ranks[r]), pair), r)
-            meet = max(ready[r], ready[partner]) + sync
-            tails[r] += meet - ready[r]
-            tails[partner] += meet - ready[partner]
-            ready[r] = ready[partner] = meet
-    tied, t_tied = _tied_embedding(x)
-    if tied is not None:  # both ends of the pipeline meet, all-reduce, then step
-        meet = max(ready[tied[0]], ready[tied[1]]) + t_tied
-        ready[tied[0]] = ready[tied[1]] = meet
-    finish = [
-        ready[r] + _sp_sync(x, r) + _optimizer(x, r) + _host_wait(x, r) + _zero_end(x, r) for r in range(len(rts))
-    ]
-    t = max(finish)
-    m = x.plan.num_microbatches // x.plan.pipelines  # micro-batches each stage runs
-    busy = max(range(len(rts)), key=lambda r: (x.rank_work[r], -r))
-    ws = [x.work[s] for s in x.ranks[busy]]
-    posts = m * sum(x.posts[s] for s in x.ranks[busy]) * x.post
-    # per pass (compute, expert compute, TP/CP, all-to-all), summed over the rank's stages
-    run = [x.parts(w, k) for w in ws for k in ("F", "I", "W")]
-    rec = [x.parts(w, "R") for w in ws]
-    bd = {
-        "compute": m * sum(p[0] for p in run),
-        "expert_compute": m * sum(p[1] for p in run + rec),
-        "recompute": m * sum(p[0] for p in rec),
-        "tp_comm": m * sum(p[2] for p in run + rec) + _sp_sync(x, busy) - rts[busy].hidden[0],
-        "moe_a2a": m * sum(p[3] for p in run + rec) - rts[busy].hidden[1],
-        # activation copies a pass waits on; the offloaded optimizer part beyond the GPU's step below
-        "pp_comm": posts + (t_tied if tied is not None and busy in tied else 0.0),
-        "dp_comm": tails[busy],
-        "zero_comm": shift + _zero_end(x, busy) + (m * _fsdp_seconds(x)[2] if x.fsdp else 0.0),
-        "optimizer": _optimizer(x, busy),
-        "offload": m * sum(p[4] for p in run + rec) - rts[busy].hidden[2] + _host_wait(x, busy),
-    }
-    bd["bubble"] = max(0.0, t - sum(bd.values()))
-    return Estimate(t, bd, source)
 
 
 def _fill(x: Inputs) -> float:
@@ -400,9 +77,9 @@ def quick_estimate(x: Inputs) -> Estimate:
     """Closed-form pipeline time plus the iteration terms (see the module docstring)."""
     p, m = x.plan, x.plan.num_microbatches // x.plan.pipelines  # micro-batches each stage runs
     if x.fsdp:
-        fb, bb, _ = _fsdp_seconds(x)
+        fb, bb, _ = fsdp_seconds(x)
         end = m * (fb + bb + x.dur(x.work[0], "R"))
-        return _finish(x, [RankTimes(0.0, end, {})], "quick")
+        return finish(x, [RankTimes(0.0, end, {})], "quick")
     f, i, w = x.seconds
     pr, c = len(x.ranks), x.p2p + x.post
     # Two lower bounds for few micro-batches: no rank ends before its first input arrives and it
@@ -430,7 +107,7 @@ def quick_estimate(x: Inputs) -> Estimate:
         drain += i[stages[0]] + c
     if it.reduces_every_microbatch(p):  # ZeRO-2 (pp = 1): every backward releases its buckets
         rts = [replace(rts[0], every_bwd=_every_backward(x, rts[0].end, m))]
-    return _finish(x, rts, "quick")
+    return finish(x, rts, "quick")
 
 
 def _every_backward(x: Inputs, end: float, m: int) -> tuple[tuple[int, float, float], ...]:
@@ -494,4 +171,4 @@ def oracle_estimate(x: Inputs, schedule=None) -> Estimate:
             elif a.kind is Kind.REDUCE_GRAD:
                 lb[a.stage] = (*lb[a.stage][:2], t0)
         rts.append(RankTimes(res.rank_start[r], res.end[r][-1] if acts else 0.0, lb, (hidden[0], hidden[1], hidden[2])))
-    return _finish(x, rts, "oracle")
+    return finish(x, rts, "oracle")

@@ -25,10 +25,11 @@ from ..specs import ClusterSpec, ModelSpec
 from ..specs.calibration import Calibration
 from ..units import GiB
 from .bound import lower_bound
-from .estimator import Estimate, Inputs, dp_groups, edp_groups, oracle_estimate, quick_estimate
+from .estimator import oracle_estimate, quick_estimate
 from .memory_screen import MemoryScreen
 from .space import Config, SearchSpace, checked_plan
 from .store import as_text
+from .terms import Estimate, Inputs, dp_groups, edp_groups
 
 #: plan fields `build_work` does not read (but for the schedule's pipelines, keyed apart): plans
 #: differing only in them share their stage work

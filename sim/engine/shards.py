@@ -1,0 +1,183 @@
+"""Collectives, data parallelism and ZeRO in `core.Engine`: a collective on a stream (measured
+seconds, the network's time, or in a full run once every member has arrived), the ZeRO parameter
+gathers (ZeRO-1/2 after the previous step, ZeRO-3 on use, resharded by RESHARD), the gradient
+buckets released by the backwards of `Engine.release_at` (`iteration.reduction_calls`), FSDP's
+per-layer passes, and the UNSHARD / RESHARD / REDUCE_GRAD actions. What each collective costs comes
+from `iteration`. A base of `core.Engine`, whose state these methods use."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import simpy
+
+from ..plan import ZeroPolicy
+from ..schedules.ir import Action, Kind
+from . import iteration as it
+from .state import GpuState, Rendezvous
+
+if TYPE_CHECKING:
+    from ..cost.profile import RuntimeProfile
+    from ..cost.workload import StageWork
+    from ..plan import ParallelPlan
+    from .iteration import EngineOptions
+
+
+class DataParallel:
+    """`core.Engine`'s collectives and ZeRO (module docstring)."""
+
+    if TYPE_CHECKING:
+        plan: ParallelPlan
+        work: list[StageWork]
+        env: simpy.Environment
+        net: Any
+        opt: EngineOptions
+        profile: RuntimeProfile
+        pending: dict[tuple, Rendezvous]
+        policy: ZeroPolicy
+        every_mb: bool
+        release_at: list[set[Action]]
+
+        def _record(
+            self, g: GpuState, stream: str, name: str, kind: str, start: float, stage=None, mb=None
+        ) -> None: ...
+        def _charge(self, g: GpuState, acc: str, parts: tuple[float, float, float, float, float]) -> None: ...
+
+    # --- collectives ----------------------------------------------------------------------
+    def _comm(self, g: GpuState, res: simpy.Resource, comm: it.Comm, tag, stream: str, kind: str, stage=None):
+        """Run ``comm`` on the stream ``res``: measured seconds as they are, else the network's
+        collective (in a full run, once every member of the group has arrived)."""
+        with res.request() as req:
+            yield req
+            t0 = self.env.now
+            if comm.host_bytes and comm.seconds is None:  # an offloaded shard comes up first
+                yield self.env.timeout(comm.host_seconds(self.net))
+            if comm.seconds is not None:
+                yield self.env.timeout(comm.seconds)
+            elif self.opt.full and len(comm.group) > 1:
+                rv = self.pending.setdefault((comm.op, tag, comm.group), Rendezvous(self.env.event()))
+                rv.arrived += 1
+                if rv.arrived == len(comm.group):
+                    self.env.process(self._run_group(comm, rv.done))
+                yield rv.done
+            else:
+                for _ in range(comm.count):
+                    yield from self.net.collective(self.env, comm.op, comm.group, comm.call_bytes)
+            self._record(g, stream, comm.op, kind, t0, stage)
+
+    def _comms(self, g: GpuState, res: simpy.Resource, comms, tag, stream: str, kind: str, stage=None):
+        """`_comm` of each of ``comms``, one after the other."""
+        for i, comm in enumerate(comms):
+            yield from self._comm(g, res, comm, (*tag, i), stream, kind, stage)
+
+    def _run_group(self, comm: it.Comm, done: simpy.Event):
+        for _ in range(comm.count):
+            yield from self.net.collective(self.env, comm.op, comm.group, comm.call_bytes)
+        done.succeed()
+
+    # --- ZeRO and data parallel ---------------------------------------------------------
+    def _zero_gather(self, g: GpuState, stage: int) -> simpy.Event:
+        """Parameters of ``stage`` gathered over the ZeRO group (ZeRO-1/2 after the previous
+        optimizer step, ZeRO-3 on first use); returns the event to wait on."""
+        ev = g.gathered.get(stage)
+        if ev is None:
+            if self.policy is ZeroPolicy.PER_UNSHARD:
+                self._params_mem(g, self.work[stage].params)
+            comms = it.param_gathers(self.plan, self.work[stage], g.dp_group, self.profile, g.edp_group)
+            ev = g.gathered[stage] = self.env.process(self._gathers(g, comms, stage))
+        return ev
+
+    def _gathers(self, g: GpuState, comms: list[it.Comm], stage: int):
+        for comm in comms:
+            yield from self._comm(g, g.zero, comm, ("params", stage), "zero", "ZERO_GATHER", stage)
+
+    def _wait_gather(self, g: GpuState, s: int):
+        ev = self._zero_gather(g, s)
+        if not ev.processed:
+            t0 = self.env.now
+            yield ev
+            g.acc["zero_comm"] += self.env.now - t0
+
+    def _start_reduction(self, g: GpuState, stage: int, start: float, dur: float, mb: int | None = None) -> None:
+        """Release the stage's gradient buckets (of micro-batch ``mb`` under ZeRO-2, `every_mb`;
+        of the whole iteration otherwise, once)."""
+        key: int | tuple[int, int] = stage if mb is None else (stage, mb)
+        if key in g.reduced or not self.plan.reduces_gradients:
+            g.reduced.add(key)
+            return
+        g.reduced.add(key)
+        buckets = it.grad_buckets(self.plan, self.work[stage], g.dp_group, self.profile, self.opt, g.edp_group)
+        releases = it.reduction_calls(
+            buckets, start, dur, self.opt.overlap_grad_reduce, self.env.now, lambda c: c.time(self.net)
+        )
+        tag = key if isinstance(key, tuple) else (key,)
+        for b, (comm, t) in enumerate(releases):
+            g.reductions.append(self.env.process(self._bucket(g, comm, t, (*tag, b))))
+
+    def _release(self, g: GpuState, b: Action, start: float, dur: float, ended: bool) -> None:
+        """Gradient buckets released by the backward ``b`` (starting at ``start``, ``dur`` long)
+        when it is one of `release_at`, called at its start and at its end (``ended``): where the
+        reduction overlaps the backward, at the start (`iteration.reduction_calls` spreads the
+        buckets over the pass), else (ZeRO-2) at its end."""
+        if self.policy is ZeroPolicy.PER_LAYER or b not in self.release_at[g.prank]:
+            return
+        if self.opt.overlap_grad_reduce is not ended:
+            self._start_reduction(g, b.stage, start, dur, b.microbatch if self.every_mb else None)
+
+    def _bucket(self, g: GpuState, comm: it.Comm, ready: float, tag):
+        if ready > self.env.now:
+            yield self.env.timeout(ready - self.env.now)
+        yield from self._comm(g, g.dp, comm, ("grads",) + tag, "dp", "REDUCE_GRAD", tag[0])
+
+    def _reshard(self, g: GpuState, s: int) -> None:
+        """ZeRO-3 RESHARD: free the stage's gathered parameters; its next UNSHARD (or use)
+        all-gathers them again. The unsharded bytes leave the memory timeline."""
+        if g.gathered.pop(s, None) is not None:
+            self._params_mem(g, -self.work[s].params)
+
+    def _params_mem(self, g: GpuState, params: float) -> None:
+        g.unsharded += 2.0 * params  # 16-bit weights
+        g.peak_unsharded = max(g.peak_unsharded, g.unsharded)
+
+    def _fsdp_pass(self, g: GpuState, a: Action, parts: tuple[float, float, float, float, float]):
+        """`iteration.FsdpPass`: the first layer's gather exposed, the rest (and in the backward
+        the gradients' reduce-scatter) alongside the compute."""
+        fp = it.fsdp_pass(self.plan, self.work[a.stage], g.dp_group, g.edp_group)
+        backward = a.kind is not Kind.F
+        t0 = self.env.now
+        yield self.env.timeout(sum(c.time(self.net) for c in fp.first))
+        busy = sum(parts)
+        rest: list[simpy.Event] = [self.env.timeout(busy)]
+        if fp.rest:
+            tag = ("params", a.stage, a.microbatch, backward)
+            rest.append(self.env.process(self._comms(g, g.zero, fp.rest, tag, "zero", "ZERO_GATHER", a.stage)))
+        if backward and a.kind is not Kind.I:
+            # The gradient reduce-scatter and the next layers' all-gathers cross the same links
+            # (FSDP2 runs them on two streams). The contention backend shares the links between
+            # them; the analytical one times each collective alone, so they are queued on one
+            # stream there: two equal flows sharing a link finish together at the sum of their
+            # times, which the queue reproduces for the later one.
+            res = g.dp if getattr(self.net, "backend", "") == "contention" else g.zero
+            grads = ("grads", a.stage, a.microbatch)
+            rest.append(self.env.process(self._comms(g, res, fp.reduce, grads, "dp", "REDUCE_GRAD", a.stage)))
+        yield simpy.AllOf(self.env, rest)
+        self._charge(g, "compute", parts)
+        g.acc["zero_comm"] += self.env.now - t0 - busy
+        g.reduced.add(a.stage)
+        self._record(g, "compute", str(a), a.kind.value, t0, a.stage, a.microbatch)
+
+    # --- the actions that only start or stop ZeRO traffic -------------------------------
+    def _unshard(self, g: GpuState, a: Action):
+        if self.policy is ZeroPolicy.PER_UNSHARD:
+            self._zero_gather(g, a.stage)  # a no-op while the stage is still unsharded
+        yield from ()
+
+    def _reshard_action(self, g: GpuState, a: Action):
+        if self.policy is ZeroPolicy.PER_UNSHARD:
+            self._reshard(g, a.stage)
+        yield from ()
+
+    def _reduce_grad(self, g: GpuState, a: Action):
+        if not self.every_mb:  # under ZeRO-2 each backward has released its own
+            self._start_reduction(g, a.stage, self.env.now, 0.0)
+        yield from ()
