@@ -4,7 +4,7 @@ orders the engine runs by and prunes on (`run.simulate_phase`), safe on either n
 from __future__ import annotations
 
 from ..engine import iteration as it
-from .terms import Inputs, cached, optimizer_time, sp_sync_time
+from .terms import Inputs, cached, fsdp_seconds, optimizer_time, sp_sync_time
 
 #: schedules whose ranks run overlapped F&B pairs
 OVERLAPPED = frozenset({"dualpipe", "dualpipe-v"})
@@ -46,7 +46,8 @@ def lower_bound(x: Inputs, backend: str = "analytical") -> float:
     Only durations the engine waits out in sequence on one GPU's walk enter (compute with its
     exposed TP/CP communication, recompute, posting pipeline transfers, the sequence-parallel
     sync and the optimizer step); every wait and every collective the network times is taken as
-    0, but the stage's last gradient reduction on the analytical network. These chains each give
+    0, but, on the analytical network, the stage's last gradient reduction and FSDP's per-layer
+    gathers and reduce-scatters (each pass's, with pp = 1). These chains each give
     a bound (the largest is returned):
 
     - a pipeline rank's walk: its first forward needs the activations of micro-batch 0 from
@@ -69,6 +70,15 @@ def lower_bound(x: Inputs, backend: str = "analytical") -> float:
     rec = [x.dur(w, "R") for w in x.work]  # 0 without recompute
     back = [x.dur(w, "I") + x.dur(w, "W") for w in x.work]  # B, or I + W
     back_in = [x.dur(w, "I") for w in x.work] if p.split_backward else back
+    # the SP sync is a collective: timed as the engine times it on the analytical network only
+    sync = backend == "analytical"
+    if x.fsdp and sync and len(x.work) == 1 and not p.split_backward:
+        # FSDP (pp = 1) on the analytical network: a pass waits out its first layer's gather, then
+        # the longer of its compute and the rest of its gathers (and, in the backward, the
+        # reduce-scatters) queued on one stream, as the engine's `_fsdp_pass` does (`fsdp_seconds`)
+        f1, b1, _ = fsdp_seconds(x)
+        fwd, back = [f1], [b1]
+        back_in = back
     w0 = back[0] - back_in[0]  # stage 0's W after its I (0 with a full backward B)
     # A rank's sum of passes: an overlapped F&B pair saves at most (1 - contention) of its parts'
     # exposed communication (`overlap_seconds`), so each pass counts that much less there; one
@@ -81,8 +91,6 @@ def lower_bound(x: Inputs, backend: str = "analytical") -> float:
         fwd_r = [t - e for t, e in zip(fwd, xf)]
         back_r = [t - e for t, e in zip(back, xb)]
         back_in_r = [max(0.0, t - e) for t, e in zip(back_in, xb)]
-    # the SP sync is a collective: timed as the engine times it on the analytical network only
-    sync = backend == "analytical"
     end = [(sp_sync_time(x, r) if sync else 0.0) + optimizer_time(x, r) for r in range(len(x.ranks))]
     n = p.num_chunks  # one pipeline's stages; with two, stage s is position s % n of its pipeline
 

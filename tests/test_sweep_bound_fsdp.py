@@ -1,0 +1,54 @@
+"""The sweep's lower bound under FSDP (ZeRO-3, pp = 1): on the analytical network each pass's
+per-layer gathers and reduce-scatters are timed as the engine times them, so the bound of a
+communication-bound plan is its engine time (it took only the compute before, and a sweep simulated
+such plans for nothing); on the contention backend they are left out and the bound stays below."""
+
+from __future__ import annotations
+
+import pytest
+
+from simpar.sim.engine.iteration import EngineOptions
+from simpar.sim.engine.simulate import simulate
+from simpar.sim.specs import load_cluster, load_model
+from simpar.sim.sweep.bound import lower_bound
+from simpar.sim.sweep.estimator import quick_estimate
+from simpar.sim.sweep.evaluate import Evaluator, SweepSetup
+from simpar.sim.sweep.space import Config, SearchSpace
+
+# a short sequence over 4 nodes: the per-layer collectives outlast the compute
+MODEL = load_model("gpt-1.7b").model_copy(update={"seq_len": 128})
+CLUSTER = load_cluster("dgx-a100-80g", gpus=32)
+
+
+def _inputs(tp: int, m: int, recompute: str, sp: bool, options: EngineOptions):
+    dp = 32 // tp
+    setup = SweepSetup(MODEL, CLUSTER, 32, dp * m, SearchSpace(), options=options, token=f"fsdp-{tp}-{m}-{recompute}")
+    ev = Evaluator(setup)
+    plan, reason = ev.plan(Config(tp, 1, dp, 1, 1, 1, "none", 3, recompute, sp))
+    assert plan is not None, reason
+    return plan, ev.inputs(plan)
+
+
+CASES = [(1, 1, "none", False), (1, 4, "full", False), (2, 3, "selective", True), (4, 2, "none", False)]
+
+
+@pytest.mark.parametrize("options", [EngineOptions(), EngineOptions(overlap_tp=True)], ids=["default", "tp-overlap"])
+@pytest.mark.parametrize(("tp", "m", "recompute", "sp"), CASES)
+def test_the_bound_is_the_engine_time_on_the_analytical_network(tp, m, recompute, sp, options) -> None:
+    plan, x = _inputs(tp, m, recompute, sp, options)
+    res = simulate(MODEL, CLUSTER, plan, options=options)
+    assert res.breakdown_s["zero_comm"] > 0.5 * res.iter_time_s  # communication-bound: the case of this test
+    bound = lower_bound(x)
+    assert bound == pytest.approx(res.iter_time_s, rel=1e-9)
+    assert bound <= res.iter_time_s * (1 + 1e-12)
+    assert quick_estimate(x).iter_time_s == pytest.approx(res.iter_time_s, rel=1e-9)
+
+
+@pytest.mark.parametrize(("tp", "m", "recompute", "sp"), CASES[:2])
+def test_the_bound_leaves_the_collectives_out_on_the_contention_backend(tp, m, recompute, sp) -> None:
+    options = EngineOptions()
+    plan, x = _inputs(tp, m, recompute, sp, options)
+    t = simulate(MODEL, CLUSTER, plan, backend="contention", options=options).iter_time_s
+    bound = lower_bound(x, "contention")
+    assert bound <= t
+    assert bound < 0.5 * t  # the compute only: far below a communication-bound run
