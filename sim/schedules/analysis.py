@@ -287,3 +287,18 @@ def peak_activation_units(
             peak = max(peak, alive)
         out.append(peak)
     return out
+
+
+def overlapped_pairs(schedule: Schedule) -> tuple[tuple[tuple[tuple[int, int, Kind], int], ...], ...]:
+    """Per rank, its overlapped F&B pairs counted by (the forward's stage, the backward's stage,
+    the backward's kind), sorted: what the pairs of a DualPipe schedule save over running their
+    parts one after the other depends only on those."""
+    out = []
+    for acts in schedule.ranks:
+        counts: dict[tuple[int, int, Kind], int] = {}
+        for a in acts:
+            if isinstance(a, Pair):
+                key = (a.f.stage, a.b.stage, a.b.kind)
+                counts[key] = counts.get(key, 0) + 1
+        out.append(tuple(sorted(counts.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2].value))))
+    return tuple(out)

@@ -4,10 +4,8 @@ orders the engine runs by and prunes on (`run.simulate_phase`), safe on either n
 from __future__ import annotations
 
 from ..engine import iteration as it
+from .pairs import OVERLAPPED, rank_savings
 from .terms import Inputs, cached, fsdp_seconds, optimizer_time, sp_sync_time
-
-#: schedules whose ranks run overlapped F&B pairs
-OVERLAPPED = frozenset({"dualpipe", "dualpipe-v"})
 
 
 def _last_reduction(x: Inputs, prank: int, stage: int) -> float:
@@ -80,16 +78,15 @@ def lower_bound(x: Inputs, backend: str = "analytical") -> float:
         fwd, back = [f1], [b1]
         back_in = back
     w0 = back[0] - back_in[0]  # stage 0's W after its I (0 with a full backward B)
-    # A rank's sum of passes: an overlapped F&B pair saves at most (1 - contention) of its parts'
+    # The drains' passes: an overlapped F&B pair saves at most (1 - contention) of its parts'
     # exposed communication (`overlap_seconds`), so each pass counts that much less there; one
     # pass on a chain across ranks still takes its whole time (a pair lasts its longer part).
-    fwd_r, back_r, back_in_r = fwd, back, back_in
+    fwd_r, back_in_r = fwd, back_in
     if p.schedule in OVERLAPPED:
         keep = 1.0 - x.costs.eff.overlap_contention
         xf = [keep * sum(x.parts(w, "F")[2:]) for w in x.work]
         xb = [keep * sum(x.parts(w, "B")[2:]) for w in x.work]
         fwd_r = [t - e for t, e in zip(fwd, xf)]
-        back_r = [t - e for t, e in zip(back, xb)]
         back_in_r = [max(0.0, t - e) for t, e in zip(back_in, xb)]
     end = [(sp_sync_time(x, r) if sync else 0.0) + optimizer_time(x, r) for r in range(len(x.ranks))]
     n = p.num_chunks  # one pipeline's stages; with two, stage s is position s % n of its pipeline
@@ -98,9 +95,13 @@ def lower_bound(x: Inputs, backend: str = "analytical") -> float:
         """The stages before s in its pipeline, summed."""
         return sum(times[s - s % n : s])
 
+    # a rank's walk runs all its passes; its overlapped pairs save exactly `rank_savings` (each
+    # pair lasts `overlap_seconds` on either backend), so the walk counts the pairs as they run
+    saves = [sv for sv, _ in rank_savings(x)]
     walks = [
         min(ahead(s, fwd) for s in st)
-        + sum(m * (fwd_r[s] + rec[s] + back_r[s] + x.posts[s] * x.post) for s in st)
+        + sum(m * (fwd[s] + rec[s] + back[s] + x.posts[s] * x.post) for s in st)
+        - saves[r]
         + end[r]
         for r, st in enumerate(x.ranks)
     ]

@@ -9,10 +9,11 @@ network) and add the same data-parallel, ZeRO and optimizer terms the engine cha
   1F1B (Narayanan et al. 2021), one chunk per rank for interleaved 1F1B (Narayanan et al. SC'21
   §2.2), and the zero-bubble paper's (p - 1)(T_F + T_B - T_W) for ZB-H1 and (p - 1)(T_F + T_B -
   2 T_W) for ZB-H2 (Qi et al. 2024, §2; their B is our I), ZB-1p/2p/V likewise; DualPipe and
-  DualPipe-V's (PP/2 - 1)(F&B + B - 3W) (DeepSeek-V3 report Table 2; F&B taken as F + B, the
-  overlap's saving left to the oracle) and Chimera's (D/2 - 1)(F + B) (Li & Hoefler 2021 Table 2:
-  D - 2 at F = B). With two pipelines (Chimera, DualPipe) each stage runs m / 2 micro-batches, so
-  the periods are m / 2 of the rank's two-chunk work;
+  DualPipe-V's (PP/2 - 1)(F&B + B - 3W) (DeepSeek-V3 report Table 2; F&B is F + B less what a
+  pair saves on average, `pairs.mean_saving`, and a rank's work per micro-batch is less what its
+  pairs save over the iteration, `pairs.rank_savings`, over m) and Chimera's (D/2 - 1)(F + B)
+  (Li & Hoefler 2021 Table 2: D - 2 at F = B). With two pipelines (Chimera, DualPipe) each stage
+  runs m / 2 micro-batches, so the periods are m / 2 of the rank's two-chunk work;
 - ``oracle`` (the best few hundred): the list scheduler of `schedules.analysis` times the very
   schedule the engine would run (zb-1p/2p built with the same costs), which gives each rank's
   last backward per stage; the gradient buckets are then queued exactly as the engine queues them.
@@ -41,6 +42,7 @@ from ..engine import iteration as it
 from ..schedules import ALL_FORWARDS_FIRST, StageCosts, list_schedule, lower
 from ..schedules.ir import Kind, Pair
 from ..schedules.memo import lowered_schedule
+from .pairs import OVERLAPPED, mean_saving, pair_effect, rank_savings
 from .terms import Estimate, Inputs, RankTimes, finish, fsdp_seconds
 
 #: Weight-gradient passes that fill each rank's warm-up gap: ZB-H1 (p - 1)(T_F + T_B - T_W),
@@ -49,8 +51,9 @@ from .terms import Estimate, Inputs, RankTimes, finish, fsdp_seconds
 _ZB_WEIGHT = {"zb-h1": 1.0, "zb-1p": 1.0, "zb-h2": 2.0, "zb-2p": 2.0, "zb-v": 2.0, "interleaved-zb": 1.0}
 
 
-def _fill(x: Inputs) -> float:
-    """The schedule's fill and drain beyond (m - 1) periods of the busiest rank (module doc)."""
+def _fill(x: Inputs, period: float) -> float:
+    """The schedule's fill and drain beyond (m - 1) periods of the busiest rank (module doc);
+    ``period``: the busiest rank's work per micro-batch."""
     p = x.plan
     f, i, w = x.seconds
     pr, c = len(x.ranks), x.p2p
@@ -59,18 +62,18 @@ def _fill(x: Inputs) -> float:
     n = len(f)
     mf, mi, mw = sum(f) / n, sum(i) / n, sum(w) / n  # one stage (chunk) on average
     comm = 2 * (pr - 1) * (c + x.post)
-    if p.schedule == "dualpipe-v":  # PP = 2 pr stages of one chunk each
-        return max(x.rank_work) + (pr - 1) * max(0.0, mf + 2 * (mi + mw) - 3 * mw) + comm
-    if p.schedule == "dualpipe":  # PP = pr stages per pipeline
-        return max(x.rank_work) + (pr / 2 - 1) * max(0.0, mf + 2 * (mi + mw) - 3 * mw) + comm
+    if p.schedule in OVERLAPPED:  # F&B + B - 3W, F&B: a pair (F + B less its saving)
+        bubble = max(0.0, mf + 2 * (mi + mw) - mean_saving(x) - 3 * mw)
+        # dualpipe-v: PP = 2 pr stages of one chunk each; dualpipe: PP = pr stages per pipeline
+        return period + (pr - 1 if p.schedule == "dualpipe-v" else pr / 2 - 1) * bubble + comm
     if p.schedule == "chimera":
-        return max(x.rank_work) + (pr / 2 - 1) * (mf + mi + mw) + comm
+        return period + (pr / 2 - 1) * (mf + mi + mw) + comm
     if p.schedule in ("gpipe", "1f1b"):
         return sum(f) + sum(i) + sum(w) + comm
     if p.schedule in ("interleaved-1f1b", "looped-bfs"):  # one chunk's fill and drain per hop
-        return max(x.rank_work) + (pr - 1) * (mf + mi + mw) + comm
+        return period + (pr - 1) * (mf + mi + mw) + comm
     k = _ZB_WEIGHT[p.schedule]  # zero-bubble family: k weight-gradient passes fill each gap
-    return max(x.rank_work) + (pr - 1) * max(0.0, mf + mi - k * mw) + comm
+    return period + (pr - 1) * max(0.0, mf + mi - k * mw) + comm
 
 
 def quick_estimate(x: Inputs) -> Estimate:
@@ -89,9 +92,12 @@ def quick_estimate(x: Inputs) -> Estimate:
     one = range(p.num_chunks)  # the first pipeline's stages (the second mirrors it)
     arrive = [sum(f[s] + c for s in range(min(st))) for st in x.ranks]
     chain = (periods - 1) * f[0] + sum(f[s] for s in one) + sum(i[s] for s in one) + 2 * (pr - 1) * c + w[0]
+    # a rank's work per micro-batch, less what its overlapped F&B pairs save (spread over the m)
+    saves = rank_savings(x)
+    work = [wr - sv / m for wr, (sv, _) in zip(x.rank_work, saves)]
     t_pipe = max(
-        (periods - 1) * max(x.rank_work) + _fill(x),
-        max(a + periods * wr for a, wr in zip(arrive, x.rank_work)),
+        (periods - 1) * max(work) + _fill(x, max(work)),
+        max(a + periods * wr for a, wr in zip(arrive, work)),
         chain,
     )
     rts: list[RankTimes] = []
@@ -103,7 +109,7 @@ def quick_estimate(x: Inputs) -> Estimate:
             d = w[s] if p.split_backward else i[s] + w[s]
             t0 = end - d - k * pr * (i[s] + w[s])
             lb[s] = (t0, d, t0 + d)
-        rts.append(RankTimes(arrive[len(rts)], end, lb))
+        rts.append(RankTimes(arrive[len(rts)], end, lb, saves[len(rts)][1]))
         drain += i[stages[0]] + c
     if it.reduces_every_microbatch(p):  # ZeRO-2 (pp = 1): every backward releases its buckets
         rts = [replace(rts[0], every_bwd=_every_backward(x, rts[0].end, m))]
@@ -159,12 +165,8 @@ def oracle_estimate(x: Inputs, schedule=None) -> Estimate:
         hidden = [0.0, 0.0, 0.0]
         for a, t0, t1 in zip(acts, res.start[r], res.end[r]):
             if isinstance(a, Pair):  # an overlapped pair: what it hides, and its backward's gradients
-                pf, pb = x.parts(x.work[a.f.stage], "F"), x.parts(x.work[a.b.stage], a.b.kind.value)
-                saved = sum(pf) + sum(pb) - (t1 - t0)
-                waits = (pf[2] + pb[2], pf[3] + pb[3], pf[4] + pb[4])
-                total = sum(waits)
-                for j, wait in enumerate(waits):
-                    hidden[j] += saved * (wait / total if total > 0 else float(j == 0))
+                h = pair_effect(x, a.f.stage, a.b.stage, a.b.kind)[1]
+                hidden = [hidden[j] + h[j] for j in range(3)]
                 a = a.b
             if a.kind in (Kind.B, Kind.W):
                 lb[a.stage] = (t0, t1 - t0, t1)
