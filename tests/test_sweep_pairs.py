@@ -55,9 +55,7 @@ def test_the_savings_are_the_engines(schedule: str) -> None:
     for r, (saved, hidden) in enumerate(rank_savings(x)):
         rank = layout.rank(pp=r)
         ran = sum(e.duration for e in res.events if e.rank == rank and e.kind == "OVERLAP_F_B")
-        alone = sum(
-            n * (x.dur(x.work[fs], "F") + x.dur(x.work[bs], kind.value)) for (fs, bs, kind), n in counts[r]
-        )
+        alone = sum(n * (x.dur(x.work[fs], "F") + x.dur(x.work[bs], kind.value)) for (fs, bs, kind), n in counts[r])
         assert ran == pytest.approx(alone - saved, rel=1e-9)
         assert saved > 0 and sum(hidden) == pytest.approx(saved, rel=1e-12)
     (fs, bs, kind), _ = counts[0][0]

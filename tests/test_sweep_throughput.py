@@ -87,7 +87,7 @@ def test_report_sizes_a_larger_sweep(swept):
         assert row in md
     m = re.search(
         r"In all, ([\d,]+) configurations took ([\d.,]+) worker-seconds: ([\d.,]+) configs/s/worker over the "
-        r"three phases\. .*?([\d,]+) configurations at ([\d.,]+) configs/s/worker need ([\d,]+) workers for a "
+        r"three phases\. .*?([\d,]+) configurations at ([\d.,]+) configs/s/worker need ([\d,]+) workers? for a "
         r"(\d+)-minute sweep\.",
         md,
     )

@@ -207,8 +207,9 @@ def throughput_lines(throughput: dict) -> list[str]:
             f"In all, {n:,} configurations took {worker_s:,.1f} worker-seconds: {rate_text(rate)} configs/s/worker "
             f"over the three phases. Sizing a larger sweep (models x clusters x plans, e.g. on a Ray cluster with "
             f"`--ray ADDRESS`): {SIZING_CONFIGS:,} configurations at {rate_text(rate)} configs/s/worker need "
-            f"{need:,} workers for a {SIZING_MINUTES}-minute sweep. The engine runs on the plans the lower bound "
-            "cannot rule out, a number that depends on the model and cluster more than on the size of the space.",
+            f"{need:,} worker{'s' if need > 1 else ''} for a {SIZING_MINUTES}-minute sweep. The engine runs on the "
+            "plans the lower bound cannot rule out, a number that depends on the model and cluster more than on "
+            "the size of the space.",
             "",
         ]
     return lines
