@@ -52,3 +52,29 @@ def test_the_bound_leaves_the_collectives_out_on_the_contention_backend(tp, m, r
     bound = lower_bound(x, "contention")
     assert bound <= t
     assert bound < 0.5 * t  # the compute only: far below a communication-bound run
+
+
+@pytest.mark.parametrize(
+    ("zero", "pp", "offload"),
+    [(3, 1, "optimizer:1"), (3, 1, "params"), (2, 1, "optimizer:0.5"), (1, 4, "optimizer:1")],
+)
+def test_the_bound_waits_for_the_offloaded_optimizer(zero: int, pp: int, offload: str) -> None:
+    """Optimizer offload: the step ends when the host path (copies, CPU step, copies back) does;
+    on the analytical network the bound waits for it as the engine does (with FSDP, pp 1, the
+    bound is then the engine's time), on the contention backend it leaves it out."""
+    dp = 32 // pp
+    space = SearchSpace(stack="deepspeed" if offload == "params" else "megatron-core")  # who offloads parameters
+    setup = SweepSetup(MODEL, CLUSTER, 32, dp * 2, space, token=f"offload-{zero}-{pp}-{offload}")
+    ev = Evaluator(setup)
+    plan, reason = ev.plan(
+        Config(1, pp, dp, 1, 1, 1, "1f1b" if pp > 1 else "none", zero, "none", False, offload=offload)
+    )
+    assert plan is not None, reason
+    x = ev.inputs(plan)
+    res = simulate(MODEL, CLUSTER, plan)
+    assert res.breakdown_s["offload"] > 0
+    bound = lower_bound(x)
+    assert bound <= res.iter_time_s * (1 + 1e-12)
+    if zero == 3 and pp == 1:
+        assert bound == pytest.approx(res.iter_time_s, rel=1e-9)
+    assert lower_bound(x, "contention") <= simulate(MODEL, CLUSTER, plan, backend="contention").iter_time_s

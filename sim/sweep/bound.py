@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..engine import iteration as it
 from .pairs import OVERLAPPED, rank_savings
-from .terms import Inputs, cached, fsdp_seconds, optimizer_time, sp_sync_time
+from .terms import Inputs, cached, fsdp_seconds, host_wait, optimizer_time, sp_sync_time
 
 
 def _last_reduction(x: Inputs, prank: int, stage: int) -> float:
@@ -44,8 +44,9 @@ def lower_bound(x: Inputs, backend: str = "analytical") -> float:
     Only durations the engine waits out in sequence on one GPU's walk enter (compute with its
     exposed TP/CP communication, recompute, posting pipeline transfers, the sequence-parallel
     sync and the optimizer step); every wait and every collective the network times is taken as
-    0, but, on the analytical network, the stage's last gradient reduction and FSDP's per-layer
-    gathers and reduce-scatters (each pass's, with pp = 1). These chains each give
+    0, but, on the analytical network, the stage's last gradient reduction, FSDP's per-layer
+    gathers and reduce-scatters (each pass's, with pp = 1) and the offloaded optimizer's host path
+    beyond the GPU's step. These chains each give
     a bound (the largest is returned):
 
     - a pipeline rank's walk: its first forward needs the activations of micro-batch 0 from
@@ -88,7 +89,8 @@ def lower_bound(x: Inputs, backend: str = "analytical") -> float:
         xb = [keep * sum(x.parts(w, "B")[2:]) for w in x.work]
         fwd_r = [t - e for t, e in zip(fwd, xf)]
         back_in_r = [max(0.0, t - e) for t, e in zip(back_in, xb)]
-    end = [(sp_sync_time(x, r) if sync else 0.0) + optimizer_time(x, r) for r in range(len(x.ranks))]
+    # the rank's step, then (analytical network) what it waits on its offloaded optimizer part
+    end = [(sp_sync_time(x, r) + host_wait(x, r) if sync else 0.0) + optimizer_time(x, r) for r in range(len(x.ranks))]
     n = p.num_chunks  # one pipeline's stages; with two, stage s is position s % n of its pipeline
 
     def ahead(s: int, times: list[float]) -> float:

@@ -231,7 +231,7 @@ def optimizer_time(x: Inputs, prank: int) -> float:
     return step * (1.0 - p.offload_optimizer)
 
 
-def _host_wait(x: Inputs, prank: int) -> float:
+def host_wait(x: Inputs, prank: int) -> float:
     """Seconds the rank waits on its offloaded optimizer part beyond its GPU step (`iteration.HostStep`)."""
     if not x.plan.offload_optimizer:
         return 0.0
@@ -307,7 +307,7 @@ def finish(x: Inputs, rts: list[RankTimes], source: str) -> Estimate:
         meet = max(ready[tied[0]], ready[tied[1]]) + t_tied
         ready[tied[0]] = ready[tied[1]] = meet
     t = max(
-        ready[r] + sp_sync_time(x, r) + optimizer_time(x, r) + _host_wait(x, r) + _zero_end(x, r)
+        ready[r] + sp_sync_time(x, r) + optimizer_time(x, r) + host_wait(x, r) + _zero_end(x, r)
         for r in range(len(rts))
     )
     m = x.plan.num_microbatches // x.plan.pipelines  # micro-batches each stage runs
@@ -328,7 +328,7 @@ def finish(x: Inputs, rts: list[RankTimes], source: str) -> Estimate:
         "dp_comm": tails[busy],
         "zero_comm": shift + _zero_end(x, busy) + (m * fsdp_seconds(x)[2] if x.fsdp else 0.0),
         "optimizer": optimizer_time(x, busy),
-        "offload": m * sum(p[4] for p in run + rec) - rts[busy].hidden[2] + _host_wait(x, busy),
+        "offload": m * sum(p[4] for p in run + rec) - rts[busy].hidden[2] + host_wait(x, busy),
     }
     bd["bubble"] = max(0.0, t - sum(bd.values()))
     return Estimate(t, bd, source)
