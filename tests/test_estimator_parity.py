@@ -2,7 +2,8 @@
 (sim/engine/iteration.py), so with the analytical network they agree to rounding, across
 schedules, ZeRO stages, overlap options, with and without a calibration, and under the executor
 profile. Where they may differ is documented in sim/sweep/estimator.py (queued sends, late
-ZeRO-1/2 gathers of later chunks); the cases here avoid neither on purpose."""
+ZeRO-1/2 gathers of later chunks); the cases here avoid neither on purpose. On every case the
+sweep's lower bound stays below the engine."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from simpar.sim.engine.iteration import EngineOptions
 from simpar.sim.engine.simulate import simulate
 from simpar.sim.specs import load_cluster, load_model
 from simpar.sim.specs.calibration import load_calibration
+from simpar.sim.sweep.bound import lower_bound
 from simpar.sim.sweep.estimator import oracle_estimate
 from simpar.sim.sweep.evaluate import Evaluator, SweepSetup
 from simpar.sim.sweep.space import Config, SearchSpace
@@ -63,10 +65,12 @@ def test_the_oracle_equals_the_engine(setting, case, opt):
     ev = Evaluator(SweepSetup(model, cluster, 32, 128, SearchSpace(max_cp=2), options=OPTIONS[opt], token=opt))
     plan, reason = ev.plan(Config(*case))
     assert plan is not None, reason
-    est = oracle_estimate(ev.inputs(plan))
+    x = ev.inputs(plan)
+    est = oracle_estimate(x)
     res = simulate(model, cluster, plan, options=OPTIONS[opt])
     assert est.iter_time_s == pytest.approx(res.iter_time_s, rel=REL)
     assert sum(est.breakdown_s.values()) == pytest.approx(est.iter_time_s, rel=1e-9)
+    assert lower_bound(x) <= res.iter_time_s * (1 + 1e-12)  # what the bounded sweep prunes on
 
 
 @pytest.mark.parametrize("case", CHECK_PLANS, ids=lambda c: c.name)
@@ -89,9 +93,11 @@ def test_the_oracle_equals_the_engine_under_the_executor_profile(case):
             profile=profile,
         )
     )
-    est = oracle_estimate(ev.inputs(plan))
+    x = ev.inputs(plan)
+    est = oracle_estimate(x)
     res = simulate(model, cl, plan, calibration=calib, options=EXECUTOR_OPTIONS, profile=profile)
     assert est.iter_time_s == pytest.approx(res.iter_time_s, rel=REL)
+    assert lower_bound(x) <= res.iter_time_s * (1 + 1e-12)
 
 
 def test_the_executor_profile_is_never_read_by_default():

@@ -8,14 +8,14 @@ from .pairs import OVERLAPPED, rank_savings
 from .terms import Inputs, cached, fsdp_seconds, host_wait, optimizer_time, sp_sync_time
 
 
-def _last_reduction(x: Inputs, prank: int, stage: int) -> float:
-    """Seconds of the stage's last gradient reduction, which no schedule starts before the end of
-    the stage's last backward (its last bucket, or the whole reduction when not overlapped)."""
+def _reduction(x: Inputs, prank: int, stage: int) -> tuple[float, float]:
+    """Seconds of the stage's last gradient bucket and of all its buckets, one after the other on
+    the rank's DP stream (`iteration.grad_buckets`; (0, 0) when nothing is reduced)."""
     p = x.plan
     if not p.reduces_gradients or x.fsdp:
-        return 0.0
+        return 0.0, 0.0
     key = (
-        "last-reduction",
+        "reduction",
         p.tp,
         p.cp,
         p.pp,
@@ -30,11 +30,22 @@ def _last_reduction(x: Inputs, prank: int, stage: int) -> float:
         prank,
     )
 
-    def timed() -> float:
-        comms = it.grad_buckets(p, x.work[stage], x.dp_groups[prank], x.profile, x.options, x.edp(prank))
-        return x.time(it.last_bucket(comms), prank)
+    def comms() -> list:
+        return it.grad_buckets(p, x.work[stage], x.dp_groups[prank], x.profile, x.options, x.edp(prank))
 
-    return cached(x, key, timed)
+    last = cached(x, (*key, "last"), lambda: x.time(it.last_bucket(comms()), prank))
+    total = cached(x, (*key, "all"), lambda: sum(x.time(c, prank) for c in comms()))
+    return last, total
+
+
+def _after_last_backward(x: Inputs, prank: int, stage: int, longest: float) -> float:
+    """Seconds the stage's gradient reduction runs past the end of its last backward, at least:
+    its last bucket, released at that end; and, when the buckets are released during that pass
+    (at most ``longest`` long), all of them less the pass; when they are released at its end, all
+    of them. The pass may be followed on the rank's walk by posting its sends, which overlap."""
+    last, total = _reduction(x, prank, stage)
+    past = max(last, total - longest) if x.options.overlap_grad_reduce else total
+    return max(0.0, past - x.posts[stage] * x.post)
 
 
 def lower_bound(x: Inputs, backend: str = "analytical") -> float:
@@ -107,9 +118,12 @@ def lower_bound(x: Inputs, backend: str = "analytical") -> float:
         + end[r]
         for r, st in enumerate(x.ranks)
     ]
-    # the stage's last gradient bucket is released at the end of its last backward and reduced
-    # before the step (timed as the engine times it on the analytical network only)
-    red = [[_last_reduction(x, r, s) if sync else 0.0 for s in st] for r, st in enumerate(x.ranks)]
+    # the stage's gradients are reduced before the step, their last bucket released at the end of
+    # its last backward (timed as the engine times them on the analytical network only); that pass
+    # is a B (or a W, shorter) or, in an overlapped pair, at most the pair of it and a forward; a
+    # rank's walk ends with one of its stages' last backward, which one the min leaves open
+    pair = max(fwd) if p.schedule in OVERLAPPED else 0.0
+    red = [[_after_last_backward(x, r, s, back[s] + pair) if sync else 0.0 for s in st] for r, st in enumerate(x.ranks)]
     walks = [t + min(red[r]) for r, t in enumerate(walks)]
     first = next(r for r, st in enumerate(x.ranks) if 0 in st)
     end[first] += red[first][x.ranks[first].index(0)]
