@@ -39,7 +39,7 @@ def bench(name: str, workers: int) -> None:
         t0 = time.perf_counter()
         res = run_sweep(setup, Path(tmp), SweepOptions(workers=workers))
         t1 = time.perf_counter()
-        write_plan_dirs(setup, res.rows, res.out, 3)
+        write_plan_dirs(setup, res.rows, res.out, 3, workers=workers)  # as `simpar sweep` writes them
         write_report(res.out, res.rows, res.manifest)
         t2 = time.perf_counter()
     c, ph = res.counts, res.timings
