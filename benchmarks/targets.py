@@ -40,7 +40,20 @@ SIMULATE = ["simulate", *GPT3, "--tp", "8", "--pp", "8", "--schedule", "1f1b"]
 DEEPSEEK = ["--model", "deepseek-v3", "--cluster", "dgx-h100", "--layer-split", "balanced"]
 DEEPSEEK_SIMULATE = ["simulate", *DEEPSEEK, "--gpus", "2048", "--gbs", "15360", "--pp", "16", "--ep", "64"]
 #: the committed reports/sweep-deepseek-v3-1024xH100 (its sweep.json holds the same command)
-DEEPSEEK_SWEEP = ["sweep", *DEEPSEEK, "--gpus", "1024", "--gbs", "8192", "--zero", "1,2", "--mbs", "1,2"]
+DEEPSEEK_SWEEP = [
+    "sweep",
+    *DEEPSEEK,
+    "--gpus",
+    "1024",
+    "--gbs",
+    "8192",
+    "--zero",
+    "1,2",
+    "--mbs",
+    "1,2",
+    "--sequence-parallel",
+    "on",
+]
 DEEPSEEK_SWEEP += ["--sequence-parallel", "on"]
 
 #: name -> (target, unit, description)
