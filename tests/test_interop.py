@@ -193,10 +193,10 @@ def test_torchtitan_layer_split_weights_the_embedding_and_the_output():
     assert torchtitan_layer_split(1, 32) == (32,)
 
 
-def _top20(tmp_path: Path, model: ModelSpec, cluster, gbs: int, space: SearchSpace) -> list[ParallelPlan]:
+def _top20(tmp_path: Path, model: ModelSpec, cluster, gbs: int, space: SearchSpace, n: int = 20) -> list[ParallelPlan]:
     out = sweep(model, cluster, gbs, tmp_path / "sweep", space=space, options=SweepOptions(simulate=1, workers=1))
-    rows = ranked(out.rows)[:20]
-    assert len(rows) == 20
+    rows = ranked(out.rows)[:n]
+    assert len(rows) == n
     return [make_plan(Config.from_row(r), model, cluster, gbs, space) for r in rows]
 
 
@@ -212,7 +212,8 @@ def test_megatron_round_trip_of_a_sweeps_top_20(tmp_path):
         assert back == plan, plan.describe()
 
 
-def test_deepspeed_round_trip_of_a_sweeps_top_20(tmp_path):
+def test_deepspeed_round_trip_of_a_sweeps_top_40(tmp_path):
+    """The best 40: the offloaded plans of this space rank from 23rd on (the CPU step costs time)."""
     model, cluster = load_model("llama3-8b"), load_cluster("dgx-a100-40g", gpus=8)
     space = SearchSpace(
         schedules=("none", "1f1b"),
@@ -222,7 +223,7 @@ def test_deepspeed_round_trip_of_a_sweeps_top_20(tmp_path):
         offload=("none", "optimizer:1"),
         max_cp=1,
     )
-    plans = _top20(tmp_path, model, cluster, 32, space)
+    plans = _top20(tmp_path, model, cluster, 32, space, n=40)
     assert {p.offload_optimizer for p in plans} == {0.0, 1.0} and len({p.zero for p in plans}) >= 2
     for plan in plans:
         cfg, line = deepspeed_recipe(plan, 8, 8)
