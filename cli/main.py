@@ -37,20 +37,14 @@ COMMANDS: dict[str, str] = {
 }
 
 
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("simpar")
-    except PackageNotFoundError:  # running from a source tree without install
-        return "0+unknown"
-
-
 def _show_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
-    """``--version``, as click's version_option prints it; the installed version is looked up only here."""
+    """``--version``, as click's version_option prints it: ``simpar.__version__``, which the package
+    metadata is built from (pyproject.toml reads it), so no metadata lookup at start-up."""
     if not value or ctx.resilient_parsing:
         return
-    click.echo(f"simpar, version {_version()}", color=ctx.color)
+    from simpar import __version__
+
+    click.echo(f"simpar, version {__version__}", color=ctx.color)
     ctx.exit()
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import platform
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import torch
@@ -21,11 +20,9 @@ def cuda_devices() -> tuple[int, str | None]:
 
 
 def software_versions() -> dict[str, str]:
-    try:
-        simpar = version("simpar")
-    except PackageNotFoundError:
-        simpar = "0+unknown"
-    return {"torch": torch.__version__, "python": platform.python_version(), "simpar": simpar}
+    from simpar import __version__
+
+    return {"torch": torch.__version__, "python": platform.python_version(), "simpar": __version__}
 
 
 def device_info(cfg: BenchConfig) -> dict:

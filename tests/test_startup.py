@@ -122,8 +122,14 @@ def test_every_command_help_works(runner, name):
 
 
 def test_version(runner):
+    """The version is written once (``simpar.__version__``); the installed metadata is built from it."""
+    from importlib.metadata import version
+
+    import simpar
+
     res = runner.invoke(cli, ["--version"])
-    assert res.exit_code == 0 and res.output.startswith("simpar, version ")
+    assert res.exit_code == 0 and res.output == f"simpar, version {simpar.__version__}\n"
+    assert version("simpar") == simpar.__version__
 
 
 def test_unknown_command_is_one_error_line(runner):
