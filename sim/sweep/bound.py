@@ -55,10 +55,10 @@ def lower_bound(x: Inputs, backend: str = "analytical") -> float:
     Only durations the engine waits out in sequence on one GPU's walk enter (compute with its
     exposed TP/CP communication, recompute, posting pipeline transfers, the sequence-parallel
     sync and the optimizer step); every wait and every collective the network times is taken as
-    0, but, on the analytical network, the stage's last gradient reduction, FSDP's per-layer
-    gathers and reduce-scatters (each pass's, with pp = 1) and the offloaded optimizer's host path
-    beyond the GPU's step. These chains each give
-    a bound (the largest is returned):
+    0, but, on the analytical network, a stage's gradient reduction after its last backward,
+    FSDP's per-layer gathers and reduce-scatters (each pass's, with pp = 1) and the offloaded
+    optimizer's host path beyond the GPU's step. These chains each give a bound (the largest is
+    returned):
 
     - a pipeline rank's walk: its first forward needs the activations of micro-batch 0 from
       every earlier stage (their forwards, one after another), then it runs all its work;
