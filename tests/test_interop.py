@@ -193,7 +193,7 @@ def test_torchtitan_layer_split_weights_the_embedding_and_the_output():
     assert torchtitan_layer_split(1, 32) == (32,)
 
 
-def _top20(tmp_path: Path, model: ModelSpec, cluster, gbs: int, space: SearchSpace, n: int = 20) -> list[ParallelPlan]:
+def _top(tmp_path: Path, model: ModelSpec, cluster, gbs: int, space: SearchSpace, n: int = 20) -> list[ParallelPlan]:
     out = sweep(model, cluster, gbs, tmp_path / "sweep", space=space, options=SweepOptions(simulate=1, workers=1))
     rows = ranked(out.rows)[:n]
     assert len(rows) == n
@@ -203,7 +203,7 @@ def _top20(tmp_path: Path, model: ModelSpec, cluster, gbs: int, space: SearchSpa
 def test_megatron_round_trip_of_a_sweeps_top_20(tmp_path):
     model, cluster = load_model("gpt-7.5b"), load_cluster("dgx-a100-80g", gpus=16)
     space = SearchSpace(schedules=("none", "1f1b", "interleaved-1f1b"), zero=(0, 1, 2, 3), mbs=(1, 2))
-    plans = _top20(tmp_path, model, cluster, 64, space)
+    plans = _top(tmp_path, model, cluster, 64, space)
     assert {p.schedule for p in plans} >= {"none", "interleaved-1f1b"} and len({p.zero for p in plans}) >= 3
     for plan in plans:
         imp = read_megatron(megatron_launch(plan, model, 16, 8))
@@ -223,7 +223,7 @@ def test_deepspeed_round_trip_of_a_sweeps_top_40(tmp_path):
         offload=("none", "optimizer:1"),
         max_cp=1,
     )
-    plans = _top20(tmp_path, model, cluster, 32, space, n=40)
+    plans = _top(tmp_path, model, cluster, 32, space, n=40)
     assert {p.offload_optimizer for p in plans} == {0.0, 1.0} and len({p.zero for p in plans}) >= 2
     for plan in plans:
         cfg, line = deepspeed_recipe(plan, 8, 8)
@@ -236,7 +236,7 @@ def test_deepspeed_round_trip_of_a_sweeps_top_40(tmp_path):
 def test_torchtitan_round_trip_of_a_sweeps_top_20(tmp_path):
     model, cluster = load_model("llama3-8b"), load_cluster("dgx-h100", gpus=8)
     space = SearchSpace(schedules=("none",), zero=(0, 2, 3), mbs=(1, 2), stack="torchtitan", max_cp=1)
-    plans = [p for p in _top20(tmp_path, model, cluster, 32, space) if p.sequence_parallel == (p.tp > 1)]
+    plans = [p for p in _top(tmp_path, model, cluster, 32, space) if p.sequence_parallel == (p.tp > 1)]
     assert len(plans) >= 10  # the others try TP without sequence sharding, which torchtitan does not run
     assert {p.zero for p in plans} == {0, 2, 3} or len({p.zero for p in plans}) >= 2
     for plan in plans:

@@ -52,7 +52,7 @@ def test_the_savings_are_the_engines(schedule: str) -> None:
     res = simulate(MODEL, CLUSTER, plan)
     layout = RankLayout(plan)
     counts = overlapped_pairs(build_schedule(schedule, plan.pp, plan.vpp, plan.num_microbatches))
-    for r, (saved, hidden) in enumerate(rank_savings(x)):
+    for r, (saved, hidden, _) in enumerate(rank_savings(x)):
         rank = layout.rank(pp=r)
         ran = sum(e.duration for e in res.events if e.rank == rank and e.kind == "OVERLAP_F_B")
         alone = sum(n * (x.dur(x.work[fs], "F") + x.dur(x.work[bs], kind.value)) for (fs, bs, kind), n in counts[r])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..engine import iteration as it
 from .pairs import OVERLAPPED, rank_savings
-from .terms import Inputs, cached, fsdp_seconds, host_wait, optimizer_time, sp_sync_time
+from .terms import Inputs, fsdp_seconds, host_wait, optimizer_time, sp_sync_time
 
 
 def _reduction(x: Inputs, prank: int, stage: int) -> tuple[float, float]:
@@ -29,13 +29,11 @@ def _reduction(x: Inputs, prank: int, stage: int) -> tuple[float, float]:
         x.edp(prank),
         prank,
     )
-
-    def comms() -> list:
-        return it.grad_buckets(p, x.work[stage], x.dp_groups[prank], x.profile, x.options, x.edp(prank))
-
-    last = cached(x, (*key, "last"), lambda: x.time(it.last_bucket(comms()), prank))
-    total = cached(x, (*key, "all"), lambda: sum(x.time(c, prank) for c in comms()))
-    return last, total
+    hit = x.cache.get(key)
+    if hit is None:
+        comms = it.grad_buckets(p, x.work[stage], x.dp_groups[prank], x.profile, x.options, x.edp(prank))
+        hit = x.cache[key] = (x.time(it.last_bucket(comms), prank), sum(x.time(c, prank) for c in comms))
+    return hit
 
 
 def _after_last_backward(x: Inputs, prank: int, stage: int, longest: float) -> float:
@@ -110,7 +108,7 @@ def lower_bound(x: Inputs, backend: str = "analytical") -> float:
 
     # a rank's walk runs all its passes; its overlapped pairs save exactly `rank_savings` (each
     # pair lasts `overlap_seconds` on either backend), so the walk counts the pairs as they run
-    saves = [sv for sv, _ in rank_savings(x)]
+    saves = [sv.saved for sv in rank_savings(x)]
     walks = [
         min(ahead(s, fwd) for s in st)
         + sum(m * (fwd[s] + rec[s] + back[s] + x.posts[s] * x.post) for s in st)

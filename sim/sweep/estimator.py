@@ -10,7 +10,7 @@ network) and add the same data-parallel, ZeRO and optimizer terms the engine cha
   §2.2), and the zero-bubble paper's (p - 1)(T_F + T_B - T_W) for ZB-H1 and (p - 1)(T_F + T_B -
   2 T_W) for ZB-H2 (Qi et al. 2024, §2; their B is our I), ZB-1p/2p/V likewise; DualPipe and
   DualPipe-V's (PP/2 - 1)(F&B + B - 3W) (DeepSeek-V3 report Table 2; F&B is F + B less what a
-  pair saves on average, `pairs.mean_saving`, and a rank's work per micro-batch is less what its
+  pair saves on average over `pairs.rank_savings`, and a rank's work per micro-batch is less what its
   pairs save over the iteration, `pairs.rank_savings`, over m) and Chimera's (D/2 - 1)(F + B)
   (Li & Hoefler 2021 Table 2: D - 2 at F = B). With two pipelines (Chimera, DualPipe) each stage
   runs m / 2 micro-batches, so the periods are m / 2 of the rank's two-chunk work;
@@ -42,7 +42,7 @@ from ..engine import iteration as it
 from ..schedules import ALL_FORWARDS_FIRST, StageCosts, list_schedule, lower
 from ..schedules.ir import Kind, Pair
 from ..schedules.memo import lowered_schedule
-from .pairs import OVERLAPPED, mean_saving, pair_effect, rank_savings
+from .pairs import OVERLAPPED, pair_effect, rank_savings
 from .terms import Estimate, Inputs, RankTimes, finish, fsdp_seconds
 
 #: Weight-gradient passes that fill each rank's warm-up gap: ZB-H1 (p - 1)(T_F + T_B - T_W),
@@ -51,9 +51,10 @@ from .terms import Estimate, Inputs, RankTimes, finish, fsdp_seconds
 _ZB_WEIGHT = {"zb-h1": 1.0, "zb-1p": 1.0, "zb-h2": 2.0, "zb-2p": 2.0, "zb-v": 2.0, "interleaved-zb": 1.0}
 
 
-def _fill(x: Inputs, period: float) -> float:
+def _fill(x: Inputs, period: float, pair_saving: float) -> float:
     """The schedule's fill and drain beyond (m - 1) periods of the busiest rank (module doc);
-    ``period``: the busiest rank's work per micro-batch."""
+    ``period``: the busiest rank's work per micro-batch; ``pair_saving``: what an overlapped pair
+    saves on average (0 without pairs)."""
     p = x.plan
     f, i, w = x.seconds
     pr, c = len(x.ranks), x.p2p
@@ -63,7 +64,7 @@ def _fill(x: Inputs, period: float) -> float:
     mf, mi, mw = sum(f) / n, sum(i) / n, sum(w) / n  # one stage (chunk) on average
     comm = 2 * (pr - 1) * (c + x.post)
     if p.schedule in OVERLAPPED:  # F&B + B - 3W, F&B: a pair (F + B less its saving)
-        bubble = max(0.0, mf + 2 * (mi + mw) - mean_saving(x) - 3 * mw)
+        bubble = max(0.0, mf + 2 * (mi + mw) - pair_saving - 3 * mw)
         # dualpipe-v: PP = 2 pr stages of one chunk each; dualpipe: PP = pr stages per pipeline
         return period + (pr - 1 if p.schedule == "dualpipe-v" else pr / 2 - 1) * bubble + comm
     if p.schedule == "chimera":
@@ -94,9 +95,11 @@ def quick_estimate(x: Inputs) -> Estimate:
     chain = (periods - 1) * f[0] + sum(f[s] for s in one) + sum(i[s] for s in one) + 2 * (pr - 1) * c + w[0]
     # a rank's work per micro-batch, less what its overlapped F&B pairs save (spread over the m)
     saves = rank_savings(x)
-    work = [wr - sv / m for wr, (sv, _) in zip(x.rank_work, saves)]
+    work = [wr - sv.saved / m for wr, sv in zip(x.rank_work, saves)]
+    pairs = sum(sv.pairs for sv in saves)
+    pair_saving = sum(sv.saved for sv in saves) / pairs if pairs else 0.0
     t_pipe = max(
-        (periods - 1) * max(work) + _fill(x, max(work)),
+        (periods - 1) * max(work) + _fill(x, max(work), pair_saving),
         max(a + periods * wr for a, wr in zip(arrive, work)),
         chain,
     )
@@ -109,7 +112,7 @@ def quick_estimate(x: Inputs) -> Estimate:
             d = w[s] if p.split_backward else i[s] + w[s]
             t0 = end - d - k * pr * (i[s] + w[s])
             lb[s] = (t0, d, t0 + d)
-        rts.append(RankTimes(arrive[len(rts)], end, lb, saves[len(rts)][1]))
+        rts.append(RankTimes(arrive[len(rts)], end, lb, saves[len(rts)].hidden))
         drain += i[stages[0]] + c
     if it.reduces_every_microbatch(p):  # ZeRO-2 (pp = 1): every backward releases its buckets
         rts = [replace(rts[0], every_bwd=_every_backward(x, rts[0].end, m))]

@@ -7,6 +7,7 @@ lowering keeps every pair, so these are the engine's pairs)."""
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import NamedTuple
 
 from ..schedules import build_schedule
 from ..schedules.analysis import overlapped_pairs
@@ -37,12 +38,19 @@ def _counts(schedule: str, pp: int, vpp: int, m: int):
     return overlapped_pairs(build_schedule(schedule, pp, vpp, m))
 
 
-def rank_savings(x: Inputs) -> list[tuple[float, tuple[float, float, float]]]:
-    """Per pipeline rank, what all its pairs save over the iteration, and the communication they
-    hide (`pair_effect`, summed over the rank's pairs); zeros for a schedule without pairs."""
+class RankSaving(NamedTuple):
+    """What one pipeline rank's overlapped pairs save over the iteration (`pair_effect`, summed)."""
+
+    saved: float  # seconds
+    hidden: tuple[float, float, float]  # of which (TP/CP, all-to-all, activation offload) communication
+    pairs: int  # how many pairs the rank runs
+
+
+def rank_savings(x: Inputs) -> list[RankSaving]:
+    """Per pipeline rank, what its pairs save and hide; zeros for a schedule without pairs."""
     p = x.plan
     if p.schedule not in OVERLAPPED:
-        return [(0.0, (0.0, 0.0, 0.0))] * len(x.ranks)
+        return [RankSaving(0.0, (0.0, 0.0, 0.0), 0)] * len(x.ranks)
     out = []
     for counts in _counts(p.schedule, p.pp, p.vpp, p.num_microbatches):
         saved, hidden = 0.0, [0.0, 0.0, 0.0]
@@ -51,19 +59,5 @@ def rank_savings(x: Inputs) -> list[tuple[float, tuple[float, float, float]]]:
             saved += n * s
             for j in range(3):
                 hidden[j] += n * h[j]
-        out.append((saved, (hidden[0], hidden[1], hidden[2])))
+        out.append(RankSaving(saved, (hidden[0], hidden[1], hidden[2]), sum(n for _, n in counts)))
     return out
-
-
-def mean_saving(x: Inputs) -> float:
-    """What one overlapped pair saves, on average over the iteration's pairs (0 without pairs):
-    F&B = F + B - this, in DualPipe's bubble (DeepSeek-V3 report Table 2)."""
-    p = x.plan
-    if p.schedule not in OVERLAPPED:
-        return 0.0
-    saved, count = 0.0, 0
-    for counts in _counts(p.schedule, p.pp, p.vpp, p.num_microbatches):
-        for (fs, bs, kind), n in counts:
-            saved += n * pair_effect(x, fs, bs, kind)[0]
-            count += n
-    return saved / count if count else 0.0

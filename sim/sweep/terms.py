@@ -202,7 +202,7 @@ def _zero_end(x: Inputs, prank: int) -> float:
     return 0.0
 
 
-def cached(x: Inputs, key: tuple, fn) -> float:
+def _cached(x: Inputs, key: tuple, fn) -> float:
     t = x.cache.get(key)
     if t is None:
         t = x.cache[key] = fn()
@@ -227,7 +227,7 @@ def optimizer_time(x: Inputs, prank: int) -> float:
         x.profile.name,
         prank,
     )
-    step = cached(x, key, lambda: it.optimizer_seconds(x.model, p, list(x.ranks[prank]), x.costs, x.profile))
+    step = _cached(x, key, lambda: it.optimizer_seconds(x.model, p, list(x.ranks[prank]), x.costs, x.profile))
     return step * (1.0 - p.offload_optimizer)
 
 
@@ -240,7 +240,7 @@ def host_wait(x: Inputs, prank: int) -> float:
         host = it.host_step(x.model, x.plan, list(x.ranks[prank]), x.net.cluster)
         return 0.0 if host is None else host.seconds(x.net, RankLayout(x.plan).rank(pp=prank))
 
-    return max(0.0, cached(x, ("host", x.plan, prank), path) - optimizer_time(x, prank))
+    return max(0.0, _cached(x, ("host", x.plan, prank), path) - optimizer_time(x, prank))
 
 
 def sp_sync_time(x: Inputs, prank: int) -> float:
@@ -269,7 +269,7 @@ def sp_sync_time(x: Inputs, prank: int) -> float:
         group = layout.group(layout.rank(pp=prank), "tp")
         return x.time(it.sp_grad_sync(x.model, p, list(x.ranks[prank]), group, x.profile), prank)
 
-    return cached(x, key, timed)
+    return _cached(x, key, timed)
 
 
 def _tied_embedding(x: Inputs) -> tuple[tuple[int, int] | None, float]:
