@@ -17,7 +17,7 @@ from simpar.sim.specs import load_cluster, load_model
 from simpar.sim.specs.model import ModelSpec
 from simpar.sim.sweep.space import SearchSpace
 from simpar.sim.validation.published import read_rows, row_setup
-from tests.test_interop import _top20
+from tests.test_interop import _top
 
 
 def _same_model(got: dict, want: ModelSpec) -> None:
@@ -105,7 +105,7 @@ def test_the_embedding_and_loss_counted_as_layers(layers, pp, vpp):
 def test_megatron_round_trip_of_a_moe_sweeps_top_20(tmp_path):
     model, cluster = load_model("tiny-moe"), load_cluster("dgx-a100-80g", gpus=16)
     space = SearchSpace(schedules=("none", "1f1b", "interleaved-1f1b"), zero=(0, 1), mbs=(1, 2), ep=(1, 2, 4, 8))
-    plans = _top20(tmp_path, model, cluster, 64, space)
+    plans = _top(tmp_path, model, cluster, 64, space)
     assert len({p.ep for p in plans}) >= 2
     for plan in plans:
         imp = read_megatron(megatron_launch(plan, model, 16, 8))
