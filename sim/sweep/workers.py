@@ -103,10 +103,16 @@ class Pool:
             for p in procs:
                 with contextlib.suppress(Exception):
                     p.kill()  # SIGKILL: a worker holds nothing that needs cleaning up
+        manager = getattr(self.ex, "_executor_manager_thread", None)
         self.ex.shutdown(wait=not cancel, cancel_futures=cancel)
         for p in procs if cancel else ():
             with contextlib.suppress(Exception):
                 p.join(timeout=1.0)
+        if cancel and manager is not None:
+            # Python < 3.12 races at exit: its exit hook wakes the pool's thread through a pipe that
+            # thread may be closing right then ("Bad file descriptor"). Once the thread has ended,
+            # the pipe is closed and the hook skips it.
+            manager.join(timeout=1.0)
         self.ex = None
 
 
