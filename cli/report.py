@@ -24,9 +24,9 @@ def report(directory: str, top: int, why_filter, as_json: bool) -> None:
     """Rebuild a sweep's report from DIRECTORY/results.csv and DIRECTORY/sweep.json."""
     from simpar.sim import files
     from simpar.sim.sweep.explain import explain, why
+    from simpar.sim.sweep.filters import parse_filter
     from simpar.sim.sweep.manifest import read_sweep
     from simpar.sim.sweep.report import write_report
-    from simpar.sim.sweep.space import parse_filter
 
     if why_filter:
         parse_filter(why_filter)  # a typo is reported before anything is read

@@ -418,9 +418,9 @@ def sweep(**kw) -> None:
     from simpar.sim.specs import load_cluster, load_model
     from simpar.sim.sweep import limits, lock
     from simpar.sim.sweep.evaluate import SweepSetup
+    from simpar.sim.sweep.filters import parse_filter
     from simpar.sim.sweep.interrupt import Interrupted, handle_signals
     from simpar.sim.sweep.run import SweepOptions, run_sweep
-    from simpar.sim.sweep.space import parse_filter
 
     t0 = _started()
     kw, built = apply_sweep_import(kw)

@@ -19,9 +19,10 @@ from simpar.sim.plan_check import check_plan
 from simpar.sim.specs import load_cluster, load_model
 from simpar.sim.specs.model import ModelSpec
 from simpar.sim.sweep.api import sweep
+from simpar.sim.sweep.config_plan import make_plan
 from simpar.sim.sweep.report import ranked
 from simpar.sim.sweep.run import SweepOptions
-from simpar.sim.sweep.space import Config, SearchSpace, make_plan
+from simpar.sim.sweep.space import Config, SearchSpace
 
 # GPT-3 175B as the Megatron-LM SC'21 scripts launch it (Narayanan et al. 2021, Table 1 row 175B)
 GPT3 = r"""

@@ -225,7 +225,8 @@ def test_cli_overlap_on_a_plain_pipeline_is_exit_2_naming_the_field():
 
 # --- the sweep ----------------------------------------------------------------------------------
 def test_the_sweep_searches_dispatchers_and_overlap_where_megatron_core_allows_it():
-    from simpar.sim.sweep.space import SearchSpace, checked_plan, count_configs, enumerate_configs
+    from simpar.sim.sweep.config_plan import checked_plan
+    from simpar.sim.sweep.space import SearchSpace, count_configs, enumerate_configs
 
     space = SearchSpace(
         schedules=("none", "1f1b", "interleaved-1f1b"),

@@ -20,7 +20,8 @@ from simpar.sim.network.contention import ContentionNetwork
 from simpar.sim.plan import ParallelPlan
 from simpar.sim.plan_check import check_plan
 from simpar.sim.specs import load_cluster, load_model
-from simpar.sim.sweep.space import SearchSpace, enumerate_configs, make_plan
+from simpar.sim.sweep.config_plan import make_plan
+from simpar.sim.sweep.space import SearchSpace, enumerate_configs
 from simpar.sim.units import GiB
 
 A100 = load_cluster("dgx-a100-40g")

@@ -12,8 +12,9 @@ from simpar.sim.cost.memory import memory_report, schedule_memory_report
 from simpar.sim.plan import ParallelPlan
 from simpar.sim.schedules import build_schedule, peak_activation_units, peak_inflight
 from simpar.sim.specs import load_cluster, load_model
+from simpar.sim.sweep.config_plan import checked_plan
 from simpar.sim.sweep.memory_screen import MemoryScreen
-from simpar.sim.sweep.space import SearchSpace, checked_plan, enumerate_configs
+from simpar.sim.sweep.space import SearchSpace, enumerate_configs
 
 SCHEDS = [
     ("1f1b", 1),

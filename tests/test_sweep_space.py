@@ -7,16 +7,9 @@ import pytest
 from simpar.sim.errors import SimparError
 from simpar.sim.plan import SCHEDULES
 from simpar.sim.specs import load_cluster, load_model
-from simpar.sim.sweep.space import (
-    Config,
-    SearchSpace,
-    checked_plan,
-    default_max_cp,
-    empty_space_reason,
-    enumerate_configs,
-    matches,
-    parse_filter,
-)
+from simpar.sim.sweep.config_plan import checked_plan
+from simpar.sim.sweep.filters import matches, parse_filter
+from simpar.sim.sweep.space import Config, SearchSpace, default_max_cp, empty_space_reason, enumerate_configs
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,8 @@ from simpar.sim.errors import PlanError
 from simpar.sim.plan import ParallelPlan
 from simpar.sim.plan_check import check_plan
 from simpar.sim.specs import load_cluster, load_model
-from simpar.sim.sweep.space import Config, SearchSpace, checked_plan
+from simpar.sim.sweep.config_plan import checked_plan
+from simpar.sim.sweep.space import Config, SearchSpace
 
 GPT = load_model("gpt-7.5b")
 CLUSTER = load_cluster("dgx-a100-80g", gpus=16)

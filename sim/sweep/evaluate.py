@@ -25,9 +25,10 @@ from ..specs import ClusterSpec, ModelSpec
 from ..specs.calibration import Calibration
 from ..units import GiB
 from .bound import lower_bound
+from .config_plan import checked_plan
 from .estimator import oracle_estimate, quick_estimate
 from .memory_screen import MemoryScreen
-from .space import Config, SearchSpace, checked_plan
+from .space import Config, SearchSpace
 from .store import as_text
 from .terms import Estimate, Inputs, dp_groups, edp_groups
 

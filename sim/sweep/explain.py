@@ -5,7 +5,8 @@
 from __future__ import annotations
 
 from ..engine.results import BREAKDOWN_KEYS
-from .space import Config, matches, parse_filter
+from .filters import matches, parse_filter
+from .space import Config
 from .store import num
 
 WORDS = {

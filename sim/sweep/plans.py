@@ -20,8 +20,9 @@ from ..plot.timeline import plot_timeline
 from ..procs import fork_map
 from ..schedules import write_csv
 from ..specs.planfile import write_plan_file
+from .config_plan import checked_plan
 from .evaluate import SweepSetup
-from .space import Config, checked_plan
+from .space import Config
 
 PLAN_DIR = "plans"
 FILES = ("plan.json", "schedule.csv", "trace.json", "timeline.png")

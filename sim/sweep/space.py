@@ -25,7 +25,8 @@ name are left out by construction, never reported:
   interleaved schedule, no full recompute, at most one MTP layer).
 
 Everything else (layers per stage, the global batch per dp x mbs, heads per tp, ...) is checked by
-`check_plan`, and a configuration that breaks a rule is kept with the rule as its reason.
+`check_plan` when a configuration becomes a plan (`config_plan.checked_plan`), and a configuration that
+breaks a rule is kept with the rule as its reason.
 """
 
 from __future__ import annotations
@@ -33,18 +34,17 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, fields
 from math import isqrt
-from typing import Any
 
-from ..choices import BIDIRECTIONAL, SWEEP_SCHEDULES, V_SHAPED
+from ..choices import SWEEP_SCHEDULES, V_SHAPED
 from ..cost.offload import offload_fields
-from ..errors import PlanError, SimparError
-from ..plan import RECOMPUTE, SCHEDULES, ParallelPlan, balanced_layer_split
-from ..plan_check import check_plan
+from ..plan import RECOMPUTE, SCHEDULES
 from ..specs import ClusterSpec, ModelSpec
 
 PIPELINE_SCHEDULES = tuple(s for s in SCHEDULES if s != "none")
 #: Default lower bound on sequence tokens per GPU when choosing the largest cp to search.
 CP_MIN_TOKENS = 4096
+#: how a yes/no field is written in a results row or a filter
+TRUE_WORDS, FALSE_WORDS = frozenset({"1", "true", "on", "yes"}), frozenset({"0", "false", "off", "no"})
 #: Config fields in CSV column order.
 CONFIG_FIELDS = (
     "tp",
@@ -204,11 +204,11 @@ class Config:
             str(row["schedule"]),
             int(row["zero"]),
             str(row["recompute"]),
-            str(row["sp"]).lower() in _TRUE,
+            str(row["sp"]).lower() in TRUE_WORDS,
             int(row.get("ep") or 1),
             int(row.get("etp") or 0),
             str(row.get("dispatch") or "alltoall"),
-            str(row.get("a2a_overlap", "")).lower() in _TRUE,
+            str(row.get("a2a_overlap", "")).lower() in TRUE_WORDS,
             str(row.get("optimizer") or "adamw"),
             int(row.get("rlayers") or 0),
             str(row.get("offload") or "none"),
@@ -391,88 +391,6 @@ def empty_space_reason(model: ModelSpec, cluster: ClusterSpec, num_gpus: int, sp
             f"divides {num_gpus} GPUs / (tp cp)"
         )
     return "no (tp, cp, pp) layout divides the GPU count"
-
-
-def layer_split_for(cfg: Config, model: ModelSpec, space: SearchSpace) -> tuple[int, ...] | None:
-    stages = cfg.pp * cfg.vpp // (2 if cfg.schedule in BIDIRECTIONAL else 1)  # model chunks
-    if space.layer_split == "balanced" and model.layers % stages and stages <= model.layers:
-        return balanced_layer_split(model.layers, stages)
-    return None
-
-
-def make_plan(cfg: Config, model: ModelSpec, cluster: ClusterSpec, gbs: int, space: SearchSpace) -> ParallelPlan:
-    """The ParallelPlan of a configuration (not yet checked)."""
-    data: dict[str, Any] = dict(
-        dp=cfg.dp,
-        tp=cfg.tp,
-        pp=cfg.pp,
-        cp=cfg.cp,
-        vpp=cfg.vpp,
-        micro_batch_size=cfg.mbs,
-        global_batch_size=gbs,
-        schedule=cfg.schedule,
-        zero=cfg.zero,
-        recompute=cfg.recompute,
-        sequence_parallel=cfg.sp,
-        precision=space.precision,
-        stack=space.stack,
-        layer_split=layer_split_for(cfg, model, space),
-        allow_tp_across_nodes=cfg.tp > cluster.gpus_per_node,
-        ep=cfg.ep,
-        etp=cfg.etp or None,
-        moe_dispatcher=cfg.dispatch,
-        moe_a2a_overlap=cfg.a2a_overlap,
-        optimizer=cfg.optimizer,
-        recompute_layers=cfg.rlayers or None,
-        recompute_method="block" if cfg.rlayers else "uniform",
-        **offload_fields(cfg.offload),
-    )
-    if space.fp8_recipe:  # else the stack's default
-        data["fp8_recipe"] = space.fp8_recipe
-    return ParallelPlan(**data)
-
-
-def checked_plan(
-    cfg: Config, model: ModelSpec, cluster: ClusterSpec, gbs: int, space: SearchSpace
-) -> tuple[ParallelPlan | None, str]:
-    """(plan, "") for a valid configuration, else (None, the rule it breaks)."""
-    plan = make_plan(cfg, model, cluster, gbs, space)
-    try:
-        check_plan(plan, model, cluster, cfg.tp * cfg.pp * cfg.dp * cfg.cp)
-    except PlanError as exc:
-        return None, f"does not divide: {exc.problem}"
-    return plan, ""
-
-
-# --- filters (--why) ---------------------------------------------------------------------
-_ALIASES = {"micro_batch_size": "mbs", "sequence_parallel": "sp", "seq_par": "sp"}
-_TRUE, _FALSE = {"1", "true", "on", "yes"}, {"0", "false", "off", "no"}
-
-
-def parse_filter(text: str) -> dict[str, str]:
-    """``"tp=4,pp=8,schedule=1f1b"`` -> {field: value}; raises SimparError on an unknown field."""
-    out: dict[str, str] = {}
-    for part in [p.strip() for p in text.split(",") if p.strip()]:
-        if "=" not in part:
-            raise SimparError("why", f"{part!r} is not field=value.", "write e.g. --why 'tp=4,pp=8'.")
-        k, v = (x.strip() for x in part.split("=", 1))
-        k = _ALIASES.get(k, k)
-        if k not in CONFIG_FIELDS:
-            raise SimparError("why", f"unknown field {k!r}.", f"use some of {', '.join(CONFIG_FIELDS)}.")
-        out[k] = v.lower()
-    return out
-
-
-def matches(values: dict[str, str], flt: dict[str, str]) -> bool:
-    """Whether a results row (strings) matches a parsed filter."""
-    for k, want in flt.items():
-        have = str(values.get(k, "")).lower()
-        if k == "sp":
-            want = "1" if want in _TRUE else "0" if want in _FALSE else want
-            have = "1" if have in _TRUE else "0" if have in _FALSE else have
-        if have != want:
-            return False
-    return True
 
 
 def iter_batches(items: list, size: int) -> Iterator[list]:
