@@ -14,6 +14,7 @@ from simpar.sim.errors import PlanError
 from simpar.sim.specs import GPUSpec, load_gpu
 from simpar.sim.specs.calibration import default_calibration
 from simpar.sim.topology.graph import Topology
+from simpar.sim.topology.summary import summary
 from simpar.sim.units import TFLOPS
 
 # name: (dense TFLOP/s fp32, tf32, bf16, fp8, fp4; hbm GiB; hbm GB/s; sms; W), as cited in the YAML
@@ -66,7 +67,7 @@ def test_dgx_b300_node() -> None:
     assert (n.nic_bw_Gbps, n.nics(8), n.pcie_generation, n.pcie_bw_GBps) == (800, 8, 6, 121)
     assert n.cpus(8) == 2
     assert c.scale_out.topology == "rail-optimized"
-    s = Topology(c.with_gpus(16)).summary()
+    s = summary(Topology(c.with_gpus(16)))
     assert s["links"]["nic"] == {"count": 16, "bw_GBps_per_direction": [100.0]}  # 800 Gb/s per GPU
     assert s["links"]["nvlink"] == {"count": 16, "bw_GBps_per_direction": [900.0]}  # 1.8 TB/s bidirectional
 
@@ -76,7 +77,7 @@ def test_gb300_rack_is_one_nvlink_domain_and_scales_by_racks() -> None:
     assert (c.gpus_per_node, c.gpu.name) == (72, "gb300")
     assert (c.node.nvlink_bw_GBps, c.node.nic_bw_Gbps, c.node.nvls) == (900, 800, True)
     assert c.node.nics(72) == 72 and c.node.cpus(72) == 36  # one ConnectX-8 per GPU, 2 GPUs per Grace
-    s = Topology(c).summary()
+    s = summary(Topology(c))
     assert s["graph_nodes"]["nvswitch"] == 1 and s["graph_nodes"]["gpu"] == 72
     assert s["links"]["nvlink"] == {"count": 72, "bw_GBps_per_direction": [900.0]}
     assert c.with_gpus(144).num_nodes == 2

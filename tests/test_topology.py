@@ -9,6 +9,7 @@ import pytest
 
 from simpar.sim.specs import ClusterSpec, load_cluster, preset_names
 from simpar.sim.topology.graph import Topology
+from simpar.sim.topology.summary import bisection_bandwidth, summary
 from simpar.sim.units import GB
 
 
@@ -39,7 +40,7 @@ def test_every_preset_builds_one_connected_graph(name):
 
 def test_dgx_a100_two_nodes_counts_and_rates():
     topo = small("dgx-a100-80g", 16)
-    s = topo.summary()
+    s = summary(topo)
     assert s["graph_nodes"] == {
         "gpu": 16,
         "nvswitch": 2,
@@ -162,14 +163,14 @@ def test_bisection_matches_a_max_flow_between_halves(cluster):
     for r in range(topo.num_gpus):
         first = topo.node_of(r) < half if half else r < topo.num_gpus // 2
         g.add_edge(*(("S", topo.gpu_name(r)) if first else (topo.gpu_name(r), "T")))
-    assert topo.bisection_bandwidth == pytest.approx(nx.maximum_flow_value(g, "S", "T"))
+    assert bisection_bandwidth(topo) == pytest.approx(nx.maximum_flow_value(g, "S", "T"))
 
 
 def test_oversubscription_cuts_the_bisection():
     full = Topology(custom(topology="fat-tree", nodes_per_leaf=2, oversubscription=1.0).with_gpus(64))
     over = Topology(custom(topology="fat-tree", nodes_per_leaf=2, oversubscription=4.0).with_gpus(64))
-    assert over.bisection_bandwidth == pytest.approx(full.bisection_bandwidth / 4)
-    assert full.bisection_bandwidth == pytest.approx(4 * 8 * 50 * GB)
+    assert bisection_bandwidth(over) == pytest.approx(bisection_bandwidth(full) / 4)
+    assert bisection_bandwidth(full) == pytest.approx(4 * 8 * 50 * GB)
 
 
 def test_partial_node_keeps_one_nic_per_gpu():
@@ -182,4 +183,4 @@ def test_a_512_gpu_rail_cluster_builds_quickly():
     """The 16,384-GPU figure is in benchmarks/bench_topology.py; this checks the same code path."""
     topo = small("dgx-h100", 512)
     assert topo.num_gpus == 512 and topo.route(0, 511).hw == "net"
-    assert topo.summary()["graph_nodes"]["leaf"] == 8 * 2  # 64 nodes, 32 per leaf, 8 rails
+    assert summary(topo)["graph_nodes"]["leaf"] == 8 * 2  # 64 nodes, 32 per leaf, 8 rails

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+from ..topology.summary import summary
 from ..units import GB
 from .base import Network, busbw_factor
 
@@ -50,10 +51,10 @@ def busbw(net: Network, op: str, ranks: Sequence[int], size: int) -> float:
 
 
 def topology_report(net: Network, size: int = 2**30) -> dict:
-    """`Topology.summary` plus the predicted busbw of all-reduce and all-gather at ``size`` bytes
+    """`topology.summary.summary` plus the predicted busbw of all-reduce and all-gather at ``size`` bytes
     over the first 8 GPUs of a node (fewer if the node or cluster is smaller) and over all GPUs."""
     topo = net.topology
-    out = topo.summary()
+    out = summary(topo)
     in_node = tuple(range(min(8, topo.gpus_per_node, topo.num_gpus)))
     everyone = tuple(range(topo.num_gpus))
     groups = {f"{len(in_node)} GPUs in a node": in_node, f"all {len(everyone)} GPUs": everyone}

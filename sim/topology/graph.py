@@ -390,62 +390,6 @@ class Topology:
         up, down = self._pieces[key]
         return up, down
 
-    # --- summaries -----------------------------------------------------------------------
-    @cached_property
-    def bisection_bandwidth(self) -> float:
-        """Line-rate bytes/s, per direction, across the cut between the first and second half of
-        the GPUs (single node) or of the nodes (several nodes; NIC- or spine-limited)."""
-        if self.num_gpus < 2:
-            return 0.0
-        if self.num_nodes == 1:
-            return self._max_flow_between_halves()
-        f, so = self.cluster.node, self.cluster.scale_out
-        half = self.num_nodes // 2
-        nic_bw = (f.nic_bw_Gbps or 0.0) * 1e9 / 8
-        nic_cap = half * f.nics(self.gpus_per_node) * nic_bw
-        groups = -(-self.num_nodes // so.nodes_per_leaf)
-        if groups < 2:
-            return nic_cap
-        group_up = so.nodes_per_leaf * f.nics(self.gpus_per_node) * nic_bw / so.oversubscription
-        return min(nic_cap, (groups // 2) * group_up)
-
-    def _max_flow_between_halves(self) -> float:
-        import networkx as nx
-
-        g = nx.DiGraph()
-        for u, v, d in self.graph.edges(data=True):
-            g.add_edge(u, v, capacity=d["bw"])
-        half = self.num_gpus // 2
-        for r in range(self.num_gpus):
-            end = ("SRC", self.gpu_name(r)) if r < half else (self.gpu_name(r), "DST")
-            g.add_edge(*end)  # no capacity attribute: unbounded
-        return float(nx.maximum_flow_value(g, "SRC", "DST"))
-
-    def summary(self) -> dict:
-        """Counts of graph nodes and links by kind, link rates, bisection (for `simpar topo`)."""
-        nodes = dict.fromkeys(NODE_KINDS, 0)
-        for attrs in self.nodes.values():
-            nodes[attrs["kind"]] += 1
-        links: dict[str, dict] = {}
-        for kind in LINK_KINDS:
-            ids = [i for i, k in enumerate(self.link_kind) if k == kind]
-            if ids:
-                rates = sorted({round(self.link_bw[i] / GB, 3) for i in ids})
-                links[kind] = {"count": len(ids) // 2, "bw_GBps_per_direction": rates}
-        c = self.cluster
-        return {
-            "cluster": c.name,
-            "gpu": c.gpu.name,
-            "gpus": self.num_gpus,
-            "nodes": self.num_nodes,
-            "gpus_per_node": self.gpus_per_node,
-            "intra_node": c.node.interconnect,
-            "scale_out": c.scale_out.topology if self.num_nodes > 1 else "none (single node)",
-            "graph_nodes": {k: v for k, v in nodes.items() if v},
-            "links": links,
-            "bisection_GBps": self.bisection_bandwidth / GB,
-        }
-
 
 #: The topologies built last, by what they are built from (the fabric mappings, the GPU count and
 #: the names): a sweep's simulations and both network backends reuse one. A Topology is not changed
