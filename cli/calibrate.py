@@ -248,8 +248,9 @@ def _calibrate(device, backend, nproc, gpu_name, cluster_name, quick, out: Path)
 
 def _measure(cfg, together: bool, layer_shapes: int) -> dict:
     """Every benchmark of the calibration, through the executor: the measurements document."""
+    from simpar.executor.commbench import run_comm
     from simpar.executor.devinfo import device_info
-    from simpar.executor.microbench import run_comm, run_compute
+    from simpar.executor.microbench import run_compute
 
     nproc = cfg.nproc
     with _progress(1 if together else 6 + layer_shapes + (1 if nproc > 1 else 0), "calibrating") as step:

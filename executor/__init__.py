@@ -7,7 +7,7 @@ expert-parallel all-to-alls), ``parallel`` (mesh, TP/SP, DDP/FSDP/ZeRO),
 ``torch_pipelining`` (the only place private torch APIs are used), ``measure`` (timings, memory),
 ``verify`` (single-process reference), ``checks`` (fail-fast validation, no torch), ``worker``
 (one rank), ``entry`` (torchrun entry point), ``launch`` (torchrun command, local spawning).
-``microbench`` and ``insitu`` (the benchmarks of ``simpar calibrate``), ``probe`` (device-speed
+``microbench``, ``commbench`` and ``insitu`` (the benchmarks of ``simpar calibrate``), ``probe`` (device-speed
 probe), ``timing`` (their shared timing helpers), ``devinfo`` (device and versions).
 See README.md.
 """

@@ -9,8 +9,8 @@ reports for an iteration (see ``microbench``'s module docstring).
 
 This module imports none of the executor's benchmark or runtime modules (only ``model``), so
 that their imports point one way: ``timing`` <- ``probe`` <- ``worker`` <- ``launch``, and
-``timing``, ``worker`` <- ``insitu``; ``microbench``, the top, imports ``timing``, ``probe``,
-``insitu`` and ``launch``. (``devinfo`` imports `BenchConfig` from here too.)
+``timing``, ``worker`` <- ``insitu``; ``microbench`` imports ``timing``; ``commbench``, the top,
+imports ``microbench``, ``timing``, ``insitu`` and ``launch``. (``devinfo`` imports `BenchConfig` from here too.)
 """
 
 from __future__ import annotations
