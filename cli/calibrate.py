@@ -106,6 +106,12 @@ def _progress(total: int, what: str) -> Iterator:
     "(standard error above 3 % of their mean)",
 )
 @click.option(
+    "--rescore",
+    is_flag=True,
+    help="--check: run nothing; simulate every plan anew and score it against the runs already in --out "
+    "(after a change of the model or the calibration)",
+)
+@click.option(
     "--from-trace",
     "from_trace",
     type=click.Path(exists=True),
@@ -138,6 +144,7 @@ def calibrate(
     warmup,
     rounds,
     max_rounds,
+    rescore,
     from_trace,
     plan_path,
     out,
@@ -148,6 +155,7 @@ def calibrate(
     simpar calibrate --device cpu --nproc 2 --out calib.json
     simpar calibrate --from-trace profiler_traces/ --out calib.json
     simpar calibrate --check --calibration calib.json --out check/
+    simpar calibrate --check --rescore --calibration calib.json --out check/
     """
     from simpar.sim import files
 
@@ -156,9 +164,13 @@ def calibrate(
             raise SimparError(
                 "calibration", "--check needs the calibration file to check.", "pass --calibration calib.json."
             )
+        if rescore and not Path(out, "check.json").is_file():
+            raise SimparError("--out", f"{out} holds no check (check.json) to score again.", "run the check first.")
         files.output_dir(out, "--out")
-        _check(Path(calib_path), Path(out), plans, steps, warmup, rounds, max_rounds, cluster_name)
+        _check(Path(calib_path), Path(out), plans, steps, warmup, rounds, max_rounds, cluster_name, rescore)
         return
+    if rescore:
+        raise SimparError("--rescore", "scores a closed-loop check again.", "add --check.")
     files.output_file(out, "--out", (".json",))  # before minutes of measuring
     if from_trace:
         from .traces import calibrate_from_trace
@@ -323,6 +335,7 @@ def _check(
     rounds: int,
     max_rounds: int,
     cluster_name: str | None,
+    rescore: bool = False,
 ) -> None:
     from simpar.sim.calibration.check import CHECK_PLANS, run_check
     from simpar.sim.calibration.report import KIND_HEAD, PLAN_HEAD, kind_rows, plan_rows, summary_lines
@@ -361,9 +374,18 @@ def _check(
         if rc:
             raise RuntimeError(f"the executor exited with status {rc} (its output is above)")
 
-    with _progress(len(cases) * rounds, "closed loop") as step:
+    with _progress(0 if rescore else len(cases) * rounds, "closed loop") as step:
         res = run_check(
-            cluster, doc, out, runner, device=device, cases=cases, progress=step, rounds=rounds, max_rounds=max_rounds
+            cluster,
+            doc,
+            out,
+            runner,
+            device=device,
+            cases=cases,
+            progress=step,
+            rounds=rounds,
+            max_rounds=max_rounds,
+            rescore=rescore,
         )
     print_table("predicted vs measured (errors: (pred - meas) / meas)", list(PLAN_HEAD), plan_rows(res))
     print_table("per action kind", list(KIND_HEAD), kind_rows(res))

@@ -166,3 +166,57 @@ def test_a_crashed_run_is_tried_once_more(tmp_path, calibration):
     assert doc["failed_attempts"] == [{"name": CASES[0].name, "round": 1, "error": "the executor exited with status 1"}]
     assert not (crashes[0] / "partial.txt").exists() and (crashes[0] / "result.json").exists()
     assert "Failed attempts" in markdown(doc)
+
+
+def test_rescore_scores_the_same_runs_with_a_new_calibration_and_runs_nothing(tmp_path, calibration):
+    fake = FakeExecutor(slow=[1.0, 1.2])
+    first = run_check(load_cluster("cpu-host"), calibration, tmp_path, fake, cases=CASES, rounds=2)
+    ran = len(fake.calls)
+    faster = calibration.model_copy(update={"compute": {**calibration.compute, "mm_eff_max": 0.9}})
+    again = run_check(load_cluster("cpu-host"), faster, tmp_path, fake, cases=CASES, rescore=True)
+    assert len(fake.calls) == ran  # no plan ran again
+    assert again["rounds"] == 2 and not again["failed"]
+    for a, b in zip(first["plans"], again["plans"], strict=True):
+        assert b["meas_iter_s"] == a["meas_iter_s"] and b["meas_rounds_s"] == a["meas_rounds_s"]
+        assert b["runs"] == 2
+        assert b["pred_iter_s"] < a["pred_iter_s"]  # faster GEMMs: the prediction moved, the runs did not
+    assert (
+        json.loads((tmp_path / "check.json").read_text())["plans"][0]["pred_iter_s"] == again["plans"][0]["pred_iter_s"]
+    )
+
+
+def test_rescore_refuses_a_plan_whose_runs_executed_another_schedule(tmp_path, calibration):
+    from simpar.sim.errors import SimparError
+
+    run_check(load_cluster("cpu-host"), calibration, tmp_path, FakeExecutor(slow=[1.0]), cases=CASES)
+    sched = tmp_path / CASES[0].name / "schedule.csv"
+    sched.write_text(sched.read_text() + "# another schedule\n")
+    with pytest.raises(SimparError, match="schedule is not the one its runs"):
+        run_check(load_cluster("cpu-host"), calibration, tmp_path, FakeExecutor(slow=[1.0]), cases=CASES, rescore=True)
+
+
+def test_rescore_reports_a_plan_without_runs_as_not_run(tmp_path, calibration):
+    import shutil
+
+    run_check(load_cluster("cpu-host"), calibration, tmp_path, FakeExecutor(slow=[1.0]), cases=CASES)
+    shutil.rmtree(tmp_path / CASES[1].name / "measured")
+    doc = run_check(
+        load_cluster("cpu-host"), calibration, tmp_path, FakeExecutor(slow=[1.0]), cases=CASES, rescore=True
+    )
+    assert [f["name"] for f in doc["failed"]] == [CASES[1].name]
+    assert "no finished run" in doc["failed"][0]["error"]
+    assert [r["name"] for r in doc["plans"]] == [CASES[0].name, CASES[2].name]
+
+
+def test_rescore_on_the_command_line_needs_check_and_a_finished_check(tmp_path):
+    from click.testing import CliRunner
+
+    from simpar.cli.main import cli
+
+    calib = Path(__file__).resolve().parents[1] / "reports" / "calibration" / "cpu-calib.json"
+    res = CliRunner().invoke(cli, ["calibrate", "--rescore", "--out", str(tmp_path / "c.json")])
+    assert res.exit_code == 2 and "add --check" in res.output and "Traceback" not in res.output
+    res = CliRunner().invoke(
+        cli, ["calibrate", "--check", "--rescore", "--calibration", str(calib), "--out", str(tmp_path / "none")]
+    )
+    assert res.exit_code == 2 and "holds no check (check.json)" in res.output

@@ -177,3 +177,19 @@ def test_placement_maps_ranks_to_gpus():
     assert net.p2p_time(0, 1, G) == pytest.approx(plain.p2p_time(0, 8, G))
     with pytest.raises(ValueError, match="permutation"):
         make_network(A100x16, placement=[0] * 16)
+
+
+@pytest.mark.parametrize("backend", ["analytical", "contention"])
+def test_gloo_reduce_scatter_is_an_all_reduce_of_the_whole_buffer(backend):
+    """torch's ProcessGroupGloo reduce-scatters by all-reducing the whole input and keeping its
+    chunk; NCCL's ring reduce-scatter moves half an all-reduce's bytes."""
+    for gpus in (2, 4):
+        gloo = make_network(load_cluster("cpu-host", gpus=gpus), backend)
+        ranks = tuple(range(gpus))
+        nbytes = 16 * 2**20
+        assert gloo.collective_time("reduce-scatter", ranks, nbytes) == pytest.approx(
+            gloo.collective_time("all-reduce", ranks, nbytes)
+        )
+    nccl = make_network(load_cluster("dgx-a100-80g", gpus=8), backend)
+    ar, rs = (nccl.collective_time(op, tuple(range(8)), 2**28) for op in ("all-reduce", "reduce-scatter"))
+    assert rs < 0.6 * ar

@@ -11,8 +11,8 @@ import simpy
 from test_calibrate_fit import measurements  # noqa: E402  (tests/ is on sys.path)
 from test_engine import FakeNet, FixedCosts, work  # noqa: E402
 
-from simpar.sim.calibration.check import kind_errors
 from simpar.sim.calibration.fit import build_calibration
+from simpar.sim.calibration.score import kind_errors
 from simpar.sim.cost.profile import MEGATRON, ExecutorProfile
 from simpar.sim.engine.core import EngineOptions, run_engine
 from simpar.sim.engine.iteration import sp_replicated_grads

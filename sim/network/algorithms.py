@@ -25,6 +25,8 @@ nccl-tests counts them):
 - hierarchical (all-reduce): ring reduce-scatter inside each node, ring all-reduce of S/m across
   nodes among the GPUs of one local index (one rail each), ring all-gather inside each node;
   three phases run one after the other.
+- gloo (a ``host`` node's CPU processes): the ring only; reduce-scatter runs as the ring all-reduce of
+  the whole buffer (torch's ProcessGroupGloo implements it so).
 - direct: all-to-all (every pair, S/n each way; above `A2A_EXACT_MAX` ranks the messages from one
   GPU to one other node travel as one stream on the sender's rail) and p2p send/recv: one step.
 """
@@ -274,9 +276,12 @@ def schedules(topo: Topology, op: str, gpus: tuple[int, ...]) -> list[Collective
     g = Group(topo, gpus)
     if op == "all-to-all":
         return [all_to_all(topo, g)]
+    if topo.cluster.node.interconnect == "host":  # gloo, between CPU processes
+        # All-reduce is gloo's ring (no tree, no NVLS). Reduce-scatter is an all-reduce of the whole
+        # input: torch's ProcessGroupGloo::reduce_scatter_tensor_coalesced clones the input,
+        # all-reduces it and copies out the rank's chunk (the two copies are not charged).
+        return [ring(topo, g, "all-reduce" if op == "reduce-scatter" else op)]
     out = [ring(topo, g, op)]
-    if op == "all-reduce" and topo.cluster.node.interconnect == "host":
-        return out  # gloo's all-reduce on CPU tensors is its ring algorithm (no tree, no NVLS)
     if op == "all-reduce":
         out.append(tree(topo, g))
         if g.M == 1 and topo.has_nvls:
