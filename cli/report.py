@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from .render import echo_json
-from .sweep import Whole
+from .sweep_args import Whole
 
 
 @click.command("report")
