@@ -191,8 +191,10 @@ def test_rescore_refuses_a_plan_whose_runs_executed_another_schedule(tmp_path, c
     run_check(load_cluster("cpu-host"), calibration, tmp_path, FakeExecutor(slow=[1.0]), cases=CASES)
     sched = tmp_path / CASES[0].name / "schedule.csv"
     sched.write_text(sched.read_text() + "# another schedule\n")
+    edited = sched.read_text()
     with pytest.raises(SimparError, match="schedule is not the one its runs"):
         run_check(load_cluster("cpu-host"), calibration, tmp_path, FakeExecutor(slow=[1.0]), cases=CASES, rescore=True)
+    assert sched.read_text() == edited  # the refusal leaves the schedule its runs executed
 
 
 def test_rescore_reports_a_plan_without_runs_as_not_run(tmp_path, calibration):
