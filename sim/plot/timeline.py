@@ -31,6 +31,7 @@ COLORS = {
     "SP_GRAD_SYNC": "#D4B106",
 }
 MAX_ROWS = 64
+DPI = 120
 #: Microbatch numbers are written in bars of traces under this many events (wider than 1/150 of
 #: the time axis), and in at most MAX_LABELS of them, the widest.
 LABEL_EVENTS = 3000
@@ -52,7 +53,7 @@ def plot_timeline(events: Iterable[TraceEvent], path: str | Path, title: str = "
     rows = _rows(evs)
     index = {r: i for i, r in enumerate(rows)}
     fig_h = max(2.5, 0.32 * len(rows) + 1.5)
-    fig, ax = plt.subplots(figsize=(14, fig_h))
+    fig, ax = plt.subplots(figsize=(14, fig_h), dpi=DPI)  # the saved DPI: text extents depend on it
     t_end = max((e.end for e in evs), default=1.0)
     scale, unit = (1e3, "ms") if t_end < 10 else (1.0, "s")
     # one collection per row (bars in event order, a colour each): a broken_barh per event rescaled
@@ -70,6 +71,25 @@ def plot_timeline(events: Iterable[TraceEvent], path: str | Path, title: str = "
         colors.append(COLORS.get(e.kind, "#BBBBBB"))
         if with_labels and e.microbatch is not None and e.stream == "compute" and e.duration > min_label:
             labels.append((e.duration, (e.start + e.duration / 2) * scale, i, str(e.microbatch)))
+    # Everything but the bars and their labels first: the figure's tight bounding box is then taken
+    # from the axes, ticks, title and legend alone (the bars lie inside the axes, their labels are
+    # out of the layout), so saving does not draw every bar twice as bbox_inches="tight" does.
+    ax.set_xlim(-0.01 * t_end * scale, 1.01 * t_end * scale)
+    ax.set_ylim(len(rows) - 0.5, -0.5)  # rank 0 on top
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels(row_labels(evs, rows), fontsize=7)
+    ax.set_xlabel(f"time ({unit})")
+    ax.set_title(title + (f"\n{subtitle}" if subtitle else ""), fontsize=9)
+    used = sorted({e.kind for e in evs if e.kind in COLORS})
+    # outside the axes, right of the rows: it never covers a rank's timeline
+    ax.legend(
+        handles=[Patch(color=COLORS[k], label=k) for k in used],
+        loc="upper left",
+        bbox_to_anchor=(1.005, 1.0),
+        fontsize=7,
+        frameon=False,
+    )
+    box = fig.get_tightbbox(fig.canvas.get_renderer()).padded(0.1)  # inches, savefig's default pad
     for i, (spans, colors) in bars.items():
         tall = rows[i][1] == "compute"
         h = 0.8 if tall else 0.45
@@ -84,21 +104,7 @@ def plot_timeline(events: Iterable[TraceEvent], path: str | Path, title: str = "
     for w, x, i, text in labels:
         if w > cutoff:  # inside its bar: no part of the layout (saves laying out each text twice more)
             ax.text(x, i, text, ha="center", va="center", fontsize=6, in_layout=False)
-    ax.set_yticks(range(len(rows)))
-    ax.set_yticklabels(row_labels(evs, rows), fontsize=7)
-    ax.invert_yaxis()
-    ax.set_xlabel(f"time ({unit})")
-    ax.set_title(title + (f"\n{subtitle}" if subtitle else ""), fontsize=9)
-    used = sorted({e.kind for e in evs if e.kind in COLORS})
-    # outside the axes, right of the rows: it never covers a rank's timeline
-    ax.legend(
-        handles=[Patch(color=COLORS[k], label=k) for k in used],
-        loc="upper left",
-        bbox_to_anchor=(1.005, 1.0),
-        fontsize=7,
-        frameon=False,
-    )
-    fig.savefig(path, dpi=120, bbox_inches="tight")
+    fig.savefig(path, dpi=DPI, bbox_inches=box)
     plt.close(fig)
 
 

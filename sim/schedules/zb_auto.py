@@ -14,7 +14,9 @@ heuristic builds each rank's order while simulating its timeline:
    largest one. W also runs whenever memory would otherwise overflow.
 3. The remaining W close each rank. Eight variants of three switches are tried (bubble before
    the first I allowed, I prioritised over F, greedy W in small gaps) and the shortest longest-rank
-   execution time wins (the paper then refines with an ILP, which simpar does not).
+   execution time wins (the paper then refines with an ILP, which simpar does not). A run records
+   which switches decided anything; a variant differing from a run made only in switches that
+   decided nothing there is that same run, and is skipped (with unit costs most are).
 
 Memory accounting (as in the paper's reference scheduler): F allocates one activation set M_B
 (1 unit), I frees ``1 - w_mem_fraction`` of it and W the rest (M_W, the inputs and output gradients
@@ -56,6 +58,9 @@ class _Auto:
         # end time of (type, stage, mb): t[type][stage][mb]
         self.t = [[[0.0] * m for _ in range(p)] for _ in range(3)]
         self.order: list[list[tuple[int, int]]] = [[] for _ in range(p)]  # (type, mb) per stage
+        # whether each switch (allow_bubble, prioritize_b, greedy) decided anything in this run: a
+        # run with an undecisive switch flipped takes every same decision, so it is the same run
+        self.decided = [False, False, False]
 
     def comm(self, j: int) -> float:
         return self.comms[j]
@@ -101,12 +106,13 @@ class _Auto:
         """Run pending W while they fit before ``ready``; maybe one more into a smaller gap."""
         while self.pending_w(j) and self.end[j] + self.cost[j][_W] <= ready:
             self.put(j, _W)
-        if (
-            self.pending_w(j)
-            and self.end[j] < ready
-            and (ready - self.end[j] > self.max_bubble - self.bubble[j] or greedy)
-        ):
-            self.put(j, _W)
+        if self.pending_w(j) and self.end[j] < ready:
+            if ready - self.end[j] > self.max_bubble - self.bubble[j]:
+                self.put(j, _W)
+            else:
+                self.decided[2] = True
+                if greedy:
+                    self.put(j, _W)
 
     def warmup(self, allow_bubble: bool) -> None:
         p = self.p
@@ -118,7 +124,10 @@ class _Auto:
             used, t = self.used[j], self.end[j]
             while self.count[j][_F] + extra[j] < self.m and used + self.mem[_F] <= self.max_mem + 1e-9:
                 f = self.cost[j][_F]
-                if (t + f > last_t + self.comm(j)) if allow_bubble else (t >= last_t + self.comm(j)):
+                late, late_strict = t + f > last_t + self.comm(j), t >= last_t + self.comm(j)
+                if late != late_strict:
+                    self.decided[0] = True
+                if late if allow_bubble else late_strict:
                     break
                 used, t, extra[j] = used + self.mem[_F], t + f, extra[j] + 1
             last_t = max(t, last_t + self.comm(j)) + self.cost[j][_I]
@@ -135,8 +144,16 @@ class _Auto:
         n = self.count
         if n[j][_F] >= self.m:
             return False
-        if not (prioritize_b and j + 1 < self.p and n[j][_F] >= n[j + 1][_F] + 2):
+        if not (j + 1 < self.p and n[j][_F] >= n[j + 1][_F] + 2):
             return True
+        prioritized = self._prioritized(j)  # what prioritising the I decides (True: F anyway)
+        if not prioritized:
+            self.decided[1] = True
+        return prioritized or not prioritize_b
+
+    def _prioritized(self, j: int) -> bool:
+        """With I prioritised over F: does stage j still run an F now?"""
+        n = self.count
         # Would one more F here delay the I that stage j+1 sends after its next F and I?
         nxt = self.end[j + 1] + self.cost[j + 1][_F] + self.cost[j + 1][_I] + self.comm(j)
         if self.end[j] >= nxt:
@@ -199,9 +216,14 @@ def zb_auto(
     if not 0.0 <= w_mem_fraction < 1.0:
         raise ScheduleError("w_mem_fraction", f"must be in [0, 1), got {w_mem_fraction}.", "use e.g. 0 or 0.3.")
     best, best_run = None, None
-    for allow_bubble, prioritize_b, greedy in product((True, False), repeat=3):
+    done: list[tuple[tuple[bool, ...], list[bool]]] = []  # switches run, which of them decided
+    for switches in product((True, False), repeat=3):
+        # the same run as one already made: it differs only in switches that decided nothing there
+        if any(all(a == b or not d for a, b, d in zip(switches, s, dec)) for s, dec in done):
+            continue
         run = _Auto(pp, num_microbatches, costs, float(mem_factor * pp), w_mem_fraction)
-        cost = run.run(allow_bubble, prioritize_b, greedy)
+        cost = run.run(*switches)
+        done.append((switches, run.decided))
         if best is None or cost < best - 1e-12:
             best, best_run = cost, run
     assert best_run is not None  # the loop ran at least once
