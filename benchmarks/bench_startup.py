@@ -33,7 +33,7 @@ def simpar_command() -> list[str]:
     script = Path(sys.executable).parent / "simpar"
     if script.is_file():
         return [str(script)]
-    return [sys.executable, "-c", "from simpar.cli.main import main; main()"]
+    return [sys.executable, "-c", "from simpar.cli.entry import main; main()"]
 
 
 def wall(cmd: list[str], runs: int) -> float:

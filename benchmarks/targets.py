@@ -127,7 +127,7 @@ class Tree:
     @property
     def simpar(self) -> list[str]:
         """The CLI as its console script runs it (not through a version manager's shell shim)."""
-        return [sys.executable, "-c", "import sys; from simpar.cli.main import main; sys.argv[0] = 'simpar'; main()"]
+        return [sys.executable, "-c", "import sys; from simpar.cli.entry import main; sys.argv[0] = 'simpar'; main()"]
 
 
 def _wall(tree: Tree, cmd: list[str], repeat: int = 1) -> float:

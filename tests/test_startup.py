@@ -153,3 +153,19 @@ def test_option_choices_match_the_library():
     assert (plan.RECOMPUTE, plan.PRECISIONS) == (choices.RECOMPUTE, choices.PRECISIONS)
     assert plan.MAX_GPUS == cluster.MAX_GPUS == choices.MAX_GPUS
     assert (plan.MAX_BATCH, plan.MAX_MICROBATCHES) == (choices.MAX_BATCH, choices.MAX_MICROBATCHES)
+
+
+def test_console_script_version_imports_no_click():
+    """The console script (`cli.entry`) answers a bare ``--version`` before click is imported, with
+    the line click's option prints (`test_version`); anything else reaches the click group."""
+    import simpar
+
+    code = (
+        "import sys; sys.argv = ['simpar', '--version']; from simpar.cli.entry import main; main(); "
+        "print(sorted(m for m in ('click', 'simpar.cli.main') if m in sys.modules))"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert res.stdout.splitlines() == [f"simpar, version {simpar.__version__}", "[]"]
+    code = "import sys; sys.argv = ['simpar', 'nosuch']; from simpar.cli.entry import main; main()"
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert res.returncode == 2 and res.stderr.count("\n") == 1 and "nosuch" in res.stderr
