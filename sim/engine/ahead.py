@@ -1,15 +1,16 @@
 """The walk of one GPU ahead of the clock, for networks that do not share links.
 
 There every duration on a rank's compute stream is known when the action starts, and a pipeline
-transfer is booked at once (`Engine._timed_transfer`): nothing another process does can change
-when the rank's next compute action ends. So the walk keeps its own clock ``t`` and runs
-compute actions, sends and receives whose data is already booked without yielding to SimPy: it
-adds each duration to ``t`` and records the event, the accounts and the memory sample at the
-times the SimPy walk would. It yields (to ``t``) only where it must see other processes: a
-receive whose send is not booked yet, a ZeRO gather still in flight, a backward that releases
-gradient buckets (a stage's last; under ZeRO-2 each) and the stage-wide actions; those run through the engine's own
-handlers, the same code as the SimPy walk. Same times, same accounts, same events; a few SimPy
-events per rank instead of one or two per action.
+transfer is booked at once (`Engine._timed_transfer`): nothing another process does can change when
+the rank's next compute action ends. So the walk keeps its own clock ``t`` and runs compute actions,
+sends and receives whose data is already booked without yielding to SimPy: it adds each duration to
+``t`` and records the event, the accounts and the memory sample at the times the SimPy walk would.
+It yields (to ``t``) only where it must see other processes: a receive whose send is not booked yet,
+a ZeRO gather still in flight, a backward that releases gradient buckets (a stage's last; under
+ZeRO-2 each) and the stage-wide actions; those run through the engine's own handlers, the same code
+as the SimPy walk. UNSHARD and RESHARD, which do nothing but under ZeRO-3 (data parallelism without
+ZeRO-3 runs as torch's replicate, whose schedule has them), are skipped. Same times, same accounts,
+same events; a few SimPy events per rank instead of one or two per action.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ def walk_ahead(eng: Any, g: Any, actions):
     gather_f = gather_all or (policy is ZeroPolicy.GATHER_AT_START and opt.overlap_param_gather)
     last = eng.release_at[g.prank]
     F, R, B, I, W = Kind.F, Kind.R, Kind.B, Kind.I, Kind.W  # noqa: E741
+    UNSHARD, RESHARD = Kind.UNSHARD, Kind.RESHARD
     t = env.now
     for i, a in enumerate(actions):
         if marks is not None:
@@ -111,6 +113,8 @@ def walk_ahead(eng: Any, g: Any, actions):
                 yield env.timeout(t - env.now)
             yield from eng._await(g, tr)
             t = env.now
+            continue
+        if not gather_all and (k is UNSHARD or k is RESHARD):  # no-ops but under ZeRO-3 (`DataParallel._unshard`)
             continue
         if t > env.now:  # anything else runs at the clock, through the engine's handler
             yield env.timeout(t - env.now)

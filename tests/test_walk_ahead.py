@@ -1,0 +1,93 @@
+"""`engine.ahead.walk_ahead` (a GPU's walk ahead of the clock, on networks that do not share links)
+gives the run of the plain SimPy walk, whose pipeline transfers are processes on FIFO stream
+resources: the same iteration time, breakdowns, peak memory, memory timeline and trace. The plain
+walk is what the engine runs on a network that shares links; here the analytical network is
+made to say it shares them, so the two walks time the same transfers."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_rounds import MODEL
+
+from simpar.sim.engine.iteration import EngineOptions
+from simpar.sim.engine.simulate import simulate
+from simpar.sim.network.analytical import AnalyticalNetwork
+from simpar.sim.plan import ParallelPlan
+from simpar.sim.plan_check import check_plan
+from simpar.sim.specs import load_cluster
+
+TWO_CHUNKS = ("interleaved-1f1b", "interleaved-zb", "zb-v", "dualpipe-v")
+
+
+def _same(a, b) -> None:
+    """The same run: every figure to 1e-9 of the iteration; each rank's memory samples in the order
+    it made them (two samples at one instant may differ in the last bit of their time, so an order
+    by time is not theirs); the trace as a set."""
+    t = b.iter_time_s
+    assert a.iter_time_s == pytest.approx(t, rel=1e-9)
+    assert a.rank_breakdowns.keys() == b.rank_breakdowns.keys()
+    for r, bd in b.rank_breakdowns.items():
+        assert a.rank_breakdowns[r] == pytest.approx(bd, rel=1e-9, abs=1e-9 * t), r
+    assert [x.total for x in a.memory.ranks] == pytest.approx([x.total for x in b.memory.ranks], rel=1e-12)
+    assert a.memory_timeline.keys() == b.memory_timeline.keys()
+    for r, samples in b.memory_timeline.items():
+        assert len(a.memory_timeline[r]) == len(samples), r
+        for (t1, v1), (t2, v2) in zip(a.memory_timeline[r], samples):
+            assert t1 == pytest.approx(t2, abs=1e-9 * t) and v1 == pytest.approx(v2, rel=1e-9)
+
+    def key(e):
+        return (e.rank, e.stream, e.name, round(e.start / t, 7))
+
+    ea, eb = sorted(a.events, key=key), sorted(b.events, key=key)
+    assert [(e.rank, e.stream, e.name, e.kind) for e in ea] == [(e.rank, e.stream, e.name, e.kind) for e in eb]
+    for x, y in zip(ea, eb):
+        assert x.start == pytest.approx(y.start, abs=1e-9 * t) and x.duration == pytest.approx(y.duration, abs=1e-9 * t)
+
+
+def _walks(plan: ParallelPlan, monkeypatch: pytest.MonkeyPatch):
+    cluster = load_cluster("dgx-a100-80g", gpus=plan.num_gpus)
+    check_plan(plan, MODEL, cluster)
+    opts = EngineOptions(compress=False)
+    ahead = simulate(MODEL, cluster, plan, options=opts)
+    with monkeypatch.context() as mp:
+        mp.setattr(AnalyticalNetwork, "shares_links", True)
+        plain = simulate(MODEL, cluster, plan, options=opts)
+    return ahead, plain
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
+@given(
+    schedule=st.sampled_from(["1f1b", "gpipe", "zb-h1", "zb-1p", *TWO_CHUNKS]),
+    vpp=st.sampled_from([2, 3]),
+    pp=st.sampled_from([2, 4]),
+    zero=st.sampled_from([0, 1, 3]),
+    recompute=st.sampled_from(["none", "full"]),
+    m=st.integers(4, 24),
+)
+def test_walk_ahead_is_the_simpy_walk(monkeypatch, schedule, vpp, pp, zero, recompute, m) -> None:
+    if schedule in ("zb-v", "dualpipe-v"):
+        vpp = 2
+    elif schedule not in TWO_CHUNKS:
+        vpp = 1
+    if schedule.startswith("interleaved"):
+        m = max(pp, m - m % pp)
+    if schedule in ("zb-v", "dualpipe-v"):
+        m = max(m, 2 * pp)
+    plan = ParallelPlan(
+        dp=2, pp=pp, vpp=vpp, global_batch_size=2 * m, schedule=schedule, zero=zero, recompute=recompute
+    )
+    ahead, plain = _walks(plan, monkeypatch)
+    _same(ahead, plain)
+
+
+def test_replicate_unshard_and_reshard_change_nothing(monkeypatch) -> None:
+    """ZeRO-0 with data parallelism runs as torch's replicate, whose lowered schedule has UNSHARD
+    and RESHARD around the stages; with 4 chunks a rank moves its window of 3 stages, so there are
+    many of them, and the walk ahead passes over them without stopping."""
+    plan = ParallelPlan(dp=2, pp=2, vpp=4, global_batch_size=2 * 8, schedule="interleaved-1f1b", zero=0)
+    ahead, plain = _walks(plan, monkeypatch)
+    _same(ahead, plain)
