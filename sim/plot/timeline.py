@@ -89,7 +89,8 @@ def plot_timeline(events: Iterable[TraceEvent], path: str | Path, title: str = "
         fontsize=7,
         frameon=False,
     )
-    box = fig.get_tightbbox(fig.canvas.get_renderer()).padded(0.1)  # inches, savefig's default pad
+    renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]  # Agg's (matplotlib.use above)
+    box = fig.get_tightbbox(renderer).padded(0.1)  # inches, savefig's default pad
     for i, (spans, colors) in bars.items():
         tall = rows[i][1] == "compute"
         h = 0.8 if tall else 0.45
