@@ -1,8 +1,9 @@
 """`engine.ahead.walk_ahead` (a GPU's walk ahead of the clock, on networks that do not share links)
-gives the run of the plain SimPy walk, whose pipeline transfers are processes on FIFO stream
-resources: the same iteration time, breakdowns, peak memory, memory timeline and trace. The plain
-walk is what the engine runs on a network that shares links; here the analytical network is
-made to say it shares them, so the two walks time the same transfers."""
+and the gradient buckets booked without a process (`DataParallel._booked_bucket`) give the run of
+the plain SimPy walk, whose pipeline transfers and buckets are processes on FIFO stream
+resources: the same iteration time, breakdowns, peak memory, memory timeline and trace. The
+plain walk is what the engine runs on a network that shares links; here the analytical network
+is made to say it shares them, so the two walks time the same transfers."""
 
 from __future__ import annotations
 
@@ -46,10 +47,10 @@ def _same(a, b) -> None:
         assert x.start == pytest.approx(y.start, abs=1e-9 * t) and x.duration == pytest.approx(y.duration, abs=1e-9 * t)
 
 
-def _walks(plan: ParallelPlan, monkeypatch: pytest.MonkeyPatch):
-    cluster = load_cluster("dgx-a100-80g", gpus=plan.num_gpus)
+def _walks(plan: ParallelPlan, monkeypatch: pytest.MonkeyPatch, cluster: str = "dgx-a100-80g", **options):
+    cluster = load_cluster(cluster, gpus=plan.num_gpus)
     check_plan(plan, MODEL, cluster)
-    opts = EngineOptions(compress=False)
+    opts = EngineOptions(compress=False, **options)
     ahead = simulate(MODEL, cluster, plan, options=opts)
     with monkeypatch.context() as mp:
         mp.setattr(AnalyticalNetwork, "shares_links", True)
@@ -90,4 +91,38 @@ def test_replicate_unshard_and_reshard_change_nothing(monkeypatch) -> None:
     many of them, and the walk ahead passes over them without stopping."""
     plan = ParallelPlan(dp=2, pp=2, vpp=4, global_batch_size=2 * 8, schedule="interleaved-1f1b", zero=0)
     ahead, plain = _walks(plan, monkeypatch)
+    _same(ahead, plain)
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(dp=8, pp=1, schedule="none", zero=2, global_batch_size=8 * 6),  # every micro-batch reduces
+        dict(dp=4, pp=2, schedule="1f1b", zero=1, global_batch_size=4 * 8),
+        dict(dp=4, pp=2, vpp=2, schedule="interleaved-zb", zero=1, global_batch_size=4 * 8, recompute="full"),
+        dict(dp=4, pp=2, schedule="1f1b", zero=1, global_batch_size=4 * 8, offload_optimizer=1.0),
+    ],
+)
+def test_booked_buckets_are_the_bucket_processes(monkeypatch, kw, overlap) -> None:
+    """ZeRO-2 (buckets per micro-batch), the overlapped and the end-of-backward reductions, and an
+    offloaded optimizer's shards."""
+    ahead, plain = _walks(ParallelPlan(**kw), monkeypatch, overlap_grad_reduce=overlap, grad_buckets=8)
+    assert sum(e.stream == "dp" for e in ahead.events) > 0
+    _same(ahead, plain)
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(dp=16, pp=1, schedule="none", zero=2, global_batch_size=16 * 4),
+        dict(dp=8, pp=2, vpp=2, schedule="interleaved-1f1b", zero=1, global_batch_size=8 * 4),
+    ],
+)
+def test_booked_buckets_queue_as_the_processes(monkeypatch, kw) -> None:
+    """On PCIe-only nodes a reduction outlasts the next backward (ZeRO-2) or the next stage's last
+    backward (interleaved): buckets wait for the DP stream, back to back."""
+    ahead, plain = _walks(ParallelPlan(**kw), monkeypatch, cluster="pcie-a100-8g", grad_buckets=8)
+    dp = sorted((e for e in plain.events if e.rank == 0 and e.stream == "dp"), key=lambda e: e.start)
+    assert any(b.start == pytest.approx(a.start + a.duration, rel=1e-12) for a, b in zip(dp, dp[1:]))
     _same(ahead, plain)

@@ -1,7 +1,8 @@
 """Collectives, data parallelism and ZeRO in `core.Engine`: a collective on a stream (measured
 seconds, the network's time, or in a full run once every member has arrived), the ZeRO parameter
 gathers (ZeRO-1/2 after the previous step, ZeRO-3 on use, resharded by RESHARD), the gradient
-buckets released by the backwards of `Engine.release_at` (`iteration.reduction_calls`), FSDP's
+buckets released by the backwards of `Engine.release_at` (`iteration.reduction_calls`; booked at
+once, without a process, on a network that does not share links: `_booked_bucket`), FSDP's
 per-layer passes, and the UNSHARD / RESHARD / REDUCE_GRAD actions. What each collective costs comes
 from `iteration`. A base of `core.Engine`, whose state these methods use."""
 
@@ -15,6 +16,7 @@ from ..plan import ZeroPolicy
 from ..schedules.ir import Action, Kind
 from . import iteration as it
 from .state import GpuState, Rendezvous
+from .trace import TraceEvent
 
 if TYPE_CHECKING:
     from ..cost.profile import RuntimeProfile
@@ -37,6 +39,8 @@ class DataParallel:
         policy: ZeroPolicy
         every_mb: bool
         release_at: list[set[Action]]
+        timed_p2p: bool
+        events: list[TraceEvent]
 
         def _record(
             self, g: GpuState, stream: str, name: str, kind: str, start: float, stage=None, mb=None
@@ -111,8 +115,32 @@ class DataParallel:
             buckets, start, dur, self.opt.overlap_grad_reduce, self.env.now, lambda c: c.time(self.net)
         )
         tag = key if isinstance(key, tuple) else (key,)
+        if self.timed_p2p and not self.opt.full:
+            for comm, t in releases:
+                self._booked_bucket(g, comm, t, tag[0])
+            return
         for b, (comm, t) in enumerate(releases):
             g.reductions.append(self.env.process(self._bucket(g, comm, t, (*tag, b))))
+
+    def _booked_bucket(self, g: GpuState, comm: it.Comm, ready: float, stage: int) -> None:
+        """`_bucket` on a network that does not share links, booked at once (as `_timed_transfer`
+        books a pipeline send): the GPU's DP stream is FIFO in release order, and releases come in
+        time order (a rank's backwards run one after the other, `_finish` releases at its own
+        time), so a bucket starts when it is released or when the one before it ends, and takes
+        what `_comm` waits for. `_finish` waits for the last (``dp_free``)."""
+        assert ready >= g.dp_released, "gradient buckets are released in time order"
+        g.dp_released = ready
+        t0 = t = max(ready, g.dp_free)
+        if comm.host_bytes and comm.seconds is None:  # an offloaded shard comes up first
+            t += comm.host_seconds(self.net)
+        if comm.seconds is not None:
+            t += comm.seconds
+        else:
+            for _ in range(comm.count):
+                t += self.net.collective_time(comm.op, comm.group, comm.call_bytes)
+        g.dp_free = t
+        if t > t0:
+            self.events.append(TraceEvent(g.rank, "dp", comm.op, "REDUCE_GRAD", t0, t - t0, stage))
 
     def _release(self, g: GpuState, b: Action, start: float, dur: float, ended: bool) -> None:
         """Gradient buckets released by the backward ``b`` (starting at ``start``, ``dur`` long)

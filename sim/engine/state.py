@@ -36,6 +36,10 @@ class GpuState:
         self.dp = simpy.Resource(env, 1)
         self.zero = simpy.Resource(env, 1)
         self.reductions: list[simpy.Process] = []
+        #: gradient buckets booked without a process (a network that does not share links): the
+        #: last release time and when the DP stream is free again
+        self.dp_released = 0.0
+        self.dp_free = 0.0
         self.gathered: dict[int, simpy.Event] = {}
         self.reduced: set[int | tuple[int, int]] = set()  # stages reduced (ZeRO-2: (stage, micro-batch))
         self.unsharded = 0.0  # ZeRO-3: bytes of gathered 16-bit parameters held now, and their peak

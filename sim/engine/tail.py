@@ -115,6 +115,8 @@ class IterationTail:
         for proc in g.reductions:
             if not proc.processed:
                 yield proc
+        if g.dp_free > self.env.now:  # the buckets booked without a process (`_booked_bucket`)
+            yield self.env.timeout(g.dp_free - self.env.now)
         g.acc["dp_comm"] += self.env.now - t0
         if self.plan.pipelines == 2:
             yield from self._replica_grad_sync(g, stages)
