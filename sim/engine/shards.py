@@ -127,18 +127,11 @@ class DataParallel:
         books a pipeline send): the GPU's DP stream is FIFO in release order, and releases come in
         time order (a rank's backwards run one after the other, `_finish` releases at its own
         time), so a bucket starts when it is released or when the one before it ends, and takes
-        what `_comm` waits for. `_finish` waits for the last (``dp_free``)."""
+        `Comm.time`, what `_comm` waits for. `_finish` waits for the last (``dp_free``)."""
         assert ready >= g.dp_released, "gradient buckets are released in time order"
         g.dp_released = ready
-        t0 = t = max(ready, g.dp_free)
-        if comm.host_bytes and comm.seconds is None:  # an offloaded shard comes up first
-            t += comm.host_seconds(self.net)
-        if comm.seconds is not None:
-            t += comm.seconds
-        else:
-            for _ in range(comm.count):
-                t += self.net.collective_time(comm.op, comm.group, comm.call_bytes)
-        g.dp_free = t
+        t0 = max(ready, g.dp_free)
+        t = g.dp_free = t0 + comm.time(self.net)
         if t > t0:
             self.events.append(TraceEvent(g.rank, "dp", comm.op, "REDUCE_GRAD", t0, t - t0, stage))
 
