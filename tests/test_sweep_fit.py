@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simpar.sim.cost.alive import STEADY, WHOLE, alive_profile, cached_profile, plan_profile, unit_costs
+from simpar.sim.cost.alive import STEADY, WHOLE, _maximal, alive_profile, cached_profile, plan_profile, unit_costs
 from simpar.sim.cost.memory import memory_report, schedule_memory_report
 from simpar.sim.plan import ParallelPlan
 from simpar.sim.schedules import build_schedule, peak_activation_units, peak_inflight
@@ -45,6 +45,36 @@ def test_profile_peaks_equal_peak_activation_units(sched, pp, m, weights, held):
     assert prof.peaks(w) == pytest.approx(peak_activation_units(s, w), rel=1e-12, abs=1e-12)
     assert prof.peaks(w, hw) == pytest.approx(peak_activation_units(s, w, hw), rel=1e-12, abs=1e-12)
     assert list(prof.inflight) == peak_inflight(s)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.sampled_from(SCHEDS + [("interleaved-zb", 3), ("interleaved-1f1b", 5)]),
+    st.integers(2, 5),
+    st.integers(1, 14),
+    st.lists(st.sampled_from([0.0, 1.0, 2.5]), min_size=60, max_size=60),
+)
+def test_profile_peaks_with_chunks_of_one_weight(sched, pp, m, values):
+    """Chunks of equal weight (a uniform model) are summed before the maximum (`AliveProfile.peaks`)."""
+    name, vpp = sched
+    if name.startswith("interleaved"):
+        m = pp * max(1, m // pp)
+    s = build_schedule(name, pp, vpp, m)
+    prof = alive_profile(s)
+    w, hw = values[: s.num_stages], values[30 : 30 + s.num_stages]
+    assert prof.peaks(w) == pytest.approx(peak_activation_units(s, w), rel=1e-12, abs=1e-12)
+    assert prof.peaks(w, hw) == pytest.approx(peak_activation_units(s, w, hw), rel=1e-12, abs=1e-12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 6).flatmap(lambda d: st.sets(st.tuples(*[st.integers(0, 5)] * d), max_size=60)))
+def test_maximal_vectors_are_those_no_other_dominates(vectors):
+    """`alive._maximal` (bit sets of the kept vectors per component and value) against its definition."""
+
+    def dominated(v):
+        return any(u != v and all(a >= b for a, b in zip(u, v)) for u in vectors)
+
+    assert _maximal(vectors) == tuple(sorted(v for v in vectors if not dominated(v)))
 
 
 @pytest.mark.parametrize("name,vpp", [x for x in SCHEDS if x[0] not in WHOLE])

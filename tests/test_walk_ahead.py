@@ -85,6 +85,19 @@ def test_walk_ahead_is_the_simpy_walk(monkeypatch, schedule, vpp, pp, zero, reco
     _same(ahead, plain)
 
 
+@pytest.mark.parametrize("zero", [1, 3])
+@pytest.mark.parametrize("schedule", ["dualpipe", "dualpipe-v"])
+def test_overlapped_pairs_run_ahead_as_their_handler(monkeypatch, schedule, zero) -> None:
+    """DualPipe's overlapped F&B pairs run ahead of the clock but for the last backward of a stage
+    (it releases gradient buckets) and, under ZeRO-3, a pair whose stages are not gathered yet;
+    with tp 2 each pair splits what the overlap leaves exposed of its TP communication."""
+    plan = ParallelPlan(tp=2, dp=2, pp=4, vpp=2, global_batch_size=2 * 16, schedule=schedule, zero=zero)
+    ahead, plain = _walks(plan, monkeypatch)
+    assert sum(e.kind == "OVERLAP_F_B" for e in ahead.events) > 0
+    assert ahead.rank_breakdowns[0]["tp_comm"] > 0
+    _same(ahead, plain)
+
+
 def test_replicate_unshard_and_reshard_change_nothing(monkeypatch) -> None:
     """ZeRO-0 with data parallelism runs as torch's replicate, whose lowered schedule has UNSHARD
     and RESHARD around the stages; with 4 chunks a rank moves its window of 3 stages, so there are

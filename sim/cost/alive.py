@@ -12,9 +12,9 @@ Equal to `schedules.peak_activation_units` up to rounding (tested).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
-from operator import ge, mul
+from operator import mul
 
 from ..plan import ParallelPlan
 from ..schedules import ALL_FORWARDS_FIRST, COST_STEERED, Schedule, StageCosts, build_schedule
@@ -28,6 +28,9 @@ class AliveProfile:
 
     stages: tuple[tuple[int, ...], ...]
     vectors: tuple[tuple[tuple[int, ...], ...], ...]
+    #: (rank, which components share a weight) -> the rank's vectors summed over those components,
+    #: the maximal ones (`peaks`)
+    _merged: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def inflight(self) -> tuple[int, ...]:
@@ -36,24 +39,65 @@ class AliveProfile:
 
     def peaks(self, stage_weight: Sequence[float], held_weight: Sequence[float] | None = None) -> list[float]:
         """Per rank, the peak of the summed ``stage_weight`` of alive sets plus ``held_weight`` of
-        the sets between their I and their W (none: 0)."""
+        the sets between their I and their W (none: 0).
+
+        Components of one weight (a rank's chunks of a uniform model, which hold the same bytes
+        per set) are summed first, so the maximum is taken over the few maximal vectors of those
+        sums: a rank of 12 chunks then has 4 components, not 24."""
         out = []
-        for stages, vecs in zip(self.stages, self.vectors):
+        for r, (stages, vecs) in enumerate(zip(self.stages, self.vectors)):
             w = [stage_weight[s] for s in stages] + [held_weight[s] if held_weight else 0.0 for s in stages]
-            out.append(max((sum(map(mul, v, w)) for v in vecs), default=0.0))
+            first: dict[float, int] = {}
+            group = tuple(first.setdefault(x, len(first)) for x in w)
+            merged = self._merged.get((r, group))
+            if merged is None:
+                merged = self._merged[(r, group)] = _merge(vecs, group, len(first))
+            weights = list(first)  # each group's weight, in group order
+            out.append(max((sum(map(mul, v, weights)) for v in merged), default=0.0))
         return out
+
+
+def _merge(vectors, group: tuple[int, ...], n: int) -> tuple[tuple[int, ...], ...]:
+    """``vectors`` with the components of each group summed (``group[i]``: component i's group of
+    ``n``), the maximal ones."""
+    if n == len(group):
+        return vectors
+    out = set()
+    for v in vectors:
+        sums = [0] * n
+        for g, x in zip(group, v):
+            sums[g] += x
+        out.add(tuple(sums))
+    return _maximal(out)
 
 
 def _maximal(vectors: set[tuple[int, ...]]) -> tuple[tuple[int, ...], ...]:
     """The vectors no other one dominates component-wise, sorted. A vector that dominates another
-    comes before it in reverse lexicographic order, so one pass against those kept suffices."""
+    comes before it in reverse lexicographic order, so one pass against those kept suffices.
+
+    Whether a kept vector dominates ``v`` is one AND of bit sets: ``at_least[i][x]`` has bit j set
+    when kept vector j has at least x in component i, and v is dominated when the AND over its
+    components of ``at_least[i][v[i]]`` is not empty (a few big-integer operations instead of a
+    comparison with every kept vector)."""
     keep: list[tuple[int, ...]] = []
+    at_least: list[list[int]] = []
     for v in sorted(vectors, reverse=True):
-        for k in keep:
-            if all(map(ge, k, v)):
-                break
-        else:
-            keep.append(v)
+        if not at_least:
+            at_least = [[0] for _ in v]
+        common = -1  # every kept vector
+        for col, x in zip(at_least, v):
+            if x:
+                common &= col[x] if x < len(col) else 0
+                if not common:
+                    break
+        if keep and common:
+            continue
+        bit = 1 << len(keep)
+        keep.append(v)
+        for col, x in zip(at_least, v):
+            col += [0] * (x + 1 - len(col))
+            for y in range(x + 1):
+                col[y] |= bit
     return tuple(sorted(keep))
 
 

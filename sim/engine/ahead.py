@@ -3,11 +3,12 @@
 There every duration on a rank's compute stream is known when the action starts, and a pipeline
 transfer is booked at once (`Engine._timed_transfer`): nothing another process does can change when
 the rank's next compute action ends. So the walk keeps its own clock ``t`` and runs compute actions,
-sends and receives whose data is already booked without yielding to SimPy: it adds each duration to
+overlapped F&B pairs (`Engine.pair_cost`), sends and receives whose data is already booked without
+yielding to SimPy: it adds each duration to
 ``t`` and records the event, the accounts and the memory sample at the times the SimPy walk would.
 It yields (to ``t``) only where it must see other processes: a receive whose send is not booked yet,
-a ZeRO gather still in flight, a backward that releases gradient buckets (a stage's last; under
-ZeRO-2 each) and the stage-wide actions; those run through the engine's own handlers, the same code
+a ZeRO gather still in flight, a backward (alone or in a pair) that releases gradient buckets (a
+stage's last; under ZeRO-2 each) and the stage-wide actions; those run through the engine's own handlers, the same code
 as the SimPy walk. UNSHARD and RESHARD, which do nothing but under ZeRO-3 (data parallelism without
 ZeRO-3 runs as torch's replicate, whose schedule has them), are skipped. Same times, same accounts,
 same events; a few SimPy events per rank instead of one or two per action.
@@ -53,17 +54,45 @@ def walk_ahead(eng: Any, g: Any, actions):
     last = eng.release_at[g.prank]
     F, R, B, I, W = Kind.F, Kind.R, Kind.B, Kind.I, Kind.W  # noqa: E741
     UNSHARD, RESHARD = Kind.UNSHARD, Kind.RESHARD
+    pairs: dict = {}  # (F, backward's stage and kind) -> `Engine.pair_cost`
+    PAIR = Kind.OVERLAP_F_B.value
     t = env.now
     for i, a in enumerate(actions):
         if marks is not None:
             g.starts.append(t)
             if i in marks:
                 g.snaps.append((t, dict(acc), g.act))
-        if a.kind is Kind.OVERLAP_F_B:  # an overlapped pair runs at the clock, through its handler
-            if t > env.now:
-                yield env.timeout(t - env.now)
-            yield from handlers[Kind.OVERLAP_F_B](eng, g, a)
-            t = env.now
+        if a.kind is Kind.OVERLAP_F_B:
+            f, b = a.f, a.b
+            clock = b in last
+            if gather_f and not clock:
+                ev = g.gathered.get(f.stage)
+                clock = ev is None or not ev.processed
+            if gather_all and not clock:
+                ev = g.gathered.get(b.stage)
+                clock = ev is None or not ev.processed
+            if clock:  # through its handler, at the clock
+                if t > env.now:
+                    yield env.timeout(t - env.now)
+                yield from handlers[Kind.OVERLAP_F_B](eng, g, a)
+                t = env.now
+                continue
+            cost = pairs.get((f.stage, b.stage, b.kind))  # what `Engine._pair` charges
+            if cost is None:
+                cost = pairs[(f.stage, b.stage, b.kind)] = eng.pair_cost(f, b)
+            dur, (comp, ex, tp, a2a, off) = cost
+            g.act += act_bytes[f.stage]
+            mem.append((t, g.act))
+            if dur > 0:
+                events.append(new(TraceEvent, (rank, "compute", str(a), PAIR, t, dur, None, None, NO_ARGS)))
+            t += dur
+            acc["compute"] += comp
+            acc["expert_compute"] += ex
+            acc["tp_comm"] += tp
+            acc["moe_a2a"] += a2a
+            acc["offload"] += off
+            g.act += freed(b)
+            mem.append((t, g.act))
             continue
         st, k, mb = a
         if k in _COMPUTE:

@@ -240,22 +240,29 @@ class Engine(PipelineTransfers, DataParallel, IterationTail):
             yield from self._wait_gather(g, f.stage)
         if self.policy is ZeroPolicy.PER_UNSHARD:
             yield from self._wait_gather(g, b.stage)
-        pf, pb = self._parts(f, "F"), self._parts(b, b.kind.value)
-        dur = overlap_seconds(
-            (pf[0] + pf[1], sum(pf[2:])), (pb[0] + pb[1], sum(pb[2:])), self.costs.eff.overlap_contention
-        )
+        dur, charged = self.pair_cost(f, b)
         self._release(g, b, self.env.now, dur, False)
         self._mem(g, self.act_bytes[f.stage])
         t0 = self.env.now
         yield self.env.timeout(dur)
+        self._charge(g, "compute", charged)
+        self._record(g, "compute", str(a), Kind.OVERLAP_F_B.value, t0)
+        self._release(g, b, t0, dur, True)
+        self._mem(g, self._freed(b))
+
+    def pair_cost(self, f: Action, b: Action) -> tuple[float, tuple[float, float, float, float, float]]:
+        """An overlapped pair's seconds (`overlap_seconds` of its parts) and what it charges:
+        (compute, expert compute, exposed TP/CP, all-to-all, activation offload), what the overlap
+        leaves exposed of the parts' communication split in their proportion."""
+        pf, pb = self._parts(f, "F"), self._parts(b, b.kind.value)
+        dur = overlap_seconds(
+            (pf[0] + pf[1], sum(pf[2:])), (pb[0] + pb[1], sum(pb[2:])), self.costs.eff.overlap_contention
+        )
         comp, waits = pf[0] + pb[0], (pf[2] + pb[2], pf[3] + pb[3], pf[4] + pb[4])
         exposed = max(0.0, dur - comp - pf[1] - pb[1])
         total = sum(waits)
         tp, a2a, off = (exposed * w / total for w in waits) if total > 0 else (exposed, 0.0, 0.0)
-        self._charge(g, "compute", (comp, pf[1] + pb[1], tp, a2a, off))
-        self._record(g, "compute", str(a), Kind.OVERLAP_F_B.value, t0)
-        self._release(g, b, t0, dur, True)
-        self._mem(g, self._freed(b))
+        return dur, (comp, pf[1] + pb[1], tp, a2a, off)
 
     def _recompute(self, g: GpuState, a: Action):
         yield from self._compute(g, a, self._parts(a, "R"), acc="recompute")
