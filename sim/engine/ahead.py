@@ -55,6 +55,10 @@ def walk_ahead(eng: Any, g: Any, actions):
     F, R, B, I, W = Kind.F, Kind.R, Kind.B, Kind.I, Kind.W  # noqa: E741
     UNSHARD, RESHARD = Kind.UNSHARD, Kind.RESHARD
     pairs: dict = {}  # (F, backward's stage and kind) -> `Engine.pair_cost`
+    sends: dict = {}  # (stage, SEND_F or SEND_B) -> (receiving GPU, its stage, direction)
+    SEND_F, SEND_B, RECV_F, RECV_B = Kind.SEND_F, Kind.SEND_B, Kind.RECV_F, Kind.RECV_B
+    nxt, prv, placement = eng.sched.next_stages, eng.sched.prev_stages, eng.plan.placement
+    gpus, key, transfer_of = eng.gpus, g.key, eng._transfer_of
     PAIR = Kind.OVERLAP_F_B.value
     t = env.now
     for i, a in enumerate(actions):
@@ -119,20 +123,22 @@ def walk_ahead(eng: Any, g: Any, actions):
                     g.act += freed(a)
                     mem.append((t, g.act))
                 continue
-        if k is Kind.SEND_F or k is Kind.SEND_B:
-            direction = "F" if k is Kind.SEND_F else "B"
-            dst_stage = eng.sched.next_stage(st) if direction == "F" else eng.sched.prev_stage(st)
-            dst = eng.gpus[(g.key, eng.plan.placement[dst_stage])]
-            tr = eng._transfer_of(g.key, dst_stage, a.microbatch, direction)
+        if k is SEND_F or k is SEND_B:
+            to = sends.get((st, k))
+            if to is None:  # (receiving GPU, its stage, direction), as `Engine._send` finds them
+                direction = "F" if k is SEND_F else "B"
+                dst_stage = (nxt if direction == "F" else prv)[st]
+                to = sends[(st, k)] = (gpus[(key, placement[dst_stage])], dst_stage, direction)
+            tr = transfer_of(key, to[1], mb, to[2])
             tr.sent_at = t
-            eng._timed_transfer(g, dst, tr, a.stage, a.microbatch, direction, t)
+            eng._timed_transfer(g, to[0], tr, st, mb, to[2], t)
             t += post
             acc["pp_comm"] += post
             continue
-        if k is Kind.RECV_F or k is Kind.RECV_B:
+        if k is RECV_F or k is RECV_B:
             t += post
             acc["pp_comm"] += post
-            tr = eng._transfer_of(g.key, a.stage, a.microbatch, "F" if k is Kind.RECV_F else "B")
+            tr = transfer_of(key, st, mb, "F" if k is RECV_F else "B")
             if tr.at is not None:  # booked: its arrival time is known
                 if tr.at > t:
                     acc["pp_comm"] += tr.at - max(t, tr.sent_at if tr.sent_at is not None else t)

@@ -76,6 +76,8 @@ class Engine(PipelineTransfers, DataParallel, IterationTail):
         self.held_bytes = stage_held_bytes or [0.0] * plan.num_stages
         self.events: list[TraceEvent] = []
         self.transfers: dict[tuple, Transfer] = {}
+        #: (sending GPU, receiving GPU, stage) -> seconds of its activations' transfer (`_timed_transfer`)
+        self.p2p_s: dict[tuple[int, int, int], float] = {}
         self.pending: dict[tuple, Rendezvous] = {}
         self.last_bwd = self._last_backward()
         self.policy = plan.zero_policy

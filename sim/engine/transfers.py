@@ -31,6 +31,7 @@ class PipelineTransfers:
         net: Any
         gpus: dict[tuple[tuple[int, ...], int], GpuState]
         transfers: dict[tuple, Transfer]
+        p2p_s: dict[tuple[int, int, int], float]
         events: list[TraceEvent]
         timed_p2p: bool
         post_s: float
@@ -98,7 +99,12 @@ class PipelineTransfers:
         `_transfer`, without its process and queue events. ``now``: when the send is posted
         (`ahead` posts sends ahead of the clock)."""
         start = max(now, g.send_free[direction])
-        end = g.send_free[direction] = start + self.net.p2p_time(g.rank, dst.rank, self.work[stage].act_bytes)
+        secs = self.p2p_s.get((g.rank, dst.rank, stage))
+        if secs is None:
+            secs = self.p2p_s[(g.rank, dst.rank, stage)] = self.net.p2p_time(
+                g.rank, dst.rank, self.work[stage].act_bytes
+            )
+        end = g.send_free[direction] = start + secs
         if end > start:
             name = f"{stage}SEND_{direction}{mb}"
             self.events.append(TraceEvent(g.rank, "pp", name, f"SEND_{direction}", start, end - start, stage, mb))

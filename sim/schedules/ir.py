@@ -23,6 +23,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from enum import Enum
+from functools import cached_property
 from typing import ClassVar, NamedTuple
 
 from ..plan import looped_placement, v_placement  # noqa: F401  (re-exported: the schedules place stages so)
@@ -200,13 +201,25 @@ class Schedule:
         """Microbatches each stage runs: m, or m / 2 with two pipelines."""
         return self.num_microbatches // self.pipelines
 
+    @cached_property
+    def next_stages(self) -> tuple[int | None, ...]:
+        """Per stage, the stage a forward of it feeds (None: the last of its pipeline)."""
+        chain = self.chain
+        return tuple(None if (s + 1) % chain == 0 else s + 1 for s in range(len(self.placement)))
+
+    @cached_property
+    def prev_stages(self) -> tuple[int | None, ...]:
+        """Per stage, the stage that feeds it (None: the first of its pipeline)."""
+        chain = self.chain
+        return tuple(None if s % chain == 0 else s - 1 for s in range(len(self.placement)))
+
     def next_stage(self, stage: int) -> int | None:
         """The stage a forward of ``stage`` feeds (None: the last of its pipeline)."""
-        return None if (stage + 1) % self.chain == 0 else stage + 1
+        return self.next_stages[stage]
 
     def prev_stage(self, stage: int) -> int | None:
         """The stage that feeds ``stage`` (None: the first of its pipeline)."""
-        return None if stage % self.chain == 0 else stage - 1
+        return self.prev_stages[stage]
 
     def stages_of(self, rank: int) -> tuple[int, ...]:
         return tuple(s for s, r in enumerate(self.placement) if r == rank)

@@ -93,8 +93,7 @@ def _lower_rank(s: Schedule, acts: list[Step], recompute: bool, reduce_grad: boo
     # neighbouring stage of the pipeline is on another rank (lowered schedules hold hundreds of
     # thousands of these actions)
     new = tuple.__new__
-    nxt = [s.next_stage(st) for st in range(s.num_stages)]
-    prv = [s.prev_stage(st) for st in range(s.num_stages)]
+    nxt, prv = s.next_stages, s.prev_stages
     edges = [
         (
             prv[st] is not None and place[prv[st]] != place[st],  # type: ignore[index]
@@ -157,15 +156,16 @@ def _receives_in_send_order(ranks: list[list[Step]], sched: Schedule) -> list[li
     was sent after them: no compute waits longer and a deadlock-free order stays deadlock-free.
     """
     recv_f, recv_b, send_f, send_b = Kind.RECV_F, Kind.RECV_B, Kind.SEND_F, Kind.SEND_B
-    placement, nxt, prv = sched.placement, sched.next_stage, sched.prev_stage
+    placement, nxt, prv = sched.placement, sched.next_stages, sched.prev_stages
     # receiver -> sender -> the receives it feeds, in send order (plain tuples equal to the Actions)
     order: dict[int, dict[int, list[tuple]]] = {}
     for r, row in enumerate(ranks):
         for a in row:
-            if a.kind is send_f:
-                recv: tuple = (nxt(a.stage), recv_f, a.microbatch)
-            elif a.kind is send_b:
-                recv = (prv(a.stage), recv_b, a.microbatch)
+            k = a.kind
+            if k is send_f:
+                recv: tuple = (nxt[a.stage], recv_f, a.microbatch)
+            elif k is send_b:
+                recv = (prv[a.stage], recv_b, a.microbatch)
             else:
                 continue
             order.setdefault(placement[recv[0]], {}).setdefault(r, []).append(recv)
@@ -175,9 +175,9 @@ def _receives_in_send_order(ranks: list[list[Step]], sched: Schedule) -> list[li
         posted: dict[int, list[Step]] = {peer: [] for peer in peers}
         for a in row:
             if a.kind is recv_f:
-                posted[placement[prv(a.stage)]].append(a)  # type: ignore[index]
+                posted[placement[prv[a.stage]]].append(a)  # type: ignore[index]
             elif a.kind is recv_b:
-                posted[placement[nxt(a.stage)]].append(a)  # type: ignore[index]
+                posted[placement[nxt[a.stage]]].append(a)  # type: ignore[index]
         if all(posted[peer] == sent for peer, sent in peers.items()):
             out.append(row)  # already in send order (the usual case): nothing moves
             continue
@@ -188,7 +188,7 @@ def _receives_in_send_order(ranks: list[list[Step]], sched: Schedule) -> list[li
             if isinstance(a, Pair) or (a.kind is not recv_f and a.kind is not recv_b):
                 acts.append(a)
                 continue
-            peer = placement[prv(a.stage) if a.kind is recv_f else nxt(a.stage)]  # type: ignore[index]
+            peer = placement[prv[a.stage] if a.kind is recv_f else nxt[a.stage]]  # type: ignore[index]
             k = index[peer][a]  # lowering pairs every receive with a send
             d = done[peer]
             if k == d:  # the next one the peer sends: the usual case
