@@ -161,10 +161,10 @@ def _receives_in_send_order(ranks: list[list[Step]], sched: Schedule) -> list[li
     order: dict[int, dict[int, list[tuple]]] = {}
     for r, row in enumerate(ranks):
         for a in row:
-            k = a.kind
-            if k is send_f:
+            kind = a.kind
+            if kind is send_f:
                 recv: tuple = (nxt[a.stage], recv_f, a.microbatch)
-            elif k is send_b:
+            elif kind is send_b:
                 recv = (prv[a.stage], recv_b, a.microbatch)
             else:
                 continue
