@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from operator import mul
 
 from ..plan import ParallelPlan
@@ -32,7 +32,7 @@ class AliveProfile:
     #: the maximal ones (`peaks`)
     _merged: dict = field(default_factory=dict, compare=False, repr=False)
 
-    @property
+    @cached_property
     def inflight(self) -> tuple[int, ...]:
         """Most sets alive at once per rank (`schedules.peak_inflight`)."""
         return tuple(max((sum(v[: len(st)]) for v in vecs), default=0) for st, vecs in zip(self.stages, self.vectors))

@@ -209,6 +209,7 @@ def stage_work(
     k, a = profile.compute_map(plan)
     sp = plan.tp if plan.sequence_parallel else 1
     out: list[StageWork] = []
+    sums: dict[tuple, dict[str, float]] = {}  # `_sum_layers` by the stage's layer counts
     for s in range(plan.num_stages):
         counts = stage_kinds(m, plan, s)
         first, last = plan.holds_embedding(s), plan.holds_head(s)
@@ -224,8 +225,12 @@ def stage_work(
                     _sum_layers(per, part.recomputed).items(), _sum_layers(kept, part.stored).values()
                 )
             }
-        else:
-            x = _sum_layers(per, counts)
+        else:  # stages of the same layers sum the same (x is changed below: a copy)
+            key = tuple(counts.items())
+            summed = sums.get(key)
+            if summed is None:
+                summed = sums[key] = _sum_layers(per, counts)
+            x = dict(summed)
         moe_layers = sum(n for kind, n in counts.items() if kind.moe)
         if first:
             x["f"], x["w"] = x["f"] + em.f, x["w"] + em.w
