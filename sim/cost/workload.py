@@ -226,10 +226,10 @@ def stage_work(
                 )
             }
         else:  # stages of the same layers sum the same (x is changed below: a copy)
-            key = tuple(counts.items())
-            summed = sums.get(key)
+            held = tuple(counts.items())
+            summed = sums.get(held)
             if summed is None:
-                summed = sums[key] = _sum_layers(per, counts)
+                summed = sums[held] = _sum_layers(per, counts)
             x = dict(summed)
         moe_layers = sum(n for kind, n in counts.items() if kind.moe)
         if first:
