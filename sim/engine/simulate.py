@@ -23,7 +23,7 @@ from ..layout import RankLayout
 from ..model import hardware_flops_per_iteration, model_flops_per_iteration
 from ..network import make_network
 from ..plan import ParallelPlan
-from ..schedules import StageCosts
+from ..schedules import COST_STEERED, StageCosts, peak_inflight
 from ..schedules.ir import Schedule
 from ..schedules.memo import lowered_schedule
 from ..specs import ClusterSpec, ModelSpec
@@ -126,9 +126,10 @@ def simulate(
     out, why = None, "off (EngineOptions.compress)"
     if options.compress:
         out, why = _compressed(plan, scosts, engine)
+    ran: Schedule | None = None  # the whole schedule the engine ran (None: its rounds, compressed)
     if out is None:
-        sched = lowered_schedule(plan, costs=scosts)
-        out = outcome_of(engine(sched), sched.num_actions)
+        ran = lowered_schedule(plan, costs=scosts)
+        out = outcome_of(engine(ran), ran.num_actions)
         out.rounds = {"compressed": False, "why": why}
     if replicas is not None and replicas["symmetric"]:
         out = replicate(plan, out)
@@ -150,10 +151,14 @@ def simulate(
             unsharded[g.prank] = g.peak_unsharded
             timeline[g.rank] = g.mem
     reported = min(per_rank, key=lambda r: (per_rank[r]["bubble"], r))
+    # sets in flight: where the stage costs order the schedule (zb-1p/2p), those of the order the
+    # engine ran, not of the unit-cost build the memory report would make (`alive.unit_costs`)
+    steered = ran is not None and plan.schedule in COST_STEERED
     mem = memory_report(
         model,
         plan,
         cluster.gpu,
+        inflight=peak_inflight(ran) if steered and ran is not None else None,
         activation_peak=peaks,
         zero3_unsharded=unsharded if plan.zero >= 3 and plan.pp > 1 else None,
         cluster=cluster,
