@@ -45,3 +45,20 @@ def test_the_cache_is_bounded():
     for gbs in range(2, 2 * (memo.SIZE + 4) + 2, 2):
         lowered_schedule(plan(global_batch_size=gbs * 2))
     assert len(memo._LOWERED.items) == memo.SIZE and len(memo._BUILT.items) == memo.SIZE
+
+
+def test_plans_whose_lowering_places_the_same_actions_share_it_with_their_own_meta():
+    """Full and selective recompute both add an R before each backward; ZeRO-0 with data
+    parallelism (torch's replicate), ZeRO-2 and ZeRO-3 all get UNSHARD/RESHARD: one lowering each,
+    handed out with the plan's own recompute mode and ZeRO stage (the CSV sidecar's)."""
+    memo.clear()
+    full, sel = plan(recompute="full"), plan(recompute="selective")
+    a, b = lowered_schedule(full), lowered_schedule(sel)
+    assert b.ranks is a.ranks and b == lower(schedule_for_plan(sel), sel)
+    assert (a.meta["recompute"], b.meta["recompute"]) == ("full", "selective")
+    by_zero = {z: lowered_schedule(plan(zero=z)) for z in (0, 2, 3)}
+    assert by_zero[0].ranks is by_zero[2].ranks is by_zero[3].ranks
+    for z, got in by_zero.items():
+        assert got.meta["zero"] == z and got == lower(schedule_for_plan(plan(zero=z)), plan(zero=z))
+    assert lowered_schedule(plan(zero=1)) != by_zero[0]  # plain DDP: no UNSHARD/RESHARD
+    assert lowered_schedule(plan(zero=0, dp=1, global_batch_size=16)) != by_zero[0]  # no data parallelism

@@ -201,6 +201,13 @@ def _receives_in_send_order(ranks: list[list[Step]], sched: Schedule) -> list[li
     return out
 
 
+def fsdp_managed(zero: int, shards: int) -> bool:
+    """Whether the stages get UNSHARD/RESHARD: ZeRO-2/3, and ZeRO-0 with data parallelism (over
+    ``shards`` = dp x cp GPUs), which the executor runs with torch's `replicate` (FSDP2's DDP);
+    ZeRO-1 runs as plain DDP."""
+    return zero >= 2 or (zero == 0 and shards > 1)
+
+
 def lower(
     schedule: Schedule,
     plan: ParallelPlan | None = None,
@@ -233,9 +240,7 @@ def lower(
     if recompute not in ("none", "selective", "full"):
         raise ScheduleError("recompute", f"unknown mode {recompute!r}.", "use none, selective or full.")
     ranks: list[list[Step]] = []
-    # FSDP-managed stages need UNSHARD/RESHARD: ZeRO-2/3, and ZeRO-0 with data parallelism, which
-    # the executor runs with torch's `replicate` (FSDP2's DDP); ZeRO-1 runs as plain DDP.
-    fsdp = zero >= 2 or (zero == 0 and plan is not None and plan.zero_shards > 1)
+    fsdp = fsdp_managed(zero, plan.zero_shards if plan is not None else 1)
     for acts in schedule.ranks:
         seq = add_unshard_reshard(acts, max_active_stages) if fsdp else list(acts)
         ranks.append(_lower_rank(schedule, seq, recompute != "none", reduce_grad))

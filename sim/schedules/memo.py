@@ -5,7 +5,10 @@ sequence parallelism, ...) run the same action lists, so they are built and lowe
 A schedule is a value (`ir.Schedule` is frozen, its ranks are tuples and passes return new
 schedules), so sharing one between simulations is safe. The key is everything the generator
 (`build_schedule`: name, pp, vpp, m, and the stage costs for the cost-steered zero-bubble
-schedules) and `lower` (recompute, ZeRO stage, whether the stages are FSDP-managed) read.
+schedules) and `lower` read to place actions: whether a backward recomputes (full and selective
+alike add an R) and whether the stages are FSDP-managed (`lower.fsdp_managed`: ZeRO-0 with data
+parallelism, 2 and 3 alike); the schedule handed out carries the plan's own recompute mode and
+ZeRO stage in its ``meta`` (what the schedule CSV's sidecar records).
 Both caches are small LRUs: a lowered schedule of 35 stages x 3 chunks x 1,120 micro-batches
 holds about a million actions.
 """
@@ -14,11 +17,12 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from .costs import StageCosts
 from .ir import Schedule
-from .lower import lower
+from .lower import fsdp_managed, lower
 
 if TYPE_CHECKING:
     from ..plan import ParallelPlan
@@ -67,8 +71,19 @@ def lowered_schedule(plan: ParallelPlan, m: int | None = None, costs: StageCosts
 
     m = plan.num_microbatches if m is None else m
     steer = costs if plan.schedule in COST_STEERED else None
-    key = (plan.schedule, plan.pp, plan.vpp, m, steer, plan.recompute, plan.zero, plan.zero_shards > 1)
-    return _LOWERED.get(key, lambda: lower(built_schedule(plan, m, costs), plan))
+    key = (
+        plan.schedule,
+        plan.pp,
+        plan.vpp,
+        m,
+        steer,
+        plan.recompute != "none",
+        fsdp_managed(plan.zero, plan.zero_shards),
+    )
+    low = _LOWERED.get(key, lambda: lower(built_schedule(plan, m, costs), plan))
+    if (low.meta.get("recompute"), low.meta.get("zero")) != (plan.recompute, plan.zero):
+        low = replace(low, meta={**low.meta, "recompute": plan.recompute, "zero": plan.zero})
+    return low
 
 
 def clear() -> None:

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from .. import files
 from ..errors import SimparError
+from ..schedules.lower import fsdp_managed
 from . import lock
 from .evaluate import SweepSetup
 from .limits import check_options, check_setup
@@ -227,9 +228,21 @@ def _phase(
 
 
 def schedule_key(cfg: Config) -> tuple:
-    """Configurations with the same key run the same schedule if they have the same micro-batch
-    count (which the global batch and dp x mbs decide)."""
-    return (cfg.schedule, cfg.pp, cfg.vpp, cfg.dp * cfg.mbs, cfg.zero, cfg.recompute, cfg.id)
+    """Configurations next to each other in this order run the same lowered schedule
+    (`schedules.memo`) where they have the same micro-batch count (the global batch and dp x mbs
+    decide it): same schedule, recompute or not, FSDP-managed stages or not."""
+    managed = fsdp_managed(cfg.zero, cfg.dp * cfg.cp)
+    return (
+        cfg.schedule,
+        cfg.pp,
+        cfg.vpp,
+        cfg.dp * cfg.mbs,
+        cfg.recompute != "none",
+        managed,
+        cfg.zero,
+        cfg.recompute,
+        cfg.id,
+    )
 
 
 #: configurations the bounded search simulates between two looks at the k-th best time (fixed,
