@@ -45,7 +45,9 @@ def walk_ahead(eng: Any, g: Any, actions):
     handlers, act_bytes, held, freed = eng.HANDLERS, eng.act_bytes, eng.held_bytes, eng._freed
     marks = eng.marks[g.prank] if eng.marks is not None else None
     events, mem, rank, new = eng.events, g.mem, g.rank, tuple.__new__
-    table = _compute_table(eng)
+    table = eng.compute_table  # the same for every GPU of the engine: made by the first walk
+    if table is None:
+        table = eng.compute_table = _compute_table(eng)
     policy, opt = eng.policy, eng.opt
     # a compute action runs at the clock when it waits on a ZeRO gather not yet done, or when it
     # releases gradient buckets (a stage's last backward; under ZeRO-2 every backward)

@@ -78,6 +78,8 @@ class Engine(PipelineTransfers, DataParallel, IterationTail):
         self.transfers: dict[tuple, Transfer] = {}
         #: (sending GPU, receiving GPU, stage) -> seconds of its activations' transfer (`_timed_transfer`)
         self.p2p_s: dict[tuple[int, int, int], float] = {}
+        #: (stage, kind) -> what a compute action charges (`ahead._compute_table`; None: not made yet)
+        self.compute_table: dict | None = None
         self.pending: dict[tuple, Rendezvous] = {}
         self.last_bwd = self._last_backward()
         self.policy = plan.zero_policy
