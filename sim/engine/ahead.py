@@ -4,14 +4,14 @@ There every duration on a rank's compute stream is known when the action starts,
 transfer is booked at once (`Engine._timed_transfer`): nothing another process does can change when
 the rank's next compute action ends. So the walk keeps its own clock ``t`` and runs compute actions,
 overlapped F&B pairs (`Engine.pair_cost`), sends and receives whose data is already booked without
-yielding to SimPy: it adds each duration to
-``t`` and records the event, the accounts and the memory sample at the times the SimPy walk would.
-It yields (to ``t``) only where it must see other processes: a receive whose send is not booked yet,
-a ZeRO gather still in flight, a backward (alone or in a pair) that releases gradient buckets (a
-stage's last; under ZeRO-2 each) and the stage-wide actions; those run through the engine's own handlers, the same code
-as the SimPy walk. UNSHARD and RESHARD, which do nothing but under ZeRO-3 (data parallelism without
-ZeRO-3 runs as torch's replicate, whose schedule has them), are skipped. Same times, same accounts,
-same events; a few SimPy events per rank instead of one or two per action.
+yielding to SimPy: it adds each duration to ``t`` and records the event, the accounts and the
+memory sample at the times the SimPy walk would. It yields (to ``t``) only where it must see other
+processes: a receive whose send is not booked yet, a ZeRO gather still in flight, a backward (alone
+or in a pair) that releases gradient buckets (a stage's last; under ZeRO-2 each) and the
+stage-wide actions; those run through the engine's own handlers, the same code as the SimPy walk.
+UNSHARD and RESHARD, which do nothing but under ZeRO-3 (data parallelism without ZeRO-3 runs as
+torch's replicate, whose schedule has them), are skipped. Same times, same accounts, same events; a
+few SimPy events per rank instead of one or two per action.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def walk_ahead(eng: Any, g: Any, actions):
     last = eng.release_at[g.prank]
     F, R, B, I, W = Kind.F, Kind.R, Kind.B, Kind.I, Kind.W  # noqa: E741
     UNSHARD, RESHARD = Kind.UNSHARD, Kind.RESHARD
-    pairs: dict = {}  # (F, backward's stage and kind) -> `Engine.pair_cost`
+    pairs: dict = {}  # (F's stage, backward's stage and kind) -> `Engine.pair_cost`
     sends: dict = {}  # (stage, SEND_F or SEND_B) -> (receiving GPU, its stage, direction)
     SEND_F, SEND_B, RECV_F, RECV_B = Kind.SEND_F, Kind.SEND_B, Kind.RECV_F, Kind.RECV_B
     nxt, prv, placement = eng.sched.next_stages, eng.sched.prev_stages, eng.plan.placement
