@@ -153,12 +153,12 @@ def simulate(
     reported = min(per_rank, key=lambda r: (per_rank[r]["bubble"], r))
     # sets in flight: where the stage costs order the schedule (zb-1p/2p), those of the order the
     # engine ran, not of the unit-cost build the memory report would make (`alive.unit_costs`)
-    steered = ran is not None and plan.schedule in COST_STEERED
+    inflight = peak_inflight(ran) if ran is not None and plan.schedule in COST_STEERED else None
     mem = memory_report(
         model,
         plan,
         cluster.gpu,
-        inflight=peak_inflight(ran) if steered and ran is not None else None,
+        inflight=inflight,
         activation_peak=peaks,
         zero3_unsharded=unsharded if plan.zero >= 3 and plan.pp > 1 else None,
         cluster=cluster,
