@@ -27,6 +27,7 @@ from simpar.sim.plan import ParallelPlan
 from simpar.sim.plan_check import _check_experts, _check_schedule, _check_split, check_zero
 from simpar.sim.schedules import check_schedule, read_csv
 from simpar.sim.schedules.ir import Kind, Schedule, flat
+from simpar.sim.schedules.lower import fsdp_managed
 from simpar.sim.specs import ModelSpec
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
@@ -262,8 +263,7 @@ def _check_lowered(plan: ParallelPlan, sched: Schedule, placement: tuple[int, ..
                     "add REDUCE_GRAD after each stage's last backward, or run the compute-only schedule "
                     "(torch inserts it).",
                 )
-            fsdp = plan.zero >= 2 or (plan.zero == 0 and plan.zero_shards > 1)  # ZeRO-0 + dp runs as replicate (FSDP2)
-            if fsdp and not {(s, Kind.UNSHARD), (s, Kind.RESHARD)} <= kinds:
+            if fsdp_managed(plan.zero, plan.zero_shards) and not {(s, Kind.UNSHARD), (s, Kind.RESHARD)} <= kinds:
                 raise ScheduleError(
                     "schedule",
                     f"has communication but no {s}UNSHARD/{s}RESHARD on rank {r}, which FSDP (zero>=2, or "

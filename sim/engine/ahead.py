@@ -59,8 +59,7 @@ def walk_ahead(eng: Any, g: Any, actions):
     pairs: dict = {}  # (F's stage, backward's stage and kind) -> `Engine.pair_cost`
     sends: dict = {}  # (stage, SEND_F or SEND_B) -> (receiving GPU, its stage, direction)
     SEND_F, SEND_B, RECV_F, RECV_B = Kind.SEND_F, Kind.SEND_B, Kind.RECV_F, Kind.RECV_B
-    nxt, prv, placement = eng.sched.next_stages, eng.sched.prev_stages, eng.plan.placement
-    gpus, key, transfer_of = eng.gpus, g.key, eng._transfer_of
+    key, transfer_of = g.key, eng._transfer_of
     PAIR = Kind.OVERLAP_F_B.value
     t = env.now
     for i, a in enumerate(actions):
@@ -127,10 +126,9 @@ def walk_ahead(eng: Any, g: Any, actions):
                 continue
         if k is SEND_F or k is SEND_B:
             to = sends.get((st, k))
-            if to is None:  # (receiving GPU, its stage, direction), as `Engine._send` finds them
+            if to is None:
                 direction = "F" if k is SEND_F else "B"
-                dst_stage = (nxt if direction == "F" else prv)[st]
-                to = sends[(st, k)] = (gpus[(key, placement[dst_stage])], dst_stage, direction)
+                to = sends[(st, k)] = (*eng.send_target(g, st, direction), direction)
             tr = transfer_of(key, to[1], mb, to[2])
             tr.sent_at = t
             eng._timed_transfer(g, to[0], tr, st, mb, to[2], t)

@@ -73,11 +73,15 @@ class PipelineTransfers:
         sent = tr.sent_at if tr.sent_at is not None else t0
         g.acc["pp_comm"] += self.env.now - max(t0, sent)
 
-    def _send(self, g: GpuState, stage: int, mb: int, direction: str):
-        """Post the send (the rank spends ``post_s`` on it); the transfer runs on its own stream."""
+    def send_target(self, g: GpuState, stage: int, direction: str) -> tuple[GpuState, int]:
+        """The GPU and the stage a send of ``stage`` in ``direction`` ("F" or "B") reaches."""
         dst_stage = self.sched.next_stage(stage) if direction == "F" else self.sched.prev_stage(stage)
         assert dst_stage is not None, "lowering sends only to a stage of the same pipeline"
-        dst = self.gpus[(g.key, self.plan.placement[dst_stage])]
+        return self.gpus[(g.key, self.plan.placement[dst_stage])], dst_stage
+
+    def _send(self, g: GpuState, stage: int, mb: int, direction: str):
+        """Post the send (the rank spends ``post_s`` on it); the transfer runs on its own stream."""
+        dst, dst_stage = self.send_target(g, stage, direction)
         tr = self._transfer_of(g.key, dst_stage, mb, direction)
         tr.sent_at = self.env.now
         if not self.timed_p2p:
