@@ -31,8 +31,8 @@ from pathlib import Path
 
 from .. import files
 from ..errors import SimparError
-from ..schedules.lower import fsdp_managed
 from . import lock
+from .batches import grouped, layout_key, schedule_key
 from .evaluate import SweepSetup
 from .limits import check_options, check_setup
 from .manifest import PHASES, check_counts, phase_throughput, read_manifest, write_manifest
@@ -200,7 +200,7 @@ def _phase(
     configs: list[Config],
     jdir: Path,
     progress: Progress | None,
-    batch: int,
+    batches: Callable[[list[Config]], list[list[Config]]],
     note: Note,
     throughput: dict[str, dict],
 ) -> dict[str, dict[str, str]]:
@@ -219,7 +219,7 @@ def _phase(
             progress(name, len(rows), len(configs))
 
     t = time.perf_counter()
-    backend.map(setup, name, list(iter_batches(todo, batch)), done)
+    backend.map(setup, name, batches(todo), done)
     before = throughput.get(name, {})  # the bounded search runs the simulate phase in steps
     throughput[name] = phase_throughput(
         len(todo) + before.get("configs", 0), time.perf_counter() - t + before.get("wall_s", 0.0), backend.workers
@@ -227,22 +227,15 @@ def _phase(
     return rows
 
 
-def schedule_key(cfg: Config) -> tuple:
-    """Configurations next to each other in this order run the same lowered schedule
-    (`schedules.memo`) where they have the same micro-batch count (the global batch and dp x mbs
-    decide it): same schedule, recompute or not, FSDP-managed stages or not."""
-    managed = fsdp_managed(cfg.zero, cfg.dp * cfg.cp)
-    return (
-        cfg.schedule,
-        cfg.pp,
-        cfg.vpp,
-        cfg.dp * cfg.mbs,
-        cfg.recompute != "none",
-        managed,
-        cfg.zero,
-        cfg.recompute,
-        cfg.id,
-    )
+#: most configurations in a screen batch (a batch's rows reach the journal when it ends)
+SCREEN_BATCH = 4096
+
+
+def _fixed(size: int) -> Callable[[list[Config]], list[list[Config]]]:
+    return lambda todo: list(iter_batches(todo, size))
+
+
+_single = _fixed(1)  # an engine run each: the workers stay balanced
 
 
 #: configurations the bounded search simulates between two looks at the k-th best time (fixed,
@@ -268,7 +261,7 @@ def _bounded(backend, setup, fitting, by_id, opts, jdir, progress, note, through
     while i < len(cands) and (kth is None or num(cands[i], "lower_bound_s") <= kth):
         i = min(len(cands), i + BOUND_STEP)
         chosen = [by_id[r["id"]] for r in cands[:i]]
-        rows = _phase(backend, setup, "simulate", chosen, jdir, progress, 1, note, throughput)
+        rows = _phase(backend, setup, "simulate", chosen, jdir, progress, _single, note, throughput)
         kth = kth_best(rows, opts.simulate)
     nxt = num(cands[i], "lower_bound_s") if i < len(cands) else None
     return rows, {
@@ -350,9 +343,13 @@ def _run(
     throughput = {p: phase_throughput(0, 0.0, backend.workers) for p in PHASES}
     try:
         t = time.perf_counter()
-        # batches sized to the backend's workers (a Ray cluster's CPUs); the results do not depend on them
-        size = max(32, min(512, len(configs) // (backend.workers * 8) or 1))
-        screen = _phase(backend, setup, "screen", configs, jdir, progress, size, note, throughput)
+
+        # a layout's configurations on one worker, which builds their stage work and collective
+        # times once (`batches`); the results do not depend on the batches
+        def by_layout(todo: list[Config]) -> list[list[Config]]:
+            return grouped(todo, layout_key, backend.workers, spread=2, most=SCREEN_BATCH)
+
+        screen = _phase(backend, setup, "screen", configs, jdir, progress, by_layout, note, throughput)
         fitting = sorted(
             (r for r in screen.values() if r["status"] == "estimated"), key=sort_key(opts.objective, "quick_time_s")
         )
@@ -361,12 +358,12 @@ def _run(
             # grouped by schedule, so a worker's batch reuses its lowered schedules (`schedules.memo`)
             todo = sorted((by_id[r["id"]] for r in fitting), key=schedule_key)
             batch = max(1, min(16, len(todo) // (backend.workers * 8)))
-            simulated = _phase(backend, setup, "simulate", todo, jdir, progress, batch, note, throughput)
+            simulated = _phase(backend, setup, "simulate", todo, jdir, progress, _fixed(batch), note, throughput)
         else:
             if opts.refine:
                 cand = [by_id[r["id"]] for r in fitting[: opts.refine]]
                 batch = max(1, min(8, len(cand) // (backend.workers * 4)))
-                refined = _phase(backend, setup, "refine", cand, jdir, progress, batch, note, throughput)
+                refined = _phase(backend, setup, "refine", cand, jdir, progress, _fixed(batch), note, throughput)
             timings["refine"], t = time.perf_counter() - t, time.perf_counter()
             if opts.objective == "throughput":
                 simulated, manifest["bound"] = _bounded(
@@ -375,7 +372,7 @@ def _run(
             else:  # least memory first: the bound is on time, so the best k by memory are simulated
                 first = sorted(refined.values(), key=sort_key(opts.objective, "oracle_time_s")) if refined else fitting
                 chosen = [by_id[r["id"]] for r in first[: opts.simulate]]
-                simulated = _phase(backend, setup, "simulate", chosen, jdir, progress, 1, note, throughput)
+                simulated = _phase(backend, setup, "simulate", chosen, jdir, progress, _single, note, throughput)
         timings["simulate"] = time.perf_counter() - t
         backend.close()
     except BaseException:

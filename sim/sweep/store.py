@@ -70,6 +70,7 @@ COLUMNS = (
     + TIME_COLUMNS
 )
 _HEADER = ",".join(COLUMNS)
+_EMPTY = dict.fromkeys(COLUMNS, "")
 _POSITIVE = ("tp", "pp", "dp", "cp", "vpp", "mbs", "gbs", "ep")
 _OPTIONAL_INTS = ("rank", "num_microbatches", "reported_rank", "worst_memory_rank")
 _FLOATS = (
@@ -78,6 +79,7 @@ _FLOATS = (
     + ("peak_memory_gib", "over_by_gib", "host_memory_gib")
     + TIME_COLUMNS
 )
+_FLOAT_SET = frozenset(_FLOATS)
 _TIMES = ("iter_time_s",) + TIME_COLUMNS
 #: Values each status needs (what ranking, the report and --why read).
 _NEEDS = {
@@ -108,10 +110,17 @@ def fmt(v: Any) -> str:
 
 
 def as_text(row: dict[str, Any]) -> dict[str, str]:
-    """A computed row as the journal and results.csv hold it (every column, as text), after
-    checking its numbers are finite. Workers call it, so the parent only writes lines."""
-    _check_finite(row)
-    return {c: fmt(row.get(c)) for c in COLUMNS}
+    """A computed row as the journal and results.csv hold it (every column, as text; a column the
+    row lacks is empty), after checking its numbers are finite. Workers call it, so the parent
+    only writes lines. Walks the row's own values (most rows fill few of the columns)."""
+    out = _EMPTY.copy()
+    for c, v in row.items():
+        if c not in out or v is None:
+            continue
+        if c in _FLOAT_SET and isinstance(v, float) and not math.isfinite(v):
+            _not_finite(row, c, v)
+        out[c] = f"{v:.6g}" if type(v) is float else fmt(v)
+    return out
 
 
 def to_line(row: dict[str, Any]) -> str:
@@ -211,16 +220,13 @@ def row_problem(row: dict[str, str]) -> str:
     return f"a row with status {status} needs a value in {missing[0]}" if missing else ""
 
 
-def _check_finite(row: dict[str, Any]) -> None:
+def _not_finite(row: dict[str, Any], c: str, v: float) -> None:
     """A computed row holds finite numbers only (a NaN or inf would rank silently wrong)."""
-    for c in _FLOATS:
-        v = row.get(c)
-        if isinstance(v, float) and not math.isfinite(v):
-            raise SimparError(
-                "sweep",
-                f"configuration {row.get('id')} gave {c} = {v}: an internal error, not a result.",
-                "report it with the command; the rows finished so far are saved (--resume).",
-            )
+    raise SimparError(
+        "sweep",
+        f"configuration {row.get('id')} gave {c} = {v}: an internal error, not a result.",
+        "report it with the command; the rows finished so far are saved (--resume).",
+    )
 
 
 # --- journals ------------------------------------------------------------------------------

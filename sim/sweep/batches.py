@@ -1,0 +1,57 @@
+"""How a phase's configurations are cut into the batches the workers take (`workers`): which
+configurations share a batch decides which caches a worker builds once (an `evaluate.Evaluator`'s
+stage-work tables and collective times, `schedules.memo`'s lowered schedules) and which are built
+again on another worker. The rows do not depend on it: every configuration's row is the same
+whatever batch it runs in.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Hashable, Sequence
+from typing import TypeVar
+
+from ..schedules.lower import fsdp_managed
+from .space import Config
+
+T = TypeVar("T")
+
+
+def layout_key(cfg: Config) -> tuple[int, int, int]:
+    """(tp, pp, cp): configurations of one layout share their stage-work tables (for each
+    micro-batch size, virtual stage count and recompute mode), their data-parallel groups and
+    collective times, and most of their schedules' alive profiles."""
+    return cfg.tp, cfg.pp, cfg.cp
+
+
+def schedule_key(cfg: Config) -> tuple:
+    """Configurations next to each other in this order run the same lowered schedule
+    (`schedules.memo`) where they have the same micro-batch count (the global batch and dp x mbs
+    decide it): same schedule, recompute or not, FSDP-managed stages or not."""
+    return (*lowering_key(cfg), cfg.zero, cfg.recompute, cfg.id)
+
+
+def lowering_key(cfg: Config) -> tuple:
+    """What `schedules.memo` keys a plan's lowered schedule on, in a configuration's terms."""
+    managed = fsdp_managed(cfg.zero, cfg.dp * cfg.cp)
+    return cfg.schedule, cfg.pp, cfg.vpp, cfg.dp * cfg.mbs, cfg.recompute != "none", managed
+
+
+def grouped(
+    items: Sequence[T], key: Callable[[T], Hashable], workers: int, spread: int = 1, most: int | None = None
+) -> list[list[T]]:
+    """``items`` in batches of one ``key`` each, largest first (a pool hands the next batch to the
+    first free worker: the longest-processing-time rule), ties in the order the groups first
+    appear. A group larger than ``len(items) / (workers * spread)`` or than ``most`` is cut into
+    pieces of at most that size: every worker gets work, and a batch's rows, which reach the
+    journal when it ends, are never more than ``most`` (what an interrupt can lose). Within a
+    batch the items keep their order."""
+    if not items:
+        return []
+    cap = max(1, math.ceil(len(items) / (max(1, workers) * max(1, spread))))
+    cap = min(cap, most) if most else cap
+    groups: dict[Hashable, list[T]] = {}
+    for x in items:
+        groups.setdefault(key(x), []).append(x)
+    pieces = [g[i : i + cap] for g in groups.values() for i in range(0, len(g), cap)]
+    return sorted(pieces, key=len, reverse=True)  # stable: ties keep their first appearance

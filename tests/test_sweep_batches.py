@@ -1,0 +1,44 @@
+"""`batches.grouped`: a phase's configurations cut into batches of one key each (what a worker
+builds once), largest first; every configuration in exactly one batch, in its order."""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from simpar.sim.specs import load_cluster, load_model
+from simpar.sim.sweep.batches import grouped, layout_key
+from simpar.sim.sweep.space import SearchSpace, enumerate_configs
+
+
+@settings(deadline=None, max_examples=300)
+@given(
+    st.lists(st.integers(0, 5), max_size=60),
+    st.integers(1, 8),
+    st.integers(1, 4),
+    st.one_of(st.none(), st.integers(1, 20)),
+)
+def test_a_partition_by_key_within_the_caps(keys, workers, spread, most):
+    items = list(enumerate(keys))  # (position, key)
+    out = grouped(items, lambda x: x[1], workers, spread, most)
+    assert sorted(x for b in out for x in b) == items  # each exactly once
+    cap = math.ceil(len(items) / (workers * spread)) if items else 0
+    for b in out:
+        assert b and len({k for _, k in b}) == 1
+        assert len(b) <= cap and (most is None or len(b) <= most)
+        assert b == sorted(b)  # the items' order kept
+    assert [len(b) for b in out] == sorted((len(b) for b in out), reverse=True)
+    if most is None:  # a key's items fill its batches up to the cap, the rest in the last one
+        for k in set(keys):
+            sizes = [len(b) for b in out if b[0][1] == k]
+            assert sizes.count(cap) >= len(sizes) - 1
+
+
+def test_the_gpt3_screen_runs_each_layout_on_one_worker():
+    """The default GPT-3 space on 2 workers: one batch per (tp, pp, cp) layout."""
+    m, c = load_model("gpt3-175b"), load_cluster("dgx-a100-80g", gpus=1024)
+    cfgs = enumerate_configs(m, c, 1024, SearchSpace())
+    out = grouped(cfgs, layout_key, 2, spread=2, most=4096)
+    assert len(out) == len({layout_key(x) for x in cfgs})
