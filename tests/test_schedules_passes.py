@@ -6,6 +6,8 @@ from collections import Counter
 
 import pytest
 from conftest import SCHEDULE_FAMILIES  # tests/ is on sys.path (rootdir conftest)
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from simpar.sim.errors import ScheduleError
 from simpar.sim.plan import ParallelPlan
@@ -224,3 +226,54 @@ def test_receives_interleaved_against_the_sender_are_refused() -> None:
     bad = low.replace_ranks([low.ranks[0], row])
     with pytest.raises(ScheduleError, match="receive #\\d+ from rank 0 .* matched in the order they are posted"):
         check_schedule(bad)
+
+
+def _window_by_definition(stages: list[tuple[int, ...]], i: int, n: int) -> tuple[int, ...]:
+    """The first ``n`` distinct stages from position i on, the position's own (one, or two for an
+    overlapped pair) always in, read off the list directly."""
+    own = stages[i]
+    seen: list[int] = list(own)
+    for later in stages[i + 1 :]:
+        for s in later:
+            if len(seen) >= max(n, len(own)):
+                break
+            if s not in seen:
+                seen.append(s)
+    return tuple(seen[: max(n, len(own))])
+
+
+@settings(deadline=None, max_examples=300)
+@given(
+    st.lists(
+        st.one_of(
+            st.tuples(st.integers(0, 5)),
+            st.lists(st.integers(0, 5), min_size=2, max_size=2, unique=True).map(tuple),
+        ),
+        max_size=40,
+    ),
+    st.integers(1, 4),
+)
+def test_unshard_windows_are_the_next_distinct_stages(stages, n):
+    """`lower._next_distinct` (the ZeRO-3 window, with its shortcut for a stage that leads it
+    already) against its definition; and UNSHARD/RESHARD keep exactly the window gathered."""
+    from simpar.sim.schedules.ir import Pair
+    from simpar.sim.schedules.lower import _next_distinct, add_unshard_reshard
+
+    got = _next_distinct(stages, n)
+    assert got == [_window_by_definition(stages, i, n) for i in range(len(stages))]
+    acts = tuple(
+        Action(s[0], Kind.F, 0) if len(s) == 1 else Pair(Action(s[0], Kind.F, 0), Action(s[1], Kind.B, 0))
+        for s in stages
+    )
+    active: set[int] = set()
+    k = 0
+    for a in add_unshard_reshard(acts, n):
+        if a.kind is Kind.UNSHARD:
+            assert a.stage not in active
+            active.add(a.stage)
+        elif a.kind is Kind.RESHARD:
+            active.remove(a.stage)
+        else:
+            assert active == set(got[k])
+            k += 1
+    assert k == len(stages) and not active

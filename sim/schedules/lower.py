@@ -46,7 +46,10 @@ def _next_distinct(stages: list[tuple[int, ...]], n: int) -> list[tuple[int, ...
     ahead: tuple[int, ...] = ()
     for i in range(len(stages) - 1, -1, -1):
         own = stages[i]
-        ahead = (own + tuple(x for x in ahead if x not in own))[: max(n, len(own))]
+        # the usual step, a stage that already leads the window, leaves it as it is (the same
+        # tuple, which `add_unshard_reshard` then passes over)
+        if not (len(own) == 1 and ahead[:1] == own and len(ahead) <= n):
+            ahead = (own + tuple(x for x in ahead if x not in own))[: max(n, len(own))]
         out[i] = ahead
     return out
 
@@ -57,14 +60,17 @@ def add_unshard_reshard(acts: tuple[Step, ...], max_active_stages: int = MAX_ACT
     window = _next_distinct(uses, max_active_stages)
     active: list[int] = []
     out: list[Step] = []
+    last: tuple[int, ...] | None = None
     for a, nxt in zip(acts, window):
-        for s in [s for s in active if s not in nxt]:
-            active.remove(s)
-            out.append(Action(s, Kind.RESHARD))
-        for s in nxt:
-            if s not in active:
-                active.append(s)
-                out.append(Action(s, Kind.UNSHARD))
+        if nxt is not last:  # the same window as the action before: the same stages stay gathered
+            for s in [s for s in active if s not in nxt]:
+                active.remove(s)
+                out.append(Action(s, Kind.RESHARD))
+            for s in nxt:
+                if s not in active:
+                    active.append(s)
+                    out.append(Action(s, Kind.UNSHARD))
+            last = nxt
         out.append(a)
     out += [Action(s, Kind.RESHARD) for s in active]
     return out
@@ -157,27 +163,28 @@ def _receives_in_send_order(ranks: list[list[Step]], sched: Schedule) -> list[li
     """
     recv_f, recv_b, send_f, send_b = Kind.RECV_F, Kind.RECV_B, Kind.SEND_F, Kind.SEND_B
     placement, nxt, prv = sched.placement, sched.next_stages, sched.prev_stages
+    # per stage: the rank of the next stage (where its SEND_F goes, where its RECV_B comes from)
+    # and of the previous one (where its SEND_B goes, where its RECV_F comes from)
+    up = [-1 if x is None else placement[x] for x in nxt]
+    down = [-1 if x is None else placement[x] for x in prv]
     # receiver -> sender -> the receives it feeds, in send order (plain tuples equal to the Actions)
     order: dict[int, dict[int, list[tuple]]] = {}
     for r, row in enumerate(ranks):
-        for a in row:
-            kind = a.kind
-            if kind is send_f:
-                recv: tuple = (nxt[a.stage], recv_f, a.microbatch)
-            elif kind is send_b:
-                recv = (prv[a.stage], recv_b, a.microbatch)
+        by_peer: dict[int, list[tuple]] = {}
+        for a in [a for a in row if a.kind is send_f or a.kind is send_b]:
+            st = a[0]
+            if a[1] is send_f:
+                by_peer.setdefault(up[st], []).append((nxt[st], recv_f, a[2]))
             else:
-                continue
-            order.setdefault(placement[recv[0]], {}).setdefault(r, []).append(recv)
+                by_peer.setdefault(down[st], []).append((prv[st], recv_b, a[2]))
+        for peer, recvs in by_peer.items():
+            order.setdefault(peer, {})[r] = recvs
     out: list[list[Step]] = []
     for r, row in enumerate(ranks):
         peers = order.get(r, {})
         posted: dict[int, list[Step]] = {peer: [] for peer in peers}
-        for a in row:
-            if a.kind is recv_f:
-                posted[placement[prv[a.stage]]].append(a)  # type: ignore[index]
-            elif a.kind is recv_b:
-                posted[placement[nxt[a.stage]]].append(a)  # type: ignore[index]
+        for a in [a for a in row if a.kind is recv_f or a.kind is recv_b]:
+            posted[down[a[0]] if a[1] is recv_f else up[a[0]]].append(a)
         if all(posted[peer] == sent for peer, sent in peers.items()):
             out.append(row)  # already in send order (the usual case): nothing moves
             continue
@@ -188,7 +195,7 @@ def _receives_in_send_order(ranks: list[list[Step]], sched: Schedule) -> list[li
             if isinstance(a, Pair) or (a.kind is not recv_f and a.kind is not recv_b):
                 acts.append(a)
                 continue
-            peer = placement[prv[a.stage] if a.kind is recv_f else nxt[a.stage]]  # type: ignore[index]
+            peer = down[a.stage] if a.kind is recv_f else up[a.stage]
             k = index[peer][a]  # lowering pairs every receive with a send
             d = done[peer]
             if k == d:  # the next one the peer sends: the usual case
