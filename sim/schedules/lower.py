@@ -26,7 +26,7 @@ Last, each rank's receives from one peer are put in the order that peer sends
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from ..errors import ScheduleError
 from .ir import Action, Kind, Pair, Schedule, Step
@@ -171,7 +171,7 @@ def _receives_in_send_order(ranks: list[list[Step]], sched: Schedule) -> list[li
     order: dict[int, dict[int, list[tuple]]] = {}
     for r, row in enumerate(ranks):
         by_peer: dict[int, list[tuple]] = {}
-        for a in [a for a in row if a.kind is send_f or a.kind is send_b]:
+        for a in cast(list[Action], [a for a in row if a.kind is send_f or a.kind is send_b]):
             st = a[0]
             if a[1] is send_f:
                 by_peer.setdefault(up[st], []).append((nxt[st], recv_f, a[2]))
@@ -183,7 +183,7 @@ def _receives_in_send_order(ranks: list[list[Step]], sched: Schedule) -> list[li
     for r, row in enumerate(ranks):
         peers = order.get(r, {})
         posted: dict[int, list[Step]] = {peer: [] for peer in peers}
-        for a in [a for a in row if a.kind is recv_f or a.kind is recv_b]:
+        for a in cast(list[Action], [a for a in row if a.kind is recv_f or a.kind is recv_b]):
             posted[down[a[0]] if a[1] is recv_f else up[a[0]]].append(a)
         if all(posted[peer] == sent for peer, sent in peers.items()):
             out.append(row)  # already in send order (the usual case): nothing moves
