@@ -171,20 +171,20 @@ def _receives_in_send_order(ranks: list[list[Step]], sched: Schedule) -> list[li
     order: dict[int, dict[int, list[tuple]]] = {}
     for r, row in enumerate(ranks):
         by_peer: dict[int, list[tuple]] = {}
-        for a in cast(list[Action], [a for a in row if a.kind is send_f or a.kind is send_b]):
-            st = a[0]
-            if a[1] is send_f:
-                by_peer.setdefault(up[st], []).append((nxt[st], recv_f, a[2]))
+        for x in cast(list[Action], [a for a in row if a.kind is send_f or a.kind is send_b]):
+            st = x[0]
+            if x[1] is send_f:
+                by_peer.setdefault(up[st], []).append((nxt[st], recv_f, x[2]))
             else:
-                by_peer.setdefault(down[st], []).append((prv[st], recv_b, a[2]))
+                by_peer.setdefault(down[st], []).append((prv[st], recv_b, x[2]))
         for peer, recvs in by_peer.items():
             order.setdefault(peer, {})[r] = recvs
     out: list[list[Step]] = []
     for r, row in enumerate(ranks):
         peers = order.get(r, {})
         posted: dict[int, list[Step]] = {peer: [] for peer in peers}
-        for a in cast(list[Action], [a for a in row if a.kind is recv_f or a.kind is recv_b]):
-            posted[down[a[0]] if a[1] is recv_f else up[a[0]]].append(a)
+        for x in cast(list[Action], [a for a in row if a.kind is recv_f or a.kind is recv_b]):
+            posted[down[x[0]] if x[1] is recv_f else up[x[0]]].append(x)
         if all(posted[peer] == sent for peer, sent in peers.items()):
             out.append(row)  # already in send order (the usual case): nothing moves
             continue
