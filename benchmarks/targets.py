@@ -54,7 +54,6 @@ DEEPSEEK_SWEEP = [
     "--sequence-parallel",
     "on",
 ]
-DEEPSEEK_SWEEP += ["--sequence-parallel", "on"]
 
 #: name -> (target, unit, description)
 TARGETS = {
