@@ -44,6 +44,25 @@ def test_bounded_sweep_has_the_top_k_of_simulating_everything(tmp_path, gpus, gb
         assert bound["pruned"] == 0 or bound["next_lower_bound_s"] > bound["kth_best_s"]
         # the bound is a bound: no simulated plan beats it
         assert all(float(r["engine_time_s"]) >= float(r["lower_bound_s"]) for r in full.rows if r["engine_time_s"])
+        assert bound["simulated"] == _bounded_runs(full.rows, k)
+
+
+def _bounded_runs(rows: list[dict], k: int) -> int:
+    """How many engine runs the bounded search makes, replayed on the engine times of a run of
+    every fitting plan: in bound order, steps of at most BOUND_STEP, never one whose bound exceeds
+    the k-th best time so far, until the next bound exceeds it."""
+    from simpar.sim.sweep.run import BOUND_STEP
+
+    fit = sorted(
+        (float(r["lower_bound_s"]), r["id"], float(r["engine_time_s"]), r["status"]) for r in rows if r["engine_time_s"]
+    )
+    i, kth = 0, None
+    while i < len(fit) and (kth is None or fit[i][0] <= kth):
+        last = len(fit) if kth is None else sum(1 for f in fit if f[0] <= kth)
+        i = min(last, i + BOUND_STEP)
+        times = sorted(f[2] for f in fit[:i] if f[3] == "simulated")
+        kth = times[k - 1] if len(times) >= k else None
+    return i
 
 
 def test_same_inputs_give_the_same_results_csv(tmp_path):
@@ -148,3 +167,24 @@ def test_killed_sweeps_resume_without_losing_or_duplicating_rows(tmp_path):
     assert done.returncode == 0, done.stderr
     assert (out / "results.csv").read_bytes() == (ref / "results.csv").read_bytes()
     assert not (out / "journal").exists()
+
+
+def test_the_bounded_search_never_runs_a_plan_bounded_above_the_kth_best_so_far(monkeypatch):
+    """Plans with bounds 1..40: the first 16 take 20.5 s in the engine, the rest 100 s. For k = 1
+    the k-th best is 20.5 s after the first step, so the next step stops at the plan of bound 20
+    (a fixed step of 16 would run the plans up to bound 32 for nothing) and the search ends there."""
+    from simpar.sim.sweep import run
+
+    fitting = [{"id": f"c{b:02d}", "lower_bound_s": str(float(b))} for b in range(1, 41)]
+    engine = {r["id"]: 20.5 if float(r["lower_bound_s"]) <= 16 else 100.0 for r in fitting}
+    steps: list[int] = []
+
+    def phase(backend, setup, name, configs, *rest):
+        steps.append(len(configs))
+        return {c: {"id": c, "status": "simulated", "engine_time_s": str(engine[c])} for c in configs}
+
+    monkeypatch.setattr(run, "_phase", phase)
+    opts = SweepOptions(simulate=1)
+    rows, bound = run._bounded(None, None, fitting, {r["id"]: r["id"] for r in fitting}, opts, None, None, None, {})
+    assert steps == [16, 20]
+    assert bound == {"k": 1, "kth_best_s": 20.5, "simulated": 20, "pruned": 20, "next_lower_bound_s": 21.0}

@@ -176,10 +176,13 @@ def bound_line(bound: dict) -> str:
         return (
             f"Every one of the {bound['simulated']:,} fitting plans was simulated by the engine; the top {k} are exact."
         )
+    nxt = bound["next_lower_bound_s"]
+    digits = next((d for d in range(4, 7) if f"{nxt:.{d}g}" != f"{kth:.{d}g}"), 6)  # enough to tell them apart
     return (
         f"Top {k} exact: the engine simulated {bound['simulated']:,} plans in order of a provable lower bound on "
-        f"their iteration time and stopped at a bound of {bound['next_lower_bound_s']:.4g} s, above the time of "
-        f"the plan ranked {k} ({kth:.4g} s); none of the other {bound['pruned']:,} fitting plans can enter the top {k}."
+        f"their iteration time and stopped at a bound of {nxt:.{digits}g} s, above the time of "
+        f"the plan ranked {k} ({kth:.{digits}g} s); none of the other {bound['pruned']:,} fitting plans can enter "
+        f"the top {k}."
     )
 
 

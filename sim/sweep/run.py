@@ -20,6 +20,7 @@ with a note (``note``) and computed again, never used silently.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import os
@@ -238,8 +239,8 @@ def _fixed(size: int) -> Callable[[list[Config]], list[list[Config]]]:
 _single = _fixed(1)  # an engine run each: the workers stay balanced
 
 
-#: configurations the bounded search simulates between two looks at the k-th best time (fixed,
-#: so which configurations are simulated does not depend on the workers)
+#: most configurations the bounded search simulates between two looks at the k-th best time (a
+#: fixed number, so which configurations are simulated does not depend on the workers)
 BOUND_STEP = 16
 
 
@@ -250,20 +251,24 @@ def kth_best(rows: dict[str, dict[str, str]], k: int) -> float | None:
 
 
 def _bounded(backend, setup, fitting, by_id, opts, jdir, progress, note, throughput) -> tuple[dict, dict]:
-    """Engine runs in order of the provable lower bound (`bound.lower_bound`), BOUND_STEP at a
-    time, until the next configuration's bound exceeds the k-th best simulated time (k =
-    ``opts.simulate``): no configuration left can enter the top k, which are then exactly those of
-    an engine run of every fitting configuration. Returns the simulated rows and what the bound
-    proved (sweep.json ``bound``)."""
+    """Engine runs in order of the provable lower bound (`bound.lower_bound`), at most BOUND_STEP
+    at a time and none whose bound exceeds the k-th best simulated time so far, until the next
+    configuration's bound exceeds the k-th best simulated time (k = ``opts.simulate``): no
+    configuration left can enter the top k, which are then exactly those of an engine run of
+    every fitting configuration. Returns the simulated rows and what the bound proved
+    (sweep.json ``bound``)."""
     cands = sorted(fitting, key=lambda r: (num(r, "lower_bound_s"), r["id"]))
+    bounds = [num(r, "lower_bound_s") for r in cands]
     rows: dict[str, dict[str, str]] = {}
     i, kth = 0, None
-    while i < len(cands) and (kth is None or num(cands[i], "lower_bound_s") <= kth):
-        i = min(len(cands), i + BOUND_STEP)
+    while i < len(cands) and (kth is None or bounds[i] <= kth):
+        # never one whose bound exceeds the k-th best time so far: it may prove needless
+        last = len(cands) if kth is None else bisect.bisect_right(bounds, kth)
+        i = min(last, i + BOUND_STEP)
         chosen = [by_id[r["id"]] for r in cands[:i]]
         rows = _phase(backend, setup, "simulate", chosen, jdir, progress, _single, note, throughput)
         kth = kth_best(rows, opts.simulate)
-    nxt = num(cands[i], "lower_bound_s") if i < len(cands) else None
+    nxt = bounds[i] if i < len(cands) else None
     return rows, {
         "k": opts.simulate,
         "kth_best_s": kth,
