@@ -35,8 +35,10 @@ megatron/training/training.py, the MFU convention of its logs and of the publish
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
+from types import MappingProxyType
 from typing import NamedTuple
 
 from .specs import ModelSpec
@@ -76,10 +78,11 @@ def layer_kinds(m: ModelSpec) -> tuple[LayerKind, ...]:
 
 
 @lru_cache(maxsize=1024)
-def kind_counts(m: ModelSpec, start: int = 0, stop: int | None = None) -> Counter[LayerKind]:
-    """How many layers of each kind among layers ``start`` .. ``stop`` - 1 (default all)."""
+def kind_counts(m: ModelSpec, start: int = 0, stop: int | None = None) -> Mapping[LayerKind, int]:
+    """How many layers of each kind among layers ``start`` .. ``stop`` - 1 (default all).
+    Remembered, so read-only: a caller that adds to the counts takes a ``Counter`` of them."""
     kinds = layer_kinds(m)
-    return Counter(kinds[start : m.layers if stop is None else stop])
+    return MappingProxyType(Counter(kinds[start : m.layers if stop is None else stop]))
 
 
 def mtp_kind(m: ModelSpec) -> LayerKind:

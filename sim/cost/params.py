@@ -43,7 +43,7 @@ def stage_layer_range(m: ModelSpec, plan: ParallelPlan, stage: int) -> range:
 def stage_kinds(m: ModelSpec, plan: ParallelPlan, stage: int) -> Counter[LayerKind]:
     """How many layers of each kind ``stage`` holds (a copy: the caller may add to it)."""
     r = stage_layer_range(m, plan, stage)
-    return kind_counts(m, r.start, r.stop)  # a new Counter on every call
+    return Counter(kind_counts(m, r.start, r.stop))  # the remembered counts stay as they are
 
 
 def layer_rank_params(m: ModelSpec, plan: ParallelPlan, kind: LayerKind = DENSE) -> tuple[float, float]:

@@ -1,0 +1,56 @@
+"""A configuration's screen row does not depend on what the worker evaluated before it: the
+caches a sweep keeps between configurations (`evaluate.Evaluator`, `memory_screen.MemoryScreen`,
+the remembered layer counts of `model.kind_counts`) hold only what their keys determine. Batches
+go to workers in an order that varies from run to run (`batches`), so an order-dependent cache
+would make two runs of one sweep disagree (one did: a DeepSeek-V3 MTP head stage added its MTP
+layer to the remembered layer counts of its layer range on every call)."""
+
+from __future__ import annotations
+
+import pytest
+
+from simpar.sim.cost.activations import stage_activation_bytes, stage_weight_grad_bytes
+from simpar.sim.engine.simulate import build_work
+from simpar.sim.model import kind_counts
+from simpar.sim.plan import ParallelPlan
+from simpar.sim.specs import load_cluster, load_model
+from simpar.sim.sweep.evaluate import Evaluator, SweepSetup
+from simpar.sim.sweep.space import SearchSpace, enumerate_configs
+from simpar.sim.sweep.store import as_text
+
+#: tiny-moe with an MTP module (DeepSeek-V3's layout in small): 1 dense + 3 MoE layers, 1 MTP layer
+MTP_MOE = load_model("tiny-moe").model_copy(update={"mtp_layers": 1})
+
+
+def _rows(setup: SweepSetup, configs) -> dict[str, dict[str, str]]:
+    ev = Evaluator(setup)
+    return {c.id: as_text(ev.screen(c)) for c in configs}
+
+
+@pytest.mark.parametrize(
+    "model,gpus,gbs",
+    [(MTP_MOE, 8, 16), (load_model("gpt-1.7b"), 8, 32)],
+    ids=["tiny-moe-mtp", "gpt-1.7b"],
+)
+def test_screen_rows_are_the_same_in_any_order(model, gpus, gbs):
+    cluster = load_cluster("dgx-a100-80g", gpus=gpus)
+    space = SearchSpace(mbs=(1, 2))
+    configs = enumerate_configs(model, cluster, gpus, space)
+    assert len(configs) > 200
+    forward = _rows(SweepSetup(model, cluster, gpus, gbs, space, token="forward"), configs)
+    backward = _rows(SweepSetup(model, cluster, gpus, gbs, space, token="backward"), configs[::-1])
+    assert sum(r["status"] == "estimated" for r in forward.values()) > 20
+    assert [k for k in forward if forward[k] != backward[k]] == []
+
+
+def test_remembered_layer_counts_are_read_only_and_stay_as_they_are():
+    plan = ParallelPlan(pp=2, global_batch_size=4, schedule="zb-h1")  # splits the backward: W holds bytes
+    cluster = load_cluster("dgx-a100-80g", gpus=2)
+    head = plan.num_stages - 1
+    first = [stage_activation_bytes(MTP_MOE, plan, head), stage_weight_grad_bytes(MTP_MOE, plan, head)]
+    work = [w.f for w in build_work(MTP_MOE, cluster, plan, None)[0]]
+    for _ in range(3):
+        assert [stage_activation_bytes(MTP_MOE, plan, head), stage_weight_grad_bytes(MTP_MOE, plan, head)] == first
+        assert [w.f for w in build_work(MTP_MOE, cluster, plan, None)[0]] == work
+    with pytest.raises(TypeError):
+        kind_counts(MTP_MOE, 0, 2)[next(iter(kind_counts(MTP_MOE, 0, 2)))] += 1  # type: ignore[index]
