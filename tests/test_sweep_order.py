@@ -27,14 +27,30 @@ def _rows(setup: SweepSetup, configs) -> dict[str, dict[str, str]]:
     return {c.id: as_text(ev.screen(c)) for c in configs}
 
 
-@pytest.mark.parametrize(
-    "model,gpus,gbs",
-    [(MTP_MOE, 8, 16), (load_model("gpt-1.7b"), 8, 32)],
-    ids=["tiny-moe-mtp", "gpt-1.7b"],
+#: the memory levers: optimizers, offload, recomputing some layers (fields some caches leave out)
+LEVERS = SearchSpace(
+    mbs=(2,),
+    zero=(1, 3),
+    schedules=("none", "1f1b", "zb-h1", "interleaved-1f1b"),
+    optimizer=("adamw", "sgd"),
+    offload=("none", "optimizer:0.5", "params", "activations:1"),
+    recompute_layers=(0, 1),
+    moe_dispatcher=("alltoall", "flex"),
+    moe_a2a_overlap=(False, True),
 )
-def test_screen_rows_are_the_same_in_any_order(model, gpus, gbs):
+
+
+@pytest.mark.parametrize(
+    "model,gpus,gbs,space",
+    [
+        (MTP_MOE, 8, 16, SearchSpace(mbs=(1, 2))),
+        (load_model("gpt-1.7b"), 8, 32, SearchSpace(mbs=(1, 2))),
+        (MTP_MOE, 8, 16, LEVERS),
+    ],
+    ids=["tiny-moe-mtp", "gpt-1.7b", "tiny-moe-mtp-levers"],
+)
+def test_screen_rows_are_the_same_in_any_order(model, gpus, gbs, space):
     cluster = load_cluster("dgx-a100-80g", gpus=gpus)
-    space = SearchSpace(mbs=(1, 2))
     configs = enumerate_configs(model, cluster, gpus, space)
     assert len(configs) > 200
     forward = _rows(SweepSetup(model, cluster, gpus, gbs, space, token="forward"), configs)
