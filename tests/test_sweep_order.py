@@ -70,3 +70,20 @@ def test_remembered_layer_counts_are_read_only_and_stay_as_they_are():
         assert [w.f for w in build_work(MTP_MOE, cluster, plan, None)[0]] == work
     with pytest.raises(TypeError):
         kind_counts(MTP_MOE, 0, 2)[next(iter(kind_counts(MTP_MOE, 0, 2)))] += 1  # type: ignore[index]
+
+
+def test_engine_rows_are_the_same_in_any_order():
+    """The simulate phase (the engine, with the lowered-schedule memo and the process-wide caches)
+    on 24 fitting plans of the MTP MoE model, in two orders."""
+    cluster = load_cluster("dgx-a100-80g", gpus=8)
+    space = SearchSpace(mbs=(1, 2))
+    setup = SweepSetup(MTP_MOE, cluster, 8, 16, space, token="engine")
+    screen = _rows(setup, enumerate_configs(MTP_MOE, cluster, 8, space))
+    by_id = {c.id: c for c in enumerate_configs(MTP_MOE, cluster, 8, space)}
+    fitting = sorted(k for k, r in screen.items() if r["status"] == "estimated")
+    chosen = [by_id[k] for k in fitting[:: max(1, len(fitting) // 24)]][:24]
+    assert len({c.schedule for c in chosen}) > 3
+    first = {c.id: as_text(Evaluator(setup).simulate(c)) for c in chosen}
+    ev = Evaluator(SweepSetup(MTP_MOE, cluster, 8, 16, space, token="engine-back"))
+    again = {c.id: as_text(ev.simulate(c)) for c in chosen[::-1]}
+    assert [k for k in first if first[k] != again[k]] == []
