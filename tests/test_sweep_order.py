@@ -1,5 +1,5 @@
-"""A configuration's screen row does not depend on what the worker evaluated before it: the
-caches a sweep keeps between configurations (`evaluate.Evaluator`, `memory_screen.MemoryScreen`,
+"""A configuration's screen or engine row, and a published row's validation, do not depend on
+what the process evaluated before it: the caches kept between configurations (`evaluate.Evaluator`, `memory_screen.MemoryScreen`,
 the remembered layer counts of `model.kind_counts`) hold only what their keys determine. Batches
 go to workers in an order that varies from run to run (`batches`), so an order-dependent cache
 would make two runs of one sweep disagree (one did: a DeepSeek-V3 MTP head stage added its MTP
@@ -86,4 +86,21 @@ def test_engine_rows_are_the_same_in_any_order():
     first = {c.id: as_text(Evaluator(setup).simulate(c)) for c in chosen}
     ev = Evaluator(SweepSetup(MTP_MOE, cluster, 8, 16, space, token="engine-back"))
     again = {c.id: as_text(ev.simulate(c)) for c in chosen[::-1]}
+    assert [k for k in first if first[k] != again[k]] == []
+
+
+def test_validation_rows_are_the_same_in_any_order():
+    """Published MoE rows (DeepSeek-V3 and Kimi K2 carry an MTP module) simulated one after the
+    other in one process, in two orders: the same predictions, breakdowns and memory."""
+    import dataclasses
+    from pathlib import Path
+
+    from simpar.sim.engine.simulate import simulate
+    from simpar.sim.validation.published import _validate_row, read_rows
+
+    rows = read_rows(Path(__file__).parent / "data" / "moe-published.csv")
+    rows = [r for r in rows if r["model"] in ("deepseek-v3", "kimi-k2")] + rows[:6]
+    first = {r["id"]: dataclasses.asdict(_validate_row(r, simulate)) for r in rows}
+    again = {r["id"]: dataclasses.asdict(_validate_row(r, simulate)) for r in rows[::-1]}
+    assert all(v["status"] == "ok" for v in first.values())
     assert [k for k in first if first[k] != again[k]] == []
