@@ -1,9 +1,10 @@
 """A configuration's screen or engine row, and a published row's validation, do not depend on
-what the process evaluated before it: the caches kept between configurations (`evaluate.Evaluator`, `memory_screen.MemoryScreen`,
-the remembered layer counts of `model.kind_counts`) hold only what their keys determine. Batches
-go to workers in an order that varies from run to run (`batches`), so an order-dependent cache
-would make two runs of one sweep disagree (one did: a DeepSeek-V3 MTP head stage added its MTP
-layer to the remembered layer counts of its layer range on every call)."""
+what the process evaluated before it: the caches kept between configurations
+(`evaluate.Evaluator`, `memory_screen.MemoryScreen`, the lowered-schedule memo, the remembered
+layer counts of `model.kind_counts`) hold only what their keys determine. Batches go to workers
+in an order that varies from run to run (`batches`), so an order-dependent cache would make two
+runs of one sweep disagree (one did: a DeepSeek-V3 MTP head stage added its MTP layer to the
+remembered layer counts of its layer range on every call)."""
 
 from __future__ import annotations
 
