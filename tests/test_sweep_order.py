@@ -42,16 +42,18 @@ LEVERS = SearchSpace(
 
 
 @pytest.mark.parametrize(
-    "model,gpus,gbs,space",
+    "model,cluster_name,gbs,space",
     [
-        (MTP_MOE, 8, 16, SearchSpace(mbs=(1, 2))),
-        (load_model("gpt-1.7b"), 8, 32, SearchSpace(mbs=(1, 2))),
-        (MTP_MOE, 8, 16, LEVERS),
+        (MTP_MOE, "dgx-a100-80g", 16, SearchSpace(mbs=(1, 2))),
+        (load_model("gpt-1.7b"), "dgx-a100-80g", 32, SearchSpace(mbs=(1, 2))),
+        (MTP_MOE, "dgx-a100-80g", 16, LEVERS),
+        (load_model("gpt-oss-20b"), "dgx-h100", 16, SearchSpace(mbs=(1,))),  # sliding-window and full layers
     ],
-    ids=["tiny-moe-mtp", "gpt-1.7b", "tiny-moe-mtp-levers"],
+    ids=["tiny-moe-mtp", "gpt-1.7b", "tiny-moe-mtp-levers", "gpt-oss-20b"],
 )
-def test_screen_rows_are_the_same_in_any_order(model, gpus, gbs, space):
-    cluster = load_cluster("dgx-a100-80g", gpus=gpus)
+def test_screen_rows_are_the_same_in_any_order(model, cluster_name, gbs, space):
+    gpus = 8
+    cluster = load_cluster(cluster_name, gpus=gpus)
     configs = enumerate_configs(model, cluster, gpus, space)
     assert len(configs) > 200
     forward = _rows(SweepSetup(model, cluster, gpus, gbs, space, token="forward"), configs)
