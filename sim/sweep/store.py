@@ -23,7 +23,7 @@ import io
 import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from .. import files
 from ..cost.offload import offload_fields
@@ -119,7 +119,7 @@ def as_text(row: dict[str, Any]) -> dict[str, str]:
             continue
         if c in _FLOAT_SET and isinstance(v, float) and not math.isfinite(v):
             _not_finite(row, c, v)
-        out[c] = f"{v:.6g}" if type(v) is float else fmt(v)
+        out[c] = fmt(v)
     return out
 
 
@@ -220,7 +220,7 @@ def row_problem(row: dict[str, str]) -> str:
     return f"a row with status {status} needs a value in {missing[0]}" if missing else ""
 
 
-def _not_finite(row: dict[str, Any], c: str, v: float) -> None:
+def _not_finite(row: dict[str, Any], c: str, v: float) -> NoReturn:
     """A computed row holds finite numbers only (a NaN or inf would rank silently wrong)."""
     raise SimparError(
         "sweep",

@@ -65,16 +65,16 @@ class Inputs:
         return w.parts(kind, self.options.overlap_tp)
 
     @cached_property
-    def seconds(self) -> tuple[list[float], list[float], list[float]]:
+    def seconds(self) -> tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...]]:
         """Per stage (f, i + recompute, w) with exposed TP/CP and all-to-all communication folded in;
         kept in the shared cache with the work table they were read from (plans that differ only
-        in `evaluate.WORK_FREE_FIELDS` share the table, and then these lists; nobody changes them)."""
+        in `evaluate.WORK_FREE_FIELDS` share the table, and then these tuples)."""
         key = ("seconds", id(self.work), self.options.overlap_tp)
         hit = self.cache.get(key)
         if hit is None or hit[0] is not self.work:
-            f = [self.dur(w, "F") for w in self.work]
-            i = [self.dur(w, "I") + self.dur(w, "R") for w in self.work]
-            hit = self.cache[key] = (self.work, (f, i, [self.dur(w, "W") for w in self.work]))
+            f = tuple(self.dur(w, "F") for w in self.work)
+            i = tuple(self.dur(w, "I") + self.dur(w, "R") for w in self.work)
+            hit = self.cache[key] = (self.work, (f, i, tuple(self.dur(w, "W") for w in self.work)))
         return hit[1]
 
     @cached_property
