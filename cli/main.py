@@ -14,6 +14,7 @@ from importlib import import_module
 import click
 from click.utils import make_default_short_help
 
+from simpar.sim.collector import batch_mode
 from simpar.sim.errors import SimparError
 
 #: command name -> its short help. Command ``NAME`` is the click command ``NAME`` of module
@@ -120,6 +121,7 @@ def cli() -> None:
 
 
 def main() -> None:
+    batch_mode()  # the collector's settings for a process that runs simulations (`collector`)
     try:
         cli(prog_name="simpar")
     except KeyboardInterrupt:  # Ctrl-C before a command installed its own handling (e.g. while importing)

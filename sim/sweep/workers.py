@@ -19,6 +19,7 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
+from ..collector import batch_mode
 from ..errors import SimparError
 from ..procs import die_with_parent
 from . import interrupt, lock
@@ -41,6 +42,13 @@ def _init(setup: SweepSetup, parent: int) -> None:
 def _run(phase: str, batch: list[Config]) -> list[dict[str, Any]]:
     assert _SETUP[0] is not None, "worker initialised"
     return evaluate(_SETUP[0], phase, batch)
+
+
+def _ray_evaluate(setup: SweepSetup, phase: str, batch: list[Config]) -> list[dict[str, str]]:
+    """`evaluate` in a Ray worker, with the collector's settings of simpar's own processes
+    (`collector.batch_mode`: a Ray worker is not forked from the `simpar` command)."""
+    batch_mode()
+    return evaluate(setup, phase, batch)
 
 
 class Inline:
@@ -142,7 +150,7 @@ class RayBackend:
                     f"cannot start or reach Ray at {address!r} ({type(exc).__name__}: {exc}).",
                     "check the address (`ray status` on the head node), or drop --ray to use the local pool.",
                 ) from None
-        self.task = ray.remote(evaluate)
+        self.task = ray.remote(_ray_evaluate)
         self.pending: list = []
         self.workers = self._cpus()
 

@@ -1,0 +1,71 @@
+"""The collector's settings of simpar's own processes (`collector.batch_mode`): the `simpar`
+command sets them, its forked workers inherit them, a sweep's Ray tasks set them, and they only
+ever rise."""
+
+from __future__ import annotations
+
+import ast
+import gc
+import subprocess
+import sys
+
+import pytest
+
+from simpar.sim import collector
+from simpar.sim.sweep import workers
+
+
+@pytest.fixture
+def restored():
+    before = gc.get_threshold()
+    yield
+    gc.set_threshold(*before)
+
+
+def test_batch_mode_raises_the_young_and_middle_thresholds(restored) -> None:
+    gc.set_threshold(700, 10, 10)
+    collector.batch_mode()
+    assert gc.get_threshold() == (collector.YOUNG, collector.MIDDLE, 10)
+
+
+def test_batch_mode_never_lowers_a_higher_setting(restored) -> None:
+    gc.set_threshold(10 * collector.YOUNG, 3 * collector.MIDDLE, 7)
+    collector.batch_mode()
+    assert gc.get_threshold() == (10 * collector.YOUNG, 3 * collector.MIDDLE, 7)
+
+
+def test_importing_the_library_leaves_the_collector_alone() -> None:
+    code = (
+        "import gc; gc.set_threshold(700, 10, 10); "
+        "import simpar.sim.engine.simulate, simpar.sim.sweep.run, simpar.cli.main; "
+        "print(gc.get_threshold())"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "(700, 10, 10)"
+
+
+def test_the_command_and_its_forked_workers_run_in_batch_mode() -> None:
+    # the command's process sets the thresholds before any command runs; a forked worker inherits them
+    code = (
+        "import gc, sys\n"
+        "before = gc.get_threshold()\n"
+        "from simpar.cli import main as m\n"
+        "@m.cli.command('probe')\n"
+        "def probe():\n"
+        "    from simpar.sim.procs import fork_map\n"
+        "    there = [r for _, r in fork_map(lambda _: gc.get_threshold(), [0, 1], 2)]\n"
+        "    print(before, gc.get_threshold(), there[0], sep=';')\n"
+        "sys.argv = ['simpar', 'probe']\n"
+        "m.main()\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    before, here, there = (ast.literal_eval(x) for x in out.strip().split(";"))
+    want = (max(before[0], collector.YOUNG), max(before[1], collector.MIDDLE), before[2])
+    assert here == there == want
+    assert here != before
+
+
+def test_a_ray_task_sets_batch_mode(restored, monkeypatch) -> None:
+    gc.set_threshold(700, 10, 10)
+    monkeypatch.setattr(workers, "evaluate", lambda setup, phase, batch: [gc.get_threshold()])
+    assert workers._ray_evaluate(None, "screen", []) == [(collector.YOUNG, collector.MIDDLE, 10)]  # type: ignore[arg-type]
