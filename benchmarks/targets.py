@@ -9,9 +9,9 @@ Run:    python benchmarks/targets.py            (about 3 minutes: startup, one i
         python benchmarks/targets.py --long     (adds every rank of Llama-3-405B on 16,384 and 131,072 H100 and the
                                                  exhaustive GPT-3 sweep: tens of minutes)
         python benchmarks/targets.py --record   (also appends this run to benchmarks/results.jsonl)
-        python benchmarks/targets.py --against REV   (the same figures of revision REV in the same run, beside
-                                                 this checkout's: on a VM whose speed drifts between days, the
-                                                 comparison that means something)
+        python benchmarks/targets.py --against REV   (the same figures of revision REV beside this checkout's,
+                                                 the two measured in turn, run by run, so that the VM's drift
+                                                 falls on both: the comparison that means something here)
 
 Whole-process figures run the CLI as its console script does, with bytecode cached (see `Tree`).
 """
@@ -129,16 +129,6 @@ class Tree:
         return [sys.executable, "-c", "import sys; from simpar.cli.entry import main; sys.argv[0] = 'simpar'; main()"]
 
 
-def _wall(tree: Tree, cmd: list[str], repeat: int = 1) -> float:
-    subprocess.run(cmd, cwd=tree.root, check=True, capture_output=True, env=tree.env)  # warm: bytecode, page cache
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        subprocess.run(cmd, cwd=tree.root, check=True, capture_output=True, env=tree.env)
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
-
-
 def _python(tree: Tree, code: str) -> dict[str, float]:
     out = subprocess.run(
         [sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd=tree.root, env=tree.env
@@ -146,28 +136,58 @@ def _python(tree: Tree, code: str) -> dict[str, float]:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def measure(tree: Tree, long: bool) -> dict[str, float]:
-    simpar = tree.simpar
-    fig: dict[str, float] = {}
-    fig["python_s"] = _wall(tree, [sys.executable, "-c", "pass"], repeat=7)
-    fig["version_s"] = _wall(tree, [*simpar, "--version"], repeat=7)
-    fig["simulate_process_s"] = _wall(tree, [*simpar, *SIMULATE], repeat=5)
-    inproc = _python(tree, IN_PROCESS)
-    fig["simulate_first_ms"] = inproc["first"] * 1e3
-    fig["simulate_warm_ms"] = inproc["warm"] * 1e3
+def measure(trees: list[Tree], long: bool) -> list[dict[str, float]]:
+    """Every figure, per tree (this checkout first, then the revision of ``--against``), each
+    figure measured on the trees in turn."""
+    figs: list[dict[str, float]] = [{} for _ in trees]
+
+    def wall(name: str, args: list[str], repeat: int = 1, own: bool = True) -> None:
+        cmds = [[*t.simpar, *args] if own else args for t in trees]
+        for fig, value in zip(figs, _walls(trees, cmds, repeat)):
+            fig[name] = value
+
+    def python(code: str, repeat: int = 1) -> list[dict[str, float]]:
+        """Per tree, the medians of each figure ``code`` prints, the trees in turn."""
+        runs: list[list[dict[str, float]]] = [[] for _ in trees]
+        for _ in range(repeat):
+            for t, out in zip(trees, runs):
+                out.append(_python(t, code))
+        return [{k: statistics.median(r[k] for r in out) for k in out[0]} for out in runs]
+
+    wall("python_s", [sys.executable, "-c", "pass"], repeat=7, own=False)
+    wall("version_s", ["--version"], repeat=7)
+    wall("simulate_process_s", SIMULATE, repeat=5)
+    for fig, inproc in zip(figs, python(IN_PROCESS, repeat=3)):
+        fig["simulate_first_ms"] = inproc["first"] * 1e3
+        fig["simulate_warm_ms"] = inproc["warm"] * 1e3
     with tempfile.TemporaryDirectory() as tmp:
-        fig["sweep_default_s"] = _wall(tree, [*simpar, "sweep", *GPT3, "--out", f"{tmp}/s"])
+        wall("sweep_default_s", ["sweep", *GPT3, "--out", f"{tmp}/s"], repeat=2)
         if long:
-            fig["sweep_exhaustive_s"] = _wall(tree, [*simpar, "sweep", *GPT3, "--exhaustive", "--out", f"{tmp}/x"])
-    fig["validate_s"] = _wall(tree, [*simpar, "validate", "tests/data/published.csv"], repeat=3)
-    fig["deepseek_simulate_s"] = _wall(tree, [*simpar, *DEEPSEEK_SIMULATE], repeat=3)
+            wall("sweep_exhaustive_s", ["sweep", *GPT3, "--exhaustive", "--out", f"{tmp}/x"])
+    wall("validate_s", ["validate", "tests/data/published.csv"], repeat=3)
+    wall("deepseek_simulate_s", DEEPSEEK_SIMULATE, repeat=3)
     with tempfile.TemporaryDirectory() as tmp:
-        fig["deepseek_sweep_s"] = _wall(tree, [*simpar, *DEEPSEEK_SWEEP, "--out", f"{tmp}/d"])
+        wall("deepseek_sweep_s", [*DEEPSEEK_SWEEP, "--out", f"{tmp}/d"])
     if long:
-        fig["full_llama_16k_s"] = _python(tree, FULL.replace("GPUS", "16384"))["full"]
-        big = _python(tree, FULL.replace("GPUS", "131072"))
-        fig["full_llama_131k_s"], fig["full_llama_131k_gib"] = big["full"], big["gib"]
-    return fig
+        for fig, r in zip(figs, python(FULL.replace("GPUS", "16384"))):
+            fig["full_llama_16k_s"] = r["full"]
+        for fig, r in zip(figs, python(FULL.replace("GPUS", "131072"))):
+            fig["full_llama_131k_s"], fig["full_llama_131k_gib"] = r["full"], r["gib"]
+    return figs
+
+
+def _walls(trees: list[Tree], cmds: list[list[str]], repeat: int) -> list[float]:
+    """Per tree, the median wall time of its command line; the trees take turns in every repeat,
+    so a drift of the VM's speed during the measurement falls on all of them alike."""
+    for tree, cmd in zip(trees, cmds):  # warm: bytecode, page cache
+        subprocess.run(cmd, cwd=tree.root, check=True, capture_output=True, env=tree.env)
+    times: list[list[float]] = [[] for _ in trees]
+    for _ in range(repeat):
+        for tree, cmd, out in zip(trees, cmds, times):
+            t = time.perf_counter()
+            subprocess.run(cmd, cwd=tree.root, check=True, capture_output=True, env=tree.env)
+            out.append(time.perf_counter() - t)
+    return [statistics.median(x) for x in times]
 
 
 def _tree_of(rev: str, tmp: Path) -> Tree:
@@ -211,11 +231,12 @@ def _option(name: str) -> str | None:
 def main() -> None:
     long, record, against = "--long" in sys.argv, "--record" in sys.argv, _option("--against")
     load0 = os.getloadavg()[0]
-    fig = measure(Tree("now", ROOT), long)
     base: dict[str, float] = {}
-    if against:  # the same figures of another revision, in the same run (the VM drifts 2-3x between days)
+    if against:  # the same figures of another revision, measured in turn with this checkout's
         with tempfile.TemporaryDirectory() as tmp:
-            base = measure(_tree_of(against, Path(tmp)), long)
+            fig, base = measure([Tree("now", ROOT), _tree_of(against, Path(tmp))], long)
+    else:
+        (fig,) = measure([Tree("now", ROOT)], long)
     load = (load0, os.getloadavg()[0])
     prev = _previous()
     head = f"{'figure':54s} {'target':>9s} {'now':>10s}"
