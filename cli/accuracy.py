@@ -69,7 +69,7 @@ def accuracy(published, moe, offload, closed_loop, notes, calibration, worst: in
     def sim(model, cluster, plan):
         if calib is not None:  # a row on another GPU type is not simulated, with this reason
             validate_calibration(calib.to_json(), Path(calibration).name, cluster.gpu.name)
-        return simulate(model, cluster, plan, calibration=calib)
+        return simulate(model, cluster, plan, calibration=calib, trace=False)
 
     data = build(published, sim, closed_loop, load_notes(notes_path), worst, moe_csv=moe, offload_csv=offload)
     cmd = (

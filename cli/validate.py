@@ -42,7 +42,7 @@ def validate(csv_file: str, calibration, backend: str, as_json: bool, workers: i
     def sim(model, cluster, plan):
         if calib is not None:  # a row on another GPU type is not simulated, with this reason
             validate_calibration(calib.to_json(), Path(calibration).name, cluster.gpu.name)
-        return simulate(model, cluster, plan, backend=backend, calibration=calib)
+        return simulate(model, cluster, plan, backend=backend, calibration=calib, trace=False)
 
     doc = report(validate_rows(rows, sim, workers=workers or os.cpu_count() or 1))
     if out is not None:

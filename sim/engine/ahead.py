@@ -44,7 +44,7 @@ def walk_ahead(eng: Any, g: Any, actions):
     env, acc, post = eng.env, g.acc, eng.post_s
     handlers, act_bytes, held, freed = eng.HANDLERS, eng.act_bytes, eng.held_bytes, eng._freed
     marks = eng.marks[g.prank] if eng.marks is not None else None
-    events, mem, rank, new = eng.events, g.mem, g.rank, tuple.__new__
+    events, mem, rank, new, trace = eng.events, g.mem, g.rank, tuple.__new__, eng.trace
     table = eng.compute_table  # the same for every GPU of the engine: made by the first walk
     if table is None:
         table = eng.compute_table = _compute_table(eng)
@@ -88,7 +88,7 @@ def walk_ahead(eng: Any, g: Any, actions):
             dur, (comp, ex, tp, a2a, off) = cost
             g.act += act_bytes[f.stage]
             mem.append((t, g.act))
-            if dur > 0:
+            if dur > 0 and trace:
                 events.append(new(TraceEvent, (rank, "compute", str(a), PAIR, t, dur, None, None, NO_ARGS)))
             t += dur
             acc["compute"] += comp
@@ -110,7 +110,7 @@ def walk_ahead(eng: Any, g: Any, actions):
                 if k is F:
                     g.act += act_bytes[st]
                     mem.append((t, g.act))
-                if dur > 0:
+                if dur > 0 and trace:
                     kv = k._value_
                     events.append(new(TraceEvent, (rank, "compute", f"{st}{kv}{mb}", kv, t, dur, st, mb, NO_ARGS)))
                 t += dur

@@ -61,6 +61,7 @@ class Engine(PipelineTransfers, DataParallel, IterationTail):
         profile: RuntimeProfile = MEGATRON,
         marks: list[frozenset[int]] | None = None,
         stage_held_bytes: list[float] | None = None,
+        trace: bool = True,
     ):
         if not schedule.lowered:
             raise ValueError("the engine runs lowered schedules (schedules.lower)")
@@ -74,6 +75,8 @@ class Engine(PipelineTransfers, DataParallel, IterationTail):
         self.act_bytes = stage_act_bytes or [0.0] * plan.num_stages
         #: per stage, what a micro-batch keeps from its I to its W (`activations.stage_weight_grad_bytes`)
         self.held_bytes = stage_held_bytes or [0.0] * plan.num_stages
+        #: whether the run records its trace events (``events``; off, it records none: the same run)
+        self.trace = trace
         self.events: list[TraceEvent] = []
         self.transfers: dict[tuple, Transfer] = {}
         #: (sending GPU, receiving GPU, stage) -> seconds of its activations' transfer (`_timed_transfer`)
@@ -144,7 +147,7 @@ class Engine(PipelineTransfers, DataParallel, IterationTail):
         self.env.run()
 
     def _record(self, g: GpuState, stream: str, name: str, kind: str, start: float, stage=None, mb=None) -> None:
-        if self.env.now > start:
+        if self.trace and self.env.now > start:
             self.events.append(TraceEvent(g.rank, stream, name, kind, start, self.env.now - start, stage, mb))
 
     # --- compute ------------------------------------------------------------------------
@@ -323,11 +326,25 @@ def run_engine(
     profile: RuntimeProfile = MEGATRON,
     marks: list[frozenset[int]] | None = None,
     stage_held_bytes: list[float] | None = None,
+    trace: bool = True,
 ) -> tuple[Engine, float]:
-    """Build and run the engine; returns it and the wall-clock seconds the run took."""
+    """Build and run the engine; returns it and the wall-clock seconds the run took (``trace``:
+    `Engine.trace`)."""
     t0 = time.perf_counter()
     eng = Engine(
-        model, plan, schedule, work, costs, network, env, options, stage_act_bytes, profile, marks, stage_held_bytes
+        model,
+        plan,
+        schedule,
+        work,
+        costs,
+        network,
+        env,
+        options,
+        stage_act_bytes,
+        profile,
+        marks,
+        stage_held_bytes,
+        trace,
     )
     # The run allocates millions of small, acyclic objects (events, trace records); the cyclic
     # garbage collector's full passes over them cost a third of a --full run and find nothing.

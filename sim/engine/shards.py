@@ -38,6 +38,7 @@ class DataParallel:
         pending: dict[tuple, Rendezvous]
         policy: ZeroPolicy
         every_mb: bool
+        trace: bool
         release_at: list[set[Action]]
         timed_p2p: bool
         events: list[TraceEvent]
@@ -132,7 +133,7 @@ class DataParallel:
         g.dp_released = ready
         t0 = max(ready, g.dp_free)
         t = g.dp_free = t0 + comm.time(self.net)
-        if t > t0:
+        if t > t0 and self.trace:
             self.events.append(TraceEvent(g.rank, "dp", comm.op, "REDUCE_GRAD", t0, t - t0, stage))
 
     def _release(self, g: GpuState, b: Action, start: float, dur: float, ended: bool) -> None:

@@ -5,7 +5,9 @@ engine over the network backend, and assemble time, breakdown, memory and trace.
 A calibration (`simpar.sim.specs.calibration.Calibration`) sets the cost model and the network
 constants; ``costs`` replaces the cost model outright; ``profile`` says which runtime runs the
 plan (default: a Megatron-like GPU run; `simpar.sim.cost.profile.ExecutorProfile` for simpar's
-own executor)."""
+own executor); ``trace=False`` leaves the trace events out of the result (a validation or a
+sweep that reads only times, breakdowns and memory): the run is the same, it only records none
+(a run compressed into steady-state rounds records them anyway: its checks compare them)."""
 
 from __future__ import annotations
 
@@ -101,6 +103,7 @@ def simulate(
     options: EngineOptions = EngineOptions(),
     costs: CostModel | None = None,
     profile: RuntimeProfile = MEGATRON,
+    trace: bool = True,
 ) -> SimResult:
     """One training iteration of ``plan`` (see the module docstring for the arguments)."""
     work, costs, p2p = build_work(model, cluster, plan, calibration, costs=costs, profile=profile)
@@ -111,11 +114,11 @@ def simulate(
     envs: list[simpy.Environment] = []
     opts = options
 
-    def engine(sched: Schedule, marks: list[frozenset[int]] | None = None) -> Engine:
+    def engine(sched: Schedule, marks: list[frozenset[int]] | None = None, record: bool = True) -> Engine:
         env = simpy.Environment()
         envs.append(env)
         net = make_network(cluster, backend, env=env, calibration=calibration)
-        return run_engine(model, plan, sched, work, costs, net, env, opts, act, profile, marks, held)[0]
+        return run_engine(model, plan, sched, work, costs, net, env, opts, act, profile, marks, held, record)[0]
 
     replicas = None
     if options.full and options.compress:
@@ -129,7 +132,7 @@ def simulate(
     ran: Schedule | None = None  # the whole schedule the engine ran (None: its rounds, compressed)
     if out is None:
         ran = lowered_schedule(plan, costs=scosts)
-        out = outcome_of(engine(ran), ran.num_actions)
+        out = outcome_of(engine(ran, record=trace), ran.num_actions)
         out.rounds = {"compressed": False, "why": why}
     if replicas is not None and replicas["symmetric"]:
         out = replicate(plan, out)

@@ -33,6 +33,7 @@ class PipelineTransfers:
         transfers: dict[tuple, Transfer]
         p2p_s: dict[tuple[int, int, int], float]
         events: list[TraceEvent]
+        trace: bool
         timed_p2p: bool
         post_s: float
 
@@ -109,7 +110,7 @@ class PipelineTransfers:
                 g.rank, dst.rank, self.work[stage].act_bytes
             )
         end = g.send_free[direction] = start + secs
-        if end > start:
+        if end > start and self.trace:
             name = f"{stage}SEND_{direction}{mb}"
             self.events.append(TraceEvent(g.rank, "pp", name, f"SEND_{direction}", start, end - start, stage, mb))
         tr.at = end

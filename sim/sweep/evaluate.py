@@ -190,7 +190,14 @@ class Evaluator:
         quick = quick_estimate(x)
         s = self.s
         res = simulate(
-            s.model, s.cluster, plan, backend=s.backend, calibration=s.calibration, options=s.options, profile=s.profile
+            s.model,
+            s.cluster,
+            plan,
+            backend=s.backend,
+            calibration=s.calibration,
+            options=s.options,
+            profile=s.profile,
+            trace=False,  # a row holds no trace: the best plans' traces are written from a run of their own
         )
         row = {
             **self.base_row(cfg, plan),
