@@ -1,6 +1,7 @@
 """The garbage collector's settings for simpar's own processes: the `simpar` command sets them at
 its start (its forked sweep and validation workers inherit them), and a sweep's Ray tasks set them
-in their worker. The library does not change them for a program that imports it.
+in their worker. The library does not change them for a program that imports it; it only pauses
+the collector while a simulation runs (`paused`) and turns it back on as it was.
 
 A simulation allocates millions of small objects that stay alive until it ends (trace events,
 memory samples, lowered schedules, the sweep's cached work tables) and makes few reference
@@ -16,6 +17,8 @@ cyclic garbage waits longer for a collection.
 from __future__ import annotations
 
 import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 #: Net allocations of container objects between two young collections (CPython: 700).
 YOUNG = 50_000
@@ -28,3 +31,19 @@ def batch_mode() -> None:
     raised to `YOUNG` and `MIDDLE` (never lowered: a caller's higher setting stays)."""
     young, middle, old = gc.get_threshold()
     gc.set_threshold(max(young, YOUNG), max(middle, MIDDLE), old)
+
+
+@contextmanager
+def paused() -> Iterator[None]:
+    """The cyclic collector off for the block, then as it was: for a simulation, whose objects
+    (lowered schedules, trace events, memory samples) are many, acyclic and alive to its end, so
+    that a collection during it walks them all and frees nothing. In a loop of simulations
+    (validation rows in one process) the collector's passes took 2.10 s of 7.78 s; with it paused
+    in each simulation the loop ran 4.8-4.9 s against 5.9-7.1 s (three alternated runs, 2026-11-29)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()

@@ -69,3 +69,46 @@ def test_a_ray_task_sets_batch_mode(restored, monkeypatch) -> None:
     gc.set_threshold(700, 10, 10)
     monkeypatch.setattr(workers, "evaluate", lambda setup, phase, batch: [gc.get_threshold()])
     assert workers._ray_evaluate(None, "screen", []) == [(collector.YOUNG, collector.MIDDLE, 10)]  # type: ignore[arg-type]
+
+
+def test_paused_turns_the_collector_back_on_as_it_was() -> None:
+    was = gc.isenabled()
+    try:
+        gc.enable()
+        with collector.paused():
+            assert not gc.isenabled()
+        assert gc.isenabled()
+        with pytest.raises(RuntimeError), collector.paused():
+            raise RuntimeError("a failing simulation")
+        assert gc.isenabled()
+        gc.disable()
+        with collector.paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # a caller's own choice stays
+    finally:
+        (gc.enable if was else gc.disable)()
+
+
+def test_a_simulation_pauses_the_collector_and_leaves_it_as_it_found_it(monkeypatch) -> None:
+    from simpar.sim.engine import simulate as sim
+    from simpar.sim.plan import ParallelPlan
+    from simpar.sim.specs import load_cluster, load_model
+
+    inside = []
+    run = sim._simulate
+
+    def spy(*args):
+        inside.append(gc.isenabled())
+        return run(*args)
+
+    monkeypatch.setattr(sim, "_simulate", spy)
+    model, cluster = load_model("gpt-1.7b"), load_cluster("dgx-a100-80g", gpus=8)
+    plan = ParallelPlan(dp=2, pp=4, global_batch_size=16, schedule="1f1b")
+    try:
+        for enabled in (True, False):
+            (gc.enable if enabled else gc.disable)()
+            sim.simulate(model, cluster, plan)
+            assert gc.isenabled() is enabled
+    finally:
+        gc.enable()
+    assert inside == [False, False]

@@ -16,13 +16,13 @@ differs from a Megatron-like run from the runtime profile (`simpar.sim.cost.prof
 
 from __future__ import annotations
 
-import gc
 import time
 from collections.abc import Callable
 from typing import Any, ClassVar
 
 import simpy
 
+from ..collector import paused
 from ..cost.compute import CostModel
 from ..cost.profile import MEGATRON, RuntimeProfile
 from ..cost.workload import StageWork
@@ -348,11 +348,6 @@ def run_engine(
     )
     # The run allocates millions of small, acyclic objects (events, trace records); the cyclic
     # garbage collector's full passes over them cost a third of a --full run and find nothing.
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with paused():
         eng.run()
-    finally:
-        if was_enabled:
-            gc.enable()
     return eng, time.perf_counter() - t0

@@ -16,6 +16,7 @@ from dataclasses import replace
 
 import simpy
 
+from ..collector import paused
 from ..cost.activations import stage_activation_bytes, stage_weight_grads, zb_memory_fraction
 from ..cost.compute import CostModel
 from ..cost.memory import memory_report
@@ -106,6 +107,21 @@ def simulate(
     trace: bool = True,
 ) -> SimResult:
     """One training iteration of ``plan`` (see the module docstring for the arguments)."""
+    with paused():  # many long-lived, acyclic objects: a collection would walk them and free nothing
+        return _simulate(model, cluster, plan, backend, calibration, options, costs, profile, trace)
+
+
+def _simulate(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    plan: ParallelPlan,
+    backend: str,
+    calibration: Calibration | None,
+    options: EngineOptions,
+    costs: CostModel | None,
+    profile: RuntimeProfile,
+    trace: bool,
+) -> SimResult:
     work, costs, p2p = build_work(model, cluster, plan, calibration, costs=costs, profile=profile)
     scosts = stage_costs(work, p2p, costs.eff.overlap_contention, zb_memory_fraction(model))
     act = [stage_activation_bytes(model, plan, s) for s in range(plan.num_stages)]
