@@ -1,0 +1,110 @@
+"""Physical invariants of simulate() across plans (hypothesis): what a data-parallel replica, a
+recomputation mode or more micro-batches must and must not change.
+
+- Twice the replicas with twice the global batch (weak scaling): each replica's compute is the
+  same to the last bit; without ZeRO (nothing sharded over the replicas) the iteration is never
+  faster and the memory of every rank is the same; with ZeRO the peak never grows.
+- More micro-batches (twice the global batch, the same replicas): never faster, never more than
+  twice as long.
+- Recomputation: none -> selective -> full never makes the iteration faster.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from simpar.sim.engine.simulate import simulate
+from simpar.sim.errors import PlanError
+from simpar.sim.plan import ParallelPlan
+from simpar.sim.plan_check import check_plan
+from simpar.sim.specs import load_cluster, load_model
+
+MODELS = {name: load_model(name) for name in ("gpt-1.7b", "tiny-moe")}
+SCHEDULES = ["1f1b", "gpipe", "interleaved-1f1b", "zb-h1", "zb-v", "zb-2p", "zb-1p", "none"]
+
+
+def _run(model: str, cluster: str, kw: dict):
+    plan = ParallelPlan(**kw)
+    spec = load_cluster(cluster, gpus=plan.num_gpus)
+    try:
+        check_plan(plan, MODELS[model], spec)
+    except PlanError:
+        assume(False)
+    return simulate(MODELS[model], spec, plan, trace=False)
+
+
+def _peak(r) -> float:
+    return max(x.total for x in r.memory.ranks)
+
+
+plans = st.fixed_dictionaries(
+    {
+        "model": st.sampled_from(sorted(MODELS)),
+        "cluster": st.sampled_from(["dgx-a100-80g", "dgx-h100"]),
+        "tp": st.sampled_from([1, 2]),
+        "pp": st.sampled_from([2, 4]),
+        "dp": st.sampled_from([2, 4]),
+        "schedule": st.sampled_from(SCHEDULES),
+        "mbs": st.sampled_from([1, 2]),
+        "rounds": st.sampled_from([1, 2, 4]),
+        "zero": st.sampled_from([0, 1, 3]),
+        "recompute": st.sampled_from(["none", "selective", "full"]),
+    }
+)
+
+
+def _kw(d: dict) -> dict:
+    pp = 1 if d["schedule"] == "none" else d["pp"]
+    vpp = 2 if d["schedule"] in ("interleaved-1f1b", "zb-v") else 1
+    kw = dict(
+        dp=d["dp"],
+        tp=d["tp"],
+        pp=pp,
+        vpp=vpp,
+        micro_batch_size=d["mbs"],
+        global_batch_size=d["dp"] * d["mbs"] * pp * d["rounds"],
+        schedule=d["schedule"],
+        zero=d["zero"],
+        recompute=d["recompute"],
+        sequence_parallel=d["tp"] > 1,
+    )
+    if MODELS[d["model"]].moe is not None:
+        kw["ep"] = 2
+    return kw
+
+
+SLOW = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@SLOW
+@given(plans)
+def test_weak_scaling(d) -> None:
+    kw = _kw(d)
+    a = _run(d["model"], d["cluster"], kw)
+    b = _run(d["model"], d["cluster"], {**kw, "dp": 2 * kw["dp"], "global_batch_size": 2 * kw["global_batch_size"]})
+    for key in ("compute", "expert_compute", "recompute"):  # per pipeline stage, every replica alike
+        assert {bd[key] for bd in b.rank_breakdowns.values()} == {bd[key] for bd in a.rank_breakdowns.values()}, key
+    if kw["zero"] == 0:
+        assert b.iter_time_s >= a.iter_time_s * (1 - 1e-12)
+        assert [x.total for x in b.memory.ranks] == pytest.approx([x.total for x in a.memory.ranks], rel=1e-12)
+    else:  # ZeRO shards over the replicas: the optimizer step shrinks, the states too
+        assert _peak(b) <= _peak(a) * (1 + 1e-12)
+
+
+@SLOW
+@given(plans)
+def test_more_micro_batches(d) -> None:
+    kw = _kw(d)
+    a = _run(d["model"], d["cluster"], kw)
+    b = _run(d["model"], d["cluster"], {**kw, "global_batch_size": 2 * kw["global_batch_size"]})
+    assert a.iter_time_s * (1 - 1e-12) <= b.iter_time_s <= 2 * a.iter_time_s * (1 + 1e-12)
+
+
+@SLOW
+@given(plans)
+def test_recomputing_more_is_never_faster(d) -> None:
+    kw = _kw(d)
+    times = [_run(d["model"], d["cluster"], {**kw, "recompute": r}).iter_time_s for r in ("none", "selective", "full")]
+    assert times[0] <= times[1] * (1 + 1e-12) and times[1] <= times[2] * (1 + 1e-12)
