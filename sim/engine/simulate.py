@@ -6,8 +6,8 @@ A calibration (`simpar.sim.specs.calibration.Calibration`) sets the cost model a
 constants; ``costs`` replaces the cost model outright; ``profile`` says which runtime runs the
 plan (default: a Megatron-like GPU run; `simpar.sim.cost.profile.ExecutorProfile` for simpar's
 own executor); ``trace=False`` leaves the trace events out of the result (a validation or a
-sweep that reads only times, breakdowns and memory): the run is the same, it only records none
-(a run compressed into steady-state rounds records them anyway: its checks compare them)."""
+sweep that reads only times, breakdowns and memory): the run is the same, it records none (a run
+compressed into steady-state rounds records them for its checks, and the result drops them)."""
 
 from __future__ import annotations
 
@@ -194,10 +194,10 @@ def _simulate(
         reported_rank=reported,
         rank_breakdowns=per_rank,
         memory=mem,
-        events=out.events,
+        events=out.events if trace else (),
         memory_timeline=timeline,
         stats={
-            "events": len(out.events),
+            "events": len(out.events) if trace else 0,
             "sim_events": sum(_scheduled_events(e) for e in envs),
             "wall_s": wall,
             "schedule_actions": out.schedule_actions,
