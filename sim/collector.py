@@ -37,9 +37,8 @@ def batch_mode() -> None:
 def paused() -> Iterator[None]:
     """The cyclic collector off for the block, then as it was: for a simulation, whose objects
     (lowered schedules, trace events, memory samples) are many, acyclic and alive to its end, so
-    that a collection during it walks them all and frees nothing. In a loop of simulations
-    (validation rows in one process) the collector's passes took 2.10 s of 7.78 s; with it paused
-    in each simulation the loop ran 4.8-4.9 s against 5.9-7.1 s (three alternated runs, 2026-11-29)."""
+    that a collection during it would walk them all and free nothing (in a program that keeps
+    CPython's default thresholds, as a library caller does, the collections counted above)."""
     was = gc.isenabled()
     gc.disable()
     try:
