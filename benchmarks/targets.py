@@ -141,8 +141,12 @@ def measure(trees: list[Tree], long: bool) -> list[dict[str, float]]:
     figure measured on the trees in turn."""
     figs: list[dict[str, float]] = [{} for _ in trees]
 
-    def wall(name: str, args: list[str], repeat: int = 1, own: bool = True) -> None:
+    def wall(name: str, args: list[str], repeat: int = 1, own: bool = True, out: str | None = None) -> None:
+        """``out``: a folder each tree's runs write into (one per tree: one revision's run never
+        starts over in another's results)."""
         cmds = [[*t.simpar, *args] if own else args for t in trees]
+        if out is not None:
+            cmds = [[*c, "--out", f"{out}-{i}"] for i, c in enumerate(cmds)]
         for fig, value in zip(figs, _walls(trees, cmds, repeat)):
             fig[name] = value
 
@@ -161,13 +165,13 @@ def measure(trees: list[Tree], long: bool) -> list[dict[str, float]]:
         fig["simulate_first_ms"] = inproc["first"] * 1e3
         fig["simulate_warm_ms"] = inproc["warm"] * 1e3
     with tempfile.TemporaryDirectory() as tmp:
-        wall("sweep_default_s", ["sweep", *GPT3, "--out", f"{tmp}/s"], repeat=2)
+        wall("sweep_default_s", ["sweep", *GPT3], repeat=2, out=f"{tmp}/s")
         if long:
-            wall("sweep_exhaustive_s", ["sweep", *GPT3, "--exhaustive", "--out", f"{tmp}/x"])
+            wall("sweep_exhaustive_s", ["sweep", *GPT3, "--exhaustive"], out=f"{tmp}/x")
     wall("validate_s", ["validate", "tests/data/published.csv"], repeat=3)
     wall("deepseek_simulate_s", DEEPSEEK_SIMULATE, repeat=3)
     with tempfile.TemporaryDirectory() as tmp:
-        wall("deepseek_sweep_s", [*DEEPSEEK_SWEEP, "--out", f"{tmp}/d"])
+        wall("deepseek_sweep_s", DEEPSEEK_SWEEP, out=f"{tmp}/d")
     if long:
         for fig, r in zip(figs, python(FULL.replace("GPUS", "16384"))):
             fig["full_llama_16k_s"] = r["full"]
