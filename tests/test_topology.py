@@ -7,6 +7,7 @@ import itertools
 import networkx as nx
 import pytest
 
+from simpar.sim.errors import SpecError
 from simpar.sim.specs import ClusterSpec, load_cluster, preset_names
 from simpar.sim.topology.graph import Topology
 from simpar.sim.topology.summary import bisection_bandwidth, summary
@@ -184,3 +185,22 @@ def test_a_512_gpu_rail_cluster_builds_quickly():
     topo = small("dgx-h100", 512)
     assert topo.num_gpus == 512 and topo.route(0, 511).hw == "net"
     assert summary(topo)["graph_nodes"]["leaf"] == 8 * 2  # 64 nodes, 32 per leaf, 8 rails
+
+
+def test_a_large_cluster_names_nothing_until_asked():
+    """Link ids are arithmetic (`topology.fabric`): building a topology and routing over it make
+    no names; asking for them (the graph, a path's names) makes them, matching the ids."""
+    topo = Topology(load_cluster("dgx-h100", gpus=16384))
+    assert topo.num_links == len(topo.link_bw) == len(topo.link_cls)
+    route = topo.route(5, 16384 - 3)
+    assert {"nodes", "link_ends", "_link_id", "graph"}.isdisjoint(vars(topo))
+    names = topo.path_names(5, 16384 - 3)
+    assert names[0] == "n0/gpu5" and names[-1] == "n2047/gpu5"
+    assert [topo.link_id(u, v) for u, v in zip(names, names[1:])] == list(route.links)
+
+
+def test_a_graph_that_falls_apart_is_refused():
+    base = load_cluster("dgx-h100", gpus=32)
+    no_nics = base.model_copy(update={"node": base.node.model_copy(update={"nics_per_pcie_switch": 0})})
+    with pytest.raises(SpecError, match="falls apart into 4 pieces"):
+        Topology(no_nics)  # (the cluster's own validation refuses this before any graph is built)

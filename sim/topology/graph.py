@@ -1,7 +1,10 @@
-"""A cluster expanded into its nodes and directed links (flat arrays), with cached routes between
-GPUs; `Topology.graph` is the same as a networkx DiGraph, made on first use (`simpar topo`, the
-drawing, max-flow), so a simulation never pays for networkx. `build_topology` keeps the last few
-topologies, so every simulation of a sweep and both network backends share one.
+"""A cluster expanded into its directed links (flat arrays of rates, latencies and classes), with
+cached routes between GPUs. Links are found by arithmetic on the node's link template
+(`fabric`): a simulation never names them, and 131,072 GPUs take a fraction of a second. The
+names (`Topology.nodes`, `link_ends`) and `Topology.graph`, the same as a networkx DiGraph (the
+source of truth that `simpar topo` summarises and draws, and the tests check routes against), are
+made on first use. `build_topology` keeps the last few topologies, so every simulation of a sweep
+and both network backends share one.
 
 Graph nodes (attribute ``kind``): ``gpu``, ``nvswitch``, ``pcie`` (switch), ``cpu`` (socket /
 root complex), ``mem`` (a socket's DRAM, where the node has a ``host``: offloaded states live
@@ -38,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import SpecError
 from ..specs.cluster import ClusterSpec
-from ..units import GB
+from .fabric import ScaleOutLayout, node_template, pieces_count
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -60,39 +63,69 @@ class Route:
 
 
 class Topology:
-    """The graph of ``cluster`` plus flat link arrays and a route cache."""
+    """The graph of ``cluster``: flat link arrays, link ids by arithmetic (`fabric`), a route
+    cache; graph-node and link names are made only when asked (`nodes`, `link_ends`, `graph`)."""
 
     def __init__(self, cluster: ClusterSpec) -> None:
         self.cluster = cluster
         self.gpus_per_node = cluster.gpus_per_node
         self.num_nodes = cluster.num_nodes
         self.num_gpus = cluster.num_gpus
-        self.nodes: dict[str, dict[str, Any]] = {}  # name -> attributes (``kind`` first), in build order
-        self.link_bw: list[float] = []
-        self.link_latency: list[float] = []
-        self.link_kind: list[str] = []
-        self.link_cls: list[str] = []
-        self.link_ends: list[tuple[str, str]] = []
-        self._link_id: dict[tuple[str, str], int] = {}
+        self.template = node_template(cluster.node, self.gpus_per_node)
+        self.scale_out = ScaleOutLayout.of(cluster)
+        tpl, so, n = self.template, self.scale_out, self.num_nodes
+        self._block = tpl.size
+        self._nic_base = n * tpl.size  # first NIC -> leaf link
+        self._fabric_base = self._nic_base + 2 * n * so.nics  # first leaf -> spine link
+        #: per directed link: line rate (bytes/s), hop latency (s), kind, efficiency class
+        self.link_bw: list[float] = tpl.directed(2) * n + so.bw()
+        self.link_latency: list[float] = [0.0] * (n * tpl.size) + so.latency()
+        self.link_kind: list[str] = tpl.directed(3) * n + so.kinds()
+        self.link_cls: list[str] = tpl.directed(4) * n + ["net"] * so.num_links
         self._routes: dict[tuple[int, int], Route] = {}
         self._pieces: dict[tuple[str, int], tuple[int, ...]] = {}
-        self._build()
         self._check_connected()
 
-    # --- construction ---------------------------------------------------------------------
-    def _add_node(self, name: str, kind: str, **attrs: object) -> None:
-        self.nodes[name] = {"kind": kind, **attrs}
+    # --- names, made on demand ------------------------------------------------------------
+    @cached_property
+    def nodes(self) -> dict[str, dict[str, Any]]:
+        """Graph node name -> attributes (``kind`` first), in build order: each node's own, then
+        the leaves and the spines."""
+        out: dict[str, dict[str, Any]] = {}
+        g = self.gpus_per_node
+        for n in range(self.num_nodes):
+            for local, kind, attrs, gpu in self.template.nodes:
+                extra = {"rank": n * g + gpu} if gpu >= 0 else {}
+                out[f"n{n}/{local}"] = {"kind": kind, "node": n, **extra, **attrs}
+        so = self.scale_out
+        for leaf in range(so.num_leaves):
+            out[so.leaf_name(leaf)] = {"kind": "leaf"}
+        for s in range(so.spines):
+            out[self.spine_name(s)] = {"kind": "spine"}
+        return out
 
-    def _link(self, a: str, b: str, bw: float, kind: str, cls: str, lat_ab: float = 0.0, lat_ba: float = 0.0) -> None:
-        """A full-duplex link: two directed edges of ``bw`` bytes/s each."""
-        for u, v, lat in ((a, b, lat_ab), (b, a, lat_ba)):
-            i = len(self.link_bw)
-            self._link_id[(u, v)] = i
-            self.link_bw.append(bw)
-            self.link_latency.append(lat)
-            self.link_kind.append(kind)
-            self.link_cls.append(cls)
-            self.link_ends.append((u, v))
+    @cached_property
+    def link_ends(self) -> list[tuple[str, str]]:
+        """(from, to) graph node names of every directed link, by id."""
+        out: list[tuple[str, str]] = []
+        for n in range(self.num_nodes):
+            for a, b, *_ in self.template.links:
+                u, v = f"n{n}/{a}", f"n{n}/{b}"
+                out += [(u, v), (v, u)]
+        so = self.scale_out
+        for n in range(self.num_nodes):
+            for j in range(so.nics):
+                u, v = f"n{n}/nic{j}", so.leaf_name(so.leaf(n, j))
+                out += [(u, v), (v, u)]
+        for leaf in range(so.num_leaves):
+            for s in range(so.spines):
+                u, v = so.leaf_name(leaf), self.spine_name(s)
+                out += [(u, v), (v, u)]
+        return out
+
+    @cached_property
+    def _link_id(self) -> dict[tuple[str, str], int]:
+        return {e: i for i, e in enumerate(self.link_ends)}
 
     @cached_property
     def graph(self) -> nx.DiGraph:
@@ -110,98 +143,39 @@ class Topology:
         )
         return g
 
-    def _build(self) -> None:
-        for n in range(self.num_nodes):
-            self._build_node(n)
-        if self.num_nodes > 1:
-            self._build_scale_out()
+    # --- link ids by arithmetic -------------------------------------------------------------
+    def _local(self, node: int, a: str, b: str) -> int:
+        """Id of the link from ``a`` to ``b`` inside ``node`` (local names)."""
+        return node * self._block + self.template.offset[(a, b)]
 
-    def _build_node(self, n: int) -> None:
-        f, g = self.cluster.node, self.gpus_per_node
-        if f.interconnect == "host":  # worker processes, each with one link into the host's memory
-            assert f.host_bw_GBps is not None, "validated by NodeFabric"
-            self._add_node(f"n{n}/host", "host", node=n)
-            for i in range(g):
-                gpu = self.gpu_name(n * g + i)
-                self._add_node(gpu, "gpu", node=n, rank=n * g + i)
-                self._link(gpu, f"n{n}/host", f.host_bw_GBps * GB, "host", "host")
-            return
-        assert f.pcie_bw_GBps is not None, "validated by NodeFabric"
-        pcie_bw = f.pcie_bw_GBps * GB
-        for s in range(f.pcie_switches(g)):
-            self._add_node(self.switch_name(n, s), "pcie", node=n)
-        for c in range(f.cpus(g)):
-            self._add_node(f"n{n}/cpu{c}", "cpu", node=n)
-            if f.host is not None:
-                self._add_node(f"n{n}/mem{c}", "mem", node=n)
-                self._link(f"n{n}/cpu{c}", f"n{n}/mem{c}", f.host.memory_bw_GBps * GB, "mem", "mem")
-        for s in range(f.pcie_switches(g)):
-            self._link(self.switch_name(n, s), f"n{n}/cpu{s // f.pcie_switches_per_cpu}", pcie_bw, "pcie", "pcie")
-        if f.interconnect == "pcie" and f.cpus(g) > 1:
-            assert f.cpu_link_bw_GBps is not None, "validated by NodeFabric"
-            for a in range(f.cpus(g)):
-                for b in range(a + 1, f.cpus(g)):
-                    self._link(f"n{n}/cpu{a}", f"n{n}/cpu{b}", f.cpu_link_bw_GBps * GB, "cpu", "cpu")
-        if f.interconnect == "nvswitch":
-            assert f.nvlink_bw_GBps is not None, "validated by NodeFabric"
-            self._add_node(f"n{n}/nvswitch", "nvswitch", node=n, nvls=f.nvls)
-        for i in range(g):
-            gpu = self.gpu_name(n * g + i)
-            self._add_node(gpu, "gpu", node=n, rank=n * g + i)
-            self._link(gpu, self.switch_name(n, i // f.gpus_per_pcie_switch), pcie_bw, "pcie", "pcie")
-            if f.interconnect == "nvswitch":
-                assert f.nvlink_bw_GBps is not None, "validated by NodeFabric"
-                self._link(gpu, f"n{n}/nvswitch", f.nvlink_bw_GBps * GB, "nvlink", f"nvlink{f.nvlink_generation}")
-        for j in range(f.nics(g)):
-            nic = f"n{n}/nic{j}"
-            self._add_node(nic, "nic", node=n, index=j)
-            self._link(nic, self.switch_name(n, j // f.nics_per_pcie_switch), pcie_bw, "pcie", "pcie")
+    def _nic_link(self, node: int, nic: int, up: bool) -> int:
+        """NIC -> its leaf (``up``), or back."""
+        return self._nic_base + 2 * (node * self.scale_out.nics + nic) + (not up)
 
-    def _build_scale_out(self) -> None:
-        so, f = self.cluster.scale_out, self.cluster.node
-        nics, npl = f.nics(self.gpus_per_node), so.nodes_per_leaf
-        nic_bw = (f.nic_bw_Gbps or 0.0) * 1e9 / 8
-        sw_lat = so.switch_latency_us * 1e-6
-        leaves: list[str] = []
-        for n in range(self.num_nodes):
-            for j in range(nics):
-                leaf = self.leaf_of(n, j)
-                if leaf not in self.nodes:
-                    self._add_node(leaf, "leaf")
-                    leaves.append(leaf)
-                self._link(f"n{n}/nic{j}", leaf, nic_bw, "nic", "net", lat_ab=sw_lat)
-        if len(leaves) == 1:
-            return
-        # A leaf is cabled for its full port count (nodes_per_leaf nodes, one port each per rail, or
-        # all the node's NICs), whatever number of nodes is attached: uplink = that / oversubscription.
-        ports = npl if so.topology == "rail-optimized" else npl * nics
-        up = ports * nic_bw / so.oversubscription / so.num_spines
-        for s in range(so.num_spines):
-            self._add_node(self.spine_name(s), "spine")
-        for leaf in leaves:
-            for s in range(so.num_spines):
-                self._link(leaf, self.spine_name(s), up, "fabric", "net", lat_ab=sw_lat, lat_ba=sw_lat)
+    def _fabric_link(self, leaf: int, spine: int, up: bool) -> int:
+        """Leaf -> spine (``up``), or back."""
+        return self._fabric_base + 2 * (leaf * self.scale_out.spines + spine) + (not up)
 
-    def _pieces_count(self) -> int:
-        """How many pieces the graph falls into (union-find over the links; every link is full
-        duplex, so a weakly connected piece is strongly connected)."""
-        index = {name: i for i, name in enumerate(self.nodes)}
-        parent = list(range(len(index)))
-
-        def root(i: int) -> int:
-            while parent[i] != i:
-                parent[i] = parent[parent[i]]
-                i = parent[i]
-            return i
-
-        for u, v in self.link_ends[::2]:  # links come in (a->b, b->a) pairs
-            ru, rv = root(index[u]), root(index[v])
-            if ru != rv:
-                parent[ru] = rv
-        return sum(1 for i in range(len(parent)) if root(i) == i)
+    def _switch_of(self, gpu: int) -> str:
+        return f"pcie{(gpu % self.gpus_per_node) // self.cluster.node.gpus_per_pcie_switch}"
 
     def _check_connected(self) -> None:
-        parts = self._pieces_count()
+        """Every GPU reaches every other: each node's own graph falls into pieces (one, normally),
+        joined across nodes by their NICs' leaves and the spines (union-find over those pieces)."""
+        tpl, so, n = self.template, self.scale_out, self.num_nodes
+        piece = tpl.pieces()
+        local = sorted(set(piece))
+        if len(local) == 1 and (n == 1 or (so.nics and (so.num_leaves == 1 or so.spines))):
+            return
+        # elements: (node, local piece), then the leaves, then the spines
+        p = {r: k for k, r in enumerate(local)}
+        nic_piece = {int(name[3:]): p[piece[i]] for i, (name, kind, *_) in enumerate(tpl.nodes) if kind == "nic"}
+        leaves, base = so.num_leaves, n * len(local)
+        edges = [
+            (node * len(local) + nic_piece[j], base + so.leaf(node, j)) for node in range(n) for j in range(so.nics)
+        ]
+        edges += [(base + leaf, base + leaves + s) for leaf in range(leaves) for s in range(so.spines)]
+        parts = pieces_count(base + leaves + so.spines, edges)
         if parts > 1:
             raise SpecError(
                 f"cluster {self.cluster.name}: scale_out",
@@ -213,17 +187,8 @@ class Topology:
     def gpu_name(self, gpu: int) -> str:
         return f"n{gpu // self.gpus_per_node}/gpu{gpu % self.gpus_per_node}"
 
-    @staticmethod
-    def switch_name(node: int, s: int) -> str:
-        return f"n{node}/pcie{s}"
-
     def spine_name(self, s: int) -> str:
         return "core" if self.cluster.scale_out.topology == "two-level" else f"spine{s}"
-
-    def leaf_of(self, node: int, nic: int) -> str:
-        so = self.cluster.scale_out
-        group = node // so.nodes_per_leaf
-        return f"leaf/r{nic}/g{group}" if so.topology == "rail-optimized" else f"leaf/g{group}"
 
     def node_of(self, gpu: int) -> int:
         return gpu // self.gpus_per_node
@@ -260,16 +225,16 @@ class Topology:
     def _make_route(self, src: int, dst: int) -> Route:
         if src == dst:
             return Route((), 0.0, "nvlink")
-        if self.node_of(src) != self.node_of(dst):
+        g, n = self.gpus_per_node, self.node_of(src)
+        if n != self.node_of(dst):
             ids, hw = self._inter(src, dst), "net"
         elif self.cluster.node.interconnect == "nvswitch":
             ids, hw = self.nvswitch_links(src)[:1] + self.nvswitch_links(dst)[1:], "nvlink"
         elif self.cluster.node.interconnect == "host":
-            h = f"n{self.node_of(src)}/host"
-            ids, hw = (self._link_id[(self.gpu_name(src), h)], self._link_id[(h, self.gpu_name(dst))]), "host"
+            ids, hw = (self._local(n, f"gpu{src % g}", "host"), self._local(n, "host", f"gpu{dst % g}")), "host"
         else:
             names = self._pcie_path(src, dst)
-            ids, hw = tuple(self._link_id[(a, b)] for a, b in zip(names, names[1:])), "pcie"
+            ids, hw = tuple(self._local(n, a, b) for a, b in zip(names, names[1:])), "pcie"
         lat = self.link_latency
         return Route(ids, sum([lat[i] for i in ids]), hw)
 
@@ -287,8 +252,7 @@ class Topology:
         local = src % self.gpus_per_node
         sw = local // f.gpus_per_pcie_switch
         if jb // f.nics_per_pcie_switch == sw:  # the rail's NIC is under our own switch
-            s_name, nic = self.switch_name(na, sw), f"n{na}/nic{jb}"
-            head = (self._link_id[(self.gpu_name(src), s_name)], self._link_id[(s_name, nic)])
+            head = (self._local(na, f"gpu{local}", f"pcie{sw}"), self._local(na, f"pcie{sw}", f"nic{jb}"))
             return head + self._nic_path(na, jb, nb, jb) + tail
         proxy = next(
             (g for g in range(na * self.gpus_per_node, (na + 1) * self.gpus_per_node) if self.nic_of(g) == jb), None
@@ -304,25 +268,30 @@ class Topology:
         )
 
     def _pcie_path(self, a: int, b: int) -> list[str]:
-        f, n = self.cluster.node, self.node_of(a)
-        sa, sb = (a % self.gpus_per_node) // f.gpus_per_pcie_switch, (b % self.gpus_per_node) // f.gpus_per_pcie_switch
-        path = [self.gpu_name(a), self.switch_name(n, sa)]
+        """Local names along the PCIe path between GPUs ``a`` and ``b`` of one node."""
+        f, g = self.cluster.node, self.gpus_per_node
+        sa, sb = (a % g) // f.gpus_per_pcie_switch, (b % g) // f.gpus_per_pcie_switch
+        path = [f"gpu{a % g}", f"pcie{sa}"]
         if sa != sb:
             ca, cb = sa // f.pcie_switches_per_cpu, sb // f.pcie_switches_per_cpu
-            path.append(f"n{n}/cpu{ca}")
+            path.append(f"cpu{ca}")
             if ca != cb:
-                path.append(f"n{n}/cpu{cb}")
-            path.append(self.switch_name(n, sb))
-        return path + [self.gpu_name(b)]
+                path.append(f"cpu{cb}")
+            path.append(f"pcie{sb}")
+        return path + [f"gpu{b % g}"]
 
     def _to_nic(self, gpu: int) -> tuple[int, ...]:
         """GPU -> its PCIe switch -> its NIC (cached per GPU)."""
         key = ("up", gpu)
         if key not in self._pieces:
-            n, sw = self.node_of(gpu), (gpu % self.gpus_per_node) // self.cluster.node.gpus_per_pcie_switch
-            g, s, nic = self.gpu_name(gpu), self.switch_name(n, sw), f"n{n}/nic{self.nic_of(gpu)}"
-            self._pieces[key] = (self._link_id[(g, s)], self._link_id[(s, nic)])
-            self._pieces[("down", gpu)] = (self._link_id[(nic, s)], self._link_id[(s, g)])
+            n, local, sw, nic = (
+                self.node_of(gpu),
+                f"gpu{gpu % self.gpus_per_node}",
+                self._switch_of(gpu),
+                f"nic{self.nic_of(gpu)}",
+            )
+            self._pieces[key] = (self._local(n, local, sw), self._local(n, sw, nic))
+            self._pieces[("down", gpu)] = (self._local(n, nic, sw), self._local(n, sw, local))
         return self._pieces[key]
 
     def _from_nic(self, gpu: int) -> tuple[int, ...]:
@@ -331,16 +300,16 @@ class Topology:
 
     def _nic_path(self, na: int, ja: int, nb: int, jb: int) -> tuple[int, ...]:
         """NIC ja of node na -> leaf [-> spine -> leaf] -> NIC jb of node nb."""
-        nic_a, nic_b = f"n{na}/nic{ja}", f"n{nb}/nic{jb}"
-        la, lb = self.leaf_of(na, ja), self.leaf_of(nb, jb)
+        so = self.scale_out
+        la, lb = so.leaf(na, ja), so.leaf(nb, jb)
         if la == lb:
-            return (self._link_id[(nic_a, la)], self._link_id[(la, nic_b)])
-        spine = self.spine_name(self._spine(na, ja, nb, jb))
+            return (self._nic_link(na, ja, True), self._nic_link(nb, jb, False))
+        spine = self._spine(na, ja, nb, jb)
         return (
-            self._link_id[(nic_a, la)],
-            self._link_id[(la, spine)],
-            self._link_id[(spine, lb)],
-            self._link_id[(lb, nic_b)],
+            self._nic_link(na, ja, True),
+            self._fabric_link(la, spine, True),
+            self._fabric_link(lb, spine, False),
+            self._nic_link(nb, jb, False),
         )
 
     def path_names(self, src: int, dst: int) -> list[str]:
@@ -374,10 +343,10 @@ class Topology:
                     "add node.host (memory_GiB, memory_bw_GBps, adam_Gparams_per_s) with sources, or do not offload.",
                 )
             n, sw = self.node_of(gpu), (gpu % self.gpus_per_node) // f.gpus_per_pcie_switch
-            names = [self.gpu_name(gpu), self.switch_name(n, sw), f"n{n}/cpu{sw // f.pcie_switches_per_cpu}"]
-            names.append(f"n{n}/mem{sw // f.pcie_switches_per_cpu}")
-            down = tuple(self._link_id[(a, b)] for a, b in zip(names, names[1:]))
-            up = tuple(self._link_id[(b, a)] for a, b in reversed(list(zip(names, names[1:]))))
+            socket = sw // f.pcie_switches_per_cpu
+            names = [f"gpu{gpu % self.gpus_per_node}", f"pcie{sw}", f"cpu{socket}", f"mem{socket}"]
+            down = tuple(self._local(n, a, b) for a, b in zip(names, names[1:]))
+            up = tuple(self._local(n, b, a) for a, b in reversed(list(zip(names, names[1:]))))
             self._pieces[("d2h", gpu)], self._pieces[("h2d", gpu)] = down, up
         return self._pieces[key]
 
@@ -385,8 +354,8 @@ class Topology:
         """(GPU -> NVSwitch, NVSwitch -> GPU) link ids of ``gpu`` (NVSwitch nodes only)."""
         key = ("nvs", gpu)
         if key not in self._pieces:
-            g, s = self.gpu_name(gpu), f"n{self.node_of(gpu)}/nvswitch"
-            self._pieces[key] = (self._link_id[(g, s)], self._link_id[(s, g)])
+            n, local = self.node_of(gpu), f"gpu{gpu % self.gpus_per_node}"
+            self._pieces[key] = (self._local(n, local, "nvswitch"), self._local(n, "nvswitch", local))
         up, down = self._pieces[key]
         return up, down
 
