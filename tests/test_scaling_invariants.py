@@ -2,8 +2,15 @@
 recomputation mode or more micro-batches must and must not change.
 
 - Twice the replicas with twice the global batch (weak scaling): each replica's compute is the
-  same to the last bit; without ZeRO (nothing sharded over the replicas) the iteration is never
-  faster and the memory of every rank is the same; with ZeRO the peak never grows.
+  same (to rounding: a schedule steered by costs may sum it in another order); without ZeRO
+  (nothing sharded over the replicas) the iteration is never faster and the memory of every rank
+  is the same; with ZeRO the peak never grows. The last three hold where nothing else gets
+  faster with more GPUs, so they are not asked of two cases where something does: NVLS, whose
+  in-switch all-reduce moves S (1 + 1/n) bytes per GPU, less for a larger group (on a DGX H100 a
+  100 MB all-reduce takes 0.42 ms over 4 GPUs and 0.38 ms over 8); and the schedules steered by
+  stage costs (zb-1p, zb-2p), whose greedy scheduler sees the point-to-point times that the
+  placement of the larger mesh changes, and may then find a better order (and another memory
+  peak). Checked on the whole grid below for the other schedules on the A100 preset: no exception.
 - More micro-batches (twice the global batch, the same replicas): never faster, never more than
   twice as long.
 - Recomputation: none -> selective -> full never makes the iteration faster.
@@ -19,6 +26,7 @@ from simpar.sim.engine.simulate import simulate
 from simpar.sim.errors import PlanError
 from simpar.sim.plan import ParallelPlan
 from simpar.sim.plan_check import check_plan
+from simpar.sim.schedules import COST_STEERED
 from simpar.sim.specs import load_cluster, load_model
 
 MODELS = {name: load_model(name) for name in ("gpt-1.7b", "tiny-moe")}
@@ -33,6 +41,11 @@ def _run(model: str, cluster: str, kw: dict):
     except PlanError:
         assume(False)
     return simulate(MODELS[model], spec, plan, trace=False)
+
+
+def _values(r, key: str) -> set[float]:
+    """The distinct per-rank values of breakdown ``key`` (to 12 significant digits)."""
+    return {float(f"{bd[key]:.12g}") for bd in r.rank_breakdowns.values()}
 
 
 def _peak(r) -> float:
@@ -85,7 +98,9 @@ def test_weak_scaling(d) -> None:
     a = _run(d["model"], d["cluster"], kw)
     b = _run(d["model"], d["cluster"], {**kw, "dp": 2 * kw["dp"], "global_batch_size": 2 * kw["global_batch_size"]})
     for key in ("compute", "expert_compute", "recompute"):  # per pipeline stage, every replica alike
-        assert {bd[key] for bd in b.rank_breakdowns.values()} == {bd[key] for bd in a.rank_breakdowns.values()}, key
+        assert _values(b, key) == _values(a, key), key
+    if d["schedule"] in COST_STEERED or load_cluster(d["cluster"]).node.nvls:
+        return  # more GPUs may make something faster (see the module docstring)
     if kw["zero"] == 0:
         assert b.iter_time_s >= a.iter_time_s * (1 - 1e-12)
         assert [x.total for x in b.memory.ranks] == pytest.approx([x.total for x in a.memory.ranks], rel=1e-12)
