@@ -126,7 +126,7 @@ class ScaleOutLayout:
     nics: int  # per node; 0 on one node (no scale-out links)
     nodes_per_leaf: int
     rail: bool  # rail-optimized: NIC j of a group's nodes on leaf (rail j, group)
-    spines: int  # 0 with fewer than two leaves
+    fabric_spines: int  # the fabric's spine switches (`spines`: those in the graph)
     nic_bw: float  # bytes/s per direction
     up_bw: float  # a leaf -> spine link, bytes/s per direction
     switch_latency: float  # s, one switch traversal
@@ -136,15 +136,12 @@ class ScaleOutLayout:
         so, f, n = cluster.scale_out, cluster.node, cluster.num_nodes
         nics = f.nics(cluster.gpus_per_node) if n > 1 else 0
         rail = so.topology == "rail-optimized"
-        groups = -(-n // so.nodes_per_leaf)
-        leaves = (groups * nics if rail else groups) if nics else 0
         nic_bw = (f.nic_bw_Gbps or 0.0) * 1e9 / 8
         # A leaf is cabled for its full port count (nodes_per_leaf nodes, one port each per rail, or
         # all the node's NICs), whatever number of nodes is attached: uplink = that / oversubscription.
         ports = so.nodes_per_leaf if rail else so.nodes_per_leaf * nics
-        spines = so.num_spines if leaves > 1 else 0
         up = ports * nic_bw / so.oversubscription / so.num_spines
-        return cls(n, nics, so.nodes_per_leaf, rail, spines, nic_bw, up, so.switch_latency_us * 1e-6)
+        return cls(n, nics, so.nodes_per_leaf, rail, so.num_spines, nic_bw, up, so.switch_latency_us * 1e-6)
 
     @property
     def num_leaves(self) -> int:
@@ -152,6 +149,11 @@ class ScaleOutLayout:
             return 0
         groups = -(-self.nodes // self.nodes_per_leaf)
         return groups * self.nics if self.rail else groups
+
+    @property
+    def spines(self) -> int:
+        """Spine switches in the graph: none with fewer than two leaves."""
+        return self.fabric_spines if self.num_leaves > 1 else 0
 
     def leaf(self, node: int, nic: int) -> int:
         """Index of the leaf NIC ``nic`` of ``node`` is cabled to (order of first appearance)."""

@@ -169,7 +169,7 @@ class Topology:
             return
         # elements: (node, local piece), then the leaves, then the spines
         p = {r: k for k, r in enumerate(local)}
-        nic_piece = {int(name[3:]): p[piece[i]] for i, (name, kind, *_) in enumerate(tpl.nodes) if kind == "nic"}
+        nic_piece = {attrs["index"]: p[piece[i]] for i, (_, kind, attrs, _) in enumerate(tpl.nodes) if kind == "nic"}
         leaves, base = so.num_leaves, n * len(local)
         edges = [
             (node * len(local) + nic_piece[j], base + so.leaf(node, j)) for node in range(n) for j in range(so.nics)
