@@ -55,7 +55,7 @@ def walk_ahead(eng: Any, g: Any, actions):
     gather_f = gather_all or (policy is ZeroPolicy.GATHER_AT_START and opt.overlap_param_gather)
     last = eng.release_at[g.prank]
     F, R, B, I, W = Kind.F, Kind.R, Kind.B, Kind.I, Kind.W  # noqa: E741
-    UNSHARD, RESHARD = Kind.UNSHARD, Kind.RESHARD
+    UNSHARD, RESHARD, OVERLAP, COMPUTE = Kind.UNSHARD, Kind.RESHARD, Kind.OVERLAP_F_B, _COMPUTE
     pairs: dict = {}  # (F's stage, backward's stage and kind) -> `Engine.pair_cost`
     sends: dict = {}  # (stage, SEND_F or SEND_B) -> (receiving GPU, its stage, direction)
     SEND_F, SEND_B, RECV_F, RECV_B = Kind.SEND_F, Kind.SEND_B, Kind.RECV_F, Kind.RECV_B
@@ -67,7 +67,7 @@ def walk_ahead(eng: Any, g: Any, actions):
             g.starts.append(t)
             if i in marks:
                 g.snaps.append((t, dict(acc), g.act))
-        if a.kind is Kind.OVERLAP_F_B:
+        if a.kind is OVERLAP:
             f, b = a.f, a.b
             clock = b in last
             if gather_f and not clock:
@@ -100,8 +100,8 @@ def walk_ahead(eng: Any, g: Any, actions):
             mem.append((t, g.act))
             continue
         st, k, mb = a
-        if k in _COMPUTE:
-            clock = a in last
+        if k in COMPUTE:
+            clock = (k is B or k is W) and a in last  # `Engine.releases`: B and W actions only
             if (gather_f if k is F else gather_all and k is not R) and not clock:
                 ev = g.gathered.get(st)
                 clock = ev is None or not ev.processed
@@ -115,7 +115,8 @@ def walk_ahead(eng: Any, g: Any, actions):
                     events.append(new(TraceEvent, (rank, "compute", f"{st}{kv}{mb}", kv, t, dur, st, mb, NO_ARGS)))
                 t += dur
                 acc[name] += secs
-                acc["tp_comm"] += tp
+                if tp:
+                    acc["tp_comm"] += tp
                 if ex or a2a or off:
                     acc["expert_compute"] += ex
                     acc["moe_a2a"] += a2a
