@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..plan import ZeroPolicy
-from ..schedules.ir import Kind
+from ..schedules.ir import Action, Kind
 from .trace import NO_ARGS, TraceEvent
 
 _COMPUTE = frozenset({Kind.F, Kind.B, Kind.I, Kind.W, Kind.R})
@@ -27,15 +27,17 @@ _COMPUTE = frozenset({Kind.F, Kind.B, Kind.I, Kind.W, Kind.R})
 
 def _compute_table(
     eng: Any,
-) -> dict[tuple[int, Kind], tuple[tuple[float, float, float, float, float], float, str]]:
+) -> dict[tuple[int, Kind], tuple[tuple[float, float, float, float, float], float, str, float]]:
     """(stage, kind) -> ((compute, expert compute, exposed TP/CP, exposed all-to-all, exposed
-    activation offload) seconds, their sum, account): what `Engine._compute` charges for F, B, I,
-    W and R."""
+    activation offload) seconds, their sum, account, activation bytes the pass changes at its end):
+    what `Engine._compute` charges for F, B, I, W and R, and what `Engine._freed` says a backward
+    frees (0 for F and R)."""
     o, out = eng.opt, {}
     for s, w in enumerate(eng.work):
         for k in (Kind.F, Kind.B, Kind.I, Kind.W, Kind.R):
             parts = w.parts(k.value, o.overlap_tp)
-            out[(s, k)] = (parts, sum(parts), "recompute" if k is Kind.R else "compute")
+            freed = eng._freed(Action(s, k, 0)) if k in (Kind.B, Kind.I, Kind.W) else 0.0
+            out[(s, k)] = (parts, sum(parts), "recompute" if k is Kind.R else "compute", freed)
     return out
 
 
@@ -106,7 +108,7 @@ def walk_ahead(eng: Any, g: Any, actions):
                 ev = g.gathered.get(st)
                 clock = ev is None or not ev.processed
             if not clock:
-                (secs, ex, tp, a2a, off), dur, name = table[(st, k)]
+                (secs, ex, tp, a2a, off), dur, name, frees = table[(st, k)]
                 if k is F:
                     g.act += act_bytes[st]
                     mem.append((t, g.act))
@@ -122,7 +124,7 @@ def walk_ahead(eng: Any, g: Any, actions):
                     acc["moe_a2a"] += a2a
                     acc["offload"] += off
                 if k is B or k is I or (k is W and held[st]):  # what the pass frees (`Engine._freed`)
-                    g.act += freed(a)
+                    g.act += frees
                     mem.append((t, g.act))
                 continue
         if k is SEND_F or k is SEND_B:
@@ -133,12 +135,14 @@ def walk_ahead(eng: Any, g: Any, actions):
             tr = transfer_of(key, to[1], mb, to[2])
             tr.sent_at = t
             eng._timed_transfer(g, to[0], tr, st, mb, to[2], t)
-            t += post
-            acc["pp_comm"] += post
+            if post:
+                t += post
+                acc["pp_comm"] += post
             continue
         if k is RECV_F or k is RECV_B:
-            t += post
-            acc["pp_comm"] += post
+            if post:
+                t += post
+                acc["pp_comm"] += post
             tr = transfer_of(key, st, mb, "F" if k is RECV_F else "B")
             if tr.at is not None:  # booked: its arrival time is known
                 if tr.at > t:
