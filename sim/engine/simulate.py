@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
+from operator import itemgetter
 
 import simpy
 
@@ -166,7 +167,7 @@ def _simulate(
             bd["bubble"] = max(0.0, t_iter - sum(bd.values()))
         per_rank[g.rank] = bd
         if g.key == (0, 0, 0):
-            peaks[g.prank] = max(v for _, v in g.mem)
+            peaks[g.prank] = max(map(itemgetter(1), g.mem))  # the samples' activation bytes
             unsharded[g.prank] = g.peak_unsharded
             timeline[g.rank] = g.mem
     reported = min(per_rank, key=lambda r: (per_rank[r]["bubble"], r))
