@@ -50,28 +50,22 @@ class NodeTemplate:
     def pieces(self) -> list[int]:
         """Per local graph node (in `nodes` order), the piece of the node's own graph it is in."""
         index = {name: i for i, (name, *_) in enumerate(self.nodes)}
-        parent = list(range(len(index)))
-        for a, b, *_ in self.links:
-            ra, rb = _root(parent, index[a]), _root(parent, index[b])
-            parent[ra] = rb
-        return [_root(parent, i) for i in range(len(parent))]
+        return pieces_of(len(index), [(index[a], index[b]) for a, b, *_ in self.links])
 
 
-def _root(parent: list[int], i: int) -> int:
-    while parent[i] != i:
-        parent[i] = parent[parent[i]]
-        i = parent[i]
-    return i
+def pieces_of(size: int, edges: list[tuple[int, int]]) -> list[int]:
+    """Per element of ``size`` joined by ``edges``, a representative of its piece (union-find)."""
+    parent = list(range(size))
 
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
 
-def pieces_count(parent_size: int, edges: list[tuple[int, int]]) -> int:
-    """How many pieces ``parent_size`` elements joined by ``edges`` fall into (union-find)."""
-    parent = list(range(parent_size))
     for a, b in edges:
-        ra, rb = _root(parent, a), _root(parent, b)
-        if ra != rb:
-            parent[ra] = rb
-    return sum(1 for i in range(parent_size) if _root(parent, i) == i)
+        parent[root(a)] = root(b)
+    return [root(i) for i in range(size)]
 
 
 def node_template(f: NodeFabric, g: int) -> NodeTemplate:

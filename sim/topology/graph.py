@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import SpecError
 from ..specs.cluster import ClusterSpec
-from .fabric import ScaleOutLayout, node_template, pieces_count
+from .fabric import ScaleOutLayout, node_template, pieces_of
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -175,7 +175,7 @@ class Topology:
             (node * len(local) + nic_piece[j], base + so.leaf(node, j)) for node in range(n) for j in range(so.nics)
         ]
         edges += [(base + leaf, base + leaves + s) for leaf in range(leaves) for s in range(so.spines)]
-        parts = pieces_count(base + leaves + so.spines, edges)
+        parts = len(set(pieces_of(base + leaves + so.spines, edges)))
         if parts > 1:
             raise SpecError(
                 f"cluster {self.cluster.name}: scale_out",
