@@ -10,13 +10,16 @@ recomputation mode or more micro-batches must and must not change.
   100 MB all-reduce takes 0.42 ms over 4 GPUs and 0.38 ms over 8); and the schedules steered by
   stage costs (zb-1p, zb-2p), whose greedy scheduler sees the point-to-point times that the
   placement of the larger mesh changes, and may then find a better order (and another memory
-  peak). Checked on the whole grid below for the other schedules on the A100 preset: no exception.
+  peak). `test_weak_scaling_on_the_whole_grid` checks every plan of `AXES`, not a sample (slow: CI
+  runs it with the long fuzz tests).
 - More micro-batches (twice the global batch, the same replicas): never faster, never more than
   twice as long.
 - Recomputation: none -> selective -> full never makes the iteration faster.
 """
 
 from __future__ import annotations
+
+import itertools
 
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
@@ -33,14 +36,21 @@ MODELS = {name: load_model(name) for name in ("gpt-1.7b", "tiny-moe")}
 SCHEDULES = ["1f1b", "gpipe", "interleaved-1f1b", "zb-h1", "zb-v", "zb-2p", "zb-1p", "none"]
 
 
-def _run(model: str, cluster: str, kw: dict):
+def _result(model: str, cluster: str, kw: dict):
+    """The simulation of plan ``kw``, or None when check_plan refuses it."""
     plan = ParallelPlan(**kw)
     spec = load_cluster(cluster, gpus=plan.num_gpus)
     try:
         check_plan(plan, MODELS[model], spec)
     except PlanError:
-        assume(False)
+        return None
     return simulate(MODELS[model], spec, plan, trace=False)
+
+
+def _run(model: str, cluster: str, kw: dict):
+    r = _result(model, cluster, kw)
+    assume(r is not None)
+    return r
 
 
 def _values(r, key: str) -> set[float]:
@@ -52,20 +62,20 @@ def _peak(r) -> float:
     return max(x.total for x in r.memory.ranks)
 
 
-plans = st.fixed_dictionaries(
-    {
-        "model": st.sampled_from(sorted(MODELS)),
-        "cluster": st.sampled_from(["dgx-a100-80g", "dgx-h100"]),
-        "tp": st.sampled_from([1, 2]),
-        "pp": st.sampled_from([2, 4]),
-        "dp": st.sampled_from([2, 4]),
-        "schedule": st.sampled_from(SCHEDULES),
-        "mbs": st.sampled_from([1, 2]),
-        "rounds": st.sampled_from([1, 2, 4]),
-        "zero": st.sampled_from([0, 1, 3]),
-        "recompute": st.sampled_from(["none", "selective", "full"]),
-    }
-)
+#: the values each plan field is drawn from (the hypothesis tests), or runs over (the grid test)
+AXES = {
+    "model": sorted(MODELS),
+    "cluster": ["dgx-a100-80g", "dgx-h100"],
+    "tp": [1, 2],
+    "pp": [2, 4],
+    "dp": [2, 4],
+    "schedule": SCHEDULES,
+    "mbs": [1, 2],
+    "rounds": [1, 2, 4],
+    "zero": [0, 1, 3],
+    "recompute": ["none", "selective", "full"],
+}
+plans = st.fixed_dictionaries({k: st.sampled_from(v) for k, v in AXES.items()})
 
 
 def _kw(d: dict) -> dict:
@@ -97,6 +107,27 @@ def test_weak_scaling(d) -> None:
     kw = _kw(d)
     a = _run(d["model"], d["cluster"], kw)
     b = _run(d["model"], d["cluster"], {**kw, "dp": 2 * kw["dp"], "global_batch_size": 2 * kw["global_batch_size"]})
+    _check_weak_scaling(d, kw, a, b)
+
+
+@pytest.mark.slow
+def test_weak_scaling_on_the_whole_grid() -> None:
+    """Every plan of `AXES` (some ten thousand simulations: minutes), not a sample of them."""
+    checked = 0
+    for values in itertools.product(*AXES.values()):
+        d = dict(zip(AXES, values))
+        kw = _kw(d)
+        a = _result(d["model"], d["cluster"], kw)
+        b = _result(
+            d["model"], d["cluster"], {**kw, "dp": 2 * kw["dp"], "global_batch_size": 2 * kw["global_batch_size"]}
+        )
+        if a is not None and b is not None:
+            _check_weak_scaling(d, kw, a, b)
+            checked += 1
+    assert checked > 1000
+
+
+def _check_weak_scaling(d: dict, kw: dict, a, b) -> None:
     for key in ("compute", "expert_compute", "recompute"):  # per pipeline stage, every replica alike
         assert _values(b, key) == _values(a, key), key
     if d["schedule"] in COST_STEERED or load_cluster(d["cluster"]).node.nvls:
