@@ -52,6 +52,22 @@ class SweepSetup:
     token: str = ""  # identifies the sweep; a worker keeps its caches while the token is the same
     profile: RuntimeProfile = MEGATRON  # the runtime that runs the plans (`simpar.sim.cost.profile`)
 
+    def simulate(self, plan: ParallelPlan, trace: bool = True):
+        """`engine.simulate.simulate` of ``plan`` on this setup's model, cluster, network backend,
+        calibration, engine options and runtime: the one run a sweep row and a plan folder share."""
+        from ..engine.simulate import simulate
+
+        return simulate(
+            self.model,
+            self.cluster,
+            plan,
+            backend=self.backend,
+            calibration=self.calibration,
+            options=self.options,
+            profile=self.profile,
+            trace=trace,
+        )
+
 
 class Evaluator:
     def __init__(self, setup: SweepSetup):
@@ -182,23 +198,13 @@ class Evaluator:
         }
 
     def simulate(self, cfg: Config) -> dict[str, Any]:
-        from ..engine.simulate import simulate
-
         plan, _ = self.plan(cfg)
         assert plan is not None, "only valid configurations are simulated"
         x = self.inputs(plan)
         quick = quick_estimate(x)
         s = self.s
-        res = simulate(
-            s.model,
-            s.cluster,
-            plan,
-            backend=s.backend,
-            calibration=s.calibration,
-            options=s.options,
-            profile=s.profile,
-            trace=False,  # a row holds no trace: the best plans' traces are written from a run of their own
-        )
+        # a row holds no trace: the best plans' traces are written from a run of their own
+        res = s.simulate(plan, trace=False)
         row = {
             **self.base_row(cfg, plan),
             **self.memory_fields(res.memory),

@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 
 from ..engine.results import SimResult
-from ..engine.simulate import plan_schedule, simulate
+from ..engine.simulate import plan_schedule
 from ..engine.trace import write_trace
 from ..errors import SpecError
 from ..interop.emit import recipe_files
@@ -66,15 +66,7 @@ def _write_files(setup: SweepSetup, cfg: Config, out: Path, command: str) -> Sim
     sched = plan_schedule(setup.model, setup.cluster, plan, setup.calibration, profile=setup.profile)
     write_plan_file(out / "plan.json", plan, setup.model, setup.cluster.name)
     write_csv(sched, out / "schedule.csv")
-    res = simulate(
-        setup.model,
-        setup.cluster,
-        plan,
-        backend=setup.backend,
-        calibration=setup.calibration,
-        options=setup.options,
-        profile=setup.profile,
-    )
+    res = setup.simulate(plan)
     text = describe(setup, plan)
     write_trace(
         out / "trace.json",
