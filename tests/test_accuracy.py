@@ -3,6 +3,7 @@ figures; notes merged; bad input is one line with exit code 2."""
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 
@@ -11,7 +12,7 @@ from click.testing import CliRunner
 
 from simpar.cli.main import cli
 from simpar.sim.validation.accuracy import read_closed_loop, row_hints
-from simpar.sim.validation.published import read_rows, row_setup
+from simpar.sim.validation.published import measured_peak_bytes, read_rows, row_setup
 
 DATA = Path(__file__).parent / "data"
 CSV = DATA / "published-3rows.csv"
@@ -66,6 +67,23 @@ def test_hints_and_the_rows_stack() -> None:
     hints = row_hints(long_fp8)
     assert "fp8 row (the stack's default recipe)" in hints and "stack megatron-lm-legacy" in hints
     assert any("long sequence" in h for h in hints) and any("torch.compile" in h for h in hints)
+
+
+def test_a_peak_in_decimal_gigabytes_is_compared_in_gib(tmp_path: Path) -> None:
+    zb = {r["id"]: r for r in read_rows(CSV)}["zb_t9_1.5B_1F1B_m4"]
+    assert zb["peak_mem_gb"] == "18" and not zb["peak_mem_gib"]  # as the paper prints it
+    assert measured_peak_bytes(zb) == 18e9
+    assert measured_peak_bytes({**zb, "peak_mem_gb": "", "peak_mem_gib": "18"}) == 18 * 2**30
+    assert measured_peak_bytes({**zb, "peak_mem_gb": ""}) is None
+    both = tmp_path / "both.csv"
+    with both.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(zb))
+        w.writeheader()
+        w.writerow({**zb, "peak_mem_gib": "18"})
+    res = CliRunner().invoke(cli, ["accuracy", "--published", str(both), "--out", str(tmp_path / "o")])
+    assert res.exit_code == 0, res.output  # a bad row is kept with its reason
+    (row,) = json.loads((tmp_path / "o" / "accuracy.json").read_text())["published"]["rows"]
+    assert row["status"].startswith("not simulated") and "peak_mem_gb" in row["status"], row["status"]
 
 
 def test_bad_input(tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ from ..procs import fork_map
 from ..specs import load_cluster
 from ..specs.model import ModelSpec
 from ..specs.stack import MEMORY_METRICS
-from ..units import GiB
+from ..units import GB, GiB
 from .moe_rows import MOE_COLUMNS, cell, is_moe_row, moe_model, moe_plan_fields
 
 #: Optional per-row columns (FORMAT.md): ``stack`` (a stack preset, `simpar.sim.specs.stack`; empty:
@@ -151,6 +151,24 @@ def measured(r: dict[str, str], col: str, required: bool = True) -> float | None
     if not (math.isfinite(v) and v > 0):
         raise SimparError(f"row {r.get('id') or '?'}: {col}", f"is {text!r}.", "write a positive number.")
     return v
+
+
+#: the columns a measured peak may be given in, with their unit in bytes: ``peak_mem_gib`` (GiB), or
+#: ``peak_mem_gb`` (decimal gigabytes, for sources that print them), never both
+PEAK_MEM_COLUMNS = {"peak_mem_gib": GiB, "peak_mem_gb": GB}
+
+
+def measured_peak_bytes(r: dict[str, str]) -> float | None:
+    """A row's measured peak memory per GPU in bytes, from whichever of `PEAK_MEM_COLUMNS` it fills
+    (none: None)."""
+    given = [v * unit for col, unit in PEAK_MEM_COLUMNS.items() if (v := measured(r, col, required=False))]
+    if len(given) > 1:
+        raise SimparError(
+            f"row {r.get('id') or '?'}: peak_mem_gib and peak_mem_gb",
+            "are both filled.",
+            "keep the one in the unit the source printed.",
+        )
+    return given[0] if given else None
 
 
 def row_hints(r: dict[str, str]) -> dict[str, Any]:
@@ -298,7 +316,8 @@ def _validate_row(r: dict[str, str], simulate_fn: Callable) -> RowResult:
     rr = RowResult(r["id"], source_label(r["source"]), r["schedule"], None)
     try:
         rr.measured_iter_time_s = measured(r, "iter_time_s")
-        rr.measured_peak_mem_gib = measured(r, "peak_mem_gib", required=False)
+        peak = measured_peak_bytes(r)
+        rr.measured_peak_mem_gib = None if peak is None else peak / GiB
         model, cluster, plan = row_setup(r)
         res = simulate_fn(model, cluster, plan)
         rr.predicted_iter_time_s = res.iter_time_s
