@@ -231,7 +231,7 @@ def test_zb_2p_sets_in_flight_are_those_of_the_schedule_the_engine_ran():
     """ZB-2p's order depends on the stage costs: the memory report of a simulated plan counts the
     sets in flight of the schedule the engine ran (real costs), not of the unit-cost build that
     `simpar memory` makes, which here keeps one set fewer on the first rank."""
-    from simpar.sim.cost.activations import zb_memory_fraction
+    from simpar.sim.cost.activations import zb_stage_memory
     from simpar.sim.cost.alive import plan_profile
     from simpar.sim.engine.simulate import build_work, stage_costs
     from simpar.sim.schedules import peak_inflight
@@ -241,6 +241,7 @@ def test_zb_2p_sets_in_flight_are_those_of_the_schedule_the_engine_ran():
     plan = ParallelPlan(tp=8, pp=8, dp=4, micro_batch_size=1, global_batch_size=128, schedule="zb-2p", recompute="full")
     res = simulate(model, cluster, plan)
     work, costs, p2p = build_work(model, cluster, plan, None)
-    ran = lowered_schedule(plan, costs=stage_costs(work, p2p, costs.eff.overlap_contention, zb_memory_fraction(model)))
+    mem = zb_stage_memory(model, plan)
+    ran = lowered_schedule(plan, costs=stage_costs(work, p2p, costs.eff.overlap_contention, mem))
     assert [r.inflight for r in res.memory.ranks] == peak_inflight(ran)
-    assert peak_inflight(ran) != list(plan_profile(plan, zb_memory_fraction(model)).inflight)
+    assert peak_inflight(ran) != list(plan_profile(plan, mem).inflight)

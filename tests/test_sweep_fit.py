@@ -7,10 +7,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simpar.sim.cost.alive import STEADY, WHOLE, _maximal, alive_profile, cached_profile, plan_profile, unit_costs
+from simpar.sim.cost.alive import (
+    STEADY,
+    _maximal,
+    alive_profile,
+    cached_profile,
+    plan_profile,
+    profile_cut,
+    unit_costs,
+)
 from simpar.sim.cost.memory import memory_report, schedule_memory_report
 from simpar.sim.plan import ParallelPlan
-from simpar.sim.schedules import build_schedule, peak_activation_units, peak_inflight
+from simpar.sim.schedules import ALL_FORWARDS_FIRST, COST_STEERED, build_schedule, peak_activation_units, peak_inflight
 from simpar.sim.specs import load_cluster, load_model
 from simpar.sim.sweep.config_plan import checked_plan
 from simpar.sim.sweep.memory_screen import MemoryScreen
@@ -77,25 +85,58 @@ def test_maximal_vectors_are_those_no_other_dominates(vectors):
     assert _maximal(vectors) == tuple(sorted(v for v in vectors if not dominated(v)))
 
 
-@pytest.mark.parametrize("name,vpp", [x for x in SCHEDS if x[0] not in WHOLE])
+def _memory(kind: str, pp: int):
+    """Per-stage memory (`activations.zb_stage_memory`) shaped like real plans': one fraction of the
+    set from I to W on every stage (the flash-attention layer's 32/34, or with the attention scores
+    stored about 0.4, or W free), or per stage with the first stage one layer short and the last one
+    holding the output head's logits and their gradients."""
+    if kind == "none":
+        return None
+    if kind.startswith("uniform"):
+        return (1.0,), (float(kind.split(":")[1]),)
+    f = [1.0] * pp
+    w = [0.4] * pp
+    f[0], w[0] = 0.8, 0.3
+    f[-1], w[-1] = 1.7, 1.1
+    return tuple(f), tuple(w)
+
+
+MEMORIES = ["none", "uniform:0.05", "uniform:0.43", "uniform:0.94", "stages"]
+CUT_CASES = [
+    (name, vpp, kind)
+    for name, vpp in SCHEDS
+    if name not in ALL_FORWARDS_FIRST
+    for kind in (MEMORIES if name in COST_STEERED else ["none"])
+]
+
+
+@pytest.mark.parametrize("name,vpp,kind", CUT_CASES)
 @pytest.mark.parametrize("pp", [2, 3, 4, 6])
-@pytest.mark.parametrize("frac", [None, 0.05, 0.43])
-def test_profile_stops_changing_after_a_few_pp_microbatches(name, vpp, pp, frac):
-    cut = STEADY * pp
-    short = cached_profile(name, pp, vpp, cut, frac)
+def test_profile_stops_changing_past_its_cut(name, vpp, kind, pp):
+    mem = _memory(kind, pp)
+    cut = profile_cut(name, pp, mem)
+    assert cut is not None and cut >= STEADY * pp
+    short = cached_profile(name, pp, vpp, cut, mem)
     # interleaved 1F1B plans have a multiple of pp micro-batches (check_plan)
     ms = (3 * pp, 5 * pp, 8 * pp) if name == "interleaved-1f1b" else (cut + 1, cut + 3 * pp, cut + 5 * pp + 3)
     for m in ms:
-        assert cached_profile(name, pp, vpp, m, frac) == short
+        assert cached_profile(name, pp, vpp, m, mem) == short
 
 
-@pytest.mark.parametrize("frac", [0.05, 0.43])
-def test_zb_2p_profile_is_read_off_the_whole_schedule(frac):
-    # ZB-2p's sets waiting for their W keep growing with m (by 1 / frac): its profile is never cut
-    plan = ParallelPlan(dp=1, pp=4, micro_batch_size=1, global_batch_size=96, schedule="zb-2p")
-    full = alive_profile(build_schedule("zb-2p", 4, 1, 96, unit_costs("zb-2p", frac)))
-    assert plan_profile(plan, frac) == full
-    assert cached_profile("zb-2p", 4, 1, STEADY * 4, frac) != full
+@pytest.mark.parametrize("kind", ["uniform:0.05", "uniform:0.43", "stages"])
+def test_zb_2p_profile_is_cut_past_its_memory_limit(kind):
+    # ZB-2p's sets waiting for their W keep growing with m until they fill its 2p limit: 2p micro-batches
+    # are not enough, its cut is
+    plan = ParallelPlan(dp=1, pp=4, micro_batch_size=1, global_batch_size=600, schedule="zb-2p")
+    mem = _memory(kind, 4)
+    full = alive_profile(build_schedule("zb-2p", 4, 1, 600, unit_costs("zb-2p", mem)))
+    assert plan_profile(plan, mem) == full
+    assert cached_profile("zb-2p", 4, 1, STEADY * 4, mem) != full
+
+
+def test_a_stage_whose_w_frees_nothing_is_never_cut():
+    assert profile_cut("zb-1p", 4, ((1.0,), (0.0,))) is None
+    assert profile_cut("gpipe", 4, None) is None and profile_cut("1f1b", 4, None) == STEADY * 4
 
 
 def test_screen_equals_the_memory_report():

@@ -150,14 +150,6 @@ def layer_weight_grad_bytes(m: ModelSpec, plan: ParallelPlan, kind: LayerKind = 
     return tok * (attn + shared + router) + routed
 
 
-def zb_memory_fraction(m: ModelSpec) -> float:
-    """M_W / M_B as the zero-bubble reference scheduler estimates it for ZB-1p/2p, 32h / (34h + 5as)
-    (zerobubble/runtime.py: ``w_mem_approx = 32 h``, ``f_mem_approx = 34 h + 5 a s`` per token): the
-    memory limit those schedules keep is the reference's (`zb_auto`), in its own units; the
-    memory simpar charges is `layer_weight_grad_bytes` and `layer_activation_bytes`."""
-    return 32 * m.hidden / (34 * m.hidden + 5 * m.heads * m.seq_len)
-
-
 def stage_weight_grad_bytes(m: ModelSpec, plan: ParallelPlan, stage: int) -> float:
     """`layer_weight_grad_bytes` of the stage's layers (its MTP layers too), plus the output head's
     input and logit gradients on the last stage (a column-parallel linear, once per prediction
@@ -221,6 +213,13 @@ def stage_activation_bytes(m: ModelSpec, plan: ParallelPlan, stage: int) -> floa
 def stage_activations(m: ModelSpec, plan: ParallelPlan) -> list[float]:
     """`stage_activation_bytes` of every stage, in stage order."""
     return [stage_activation_bytes(m, plan, s) for s in range(plan.num_stages)]
+
+
+def zb_stage_memory(m: ModelSpec, plan: ParallelPlan) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """What ZB-1p/2p's memory limit counts on each stage (`StageCosts.mem_f` / ``mem_w``, `zb_auto`),
+    as the reference runtime profiles it before it rebuilds its schedule: the bytes one micro-batch's
+    F keeps (`stage_activations`) and those kept from its I to its W (`stage_weight_grads`)."""
+    return tuple(stage_activations(m, plan)), tuple(stage_weight_grads(m, plan))
 
 
 def transient_activation_bytes(m: ModelSpec, plan: ParallelPlan) -> float:

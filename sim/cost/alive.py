@@ -11,6 +11,7 @@ Equal to `schedules.peak_activation_units` up to rounding (tested).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property, lru_cache
@@ -19,6 +20,11 @@ from operator import mul
 from ..plan import ParallelPlan
 from ..schedules import ALL_FORWARDS_FIRST, COST_STEERED, Schedule, StageCosts, build_schedule
 from ..schedules.analysis import alive_deltas
+from ..schedules.zb_auto import W_MEM_FRACTION
+
+#: per stage, the bytes a micro-batch's F keeps and those it keeps from its I to its W
+#: (`activations.zb_stage_memory`)
+StageMemory = tuple[tuple[float, ...], tuple[float, ...]]
 
 
 @dataclass(frozen=True)
@@ -132,39 +138,57 @@ def alive_profile(schedule: Schedule) -> AliveProfile:
 
 
 #: Past ``STEADY * pp`` micro-batches a schedule's alive-set profile no longer changes (its peak is
-#: reached in the warm-up and steady phases, which do not depend on m): checked against the full
-#: schedule in tests/test_sweep_fit.py for every schedule but those of `WHOLE`.
+#: reached in the warm-up and steady phases, which do not depend on m), but for the schedules of
+#: `profile_cut`: checked against longer schedules in tests/test_sweep_fit.py.
 STEADY = 2
-#: Schedules whose profile is read off the whole schedule: those that run every forward first (their
-#: peak grows with m), and ZB-2p, which defers weight-gradient passes up to its 2p memory limit, so
-#: the sets waiting for their W keep growing for about 2p / w_mem_fraction micro-batches.
-WHOLE = ALL_FORWARDS_FIRST | {"zb-2p"}
+#: ZB-1p / ZB-2p's memory limit, in sets of the first stages (`zb_auto`)
+_ZB_LIMIT = {"zb-1p": 1, "zb-2p": 2}
 
 
-def unit_costs(schedule: str, w_mem_fraction: float | None) -> StageCosts | None:
-    """What steers a compute-only ``schedule`` where no stage costs are at hand (`simpar memory`, the
-    sweep's memory screen): unit F, I, W and, for zb-1p/2p, the plan's memory model
-    (`activations.zb_memory_fraction`); None for the schedules no cost steers."""
-    if schedule not in COST_STEERED or w_mem_fraction is None:
+def profile_cut(schedule: str, pp: int, memory: StageMemory | None) -> int | None:
+    """Micro-batches past which the schedule's alive profile no longer changes; None: it keeps
+    changing (read the whole schedule). Schedules that run every forward first peak at the end.
+    ZB-1p/2p defer weight-gradient passes up to their memory limit of ``k * pp`` sets: the sets
+    waiting for their W may keep growing, one per round at most, until they fill it, for up to
+    ``k * pp / w`` rounds past the warm-up (w: the smallest share of a set that waits for its W,
+    `zb_auto.stage_memory`); twice that is cut. With a stage whose W frees nothing, nothing bounds
+    them."""
+    if schedule in ALL_FORWARDS_FIRST:
         return None
-    return replace(StageCosts.uniform(), w_mem_fraction=w_mem_fraction)
+    if schedule not in _ZB_LIMIT:
+        return STEADY * pp
+    if memory is None:
+        w = W_MEM_FRACTION
+    else:
+        w = min(memory[1]) / (max(memory[0][:2]) or 1.0)
+    if w <= 0:
+        return None
+    return STEADY * pp + 2 * math.ceil(_ZB_LIMIT[schedule] * pp / w)
+
+
+def unit_costs(schedule: str, memory: StageMemory | None) -> StageCosts | None:
+    """What steers a compute-only ``schedule`` where no stage costs are at hand (`simpar memory`, the
+    sweep's memory screen): unit F, I, W and, for zb-1p/2p, each stage's memory (``memory``:
+    `activations.zb_stage_memory`); None for the schedules no cost steers."""
+    if schedule not in COST_STEERED or memory is None:
+        return None
+    return replace(StageCosts.uniform(), mem_f=memory[0], mem_w=memory[1])
 
 
 @lru_cache(maxsize=4096)
 def cached_profile(
-    schedule: str, pp: int, vpp: int, num_microbatches: int, w_mem_fraction: float | None = None
+    schedule: str, pp: int, vpp: int, num_microbatches: int, memory: StageMemory | None = None
 ) -> AliveProfile:
     """The profile of a compute-only schedule (zb-1p/2p with unit costs, as `simpar memory`)."""
-    costs = unit_costs(schedule, w_mem_fraction)
+    costs = unit_costs(schedule, memory)
     return alive_profile(build_schedule(schedule, pp, vpp, num_microbatches, costs))
 
 
-def plan_profile(plan: ParallelPlan, w_mem_fraction: float | None = None) -> AliveProfile:
-    """The alive profile of the plan's compute-only schedule, cut to `STEADY` x pp micro-batches
-    (but for `WHOLE`); ``w_mem_fraction`` steers zb-1p/2p (`unit_costs`)."""
+def plan_profile(plan: ParallelPlan, memory: StageMemory | None = None) -> AliveProfile:
+    """The alive profile of the plan's compute-only schedule, cut where it stops changing
+    (`profile_cut`); ``memory`` steers zb-1p/2p (`unit_costs`)."""
     pp = plan.pipeline_ranks
-    m = plan.num_microbatches
-    if plan.schedule not in WHOLE:
-        m = min(m, STEADY * pp)
-    frac = w_mem_fraction if plan.schedule in COST_STEERED else None  # one cache entry for the others
-    return cached_profile(plan.schedule, pp, plan.vpp, m, frac)
+    mem = memory if plan.schedule in COST_STEERED else None  # one cache entry for the others
+    cut = profile_cut(plan.schedule, pp, mem)
+    m = plan.num_microbatches if cut is None else min(plan.num_microbatches, cut)
+    return cached_profile(plan.schedule, pp, plan.vpp, m, mem)

@@ -28,10 +28,8 @@ from ..specs.stack import MEMORY_METRICS
 from ..units import GiB
 from .activations import (
     host_activation_bytes,
-    stage_activations,
-    stage_weight_grads,
     transient_activation_bytes,
-    zb_memory_fraction,
+    zb_stage_memory,
 )
 from .alive import plan_profile, unit_costs
 from .offload import host_state_bytes, offloads
@@ -291,10 +289,11 @@ def memory_report(
     else the rank's largest 3 stages.
     """
     if inflight is None or activation_peak is None:
-        prof = plan_profile(plan, zb_memory_fraction(m))
+        acts, held = zb_stage_memory(m, plan)
+        prof = plan_profile(plan, (acts, held))
         inflight = prof.inflight if inflight is None else inflight
         if activation_peak is None:
-            activation_peak = prof.peaks(stage_activations(m, plan), stage_weight_grads(m, plan))
+            activation_peak = prof.peaks(acts, held)
     conventions = conventions or stack_conventions(plan)
     return _report(m, plan, gpu.hbm_bytes, inflight, activation_peak, zero3_unsharded, conventions, cluster)
 
@@ -369,6 +368,7 @@ def schedule_memory_report(
 ) -> MemoryReport:
     """`memory_report` with the activation peak read off the plan's whole schedule (a running sum
     over its actions, as `simpar memory` prints it; `plan_profile` gives it up to rounding)."""
-    sched = schedule_for_plan(plan, unit_costs(plan.schedule, zb_memory_fraction(m)))
-    peaks = peak_activation_units(sched, stage_activations(m, plan), stage_weight_grads(m, plan))
+    acts, held = zb_stage_memory(m, plan)
+    sched = schedule_for_plan(plan, unit_costs(plan.schedule, (acts, held)))
+    peaks = peak_activation_units(sched, acts, held)
     return memory_report(m, plan, gpu, inflight=peak_inflight(sched), activation_peak=peaks, cluster=cluster)

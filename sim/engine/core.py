@@ -17,7 +17,7 @@ differs from a Megatron-like run from the runtime profile (`simpar.sim.cost.prof
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import simpy
@@ -57,10 +57,10 @@ class Engine(PipelineTransfers, DataParallel, IterationTail):
         network,
         env: simpy.Environment,
         options: EngineOptions = EngineOptions(),
-        stage_act_bytes: list[float] | None = None,
+        stage_act_bytes: Sequence[float] | None = None,
         profile: RuntimeProfile = MEGATRON,
         marks: list[frozenset[int]] | None = None,
-        stage_held_bytes: list[float] | None = None,
+        stage_held_bytes: Sequence[float] | None = None,
         trace: bool = True,
     ):
         if not schedule.lowered:
@@ -325,7 +325,7 @@ def run_engine(
     stage_act_bytes=None,
     profile: RuntimeProfile = MEGATRON,
     marks: list[frozenset[int]] | None = None,
-    stage_held_bytes: list[float] | None = None,
+    stage_held_bytes: Sequence[float] | None = None,
     trace: bool = True,
 ) -> tuple[Engine, float]:
     """Build and run the engine; returns it and the wall-clock seconds the run took (``trace``:

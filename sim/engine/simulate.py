@@ -18,7 +18,8 @@ from operator import itemgetter
 import simpy
 
 from ..collector import paused
-from ..cost.activations import stage_activation_bytes, stage_weight_grads, zb_memory_fraction
+from ..cost.activations import zb_stage_memory
+from ..cost.alive import StageMemory
 from ..cost.compute import CostModel
 from ..cost.memory import memory_report
 from ..cost.profile import MEGATRON, RuntimeProfile
@@ -39,11 +40,11 @@ from .rounds import Outcome, compressed_run, lowered_builder, outcome_of, schedu
 
 
 def stage_costs(
-    work: list[StageWork], p2p_s: float, contention: float = 0.0, w_mem_fraction: float | None = None
+    work: list[StageWork], p2p_s: float, contention: float = 0.0, memory: StageMemory | None = None
 ) -> StageCosts:
     """The engine's per-stage seconds in the schedules' StageCosts form (for zb-1p/2p and the
-    oracle); ``contention``: the overlap model's (overlapped F&B pairs); ``w_mem_fraction``: the
-    zero-bubble scheduler's memory model (`activations.zb_memory_fraction`)."""
+    oracle); ``contention``: the overlap model's (overlapped F&B pairs); ``memory``: each stage's
+    bytes that steer zb-1p/2p's memory limit (`activations.zb_stage_memory`)."""
     return StageCosts(
         t_f=tuple(w.seconds("F") for w in work),
         t_i=tuple(w.seconds("I") for w in work),
@@ -53,7 +54,8 @@ def stage_costs(
         x_f=tuple(sum(w.parts("F")[2:]) for w in work),
         x_b=tuple(sum(w.parts("B")[2:]) for w in work),
         contention=contention,
-        w_mem_fraction=w_mem_fraction,
+        mem_f=None if memory is None else memory[0],
+        mem_w=None if memory is None else memory[1],
     )
 
 
@@ -91,7 +93,7 @@ def plan_schedule(
     """The lowered schedule simulate() runs for ``plan`` (zb-1p/2p are built from the engine's stage
     costs): what `--write-plan` and the sweep's plan folders write for the executor."""
     work, costs, p2p = build_work(model, cluster, plan, calibration, costs=costs, profile=profile)
-    scosts = stage_costs(work, p2p, costs.eff.overlap_contention, zb_memory_fraction(model))
+    scosts = stage_costs(work, p2p, costs.eff.overlap_contention, zb_stage_memory(model, plan))
     return lowered_schedule(plan, costs=scosts)
 
 
@@ -124,9 +126,10 @@ def _simulate(
     trace: bool,
 ) -> SimResult:
     work, costs, p2p = build_work(model, cluster, plan, calibration, costs=costs, profile=profile)
-    scosts = stage_costs(work, p2p, costs.eff.overlap_contention, zb_memory_fraction(model))
-    act = [stage_activation_bytes(model, plan, s) for s in range(plan.num_stages)]
-    held = stage_weight_grads(model, plan)  # from each I to its W (0 with a whole backward B)
+    # per stage, a micro-batch's activation bytes and those kept from its I to its W (0 with a
+    # whole backward B), which also steer zb-1p/2p's memory limit
+    act, held = zb_stage_memory(model, plan)
+    scosts = stage_costs(work, p2p, costs.eff.overlap_contention, (act, held))
     t0 = time.perf_counter()
     envs: list[simpy.Environment] = []
     opts = options

@@ -48,6 +48,10 @@ def overlap_seconds(f: tuple[float, float], b: tuple[float, float], contention: 
     return ideal + contention * (alone - ideal)
 
 
+#: the fields that hold one value per stage (or one for every stage)
+_PER_STAGE = ("t_f", "t_i", "t_w", "t_comm", "t_b", "t_r", "t_fb", "x_f", "x_b", "mem_f", "mem_w")
+
+
 def _tuple(x: float | Sequence[float] | None) -> tuple[float, ...] | None:
     if x is None:
         return None
@@ -76,17 +80,23 @@ class StageCosts:
     #: seconds a rank spends posting one send or receive of a lowered schedule (0 on a GPU run)
     t_post: float = 0.0
     #: the zero-bubble auto schedules' memory model: the share of a micro-batch's activation set
-    #: that waits from its I for its W (None: `zb_auto.W_MEM_FRACTION`)
+    #: that waits from its I for its W (None: `zb_auto.W_MEM_FRACTION`), the same on every stage
     w_mem_fraction: float | None = None
+    #: or each stage's own memory, which replaces it where given: the bytes one micro-batch's F
+    #: keeps until its backward (``mem_f``), and the part of them kept from its I to its W (``mem_w``)
+    mem_f: tuple[float, ...] | None = None
+    mem_w: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.contention <= 1.0:
             raise ScheduleError("costs", f"contention must lie in [0, 1], got {self.contention}.", "give 0..1.")
-        for name in ("t_f", "t_i", "t_w", "t_comm", "t_b", "t_r", "t_fb", "x_f", "x_b"):
+        for name in _PER_STAGE:
             val = _tuple(getattr(self, name))
             object.__setattr__(self, name, val)
             if val is not None and (not val or min(val) < 0):
-                raise ScheduleError("costs", f"{name} must be non-negative numbers, got {val}.", "give durations >= 0.")
+                raise ScheduleError("costs", f"{name} must be non-negative numbers, got {val}.", "give values >= 0.")
+        if (self.mem_f is None) != (self.mem_w is None):
+            raise ScheduleError("costs", "mem_f and mem_w go together.", "give both or neither.")
 
     @classmethod
     def uniform(
@@ -126,6 +136,12 @@ class StageCosts:
     def f(self, stage: int) -> float:
         return self._at(self.t_f, stage)
 
+    def memory(self, stage: int) -> tuple[float, float] | None:
+        """(``mem_f``, ``mem_w``) of ``stage``, or None where the costs give no per-stage memory."""
+        if self.mem_f is None or self.mem_w is None:
+            return None
+        return self._at(self.mem_f, stage), self._at(self.mem_w, stage)
+
     def i(self, stage: int) -> float:
         return self._at(self.t_i, stage)
 
@@ -155,7 +171,7 @@ class StageCosts:
 
     def check(self, num_stages: int) -> None:
         """Raise ScheduleError unless every per-stage tuple has 1 or ``num_stages`` entries."""
-        for name in ("t_f", "t_i", "t_w", "t_comm", "t_b", "t_r", "t_fb", "x_f", "x_b"):
+        for name in _PER_STAGE:
             val = getattr(self, name)
             if val is not None and len(val) not in (1, num_stages):
                 raise ScheduleError(

@@ -18,15 +18,29 @@ heuristic builds each rank's order while simulating its timeline:
    which switches decided anything; a variant differing from a run made only in switches that
    decided nothing there is that same run, and is skipped (with unit costs most are).
 
-Memory accounting (as in the paper's reference scheduler): F allocates one activation set M_B
-(1 unit), I frees ``1 - w_mem_fraction`` of it and W the rest (M_W, the inputs and output gradients
-kept for the weight gradient). A plan's schedule takes the reference code's own estimate
-M_W/M_B = 32h / (34h + 5as) (`StageCosts.w_mem_fraction`, `activations.zb_memory_fraction`); the
-default 0.3, for costs that do not give one, is about that for the paper's GPT models at s = 1024
-(0.28-0.43). Any value in [0.1, 0.5] reproduces every ZB-1p and ZB-2p bubble rate of the paper's
-Table 5. Since memory >= sets alive until their I, a ZB-1p schedule never holds
-more than p sets in `analysis.peak_inflight`'s count. With 0 (W free) the 1p heuristic keeps W
-pending longer and beats ZB-H1.
+Memory accounting (as in the paper's reference scheduler): F allocates a micro-batch's activation
+set, I frees all of it but what its W reads (M_W: each linear's input and output gradient), W that.
+The reference runtime builds its first schedule from a uniform estimate, M_W/M_B = 32h / (34h + 5as)
+per token and layer on every stage, then profiles each stage's F, B and W memory and rebuilds the
+schedule from those, under a limit of ``mem_factor * p`` times the larger F memory of the first two
+stages (sail-sg/zero-bubble-pipeline-parallelism, zb_schedules.py: ``update_schedule`` with
+``mem_limit = zero_bubble_max_pending_backward * max(f_mem[:2])``). A plan's schedule is that
+rebuilt one: its costs give each stage's own bytes (`StageCosts.mem_f` / ``mem_w``:
+`activations.stage_activation_bytes` and `activations.stage_weight_grads`, what the engine charges),
+so a last stage whose sets also keep the output head's logit gradients holds fewer of them while
+they wait for W. Where a stage cannot keep the limit even with every W run (one set, or one set
+waiting for its W, outweighs it: under full recomputation F keeps only the layers' inputs, while a
+set waiting for its W keeps every linear's input and output gradient), the reference stops ("Cannot
+fit memory"); simpar runs that stage's W as soon as it can and lets it go over the limit by what it
+must, and names the stage in the schedule's ``over_limit_stages``: the plan's memory report, not
+this limit, says whether it fits the GPU.
+
+Costs without per-stage memory use one fraction on every stage, 1 unit per set and
+``w_mem_fraction`` of it from I to W (`StageCosts.w_mem_fraction`; default 0.3, about the reference's
+estimate for the paper's GPT models at s = 1024, 0.28-0.43). Any fraction in [0.1, 0.5] reproduces
+every ZB-1p and ZB-2p bubble rate of the paper's Table 5. Since memory >= sets alive until their I,
+a ZB-1p schedule with uniform memory never holds more than p sets in `analysis.peak_inflight`'s
+count. With 0 (W free) the 1p heuristic keeps W pending longer and beats ZB-H1.
 """
 
 from __future__ import annotations
@@ -41,14 +55,29 @@ from .ir import Action, F, I, Schedule, W, looped_placement
 _F, _I, _W = 0, 1, 2
 
 
+def stage_memory(costs: StageCosts, p: int, w_frac: float) -> list[tuple[float, float, float]]:
+    """Per stage, what its F, I and W add to its activation memory, in units of the larger set of
+    the first two stages (the limit's unit: see the module docstring); with no per-stage memory in
+    ``costs``, 1 unit per set and ``w_frac`` of it from I to W on every stage."""
+    mem: list[tuple[float, float]] = []
+    for j in range(p):
+        got = costs.memory(j)
+        if got is None:
+            return [(1.0, -(1.0 - w_frac), -w_frac)] * p
+        mem.append(got)
+    unit = max(f for f, _ in mem[:2]) or 1.0  # no activations at all: any unit
+    return [(f / unit, (w - f) / unit, -w / unit) for f, w in mem]
+
+
 class _Auto:
     """One run of the heuristic for fixed switches; ``order[j]`` is stage j's action list."""
 
     def __init__(self, p: int, m: int, costs: StageCosts, max_mem: float, w_frac: float):
         self.p, self.m, self.c = p, m, costs
         self.cost = [[costs.f(j), costs.i(j), costs.w(j)] for j in range(p)]
-        self.mem = (1.0, -(1.0 - w_frac), -w_frac)
+        self.mem = stage_memory(costs, p, w_frac)  # per stage: what F, I and W add
         self.max_mem = max_mem
+        self.over: set[int] = set()  # stages that went over the limit with no W left to run
         self.count = [[0, 0, 0] for _ in range(p)]  # F, I, W done per stage
         self.end = [0.0] * p  # stage's last end time
         self.used = [0.0] * p  # activation memory in use
@@ -84,7 +113,7 @@ class _Auto:
             self.bubble[j] += start - end
             self.max_bubble = max(self.max_bubble, self.bubble[j])
         self.end[j] = self.t[kind][j][mb] = start + self.cost[j][kind]
-        self.used[j] += self.mem[kind]
+        self.used[j] += self.mem[j][kind]
         count[kind] += 1
         self.order[j].append((kind, mb))
 
@@ -92,14 +121,12 @@ class _Auto:
         return self.count[j][_W] < self.count[j][_I]
 
     def free_memory_for(self, j: int, kind: int) -> None:
-        while self.used[j] + self.mem[kind] > self.max_mem + 1e-9:
+        """Run pending W until ``kind`` fits under the limit; a stage with none left pending goes
+        over it (see the module docstring) and is noted in ``over``."""
+        while self.used[j] + self.mem[j][kind] > self.max_mem + 1e-9:
             if not self.pending_w(j):
-                raise ScheduleError(
-                    "memory",
-                    f"zb auto-schedule: stage {j} cannot fit one more activation set "
-                    f"under the limit of {self.max_mem:g}.",
-                    "raise the memory factor (zb-2p).",
-                )
+                self.over.add(j)
+                return
             self.put(j, _W)
 
     def fill_gap(self, j: int, ready: float, greedy: bool) -> None:
@@ -117,19 +144,20 @@ class _Auto:
     def warmup(self, allow_bubble: bool) -> None:
         p = self.p
         for j in range(p):
+            self.free_memory_for(j, _F)  # nothing to free yet: notes a stage whose one set is over
             self.put(j, _F)
         extra = [0] * p
         last_t = self.t[_F][p - 1][0] + self.cost[p - 1][_I]
         for j in range(p - 2, -1, -1):
             used, t = self.used[j], self.end[j]
-            while self.count[j][_F] + extra[j] < self.m and used + self.mem[_F] <= self.max_mem + 1e-9:
+            while self.count[j][_F] + extra[j] < self.m and used + self.mem[j][_F] <= self.max_mem + 1e-9:
                 f = self.cost[j][_F]
                 late, late_strict = t + f > last_t + self.comm(j), t >= last_t + self.comm(j)
                 if late != late_strict:
                     self.decided[0] = True
                 if late if allow_bubble else late_strict:
                     break
-                used, t, extra[j] = used + self.mem[_F], t + f, extra[j] + 1
+                used, t, extra[j] = used + self.mem[j][_F], t + f, extra[j] + 1
             last_t = max(t, last_t + self.comm(j)) + self.cost[j][_I]
         for j in range(1, p):
             while extra[j] > 0 and extra[j] >= extra[j - 1] and self.count[j][_F] + extra[j] < self.m:
@@ -138,6 +166,7 @@ class _Auto:
             for _ in range(extra[j]):
                 self.put(j, _F)
         for j in range(p - 1, -1, -1):
+            self.free_memory_for(j, _I)
             self.put(j, _I)
 
     def wants_forward(self, j: int, prioritize_b: bool) -> bool:
@@ -158,9 +187,9 @@ class _Auto:
         nxt = self.end[j + 1] + self.cost[j + 1][_F] + self.cost[j + 1][_I] + self.comm(j)
         if self.end[j] >= nxt:
             return False
-        used, w_cost, k = self.used[j] + self.mem[_F], 0.0, 0
+        used, w_cost, k = self.used[j] + self.mem[j][_F], 0.0, 0
         while used > self.max_mem + 1e-9 and n[j][_W] + k < n[j][_I]:
-            used, w_cost, k = used + self.mem[_W], w_cost + self.cost[j][_W], k + 1
+            used, w_cost, k = used + self.mem[j][_W], w_cost + self.cost[j][_W], k + 1
         if self.end[j] + self.cost[j][_F] + w_cost <= nxt:
             return True
         return nxt - self.end[j] > self.max_bubble - self.bubble[j]
@@ -211,7 +240,7 @@ def zb_auto(
     check_sizes(name, pp, 1, num_microbatches)
     costs = costs or StageCosts.uniform()
     costs.check(pp)
-    if costs.w_mem_fraction is not None:  # the plan's (`activations.zb_memory_fraction`)
+    if costs.w_mem_fraction is not None:
         w_mem_fraction = costs.w_mem_fraction
     if not 0.0 <= w_mem_fraction < 1.0:
         raise ScheduleError("w_mem_fraction", f"must be in [0, 1), got {w_mem_fraction}.", "use e.g. 0 or 0.3.")
@@ -235,5 +264,10 @@ def zb_auto(
         num_microbatches,
         looped_placement(pp, 1),
         ranks,
-        meta={"mem_factor": mem_factor, "w_mem_fraction": w_mem_fraction},
+        meta={
+            "mem_factor": mem_factor,
+            "w_mem_fraction": w_mem_fraction,
+            "stage_memory": costs.mem_f is not None,
+            "over_limit_stages": sorted(best_run.over),
+        },
     )

@@ -135,13 +135,13 @@ def _every_backward(x: Inputs, end: float, m: int) -> tuple[tuple[int, float, fl
 def oracle_estimate(x: Inputs, schedule=None) -> Estimate:
     """List-scheduler timing of the engine's own lowered schedule, plus the iteration terms.
     With pp = 1 the rank runs its micro-batches back to back and the quick form is exact."""
-    from ..cost.activations import zb_memory_fraction
+    from ..cost.activations import zb_stage_memory
     from ..engine.simulate import stage_costs
 
     if x.fsdp or len(x.ranks) == 1:
         q = quick_estimate(x)
         return Estimate(q.iter_time_s, q.breakdown_s, "oracle")
-    scosts = stage_costs(x.work, x.p2p, x.costs.eff.overlap_contention, zb_memory_fraction(x.model))
+    scosts = stage_costs(x.work, x.p2p, x.costs.eff.overlap_contention, zb_stage_memory(x.model, x.plan))
     sched = schedule or lowered_schedule(x.plan, costs=scosts)
     if not sched.lowered:
         sched = lower(sched, x.plan)

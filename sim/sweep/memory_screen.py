@@ -18,7 +18,6 @@ from ..cost.activations import (
     stage_activations,
     stage_weight_grads,
     transient_activation_bytes,
-    zb_memory_fraction,
 )
 from ..cost.alive import plan_profile
 from ..cost.memory import MemoryReport, host_capacity, host_memory, rank_memory
@@ -110,7 +109,7 @@ class MemoryScreen:
         key = (plan.schedule, plan.pp, plan.vpp, plan.num_microbatches, self._act_key(plan))
         hit = self._peaks.get(key)
         if hit is None:
-            prof = plan_profile(plan, zb_memory_fraction(self.m))
+            prof = plan_profile(plan, (tuple(weights), tuple(held)))  # `activations.zb_stage_memory`
             hit = self._peaks[key] = (prof.peaks(weights, held), prof.inflight)
         return hit
 
