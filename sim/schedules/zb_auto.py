@@ -50,9 +50,10 @@ from itertools import product
 from ..errors import ScheduleError
 from .common import check_sizes
 from .costs import StageCosts
-from .ir import Action, F, I, Schedule, W, looped_placement
+from .ir import Action, Kind, Schedule, looped_placement
 
 _F, _I, _W = 0, 1, 2
+_KINDS = (Kind.F, Kind.I, Kind.W)
 
 
 def stage_memory(costs: StageCosts, p: int, w_frac: float) -> list[tuple[float, float, float]]:
@@ -95,7 +96,7 @@ class _Auto:
         return self.comms[j]
 
     def actions(self, j: int) -> tuple[Action, ...]:
-        return tuple((F, I, W)[kind](j, mb) for kind, mb in self.order[j])
+        return tuple([Action(j, _KINDS[kind], mb) for kind, mb in self.order[j]])
 
     def input_ready(self, j: int, kind: int, mb: int) -> float:
         """When (j, kind, mb)'s input from the neighbouring stage arrives (0 if none)."""
@@ -108,33 +109,41 @@ class _Auto:
     def put(self, j: int, kind: int) -> None:
         count = self.count[j]
         mb, end = count[kind], self.end[j]
-        start = end if kind == _W else max(end, self.input_ready(j, kind, mb))
-        if start > end and count[_F] > 0:
-            self.bubble[j] += start - end
-            self.max_bubble = max(self.max_bubble, self.bubble[j])
+        start = end
+        if kind != _W:
+            ready = self.input_ready(j, kind, mb)
+            if ready > end:
+                start = ready
+                if count[_F] > 0:
+                    bubble = self.bubble[j] = self.bubble[j] + (ready - end)
+                    if bubble > self.max_bubble:
+                        self.max_bubble = bubble
         self.end[j] = self.t[kind][j][mb] = start + self.cost[j][kind]
         self.used[j] += self.mem[j][kind]
         count[kind] += 1
         self.order[j].append((kind, mb))
 
     def pending_w(self, j: int) -> bool:
-        return self.count[j][_W] < self.count[j][_I]
+        count = self.count[j]
+        return count[_W] < count[_I]
 
     def free_memory_for(self, j: int, kind: int) -> None:
         """Run pending W until ``kind`` fits under the limit; a stage with none left pending goes
         over it (see the module docstring) and is noted in ``over``."""
-        while self.used[j] + self.mem[j][kind] > self.max_mem + 1e-9:
-            if not self.pending_w(j):
+        count, used, add, limit = self.count[j], self.used, self.mem[j][kind], self.max_mem + 1e-9
+        while used[j] + add > limit:
+            if count[_W] >= count[_I]:  # no W pending
                 self.over.add(j)
                 return
             self.put(j, _W)
 
     def fill_gap(self, j: int, ready: float, greedy: bool) -> None:
         """Run pending W while they fit before ``ready``; maybe one more into a smaller gap."""
-        while self.pending_w(j) and self.end[j] + self.cost[j][_W] <= ready:
+        count, end, w = self.count[j], self.end, self.cost[j][_W]
+        while count[_W] < count[_I] and end[j] + w <= ready:
             self.put(j, _W)
-        if self.pending_w(j) and self.end[j] < ready:
-            if ready - self.end[j] > self.max_bubble - self.bubble[j]:
+        if count[_W] < count[_I] and end[j] < ready:
+            if ready - end[j] > self.max_bubble - self.bubble[j]:
                 self.put(j, _W)
             else:
                 self.decided[2] = True
