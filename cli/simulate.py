@@ -153,6 +153,13 @@ def print_result(st: Setup, res: SimResult) -> None:
             f" loss scale window), so {res.tokens_per_s * (1 - skip):,.0f} tokens/s train; the optimizer step"
             " includes the gradients' unscale and overflow check"
         )
+    over = res.stats.get("zb_over_limit_stages")
+    if over:
+        click.echo(
+            f"{st.plan.schedule}: pipeline stage(s) {', '.join(map(str, over))} cannot keep the schedule's memory"
+            " limit even with every weight-gradient pass run at once (sim/schedules/zb_auto.py); their W run as"
+            " soon as they can"
+        )
     rows = [(k, f"{v:.4f}", f"{v / res.iter_time_s:.1%}") for k, v in res.breakdown_s.items()]
     rows.append(("total", f"{sum(res.breakdown_s.values()):.4f}", "100.0%"))
     print_table(f"breakdown of GPU rank {res.reported_rank} (seconds)", ["part", "seconds", "share"], rows)

@@ -75,3 +75,22 @@ def test_uniform_memory_keeps_the_unit_model(schedule) -> None:
     a = zb_auto(4, 16, StageCosts.uniform(), k, 0.3)
     b = zb_auto(4, 16, StageCosts(**{**StageCosts.uniform().__dict__, "mem_f": (2.0,), "mem_w": (0.6,)}), k, 0.9)
     assert a.ranks == b.ranks and a.meta["stage_memory"] is False and b.meta["stage_memory"] is True
+
+
+def test_simulate_names_the_stages_over_the_limit() -> None:
+    """Under full recomputation a set waiting for its W outweighs ZB-1p's limit on every stage: the
+    result and the CLI name them; without recomputation no stage goes over."""
+    from click.testing import CliRunner
+
+    from simpar.cli.main import cli
+
+    base = ["simulate", "--model", "gpt-1.7b", "--cluster", "dgx-a100-80g", "--gpus", "8", "--pp", "4", "--dp", "2"]
+    base += ["--gbs", "32", "--schedule", "zb-1p"]
+    full = CliRunner().invoke(cli, [*base, "--recompute", "full"])
+    assert full.exit_code == 0, full.output
+    assert "zb-1p: pipeline stage(s) 0, 1, 2, 3 cannot keep the schedule's memory limit" in full.output
+    plain = CliRunner().invoke(cli, base)
+    assert plain.exit_code == 0 and "cannot keep" not in plain.output
+    model, cluster = load_model("gpt-1.7b"), load_cluster("dgx-a100-80g", gpus=8)
+    plan = ParallelPlan(pp=4, dp=2, micro_batch_size=1, global_batch_size=32, schedule="zb-1p", recompute="full")
+    assert simulate(model, cluster, plan).stats["zb_over_limit_stages"] == [0, 1, 2, 3]

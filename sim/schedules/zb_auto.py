@@ -28,12 +28,13 @@ stages (sail-sg/zero-bubble-pipeline-parallelism, zb_schedules.py: ``update_sche
 rebuilt one: its costs give each stage's own bytes (`StageCosts.mem_f` / ``mem_w``:
 `activations.stage_activation_bytes` and `activations.stage_weight_grads`, what the engine charges),
 so a last stage whose sets also keep the output head's logit gradients holds fewer of them while
-they wait for W. Where a stage cannot keep the limit even with every W run (one set, or one set
-waiting for its W, outweighs it: under full recomputation F keeps only the layers' inputs, while a
-set waiting for its W keeps every linear's input and output gradient), the reference stops ("Cannot
-fit memory"); simpar runs that stage's W as soon as it can and lets it go over the limit by what it
-must, and names the stage in the schedule's ``over_limit_stages``: the plan's memory report, not
-this limit, says whether it fits the GPU.
+they wait for W. Where a stage cannot keep the limit even with every W run (the sets it holds in
+flight and one more, or one set waiting for its W, outweigh it: a set waiting for its W can keep
+more than the set itself, under full recomputation, where F keeps only the layers' inputs, or under
+sequence parallelism, where the row-parallel linears keep their whole output gradients), the
+reference stops ("Cannot fit memory"); simpar runs that stage's W as soon as it can and lets it go
+over the limit by what it must, and names the stage in the schedule's ``over_limit_stages``: the
+plan's memory report, not this limit, says whether it fits the GPU.
 
 Costs without per-stage memory use one fraction on every stage, 1 unit per set and
 ``w_mem_fraction`` of it from I to W (`StageCosts.w_mem_fraction`; default 0.3, about the reference's
