@@ -176,8 +176,8 @@ def _simulate(
     reported = min(per_rank, key=lambda r: (per_rank[r]["bubble"], r))
     # sets in flight: where the stage costs order the schedule (zb-1p/2p), those of the order the
     # engine ran, not of the unit-cost build the memory report would make (`alive.unit_costs`)
-    zb_ran = ran is not None and plan.schedule in COST_STEERED
-    inflight = peak_inflight(ran) if zb_ran else None
+    zb_ran = ran if ran is not None and plan.schedule in COST_STEERED else None
+    inflight = peak_inflight(zb_ran) if zb_ran is not None else None
     mem = memory_report(
         model,
         plan,
@@ -213,7 +213,7 @@ def _simulate(
             "cost_source": costs.source,
             "runtime": profile.name,
             # zb-1p/2p: the stages that could not keep the schedule's memory limit (`zb_auto`)
-            **({"zb_over_limit_stages": ran.meta.get("over_limit_stages", [])} if zb_ran else {}),
+            **({"zb_over_limit_stages": zb_ran.meta.get("over_limit_stages", [])} if zb_ran is not None else {}),
         },
     )
 
