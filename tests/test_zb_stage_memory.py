@@ -94,3 +94,32 @@ def test_simulate_names_the_stages_over_the_limit() -> None:
     model, cluster = load_model("gpt-1.7b"), load_cluster("dgx-a100-80g", gpus=8)
     plan = ParallelPlan(pp=4, dp=2, micro_batch_size=1, global_batch_size=32, schedule="zb-1p", recompute="full")
     assert simulate(model, cluster, plan).stats["zb_over_limit_stages"] == [0, 1, 2, 3]
+
+
+@st.composite
+def two_memories(draw):
+    pp = draw(st.integers(2, 6))
+    m = draw(st.integers(1, 5 * pp))
+    f = draw(st.lists(st.floats(0.2, 3.0), min_size=pp, max_size=pp))
+    w = [x * draw(st.floats(0.0, 1.5)) for x in f]
+    nudge = draw(st.floats(0.97, 1.03))
+    g = [x * draw(st.sampled_from([1.0, nudge])) for x in f]
+    v = [x * draw(st.sampled_from([1.0, nudge])) for x in w]
+    return pp, m, (tuple(f), tuple(w)), (tuple(g), tuple(v)), draw(st.sampled_from([1, 2]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(two_memories())
+def test_memories_with_one_key_give_one_schedule(case) -> None:
+    """`memory_key` holds all the heuristic can tell of the memory: equal keys, equal schedules
+    (with unit times, as the sweep's screen builds them; the screen keeps one per key)."""
+    from dataclasses import replace
+
+    from simpar.sim.schedules.zb_auto import memory_key
+
+    pp, m, one, two, k = case
+    a = replace(StageCosts.uniform(), mem_f=one[0], mem_w=one[1])
+    b = replace(StageCosts.uniform(), mem_f=two[0], mem_w=two[1])
+    if memory_key(a, pp, m, k) == memory_key(b, pp, m, k):
+        sa, sb = zb_auto(pp, m, a, k), zb_auto(pp, m, b, k)
+        assert sa.ranks == sb.ranks and sa.meta["over_limit_stages"] == sb.meta["over_limit_stages"]

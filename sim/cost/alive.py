@@ -20,7 +20,7 @@ from operator import mul
 from ..plan import ParallelPlan
 from ..schedules import ALL_FORWARDS_FIRST, COST_STEERED, Schedule, StageCosts, build_schedule
 from ..schedules.analysis import alive_deltas
-from ..schedules.zb_auto import W_MEM_FRACTION
+from ..schedules.zb_auto import MEM_FACTOR, W_MEM_FRACTION, memory_key
 
 #: per stage, the bytes a micro-batch's F keeps and those it keeps from its I to its W
 #: (`activations.zb_stage_memory`)
@@ -141,8 +141,6 @@ def alive_profile(schedule: Schedule) -> AliveProfile:
 #: reached in the warm-up and steady phases, which do not depend on m), but for the schedules of
 #: `profile_cut`: checked against longer schedules in tests/test_sweep_fit.py.
 STEADY = 2
-#: ZB-1p / ZB-2p's memory limit, in sets of the first stages (`zb_auto`)
-_ZB_LIMIT = {"zb-1p": 1, "zb-2p": 2}
 
 
 def profile_cut(schedule: str, pp: int, memory: StageMemory | None) -> int | None:
@@ -155,7 +153,7 @@ def profile_cut(schedule: str, pp: int, memory: StageMemory | None) -> int | Non
     them."""
     if schedule in ALL_FORWARDS_FIRST:
         return None
-    if schedule not in _ZB_LIMIT:
+    if schedule not in MEM_FACTOR:
         return STEADY * pp
     if memory is None:
         w = W_MEM_FRACTION
@@ -163,7 +161,7 @@ def profile_cut(schedule: str, pp: int, memory: StageMemory | None) -> int | Non
         w = min(memory[1]) / (max(memory[0][:2]) or 1.0)
     if w <= 0:
         return None
-    return STEADY * pp + 2 * math.ceil(_ZB_LIMIT[schedule] * pp / w)
+    return STEADY * pp + 2 * math.ceil(MEM_FACTOR[schedule] * pp / w)
 
 
 def unit_costs(schedule: str, memory: StageMemory | None) -> StageCosts | None:
@@ -175,13 +173,37 @@ def unit_costs(schedule: str, memory: StageMemory | None) -> StageCosts | None:
     return replace(StageCosts.uniform(), mem_f=memory[0], mem_w=memory[1])
 
 
-@lru_cache(maxsize=4096)
 def cached_profile(
     schedule: str, pp: int, vpp: int, num_microbatches: int, memory: StageMemory | None = None
 ) -> AliveProfile:
-    """The profile of a compute-only schedule (zb-1p/2p with unit costs, as `simpar memory`)."""
+    """The profile of a compute-only schedule (zb-1p/2p with unit costs, as `simpar memory`); a
+    zb-1p/2p schedule is built once per `zb_auto.memory_key`, which stage memories share when the
+    schedule cannot tell them apart."""
+    if schedule not in COST_STEERED:
+        return _profile(schedule, pp, vpp, num_microbatches, None)
+    key = _zb_key(schedule, pp, vpp, num_microbatches, memory)
+    hit = _ZB_PROFILES.get(key)
+    if hit is None:
+        if len(_ZB_PROFILES) >= 4096:
+            _ZB_PROFILES.clear()
+        hit = _ZB_PROFILES[key] = _profile(schedule, pp, vpp, num_microbatches, memory)
+    return hit
+
+
+@lru_cache(maxsize=4096)
+def _profile(schedule: str, pp: int, vpp: int, num_microbatches: int, memory: StageMemory | None) -> AliveProfile:
     costs = unit_costs(schedule, memory)
     return alive_profile(build_schedule(schedule, pp, vpp, num_microbatches, costs))
+
+
+@lru_cache(maxsize=4096)
+def _zb_key(schedule: str, pp: int, vpp: int, num_microbatches: int, memory: StageMemory | None) -> tuple:
+    costs = unit_costs(schedule, memory) or StageCosts.uniform()
+    return schedule, pp, vpp, num_microbatches, memory_key(costs, pp, num_microbatches, MEM_FACTOR[schedule])
+
+
+#: zb-1p/2p profiles by `_zb_key`
+_ZB_PROFILES: dict[tuple, AliveProfile] = {}
 
 
 def plan_profile(plan: ParallelPlan, memory: StageMemory | None = None) -> AliveProfile:

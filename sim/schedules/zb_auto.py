@@ -55,20 +55,64 @@ from .ir import Action, Kind, Schedule, looped_placement
 
 _F, _I, _W = 0, 1, 2
 _KINDS = (Kind.F, Kind.I, Kind.W)
+#: slack of the memory limit's test
+_EPS = 1e-9
+#: M_W / M_B when the costs do not give the plan's (`StageCosts.w_mem_fraction`), see the module docstring.
+W_MEM_FRACTION = 0.3
 
 
-def stage_memory(costs: StageCosts, p: int, w_frac: float) -> list[tuple[float, float, float]]:
-    """Per stage, what its F, I and W add to its activation memory, in units of the larger set of
-    the first two stages (the limit's unit: see the module docstring); with no per-stage memory in
-    ``costs``, 1 unit per set and ``w_frac`` of it from I to W on every stage."""
+def stage_memory(costs: StageCosts, p: int, w_frac: float) -> list[tuple[float, float]]:
+    """Per stage, a micro-batch's set and what of it waits from its I to its W, in units of the
+    larger set of the first two stages (the limit's unit: see the module docstring); with no
+    per-stage memory in ``costs``, 1 unit per set and ``w_frac`` of it on every stage."""
     mem: list[tuple[float, float]] = []
     for j in range(p):
         got = costs.memory(j)
         if got is None:
-            return [(1.0, -(1.0 - w_frac), -w_frac)] * p
+            return [(1.0, w_frac)] * p
         mem.append(got)
     unit = max(f for f, _ in mem[:2]) or 1.0  # no activations at all: any unit
-    return [(f / unit, (w - f) / unit, -w / unit) for f, w in mem]
+    return [(f / unit, w / unit) for f, w in mem]
+
+
+def _fits(a: int, b: int, f: float, w: float, limit: float) -> bool:
+    """Whether ``a`` sets in flight (F done, I not) and ``b`` waiting for their W fit under the
+    limit: the one memory test the heuristic makes (`memory_key`)."""
+    return a * f + b * w <= limit
+
+
+#: per action kind, what it changes in a stage's sets in flight and sets waiting for their W
+_DELTA = ((1, 0), (-1, 1), (0, -1))
+#: ZB-1p / ZB-2p's memory limit, in sets of the first stages
+MEM_FACTOR = {"zb-1p": 1, "zb-2p": 2}
+
+
+def memory_key(
+    costs: StageCosts, p: int, m: int, mem_factor: int, w_frac: float = W_MEM_FRACTION
+) -> tuple[tuple[int, ...], ...]:
+    """All the heuristic can tell of the stages' memory: per stage, for a = 0, 1, ... sets in
+    flight, the most sets waiting for their W (at most m) that fit with them, as long as any does.
+    The heuristic tests memory only as `_fits` with 0 <= a <= m + 1 and 0 <= b <= m, and `_fits`
+    grows with a and with b, so costs with equal times and equal keys give the same schedule: the
+    sweep's screen builds one per key (`alive.cached_profile`)."""
+    if costs.w_mem_fraction is not None:  # as `zb_auto` reads it
+        w_frac = costs.w_mem_fraction
+    limit = mem_factor * p + _EPS
+    out = []
+    for f, w in stage_memory(costs, p, w_frac):
+        row: list[int] = []
+        for a in range(m + 2):
+            if not _fits(a, 0, f, w, limit):
+                break
+            room = limit - a * f
+            b = m if room >= m * w else int(room / w)  # a first guess, then exact
+            while b > 0 and not _fits(a, b, f, w, limit):
+                b -= 1
+            while b < m and _fits(a, b + 1, f, w, limit):
+                b += 1
+            row.append(b)
+        out.append(tuple(row))
+    return tuple(out)
 
 
 class _Auto:
@@ -77,12 +121,11 @@ class _Auto:
     def __init__(self, p: int, m: int, costs: StageCosts, max_mem: float, w_frac: float):
         self.p, self.m, self.c = p, m, costs
         self.cost = [[costs.f(j), costs.i(j), costs.w(j)] for j in range(p)]
-        self.mem = stage_memory(costs, p, w_frac)  # per stage: what F, I and W add
-        self.max_mem = max_mem
+        self.mem = stage_memory(costs, p, w_frac)  # per stage: a set, and what of it waits for W
+        self.max_mem, self.limit = max_mem, max_mem + _EPS
         self.over: set[int] = set()  # stages that went over the limit with no W left to run
         self.count = [[0, 0, 0] for _ in range(p)]  # F, I, W done per stage
         self.end = [0.0] * p  # stage's last end time
-        self.used = [0.0] * p  # activation memory in use
         self.bubble = [0.0] * p  # idle time after the stage's first F
         self.max_bubble = 0.0
         self.comms = [costs.comm(j) for j in range(p)]
@@ -120,7 +163,6 @@ class _Auto:
                     if bubble > self.max_bubble:
                         self.max_bubble = bubble
         self.end[j] = self.t[kind][j][mb] = start + self.cost[j][kind]
-        self.used[j] += self.mem[j][kind]
         count[kind] += 1
         self.order[j].append((kind, mb))
 
@@ -128,11 +170,17 @@ class _Auto:
         count = self.count[j]
         return count[_W] < count[_I]
 
+    def fits(self, j: int, da: int, db: int) -> bool:
+        """Whether stage j's sets in flight and waiting for their W, changed by ``da`` and ``db``,
+        fit under the limit (`_fits`)."""
+        count, (f, w) = self.count[j], self.mem[j]
+        return _fits(count[_F] - count[_I] + da, count[_I] - count[_W] + db, f, w, self.limit)
+
     def free_memory_for(self, j: int, kind: int) -> None:
         """Run pending W until ``kind`` fits under the limit; a stage with none left pending goes
         over it (see the module docstring) and is noted in ``over``."""
-        count, used, add, limit = self.count[j], self.used, self.mem[j][kind], self.max_mem + 1e-9
-        while used[j] + add > limit:
+        count, (da, db) = self.count[j], _DELTA[kind]
+        while not self.fits(j, da, db):
             if count[_W] >= count[_I]:  # no W pending
                 self.over.add(j)
                 return
@@ -159,15 +207,15 @@ class _Auto:
         extra = [0] * p
         last_t = self.t[_F][p - 1][0] + self.cost[p - 1][_I]
         for j in range(p - 2, -1, -1):
-            used, t = self.used[j], self.end[j]
-            while self.count[j][_F] + extra[j] < self.m and used + self.mem[j][_F] <= self.max_mem + 1e-9:
+            t = self.end[j]
+            while self.count[j][_F] + extra[j] < self.m and self.fits(j, extra[j] + 1, 0):
                 f = self.cost[j][_F]
                 late, late_strict = t + f > last_t + self.comm(j), t >= last_t + self.comm(j)
                 if late != late_strict:
                     self.decided[0] = True
                 if late if allow_bubble else late_strict:
                     break
-                used, t, extra[j] = used + self.mem[j][_F], t + f, extra[j] + 1
+                t, extra[j] = t + f, extra[j] + 1
             last_t = max(t, last_t + self.comm(j)) + self.cost[j][_I]
         for j in range(1, p):
             while extra[j] > 0 and extra[j] >= extra[j - 1] and self.count[j][_F] + extra[j] < self.m:
@@ -197,9 +245,9 @@ class _Auto:
         nxt = self.end[j + 1] + self.cost[j + 1][_F] + self.cost[j + 1][_I] + self.comm(j)
         if self.end[j] >= nxt:
             return False
-        used, w_cost, k = self.used[j] + self.mem[j][_F], 0.0, 0
-        while used > self.max_mem + 1e-9 and n[j][_W] + k < n[j][_I]:
-            used, w_cost, k = used + self.mem[j][_W], w_cost + self.cost[j][_W], k + 1
+        w_cost, k = 0.0, 0
+        while not self.fits(j, 1, -k) and n[j][_W] + k < n[j][_I]:
+            w_cost, k = w_cost + self.cost[j][_W], k + 1
         if self.end[j] + self.cost[j][_F] + w_cost <= nxt:
             return True
         return nxt - self.end[j] > self.max_bubble - self.bubble[j]
@@ -232,10 +280,6 @@ class _Auto:
             while self.pending_w(j):
                 self.put(j, _W)
         return max(self.end[j] - (self.t[_F][j][0] - self.cost[j][_F]) for j in range(self.p))
-
-
-#: M_W / M_B when the costs do not give the plan's (`StageCosts.w_mem_fraction`), see the module docstring.
-W_MEM_FRACTION = 0.3
 
 
 def zb_auto(
