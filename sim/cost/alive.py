@@ -20,7 +20,7 @@ from operator import mul
 from ..plan import ParallelPlan
 from ..schedules import ALL_FORWARDS_FIRST, COST_STEERED, Schedule, StageCosts, build_schedule
 from ..schedules.analysis import alive_deltas
-from ..schedules.zb_auto import MEM_FACTOR, W_MEM_FRACTION, memory_key
+from ..schedules.zb_auto import MEM_FACTOR, W_MEM_FRACTION, memory_key, memory_limit, stage_memory
 
 #: per stage, the bytes a micro-batch's F keeps and those it keeps from its I to its W
 #: (`activations.zb_stage_memory`)
@@ -146,22 +146,20 @@ STEADY = 2
 def profile_cut(schedule: str, pp: int, memory: StageMemory | None) -> int | None:
     """Micro-batches past which the schedule's alive profile no longer changes; None: it keeps
     changing (read the whole schedule). Schedules that run every forward first peak at the end.
-    ZB-1p/2p defer weight-gradient passes up to their memory limit of ``k * pp`` sets: the sets
-    waiting for their W may keep growing, one per round at most, until they fill it, for up to
-    ``k * pp / w`` rounds past the warm-up (w: the smallest share of a set that waits for its W,
-    `zb_auto.stage_memory`); twice that is cut. With a stage whose W frees nothing, nothing bounds
-    them."""
+    ZB-1p/2p defer weight-gradient passes up to their memory limit (`zb_auto.memory_limit`): the
+    sets waiting for their W may keep growing, one per round at most, until they fill it, for up to
+    ``limit / w`` rounds past the warm-up (w: the smallest set waiting for its W, in the limit's
+    units, `zb_auto.stage_memory`); twice that is cut. With a stage whose W frees nothing, nothing
+    bounds them."""
     if schedule in ALL_FORWARDS_FIRST:
         return None
     if schedule not in MEM_FACTOR:
         return STEADY * pp
-    if memory is None:
-        w = W_MEM_FRACTION
-    else:
-        w = min(memory[1]) / (max(memory[0][:2]) or 1.0)
+    mem = stage_memory(unit_costs(schedule, memory) or StageCosts.uniform(), pp, W_MEM_FRACTION)
+    w = min(w for _, w in mem)
     if w <= 0:
         return None
-    return STEADY * pp + 2 * math.ceil(MEM_FACTOR[schedule] * pp / w)
+    return STEADY * pp + 2 * math.ceil(memory_limit(mem, pp, MEM_FACTOR[schedule]) / w)
 
 
 def unit_costs(schedule: str, memory: StageMemory | None) -> StageCosts | None:

@@ -24,14 +24,15 @@ The reference runtime builds its first schedule from a uniform estimate, M_W/M_B
 per token and layer on every stage, then profiles each stage's F, B and W memory and rebuilds the
 schedule from those, under a limit of ``mem_factor * p`` times the larger F memory of the first two
 stages (sail-sg/zero-bubble-pipeline-parallelism, zb_schedules.py: ``update_schedule`` with
-``mem_limit = zero_bubble_max_pending_backward * max(f_mem[:2])``). A plan's schedule is that
-rebuilt one: its costs give each stage's own bytes (`StageCosts.mem_f` / ``mem_w``:
+``mem_limit = zero_bubble_max_pending_backward * max(f_mem[:2])``), raised where a stage needs
+more to run 1F1B's order at all (`memory_limit`). A plan's schedule is that rebuilt one: its
+costs give each stage's own bytes (`StageCosts.mem_f` / ``mem_w``:
 `activations.stage_activation_bytes` and `activations.stage_weight_grads`, what the engine charges),
 so a last stage whose sets also keep the output head's logit gradients holds fewer of them while
-they wait for W. Where a stage cannot keep the limit even with every W run (the sets it holds in
-flight and one more, or one set waiting for its W, outweigh it: a set waiting for its W can keep
-more than the set itself, under full recomputation, where F keeps only the layers' inputs, or under
-sequence parallelism, where the row-parallel linears keep their whole output gradients), the
+they wait for W. A set waiting for its W can keep more than the set itself: under full
+recomputation F keeps only the layers' inputs, and under sequence parallelism the row-parallel
+linears keep their whole output gradients. Where a stage then cannot keep the limit even with
+every W run (its warm-up filled it with sets in flight, and an I needs room for one waiting), the
 reference stops ("Cannot fit memory"); simpar runs that stage's W as soon as it can and lets it go
 over the limit by what it must, and names the stage in the schedule's ``over_limit_stages``: the
 plan's memory report, not this limit, says whether it fits the GPU.
@@ -81,6 +82,16 @@ def _fits(a: int, b: int, f: float, w: float, limit: float) -> bool:
     return a * f + b * w <= limit
 
 
+def memory_limit(mem: list[tuple[float, float]], p: int, mem_factor: int) -> float:
+    """ZB-kp's limit, in the units of `stage_memory`: k times 1F1B's activation peak, which the
+    reference takes as p sets of the first stages (p units). Where stages differ so much that one
+    needs more to run 1F1B's order at all (its p - j - 1 sets in flight and one more, or one
+    waiting for its W: DeepSeek-V3's dense first layers hold smaller sets than its MoE stages), the
+    limit is that stage's need, so that no stage is held below what 1F1B holds."""
+    need = max((p - j - 1) * f + max(f, w) for j, (f, w) in enumerate(mem))
+    return mem_factor * max(float(p), need)
+
+
 #: per action kind, what it changes in a stage's sets in flight and sets waiting for their W
 _DELTA = ((1, 0), (-1, 1), (0, -1))
 #: ZB-1p / ZB-2p's memory limit, in sets of the first stages
@@ -97,9 +108,10 @@ def memory_key(
     sweep's screen builds one per key (`alive.cached_profile`)."""
     if costs.w_mem_fraction is not None:  # as `zb_auto` reads it
         w_frac = costs.w_mem_fraction
-    limit = mem_factor * p + _EPS
+    mem = stage_memory(costs, p, w_frac)
+    limit = memory_limit(mem, p, mem_factor) + _EPS
     out = []
-    for f, w in stage_memory(costs, p, w_frac):
+    for f, w in mem:
         row: list[int] = []
         for a in range(m + 2):
             if not _fits(a, 0, f, w, limit):
@@ -298,13 +310,14 @@ def zb_auto(
         w_mem_fraction = costs.w_mem_fraction
     if not 0.0 <= w_mem_fraction < 1.0:
         raise ScheduleError("w_mem_fraction", f"must be in [0, 1), got {w_mem_fraction}.", "use e.g. 0 or 0.3.")
+    limit = memory_limit(stage_memory(costs, pp, w_mem_fraction), pp, mem_factor)
     best, best_run = None, None
     done: list[tuple[tuple[bool, ...], list[bool]]] = []  # switches run, which of them decided
     for switches in product((True, False), repeat=3):
         # the same run as one already made: it differs only in switches that decided nothing there
         if any(all(a == b or not d for a, b, d in zip(switches, s, dec)) for s, dec in done):
             continue
-        run = _Auto(pp, num_microbatches, costs, float(mem_factor * pp), w_mem_fraction)
+        run = _Auto(pp, num_microbatches, costs, limit, w_mem_fraction)
         cost = run.run(*switches)
         done.append((switches, run.decided))
         if best is None or cost < best - 1e-12:
