@@ -6,6 +6,7 @@ import csv
 from pathlib import Path
 
 import pytest
+from hypothesis import strategies as st
 
 DATA = Path(__file__).parent / "data"
 
@@ -33,3 +34,12 @@ SCHEDULE_FAMILIES = [
     ("zb-2p", 1),
     ("zb-v", 2),
 ]
+
+
+@st.composite
+def stage_memories(draw, pp: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per stage, a micro-batch's activation set and what of it waits from its I to its W
+    (`StageCosts.mem_f` / ``mem_w``): from a small share of the set to more than all of it, as
+    under full recomputation or sequence parallelism."""
+    f = draw(st.lists(st.floats(0.2, 3.0), min_size=pp, max_size=pp))
+    return tuple(f), tuple(x * draw(st.floats(0.0, 1.5)) for x in f)

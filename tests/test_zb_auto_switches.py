@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 from itertools import product
 
+from conftest import stage_memories  # tests/ is on sys.path (rootdir conftest)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -38,9 +39,8 @@ def cases(draw):
         )
     )
     if draw(st.booleans()):  # each stage's own memory (`zb_auto.stage_memory`) instead of one fraction
-        f = draw(st.lists(st.floats(0.2, 3.0), min_size=pp, max_size=pp))
-        w = [x * draw(st.floats(0.0, 1.5)) for x in f]
-        costs = replace(costs, mem_f=tuple(f), mem_w=tuple(w))
+        f, w = draw(stage_memories(pp))
+        costs = replace(costs, mem_f=f, mem_w=w)
     return pp, m, costs, draw(st.sampled_from([1, 2])), draw(st.sampled_from([0.0, 0.1, 0.3, 0.45]))
 
 

@@ -6,13 +6,14 @@ weight-gradient pass run at once goes over and is named in the schedule's ``over
 from __future__ import annotations
 
 import pytest
+from conftest import stage_memories  # tests/ is on sys.path (rootdir conftest)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simpar.sim.cost.activations import zb_stage_memory
 from simpar.sim.engine.simulate import simulate
 from simpar.sim.plan import ParallelPlan
-from simpar.sim.schedules import peak_activation_units, zb_auto
+from simpar.sim.schedules import check_schedule, peak_activation_units, zb_auto
 from simpar.sim.schedules.costs import StageCosts
 from simpar.sim.schedules.ir import F
 from simpar.sim.schedules.zb_auto import memory_limit, stage_memory
@@ -23,12 +24,10 @@ from simpar.sim.specs import load_cluster, load_model
 def cases(draw):
     pp = draw(st.integers(2, 8))
     m = draw(st.integers(1, 6 * pp))
-    f = draw(st.lists(st.floats(0.2, 3.0), min_size=pp, max_size=pp))
-    # what waits for W: from a small share of the set to more than all of it (full recompute)
-    w = [x * draw(st.floats(0.0, 1.5)) for x in f]
+    f, w = draw(stage_memories(pp))
     seconds = st.one_of(st.just(1.0), st.lists(st.floats(0.1, 2.0), min_size=pp, max_size=pp).map(tuple))
     costs = StageCosts(draw(seconds), draw(seconds), draw(seconds), (draw(st.sampled_from([0.0, 0.2])),))
-    return pp, m, StageCosts(**{**costs.__dict__, "mem_f": tuple(f), "mem_w": tuple(w)}), draw(st.sampled_from([1, 2]))
+    return pp, m, StageCosts(**{**costs.__dict__, "mem_f": f, "mem_w": w}), draw(st.sampled_from([1, 2]))
 
 
 @settings(max_examples=200, deadline=None)
@@ -36,6 +35,7 @@ def cases(draw):
 def test_every_stage_keeps_the_limit_in_its_own_bytes_or_is_named(case) -> None:
     pp, m, costs, k = case
     sched = zb_auto(pp, m, costs, k)
+    check_schedule(sched)  # every F, I and W once, each forward after the stage before's
     assert costs.mem_f is not None and costs.mem_w is not None
     peaks = peak_activation_units(sched, costs.mem_f, costs.mem_w)
     limit = memory_limit(stage_memory(costs, pp, 0.3), pp, k) * max(costs.mem_f[:2])  # in bytes
@@ -112,12 +112,11 @@ def test_simulate_names_the_stages_over_the_limit() -> None:
 def two_memories(draw):
     pp = draw(st.integers(2, 6))
     m = draw(st.integers(1, 5 * pp))
-    f = draw(st.lists(st.floats(0.2, 3.0), min_size=pp, max_size=pp))
-    w = [x * draw(st.floats(0.0, 1.5)) for x in f]
+    f, w = draw(stage_memories(pp))
     nudge = draw(st.floats(0.97, 1.03))
     g = [x * draw(st.sampled_from([1.0, nudge])) for x in f]
     v = [x * draw(st.sampled_from([1.0, nudge])) for x in w]
-    return pp, m, (tuple(f), tuple(w)), (tuple(g), tuple(v)), draw(st.sampled_from([1, 2]))
+    return pp, m, (f, w), (tuple(g), tuple(v)), draw(st.sampled_from([1, 2]))
 
 
 @settings(max_examples=300, deadline=None)

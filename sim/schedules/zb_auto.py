@@ -230,7 +230,13 @@ class _Auto:
                 t, extra[j] = t + f, extra[j] + 1
             last_t = max(t, last_t + self.comm(j)) + self.cost[j][_I]
         for j in range(1, p):
-            while extra[j] > 0 and extra[j] >= extra[j - 1] and self.count[j][_F] + extra[j] < self.m:
+            # fewer than the stage before, as the reference has it, which lets a stage that takes
+            # all m keep them; never more than the stage before, which the reference does not
+            # check: with small sets (full recomputation) a stage could take all m while the
+            # stage before, stopped by time, took fewer, and run forwards it has no input for
+            while extra[j] > 0 and (
+                extra[j] > extra[j - 1] or (extra[j] == extra[j - 1] and self.count[j][_F] + extra[j] < self.m)
+            ):
                 extra[j] -= 1
         for j in range(p):
             for _ in range(extra[j]):
