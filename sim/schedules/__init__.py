@@ -26,7 +26,7 @@ from .ir import Action, Kind, Schedule, looped_placement, v_placement
 from .looped_bfs import looped_bfs
 from .lower import lower
 from .one_f_one_b import one_f_one_b
-from .zb_auto import zb_auto
+from .zb_auto import MEM_FACTOR, zb_auto
 from .zb_h1 import zb_h1
 from .zb_h2 import zb_h2
 from .zb_v import zb_v
@@ -67,8 +67,8 @@ _BUILDERS: dict[str, tuple[int | None, Callable[[int, int, int, StageCosts | Non
     "looped-bfs": (None, lambda pp, v, m, c: looped_bfs(pp, v, m)),
     "zb-h1": (1, lambda pp, v, m, c: zb_h1(pp, m)),
     "zb-h2": (1, lambda pp, v, m, c: zb_h2(pp, m)),
-    "zb-1p": (1, lambda pp, v, m, c: zb_auto(pp, m, c, 1)),
-    "zb-2p": (1, lambda pp, v, m, c: zb_auto(pp, m, c, 2)),
+    "zb-1p": (1, lambda pp, v, m, c: zb_auto(pp, m, c, MEM_FACTOR["zb-1p"])),
+    "zb-2p": (1, lambda pp, v, m, c: zb_auto(pp, m, c, MEM_FACTOR["zb-2p"])),
     "zb-v": (2, lambda pp, v, m, c: zb_v(pp, m)),
     "dualpipe-v": (2, lambda pp, v, m, c: dualpipe_v(pp, m)),
     "dualpipe": (2, lambda pp, v, m, c: dualpipe(pp, m)),

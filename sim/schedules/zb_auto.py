@@ -65,12 +65,14 @@ W_MEM_FRACTION = 0.3
 def stage_memory(costs: StageCosts, p: int, w_frac: float) -> list[tuple[float, float]]:
     """Per stage, a micro-batch's set and what of it waits from its I to its W, in units of the
     larger set of the first two stages (the limit's unit: see the module docstring); with no
-    per-stage memory in ``costs``, 1 unit per set and ``w_frac`` of it on every stage."""
+    per-stage memory in ``costs``, 1 unit per set and its ``w_mem_fraction`` (else ``w_frac``) of it
+    on every stage."""
     mem: list[tuple[float, float]] = []
     for j in range(p):
         got = costs.memory(j)
         if got is None:
-            return [(1.0, w_frac)] * p
+            w = w_frac if costs.w_mem_fraction is None else costs.w_mem_fraction
+            return [(1.0, w)] * p
         mem.append(got)
     unit = max(f for f, _ in mem[:2]) or 1.0  # no activations at all: any unit
     return [(f / unit, w / unit) for f, w in mem]
@@ -106,8 +108,6 @@ def memory_key(
     The heuristic tests memory only as `_fits` with 0 <= a <= m + 1 and 0 <= b <= m, and `_fits`
     grows with a and with b, so costs with equal times and equal keys give the same schedule: the
     sweep's screen builds one per key (`alive.cached_profile`)."""
-    if costs.w_mem_fraction is not None:  # as `zb_auto` reads it
-        w_frac = costs.w_mem_fraction
     mem = stage_memory(costs, p, w_frac)
     limit = memory_limit(mem, p, mem_factor) + _EPS
     out = []
