@@ -22,6 +22,7 @@ import csv
 import io
 import math
 from collections.abc import Iterable, Sequence
+from operator import itemgetter
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -290,7 +291,7 @@ class Journal:
     def append(self, rows: Iterable[dict[str, str]]) -> list[dict[str, str]]:
         """Write rows of text (`as_text`; a missing column is empty) in one write, flushed (a
         signal waits until it is done), and return them as read back."""
-        texts = [[r.get(c) or "" for c in COLUMNS] for r in rows]
+        texts = _texts(rows)
         buf = io.StringIO()
         csv.writer(buf, lineterminator="\n").writerows(texts)
         lines = [buf.getvalue()]
@@ -307,6 +308,23 @@ class Journal:
 
 
 _DISK = "free disk space or fix the folder's permissions, then continue with --resume."
+_IN_ORDER = itemgetter(*COLUMNS)
+
+
+def _texts(rows: Iterable[dict[str, str]]) -> list[tuple[str, ...]]:
+    """Each row's columns in order: straight out of an `as_text` row, which has them all; a missing
+    column or None is empty."""
+    out = []
+    for r in rows:
+        try:
+            t = _IN_ORDER(r)
+        except KeyError:
+            t = tuple(r.get(c) or "" for c in COLUMNS)
+        else:
+            if None in t:
+                t = tuple(v or "" for v in t)
+        out.append(t)
+    return out
 
 
 def _read_bytes(path: Path) -> bytes:
@@ -341,8 +359,7 @@ def write_results(path: Path, rows: list[dict[str, str]]) -> None:
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(COLUMNS)
-    for r in rows:
-        w.writerow([r.get(c, "") for c in COLUMNS])
+    w.writerows(_texts(rows))
     write_file(path, buf.getvalue())
 
 
