@@ -75,6 +75,7 @@ def test_a_peak_in_decimal_gigabytes_is_compared_in_gib(tmp_path: Path) -> None:
     assert measured_peak_bytes(zb) == 18e9
     assert measured_peak_bytes({**zb, "peak_mem_gb": "", "peak_mem_gib": "18"}) == 18 * 2**30
     assert measured_peak_bytes({**zb, "peak_mem_gb": ""}) is None
+    assert "peak memory printed as 18 GB (10^9 bytes), compared as 16.8 GiB" in row_hints(zb)
     both = tmp_path / "both.csv"
     with both.open("w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=list(zb))

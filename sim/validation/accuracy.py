@@ -17,6 +17,7 @@ with ``name``, ``schedule``, ``pred_iter_s``, ``meas_iter_s``, ``pred_mem_bytes`
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable
 from functools import lru_cache
@@ -27,6 +28,7 @@ from .. import files
 from ..errors import SimparError
 from ..specs import load_cluster
 from ..specs.stack import DEFAULT_STACK
+from ..units import GB, GiB
 from .published import RowResult, read_rows, report, summarize, validate_rows
 
 #: A sequence this long or longer is "long" for the hints (attention dominates the layer).
@@ -137,6 +139,11 @@ def row_hints(row: dict[str, str]) -> list[str]:
         hints.append(f"long sequence ({row['seq_len']}): attention-dominated")
     if row.get("iter_time_derived") == "1":
         hints.append("iteration time derived from published throughput")
+    gb = (row.get("peak_mem_gb") or "").strip()
+    # a bad value is left to the row's own status (`published.measured_peak_bytes`)
+    with contextlib.suppress(ValueError):
+        if gb:
+            hints.append(f"peak memory printed as {gb} GB (10^9 bytes), compared as {float(gb) * GB / GiB:.1f} GiB")
     text = (row.get("notes", "") + " " + row.get("id", "")).lower()
     seen = set()
     for needle, hint in FEATURE_HINTS:
