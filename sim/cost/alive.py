@@ -178,18 +178,22 @@ def cached_profile(
     zb-1p/2p schedule is built once per `zb_auto.memory_key`, which stage memories share when the
     schedule cannot tell them apart."""
     if schedule not in COST_STEERED:
-        return _profile(schedule, pp, vpp, num_microbatches, None)
+        return _plain_profile(schedule, pp, vpp, num_microbatches)
     key = _zb_key(schedule, pp, vpp, num_microbatches, memory)
     hit = _ZB_PROFILES.get(key)
     if hit is None:
         if len(_ZB_PROFILES) >= 4096:
             _ZB_PROFILES.clear()
-        hit = _ZB_PROFILES[key] = _profile(schedule, pp, vpp, num_microbatches, memory)
+        hit = _ZB_PROFILES[key] = _build(schedule, pp, vpp, num_microbatches, memory)
     return hit
 
 
 @lru_cache(maxsize=4096)
-def _profile(schedule: str, pp: int, vpp: int, num_microbatches: int, memory: StageMemory | None) -> AliveProfile:
+def _plain_profile(schedule: str, pp: int, vpp: int, num_microbatches: int) -> AliveProfile:
+    return _build(schedule, pp, vpp, num_microbatches, None)
+
+
+def _build(schedule: str, pp: int, vpp: int, num_microbatches: int, memory: StageMemory | None) -> AliveProfile:
     costs = unit_costs(schedule, memory)
     return alive_profile(build_schedule(schedule, pp, vpp, num_microbatches, costs))
 

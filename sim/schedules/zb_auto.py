@@ -131,10 +131,10 @@ class _Auto:
     """One run of the heuristic for fixed switches; ``order[j]`` is stage j's action list."""
 
     def __init__(self, p: int, m: int, costs: StageCosts, max_mem: float, w_frac: float):
-        self.p, self.m, self.c = p, m, costs
+        self.p, self.m = p, m
         self.cost = [[costs.f(j), costs.i(j), costs.w(j)] for j in range(p)]
         self.mem = stage_memory(costs, p, w_frac)  # per stage: a set, and what of it waits for W
-        self.max_mem, self.limit = max_mem, max_mem + _EPS
+        self.limit = max_mem + _EPS
         self.over: set[int] = set()  # stages that went over the limit with no W left to run
         self.count = [[0, 0, 0] for _ in range(p)]  # F, I, W done per stage
         self.end = [0.0] * p  # stage's last end time
