@@ -1,7 +1,7 @@
 """The walk of one GPU ahead of the clock, for networks that do not share links.
 
 There every duration on a rank's compute stream is known when the action starts, and a pipeline
-transfer is booked at once (`Engine._timed_transfer`): nothing another process does can change when
+transfer is booked at once (see the sends below): nothing another process does can change when
 the rank's next compute action ends. So the walk keeps its own clock ``t`` and runs compute actions,
 overlapped F&B pairs (`Engine.pair_cost`), sends and receives whose data is already booked without
 yielding to SimPy: it adds each duration to ``t`` and records the event, the accounts and the
@@ -20,6 +20,7 @@ from typing import Any
 
 from ..plan import ZeroPolicy
 from ..schedules.ir import Action, Kind
+from .state import Arrival, Transfer
 from .trace import NO_ARGS, TraceEvent
 
 _COMPUTE = frozenset({Kind.F, Kind.B, Kind.I, Kind.W, Kind.R})
@@ -59,9 +60,9 @@ def walk_ahead(eng: Any, g: Any, actions):
     F, R, B, I, W = Kind.F, Kind.R, Kind.B, Kind.I, Kind.W  # noqa: E741
     UNSHARD, RESHARD, OVERLAP, COMPUTE = Kind.UNSHARD, Kind.RESHARD, Kind.OVERLAP_F_B, _COMPUTE
     pairs: dict = {}  # (F's stage, backward's stage and kind) -> `Engine.pair_cost`
-    sends: dict = {}  # (stage, SEND_F or SEND_B) -> (receiving GPU, its stage, direction)
+    sends: dict = {}  # (stage, SEND_F or SEND_B) -> (receiving stage, direction, seconds, trace kind)
     SEND_F, SEND_B, RECV_F, RECV_B = Kind.SEND_F, Kind.SEND_B, Kind.RECV_F, Kind.RECV_B
-    key, transfer_of = g.key, eng._transfer_of
+    key, transfers, send_free, arrive = g.key, eng.transfers, g.send_free, eng.arrive
     PAIR = Kind.OVERLAP_F_B.value
     t = env.now
     for i, a in enumerate(actions):
@@ -128,13 +129,32 @@ def walk_ahead(eng: Any, g: Any, actions):
                     mem.append((t, g.act))
                 continue
         if k is SEND_F or k is SEND_B:
+            # booked at once: it starts when its send stream is free (FIFO, as the Resource of
+            # `Engine._transfer` is) and takes `Engine.p2p_seconds`; its arrival time is noted
+            # (``at``), and a receiver already waiting gets its `state.Arrival` scheduled then.
+            # Same times as `Engine._transfer`, without its process and queue events.
             to = sends.get((st, k))
             if to is None:
                 direction = "F" if k is SEND_F else "B"
-                to = sends[(st, k)] = (*eng.send_target(g, st, direction), direction)
-            tr = transfer_of(key, to[1], mb, to[2])
+                dst, dst_stage = eng.send_target(g, st, direction)
+                to = sends[(st, k)] = (dst_stage, direction, eng.p2p_seconds(g, dst, st), f"SEND_{direction}")
+            dst_stage, direction, secs, kind = to
+            tk = (key, dst_stage, mb, direction)
+            tr = transfers.get(tk)
+            if tr is None:
+                tr = transfers[tk] = Transfer()
             tr.sent_at = t
-            eng._timed_transfer(g, to[0], tr, st, mb, to[2], t)
+            start = send_free[direction]
+            if start < t:
+                start = t
+            end = send_free[direction] = start + secs
+            if trace and end > start:
+                events.append(
+                    new(TraceEvent, (rank, "pp", f"{st}{kind}{mb}", kind, start, end - start, st, mb, NO_ARGS))
+                )
+            tr.at = end
+            if tr.arrival is not None:  # the receiver waits already (else it reads ``at``)
+                arrive(env, tr, end)
             if post:
                 t += post
                 acc["pp_comm"] += post
@@ -143,16 +163,22 @@ def walk_ahead(eng: Any, g: Any, actions):
             if post:
                 t += post
                 acc["pp_comm"] += post
-            tr = transfer_of(key, st, mb, "F" if k is RECV_F else "B")
-            if tr.at is not None:  # booked: its arrival time is known
+            tk = (key, st, mb, "F" if k is RECV_F else "B")
+            tr = transfers.get(tk)
+            if tr is None:
+                tr = transfers[tk] = Transfer()
+            elif tr.at is not None:  # booked: its arrival time is known
                 if tr.at > t:
                     acc["pp_comm"] += tr.at - max(t, tr.sent_at if tr.sent_at is not None else t)
                     t = tr.at
                 continue
-            if t > env.now:
-                yield env.timeout(t - env.now)
-            yield from eng._await(g, tr)
-            t = env.now
+            # not booked yet: wait for the arrival its send will schedule (`Engine.arrive`), which
+            # may come before the walk's clock; what comes after it is exposed communication
+            arrival = tr.arrival = Arrival(env)
+            yield arrival
+            if env.now > t:
+                acc["pp_comm"] += env.now - max(t, tr.sent_at or 0.0)  # sent before it arrived
+                t = env.now
             continue
         if not gather_all and (k is UNSHARD or k is RESHARD):  # no-ops but under ZeRO-3 (`DataParallel._unshard`)
             continue

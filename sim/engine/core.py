@@ -79,7 +79,7 @@ class Engine(PipelineTransfers, DataParallel, IterationTail):
         self.trace = trace
         self.events: list[TraceEvent] = []
         self.transfers: dict[tuple, Transfer] = {}
-        #: (sending GPU, receiving GPU, stage) -> seconds of its activations' transfer (`_timed_transfer`)
+        #: (sending GPU, receiving GPU, stage) -> seconds of its activations' transfer (`p2p_seconds`)
         self.p2p_s: dict[tuple[int, int, int], float] = {}
         #: (stage, kind) -> what a compute action charges (`ahead._compute_table`; None: not made yet)
         self.compute_table: dict | None = None

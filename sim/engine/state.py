@@ -68,6 +68,16 @@ class Rendezvous:
     at: float = 0.0
 
 
+class Arrival(simpy.Event):
+    """What a receiver waits on when its transfer is not booked yet: once booked (on a network
+    that does not share links) it is scheduled to succeed at the arrival, one event, made as a
+    `simpy.Timeout` is (triggered, then scheduled with a delay)."""
+
+    def at(self, env: simpy.Environment, delay: float) -> None:
+        self._ok, self._value = True, None
+        env.schedule(self, simpy.events.NORMAL, delay)
+
+
 @dataclass
 class Transfer:
     """One pipeline transfer: when its send was posted, and the event of its arrival (made by

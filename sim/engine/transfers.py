@@ -2,7 +2,7 @@
 profile's ``post_s``), the transfer runs on its own stream (one per direction) through the network
 backend, and a receiver waits behind the transfer in flight (pipeline communication) or for the
 sender's compute (bubble). On a network that does not share links a transfer is booked at once,
-without a process (`_timed_transfer`, what `ahead.walk_ahead` posts). A base of `core.Engine`,
+without a process (what `ahead.walk_ahead` does, with `p2p_seconds` and `arrive`). A base of `core.Engine`,
 whose state these methods use."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import simpy
 
-from .state import GpuState, Transfer
+from .state import Arrival, GpuState, Transfer
 from .trace import TraceEvent
 
 if TYPE_CHECKING:
@@ -66,7 +66,7 @@ class PipelineTransfers:
             if tr.at is not None and tr.at <= self.env.now:  # booked and already arrived
                 return
             # booked and in flight (one timeout), or not sent yet (the send succeeds this event)
-            tr.arrival = self.env.event() if tr.at is None else self.env.timeout(tr.at - self.env.now)
+            tr.arrival = Arrival(self.env) if tr.at is None else self.env.timeout(tr.at - self.env.now)
         elif tr.arrival.processed:
             return
         t0 = self.env.now
@@ -81,46 +81,33 @@ class PipelineTransfers:
         return self.gpus[(g.key, self.plan.placement[dst_stage])], dst_stage
 
     def _send(self, g: GpuState, stage: int, mb: int, direction: str):
-        """Post the send (the rank spends ``post_s`` on it); the transfer runs on its own stream."""
+        """Post the send (the rank spends ``post_s`` on it); the transfer runs on its own stream.
+        On a network that does not share links the walk ahead books it instead, without a process
+        (`ahead.walk_ahead`, with `p2p_seconds` and `arrive`)."""
         dst, dst_stage = self.send_target(g, stage, direction)
         tr = self._transfer_of(g.key, dst_stage, mb, direction)
         tr.sent_at = self.env.now
-        if not self.timed_p2p:
-            if tr.arrival is None:
-                tr.arrival = self.env.event()
-            res = g.send_next if direction == "F" else g.send_prev
-            self.env.process(self._transfer(g, dst, res, self.work[stage].act_bytes, tr.arrival, stage, mb, direction))
-        else:
-            self._timed_transfer(g, dst, tr, stage, mb, direction, self.env.now)
+        if tr.arrival is None:
+            tr.arrival = self.env.event()
+        res = g.send_next if direction == "F" else g.send_prev
+        self.env.process(self._transfer(g, dst, res, self.work[stage].act_bytes, tr.arrival, stage, mb, direction))
         yield from self._post(g)
 
-    def _timed_transfer(
-        self, g: GpuState, dst: GpuState, tr: Transfer, stage: int, mb: int, direction: str, now: float
-    ) -> None:
-        """The transfer on a network that does not share links, booked at once: it starts when its
-        send stream is free (the streams are FIFO, as the Resource of `_transfer` is) and takes
-        `p2p_time`; its arrival time is noted (``at``), and a receiver already waiting gets one
-        timeout that succeeds its event (`_await` reads ``at`` otherwise). Same times as
-        `_transfer`, without its process and queue events. ``now``: when the send is posted
-        (`ahead` posts sends ahead of the clock)."""
-        start = max(now, g.send_free[direction])
+    def p2p_seconds(self, g: GpuState, dst: GpuState, stage: int) -> float:
+        """Seconds of one of ``stage``'s pipeline transfers from ``g`` to ``dst`` on a network that
+        does not share links (`network.p2p_time`), remembered per (source, destination, stage)."""
         secs = self.p2p_s.get((g.rank, dst.rank, stage))
         if secs is None:
             secs = self.p2p_s[(g.rank, dst.rank, stage)] = self.net.p2p_time(
                 g.rank, dst.rank, self.work[stage].act_bytes
             )
-        end = g.send_free[direction] = start + secs
-        if end > start and self.trace:
-            name = f"{stage}SEND_{direction}{mb}"
-            self.events.append(TraceEvent(g.rank, "pp", name, f"SEND_{direction}", start, end - start, stage, mb))
-        tr.at = end
-        if tr.arrival is not None:  # the receiver waits already (else it reads ``at``)
-            waiting = tr.arrival
+        return secs
 
-            def arrive(_ev: simpy.Event) -> None:
-                waiting.succeed()
-
-            self.env.timeout(end - self.env.now).callbacks.append(arrive)
+    @staticmethod
+    def arrive(env: simpy.Environment, tr: Transfer, at: float) -> None:
+        """A transfer booked to arrive at ``at`` whose receiver waits already (`_await` made its
+        `Arrival`): that event succeeds then."""
+        tr.arrival.at(env, at - env.now)  # type: ignore[union-attr]
 
     def _transfer(
         self, g: GpuState, dst: GpuState, res: simpy.Resource, nbytes: float, done: simpy.Event, stage, mb, direction
