@@ -1,5 +1,6 @@
 """`batches.grouped`: a phase's configurations cut into batches of one key each (what a worker
-builds once), largest first; every configuration in exactly one batch, in its order."""
+builds once), largest first; every configuration in exactly one batch, in its order.
+`batches.packed`: sorted configurations in consecutive batches of whole key groups."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simpar.sim.specs import load_cluster, load_model
-from simpar.sim.sweep.batches import grouped, layout_key
+from simpar.sim.sweep.batches import grouped, layout_key, packed
 from simpar.sim.sweep.space import SearchSpace, enumerate_configs
 
 
@@ -42,3 +43,30 @@ def test_the_gpt3_screen_runs_each_layout_on_one_worker():
     cfgs = enumerate_configs(m, c, 1024, SearchSpace())
     out = grouped(cfgs, layout_key, 2, spread=2, most=4096)
     assert len(out) == len({layout_key(x) for x in cfgs})
+
+
+def test_packed_exact():
+    keys = "aabbbbbcd"
+    out = packed(list(keys), lambda x: x, size=2, most=4)
+    assert out == [["a", "a"], ["b", "b", "b", "b"], ["b", "c"], ["d"]]
+
+
+@settings(deadline=None, max_examples=300)
+@given(st.lists(st.integers(0, 6), max_size=80), st.integers(1, 8), st.integers(0, 8))
+def test_packed_splits_a_group_only_past_most(keys, size, extra):
+    most = size + extra
+    items = list(enumerate(sorted(keys)))  # (position, key), equal keys next to each other
+    out = packed(items, lambda x: x[1], size, most)
+    assert [x for b in out for x in b] == items  # in order, each exactly once
+    for i, b in enumerate(out):
+        assert 0 < len(b) <= most
+        if i + 1 < len(out):
+            nxt = out[i + 1][0][1]
+            # a batch ends at a key change holding at least `size`, or full
+            assert len(b) == most or (b[-1][1] != nxt and len(b) >= size)
+    # a group is in one batch unless it is longer than `most` (then in as few as a full batch allows)
+    for k in set(keys):
+        holders = [i for i, b in enumerate(out) if any(x[1] == k for x in b)]
+        assert len(holders) <= 1 + math.ceil(max(0, keys.count(k) - 1) / most)
+        if keys.count(k) <= most and len(holders) > 1:
+            assert len(out[holders[0]]) == most

@@ -55,3 +55,23 @@ def grouped(
         groups.setdefault(key(x), []).append(x)
     pieces = [g[i : i + cap] for g in groups.values() for i in range(0, len(g), cap)]
     return sorted(pieces, key=len, reverse=True)  # stable: ties keep their first appearance
+
+
+def packed(items: Sequence[T], key: Callable[[T], Hashable], size: int, most: int) -> list[list[T]]:
+    """``items`` (sorted so that equal keys are next to each other) in consecutive batches that end
+    where the key changes once they hold ``size`` items, or at ``most``: a group of one key is
+    split between batches, and so maybe between workers, only where it is longer than ``most``
+    (the exhaustive sweep's groups of one lowered schedule, `lowering_key`, are then lowered once)."""
+    out: list[list[T]] = []
+    batch: list[T] = []
+    last: Hashable = object()
+    for x in items:
+        k = key(x)
+        if batch and (len(batch) >= most or (k != last and len(batch) >= size)):
+            out.append(batch)
+            batch = []
+        batch.append(x)
+        last = k
+    if batch:
+        out.append(batch)
+    return out

@@ -33,7 +33,7 @@ from pathlib import Path
 from .. import files
 from ..errors import SimparError
 from . import lock
-from .batches import grouped, layout_key, schedule_key
+from .batches import grouped, layout_key, lowering_key, packed, schedule_key
 from .evaluate import SweepSetup
 from .limits import check_options, check_setup
 from .manifest import PHASES, check_counts, phase_throughput, read_manifest, write_manifest
@@ -363,7 +363,11 @@ def _run(
             # grouped by schedule, so a worker's batch reuses its lowered schedules (`schedules.memo`)
             todo = sorted((by_id[r["id"]] for r in fitting), key=schedule_key)
             batch = max(1, min(16, len(todo) // (backend.workers * 8)))
-            simulated = _phase(backend, setup, "simulate", todo, jdir, progress, _fixed(batch), note, throughput)
+
+            def by_schedule(todo: list[Config]) -> list[list[Config]]:
+                return packed(todo, lowering_key, batch, 4 * batch)
+
+            simulated = _phase(backend, setup, "simulate", todo, jdir, progress, by_schedule, note, throughput)
         else:
             if opts.refine:
                 cand = [by_id[r["id"]] for r in fitting[: opts.refine]]
