@@ -200,18 +200,14 @@ class Evaluator:
     def simulate(self, cfg: Config) -> dict[str, Any]:
         plan, _ = self.plan(cfg)
         assert plan is not None, "only valid configurations are simulated"
-        x = self.inputs(plan)
-        quick = quick_estimate(x)
-        s = self.s
-        # a row holds no trace: the best plans' traces are written from a run of their own
-        res = s.simulate(plan, trace=False)
+        # a row holds no trace: the best plans' traces are written from a run of their own; its
+        # quick estimate and lower bound are the screen's (`run.merge`)
+        res = self.s.simulate(plan, trace=False)
         row = {
             **self.base_row(cfg, plan),
             **self.memory_fields(res.memory),
             **self.result_fields(plan, res.iter_time_s, res.breakdown_s, "engine"),
             "reported_rank": res.reported_rank,
-            "quick_time_s": quick.iter_time_s,
-            "lower_bound_s": lower_bound(x, s.backend),
             "engine_time_s": res.iter_time_s,
             "status": "simulated",
         }
