@@ -62,7 +62,7 @@ def walk_ahead(eng: Any, g: Any, actions):
     pairs: dict = {}  # (F's stage, backward's stage and kind) -> `Engine.pair_cost`
     sends: dict = {}  # (stage, SEND_F or SEND_B) -> (receiving stage, direction, seconds, trace kind)
     SEND_F, SEND_B, RECV_F, RECV_B = Kind.SEND_F, Kind.SEND_B, Kind.RECV_F, Kind.RECV_B
-    key, transfers, send_free, arrive = g.key, eng.transfers, g.send_free, eng.arrive
+    key, transfers, send_free = g.key, eng.transfers, g.send_free
     PAIR = Kind.OVERLAP_F_B.value
     t = env.now
     for i, a in enumerate(actions):
@@ -154,7 +154,7 @@ def walk_ahead(eng: Any, g: Any, actions):
                 )
             tr.at = end
             if tr.arrival is not None:  # the receiver waits already (else it reads ``at``)
-                arrive(env, tr, end)
+                tr.arrival.at(env, end - env.now)
             if post:
                 t += post
                 acc["pp_comm"] += post
@@ -172,7 +172,7 @@ def walk_ahead(eng: Any, g: Any, actions):
                     acc["pp_comm"] += tr.at - max(t, tr.sent_at if tr.sent_at is not None else t)
                     t = tr.at
                 continue
-            # not booked yet: wait for the arrival its send will schedule (`Engine.arrive`), which
+            # not booked yet: wait for the arrival its send will schedule (`state.Arrival`), which
             # may come before the walk's clock; what comes after it is exposed communication
             arrival = tr.arrival = Arrival(env)
             yield arrival

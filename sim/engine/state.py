@@ -69,8 +69,8 @@ class Rendezvous:
 
 
 class Arrival(simpy.Event):
-    """What a receiver waits on when its transfer is not booked yet: once booked (on a network
-    that does not share links) it is scheduled to succeed at the arrival, one event, made as a
+    """What a receiver walking ahead (`ahead.walk_ahead`) waits on when its transfer is not booked
+    yet: the send that books it schedules it to succeed at the arrival, one event, made as a
     `simpy.Timeout` is (triggered, then scheduled with a delay)."""
 
     def at(self, env: simpy.Environment, delay: float) -> None:

@@ -2,8 +2,8 @@
 profile's ``post_s``), the transfer runs on its own stream (one per direction) through the network
 backend, and a receiver waits behind the transfer in flight (pipeline communication) or for the
 sender's compute (bubble). On a network that does not share links a transfer is booked at once,
-without a process (what `ahead.walk_ahead` does, with `p2p_seconds` and `arrive`). A base of `core.Engine`,
-whose state these methods use."""
+without a process (`ahead.walk_ahead`, with `p2p_seconds` and `state.Arrival`). A base of
+`core.Engine`, whose state these methods use."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import simpy
 
-from .state import Arrival, GpuState, Transfer
+from .state import GpuState, Transfer
 from .trace import TraceEvent
 
 if TYPE_CHECKING:
@@ -62,11 +62,8 @@ class PipelineTransfers:
         yield from self._await(g, self._transfer_of(g.key, stage, mb, direction))
 
     def _await(self, g: GpuState, tr: Transfer):
-        if tr.arrival is None:
-            if tr.at is not None and tr.at <= self.env.now:  # booked and already arrived
-                return
-            # booked and in flight (one timeout), or not sent yet (the send succeeds this event)
-            tr.arrival = Arrival(self.env) if tr.at is None else self.env.timeout(tr.at - self.env.now)
+        if tr.arrival is None:  # not sent yet: the send's transfer succeeds this event
+            tr.arrival = self.env.event()
         elif tr.arrival.processed:
             return
         t0 = self.env.now
@@ -83,7 +80,7 @@ class PipelineTransfers:
     def _send(self, g: GpuState, stage: int, mb: int, direction: str):
         """Post the send (the rank spends ``post_s`` on it); the transfer runs on its own stream.
         On a network that does not share links the walk ahead books it instead, without a process
-        (`ahead.walk_ahead`, with `p2p_seconds` and `arrive`)."""
+        (`ahead.walk_ahead`)."""
         dst, dst_stage = self.send_target(g, stage, direction)
         tr = self._transfer_of(g.key, dst_stage, mb, direction)
         tr.sent_at = self.env.now
@@ -102,12 +99,6 @@ class PipelineTransfers:
                 g.rank, dst.rank, self.work[stage].act_bytes
             )
         return secs
-
-    @staticmethod
-    def arrive(env: simpy.Environment, tr: Transfer, at: float) -> None:
-        """A transfer booked to arrive at ``at`` whose receiver waits already (`_await` made its
-        `Arrival`): that event succeeds then."""
-        tr.arrival.at(env, at - env.now)  # type: ignore[union-attr]
 
     def _transfer(
         self, g: GpuState, dst: GpuState, res: simpy.Resource, nbytes: float, done: simpy.Event, stage, mb, direction
