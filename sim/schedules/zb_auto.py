@@ -163,21 +163,17 @@ class _Auto:
         return 0.0
 
     def put(self, j: int, kind: int) -> None:
-        # the heuristic's innermost step (millions of calls per sweep): `input_ready` inlined
         count = self.count[j]
-        mb = count[kind]
-        start = self.end[j]
+        mb, end = count[kind], self.end[j]
+        start = end
         if kind != _W:
-            if kind == _F:
-                ready = self.t[_F][j - 1][mb] + self.comms[j - 1] if j > 0 else 0.0
-            else:
-                ready = self.t[_I][j + 1][mb] + self.comms[j] if j < self.p - 1 else 0.0
-            if ready > start:
+            ready = self.input_ready(j, kind, mb)
+            if ready > end:
+                start = ready
                 if count[_F] > 0:
-                    bubble = self.bubble[j] = self.bubble[j] + (ready - start)
+                    bubble = self.bubble[j] = self.bubble[j] + (ready - end)
                     if bubble > self.max_bubble:
                         self.max_bubble = bubble
-                start = ready
         self.end[j] = self.t[kind][j][mb] = start + self.cost[j][kind]
         count[kind] += 1
         self.order[j].append((kind, mb))
@@ -188,15 +184,15 @@ class _Auto:
 
     def fits(self, j: int, da: int, db: int) -> bool:
         """Whether stage j's sets in flight and waiting for their W, changed by ``da`` and ``db``,
-        fit under the limit (`_fits`, inlined)."""
+        fit under the limit (`_fits`)."""
         count, (f, w) = self.count[j], self.mem[j]
-        return (count[_F] - count[_I] + da) * f + (count[_I] - count[_W] + db) * w <= self.limit
+        return _fits(count[_F] - count[_I] + da, count[_I] - count[_W] + db, f, w, self.limit)
 
     def free_memory_for(self, j: int, kind: int) -> None:
         """Run pending W until ``kind`` fits under the limit; a stage with none left pending goes
         over it (see the module docstring) and is noted in ``over``."""
-        count, (da, db), (f, w), limit = self.count[j], _DELTA[kind], self.mem[j], self.limit
-        while (count[_F] - count[_I] + da) * f + (count[_I] - count[_W] + db) * w > limit:  # `fits`
+        count, (da, db) = self.count[j], _DELTA[kind]
+        while not self.fits(j, da, db):
             if count[_W] >= count[_I]:  # no W pending
                 self.over.add(j)
                 return
