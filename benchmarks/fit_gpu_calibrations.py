@@ -11,7 +11,8 @@ Prints the figures; ``--write`` updates the files' ``compute`` and ``fit`` secti
 
 Groups share one set of parameters, relative to each GPU's own peaks and bandwidth: the two A100
 presets (same GA100 chip); H100 (H200 is the same GH100 chip with faster HBM, so its file copies the
-H100 figures; there is no H200 row); Blackwell (B200 — also in GB200 NVL72 — B300 and GB300: 30 rows,
+H100 figures; there is no H200 row; V100's copies the A100 figures, relative to GV100's own peaks:
+its four published rows are held out, not fitted on); Blackwell (B200 — also in GB200 NVL72 — B300 and GB300: 30 rows,
 too few per chip to fit each alone).
 """
 
@@ -129,7 +130,7 @@ def main() -> None:
 
 
 def write(fitted: dict[str, EfficiencyParams], figures: dict, csvs: list[str]) -> None:
-    copied = {"h200": "h100-sxm"}
+    copied = {"h200": "h100-sxm", "v100-32g": "a100-40g"}
     group_of = {g: name for name, gpus in GROUPS.items() for g in gpus if g in fitted}
     for g in (*group_of, *(c for c, src in copied.items() if src in fitted)):
         p = default_calibration_path(g)

@@ -148,7 +148,12 @@ def plan_options(f: Callable[..., Any]) -> Callable[..., Any]:
             default=None,
             help="Megatron sequence parallelism [default: on when tp>1]",
         ),
-        click.option("--precision", type=click.Choice(PRECISIONS), default="bf16", show_default=True),
+        click.option(
+            "--precision",
+            type=click.Choice(PRECISIONS),
+            default=None,
+            help="[default: bf16; fp16 on a GPU without bf16 tensor cores (V100)]",
+        ),
         click.option(
             "--stack",
             default="megatron-core",
@@ -284,7 +289,7 @@ def setup_from_options(kw: dict[str, Any]) -> Setup:
         zero=kw["zero"],
         recompute=kw["recompute"],
         sequence_parallel=sp,
-        precision=kw["precision"],
+        precision=kw.get("precision") or cluster.gpu.default_precision,
         stack=kw.get("stack") or "megatron-core",
         layer_split=split or None,
         allow_tp_across_nodes=kw.get("allow_tp_across_nodes", False),
@@ -303,6 +308,8 @@ def setup_from_options(kw: dict[str, Any]) -> Setup:
         data["offload_optimizer"] = kw["offload_optimizer"]
     if kw.get("recompute_modules"):
         data["recompute_modules"] = tuple(x.strip() for x in kw["recompute_modules"].split(",") if x.strip())
+    if not cluster.gpu.flash_attention:  # unset: no FlashAttention where its kernels do not run
+        data["flash_attention"] = False
     for key in ("flash_attention", "tp_comm_overlap", "fp8_recipe"):  # unset: the stack decides
         if kw.get(key) is not None:
             data[key] = kw[key]

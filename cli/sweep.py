@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
@@ -117,7 +118,12 @@ class _Bar:
     show_default=True,
     help="balanced: allow uneven layer splits (fewer layers on the first and last stage)",
 )
-@click.option("--precision", type=click.Choice(PRECISIONS), default="bf16", show_default=True)
+@click.option(
+    "--precision",
+    type=click.Choice(PRECISIONS),
+    default=None,
+    help="[default: bf16; fp16 on a GPU without bf16 tensor cores (V100)]",
+)
 @click.option(
     "--stack",
     default="megatron-core",
@@ -265,6 +271,8 @@ def sweep(**kw) -> None:
             flag, f"{model.name} has no MoE layers; --{flag} applies to expert layers only.", f"drop --{flag}."
         )
     cluster = load_cluster(kw["cluster"], gpus=kw["gpus"])
+    if space.precision is None:
+        space = dataclasses.replace(space, precision=cluster.gpu.default_precision)
     check_stack(space, cluster.gpu)
     calib = load_calibration_option(kw["calibration"], cluster.gpu.name)
     if calib is not None and calib.host is not None:  # a measured host optimizer rate replaces the file's

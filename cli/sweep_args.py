@@ -128,7 +128,7 @@ _COMMAND = [
     ("max_cp", None),
     ("sequence_parallel", "both"),
     ("layer_split", "even"),
-    ("precision", "bf16"),
+    ("precision", None),
     ("stack", "megatron-core"),
     ("fp8_recipe", None),
     ("ep", None),

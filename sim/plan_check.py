@@ -186,7 +186,21 @@ def _check_stack(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec) -> 
             f"FlashAttention runs in 16-bit; a {plan.precision} plan materialises the attention scores.",
             f"drop --flash-attention (a {plan.precision} plan runs without it).",
         )
-    problem = recipe_problem(plan.precision, plan.fp8_recipe, stack, cluster.gpu)
+    gpu = cluster.gpu
+    if plan.precision in ("tf32", "bf16", "fp16") and plan.precision not in gpu.peak_TFLOPS:
+        have = ", ".join(d for d in ("fp16", "bf16", "tf32") if d in gpu.peak_TFLOPS)
+        raise PlanError(
+            "precision",
+            f"GPU {gpu.name} has no {plan.precision} tensor cores (it has: {have}).",
+            f"use --precision {have.split(', ')[0]} (or fp32).",
+        )
+    if plan.flash_attention and not gpu.flash_attention:
+        raise PlanError(
+            "flash_attention",
+            f"FlashAttention does not run on {gpu.name} (its kernels need sm80 or later).",
+            "pass --no-flash-attention (the scores are materialised).",
+        )
+    problem = recipe_problem(plan.precision, plan.fp8_recipe, stack, gpu)
     if problem is not None:
         raise PlanError("fp8_recipe", *problem)
     if plan.recompute_modules is not None:

@@ -36,6 +36,8 @@ PROTOCOLS = ("LL", "LL128", "Simple")
 
 # Beta per link class: the fraction of a link's line rate that NCCL's payload reaches.
 LINK_EFFICIENCY = {
+    # nccl src/graph/topo.h SM70_NVLINK_BW = 20.0 GB/s per 25 GB/s NVLink2 link (Volta).
+    "nvlink2": 20.0 / 25.0,
     # nccl src/graph/topo.h SM80_NVLINK_BW = 20.0 GB/s per 25 GB/s NVLink3 link; nccl-tests #149
     # (maintainer): "~20 GB/s/link with 128B payload".
     "nvlink3": 20.0 / 25.0,
@@ -146,6 +148,7 @@ class NetworkConstants:
 #: Link classes a calibration may name with measured figures, and the hardware class of their steps.
 CALIBRATION_CLASSES = {
     "nvlink": "nvlink",
+    "nvlink2": "nvlink",
     "nvlink3": "nvlink",
     "nvlink4": "nvlink",
     "nvlink5": "nvlink",
@@ -161,7 +164,7 @@ def network_overrides(calibration: Calibration | dict[str, Any] | None, cluster:
 
     ``calibration`` is a `Calibration` (its ``network`` section is used; none means no override)
     or a network section. A section maps constant groups (``link_efficiency``,
-    ``step_latency_us``, ...) to nested values, and/or link classes (``nvlink``, ``nvlink3/4/5``,
+    ``step_latency_us``, ...) to nested values, and/or link classes (``nvlink``, ``nvlink2/3/4/5``,
     ``pcie``, ``cpu``, ``net``) to measured figures: ``bw_GBps`` (effective bandwidth of one link
     of the class, per direction: sets its efficiency = bw / the cluster's line rate of that link)
     and ``alpha_s`` (the ring/Simple step latency of the class, s: every step latency of the class

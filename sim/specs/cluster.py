@@ -62,7 +62,9 @@ class NodeFabric(BaseModel):
         "pcie: GPUs talk through PCIe switches and the CPU root complexes; "
         "host: CPU worker processes of one machine talk through its memory (gloo), one link each"
     )
-    nvlink_generation: Literal[0, 3, 4, 5] = Field(0, description="3 A100, 4 H100/H200, 5 B200; 0 = no NVLink")
+    nvlink_generation: Literal[0, 2, 3, 4, 5] = Field(
+        0, description="2 V100, 3 A100, 4 H100/H200, 5 B200; 0 = no NVLink"
+    )
     nvlink_bw_GBps: float | None = Field(None, gt=0, description="NVLink per GPU, per direction, line rate (GB/s)")
     nvls: bool = Field(False, description="NVSwitch can reduce in the switch (NVLink SHARP, Hopper onward)")
     pcie_generation: Literal[3, 4, 5, 6] = Field(4, description="informational; the rate is pcie_bw_GBps")
@@ -103,7 +105,7 @@ class NodeFabric(BaseModel):
             if self.nvlink_bw_GBps is None:
                 raise ValueError("an nvswitch node needs nvlink_bw_GBps (per GPU, per direction)")
             if self.nvlink_generation == 0:
-                raise ValueError("an nvswitch node needs nvlink_generation (3, 4 or 5)")
+                raise ValueError("an nvswitch node needs nvlink_generation (2, 3, 4 or 5)")
         elif self.nvls or self.nvlink_bw_GBps is not None:
             raise ValueError("a pcie node has no NVLink: remove nvlink_bw_GBps and nvls")
         if self.nvls and self.nvlink_generation < 4:

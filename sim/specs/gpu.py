@@ -26,6 +26,10 @@ class GPUSpec(BaseModel):
     hbm_bw_GBps: float = Field(gt=0, description="HBM bandwidth, GB/s (decimal)")
     sms: int = Field(default=0, ge=0, description="streaming multiprocessors (informational)", strict=True)
     tdp_W: float = Field(default=0, ge=0)
+    flash_attention: bool = Field(
+        default=True,
+        description="FlashAttention kernels run on it (FlashAttention-2 and cuDNN's fused attention need sm80+)",
+    )
     mx_formats: bool = Field(
         default=False,
         description="tensor cores take block-scaled operands (MXFP8, NVFP4: Blackwell's fifth-generation tensor cores)",
@@ -55,6 +59,12 @@ class GPUSpec(BaseModel):
         if dtype in ("bf16", "fp16"):
             return self.peak_TFLOPS.get("bf16", self.peak_TFLOPS.get("fp16", 0.0)) * TFLOPS
         raise KeyError(dtype)
+
+    @property
+    def default_precision(self) -> str:
+        """The 16-bit format a plan trains in when it names none: bf16, or fp16 on tensor cores
+        without bf16 (V100)."""
+        return "bf16" if "bf16" in self.peak_TFLOPS else "fp16"
 
     @property
     def hbm_bytes(self) -> float:

@@ -79,7 +79,7 @@ class SearchSpace:
     max_cp: int | None = None  # default: default_max_cp()
     sequence_parallel: tuple[bool, ...] = (False, True)
     layer_split: str = "even"  # even: layers must divide; balanced: uneven splits as published runs use
-    precision: str = "bf16"
+    precision: str | None = "bf16"  # None: the GPU's 16-bit format (`GPUSpec.default_precision`)
     stack: str = "megatron-core"  # the training stack every plan runs on (`specs.stack`)
     fp8_recipe: str | None = None  # None: the stack's default recipe for fp8/fp4
     ep: tuple[int, ...] | None = None  # MoE: None = every ep that folds (module docstring)

@@ -17,7 +17,7 @@ there), ``host`` (the memory of a ``host`` node, through which its CPU worker pr
   NCCL's per-step latency of the link class already covers them, see network.constants);
 - ``kind``: ``nvlink``, ``pcie``, ``cpu`` (socket link), ``mem`` (socket to its DRAM), ``host``
   (process to host memory), ``nic`` (NIC to leaf), ``fabric`` (leaf to spine); ``cls``: the
-  efficiency class (``nvlink3/4/5``, ``pcie``, ``cpu``, ``mem``, ``host``, ``net``);
+  efficiency class (``nvlink2/3/4/5``, ``pcie``, ``cpu``, ``mem``, ``host``, ``net``);
 - ``id``: index into the flat arrays ``link_bw``, ``link_cls``, ... used by the network models.
 
 Routes are computed from the structure (no graph search per call) and cached: GPU -> PCIe switch
