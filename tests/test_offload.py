@@ -200,13 +200,22 @@ def test_a_calibration_supplies_a_host_rate_the_cluster_file_lacks(tmp_path):
 
 
 @settings(max_examples=25, deadline=None)
-@given(f=st.floats(0.01, 1.0), zero=st.sampled_from([1, 2, 3]), dp=st.sampled_from([2, 4, 8]))
-def test_offloaded_states_move_without_loss(model, f, zero, dp):
-    """Whatever the fraction, ZeRO stage and sharding: what leaves the GPU's optimizer states
-    arrives in host memory (beside the CPU's fp32 gradient copy), and nothing else on the GPU changes."""
-    kw = dict(zero=zero, dp=dp, tp=8 // dp, global_batch_size=dp)
+@given(
+    f=st.floats(0.01, 1.0),
+    zero=st.sampled_from([1, 2, 3]),
+    dp=st.sampled_from([2, 4, 8]),
+    stack=st.sampled_from(["deepspeed", "megatron-core"]),
+)
+def test_offloaded_states_move_without_loss(model, f, zero, dp, stack):
+    """Whatever the fraction, ZeRO stage, sharding and stack: what leaves the GPU's optimizer states
+    arrives in host memory (beside the CPU's fp32 gradient copy); under ZeRO-2 DeepSpeed's offloaded
+    part keeps no gradient partition on the GPU either (Megatron-Core keeps its gradient buffer),
+    and nothing else on the GPU changes."""
+    kw = dict(zero=zero, dp=dp, tp=8 // dp, global_batch_size=dp, stack=stack)
     a = memory_report(model, _plan(**kw), A100.gpu, cluster=A100).ranks[0]
     b = memory_report(model, _plan(**kw, offload_optimizer=f), A100.gpu, cluster=A100).ranks[0]
     owned = a.params / (dp if zero else 1)
     assert a.optimizer - b.optimizer + f * owned * HOST_GRAD_BYTES == pytest.approx(b.host)
-    assert b.total == pytest.approx(a.total - f * a.optimizer)
+    grads_out = f * a.grads if (zero == 2 and stack == "deepspeed") else 0.0
+    assert b.grads == pytest.approx(a.grads - grads_out)
+    assert b.total == pytest.approx(a.total - f * a.optimizer - grads_out)

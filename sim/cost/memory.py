@@ -238,6 +238,8 @@ def rank_memory(
         sharded_grads = grads if policy is not ZeroPolicy.PER_UNSHARD else 0.0
         host = host_state_bytes(plan, owned, sb, own, sharded_grads)
         opt *= 1.0 - plan.offload_optimizer
+        if conventions.offload_grads and plan.zero == 2:  # the partition's gradients go to the host bucket by bucket
+            grads *= 1.0 - plan.offload_optimizer
         if plan.offload_params:  # the shards (and FSDP's reduced gradient shards) live on the host
             weights -= sb.weights * owned
             grads -= sharded_grads

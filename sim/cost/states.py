@@ -34,7 +34,9 @@ class MemoryConventions:
     ``context_bytes``: per GPU outside torch's caching allocator (CUDA context, NCCL buffers).
     ``fragmentation``: the caching allocator's cache beyond the live tensors, a fraction of
     activation bytes. ``reports``: what the runtime's memory figure counts (`MEMORY_METRICS`).
-    ``fp8_weight_cache``: an fp8 copy of each weight is kept between micro-batches."""
+    ``fp8_weight_cache``: an fp8 copy of each weight is kept between micro-batches.
+    ``offload_grads``: under ZeRO-2 the offloaded optimizer part's gradient partition lives on the
+    host only (`specs.stack.StackSpec.offload_grads`)."""
 
     activation_element_bytes: int
     states: StateBytes
@@ -42,6 +44,7 @@ class MemoryConventions:
     fragmentation: float
     reports: str = "allocated"
     fp8_weight_cache: bool = False
+    offload_grads: bool = False
 
     @property
     def activation_scale(self) -> float:
@@ -61,6 +64,7 @@ def stack_conventions(plan: ParallelPlan) -> MemoryConventions:
         mem.fragmentation,
         mem.reports,
         stack.fp8_weight_cache,
+        stack.offload_grads,
     )
 
 

@@ -152,6 +152,11 @@ class StackSpec(BaseModel):
         description="what the stack can keep in host memory: optimizer (states and step on the CPU), "
         "params (ZeRO-3 / FSDP shards), activations (stored activations of some layers)",
     )
+    offload_grads: bool = Field(
+        False,
+        description="with the optimizer offloaded under ZeRO-2, the offloaded part keeps no gradient partition "
+        "on the GPU: each reduced bucket goes straight to the host's fp32 gradients",
+    )
     states: StackStates
     grad_bucket: GradBucket
     zero3: Zero3Calls
