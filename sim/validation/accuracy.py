@@ -252,6 +252,7 @@ def _measured_doc(
     for axis in ("stack", "precision", "gpu"):
         doc[f"per_{axis}"] = _grouped(results, _axis(cats, axis))
     doc["memory_per_stack"] = memory_groups_by(results, _axis(cats, "stack"))
+    doc["per_offload"] = _grouped(results, lambda x: by_id[x.id].get("offload") or "none")
 
     def label(x: RowResult) -> str:
         return " × ".join(cats[x.id][a] for a in ("stack", "precision", "gpu"))
