@@ -12,7 +12,8 @@ from simpar.sim.cost.memory import memory_report
 from simpar.sim.cost.offload import HOST_GRAD_BYTES, cpu_step_seconds, offload_fields
 from simpar.sim.cost.optimizers import optimizer_facts
 from simpar.sim.cost.states import stack_conventions
-from simpar.sim.engine.iteration import host_step, local_params
+from simpar.sim.engine.hostpath import copy_ready_times
+from simpar.sim.engine.iteration import Comm, host_step, local_params
 from simpar.sim.engine.simulate import simulate
 from simpar.sim.errors import PlanError
 from simpar.sim.network.analytical import AnalyticalNetwork
@@ -105,15 +106,74 @@ def test_cpu_step_scales_with_the_offloaded_parameters(model):
 
 
 def test_offload_shows_in_the_breakdown_and_the_estimate_agrees(model):
+    """Megatron-Core copies the gradients at the step: the whole host path is exposed."""
     cluster = A100.with_gpus(8)
-    plain, off = _plan(recompute="full"), _plan(recompute="full", offload_optimizer=1.0)
+    plain = _plan(recompute="full", stack="megatron-core")
+    off = _plan(recompute="full", stack="megatron-core", offload_optimizer=1.0)
     a, b = simulate(model, cluster, plain), simulate(model, cluster, off)
     host = host_step(model, off, [0], cluster)
     path = host.seconds(AnalyticalNetwork(cluster), 0)
+    assert host.d2h_bytes == pytest.approx(host.params * HOST_GRAD_BYTES)  # fp32 main gradients
     assert b.breakdown_s["offload"] == pytest.approx(path, rel=1e-9)
     assert b.iter_time_s == pytest.approx(a.iter_time_s - a.breakdown_s["optimizer"] + path, rel=1e-9)
     c = simulate(model, cluster, off, backend="contention")
     assert c.iter_time_s == pytest.approx(b.iter_time_s, rel=1e-9)
+
+
+def test_copy_ready_times_exact():
+    """Buckets released over the backward, reduced in turn, copied once reduced."""
+    four = [Comm("reduce-scatter", (0, 1), 4e9, count=4)]
+    half = lambda c: 2.0  # noqa: E731  (0.5 s a bucket)
+    quarters = [(1.5, 0.25), (2.5, 0.25), (3.5, 0.25), (4.5, 0.25)]
+    assert copy_ready_times(four, 0.0, 4.0, True, 0.0, half, True) == quarters
+    slow = lambda c: 8.0  # noqa: E731  (2 s a bucket: they queue)
+    assert [t for t, _ in copy_ready_times(four, 0.0, 4.0, True, 0.0, slow, True)] == [3.0, 5.0, 7.0, 9.0]
+    assert [t for t, _ in copy_ready_times(four, 0.0, 4.0, True, 0.0, slow, False)] == [1.0, 2.0, 3.0, 4.0]
+    assert [t for t, _ in copy_ready_times(four, 0.0, 4.0, False, 10.0, half, True)] == [10.5, 11.0, 11.5, 12.0]
+
+
+def _events(res, kind):
+    return sorted((e for e in res.events if e.kind == kind and e.rank == 0), key=lambda e: e.start)
+
+
+def test_deepspeed_copies_the_gradients_during_the_backward(model):
+    """DeepSpeed copies each reduced bucket's fp32 partition while the backward runs; the CPU step
+    and the weights' copy up wait for the last, and only what is left after the GPU's own end is
+    exposed."""
+    cluster = A100.with_gpus(8)
+    off = _plan(recompute="full", offload_optimizer=1.0)
+    res = simulate(model, cluster, off)
+    net = AnalyticalNetwork(cluster)
+    host = host_step(model, off, [0], cluster)
+    copies, (step,) = _events(res, "HOST_COPY"), _events(res, "HOST_OPT")
+    backward_end = max(e.start + e.duration for e in res.events if e.rank == 0 and e.kind in ("B", "W"))
+    assert copies and copies[0].start < backward_end  # the first buckets go down during the backward
+    share = host.d2h_bytes / len(copies)  # equal buckets of one stage
+    assert sum(e.duration for e in copies) == pytest.approx(len(copies) * net.host_copy_time(0, share, True, True))
+    assert step.start >= copies[-1].start + copies[-1].duration - 1e-12  # the CPU steps what is on the host
+    assert step.duration == pytest.approx(host.after_backward(net, 0), rel=1e-9)
+    assert res.iter_time_s == pytest.approx(step.start + step.duration, rel=1e-9)
+    assert host.after_backward(net, 0) <= res.breakdown_s["offload"] < host.seconds(net, 0)
+    c = simulate(model, cluster, off, backend="contention")
+    assert c.iter_time_s == pytest.approx(res.iter_time_s, rel=1e-9)
+
+
+def test_deepspeed_accumulates_each_micro_batch_on_the_host_under_zero2(model):
+    """ZeRO-2 with 4 micro-batches: each backward brings the host's 16-bit sum up and sends it back
+    down; the last then sends the fp32 copy the CPU reads."""
+    cluster = A100.with_gpus(8)
+    off = _plan(zero=2, offload_optimizer=1.0, global_batch_size=32)  # 4 micro-batches per GPU
+    assert off.num_microbatches == 4
+    res = simulate(model, cluster, off)
+    net = AnalyticalNetwork(cluster)
+    host = host_step(model, off, [0], cluster)
+    copies = _events(res, "HOST_COPY")
+    buckets = len(copies) // 4
+    per = host.params / buckets
+    leg = lambda nbytes, down: net.host_copy_time(0, nbytes, down, True)  # noqa: E731
+    round_trip = leg(2 * per, False) + leg(2 * per, True)
+    expected = 4 * buckets * round_trip + buckets * leg(HOST_GRAD_BYTES * per, True)
+    assert sum(e.duration for e in copies) == pytest.approx(expected, rel=1e-9)
 
 
 def test_activation_offload_lowers_gpu_memory_and_costs_copies(model):
@@ -217,5 +277,5 @@ def test_offloaded_states_move_without_loss(model, f, zero, dp, stack):
     owned = a.params / (dp if zero else 1)
     assert a.optimizer - b.optimizer + f * owned * HOST_GRAD_BYTES == pytest.approx(b.host)
     grads_out = f * a.grads if (zero == 2 and stack == "deepspeed") else 0.0
-    assert b.grads == pytest.approx(a.grads - grads_out)
+    assert b.grads == pytest.approx(a.grads - grads_out, abs=1e-9 * a.grads)  # f near 1: rounding, not bytes
     assert b.total == pytest.approx(a.total - f * a.optimizer - grads_out)

@@ -33,6 +33,7 @@ from ..schedules.ir import Action, Kind, Pair, Schedule, flat
 from ..specs import ModelSpec
 from . import iteration as it
 from .ahead import walk_ahead
+from .hostpath import HostCopies
 from .iteration import EngineOptions
 from .shards import DataParallel
 from .state import GpuState, Rendezvous, Transfer
@@ -43,7 +44,7 @@ from .transfers import PipelineTransfers
 __all__ = ["Engine", "EngineOptions", "run_engine"]
 
 
-class Engine(PipelineTransfers, DataParallel, IterationTail):
+class Engine(PipelineTransfers, DataParallel, HostCopies, IterationTail):
     """The walk of every simulated GPU (module docstring): pipeline transfers in `transfers`,
     collectives and ZeRO in `shards`, the iteration's end in `tail`."""
 
@@ -88,6 +89,8 @@ class Engine(PipelineTransfers, DataParallel, IterationTail):
         self.policy = plan.zero_policy
         #: ZeRO-2 reduces each micro-batch's gradients at its backward (`iteration.reduces_every_microbatch`)
         self.every_mb = it.reduces_every_microbatch(plan)
+        #: the offloaded optimizer part's gradients go to the host during the backward (`hostpath`)
+        self.copies_in_backward = it.copies_in_backward(plan, self.opt)
         #: per pipeline rank, the backward actions that release gradient buckets (`releases`)
         self.release_at = [self.releases(pr) for pr in range(len(schedule.ranks))]
         self.post_s = profile.post_seconds(plan)

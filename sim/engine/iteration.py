@@ -18,12 +18,12 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ..cost.compute import CostModel
-from ..cost.offload import cpu_step_seconds
+from ..cost.offload import HOST_GRAD_BYTES, cpu_step_seconds
 from ..cost.params import rank_expert_params, rank_params
 from ..cost.profile import RuntimeProfile
 from ..cost.states import FP16_UNSCALE_BYTES, stack_conventions
 from ..cost.workload import StageWork
-from ..plan import ParallelPlan
+from ..plan import ParallelPlan, ZeroPolicy
 from ..specs import ClusterSpec, ModelSpec
 from ..specs.stack import load_stack
 
@@ -335,9 +335,12 @@ def optimizer_seconds(
 @dataclass(frozen=True)
 class HostStep:
     """The offloaded part of one GPU's optimizer step (`cost.offload`): its gradients device ->
-    host, the CPU step, its new 16-bit weights host -> device (none with ``offload_params``: the
-    shards stay on the host and every all-gather copies them up), in bytes and seconds. The GPU steps
-    the rest at the same time."""
+    host (in fp32, `cost.offload.HOST_GRAD_BYTES`: DeepSpeed casts them on the GPU before the copy,
+    Megatron-Core copies its fp32 main gradients), the CPU step, its new 16-bit weights host ->
+    device (none with ``offload_params``: the shards stay on the host and every all-gather copies
+    them up), in bytes and seconds. The GPU steps the rest at the same time. Where the stack copies
+    the gradients during the backward (`copies_in_backward`, `hostpath`), the step's path is the
+    CPU step and the weights' copy (`after_backward`)."""
 
     params: float
     d2h_bytes: float
@@ -346,9 +349,26 @@ class HostStep:
 
     def seconds(self, net: CollectiveTimer, rank: int) -> float:
         """The whole host path with every GPU of the node copying at once (no other traffic)."""
-        d2h = net.host_copy_time(rank, self.d2h_bytes, True, concurrent=True)
-        h2d = net.host_copy_time(rank, self.h2d_bytes, False, concurrent=True)
-        return d2h + self.cpu_seconds + h2d
+        return net.host_copy_time(rank, self.d2h_bytes, True, concurrent=True) + self.after_backward(net, rank)
+
+    def after_backward(self, net: CollectiveTimer, rank: int) -> float:
+        """The CPU step and the weights' copy back, with every GPU of the node copying at once."""
+        return self.cpu_seconds + net.host_copy_time(rank, self.h2d_bytes, False, concurrent=True)
+
+
+def copies_in_backward(plan: ParallelPlan, options: EngineOptions) -> bool:
+    """Whether the offloaded optimizer part's gradients leave for the host during the backward
+    (`hostpath`): the stack copies them so, its backwards release gradient buckets (the reduction
+    overlaps the backward, or ZeRO-2 reduces every micro-batch's; not the per-layer reduce-scatters
+    of ZeRO-3 without a pipeline, whose copies are charged at the step), and the parameters are not
+    offloaded (their gradient shards go with the reduce-scatters, `Comm.host_bytes`)."""
+    return (
+        plan.offload_optimizer > 0
+        and not plan.offload_params
+        and load_stack(plan.stack).offload_grad_copy == "backward"
+        and (options.overlap_grad_reduce or reduces_every_microbatch(plan))
+        and plan.zero_policy is not ZeroPolicy.PER_LAYER
+    )
 
 
 def host_step(m: ModelSpec, plan: ParallelPlan, stages: list[int], cluster: ClusterSpec) -> HostStep | None:
@@ -358,4 +378,5 @@ def host_step(m: ModelSpec, plan: ParallelPlan, stages: list[int], cluster: Clus
     n = plan.offload_optimizer * local_params(m, plan, stages)
     sb = stack_conventions(plan).states
     h2d = 0.0 if plan.offload_params else n * sb.weights
-    return HostStep(n, n * sb.grads, h2d, cpu_step_seconds(plan, cluster, n))
+    d2h = n * (sb.grads if plan.offload_params else HOST_GRAD_BYTES)
+    return HostStep(n, d2h, h2d, cpu_step_seconds(plan, cluster, n))

@@ -47,6 +47,10 @@ class DataParallel:
             self, g: GpuState, stream: str, name: str, kind: str, start: float, stage=None, mb=None
         ) -> None: ...
         def _charge(self, g: GpuState, acc: str, parts: tuple[float, float, float, float, float]) -> None: ...
+        def _start_grad_copies(self, g: GpuState, stage: int, start: float, dur: float, last: bool) -> None: ...
+
+        copies_in_backward: bool
+        last_bwd: dict[tuple[int, int], Action]
 
     # --- collectives ----------------------------------------------------------------------
     def _comm(self, g: GpuState, res: simpy.Resource, comm: it.Comm, tag, stream: str, kind: str, stage=None):
@@ -145,6 +149,8 @@ class DataParallel:
             return
         if self.opt.overlap_grad_reduce is not ended:
             self._start_reduction(g, b.stage, start, dur, b.microbatch if self.every_mb else None)
+            if self.copies_in_backward:
+                self._start_grad_copies(g, b.stage, start, dur, self.last_bwd.get((g.prank, b.stage)) == b)
 
     def _bucket(self, g: GpuState, comm: it.Comm, ready: float, tag):
         if ready > self.env.now:

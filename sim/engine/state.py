@@ -36,6 +36,10 @@ class GpuState:
         self.dp = simpy.Resource(env, 1)
         self.zero = simpy.Resource(env, 1)
         self.reductions: list[simpy.Process] = []
+        #: an offloaded optimizer's gradient copies made during the backward (`hostpath`), and the
+        #: GPU's copy stream they queue on (made by the first)
+        self.grad_copies: list[simpy.Process] = []
+        self.host_copy: simpy.Resource | None = None
         #: gradient buckets booked without a process (a network that does not share links): the
         #: last release time and when the DP stream is free again
         self.dp_released = 0.0

@@ -157,6 +157,12 @@ class StackSpec(BaseModel):
         description="with the optimizer offloaded under ZeRO-2, the offloaded part keeps no gradient partition "
         "on the GPU: each reduced bucket goes straight to the host's fp32 gradients",
     )
+    offload_grad_copy: Literal["step", "backward"] = Field(
+        "step",
+        description="when an offloaded optimizer part's gradients go to the host: at the optimizer step, or "
+        "bucket by bucket as the last backward reduces them (with ZeRO-2 and several micro-batches, each "
+        "earlier micro-batch's gradients are added to the host's through the GPU, both ways)",
+    )
     states: StackStates
     grad_bucket: GradBucket
     zero3: Zero3Calls

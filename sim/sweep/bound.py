@@ -99,7 +99,10 @@ def lower_bound(x: Inputs, backend: str = "analytical") -> float:
         fwd_r = [t - e for t, e in zip(fwd, xf)]
         back_in_r = [max(0.0, t - e) for t, e in zip(back_in, xb)]
     # the rank's step, then (analytical network) what it waits on its offloaded optimizer part
-    end = [(sp_sync_time(x, r) + host_wait(x, r) if sync else 0.0) + optimizer_time(x, r) for r in range(len(x.ranks))]
+    end = [
+        (sp_sync_time(x, r) + host_wait(x, r, lower=True) if sync else 0.0) + optimizer_time(x, r)
+        for r in range(len(x.ranks))
+    ]
     n = p.num_chunks  # one pipeline's stages; with two, stage s is position s % n of its pipeline
 
     def ahead(s: int, times: list[float]) -> float:

@@ -237,16 +237,28 @@ def optimizer_time(x: Inputs, prank: int) -> float:
     return step * (1.0 - p.offload_optimizer)
 
 
-def host_wait(x: Inputs, prank: int) -> float:
-    """Seconds the rank waits on its offloaded optimizer part beyond its GPU step (`iteration.HostStep`)."""
+def host_wait(x: Inputs, prank: int, lower: bool = False) -> float:
+    """Seconds the rank waits on its offloaded optimizer part beyond its GPU step (`iteration.HostStep`).
+    Where the gradients leave during the backward (`iteration.copies_in_backward`), the estimate
+    takes the last bucket's copy as left after the backward, and ``lower`` (the bound) none of it."""
     if not x.plan.offload_optimizer:
         return 0.0
+    during = it.copies_in_backward(x.plan, x.options)
 
     def path() -> float:  # the host path of the rank's first GPU (every GPU of a pipeline rank alike)
-        host = it.host_step(x.model, x.plan, list(x.ranks[prank]), x.net.cluster)
-        return 0.0 if host is None else host.seconds(x.net, RankLayout(x.plan).rank(pp=prank))
+        stages = list(x.ranks[prank])
+        host = it.host_step(x.model, x.plan, stages, x.net.cluster)
+        if host is None:
+            return 0.0
+        rank = RankLayout(x.plan).rank(pp=prank)
+        if not during:
+            return host.seconds(x.net, rank)
+        if lower:
+            return host.after_backward(x.net, rank)
+        buckets = sum(it.bucket_count(x.plan, x.work[s].params) for s in stages)
+        return host.after_backward(x.net, rank) + x.net.host_copy_time(rank, host.d2h_bytes / buckets, True, True)
 
-    return max(0.0, _cached(x, ("host", x.plan, prank), path) - optimizer_time(x, prank))
+    return max(0.0, _cached(x, ("host", x.plan, prank, lower), path) - optimizer_time(x, prank))
 
 
 def sp_sync_time(x: Inputs, prank: int) -> float:
