@@ -148,9 +148,12 @@ class DataParallel:
         if self.policy is ZeroPolicy.PER_LAYER or b not in self.release_at[g.prank]:
             return
         if self.opt.overlap_grad_reduce is not ended:
-            self._start_reduction(g, b.stage, start, dur, b.microbatch if self.every_mb else None)
-            if self.copies_in_backward:
-                self._start_grad_copies(g, b.stage, start, dur, self.last_bwd.get((g.prank, b.stage)) == b)
+            mb = b.microbatch if self.every_mb else None
+            fresh = (b.stage if mb is None else (b.stage, mb)) not in g.reduced  # a B and its W release once
+            self._start_reduction(g, b.stage, start, dur, mb)
+            if self.copies_in_backward and fresh:  # the stage's last micro-batch sends the fp32 copy
+                last = self.last_bwd.get((g.prank, b.stage))
+                self._start_grad_copies(g, b.stage, start, dur, last is not None and last.microbatch == b.microbatch)
 
     def _bucket(self, g: GpuState, comm: it.Comm, ready: float, tag):
         if ready > self.env.now:
