@@ -29,6 +29,8 @@ COLORS = {
     "REDUCE_GRAD": "#E06666",
     "ZERO_GATHER": "#C27BA0",
     "SP_GRAD_SYNC": "#D4B106",
+    "HOST_COPY": "#5FA8A8",  # an offloaded optimizer's gradients on their way to the host
+    "HOST_OPT": "#6B6B9E",  # its CPU step and the weights' copy back
 }
 MAX_ROWS = 64
 DPI = 120
