@@ -4,7 +4,9 @@ stage, recompute and overlap option, short and long micro-batch counts, dense an
 
 from __future__ import annotations
 
-from hypothesis import HealthCheck, event, given, settings
+from dataclasses import replace
+
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from simpar.sim.choices import SWEEP_SCHEDULES
@@ -73,4 +75,47 @@ def test_no_engine_run_beats_the_lower_bound(case) -> None:
     x = ev.inputs(plan)
     for backend in ("analytical", "contention"):
         t = simulate(MODELS[kind], CLUSTER, plan, backend=backend, options=options).iter_time_s
+        assert lower_bound(x, backend) <= t * (1 + 1e-12), (cfg.id, backend)
+
+
+OFFLOAD_EVALUATORS: dict[tuple, Evaluator] = {}
+
+
+@st.composite
+def offload_cases(draw):
+    """Host offload on both stacks: DeepSpeed copies the gradients during the backward (`hostpath`),
+    Megatron-Core at the step; ZeRO 1-3, with and without data parallelism and accumulation."""
+    stack = draw(st.sampled_from(["deepspeed", "megatron-core"]))
+    tp = draw(st.sampled_from([1, 2]))
+    pp = 1 if stack == "deepspeed" else draw(st.sampled_from([1, 2]))
+    dp = 16 // (tp * pp)
+    zero = draw(st.sampled_from([1, 2, 3] if stack == "deepspeed" else [1]))
+    offload = draw(st.sampled_from(["optimizer:1", "optimizer:0.5"] + (["params"] if zero == 3 else [])))
+    cfg = Config(tp, pp, dp, 1, 1, 1, "1f1b" if pp > 1 else "none", zero, "full", tp > 1, offload=offload)
+    options = EngineOptions(overlap_grad_reduce=draw(st.booleans()), overlap_param_gather=draw(st.booleans()))
+    return stack, cfg, dp * draw(st.sampled_from([1, 4])), options
+
+
+_TIGHT = Config(1, 1, 16, 1, 1, 1, "none", 1, "full", False, offload="optimizer:1")  # copies ~ the bound's slack
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(offload_cases())
+@example(("deepspeed", _TIGHT, 16, EngineOptions()))
+@example(("deepspeed", replace(_TIGHT, zero=2), 64, EngineOptions()))
+def test_no_offloaded_engine_run_beats_the_lower_bound(case) -> None:
+    stack, cfg, gbs, options = case
+    key = (stack, gbs, options)
+    if key not in OFFLOAD_EVALUATORS:
+        space = SearchSpace(stack=stack, offload=(cfg.offload,))
+        setup = SweepSetup(MODELS["dense"], CLUSTER, 16, gbs, space, options=options, token=str(key))
+        OFFLOAD_EVALUATORS[key] = Evaluator(setup)
+    ev = OFFLOAD_EVALUATORS[key]
+    plan, _ = ev.plan(cfg)
+    event("refused" if plan is None else "bounded")
+    if plan is None:
+        return
+    x = ev.inputs(plan)
+    for backend in ("analytical", "contention"):
+        t = simulate(MODELS["dense"], CLUSTER, plan, backend=backend, options=options).iter_time_s
         assert lower_bound(x, backend) <= t * (1 + 1e-12), (cfg.id, backend)

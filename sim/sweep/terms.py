@@ -103,7 +103,8 @@ class Inputs:
         if comm.seconds is not None:
             return comm.seconds
         p = self.plan
-        key = (comm.op, p.tp, p.cp, p.pp, p.dp, p.mesh_order, prank, comm.group, comm.nbytes, comm.count)
+        c = comm
+        key = (c.op, p.tp, p.cp, p.pp, p.dp, p.mesh_order, prank, c.group, c.nbytes, c.count, c.host_bytes)
         t = self.cache.get(key)
         if t is None:
             t = self.cache[key] = comm.time(self.net)
