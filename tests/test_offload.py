@@ -238,6 +238,44 @@ def test_sweep_axis_offers_offload_only_where_the_plan_allows_it(model):
     assert plan.offload_params and plan.offload_optimizer == 1.0 and cfg.id.endswith("-off-params")
 
 
+def test_sweep_rows_carry_the_host_path_and_the_report_explains_it(model):
+    """The screen row's host path: the copies and the CPU step of `HostStep`, one after the other
+    (with DeepSpeed's ZeRO-2 accumulation round trips); the report sets the exposed wait beside it."""
+    from simpar.sim.sweep.evaluate import Evaluator, SweepSetup
+    from simpar.sim.sweep.report import offload_lines
+    from simpar.sim.sweep.space import Config
+
+    cluster = A100.with_gpus(8)
+    net = AnalyticalNetwork(cluster)
+    model = model.with_seq_len(1024)  # fits one A100-40G per data-parallel rank
+    for stack, zero, gbs, rounds in (("megatron-core", 1, 4, 0), ("deepspeed", 2, 16, 4)):
+        space = SearchSpace(stack=stack, offload=("optimizer:1",))
+        ev = Evaluator(SweepSetup(model, cluster, 8, gbs, space))
+        cfg = Config(2, 1, 4, 1, 1, 1, "none", zero, "full", False, offload="optimizer:1")
+        row = ev.screen(cfg)
+        host = host_step(model, ev.plan(cfg)[0], [0], cluster)
+        extra = rounds * 2.0 * host.params  # the host's 16-bit sum up and down at each micro-batch
+        copies = host.seconds(net, 0) - host.cpu_seconds
+        copies += net.host_copy_time(0, extra, False, True) + net.host_copy_time(0, extra, True, True)
+        assert row["host_cpu_s"] == pytest.approx(host.cpu_seconds)
+        assert row["host_copy_s"] == pytest.approx(copies)
+    text = {
+        "id": cfg.id,
+        "rank": "1",
+        "status": "estimated",
+        "iter_time_s": "30.0",
+        "offload_s": "5.0",
+        "host_copy_s": "4.0",
+        "host_cpu_s": "3.0",
+        "host_memory_gib": "100",
+        **{k: str(v) for k, v in cfg.as_dict().items()},
+    }
+    (line,) = [x for x in offload_lines([text]) if x.startswith("- rank 1")]
+    assert "5.00 s waiting on the host" in line and "4.00 s of PCIe copies and 3.00 s of CPU step" in line
+    assert "2.00 s of it behind the GPU's work" in line
+    assert ev.screen(Config(2, 1, 4, 1, 1, 1, "none", 2, "full", False)).get("host_copy_s") is None
+
+
 def test_a_calibration_supplies_a_host_rate_the_cluster_file_lacks(tmp_path):
     import json
     from pathlib import Path

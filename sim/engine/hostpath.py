@@ -75,7 +75,6 @@ class HostCopies:
         net: Any
         opt: EngineOptions
         profile: RuntimeProfile
-        every_mb: bool
         last_bwd: dict
 
         def _record(
@@ -88,7 +87,7 @@ class HostCopies:
         micro-batches, and at the stage's last backward (``last``) the fp32 copy the CPU step reads."""
         plan = self.plan
         params = plan.offload_optimizer * it.local_params(self.m, plan, [stage])
-        accumulate = self.every_mb and plan.num_microbatches > 1
+        accumulate = it.accumulation_copies(plan) > 0
         if params <= 0 or not (last or accumulate):
             return
         comms = it.grad_buckets(plan, self.work[stage], g.dp_group, self.profile, self.opt, g.edp_group)
@@ -101,7 +100,7 @@ class HostCopies:
             lambda c: c.time(self.net),
             plan.reduces_gradients,
         )
-        half = 2.0 * params  # the host's 16-bit accumulated gradients (the parameters' dtype)
+        half = it.ACCUMULATE_BYTES * params  # the host's 16-bit accumulated gradients (the parameters' dtype)
         legs = ((half, False), (half, True)) if accumulate else ()
         if last:
             legs = (*legs, (HOST_GRAD_BYTES * params, True))

@@ -356,6 +356,18 @@ class HostStep:
         return self.cpu_seconds + net.host_copy_time(rank, self.h2d_bytes, False, concurrent=True)
 
 
+#: Bytes per offloaded parameter each way when DeepSpeed adds a micro-batch's gradients to the
+#: host's under ZeRO-2 (`hostpath`: the host's 16-bit sum comes up and goes back down)
+ACCUMULATE_BYTES = 2.0
+
+
+def accumulation_copies(plan: ParallelPlan) -> int:
+    """Backwards per stage whose gradients are added to the host's through the GPU (`hostpath`):
+    every micro-batch's under ZeRO-2 with several of them, where the stack copies during the
+    backward; else none."""
+    return plan.num_microbatches if reduces_every_microbatch(plan) and plan.num_microbatches > 1 else 0
+
+
 def copies_in_backward(plan: ParallelPlan, options: EngineOptions) -> bool:
     """Whether the offloaded optimizer part's gradients leave for the host during the backward
     (`hostpath`): the stack copies them so, its backwards release gradient buckets (the reduction

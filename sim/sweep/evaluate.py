@@ -30,7 +30,7 @@ from .estimator import oracle_estimate, quick_estimate
 from .memory_screen import MemoryScreen
 from .space import Config, SearchSpace
 from .store import as_text
-from .terms import Estimate, Inputs, dp_groups, edp_groups
+from .terms import Estimate, Inputs, dp_groups, edp_groups, host_path
 
 #: plan fields `build_work` does not read (but for the schedule's pipelines, keyed apart): plans
 #: differing only in them share their stage work
@@ -152,6 +152,15 @@ class Evaluator:
         return row
 
     @staticmethod
+    def host_fields(x: Inputs) -> dict[str, Any]:
+        """The offloaded optimizer's host path of the pipeline rank whose path is longest
+        (`terms.host_path`); none without optimizer offload."""
+        if not x.plan.offload_optimizer:
+            return {}
+        copy_s, cpu_s = max((host_path(x, r) for r in range(len(x.ranks))), key=sum)
+        return {"host_copy_s": copy_s, "host_cpu_s": cpu_s}
+
+    @staticmethod
     def memory_fields(mem: MemoryReport) -> dict[str, Any]:
         peak = mem.peak
         return {
@@ -177,6 +186,7 @@ class Evaluator:
         return {
             **row,
             **self._estimate_fields(plan, est),
+            **self.host_fields(x),
             "status": "estimated",
             "quick_time_s": est.iter_time_s,
             "lower_bound_s": lower_bound(x, self.s.backend),
@@ -192,6 +202,7 @@ class Evaluator:
         return {
             **row,
             **self._estimate_fields(plan, est),
+            **self.host_fields(x),
             "status": "refined",
             "quick_time_s": quick.iter_time_s,
             "oracle_time_s": est.iter_time_s,

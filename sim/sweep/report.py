@@ -320,7 +320,8 @@ def write_report(out: Path, rows: list[dict], manifest: dict, top: int = 10) -> 
 
 def offload_lines(rows: list[dict], most: int = 5) -> list[str]:
     """'## Host offload': what offload and a leaner optimizer buy the best plans that use them: the
-    same layout without them (does it fit?), the seconds spent waiting on the host, the host memory."""
+    same layout without them (does it fit?), the seconds spent waiting on the host beside the
+    optimizer's whole host path (its PCIe copies and CPU step), the host memory."""
     by_id = {r["id"]: r for r in rows}
     out = []
     for r in ranked(rows):
@@ -343,9 +344,17 @@ def offload_lines(rows: list[dict], most: int = 5) -> list[str]:
             if x
         )
         host = num(r, "host_memory_gib", 0.0)
+        copy_s, cpu_s, wait = num(r, "host_copy_s", 0.0), num(r, "host_cpu_s", 0.0), num(r, "offload_s", 0.0)
+        hidden = copy_s + cpu_s - wait
+        path = (
+            f" (the optimizer's host path: {seconds(copy_s)} of PCIe copies and {seconds(cpu_s)} of CPU step"
+            + (f"; {seconds(hidden)} of it behind the GPU's work)" if hidden > 1e-3 * (copy_s + cpu_s) else ")")
+            if copy_s or cpu_s
+            else ""
+        )
         out.append(
             f"- rank {r['rank']}, {plan_cell(r)}: {what}: {num(r, 'iter_time_s'):.3f} s, of which"
-            f" {seconds(num(r, 'offload_s', 0.0))} waiting on the host"
+            f" {seconds(wait)} waiting on the host{path}"
             + (f", {host:.0f} GiB of host memory per node" if host else "")
             + f"; {without}."
         )

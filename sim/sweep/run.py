@@ -285,13 +285,15 @@ def merge(screen: dict, refined: dict, simulated: dict, objective: str) -> list[
     rows = {k: dict(v) for k, v in screen.items()}
     rows.update({k: dict(v) for k, v in refined.items()})
     for k, v in simulated.items():
-        # a simulated row keeps the quick estimate and lower bound of its screen row and the
-        # oracle's time of its refined row (the simulate phase does not compute them again)
+        # a simulated row keeps the quick estimate, lower bound and host path of its screen row
+        # and the oracle's time of its refined row (the simulate phase does not compute them again)
         rows[k] = {
             **v,
             "quick_time_s": screen[k]["quick_time_s"],
             "lower_bound_s": screen[k]["lower_bound_s"],
             "oracle_time_s": refined.get(k, {}).get("oracle_time_s", ""),
+            "host_copy_s": screen[k].get("host_copy_s", ""),
+            "host_cpu_s": screen[k].get("host_cpu_s", ""),
         }
     key = sort_key(objective)
     ranked = sorted((r for r in rows.values() if r["status"] in _TIER), key=lambda r: (_TIER[r["status"]], key(r)))

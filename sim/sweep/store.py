@@ -35,8 +35,8 @@ from . import interrupt
 from .space import CONFIG_FIELDS, Config
 
 #: 2: lower_bound_s; 3: ep, etp, expert_compute_s, moe_a2a_s; 4: dispatch, a2a_overlap; 5: optimizer, rlayers;
-#: 6: offload, offload_s, host_memory_gib
-SWEEP_FORMAT_VERSION = 6
+#: 6: offload, offload_s, host_memory_gib; 7: host_copy_s, host_cpu_s
+SWEEP_FORMAT_VERSION = 7
 MANIFEST, RESULTS, JOURNAL = "sweep.json", "results.csv", "journal"
 PHASES = ("screen", "refine", "simulate")
 STATUSES = ("simulated", "refined", "estimated", "oom", "invalid")
@@ -62,6 +62,8 @@ RESULT_COLUMNS = (
 )
 MEMORY_COLUMNS = ("peak_memory_gib", "worst_memory_rank", "over_by_gib", "memory_per_rank_gib", "host_memory_gib")
 TIME_COLUMNS = ("quick_time_s", "lower_bound_s", "oracle_time_s", "engine_time_s")
+#: an offloaded optimizer's host path per iteration, before any overlap (`terms.host_path`)
+HOST_COLUMNS = ("host_copy_s", "host_cpu_s")
 COLUMNS = (
     ("id", "status", "reason", "rank", "source")
     + PLAN_COLUMNS
@@ -69,6 +71,7 @@ COLUMNS = (
     + tuple(f"{k}_s" for k in BREAKDOWN_KEYS)
     + MEMORY_COLUMNS
     + TIME_COLUMNS
+    + HOST_COLUMNS
 )
 _HEADER = ",".join(COLUMNS)
 _EMPTY = dict.fromkeys(COLUMNS, "")
@@ -79,6 +82,7 @@ _FLOATS = (
     + tuple(f"{k}_s" for k in BREAKDOWN_KEYS)
     + ("peak_memory_gib", "over_by_gib", "host_memory_gib")
     + TIME_COLUMNS
+    + HOST_COLUMNS
 )
 _FLOAT_SET = frozenset(_FLOATS)
 _TIMES = ("iter_time_s",) + TIME_COLUMNS
