@@ -31,7 +31,7 @@ from simpar.sim.engine.simulate import simulate
 from simpar.sim.procs import fork_map
 from simpar.sim.specs import load_cluster
 from simpar.sim.specs.calibration import EfficiencyParams, default_calibration_path
-from simpar.sim.validation.published import read_rows, row_setup
+from simpar.sim.validation.published import read_rows, row_options, row_setup
 
 GROUPS = {"a100": ("a100-40g", "a100-80g"), "h100": ("h100-sxm", "h100-96g"), "blackwell": ("b200", "b300", "gb300")}
 #: parameter -> (relative step, lower, upper); attention fwd and bwd move together (ratio kept)
@@ -52,7 +52,7 @@ def evaluate(rows, params: dict[str, EfficiencyParams]) -> list[tuple[str, float
         costs = CostModel.for_gpu(cluster.gpu)
         if cluster.gpu.name in params:
             costs = replace(costs, eff=params[cluster.gpu.name])
-        t = simulate(model, cluster, plan, costs=costs).iter_time_s
+        t = simulate(model, cluster, plan, costs=costs, **row_options(r)).iter_time_s
         return r["id"], (t - float(r["iter_time_s"])) / float(r["iter_time_s"])
 
     out = dict(fork_map(one, rows, os.cpu_count() or 1))

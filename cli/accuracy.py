@@ -66,10 +66,10 @@ def accuracy(published, moe, offload, closed_loop, notes, calibration, worst: in
     notes_path = notes or (out / "notes.yaml")
     calib = load_calibration_option(calibration, None)  # the file's faults stop the run; its GPU is per row
 
-    def sim(model, cluster, plan):
+    def sim(model, cluster, plan, **run):  # run: the row's run flags (`published.row_options`)
         if calib is not None:  # a row on another GPU type is not simulated, with this reason
             validate_calibration(calib.to_json(), Path(calibration).name, cluster.gpu.name)
-        return simulate(model, cluster, plan, calibration=calib, trace=False)
+        return simulate(model, cluster, plan, calibration=calib, trace=False, **run)
 
     data = build(published, sim, closed_loop, load_notes(notes_path), worst, moe_csv=moe, offload_csv=offload)
     cmd = (

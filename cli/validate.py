@@ -39,10 +39,10 @@ def validate(csv_file: str, calibration, backend: str, as_json: bool, workers: i
     rows = read_rows(csv_file)
     calib = load_calibration_option(calibration, None)  # the file's faults stop the run; its GPU is per row
 
-    def sim(model, cluster, plan):
+    def sim(model, cluster, plan, **run):  # run: the row's run flags (`published.row_options`)
         if calib is not None:  # a row on another GPU type is not simulated, with this reason
             validate_calibration(calib.to_json(), Path(calibration).name, cluster.gpu.name)
-        return simulate(model, cluster, plan, backend=backend, calibration=calib, trace=False)
+        return simulate(model, cluster, plan, backend=backend, calibration=calib, trace=False, **run)
 
     doc = report(validate_rows(rows, sim, workers=workers or os.cpu_count() or 1))
     if out is not None:

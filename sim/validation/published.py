@@ -15,6 +15,7 @@ from typing import Any
 from .. import files
 from ..choices import OPTIMIZERS
 from ..cost.offload import offload_fields
+from ..engine.iteration import EngineOptions
 from ..errors import SimparError
 from ..plan import FP8_RECIPES, MOE_DISPATCHERS, RECOMPUTE_MODULES, ParallelPlan, balanced_layer_split
 from ..plan_check import check_plan
@@ -32,7 +33,7 @@ from .moe_rows import MOE_COLUMNS, cell, is_moe_row, moe_model, moe_plan_fields
 #: ``moe_dispatcher`` (alltoall or flex; empty: alltoall) and ``moe_a2a_overlap`` (1/0; empty: 0),
 #: ``optimizer`` (empty: adamw) and ``offload`` (a sweep's offload variant, `sweep.space.offload_fields`;
 #: empty: none). Architecture extras of a dense row: ``tied_embeddings`` and ``attention_bias`` (1/0;
-#: empty: the arch's).
+#: empty: the arch's). A run flag: ``overlap_grad_reduce`` (1/0; empty: overlapped, `row_options`).
 OPTIONAL_PLAN_COLUMNS = (
     "stack",
     "optimizer",
@@ -239,6 +240,18 @@ def _arch_extras(r: dict[str, str]) -> dict[str, bool]:
     return out
 
 
+def row_options(r: dict[str, str]) -> dict[str, Any]:
+    """Keyword arguments a row's run flags add to its simulation: column ``overlap_grad_reduce``
+    (1/0; empty: the engine's default, overlapped) as `EngineOptions`, for code that all-reduces the
+    gradients after the backward (Megatron-LM's local DDP before --overlap-grad-reduce)."""
+    v = (r.get("overlap_grad_reduce") or "").strip()
+    if not v:
+        return {}
+    if v not in ("0", "1"):
+        raise SimparError(f"row {r.get('id')}: overlap_grad_reduce", f"is {v!r}.", "write 1 or 0 (or leave it empty).")
+    return {"options": EngineOptions(overlap_grad_reduce=v == "1")}
+
+
 def row_setup(r: dict[str, str]) -> tuple[ModelSpec, Any, ParallelPlan]:
     if is_moe_row(r):
         model = moe_model(r)
@@ -319,7 +332,7 @@ def _validate_row(r: dict[str, str], simulate_fn: Callable) -> RowResult:
         peak = measured_peak_bytes(r)
         rr.measured_peak_mem_gib = None if peak is None else peak / GiB
         model, cluster, plan = row_setup(r)
-        res = simulate_fn(model, cluster, plan)
+        res = simulate_fn(model, cluster, plan, **row_options(r))
         rr.predicted_iter_time_s = res.iter_time_s
         rr.predicted_peak_mem_gib = res.memory.reported_peak(memory_metric(r)) / GiB
         rr.breakdown_s = dict(res.breakdown_s)
