@@ -137,6 +137,13 @@ def plan_options(f: Callable[..., Any]) -> Callable[..., Any]:
             help="ZeRO-3 parameter shards in host memory (FSDP2 CPUOffloadPolicy, DeepSpeed offload_param)",
         ),
         click.option(
+            "--offload-overlap",
+            is_flag=True,
+            default=False,
+            help="pipeline the offloaded optimizer's copies with its CPU step, parameter by parameter "
+            "(Megatron-Core --overlap-cpu-optimizer-d2h-h2d)",
+        ),
+        click.option(
             "--offload-activations",
             type=click.IntRange(0, 1 << 16),
             default=0,
@@ -302,6 +309,7 @@ def setup_from_options(kw: dict[str, Any]) -> Setup:
         recompute_method=kw.get("recompute_method") or "uniform",
         optimizer=kw.get("optimizer") or "adamw",
         offload_params=bool(kw.get("offload_params")),
+        offload_overlap=bool(kw.get("offload_overlap")),
         offload_activations=kw.get("offload_activations") or 0,
     )
     if kw.get("offload_optimizer") is not None:

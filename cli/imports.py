@@ -17,6 +17,7 @@ _KW = {
     "global_batch_size": "gbs",
     "offload_optimizer": "offload_optimizer",
     "offload_params": "offload_params",
+    "offload_overlap": "offload_overlap",
     "offload_activations": "offload_activations",
 }
 #: plan fields the options spell as text
@@ -157,9 +158,18 @@ def apply_sweep_import(kw: dict[str, Any]) -> tuple[dict[str, Any], Any]:
         offload.append(f"optimizer:{imp.plan['offload_optimizer']:g}")
     if imp.plan.get("offload_activations"):
         offload.append(f"activations:{imp.plan['offload_activations']}")
+    if imp.plan.get("offload_overlap"):
+        offload.append("overlap")
     if offload and not _explicit("offload"):
         out["offload"] = "+".join(offload)
-    taken = {"global_batch_size", "offload_optimizer", "offload_params", "offload_activations", *_SWEEP_TAKES.values()}
+    taken = {
+        "global_batch_size",
+        "offload_optimizer",
+        "offload_params",
+        "offload_overlap",
+        "offload_activations",
+        *_SWEEP_TAKES.values(),
+    }
     searched = sorted(k for k in imp.plan if k not in taken)
     if searched:
         imp.unmodelled.append("searched by the sweep, not taken: " + " ".join(searched))

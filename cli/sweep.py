@@ -169,8 +169,8 @@ class _Bar:
     default="none",
     show_default=True,
     help="host offload variants to try, comma-separated: none, optimizer:F (the fraction F of the optimizer "
-    "on the CPU), params (ZeRO-3 shards; the whole optimizer), activations:N (first N layers per stage); "
-    "join parts with +",
+    "on the CPU), params (ZeRO-3 shards; the whole optimizer), activations:N (first N layers per stage), "
+    "overlap (the optimizer's copies pipelined with its CPU step, Megatron-Core); join parts with +",
 )
 @click.option("--objective", type=click.Choice(["throughput", "memory"]), default="throughput", show_default=True)
 @click.option("--top", type=Whole(0), default=10, show_default=True, help="rows of the table of best plans")

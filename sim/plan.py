@@ -113,6 +113,12 @@ class ParallelPlan(BaseModel):
         0.0, ge=0.0, le=1.0, description="fraction of the optimizer's states and step on the host CPU"
     )
     offload_params: bool = Field(False, description="ZeRO-3 parameter shards (and their gradients) in host memory")
+    #: Megatron-Core --overlap-cpu-optimizer-d2h-h2d (`iteration.HostStep.pipelined`)
+    offload_overlap: bool = Field(
+        False,
+        description="the offloaded optimizer part's gradient copies, CPU steps and copies back pipelined "
+        "parameter by parameter (Megatron-Core --overlap-cpu-optimizer-d2h-h2d)",
+    )
     offload_activations: int = Field(
         0, ge=0, le=1 << 16, strict=True, description="layers per stage whose stored activations go to host memory"
     )
@@ -345,6 +351,7 @@ class ParallelPlan(BaseModel):
 
     def _describe_offload(self) -> str:
         parts = [f"optimizer {self.offload_optimizer:.0%}"] if self.offload_optimizer else []
+        parts += ["overlapped copies"] * self.offload_overlap
         parts += ["params"] * self.offload_params
         parts += [f"activations of {self.offload_activations} layers/stage"] * (self.offload_activations > 0)
         return f", offload {' + '.join(parts)}" if parts else ""

@@ -109,10 +109,17 @@ def _check_partial_recompute(plan: ParallelPlan, model: ModelSpec) -> None:
 
 def _check_offload(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec) -> None:
     """Offload needs a host in the cluster file, a stack that offloads that, and ZeRO's shards."""
+    if plan.offload_overlap and plan.offload_optimizer <= 0:
+        raise PlanError(
+            "offload_overlap",
+            "overlapped copies pipeline an offloaded optimizer's copies, and this plan offloads none.",
+            "add --offload-optimizer F, or drop --offload-overlap.",
+        )
     kinds = [
         k
         for k, on in (
-            ("optimizer", plan.offload_optimizer > 0),
+            # the parameters' offload takes the optimizer with them (FSDP2's CPUOffloadPolicy steps on the CPU)
+            ("optimizer", plan.offload_optimizer > 0 and not plan.offload_params),
             ("params", plan.offload_params),
             ("activations", plan.offload_activations > 0),
         )
@@ -156,6 +163,14 @@ def _check_offload(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec) -
             "optimizer offload runs on ZeRO's optimizer shards (DeepSpeed ZeRO-Offload extends ZeRO-1/2; "
             "Megatron-Core needs the distributed optimizer).",
             "add --zero 1 (or 2, 3).",
+        )
+    if plan.offload_overlap and (plan.offload_params or stack.offload_grad_copy != "step"):
+        raise PlanError(
+            "offload_overlap",
+            "overlapped copies pipeline an offloaded optimizer's copies at its step, parameter by parameter "
+            f"(Megatron-Core --overlap-cpu-optimizer-d2h-h2d); this plan offloads the parameters, or runs on "
+            f"{stack.name}, whose gradients leave during the backward.",
+            "drop --offload-overlap, or offload only the optimizer, on megatron-core.",
         )
     if plan.offload_params and (plan.zero < 3 or plan.offload_optimizer < 1):
         raise PlanError(

@@ -13,7 +13,7 @@ from simpar.sim.cost.offload import HOST_GRAD_BYTES, cpu_step_seconds, offload_f
 from simpar.sim.cost.optimizers import optimizer_facts
 from simpar.sim.cost.states import stack_conventions
 from simpar.sim.engine.hostpath import copy_ready_times
-from simpar.sim.engine.iteration import Comm, host_step, local_params
+from simpar.sim.engine.iteration import Comm, host_step, local_params, pipelined
 from simpar.sim.engine.simulate import simulate
 from simpar.sim.errors import PlanError
 from simpar.sim.network.analytical import AnalyticalNetwork
@@ -317,3 +317,70 @@ def test_offloaded_states_move_without_loss(model, f, zero, dp, stack):
     grads_out = f * a.grads if (zero == 2 and stack == "deepspeed") else 0.0
     assert b.grads == pytest.approx(a.grads - grads_out, abs=1e-9 * a.grads)  # f near 1: rounding, not bytes
     assert b.total == pytest.approx(a.total - f * a.optimizer - grads_out)
+
+
+def test_pipelined_exact():
+    """Items through a pipeline of stages: the slowest stage's whole time and the others' share of one item."""
+    assert pipelined((2.0, 5.0, 1.0), 4) == pytest.approx(5.0 + 3.0 / 4)
+    assert pipelined((2.0, 5.0, 1.0), 1) == pytest.approx(8.0)  # one item: one after the other
+    assert pipelined((2.0, 5.0, 1.0), 0) == pytest.approx(8.0)  # not pipelined
+
+
+def test_megatron_overlapped_copies_pipeline_with_the_cpu_step(model):
+    """--overlap-cpu-optimizer-d2h-h2d: the host path is the pipeline of the gradients' copy, the
+    CPU step and the weights' copy over the rank's layers; without it, the three in turn."""
+    cluster = A100.with_gpus(8)
+    kw = dict(recompute="full", stack="megatron-core", offload_optimizer=1.0, tp=2, dp=4, global_batch_size=4)
+    serial, over = _plan(**kw), _plan(**kw, offload_overlap=True)
+    check_plan(over, model, cluster)
+    net = AnalyticalNetwork(cluster)
+    host = host_step(model, over, [0], cluster)
+    down, up = host.copies(net, 0)
+    assert host.pipelined_items == model.layers
+    a, b = simulate(model, cluster, serial), simulate(model, cluster, over)
+    assert a.breakdown_s["offload"] == pytest.approx(down + host.cpu_seconds + up, rel=1e-9)
+    assert b.breakdown_s["offload"] == pytest.approx(pipelined((down, host.cpu_seconds, up), model.layers), rel=1e-9)
+    assert b.iter_time_s < a.iter_time_s
+    c = simulate(model, cluster, over, backend="contention")
+    assert c.iter_time_s == pytest.approx(b.iter_time_s, rel=1e-9)
+    assert offload_fields("optimizer:1+overlap") == {"offload_optimizer": 1.0, "offload_overlap": True}
+
+
+@pytest.mark.parametrize(
+    ("kw", "words"),
+    [
+        (dict(offload_overlap=True), "offloads none"),
+        (dict(offload_overlap=True, offload_optimizer=1.0, stack="deepspeed"), "during the backward"),
+        (dict(offload_overlap=True, zero=3, offload_params=True, stack="torchtitan"), "offloads the parameters"),
+    ],
+)
+def test_overlapped_copies_need_a_megatron_optimizer_offload(model, kw, words):
+    with pytest.raises(PlanError) as e:
+        check_plan(_plan(**{"stack": "megatron-core", **kw}), model, A100.with_gpus(8))
+    assert e.value.field == "offload_overlap" and words in str(e.value)
+
+
+def test_megatron_launch_with_overlapped_copies_round_trips(model):
+    from simpar.sim.errors import SpecError
+    from simpar.sim.interop.emit import megatron_launch
+    from simpar.sim.interop.megatron import read_megatron
+
+    base = (
+        "--tensor-model-parallel-size 2 --micro-batch-size 1 --global-batch-size 4 --use-distributed-optimizer --bf16"
+    )
+    imp = read_megatron(base + " --optimizer-cpu-offload --overlap-cpu-optimizer-d2h-h2d")
+    assert imp.plan["offload_optimizer"] == 1.0 and imp.plan["offload_overlap"] is True
+    plan = _plan(stack="megatron-core", tp=2, dp=4, global_batch_size=4, offload_optimizer=1.0, offload_overlap=True)
+    assert "--overlap-cpu-optimizer-d2h-h2d" in megatron_launch(plan, None, 8, 8)
+    with pytest.raises(SpecError, match="without --optimizer-cpu-offload"):
+        read_megatron(base + " --overlap-cpu-optimizer-d2h-h2d")
+
+
+def test_parameter_offload_takes_the_optimizer_on_a_stack_that_lists_only_params(model):
+    """torchtitan offloads the parameters (FSDP2 CPUOffloadPolicy), whose optimizer steps on the CPU
+    with them: the plan is not refused for its optimizer part."""
+    plan = _plan(zero=3, offload_params=True, stack="torchtitan")
+    assert plan.offload_optimizer == 1.0
+    check_plan(plan, model, A100.with_gpus(8))
+    with pytest.raises(PlanError, match="cannot offload optimizer"):
+        check_plan(_plan(zero=3, offload_optimizer=1.0, stack="torchtitan"), model, A100.with_gpus(8))

@@ -89,8 +89,9 @@ def activation_exposure(copy_s: float, pass_s: float, layers: int, offloaded: in
 def offload_fields(spec: str) -> dict[str, float | bool | int]:
     """The plan fields of an offload variant: ``none``, or parts joined by ``+``: ``optimizer:F``
     (the fraction F of the optimizer on the CPU), ``params`` (ZeRO-3 shards on the host, the whole
-    optimizer with them), ``activations:N`` (the first N layers of each stage). ValueError names a
-    bad part."""
+    optimizer with them), ``activations:N`` (the first N layers of each stage), ``overlap`` (the
+    optimizer's copies pipelined with its CPU step, Megatron-Core's --overlap-cpu-optimizer-d2h-h2d).
+    ValueError names a bad part."""
     out: dict[str, float | bool | int] = {}
     if spec == "none":
         return out
@@ -103,10 +104,13 @@ def offload_fields(spec: str) -> dict[str, float | bool | int]:
                 out["offload_params"], out["offload_optimizer"] = True, 1.0
             elif name == "activations" and val.isdigit() and int(val) > 0:
                 out["offload_activations"] = int(val)
+            elif name == "overlap" and not val:
+                out["offload_overlap"] = True
             else:
                 raise ValueError
         except ValueError:
             raise ValueError(
-                f"offload variant {part!r}: use none, optimizer:F (0 < F <= 1), params or activations:N (N >= 1)"
+                f"offload variant {part!r}: use none, optimizer:F (0 < F <= 1), params, activations:N (N >= 1)"
+                " or overlap"
             ) from None
     return out

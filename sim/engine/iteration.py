@@ -19,7 +19,7 @@ from typing import Protocol
 
 from ..cost.compute import CostModel
 from ..cost.offload import HOST_GRAD_BYTES, cpu_step_seconds
-from ..cost.params import rank_expert_params, rank_params
+from ..cost.params import rank_expert_params, rank_params, stage_layer_range
 from ..cost.profile import RuntimeProfile
 from ..cost.states import FP16_UNSCALE_BYTES, stack_conventions
 from ..cost.workload import StageWork
@@ -346,10 +346,21 @@ class HostStep:
     d2h_bytes: float
     h2d_bytes: float
     cpu_seconds: float
+    #: Megatron-Core --overlap-cpu-optimizer-d2h-h2d over this many items (`pipelined`); 0: one after the other
+    pipelined_items: int = 0
+
+    def copies(self, net: CollectiveTimer, rank: int) -> tuple[float, float]:
+        """(gradients down, weights up) seconds, every GPU of the node copying at once."""
+        return (
+            net.host_copy_time(rank, self.d2h_bytes, True, concurrent=True),
+            net.host_copy_time(rank, self.h2d_bytes, False, concurrent=True),
+        )
 
     def seconds(self, net: CollectiveTimer, rank: int) -> float:
-        """The whole host path with every GPU of the node copying at once (no other traffic)."""
-        return net.host_copy_time(rank, self.d2h_bytes, True, concurrent=True) + self.after_backward(net, rank)
+        """The whole host path with every GPU of the node copying at once (no other traffic): one
+        after the other, or pipelined (`pipelined`)."""
+        down, up = self.copies(net, rank)
+        return pipelined((down, self.cpu_seconds, up), self.pipelined_items)
 
     def after_backward(self, net: CollectiveTimer, rank: int) -> float:
         """The CPU step and the weights' copy back, with every GPU of the node copying at once."""
@@ -366,6 +377,19 @@ def accumulation_copies(plan: ParallelPlan) -> int:
     every micro-batch's under ZeRO-2 with several of them, where the stack copies during the
     backward; else none."""
     return plan.num_microbatches if reduces_every_microbatch(plan) and plan.num_microbatches > 1 else 0
+
+
+def pipelined(stages: tuple[float, ...], items: int) -> float:
+    """Seconds of ``items`` equal items through a pipeline of ``stages`` (each stage's seconds for
+    all of them), one item per stage at a time: the slowest stage's whole time, plus the other
+    stages' share of one item (filling and draining). Megatron-Core's
+    --overlap-cpu-optimizer-d2h-h2d runs one CPU optimizer per parameter: its gradients come down on
+    one stream, it steps once they are in, its weights go up on another
+    (megatron/core/optimizer/cpu_offloading/hybrid_optimizer.py); the items here are the rank's
+    layers (their parameters, in order). ``items`` 0: the stages one after the other."""
+    if items <= 0:
+        return sum(stages)
+    return max(stages) + (sum(stages) - max(stages)) / items
 
 
 def copies_in_backward(plan: ParallelPlan, options: EngineOptions) -> bool:
@@ -391,4 +415,5 @@ def host_step(m: ModelSpec, plan: ParallelPlan, stages: list[int], cluster: Clus
     sb = stack_conventions(plan).states
     h2d = 0.0 if plan.offload_params else n * sb.weights
     d2h = n * (sb.grads if plan.offload_params else HOST_GRAD_BYTES)
-    return HostStep(n, d2h, h2d, cpu_step_seconds(plan, cluster, n))
+    items = sum(len(stage_layer_range(m, plan, s)) for s in stages) if plan.offload_overlap else 0
+    return HostStep(n, d2h, h2d, cpu_step_seconds(plan, cluster, n), max(items, 1) if plan.offload_overlap else 0)

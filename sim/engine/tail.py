@@ -97,14 +97,15 @@ class IterationTail:
     def _host_step(self, g: GpuState, host: it.HostStep):
         """The offloaded optimizer part (`iteration.HostStep`) on the host stream: a full run on a
         network that shares links copies as flows (the GPUs under one PCIe switch share its uplink);
-        otherwise every GPU of the node is taken to copy at once (`HostStep.seconds`). Gradients the
-        backward already sent (`hostpath`) are waited for, not copied again."""
+        otherwise, and for copies pipelined with the step (`HostStep.pipelined_items`), every GPU of
+        the node is taken to copy at once (`HostStep.seconds`). Gradients the backward already sent
+        (`hostpath`) are waited for, not copied again."""
         copied = g.grad_copies
         for proc in copied:
             if not proc.processed:
                 yield proc
         t0 = self.env.now
-        if self.opt.full and self.net.shares_links:
+        if self.opt.full and self.net.shares_links and not host.pipelined_items:
             if not copied:
                 yield from self.net.host_copy(self.env, g.rank, host.d2h_bytes, True)
             yield self.env.timeout(host.cpu_seconds)

@@ -91,6 +91,7 @@ def megatron_launch(plan: ParallelPlan, model: ModelSpec | None, num_gpus: int, 
     a += ["--optimizer", "adam" if plan.optimizer == "adamw" else "sgd"]
     if plan.offload_optimizer:
         a += ["--optimizer-cpu-offload", "--optimizer-offload-fraction", repr(plan.offload_optimizer)]
+        a += ["--overlap-cpu-optimizer-d2h-h2d"] * plan.offload_overlap
     if plan.ep > 1 or plan.etp is not None:
         a += ["--expert-model-parallel-size", str(plan.ep)]
         a += ["--expert-tensor-parallel-size", str(plan.etp)] if plan.etp is not None else []

@@ -237,6 +237,14 @@ def _optimizer(a: dict[str, Any], plan: dict[str, Any], where: str) -> None:
             "is given without --optimizer-cpu-offload.",
             "add it, or drop the fraction.",
         )
+    if a.get("--overlap-cpu-optimizer-d2h-h2d"):
+        if not a.get("--optimizer-cpu-offload"):
+            raise SpecError(
+                f"{where}: --overlap-cpu-optimizer-d2h-h2d",
+                "is given without --optimizer-cpu-offload.",
+                "add it, or drop the overlap.",
+            )
+        plan["offload_overlap"] = True
 
 
 def _model(a: dict[str, Any], where: str) -> dict[str, Any]:

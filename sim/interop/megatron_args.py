@@ -43,6 +43,7 @@ SWITCHES = frozenset(
         "--tp-comm-overlap",
         "--overlap-moe-expert-parallel-comm",
         "--optimizer-cpu-offload",
+        "--overlap-cpu-optimizer-d2h-h2d",
         "--overlap-grad-reduce",
         "--overlap-param-gather",
         "--use-megatron-fsdp",

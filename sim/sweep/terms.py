@@ -239,15 +239,15 @@ def optimizer_time(x: Inputs, prank: int) -> float:
 
 
 def host_path(x: Inputs, prank: int) -> tuple[float, float]:
-    """(PCIe copies, CPU step) seconds per iteration of the rank's offloaded optimizer part, one
-    after the other and every GPU of the node copying at once (`iteration.HostStep`): the gradients
+    """(PCIe copies, CPU step) seconds per iteration of the rank's offloaded optimizer part, each
+    whole (however they overlap) and every GPU of the node copying at once (`iteration.HostStep`): the gradients
     down and the weights up, and under DeepSpeed's ZeRO-2 with several micro-batches the host's
     16-bit sum up and down at each (`hostpath`). (0, 0) without optimizer offload."""
     host = it.host_step(x.model, x.plan, list(x.ranks[prank]), x.net.cluster)
     if host is None:
         return 0.0, 0.0
     rank = RankLayout(x.plan).rank(pp=prank)
-    copies = host.seconds(x.net, rank) - host.cpu_seconds
+    copies = sum(host.copies(x.net, rank))
     if it.copies_in_backward(x.plan, x.options):
         n = it.accumulation_copies(x.plan) * it.ACCUMULATE_BYTES * host.params
         copies += x.net.host_copy_time(rank, n, False, True) + x.net.host_copy_time(rank, n, True, True)
