@@ -272,7 +272,7 @@ def test_sweep_rows_carry_the_host_path_and_the_report_explains_it(model):
     }
     (line,) = [x for x in offload_lines([text]) if x.startswith("- rank 1")]
     assert "5.00 s waiting on the host" in line and "4.00 s of PCIe copies and 3.00 s of CPU step" in line
-    assert "2.00 s of it behind the GPU's work" in line
+    assert "2.00 s of it overlapped" in line
     assert ev.screen(Config(2, 1, 4, 1, 1, 1, "none", 2, "full", False)).get("host_copy_s") is None
 
 

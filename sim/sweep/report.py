@@ -348,7 +348,7 @@ def offload_lines(rows: list[dict], most: int = 5) -> list[str]:
         hidden = copy_s + cpu_s - wait
         path = (
             f" (the optimizer's host path: {seconds(copy_s)} of PCIe copies and {seconds(cpu_s)} of CPU step"
-            + (f"; {seconds(hidden)} of it behind the GPU's work)" if hidden > 1e-3 * (copy_s + cpu_s) else ")")
+            + (f"; {seconds(hidden)} of it overlapped)" if hidden > 1e-3 * (copy_s + cpu_s) else ")")
             if copy_s or cpu_s
             else ""
         )
