@@ -415,5 +415,5 @@ def host_step(m: ModelSpec, plan: ParallelPlan, stages: list[int], cluster: Clus
     sb = stack_conventions(plan).states
     h2d = 0.0 if plan.offload_params else n * sb.weights
     d2h = n * (sb.grads if plan.offload_params else HOST_GRAD_BYTES)
-    items = sum(len(stage_layer_range(m, plan, s)) for s in stages) if plan.offload_overlap else 0
-    return HostStep(n, d2h, h2d, cpu_step_seconds(plan, cluster, n), max(items, 1) if plan.offload_overlap else 0)
+    items = max(1, sum(len(stage_layer_range(m, plan, s)) for s in stages)) if plan.offload_overlap else 0
+    return HostStep(n, d2h, h2d, cpu_step_seconds(plan, cluster, n), items)
