@@ -75,7 +75,6 @@ class HostCopies:
         net: Any
         opt: EngineOptions
         profile: RuntimeProfile
-        last_bwd: dict
 
         def _record(
             self, g: GpuState, stream: str, name: str, kind: str, start: float, stage=None, mb=None
