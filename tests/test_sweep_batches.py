@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simpar.sim.specs import load_cluster, load_model
-from simpar.sim.sweep.batches import grouped, layout_key, packed
+from simpar.sim.sweep.batches import grouped, packed, screen_key
 from simpar.sim.sweep.space import SearchSpace, enumerate_configs
 
 
@@ -37,12 +37,17 @@ def test_a_partition_by_key_within_the_caps(keys, workers, spread, most):
             assert sizes.count(cap) >= len(sizes) - 1
 
 
-def test_the_gpt3_screen_runs_each_layout_on_one_worker():
-    """The default GPT-3 space on 2 workers: one batch per (tp, pp, cp) layout."""
+def test_the_gpt3_screen_batches_by_pipeline_depth():
+    """The default GPT-3 space on 2 workers: each batch of one (pp, cp), a depth's configurations in
+    as few batches of at most 4,096 as the cap allows."""
     m, c = load_model("gpt3-175b"), load_cluster("dgx-a100-80g", gpus=1024)
     cfgs = enumerate_configs(m, c, 1024, SearchSpace())
-    out = grouped(cfgs, layout_key, 2, spread=2, most=4096)
-    assert len(out) == len({layout_key(x) for x in cfgs})
+    out = grouped(cfgs, screen_key, 2, spread=2, most=4096)
+    assert all(len({screen_key(x) for x in b}) == 1 and len(b) <= 4096 for b in out)
+    sizes: dict = {}
+    for x in cfgs:
+        sizes[screen_key(x)] = sizes.get(screen_key(x), 0) + 1
+    assert len(out) == sum(-(-n // 4096) for n in sizes.values())
 
 
 def test_packed_exact():

