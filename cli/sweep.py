@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import sys
 import time
@@ -337,13 +338,15 @@ def _interrupted(stage: str, out: str, command: str) -> str:
 
 def finish(setup, res, kw: dict, command: str, bar) -> None:
     from simpar.sim.sweep.plans import write_plan_dirs
-    from simpar.sim.sweep.report import write_report
+    from simpar.sim.sweep.report import write_pareto, write_report
 
     n = min(kw["plans"], sum(1 for r in res.rows if r.get("rank")))
     if n:
         bar("plans", 0, n)
-        write_plan_dirs(
-            setup, res.rows, res.out, n, command, workers=kw["workers"] or os.cpu_count() or 1, emit=kw.get("emit")
-        )
+    # the report's Pareto figure is drawn beside the plan folders' timelines, on the same workers
+    pareto = functools.partial(write_pareto, res.out, res.rows, res.manifest)
+    workers = kw["workers"] or os.cpu_count() or 1
+    write_plan_dirs(setup, res.rows, res.out, n, command, workers=workers, emit=kw.get("emit"), also=[pareto])
+    if n:
         bar("plans", n, n)
-    write_report(res.out, res.rows, res.manifest, kw["top"])
+    write_report(res.out, res.rows, res.manifest, kw["top"], pareto=False)

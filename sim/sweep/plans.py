@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ..engine.results import SimResult
@@ -104,9 +105,11 @@ def write_plan_dirs(
     command: str = "",
     workers: int = 1,
     emit: str | None = None,
+    also: Sequence[Callable[[], object]] = (),
 ) -> list[Path]:
     """Folders for the ``count`` best ranked rows, ``plans/NN-<id>`` (complete ones are kept),
-    written on ``workers`` forked processes."""
+    written on ``workers`` forked processes; ``also``: other jobs run on the same processes (the
+    sweep report's Pareto figure: the figures are drawn side by side, not after each other)."""
     done, todo = [], []
     for row in [r for r in rows if r.get("rank")][:count]:
         d = Path(out) / PLAN_DIR / plan_dir_name(int(row["rank"]), row)
@@ -115,9 +118,12 @@ def write_plan_dirs(
             todo.append((Config.from_row(row), d))
         done.append(d)
 
-    def write(job: tuple[Config, Path]) -> None:
-        write_plan_dir(setup, job[0], job[1], command, emit)
+    def write(job: int) -> None:
+        if job < len(todo):
+            write_plan_dir(setup, todo[job][0], todo[job][1], command, emit)
+        else:
+            also[job - len(todo)]()
 
-    for _ in fork_map(write, todo, workers):
+    for _ in fork_map(write, list(range(len(todo) + len(also))), workers):
         pass
     return done

@@ -236,20 +236,33 @@ def drop_reasons(rows: list[dict], most: int = 8) -> list[tuple[int, str, str]]:
     return [(n, pat, example[pat]) for pat, n in sorted(groups.items(), key=lambda x: (-x[1], x[0]))[:most]]
 
 
-def write_report(out: Path, rows: list[dict], manifest: dict, top: int = 10) -> Path:
-    """report.md and pareto.png in ``out``, from the results rows and the sweep manifest."""
-    out = Path(out)
-    ident, counts, cmd = manifest["identity"], manifest.get("counts", {}), manifest.get("command", "")
-    model, cluster = ident["model"], ident["cluster"]
+def _title(ident: dict) -> str:
+    cluster, gpus = ident["cluster"], ident["num_gpus"]
     gpu = cluster["gpu"]["name"]
-    title = f"{model['name']} on {ident['num_gpus']:,} x {gpu} ({cluster['name']}), global batch {ident['gbs']:,}"
+    return f"{ident['model']['name']} on {gpus:,} x {gpu} ({cluster['name']}), global batch {ident['gbs']:,}"
+
+
+def write_pareto(out: Path, rows: list[dict], manifest: dict) -> None:
+    """pareto.png in ``out`` (`plot_pareto` of the results rows)."""
+    ident = manifest["identity"]
     plot_pareto(
         rows,
-        out / PARETO,
-        f"Throughput against peak memory: {title}",
-        f"regenerate: {cmd}",
-        cluster["gpu"].get("hbm_GiB"),
+        Path(out) / PARETO,
+        f"Throughput against peak memory: {_title(ident)}",
+        f"regenerate: {manifest.get('command', '')}",
+        ident["cluster"]["gpu"].get("hbm_GiB"),
     )
+
+
+def write_report(out: Path, rows: list[dict], manifest: dict, top: int = 10, pareto: bool = True) -> Path:
+    """report.md (and report.html) in ``out``, from the results rows and the sweep manifest, and
+    pareto.png unless ``pareto`` is False (the caller has drawn it: `simpar sweep` draws it beside
+    the plan folders, `plans.write_plan_dirs`)."""
+    out = Path(out)
+    ident, counts, cmd = manifest["identity"], manifest.get("counts", {}), manifest.get("command", "")
+    title = _title(ident)
+    if pareto:
+        write_pareto(out, rows, manifest)
     best = ranked(rows)
     lines = [
         f"# Sweep: {title}",
