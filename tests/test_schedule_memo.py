@@ -1,8 +1,12 @@
 """The remembered lowered schedules (`schedules.memo`) are the schedules `lower` builds, keyed on
 everything the generator and `lower` read, and bounded in number."""
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from simpar.sim.plan import ParallelPlan
-from simpar.sim.schedules import StageCosts, lower, memo, schedule_for_plan
+from simpar.sim.schedules import SCHEDULE_NAMES, StageCosts, lower, memo, peak_inflight, schedule_for_plan
+from simpar.sim.schedules.ir import Kind, flat
 from simpar.sim.schedules.memo import lowered_schedule
 
 
@@ -62,3 +66,30 @@ def test_plans_whose_lowering_places_the_same_actions_share_it_with_their_own_me
         assert got.meta["zero"] == z and got == lower(schedule_for_plan(plan(zero=z)), plan(zero=z))
     assert lowered_schedule(plan(zero=1)) != by_zero[0]  # plain DDP: no UNSHARD/RESHARD
     assert lowered_schedule(plan(zero=0, dp=1, global_batch_size=16)) != by_zero[0]  # no data parallelism
+
+
+_KINDS = {Kind.F, Kind.B, Kind.I, Kind.W}
+_VPP = {"interleaved-1f1b": 2, "interleaved-zb": 2, "looped-bfs": 2, "zb-v": 2, "dualpipe-v": 2, "dualpipe": 2, "chimera": 2}
+
+
+@settings(deadline=None, max_examples=120)
+@given(
+    st.sampled_from([s for s in SCHEDULE_NAMES if s != "none"]),
+    st.sampled_from([2, 4]),
+    st.integers(1, 4),
+    st.sampled_from(["none", "selective", "full"]),
+    st.sampled_from([0, 1, 3]),
+    st.booleans(),
+)
+def test_lowering_keeps_every_rank_s_compute_order(name, pp, k, recompute, zero, slow_comm):
+    """`lower` adds no F, B, I or W and keeps their order on every rank, so the sets in flight of
+    the built schedule are the lowered one's (`memo.built_inflight`, what the engine's memory report
+    takes for zb-1p/2p)."""
+    memo.clear()
+    m = 2 * pp * k  # every generator takes a multiple of 2 pp (DualPipe-V: at least its 2 pp stages)
+    p = plan(pp=pp, schedule=name, vpp=_VPP.get(name, 1), global_batch_size=2 * m, recompute=recompute, zero=zero)
+    costs = StageCosts((1.0,) * pp, (1.5,) * pp, (0.7,) * pp, (2.0 if slow_comm else 0.1,))
+    built, low = schedule_for_plan(p, costs=costs), lowered_schedule(p, costs=costs)
+    for a, b in zip(built.ranks, low.ranks):
+        assert [x for x in flat(a) if x.kind in _KINDS] == [x for x in flat(b) if x.kind in _KINDS]
+    assert memo.built_inflight(p, costs) == tuple(peak_inflight(low)) == tuple(peak_inflight(built))

@@ -28,9 +28,9 @@ from ..layout import RankLayout
 from ..model import hardware_flops_per_iteration, model_flops_per_iteration
 from ..network import make_network
 from ..plan import ParallelPlan
-from ..schedules import COST_STEERED, StageCosts, peak_inflight
+from ..schedules import COST_STEERED, StageCosts
 from ..schedules.ir import Schedule
-from ..schedules.memo import lowered_schedule
+from ..schedules.memo import built_inflight, lowered_schedule
 from ..specs import ClusterSpec, ModelSpec
 from ..specs.calibration import Calibration
 from .core import Engine, EngineOptions, run_engine
@@ -175,9 +175,10 @@ def _simulate(
             timeline[g.rank] = g.mem
     reported = min(per_rank, key=lambda r: (per_rank[r]["bubble"], r))
     # sets in flight: where the stage costs order the schedule (zb-1p/2p), those of the order the
-    # engine ran, not of the unit-cost build the memory report would make (`alive.unit_costs`)
+    # engine ran (the lowered schedule's, `memo.built_inflight`), not of the unit-cost build the
+    # memory report would make (`alive.unit_costs`)
     zb_ran = ran if ran is not None and plan.schedule in COST_STEERED else None
-    inflight = peak_inflight(zb_ran) if zb_ran is not None else None
+    inflight = built_inflight(plan, scosts) if zb_ran is not None else None
     mem = memory_report(
         model,
         plan,

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from .costs import StageCosts
 from .ir import Schedule
@@ -31,11 +31,14 @@ if TYPE_CHECKING:
 SIZE = 8
 
 
-class _Lru:
-    def __init__(self, size: int):
-        self.size, self.items = size, OrderedDict[Hashable, Schedule]()
+T = TypeVar("T")
 
-    def get(self, key: Hashable, make: Callable[[], Schedule]) -> Schedule:
+
+class _Lru(Generic[T]):
+    def __init__(self, size: int):
+        self.size, self.items = size, OrderedDict[Hashable, T]()
+
+    def get(self, key: Hashable, make: Callable[[], T]) -> T:
         hit = self.items.get(key)
         if hit is not None:
             self.items.move_to_end(key)
@@ -49,19 +52,35 @@ class _Lru:
         self.items.clear()
 
 
-_BUILT = _Lru(SIZE)
-_LOWERED = _Lru(SIZE)
+_BUILT: _Lru[Schedule] = _Lru(SIZE)
+_LOWERED: _Lru[Schedule] = _Lru(SIZE)
+_INFLIGHT: _Lru[tuple[int, ...]] = _Lru(4 * SIZE)
+
+
+def _built_key(plan: ParallelPlan, m: int, costs: StageCosts | None) -> tuple:
+    from . import COST_STEERED
+
+    pp = 1 if plan.schedule == "none" else plan.pp
+    return plan.schedule, pp, plan.vpp, m, costs if plan.schedule in COST_STEERED else None
 
 
 def built_schedule(plan: ParallelPlan, m: int | None = None, costs: StageCosts | None = None) -> Schedule:
     """``schedule_for_plan`` for m micro-batches (default: the plan's), remembered."""
-    from . import COST_STEERED, build_schedule
+    from . import build_schedule
 
-    pp = 1 if plan.schedule == "none" else plan.pp
-    m = plan.num_microbatches if m is None else m
-    steer = costs if plan.schedule in COST_STEERED else None
-    key = (plan.schedule, pp, plan.vpp, m, steer)
-    return _BUILT.get(key, lambda: build_schedule(plan.schedule, pp, plan.vpp, m, steer))
+    key = _built_key(plan, plan.num_microbatches if m is None else m, costs)
+    return _BUILT.get(key, lambda: build_schedule(*key))
+
+
+def built_inflight(plan: ParallelPlan, costs: StageCosts | None = None) -> tuple[int, ...]:
+    """`analysis.peak_inflight` of the plan's schedule (`built_schedule`), remembered: it is the
+    lowered schedule's too, since lowering (`lower`) adds no F, B, I or W and keeps their order on
+    every rank (tested), and every plan that runs the built schedule shares it (ZeRO stages,
+    recomputation, FSDP management)."""
+    from .analysis import peak_inflight
+
+    key = _built_key(plan, plan.num_microbatches, costs)
+    return _INFLIGHT.get(key, lambda: tuple(peak_inflight(built_schedule(plan, costs=costs))))
 
 
 def lowered_schedule(plan: ParallelPlan, m: int | None = None, costs: StageCosts | None = None) -> Schedule:
@@ -90,3 +109,4 @@ def clear() -> None:
     """Forget every remembered schedule (tests; a long-lived process that wants the memory back)."""
     _BUILT.clear()
     _LOWERED.clear()
+    _INFLIGHT.clear()
