@@ -69,7 +69,10 @@ def test_plans_whose_lowering_places_the_same_actions_share_it_with_their_own_me
 
 
 _KINDS = {Kind.F, Kind.B, Kind.I, Kind.W}
-_VPP = {"interleaved-1f1b": 2, "interleaved-zb": 2, "looped-bfs": 2, "zb-v": 2, "dualpipe-v": 2, "dualpipe": 2, "chimera": 2}
+#: two stages per rank where the schedule takes several (interleaved) or exactly two (V-shaped, bidirectional)
+_VPP = dict.fromkeys(
+    ("interleaved-1f1b", "interleaved-zb", "looped-bfs", "zb-v", "dualpipe-v", "dualpipe", "chimera"), 2
+)
 
 
 @settings(deadline=None, max_examples=120)
