@@ -108,10 +108,13 @@ def simulate(
     costs: CostModel | None = None,
     profile: RuntimeProfile = MEGATRON,
     trace: bool = True,
+    work: tuple[list[StageWork], float] | None = None,
 ) -> SimResult:
-    """One training iteration of ``plan`` (see the module docstring for the arguments)."""
+    """One training iteration of ``plan`` (see the module docstring for the arguments). ``work``:
+    the plan's stage-work table and pipeline-transfer seconds, as `build_work` makes them with
+    ``costs`` (a sweep hands in the table it keeps for the plans that share it); None: built here."""
     with paused():  # many long-lived, acyclic objects: a collection would walk them and free nothing
-        return _simulate(model, cluster, plan, backend, calibration, options, costs, profile, trace)
+        return _simulate(model, cluster, plan, backend, calibration, options, costs, profile, trace, work)
 
 
 def _simulate(
@@ -124,8 +127,12 @@ def _simulate(
     costs: CostModel | None,
     profile: RuntimeProfile,
     trace: bool,
+    given: tuple[list[StageWork], float] | None,
 ) -> SimResult:
-    work, costs, p2p = build_work(model, cluster, plan, calibration, costs=costs, profile=profile)
+    if given is not None and costs is not None:
+        work, p2p = given
+    else:
+        work, costs, p2p = build_work(model, cluster, plan, calibration, costs=costs, profile=profile)
     # per stage, a micro-batch's activation bytes and those kept from its I to its W (0 with a
     # whole backward B), which also steer zb-1p/2p's memory limit
     act, held = zb_stage_memory(model, plan)

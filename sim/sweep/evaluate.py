@@ -52,9 +52,10 @@ class SweepSetup:
     token: str = ""  # identifies the sweep; a worker keeps its caches while the token is the same
     profile: RuntimeProfile = MEGATRON  # the runtime that runs the plans (`simpar.sim.cost.profile`)
 
-    def simulate(self, plan: ParallelPlan, trace: bool = True):
+    def simulate(self, plan: ParallelPlan, trace: bool = True, work=None, costs: CostModel | None = None):
         """`engine.simulate.simulate` of ``plan`` on this setup's model, cluster, network backend,
-        calibration, engine options and runtime: the one run a sweep row and a plan folder share."""
+        calibration, engine options and runtime: the one run a sweep row and a plan folder share
+        (``work`` and ``costs``: a stage-work table the caller keeps, `Evaluator.work`)."""
         from ..engine.simulate import simulate
 
         return simulate(
@@ -66,6 +67,8 @@ class SweepSetup:
             options=self.options,
             profile=self.profile,
             trace=trace,
+            costs=costs,
+            work=work,
         )
 
 
@@ -85,7 +88,10 @@ class Evaluator:
         s = self.s
         return checked_plan(cfg, s.model, s.cluster, s.gbs, s.space)
 
-    def inputs(self, plan: ParallelPlan) -> Inputs:
+    def work(self, plan: ParallelPlan) -> tuple[list, float]:
+        """The plan's stage-work table and pipeline-transfer seconds (`simulate.build_work` with
+        this evaluator's cost model), built once for the plans that differ only in
+        `WORK_FREE_FIELDS`; the estimates and the engine runs of this worker share it."""
         from ..engine.simulate import build_work
 
         # everything the stage work depends on: every plan field but those it does not read, and
@@ -103,6 +109,10 @@ class Evaluator:
                 profile=self.s.profile,
             )
             hit = self._work[key] = (work, p2p)
+        return hit
+
+    def inputs(self, plan: ParallelPlan) -> Inputs:
+        hit = self.work(plan)
         gkey = (plan.tp, plan.cp, plan.pp, plan.dp, plan.mesh_order)
         groups = self._groups.get(gkey)
         if groups is None:
@@ -213,7 +223,7 @@ class Evaluator:
         assert plan is not None, "only valid configurations are simulated"
         # a row holds no trace: the best plans' traces are written from a run of their own; its
         # quick estimate and lower bound are the screen's (`run.merge`)
-        res = self.s.simulate(plan, trace=False)
+        res = self.s.simulate(plan, trace=False, work=self.work(plan), costs=self.costs)
         row = {
             **self.base_row(cfg, plan),
             **self.memory_fields(res.memory),
