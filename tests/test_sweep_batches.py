@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simpar.sim.specs import load_cluster, load_model
-from simpar.sim.sweep.batches import grouped, packed, screen_key
+from simpar.sim.sweep.batches import grouped, packed, screen_cost, screen_key, screen_order
 from simpar.sim.sweep.space import SearchSpace, enumerate_configs
 
 
@@ -41,9 +41,11 @@ def test_the_gpt3_screen_batches_by_pipeline_depth():
     """The default GPT-3 space on 2 workers: each batch of one (pp, cp), a depth's configurations in
     as few batches of at most 4,096 as the cap allows."""
     m, c = load_model("gpt3-175b"), load_cluster("dgx-a100-80g", gpus=1024)
-    cfgs = enumerate_configs(m, c, 1024, SearchSpace())
-    out = grouped(cfgs, screen_key, 2, spread=2, most=4096)
+    cfgs = sorted(enumerate_configs(m, c, 1024, SearchSpace()), key=screen_order)
+    out = grouped(cfgs, screen_key, 2, spread=2, most=4096, cost=screen_cost)
     assert all(len({screen_key(x) for x in b}) == 1 and len(b) <= 4096 for b in out)
+    assert [screen_cost(b) for b in out] == sorted((screen_cost(b) for b in out), reverse=True)
+    assert all([x.tp for x in b] == sorted(x.tp for x in b) for b in out)  # a piece splits layouts at its ends only
     sizes: dict = {}
     for x in cfgs:
         sizes[screen_key(x)] = sizes.get(screen_key(x), 0) + 1
@@ -75,3 +77,10 @@ def test_packed_splits_a_group_only_past_most(keys, size, extra):
         assert len(holders) <= 1 + math.ceil(max(0, keys.count(k) - 1) / most)
         if keys.count(k) <= most and len(holders) > 1:
             assert len(out[holders[0]]) == most
+
+
+def test_grouped_takes_the_costliest_first():
+    """Ties keep the order the groups first appear in."""
+    items = ["a1", "b1", "b2", "c1", "c2", "c3", "d1"]
+    out = grouped(items, lambda x: x[0], 1, cost=lambda b: len(b) * (3 if b[0][0] == "a" else 1))
+    assert out == [["a1"], ["c1", "c2", "c3"], ["b1", "b2"], ["d1"]]

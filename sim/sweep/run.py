@@ -33,7 +33,7 @@ from pathlib import Path
 from .. import files
 from ..errors import SimparError
 from . import lock
-from .batches import grouped, lowering_key, packed, schedule_key, screen_key
+from .batches import grouped, lowering_key, packed, schedule_key, screen_cost, screen_key, screen_order
 from .evaluate import SweepSetup
 from .limits import check_options, check_setup
 from .manifest import PHASES, check_counts, phase_throughput, read_manifest, write_manifest
@@ -362,7 +362,8 @@ def _run(
         # stage work and collective times once (`batches.screen_key`); the results do not depend
         # on the batches
         def by_depth(todo: list[Config]) -> list[list[Config]]:
-            return grouped(todo, screen_key, backend.workers, spread=2, most=SCREEN_BATCH)
+            ordered = sorted(todo, key=screen_order)
+            return grouped(ordered, screen_key, backend.workers, spread=2, most=SCREEN_BATCH, cost=screen_cost)
 
         screen = _phase(backend, setup, "screen", configs, jdir, progress, by_depth, note, throughput)
         fitting = sorted(
