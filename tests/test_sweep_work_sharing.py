@@ -6,13 +6,16 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from test_sweep_bound_property import CLUSTER, MODELS, _evaluator, cases  # tests/ is on sys.path
 
 from simpar.sim.choices import SWEEP_SCHEDULES
+from simpar.sim.engine.iteration import EngineOptions
 from simpar.sim.engine.simulate import build_work, simulate
 from simpar.sim.sweep.evaluate import WORK_FREE_FIELDS
+from simpar.sim.sweep.space import Config
 
 # what the plans of one table may differ in, as `ParallelPlan` fields take them
 _OTHER = {
@@ -74,3 +77,12 @@ def test_engine_rows_are_a_plain_simulate(case, first_zero) -> None:
     assert row["engine_time_s"] == want.iter_time_s
     assert all(row[f"{k}_s"] == v for k, v in want.breakdown_s.items())
     assert row["peak_memory_gib"] * 2**30 == want.memory.peak.total
+
+
+def test_a_table_without_its_costs_is_refused() -> None:
+    model = MODELS["dense"]
+    ev = _evaluator("dense", 32, EngineOptions())
+    plan, _ = ev.plan(Config(2, 2, 4, 1, 1, 1, "1f1b", 1, "none", False))
+    assert plan is not None
+    with pytest.raises(TypeError, match="costs"):
+        simulate(model, CLUSTER, plan, work=ev.work(plan))

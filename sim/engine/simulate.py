@@ -129,10 +129,12 @@ def _simulate(
     trace: bool,
     given: tuple[list[StageWork], float] | None,
 ) -> SimResult:
-    if given is not None and costs is not None:
-        work, p2p = given
-    else:
+    if given is None:
         work, costs, p2p = build_work(model, cluster, plan, calibration, costs=costs, profile=profile)
+    elif costs is None:
+        raise TypeError("simulate(work=...) needs the costs the table was built with")
+    else:
+        work, p2p = given
     # per stage, a micro-batch's activation bytes and those kept from its I to its W (0 with a
     # whole backward B), which also steer zb-1p/2p's memory limit
     act, held = zb_stage_memory(model, plan)

@@ -38,8 +38,9 @@ def screen_order(cfg: Config) -> tuple[int, int, int]:
 def screen_cost(batch: Sequence[Config]) -> float:
     """A screen batch's work, for the order the pool takes batches in (longest first): a
     configuration's memory report and estimates walk each of its pipeline ranks, so it grows with
-    pp (measured on the 2-core VM, 2026-11-29: 84-109 us per configuration at pp 2-4, 201 at 8,
-    372 at 16, 856 at 32 for GPT-3; 149-1,041 us for DeepSeek-V3 likewise)."""
+    pp (measured on the 2-core VM, 2026-11-29, per configuration: GPT-3 84-109 us at pp 2-4, 201
+    at 8, 372 at 16, 856 at 32; DeepSeek-V3 149 at pp 4 up to 1,041 at 32, and 897 at pp 1, a
+    small group, where the whole model sits on each GPU)."""
     return len(batch) * (1 + batch[0].pp)
 
 

@@ -16,6 +16,7 @@ from typing import Any
 from ..cost.compute import CostModel
 from ..cost.memory import MemoryReport
 from ..cost.profile import MEGATRON, RuntimeProfile
+from ..cost.workload import StageWork
 from ..engine.core import EngineOptions
 from ..engine.results import BREAKDOWN_KEYS
 from ..model import hardware_flops_per_iteration, model_flops_per_iteration
@@ -52,7 +53,13 @@ class SweepSetup:
     token: str = ""  # identifies the sweep; a worker keeps its caches while the token is the same
     profile: RuntimeProfile = MEGATRON  # the runtime that runs the plans (`simpar.sim.cost.profile`)
 
-    def simulate(self, plan: ParallelPlan, trace: bool = True, work=None, costs: CostModel | None = None):
+    def simulate(
+        self,
+        plan: ParallelPlan,
+        trace: bool = True,
+        work: tuple[list[StageWork], float] | None = None,
+        costs: CostModel | None = None,
+    ):
         """`engine.simulate.simulate` of ``plan`` on this setup's model, cluster, network backend,
         calibration, engine options and runtime: the one run a sweep row and a plan folder share
         (``work`` and ``costs``: a stage-work table the caller keeps, `Evaluator.work`)."""
@@ -88,7 +95,7 @@ class Evaluator:
         s = self.s
         return checked_plan(cfg, s.model, s.cluster, s.gbs, s.space)
 
-    def work(self, plan: ParallelPlan) -> tuple[list, float]:
+    def work(self, plan: ParallelPlan) -> tuple[list[StageWork], float]:
         """The plan's stage-work table and pipeline-transfer seconds (`simulate.build_work` with
         this evaluator's cost model), built once for the plans that differ only in
         `WORK_FREE_FIELDS`; the estimates and the engine runs of this worker share it."""
