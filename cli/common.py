@@ -316,8 +316,7 @@ def setup_from_options(kw: dict[str, Any]) -> Setup:
         data["offload_optimizer"] = kw["offload_optimizer"]
     if kw.get("recompute_modules"):
         data["recompute_modules"] = tuple(x.strip() for x in kw["recompute_modules"].split(",") if x.strip())
-    if not cluster.gpu.flash_attention:  # unset: no FlashAttention where its kernels do not run
-        data["flash_attention"] = False
+    data.update(cluster.gpu.plan_defaults)  # what the GPU decides, unless given below
     for key in ("flash_attention", "tp_comm_overlap", "fp8_recipe"):  # unset: the stack decides
         if kw.get(key) is not None:
             data[key] = kw[key]

@@ -67,6 +67,12 @@ class GPUSpec(BaseModel):
         return "bf16" if "bf16" in self.peak_TFLOPS else "fp16"
 
     @property
+    def plan_defaults(self) -> dict[str, bool]:
+        """Plan fields this GPU decides where the user leaves them unset: no FlashAttention where
+        its kernels do not run (the stack's default would turn it on; `plan_check` refuses it)."""
+        return {} if self.flash_attention else {"flash_attention": False}
+
+    @property
     def hbm_bytes(self) -> float:
         return self.hbm_GiB * GiB
 

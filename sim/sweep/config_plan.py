@@ -51,8 +51,7 @@ def make_plan(cfg: Config, model: ModelSpec, cluster: ClusterSpec, gbs: int, spa
     )
     if space.fp8_recipe:  # else the stack's default
         data["fp8_recipe"] = space.fp8_recipe
-    if not cluster.gpu.flash_attention:  # the stack's attention without FlashAttention where its kernels do not run
-        data["flash_attention"] = False
+    data.update(cluster.gpu.plan_defaults)
     return ParallelPlan(**data)
 
 
