@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 import json
-from functools import cached_property
+from functools import cache, cached_property
 from pathlib import Path
 from typing import Any, Literal
 
@@ -61,14 +61,26 @@ class ZeroPolicy(enum.Enum):
     PER_LAYER = "per-layer"
 
 
+@cache
 def looped_placement(pp: int, vpp: int) -> tuple[int, ...]:
     """Interleaved: stage s lives on pipeline rank s % pp (Megatron's virtual pipeline)."""
     return tuple(s % pp for s in range(pp * vpp))
 
 
+@cache
 def v_placement(pp: int) -> tuple[int, ...]:
     """V shape (zb-v): stages 0..pp-1 go down the ranks, stages pp..2pp-1 come back up."""
     return tuple(list(range(pp)) + list(range(pp - 1, -1, -1)))
+
+
+@cache
+def stages_by_rank(placement: tuple[int, ...], ranks: int) -> tuple[tuple[int, ...], ...]:
+    """Per pipeline rank, the stages ``placement`` puts on it, in stage order (one table per
+    placement: a sweep's plans share it)."""
+    out: list[list[int]] = [[] for _ in range(ranks)]
+    for s, r in enumerate(placement):
+        out[r].append(s)
+    return tuple(map(tuple, out))
 
 
 class ParallelPlan(BaseModel):
@@ -308,8 +320,7 @@ class ParallelPlan(BaseModel):
     @cached_property
     def rank_stages(self) -> tuple[tuple[int, ...], ...]:
         """Stages each pipeline rank holds, in stage order."""
-        place = self.placement
-        return tuple(tuple(s for s, r in enumerate(place) if r == q) for q in range(self.pipeline_ranks))
+        return stages_by_rank(self.placement, self.pipeline_ranks)
 
     def first_stage_of(self, prank: int) -> int:
         """The stage pipeline rank ``prank`` runs first: its lowest, except on the second half of

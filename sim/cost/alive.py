@@ -19,7 +19,8 @@ from operator import mul
 
 from ..plan import ParallelPlan
 from ..schedules import ALL_FORWARDS_FIRST, COST_STEERED, Schedule, StageCosts, build_schedule
-from ..schedules.analysis import alive_deltas
+from ..schedules.analysis import ALIVE_DELTA
+from ..schedules.ir import flat
 from ..schedules.zb_auto import MEM_FACTOR, W_MEM_FRACTION, memory_key, memory_limit, stage_memory
 
 #: per stage, the bytes a micro-batch's F keeps and those it keeps from its I to its W
@@ -116,19 +117,27 @@ def alive_profile(schedule: Schedule) -> AliveProfile:
     previous decrease. An overlapped pair takes its F's set before freeing its B's; what an I's W
     reads may outweigh the set it frees (full recompute), so an I both frees and holds."""
     stages_all, vectors_all = [], []
+    delta = ALIVE_DELTA.get
     for r, acts in enumerate(schedule.ranks):
         stages = schedule.stages_of(r)
-        idx = {s: i for i, s in enumerate(stages)}
         n = len(stages)
+        idx = {s: i for i, s in enumerate(stages)}
+        held = {s: n + i for i, s in enumerate(stages)}
         alive = [0] * (2 * n)  # per stage: sets alive, then sets waiting for their W
         seen: set[tuple[int, ...]] = set()
         grew = False  # a count grew since the last candidate
-        for s, d, h in alive_deltas(acts):
+        for a in flat(acts):  # `analysis.alive_deltas`, inlined: the walk is the profile's cost
+            dh = delta(a.kind)
+            if dh is None:
+                continue
+            d, h = dh
             if grew and (d < 0 or h < 0):
                 seen.add(tuple(alive))
                 grew = False
-            alive[idx[s]] += d
-            alive[n + idx[s]] += h
+            if d:
+                alive[idx[a.stage]] += d
+            if h:
+                alive[held[a.stage]] += h
             grew = grew or d > 0 or h > 0
         if grew:
             seen.add(tuple(alive))

@@ -183,6 +183,10 @@ def host_capacity(cluster: ClusterSpec | None) -> float:
     return 0.0 if host is None else host.memory_GiB * GiB
 
 
+#: what a GPU keeps in host memory when its plan offloads nothing (`offload.host_state_bytes`'s keys)
+_NO_HOST = {"optimizer": 0.0, "grads": 0.0, "params": 0.0}
+
+
 def rank_memory(
     m: ModelSpec,
     plan: ParallelPlan,
@@ -209,10 +213,10 @@ def rank_memory(
     conventions = conventions or stack_conventions(plan)
     sb = conventions.states
     own = optimizer_facts(plan.optimizer).state_bytes_for(m.hidden)  # the optimizer's own state
-    states = [stack_state_bytes(psi - expert_psi, plan.zero, nd, sb, own)]
+    weights, grads, opt = stack_state_bytes(psi - expert_psi, plan.zero, nd, sb, own)
     if expert_psi:
-        states.append(stack_state_bytes(expert_psi, plan.zero, plan.edp, sb, own))
-    weights, grads, opt = (sum(x) for x in zip(*states))
+        ew, eg, eo = stack_state_bytes(expert_psi, plan.zero, plan.edp, sb, own)
+        weights, grads, opt = weights + ew, grads + eg, opt + eo
     if plan.precision == "fp8" and conventions.fp8_weight_cache:  # cached fp8 weight copies (Transformer Engine)
         weights += (psi - expert_psi) / (nd if plan.zero >= 3 else 1) + expert_psi / (plan.edp if plan.zero >= 3 else 1)
     policy = plan.zero_policy
@@ -232,7 +236,7 @@ def rank_memory(
         else:
             gather = 2.0 * sum(sorted(stage_params, reverse=True)[:MAX_ACTIVE_STAGES])
         grads = sb.grads * psi
-    host = {"optimizer": 0.0, "grads": 0.0, "params": 0.0}
+    host = _NO_HOST
     if offloads(plan):
         owned = psi if plan.zero == 0 else (psi - expert_psi) / nd + expert_psi / plan.edp
         sharded_grads = grads if policy is not ZeroPolicy.PER_UNSHARD else 0.0
@@ -260,7 +264,9 @@ def rank_memory(
         inflight=inflight,
         host=sum(host.values()) + host_acts,
         detail={
-            **{f"host_{k}": v for k, v in host.items()},
+            "host_optimizer": host["optimizer"],
+            "host_grads": host["grads"],
+            "host_params": host["params"],
             "host_activations": host_acts,
             "activations_stored": acts,
             "recompute_transient": transient,

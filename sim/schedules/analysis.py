@@ -236,20 +236,20 @@ def _deadlock(schedule: Schedule, ptr: list[int], stuck: list[int]) -> ScheduleE
     )
 
 
+#: (change of the sets alive, change of the sets waiting for their W) per action kind that changes
+#: either: F takes a set, B frees it, I frees it but for what its W reads (a split backward), W
+#: frees that. The one rule the activation peaks are counted by.
+ALIVE_DELTA = {Kind.F: (1, 0), Kind.B: (-1, 0), Kind.I: (-1, 1), Kind.W: (0, -1)}
+
+
 def alive_deltas(acts: Sequence[Action | Pair]):
     """(stage, change of the sets alive, change of the sets waiting for their W) per action of a
-    rank that changes either: F takes a set, B frees it, I frees it but for what its W reads
-    (a split backward), W frees that. The one rule the activation peaks are counted by."""
+    rank that changes either (`ALIVE_DELTA`), pairs taken as their F then their backward."""
+    delta = ALIVE_DELTA.get
     for a in flat(acts):
-        k = a.kind
-        if k is Kind.F:
-            yield a.stage, 1, 0
-        elif k is Kind.B:
-            yield a.stage, -1, 0
-        elif k is Kind.I:
-            yield a.stage, -1, 1
-        elif k is Kind.W:
-            yield a.stage, 0, -1
+        dh = delta(a.kind)
+        if dh is not None:
+            yield a.stage, dh[0], dh[1]
 
 
 def peak_inflight(schedule: Schedule) -> list[int]:
