@@ -290,11 +290,12 @@ def test_bucket_calls_end_when_every_bucket_would(n, tau, start, dur):
     for b in range(n):
         end = max(end, start + (b + 1) / n * dur) + tau
     calls = it.reduction_calls([comm], start, dur, True, 0.0, seconds)
-    assert 1 <= len(calls) <= 2 and sum(c.count for c, _ in calls) == n
-    assert sum(c.nbytes for c, _ in calls) == pytest.approx(comm.nbytes)
+    assert 1 <= len(calls) <= 2 and sum(c.count for c, _, _ in calls) == n
+    assert sum(c.nbytes for c, _, _ in calls) == pytest.approx(comm.nbytes)
+    assert all(secs == seconds(c) for c, _, secs in calls)  # each call as ``seconds`` times it
     got = 0.0
-    for c, t in calls:
-        got = max(got, t) + seconds(c)
+    for _, t, secs in calls:
+        got = max(got, t) + secs
     assert got == pytest.approx(end, rel=1e-9, abs=1e-12)
 
 

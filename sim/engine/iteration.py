@@ -154,9 +154,10 @@ def reduction_calls(
     overlapped: bool,
     now: float,
     seconds: Callable[[Comm], float],
-) -> list[tuple[Comm, float]]:
-    """The calls a stage's gradient reduction makes (`grad_buckets`' entries) and when each may
-    start, in order; ``seconds`` times a call. Not overlapped: every entry at ``now``.
+) -> list[tuple[Comm, float, float]]:
+    """The calls a stage's gradient reduction makes (`grad_buckets`' entries), when each may
+    start and its ``seconds`` (what times a call), in order of their starts. Not overlapped: every
+    entry at ``now``.
 
     Overlapped, an entry of ``count`` = n buckets releases bucket b at start + (b + 1)/n x
     duration (its buffer fills over the stage's last weight-gradient pass: Megatron's
@@ -166,16 +167,18 @@ def reduction_calls(
     that takes less ends before the next is released, so only the last one's end matters (n - 1
     from the first release, then the last at its release)."""
     if not overlapped:
-        return [(c, now) for c in comms]
-    out: list[tuple[Comm, float]] = []
+        return [(c, now, seconds(c)) for c in comms]
+    out: list[tuple[Comm, float, float]] = []
     for c in comms:
         n = c.count
         first, last = start + duration / n, start + duration
-        if n == 1 or seconds(c) / n >= (last - first) / (n - 1):
-            out.append((c, first))
+        t = seconds(c)
+        if n == 1 or t / n >= (last - first) / (n - 1):
+            out.append((c, first, t))
         else:
             rest = Comm(c.op, c.group, c.nbytes * (n - 1) / n, count=n - 1)
-            out += [(rest, first), (Comm(c.op, c.group, c.nbytes / n), last)]
+            one = Comm(c.op, c.group, c.nbytes / n)
+            out += [(rest, first, seconds(rest)), (one, last, seconds(one))]
     return sorted(out, key=lambda ct: ct[1])
 
 

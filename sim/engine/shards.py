@@ -121,22 +121,23 @@ class DataParallel:
         )
         tag = key if isinstance(key, tuple) else (key,)
         if self.timed_p2p and not self.opt.full:
-            for comm, t in releases:
-                self._booked_bucket(g, comm, t, tag[0])
+            for comm, t, secs in releases:
+                self._booked_bucket(g, comm, t, secs, tag[0])
             return
-        for b, (comm, t) in enumerate(releases):
+        for b, (comm, t, _) in enumerate(releases):
             g.reductions.append(self.env.process(self._bucket(g, comm, t, (*tag, b))))
 
-    def _booked_bucket(self, g: GpuState, comm: it.Comm, ready: float, stage: int) -> None:
+    def _booked_bucket(self, g: GpuState, comm: it.Comm, ready: float, seconds: float, stage: int) -> None:
         """`_bucket` on a network that does not share links, booked at once (as `ahead.walk_ahead`
         books a pipeline send): the GPU's DP stream is FIFO in release order, and releases come in
         time order (a rank's backwards run one after the other, `_finish` releases at its own
         time), so a bucket starts when it is released or when the one before it ends, and takes
-        `Comm.time`, what `_comm` waits for. `_finish` waits for the last (``dp_free``)."""
+        ``seconds`` (`Comm.time`, what `_comm` waits for, as `iteration.reduction_calls` timed it).
+        `_finish` waits for the last (``dp_free``)."""
         assert ready >= g.dp_released, "gradient buckets are released in time order"
         g.dp_released = ready
         t0 = max(ready, g.dp_free)
-        t = g.dp_free = t0 + comm.time(self.net)
+        t = g.dp_free = t0 + seconds
         if t > t0 and self.trace:
             self.events.append(TraceEvent(g.rank, "dp", comm.op, "REDUCE_GRAD", t0, t - t0, stage))
 

@@ -150,18 +150,29 @@ class RankTimes:
     every_bwd: tuple[tuple[int, float, float], ...] = ()
 
 
-def _stage_buckets(x: Inputs, prank: int, stage: int) -> list[Comm]:
-    """`iteration.grad_buckets` of the stage on the rank, kept in the shared cache: it depends on
-    the stage's work, the plan's ZeRO stage and the rank's groups, and plans of one work table
-    (`x.work`, shared by every plan that differs only in `evaluate.WORK_FREE_FIELDS`) differ
-    only in their ZeRO stage there. The entry holds the table and the groups it was made from, so
-    objects built later at the same addresses are never matched."""
-    key = ("buckets", id(x.work), id(x.dp_groups), id(x.edp_groups), x.plan.zero, prank, stage)
+def _per_stage(x: Inputs, kind: str, prank: int, stage: int, make):
+    """``make()``, kept in the shared cache per (``kind``, work table, groups, ZeRO stage, rank,
+    stage): what depends on the stage's work, the plan's ZeRO stage and the rank's groups alone
+    (`iteration.grad_buckets`, `iteration.param_gathers`). Plans of one work table (`x.work`,
+    shared by every plan that differs only in `evaluate.WORK_FREE_FIELDS`) differ only in their
+    ZeRO stage there. The entry holds the table and the groups it was made from, so objects built
+    later at the same addresses are never matched."""
+    key = (kind, id(x.work), id(x.dp_groups), id(x.edp_groups), x.plan.zero, prank, stage)
     hit = x.cache.get(key)
     if hit is None or hit[0] is not x.work or hit[1] is not x.dp_groups or hit[2] is not x.edp_groups:
-        comms = it.grad_buckets(x.plan, x.work[stage], x.dp_groups[prank], x.profile, x.options, x.edp(prank))
-        hit = x.cache[key] = (x.work, x.dp_groups, x.edp_groups, comms)
+        hit = x.cache[key] = (x.work, x.dp_groups, x.edp_groups, make())
     return hit[3]
+
+
+def _stage_buckets(x: Inputs, prank: int, stage: int) -> list[Comm]:
+    """`iteration.grad_buckets` of the stage on the rank (`_per_stage`)."""
+    return _per_stage(
+        x,
+        "buckets",
+        prank,
+        stage,
+        lambda: it.grad_buckets(x.plan, x.work[stage], x.dp_groups[prank], x.profile, x.options, x.edp(prank)),
+    )
 
 
 def _dp_tail(x: Inputs, prank: int, rt: RankTimes) -> float:
@@ -176,10 +187,14 @@ def _dp_tail(x: Inputs, prank: int, rt: RankTimes) -> float:
     passes = [(s, t0, d, t0 + d) for s, t0, d in rt.every_bwd] or [
         (s, t0, d, at) for s, (t0, d, at) in sorted(rt.last_bwd.items())
     ]
+
+    def seconds(c: Comm) -> float:
+        return x.time(c, prank)
+
     for s, t0, d, at in passes:
         comms = _stage_buckets(x, prank, s)
-        releases = it.reduction_calls(comms, t0, d, o.overlap_grad_reduce, at, lambda c: x.time(c, prank))
-        buckets += [(t, s, b, x.time(c, prank)) for b, (c, t) in enumerate(releases)]
+        releases = it.reduction_calls(comms, t0, d, o.overlap_grad_reduce, at, seconds)
+        buckets += [(t, s, b, dur) for b, (_, t, dur) in enumerate(releases)]
     cur = 0.0
     for ready_at, _, _, dur in sorted(buckets):
         cur = max(cur, ready_at) + dur
@@ -187,8 +202,13 @@ def _dp_tail(x: Inputs, prank: int, rt: RankTimes) -> float:
 
 
 def _gather(x: Inputs, prank: int, stage: int) -> float:
-    comms = it.param_gathers(x.plan, x.work[stage], x.dp_groups[prank], x.profile, x.edp(prank))
-    return sum(x.time(c, prank) for c in comms)
+    """Seconds of the stage's ZeRO parameter gathers on the rank (`iteration.param_gathers`)."""
+
+    def timed() -> float:
+        comms = it.param_gathers(x.plan, x.work[stage], x.dp_groups[prank], x.profile, x.edp(prank))
+        return sum(x.time(c, prank) for c in comms)
+
+    return _per_stage(x, "gathers", prank, stage, timed)
 
 
 def _zero_start(x: Inputs, first_f: list[float]) -> float:
