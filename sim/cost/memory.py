@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from ..layout import RankLayout
 from ..plan import ParallelPlan, ZeroPolicy
@@ -117,7 +118,7 @@ class MemoryReport:
             f" (needs {need / GiB:.1f} of {cap / GiB:.0f} GiB)"
         )
 
-    @property
+    @cached_property
     def peak(self) -> RankMemory:
         """The rank needing the most memory (the lowest such rank on a tie)."""
         return max(self.ranks, key=lambda r: (r.total, -r.pipeline_rank))

@@ -88,6 +88,7 @@ class Evaluator:
         self._groups: dict[tuple, tuple[tuple[int, ...], ...]] = {}
         self._edp: dict[tuple, tuple[tuple[int, ...], ...]] = {}
         self._times: dict = {}
+        self._flops: dict[str, tuple[float, float]] = {}
         self.memory = MemoryScreen(setup.model, setup.cluster.gpu, setup.cluster)
 
     # --- pieces ---------------------------------------------------------------------------
@@ -149,10 +150,21 @@ class Evaluator:
             row["layer_split"] = list(plan.layer_split) if plan.layer_split else None
         return row
 
+    def flops(self, recompute: str) -> tuple[float, float]:
+        """(model, hardware) FLOPs of one iteration of the sweep's model and global batch, with
+        ``recompute`` (`model_flops_per_iteration`, `hardware_flops_per_iteration`), once each."""
+        hit = self._flops.get(recompute)
+        if hit is None:
+            m, gbs = self.s.model, self.s.gbs
+            hit = self._flops[recompute] = (
+                model_flops_per_iteration(m, gbs),
+                hardware_flops_per_iteration(m, gbs, recompute),
+            )
+        return hit
+
     def result_fields(self, plan: ParallelPlan, t: float, bd: dict[str, float], source: str) -> dict[str, Any]:
         m, gbs = self.s.model, self.s.gbs
-        mf = model_flops_per_iteration(m, gbs)
-        hf = hardware_flops_per_iteration(m, gbs, plan.recompute)
+        mf, hf = self.flops(plan.recompute)
         n = plan.num_gpus
         row = {
             "source": source,
