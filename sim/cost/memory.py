@@ -16,9 +16,10 @@ The activation peak of a pipeline rank comes from its schedule (`alive.plan_prof
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
+from types import MappingProxyType
 
 from ..layout import RankLayout
 from ..plan import ParallelPlan, ZeroPolicy
@@ -185,7 +186,7 @@ def host_capacity(cluster: ClusterSpec | None) -> float:
 
 
 #: what a GPU keeps in host memory when its plan offloads nothing (`offload.host_state_bytes`'s keys)
-_NO_HOST = {"optimizer": 0.0, "grads": 0.0, "params": 0.0}
+_NO_HOST = MappingProxyType({"optimizer": 0.0, "grads": 0.0, "params": 0.0})
 
 
 def rank_memory(
@@ -237,7 +238,7 @@ def rank_memory(
         else:
             gather = 2.0 * sum(sorted(stage_params, reverse=True)[:MAX_ACTIVE_STAGES])
         grads = sb.grads * psi
-    host = _NO_HOST
+    host: Mapping[str, float] = _NO_HOST
     if offloads(plan):
         owned = psi if plan.zero == 0 else (psi - expert_psi) / nd + expert_psi / plan.edp
         sharded_grads = grads if policy is not ZeroPolicy.PER_UNSHARD else 0.0
