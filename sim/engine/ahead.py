@@ -90,7 +90,10 @@ def walk_ahead(eng: Any, g: Any, actions):
                 cost = pairs[(f.stage, b.stage, b.kind)] = eng.pair_cost(f, b)
             dur, (comp, ex, tp, a2a, off) = cost
             g.act += act_bytes[f.stage]
-            mem.append((t, g.act))
+            if trace:
+                mem.append((t, g.act))
+            elif g.act > g.act_peak:
+                g.act_peak = g.act
             if dur > 0 and trace:
                 events.append(new(TraceEvent, (rank, "compute", str(a), PAIR, t, dur, None, None, NO_ARGS)))
             t += dur
@@ -100,7 +103,10 @@ def walk_ahead(eng: Any, g: Any, actions):
             acc["moe_a2a"] += a2a
             acc["offload"] += off
             g.act += freed(b)
-            mem.append((t, g.act))
+            if trace:
+                mem.append((t, g.act))
+            elif g.act > g.act_peak:
+                g.act_peak = g.act
             continue
         st, k, mb = a
         if k in COMPUTE:
@@ -112,7 +118,10 @@ def walk_ahead(eng: Any, g: Any, actions):
                 (secs, ex, tp, a2a, off), dur, name, frees = table[(st, k)]
                 if k is F:
                     g.act += act_bytes[st]
-                    mem.append((t, g.act))
+                    if trace:
+                        mem.append((t, g.act))
+                    elif g.act > g.act_peak:
+                        g.act_peak = g.act
                 if dur > 0 and trace:
                     kv = k._value_
                     events.append(new(TraceEvent, (rank, "compute", f"{st}{kv}{mb}", kv, t, dur, st, mb, NO_ARGS)))
@@ -126,7 +135,10 @@ def walk_ahead(eng: Any, g: Any, actions):
                     acc["offload"] += off
                 if k is B or k is I or (k is W and held[st]):  # what the pass frees (`Engine._freed`)
                     g.act += frees
-                    mem.append((t, g.act))
+                    if trace:
+                        mem.append((t, g.act))
+                    elif g.act > g.act_peak:
+                        g.act_peak = g.act
                 continue
         if k is SEND_F or k is SEND_B:
             # booked at once: it starts when its send stream is free (FIFO, as the Resource of

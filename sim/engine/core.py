@@ -76,7 +76,9 @@ class Engine(PipelineTransfers, DataParallel, HostCopies, IterationTail):
         self.act_bytes = stage_act_bytes or [0.0] * plan.num_stages
         #: per stage, what a micro-batch keeps from its I to its W (`activations.stage_weight_grad_bytes`)
         self.held_bytes = stage_held_bytes or [0.0] * plan.num_stages
-        #: whether the run records its trace events (``events``; off, it records none: the same run)
+        #: whether the run records its trace events (``events``) and each GPU's memory samples
+        #: (`GpuState.mem`); off, it records none and keeps each GPU's activation peak alone
+        #: (`GpuState.act_peak`): the same run
         self.trace = trace
         self.events: list[TraceEvent] = []
         self.transfers: dict[tuple, Transfer] = {}
@@ -194,7 +196,10 @@ class Engine(PipelineTransfers, DataParallel, HostCopies, IterationTail):
 
     def _mem(self, g: GpuState, delta: float) -> None:
         g.act += delta
-        g.mem.append((self.env.now, g.act))
+        if self.trace:
+            g.mem.append((self.env.now, g.act))
+        elif g.act > g.act_peak:
+            g.act_peak = g.act
 
     def _pass(self, g: GpuState, a: Action, kind: str):
         """One F/B/I/W on the compute stream, or, under FSDP, with its per-layer gathers."""

@@ -145,7 +145,7 @@ def replicate(plan: ParallelPlan, rep: Outcome) -> Outcome:
             g = by_prank[pr]
             rank = layout.rank(pp=pr, **coords)
             ren[g.rank] = rank
-            gpus.append(GpuOutcome(rank, pr, key, g.acc, g.finish, g.mem, g.peak_unsharded))
+            gpus.append(GpuOutcome(rank, pr, key, g.acc, g.finish, g.mem, g.peak_unsharded, g.act_peak))
         rename.append(ren)
     info = {**rep.rounds, "pipelines": len(rename), "pipelines_simulated": 1}
     return Outcome(gpus, ReplicatedEvents(rep.events, rename), rep.schedule_actions, info)

@@ -38,6 +38,8 @@ class SimResult:
     memory: MemoryReport
     #: a tuple, or `rounds.ExpandedEvents` (built on first use) for a compressed run
     events: Sequence[TraceEvent] = ()
+    #: per GPU shown, (time, activation bytes) at every change: recorded with the trace (empty
+    #: without it, whose run keeps only the peaks, in ``memory``)
     memory_timeline: dict[int, list[tuple[float, float]]] = field(default_factory=dict)
     stats: dict[str, Any] = field(default_factory=dict)
 

@@ -65,6 +65,13 @@ class GpuOutcome:
     finish: float
     mem: list[tuple[float, float]]
     peak_unsharded: float
+    #: the largest activation bytes of a run that kept no samples (`GpuState.act_peak`), else 0
+    act_peak: float = 0.0
+
+    @property
+    def activation_peak(self) -> float:
+        """The GPU's largest activation bytes: of its samples, or of a run that kept none."""
+        return max(self.act_peak, max(v for _, v in self.mem))
 
 
 @dataclass
@@ -79,7 +86,7 @@ class Outcome:
 
 def outcome_of(eng: Engine, schedule_actions: int) -> Outcome:
     gpus = [
-        GpuOutcome(g.rank, g.prank, key, g.acc, g.finish, g.mem, g.peak_unsharded)
+        GpuOutcome(g.rank, g.prank, key, g.acc, g.finish, g.mem, g.peak_unsharded, g.act_peak)
         for (key, _), g in sorted(eng.gpus.items())
     ]
     return Outcome(gpus, tuple(eng.events), schedule_actions)

@@ -5,15 +5,15 @@ engine over the network backend, and assemble time, breakdown, memory and trace.
 A calibration (`simpar.sim.specs.calibration.Calibration`) sets the cost model and the network
 constants; ``costs`` replaces the cost model outright; ``profile`` says which runtime runs the
 plan (default: a Megatron-like GPU run; `simpar.sim.cost.profile.ExecutorProfile` for simpar's
-own executor); ``trace=False`` leaves the trace events out of the result (a validation or a
-sweep that reads only times, breakdowns and memory): the run is the same, it records none (a run
-compressed into steady-state rounds records them for its checks, and the result drops them)."""
+own executor); ``trace=False`` leaves the trace events and the memory timeline out of the result
+(a validation or a sweep that reads only times, breakdowns and memory): the run is the same, it
+records no events and keeps each GPU's activation peak instead of its memory samples (a run
+compressed into steady-state rounds records both for its checks, and the result drops them)."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import replace
-from operator import itemgetter
 
 import simpy
 
@@ -179,9 +179,10 @@ def _simulate(
             bd["bubble"] = max(0.0, t_iter - sum(bd.values()))
         per_rank[g.rank] = bd
         if g.key == (0, 0, 0):
-            peaks[g.prank] = max(map(itemgetter(1), g.mem))  # the samples' activation bytes
+            peaks[g.prank] = g.activation_peak
             unsharded[g.prank] = g.peak_unsharded
-            timeline[g.rank] = g.mem
+            if trace:  # a run without its trace keeps no memory samples either
+                timeline[g.rank] = g.mem
     reported = min(per_rank, key=lambda r: (per_rank[r]["bubble"], r))
     # sets in flight: where the stage costs order the schedule (zb-1p/2p), those of the order the
     # engine ran (the lowered schedule's, `memo.built_inflight`), not of the unit-cost build the

@@ -50,7 +50,10 @@ class GpuState:
         self.peak_unsharded = 0.0
         self.finish = 0.0
         self.act = 0.0
+        #: (time, activation bytes) at every change, in a run that records (`Engine.trace`); in
+        #: one that does not, only their largest value, ``act_peak``
         self.mem: list[tuple[float, float]] = [(0.0, 0.0)]
+        self.act_peak = 0.0
         self.dp_group: tuple[int, ...] = ()
         self.tp_group: tuple[int, ...] = ()
         self.edp_group: tuple[int, ...] = ()  # MoE: the expert data-parallel group (expert gradients, ZeRO)
