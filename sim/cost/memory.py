@@ -23,7 +23,7 @@ from types import MappingProxyType
 
 from ..layout import RankLayout
 from ..plan import ParallelPlan, ZeroPolicy
-from ..schedules import peak_activation_units, peak_inflight, schedule_for_plan
+from ..schedules import COST_STEERED, peak_activation_units, peak_inflight, schedule_for_plan
 from ..schedules.lower import MAX_ACTIVE_STAGES
 from ..specs import ClusterSpec, GPUSpec, ModelSpec
 from ..specs.stack import MEMORY_METRICS
@@ -299,11 +299,15 @@ def memory_report(
     else the rank's largest 3 stages.
     """
     if inflight is None or activation_peak is None:
-        acts, held = zb_stage_memory(m, plan)
-        prof = plan_profile(plan, (acts, held))
+        # the stages' bytes weigh the peaks, and steer zb-1p/2p's schedule (`alive.unit_costs`);
+        # the sets in flight of any other schedule do not depend on them
+        steered = activation_peak is None or plan.schedule in COST_STEERED
+        memory = zb_stage_memory(m, plan) if steered else None
+        prof = plan_profile(plan, memory)
         inflight = prof.inflight if inflight is None else inflight
         if activation_peak is None:
-            activation_peak = prof.peaks(acts, held)
+            assert memory is not None
+            activation_peak = prof.peaks(*memory)
     conventions = conventions or stack_conventions(plan)
     return _report(m, plan, gpu.hbm_bytes, inflight, activation_peak, zero3_unsharded, conventions, cluster)
 
