@@ -5,7 +5,7 @@ it the schedules' alive profiles), the stage-work tables, the quick estimate, th
 the rest (rows and their text); then the configurations by outcome. A part is timed by wrapping
 the name the evaluator calls, so the split shows where a change would pay before it is made.
 
-Run: python benchmarks/bench_screen.py [--cold-only]   (about 10 s; --cold-only: one pass, no warm one)
+Run: python benchmarks/bench_screen.py [--cold-only]   (about 15 s; --cold-only: one pass, no warm one)
 """
 
 from __future__ import annotations
