@@ -47,6 +47,9 @@ def walk_ahead(eng: Any, g: Any, actions):
     env, acc, post = eng.env, g.acc, eng.post_s
     handlers, act_bytes, held, freed = eng.HANDLERS, eng.act_bytes, eng.held_bytes, eng._freed
     marks = eng.marks[g.prank] if eng.marks is not None else None
+    # each change of the activation bytes is recorded as `Engine._mem` records it (a sample with
+    # the trace, else the running peak), written out at its four places: a call per action costs
+    # more than the sample does
     events, mem, rank, new, trace = eng.events, g.mem, g.rank, tuple.__new__, eng.trace
     table = eng.compute_table  # the same for every GPU of the engine: made by the first walk
     if table is None:
