@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from .guard import leave
 from .microbench import in_passes, layer_passes, optimizer_shape, run_compute
 from .timing import BenchConfig, _sync, robust
 
@@ -99,6 +100,7 @@ def _comm_rank(rank: int, world: int, port: int, cfg: BenchConfig, out: str, com
         dist.barrier()
     finally:
         dist.destroy_process_group()
+    leave(0)  # see guard.leave; an exception is reported to the parent by torch's spawn wrapper
 
 
 def _pingpong(t: torch.Tensor, rank: int, device: torch.device, cfg: BenchConfig) -> float | None:

@@ -5,8 +5,8 @@ Initialises the process group (gloo on CPU, NCCL on CUDA, with a short timeout),
 plan, gathers every rank's results on rank 0 which writes ``trace.json`` and ``result.json``
 (with ``--profile``, as many steps again run under the torch profiler after the measured ones and
 every rank writes its trace of them to ``OUT/profile/rank<N>.json.gz``),
-then ends with a barrier and a clean shutdown (without the barrier, processes using device-mesh
-sub-groups sometimes abort at exit in torch 2.13). Bad input exits with code 2. The process
+then ends with a barrier, ``destroy_process_group`` and `guard.leave` (no interpreter teardown,
+where torch 2.13's gloo threads can abort the process). Bad input exits with code 2. The process
 dies with torchrun (`guard.die_with_parent`): torchrun starts it in a session of its own, out of
 reach of signals to torchrun's group.
 """
@@ -25,7 +25,7 @@ from simpar.sim.engine.trace import write_trace
 from simpar.sim.errors import SimparError
 from simpar.sim.specs.planfile import read_plan_file
 
-from .guard import die_with_parent
+from .guard import die_with_parent, leave
 from .launch import DEFAULT_TIMEOUT_S, check_device, check_inputs
 
 log = logging.getLogger("simpar.executor")
@@ -98,4 +98,4 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     die_with_parent()
-    sys.exit(main())
+    leave(main())

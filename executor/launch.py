@@ -36,7 +36,7 @@ from simpar.sim.plan import ParallelPlan
 from simpar.sim.specs.planfile import read_plan_file
 
 from .checks import check_precision, check_run, has_comms, read_schedule_file, torch_rows
-from .guard import PARENT_ENV
+from .guard import PARENT_ENV, leave
 
 DEFAULT_TIMEOUT_S = 300  # process-group timeout: a deadlock ends here, not after torch's 30 min
 
@@ -305,6 +305,7 @@ def _spawned(local_rank: int, world: int, port: int, cases: list, out: str, time
         dist.barrier()
     finally:
         dist.destroy_process_group()
+    leave(0)  # after an exception, torch's spawn wrapper reports it to the parent and exits 1
 
 
 def run_local(cases: list, world: int, out: str | Path, timeout_s: int = 120) -> list[list[dict]]:

@@ -8,6 +8,8 @@
   lowered zb-v one used to be off by 2e-2 in the loss), and a difference beyond the tolerance
   exits 1 with the figures;
 - SIGTERM / SIGINT / SIGKILL to ``simpar run`` leave no process of the run behind, within 2 s;
+- a finished worker leaves without the interpreter's teardown (`guard.leave`), where torch's
+  gloo threads could abort it, yet with its output flushed and its exit code;
 - torch's own log noise goes to the run's log file, not to the terminal.
 """
 
@@ -335,3 +337,13 @@ def test_compare_panels_share_the_time_axis(tmp_path, monkeypatch):
     plot_timelines([ev(0.0, 1e-3)], [ev(5.0, 4e-3)], tmp_path / "c.png")
     top, bottom = seen["fig"].axes[:2]
     assert top.get_xlim() == bottom.get_xlim() and top.get_xlim()[1] >= 4.0  # ms, the longer trace
+
+
+def test_a_finished_worker_leaves_without_teardown():
+    code = (
+        "import atexit, sys; from simpar.executor.guard import leave; "
+        "atexit.register(lambda: print('teardown')); "
+        "sys.stdout.write('out'); sys.stderr.write('err'); leave(3)"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert (res.returncode, res.stdout, res.stderr) == (3, "out", "err")
