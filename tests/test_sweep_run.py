@@ -188,3 +188,20 @@ def test_the_bounded_search_never_runs_a_plan_bounded_above_the_kth_best_so_far(
     rows, bound = run._bounded(None, None, fitting, {r["id"]: r["id"] for r in fitting}, opts, None, None, None, {})
     assert steps == [16, 20]
     assert bound == {"k": 1, "kth_best_s": 20.5, "simulated": 20, "pruned": 20, "next_lower_bound_s": 21.0}
+
+
+def test_equally_fast_plans_rank_the_one_needing_less_memory_first():
+    from simpar.sim.sweep.explain import compare
+    from simpar.sim.sweep.run import sort_key
+
+    def row(zero: int, t: str, gib: str) -> dict:
+        cfg = {"tp": "4", "pp": "8", "dp": "32", "cp": "1", "vpp": "12", "mbs": "2", "schedule": "interleaved-zb"}
+        cfg |= {"zero": str(zero), "recompute": "none", "sp": "1"}
+        return {**cfg, "id": f"z{zero}", "iter_time_s": t, "peak_memory_gib": gib}
+
+    z1, z3, slow = row(1, "16.951", "76.5"), row(3, "16.951", "69.2"), row(2, "16.952", "10.0")
+    assert [r["id"] for r in sorted([z1, slow, z3], key=sort_key("throughput"))] == ["z3", "z1", "z2"]
+    assert [r["id"] for r in sorted([z1, slow, z3], key=sort_key("memory"))] == ["z2", "z3", "z1"]
+    text = compare(z3, z1)
+    assert "ties with" in text and "on iteration time" in text and " by " not in text, text
+    assert "69.2 vs 76.5 GiB" in text

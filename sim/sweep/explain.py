@@ -58,8 +58,10 @@ def compare(best: dict, other: dict, objective: str = "throughput") -> str:
             f"{a.label(b)} needs {abs(mo - mb):.1f} GiB less peak memory than {b.label(a)} ({mb:.1f} vs {mo:.1f} GiB)"
             f" and is {seconds(abs(dt))} per iteration {speed}{pct}{why}."
         )
-    verb = "beats" if dt > 0 else "ties with" if dt == 0 else "is slower than"
     memtext = f"; peak memory {mb:.1f} vs {mo:.1f} GiB" if abs(mb - mo) >= 0.05 else ""
+    if dt == 0:
+        return f"{a.label(b)} ties with {b.label(a)} on iteration time{why}{memtext}."
+    verb = "beats" if dt > 0 else "is slower than"
     return f"{a.label(b)} {verb} {b.label(a)} by {seconds(abs(dt))} per iteration{pct}{why}{memtext}."
 
 
