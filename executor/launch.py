@@ -142,6 +142,12 @@ def check_device(device: str, nproc: int) -> None:
 OWN_LINE = re.compile(r"^(error: |\[rank \d+\] simpar)")
 #: The line that names an exception in a traceback (``RuntimeError: ...``, ``torch.X.YError: ...``).
 EXCEPTION_LINE = re.compile(r"^(?:\[rank\d+\]:\s*)?([A-Za-z_][\w.]*(?:Error|Exception|Interrupt)): (.+)$")
+#: torchrun's failure table (``ChildFailedError``): under its "Root Cause" heading, the rank and
+#: exit code of the first worker that failed, a negative code with the signal's name where a signal
+#: killed it (``exitcode  : -6 (pid: 8245)  (SIGABRT)``).
+ROOT_CAUSE = "Root Cause"
+ROOT_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
+ROOT_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)(?:.*\((SIG[A-Z0-9]+)\))?")
 #: Seconds between the polite SIGTERM to torchrun and the SIGKILL of its process group: torchrun
 #: stops its workers and exits in about 0.5 s (measured, 2 workers on 2 CPU cores), and the whole
 #: stop must fit in the 2 s a user waits for after Ctrl-C.
@@ -157,12 +163,16 @@ class Launch:
     signal: int | None = None  # the signal (SIGINT, SIGTERM) that stopped it
     errors: list[str] = field(default_factory=list)  # the workers' own error lines, without "error: ", once each
     exceptions: list[str] = field(default_factory=list)  # "Type: message" lines of tracebacks in the log
+    died: str | None = None  # the first failed worker, from torchrun's failure table: "rank 1 was killed by SIGABRT"
 
     @property
     def failure(self) -> str | None:
-        """The first exception the workers raised (torchrun's own ChildFailedError names no cause)."""
+        """The first exception the workers raised, else how the first failed worker ended (a worker
+        killed by a signal raises nothing; torchrun's own ChildFailedError names no cause)."""
         own = [e for e in self.exceptions if "ChildFailedError" not in e]
-        return (own or self.exceptions or [None])[0]
+        if own:
+            return own[0]
+        return self.died or (self.exceptions or [None])[0]
 
 
 class _Stop(Exception):
@@ -265,14 +275,23 @@ def _stop(proc: subprocess.Popen) -> int:
 
 
 def _pump(proc: subprocess.Popen, log: Path, result: Launch, on_line: Callable[[str], None] | None) -> None:
-    """Copy the launch's output into ``log``; pass simpar's lines on; note errors and exceptions."""
+    """Copy the launch's output into ``log``; pass simpar's lines on; note errors, exceptions and
+    the first failed worker."""
     assert proc.stdout is not None
+    root, rank = False, None  # within torchrun's "Root Cause" entry; the rank it names
     with log.open("w", encoding="utf-8", errors="replace") as fh:
         for raw in proc.stdout:
             line = raw.decode("utf-8", errors="replace").rstrip("\n")
             fh.write(line + "\n")
             fh.flush()
-            if line.startswith("error: "):
+            if line.startswith(ROOT_CAUSE):
+                root = True
+            elif root and (m := ROOT_RANK.match(line)):
+                rank = m.group(1)
+            elif root and rank is not None and result.died is None and (m := ROOT_EXIT.match(line)):
+                how = f"was killed by {m.group(2)}" if m.group(2) else f"exited with status {m.group(1)}"
+                result.died = f"rank {rank} {how}"
+            elif line.startswith("error: "):
                 if line[7:] not in result.errors:  # every rank reports the same bad input
                     result.errors.append(line[7:])
             elif OWN_LINE.match(line) and on_line is not None:

@@ -10,6 +10,8 @@
 - SIGTERM / SIGINT / SIGKILL to ``simpar run`` leave no process of the run behind, within 2 s;
 - a finished worker leaves without the interpreter's teardown (`guard.leave`), where torch's
   gloo threads could abort it, yet with its output flushed and its exit code;
+- a worker killed by a signal, which raises nothing, is named in the failure's one line (its rank
+  and signal, from torchrun's failure table);
 - torch's own log noise goes to the run's log file, not to the terminal.
 """
 
@@ -347,3 +349,50 @@ def test_a_finished_worker_leaves_without_teardown():
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert (res.returncode, res.stdout, res.stderr) == (3, "out", "err")
+
+
+def test_a_worker_killed_by_a_signal_is_named_in_the_failure(tmp_path):
+    """A worker that dies of a signal raises nothing: the failure names it from torchrun's table
+    (the lines as torch 2.13 prints them; the SIGTERM is torchrun stopping the other rank)."""
+    from types import SimpleNamespace
+
+    from simpar.executor.launch import Launch, _pump
+
+    head = "terminate called without an active exception\n"
+    head += "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n"  # nothing after the colon
+    table = (
+        head
+        + """======================================================
+simpar.executor.entry FAILED
+------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-11-29_17:03:41
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: 7692)  (SIGTERM)
+  error_file: <N/A>
+  traceback : Signal 15 (SIGTERM) received by PID 7692
+------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-29_17:03:41
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : -6 (pid: 7693)  (SIGABRT)
+  error_file: <N/A>
+  traceback : Signal 6 (SIGABRT) received by PID 7693
+======================================================
+"""
+    )
+
+    def launch(text: str) -> Launch:
+        res = Launch(1, tmp_path / "torchrun.log")
+        _pump(SimpleNamespace(stdout=iter(text.encode().splitlines(keepends=True))), res.log, res, None)  # type: ignore[arg-type]
+        return res
+
+    assert launch(table).failure == "rank 1 was killed by SIGABRT"
+    assert (tmp_path / "torchrun.log").read_text() == table
+    assert launch(table.replace("-6 (pid: 7693)  (SIGABRT)", "3 (pid: 7693)")).failure == "rank 1 exited with status 3"
+    raised = "[rank1]: RuntimeError: boom\n" + table.replace("-6 (pid: 7693)  (SIGABRT)", "1 (pid: 7693)")
+    assert launch(raised).failure == "RuntimeError: boom"  # its own exception says more
