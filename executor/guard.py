@@ -48,16 +48,16 @@ def leave(code: int = 0) -> NoReturn:
     """End a worker whose work is done (outputs written, process group destroyed) with ``code``,
     without the interpreter's finalization: flush stdout and stderr, then `os._exit`.
 
-    Why: a gloo process group that outlives ``destroy_process_group`` (FSDP2's and the device
-    mesh's objects still hold it) keeps its worker threads until finalization. One of them may
-    still be destroying a finished collective (the last barrier holds the ``gather_object``
+    Why: a gloo process group whose C++ object outlives ``destroy_process_group`` (something of
+    the run still references it) keeps its worker threads running into finalization. One of them
+    may still be destroying a finished collective (the last barrier holds the ``gather_object``
     before it), which takes the GIL to drop its tensors; CPython exits a thread that asks for
-    the GIL during finalization, inside that C++ destructor, and libstdc++ aborts the process
+    the GIL during finalization, here inside a C++ destructor, and libstdc++ aborts the process
     ("terminate called without an active exception", SIGABRT; torch 2.13, gdb backtrace of a
     core: ``ProcessGroupGloo::runLoop`` -> ``~AsyncBarrierWork`` -> ``~AsyncGatherWork`` ->
-    ``take_gil`` -> ``pthread_exit``). It hit about 1 ZeRO-3 run in 15 on a loaded 2-core VM,
-    after all the run's work. Nothing a worker writes is left to finalization: files are
-    closed where they are written."""
+    ``take_gil`` -> ``pthread_exit``). It hit about 1 run in 15 of the 2-process ZeRO-2/3 test
+    (tests/test_executor_fsdp_sync.py) with both cores busy, after all the run's work. Nothing a
+    worker writes is left to finalization: files are closed where they are written."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
