@@ -205,6 +205,14 @@ class _Bar:
     help="k: the engine runs in lower-bound order until no plan left can enter the top k",
 )
 @click.option("--exhaustive", is_flag=True, help="simulate every configuration that fits with the engine")
+@click.option(
+    "--engine-budget",
+    type=click.FloatRange(0),
+    default=10.0,
+    show_default=True,
+    help="wall seconds the engine may take for every other plan that fits, after the top k (the rate of its "
+    "runs so far predicts them); 0: the top k only",
+)
 @calibration_options
 @click.option(
     "--backend",
@@ -284,7 +292,13 @@ def sweep(**kw) -> None:
     profile, engine = runtime_of(kw["runtime"], calib, EngineOptions())
     setup = SweepSetup(model, cluster, kw["gpus"], kw["gbs"], space, calib, engine, kw["backend"], profile=profile)
     opts = SweepOptions(
-        kw["objective"], kw["refine"], kw["simulate"], kw["exhaustive"], kw["workers"], kw["ray_address"]
+        objective=kw["objective"],
+        refine=kw["refine"],
+        simulate=kw["simulate"],
+        exhaustive=kw["exhaustive"],
+        workers=kw["workers"],
+        ray=kw["ray_address"],
+        engine_budget=kw["engine_budget"],
     )
     limits.check_setup(setup)
     limits.check_options(opts)

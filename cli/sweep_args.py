@@ -145,6 +145,7 @@ _COMMAND = [
     ("refine", 0),
     ("simulate", 20),
     ("exhaustive", False),
+    ("engine_budget", 10.0),
     ("calibration", None),
     ("runtime", "megatron"),
     ("backend", "analytical"),

@@ -45,6 +45,10 @@ def show(res, kw: dict, wall: dict[str, float]) -> None:
         )
         if res.manifest.get("bound"):
             click.echo(bound_line(res.manifest["bound"]))
+        if res.manifest.get("budget"):
+            from simpar.sim.sweep.report import budget_line
+
+            click.echo(budget_line(res.manifest["budget"]))
         if res.manifest.get("throughput"):
             click.echo(speed_line(res.manifest["throughput"]))
         if best:

@@ -34,6 +34,8 @@ ARGS = [
     "1",
     "--workers",
     "1",
+    "--engine-budget",
+    "0",
 ]
 
 

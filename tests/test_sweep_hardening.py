@@ -296,7 +296,10 @@ def partial(tmp_path_factory):
     out = tmp_path_factory.mktemp("partial") / "s"
     with pytest.raises(_Stop):
         run_sweep(
-            small_setup(), out, SweepOptions(refine=10, simulate=3, workers=1), progress=_stop_after("screen", 100)
+            small_setup(),
+            out,
+            SweepOptions(refine=10, simulate=3, workers=1, engine_budget=0),
+            progress=_stop_after("screen", 100),
         )
     assert len(Journal(out / "journal" / "screen.csv").read()) >= 100
     return out

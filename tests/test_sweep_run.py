@@ -34,7 +34,7 @@ def test_bounded_sweep_has_the_top_k_of_simulating_everything(tmp_path, gpus, gb
     assert full.counts["simulated"] == full.counts["fitting"] > 100
     assert {r["pp"] for r in full.rows if r["status"] == "simulated"} >= {"1", "2", "4"}  # pipelines compete
     for k in (1, 3, 10):
-        fast = run_sweep(setup, tmp_path / f"top{k}", SweepOptions(workers=1, simulate=k))
+        fast = run_sweep(setup, tmp_path / f"top{k}", SweepOptions(workers=1, simulate=k, engine_budget=0))
         assert k <= fast.counts["simulated"] < full.counts["simulated"] and fast.counts["refined"] == 0
         keys = ("id", "rank", "iter_time_s", "peak_memory_gib", "status")
         assert [[r[c] for c in keys] for r in fast.rows[:k]] == [[r[c] for c in keys] for r in full.rows[:k]]
@@ -51,7 +51,7 @@ def _bounded_runs(rows: list[dict], k: int) -> int:
     """How many engine runs the bounded search makes, replayed on the engine times of a run of
     every fitting plan: in bound order, steps of at most BOUND_STEP, never one whose bound exceeds
     the k-th best time so far, until the next bound exceeds it."""
-    from simpar.sim.sweep.run import BOUND_STEP
+    from simpar.sim.sweep.phases import BOUND_STEP
 
     fit = sorted(
         (float(r["lower_bound_s"]), r["id"], float(r["engine_time_s"]), r["status"]) for r in rows if r["engine_time_s"]
@@ -67,8 +67,8 @@ def _bounded_runs(rows: list[dict], k: int) -> int:
 
 def test_same_inputs_give_the_same_results_csv(tmp_path):
     setup = small_setup()
-    run_sweep(setup, tmp_path / "a", SweepOptions(workers=1, refine=20, simulate=4))
-    run_sweep(setup, tmp_path / "b", SweepOptions(workers=2, refine=20, simulate=4))
+    run_sweep(setup, tmp_path / "a", SweepOptions(workers=1, refine=20, simulate=4, engine_budget=0))
+    run_sweep(setup, tmp_path / "b", SweepOptions(workers=2, refine=20, simulate=4, engine_budget=0))
     a, b = (tmp_path / "a" / "results.csv").read_bytes(), (tmp_path / "b" / "results.csv").read_bytes()
     assert a == b
     rows = read_results(tmp_path / "a" / "results.csv")
@@ -140,6 +140,8 @@ def test_killed_sweeps_resume_without_losing_or_duplicating_rows(tmp_path):
         "1",
         "--workers",
         "2",
+        "--engine-budget",
+        "0",
     ]  # enough engine runs that the kill lands among them
     ref = tmp_path / "ref"
     done = subprocess.run(_cli(args + ["--out", str(ref)]), capture_output=True, text=True, timeout=300)
@@ -173,7 +175,7 @@ def test_the_bounded_search_never_runs_a_plan_bounded_above_the_kth_best_so_far(
     """Plans with bounds 1..40: the first 16 take 20.5 s in the engine, the rest 100 s. For k = 1
     the k-th best is 20.5 s after the first step, so the next step stops at the plan of bound 20
     (a fixed step of 16 would run the plans up to bound 32 for nothing) and the search ends there."""
-    from simpar.sim.sweep import run
+    from simpar.sim.sweep import phases
 
     fitting = [{"id": f"c{b:02d}", "lower_bound_s": str(float(b))} for b in range(1, 41)]
     engine = {r["id"]: 20.5 if float(r["lower_bound_s"]) <= 16 else 100.0 for r in fitting}
@@ -183,9 +185,9 @@ def test_the_bounded_search_never_runs_a_plan_bounded_above_the_kth_best_so_far(
         steps.append(len(configs))
         return {c: {"id": c, "status": "simulated", "engine_time_s": str(engine[c])} for c in configs}
 
-    monkeypatch.setattr(run, "_phase", phase)
+    monkeypatch.setattr(phases, "run_phase", phase)
     opts = SweepOptions(simulate=1)
-    rows, bound = run._bounded(None, None, fitting, {r["id"]: r["id"] for r in fitting}, opts, None, None, None, {})
+    rows, bound = phases.bounded(None, None, fitting, {r["id"]: r["id"] for r in fitting}, opts, None, None, None, {})
     assert steps == [16, 20]
     assert bound == {"k": 1, "kth_best_s": 20.5, "simulated": 20, "pruned": 20, "next_lower_bound_s": 21.0}
 

@@ -12,6 +12,8 @@ The bounds on work (each error names its bound):
 - ``MAX_CONFIGS`` (1,000,000 configurations): a results.csv of ~300 MB and hours of screening;
   narrow --mbs, --schedules, --max-tp or --max-cp instead.
 - ``max_workers()`` (4 per CPU core): more processes only add memory (~100 MiB each).
+- ``MAX_ENGINE_BUDGET_S`` (a week of engine time for the plans beyond the top k): more is a typo;
+  ``--exhaustive`` simulates every plan that fits whatever it takes.
 """
 
 from __future__ import annotations
@@ -39,12 +41,16 @@ class Options(Protocol):
     def simulate(self) -> int: ...
     @property
     def workers(self) -> int: ...
+    @property
+    def engine_budget(self) -> float: ...
 
 
 MAX_GPUS = 1_000_000
 MAX_MICROBATCHES = 100_000
 MAX_BATCH = 1_000_000_000
 MAX_CONFIGS = 1_000_000
+#: a week: a larger engine budget is a typo (--exhaustive simulates every plan that fits)
+MAX_ENGINE_BUDGET_S = 7 * 86_400
 
 
 def max_workers() -> int:
@@ -126,3 +132,10 @@ def check_options(opts: Options) -> None:
     whole(opts.refine, "refine", 0)
     whole(opts.simulate, "simulate", 1)
     whole(opts.workers, "workers", 0, max_workers(), " workers")
+    b = opts.engine_budget
+    if isinstance(b, bool) or not isinstance(b, (int, float)) or not 0 <= b <= MAX_ENGINE_BUDGET_S:
+        raise SimparError(
+            "engine-budget",
+            f"must be a number of seconds from 0 to {MAX_ENGINE_BUDGET_S:,}, got {b!r}.",
+            "pass --engine-budget SECONDS (0: the engine runs only the proven top k).",
+        )

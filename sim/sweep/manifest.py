@@ -63,6 +63,12 @@ _BOUND_SCHEMA = {
     "pruned": int,
     "next_lower_bound_s": _OPTIONAL_NUMBER,
 }
+_BUDGET_SCHEMA = {
+    "budget_s": (int, float),
+    "plans": int,
+    "predicted_s": _OPTIONAL_NUMBER,
+    "simulated": bool,
+}
 
 #: The phases whose throughput sweep.json records (``throughput``, written when the sweep finishes).
 PHASES = ("screen", "refine", "simulate")
@@ -165,6 +171,8 @@ def check_manifest(doc: dict, where: str, fix: str) -> dict:
         _check_throughput(doc, where, fix)
     if "bound" in doc:  # what the bounded search proved (none with --exhaustive or objective memory)
         _check_schema({"bound": doc["bound"]}, {"bound": _BOUND_SCHEMA}, where, fix)
+    if "budget" in doc:  # whether the plans beyond the top k fitted the engine budget (`phases.rest_within_budget`)
+        _check_schema({"budget": doc["budget"]}, {"budget": _BUDGET_SCHEMA}, where, fix)
     return doc
 
 

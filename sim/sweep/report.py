@@ -186,6 +186,22 @@ def bound_line(bound: dict) -> str:
     )
 
 
+def budget_line(budget: dict) -> str:
+    """Whether the engine also ran the fitting plans beyond the top k (sweep.json ``budget``), in
+    one sentence."""
+    n, limit, predicted = budget["plans"], budget["budget_s"], budget["predicted_s"]
+    plans = f"{n:,} fitting plan{'s' if n != 1 else ''}"
+    if predicted is None:
+        return f"The other {plans} were not simulated: the engine's rate could not be measured."
+    took = f"about {predicted:,.1f} s at the rate of its runs so far"
+    if budget["simulated"]:
+        return f"The engine then simulated the other {plans} too ({took}, within the engine budget of {limit:g} s)."
+    return (
+        f"The other {plans} would take the engine {took}, over the engine budget of {limit:g} s; "
+        "--engine-budget or --exhaustive simulates them all."
+    )
+
+
 def throughput_lines(throughput: dict) -> list[str]:
     """report.md's section on the sweep's speed: per phase, and the sizing of a larger sweep."""
     if not throughput:
@@ -294,6 +310,8 @@ def write_report(out: Path, rows: list[dict], manifest: dict, top: int = 10, par
     ]
     if manifest.get("bound"):
         lines += ["## What the search proves", "", bound_line(manifest["bound"]), ""]
+    if manifest.get("budget"):
+        lines += [budget_line(manifest["budget"]), ""]
     lines += throughput_lines(manifest.get("throughput") or {})
     if best:
         cols, table = top_table(rows, top)

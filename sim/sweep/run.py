@@ -1,7 +1,8 @@
 """The sweep pipeline: enumerate -> screen (divides? fits? quick estimate, lower bound) -> the
-engine in lower-bound order until no configuration left can enter the top k (`_bounded`; all with
+engine in lower-bound order until no configuration left can enter the top k (`phases.bounded`; all with
 ``exhaustive``; the list-scheduler oracle re-ranks the best quick estimates first with ``refine``)
--> results.csv.
+-> every other configuration that fits through the engine too, when at the engine's rate so far
+they take at most the engine budget (`phases.rest_within_budget`) -> results.csv.
 
 Every phase appends its rows to a journal as they finish (`store.Journal`); with ``resume`` a
 phase skips the configurations its journal already holds, and which configurations enter the next
@@ -20,7 +21,6 @@ with a note (``note``) and computed again, never used silently.
 
 from __future__ import annotations
 
-import bisect
 import hashlib
 import json
 import os
@@ -33,28 +33,24 @@ from pathlib import Path
 from .. import files
 from ..errors import SimparError
 from . import lock
-from .batches import grouped, lowering_key, packed, schedule_key, screen_cost, screen_key, screen_order
+from .batches import grouped, screen_cost, screen_key, screen_order
 from .evaluate import SweepSetup
 from .limits import check_options, check_setup
 from .manifest import PHASES, check_counts, phase_throughput, read_manifest, write_manifest
-from .space import Config, empty_space_reason, enumerate_configs, iter_batches
+from .phases import Note, Progress, bounded, by_schedule, fixed, rest_within_budget, run_phase, single
+from .space import Config, empty_space_reason, enumerate_configs
 from .store import (
     JOURNAL,
     MANIFEST,
-    PHASE_STATUSES,
     RESULTS,
     SWEEP_FORMAT_VERSION,
-    Journal,
     counts_of,
     num,
     read_results,
-    row_problem,
     write_results,
 )
 from .workers import make_backend
 
-Progress = Callable[[str, int, int], None]
-Note = Callable[[str], None]
 _TIER = {"simulated": 0, "refined": 1, "estimated": 2}
 
 
@@ -64,6 +60,9 @@ class SweepOptions:
     refine: int = 0  # best quick estimates re-ranked by the list-scheduler oracle (0: none)
     simulate: int = 20  # k: the top k are proven by the engine and the lower bound
     exhaustive: bool = False  # simulate every configuration that fits
+    #: wall seconds the engine may take, after the top k, for every other configuration that fits
+    #: (`phases.rest_within_budget`); 0: only the top k
+    engine_budget: float = 10.0
     workers: int = 0  # 0: one per CPU core
     ray: str | None = None  # Ray address ("local" starts one); None: local process pool
 
@@ -94,6 +93,7 @@ def identity(setup: SweepSetup, opts: SweepOptions) -> dict:
         "refine": opts.refine,
         "simulate": opts.simulate,
         "exhaustive": opts.exhaustive,
+        "engine_budget": float(opts.engine_budget),  # 0 and 0.0 are one budget (and one token)
     }
     if setup.profile.name != "megatron":
         out["runtime"] = setup.profile.name
@@ -121,7 +121,9 @@ def _previous(out: Path, token: str, ident: dict, note: Note) -> dict | None:
         return None
     old = read_manifest(out / MANIFEST, _START_OVER)
     if old["token"] != token:
-        diff = sorted(k for k in ident if old["identity"].get(k) != ident[k])
+        # compared as sweep.json holds them (JSON: a tuple of the space is a list there)
+        now = json.loads(json.dumps(ident))
+        diff = sorted(k for k in now if old["identity"].get(k) != now[k])
         raise SimparError(
             "resume",
             f"{out} holds a sweep with other inputs (differs in: {', '.join(diff) or 'version'}).",
@@ -172,113 +174,14 @@ def _prepare(
         "cluster": setup.cluster.name,
         "complete": False,
     }
+    if old is not None and "budget" in old:  # decided before the interruption: a resume keeps it
+        manifest["budget"] = old["budget"]
     write_manifest(out / MANIFEST, manifest)
     return manifest, None
 
 
-def _journal_problem(row: dict[str, str], phase: str) -> str:
-    if row["status"] not in PHASE_STATUSES.get(phase, ()):
-        return f"status {row['status']!r} does not belong in the {phase} journal"
-    return row_problem(row)
-
-
-def _journaled(journal: Journal, phase: str, want: set[str], note: Note) -> dict[str, dict[str, str]]:
-    """The usable rows of ``journal`` for the configurations ``want``; what is dropped is noted."""
-    rows = {k: v for k, v in journal.read().items() if k in want}
-    for text in journal.notes:
-        note(text)
-    bad = {k: p for k, r in rows.items() if (p := _journal_problem(r, phase))}
-    if bad:
-        first = next(iter(bad))
-        note(
-            f"{JOURNAL}/{phase}.csv: dropped {len(bad)} row(s) that are not valid ({first}: {bad[first]}); "
-            "they are computed again."
-        )
-    return {k: r for k, r in rows.items() if k not in bad}
-
-
-def _phase(
-    backend,
-    setup: SweepSetup,
-    name: str,
-    configs: list[Config],
-    jdir: Path,
-    progress: Progress | None,
-    batches: Callable[[list[Config]], list[list[Config]]],
-    note: Note,
-    throughput: dict[str, dict],
-) -> dict[str, dict[str, str]]:
-    """Run ``name`` on the configurations its journal does not hold yet; rows by id (as read back).
-    ``throughput[name]``: how many it evaluated, in how many wall seconds, on how many workers."""
-    journal = Journal(jdir / f"{name}.csv")
-    rows = _journaled(journal, name, {c.id for c in configs}, note)
-    todo = [c for c in configs if c.id not in rows]
-    if progress:
-        progress(name, len(rows), len(configs))
-
-    def done(new: list[dict]) -> None:
-        for r in journal.append(new):
-            rows[r["id"]] = r
-        if progress:
-            progress(name, len(rows), len(configs))
-
-    t = time.perf_counter()
-    backend.map(setup, name, batches(todo), done)
-    before = throughput.get(name, {})  # the bounded search runs the simulate phase in steps
-    throughput[name] = phase_throughput(
-        len(todo) + before.get("configs", 0), time.perf_counter() - t + before.get("wall_s", 0.0), backend.workers
-    )
-    return rows
-
-
 #: most configurations in a screen batch (a batch's rows reach the journal when it ends)
 SCREEN_BATCH = 4096
-
-
-def _fixed(size: int) -> Callable[[list[Config]], list[list[Config]]]:
-    return lambda todo: list(iter_batches(todo, size))
-
-
-_single = _fixed(1)  # an engine run each: the workers stay balanced
-
-
-#: most configurations the bounded search simulates between two looks at the k-th best time (a
-#: fixed number, so which configurations are simulated does not depend on the workers)
-BOUND_STEP = 16
-
-
-def kth_best(rows: dict[str, dict[str, str]], k: int) -> float | None:
-    """The k-th shortest engine time among simulated rows that fit (None: fewer than k)."""
-    times = sorted(num(r, "engine_time_s") for r in rows.values() if r["status"] == "simulated")
-    return times[k - 1] if len(times) >= k else None
-
-
-def _bounded(backend, setup, fitting, by_id, opts, jdir, progress, note, throughput) -> tuple[dict, dict]:
-    """Engine runs in order of the provable lower bound (`bound.lower_bound`), at most BOUND_STEP
-    at a time and none whose bound exceeds the k-th best simulated time so far, until the next
-    configuration's bound exceeds the k-th best simulated time (k = ``opts.simulate``): no
-    configuration left can enter the top k, which are then exactly those of an engine run of
-    every fitting configuration. Returns the simulated rows and what the bound proved
-    (sweep.json ``bound``)."""
-    cands = sorted(fitting, key=lambda r: (num(r, "lower_bound_s"), r["id"]))
-    bounds = [num(r, "lower_bound_s") for r in cands]
-    rows: dict[str, dict[str, str]] = {}
-    i, kth = 0, None
-    while i < len(cands) and (kth is None or bounds[i] <= kth):
-        # never one whose bound exceeds the k-th best time so far: it may prove needless
-        last = len(cands) if kth is None else bisect.bisect_right(bounds, kth)
-        i = min(last, i + BOUND_STEP)
-        chosen = [by_id[r["id"]] for r in cands[:i]]
-        rows = _phase(backend, setup, "simulate", chosen, jdir, progress, _single, note, throughput)
-        kth = kth_best(rows, opts.simulate)
-    nxt = bounds[i] if i < len(cands) else None
-    return rows, {
-        "k": opts.simulate,
-        "kth_best_s": kth,
-        "simulated": i,
-        "pruned": len(cands) - i,
-        "next_lower_bound_s": nxt,
-    }
 
 
 def merge(screen: dict, refined: dict, simulated: dict, objective: str) -> list[dict[str, str]]:
@@ -368,34 +271,34 @@ def _run(
             ordered = sorted(todo, key=screen_order)
             return grouped(ordered, screen_key, backend.workers, spread=2, most=SCREEN_BATCH, cost=screen_cost)
 
-        screen = _phase(backend, setup, "screen", configs, jdir, progress, by_depth, note, throughput)
+        screen = run_phase(backend, setup, "screen", configs, jdir, progress, by_depth, note, throughput)
         fitting = sorted(
             (r for r in screen.values() if r["status"] == "estimated"), key=sort_key(opts.objective, "quick_time_s")
         )
         timings["screen"], t = time.perf_counter() - t, time.perf_counter()
         if opts.exhaustive:
-            # grouped by schedule, so a worker's batch reuses its lowered schedules (`schedules.memo`)
-            todo = sorted((by_id[r["id"]] for r in fitting), key=schedule_key)
-            batch = max(1, min(16, len(todo) // (backend.workers * 8)))
-
-            def by_schedule(todo: list[Config]) -> list[list[Config]]:
-                return packed(todo, lowering_key, batch, 4 * batch)
-
-            simulated = _phase(backend, setup, "simulate", todo, jdir, progress, by_schedule, note, throughput)
+            todo = [by_id[r["id"]] for r in fitting]
+            engine = by_schedule(backend)
+            simulated = run_phase(backend, setup, "simulate", todo, jdir, progress, engine, note, throughput)
         else:
             if opts.refine:
                 cand = [by_id[r["id"]] for r in fitting[: opts.refine]]
                 batch = max(1, min(8, len(cand) // (backend.workers * 4)))
-                refined = _phase(backend, setup, "refine", cand, jdir, progress, _fixed(batch), note, throughput)
+                refined = run_phase(backend, setup, "refine", cand, jdir, progress, fixed(batch), note, throughput)
             timings["refine"], t = time.perf_counter() - t, time.perf_counter()
             if opts.objective == "throughput":
-                simulated, manifest["bound"] = _bounded(
+                simulated, manifest["bound"] = bounded(
                     backend, setup, fitting, by_id, opts, jdir, progress, note, throughput
                 )
             else:  # least memory first: the bound is on time, so the best k by memory are simulated
                 first = sorted(refined.values(), key=sort_key(opts.objective, "oracle_time_s")) if refined else fitting
                 chosen = [by_id[r["id"]] for r in first[: opts.simulate]]
-                simulated = _phase(backend, setup, "simulate", chosen, jdir, progress, _single, note, throughput)
+                simulated = run_phase(backend, setup, "simulate", chosen, jdir, progress, single, note, throughput)
+            rest = [by_id[r["id"]] for r in fitting if r["id"] not in simulated]
+            simulated = {
+                **simulated,
+                **rest_within_budget(backend, setup, rest, opts, manifest, out, jdir, progress, note, throughput),
+            }
         timings["simulate"] = time.perf_counter() - t
         backend.close()
     except BaseException:

@@ -23,7 +23,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 SWEEP_ARGS = ["--model", "gpt-7.5b", "--cluster", "dgx-a100-80g", "--gpus", "16", "--gbs", "64", "--mbs", "1,2",
-              "--workers", "1", "--plans", "0"]
+              "--workers", "1", "--plans", "0", "--engine-budget", "0"]
 CPU_CALIBRATION = ROOT / "reports" / "calibration" / "cpu-calib.json"
 
 
