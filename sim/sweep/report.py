@@ -227,8 +227,8 @@ def throughput_lines(throughput: dict) -> list[str]:
             f"over the three phases. Sizing a larger sweep (models x clusters x plans, e.g. on a Ray cluster with "
             f"`--ray ADDRESS`): {SIZING_CONFIGS:,} configurations at {rate_text(rate)} configs/s/worker need "
             f"{need:,} worker{'s' if need > 1 else ''} for a {SIZING_MINUTES}-minute sweep. The engine runs on the "
-            "plans the lower bound cannot rule out, a number that depends on the model and cluster more than on "
-            "the size of the space.",
+            "plans the lower bound cannot rule out, and on every plan that fits when they all fit its budget "
+            "(`--engine-budget`): a number that depends on the model and cluster more than on the size of the space.",
             "",
         ]
     return lines
