@@ -44,6 +44,13 @@ from .transfers import PipelineTransfers
 __all__ = ["Engine", "EngineOptions", "run_engine"]
 
 
+#: `Engine._last_backward` per schedule's actions, keyed by the identity of its ``ranks`` and held
+#: with them (and its placement): a sweep's plans of one lowered schedule (`schedules.memo`, also
+#: the copies of it that carry a plan's own recompute and ZeRO stage in their meta) share it
+_LAST_BWD: dict[int, tuple[tuple, tuple[int, ...], dict]] = {}
+_LAST_BWD_MOST = 64
+
+
 class Engine(PipelineTransfers, DataParallel, HostCopies, IterationTail):
     """The walk of every simulated GPU (module docstring): pipeline transfers in `transfers`,
     collectives and ZeRO in `shards`, the iteration's end in `tail`."""
@@ -132,10 +139,15 @@ class Engine(PipelineTransfers, DataParallel, HostCopies, IterationTail):
         return set()
 
     def _last_backward(self) -> dict[tuple[int, int], Action]:
-        """(pipeline rank, stage) -> the stage's last weight-gradient action on that rank."""
+        """(pipeline rank, stage) -> the stage's last weight-gradient action on that rank (read
+        only: shared by the engines of one schedule's actions, `_LAST_BWD`)."""
+        sched = self.sched
+        hit = _LAST_BWD.get(id(sched.ranks))
+        if hit is not None and hit[0] is sched.ranks and hit[1] is sched.placement:
+            return hit[2]
         out: dict[tuple[int, int], Action] = {}
-        for r, acts in enumerate(self.sched.ranks):
-            todo = len(self.sched.stages_of(r))
+        for r, acts in enumerate(sched.ranks):
+            todo = len(sched.stages_of(r))
             for step in reversed(acts):  # from the end: stop once every stage of the rank has its own
                 for a in reversed(step.parts) if isinstance(step, Pair) else (step,):
                     if (a.kind is Kind.B or a.kind is Kind.W) and (r, a.stage) not in out:
@@ -143,6 +155,9 @@ class Engine(PipelineTransfers, DataParallel, HostCopies, IterationTail):
                         todo -= 1
                 if todo == 0:
                     break
+        if len(_LAST_BWD) >= _LAST_BWD_MOST:
+            _LAST_BWD.clear()
+        _LAST_BWD[id(sched.ranks)] = (sched.ranks, sched.placement, out)
         return out
 
     # --- running ------------------------------------------------------------------------

@@ -85,10 +85,10 @@ class Arrival(simpy.Event):
         env.schedule(self, simpy.events.NORMAL, delay)
 
 
-@dataclass
 class Transfer:
     """One pipeline transfer: when its send was posted, and the event of its arrival (made by
-    whichever of the two ends comes first)."""
+    whichever of the two ends comes first). A plain class whose attributes read the class's
+    values until set: one is made per transfer of a run, without an ``__init__`` to call."""
 
     arrival: simpy.Event | None = None
     sent_at: float | None = None
