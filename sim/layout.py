@@ -12,9 +12,9 @@ coordinates in the plan's ``expert_order``: `expert_group`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
 from itertools import product
 
+from .derived import derived
 from .plan import ParallelPlan
 
 
@@ -26,7 +26,7 @@ class RankLayout:
     def order(self) -> tuple[str, ...]:
         return self.plan.mesh_order
 
-    @cached_property
+    @derived
     def sizes(self) -> dict[str, int]:
         p = self.plan
         return {"pp": p.pp, "dp": p.dp, "cp": p.cp, "tp": p.tp}
@@ -59,7 +59,7 @@ class RankLayout:
         c = self.coords(rank)
         return tuple(self.rank(**{**c, axis: i}) for i in range(self.sizes[axis]))
 
-    @cached_property
+    @derived
     def strides(self) -> dict[str, int]:
         """How far apart in global rank two neighbours along each axis are."""
         out, step = {}, 1
@@ -77,7 +77,7 @@ class RankLayout:
         return tuple(sorted(base + d * sd + k * sc for d in range(dp) for k in range(cp)))
 
     # --- expert layers (parallel folding) -------------------------------------------------
-    @cached_property
+    @derived
     def expert_sizes(self) -> dict[str, int]:
         p = self.plan
         return {"edp": p.edp, "ep": p.ep, "etp": p.expert_tp}

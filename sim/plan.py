@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 import json
-from functools import cache, cached_property
+from functools import cache
 from pathlib import Path
 from typing import Any, Literal
 
@@ -28,6 +28,7 @@ from .choices import PRECISIONS as PRECISIONS
 from .choices import RECOMPUTE as RECOMPUTE
 from .choices import RECOMPUTE_MODULES as RECOMPUTE_MODULES
 from .choices import SCHEDULES as SCHEDULES
+from .derived import derived
 from .specs.stack import DEFAULT_STACK, load_stack
 
 #: Schedules whose stages are split into I (input grad) and W (weight grad).
@@ -86,7 +87,7 @@ def stages_by_rank(placement: tuple[int, ...], ranks: int) -> tuple[tuple[int, .
 class ParallelPlan(BaseModel):
     """One layout of a training iteration. Sizes multiply to the GPU count."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, ignored_types=(derived,))
 
     dp: int = Field(1, ge=1, le=MAX_GPUS, strict=True, description="data-parallel size (replicas, or ZeRO shards)")
     tp: int = Field(1, ge=1, le=MAX_GPUS, strict=True, description="tensor-parallel size (Megatron column/row split)")
@@ -249,36 +250,36 @@ class ParallelPlan(BaseModel):
             del copied.__dict__[k]
         return copied
 
-    @cached_property
+    @derived
     def num_gpus(self) -> int:
         return self.dp * self.tp * self.pp * self.cp
 
-    @cached_property
+    @derived
     def expert_tp(self) -> int:
         """Tensor-parallel size of the expert MLPs (Megatron-Core's default: tp)."""
         return self.tp if self.etp is None else self.etp
 
-    @cached_property
+    @derived
     def edp(self) -> int:
         """Expert data-parallel size: the GPUs of one pipeline rank (tp x cp x dp) over ep x etp.
         Expert gradients are reduced, and with ZeRO expert states sharded, over edp."""
         return max(1, self.tp * self.cp * self.dp // (self.ep * self.expert_tp))
 
-    @cached_property
+    @derived
     def num_microbatches(self) -> int:
         return self.global_batch_size // (self.dp * self.micro_batch_size)
 
-    @cached_property
+    @derived
     def num_stages(self) -> int:
         return self.pp * self.vpp
 
-    @cached_property
+    @derived
     def pipelines(self) -> int:
         """2 for the bidirectional schedules (Chimera, DualPipe: two pipelines in opposite
         directions, each over the whole model), else 1."""
         return 2 if self.schedule in BIDIRECTIONAL else 1
 
-    @cached_property
+    @derived
     def num_chunks(self) -> int:
         """Model chunks the layers are split into: the stages, or half of them with two pipelines
         (stage s runs chunk ``s % num_chunks``: `stage_chunk`)."""
@@ -295,21 +296,21 @@ class ParallelPlan(BaseModel):
         """The stage runs the model's last chunk (final norm, output head, loss, MTP)."""
         return stage % self.num_chunks == self.num_chunks - 1
 
-    @cached_property
+    @derived
     def split_backward(self) -> bool:
         return self.schedule in SPLIT_BACKWARD
 
-    @cached_property
+    @derived
     def zero_shards(self) -> int:
         """ZeRO shards optimizer/grad/param state over dp x cp (Megatron's distributed optimizer)."""
         return self.dp * self.cp
 
-    @cached_property
+    @derived
     def pipeline_ranks(self) -> int:
         """Pipeline ranks the schedule runs on (1 without a pipeline schedule)."""
         return 1 if self.schedule == "none" else self.pp
 
-    @cached_property
+    @derived
     def placement(self) -> tuple[int, ...]:
         """Pipeline rank of each stage: a V for zb-v, dualpipe-v and the bidirectional schedules
         (whose second pipeline is the V's way back up), else looped (stage s on rank s % pp)."""
@@ -317,7 +318,7 @@ class ParallelPlan(BaseModel):
             return v_placement(self.pp)
         return looped_placement(self.pipeline_ranks, self.vpp)
 
-    @cached_property
+    @derived
     def rank_stages(self) -> tuple[tuple[int, ...], ...]:
         """Stages each pipeline rank holds, in stage order."""
         return stages_by_rank(self.placement, self.pipeline_ranks)
@@ -328,7 +329,7 @@ class ParallelPlan(BaseModel):
         stages = self.rank_stages[prank]
         return max(stages) if self.pipelines == 2 and 2 * prank >= self.pp else min(stages)
 
-    @cached_property
+    @derived
     def zero_policy(self) -> ZeroPolicy:
         if self.zero == 0 or self.zero_shards == 1:
             return ZeroPolicy.NONE
@@ -336,7 +337,7 @@ class ParallelPlan(BaseModel):
             return ZeroPolicy.GATHER_AT_START
         return ZeroPolicy.PER_LAYER if self.pp == 1 else ZeroPolicy.PER_UNSHARD
 
-    @cached_property
+    @derived
     def reduces_gradients(self) -> bool:
         """Gradients are reduced over a data-parallel group (dp x cp > 1)."""
         return self.zero_shards > 1
@@ -375,7 +376,7 @@ class ParallelPlan(BaseModel):
         assert num_layers % n == 0, "check_plan rejects uneven splits without layer_split"
         return (num_layers // n,) * n
 
-    @cached_property
+    @derived
     def _layer_memo(self) -> dict[int, tuple[tuple[int, ...], tuple[int, ...]]]:
         """num_layers -> (layers per stage, first layer of each stage): asked for on every stage of
         every pass, so computed once per plan (the plan is immutable)."""

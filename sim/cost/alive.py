@@ -14,9 +14,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from functools import cached_property, lru_cache
+from functools import lru_cache
 from operator import mul
 
+from ..derived import derived
 from ..plan import ParallelPlan
 from ..schedules import ALL_FORWARDS_FIRST, COST_STEERED, Schedule, StageCosts, build_schedule
 from ..schedules.analysis import ALIVE_DELTA
@@ -39,7 +40,7 @@ class AliveProfile:
     #: the maximal ones (`peaks`)
     _merged: dict = field(default_factory=dict, compare=False, repr=False)
 
-    @cached_property
+    @derived
     def inflight(self) -> tuple[int, ...]:
         """Most sets alive at once per rank (`schedules.peak_inflight`)."""
         return tuple(max((sum(v[: len(st)]) for v in vecs), default=0) for st, vecs in zip(self.stages, self.vectors))

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
 from types import MappingProxyType
 
+from ..derived import derived
 from ..layout import RankLayout
 from ..plan import ParallelPlan, ZeroPolicy
 from ..schedules import COST_STEERED, peak_activation_units, peak_inflight, schedule_for_plan
@@ -119,7 +119,7 @@ class MemoryReport:
             f" (needs {need / GiB:.1f} of {cap / GiB:.0f} GiB)"
         )
 
-    @cached_property
+    @derived
     def peak(self) -> RankMemory:
         """The rank needing the most memory (the lowest such rank on a tie)."""
         return max(self.ranks, key=lambda r: (r.total, -r.pipeline_rank))

@@ -23,9 +23,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from enum import Enum
-from functools import cached_property
 from typing import ClassVar, NamedTuple
 
+from ..derived import derived
 from ..plan import looped_placement, v_placement  # noqa: F401  (re-exported: the schedules place stages so)
 
 
@@ -201,13 +201,13 @@ class Schedule:
         """Microbatches each stage runs: m, or m / 2 with two pipelines."""
         return self.num_microbatches // self.pipelines
 
-    @cached_property
+    @derived
     def next_stages(self) -> tuple[int | None, ...]:
         """Per stage, the stage a forward of it feeds (None: the last of its pipeline)."""
         chain = self.chain
         return tuple(None if (s + 1) % chain == 0 else s + 1 for s in range(len(self.placement)))
 
-    @cached_property
+    @derived
     def prev_stages(self) -> tuple[int | None, ...]:
         """Per stage, the stage that feeds it (None: the first of its pipeline)."""
         chain = self.chain

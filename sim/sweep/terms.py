@@ -9,12 +9,12 @@ they are put together). `finish` adds them to per-rank pipeline ends.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cached_property
 
 from ..choices import V_SHAPED
 from ..cost.compute import CostModel
 from ..cost.profile import MEGATRON, RuntimeProfile
 from ..cost.workload import StageWork
+from ..derived import derived
 from ..engine import iteration as it
 from ..engine.iteration import CollectiveTimer, Comm, EngineOptions
 from ..layout import RankLayout
@@ -53,7 +53,7 @@ class Inputs:
     def ranks(self) -> tuple[tuple[int, ...], ...]:
         return self.plan.rank_stages
 
-    @cached_property
+    @derived
     def post(self) -> float:
         return self.profile.post_seconds(self.plan)
 
@@ -64,7 +64,7 @@ class Inputs:
     def parts(self, w: StageWork, kind: str) -> tuple[float, float, float, float, float]:
         return w.parts(kind, self.options.overlap_tp)
 
-    @cached_property
+    @derived
     def seconds(self) -> tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...]]:
         """Per stage (f, i + recompute, w) with exposed TP/CP and all-to-all communication folded in;
         kept in the shared cache with the work table they were read from (plans that differ only
@@ -77,7 +77,7 @@ class Inputs:
             hit = self.cache[key] = (self.work, (f, i, tuple(self.dur(w, "W") for w in self.work)))
         return hit[1]
 
-    @cached_property
+    @derived
     def posts(self) -> list[int]:
         """Per stage and micro-batch, the pipeline sends and receives its rank posts."""
         p, out = self.plan, []
@@ -87,7 +87,7 @@ class Inputs:
             out.append(2 * remote)
         return out
 
-    @cached_property
+    @derived
     def rank_work(self) -> list[float]:
         f, i, w = self.seconds
         return [sum(f[s] + i[s] + w[s] + self.posts[s] * self.post for s in st) for st in self.ranks]

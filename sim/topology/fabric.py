@@ -12,9 +12,9 @@ NIC -> leaf and back; then, leaf by leaf (in order of first appearance) and spin
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
 from typing import Any
 
+from ..derived import derived
 from ..specs.cluster import ClusterSpec, NodeFabric
 from ..units import GB
 
@@ -35,7 +35,7 @@ class NodeTemplate:
         """Directed links per node."""
         return 2 * len(self.links)
 
-    @cached_property
+    @derived
     def offset(self) -> dict[tuple[str, str], int]:
         """Directed local link (a, b) -> its id less the node's first id."""
         out: dict[tuple[str, str], int] = {}

@@ -36,9 +36,9 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
+from ..derived import derived
 from ..errors import SpecError
 from ..specs.cluster import ClusterSpec
 from .fabric import ScaleOutLayout, node_template, pieces_of
@@ -87,7 +87,7 @@ class Topology:
         self._check_connected()
 
     # --- names, made on demand ------------------------------------------------------------
-    @cached_property
+    @derived
     def nodes(self) -> dict[str, dict[str, Any]]:
         """Graph node name -> attributes (``kind`` first), in build order: each node's own, then
         the leaves and the spines."""
@@ -104,7 +104,7 @@ class Topology:
             out[self.spine_name(s)] = {"kind": "spine"}
         return out
 
-    @cached_property
+    @derived
     def link_ends(self) -> list[tuple[str, str]]:
         """(from, to) graph node names of every directed link, by id."""
         out: list[tuple[str, str]] = []
@@ -123,11 +123,11 @@ class Topology:
                 out += [(u, v), (v, u)]
         return out
 
-    @cached_property
+    @derived
     def _link_id(self) -> dict[tuple[str, str], int]:
         return {e: i for i, e in enumerate(self.link_ends)}
 
-    @cached_property
+    @derived
     def graph(self) -> nx.DiGraph:
         """The topology as a networkx DiGraph: node attribute ``kind`` (and ``node``, ``rank``, ...),
         edge attributes ``bw``, ``latency``, ``kind``, ``cls``, ``id`` (see the module docstring)."""
