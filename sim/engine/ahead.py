@@ -63,9 +63,18 @@ def walk_ahead(eng: Any, g: Any, actions):
     F, R, B, I, W = Kind.F, Kind.R, Kind.B, Kind.I, Kind.W  # noqa: E741
     UNSHARD, RESHARD, OVERLAP, COMPUTE = Kind.UNSHARD, Kind.RESHARD, Kind.OVERLAP_F_B, _COMPUTE
     pairs: dict = {}  # (F's stage, backward's stage and kind) -> `Engine.pair_cost`
-    sends: dict = {}  # (stage, SEND_F or SEND_B) -> (receiving stage, direction, seconds, trace kind)
+    # per stage, where its forward's (SEND_F) and its backward's (SEND_B) sends go: (the receiving
+    # stage's code, direction, seconds, trace kind)
+    n = len(eng.work)
+    sends_f: list = [None] * n
+    sends_b: list = [None] * n
     SEND_F, SEND_B, RECV_F, RECV_B = Kind.SEND_F, Kind.SEND_B, Kind.RECV_F, Kind.RECV_B
-    key, transfers, send_free = g.key, eng.transfers, g.send_free
+    # the pipeline's transfers, each under the number (mb x stages + receiving stage) x 2 + (0: F,
+    # 1: B): one whole number per transfer instead of a tuple holding the pipeline's key
+    transfers = eng.booked.get(g.key)
+    if transfers is None:
+        transfers = eng.booked[g.key] = {}
+    per_mb, send_free = 2 * n, g.send_free
     PAIR = Kind.OVERLAP_F_B.value
     t = env.now
     for i, a in enumerate(actions):
@@ -148,13 +157,15 @@ def walk_ahead(eng: Any, g: Any, actions):
             # `Engine._transfer` is) and takes `Engine.p2p_seconds`; its arrival time is noted
             # (``at``), and a receiver already waiting gets its `state.Arrival` scheduled then.
             # Same times as `Engine._transfer`, without its process and queue events.
-            to = sends.get((st, k))
+            sends = sends_f if k is SEND_F else sends_b
+            to = sends[st]
             if to is None:
                 direction = "F" if k is SEND_F else "B"
                 dst, dst_stage = eng.send_target(g, st, direction)
-                to = sends[(st, k)] = (dst_stage, direction, eng.p2p_seconds(g, dst, st), f"SEND_{direction}")
-            dst_stage, direction, secs, kind = to
-            tk = (key, dst_stage, mb, direction)
+                code = 2 * dst_stage + (direction == "B")
+                to = sends[st] = (code, direction, eng.p2p_seconds(g, dst, st), f"SEND_{direction}")
+            code, direction, secs, kind = to
+            tk = mb * per_mb + code
             tr = transfers.get(tk)
             if tr is None:
                 tr = transfers[tk] = Transfer()
@@ -178,7 +189,7 @@ def walk_ahead(eng: Any, g: Any, actions):
             if post:
                 t += post
                 acc["pp_comm"] += post
-            tk = (key, st, mb, "F" if k is RECV_F else "B")
+            tk = mb * per_mb + 2 * st + (k is RECV_B)
             tr = transfers.get(tk)
             if tr is None:
                 tr = transfers[tk] = Transfer()

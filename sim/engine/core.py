@@ -89,6 +89,8 @@ class Engine(PipelineTransfers, DataParallel, HostCopies, IterationTail):
         self.trace = trace
         self.events: list[TraceEvent] = []
         self.transfers: dict[tuple, Transfer] = {}
+        #: per pipeline (its GPUs' key), the transfers `ahead.walk_ahead` books, by number
+        self.booked: dict[tuple[int, ...], dict[int, Transfer]] = {}
         #: (sending GPU, receiving GPU, stage) -> seconds of its activations' transfer (`p2p_seconds`)
         self.p2p_s: dict[tuple[int, int, int], float] = {}
         #: (stage, kind) -> what a compute action charges (`ahead._compute_table`; None: not made yet)
