@@ -28,17 +28,19 @@ _COMPUTE = frozenset({Kind.F, Kind.B, Kind.I, Kind.W, Kind.R})
 
 def _compute_table(
     eng: Any,
-) -> dict[tuple[int, Kind], tuple[tuple[float, float, float, float, float], float, str, float]]:
-    """(stage, kind) -> ((compute, expert compute, exposed TP/CP, exposed all-to-all, exposed
+) -> dict[Kind, list[tuple[tuple[float, float, float, float, float], float, str, float]]]:
+    """kind -> per stage ((compute, expert compute, exposed TP/CP, exposed all-to-all, exposed
     activation offload) seconds, their sum, account, activation bytes the pass changes at its end):
     what `Engine._compute` charges for F, B, I, W and R, and what `Engine._freed` says a backward
-    frees (0 for F and R)."""
-    o, out = eng.opt, {}
-    for s, w in enumerate(eng.work):
-        for k in (Kind.F, Kind.B, Kind.I, Kind.W, Kind.R):
+    frees (0 for F and R). By kind, then a list by stage: no (stage, kind) tuple per action."""
+    o = eng.opt
+    out: dict[Kind, list] = {}
+    for k in (Kind.F, Kind.B, Kind.I, Kind.W, Kind.R):
+        row = out[k] = []
+        for s, w in enumerate(eng.work):
             parts = w.parts(k.value, o.overlap_tp)
             freed = eng._freed(Action(s, k, 0)) if k in (Kind.B, Kind.I, Kind.W) else 0.0
-            out[(s, k)] = (parts, sum(parts), "recompute" if k is Kind.R else "compute", freed)
+            row.append((parts, sum(parts), "recompute" if k is Kind.R else "compute", freed))
     return out
 
 
@@ -127,7 +129,7 @@ def walk_ahead(eng: Any, g: Any, actions):
                 ev = g.gathered.get(st)
                 clock = ev is None or not ev.processed
             if not clock:
-                (secs, ex, tp, a2a, off), dur, name, frees = table[(st, k)]
+                (secs, ex, tp, a2a, off), dur, name, frees = table[k][st]
                 if k is F:
                     g.act += act_bytes[st]
                     if trace:

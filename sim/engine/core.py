@@ -93,7 +93,7 @@ class Engine(PipelineTransfers, DataParallel, HostCopies, IterationTail):
         self.booked: dict[tuple[int, ...], dict[int, Transfer]] = {}
         #: (sending GPU, receiving GPU, stage) -> seconds of its activations' transfer (`p2p_seconds`)
         self.p2p_s: dict[tuple[int, int, int], float] = {}
-        #: (stage, kind) -> what a compute action charges (`ahead._compute_table`; None: not made yet)
+        #: kind -> per stage, what a compute action charges (`ahead._compute_table`; None: not made yet)
         self.compute_table: dict | None = None
         self.pending: dict[tuple, Rendezvous] = {}
         self.last_bwd = self._last_backward()
