@@ -38,7 +38,14 @@ def report(directory: str, top: int, why_filter, as_json: bool) -> None:
     lines = why(rows, why_filter, objective=obj) if why_filter else []
     if as_json:
         echo_json(
-            {"report": str(path), "counts": manifest.get("counts", {}), "explain": explain(rows, obj), "why": lines}
+            {
+                "report": str(path),
+                "counts": manifest.get("counts", {}),
+                "bound": manifest.get("bound"),
+                "budget": manifest.get("budget"),
+                "explain": explain(rows, obj),
+                "why": lines,
+            }
         )
         return
     for line in lines:

@@ -33,6 +33,9 @@ def show(res, kw: dict, wall: dict[str, float]) -> None:
                 "why": lines,
                 "wall_s": {k: round(v, 3) for k, v in wall.items()},
                 "throughput": res.manifest.get("throughput", {}),
+                # what the bounded search proved, and whether the rest fitted the engine budget
+                "bound": res.manifest.get("bound"),
+                "budget": res.manifest.get("budget"),
             }
         )
     else:

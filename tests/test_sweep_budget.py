@@ -133,3 +133,15 @@ def test_a_sweep_json_with_a_malformed_budget_is_refused(tmp_path):
     (tmp_path / "sweep.json").write_text(json.dumps(doc))
     with pytest.raises(SpecError, match=r"budget\.plans must be"):
         read_manifest(tmp_path / "sweep.json", "fix it")
+
+
+def test_the_json_output_says_what_the_budget_decided(tmp_path):
+    args = ["sweep", "--model", "gpt-7.5b", "--cluster", "dgx-a100-40g", "--gpus", "8", "--gbs", "16"]
+    args += ["--zero", "0,1", "--recompute", "none,full", "--mbs", "1,2", "--plans", "0", "--workers", "1"]
+    res = CliRunner().invoke(cli, [*args, "--engine-budget", "1e-9", "--json", "--out", str(tmp_path / "s")])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output)
+    assert doc["budget"]["simulated"] is False and doc["budget"]["budget_s"] == 1e-9
+    assert doc["budget"]["plans"] == doc["counts"]["fitting"] - doc["counts"]["simulated"]
+    res = CliRunner().invoke(cli, ["report", str(tmp_path / "s"), "--json"])
+    assert json.loads(res.output)["budget"] == doc["budget"]

@@ -93,6 +93,8 @@ def test_json_output_and_report_rebuild(swept, runner):
     assert res.exit_code == 0, res.output
     doc = json.loads(res.output)
     assert doc["counts"]["enumerated"] == 652 and len(doc["best"]) == 4 and doc["best"][0]["rank"] == "1"
+    assert doc["bound"]["k"] == 3 and doc["bound"]["simulated"] == doc["counts"]["simulated"]
+    assert doc["budget"] is None  # --engine-budget 0: nothing to decide
     (out / "report.md").unlink()
     res = runner.invoke(cli, ["report", str(out), "--json"])
     assert res.exit_code == 0 and (out / "report.md").exists() and json.loads(res.output)["explain"]
