@@ -37,6 +37,7 @@ from math import isqrt
 
 from ..choices import SWEEP_SCHEDULES, V_SHAPED
 from ..cost.offload import offload_fields
+from ..derived import derived
 from ..plan import RECOMPUTE, SCHEDULES
 from ..specs import ClusterSpec, ModelSpec
 
@@ -140,8 +141,10 @@ class Config:
     rlayers: int = 0  # full recompute of this many layers per stage, block method (0: every layer)
     offload: str = "none"  # host offload (`offload_fields`)
 
-    @property
+    @derived
     def id(self) -> str:
+        """The configuration's name in results.csv (formatted once: a sweep reads it a few times per
+        configuration, in the parent and in the workers)."""
         experts = f"-ep{self.ep}-etp{self.etp or self.tp}" if self.ep > 1 or self.etp else ""
         experts += f"-{self.dispatch}" if self.dispatch != "alltoall" else ""
         experts += "-a2aov" if self.a2a_overlap else ""
