@@ -124,3 +124,17 @@ def test_errors_are_one_line(runner, tmp_path, args, message):
 def test_report_without_a_sweep(runner, tmp_path):
     res = runner.invoke(cli, ["report", str(tmp_path)])
     assert res.exit_code == 2 and "has no finished sweep" in res.output
+
+
+def test_the_report_a_sweep_writes_is_the_one_simpar_report_rebuilds(runner, tmp_path):
+    """The sweep writes report.md from the inputs it holds, `simpar report` from sweep.json: the
+    same text (a tuple of the space against the list sweep.json holds once wrote the offload
+    variants in one and not the other)."""
+    out = tmp_path / "s"
+    args = [*ARGS[: ARGS.index("--plans")], "--plans", "0", *ARGS[ARGS.index("--plans") + 2 :]]
+    res = runner.invoke(cli, ["sweep", *args, "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    written = (out / "report.md").read_text()
+    res = runner.invoke(cli, ["report", str(out)])
+    assert res.exit_code == 0, res.output
+    assert (out / "report.md").read_text() == written

@@ -97,7 +97,9 @@ def identity(setup: SweepSetup, opts: SweepOptions) -> dict:
     }
     if setup.profile.name != "megatron":
         out["runtime"] = setup.profile.name
-    return out
+    # as sweep.json holds it (tuples become lists): the report of a sweep, written by the sweep or
+    # rebuilt from sweep.json by `simpar report`, and a resume's comparison read the same values
+    return json.loads(json.dumps(out))
 
 
 def sort_key(objective: str, time_col: str = "iter_time_s") -> Callable[[dict[str, str]], tuple]:
@@ -121,9 +123,7 @@ def _previous(out: Path, token: str, ident: dict, note: Note) -> dict | None:
         return None
     old = read_manifest(out / MANIFEST, _START_OVER)
     if old["token"] != token:
-        # compared as sweep.json holds them (JSON: a tuple of the space is a list there)
-        now = json.loads(json.dumps(ident))
-        diff = sorted(k for k in now if old["identity"].get(k) != now[k])
+        diff = sorted(k for k in ident if old["identity"].get(k) != ident[k])
         raise SimparError(
             "resume",
             f"{out} holds a sweep with other inputs (differs in: {', '.join(diff) or 'version'}).",
