@@ -236,9 +236,10 @@ class ParallelPlan(BaseModel):
         return tuple(v)
 
     # --- derived values ---------------------------------------------------------------
-    # Derived values are `cached_property`s (the plan is immutable; they are read on every action
-    # of a simulation). They live in the instance's __dict__ beside the fields, so iteration and
-    # copies are restricted to the fields: a copy with an update never carries a stale derived value.
+    # Derived values are `derived` (computed on first read and kept: the plan is immutable; they are
+    # read on every action of a simulation). They live in the instance's __dict__ beside the fields,
+    # so iteration and copies are restricted to the fields: a copy with an update never carries a
+    # stale derived value.
     def __iter__(self):  # type: ignore[override]
         fields = type(self).model_fields
         return iter([(k, v) for k, v in self.__dict__.items() if k in fields])
