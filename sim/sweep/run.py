@@ -1,8 +1,8 @@
 """The sweep pipeline: enumerate -> screen (divides? fits? quick estimate, lower bound) -> the
-engine in lower-bound order until no configuration left can enter the top k (`phases.bounded`; all with
-``exhaustive``; the list-scheduler oracle re-ranks the best quick estimates first with ``refine``)
--> every other configuration that fits through the engine too, when at the engine's rate so far
-they take at most the engine budget (`phases.rest_within_budget`) -> results.csv.
+engine in lower-bound order until no configuration left can enter the top k (`phases.bounded`;
+all with ``exhaustive``; the list-scheduler oracle re-ranks the best quick estimates first with
+``refine``) -> every other configuration that fits through the engine too, when at the engine's
+rate so far they take at most the engine budget (`phases.rest_within_budget`) -> results.csv.
 
 Every phase appends its rows to a journal as they finish (`store.Journal`); with ``resume`` a
 phase skips the configurations its journal already holds, and which configurations enter the next
