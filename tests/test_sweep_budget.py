@@ -123,7 +123,10 @@ def test_the_budget_lines_say_what_was_decided_and_how_to_change_it():
     over = budget_line({"budget_s": 10.0, "plans": 4271, "predicted_s": 43.8, "simulated": False})
     assert "4,271 fitting plans would take the engine about 43.8 s" in over and "over the engine budget of 10 s" in over
     assert "--engine-budget or --exhaustive" in over
-    assert "1 fitting plan " in budget_line({"budget_s": 1, "plans": 1, "predicted_s": None, "simulated": False})
+    one = budget_line({"budget_s": 1, "plans": 1, "predicted_s": None, "simulated": False})
+    assert one == "The other 1 fitting plan was not simulated: the engine's rate could not be measured."
+    quick = budget_line({"budget_s": 10, "plans": 3, "predicted_s": 0.01, "simulated": True})
+    assert "(under 0.1 s at the rate of its runs so far, within the engine budget of 10 s)" in quick
 
 
 def test_a_sweep_json_with_a_malformed_budget_is_refused(tmp_path):

@@ -192,8 +192,10 @@ def budget_line(budget: dict) -> str:
     n, limit, predicted = budget["plans"], budget["budget_s"], budget["predicted_s"]
     plans = f"{n:,} fitting plan{'s' if n != 1 else ''}"
     if predicted is None:
-        return f"The other {plans} were not simulated: the engine's rate could not be measured."
-    took = f"about {predicted:,.1f} s at the rate of its runs so far"
+        return (
+            f"The other {plans} {'was' if n == 1 else 'were'} not simulated: the engine's rate could not be measured."
+        )
+    took = ("under 0.1 s" if predicted < 0.05 else f"about {predicted:,.1f} s") + " at the rate of its runs so far"
     if budget["simulated"]:
         return f"The engine then simulated the other {plans} too ({took}, within the engine budget of {limit:g} s)."
     return (
