@@ -6,7 +6,8 @@ load average is printed with them, since a shared 2-core VM drifts 10-25 % betwe
 
 Run:    python benchmarks/targets.py            (about 3 minutes: startup, one iteration, sweep, validate, the
                                                  DeepSeek-V3 iteration and sweep of the MoE issue)
-        python benchmarks/targets.py --long     (adds every rank of Llama-3-405B on 16,384 and 131,072 H100 and the
+        python benchmarks/targets.py --long     (adds every rank of Llama-3-405B on 16,384 and 131,072 H100, the
+                                                 exponent k of time ~ GPUs^k between the two, and the
                                                  exhaustive GPT-3 sweep: tens of minutes)
         python benchmarks/targets.py --record   (also appends this run to benchmarks/results.jsonl)
         python benchmarks/targets.py --against REV   (the same figures of revision REV beside this checkout's,
@@ -19,6 +20,7 @@ Whole-process figures run the CLI as its console script does, with bytecode cach
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import statistics
@@ -67,6 +69,7 @@ TARGETS = {
     "full_llama_16k_s": (10.0, "s", "every rank: Llama-3-405B on 16,384 H100 (--long)"),
     "full_llama_131k_s": (120.0, "s", "every rank: Llama-3-405B on 131,072 H100 (--long)"),
     "full_llama_131k_gib": (4.0, "GiB", "the same, peak memory of the process (--long)"),
+    "full_llama_growth": (1.0, "", "every rank: growth exponent of the time, 16,384 -> 131,072"),
     "sweep_exhaustive_s": (60.0, "s", "every fitting GPT-3 plan through the engine (--long)"),
     "deepseek_simulate_s": (2.0, "s", "DeepSeek-V3 / 2,048 H100 (pp 16, ep 64), whole process"),
     "deepseek_sweep_s": (120.0, "s", "sweep of DeepSeek-V3 on 1,024 H100 (the committed report's)"),
@@ -173,10 +176,12 @@ def measure(trees: list[Tree], long: bool) -> list[dict[str, float]]:
     with tempfile.TemporaryDirectory() as tmp:
         wall("deepseek_sweep_s", DEEPSEEK_SWEEP, out=f"{tmp}/d")
     if long:
-        for fig, r in zip(figs, python(FULL.replace("GPUS", "16384"))):
+        for fig, r in zip(figs, python(FULL.replace("GPUS", "16384"), repeat=3)):
             fig["full_llama_16k_s"] = r["full"]
         for fig, r in zip(figs, python(FULL.replace("GPUS", "131072"))):
             fig["full_llama_131k_s"], fig["full_llama_131k_gib"] = r["full"], r["gib"]
+        for fig in figs:  # t ~ GPUs^k between the two: k <= 1 is linear or better
+            fig["full_llama_growth"] = math.log(fig["full_llama_131k_s"] / fig["full_llama_16k_s"]) / math.log(8)
     return figs
 
 

@@ -50,3 +50,27 @@ def test_contention_walks_every_pipeline() -> None:
     on, off = _full(plan, "contention")
     assert on.stats["replicas"]["symmetric"] is False and "shares links" in on.stats["replicas"]["why"]
     _same_run(on, off)
+
+
+def test_the_check_times_each_dp_group_once() -> None:
+    """Every pipeline of one tp coordinate has the same DP group at a pipeline rank: the check
+    times its collectives once, not once per pipeline (each timing hashes the whole group, which
+    made a full run grow as GPUs^2). The count does not grow with dp; only the pipeline transfers
+    and the tp groups are timed per pipeline."""
+    from simpar.sim.cost.profile import MEGATRON
+    from simpar.sim.engine import replicas
+    from simpar.sim.engine.simulate import build_work
+    from simpar.sim.network import make_network
+
+    calls = []
+    for dp in (4, 16):
+        plan = ParallelPlan(dp=dp, tp=2, pp=2, global_batch_size=dp * 4, schedule="1f1b", zero=1)
+        cluster = load_cluster("dgx-a100-80g", gpus=plan.num_gpus)
+        net = make_network(cluster, "analytical")
+        timed = []
+        real = net.collective_time
+        net.collective_time = lambda op, ranks, nbytes: timed.append(len(ranks)) or real(op, ranks, nbytes)
+        work = build_work(MODEL, cluster, plan, network=net)[0]
+        assert replicas.asymmetric_pipeline(MODEL, plan, work, net, MEGATRON, EngineOptions()) is None
+        calls.append(sum(1 for n in timed if n == dp))
+    assert calls[0] == calls[1] > 0

@@ -44,10 +44,13 @@ def signature(
     options: EngineOptions,
     layout: RankLayout,
     key: tuple[int, int, int],
-    shards: dict[tuple[int, int], tuple[int, ...]],
+    shards: dict[tuple[int, int], list[float]],
 ) -> list[float]:
     """The network's seconds for pipeline ``key``'s transfers and collectives (module doc);
-    ``shards`` caches the DP x CP groups, by (tp, pp) coordinate."""
+    ``shards`` caches the seconds of a pipeline rank's DP x CP collectives by (tp, pp) coordinate
+    (without routed experts, whose edp group depends on the rank): every pipeline of one tp
+    coordinate has the same DP x CP group there, and timing it again per pipeline would cost
+    O(group) each time (the group is hashed), O(GPUs^2) over a full run."""
     coords = dict(zip(("dp", "cp", "tp"), key))
     ranks = [layout.rank(pp=pr, **coords) for pr in range(plan.pp)]
     place, out = plan.placement, []
@@ -56,22 +59,44 @@ def signature(
         if a != b:
             out += [net.p2p_time(a, b, work[s].act_bytes), net.p2p_time(b, a, work[s + 1].act_bytes)]
     for pr, stages in enumerate(plan.rank_stages):
-        dp_group = shards.get((key[2], pr))  # the DP x CP group depends on tp and pp only
-        if dp_group is None:
-            dp_group = shards[(key[2], pr)] = layout.shard_group(ranks[pr])
-        edp = layout.expert_group(ranks[pr], "edp") if model.moe is not None else ()
-        for s in stages:
-            comms = it.grad_buckets(plan, work[s], dp_group, profile, options, edp)[:2]
-            comms += it.param_gathers(plan, work[s], dp_group, profile, edp)
-            if plan.zero_policy is ZeroPolicy.PER_LAYER:
-                fp = it.fsdp_pass(plan, work[s], dp_group, edp)
-                comms += [*fp.first, *fp.rest, *fp.reduce]
-            out += [c.time(net) for c in comms]
+        shared = model.moe is None  # the DP x CP group depends on tp and pp only
+        times = shards.get((key[2], pr)) if shared else None
+        if times is None:
+            times = _group_seconds(model, plan, work, net, profile, options, layout, ranks[pr], stages)
+            if shared:
+                shards[(key[2], pr)] = times
+        out += times
         sync = it.sp_grad_sync(model, plan, list(stages), layout.group(ranks[pr], "tp"), profile)
         out.append(sync.time(net) if sync is not None else 0.0)
     tied = it.tied_embedding_ranks(model, plan)
     if tied is not None:
         out.append(it.tied_embedding_grad(model, plan, (ranks[tied[0]], ranks[tied[1]])).time(net))
+    return out
+
+
+def _group_seconds(
+    model: ModelSpec,
+    plan: ParallelPlan,
+    work: list[StageWork],
+    net,
+    profile: RuntimeProfile,
+    options: EngineOptions,
+    layout: RankLayout,
+    rank: int,
+    stages: Sequence[int],
+) -> list[float]:
+    """The seconds of the DP x CP (and edp) collectives of GPU ``rank``'s stages: gradient
+    buckets, parameter gathers and FSDP's per-layer passes, stage by stage."""
+    dp_group = layout.shard_group(rank)
+    edp = layout.expert_group(rank, "edp") if model.moe is not None else ()
+    out: list[float] = []
+    for s in stages:
+        comms = it.grad_buckets(plan, work[s], dp_group, profile, options, edp)[:2]
+        comms += it.param_gathers(plan, work[s], dp_group, profile, edp)
+        if plan.zero_policy is ZeroPolicy.PER_LAYER:
+            fp = it.fsdp_pass(plan, work[s], dp_group, edp)
+            comms += [*fp.first, *fp.rest, *fp.reduce]
+        out += [c.time(net) for c in comms]
     return out
 
 
@@ -85,7 +110,7 @@ def asymmetric_pipeline(
 ) -> tuple[int, int, int] | None:
     """The first pipeline whose signature differs from pipeline (0, 0, 0)'s, or None."""
     layout, keys = RankLayout(plan), pipeline_keys(plan)
-    shards: dict[tuple[int, int], tuple[int, ...]] = {}
+    shards: dict[tuple[int, int], list[float]] = {}
     ref = signature(model, plan, work, net, profile, options, layout, keys[0], shards)
     for key in keys[1:]:
         if signature(model, plan, work, net, profile, options, layout, key, shards) != ref:
