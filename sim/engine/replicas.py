@@ -44,13 +44,13 @@ def signature(
     options: EngineOptions,
     layout: RankLayout,
     key: tuple[int, int, int],
-    shards: dict[tuple[int, int], list[float]],
+    shards: dict[tuple[int, int], tuple[tuple[int, ...], list[float] | None]],
 ) -> list[float]:
     """The network's seconds for pipeline ``key``'s transfers and collectives (module doc);
-    ``shards`` caches the seconds of a pipeline rank's DP x CP collectives by (tp, pp) coordinate
-    (without routed experts, whose edp group depends on the rank): every pipeline of one tp
-    coordinate has the same DP x CP group there, and timing it again per pipeline would cost
-    O(group) each time (the group is hashed), O(GPUs^2) over a full run."""
+    ``shards`` caches, by (tp, pp) coordinate, a pipeline rank's DP x CP group and the seconds of
+    its collectives (none with routed experts, whose edp group depends on the rank): every
+    pipeline of one tp coordinate has the same group there, and timing it again per pipeline
+    would cost O(group) each time (the group is hashed), O(GPUs^2) over a full run."""
     coords = dict(zip(("dp", "cp", "tp"), key))
     ranks = [layout.rank(pp=pr, **coords) for pr in range(plan.pp)]
     place, out = plan.placement, []
@@ -59,12 +59,15 @@ def signature(
         if a != b:
             out += [net.p2p_time(a, b, work[s].act_bytes), net.p2p_time(b, a, work[s + 1].act_bytes)]
     for pr, stages in enumerate(plan.rank_stages):
-        shared = model.moe is None  # the DP x CP group depends on tp and pp only
-        times = shards.get((key[2], pr)) if shared else None
-        if times is None:
-            times = _group_seconds(model, plan, work, net, profile, options, layout, ranks[pr], stages)
-            if shared:
-                shards[(key[2], pr)] = times
+        hit = shards.get((key[2], pr))  # the DP x CP group depends on tp and pp only
+        if hit is None:
+            dp_group = layout.shard_group(ranks[pr])
+            dense = None if model.moe is not None else _group_seconds(plan, work, net, profile, options, stages, dp_group, ())
+            hit = shards[(key[2], pr)] = (dp_group, dense)
+        dp_group, times = hit
+        if times is None:  # routed experts: their edp group depends on the rank
+            edp = layout.expert_group(ranks[pr], "edp")
+            times = _group_seconds(plan, work, net, profile, options, stages, dp_group, edp)
         out += times
         sync = it.sp_grad_sync(model, plan, list(stages), layout.group(ranks[pr], "tp"), profile)
         out.append(sync.time(net) if sync is not None else 0.0)
@@ -75,20 +78,17 @@ def signature(
 
 
 def _group_seconds(
-    model: ModelSpec,
     plan: ParallelPlan,
     work: list[StageWork],
     net,
     profile: RuntimeProfile,
     options: EngineOptions,
-    layout: RankLayout,
-    rank: int,
     stages: Sequence[int],
+    dp_group: tuple[int, ...],
+    edp: tuple[int, ...],
 ) -> list[float]:
-    """The seconds of the DP x CP (and edp) collectives of GPU ``rank``'s stages: gradient
+    """The seconds of the DP x CP (and edp) collectives of a pipeline rank's ``stages``: gradient
     buckets, parameter gathers and FSDP's per-layer passes, stage by stage."""
-    dp_group = layout.shard_group(rank)
-    edp = layout.expert_group(rank, "edp") if model.moe is not None else ()
     out: list[float] = []
     for s in stages:
         comms = it.grad_buckets(plan, work[s], dp_group, profile, options, edp)[:2]
@@ -110,7 +110,7 @@ def asymmetric_pipeline(
 ) -> tuple[int, int, int] | None:
     """The first pipeline whose signature differs from pipeline (0, 0, 0)'s, or None."""
     layout, keys = RankLayout(plan), pipeline_keys(plan)
-    shards: dict[tuple[int, int], list[float]] = {}
+    shards: dict[tuple[int, int], tuple[tuple[int, ...], list[float] | None]] = {}
     ref = signature(model, plan, work, net, profile, options, layout, keys[0], shards)
     for key in keys[1:]:
         if signature(model, plan, work, net, profile, options, layout, key, shards) != ref:
