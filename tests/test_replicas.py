@@ -67,9 +67,13 @@ def test_the_check_times_each_dp_group_once() -> None:
         plan = ParallelPlan(dp=dp, tp=2, pp=2, global_batch_size=dp * 4, schedule="1f1b", zero=1)
         cluster = load_cluster("dgx-a100-80g", gpus=plan.num_gpus)
         net = make_network(cluster, "analytical")
-        timed = []
-        real = net.collective_time
-        net.collective_time = lambda op, ranks, nbytes: timed.append(len(ranks)) or real(op, ranks, nbytes)
+        timed: list[int] = []
+
+        def counted(op, ranks, nbytes, timed=timed, real=net.collective_time):
+            timed.append(len(ranks))
+            return real(op, ranks, nbytes)
+
+        net.collective_time = counted
         work = build_work(MODEL, cluster, plan, network=net)[0]
         assert replicas.asymmetric_pipeline(MODEL, plan, work, net, MEGATRON, EngineOptions()) is None
         calls.append(sum(1 for n in timed if n == dp))

@@ -62,7 +62,11 @@ def signature(
         hit = shards.get((key[2], pr))  # the DP x CP group depends on tp and pp only
         if hit is None:
             dp_group = layout.shard_group(ranks[pr])
-            dense = None if model.moe is not None else _group_seconds(plan, work, net, profile, options, stages, dp_group, ())
+            dense = (
+                None
+                if model.moe is not None
+                else _group_seconds(plan, work, net, profile, options, stages, dp_group, ())
+            )
             hit = shards[(key[2], pr)] = (dp_group, dense)
         dp_group, times = hit
         if times is None:  # routed experts: their edp group depends on the rank
