@@ -84,6 +84,70 @@ def test_fabric_event_log_is_exact():
     assert log == [("a", pytest.approx(15.0)), ("b", pytest.approx(20.0))]
 
 
+def _fluid(capacity, arrivals):
+    """The test's oracle: ``arrivals`` (start, links, bytes, weight) run as a fluid, every flow
+    advanced at every event and rates recomputed over all flows (max-min is per component, so
+    over all of them gives the same rates); each flow's end time."""
+    t, pending, active, ends = 0.0, sorted(range(len(arrivals)), key=lambda i: arrivals[i][0]), {}, {}
+    while pending or active:
+        rates = (
+            dict(
+                zip(active, max_min_rates([arrivals[i][1] for i in active], [arrivals[i][3] for i in active], capacity))
+            )
+            if active
+            else {}
+        )
+        t_end = min((left / rates[i] for i, left in active.items()), default=float("inf"))
+        t_arr = arrivals[pending[0]][0] - t if pending else float("inf")
+        dt = min(t_end, t_arr)
+        for i in active:
+            active[i] -= rates[i] * dt
+        t += dt
+        for i in [i for i, left in active.items() if left <= 1e-9 * arrivals[i][2] + 1e-9]:
+            ends[i] = t
+            del active[i]
+        while pending and arrivals[pending[0]][0] <= t:
+            i = pending.pop(0)
+            active[i] = arrivals[i][2]
+    return [ends[i] for i in range(len(arrivals))]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 6),  # start (s)
+            st.lists(st.integers(0, 4), min_size=1, max_size=3, unique=True).map(tuple),  # links
+            st.integers(1, 40),  # bytes
+            st.integers(1, 3),  # weight
+        ),
+        min_size=1,
+        max_size=14,
+    )
+)
+def test_fabric_ends_every_flow_when_the_fluid_does(arrivals):
+    """The fabric updates only the flows whose rate changes (the others' bytes left are a function
+    of time) and keeps their end times in heaps; every flow ends when a fluid that advances every
+    flow at every event says."""
+    capacity = [1.0, 2.0, 3.0, 1.5, 4.0]
+    env = simpy.Environment()
+    fab = FlowFabric(env, capacity)
+    ends = [None] * len(arrivals)
+
+    def flow(i, start, links, nbytes, weight):
+        yield env.timeout(start)
+        yield fab.start([(links, float(nbytes), float(weight))])
+        ends[i] = env.now
+
+    for i, a in enumerate(arrivals):
+        env.process(flow(i, *a))
+    env.run()
+    assert ends == pytest.approx(
+        _fluid(capacity, [(float(s), lk, float(b), float(w)) for s, lk, b, w in arrivals]), rel=1e-9
+    )
+    assert not fab.active
+
+
 # --- transfers on the cluster graph --------------------------------------------------------
 NET = make_network(load_cluster("dgx-h100", gpus=16), "contention")
 

@@ -14,6 +14,7 @@ time its process ends, not by ``env.now`` after ``env.run()``.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Sequence
 from typing import Any
 
@@ -52,6 +53,11 @@ def max_min_rates(
     return rates
 
 
+#: a flow with at most this fraction of its bytes (plus this many bytes) left has ended: what the
+#: rates' rounding leaves of it
+_ENDED = 1e-9
+
+
 class _Batch:
     __slots__ = ("pending", "done")
 
@@ -60,19 +66,31 @@ class _Batch:
 
 
 class _Flow:
-    __slots__ = ("links", "weight", "remaining", "total", "rate", "batch", "seq")
+    """A flow's bytes left are ``rem`` at time ``t0`` (when its rate last changed), then fall at
+    ``rate``: ``rem - rate x (now - t0)``, and nothing is updated for a flow whose rate does not
+    change. ``ver`` counts its rate changes (an entry of the fabric's heaps made before the last one
+    is stale)."""
 
-    def __init__(self, links: tuple[int, ...], nbytes: float, weight: float, batch: _Batch, seq: int) -> None:
+    __slots__ = ("links", "weight", "rem", "t0", "total", "rate", "batch", "seq", "ver", "tol")
+
+    def __init__(self, links: tuple[int, ...], nbytes: float, weight: float, batch: _Batch, seq: int, now: float):
         self.links, self.weight, self.batch, self.seq = links, weight, batch, seq
-        self.remaining = self.total = nbytes
+        self.rem = self.total = nbytes
+        self.t0 = now
         self.rate = 0.0
+        self.ver = 0
+        self.tol = _ENDED * nbytes + _ENDED  # bytes left at which the flow counts as ended
 
 
 class FlowFabric:
     """Flows in flight in one SimPy environment over links of the given capacities (bytes/s).
 
     Rates are recomputed only for the flows connected (through shared links, transitively) to
-    the flows that started or ended: max-min rates of other components cannot change.
+    the flows that started or ended: max-min rates of other components cannot change. Every
+    other flow is left as it is: its bytes left are a function of time (`_Flow`), and its
+    end time stays in two heaps (when it ends, and from when it counts as ended), so an event
+    costs the size of its component, not the number of flows in flight (which grows with the
+    GPUs of a full run).
     """
 
     def __init__(self, env: Any, capacity: Sequence[float]) -> None:
@@ -80,7 +98,8 @@ class FlowFabric:
         self.capacity = capacity
         self.active: dict[_Flow, None] = {}  # insertion-ordered set
         self._users: dict[int, dict[_Flow, None]] = {}
-        self._last = env.now
+        self._ends: list[tuple[float, int, int, _Flow]] = []  # (end, seq, ver, flow)
+        self._ended: list[tuple[float, int, int, _Flow]] = []  # (counts as ended from, seq, ver, flow)
         self._wake_at: float | None = None
         self._seq = 0
 
@@ -91,11 +110,11 @@ class FlowFabric:
         if not todo:
             done.succeed()
             return done
-        self._advance()
         batch = _Batch(len(todo), done)
         new = []
+        now = self.env.now
         for links, b, w in todo:
-            f = _Flow(links, b, w, batch, self._seq)
+            f = _Flow(links, b, w, batch, self._seq, now)
             self._seq += 1
             self.active[f] = None
             for link in links:
@@ -103,13 +122,6 @@ class FlowFabric:
             new.append(f)
         self._reallocate({link for f in new for link in f.links})
         return done
-
-    def _advance(self) -> None:
-        dt = self.env.now - self._last
-        if dt > 0:
-            for f in self.active:
-                f.remaining -= f.rate * dt
-        self._last = self.env.now
 
     def _component(self, links: set[int]) -> list[_Flow]:
         """Active flows reachable from ``links`` through shared links, in start order."""
@@ -130,23 +142,82 @@ class FlowFabric:
     def _reallocate(self, touched: set[int]) -> None:
         comp = self._component(touched)
         rates = max_min_rates([f.links for f in comp], [f.weight for f in comp], self.capacity)
+        now = self.env.now
+        changed = []
         for f, r in zip(comp, rates):
-            f.rate = r
+            if r != f.rate:  # a flow whose rate stays keeps its entries
+                f.rem, f.t0, f.rate = f.rem - f.rate * (now - f.t0), now, r
+                f.ver += 1
+                changed.append(f)
+        if 5 * len(changed) >= 4 * len(self.active):  # nearly every flow changed: made anew at once
+            self._ends = [(f.t0 + max(f.rem, 0.0) / f.rate, f.seq, f.ver, f) for f in self.active]
+            self._ended = [(f.t0 + (f.rem - f.tol) / f.rate, f.seq, f.ver, f) for f in self.active]
+            heapq.heapify(self._ends)
+            heapq.heapify(self._ended)
+        else:
+            for f in changed:
+                self._push(f)
         if not self.active:
             return
-        t_next = self.env.now + min(max(f.remaining, 0.0) / f.rate for f in self.active)
-        if self._wake_at is None or t_next < self._wake_at or self._wake_at <= self.env.now:
+        top = self._top(self._ends)
+        assert top is not None, "every flow in flight has an entry"
+        delay = max(top[0] - now, 0.0)
+        t_next = now + delay  # the time the timeout fires at, as SimPy adds it
+        if self._wake_at is None or t_next < self._wake_at or self._wake_at <= now:
             self._wake_at = t_next
-            ev = self.env.timeout(t_next - self.env.now)
+            ev = self.env.timeout(delay)
             ev.callbacks.append(self._on_wake)
 
+    def _push(self, f: _Flow) -> None:
+        """The flow's entries at its current rate: when it ends, and from when it counts as ended
+        (`_Flow.tol` bytes left). Heaps grown to many times the flows in flight, mostly stale
+        entries, are rebuilt from the live ones."""
+        heapq.heappush(self._ends, (f.t0 + max(f.rem, 0.0) / f.rate, f.seq, f.ver, f))
+        heapq.heappush(self._ended, (f.t0 + (f.rem - f.tol) / f.rate, f.seq, f.ver, f))
+        if len(self._ends) > 4 * len(self.active) + 64:
+            for heap in (self._ends, self._ended):
+                heap[:] = [e for e in heap if self._live(e)]
+                heapq.heapify(heap)
+
+    def _live(self, entry: tuple[float, int, int, _Flow]) -> bool:
+        f = entry[3]
+        return entry[2] == f.ver and f in self.active
+
+    def _top(self, heap: list[tuple[float, int, int, _Flow]]) -> tuple[float, int, int, _Flow] | None:
+        """The heap's first entry of a flow in flight at its current rate (stale ones dropped)."""
+        active, pop = self.active, heapq.heappop
+        while heap:
+            entry = heap[0]
+            f = entry[3]
+            if entry[2] == f.ver and f in active:
+                return entry
+            pop(heap)
+        return None
+
     def _on_wake(self, _event: Any) -> None:
-        if self._wake_at is not None and self.env.now < self._wake_at:
+        now = self.env.now
+        if self._wake_at is not None and now < self._wake_at:
             return  # superseded by an earlier wake-up that already ran
         self._wake_at = None
-        self._advance()
+        # every flow with at most its `_Flow.tol` bytes left; the heap's times are rounded, so
+        # those just past now are tested too (and put back when they have not ended)
+        ended: list[tuple[float, int, int, _Flow]] = []
+        keep: list[tuple[float, int, int, _Flow]] = []
+        horizon = now + _ENDED * (abs(now) + 1.0)
+        heap, active, pop = self._ended, self.active, heapq.heappop
+        while heap:
+            entry = heap[0]
+            if entry[0] > horizon:
+                break
+            pop(heap)
+            f = entry[3]
+            if entry[2] != f.ver or f not in active:
+                continue  # stale
+            (ended if f.rem - f.rate * (now - f.t0) <= f.tol else keep).append(entry)
+        for entry in keep:
+            heapq.heappush(self._ended, entry)
         touched: set[int] = set()
-        for f in [f for f in self.active if f.remaining <= 1e-9 * f.total + 1e-9]:
+        for f in sorted((e[3] for e in ended), key=lambda f: f.seq):  # in start order
             del self.active[f]
             for link in f.links:
                 del self._users[link][f]
