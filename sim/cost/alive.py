@@ -12,17 +12,18 @@ Equal to `schedules.peak_activation_units` up to rounding (tested).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
+from itertools import repeat
 from operator import mul
 
 from ..derived import derived
 from ..plan import ParallelPlan
 from ..schedules import ALL_FORWARDS_FIRST, COST_STEERED, Schedule, StageCosts, build_schedule
 from ..schedules.analysis import ALIVE_DELTA
-from ..schedules.ir import flat
-from ..schedules.zb_auto import MEM_FACTOR, W_MEM_FRACTION, memory_key, memory_limit, stage_memory
+from ..schedules.ir import Kind, flat
+from ..schedules.zb_auto import MEM_FACTOR, W_MEM_FRACTION, memory_key, memory_limit, stage_memory, zb_auto_kinds
 
 #: per stage, the bytes a micro-batch's F keeps and those it keeps from its I to its W
 #: (`activations.zb_stage_memory`)
@@ -111,40 +112,48 @@ def _maximal(vectors: set[tuple[int, ...]]) -> tuple[tuple[int, ...], ...]:
 
 def alive_profile(schedule: Schedule) -> AliveProfile:
     """The alive profile of ``schedule``: per rank, the maximal per-stage counts of alive and
-    W-waiting sets over its actions.
+    W-waiting sets over its actions (`rank_vectors`)."""
+    stages_all, vectors_all = [], []
+    for r, acts in enumerate(schedule.ranks):
+        stages = schedule.stages_of(r)
+        fl = flat(acts)
+        stages_all.append(stages)
+        vectors_all.append(rank_vectors(stages, zip([a.stage for a in fl], [a.kind for a in fl])))
+    return AliveProfile(tuple(stages_all), tuple(vectors_all))
+
+
+def rank_vectors(stages: Sequence[int], actions: Iterable[tuple[int, Kind]]) -> tuple[tuple[int, ...], ...]:
+    """The maximal counts of one rank, which runs ``stages``, over its ``actions`` (stage, kind)
+    in order, pairs taken as their F then their backward (`ir.flat`): per stage the sets alive, then
+    per stage the sets waiting for their W (`analysis.ALIVE_DELTA`).
 
     Only the counts just before a decrease (and at the end) are candidates: between two decreases
     the counts only grow, so the last vector before a decrease dominates every one since the
     previous decrease. An overlapped pair takes its F's set before freeing its B's; what an I's W
     reads may outweigh the set it frees (full recompute), so an I both frees and holds."""
-    stages_all, vectors_all = [], []
+    n = len(stages)
+    idx = {s: i for i, s in enumerate(stages)}
+    held = {s: n + i for i, s in enumerate(stages)}
+    alive = [0] * (2 * n)  # per stage: sets alive, then sets waiting for their W
+    seen: set[tuple[int, ...]] = set()
+    grew = False  # a count grew since the last candidate
     delta = ALIVE_DELTA.get
-    for r, acts in enumerate(schedule.ranks):
-        stages = schedule.stages_of(r)
-        n = len(stages)
-        idx = {s: i for i, s in enumerate(stages)}
-        held = {s: n + i for i, s in enumerate(stages)}
-        alive = [0] * (2 * n)  # per stage: sets alive, then sets waiting for their W
-        seen: set[tuple[int, ...]] = set()
-        grew = False  # a count grew since the last candidate
-        for a in flat(acts):  # `analysis.alive_deltas`, inlined: the walk is the profile's cost
-            dh = delta(a.kind)
-            if dh is None:
-                continue
-            d, h = dh
-            if grew and (d < 0 or h < 0):
-                seen.add(tuple(alive))
-                grew = False
-            if d:
-                alive[idx[a.stage]] += d
-            if h:
-                alive[held[a.stage]] += h
-            grew = grew or d > 0 or h > 0
-        if grew:
+    for stage, kind in actions:  # `analysis.alive_deltas`, inlined: the walk is the profile's cost
+        dh = delta(kind)
+        if dh is None:
+            continue
+        d, h = dh
+        if grew and (d < 0 or h < 0):
             seen.add(tuple(alive))
-        stages_all.append(stages)
-        vectors_all.append(_maximal(seen))
-    return AliveProfile(tuple(stages_all), tuple(vectors_all))
+            grew = False
+        if d:
+            alive[idx[stage]] += d
+        if h:
+            alive[held[stage]] += h
+        grew = grew or d > 0 or h > 0
+    if grew:
+        seen.add(tuple(alive))
+    return _maximal(seen)
 
 
 #: Past ``STEADY * pp`` micro-batches a schedule's alive-set profile no longer changes (its peak is
@@ -205,6 +214,11 @@ def _plain_profile(schedule: str, pp: int, vpp: int, num_microbatches: int) -> A
 
 def _build(schedule: str, pp: int, vpp: int, num_microbatches: int, memory: StageMemory | None) -> AliveProfile:
     costs = unit_costs(schedule, memory)
+    if schedule in MEM_FACTOR and vpp == 1:  # zb-1p/2p: the kinds of its actions are all it takes
+        kinds = zb_auto_kinds(pp, num_microbatches, costs, MEM_FACTOR[schedule])
+        return AliveProfile(
+            tuple((j,) for j in range(pp)), tuple(rank_vectors((j,), zip(repeat(j), k)) for j, k in enumerate(kinds))
+        )
     return alive_profile(build_schedule(schedule, pp, vpp, num_microbatches, costs))
 
 

@@ -300,16 +300,12 @@ class _Auto:
         return max(self.end[j] - (self.t[_F][j][0] - self.cost[j][_F]) for j in range(self.p))
 
 
-def zb_auto(
-    pp: int,
-    num_microbatches: int,
-    costs: StageCosts | None = None,
-    mem_factor: int = 1,
-    w_mem_fraction: float = W_MEM_FRACTION,
-) -> Schedule:
-    """ZB-1p (``mem_factor=1``) or ZB-2p (``mem_factor=2``) for the given stage costs."""
-    name = f"zb-{mem_factor}p"
-    check_sizes(name, pp, 1, num_microbatches)
+def _best_run(
+    pp: int, num_microbatches: int, costs: StageCosts | None, mem_factor: int, w_mem_fraction: float
+) -> tuple[_Auto, float]:
+    """The heuristic's run with the shortest longest-rank time over its switches, and the M_W / M_B
+    fraction it used."""
+    check_sizes(f"zb-{mem_factor}p", pp, 1, num_microbatches)
     costs = costs or StageCosts.uniform()
     costs.check(pp)
     if costs.w_mem_fraction is not None:
@@ -329,18 +325,38 @@ def zb_auto(
         if best is None or cost < best - 1e-12:
             best, best_run = cost, run
     assert best_run is not None  # the loop ran at least once
-    ranks = tuple(best_run.actions(j) for j in range(pp))
+    return best_run, w_mem_fraction
+
+
+def zb_auto(
+    pp: int,
+    num_microbatches: int,
+    costs: StageCosts | None = None,
+    mem_factor: int = 1,
+    w_mem_fraction: float = W_MEM_FRACTION,
+) -> Schedule:
+    """ZB-1p (``mem_factor=1``) or ZB-2p (``mem_factor=2``) for the given stage costs."""
+    run, w_mem_fraction = _best_run(pp, num_microbatches, costs, mem_factor, w_mem_fraction)
     return Schedule(
-        name,
+        f"zb-{mem_factor}p",
         pp,
         1,
         num_microbatches,
         looped_placement(pp, 1),
-        ranks,
+        tuple(run.actions(j) for j in range(pp)),
         meta={
             "mem_factor": mem_factor,
             "w_mem_fraction": w_mem_fraction,
-            "stage_memory": costs.mem_f is not None,
-            "over_limit_stages": sorted(best_run.over),
+            "stage_memory": costs is not None and costs.mem_f is not None,
+            "over_limit_stages": sorted(run.over),
         },
     )
+
+
+def zb_auto_kinds(
+    pp: int, num_microbatches: int, costs: StageCosts | None = None, mem_factor: int = 1
+) -> tuple[tuple[Kind, ...], ...]:
+    """Per stage (rank j runs stage j), the kinds of `zb_auto`'s actions in their order, without
+    making the actions: all an alive profile reads (`alive.alive_profile`)."""
+    run, _ = _best_run(pp, num_microbatches, costs, mem_factor, W_MEM_FRACTION)
+    return tuple(tuple([_KINDS[kind] for kind, _ in run.order[j]]) for j in range(pp))
