@@ -22,7 +22,12 @@ from typing import Any
 def max_min_rates(
     flow_links: Sequence[tuple[int, ...]], weights: Sequence[float], capacity: Sequence[float]
 ) -> list[float]:
-    """Weighted max-min fair rate (bytes/s) of each flow; every flow has at least one link."""
+    """Weighted max-min fair rate (bytes/s) of each flow; every flow has at least one link.
+
+    Each pass freezes the flows of the links at the lowest level (bytes/s per unit of weight
+    left), then takes what they use off their links. The pass that freezes the last flows takes
+    nothing off: most calls end in their first pass (a component whose flows all cross one
+    bottleneck, as an all-to-all's do)."""
     n = len(flow_links)
     rates = [0.0] * n
     users: dict[int, list[int]] = {}
@@ -30,25 +35,31 @@ def max_min_rates(
         for link in links:
             users.setdefault(link, []).append(i)
     remaining = {link: capacity[link] for link in users}
-    wsum = {link: sum(weights[i] for i in fl) for link, fl in users.items()}
+    wsum = {link: sum([weights[i] for i in fl]) for link, fl in users.items()}
     unfrozen = {link: len(fl) for link, fl in users.items()}
     frozen = [False] * n
+    left = n  # flows not frozen yet
     active = sorted(users)
     while active:
         levels = {link: max(remaining[link], 0.0) / wsum[link] for link in active}
         level = min(levels.values())
+        now: list[int] = []  # this pass's flows, in the order they freeze
         for link in active:
             if levels[link] > level * (1 + 1e-12):
                 continue
             for i in users[link]:
-                if frozen[i]:
-                    continue
-                frozen[i] = True
-                rates[i] = weights[i] * level
-                for l2 in flow_links[i]:
-                    remaining[l2] -= rates[i]
-                    wsum[l2] -= weights[i]
-                    unfrozen[l2] -= 1
+                if not frozen[i]:
+                    frozen[i] = True
+                    rates[i] = weights[i] * level
+                    now.append(i)
+        left -= len(now)
+        if not left:
+            break
+        for i in now:
+            for l2 in flow_links[i]:
+                remaining[l2] -= rates[i]
+                wsum[l2] -= weights[i]
+                unfrozen[l2] -= 1
         active = [link for link in active if unfrozen[link] > 0]
     return rates
 
