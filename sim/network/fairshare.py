@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Sequence
+from operator import attrgetter
 from typing import Any
 
 
@@ -67,6 +68,7 @@ def max_min_rates(
 #: a flow with at most this fraction of its bytes (plus this many bytes) left has ended: what the
 #: rates' rounding leaves of it
 _ENDED = 1e-9
+_SEQ = attrgetter("seq")
 
 
 class _Batch:
@@ -138,17 +140,17 @@ class FlowFabric:
         """Active flows reachable from ``links`` through shared links, in start order."""
         seen_links: set[int] = set()
         seen: dict[_Flow, None] = {}
-        todo = list(links)
+        todo, users = list(links), self._users
         while todo:
             link = todo.pop()
             if link in seen_links:
                 continue
             seen_links.add(link)
-            for f in self._users.get(link, ()):
+            for f in users.get(link, ()):
                 if f not in seen:
                     seen[f] = None
-                    todo.extend(x for x in f.links if x not in seen_links)
-        return sorted(seen, key=lambda f: f.seq)
+                    todo += f.links  # a link already seen is skipped when it comes up
+        return sorted(seen, key=_SEQ)
 
     def _reallocate(self, touched: set[int]) -> None:
         comp = self._component(touched)
