@@ -95,6 +95,16 @@ class _Flow:
         self.tol = _ENDED * nbytes + _ENDED  # bytes left at which the flow counts as ended
 
 
+def _end_entry(f: _Flow) -> tuple[float, int, int, _Flow]:
+    """The flow's entry in `FlowFabric`'s heap of ends: when it ends at its current rate."""
+    return f.t0 + max(f.rem, 0.0) / f.rate, f.seq, f.ver, f
+
+
+def _ended_entry(f: _Flow) -> tuple[float, int, int, _Flow]:
+    """Its entry in the heap of ended flows: from when it has at most `_Flow.tol` bytes left."""
+    return f.t0 + (f.rem - f.tol) / f.rate, f.seq, f.ver, f
+
+
 class FlowFabric:
     """Flows in flight in one SimPy environment over links of the given capacities (bytes/s).
 
@@ -163,8 +173,8 @@ class FlowFabric:
                 f.ver += 1
                 changed.append(f)
         if 5 * len(changed) >= 4 * len(self.active):  # nearly every flow changed: made anew at once
-            self._ends = [(f.t0 + max(f.rem, 0.0) / f.rate, f.seq, f.ver, f) for f in self.active]
-            self._ended = [(f.t0 + (f.rem - f.tol) / f.rate, f.seq, f.ver, f) for f in self.active]
+            self._ends = list(map(_end_entry, self.active))
+            self._ended = list(map(_ended_entry, self.active))
             heapq.heapify(self._ends)
             heapq.heapify(self._ended)
         else:
@@ -185,8 +195,8 @@ class FlowFabric:
         """The flow's entries at its current rate: when it ends, and from when it counts as ended
         (`_Flow.tol` bytes left). Heaps grown to many times the flows in flight, mostly stale
         entries, are rebuilt from the live ones."""
-        heapq.heappush(self._ends, (f.t0 + max(f.rem, 0.0) / f.rate, f.seq, f.ver, f))
-        heapq.heappush(self._ended, (f.t0 + (f.rem - f.tol) / f.rate, f.seq, f.ver, f))
+        heapq.heappush(self._ends, _end_entry(f))
+        heapq.heappush(self._ended, _ended_entry(f))
         if len(self._ends) > 4 * len(self.active) + 64:
             for heap in (self._ends, self._ended):
                 heap[:] = [e for e in heap if self._live(e)]
