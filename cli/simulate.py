@@ -72,6 +72,7 @@ def simulate(
     **kw,
 ) -> None:
     """Simulate one training iteration: time, throughput, MFU, breakdown, memory."""
+    from simpar.sim.collector import settled
     from simpar.sim.engine.core import EngineOptions
     from simpar.sim.engine.simulate import simulate as run
 
@@ -93,6 +94,7 @@ def simulate(
         overlap_grad_reduce=not no_overlap_grad_reduce,
     )
     profile, opts = runtime_of(runtime, calib, opts)
+    settled()  # the imports and inputs, alive to the end: no collection walks them again
     res = run(st.model, st.cluster, st.plan, backend=backend, calibration=calib, options=opts, profile=profile)
     write_outputs(st, res, trace_path, plot_path, mem_plot, plan_dir, calib, profile)
     if emit:

@@ -12,6 +12,14 @@ CSV spent 2.10 s of 7.78 s in 2,698 collections (18 full), and the GPT-3 sweep's
 19.7 s; with a young threshold of 50,000 the validation spent 0.53 s in 30 collections (none
 full). Memory is still freed as soon as its last reference goes (reference counting); only
 cyclic garbage waits longer for a collection.
+
+What a command has made before its work starts (its modules, classes and their pydantic schemas,
+the specs it read: some 50,000 objects) lives to the process's end, yet every collection walks it
+again, and so does the full collection the interpreter runs at exit. `simpar simulate` of GPT-3
+on 1,024 A100 spent 8-14 ms in its one young collection and 13.5 ms in the one at exit, of about
+200 ms in all (2026-11-29); `settled` moves those objects out of the collector's reach
+(`gc.freeze`, which CPython provides for what a process makes at its start), and the two then take
+0 and 2.2 ms.
 """
 
 from __future__ import annotations
@@ -31,6 +39,12 @@ def batch_mode() -> None:
     raised to `YOUNG` and `MIDDLE` (never lowered: a caller's higher setting stays)."""
     young, middle, old = gc.get_threshold()
     gc.set_threshold(max(young, YOUNG), max(middle, MIDDLE), old)
+
+
+def settled() -> None:
+    """Every object made so far kept out of later collections (`gc.freeze`): for a command whose
+    imports and inputs are made and stay alive to its end; the library never calls it."""
+    gc.freeze()
 
 
 @contextmanager

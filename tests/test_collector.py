@@ -112,3 +112,30 @@ def test_a_simulation_pauses_the_collector_and_leaves_it_as_it_found_it(monkeypa
     finally:
         gc.enable()
     assert inside == [False, False]
+
+
+def test_simulate_runs_with_its_imports_and_inputs_settled_and_the_library_settles_nothing() -> None:
+    # `simpar simulate` freezes what it made before the run (`collector.settled`); a program that
+    # calls the library's simulate keeps every object in the collector's generations
+    code = (
+        "import gc, sys\n"
+        "from simpar.sim.engine import simulate as sim\n"
+        "from simpar.sim.plan import ParallelPlan\n"
+        "from simpar.sim.specs import load_cluster, load_model\n"
+        "plan = ParallelPlan(dp=2, pp=4, global_batch_size=16)\n"
+        "sim.simulate(load_model('gpt-1.7b'), load_cluster('dgx-a100-80g', gpus=8), plan)\n"
+        "library = gc.get_freeze_count()\n"
+        "run = sim.simulate\n"
+        "def spy(*a, **k):\n"
+        "    print(library, gc.get_freeze_count(), sep=';')\n"
+        "    return run(*a, **k)\n"
+        "sim.simulate = spy\n"
+        "from simpar.cli import main as m\n"
+        "sys.argv = ['simpar', 'simulate', '--model', 'gpt-1.7b', '--cluster', 'dgx-a100-80g', '--gpus', '8',"
+        " '--pp', '4', '--gbs', '16']\n"
+        "m.main()\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    library, command = (int(x) for x in out.splitlines()[0].split(";"))
+    assert library == 0
+    assert command > 10_000  # the modules, classes and specs made before the run
