@@ -247,6 +247,7 @@ class _Bar:
 def sweep(**kw) -> None:
     """Search tp x pp x dp x cp x vpp x micro-batch x schedule x ZeRO x recompute x SP; rank, explain, report."""
     from simpar.sim import files
+    from simpar.sim.collector import settled
     from simpar.sim.specs import load_cluster, load_model
     from simpar.sim.sweep import limits, lock
     from simpar.sim.sweep.evaluate import SweepSetup
@@ -318,6 +319,7 @@ def sweep(**kw) -> None:
             )
             stage, t_plans = "plans", time.perf_counter()
             finish(setup, res, kw, command, bar)
+            settled()  # the rows and the figures' modules, alive to the end: the exit's collection skips them
     except KeyboardInterrupt as exc:
         click.echo(_interrupted(stage, out, command), err=True)
         sys.exit(exc.exit_code if isinstance(exc, Interrupted) else 130)

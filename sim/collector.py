@@ -43,7 +43,8 @@ def batch_mode() -> None:
 
 def settled() -> None:
     """Every object made so far kept out of later collections (`gc.freeze`): for a command whose
-    imports and inputs are made and stay alive to its end; the library never calls it."""
+    imports and inputs are made and stay alive to its end, and for a sweep's pool worker after a
+    screen batch (`workers`); never in a program that imports the library."""
     gc.freeze()
 
 

@@ -139,3 +139,27 @@ def test_simulate_runs_with_its_imports_and_inputs_settled_and_the_library_settl
     library, command = (int(x) for x in out.splitlines()[0].split(";"))
     assert library == 0
     assert command > 10_000  # the modules, classes and specs made before the run
+
+
+def test_a_pool_worker_settles_its_caches_after_a_screen_batch_only() -> None:
+    # the screen's caches are frozen after its batch, with the collector on again; an engine batch
+    # (whose runs leave reference cycles) leaves the collector's generations alone
+    code = (
+        "import gc\n"
+        "from simpar.sim.specs import load_cluster, load_model\n"
+        "from simpar.sim.sweep import workers\n"
+        "from simpar.sim.sweep.evaluate import SweepSetup\n"
+        "from simpar.sim.sweep.space import SearchSpace, enumerate_configs\n"
+        "setup = SweepSetup(load_model('gpt-1.7b'), load_cluster('dgx-a100-80g', gpus=8), 8, 16, SearchSpace())\n"
+        "workers._SETUP[0] = setup\n"
+        "configs = enumerate_configs(setup.model, setup.cluster, 8, setup.space)\n"
+        "rows = workers._run('screen', configs[:1])\n"
+        "fits = [c for c in configs if workers._run('screen', [c])[0]['status'] == 'estimated'][:1]\n"
+        "gc.unfreeze()\n"
+        "workers._run('simulate', fits)\n"
+        "after_engine = gc.get_freeze_count()\n"
+        "workers._run('screen', configs[:8])\n"
+        "print(after_engine, gc.get_freeze_count() > 0, gc.isenabled(), len(fits), sep=';')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "0;True;True;1"
