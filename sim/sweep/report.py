@@ -245,10 +245,14 @@ def drop_reasons(rows: list[dict], most: int = 8) -> list[tuple[int, str, str]]:
     """(count, reason pattern, an example) of the commonest reasons configurations were dropped."""
     groups: Counter = Counter()
     example: dict[str, str] = {}
+    patterns: dict[str, str] = {}  # reason -> pattern: a space's reasons repeat (80 in GPT-3's 19,077)
     for r in rows:
         if r["status"] not in ("invalid", "oom"):
             continue
-        pat = "does not fit in memory" if r["status"] == "oom" else re.sub(r"\b\d+\b", "N", r["reason"])
+        if r["status"] == "oom":
+            pat = "does not fit in memory"
+        else:
+            pat = patterns.get(r["reason"]) or patterns.setdefault(r["reason"], re.sub(r"\b\d+\b", "N", r["reason"]))
         groups[pat] += 1
         example.setdefault(pat, f"{r['id']}: {r['reason']}")
     return [(n, pat, example[pat]) for pat, n in sorted(groups.items(), key=lambda x: (-x[1], x[0]))[:most]]
