@@ -164,41 +164,72 @@ def _per_stage(x: Inputs, kind: str, prank: int, stage: int, make):
     return hit[3]
 
 
-def _stage_buckets(x: Inputs, prank: int, stage: int) -> list[Comm]:
-    """`iteration.grad_buckets` of the stage on the rank (`_per_stage`)."""
-    return _per_stage(
-        x,
-        "buckets",
-        prank,
-        stage,
-        lambda: it.grad_buckets(x.plan, x.work[stage], x.dp_groups[prank], x.profile, x.options, x.edp(prank)),
-    )
+#: Per entry of a stage's gradient buckets (`iteration.grad_buckets`): its count, its seconds, and
+#: the seconds of the two calls it is issued as when its buckets do not run back to back
+#: (`iteration.split_bucket`; 0 where it is one bucket or the reduction is not overlapped).
+BucketTimes = tuple[tuple[int, float, float, float], ...]
+
+
+def _rank_buckets(x: Inputs, prank: int) -> dict[int, BucketTimes]:
+    """The rank's `BucketTimes` by stage, filled as stages are asked for (`_bucket_times`): what
+    `iteration.reduction_calls` times, timed once per work table, groups, ZeRO stage, rank and
+    stage (kept in the shared cache as `_per_stage` keeps its entries, with the objects it was
+    made from; plans of one work table may place other stages on the rank)."""
+    key = ("buckets", id(x.work), id(x.dp_groups), id(x.edp_groups), x.plan.zero, prank)
+    hit = x.cache.get(key)
+    if hit is None or hit[0] is not x.work or hit[1] is not x.dp_groups or hit[2] is not x.edp_groups:
+        hit = x.cache[key] = (x.work, x.dp_groups, x.edp_groups, {})
+    return hit[3]
+
+
+def _bucket_times(x: Inputs, prank: int, stage: int) -> BucketTimes:
+    split = x.options.overlap_grad_reduce
+    out = []
+    for c in it.grad_buckets(x.plan, x.work[stage], x.dp_groups[prank], x.profile, x.options, x.edp(prank)):
+        rest, one = it.split_bucket(c) if split and c.count > 1 else (None, None)
+        out.append((c.count, x.time(c, prank), x.time(rest, prank), x.time(one, prank)))
+    return tuple(out)
 
 
 def _dp_tail(x: Inputs, prank: int, rt: RankTimes) -> float:
     """Seconds the rank's gradient buckets run past its last action, queued on one DP stream as
-    the engine queues them."""
+    the engine queues them: the calls of `iteration.reduction_calls`, from their seconds timed once
+    (`_rank_buckets`) and its `iteration.release_times`."""
     if not x.plan.reduces_gradients or x.fsdp:
         return 0.0
-    o = x.options
+    overlapped = x.options.overlap_grad_reduce
+    table = _rank_buckets(x, prank)
     buckets = []
     # (stage, start, duration, when a reduction not overlapped starts: a REDUCE_GRAD's time or,
     # under ZeRO-2, the pass's end)
     passes = [(s, t0, d, t0 + d) for s, t0, d in rt.every_bwd] or [
         (s, t0, d, at) for s, (t0, d, at) in sorted(rt.last_bwd.items())
     ]
-
-    def seconds(c: Comm) -> float:
-        return x.time(c, prank)
-
     for s, t0, d, at in passes:
-        comms = _stage_buckets(x, prank, s)
-        releases = it.reduction_calls(comms, t0, d, o.overlap_grad_reduce, at, seconds)
-        buckets += [(t, s, b, dur) for b, (_, t, dur) in enumerate(releases)]
+        calls: list[tuple[float, float]] = []
+        entries = table.get(s)
+        if entries is None:
+            entries = table[s] = _bucket_times(x, prank, s)
+        for n, t, t_rest, t_one in entries:
+            if not overlapped:
+                calls.append((at, t))
+                continue
+            first, last = it.release_times(n, t, t0, d)
+            if last is None:
+                calls.append((first, t))
+            else:
+                calls += [(first, t_rest), (last, t_one)]
+        if overlapped:
+            calls.sort(key=_at)  # in order of their starts (stable), as `reduction_calls` returns them
+        buckets += [(t, s, b, dur) for b, (t, dur) in enumerate(calls)]
     cur = 0.0
     for ready_at, _, _, dur in sorted(buckets):
         cur = max(cur, ready_at) + dur
     return max(0.0, cur - rt.end)
+
+
+def _at(call: tuple[float, float]) -> float:
+    return call[0]
 
 
 def _gather(x: Inputs, prank: int, stage: int) -> float:
