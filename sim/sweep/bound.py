@@ -3,32 +3,28 @@ orders the engine runs by and prunes on (`run.simulate_phase`), safe on either n
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from ..engine import iteration as it
 from .pairs import OVERLAPPED, rank_savings
 from .terms import Inputs, fsdp_seconds, host_wait, optimizer_time, sp_sync_time
 
 
-def _reduction(x: Inputs, prank: int, stage: int) -> tuple[float, float]:
+def _shape(x: Inputs) -> tuple:
+    """What a stage's gradient reduction depends on besides its own work and the rank (`_reduction`)."""
+    p = x.plan
+    return ("reduction", p.tp, p.cp, p.pp, p.dp, p.zero, p.precision, p.mesh_order)
+
+
+def _reduction(x: Inputs, prank: int, stage: int, shape: tuple) -> tuple[float, float]:
     """Seconds of the stage's last gradient bucket and of all its buckets, one after the other on
-    the rank's DP stream (`iteration.grad_buckets`; (0, 0) when nothing is reduced)."""
+    the rank's DP stream (`iteration.grad_buckets`; (0, 0) when nothing is reduced), kept per
+    ``shape`` (`_shape`, shared by the stages and plans of one layout), stage size and rank."""
     p = x.plan
     if not p.reduces_gradients or x.fsdp:
         return 0.0, 0.0
-    key = (
-        "reduction",
-        p.tp,
-        p.cp,
-        p.pp,
-        p.dp,
-        p.zero,
-        p.precision,
-        p.mesh_order,
-        x.work[stage].params,
-        x.work[stage].expert_params,
-        x.work[stage].layers,
-        x.edp(prank),
-        prank,
-    )
+    w = x.work[stage]
+    key = (shape, w.params, w.expert_params, w.layers, x.edp(prank), prank)
     hit = x.cache.get(key)
     if hit is None:
         comms = it.grad_buckets(p, x.work[stage], x.dp_groups[prank], x.profile, x.options, x.edp(prank))
@@ -36,12 +32,12 @@ def _reduction(x: Inputs, prank: int, stage: int) -> tuple[float, float]:
     return hit
 
 
-def _after_last_backward(x: Inputs, prank: int, stage: int, longest: float) -> float:
+def _after_last_backward(x: Inputs, prank: int, stage: int, longest: float, shape: tuple) -> float:
     """Seconds the stage's gradient reduction runs past the end of its last backward, at least:
     its last bucket, released at that end; and, when the buckets are released during that pass
     (at most ``longest`` long), all of them less the pass; when they are released at its end, all
     of them. The pass may be followed on the rank's walk by posting its sends, which overlap."""
-    last, total = _reduction(x, prank, stage)
+    last, total = _reduction(x, prank, stage, shape)
     past = max(last, total - longest) if x.options.overlap_grad_reduce else total
     return max(0.0, past - x.posts[stage] * x.post)
 
@@ -74,10 +70,11 @@ def lower_bound(x: Inputs, backend: str = "analytical") -> float:
     last input gradient on whichever of its stages (see the comment there).
     """
     p, m = x.plan, x.plan.num_microbatches // x.plan.pipelines  # micro-batches each stage runs
-    fwd = [x.dur(w, "F") for w in x.work]
-    rec = [x.dur(w, "R") for w in x.work]  # 0 without recompute
-    back = [x.dur(w, "I") + x.dur(w, "W") for w in x.work]  # B, or I + W
-    back_in = [x.dur(w, "I") for w in x.work] if p.split_backward else back
+    d = x.passes
+    fwd = list(d["F"])
+    rec = d["R"]  # 0 without recompute
+    back = [i + w for i, w in zip(d["I"], d["W"])]  # B, or I + W
+    back_in = list(d["I"]) if p.split_backward else back
     # the SP sync is a collective: timed as the engine times it on the analytical network only
     sync = backend == "analytical"
     if x.fsdp and sync and len(x.work) == 1 and not p.split_backward:
@@ -105,7 +102,7 @@ def lower_bound(x: Inputs, backend: str = "analytical") -> float:
     ]
     n = p.num_chunks  # one pipeline's stages; with two, stage s is position s % n of its pipeline
 
-    def ahead(s: int, times: list[float]) -> float:
+    def ahead(s: int, times: Sequence[float]) -> float:
         """The stages before s in its pipeline, summed."""
         return sum(times[s - s % n : s])
 
@@ -124,7 +121,11 @@ def lower_bound(x: Inputs, backend: str = "analytical") -> float:
     # is a B (or a W, shorter) or, in an overlapped pair, at most the pair of it and a forward; a
     # rank's walk ends with one of its stages' last backward, which one the min leaves open
     pair = max(fwd) if p.schedule in OVERLAPPED else 0.0
-    red = [[_after_last_backward(x, r, s, back[s] + pair) if sync else 0.0 for s in st] for r, st in enumerate(x.ranks)]
+    shape = _shape(x)
+    red = [
+        [_after_last_backward(x, r, s, back[s] + pair, shape) if sync else 0.0 for s in st]
+        for r, st in enumerate(x.ranks)
+    ]
     walks = [t + min(red[r]) for r, t in enumerate(walks)]
     first = next(r for r, st in enumerate(x.ranks) if 0 in st)
     end[first] += red[first][x.ranks[first].index(0)]

@@ -65,16 +65,25 @@ class Inputs:
         return w.parts(kind, self.options.overlap_tp)
 
     @derived
+    def passes(self) -> dict[str, tuple[float, ...]]:
+        """Per kind (F, R, I, W), each stage's `dur`; kept in the shared cache with the work table
+        they were read from (plans that differ only in `evaluate.WORK_FREE_FIELDS` share the
+        table, and then these tuples)."""
+        key = ("passes", id(self.work), self.options.overlap_tp)
+        hit = self.cache.get(key)
+        if hit is None or hit[0] is not self.work:
+            hit = self.cache[key] = (self.work, {k: tuple(self.dur(w, k) for w in self.work) for k in "FRIW"})
+        return hit[1]
+
+    @derived
     def seconds(self) -> tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...]]:
-        """Per stage (f, i + recompute, w) with exposed TP/CP and all-to-all communication folded in;
-        kept in the shared cache with the work table they were read from (plans that differ only
-        in `evaluate.WORK_FREE_FIELDS` share the table, and then these tuples)."""
+        """Per stage (f, i + recompute, w) with exposed TP/CP and all-to-all communication folded in
+        (`passes`; cached with them)."""
         key = ("seconds", id(self.work), self.options.overlap_tp)
         hit = self.cache.get(key)
         if hit is None or hit[0] is not self.work:
-            f = tuple(self.dur(w, "F") for w in self.work)
-            i = tuple(self.dur(w, "I") + self.dur(w, "R") for w in self.work)
-            hit = self.cache[key] = (self.work, (f, i, tuple(self.dur(w, "W") for w in self.work)))
+            d = self.passes
+            hit = self.cache[key] = (self.work, (d["F"], tuple(i + r for i, r in zip(d["I"], d["R"])), d["W"]))
         return hit[1]
 
     @derived
