@@ -173,14 +173,14 @@ def _per_stage(x: Inputs, kind: str, prank: int, stage: int, make):
     return hit[3]
 
 
-#: Per entry of a stage's gradient buckets (`iteration.grad_buckets`): its count, its seconds, and
-#: the seconds of the two calls it is issued as when its buckets do not run back to back
-#: (`iteration.split_bucket`; 0 where it is one bucket or the reduction is not overlapped).
-BucketTimes = tuple[tuple[int, float, float, float], ...]
+#: Per entry of a stage's gradient buckets (`iteration.grad_buckets`): its count, its seconds, the
+#: entry, and the seconds of the two calls it is issued as when its buckets do not run back to
+#: back (`iteration.split_bucket`; None until a plan needs them).
+BucketTimes = list[list]
 
 
 def _rank_buckets(x: Inputs, prank: int) -> dict[int, BucketTimes]:
-    """The rank's `BucketTimes` by stage, filled as stages are asked for (`_bucket_times`): what
+    """The rank's `BucketTimes` by stage, filled as stages are asked for: what
     `iteration.reduction_calls` times, timed once per work table, groups, ZeRO stage, rank and
     stage (kept in the shared cache as `_per_stage` keeps its entries, with the objects it was
     made from; plans of one work table may place other stages on the rank)."""
@@ -189,15 +189,6 @@ def _rank_buckets(x: Inputs, prank: int) -> dict[int, BucketTimes]:
     if hit is None or hit[0] is not x.work or hit[1] is not x.dp_groups or hit[2] is not x.edp_groups:
         hit = x.cache[key] = (x.work, x.dp_groups, x.edp_groups, {})
     return hit[3]
-
-
-def _bucket_times(x: Inputs, prank: int, stage: int) -> BucketTimes:
-    split = x.options.overlap_grad_reduce
-    out = []
-    for c in it.grad_buckets(x.plan, x.work[stage], x.dp_groups[prank], x.profile, x.options, x.edp(prank)):
-        rest, one = it.split_bucket(c) if split and c.count > 1 else (None, None)
-        out.append((c.count, x.time(c, prank), x.time(rest, prank), x.time(one, prank)))
-    return tuple(out)
 
 
 def _dp_tail(x: Inputs, prank: int, rt: RankTimes) -> float:
@@ -218,16 +209,20 @@ def _dp_tail(x: Inputs, prank: int, rt: RankTimes) -> float:
         calls: list[tuple[float, float]] = []
         entries = table.get(s)
         if entries is None:
-            entries = table[s] = _bucket_times(x, prank, s)
-        for n, t, t_rest, t_one in entries:
+            comms = it.grad_buckets(x.plan, x.work[s], x.dp_groups[prank], x.profile, x.options, x.edp(prank))
+            entries = table[s] = [[c.count, x.time(c, prank), c, None] for c in comms]
+        for e in entries:
+            n, t, c, split = e
             if not overlapped:
                 calls.append((at, t))
                 continue
             first, last = it.release_times(n, t, t0, d)
             if last is None:
                 calls.append((first, t))
-            else:
-                calls += [(first, t_rest), (last, t_one)]
+                continue
+            if split is None:
+                split = e[3] = tuple(x.time(part, prank) for part in it.split_bucket(c))
+            calls += [(first, split[0]), (last, split[1])]
         if overlapped:
             calls.sort(key=_at)  # in order of their starts (stable), as `reduction_calls` returns them
         buckets += [(t, s, b, dur) for b, (t, dur) in enumerate(calls)]
