@@ -41,11 +41,31 @@ def batch_mode() -> None:
     gc.set_threshold(max(young, YOUNG), max(middle, MIDDLE), old)
 
 
-def settled() -> None:
+def settled(collect: bool = False) -> None:
     """Every object made so far kept out of later collections (`gc.freeze`): for a command whose
     imports and inputs are made and stay alive to its end, and for a sweep's pool worker after a
-    screen batch (`workers`); never in a program that imports the library."""
+    batch (`workers`); never in a program that imports the library. With ``collect``, the cyclic
+    garbage among them is freed first (a full collection, which walks what is not settled yet)."""
+    if collect:
+        gc.collect()
     gc.freeze()
+
+
+@contextmanager
+def settling(collect: bool = False) -> Iterator[None]:
+    """The collector off for the block, then everything settled (`settled`, with ``collect``)
+    before it is back on as it was: what the block made is then never walked by a collection,
+    not even by the one re-enabling it would start at once (the block's allocations count towards
+    it). For a sweep's pool worker, around a batch (`workers`); never in a program that imports
+    the library."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        settled(collect)
+        if was:
+            gc.enable()
 
 
 @contextmanager

@@ -141,9 +141,10 @@ def test_simulate_runs_with_its_imports_and_inputs_settled_and_the_library_settl
     assert command > 10_000  # the modules, classes and specs made before the run
 
 
-def test_a_pool_worker_settles_its_caches_after_a_screen_batch_only() -> None:
-    # the screen's caches are frozen after its batch, with the collector on again; an engine batch
-    # (whose runs leave reference cycles) leaves the collector's generations alone
+def test_a_pool_worker_runs_a_batch_with_the_collector_off_and_settles_it_after() -> None:
+    # during a batch the collector is off; after it, what the batch made is frozen (no collection
+    # is due) and the collector is on again; an engine batch's reference cycles (SimPy's) are
+    # collected before the freeze, so none is kept
     code = (
         "import gc\n"
         "from simpar.sim.specs import load_cluster, load_model\n"
@@ -153,13 +154,20 @@ def test_a_pool_worker_settles_its_caches_after_a_screen_batch_only() -> None:
         "setup = SweepSetup(load_model('gpt-1.7b'), load_cluster('dgx-a100-80g', gpus=8), 8, 16, SearchSpace())\n"
         "workers._SETUP[0] = setup\n"
         "configs = enumerate_configs(setup.model, setup.cluster, 8, setup.space)\n"
-        "rows = workers._run('screen', configs[:1])\n"
-        "fits = [c for c in configs if workers._run('screen', [c])[0]['status'] == 'estimated'][:1]\n"
+        "fits = [c for c in configs if workers._run('screen', [c])[0]['status'] == 'estimated'][:2]\n"
+        "during = []\n"
+        "run = workers.evaluate\n"
+        "def spy(*a):\n"
+        "    during.append(gc.isenabled())\n"
+        "    return run(*a)\n"
+        "workers.evaluate = spy\n"
+        "gc.collect()\n"
         "gc.unfreeze()\n"
         "workers._run('simulate', fits)\n"
-        "after_engine = gc.get_freeze_count()\n"
-        "workers._run('screen', configs[:8])\n"
-        "print(after_engine, gc.get_freeze_count() > 0, gc.isenabled(), len(fits), sep=';')\n"
+        "frozen, due, on = gc.get_freeze_count(), gc.get_count()[0], gc.isenabled()\n"
+        "gc.unfreeze()\n"
+        "kept = gc.collect()\n"
+        "print(during, frozen > 0, due < 100, on, kept, len(fits), sep=';')\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "0;True;True;1"
+    assert out.strip() == "[False];True;True;True;0;2"
