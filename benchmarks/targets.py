@@ -41,6 +41,10 @@ SIMULATE = ["simulate", *GPT3, "--tp", "8", "--pp", "8", "--schedule", "1f1b"]
 #: DeepSeek-V3 as its report trained it (pp 16, ep 64 on 2,048 GPUs; 15,360 sequences per step)
 DEEPSEEK = ["--model", "deepseek-v3", "--cluster", "dgx-h100", "--layer-split", "balanced"]
 DEEPSEEK_SIMULATE = ["simulate", *DEEPSEEK, "--gpus", "2048", "--gbs", "15360", "--pp", "16", "--ep", "64"]
+#: The schedules of GPT-3's default space when the performance issue set its sweep target (23,184
+#: configurations); the default space has since gained interleaved-zb, dualpipe, dualpipe-v and
+#: chimera (37,968 configurations). Both sweeps are measured.
+ISSUE_SCHEDULES = "none,gpipe,1f1b,interleaved-1f1b,zb-h1,zb-h2,zb-1p,zb-2p,zb-v"
 #: the committed reports/sweep-deepseek-v3-1024xH100 (its sweep.json holds the same command)
 DEEPSEEK_SWEEP = [
     "sweep",
@@ -65,6 +69,7 @@ TARGETS = {
     "simulate_first_ms": (None, "ms", "the same, in process, first call (builds the topology)"),
     "simulate_warm_ms": (10.0, "ms", "the same, in process, later calls"),
     "sweep_default_s": (5.0, "s", "sweep of that space, default (simpar sweep, whole process)"),
+    "sweep_issue_space_s": (5.0, "s", "that sweep on the issue's space (23,184 configs)"),
     "validate_s": (2.0, "s", "simpar validate of tests/data/published.csv, whole process"),
     "full_llama_16k_s": (10.0, "s", "every rank: Llama-3-405B on 16,384 H100 (--long)"),
     "full_llama_131k_s": (120.0, "s", "every rank: Llama-3-405B on 131,072 H100 (--long)"),
@@ -170,6 +175,7 @@ def measure(trees: list[Tree], long: bool) -> list[dict[str, float]]:
         fig["simulate_warm_ms"] = inproc["warm"] * 1e3
     with tempfile.TemporaryDirectory() as tmp:
         wall("sweep_default_s", ["sweep", *GPT3], repeat=2, out=f"{tmp}/s")
+        wall("sweep_issue_space_s", ["sweep", *GPT3, "--schedules", ISSUE_SCHEDULES], repeat=2, out=f"{tmp}/i")
         if long:
             wall("sweep_exhaustive_s", ["sweep", *GPT3, "--exhaustive"], out=f"{tmp}/x")
     wall("validate_s", ["validate", "tests/data/published.csv"], repeat=3)
