@@ -189,94 +189,103 @@ def host_capacity(cluster: ClusterSpec | None) -> float:
 _NO_HOST = MappingProxyType({"optimizer": 0.0, "grads": 0.0, "params": 0.0})
 
 
-def rank_memory(
+def rank_memories(
     m: ModelSpec,
     plan: ParallelPlan,
     capacity: float,
-    rank: int,
-    psi: float,
-    stage_params: Sequence[float],
-    layers: int,
-    acts: float,
+    psis: Sequence[float],
+    stage_params: Sequence[Sequence[float]],
+    layers: Sequence[int],
+    acts: Sequence[float],
     transient: float,
-    inflight: float = 0.0,
-    zero3_unsharded: float | None = None,
+    inflight: Sequence[float],
+    zero3_unsharded: Sequence[float] | None = None,
     conventions: MemoryConventions | None = None,
-    expert_psi: float = 0.0,
-    host_acts: float = 0.0,
-) -> RankMemory:
-    """Peak memory of one GPU of pipeline rank ``rank`` holding ``psi`` parameters (its stages hold
-    ``stage_params`` each, ``layers`` layers in all) with ``acts`` bytes of stored activations at
-    the peak and ``transient`` recomputed ones (both as the formulas count them), on a GPU of
-    ``capacity`` bytes, under ``conventions``; ``expert_psi`` of the ``psi`` are routed-expert
-    parameters, whose states ZeRO shards over edp instead of dp x cp; ``host_acts`` bytes of
-    activations sit in host memory at the peak (`offload`). The one place the per-rank sum is made."""
+    expert_psis: Sequence[float] | None = None,
+    host_acts: Sequence[float] | None = None,
+) -> tuple[RankMemory, ...]:
+    """Peak memory of one GPU of each pipeline rank r holding ``psis[r]`` parameters (its stages
+    hold ``stage_params[r]`` each, ``layers[r]`` layers in all) with ``acts[r]`` bytes of stored
+    activations at the peak and ``transient`` recomputed ones (both as the formulas count them),
+    on a GPU of ``capacity`` bytes, under ``conventions``; ``expert_psis[r]`` of the parameters
+    are routed-expert parameters, whose states ZeRO shards over edp instead of dp x cp;
+    ``host_acts[r]`` bytes of activations sit in host memory at the peak (`offload`). The one
+    place the per-rank sum is made (what depends on the plan alone, once)."""
     nd = plan.zero_shards
     conventions = conventions or stack_conventions(plan)
     sb = conventions.states
     own = optimizer_facts(plan.optimizer).state_bytes_for(m.hidden)  # the optimizer's own state
-    weights, grads, opt = stack_state_bytes(psi - expert_psi, plan.zero, nd, sb, own)
-    if expert_psi:
-        ew, eg, eo = stack_state_bytes(expert_psi, plan.zero, plan.edp, sb, own)
-        weights, grads, opt = weights + ew, grads + eg, opt + eo
-    if plan.precision == "fp8" and conventions.fp8_weight_cache:  # cached fp8 weight copies (Transformer Engine)
-        weights += (psi - expert_psi) / (nd if plan.zero >= 3 else 1) + expert_psi / (plan.edp if plan.zero >= 3 else 1)
+    fp8_cache = plan.precision == "fp8" and conventions.fp8_weight_cache
     policy = plan.zero_policy
-    gather = 0.0
-    if policy is ZeroPolicy.PER_LAYER:
-        # FSDP without a pipeline: layer-wise gather with prefetch, gradients reduce-scattered per layer
-        layer = max(psi / max(1, layers), 0.0)
-        gather = 2 * 2 * layer + 2 * layer  # two unsharded 16-bit layers (current + prefetch) + one layer's grads
-    elif policy is ZeroPolicy.PER_UNSHARD:
-        # ZeRO-3 inside a pipeline, as torch.distributed.pipelining runs FSDP2: a stage stays
-        # gathered from its UNSHARD to its RESHARD (window of the next 3 distinct stages the rank
-        # runs, lower.py), and gradients accumulate unsharded over the micro-batches until the
-        # reduce-scatter of REDUCE_GRAD — so the gradients are not sharded during the iteration
-        # (FSDP2 accumulates them in its reduce dtype: the stack's gradient bytes).
-        if zero3_unsharded is not None:
-            gather = float(zero3_unsharded)
-        else:
-            gather = 2.0 * sum(sorted(stage_params, reverse=True)[:MAX_ACTIVE_STAGES])
-        grads = sb.grads * psi
-    host: Mapping[str, float] = _NO_HOST
-    if offloads(plan):
-        owned = psi if plan.zero == 0 else (psi - expert_psi) / nd + expert_psi / plan.edp
-        sharded_grads = grads if policy is not ZeroPolicy.PER_UNSHARD else 0.0
-        host = host_state_bytes(plan, owned, sb, own, sharded_grads)
-        opt *= 1.0 - plan.offload_optimizer
-        if conventions.offload_grads and plan.zero == 2:  # the partition's gradients go to the host bucket by bucket
-            grads *= 1.0 - plan.offload_optimizer
-        if plan.offload_params:  # the shards (and FSDP's reduced gradient shards) live on the host
-            weights -= sb.weights * owned
-            grads -= sharded_grads
-    scale = conventions.activation_scale
-    acts, transient = scale * acts, scale * transient
-    context = conventions.context_bytes
-    frag = conventions.fragmentation * (acts + transient)
-    other = gather + context + frag
-    return RankMemory(
-        pipeline_rank=rank,
-        params=psi,
-        weights=weights,
-        grads=grads,
-        optimizer=opt,
-        activations=acts + transient,
-        other=other,
-        capacity=capacity,
-        inflight=inflight,
-        host=sum(host.values()) + host_acts,
-        detail={
-            "host_optimizer": host["optimizer"],
-            "host_grads": host["grads"],
-            "host_params": host["params"],
-            "host_activations": host_acts,
-            "activations_stored": acts,
-            "recompute_transient": transient,
-            "zero3_gather": gather,
-            "context": context,
-            "fragmentation": frag,
-        },
-    )
+    offloaded = offloads(plan)
+    scale, context, fragmentation = conventions.activation_scale, conventions.context_bytes, conventions.fragmentation
+    out = []
+    for rank, psi in enumerate(psis):
+        expert_psi = expert_psis[rank] if expert_psis is not None else 0.0
+        weights, grads, opt = stack_state_bytes(psi - expert_psi, plan.zero, nd, sb, own)
+        if expert_psi:
+            ew, eg, eo = stack_state_bytes(expert_psi, plan.zero, plan.edp, sb, own)
+            weights, grads, opt = weights + ew, grads + eg, opt + eo
+        if fp8_cache:  # cached fp8 weight copies (Transformer Engine)
+            weights += (psi - expert_psi) / (nd if plan.zero >= 3 else 1) + expert_psi / (
+                plan.edp if plan.zero >= 3 else 1
+            )
+        gather = 0.0
+        if policy is ZeroPolicy.PER_LAYER:
+            # FSDP without a pipeline: layer-wise gather with prefetch, gradients reduce-scattered per layer
+            layer = max(psi / max(1, layers[rank]), 0.0)
+            gather = 2 * 2 * layer + 2 * layer  # two unsharded 16-bit layers (current + prefetch) + one layer's grads
+        elif policy is ZeroPolicy.PER_UNSHARD:
+            # ZeRO-3 inside a pipeline, as torch.distributed.pipelining runs FSDP2: a stage stays
+            # gathered from its UNSHARD to its RESHARD (window of the next 3 distinct stages the rank
+            # runs, lower.py), and gradients accumulate unsharded over the micro-batches until the
+            # reduce-scatter of REDUCE_GRAD — so the gradients are not sharded during the iteration
+            # (FSDP2 accumulates them in its reduce dtype: the stack's gradient bytes).
+            if zero3_unsharded is not None and zero3_unsharded[rank] is not None:
+                gather = float(zero3_unsharded[rank])
+            else:
+                gather = 2.0 * sum(sorted(stage_params[rank], reverse=True)[:MAX_ACTIVE_STAGES])
+            grads = sb.grads * psi
+        host: Mapping[str, float] = _NO_HOST
+        if offloaded:
+            owned = psi if plan.zero == 0 else (psi - expert_psi) / nd + expert_psi / plan.edp
+            sharded_grads = grads if policy is not ZeroPolicy.PER_UNSHARD else 0.0
+            host = host_state_bytes(plan, owned, sb, own, sharded_grads)
+            opt *= 1.0 - plan.offload_optimizer
+            if conventions.offload_grads and plan.zero == 2:
+                grads *= 1.0 - plan.offload_optimizer  # the partition's gradients go to the host bucket by bucket
+            if plan.offload_params:  # the shards (and FSDP's reduced gradient shards) live on the host
+                weights -= sb.weights * owned
+                grads -= sharded_grads
+        stored, recomputed = scale * acts[rank], scale * transient
+        frag = fragmentation * (stored + recomputed)
+        on_host = host_acts[rank] if host_acts is not None else 0.0
+        out.append(
+            RankMemory(
+                pipeline_rank=rank,
+                params=psi,
+                weights=weights,
+                grads=grads,
+                optimizer=opt,
+                activations=stored + recomputed,
+                other=gather + context + frag,
+                capacity=capacity,
+                inflight=inflight[rank],
+                host=sum(host.values()) + on_host,
+                detail={
+                    "host_optimizer": host["optimizer"],
+                    "host_grads": host["grads"],
+                    "host_params": host["params"],
+                    "host_activations": on_host,
+                    "activations_stored": stored,
+                    "recompute_transient": recomputed,
+                    "zero3_gather": gather,
+                    "context": context,
+                    "fragmentation": frag,
+                },
+            )
+        )
+    return tuple(out)
 
 
 def memory_report(
@@ -323,31 +332,26 @@ def _report(
     cluster: ClusterSpec | None = None,
     host: tuple[tuple[float, ...], float] | None = None,
 ) -> MemoryReport:
-    """`rank_memory` of every pipeline rank, given its activation peak and in-flight count; the
+    """`rank_memories` of the pipeline ranks, given each one's activation peak and in-flight count; the
     host memory per node of ``cluster``, or ``host`` as it is (need per node, capacity)."""
     transient = transient_activation_bytes(m, plan)
-    host_acts = host_activation_bytes(m, plan, inflight)
     split = plan.stage_layers(m.layers)
-    ranks = []
-    for r, stages in enumerate(plan.rank_stages):
-        ranks.append(
-            rank_memory(
-                m,
-                plan,
-                capacity,
-                r,
-                rank_params(m, plan, stages),
-                [rank_params(m, plan, [s]) for s in stages],
-                sum(split[s] for s in stages),
-                float(activation_peak[r]),
-                transient,
-                float(inflight[r]),
-                None if zero3_unsharded is None else zero3_unsharded[r],
-                conventions,
-                rank_expert_params(m, plan, stages),
-                host_acts[r],
-            )
-        )
+    stages = plan.rank_stages
+    ranks = rank_memories(
+        m,
+        plan,
+        capacity,
+        [rank_params(m, plan, st) for st in stages],
+        [[rank_params(m, plan, [s]) for s in st] for st in stages],
+        [sum(split[s] for s in st) for st in stages],
+        [float(activation_peak[r]) for r in range(len(stages))],
+        transient,
+        [float(inflight[r]) for r in range(len(stages))],
+        zero3_unsharded,
+        conventions,
+        [rank_expert_params(m, plan, st) for st in stages],
+        host_activation_bytes(m, plan, inflight),
+    )
     if host is None:
         host = (host_memory(ranks, plan, cluster), host_capacity(cluster))
     return MemoryReport(tuple(ranks), capacity, conventions, *host)

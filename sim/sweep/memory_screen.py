@@ -3,7 +3,7 @@ alive profile, `alive.plan_profile`), made cheap enough to run on every valid co
 
 `MemoryScreen` caches the parts that do not change between neighbouring configurations: per
 layout the parameters each pipeline rank holds, per activation shape the bytes of each stage, per
-(schedule, micro-batches, shape) the activation peaks. The per-rank sum is `memory.rank_memory`
+(schedule, micro-batches, shape) the activation peaks. The per-rank sum is `memory.rank_memories`
 and the result the same `MemoryReport` (equal to `memory_report`: tested).
 
 zb-1p/zb-2p are built with unit costs here, as `simpar memory` does; the engine builds them with
@@ -20,7 +20,7 @@ from ..cost.activations import (
     transient_activation_bytes,
 )
 from ..cost.alive import plan_profile
-from ..cost.memory import MemoryReport, host_capacity, host_memory, rank_memory
+from ..cost.memory import MemoryReport, host_capacity, host_memory, rank_memories
 from ..cost.params import rank_expert_params, rank_params
 from ..cost.states import stack_conventions
 from ..plan import ParallelPlan
@@ -121,23 +121,19 @@ class MemoryScreen:
         cap = self.gpu.hbm_bytes
         conventions = stack_conventions(plan)
         host_acts = host_activation_bytes(self.m, plan, inflight)
-        ranks = tuple(
-            rank_memory(
-                self.m,
-                plan,
-                cap,
-                r,
-                psi,
-                stage_psis[r],
-                layers[r],
-                float(peaks[r]),
-                transient,
-                float(inflight[r]),
-                conventions=conventions,
-                expert_psi=experts[r],
-                host_acts=host_acts[r],
-            )
-            for r, psi in enumerate(psis)
+        ranks = rank_memories(
+            self.m,
+            plan,
+            cap,
+            psis,
+            stage_psis,
+            layers,
+            [float(x) for x in peaks],
+            transient,
+            [float(x) for x in inflight],
+            conventions=conventions,
+            expert_psis=experts,
+            host_acts=host_acts,
         )
         return MemoryReport(
             ranks, cap, conventions, host_memory(ranks, plan, self.cluster), host_capacity(self.cluster)
