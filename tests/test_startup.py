@@ -169,3 +169,36 @@ def test_console_script_version_imports_no_click():
     code = "import sys; sys.argv = ['simpar', 'nosuch']; from simpar.cli.entry import main; main()"
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert res.returncode == 2 and res.stderr.count("\n") == 1 and "nosuch" in res.stderr
+
+
+#: What `simpar simulate` of a preset on the analytical backend never needs (the contention
+#: backend, the HuggingFace config reader, the schedule CSV files); each is loaded when first used.
+NOT_FOR_A_SIMULATION = (
+    "simpar.sim.network.contention",
+    "simpar.sim.network.fairshare",
+    "simpar.sim.specs.hf",
+    "simpar.sim.schedules.csvio",
+)
+
+
+def test_simulate_loads_only_what_it_uses_and_the_rest_loads_when_asked_for() -> None:
+    code = (
+        "import contextlib, io, json, sys\n"
+        "from simpar.cli.main import cli\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    try:\n"
+        "        cli(['simulate', '--model', 'gpt-1.7b', '--cluster', 'dgx-a100-80g', '--gpus', '8', '--pp', '4',"
+        " '--gbs', '16'], prog_name='simpar')\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        f"after_run = sorted(n for n in {NOT_FOR_A_SIMULATION!r} if n in sys.modules)\n"
+        "from simpar.sim.network import ContentionNetwork\n"
+        "from simpar.sim.schedules import read_csv, write_csv\n"
+        "from simpar.sim.specs.hf import from_hf_config\n"
+        "print(json.dumps([after_run, ContentionNetwork.__name__, write_csv.__module__, read_csv.__module__]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    after_run, contention, writer, reader = json.loads(out.splitlines()[-1])
+    assert after_run == []
+    assert contention == "ContentionNetwork"
+    assert writer == reader == "simpar.sim.schedules.csvio"

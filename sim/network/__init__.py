@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..choices import NETWORK_BACKENDS
 from ..specs.calibration import Calibration
@@ -33,7 +33,9 @@ from .algorithms import OPS
 from .analytical import AnalyticalNetwork
 from .base import CollectiveEstimate, Network, algbw, busbw_factor
 from .constants import DEFAULT_CONSTANTS, NetworkConstants, network_overrides
-from .contention import ContentionNetwork
+
+if TYPE_CHECKING:
+    from .contention import ContentionNetwork
 
 BACKENDS = NETWORK_BACKENDS
 
@@ -82,5 +84,17 @@ def make_network(
             _ANALYTICAL.move_to_end(key)
         return net
     if backend == "contention":
+        from .contention import ContentionNetwork
+
         return ContentionNetwork(cluster, calibration, placement, topology, env=env)
     raise ValueError(f"unknown network backend {backend!r}; use one of {', '.join(BACKENDS)}")
+
+
+def __getattr__(name: str) -> Any:
+    """The contention backend's class, imported when first asked for: a simulation on the
+    analytical backend does not load it (PEP 562)."""
+    if name == "ContentionNetwork":
+        from .contention import ContentionNetwork
+
+        return ContentionNetwork
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

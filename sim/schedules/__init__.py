@@ -9,14 +9,13 @@ Flow: ``build_schedule`` / ``schedule_for_plan`` (compute only: F, B, I, W) -> `
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .. import choices
 from ..errors import ScheduleError
 from .analysis import ListScheduleResult, list_schedule, peak_activation_units, peak_inflight
 from .chimera import chimera
 from .costs import StageCosts, parse_costs
-from .csvio import read_csv, write_csv
 from .deadlock import check_schedule
 from .dualpipe import dualpipe, dualpipe_v
 from .gpipe import gpipe
@@ -33,6 +32,7 @@ from .zb_v import zb_v
 
 if TYPE_CHECKING:
     from ..plan import ParallelPlan
+    from .csvio import read_csv, write_csv
 
 __all__ = [
     "Action",
@@ -112,3 +112,13 @@ def schedule_for_plan(plan: ParallelPlan, costs: StageCosts | None = None) -> Sc
     """The compute-only schedule of a plan ('none' -> pp=1 sequential F, B per microbatch)."""
     pp = 1 if plan.schedule == "none" else plan.pp
     return build_schedule(plan.schedule, pp, plan.vpp, plan.num_microbatches, costs)
+
+
+def __getattr__(name: str) -> Any:
+    """The schedule CSV reader and writer, imported when first asked for: a simulation does not
+    load them (PEP 562)."""
+    if name in ("read_csv", "write_csv"):
+        from . import csvio
+
+        return getattr(csvio, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

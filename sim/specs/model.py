@@ -28,7 +28,6 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from .hf import from_hf_config
 from .loader import build, read_mapping, resolve
 from .moe import MLASpec, MoESpec
 
@@ -142,6 +141,8 @@ def load_model(name_or_path: str | Path, seq_len: int | None = None) -> ModelSpe
     path = resolve("models", name_or_path, "model")
     data = read_mapping(path, "model")
     if "model_type" in data or "n_embd" in data or "hidden_size" in data:
+        from .hf import from_hf_config
+
         data = from_hf_config(data, path)
     data.setdefault("name", path.stem)
     if seq_len is not None:
@@ -153,4 +154,4 @@ def model_from_dict(data: dict[str, Any], source: str = "model") -> ModelSpec:
     return build(ModelSpec, data, source)
 
 
-__all__ = ["ModelSpec", "load_model", "from_hf_config", "model_from_dict"]
+__all__ = ["ModelSpec", "load_model", "model_from_dict"]
