@@ -167,11 +167,7 @@ class _Auto:
         mb, end = count[kind], self.end[j]
         start = end
         if kind != _W:
-            # `input_ready`, in line (the heuristic's hottest call)
-            if kind == _F:
-                ready = self.t[_F][j - 1][mb] + self.comms[j - 1] if j > 0 else 0.0
-            else:
-                ready = self.t[_I][j + 1][mb] + self.comms[j] if j < self.p - 1 else 0.0
+            ready = self.input_ready(j, kind, mb)
             if ready > end:
                 start = ready
                 if count[_F] > 0:
@@ -196,8 +192,7 @@ class _Auto:
         """Run pending W until ``kind`` fits under the limit; a stage with none left pending goes
         over it (see the module docstring) and is noted in ``over``."""
         count, (da, db) = self.count[j], _DELTA[kind]
-        f, w = self.mem[j]
-        while not _fits(count[_F] - count[_I] + da, count[_I] - count[_W] + db, f, w, self.limit):
+        while not self.fits(j, da, db):
             if count[_W] >= count[_I]:  # no W pending
                 self.over.add(j)
                 return
@@ -280,17 +275,16 @@ class _Auto:
         want = [self.wants_forward(j, prioritize_b) for j in range(p)]
         for j in range(p - 2, -1, -1):
             want[j] = want[j] and want[j + 1]
-        t_f, t_i, comms, count = self.t[_F], self.t[_I], self.comms, self.count  # `input_ready`, in line
         for j in range(p):
             if want[j]:
                 self.free_memory_for(j, _F)
                 if j > 0:
-                    self.fill_gap(j, t_f[j - 1][count[j][_F]] + comms[j - 1], greedy)
+                    self.fill_gap(j, self.input_ready(j, _F, self.count[j][_F]), greedy)
                 self.put(j, _F)
         for j in range(p - 1, -1, -1):
             self.free_memory_for(j, _I)
             if j + 1 < p:
-                self.fill_gap(j, t_i[j + 1][i] + comms[j], greedy)
+                self.fill_gap(j, self.input_ready(j, _I, i), greedy)
             if j == 0 and self.count[0][_F] == self.m:
                 while self.pending_w(0):
                     self.put(0, _W)
