@@ -154,10 +154,11 @@ def reduction_calls(
     overlapped: bool,
     now: float,
     seconds: Callable[[Comm], float],
+    split: Callable[[Comm], tuple[Comm, Comm]] | None = None,
 ) -> list[tuple[Comm, float, float]]:
     """The calls a stage's gradient reduction makes (`grad_buckets`' entries), when each may
     start and its ``seconds`` (what times a call), in order of their starts. Not overlapped: every
-    entry at ``now``.
+    entry at ``now``. ``split``: `split_bucket`, or a caller's cache of what it returns.
 
     Overlapped, an entry of ``count`` = n buckets releases bucket b at start + (b + 1)/n x
     duration (its buffer fills over the stage's last weight-gradient pass: Megatron's
@@ -175,7 +176,7 @@ def reduction_calls(
         if last is None:
             out.append((c, first, t))
         else:
-            rest, one = split_bucket(c)
+            rest, one = (split or split_bucket)(c)
             out += [(rest, first, seconds(rest)), (one, last, seconds(one))]
     return sorted(out, key=lambda ct: ct[1])
 

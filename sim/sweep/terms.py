@@ -173,17 +173,35 @@ def _per_stage(x: Inputs, kind: str, prank: int, stage: int, make):
     return hit[3]
 
 
-#: Per entry of a stage's gradient buckets (`iteration.grad_buckets`): its count, its seconds, the
-#: entry, and the seconds of the two calls it is issued as when its buckets do not run back to
-#: back (`iteration.split_bucket`; None until a plan needs them).
-BucketTimes = list[list]
+class _StageBuckets:
+    """A stage's gradient buckets on a rank (`iteration.grad_buckets`) with the seconds of every
+    call `iteration.reduction_calls` may issue for them, each timed once (`Inputs.time`): the
+    entries, and the two calls an entry splits into (`iteration.split_bucket`) when a plan first
+    splits it."""
+
+    def __init__(self, x: Inputs, prank: int, stage: int):
+        self.x, self.prank = x, prank
+        self.comms = it.grad_buckets(x.plan, x.work[stage], x.dp_groups[prank], x.profile, x.options, x.edp(prank))
+        self.times = {id(c): x.time(c, prank) for c in self.comms}
+        self.splits: dict[int, tuple[Comm, Comm]] = {}
+
+    def seconds(self, c: Comm) -> float:
+        return self.times[id(c)]
+
+    def split(self, c: Comm) -> tuple[Comm, Comm]:
+        hit = self.splits.get(id(c))
+        if hit is None:
+            hit = self.splits[id(c)] = it.split_bucket(c)
+            for part in hit:
+                self.times[id(part)] = self.x.time(part, self.prank)
+        return hit
 
 
-def _rank_buckets(x: Inputs, prank: int) -> dict[int, BucketTimes]:
-    """The rank's `BucketTimes` by stage, filled as stages are asked for: what
-    `iteration.reduction_calls` times, timed once per work table, groups, ZeRO stage, rank and
-    stage (kept in the shared cache as `_per_stage` keeps its entries, with the objects it was
-    made from; plans of one work table may place other stages on the rank)."""
+def _rank_buckets(x: Inputs, prank: int) -> dict[int, _StageBuckets]:
+    """The rank's `_StageBuckets` by stage, made as stages are asked for: timed once per work
+    table, groups, ZeRO stage, rank and stage (kept in the shared cache as `_per_stage` keeps its
+    entries, with the objects it was made from; plans of one work table may place other stages on
+    the rank)."""
     key = ("buckets", id(x.work), id(x.dp_groups), id(x.edp_groups), x.plan.zero, prank)
     hit = x.cache.get(key)
     if hit is None or hit[0] is not x.work or hit[1] is not x.dp_groups or hit[2] is not x.edp_groups:
@@ -193,8 +211,7 @@ def _rank_buckets(x: Inputs, prank: int) -> dict[int, BucketTimes]:
 
 def _dp_tail(x: Inputs, prank: int, rt: RankTimes) -> float:
     """Seconds the rank's gradient buckets run past its last action, queued on one DP stream as
-    the engine queues them: the calls of `iteration.reduction_calls`, from their seconds timed once
-    (`_rank_buckets`) and its `iteration.release_times`."""
+    the engine queues them (`iteration.reduction_calls`, with the calls timed once: `_StageBuckets`)."""
     if not x.plan.reduces_gradients or x.fsdp:
         return 0.0
     overlapped = x.options.overlap_grad_reduce
@@ -206,34 +223,15 @@ def _dp_tail(x: Inputs, prank: int, rt: RankTimes) -> float:
         (s, t0, d, at) for s, (t0, d, at) in sorted(rt.last_bwd.items())
     ]
     for s, t0, d, at in passes:
-        calls: list[tuple[float, float]] = []
-        entries = table.get(s)
-        if entries is None:
-            comms = it.grad_buckets(x.plan, x.work[s], x.dp_groups[prank], x.profile, x.options, x.edp(prank))
-            entries = table[s] = [[c.count, x.time(c, prank), c, None] for c in comms]
-        for e in entries:
-            n, t, c, split = e
-            if not overlapped:
-                calls.append((at, t))
-                continue
-            first, last = it.release_times(n, t, t0, d)
-            if last is None:
-                calls.append((first, t))
-                continue
-            if split is None:
-                split = e[3] = tuple(x.time(part, prank) for part in it.split_bucket(c))
-            calls += [(first, split[0]), (last, split[1])]
-        if overlapped:
-            calls.sort(key=_at)  # in order of their starts (stable), as `reduction_calls` returns them
-        buckets += [(t, s, b, dur) for b, (t, dur) in enumerate(calls)]
+        sb = table.get(s)
+        if sb is None:
+            sb = table[s] = _StageBuckets(x, prank, s)
+        releases = it.reduction_calls(sb.comms, t0, d, overlapped, at, sb.seconds, sb.split)
+        buckets += [(t, s, b, dur) for b, (_, t, dur) in enumerate(releases)]
     cur = 0.0
     for ready_at, _, _, dur in sorted(buckets):
         cur = max(cur, ready_at) + dur
     return max(0.0, cur - rt.end)
-
-
-def _at(call: tuple[float, float]) -> float:
-    return call[0]
 
 
 def _gather(x: Inputs, prank: int, stage: int) -> float:
