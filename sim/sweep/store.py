@@ -122,19 +122,9 @@ def as_text(row: dict[str, Any]) -> dict[str, str]:
     for c, v in row.items():
         if c not in out or v is None:
             continue
-        t = type(v)  # `fmt`, with the commonest types first and no call for them
-        if t is str:
-            out[c] = v if "\n" not in v and "\r" not in v else fmt(v)
-        elif t is int:
-            out[c] = str(v)
-        elif t is float:
-            if c in _FLOAT_SET and not math.isfinite(v):
-                _not_finite(row, c, v)
-            out[c] = f"{v:.6g}"
-        else:
-            if c in _FLOAT_SET and isinstance(v, float) and not math.isfinite(v):
-                _not_finite(row, c, v)
-            out[c] = fmt(v)
+        if c in _FLOAT_SET and isinstance(v, float) and not math.isfinite(v):
+            _not_finite(row, c, v)
+        out[c] = fmt(v)
     return out
 
 
