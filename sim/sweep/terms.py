@@ -8,7 +8,9 @@ they are put together). `finish` adds them to per-rank pipeline ends.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from ..choices import V_SHAPED
 from ..cost.compute import CostModel
@@ -65,14 +67,15 @@ class Inputs:
         return w.parts(kind, self.options.overlap_tp)
 
     @derived
-    def passes(self) -> dict[str, tuple[float, ...]]:
+    def passes(self) -> Mapping[str, tuple[float, ...]]:
         """Per kind (F, R, I, W), each stage's `dur`; kept in the shared cache with the work table
         they were read from (plans that differ only in `evaluate.WORK_FREE_FIELDS` share the
-        table, and then these tuples)."""
+        table, and then this read-only mapping of tuples)."""
         key = ("passes", id(self.work), self.options.overlap_tp)
         hit = self.cache.get(key)
         if hit is None or hit[0] is not self.work:
-            hit = self.cache[key] = (self.work, {k: tuple(self.dur(w, k) for w in self.work) for k in "FRIW"})
+            table = {k: tuple(self.dur(w, k) for w in self.work) for k in "FRIW"}
+            hit = self.cache[key] = (self.work, MappingProxyType(table))
         return hit[1]
 
     @derived
