@@ -289,6 +289,7 @@ def _layouts(model: ModelSpec, cluster: ClusterSpec, num_gpus: int, space: Searc
 def enumerate_configs(model: ModelSpec, cluster: ClusterSpec, num_gpus: int, space: SearchSpace) -> list[Config]:
     """Every configuration of the space, in a fixed order (nested loops over the axes)."""
     mbss, recomputes = _axis(space.mbs), _axis(space.recompute)
+    levers: dict[tuple[int, str, int], list[tuple[str, int, str]]] = {}  # `_levers`, once per argument
     out: list[Config] = []
     for lay in _layouts(model, cluster, num_gpus, space):
         for sched in lay.schedules:
@@ -299,7 +300,11 @@ def enumerate_configs(model: ModelSpec, cluster: ClusterSpec, num_gpus: int, spa
                             for rc in recomputes:
                                 for ep, etp in lay.experts:
                                     for disp, ov in _dispatch(model, space, lay.pp, sched, rc, ep):
-                                        for opt, rl, off in _levers(model, space, lay.pp * vpp, rc, zero):
+                                        key = (lay.pp * vpp, rc, zero)
+                                        lev = levers.get(key)
+                                        if lev is None:
+                                            lev = levers[key] = _levers(model, space, *key)
+                                        for opt, rl, off in lev:
                                             out.append(
                                                 Config(
                                                     lay.tp,
