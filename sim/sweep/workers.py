@@ -48,7 +48,7 @@ def _run(phase: str, batch: list[Config]) -> list[dict[str, Any]]:
     # environment and its resources), collected first; the screen makes next to none (934 objects
     # in the GPT-3 screen's 37,968 configurations), and that collection would walk every new cache
     # entry once more. On the GPT-3 default sweep (2026-11-29) each of two workers spent about
-    # 0.2 CPU s in collections in its screen and 0.14 in its engine runs; 0.03 now.
+    # 0.2 CPU s in collections; 0.03 now.
     with settling(collect=phase != "screen"):
         return evaluate(_SETUP[0], phase, batch)
 
