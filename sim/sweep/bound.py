@@ -7,19 +7,13 @@ from collections.abc import Sequence
 
 from ..engine import iteration as it
 from .pairs import OVERLAPPED, rank_savings
-from .terms import Inputs, fsdp_seconds, host_wait, optimizer_time, sp_sync_time
-
-
-def _shape(x: Inputs) -> tuple:
-    """What a stage's gradient reduction depends on besides its own work and the rank (`_reduction`)."""
-    p = x.plan
-    return ("reduction", p.tp, p.cp, p.pp, p.dp, p.zero, p.precision, p.mesh_order)
+from .terms import Inputs, fsdp_seconds, host_wait, optimizer_time, reduction_shape, sp_sync_time
 
 
 def _reduction(x: Inputs, prank: int, stage: int, shape: tuple) -> tuple[float, float]:
     """Seconds of the stage's last gradient bucket and of all its buckets, one after the other on
     the rank's DP stream (`iteration.grad_buckets`; (0, 0) when nothing is reduced), kept per
-    ``shape`` (`_shape`, shared by the stages and plans of one layout), stage size and rank."""
+    ``shape`` (`terms.reduction_shape`), stage size and rank."""
     p = x.plan
     if not p.reduces_gradients or x.fsdp:
         return 0.0, 0.0
@@ -121,7 +115,7 @@ def lower_bound(x: Inputs, backend: str = "analytical") -> float:
     # is a B (or a W, shorter) or, in an overlapped pair, at most the pair of it and a forward; a
     # rank's walk ends with one of its stages' last backward, which one the min leaves open
     pair = max(fwd) if p.schedule in OVERLAPPED else 0.0
-    shape = _shape(x)
+    shape = reduction_shape(x)
     red = [
         [_after_last_backward(x, r, s, back[s] + pair, shape) if sync else 0.0 for s in st]
         for r, st in enumerate(x.ranks)

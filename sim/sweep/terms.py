@@ -180,7 +180,7 @@ class _StageBuckets:
     """A stage's gradient buckets on a rank (`iteration.grad_buckets`) with the seconds of every
     call `iteration.reduction_calls` may issue for them, each timed once (`Inputs.time`): the
     entries, and the two calls an entry splits into (`iteration.split_bucket`) when a plan first
-    splits it."""
+    splits it. Kept per `reduction_shape`, stage size and rank (`_dp_tail`)."""
 
     def __init__(self, x: Inputs, prank: int, stage: int):
         self.x, self.prank = x, prank
@@ -200,16 +200,13 @@ class _StageBuckets:
         return hit
 
 
-def _rank_buckets(x: Inputs, prank: int) -> dict[int, _StageBuckets]:
-    """The rank's `_StageBuckets` by stage, made as stages are asked for: timed once per work
-    table, groups, ZeRO stage, rank and stage (kept in the shared cache as `_per_stage` keeps its
-    entries, with the objects it was made from; plans of one work table may place other stages on
-    the rank)."""
-    key = ("buckets", id(x.work), id(x.dp_groups), id(x.edp_groups), x.plan.zero, prank)
-    hit = x.cache.get(key)
-    if hit is None or hit[0] is not x.work or hit[1] is not x.dp_groups or hit[2] is not x.edp_groups:
-        hit = x.cache[key] = (x.work, x.dp_groups, x.edp_groups, {})
-    return hit[3]
+def reduction_shape(x: Inputs) -> tuple:
+    """What a stage's gradient reduction (`iteration.grad_buckets`, and the time of its calls)
+    depends on besides the stage's own size and the rank: the layout, the ZeRO stage and the
+    precision (a sweep's stack, runtime and engine options are fixed). Stages and plans of one
+    shape share their reductions' times in the shared cache (the lower bound's too)."""
+    p = x.plan
+    return ("reduction", p.tp, p.cp, p.pp, p.dp, p.zero, p.precision, p.mesh_order)
 
 
 def _dp_tail(x: Inputs, prank: int, rt: RankTimes) -> float:
@@ -217,8 +214,7 @@ def _dp_tail(x: Inputs, prank: int, rt: RankTimes) -> float:
     the engine queues them (`iteration.reduction_calls`, with the calls timed once: `_StageBuckets`)."""
     if not x.plan.reduces_gradients or x.fsdp:
         return 0.0
-    overlapped = x.options.overlap_grad_reduce
-    table = _rank_buckets(x, prank)
+    overlapped, shape, edp = x.options.overlap_grad_reduce, reduction_shape(x), x.edp(prank)
     buckets = []
     # (stage, start, duration, when a reduction not overlapped starts: a REDUCE_GRAD's time or,
     # under ZeRO-2, the pass's end)
@@ -226,9 +222,11 @@ def _dp_tail(x: Inputs, prank: int, rt: RankTimes) -> float:
         (s, t0, d, at) for s, (t0, d, at) in sorted(rt.last_bwd.items())
     ]
     for s, t0, d, at in passes:
-        sb = table.get(s)
+        w = x.work[s]
+        key = ("buckets", shape, w.params, w.expert_params, w.layers, edp, prank)
+        sb = x.cache.get(key)
         if sb is None:
-            sb = table[s] = _StageBuckets(x, prank, s)
+            sb = x.cache[key] = _StageBuckets(x, prank, s)
         releases = it.reduction_calls(sb.comms, t0, d, overlapped, at, sb.seconds, sb.split)
         buckets += [(t, s, b, dur) for b, (_, t, dur) in enumerate(releases)]
     cur = 0.0
