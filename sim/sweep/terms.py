@@ -162,20 +162,6 @@ class RankTimes:
     every_bwd: tuple[tuple[int, float, float], ...] = ()
 
 
-def _per_stage(x: Inputs, kind: str, prank: int, stage: int, make):
-    """``make()``, kept in the shared cache per (``kind``, work table, groups, ZeRO stage, rank,
-    stage): what depends on the stage's work, the plan's ZeRO stage and the rank's groups alone
-    (`iteration.grad_buckets`, `iteration.param_gathers`). Plans of one work table (`x.work`,
-    shared by every plan that differs only in `evaluate.WORK_FREE_FIELDS`) differ only in their
-    ZeRO stage there. The entry holds the table and the groups it was made from, so objects built
-    later at the same addresses are never matched."""
-    key = (kind, id(x.work), id(x.dp_groups), id(x.edp_groups), x.plan.zero, prank, stage)
-    hit = x.cache.get(key)
-    if hit is None or hit[0] is not x.work or hit[1] is not x.dp_groups or hit[2] is not x.edp_groups:
-        hit = x.cache[key] = (x.work, x.dp_groups, x.edp_groups, make())
-    return hit[3]
-
-
 class _StageBuckets:
     """A stage's gradient buckets on a rank (`iteration.grad_buckets`) with the seconds of every
     call `iteration.reduction_calls` may issue for them, each timed once (`Inputs.time`): the
@@ -236,13 +222,24 @@ def _dp_tail(x: Inputs, prank: int, rt: RankTimes) -> float:
 
 
 def _gather(x: Inputs, prank: int, stage: int) -> float:
-    """Seconds of the stage's ZeRO parameter gathers on the rank (`iteration.param_gathers`)."""
-
-    def timed() -> float:
-        comms = it.param_gathers(x.plan, x.work[stage], x.dp_groups[prank], x.profile, x.edp(prank))
-        return sum(x.time(c, prank) for c in comms)
-
-    return _per_stage(x, "gathers", prank, stage, timed)
+    """Seconds of the stage's ZeRO parameter gathers on the rank (`iteration.param_gathers`),
+    kept per `reduction_shape`, parameter offload, stage size and rank."""
+    w = x.work[stage]
+    key = (
+        "gathers",
+        reduction_shape(x),
+        x.plan.offload_params,
+        w.params,
+        w.expert_params,
+        w.layers,
+        x.edp(prank),
+        prank,
+    )
+    t = x.cache.get(key)
+    if t is None:
+        comms = it.param_gathers(x.plan, w, x.dp_groups[prank], x.profile, x.edp(prank))
+        t = x.cache[key] = sum(x.time(c, prank) for c in comms)
+    return t
 
 
 def _zero_start(x: Inputs, first_f: list[float]) -> float:
