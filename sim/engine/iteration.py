@@ -171,9 +171,10 @@ def reduction_calls(
         return [(c, now, seconds(c)) for c in comms]
     out: list[tuple[Comm, float, float]] = []
     for c in comms:
+        n = c.count
+        first, last = start + duration / n, start + duration
         t = seconds(c)
-        first, last = release_times(c.count, t, start, duration)
-        if last is None:
+        if n == 1 or t / n >= (last - first) / (n - 1):
             out.append((c, first, t))
         else:
             rest, one = (split or split_bucket)(c)
@@ -181,20 +182,9 @@ def reduction_calls(
     return sorted(out, key=lambda ct: ct[1])
 
 
-def release_times(n: int, seconds: float, start: float, duration: float) -> tuple[float, float | None]:
-    """When an overlapped entry of ``n`` buckets, ``seconds`` in all, is issued over a pass from
-    ``start``, ``duration`` long (`reduction_calls`): (first release, None) as one call of n from
-    the first release; (first, last release) as n - 1 buckets from the first, then the last at its
-    release (`split_bucket`)."""
-    first, last = start + duration / n, start + duration
-    if n == 1 or seconds / n >= (last - first) / (n - 1):
-        return first, None
-    return first, last
-
-
 def split_bucket(c: Comm) -> tuple[Comm, Comm]:
     """The two calls an entry of n buckets is issued as when a bucket ends before the next is
-    released (`release_times`): its first n - 1 buckets, then the last."""
+    released (`reduction_calls`): its first n - 1 buckets, then the last."""
     n = c.count
     return Comm(c.op, c.group, c.nbytes * (n - 1) / n, count=n - 1), Comm(c.op, c.group, c.nbytes / n)
 

@@ -251,8 +251,10 @@ def drop_reasons(rows: list[dict], most: int = 8) -> list[tuple[int, str, str]]:
             continue
         if r["status"] == "oom":
             pat = "does not fit in memory"
+        elif r["reason"] in patterns:
+            pat = patterns[r["reason"]]
         else:
-            pat = patterns.get(r["reason"]) or patterns.setdefault(r["reason"], re.sub(r"\b\d+\b", "N", r["reason"]))
+            pat = patterns[r["reason"]] = re.sub(r"\b\d+\b", "N", r["reason"])
         groups[pat] += 1
         example.setdefault(pat, f"{r['id']}: {r['reason']}")
     return [(n, pat, example[pat]) for pat, n in sorted(groups.items(), key=lambda x: (-x[1], x[0]))[:most]]
