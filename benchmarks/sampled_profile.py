@@ -7,9 +7,11 @@ interpreter checks for signals, so a line's share is the time since the check be
 code (a dataclass's ``__init__``, a NamedTuple's ``__new__``) is listed by the line that calls it,
 which is where a change would go.
 
-Run: python benchmarks/sampled_profile.py {screen,engine,plans} [--top N]
+Run: python benchmarks/sampled_profile.py {screen,cold,engine,plans} [--top N]
   screen  the GPT-3 175B / 1,024 A100 default space's screen in one process, caches warm (as in
           bench_screen.py's second pass)
+  cold    the same screen with its caches cold (bench_screen.py's first pass): what building them
+          costs
   engine  every 4th block of 50 of that space's fitting plans through the engine, in the order
           --exhaustive runs them (lowered schedules shared as there)
   plans   the plan folders of its three best plans by quick estimate (plan.json, schedule, trace,
@@ -77,7 +79,7 @@ def sampled(fn) -> float:
 def main() -> None:
     what = sys.argv[1] if len(sys.argv) > 1 else ""
     top = int(sys.argv[sys.argv.index("--top") + 1]) if "--top" in sys.argv else 30
-    if what not in ("screen", "engine", "plans"):
+    if what not in ("screen", "cold", "engine", "plans"):
         sys.exit(__doc__)
     batch_mode()  # as the `simpar` command and its workers run
     setup = ev_mod.SweepSetup(
@@ -85,10 +87,10 @@ def main() -> None:
     )
     configs = sorted(enumerate_configs(setup.model, setup.cluster, setup.num_gpus, setup.space), key=screen_order)
     evaluator = ev_mod.Evaluator(setup)
-    rows = [as_text(evaluator.screen(c)) for c in configs]  # the screen, caches built
-    if what == "screen":
+    rows = [] if what == "cold" else [as_text(evaluator.screen(c)) for c in configs]  # the screen, caches built
+    if what in ("cold", "screen"):
         cpu = sampled(lambda: [as_text(evaluator.screen(c)) for c in configs])
-        label = f"{len(configs):,} configurations screened (caches warm)"
+        label = f"{len(configs):,} configurations screened (caches {'cold' if what == 'cold' else 'warm'})"
     elif what == "engine":
         fitting = sorted((c for c, r in zip(configs, rows) if r["status"] == "estimated"), key=schedule_key)
         chosen = [c for i, c in enumerate(fitting) if (i // 50) % 4 == 0]

@@ -121,16 +121,38 @@ def two_memories(draw):
 
 @settings(max_examples=300, deadline=None)
 @given(two_memories())
-def test_memories_with_one_key_give_one_schedule(case) -> None:
-    """`memory_key` holds all the heuristic can tell of the memory: equal keys, equal schedules
-    (with unit times, as the sweep's screen builds them; the screen keeps one per key)."""
+def test_memories_that_answer_a_runs_memory_tests_alike_give_its_schedule(case) -> None:
+    """`zb_auto.MemoryTests` hold all the heuristic asked of the memory: other stage memories that
+    answer them alike give the same schedule (with unit times, as the sweep's screen builds them;
+    the screen keeps one per set of answers)."""
     from dataclasses import replace
 
-    from simpar.sim.schedules.zb_auto import memory_key
+    from simpar.sim.schedules.zb_auto import scaled_memory, zb_auto_kinds
 
     pp, m, one, two, k = case
     a = replace(StageCosts.uniform(), mem_f=one[0], mem_w=one[1])
     b = replace(StageCosts.uniform(), mem_f=two[0], mem_w=two[1])
-    if memory_key(a, pp, m, k) == memory_key(b, pp, m, k):
-        sa, sb = zb_auto(pp, m, a, k), zb_auto(pp, m, b, k)
+    kinds, tests = zb_auto_kinds(pp, m, a, k)
+    sa = zb_auto(pp, m, a, k)
+    assert kinds == tuple(tuple(x.kind for x in r) for r in sa.ranks)
+    assert tests.alike(*scaled_memory(a, pp, k))  # a run's own memory answers its tests alike
+    if tests.alike(*scaled_memory(b, pp, k)):
+        sb = zb_auto(pp, m, b, k)
         assert sa.ranks == sb.ranks and sa.meta["over_limit_stages"] == sb.meta["over_limit_stages"]
+
+
+def test_the_screen_builds_one_zb_profile_per_set_of_answers(monkeypatch) -> None:
+    """Stage memories a few per cent apart answer the heuristic's tests alike: one build; a last
+    stage whose waiting sets are twice as large does not."""
+    from simpar.sim.cost import alive
+
+    built = []
+    real = alive.zb_auto_kinds
+    monkeypatch.setattr(alive, "zb_auto_kinds", lambda *a: built.append(a) or real(*a))
+    monkeypatch.setattr(alive, "_ZB_PROFILES", {})
+    f, w = (1.0, 1.0, 1.0, 0.9), (0.3, 0.3, 0.3, 0.4)
+    one = alive.cached_profile("zb-2p", 4, 1, 16, (f, w))
+    two = alive.cached_profile("zb-2p", 4, 1, 16, (f, (0.3, 0.3, 0.3, 0.41)))
+    assert two is one and len(built) == 1
+    three = alive.cached_profile("zb-2p", 4, 1, 16, (f, (0.3, 0.3, 0.3, 0.8)))
+    assert len(built) == 2 and three.vectors != one.vectors

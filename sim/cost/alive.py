@@ -23,7 +23,15 @@ from ..plan import ParallelPlan
 from ..schedules import ALL_FORWARDS_FIRST, COST_STEERED, Schedule, StageCosts, build_schedule
 from ..schedules.analysis import ALIVE_DELTA
 from ..schedules.ir import Kind, flat
-from ..schedules.zb_auto import MEM_FACTOR, W_MEM_FRACTION, memory_key, memory_limit, stage_memory, zb_auto_kinds
+from ..schedules.zb_auto import (
+    MEM_FACTOR,
+    W_MEM_FRACTION,
+    MemoryTests,
+    memory_limit,
+    scaled_memory,
+    stage_memory,
+    zb_auto_kinds,
+)
 
 #: per stage, the bytes a micro-batch's F keeps and those it keeps from its I to its W
 #: (`activations.zb_stage_memory`)
@@ -194,42 +202,35 @@ def cached_profile(
     schedule: str, pp: int, vpp: int, num_microbatches: int, memory: StageMemory | None = None
 ) -> AliveProfile:
     """The profile of a compute-only schedule (zb-1p/2p with unit costs, as `simpar memory`); a
-    zb-1p/2p schedule is built once per `zb_auto.memory_key`, which stage memories share when the
-    schedule cannot tell them apart."""
-    if schedule not in COST_STEERED:
+    zb-1p/2p schedule is built once for the stage memories that answer its heuristic's memory
+    tests alike (`zb_auto.MemoryTests`): those give the same schedule."""
+    if schedule not in COST_STEERED or vpp != 1:  # (zb-1p/2p with vpp > 1: refused there)
         return _plain_profile(schedule, pp, vpp, num_microbatches)
-    key = _zb_key(schedule, pp, vpp, num_microbatches, memory)
-    hit = _ZB_PROFILES.get(key)
-    if hit is None:
-        if len(_ZB_PROFILES) >= 4096:
-            _ZB_PROFILES.clear()
-        hit = _ZB_PROFILES[key] = _build(schedule, pp, vpp, num_microbatches, memory)
-    return hit
+    costs = unit_costs(schedule, memory) or StageCosts.uniform()
+    mem, limit = scaled_memory(costs, pp, MEM_FACTOR[schedule])
+    built = _ZB_PROFILES.setdefault((schedule, pp, vpp, num_microbatches), [])
+    for tests, profile in built:
+        if tests.alike(mem, limit):
+            return profile
+    if sum(map(len, _ZB_PROFILES.values())) >= 4096:
+        _ZB_PROFILES.clear()
+        built = _ZB_PROFILES.setdefault((schedule, pp, vpp, num_microbatches), [])
+    kinds, tests = zb_auto_kinds(pp, num_microbatches, costs, MEM_FACTOR[schedule])
+    profile = AliveProfile(
+        tuple((j,) for j in range(pp)), tuple(rank_vectors((j,), zip(repeat(j), k)) for j, k in enumerate(kinds))
+    )
+    built.append((tests, profile))
+    return profile
 
 
 @lru_cache(maxsize=4096)
 def _plain_profile(schedule: str, pp: int, vpp: int, num_microbatches: int) -> AliveProfile:
-    return _build(schedule, pp, vpp, num_microbatches, None)
+    return alive_profile(build_schedule(schedule, pp, vpp, num_microbatches))
 
 
-def _build(schedule: str, pp: int, vpp: int, num_microbatches: int, memory: StageMemory | None) -> AliveProfile:
-    costs = unit_costs(schedule, memory)
-    if schedule in MEM_FACTOR and vpp == 1:  # zb-1p/2p: the kinds of its actions are all it takes
-        kinds = zb_auto_kinds(pp, num_microbatches, costs, MEM_FACTOR[schedule])
-        return AliveProfile(
-            tuple((j,) for j in range(pp)), tuple(rank_vectors((j,), zip(repeat(j), k)) for j, k in enumerate(kinds))
-        )
-    return alive_profile(build_schedule(schedule, pp, vpp, num_microbatches, costs))
-
-
-@lru_cache(maxsize=4096)
-def _zb_key(schedule: str, pp: int, vpp: int, num_microbatches: int, memory: StageMemory | None) -> tuple:
-    costs = unit_costs(schedule, memory) or StageCosts.uniform()
-    return schedule, pp, vpp, num_microbatches, memory_key(costs, pp, num_microbatches, MEM_FACTOR[schedule])
-
-
-#: zb-1p/2p profiles by `_zb_key`
-_ZB_PROFILES: dict[tuple, AliveProfile] = {}
+#: zb-1p/2p profiles by (schedule, pp, vpp, micro-batches), each with the memory tests of the
+#: heuristic's runs that built it
+_ZB_PROFILES: dict[tuple, list[tuple[MemoryTests, AliveProfile]]] = {}
 
 
 def plan_profile(plan: ParallelPlan, memory: StageMemory | None = None) -> AliveProfile:

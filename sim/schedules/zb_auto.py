@@ -47,6 +47,8 @@ count. With 0 (W free) the 1p heuristic keeps W pending longer and beats ZB-H1.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from itertools import product
 
 from ..errors import ScheduleError
@@ -80,7 +82,7 @@ def stage_memory(costs: StageCosts, p: int, w_frac: float) -> list[tuple[float, 
 
 def _fits(a: int, b: int, f: float, w: float, limit: float) -> bool:
     """Whether ``a`` sets in flight (F done, I not) and ``b`` waiting for their W fit under the
-    limit: the one memory test the heuristic makes (`memory_key`)."""
+    limit: the one memory test the heuristic makes (`MemoryTests`)."""
     return a * f + b * w <= limit
 
 
@@ -100,31 +102,58 @@ _DELTA = ((1, 0), (-1, 1), (0, -1))
 MEM_FACTOR = {"zb-1p": 1, "zb-2p": 2}
 
 
-def memory_key(
-    costs: StageCosts, p: int, m: int, mem_factor: int, w_frac: float = W_MEM_FRACTION
-) -> tuple[tuple[int, ...], ...]:
-    """All the heuristic can tell of the stages' memory: per stage, for a = 0, 1, ... sets in
-    flight, the most sets waiting for their W (at most m) that fit with them, as long as any does.
-    The heuristic tests memory only as `_fits` with 0 <= a <= m + 1 and 0 <= b <= m, and `_fits`
-    grows with a and with b, so costs with equal times and equal keys give the same schedule: the
-    sweep's screen builds one per key (`alive.cached_profile`)."""
-    mem = stage_memory(costs, p, w_frac)
-    limit = memory_limit(mem, p, mem_factor) + _EPS
-    out = []
-    for f, w in mem:
-        row: list[int] = []
-        for a in range(m + 2):
-            if not _fits(a, 0, f, w, limit):
-                break
-            room = limit - a * f
-            b = m if room >= m * w else int(room / w)  # a first guess, then exact
-            while b > 0 and not _fits(a, b, f, w, limit):
-                b -= 1
-            while b < m and _fits(a, b + 1, f, w, limit):
-                b += 1
-            row.append(b)
-        out.append(tuple(row))
+@dataclass(frozen=True)
+class MemoryTests:
+    """What the heuristic's runs asked of the stages' memory (`_fits`, the only place memory
+    enters): per stage, the largest (sets in flight, sets waiting for their W) pairs that fitted
+    under the limit and the smallest ones that did not. `_fits` grows with both counts (bytes are
+    never negative), so stage memories and a limit that answer these alike answer every test of
+    those runs alike, and with the same times give the same schedule: the sweep's screen builds one
+    per set of answers (`alive.cached_profile`)."""
+
+    fitted: tuple[tuple[tuple[int, int], ...], ...]
+    refused: tuple[tuple[tuple[int, int], ...], ...]
+
+    @classmethod
+    def of(cls, fitted: Sequence[dict[int, int]], refused: Sequence[dict[int, int]]) -> MemoryTests:
+        """From per stage, per count in flight, the most waiting that fitted and the fewest that
+        did not (`_Auto.fits`)."""
+        return cls(
+            tuple(_frontier(list(x.items()), largest=True) for x in fitted),
+            tuple(_frontier(list(x.items()), largest=False) for x in refused),
+        )
+
+    def alike(self, mem: Sequence[tuple[float, float]], limit: float) -> bool:
+        """Whether ``mem`` and ``limit`` (`scaled_memory`) answer every test alike."""
+        for (f, w), fitted, refused in zip(mem, self.fitted, self.refused):
+            if f < 0 or w < 0:  # no monotony to lean on
+                return False
+            for a, b in fitted:
+                if not _fits(a, b, f, w, limit):
+                    return False
+            for a, b in refused:
+                if _fits(a, b, f, w, limit):
+                    return False
+        return True
+
+
+def _frontier(points: Sequence[tuple[int, int]], largest: bool) -> tuple[tuple[int, int], ...]:
+    """The pairs no other pair of ``points`` dominates from above (``largest``) or from below."""
+    out: list[tuple[int, int]] = []
+    for a, b in sorted(points, reverse=largest):
+        if not out or (b > out[-1][1] if largest else b < out[-1][1]):
+            out.append((a, b))
     return tuple(out)
+
+
+def scaled_memory(
+    costs: StageCosts, p: int, mem_factor: int, w_frac: float = W_MEM_FRACTION
+) -> tuple[list[tuple[float, float]], float]:
+    """The stages' memory and the limit as the heuristic's memory test reads them (`_fits`)."""
+    if costs.w_mem_fraction is not None:
+        w_frac = costs.w_mem_fraction
+    mem = stage_memory(costs, p, w_frac)
+    return mem, memory_limit(mem, p, mem_factor) + _EPS
 
 
 class _Auto:
@@ -147,6 +176,10 @@ class _Auto:
         # whether each switch (allow_bubble, prioritize_b, greedy) decided anything in this run: a
         # run with an undecisive switch flipped takes every same decision, so it is the same run
         self.decided = [False, False, False]
+        # per stage, per sets in flight tested, the most waiting that fitted and the fewest that
+        # did not (`MemoryTests`)
+        self.fitted: list[dict[int, int]] = [{} for _ in range(p)]
+        self.refused: list[dict[int, int]] = [{} for _ in range(p)]
 
     def comm(self, j: int) -> float:
         return self.comms[j]
@@ -186,7 +219,16 @@ class _Auto:
         """Whether stage j's sets in flight and waiting for their W, changed by ``da`` and ``db``,
         fit under the limit (`_fits`)."""
         count, (f, w) = self.count[j], self.mem[j]
-        return _fits(count[_F] - count[_I] + da, count[_I] - count[_W] + db, f, w, self.limit)
+        a, b = count[_F] - count[_I] + da, count[_I] - count[_W] + db
+        if _fits(a, b, f, w, self.limit):
+            seen = self.fitted[j]
+            if b > seen.get(a, -1):
+                seen[a] = b
+            return True
+        seen = self.refused[j]
+        if b < seen.get(a, b + 1):
+            seen[a] = b
+        return False
 
     def free_memory_for(self, j: int, kind: int) -> None:
         """Run pending W until ``kind`` fits under the limit; a stage with none left pending goes
@@ -302,9 +344,10 @@ class _Auto:
 
 def _best_run(
     pp: int, num_microbatches: int, costs: StageCosts | None, mem_factor: int, w_mem_fraction: float
-) -> tuple[_Auto, float]:
-    """The heuristic's run with the shortest longest-rank time over its switches, and the M_W / M_B
-    fraction it used."""
+) -> tuple[_Auto, float, MemoryTests]:
+    """The heuristic's run with the shortest longest-rank time over its switches, the M_W / M_B
+    fraction it used, and per stage the memory tests of every run made (`MemoryTests`: which run
+    wins depends on them all)."""
     check_sizes(f"zb-{mem_factor}p", pp, 1, num_microbatches)
     costs = costs or StageCosts.uniform()
     costs.check(pp)
@@ -314,6 +357,8 @@ def _best_run(
         raise ScheduleError("w_mem_fraction", f"must be in [0, 1), got {w_mem_fraction}.", "use e.g. 0 or 0.3.")
     limit = memory_limit(stage_memory(costs, pp, w_mem_fraction), pp, mem_factor)
     best, best_run = None, None
+    fitted: list[dict[int, int]] = [{} for _ in range(pp)]
+    refused: list[dict[int, int]] = [{} for _ in range(pp)]
     done: list[tuple[tuple[bool, ...], list[bool]]] = []  # switches run, which of them decided
     for switches in product((True, False), repeat=3):
         # the same run as one already made: it differs only in switches that decided nothing there
@@ -322,10 +367,16 @@ def _best_run(
         run = _Auto(pp, num_microbatches, costs, limit, w_mem_fraction)
         cost = run.run(*switches)
         done.append((switches, run.decided))
+        for seen, more in zip(fitted, run.fitted):
+            for a, b in more.items():
+                seen[a] = max(b, seen.get(a, b))
+        for seen, more in zip(refused, run.refused):
+            for a, b in more.items():
+                seen[a] = min(b, seen.get(a, b))
         if best is None or cost < best - 1e-12:
             best, best_run = cost, run
     assert best_run is not None  # the loop ran at least once
-    return best_run, w_mem_fraction
+    return best_run, w_mem_fraction, MemoryTests.of(fitted, refused)
 
 
 def zb_auto(
@@ -336,7 +387,7 @@ def zb_auto(
     w_mem_fraction: float = W_MEM_FRACTION,
 ) -> Schedule:
     """ZB-1p (``mem_factor=1``) or ZB-2p (``mem_factor=2``) for the given stage costs."""
-    run, w_mem_fraction = _best_run(pp, num_microbatches, costs, mem_factor, w_mem_fraction)
+    run, w_mem_fraction, _ = _best_run(pp, num_microbatches, costs, mem_factor, w_mem_fraction)
     return Schedule(
         f"zb-{mem_factor}p",
         pp,
@@ -355,8 +406,9 @@ def zb_auto(
 
 def zb_auto_kinds(
     pp: int, num_microbatches: int, costs: StageCosts | None = None, mem_factor: int = 1
-) -> tuple[tuple[Kind, ...], ...]:
+) -> tuple[tuple[tuple[Kind, ...], ...], MemoryTests]:
     """Per stage (rank j runs stage j), the kinds of `zb_auto`'s actions in their order, without
-    making the actions: all an alive profile reads (`alive.alive_profile`)."""
-    run, _ = _best_run(pp, num_microbatches, costs, mem_factor, W_MEM_FRACTION)
-    return tuple(tuple([_KINDS[kind] for kind, _ in run.order[j]]) for j in range(pp))
+    making the actions: all an alive profile reads (`alive.alive_profile`); and the memory tests
+    the heuristic made, which other stage memories must answer alike to get the same schedule."""
+    run, _, tests = _best_run(pp, num_microbatches, costs, mem_factor, W_MEM_FRACTION)
+    return tuple(tuple([_KINDS[kind] for kind, _ in run.order[j]]) for j in range(pp)), tests
