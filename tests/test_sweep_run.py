@@ -16,7 +16,7 @@ from simpar.sim.specs import load_cluster, load_model
 from simpar.sim.sweep.evaluate import SweepSetup
 from simpar.sim.sweep.run import SweepOptions, run_sweep
 from simpar.sim.sweep.space import SearchSpace
-from simpar.sim.sweep.store import COLUMNS, Journal, read_results
+from simpar.sim.sweep.store import COLUMNS, Journal, as_record, read_results
 
 SMALL = SearchSpace(zero=(0, 1), recompute=("none", "full"), mbs=(1, 2), sequence_parallel=(True,))
 
@@ -83,13 +83,18 @@ def test_same_inputs_give_the_same_results_csv(tmp_path):
 
 def test_journal_cuts_a_torn_line_and_keeps_whole_ones(tmp_path):
     j = Journal(tmp_path / "j.csv")
-    j.append([{"id": "a", "status": "invalid", "reason": "x, with a comma"}, {"id": "b", "status": "oom"}])
+    j.append(
+        [
+            as_record({"id": "a", "status": "invalid", "reason": "x, with a comma"}),
+            as_record({"id": "b", "status": "oom"}),
+        ]
+    )
     with open(j.path, "a") as fh:
         fh.write("c,estimated,,,quick,1,2")  # killed mid-line
     rows = j.read()
     assert sorted(rows) == ["a", "b"] and rows["a"]["reason"] == "x, with a comma"
     assert j.path.read_text().endswith("\n") and len(j.path.read_text().splitlines()) == 3
-    j.append([{"id": "c", "status": "estimated"}])
+    j.append([as_record({"id": "c", "status": "estimated"})])
     assert sorted(j.read()) == ["a", "b", "c"]
     assert j.path.read_text().splitlines()[0] == ",".join(COLUMNS)
 

@@ -30,7 +30,7 @@ from .config_plan import checked_plan
 from .estimator import oracle_estimate, quick_estimate
 from .memory_screen import MemoryScreen
 from .space import Config, SearchSpace
-from .store import as_text
+from .store import as_record
 from .terms import Estimate, Inputs, dp_groups, edp_groups, host_path
 
 #: plan fields `build_work` does not read (but for the schedule's pipelines, keyed apart): plans
@@ -271,9 +271,9 @@ def evaluator(setup: SweepSetup) -> Evaluator:
     return _EVALUATOR[1]
 
 
-def evaluate(setup: SweepSetup, phase: str, configs: list[Config]) -> list[dict[str, str]]:
-    """The per-configuration function: one row per configuration, in order, as the journal holds
-    it (`store.as_text`: formatted where it is computed, so the parent process only writes)."""
+def evaluate(setup: SweepSetup, phase: str, configs: list[Config]) -> list[tuple[str, ...]]:
+    """The per-configuration function: one row per configuration, in order, as a journal line
+    holds it (`store.as_record`: formatted where it is computed, so the parent process only writes)."""
     ev = evaluator(setup)
     fn = {"screen": ev.screen, "refine": ev.refine, "simulate": ev.simulate}[phase]
-    return [as_text(fn(c)) for c in configs]
+    return [as_record(fn(c)) for c in configs]

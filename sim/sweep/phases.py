@@ -60,7 +60,7 @@ def run_phase(
     if progress:
         progress(name, len(rows), len(configs))
 
-    def done(new: list[dict]) -> None:
+    def done(new: list[tuple[str, ...]]) -> None:
         for r in journal.append(new):
             rows[r["id"]] = r
         if progress:

@@ -74,7 +74,8 @@ COLUMNS = (
     + HOST_COLUMNS
 )
 _HEADER = ",".join(COLUMNS)
-_EMPTY = dict.fromkeys(COLUMNS, "")
+_EMPTY_RECORD = ("",) * len(COLUMNS)
+_AT = {c: i for i, c in enumerate(COLUMNS)}  # a column's place in a record
 _POSITIVE = ("tp", "pp", "dp", "cp", "vpp", "mbs", "gbs", "ep")
 _OPTIONAL_INTS = ("rank", "num_microbatches", "reported_rank", "worst_memory_rank")
 _FLOATS = (
@@ -114,18 +115,26 @@ def fmt(v: Any) -> str:
     return str(v).replace("\r", " ").replace("\n", " ")  # one CSV line per row (the journal is read by lines)
 
 
-def as_text(row: dict[str, Any]) -> dict[str, str]:
-    """A computed row as the journal and results.csv hold it (every column, as text; a column the
-    row lacks is empty), after checking its numbers are finite. Workers call it, so the parent
-    only writes lines. Walks the row's own values (most rows fill few of the columns)."""
-    out = _EMPTY.copy()
+def as_record(row: dict[str, Any]) -> tuple[str, ...]:
+    """A computed row as one journal line and one results.csv line hold it: every column in
+    `COLUMNS` order, as text (a column the row lacks is empty), after checking its numbers are
+    finite. Workers call it, so the parent process only writes lines. Walks the row's own values
+    (most rows fill few of the columns)."""
+    out = list(_EMPTY_RECORD)
+    at = _AT.get
     for c, v in row.items():
-        if c not in out or v is None:
+        i = at(c)
+        if i is None or v is None:
             continue
         if c in _FLOAT_SET and isinstance(v, float) and not math.isfinite(v):
             _not_finite(row, c, v)
-        out[c] = fmt(v)
-    return out
+        out[i] = fmt(v)
+    return tuple(out)
+
+
+def as_text(row: dict[str, Any]) -> dict[str, str]:
+    """`as_record` by column name."""
+    return dict(zip(COLUMNS, as_record(row)))
 
 
 def to_line(row: dict[str, Any]) -> str:
@@ -292,23 +301,21 @@ class Journal:
         except OSError as exc:
             raise SpecError(f"journal {self.path}", f"cannot be rewritten ({exc.strerror or exc}).", _DISK) from None
 
-    def append(self, rows: Iterable[dict[str, str]]) -> list[dict[str, str]]:
-        """Write rows of text (`as_text`; a missing column is empty) in one write, flushed (a
-        signal waits until it is done), and return them as read back."""
-        texts = _texts(rows)
+    def append(self, records: Sequence[tuple[str, ...]]) -> list[dict[str, str]]:
+        """Write records (`as_record`) in one write, flushed (a signal waits until it is done),
+        and return them as read back, by column name."""
         buf = io.StringIO()
-        csv.writer(buf, lineterminator="\n").writerows(texts)
-        lines = [buf.getvalue()]
+        csv.writer(buf, lineterminator="\n").writerows(records)
         with interrupt.deferred():
             try:
                 new = not self.path.exists() or self.path.stat().st_size == 0
                 with open(self.path, "a", encoding="utf-8") as fh:
-                    fh.write((_HEADER + "\n" if new else "") + "".join(lines))
+                    fh.write((_HEADER + "\n" if new else "") + buf.getvalue())
                     fh.flush()
             except OSError as exc:
                 raise SpecError(f"journal {self.path}", f"cannot be written ({exc.strerror or exc}).", _DISK) from None
         # what a reader gets back: CSV keeps every field whole (fmt leaves no line breaks in one)
-        return [dict(zip(COLUMNS, t)) for t in texts]
+        return [dict(zip(COLUMNS, t)) for t in records]
 
 
 _DISK = "free disk space or fix the folder's permissions, then continue with --resume."

@@ -17,7 +17,6 @@ import os
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from typing import Any
 
 from ..collector import batch_mode, settling
 from ..errors import SimparError
@@ -26,7 +25,8 @@ from . import interrupt, lock
 from .evaluate import SweepSetup, evaluate
 from .space import Config
 
-OnDone = Callable[[list[dict[str, Any]]], None]
+#: what a backend hands each finished batch to: its rows as journal records (`store.as_record`)
+OnDone = Callable[[list[tuple[str, ...]]], None]
 _SETUP: list[SweepSetup | None] = [None]
 #: Seconds between checks for a signal while waiting for batches.
 _POLL_S = 0.1
@@ -39,7 +39,7 @@ def _init(setup: SweepSetup, parent: int) -> None:
     _SETUP[0] = setup
 
 
-def _run(phase: str, batch: list[Config]) -> list[dict[str, Any]]:
+def _run(phase: str, batch: list[Config]) -> list[tuple[str, ...]]:
     assert _SETUP[0] is not None, "worker initialised"
     # A batch grows the worker's caches (alive profiles, stage work, collective times, lowered
     # schedules), which stay to the sweep's end: collections during it would walk them again and
@@ -53,7 +53,7 @@ def _run(phase: str, batch: list[Config]) -> list[dict[str, Any]]:
         return evaluate(_SETUP[0], phase, batch)
 
 
-def _ray_evaluate(setup: SweepSetup, phase: str, batch: list[Config]) -> list[dict[str, str]]:
+def _ray_evaluate(setup: SweepSetup, phase: str, batch: list[Config]) -> list[tuple[str, ...]]:
     """`evaluate` in a Ray worker, with the collector's settings of simpar's own processes
     (`collector.batch_mode`: a Ray worker is not forked from the `simpar` command)."""
     batch_mode()
