@@ -22,7 +22,7 @@ from simpar.sim.specs import load_cluster, load_model
 from simpar.sim.sweep import evaluate as ev_mod
 from simpar.sim.sweep import memory_screen
 from simpar.sim.sweep.space import SearchSpace, enumerate_configs
-from simpar.sim.sweep.store import as_text
+from simpar.sim.sweep.store import COLUMNS, as_record
 
 SPENT: collections.Counter[str] = collections.Counter()
 #: the parts timed, as printed (an indented one is within the one above it)
@@ -53,8 +53,9 @@ def timed(owner: Any, name: str, part: str) -> None:
 def screen_pass(evaluator: ev_mod.Evaluator, configs: list) -> tuple[float, collections.Counter[str]]:
     SPENT.clear()
     t = time.process_time()
-    rows = [as_text(evaluator.screen(c)) for c in configs]
-    return time.process_time() - t, collections.Counter(r["status"] for r in rows)
+    rows = [as_record(evaluator.screen(c)) for c in configs]  # what a worker hands back
+    status = COLUMNS.index("status")
+    return time.process_time() - t, collections.Counter(r[status] for r in rows)
 
 
 def main() -> None:

@@ -33,7 +33,7 @@ from simpar.sim.specs import load_cluster, load_model
 from simpar.sim.sweep import evaluate as ev_mod
 from simpar.sim.sweep.batches import schedule_key, screen_order
 from simpar.sim.sweep.space import SearchSpace, enumerate_configs
-from simpar.sim.sweep.store import as_text, num
+from simpar.sim.sweep.store import as_record, as_text, num
 
 INTERVAL_S = 0.0005
 HERE = "benchmarks/sampled_profile.py"
@@ -89,7 +89,7 @@ def main() -> None:
     evaluator = ev_mod.Evaluator(setup)
     rows = [] if what == "cold" else [as_text(evaluator.screen(c)) for c in configs]  # the screen, caches built
     if what in ("cold", "screen"):
-        cpu = sampled(lambda: [as_text(evaluator.screen(c)) for c in configs])
+        cpu = sampled(lambda: [as_record(evaluator.screen(c)) for c in configs])  # what a worker hands back
         label = f"{len(configs):,} configurations screened (caches {'cold' if what == 'cold' else 'warm'})"
     elif what == "engine":
         fitting = sorted((c for c, r in zip(configs, rows) if r["status"] == "estimated"), key=schedule_key)

@@ -17,8 +17,9 @@ The activation peak of a pipeline rank comes from its schedule (`alive.plan_prof
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import MappingProxyType
+from typing import NamedTuple
 
 from ..derived import derived
 from ..layout import RankLayout
@@ -40,9 +41,9 @@ from .params import rank_expert_params, rank_params
 from .states import MemoryConventions, stack_conventions, stack_state_bytes
 
 
-@dataclass(frozen=True)
-class RankMemory:
-    """Peak memory of one GPU of a pipeline rank, in bytes, with its breakdown."""
+class RankMemory(NamedTuple):
+    """Peak memory of one GPU of a pipeline rank, in bytes, with its breakdown. A named tuple, as
+    `TraceEvent`: a sweep's screen makes one per pipeline rank of every valid configuration."""
 
     pipeline_rank: int
     params: float  # parameters held by this GPU (after tp split, before ZeRO sharding)
@@ -54,7 +55,7 @@ class RankMemory:
     capacity: float
     inflight: float = 0.0  # stage-microbatch activation sets alive at the peak
     host: float = 0.0  # bytes this GPU keeps in host memory (`offload`; not part of ``total``)
-    detail: dict[str, float] = field(default_factory=dict)
+    detail: Mapping[str, float] = MappingProxyType({})
 
     @property
     def total(self) -> float:
