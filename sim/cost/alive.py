@@ -2,9 +2,11 @@
 bytes of the (stage, micro-batch) sets alive between their F and their input backward, and, where
 the backward is split, of what each set keeps from its I to its W (`activations.stage_weight_grad_bytes`).
 It changes only at actions, so it is the largest dot product of the rank's per-stage counts of both,
-taken just after each F and each I, with the per-stage bytes. `AliveProfile` keeps, per rank, only the count vectors no
-other one dominates (one number for one stage per rank), so a schedule is walked once per
-(schedule, pp, vpp, micro-batches) and each plan then costs a few multiplications; past a few
+taken just after each F and each I, with the per-stage bytes. `AliveProfile` keeps, per rank, the
+count vectors that can be the largest (those just before a decrease), and, per way of grouping the
+rank's stages by equal bytes, the sums over each group that no other one dominates, so a schedule
+is walked once per (schedule, pp, vpp, micro-batches) and each plan then costs a few
+multiplications; past a few
 times pp micro-batches the profile no longer changes, so long schedules are not even built.
 Equal to `schedules.peak_activation_units` up to rounding (tested).
 """
@@ -40,8 +42,8 @@ StageMemory = tuple[tuple[float, ...], tuple[float, ...]]
 
 @dataclass(frozen=True)
 class AliveProfile:
-    """Per pipeline rank: its stages and the maximal vectors of (alive sets per stage, then sets
-    waiting for their W per stage)."""
+    """Per pipeline rank: its stages and the candidate vectors of (alive sets per stage, then sets
+    waiting for their W per stage) that can hold its peak (`rank_vectors`)."""
 
     stages: tuple[tuple[int, ...], ...]
     vectors: tuple[tuple[tuple[int, ...], ...], ...]
@@ -59,8 +61,9 @@ class AliveProfile:
         the sets between their I and their W (none: 0).
 
         Components of one weight (a rank's chunks of a uniform model, which hold the same bytes
-        per set) are summed first, so the maximum is taken over the few maximal vectors of those
-        sums: a rank of 12 chunks then has 4 components, not 24."""
+        per set) are summed first, and the maximum is taken over the maximal vectors of those sums
+        (`_maximal`, kept per rank and grouping): a rank of 12 chunks then has a few components,
+        not 24, and a few vectors."""
         out = []
         for r, (stages, vecs) in enumerate(zip(self.stages, self.vectors)):
             w = [stage_weight[s] for s in stages] + [held_weight[s] if held_weight else 0.0 for s in stages]
@@ -75,10 +78,10 @@ class AliveProfile:
 
 
 def _merge(vectors, group: tuple[int, ...], n: int) -> tuple[tuple[int, ...], ...]:
-    """``vectors`` with the components of each group summed (``group[i]``: component i's group of
-    ``n``), the maximal ones."""
+    """The maximal ones of ``vectors`` with the components of each group summed (``group[i]``:
+    component i's group of ``n``)."""
     if n == len(group):
-        return vectors
+        return _maximal(set(vectors))
     out = set()
     for v in vectors:
         sums = [0] * n
@@ -131,19 +134,21 @@ def alive_profile(schedule: Schedule) -> AliveProfile:
 
 
 def rank_vectors(stages: Sequence[int], actions: Iterable[tuple[int, Kind]]) -> tuple[tuple[int, ...], ...]:
-    """The maximal counts of one rank, which runs ``stages``, over its ``actions`` (stage, kind)
-    in order, pairs taken as their F then their backward (`ir.flat`): per stage the sets alive, then
+    """The counts of one rank that can hold its peak, which runs ``stages``, over its ``actions``
+    (stage, kind) in order, pairs taken as their F then their backward (`ir.flat`): per stage the sets alive, then
     per stage the sets waiting for their W (`analysis.ALIVE_DELTA`).
 
     Only the counts just before a decrease (and at the end) are candidates: between two decreases
     the counts only grow, so the last vector before a decrease dominates every one since the
-    previous decrease. An overlapped pair takes its F's set before freeing its B's; what an I's W
-    reads may outweigh the set it frees (full recompute), so an I both frees and holds."""
+    previous decrease. Which candidates dominate the others is left to `AliveProfile.peaks`,
+    which first sums the components of equal bytes: fewer and shorter vectors to compare. An
+    overlapped pair takes its F's set before freeing its B's; what an I's W reads may outweigh the
+    set it frees (full recompute), so an I both frees and holds."""
     n = len(stages)
     idx = {s: i for i, s in enumerate(stages)}
     held = {s: n + i for i, s in enumerate(stages)}
     alive = [0] * (2 * n)  # per stage: sets alive, then sets waiting for their W
-    seen: set[tuple[int, ...]] = set()
+    seen: dict[tuple[int, ...], None] = {}  # in the order met
     grew = False  # a count grew since the last candidate
     delta = ALIVE_DELTA.get
     for stage, kind in actions:  # `analysis.alive_deltas`, inlined: the walk is the profile's cost
@@ -152,7 +157,7 @@ def rank_vectors(stages: Sequence[int], actions: Iterable[tuple[int, Kind]]) -> 
             continue
         d, h = dh
         if grew and (d < 0 or h < 0):
-            seen.add(tuple(alive))
+            seen[tuple(alive)] = None
             grew = False
         if d:
             alive[idx[stage]] += d
@@ -160,8 +165,8 @@ def rank_vectors(stages: Sequence[int], actions: Iterable[tuple[int, Kind]]) -> 
             alive[held[stage]] += h
         grew = grew or d > 0 or h > 0
     if grew:
-        seen.add(tuple(alive))
-    return _maximal(seen)
+        seen[tuple(alive)] = None
+    return tuple(seen)
 
 
 #: Past ``STEADY * pp`` micro-batches a schedule's alive-set profile no longer changes (its peak is
