@@ -156,10 +156,32 @@ def scaled_memory(
     return mem, memory_limit(mem, p, mem_factor) + _EPS
 
 
+class _Tests:
+    """The memory tests runs of the heuristic made (`MemoryTests`), as they are made: per stage, per
+    sets in flight tested, the most waiting that fitted and the fewest that did not."""
+
+    def __init__(self, p: int):
+        self.fitted: list[dict[int, int]] = [{} for _ in range(p)]
+        self.refused: list[dict[int, int]] = [{} for _ in range(p)]
+
+    def note(self, j: int, a: int, b: int, fitted: bool) -> None:
+        if fitted:
+            seen = self.fitted[j]
+            if b > seen.get(a, -1):
+                seen[a] = b
+        else:
+            seen = self.refused[j]
+            if b < seen.get(a, b + 1):
+                seen[a] = b
+
+    def made(self) -> MemoryTests:
+        return MemoryTests.of(self.fitted, self.refused)
+
+
 class _Auto:
     """One run of the heuristic for fixed switches; ``order[j]`` is stage j's action list."""
 
-    def __init__(self, p: int, m: int, costs: StageCosts, max_mem: float, w_frac: float):
+    def __init__(self, p: int, m: int, costs: StageCosts, max_mem: float, w_frac: float, tests: _Tests | None = None):
         self.p, self.m = p, m
         self.cost = [[costs.f(j), costs.i(j), costs.w(j)] for j in range(p)]
         self.mem = stage_memory(costs, p, w_frac)  # per stage: a set, and what of it waits for W
@@ -176,10 +198,7 @@ class _Auto:
         # whether each switch (allow_bubble, prioritize_b, greedy) decided anything in this run: a
         # run with an undecisive switch flipped takes every same decision, so it is the same run
         self.decided = [False, False, False]
-        # per stage, per sets in flight tested, the most waiting that fitted and the fewest that
-        # did not (`MemoryTests`)
-        self.fitted: list[dict[int, int]] = [{} for _ in range(p)]
-        self.refused: list[dict[int, int]] = [{} for _ in range(p)]
+        self.tests = tests  # the memory tests made, where kept (`MemoryTests`)
 
     def comm(self, j: int) -> float:
         return self.comms[j]
@@ -217,18 +236,13 @@ class _Auto:
 
     def fits(self, j: int, da: int, db: int) -> bool:
         """Whether stage j's sets in flight and waiting for their W, changed by ``da`` and ``db``,
-        fit under the limit (`_fits`)."""
+        fit under the limit (`_fits`); noted in ``tests`` where they are kept."""
         count, (f, w) = self.count[j], self.mem[j]
         a, b = count[_F] - count[_I] + da, count[_I] - count[_W] + db
-        if _fits(a, b, f, w, self.limit):
-            seen = self.fitted[j]
-            if b > seen.get(a, -1):
-                seen[a] = b
-            return True
-        seen = self.refused[j]
-        if b < seen.get(a, b + 1):
-            seen[a] = b
-        return False
+        ok = _fits(a, b, f, w, self.limit)
+        if self.tests is not None:
+            self.tests.note(j, a, b, ok)
+        return ok
 
     def free_memory_for(self, j: int, kind: int) -> None:
         """Run pending W until ``kind`` fits under the limit; a stage with none left pending goes
@@ -343,11 +357,16 @@ class _Auto:
 
 
 def _best_run(
-    pp: int, num_microbatches: int, costs: StageCosts | None, mem_factor: int, w_mem_fraction: float
-) -> tuple[_Auto, float, MemoryTests]:
+    pp: int,
+    num_microbatches: int,
+    costs: StageCosts | None,
+    mem_factor: int,
+    w_mem_fraction: float,
+    record: bool = False,
+) -> tuple[_Auto, float, MemoryTests | None]:
     """The heuristic's run with the shortest longest-rank time over its switches, the M_W / M_B
-    fraction it used, and per stage the memory tests of every run made (`MemoryTests`: which run
-    wins depends on them all)."""
+    fraction it used, and with ``record`` the memory tests of every run made (`MemoryTests`:
+    which run wins depends on them all)."""
     check_sizes(f"zb-{mem_factor}p", pp, 1, num_microbatches)
     costs = costs or StageCosts.uniform()
     costs.check(pp)
@@ -357,26 +376,19 @@ def _best_run(
         raise ScheduleError("w_mem_fraction", f"must be in [0, 1), got {w_mem_fraction}.", "use e.g. 0 or 0.3.")
     limit = memory_limit(stage_memory(costs, pp, w_mem_fraction), pp, mem_factor)
     best, best_run = None, None
-    fitted: list[dict[int, int]] = [{} for _ in range(pp)]
-    refused: list[dict[int, int]] = [{} for _ in range(pp)]
+    tests = _Tests(pp) if record else None
     done: list[tuple[tuple[bool, ...], list[bool]]] = []  # switches run, which of them decided
     for switches in product((True, False), repeat=3):
         # the same run as one already made: it differs only in switches that decided nothing there
         if any(all(a == b or not d for a, b, d in zip(switches, s, dec)) for s, dec in done):
             continue
-        run = _Auto(pp, num_microbatches, costs, limit, w_mem_fraction)
+        run = _Auto(pp, num_microbatches, costs, limit, w_mem_fraction, tests)
         cost = run.run(*switches)
         done.append((switches, run.decided))
-        for seen, more in zip(fitted, run.fitted):
-            for a, b in more.items():
-                seen[a] = max(b, seen.get(a, b))
-        for seen, more in zip(refused, run.refused):
-            for a, b in more.items():
-                seen[a] = min(b, seen.get(a, b))
         if best is None or cost < best - 1e-12:
             best, best_run = cost, run
     assert best_run is not None  # the loop ran at least once
-    return best_run, w_mem_fraction, MemoryTests.of(fitted, refused)
+    return best_run, w_mem_fraction, None if tests is None else tests.made()
 
 
 def zb_auto(
@@ -410,5 +422,6 @@ def zb_auto_kinds(
     """Per stage (rank j runs stage j), the kinds of `zb_auto`'s actions in their order, without
     making the actions: all an alive profile reads (`alive.alive_profile`); and the memory tests
     the heuristic made, which other stage memories must answer alike to get the same schedule."""
-    run, _, tests = _best_run(pp, num_microbatches, costs, mem_factor, W_MEM_FRACTION)
+    run, _, tests = _best_run(pp, num_microbatches, costs, mem_factor, W_MEM_FRACTION, record=True)
+    assert tests is not None
     return tuple(tuple([_KINDS[kind] for kind, _ in run.order[j]]) for j in range(pp)), tests
