@@ -13,13 +13,13 @@ from hypothesis import strategies as st
 
 from simpar.sim.schedules import zb_auto
 from simpar.sim.schedules.costs import StageCosts
-from simpar.sim.schedules.zb_auto import _Auto, memory_limit, stage_memory
+from simpar.sim.schedules.zb_auto import _Auto, scaled_memory
 
 
 def _all_eight(pp: int, m: int, costs: StageCosts, mem_factor: int, w_frac: float):
     best, best_run = None, None
     for switches in product((True, False), repeat=3):
-        run = _Auto(pp, m, costs, memory_limit(stage_memory(costs, pp, w_frac), pp, mem_factor), w_frac)
+        run = _Auto(pp, m, costs, *scaled_memory(costs, pp, mem_factor, w_frac))
         cost = run.run(*switches)
         if best is None or cost < best - 1e-12:
             best, best_run = cost, run

@@ -6,8 +6,8 @@ taken just after each F and each I, with the per-stage bytes. `AliveProfile` kee
 count vectors that can be the largest (those just before a decrease), and, per way of grouping the
 rank's stages by equal bytes, the sums over each group that no other one dominates, so a schedule
 is walked once per (schedule, pp, vpp, micro-batches) and each plan then costs a few
-multiplications; past a few
-times pp micro-batches the profile no longer changes, so long schedules are not even built.
+multiplications; past a few times pp micro-batches the profile no longer changes, so long
+schedules are not even built.
 Equal to `schedules.peak_activation_units` up to rounding (tested).
 """
 
@@ -135,8 +135,8 @@ def alive_profile(schedule: Schedule) -> AliveProfile:
 
 def rank_vectors(stages: Sequence[int], actions: Iterable[tuple[int, Kind]]) -> tuple[tuple[int, ...], ...]:
     """The counts of one rank that can hold its peak, which runs ``stages``, over its ``actions``
-    (stage, kind) in order, pairs taken as their F then their backward (`ir.flat`): per stage the sets alive, then
-    per stage the sets waiting for their W (`analysis.ALIVE_DELTA`).
+    (stage, kind) in order, pairs taken as their F then their backward (`ir.flat`): per stage the
+    sets alive, then per stage the sets waiting for their W (`analysis.ALIVE_DELTA`).
 
     Only the counts just before a decrease (and at the end) are candidates: between two decreases
     the counts only grow, so the last vector before a decrease dominates every one since the

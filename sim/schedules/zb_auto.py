@@ -149,9 +149,8 @@ def _frontier(points: Sequence[tuple[int, int]], largest: bool) -> tuple[tuple[i
 def scaled_memory(
     costs: StageCosts, p: int, mem_factor: int, w_frac: float = W_MEM_FRACTION
 ) -> tuple[list[tuple[float, float]], float]:
-    """The stages' memory and the limit as the heuristic's memory test reads them (`_fits`)."""
-    if costs.w_mem_fraction is not None:
-        w_frac = costs.w_mem_fraction
+    """The stages' memory (`stage_memory`) and the limit with its slack, as the heuristic's
+    memory test reads them (`_fits`)."""
     mem = stage_memory(costs, p, w_frac)
     return mem, memory_limit(mem, p, mem_factor) + _EPS
 
@@ -181,11 +180,18 @@ class _Tests:
 class _Auto:
     """One run of the heuristic for fixed switches; ``order[j]`` is stage j's action list."""
 
-    def __init__(self, p: int, m: int, costs: StageCosts, max_mem: float, w_frac: float, tests: _Tests | None = None):
+    def __init__(
+        self,
+        p: int,
+        m: int,
+        costs: StageCosts,
+        mem: list[tuple[float, float]],
+        limit: float,
+        tests: _Tests | None = None,
+    ):
         self.p, self.m = p, m
         self.cost = [[costs.f(j), costs.i(j), costs.w(j)] for j in range(p)]
-        self.mem = stage_memory(costs, p, w_frac)  # per stage: a set, and what of it waits for W
-        self.limit = max_mem + _EPS
+        self.mem, self.limit = mem, limit  # `scaled_memory`: per stage a set and what of it waits for W
         self.over: set[int] = set()  # stages that went over the limit with no W left to run
         self.count = [[0, 0, 0] for _ in range(p)]  # F, I, W done per stage
         self.end = [0.0] * p  # stage's last end time
@@ -374,7 +380,7 @@ def _best_run(
         w_mem_fraction = costs.w_mem_fraction
     if not 0.0 <= w_mem_fraction < 1.0:
         raise ScheduleError("w_mem_fraction", f"must be in [0, 1), got {w_mem_fraction}.", "use e.g. 0 or 0.3.")
-    limit = memory_limit(stage_memory(costs, pp, w_mem_fraction), pp, mem_factor)
+    mem, limit = scaled_memory(costs, pp, mem_factor, w_mem_fraction)
     best, best_run = None, None
     tests = _Tests(pp) if record else None
     done: list[tuple[tuple[bool, ...], list[bool]]] = []  # switches run, which of them decided
@@ -382,7 +388,7 @@ def _best_run(
         # the same run as one already made: it differs only in switches that decided nothing there
         if any(all(a == b or not d for a, b, d in zip(switches, s, dec)) for s, dec in done):
             continue
-        run = _Auto(pp, num_microbatches, costs, limit, w_mem_fraction, tests)
+        run = _Auto(pp, num_microbatches, costs, mem, limit, tests)
         cost = run.run(*switches)
         done.append((switches, run.decided))
         if best is None or cost < best - 1e-12:
