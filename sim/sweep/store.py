@@ -137,12 +137,6 @@ def as_text(row: dict[str, Any]) -> dict[str, str]:
     return dict(zip(COLUMNS, as_record(row)))
 
 
-def to_line(row: dict[str, Any]) -> str:
-    buf = io.StringIO()
-    csv.writer(buf, lineterminator="\n").writerow([fmt(row.get(c)) for c in COLUMNS])
-    return buf.getvalue()
-
-
 def num(row: dict[str, str], key: str, default: float = float("inf")) -> float:
     v = row.get(key, "")
     return float(v) if v not in ("", None) else default
