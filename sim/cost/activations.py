@@ -19,7 +19,7 @@ from ..specs import ModelSpec
 from ..specs.stack import load_stack
 from .moe import expert_rows, moe_mlp_activation_parts
 from .offload import offload_layers
-from .params import stage_kinds, stage_layer_range
+from .params import per_stage, stage_kinds, stage_layer_range
 from .precision import saved_input_fraction
 from .recompute import op_level_stored_bytes, partial_recompute, selective_mode, selective_modules
 
@@ -167,8 +167,8 @@ def stage_weight_grad_bytes(m: ModelSpec, plan: ParallelPlan, stage: int) -> flo
 
 
 def stage_weight_grads(m: ModelSpec, plan: ParallelPlan) -> list[float]:
-    """`stage_weight_grad_bytes` of every stage, in stage order."""
-    return [stage_weight_grad_bytes(m, plan, s) for s in range(plan.num_stages)]
+    """`stage_weight_grad_bytes` of every stage, in stage order (`params.per_stage`)."""
+    return per_stage(m, plan, stage_weight_grad_bytes)
 
 
 def stage_offloaded_bytes(m: ModelSpec, plan: ParallelPlan, stage: int) -> float:
@@ -211,8 +211,8 @@ def stage_activation_bytes(m: ModelSpec, plan: ParallelPlan, stage: int) -> floa
 
 
 def stage_activations(m: ModelSpec, plan: ParallelPlan) -> list[float]:
-    """`stage_activation_bytes` of every stage, in stage order."""
-    return [stage_activation_bytes(m, plan, s) for s in range(plan.num_stages)]
+    """`stage_activation_bytes` of every stage, in stage order (`params.per_stage`)."""
+    return per_stage(m, plan, stage_activation_bytes)
 
 
 def zb_stage_memory(m: ModelSpec, plan: ParallelPlan) -> tuple[tuple[float, ...], tuple[float, ...]]:

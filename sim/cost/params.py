@@ -14,7 +14,8 @@ Megatron-Core lays them out:
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from ..model import (
     DENSE,
@@ -23,6 +24,7 @@ from ..model import (
     embedding_params,
     expert_params,
     kind_counts,
+    layer_kinds,
     mlp_params,
     mtp_kind,
     norm_params,
@@ -32,6 +34,8 @@ from ..model import (
 )
 from ..plan import ParallelPlan
 from ..specs import ModelSpec
+
+T = TypeVar("T")
 
 
 def stage_layer_range(m: ModelSpec, plan: ParallelPlan, stage: int) -> range:
@@ -44,6 +48,30 @@ def stage_kinds(m: ModelSpec, plan: ParallelPlan, stage: int) -> Counter[LayerKi
     """How many layers of each kind ``stage`` holds (a copy: the caller may add to it)."""
     r = stage_layer_range(m, plan, stage)
     return Counter(kind_counts(m, r.start, r.stop))  # the remembered counts stay as they are
+
+
+def stage_signature(m: ModelSpec, plan: ParallelPlan, stage: int) -> tuple:
+    """What a stage's per-micro-batch bytes and seconds read of the stage itself: the kinds of its
+    layers in order (the counts, and which come first: partial recomputation, activation offload
+    and FSDP's first gather look at a stage's first layers), and whether it holds the input
+    embedding and the output head. Stages of one signature in one plan hold the same bytes and
+    run the same work (`workload.stage_work` adds where it runs: the pipeline rank, where
+    activations go to the host), so a plan's many chunks of the same layers are computed once."""
+    r = stage_layer_range(m, plan, stage)
+    return layer_kinds(m)[r.start : r.stop], plan.holds_embedding(stage), plan.holds_head(stage)
+
+
+def per_stage(m: ModelSpec, plan: ParallelPlan, fn: Callable[[ModelSpec, ParallelPlan, int], T]) -> list[T]:
+    """``fn(m, plan, stage)`` of every stage in stage order, computed once per `stage_signature`:
+    for a function of what that signature holds (a stage's bytes), not of where the stage runs."""
+    seen: dict[tuple, T] = {}
+    out = []
+    for s in range(plan.num_stages):
+        sig = stage_signature(m, plan, s)
+        if sig not in seen:
+            seen[sig] = fn(m, plan, s)
+        out.append(seen[sig])
+    return out
 
 
 def layer_rank_params(m: ModelSpec, plan: ParallelPlan, kind: LayerKind = DENSE) -> tuple[float, float]:

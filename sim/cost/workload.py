@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from ..layout import RankLayout
 from ..model import DENSE, LayerKind, layer_kinds, mtp_kind
@@ -35,7 +35,7 @@ from .activations import stage_offloaded_bytes
 from .compute import CostModel, PassTimes
 from .moe import dispatch_bytes, flex_dispatch_bytes, moe_layer_times
 from .offload import activation_exposure, offload_layers
-from .params import rank_expert_params, rank_params, stage_kinds, stage_layer_range
+from .params import rank_expert_params, rank_params, stage_kinds, stage_layer_range, stage_signature
 from .precision import element_bytes
 from .profile import MEGATRON, RuntimeProfile
 from .recompute import partial_recompute, selective_mode
@@ -210,7 +210,14 @@ def stage_work(
     sp = plan.tp if plan.sequence_parallel else 1
     out: list[StageWork] = []
     sums: dict[tuple, dict[str, float]] = {}  # `_sum_layers` by the stage's layer counts
+    # a stage's fields but its index, by all they read of the stage: its `stage_signature`, and
+    # its pipeline rank where it copies activations to the host (over that rank's link)
+    made: dict[tuple, dict[str, Any]] = {}
     for s in range(plan.num_stages):
+        sig = (stage_signature(m, plan, s), plan.placement[s] if plan.offload_activations else None)
+        if sig in made:
+            out.append(StageWork(stage=s, **made[sig]))
+            continue
         counts = stage_kinds(m, plan, s)
         first, last = plan.holds_embedding(s), plan.holds_head(s)
         if last and m.mtp_layers:
@@ -248,40 +255,38 @@ def stage_work(
             i, w, tp_b, tp_w, ei, ew = 0.0, i + w, 0.0, tp_b, 0.0, ei + ew
         layers = sum(counts.values()) - (m.mtp_layers if last else 0)
         off = _activation_offload(m, plan, net, layout, s, layers, f, i, k * x["r"])
-        out.append(
-            StageWork(
-                stage=s,
-                layers=layers,
-                f=f,
-                i=i,
-                w=w,
-                r=k * x["r"],
-                tp_f=x["tp_f"],
-                tp_b=tp_b,
-                tp_r=x["tp_r"],
-                act_bytes=act / sp,
-                params=rank_params(m, plan, [s]),
-                layer_compute=k * times[DENSE if DENSE in times else kinds[0]].f,
-                tp_w=tp_w,
-                a2a_f=x["a2a_f"],
-                a2a_b=x["a2a_b"],
-                a2a_r=x["a2a_r"],
-                expert_f=k * x["expert_f"],
-                expert_i=ei,
-                expert_w=ew,
-                expert_r=k * x["expert_r"],
-                expert_params=rank_expert_params(m, plan, [s]),
-                a2a_bytes=dispatch_bytes(m, plan) if shared else 0.0,
-                a2a_count_f=2 * moe_layers if shared else 0,
-                a2a_count_b=2 * moe_layers if shared else 0,
-                a2a_overlap=plan.moe_a2a_overlap,
-                off_f=off[0],
-                off_b=off[1],
-                off_r=off[2],
-                moe_layers=moe_layers,
-                first_moe=m.is_moe_layer(stage_layer_range(m, plan, s).start),
-            )
+        fields = made[sig] = dict(
+            layers=layers,
+            f=f,
+            i=i,
+            w=w,
+            r=k * x["r"],
+            tp_f=x["tp_f"],
+            tp_b=tp_b,
+            tp_r=x["tp_r"],
+            act_bytes=act / sp,
+            params=rank_params(m, plan, [s]),
+            layer_compute=k * times[DENSE if DENSE in times else kinds[0]].f,
+            tp_w=tp_w,
+            a2a_f=x["a2a_f"],
+            a2a_b=x["a2a_b"],
+            a2a_r=x["a2a_r"],
+            expert_f=k * x["expert_f"],
+            expert_i=ei,
+            expert_w=ew,
+            expert_r=k * x["expert_r"],
+            expert_params=rank_expert_params(m, plan, [s]),
+            a2a_bytes=dispatch_bytes(m, plan) if shared else 0.0,
+            a2a_count_f=2 * moe_layers if shared else 0,
+            a2a_count_b=2 * moe_layers if shared else 0,
+            a2a_overlap=plan.moe_a2a_overlap,
+            off_f=off[0],
+            off_b=off[1],
+            off_r=off[2],
+            moe_layers=moe_layers,
+            first_moe=m.is_moe_layer(stage_layer_range(m, plan, s).start),
         )
+        out.append(StageWork(stage=s, **fields))
     return out
 
 
