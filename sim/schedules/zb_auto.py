@@ -178,7 +178,8 @@ class _Tests:
 
 
 class _Auto:
-    """One run of the heuristic for fixed switches; ``order[j]`` is stage j's action list."""
+    """One run of the heuristic for fixed switches; ``order[j]`` is stage j's action kinds in order
+    (`_F`, `_I`, `_W`: each kind's micro-batches run in order, so the n-th of a kind is micro-batch n)."""
 
     def __init__(
         self,
@@ -200,7 +201,7 @@ class _Auto:
         self.comms = [costs.comm(j) for j in range(p)]
         # end time of (type, stage, mb): t[type][stage][mb]
         self.t = [[[0.0] * m for _ in range(p)] for _ in range(3)]
-        self.order: list[list[tuple[int, int]]] = [[] for _ in range(p)]  # (type, mb) per stage
+        self.order: list[list[int]] = [[] for _ in range(p)]  # action kinds per stage
         # whether each switch (allow_bubble, prioritize_b, greedy) decided anything in this run: a
         # run with an undecisive switch flipped takes every same decision, so it is the same run
         self.decided = [False, False, False]
@@ -210,7 +211,12 @@ class _Auto:
         return self.comms[j]
 
     def actions(self, j: int) -> tuple[Action, ...]:
-        return tuple([Action(j, _KINDS[kind], mb) for kind, mb in self.order[j]])
+        done = [0, 0, 0]
+        out = []
+        for kind in self.order[j]:
+            out.append(Action(j, _KINDS[kind], done[kind]))
+            done[kind] += 1
+        return tuple(out)
 
     def input_ready(self, j: int, kind: int, mb: int) -> float:
         """When (j, kind, mb)'s input from the neighbouring stage arrives (0 if none)."""
@@ -234,7 +240,7 @@ class _Auto:
                         self.max_bubble = bubble
         self.end[j] = self.t[kind][j][mb] = start + self.cost[j][kind]
         count[kind] += 1
-        self.order[j].append((kind, mb))
+        self.order[j].append(kind)
 
     def pending_w(self, j: int) -> bool:
         count = self.count[j]
@@ -243,8 +249,9 @@ class _Auto:
     def fits(self, j: int, da: int, db: int) -> bool:
         """Whether stage j's sets in flight and waiting for their W, changed by ``da`` and ``db``,
         fit under the limit (`_fits`); noted in ``tests`` where they are kept."""
-        count, (f, w) = self.count[j], self.mem[j]
-        a, b = count[_F] - count[_I] + da, count[_I] - count[_W] + db
+        nf, ni, nw = self.count[j]
+        f, w = self.mem[j]
+        a, b = nf - ni + da, ni - nw + db
         ok = _fits(a, b, f, w, self.limit)
         if self.tests is not None:
             self.tests.note(j, a, b, ok)
@@ -430,4 +437,4 @@ def zb_auto_kinds(
     the heuristic made, which other stage memories must answer alike to get the same schedule."""
     run, _, tests = _best_run(pp, num_microbatches, costs, mem_factor, W_MEM_FRACTION, record=True)
     assert tests is not None
-    return tuple(tuple([_KINDS[kind] for kind, _ in run.order[j]]) for j in range(pp)), tests
+    return tuple(tuple([_KINDS[kind] for kind in run.order[j]]) for j in range(pp)), tests
