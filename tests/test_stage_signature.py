@@ -1,4 +1,4 @@
-"""A stage's signature (`params.stage_signature`) holds all the per-stage bytes and work read of the
+"""A stage's signature (`params.stage_signatures`) holds all the per-stage bytes and work read of the
 stage: the plan-wide lists computed once per signature (`per_stage`, `workload.stage_work`) equal
 those computed stage by stage, over plans with MoE and dense layers, MTP, sliding windows, V-shaped
 and bidirectional placements, uneven layer splits, partial recomputation and host offload."""
@@ -18,7 +18,7 @@ from simpar.sim.cost.activations import (
     stage_weight_grad_bytes,
     stage_weight_grads,
 )
-from simpar.sim.cost.params import stage_signature
+from simpar.sim.cost.params import stage_signatures
 from simpar.sim.engine.simulate import build_work
 from simpar.sim.errors import PlanError
 from simpar.sim.plan_check import check_plan
@@ -63,15 +63,15 @@ def _plans(case: int) -> tuple:
     return model, c, tuple(out)
 
 
-def _one_by_one(m, plan, s):
-    return s  # every stage its own signature: each computed on its own
+def _one_by_one(m, plan):
+    return list(range(plan.num_stages))  # every stage its own signature: each computed on its own
 
 
 @pytest.mark.parametrize("case", range(len(CASES)))
 def test_every_case_has_plans_whose_stages_share_signatures(case):
     model, _, plans = _plans(case)
     assert len(plans) > 20
-    shared = [p for p in plans if len({stage_signature(model, p, s) for s in range(p.num_stages)}) < p.num_stages]
+    shared = [p for p in plans if len(set(stage_signatures(model, p))) < p.num_stages]
     assert len(shared) > 5  # the grid exercises the reuse, not only plans of distinct stages
 
 
@@ -85,11 +85,11 @@ def test_per_signature_lists_equal_stage_by_stage(case, pick):
     assert stage_activations(model, plan) == [stage_activation_bytes(model, plan, s) for s in stages]
     assert stage_weight_grads(model, plan) == [stage_weight_grad_bytes(model, plan, s) for s in stages]
     work, _, _ = build_work(model, cluster, plan)
-    real = workload.stage_signature
+    real = workload.stage_signatures
     try:
-        workload.stage_signature = _one_by_one  # type: ignore[assignment]
+        workload.stage_signatures = _one_by_one  # type: ignore[assignment]
         alone, _, _ = build_work(model, cluster, plan)
     finally:
-        workload.stage_signature = real
+        workload.stage_signatures = real
     assert [w.stage for w in work] == list(stages)
     assert work == alone

@@ -50,24 +50,30 @@ def stage_kinds(m: ModelSpec, plan: ParallelPlan, stage: int) -> Counter[LayerKi
     return Counter(kind_counts(m, r.start, r.stop))  # the remembered counts stay as they are
 
 
-def stage_signature(m: ModelSpec, plan: ParallelPlan, stage: int) -> tuple:
-    """What a stage's per-micro-batch bytes and seconds read of the stage itself: the kinds of its
-    layers in order (the counts, and which come first: partial recomputation, activation offload
-    and FSDP's first gather look at a stage's first layers), and whether it holds the input
-    embedding and the output head. Stages of one signature in one plan hold the same bytes and
-    run the same work (`workload.stage_work` adds where it runs: the pipeline rank, where
-    activations go to the host), so a plan's many chunks of the same layers are computed once."""
-    r = stage_layer_range(m, plan, stage)
-    return layer_kinds(m)[r.start : r.stop], plan.holds_embedding(stage), plan.holds_head(stage)
+def stage_signatures(m: ModelSpec, plan: ParallelPlan) -> list[tuple]:
+    """Per stage, what its per-micro-batch bytes and seconds read of the stage itself: the kinds of
+    its layers in order (the counts, and which come first: partial recomputation, activation
+    offload and FSDP's first gather look at a stage's first layers; in a model of one kind of
+    layer, their number says it), and whether it holds the input embedding and the output head.
+    Stages of one signature in one plan hold the same bytes and run the same work
+    (`workload.stage_work` adds where it runs: the pipeline rank, where activations go to the
+    host), so a plan's many chunks of the same layers are computed once."""
+    kinds = layer_kinds(m)
+    one_kind = kinds.count(kinds[0]) == len(kinds) if kinds else True
+    per, starts = plan.stage_layers(m.layers), [plan.chunk_first_layer(m.layers, s) for s in range(plan.num_stages)]
+    return [
+        (n if one_kind else kinds[start : start + n], plan.holds_embedding(s), plan.holds_head(s))
+        for s, (n, start) in enumerate(zip(per, starts))
+    ]
 
 
 def per_stage(m: ModelSpec, plan: ParallelPlan, fn: Callable[[ModelSpec, ParallelPlan, int], T]) -> list[T]:
-    """``fn(m, plan, stage)`` of every stage in stage order, computed once per `stage_signature`:
-    for a function of what that signature holds (a stage's bytes), not of where the stage runs."""
+    """``fn(m, plan, stage)`` of every stage in stage order, computed once per signature
+    (`stage_signatures`): for a function of what a signature holds (a stage's bytes), not of
+    where the stage runs."""
     seen: dict[tuple, T] = {}
     out = []
-    for s in range(plan.num_stages):
-        sig = stage_signature(m, plan, s)
+    for s, sig in enumerate(stage_signatures(m, plan)):
         if sig not in seen:
             seen[sig] = fn(m, plan, s)
         out.append(seen[sig])

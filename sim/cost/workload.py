@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from ..layout import RankLayout
 from ..model import DENSE, LayerKind, layer_kinds, mtp_kind
@@ -35,7 +35,7 @@ from .activations import stage_offloaded_bytes
 from .compute import CostModel, PassTimes
 from .moe import dispatch_bytes, flex_dispatch_bytes, moe_layer_times
 from .offload import activation_exposure, offload_layers
-from .params import rank_expert_params, rank_params, stage_kinds, stage_layer_range, stage_signature
+from .params import rank_expert_params, rank_params, stage_kinds, stage_layer_range, stage_signatures
 from .precision import element_bytes
 from .profile import MEGATRON, RuntimeProfile
 from .recompute import partial_recompute, selective_mode
@@ -95,6 +95,15 @@ class StageWork:
     #: `parts` already computed, by (kind, overlap_tp): a sweep asks for the same passes of a
     #: stage millions of times (the fields are frozen, so the answers never change)
     _memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def at(self, stage: int) -> StageWork:
+        """This work run as ``stage``: every other field the same, and the passes it remembers
+        shared (`parts` reads no stage). Made without the constructor, which sets each of the
+        frozen fields on its own: a plan's chunks of the same layers are many (`stage_work`)."""
+        w = object.__new__(StageWork)
+        w.__dict__.update(self.__dict__)
+        w.__dict__["stage"] = stage
+        return w
 
     @property
     def b(self) -> float:
@@ -210,13 +219,14 @@ def stage_work(
     sp = plan.tp if plan.sequence_parallel else 1
     out: list[StageWork] = []
     sums: dict[tuple, dict[str, float]] = {}  # `_sum_layers` by the stage's layer counts
-    # a stage's fields but its index, by all they read of the stage: its `stage_signature`, and
+    # a stage's work by all it reads of the stage: its signature (`stage_signatures`), and
     # its pipeline rank where it copies activations to the host (over that rank's link)
-    made: dict[tuple, dict[str, Any]] = {}
+    made: dict[tuple, StageWork] = {}
+    signatures = stage_signatures(m, plan)
     for s in range(plan.num_stages):
-        sig = (stage_signature(m, plan, s), plan.placement[s] if plan.offload_activations else None)
+        sig = (signatures[s], plan.placement[s] if plan.offload_activations else None)
         if sig in made:
-            out.append(StageWork(stage=s, **made[sig]))
+            out.append(made[sig].at(s))
             continue
         counts = stage_kinds(m, plan, s)
         first, last = plan.holds_embedding(s), plan.holds_head(s)
@@ -255,7 +265,8 @@ def stage_work(
             i, w, tp_b, tp_w, ei, ew = 0.0, i + w, 0.0, tp_b, 0.0, ei + ew
         layers = sum(counts.values()) - (m.mtp_layers if last else 0)
         off = _activation_offload(m, plan, net, layout, s, layers, f, i, k * x["r"])
-        fields = made[sig] = dict(
+        made[sig] = StageWork(
+            stage=s,
             layers=layers,
             f=f,
             i=i,
@@ -286,7 +297,7 @@ def stage_work(
             moe_layers=moe_layers,
             first_moe=m.is_moe_layer(stage_layer_range(m, plan, s).start),
         )
-        out.append(StageWork(stage=s, **fields))
+        out.append(made[sig])
     return out
 
 
