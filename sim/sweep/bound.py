@@ -7,7 +7,16 @@ from collections.abc import Sequence
 
 from ..engine import iteration as it
 from .pairs import OVERLAPPED, rank_savings
-from .terms import Inputs, fsdp_seconds, host_wait, optimizer_time, reduction_shape, sp_sync_time
+from .terms import (
+    Inputs,
+    fsdp_seconds,
+    gather_seconds,
+    gathers_before_forward,
+    host_wait,
+    optimizer_time,
+    reduction_shape,
+    sp_sync_time,
+)
 
 
 def _reduction(x: Inputs, prank: int, stage: int, shape: tuple) -> tuple[float, float]:
@@ -44,19 +53,23 @@ def lower_bound(x: Inputs, backend: str = "analytical") -> float:
     exposed TP/CP communication, recompute, posting pipeline transfers, the sequence-parallel
     sync and the optimizer step); every wait and every collective the network times is taken as
     0, but, on the analytical network, a stage's gradient reduction after its last backward,
-    FSDP's per-layer gathers and reduce-scatters (each pass's, with pp = 1) and the offloaded
-    optimizer's host path beyond the GPU's step. These chains each give a bound (the largest is
-    returned):
+    FSDP's per-layer gathers and reduce-scatters (each pass's, with pp = 1), the offloaded
+    optimizer's host path beyond the GPU's step, and the ZeRO parameter gathers a stage's first
+    forward waits for (`terms.gathers_before_forward`: issued at the iteration's start or later,
+    each takes at least its own time). These chains each give a bound (the largest is returned):
 
-    - a pipeline rank's walk: its first forward needs the activations of micro-batch 0 from
-      every earlier stage (their forwards, one after another), then it runs all its work;
-    - the last micro-batch on stage 0: m - 1 forwards of stage 0 come first on its rank, then
+    - a pipeline rank's walk: its first action is a forward, which needs the activations of
+      micro-batch 0 from every earlier stage (their forwards, one after another) and its stage's
+      parameters gathered, then it runs all its work;
+    - the last micro-batch on stage 0: m - 1 forwards of stage 0 come first on its rank (after
+      stage 0's gathers), then
       the micro-batch goes forward through every stage and back (input gradients, with the
       recompute before each), its weight gradient on stage 0, and that rank's step;
     - a rank's drain: every schedule runs a stage's forwards, and its input gradients, in
       micro-batch order, and a stage's input gradient waits for the later stage's; so before the
       rank's lowest stage finishes the last micro-batch's input gradient, the rank has run all
-      its forwards, recomputes and input gradients (after micro-batch 0 reached it); then that
+      its forwards, recomputes and input gradients (after micro-batch 0 reached it, which left
+      stage 0 after that stage's gathers); then that
       gradient goes back through the earlier stages to stage 0, its weight gradient, its step.
 
     With two pipelines (Chimera, DualPipe) "earlier stages" are those of the stage's own pipeline,
@@ -100,14 +113,20 @@ def lower_bound(x: Inputs, backend: str = "analytical") -> float:
         """The stages before s in its pipeline, summed."""
         return sum(times[s - s % n : s])
 
+    # per pipeline rank and stage, when the stage's first forward can start at the earliest: its
+    # micro-batch 0 has come through the stages before it and (analytical network) its
+    # parameters are gathered
+    gathered = sync and gathers_before_forward(x)
+    starts = [
+        [max(ahead(s, fwd), gather_seconds(x, r, s)) if gathered else ahead(s, fwd) for s in st]
+        for r, st in enumerate(x.ranks)
+    ]
+
     # a rank's walk runs all its passes; its overlapped pairs save exactly `rank_savings` (each
     # pair lasts `overlap_seconds` on either backend), so the walk counts the pairs as they run
     saves = [sv.saved for sv in rank_savings(x)]
     walks = [
-        min(ahead(s, fwd) for s in st)
-        + sum(m * (fwd[s] + rec[s] + back[s] + x.posts[s] * x.post) for s in st)
-        - saves[r]
-        + end[r]
+        min(starts[r]) + sum(m * (fwd[s] + rec[s] + back[s] + x.posts[s] * x.post) for s in st) - saves[r] + end[r]
         for r, st in enumerate(x.ranks)
     ]
     # the stage's gradients are reduced before the step, their last bucket released at the end of
@@ -123,10 +142,12 @@ def lower_bound(x: Inputs, backend: str = "analytical") -> float:
     walks = [t + min(red[r]) for r, t in enumerate(walks)]
     first = next(r for r, st in enumerate(x.ranks) if 0 in st)
     end[first] += red[first][x.ranks[first].index(0)]
-    chain = (m - 1) * fwd_r[0] + sum(fwd[:n]) + sum(rec[:n]) + sum(back_in[:n]) + w0 + end[first]
+    g0 = starts[first][x.ranks[first].index(0)]  # stage 0's first forward starts then at the earliest
+    chain = g0 + (m - 1) * fwd_r[0] + sum(fwd[:n]) + sum(rec[:n]) + sum(back_in[:n]) + w0 + end[first]
     if p.pipelines == 1:
         drains = [
-            sum(fwd[: min(st)])
+            g0
+            + sum(fwd[: min(st)])
             + m * sum(fwd_r[s] + rec[s] + back_in_r[s] for s in st)
             + sum(rec[: min(st)])
             + sum(back_in[: min(st)])

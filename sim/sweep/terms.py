@@ -221,7 +221,7 @@ def _dp_tail(x: Inputs, prank: int, rt: RankTimes) -> float:
     return max(0.0, cur - rt.end)
 
 
-def _gather(x: Inputs, prank: int, stage: int) -> float:
+def gather_seconds(x: Inputs, prank: int, stage: int) -> float:
     """Seconds of the stage's ZeRO parameter gathers on the rank (`iteration.param_gathers`),
     kept per `reduction_shape`, parameter offload, stage size and rank."""
     w = x.work[stage]
@@ -242,21 +242,28 @@ def _gather(x: Inputs, prank: int, stage: int) -> float:
     return t
 
 
-def _zero_start(x: Inputs, first_f: list[float]) -> float:
-    """Delay of the pipeline while the first stage's parameters are gathered (ZeRO-1/2 with
-    overlapped gathers, ZeRO-3 with pp > 1): the first forward of each rank waits for them."""
+def gathers_before_forward(x: Inputs) -> bool:
+    """Whether a stage's first forward waits for its ZeRO parameter gathers (the engine's
+    `_gathers_before_use`): ZeRO-1/2 with overlapped gathers, issued at the iteration's start,
+    and ZeRO-3 with pp > 1, on first use."""
     policy = x.plan.zero_policy
     overlapped = policy is ZeroPolicy.GATHER_AT_START and x.options.overlap_param_gather
-    if not (overlapped or policy is ZeroPolicy.PER_UNSHARD):
+    return overlapped or policy is ZeroPolicy.PER_UNSHARD
+
+
+def _zero_start(x: Inputs, first_f: list[float]) -> float:
+    """Delay of the pipeline while the first stage's parameters are gathered (`gathers_before_forward`):
+    the first forward of each rank waits for them."""
+    if not gathers_before_forward(x):
         return 0.0
     first = x.plan.first_stage_of
-    return max(0.0, max(_gather(x, r, first(r)) - first_f[r] for r in range(len(x.ranks))))
+    return max(0.0, max(gather_seconds(x, r, first(r)) - first_f[r] for r in range(len(x.ranks))))
 
 
 def _zero_end(x: Inputs, prank: int) -> float:
     """ZeRO-1/2 gathers after the optimizer step when they are not overlapped."""
     if x.plan.zero_policy is ZeroPolicy.GATHER_AT_START and not x.options.overlap_param_gather:
-        return sum(_gather(x, prank, s) for s in x.ranks[prank])
+        return sum(gather_seconds(x, prank, s) for s in x.ranks[prank])
     return 0.0
 
 
