@@ -60,10 +60,14 @@ def stage_signatures(m: ModelSpec, plan: ParallelPlan) -> list[tuple]:
     host), so a plan's many chunks of the same layers are computed once."""
     kinds = layer_kinds(m)
     one_kind = kinds.count(kinds[0]) == len(kinds) if kinds else True
-    per, starts = plan.stage_layers(m.layers), [plan.chunk_first_layer(m.layers, s) for s in range(plan.num_stages)]
+    first = plan.chunk_first_layer
     return [
-        (n if one_kind else kinds[start : start + n], plan.holds_embedding(s), plan.holds_head(s))
-        for s, (n, start) in enumerate(zip(per, starts))
+        (
+            n if one_kind else kinds[first(m.layers, s) : first(m.layers, s) + n],
+            plan.holds_embedding(s),
+            plan.holds_head(s),
+        )
+        for s, n in enumerate(plan.stage_layers(m.layers))
     ]
 
 

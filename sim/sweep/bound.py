@@ -62,15 +62,15 @@ def lower_bound(x: Inputs, backend: str = "analytical") -> float:
       micro-batch 0 from every earlier stage (their forwards, one after another) and its stage's
       parameters gathered, then it runs all its work;
     - the last micro-batch on stage 0: m - 1 forwards of stage 0 come first on its rank (after
-      stage 0's gathers), then
-      the micro-batch goes forward through every stage and back (input gradients, with the
-      recompute before each), its weight gradient on stage 0, and that rank's step;
+      stage 0's gathers), then the micro-batch goes forward through every stage and back (input
+      gradients, with the recompute before each), its weight gradient on stage 0, and that
+      rank's step;
     - a rank's drain: every schedule runs a stage's forwards, and its input gradients, in
       micro-batch order, and a stage's input gradient waits for the later stage's; so before the
       rank's lowest stage finishes the last micro-batch's input gradient, the rank has run all
       its forwards, recomputes and input gradients (after micro-batch 0 reached it, which left
-      stage 0 after that stage's gathers); then that
-      gradient goes back through the earlier stages to stage 0, its weight gradient, its step.
+      stage 0 after that stage's gathers); then that gradient goes back through the earlier
+      stages to stage 0, its weight gradient, its step.
 
     With two pipelines (Chimera, DualPipe) "earlier stages" are those of the stage's own pipeline,
     a rank starts when the first of its two pipelines reaches it, and the drain follows the rank's
