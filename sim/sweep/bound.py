@@ -113,20 +113,29 @@ def lower_bound(x: Inputs, backend: str = "analytical") -> float:
         """The stages before s in its pipeline, summed."""
         return sum(times[s - s % n : s])
 
-    # per pipeline rank and stage, when the stage's first forward can start at the earliest: its
-    # micro-batch 0 has come through the stages before it and (analytical network) its
-    # parameters are gathered
+    # when a rank's first forward can start at the earliest: on one of its stages, micro-batch 0
+    # has come through the stages before it and (analytical network) the stage's parameters are
+    # gathered; the stages are tried in order of arrival, until one arrives after the best so far
+    shape = reduction_shape(x)
     gathered = sync and gathers_before_forward(x)
-    starts = [
-        [max(ahead(s, fwd), gather_seconds(x, r, s)) if gathered else ahead(s, fwd) for s in st]
-        for r, st in enumerate(x.ranks)
-    ]
+
+    def first_forward(r: int, st: Sequence[int]) -> float:
+        if not gathered:
+            return min(ahead(s, fwd) for s in st)
+        best = float("inf")
+        for arrive, s in sorted((ahead(s, fwd), s) for s in st):
+            if arrive >= best:
+                break
+            best = min(best, max(arrive, gather_seconds(x, r, s, shape)))
+        return best
+
+    starts = [first_forward(r, st) for r, st in enumerate(x.ranks)]
 
     # a rank's walk runs all its passes; its overlapped pairs save exactly `rank_savings` (each
     # pair lasts `overlap_seconds` on either backend), so the walk counts the pairs as they run
     saves = [sv.saved for sv in rank_savings(x)]
     walks = [
-        min(starts[r]) + sum(m * (fwd[s] + rec[s] + back[s] + x.posts[s] * x.post) for s in st) - saves[r] + end[r]
+        starts[r] + sum(m * (fwd[s] + rec[s] + back[s] + x.posts[s] * x.post) for s in st) - saves[r] + end[r]
         for r, st in enumerate(x.ranks)
     ]
     # the stage's gradients are reduced before the step, their last bucket released at the end of
@@ -134,7 +143,6 @@ def lower_bound(x: Inputs, backend: str = "analytical") -> float:
     # is a B (or a W, shorter) or, in an overlapped pair, at most the pair of it and a forward; a
     # rank's walk ends with one of its stages' last backward, which one the min leaves open
     pair = max(fwd) if p.schedule in OVERLAPPED else 0.0
-    shape = reduction_shape(x)
     red = [
         [_after_last_backward(x, r, s, back[s] + pair, shape) if sync else 0.0 for s in st]
         for r, st in enumerate(x.ranks)
@@ -142,7 +150,7 @@ def lower_bound(x: Inputs, backend: str = "analytical") -> float:
     walks = [t + min(red[r]) for r, t in enumerate(walks)]
     first = next(r for r, st in enumerate(x.ranks) if 0 in st)
     end[first] += red[first][x.ranks[first].index(0)]
-    g0 = starts[first][x.ranks[first].index(0)]  # stage 0's first forward starts then at the earliest
+    g0 = gather_seconds(x, first, 0, shape) if gathered else 0.0  # stage 0's first forward waits for them
     chain = g0 + (m - 1) * fwd_r[0] + sum(fwd[:n]) + sum(rec[:n]) + sum(back_in[:n]) + w0 + end[first]
     if p.pipelines == 1:
         drains = [

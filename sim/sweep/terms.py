@@ -221,13 +221,14 @@ def _dp_tail(x: Inputs, prank: int, rt: RankTimes) -> float:
     return max(0.0, cur - rt.end)
 
 
-def gather_seconds(x: Inputs, prank: int, stage: int) -> float:
+def gather_seconds(x: Inputs, prank: int, stage: int, shape: tuple | None = None) -> float:
     """Seconds of the stage's ZeRO parameter gathers on the rank (`iteration.param_gathers`),
-    kept per `reduction_shape`, parameter offload, stage size and rank."""
+    kept per `reduction_shape` (``shape``, where the caller has it), parameter offload, stage size
+    and rank."""
     w = x.work[stage]
     key = (
         "gathers",
-        reduction_shape(x),
+        shape or reduction_shape(x),
         x.plan.offload_params,
         w.params,
         w.expert_params,
