@@ -112,3 +112,12 @@ def test_schedule_of_many_actions_is_one_collection_per_rank(saved, tmp_path):
     assert len(ax.collections) == pp and not ax.patches
     assert sum(len(c.get_paths()) for c in ax.collections) == sum(len(acts) for acts in result.schedule.ranks)
     assert ax.get_xlim() == (0, result.makespan) and ax.get_ylim() == (pp - 0.5, -0.5)
+
+
+def test_a_ranks_stages_label_its_first_row_only():
+    """The stage list (long on an interleaved rank, and drawn glyph by glyph) heads a rank's
+    compute row; its communication rows under it name the rank and the stream."""
+    evs = _events(per_row=3)
+    labels = timeline_mod.row_labels(evs, timeline_mod._rows(evs))
+    assert labels[:4] == ["stage 0 · rank 0 compute", "rank 0 dp", "rank 0 pp", "stage 1 · rank 1 compute"]
+    assert len(labels) == RANKS * len(STREAMS)

@@ -125,14 +125,17 @@ def plot_timeline(events: Iterable[TraceEvent], path: str | Path, title: str = "
 
 def row_labels(events: Sequence[TraceEvent], rows: Sequence[tuple[int, str]]) -> list[str]:
     """``stage 0,4 · rank 512 compute``: the pipeline stages a rank runs first (what a reader of a
-    pipeline looks for), then its global rank and the stream."""
+    pipeline looks for), then its global rank and the stream. The stages head a rank's first row
+    only (its compute row); the rows under it read ``rank 512 dp`` (an interleaved rank's stage
+    list is long, and matplotlib lays out and renders a label glyph by glyph)."""
     stages: dict[int, set[int]] = {}
     for e in events:
         if e.stage is not None:
             stages.setdefault(e.rank, set()).add(int(e.stage))
-    out = []
+    out, seen = [], set()
     for r, s in rows:
-        st = sorted(stages.get(r, ()))
+        st = sorted(stages.get(r, ())) if r not in seen else ()
+        seen.add(r)
         head = f"stage {','.join(map(str, st))} · " if st else ""
         out.append(f"{head}rank {r} {s}")
     return out

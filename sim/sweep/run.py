@@ -187,9 +187,9 @@ SCREEN_BATCH = 4096
 def merge(screen: dict, refined: dict, simulated: dict, objective: str) -> list[dict[str, str]]:
     """One row per configuration (later phases replace earlier rows), ranked: simulated rows by
     the engine first, then refined rows by the oracle, then the rest by the quick estimate; then
-    rows that do not fit (closest first), then rows that do not divide."""
-    rows = {k: dict(v) for k, v in screen.items()}
-    rows.update({k: dict(v) for k, v in refined.items()})
+    rows that do not fit (closest first), then rows that do not divide. The phases' rows are
+    ranked in place (their ``rank`` set), not copied: the sweep hands them over."""
+    rows = {**screen, **refined}
     for k, v in simulated.items():
         # a simulated row keeps the quick estimate, lower bound and host path of its screen row
         # and the oracle's time of its refined row (the simulate phase does not compute them again)
