@@ -45,7 +45,7 @@ def test_not_finite_outside_the_number_columns_is_text():
     assert as_text({"id": "c1", "reason": math.nan})["reason"] == "nan"
 
 
-fields = st.text(alphabet=st.sampled_from(list('ab ,"\n\r\t\\\'x0')), max_size=6)
+fields = st.text(alphabet=st.sampled_from(list("ab ,\"\n\r\t\\'x0")), max_size=6)
 
 
 @settings(deadline=None, max_examples=300)
