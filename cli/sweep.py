@@ -246,6 +246,15 @@ class _Bar:
 @click.option("--json", "as_json", is_flag=True)
 def sweep(**kw) -> None:
     """Search tp x pp x dp x cp x vpp x micro-batch x schedule x ZeRO x recompute x SP; rank, explain, report."""
+    warm = _warm_drawing(kw)  # first: it imports matplotlib while this process reads the inputs
+    try:
+        _sweep(kw, warm)
+    finally:
+        if warm is not None:
+            warm.close()
+
+
+def _sweep(kw: dict, warm) -> None:
     from simpar.sim import files
     from simpar.sim.collector import settled
     from simpar.sim.specs import load_cluster, load_model
@@ -318,7 +327,7 @@ def sweep(**kw) -> None:
                 note=bar.note,
             )
             stage, t_plans = "plans", time.perf_counter()
-            finish(setup, res, kw, command, bar)
+            finish(setup, res, kw, command, bar, warm)
             settled()  # the rows and the figures' modules, alive to the end: the exit's collection skips them
     except KeyboardInterrupt as exc:
         click.echo(_interrupted(stage, out, command), err=True)
@@ -352,17 +361,37 @@ def _interrupted(stage: str, out: str, command: str) -> str:
     )
 
 
-def finish(setup, res, kw: dict, command: str, bar) -> None:
+def _workers(kw: dict) -> int:
+    return kw["workers"] or os.cpu_count() or 1
+
+
+def _warm_drawing(kw: dict):
+    """A process that imports matplotlib now, while this one searches (`procs.Warm`); the plan
+    folders' timelines and the Pareto figure are drawn in processes forked from it. None with one
+    worker: everything is drawn here, after the search."""
+    import multiprocessing
+
+    from simpar.sim.procs import Warm
+
+    if _workers(kw) <= 1 or "fork" not in multiprocessing.get_all_start_methods():
+        return None
+    # the modules the drawing jobs unpickle and run, matplotlib's among them
+    return Warm(["simpar.sim.sweep.plans", "simpar.sim.sweep.report", "simpar.sim.plot.timeline"])
+
+
+def finish(setup, res, kw: dict, command: str, bar, warm=None) -> None:
     from simpar.sim.sweep.plans import write_plan_dirs
-    from simpar.sim.sweep.report import write_pareto, write_report
+    from simpar.sim.sweep.report import pareto_rows, write_pareto, write_report
 
     n = min(kw["plans"], sum(1 for r in res.rows if r.get("rank")))
     if n:
         bar("plans", 0, n)
     # the report's Pareto figure is drawn beside the plan folders' timelines, on the same workers
-    pareto = functools.partial(write_pareto, res.out, res.rows, res.manifest)
-    workers = kw["workers"] or os.cpu_count() or 1
-    write_plan_dirs(setup, res.rows, res.out, n, command, workers=workers, emit=kw.get("emit"), also=[pareto])
+    # (the columns it draws only: what is sent to the drawing process)
+    pareto = functools.partial(write_pareto, res.out, pareto_rows(res.rows), res.manifest)
+    write_plan_dirs(
+        setup, res.rows, res.out, n, command, workers=_workers(kw), emit=kw.get("emit"), also=[pareto], warm=warm
+    )
     if n:
         bar("plans", n, n)
     write_report(res.out, res.rows, res.manifest, kw["top"], pareto=False)

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import importlib
 import multiprocessing
 import os
 import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from typing import Any
 
@@ -84,3 +85,67 @@ def fork_map(fn: Callable[[Any], Any], items: list[Any], workers: int) -> Iterat
                     p.kill()
         ex.shutdown(wait=clean, cancel_futures=not clean)
         _JOB[0] = None
+
+
+def _run_job(job: Callable[[], Any]) -> None:
+    job()
+
+
+class Warm:
+    """A process forked now, that imports ``modules`` while this one goes on and then waits for
+    one `map`, whose jobs run in processes forked from it: they start with the modules imported.
+    `simpar sweep` forks one as it starts (its second core is idle while the first reads the
+    inputs and enumerates the space), so drawing its figures after the search does not wait for
+    matplotlib's import. Jobs are picklable callables of no argument (`functools.partial` of a
+    module's function); results are dropped. Call `close` in a ``finally``."""
+
+    def __init__(self, modules: Sequence[str]) -> None:
+        ctx = multiprocessing.get_context("fork")
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_serve, args=(child, tuple(modules), os.getpid()))  # not a daemon: it forks
+        self.proc.start()
+        child.close()
+
+    def map(self, jobs: list[Callable[[], Any]], workers: int) -> Iterator[int]:
+        """Start the jobs on ``workers`` processes forked from the warm one, now; iterate the
+        result for the index of each job as it ends (completion order). A job's exception is
+        raised there."""
+        self.conn.send((jobs, workers))
+        return self._ended()
+
+    def _ended(self) -> Iterator[int]:
+        while True:
+            try:
+                msg = self.conn.recv()
+            except EOFError:
+                raise RuntimeError("the warm worker process died") from None
+            if msg[0] == "done":
+                return
+            if msg[0] == "error":
+                raise msg[1]
+            yield msg[1]
+
+    def close(self) -> None:
+        """End it now: it holds nothing to clean up (importing, idle, or done), and the workers
+        of a job still running die with it (`die_with_parent`)."""
+        if self.proc.is_alive():
+            self.proc.kill()
+        self.proc.join()
+        self.conn.close()
+
+
+def _serve(conn: Any, modules: tuple[str, ...], parent: int) -> None:
+    _init(parent)
+    for m in modules:
+        importlib.import_module(m)
+    try:
+        jobs, workers = conn.recv()
+    except EOFError:  # the caller closed it without a job
+        return
+    try:
+        for i, _ in fork_map(_run_job, jobs, workers):
+            conn.send(("result", i))
+    except BaseException as exc:  # handed to the caller, which raises it
+        conn.send(("error", exc))
+    else:
+        conn.send(("done",))

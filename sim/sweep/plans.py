@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 
 from ..engine.results import SimResult
@@ -17,8 +18,7 @@ from ..engine.trace import write_trace
 from ..errors import SpecError
 from ..interop.emit import recipe_files
 from ..plan import ParallelPlan
-from ..plot.timeline import plot_timeline
-from ..procs import fork_map
+from ..procs import Warm, fork_map
 from ..schedules import write_csv
 from ..specs.planfile import write_plan_file
 from .config_plan import checked_plan
@@ -62,6 +62,10 @@ def write_plan_dir(setup: SweepSetup, cfg: Config, out: Path, command: str = "",
 
 
 def _write_files(setup: SweepSetup, cfg: Config, out: Path, command: str) -> SimResult:
+    # matplotlib is imported by the process that draws (`simpar sweep`'s main process never does:
+    # its drawing workers are forked from a `procs.Warm` process that imported it)
+    from ..plot.timeline import plot_timeline
+
     plan, reason = checked_plan(cfg, setup.model, setup.cluster, setup.gbs, setup.space)
     assert plan is not None, reason
     sched = plan_schedule(setup.model, setup.cluster, plan, setup.calibration, profile=setup.profile)
@@ -106,24 +110,29 @@ def write_plan_dirs(
     workers: int = 1,
     emit: str | None = None,
     also: Sequence[Callable[[], object]] = (),
+    warm: Warm | None = None,
 ) -> list[Path]:
     """Folders for the ``count`` best ranked rows, ``plans/NN-<id>`` (complete ones are kept),
     written on ``workers`` forked processes; ``also``: other jobs run on the same processes (the
-    sweep report's Pareto figure: the figures are drawn side by side, not after each other)."""
-    done, todo = [], []
+    sweep report's Pareto figure: the figures are drawn side by side, not after each other).
+    With ``warm`` (`procs.Warm`, its modules matplotlib's) the processes are forked from it and
+    every job must pickle (``also``: a `functools.partial` of a module's function)."""
+    done, jobs = [], []
     for row in [r for r in rows if r.get("rank")][:count]:
         d = Path(out) / PLAN_DIR / plan_dir_name(int(row["rank"]), row)
         recipe = [] if not emit else [f"{emit}-refused.txt"] if (d / f"{emit}-refused.txt").exists() else ["launch.sh"]
         if not all((d / f).exists() for f in (*FILES, *recipe)):  # a resumed, finished sweep keeps its folders
-            todo.append((Config.from_row(row), d))
+            jobs.append(partial(_write_plan_dir, setup, Config.from_row(row), d, command, emit))
         done.append(d)
-
-    def write(job: int) -> None:
-        if job < len(todo):
-            write_plan_dir(setup, todo[job][0], todo[job][1], command, emit)
-        else:
-            also[job - len(todo)]()
-
-    for _ in fork_map(write, list(range(len(todo) + len(also))), workers):
+    jobs += also
+    for _ in warm.map(jobs, workers) if warm is not None else fork_map(_run, jobs, workers):
         pass
     return done
+
+
+def _write_plan_dir(setup: SweepSetup, cfg: Config, out: Path, command: str, emit: str | None) -> None:
+    write_plan_dir(setup, cfg, out, command, emit)  # its result stays in the worker
+
+
+def _run(job: Callable[[], object]) -> None:
+    job()

@@ -16,20 +16,15 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from .. import files  # noqa: E402
-from ..errors import SpecError  # noqa: E402
-from .explain import SOURCES, explain, seconds  # noqa: E402
-from .manifest import PHASES  # noqa: E402
-from .plans import PLAN_DIR, plan_dir_name  # noqa: E402
-from .report_html import REPORT_HTML, write_html  # noqa: E402
-from .rows import plan_cell, ranked  # noqa: E402
-from .space import CP_MIN_TOKENS, Config  # noqa: E402
-from .store import num  # noqa: E402
+from .. import files
+from ..errors import SpecError
+from .explain import SOURCES, explain, seconds
+from .manifest import PHASES
+from .plans import PLAN_DIR, plan_dir_name
+from .report_html import REPORT_HTML, write_html
+from .rows import plan_cell, ranked
+from .space import CP_MIN_TOKENS, Config
+from .store import num
 
 REPORT, PARETO, TIMELINE = "report.md", "pareto.png", "timeline.png"
 #: The sizing example of report.md: this many configurations in a sweep of this many minutes.
@@ -48,7 +43,24 @@ def pareto_front(rows: list[dict]) -> list[dict]:
     return front
 
 
+#: The columns `plot_pareto` reads.
+PARETO_COLUMNS = ("id", "rank", "source", "peak_memory_gib", "tokens_per_s")
+
+
+def pareto_rows(rows: list[dict]) -> list[dict]:
+    """The ranked rows, with the columns `plot_pareto` reads only (what `simpar sweep` sends to
+    the process that draws it)."""
+    return [{k: r.get(k, "") for k in PARETO_COLUMNS} for r in ranked(rows)]
+
+
 def plot_pareto(rows: list[dict], path: Path, title: str, note: str = "", capacity_gib: float | None = None) -> None:
+    # matplotlib here, not at the top: the report's text needs none of it, and `simpar sweep`'s
+    # main process writes the text without importing it (`plans.write_plan_dirs`)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     fig, ax = plt.subplots(figsize=(9, 5.5))
     styles = {
         "quick": ("#C8C8C8", "quick estimate", 6),
