@@ -3,7 +3,7 @@
 A worker ignores SIGINT (a terminal sends it to the whole process group; the parent handles it
 and kills the workers) and, on Linux, is killed by the kernel when the parent dies, even by kill -9
 (``PR_SET_PDEATHSIG``); elsewhere a thread in it watches the parent's PID. The sweep's pool
-(`simpar.sim.sweep.workers`) and `fork_map` (validation) use these.
+(`simpar.sim.sweep.workers`), `fork_map` (validation) and `Warm` (the sweep's drawing) use these.
 """
 
 from __future__ import annotations
