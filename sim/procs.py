@@ -87,7 +87,7 @@ def fork_map(fn: Callable[[Any], Any], items: list[Any], workers: int) -> Iterat
         _JOB[0] = None
 
 
-def _run_job(job: Callable[[], Any]) -> None:
+def _run_job(job: Callable[[], object]) -> None:
     job()
 
 
@@ -106,7 +106,7 @@ class Warm:
         self.proc.start()
         child.close()
 
-    def map(self, jobs: list[Callable[[], Any]], workers: int) -> Iterator[int]:
+    def map(self, jobs: Sequence[Callable[[], object]], workers: int) -> Iterator[int]:
         """Start the jobs on ``workers`` processes forked from the warm one, now; iterate the
         result for the index of each job as it ends (completion order). A job's exception is
         raised there."""

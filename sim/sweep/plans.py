@@ -117,7 +117,8 @@ def write_plan_dirs(
     sweep report's Pareto figure: the figures are drawn side by side, not after each other).
     With ``warm`` (`procs.Warm`, its modules matplotlib's) the processes are forked from it and
     every job must pickle (``also``: a `functools.partial` of a module's function)."""
-    done, jobs = [], []
+    done: list[Path] = []
+    jobs: list[Callable[[], object]] = []
     for row in [r for r in rows if r.get("rank")][:count]:
         d = Path(out) / PLAN_DIR / plan_dir_name(int(row["rank"]), row)
         recipe = [] if not emit else [f"{emit}-refused.txt"] if (d / f"{emit}-refused.txt").exists() else ["launch.sh"]
