@@ -14,6 +14,7 @@ so an interrupted run never leaves half a file.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
@@ -179,11 +180,33 @@ def output_dir(path: str | Path, what: str) -> Path:
     return p
 
 
+def _read_umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+#: This process's umask, read once at import (reading it means setting it: not done per file, where
+#: another thread might create a file in between).
+_UMASK = _read_umask()
+
+
+def temp_beside(path: Path) -> tuple[int, str]:
+    """A new temporary file in ``path``'s folder, to be renamed over ``path`` (descriptor, name),
+    with the permissions of a file the process creates (0o666 less its umask: readable by the
+    group and others under the usual 022), not `tempfile.mkstemp`'s owner-only 0o600, which a
+    rename would leave on results.csv or a report."""
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    with contextlib.suppress(OSError):  # a file system without permissions (some mounts): what it gives
+        os.fchmod(fd, 0o666 & ~_UMASK)
+    return fd, name
+
+
 def write_text(path: str | Path, text: str) -> None:
     """Replace ``path`` with ``text`` atomically (a reader sees the old file or the new one)."""
     p = Path(path)
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+        fd, tmp = temp_beside(p)
     except OSError as exc:
         raise SpecError(str(p), f"cannot be written ({exc.strerror or exc}).", "choose a writable path.") from None
     try:

@@ -10,7 +10,6 @@ import math
 import os
 import re
 import shutil
-import tempfile
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
@@ -119,7 +118,7 @@ def _replace(path: Path, write: Callable[[Path], object]) -> None:
     that take a path: matplotlib, copyfile; text goes through `files.write_text`)."""
     tmp: Path | None = None
     try:
-        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        fd, name = files.temp_beside(path)
         os.close(fd)
         tmp = Path(name)
         write(tmp)
