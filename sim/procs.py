@@ -13,6 +13,7 @@ import ctypes
 import importlib
 import multiprocessing
 import os
+import pickle
 import signal
 import sys
 import threading
@@ -87,8 +88,23 @@ def fork_map(fn: Callable[[Any], Any], items: list[Any], workers: int) -> Iterat
         _JOB[0] = None
 
 
-def _run_job(job: Callable[[], object]) -> None:
-    job()
+def run_job(job: Callable[[], object]) -> None:
+    """Call ``job`` (a callable of no argument), its result dropped: `fork_map`'s function for a
+    list of jobs. Its exception leaves as `_travelling` makes it."""
+    try:
+        job()
+    except Exception as exc:
+        raise _travelling(exc) from None
+
+
+def _travelling(exc: BaseException) -> BaseException:
+    """``exc``, or where it does not survive the trip to another process (it does not pickle, or
+    does not unpickle: a constructor of other arguments), a RuntimeError of its type and text."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+    except Exception:
+        return RuntimeError(f"{type(exc).__name__}: {exc}")
+    return exc
 
 
 class Warm:
@@ -143,9 +159,9 @@ def _serve(conn: Any, modules: tuple[str, ...], parent: int) -> None:
     except EOFError:  # the caller closed it without a job
         return
     try:
-        for i, _ in fork_map(_run_job, jobs, workers):
+        for i, _ in fork_map(run_job, jobs, workers):
             conn.send(("result", i))
     except BaseException as exc:  # handed to the caller, which raises it
-        conn.send(("error", exc))
+        conn.send(("error", _travelling(exc)))
     else:
         conn.send(("done",))

@@ -111,3 +111,21 @@ def test_the_sweeps_main_process_never_imports_matplotlib(tmp_path):
     s = tmp_path / "s"
     assert (s / "pareto.png").stat().st_size > 0 and (s / "timeline.png").stat().st_size > 0
     assert len(list((s / "plans").glob("01-*/timeline.png"))) == 1
+
+
+class _Unpicklable(Exception):
+    def __init__(self, a, b):  # pickle rebuilds it with one argument: it fails to unpickle
+        super().__init__(f"{a} {b}")
+
+
+def _fail_oddly() -> None:
+    raise _Unpicklable("odd", "failure")
+
+
+def test_an_exception_that_does_not_travel_is_raised_by_its_type_and_text():
+    warm = Warm([])
+    try:
+        with pytest.raises(RuntimeError, match="_Unpicklable: odd failure"):
+            list(warm.map([_fail_oddly, _fail_oddly], workers=2))
+    finally:
+        warm.close()

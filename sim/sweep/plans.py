@@ -18,7 +18,7 @@ from ..engine.trace import write_trace
 from ..errors import SpecError
 from ..interop.emit import recipe_files
 from ..plan import ParallelPlan
-from ..procs import Warm, fork_map
+from ..procs import Warm, fork_map, run_job
 from ..schedules import write_csv
 from ..specs.planfile import write_plan_file
 from .config_plan import checked_plan
@@ -126,14 +126,10 @@ def write_plan_dirs(
             jobs.append(partial(_write_plan_dir, setup, Config.from_row(row), d, command, emit))
         done.append(d)
     jobs += also
-    for _ in warm.map(jobs, workers) if warm is not None else fork_map(_run, jobs, workers):
+    for _ in warm.map(jobs, workers) if warm is not None else fork_map(run_job, jobs, workers):
         pass
     return done
 
 
 def _write_plan_dir(setup: SweepSetup, cfg: Config, out: Path, command: str, emit: str | None) -> None:
     write_plan_dir(setup, cfg, out, command, emit)  # its result stays in the worker
-
-
-def _run(job: Callable[[], object]) -> None:
-    job()
