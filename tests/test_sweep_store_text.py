@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simpar.sim.errors import SimparError
-from simpar.sim.sweep.store import _FLOATS, COLUMNS, as_text, csv_text, fmt
+from simpar.sim.files import csv_text
+from simpar.sim.sweep.store import _FLOATS, COLUMNS, as_text, fmt
 
 values = st.one_of(
     st.none(),
@@ -51,7 +52,7 @@ fields = st.text(alphabet=st.sampled_from(list("ab ,\"\n\r\t\\'x0")), max_size=6
 @settings(deadline=None, max_examples=300)
 @given(st.lists(st.lists(st.one_of(fields, st.integers(0, 9)), max_size=5), max_size=6))
 def test_csv_text_is_what_the_csv_module_writes(records):
-    """The journal's and results.csv's fast writer (`store.csv_text`): byte for byte the text of
+    """The journal's and results.csv's fast writer (`files.csv_text`): byte for byte the text of
     `csv.writer` with the files' dialect, quotes, line breaks, lone empty fields and non-text
     fields included."""
     buf = io.StringIO()

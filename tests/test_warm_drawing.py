@@ -51,13 +51,17 @@ def test_jobs_run_in_processes_forked_from_the_warm_one(tmp_path):
     assert module not in sys.modules  # not here
 
 
-def test_a_jobs_exception_is_raised_in_the_caller():
-    warm = Warm([])
-    try:
-        with pytest.raises(ValueError, match="job failed"):
-            list(warm.map([_fail, _fail], workers=2))
-    finally:
-        warm.close()
+@pytest.fixture
+def warm():
+    """A warm process importing nothing, closed after the test."""
+    w = Warm([])
+    yield w
+    w.close()
+
+
+def test_a_jobs_exception_is_raised_in_the_caller(warm):
+    with pytest.raises(ValueError, match="job failed"):
+        list(warm.map([_fail, _fail], workers=2))
 
 
 def test_close_ends_the_warm_process_and_the_jobs_it_runs(tmp_path):
@@ -122,10 +126,6 @@ def _fail_oddly() -> None:
     raise _Unpicklable("odd", "failure")
 
 
-def test_an_exception_that_does_not_travel_is_raised_by_its_type_and_text():
-    warm = Warm([])
-    try:
-        with pytest.raises(RuntimeError, match="_Unpicklable: odd failure"):
-            list(warm.map([_fail_oddly, _fail_oddly], workers=2))
-    finally:
-        warm.close()
+def test_an_exception_that_does_not_travel_is_raised_by_its_type_and_text(warm):
+    with pytest.raises(RuntimeError, match="_Unpicklable: odd failure"):
+        list(warm.map([_fail_oddly, _fail_oddly], workers=2))

@@ -298,7 +298,7 @@ class Journal:
     def append(self, records: Sequence[tuple[str, ...]]) -> list[dict[str, str]]:
         """Write records (`as_record`) in one write, flushed (a signal waits until it is done),
         and return them as read back, by column name."""
-        text = csv_text(records)
+        text = files.csv_text(records)
         with interrupt.deferred():
             try:
                 new = not self.path.exists() or self.path.stat().st_size == 0
@@ -313,26 +313,6 @@ class Journal:
 
 _DISK = "free disk space or fix the folder's permissions, then continue with --resume."
 _IN_ORDER = itemgetter(*COLUMNS)
-
-
-def csv_text(records: Iterable[Sequence[str]]) -> str:
-    """Records of text fields as the `csv` module writes them (``lineterminator="\\n"``, minimal
-    quoting): a record none of whose fields holds a comma, a quote or a line break is its fields
-    joined by commas, and only the others go through `csv.writer` (most rows need no quoting, and
-    the join is several times faster)."""
-    buf = io.StringIO()
-    slow = csv.writer(buf, lineterminator="\n")
-    for rec in records:
-        try:
-            line = ",".join(rec)
-        except TypeError:  # a field that is not text: csv writes str() of it
-            slow.writerow(rec)
-            continue
-        if line.count(",") == len(rec) - 1 and '"' not in line and "\n" not in line and "\r" not in line and line:
-            buf.write(line + "\n")
-        else:  # a field to quote (or the one-empty-field record, which csv writes as "")
-            slow.writerow(rec)
-    return buf.getvalue()
 
 
 def _texts(rows: Iterable[dict[str, str]]) -> list[tuple[str, ...]]:
@@ -380,7 +360,7 @@ def _record(line: bytes) -> list[str] | None:
 
 def write_results(path: Path, rows: list[dict[str, str]]) -> None:
     """results.csv, atomically."""
-    write_file(path, _HEADER + "\n" + csv_text(_texts(rows)))
+    write_file(path, _HEADER + "\n" + files.csv_text(_texts(rows)))
 
 
 def read_results(path: Path, fix: str = "re-run the sweep.") -> list[dict[str, str]]:
