@@ -1,7 +1,7 @@
 """Calibration round trip on this CPU: `simpar calibrate --quick` (1-2 processes), then the closed
 loop on one of its plans: simulated with the calibration, run by the executor. The accuracy is a
 benchmark figure (machines are noisy); the test asserts the error is finite and the files are
-well formed."""
+well formed. About a minute and a half on the 2-core VM: marked slow, run by `.ci/run`'s slow part."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from simpar.cli.main import cli
 from simpar.sim.engine.trace import read_trace
 from simpar.sim.specs.calibration import load_calibration
 
-pytestmark = pytest.mark.torch
+pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
 
 def test_calibrate_then_check_one_plan(tmp_path, runner, monkeypatch):
