@@ -113,7 +113,10 @@ class Warm:
     `simpar sweep` forks one as it starts (its second core is idle while the first reads the
     inputs and enumerates the space), so drawing its figures after the search does not wait for
     matplotlib's import. Jobs are picklable callables of no argument (`functools.partial` of a
-    module's function); results are dropped. Call `close` in a ``finally``."""
+    module's function) that may run twice (each writes its files whole); results are dropped.
+    Where the warm process is gone (killed, or its imports failed: it ends without a word), the
+    jobs it did not finish run on processes forked from this one, which import what they need.
+    Call `close` in a ``finally``."""
 
     def __init__(self, modules: Sequence[str]) -> None:
         ctx = multiprocessing.get_context("fork")
@@ -126,19 +129,25 @@ class Warm:
         """Start the jobs on ``workers`` processes forked from the warm one, now; iterate the
         result for the index of each job as it ends (completion order). A job's exception is
         raised there."""
-        self.conn.send((jobs, workers))
-        return self._ended()
+        try:
+            self.conn.send((list(jobs), workers))
+        except OSError:  # the warm process is gone (a broken pipe): every job runs from here
+            return _here(jobs, workers, set())
+        return self._ended(jobs, workers)
 
-    def _ended(self) -> Iterator[int]:
+    def _ended(self, jobs: Sequence[Callable[[], object]], workers: int) -> Iterator[int]:
+        ended: set[int] = set()
         while True:
             try:
                 msg = self.conn.recv()
-            except EOFError:
-                raise RuntimeError("the warm worker process died") from None
+            except (EOFError, OSError):  # it died: what it did not finish runs from here
+                yield from _here(jobs, workers, ended)
+                return
             if msg[0] == "done":
                 return
             if msg[0] == "error":
                 raise msg[1]
+            ended.add(msg[1])
             yield msg[1]
 
     def close(self) -> None:
@@ -150,10 +159,21 @@ class Warm:
         self.conn.close()
 
 
+def _here(jobs: Sequence[Callable[[], object]], workers: int, ended: set[int]) -> Iterator[int]:
+    """The jobs not in ``ended`` on processes forked from this one (`fork_map`), by their index."""
+    rest = [i for i in range(len(jobs)) if i not in ended]
+    for k, _ in fork_map(run_job, [jobs[i] for i in rest], workers):
+        yield rest[k]
+
+
 def _serve(conn: Any, modules: tuple[str, ...], parent: int) -> None:
     _init(parent)
-    for m in modules:
-        importlib.import_module(m)
+    try:
+        for m in modules:
+            importlib.import_module(m)
+    except BaseException:  # no traceback here: the caller runs the jobs itself, which meet the error
+        conn.close()
+        return
     try:
         jobs, workers = conn.recv()
     except EOFError:  # the caller closed it without a job

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -79,6 +80,57 @@ def test_close_ends_the_warm_process_and_the_jobs_it_runs(tmp_path):
     while _alive(pid) and time.time() < deadline:
         time.sleep(0.05)
     assert not _alive(pid)  # the job's worker died with the warm process
+
+
+def _write(path: str) -> None:
+    Path(path).write_text(str(os.getpid()))
+
+
+def test_jobs_run_from_the_caller_when_the_warm_processs_imports_fail(tmp_path, capfd):
+    warm = Warm(["simpar_no_such_module"])
+    try:
+        paths = [str(tmp_path / f"{i}.txt") for i in range(3)]
+        done = sorted(warm.map([functools.partial(_write, p) for p in paths], workers=2))
+    finally:
+        warm.close()
+    assert done == [0, 1, 2] and all(Path(p).read_text() for p in paths)
+    assert "Traceback" not in capfd.readouterr().err  # it ended without a word
+
+
+def test_jobs_run_from_the_caller_when_the_warm_process_was_killed(tmp_path):
+    warm = Warm([])
+    try:
+        warm.proc.kill()
+        warm.proc.join()
+        paths = [str(tmp_path / f"{i}.txt") for i in range(3)]
+        done = sorted(warm.map([functools.partial(_write, p) for p in paths], workers=2))
+    finally:
+        warm.close()
+    assert done == [0, 1, 2]
+    assert {Path(p).read_text() for p in paths}.isdisjoint({str(warm.proc.pid)})
+
+
+def _kill_the_warm_process(warm: int, path: str) -> None:
+    """In a process forked from the warm process ``warm``: kill it, and with it this job; run
+    again from the caller: write ``path``."""
+    if os.getppid() == warm:
+        os.kill(warm, signal.SIGKILL)
+        time.sleep(60)  # killed with its parent (`die_with_parent`)
+    Path(path).write_text(str(os.getpid()))
+
+
+def test_the_jobs_a_dying_warm_process_leaves_run_from_the_caller(tmp_path):
+    warm = Warm([])
+    try:
+        paths = [str(tmp_path / f"{i}.txt") for i in range(3)]
+        jobs = [functools.partial(_kill_the_warm_process, warm.proc.pid, p) for p in paths]
+        t = time.perf_counter()
+        done = list(warm.map(jobs, workers=2))
+    finally:
+        warm.close()
+    assert sorted(done) == [0, 1, 2]  # each job's end reported once
+    assert time.perf_counter() - t < 30
+    assert {int(Path(p).read_text()) for p in paths}.isdisjoint({warm.proc.pid, os.getpid()})
 
 
 def _wait_for(path, timeout: float = 30.0) -> None:
