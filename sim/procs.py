@@ -20,7 +20,10 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any
+
+from .errors import SimparError
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
@@ -62,7 +65,7 @@ def fork_map(fn: Callable[[Any], Any], items: list[Any], workers: int) -> Iterat
     """(index, fn(item)) for every item, in completion order, on ``workers`` forked processes
     (``fn`` need not pickle: the workers inherit it; items and results must). In this process
     where there is one worker or no fork. Workers are killed if the caller stops early (an
-    exception, Ctrl-C)."""
+    exception, Ctrl-C); a worker that dies (killed, out of memory) is a SimparError."""
     if workers <= 1 or len(items) < 2 or "fork" not in multiprocessing.get_all_start_methods():
         for i, item in enumerate(items):
             yield i, fn(item)
@@ -79,6 +82,12 @@ def fork_map(fn: Callable[[Any], Any], items: list[Any], workers: int) -> Iterat
             for f in done:
                 yield pending.pop(f), f.result()
         clean = True
+    except BrokenProcessPool:
+        raise SimparError(
+            "workers",
+            "a worker process died (killed, or out of memory).",
+            "run the command again; fewer --workers need less memory.",
+        ) from None
     finally:
         if not clean:
             for p in list((getattr(ex, "_processes", None) or {}).values()):

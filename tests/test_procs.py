@@ -4,12 +4,15 @@ whatever the workers; workers do not outlive a caller that stops early."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
+import signal
 import time
 
 import pytest
 
 from simpar.sim.engine.simulate import simulate
+from simpar.sim.errors import SimparError
 from simpar.sim.procs import fork_map
 from simpar.sim.validation.published import read_rows, validate_rows
 
@@ -42,6 +45,18 @@ def test_fork_map_kills_its_workers_when_the_caller_stops() -> None:
     time.sleep(0.2)
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+def _die_in_a_worker(parent: int, item: int) -> int:
+    if os.getpid() != parent:
+        os.kill(os.getpid(), signal.SIGKILL)  # as the kernel's OOM killer ends a process
+    return item
+
+
+def test_a_worker_that_dies_is_reported_on_one_line() -> None:
+    with pytest.raises(SimparError, match="a worker process died") as err:
+        list(fork_map(functools.partial(_die_in_a_worker, os.getpid()), [1, 2, 3], 2))
+    assert err.value.field == "workers" and "\n" not in str(err.value)
 
 
 def test_validate_rows_same_with_workers() -> None:
