@@ -61,3 +61,21 @@ def test_a_ray_that_cannot_start_is_one_error(tmp_path, monkeypatch, no_ray_left
     monkeypatch.setattr(ray, "init", refuse)
     with pytest.raises(SimparError, match="cannot start or reach Ray at 'host:1' .ConnectionError: no cluster there"):
         run_sweep(small_setup(), tmp_path, SweepOptions(ray="host:1", **OPTS))
+
+
+def test_a_dead_worker_or_node_is_one_line_and_a_tasks_own_error_passes(monkeypatch):
+    """What `ray.get` raises when the worker or node under a task died (after Ray's retries) is a
+    SimparError; a task's own exception is not wrapped (no Ray instance: `ray.get` stands in)."""
+    from simpar.sim.sweep.workers import RayBackend
+
+    backend = RayBackend.__new__(RayBackend)
+    backend.ray = ray
+    for died in (ray.exceptions.WorkerCrashedError(), ray.exceptions.NodeDiedError("node gone")):
+        monkeypatch.setattr(ray, "get", lambda ref, died=died: (_ for _ in ()).throw(died))
+        with pytest.raises(SimparError, match="worker or node died") as err:
+            backend._rows(object())
+        assert err.value.field == "ray" and type(died).__name__ in str(err.value)
+    own = ray.exceptions.RayTaskError("evaluate", "Traceback ...", ValueError("bad row"))
+    monkeypatch.setattr(ray, "get", lambda ref: (_ for _ in ()).throw(own))
+    with pytest.raises(ray.exceptions.RayTaskError):
+        backend._rows(object())

@@ -177,7 +177,22 @@ class RayBackend:
             with interrupt.deferred():  # as in `Pool.map`
                 done, self.pending = self.ray.wait(self.pending, num_returns=1, timeout=_POLL_S)
             for d in done:
-                on_done(self.ray.get(d))
+                on_done(self._rows(d))
+
+    def _rows(self, ref):
+        """A task's rows; a worker or node that died under it (after Ray's retries) is one line, as
+        the local pool says it. A task's own exception is raised as it is."""
+        errors = self.ray.exceptions
+        try:
+            return self.ray.get(ref)
+        except errors.RayTaskError:
+            raise
+        except errors.RayError as exc:
+            raise SimparError(
+                "ray",
+                f"a task's worker or node died ({type(exc).__name__}); the rows finished so far are saved.",
+                "continue with --resume; fewer tasks per node (or more memory) if it was out of memory.",
+            ) from None
 
     def close(self, cancel: bool = False) -> None:
         if cancel:  # stop this sweep's tasks still queued or running on the cluster
