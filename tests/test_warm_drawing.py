@@ -97,15 +97,11 @@ def test_jobs_run_from_the_caller_when_the_warm_processs_imports_fail(tmp_path, 
     assert "Traceback" not in capfd.readouterr().err  # it ended without a word
 
 
-def test_jobs_run_from_the_caller_when_the_warm_process_was_killed(tmp_path):
-    warm = Warm([])
-    try:
-        warm.proc.kill()
-        warm.proc.join()
-        paths = [str(tmp_path / f"{i}.txt") for i in range(3)]
-        done = sorted(warm.map([functools.partial(_write, p) for p in paths], workers=2))
-    finally:
-        warm.close()
+def test_jobs_run_from_the_caller_when_the_warm_process_was_killed(tmp_path, warm):
+    warm.proc.kill()
+    warm.proc.join()
+    paths = [str(tmp_path / f"{i}.txt") for i in range(3)]
+    done = sorted(warm.map([functools.partial(_write, p) for p in paths], workers=2))
     assert done == [0, 1, 2]
     assert {Path(p).read_text() for p in paths}.isdisjoint({str(warm.proc.pid)})
 
@@ -119,15 +115,11 @@ def _kill_the_warm_process(warm: int, path: str) -> None:
     Path(path).write_text(str(os.getpid()))
 
 
-def test_the_jobs_a_dying_warm_process_leaves_run_from_the_caller(tmp_path):
-    warm = Warm([])
-    try:
-        paths = [str(tmp_path / f"{i}.txt") for i in range(3)]
-        jobs = [functools.partial(_kill_the_warm_process, warm.proc.pid, p) for p in paths]
-        t = time.perf_counter()
-        done = list(warm.map(jobs, workers=2))
-    finally:
-        warm.close()
+def test_the_jobs_a_dying_warm_process_leaves_run_from_the_caller(tmp_path, warm):
+    paths = [str(tmp_path / f"{i}.txt") for i in range(3)]
+    jobs = [functools.partial(_kill_the_warm_process, warm.proc.pid, p) for p in paths]
+    t = time.perf_counter()
+    done = list(warm.map(jobs, workers=2))
     assert sorted(done) == [0, 1, 2]  # each job's end reported once
     assert time.perf_counter() - t < 30
     assert {int(Path(p).read_text()) for p in paths}.isdisjoint({warm.proc.pid, os.getpid()})
