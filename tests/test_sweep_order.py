@@ -62,6 +62,27 @@ def test_screen_rows_are_the_same_in_any_order(model, cluster_name, gbs, space):
     assert [k for k in forward if forward[k] != backward[k]] == []
 
 
+def test_screen_rows_with_the_caches_equal_those_of_a_fresh_evaluator():
+    """Each configuration screened after every other one (the ZeRO and optimizer variants of a
+    stage-work table share its pipeline times, `estimator.quick_estimate`) gives the row a new
+    evaluator gives it, character for character."""
+    model, gpus, gbs = load_model("gpt-1.7b"), 8, 32
+    cluster = load_cluster("dgx-a100-80g", gpus=gpus)
+    space = SearchSpace(
+        mbs=(1,),
+        zero=(0, 1, 2, 3),
+        schedules=("none", "1f1b", "zb-h1", "interleaved-1f1b", "dualpipe-v"),
+        optimizer=("adamw", "sgd"),
+    )
+    setup = SweepSetup(model, cluster, gpus, gbs, space, token="shared")
+    configs = enumerate_configs(model, cluster, gpus, space)
+    shared = _rows(setup, configs)
+    estimated = [c for c in configs if shared[c.id]["status"] == "estimated"]
+    assert len(estimated) > 40
+    fresh = {c.id: _rows(SweepSetup(model, cluster, gpus, gbs, space, token=c.id), [c])[c.id] for c in estimated}
+    assert [k for k in fresh if fresh[k] != shared[k]] == []
+
+
 def test_remembered_layer_counts_are_read_only_and_stay_as_they_are():
     plan = ParallelPlan(pp=2, global_batch_size=4, schedule="zb-h1")  # splits the backward: W holds bytes
     cluster = load_cluster("dgx-a100-80g", gpus=2)

@@ -84,6 +84,20 @@ def quick_estimate(x: Inputs) -> Estimate:
         fb, bb, _ = fsdp_seconds(x)
         end = m * (fb + bb + x.dur(x.work[0], "R"))
         return finish(x, [RankTimes(0.0, end, {})], "quick")
+    # the pipeline part reads none of the fields configurations of one stage-work table differ in
+    # (`evaluate.WORK_FREE_FIELDS`) but the schedule: ZeRO and optimizer variants share it (cached
+    # with the table, as `Inputs.passes`)
+    key = ("pipeline", id(x.work), x.p2p, x.options.overlap_tp, p.schedule, m, x.post, it.reduces_every_microbatch(p))
+    hit = x.cache.get(key)
+    if hit is None or hit[0] is not x.work:
+        hit = x.cache[key] = (x.work, _pipeline(x, m))
+    return finish(x, hit[1], "quick")
+
+
+def _pipeline(x: Inputs, m: int) -> list[RankTimes]:
+    """Each pipeline rank's times in the closed form of `quick_estimate` (``m``: micro-batches each
+    stage runs)."""
+    p = x.plan
     f, i, w = x.seconds
     pr, c = len(x.ranks), x.p2p + x.post
     # Two lower bounds for few micro-batches: no rank ends before its first input arrives and it
@@ -116,7 +130,7 @@ def quick_estimate(x: Inputs) -> Estimate:
         drain += i[stages[0]] + c
     if it.reduces_every_microbatch(p):  # ZeRO-2 (pp = 1): every backward releases its buckets
         rts = [replace(rts[0], every_bwd=_every_backward(x, rts[0].end, m))]
-    return finish(x, rts, "quick")
+    return rts
 
 
 def _every_backward(x: Inputs, end: float, m: int) -> tuple[tuple[int, float, float], ...]:
