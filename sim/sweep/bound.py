@@ -4,6 +4,7 @@ orders the engine runs by and prunes on (`run.simulate_phase`), safe on either n
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from ..engine import iteration as it
 from .pairs import OVERLAPPED, rank_savings
@@ -77,14 +78,92 @@ def lower_bound(x: Inputs, backend: str = "analytical") -> float:
     last input gradient on whichever of its stages (see the comment there).
     """
     p, m = x.plan, x.plan.num_microbatches // x.plan.pipelines  # micro-batches each stage runs
+    # the SP sync is a collective: timed as the engine times it on the analytical network only
+    sync = backend == "analytical"
+    if x.fsdp and sync and len(x.work) == 1 and not p.split_backward:
+        pt = _passes(x, m, fsdp=True)  # depends on the ZeRO layout: not kept
+    else:
+        # the passes and their sums read none of the fields the configurations of one stage-work
+        # table differ in but the schedule: its ZeRO and optimizer variants share them
+        key = ("bound", id(x.work), x.p2p, x.options.overlap_tp, x.costs.eff.overlap_contention, p.schedule, m, x.post)
+        hit = x.cache.get(key)
+        if hit is None or hit[0] is not x.work:
+            hit = x.cache[key] = (x.work, _passes(x, m, fsdp=False))
+        pt = hit[1]
+    fwd = pt.fwd
+    # the rank's step, then (analytical network) what it waits on its offloaded optimizer part
+    end = [
+        (sp_sync_time(x, r) + host_wait(x, r, lower=True) if sync else 0.0) + optimizer_time(x, r)
+        for r in range(len(x.ranks))
+    ]
+
+    # when a rank's first forward can start at the earliest: on one of its stages, micro-batch 0
+    # has come through the stages before it and (analytical network) the stage's parameters are
+    # gathered; the stages are tried in order of arrival, until one arrives after the best so far
+    shape = reduction_shape(x)
+    gathered = sync and gathers_before_forward(x)
+
+    def first_forward(r: int, arrivals: Sequence[tuple[float, int]]) -> float:
+        if not gathered:
+            return arrivals[0][0]
+        best = float("inf")
+        for arrive, s in arrivals:
+            if arrive >= best:
+                break
+            best = min(best, max(arrive, gather_seconds(x, r, s, shape)))
+        return best
+
+    starts = [first_forward(r, a) for r, a in enumerate(pt.arrivals)]
+
+    # a rank's walk runs all its passes; its overlapped pairs save exactly `rank_savings` (each
+    # pair lasts `overlap_seconds` on either backend), so the walk counts the pairs as they run
+    walks = [starts[r] + pt.work[r] - pt.saves[r] + end[r] for r in range(len(x.ranks))]
+    # the stage's gradients are reduced before the step, their last bucket released at the end of
+    # its last backward (timed as the engine times them on the analytical network only); that pass
+    # is a B (or a W, shorter) or, in an overlapped pair, at most the pair of it and a forward; a
+    # rank's walk ends with one of its stages' last backward, which one the min leaves open
+    pair = max(fwd) if p.schedule in OVERLAPPED else 0.0
+    red = [
+        [_after_last_backward(x, r, s, pt.back[s] + pair, shape) if sync else 0.0 for s in st]
+        for r, st in enumerate(x.ranks)
+    ]
+    walks = [t + min(red[r]) for r, t in enumerate(walks)]
+    first = next(r for r, st in enumerate(x.ranks) if 0 in st)
+    end[first] += red[first][x.ranks[first].index(0)]
+    g0 = gather_seconds(x, first, 0, shape) if gathered else 0.0  # stage 0's first forward waits for them
+    c = pt.chain
+    chain = g0 + c[0] + c[1] + c[2] + c[3] + c[4] + end[first]
+    if p.pipelines == 1:
+        drains = [g0 + a + b + c + d + e + end[first] for a, b, c, d, e in pt.drains]
+        return max(*walks, chain, *drains)
+    # Two pipelines: see `_passes`
+    drains = [a + b + c + end[first] for a, b, c in pt.drains]
+    return max(*walks, chain, *drains)
+
+
+@dataclass(frozen=True)
+class _Passes:
+    """What `lower_bound` reads of the plan's passes but the ZeRO, optimizer and offload terms,
+    each sum as it enters a chain (kept in this form, so the chains add the same numbers in the
+    same order whatever is shared)."""
+
+    fwd: tuple[float, ...]
+    back: tuple[float, ...]  # B, or I + W
+    arrivals: tuple[tuple[tuple[float, int], ...], ...]  # per rank: (micro-batch 0's arrival, stage), sorted
+    work: tuple[float, ...]  # per rank: all its passes and posts
+    saves: tuple[float, ...]  # per rank: what its overlapped pairs save (`rank_savings`)
+    chain: tuple[float, ...]  # the last micro-batch on stage 0, in its order of sums
+    drains: tuple[tuple[float, ...], ...]  # per rank: its drain, in its order of sums
+
+
+def _passes(x: Inputs, m: int, fsdp: bool) -> _Passes:
+    p = x.plan
     d = x.passes
     fwd = list(d["F"])
     rec = d["R"]  # 0 without recompute
     back = [i + w for i, w in zip(d["I"], d["W"])]  # B, or I + W
     back_in = list(d["I"]) if p.split_backward else back
-    # the SP sync is a collective: timed as the engine times it on the analytical network only
-    sync = backend == "analytical"
-    if x.fsdp and sync and len(x.work) == 1 and not p.split_backward:
+    if fsdp:
         # FSDP (pp = 1) on the analytical network: a pass waits out its first layer's gather, then
         # the longer of its compute and the rest of its gathers (and, in the backward, the
         # reduce-scatters) queued on one stream, as the engine's `_fsdp_pass` does (`fsdp_seconds`)
@@ -102,77 +181,46 @@ def lower_bound(x: Inputs, backend: str = "analytical") -> float:
         xb = [keep * sum(x.parts(w, "B")[2:]) for w in x.work]
         fwd_r = [t - e for t, e in zip(fwd, xf)]
         back_in_r = [max(0.0, t - e) for t, e in zip(back_in, xb)]
-    # the rank's step, then (analytical network) what it waits on its offloaded optimizer part
-    end = [
-        (sp_sync_time(x, r) + host_wait(x, r, lower=True) if sync else 0.0) + optimizer_time(x, r)
-        for r in range(len(x.ranks))
-    ]
     n = p.num_chunks  # one pipeline's stages; with two, stage s is position s % n of its pipeline
 
     def ahead(s: int, times: Sequence[float]) -> float:
         """The stages before s in its pipeline, summed."""
         return sum(times[s - s % n : s])
 
-    # when a rank's first forward can start at the earliest: on one of its stages, micro-batch 0
-    # has come through the stages before it and (analytical network) the stage's parameters are
-    # gathered; the stages are tried in order of arrival, until one arrives after the best so far
-    shape = reduction_shape(x)
-    gathered = sync and gathers_before_forward(x)
-
-    def first_forward(r: int, st: Sequence[int]) -> float:
-        if not gathered:
-            return min(ahead(s, fwd) for s in st)
-        best = float("inf")
-        for arrive, s in sorted((ahead(s, fwd), s) for s in st):
-            if arrive >= best:
-                break
-            best = min(best, max(arrive, gather_seconds(x, r, s, shape)))
-        return best
-
-    starts = [first_forward(r, st) for r, st in enumerate(x.ranks)]
-
-    # a rank's walk runs all its passes; its overlapped pairs save exactly `rank_savings` (each
-    # pair lasts `overlap_seconds` on either backend), so the walk counts the pairs as they run
-    saves = [sv.saved for sv in rank_savings(x)]
-    walks = [
-        starts[r] + sum(m * (fwd[s] + rec[s] + back[s] + x.posts[s] * x.post) for s in st) - saves[r] + end[r]
-        for r, st in enumerate(x.ranks)
-    ]
-    # the stage's gradients are reduced before the step, their last bucket released at the end of
-    # its last backward (timed as the engine times them on the analytical network only); that pass
-    # is a B (or a W, shorter) or, in an overlapped pair, at most the pair of it and a forward; a
-    # rank's walk ends with one of its stages' last backward, which one the min leaves open
-    pair = max(fwd) if p.schedule in OVERLAPPED else 0.0
-    red = [
-        [_after_last_backward(x, r, s, back[s] + pair, shape) if sync else 0.0 for s in st]
-        for r, st in enumerate(x.ranks)
-    ]
-    walks = [t + min(red[r]) for r, t in enumerate(walks)]
-    first = next(r for r, st in enumerate(x.ranks) if 0 in st)
-    end[first] += red[first][x.ranks[first].index(0)]
-    g0 = gather_seconds(x, first, 0, shape) if gathered else 0.0  # stage 0's first forward waits for them
-    chain = g0 + (m - 1) * fwd_r[0] + sum(fwd[:n]) + sum(rec[:n]) + sum(back_in[:n]) + w0 + end[first]
+    saves = tuple(sv.saved for sv in rank_savings(x))
+    work = tuple(sum(m * (fwd[s] + rec[s] + back[s] + x.posts[s] * x.post) for s in st) for st in x.ranks)
+    chain = ((m - 1) * fwd_r[0], sum(fwd[:n]), sum(rec[:n]), sum(back_in[:n]), w0)
+    drains: tuple[tuple[float, ...], ...]
     if p.pipelines == 1:
-        drains = [
-            g0
-            + sum(fwd[: min(st)])
-            + m * sum(fwd_r[s] + rec[s] + back_in_r[s] for s in st)
-            + sum(rec[: min(st)])
-            + sum(back_in[: min(st)])
-            + w0 * (min(st) > 0)
-            + end[first]
+        drains = tuple(
+            (
+                sum(fwd[: min(st)]),
+                m * sum(fwd_r[s] + rec[s] + back_in_r[s] for s in st),
+                sum(rec[: min(st)]),
+                sum(back_in[: min(st)]),
+                w0 * (min(st) > 0),
+            )
             for st in x.ranks
-        ]
-        return max(*walks, chain, *drains)
-    # Two pipelines (the second's first stage, n, mirrors stage 0: same work, same rank step). A
-    # rank's last input gradient, on either of its stages, comes after all its forwards,
-    # recomputes and input gradients (each precedes one of its own stage's, and that stage's last
-    # is at most the last); then it goes back through the earlier stages of its own pipeline.
-    drains = [
-        min(ahead(s, fwd) for s in st)
-        + m * sum(fwd_r[s] + rec[s] + back_in_r[s] for s in st)
-        + min(ahead(s, rec) + ahead(s, back_in) + w0 * (s % n > 0) for s in st)
-        + end[first]
-        for st in x.ranks
-    ]
-    return max(*walks, chain, *drains)
+        )
+    else:
+        # Two pipelines (the second's first stage, n, mirrors stage 0: same work, same rank step). A
+        # rank's last input gradient, on either of its stages, comes after all its forwards,
+        # recomputes and input gradients (each precedes one of its own stage's, and that stage's last
+        # is at most the last); then it goes back through the earlier stages of its own pipeline.
+        drains = tuple(
+            (
+                min(ahead(s, fwd) for s in st),
+                m * sum(fwd_r[s] + rec[s] + back_in_r[s] for s in st),
+                min(ahead(s, rec) + ahead(s, back_in) + w0 * (s % n > 0) for s in st),
+            )
+            for st in x.ranks
+        )
+    return _Passes(
+        tuple(fwd),
+        tuple(back),
+        tuple(tuple(sorted((ahead(s, fwd), s) for s in st)) for st in x.ranks),
+        work,
+        saves,
+        chain,
+        drains,
+    )
