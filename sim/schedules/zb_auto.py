@@ -156,22 +156,13 @@ def scaled_memory(
 
 
 class _Tests:
-    """The memory tests runs of the heuristic made (`MemoryTests`), as they are made: per stage, per
-    sets in flight tested, the most waiting that fitted and the fewest that did not."""
+    """The memory tests runs of the heuristic made (`MemoryTests`), as they are made (`_Auto.fits`
+    keeps them): per stage, per sets in flight tested, the most waiting that fitted and the fewest
+    that did not."""
 
     def __init__(self, p: int):
         self.fitted: list[dict[int, int]] = [{} for _ in range(p)]
         self.refused: list[dict[int, int]] = [{} for _ in range(p)]
-
-    def note(self, j: int, a: int, b: int, fitted: bool) -> None:
-        if fitted:
-            seen = self.fitted[j]
-            if b > seen.get(a, -1):
-                seen[a] = b
-        else:
-            seen = self.refused[j]
-            if b < seen.get(a, b + 1):
-                seen[a] = b
 
     def made(self) -> MemoryTests:
         return MemoryTests.of(self.fitted, self.refused)
@@ -227,11 +218,16 @@ class _Auto:
         return 0.0
 
     def put(self, j: int, kind: int) -> None:
+        """Stage j runs its next action of ``kind``: at its last end, or when its input arrives
+        (`input_ready`, written out here: the heuristic's walk is its cost)."""
         count = self.count[j]
-        mb, end = count[kind], self.end[j]
-        start = end
+        mb = count[kind]
+        start = end = self.end[j]
         if kind != _W:
-            ready = self.input_ready(j, kind, mb)
+            if kind == _F:
+                ready = self.t[_F][j - 1][mb] + self.comms[j - 1] if j > 0 else 0.0
+            else:
+                ready = self.t[_I][j + 1][mb] + self.comms[j] if j < self.p - 1 else 0.0
             if ready > end:
                 start = ready
                 if count[_F] > 0:
@@ -239,7 +235,7 @@ class _Auto:
                     if bubble > self.max_bubble:
                         self.max_bubble = bubble
         self.end[j] = self.t[kind][j][mb] = start + self.cost[j][kind]
-        count[kind] += 1
+        count[kind] = mb + 1
         self.order[j].append(kind)
 
     def pending_w(self, j: int) -> bool:
@@ -253,8 +249,16 @@ class _Auto:
         f, w = self.mem[j]
         a, b = nf - ni + da, ni - nw + db
         ok = _fits(a, b, f, w, self.limit)
-        if self.tests is not None:
-            self.tests.note(j, a, b, ok)
+        tests = self.tests
+        if tests is not None:  # per stage and sets in flight: the most waiting that fitted, the fewest that did not
+            if ok:
+                seen = tests.fitted[j]
+                if b > seen.get(a, -1):
+                    seen[a] = b
+            else:
+                seen = tests.refused[j]
+                if b < seen.get(a, b + 1):
+                    seen[a] = b
         return ok
 
     def free_memory_for(self, j: int, kind: int) -> None:
