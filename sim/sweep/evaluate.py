@@ -5,7 +5,9 @@ Phases: ``screen`` (check_plan, schedule-aware memory, quick estimate and the pr
 bound: every configuration), ``refine`` (the list-scheduler oracle: only with --refine N),
 ``simulate`` (the engine: in lower-bound order until the rest cannot enter the top k, or all with
 --exhaustive). A worker keeps one `Evaluator` per setup, so the analytical
-network, the per-stage work tables and the schedule profiles are built once and reused.
+network, the per-stage work tables and the schedule profiles are built once and reused, and the
+configurations that differ only in `WORK_FREE_FIELDS` but the schedule (ZeRO and optimizer
+variants) share their quick estimate's pipeline times and their lower bound's sums of passes.
 """
 
 from __future__ import annotations
