@@ -84,12 +84,8 @@ def lower_bound(x: Inputs, backend: str = "analytical") -> float:
         pt = _passes(x, m, fsdp=True)  # depends on the ZeRO layout: not kept
     else:
         # the passes and their sums read none of the fields the configurations of one stage-work
-        # table differ in but the schedule: its ZeRO and optimizer variants share them
-        key = ("bound", id(x.work), x.p2p, x.options.overlap_tp, x.costs.eff.overlap_contention, p.schedule, m, x.post)
-        hit = x.cache.get(key)
-        if hit is None or hit[0] is not x.work:
-            hit = x.cache[key] = (x.work, _passes(x, m, fsdp=False))
-        pt = hit[1]
+        # table differ in but the schedule: its ZeRO and optimizer variants share them (`Inputs.kept`)
+        pt = x.kept(("bound", p.schedule, m), lambda: _passes(x, m, fsdp=False))
     fwd = pt.fwd
     # the rank's step, then (analytical network) what it waits on its offloaded optimizer part
     end = [

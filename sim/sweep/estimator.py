@@ -85,13 +85,9 @@ def quick_estimate(x: Inputs) -> Estimate:
         end = m * (fb + bb + x.dur(x.work[0], "R"))
         return finish(x, [RankTimes(0.0, end, {})], "quick")
     # the pipeline part reads none of the fields configurations of one stage-work table differ in
-    # (`evaluate.WORK_FREE_FIELDS`) but the schedule: ZeRO and optimizer variants share it (cached
-    # with the table, as `Inputs.passes`)
-    key = ("pipeline", id(x.work), x.p2p, x.options.overlap_tp, p.schedule, m, x.post, it.reduces_every_microbatch(p))
-    hit = x.cache.get(key)
-    if hit is None or hit[0] is not x.work:
-        hit = x.cache[key] = (x.work, _pipeline(x, m))
-    return finish(x, hit[1], "quick")
+    # but the schedule: ZeRO and optimizer variants share it (`Inputs.kept`)
+    rts = x.kept(("pipeline", p.schedule, m, it.reduces_every_microbatch(p)), lambda: _pipeline(x, m))
+    return finish(x, rts, "quick")
 
 
 def _pipeline(x: Inputs, m: int) -> list[RankTimes]:

@@ -8,9 +8,10 @@ they are put together). `finish` adds them to per-rank pipeline ends.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import TypeVar
 
 from ..choices import V_SHAPED
 from ..cost.compute import CostModel
@@ -22,6 +23,8 @@ from ..engine.iteration import CollectiveTimer, Comm, EngineOptions
 from ..layout import RankLayout
 from ..plan import ParallelPlan, ZeroPolicy
 from ..specs import ModelSpec
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -66,28 +69,35 @@ class Inputs:
     def parts(self, w: StageWork, kind: str) -> tuple[float, float, float, float, float]:
         return w.parts(kind, self.options.overlap_tp)
 
+    def kept(self, key: tuple, make: Callable[[], T]) -> T:
+        """``make()``, kept in the shared cache with the stage-work table it reads: plans that
+        differ only in `evaluate.WORK_FREE_FIELDS` share the table, and then what ``key`` names
+        (with the table, the pipeline transfer and posting seconds, the engine options and the
+        overlap contention, which a sweep keeps with a table)."""
+        full = (*key, id(self.work), self.p2p, self.post, self.options.overlap_tp, self.costs.eff.overlap_contention)
+        hit = self.cache.get(full)
+        if hit is None or hit[0] is not self.work:
+            hit = self.cache[full] = (self.work, make())
+        return hit[1]
+
     @derived
     def passes(self) -> Mapping[str, tuple[float, ...]]:
-        """Per kind (F, R, I, W), each stage's `dur`; kept in the shared cache with the work table
-        they were read from (plans that differ only in `evaluate.WORK_FREE_FIELDS` share the
-        table, and then this read-only mapping of tuples)."""
-        key = ("passes", id(self.work), self.options.overlap_tp)
-        hit = self.cache.get(key)
-        if hit is None or hit[0] is not self.work:
-            table = {k: tuple(self.dur(w, k) for w in self.work) for k in "FRIW"}
-            hit = self.cache[key] = (self.work, MappingProxyType(table))
-        return hit[1]
+        """Per kind (F, R, I, W), each stage's `dur` (`kept` with the table, a read-only mapping of
+        tuples)."""
+        return self.kept(
+            ("passes",), lambda: MappingProxyType({k: tuple(self.dur(w, k) for w in self.work) for k in "FRIW"})
+        )
 
     @derived
     def seconds(self) -> tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...]]:
         """Per stage (f, i + recompute, w) with exposed TP/CP and all-to-all communication folded in
-        (`passes`; cached with them)."""
-        key = ("seconds", id(self.work), self.options.overlap_tp)
-        hit = self.cache.get(key)
-        if hit is None or hit[0] is not self.work:
+        (`passes`; `kept` with them)."""
+
+        def make() -> tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...]]:
             d = self.passes
-            hit = self.cache[key] = (self.work, (d["F"], tuple(i + r for i, r in zip(d["I"], d["R"])), d["W"]))
-        return hit[1]
+            return d["F"], tuple(i + r for i, r in zip(d["I"], d["R"])), d["W"]
+
+        return self.kept(("seconds",), make)
 
     @derived
     def posts(self) -> list[int]:
