@@ -12,7 +12,9 @@ Run:    python benchmarks/targets.py            (about 3 minutes: startup, one i
         python benchmarks/targets.py --record   (also appends this run to benchmarks/results.jsonl)
         python benchmarks/targets.py --against REV   (the same figures of revision REV beside this checkout's,
                                                  the two measured in turn, run by run, so that the VM's drift
-                                                 falls on both: the comparison that means something here)
+                                                 falls on both: the comparison that means something here;
+                                                 where results.jsonl holds a run recorded at REV, also each
+                                                 figure scaled to that run's machine, `scaled`)
 
 Whole-process figures run the CLI as its console script does, with bytecode cached (see `Tree`).
 """
@@ -238,6 +240,24 @@ def _previous() -> dict | None:
     return json.loads(lines[-1]) if lines else None
 
 
+def _recorded(rev: str) -> dict | None:
+    """The last run of results.jsonl recorded at revision ``rev`` itself (not with changes on top)."""
+    out = subprocess.run(["git", "rev-parse", "--short", rev], cwd=ROOT, capture_output=True, text=True)
+    short = out.stdout.strip() or rev
+    if not RESULTS.exists():
+        return None
+    runs = [json.loads(ln) for ln in RESULTS.read_text().splitlines() if ln.strip()]
+    return next((r for r in reversed(runs) if r["commit"] == short), None)
+
+
+def scaled(now: float, measured: float, recorded: float) -> float:
+    """This checkout's figure on the machine of a recorded run of revision REV: ``now`` times the
+    ratio of REV's recorded figure to REV's figure measured beside ``now`` (``measured``). The VM's
+    speed drifts 2-3x between days, far less between two runs in turn; the ratio carries a target
+    measured on one day to another."""
+    return now * recorded / measured
+
+
 def _commit() -> str:
     out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
     dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True)
@@ -264,9 +284,12 @@ def main() -> None:
         (fig,) = measure([Tree("now", ROOT)], long)
     load = (load0, os.getloadavg()[0])
     prev = _previous()
+    ref = _recorded(against) if against else None  # REV's own recorded run: the `scaled` column
     head = f"{'figure':54s} {'target':>9s} {'now':>10s}"
     if against:
         head += f" {against[:10]:>10s}"
+    if ref:
+        head += f" {'scaled':>10s}"
     if prev:
         head += f" {'recorded':>10s}  (recorded: {prev['commit']}, {prev['date']}, load {prev['load']:.2f})"
     print(head)
@@ -279,9 +302,22 @@ def main() -> None:
         line = f"{what:54s} {tgt:>9s} {now:>8.3g} {unit}{ok}"
         if name in base:
             line += f"  {base[name]:>8.3g} {unit}"
+        if ref:
+            was = ref["figures"].get(name)
+            if was and base.get(name):
+                value = scaled(now, base[name], was)
+                mark = "" if target is None else (" ok" if value <= target else " MISSED")
+                line += f"  {value:>8.3g} {unit}{mark}"
+            else:
+                line += f"  {'-':>10s}"
         if prev and name in prev["figures"]:
             line += f"  {prev['figures'][name]:>8.3g} {unit}"
         print(line)
+    if ref:
+        print(
+            f"scaled: now x ({ref['commit']} recorded on {ref['date']}, load {ref['load']:.2f}) / ({against} measured"
+            f" now): this checkout's figure on the machine of that record"
+        )
     print(f"load average (1 min) at start / end: {load[0]:.2f} / {load[1]:.2f} on {os.cpu_count()} cores")
     if record:
         entry = {
@@ -293,6 +329,8 @@ def main() -> None:
         }
         if against:
             entry["against"] = {"commit": against, "figures": {k: round(v, 4) for k, v in base.items()}}
+            if ref:
+                entry["against"]["recorded"] = ref["date"]
         with RESULTS.open("a") as fh:
             fh.write(json.dumps(entry, sort_keys=True) + "\n")
         print(f"recorded in {RESULTS.relative_to(ROOT)}")
