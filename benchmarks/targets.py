@@ -304,7 +304,7 @@ def main() -> None:
             line += f"  {base[name]:>8.3g} {unit}"
         if ref:
             was = ref["figures"].get(name)
-            if was and base.get(name):
+            if was and base.get(name) and unit in ("s", "ms"):  # times only: an exponent or a size does not scale
                 value = scaled(now, base[name], was)
                 mark = "" if target is None else (" ok" if value <= target else " MISSED")
                 line += f"  {value:>8.3g} {unit}{mark}"
