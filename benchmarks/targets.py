@@ -233,21 +233,23 @@ def _tree_of(rev: str, tmp: Path) -> Tree:
     return Tree(rev, src, str(tmp / "pkg"))
 
 
-def _previous() -> dict | None:
+def _runs() -> list[dict]:
+    """The recorded runs of results.jsonl, oldest first."""
     if not RESULTS.exists():
-        return None
-    lines = [ln for ln in RESULTS.read_text().splitlines() if ln.strip()]
-    return json.loads(lines[-1]) if lines else None
+        return []
+    return [json.loads(ln) for ln in RESULTS.read_text().splitlines() if ln.strip()]
+
+
+def _previous() -> dict | None:
+    runs = _runs()
+    return runs[-1] if runs else None
 
 
 def _recorded(rev: str) -> dict | None:
     """The last run of results.jsonl recorded at revision ``rev`` itself (not with changes on top)."""
     out = subprocess.run(["git", "rev-parse", "--short", rev], cwd=ROOT, capture_output=True, text=True)
     short = out.stdout.strip() or rev
-    if not RESULTS.exists():
-        return None
-    runs = [json.loads(ln) for ln in RESULTS.read_text().splitlines() if ln.strip()]
-    return next((r for r in reversed(runs) if r["commit"] == short), None)
+    return next((r for r in reversed(_runs()) if r["commit"] == short), None)
 
 
 def scaled(now: float, measured: float, recorded: float) -> float:
