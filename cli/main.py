@@ -12,7 +12,6 @@ import sys
 from importlib import import_module
 
 import click
-from click.utils import make_default_short_help
 
 from simpar.sim.collector import batch_mode
 from simpar.sim.errors import SimparError
@@ -87,7 +86,8 @@ class SimparGroup(click.Group):
                     continue
                 rows.append((name, command.get_short_help_str(limit)))
             else:
-                rows.append((name, make_default_short_help(COMMANDS[name], limit)))
+                # click's public way to shorten a help text (click.utils.make_default_short_help is deprecated)
+                rows.append((name, click.Command(name, help=COMMANDS[name]).get_short_help_str(limit)))
         with formatter.section("Commands"):
             formatter.write_dl(rows)
 
