@@ -73,6 +73,12 @@ def parse_json(text: str, where: str) -> Any:
         raise SpecError(where, f"is not valid JSON ({exc.msg}, line {exc.lineno}).", "fix the file.") from None
     except ValueError as exc:
         raise SpecError(where, f"is not valid JSON ({exc}).", "write finite numbers.") from None
+    except RecursionError:
+        raise _too_deep(where) from None
+
+
+def _too_deep(where: str) -> SpecError:
+    return SpecError(where, "nests its values deeper than any configuration does.", "give the right file.")
 
 
 def read_json(path: str | Path, what: str | None = None) -> Any:
@@ -97,6 +103,48 @@ def read_yaml(path: str | Path, what: str | None = None) -> Any:
     except yaml.YAMLError as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise SpecError(where, f"is not valid YAML ({first}).", "fix the file's syntax.") from None
+    except RecursionError:
+        raise _too_deep(where) from None
+
+
+def parse_toml(text: str, where: str) -> dict[str, Any]:
+    """TOML ``text`` read from ``where`` (Python 3.11's tomllib); nan and inf are refused."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10 (simpar's floor): only reading a TOML file needs 3.11
+        raise SpecError(where, "needs Python 3.11 or later to be read (tomllib).", "run simpar on Python 3.11+.") from None
+    try:
+        return tomllib.loads(text, parse_float=lambda t: _finite_float(t, where))
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError(where, f"is not valid TOML ({exc}).", "fix the file's syntax.") from None
+    except RecursionError:
+        raise _too_deep(where) from None
+
+
+def _finite_float(text: str, where: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise SpecError(where, f"holds {text!r}, which is not a finite number.", "write finite numbers.")
+    return value
+
+
+def read_toml(path: str | Path, what: str | None = None) -> dict[str, Any]:
+    """The TOML document in ``path``."""
+    p = Path(path)
+    return parse_toml(read_text(p, what), _where(p, what))
+
+
+def split_shell(text: str, where: str) -> list[str]:
+    """A shell command line as its words (``shlex``, POSIX rules, ``#`` comments dropped,
+    backslash line ends joined); an unbalanced quote is one `SpecError` naming ``where``."""
+    import shlex
+
+    try:
+        return shlex.split(text.replace("\\\r\n", " ").replace("\\\n", " "), comments=True)
+    except ValueError as exc:
+        raise SpecError(
+            where, f"cannot be split into words as a shell would ({exc}).", "close every quote the line opens."
+        ) from None
 
 
 def read_mapping(path: str | Path, what: str | None = None) -> dict[str, Any]:
