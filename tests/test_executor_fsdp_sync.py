@@ -21,7 +21,7 @@ M = 3  # micro-batches per rank
 STEPS = 2  # profiled steps
 
 
-@pytest.mark.parametrize("zero", [2, 3])
+@pytest.mark.parametrize("zero", [pytest.param(2, marks=pytest.mark.slow), 3])  # ZeRO-2 in the slow part
 def test_every_microbatch_reduces(tmp_path, zero: int) -> None:
     pytest.importorskip("torch")
     os.environ.setdefault("OMP_NUM_THREADS", "1")

@@ -214,6 +214,8 @@ def test_two_processes(two, i):
     check(*two[i])
 
 
+# four processes (pipeline x data parallel): the slow part (CI runs it); two processes stay in the default suite
+@pytest.mark.slow
 @pytest.mark.parametrize("i", range(len(FOUR)), ids=[c[0] for c in FOUR])
 def test_four_processes_with_a_pipeline(four, i):
     check(*four[i])

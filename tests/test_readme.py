@@ -40,8 +40,9 @@ def test_readme_python_example_runs(tmp_path, monkeypatch, capsys) -> None:
 
 def test_readme_commands_match_ci() -> None:
     ci = (ROOT / ".ci" / "run").read_text()
-    assert "pip install -q -e '.[test,executor]'" in ci and "pytest -q" in ci and "ruff check" in ci and "mypy" in ci
-    assert "pip install -e '.[test,executor]' && OMP_NUM_THREADS=1 python -m pytest -q" in README
+    assert "pip install -q -c constraints.txt -e '.[test,executor]'" in ci
+    assert "pytest -q" in ci and "ruff check" in ci and "mypy" in ci and "-c constraints-lowest.txt" in ci
+    assert "pip install -c constraints.txt -e '.[test,executor]' && OMP_NUM_THREADS=1 python -m pytest -q" in README
     assert "simpar sweep --model gpt3-175b" in README and "--out sweeps/" in README
 
 
@@ -67,3 +68,53 @@ def test_readme_framework_commands_run_and_round_trip(tmp_path, monkeypatch) -> 
         assert res.exit_code == 0, f"{cmd}\n{res.output}"
         iterations.append(next(x for x in res.output.splitlines() if x.startswith("iteration ")))
     assert iterations[0::2] == iterations[1::2]  # each recipe reads back to the same plan
+
+
+def test_constraints_pin_every_dependency() -> None:
+    """constraints.txt pins (==) each package pyproject names, torch at the executor's 2.13.0, and
+    constraints-lowest.txt each of simpar's own dependencies at its floor (pyproject's >=)."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+
+    def pins(name: str) -> dict[str, str]:
+        lines = (ROOT / name).read_text().splitlines()
+        pairs = (line.split("==", 1) for line in lines if line and not line.startswith("#"))
+        return {k.lower().replace("_", "-"): v for k, v in pairs}
+
+    def split(spec: str) -> tuple[str, str, str]:
+        m = re.fullmatch(r"([A-Za-z0-9_.-]+)(==|>=)(.+)", spec.replace(" ", ""))
+        assert m, spec
+        return m[1].lower().replace("_", "-"), m[2], m[3]
+
+    pinned, lowest = pins("constraints.txt"), pins("constraints-lowest.txt")
+    extras = [s for group in ("test", "executor", "ray") for s in project["optional-dependencies"][group]]
+    for spec in [*project["dependencies"], *extras]:
+        name, op, version = split(spec)
+        assert name in pinned, f"constraints.txt does not pin {name}"
+        if op == "==":
+            assert pinned[name].split("+")[0] == version, (name, pinned[name], version)
+    assert pinned["torch"] == "2.13.0"
+    for spec in project["dependencies"]:
+        name, op, version = split(spec)
+        assert op == ">=" and name in lowest, spec
+        assert [int(x) for x in lowest[name].split(".")[:2]] == [int(x) for x in version.split(".")[:2]], (
+            f"constraints-lowest.txt tests {name} {lowest[name]}, pyproject's floor is {version}"
+        )
+
+
+def test_readme_commands_write_only_under_ignored_folders() -> None:
+    """What the README's shell commands write goes under a folder .gitignore ignores (out/, sweeps/),
+    so following the README leaves no untracked file in a checkout."""
+    ignored = [line.strip("/") for line in (ROOT / ".gitignore").read_text().splitlines() if line.endswith("/")]
+    flags = ("--out", "--write-plan", "--plot", "--perfetto", "--json", "--png", "--csv", "--trace")
+    seen = 0
+    for block in re.findall(r"```(?:sh|bash)\n(.*?)```", README, flags=re.S):
+        for line in block.splitlines():
+            words = line.split()
+            for i, word in enumerate(words[:-1]):
+                if word in flags and not words[i + 1].startswith("-"):
+                    seen += 1
+                    top = words[i + 1].split("/", 1)[0]
+                    assert top in ignored, f"README writes {words[i + 1]} (not ignored): {line}"
+    assert seen >= 4
