@@ -73,21 +73,20 @@ def _chosen(kw: dict[str, Any]) -> str | None:
 
 def _read(kw: dict[str, Any], which: str, gpus: int | None, tp: int = 1, pp: int = 1):
     """The `Imported` of the --from-* option ``which``; a torchtitan pipeline needs the model's
-    layers (--model's, or its own flavor's)."""
+    layers (--model's, else its own flavor's: `read_torchtitan`)."""
     from simpar.sim.interop.deepspeed import read_deepspeed
     from simpar.sim.interop.megatron import read_megatron
     from simpar.sim.interop.torchtitan import read_torchtitan
     from simpar.sim.specs import load_model
+    from simpar.sim.specs.model import ModelSpec
 
     if which == "from_megatron":
         return read_megatron(kw["from_megatron"], model_given=bool(kw.get("model")))
     if which == "from_deepspeed":
         return read_deepspeed(kw["from_deepspeed"], gpus, tp, pp)
-    layers = load_model(kw["model"]).layers if kw.get("model") else None
-    imp = read_torchtitan(kw["from_torchtitan"], layers, gpus)
-    if layers is None and imp.model_preset is not None and imp.plan.get("pp", 1) > 1:
-        imp = read_torchtitan(kw["from_torchtitan"], load_model(imp.model_preset).layers, gpus)
-    return imp
+    model = kw.get("model")
+    layers = (model if isinstance(model, ModelSpec) else load_model(model)).layers if model else None
+    return read_torchtitan(kw["from_torchtitan"], layers, gpus)  # without --model: its flavor's layers
 
 
 def _fill_model_and_gpus(kw: dict[str, Any], imp: Any, out: dict[str, Any]) -> Any:

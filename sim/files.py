@@ -112,11 +112,19 @@ def parse_toml(text: str, where: str) -> dict[str, Any]:
     try:
         import tomllib
     except ModuleNotFoundError:  # Python 3.10 (simpar's floor): only reading a TOML file needs 3.11
-        raise SpecError(where, "needs Python 3.11 or later to be read (tomllib).", "run simpar on Python 3.11+.") from None
+        raise SpecError(
+            where, "needs Python 3.11 or later to be read (tomllib).", "run simpar on Python 3.11+."
+        ) from None
     try:
         return tomllib.loads(text, parse_float=lambda t: _finite_float(t, where))
     except tomllib.TOMLDecodeError as exc:
         raise SpecError(where, f"is not valid TOML ({exc}).", "fix the file's syntax.") from None
+    except SpecError:
+        raise
+    except ValueError as exc:  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
+        raise SpecError(
+            where, "holds a number too long to read (over 4,300 digits).", "write numbers of ordinary size."
+        ) from None
     except RecursionError:
         raise _too_deep(where) from None
 

@@ -10,11 +10,13 @@ represent, with `SpecError` naming the field (exit 2).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import SpecError
+from .schema import MAX_COUNT, shown
 
 
 @dataclass
@@ -39,31 +41,53 @@ class Imported:
         return f"warning: {self.source}: read but not modelled (no effect on the simulated time or memory): {names}"
 
 
-def whole(value: Any, where: str, least: int = 1) -> int:
-    """``value`` as a whole number >= ``least`` (a bool or a float is refused, a digit string read)."""
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        value = int(value.strip())
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise SpecError(where, f"is {value!r}, not a whole number >= {least}.", f"write a whole number >= {least}.")
+def whole(value: Any, where: str, least: int = 1, most: int = MAX_COUNT) -> int:
+    """``value`` as a whole number in [least, most]: an int, or a string of ASCII digits (a
+    launch's argument); a bool, a float or anything else is refused, and so is a number of more
+    digits than ``most`` has, before it is converted."""
+    given = value
+    if isinstance(value, str) and _DIGITS.fullmatch(value.strip()):
+        text = value.strip()
+        value = int(text) if len(text.lstrip("-")) <= len(str(most)) else most + 1
+    if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= most:
+        raise SpecError(
+            where,
+            f"is {shown(given)}, not a whole number from {least} to {most}.",
+            f"write a whole number from {least} to {most}.",
+        )
     return value
 
 
+_DIGITS = re.compile(r"-?[0-9]+")
+
+
 def fraction(value: Any, where: str) -> float:
-    """``value`` as a number in [0, 1]."""
-    try:
-        x = float(value)
-    except (TypeError, ValueError):
-        x = -1.0
-    if isinstance(value, bool) or not 0.0 <= x <= 1.0:
-        raise SpecError(where, f"is {value!r}, not a fraction between 0 and 1.", "write a number from 0 to 1.")
+    """``value`` as a number in [0, 1] (a number, or a launch's decimal string)."""
+    number_ = isinstance(value, int | float) and not isinstance(value, bool)
+    decimal = isinstance(value, str) and _DECIMAL.fullmatch(value.strip()) is not None
+    x = float(value) if number_ or decimal else -1.0
+    if not 0.0 <= x <= 1.0:  # nan fails this too
+        raise SpecError(where, f"is {shown(value)}, not a fraction between 0 and 1.", "write a number from 0 to 1.")
     return x
 
 
+_DECIMAL = re.compile(r"[+-]?([0-9]{1,20}(\.[0-9]{0,20})?|\.[0-9]{1,20})([eE][+-]?[0-9]{1,3})?")
+
+
+def number(value: str, where: str, lo: float, hi: float) -> float:
+    """A launch's decimal string as a finite number in [lo, hi]."""
+    if isinstance(value, str) and _DECIMAL.fullmatch(value.strip()):
+        x = float(value)
+        if lo <= x <= hi:
+            return x
+    raise SpecError(where, f"is {shown(value)}, not a number from {lo:g} to {hi:g}.", f"write a number such as {hi:g}.")
+
+
 def one_of(value: Any, where: str, allowed: dict[str, Any]) -> Any:
-    """The simpar value of ``value`` among ``allowed`` (framework spelling -> simpar's), or refuse."""
-    key = str(value)
-    if key not in allowed:
+    """The simpar value of ``value`` among ``allowed`` (framework spelling -> simpar's), or refuse
+    (a value that is not a string is refused too: ``1`` is not ``"1"``)."""
+    if not isinstance(value, str) or value not in allowed:
         raise SpecError(
-            where, f"is {value!r}, which simpar does not model.", f"use one of {', '.join(map(str, allowed))}."
+            where, f"is {shown(value)}, which simpar does not model.", f"use one of {', '.join(map(str, allowed))}."
         )
-    return allowed[key]
+    return allowed[value]

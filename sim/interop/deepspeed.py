@@ -7,13 +7,13 @@ no tensor or pipeline sizes (Megatron-DeepSpeed passes those as Megatron argumen
 
 from __future__ import annotations
 
-import json
-import shlex
 from pathlib import Path
 from typing import Any
 
 from ..errors import SpecError
-from .common import Imported, fraction, one_of, whole
+from ..files import read_json, split_shell
+from .common import Imported, whole
+from .schema import Flag, Number, Table, Text, Whole, check, key_name, shown
 
 #: top-level keys that do not change an iteration's time or memory as simpar models it
 UNMODELLED = frozenset(
@@ -57,51 +57,59 @@ ZERO_UNMODELLED = frozenset(
     }
 )
 _OPTIMIZERS = {"Adam": "adam", "AdamW": "adamw", "adam": "adam", "adamw": "adamw", "SGD": "sgd", "sgd": "sgd"}
+_DEVICES = ("cpu", "none", "nvme")
+
+#: the typed description of the keys simpar reads (`schema`): the rest are listed or refused
+SCHEMA = {
+    "train_batch_size": Whole(),
+    "train_micro_batch_size_per_gpu": Whole(),
+    "gradient_accumulation_steps": Whole(),
+    "zero_optimization": Table(
+        {
+            "stage": Whole(0, 3),
+            "offload_optimizer": Table({"device": Text(_DEVICES), "ratio": Number(0.0, 1.0)}, '{"device": "cpu"}'),
+            "offload_param": Table({"device": Text(_DEVICES)}, '{"device": "cpu"}'),
+        },
+        '{"stage": 2}',
+    ),
+    "bf16": Table({"enabled": Flag()}, '{"enabled": true}'),
+    "bfloat16": Table({"enabled": Flag()}, '{"enabled": true}'),  # DeepSpeed's older name of bf16
+    "fp16": Table({"enabled": Flag()}, '{"enabled": true}'),
+    "optimizer": Table({"type": Text(tuple(_OPTIMIZERS))}, '{"type": "AdamW"}'),
+    "activation_checkpointing": Table({"cpu_checkpointing": Flag()}),
+}
 
 
 def read_deepspeed(path: str, gpus: int | None = None, tp: int = 1, pp: int = 1) -> Imported:
     """``ds_config.json`` onto plan fields; ``gpus`` (`launcher_gpus` of its ``deepspeed`` line) and
     tp / pp give the data-parallel size that DeepSpeed's batch sizes must agree with."""
-    p = Path(path)
-    where = f"DeepSpeed config {p.name}"
-    try:
-        cfg = json.loads(p.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise SpecError(where, f"cannot be read as JSON ({exc}).", "give the ds_config.json file.") from None
+    cfg = read_json(path, "DeepSpeed config")
+    where = f"DeepSpeed config {Path(path).name}"
     if not isinstance(cfg, dict):
-        raise SpecError(where, "is not a JSON object.", "give the ds_config.json file.")
-    imp = Imported(where, gpus=gpus)
-    known = {
-        "train_batch_size",
-        "train_micro_batch_size_per_gpu",
-        "gradient_accumulation_steps",
-        "zero_optimization",
-        "bf16",
-        "fp16",
-        "optimizer",
-        "activation_checkpointing",
-    }
+        raise SpecError(where, f"is {shown(cfg)}, not a JSON object.", "give the ds_config.json file.")
+    known = set(SCHEMA)
     for key in cfg:
-        if key in UNMODELLED:
-            imp.unmodelled.append(key)
-        elif key not in known:
+        if key not in UNMODELLED and key not in known:
             raise SpecError(
-                f"{where}: {key}",
+                f"{where}: {key_name(key)}",
                 "is a key simpar does not know, so it cannot tell whether it changes the result.",
                 "remove it, or report it so that simpar learns it.",
             )
+    check(cfg, SCHEMA, where)  # every value simpar reads has its type, before any is used
+    imp = Imported(where, gpus=gpus)
+    imp.unmodelled += [k for k in cfg if k in UNMODELLED]
     plan = imp.plan
     plan["stack"] = "deepspeed"
-    _batch(cfg, plan, where, gpus, tp, pp)
-    _zero(cfg.get("zero_optimization") or {}, plan, imp, where)
+    _batch(cfg, imp, where, gpus, tp, pp)
+    _zero(cfg.get("zero_optimization", {}), plan, imp, where)
     _precision(cfg, plan, imp, where)
     opt = cfg.get("optimizer")
     if opt is not None:
-        if not isinstance(opt, dict) or "type" not in opt:
+        if "type" not in opt:
             raise SpecError(f"{where}: optimizer", "needs a type.", 'write {"type": "AdamW", ...}.')
-        plan["optimizer"] = one_of(opt["type"], f"{where}: optimizer.type", _OPTIMIZERS)
-        imp.unmodelled += [f"optimizer.{k}" for k in opt if k != "type"]
-    ac = cfg.get("activation_checkpointing") or {}
+        plan["optimizer"] = _OPTIMIZERS[opt["type"]]
+        imp.unmodelled += [f"optimizer.{key_name(k)}" for k in opt if k != "type"]
+    ac = cfg.get("activation_checkpointing", {})
     for k in ac:
         if k == "cpu_checkpointing" and ac[k]:
             raise SpecError(
@@ -109,24 +117,35 @@ def read_deepspeed(path: str, gpus: int | None = None, tp: int = 1, pp: int = 1)
                 "moves the checkpoints of the model's own checkpointed layers, which the config does not name.",
                 "drop it, or simulate with --recompute full --offload-activations N.",
             )
-        imp.unmodelled.append(f"activation_checkpointing.{k}")
+        imp.unmodelled.append(f"activation_checkpointing.{key_name(k)}")
     return imp
 
 
-def _batch(cfg: dict[str, Any], plan: dict[str, Any], where: str, gpus: int | None, tp: int, pp: int) -> None:
-    """Micro-batch and global batch; DeepSpeed's rule train_batch_size = micro x accumulation x dp."""
-    tbs, mbs, gas = (
-        cfg.get(k) for k in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
-    )
+def _batch(cfg: dict[str, Any], imp: Imported, where: str, gpus: int | None, tp: int, pp: int) -> None:
+    """Micro-batch and global batch by DeepSpeed's rule train_batch_size = micro x accumulation x
+    dp (`DeepSpeedConfig._set_batch_related_parameters`): given two, the third follows; given
+    only one, the accumulation is 1. Without the data-parallel size (no GPU count), what is given."""
+    plan = imp.plan
+    names = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+    tbs, mbs, gas = (cfg.get(k) for k in names)
+    if tbs is None and mbs is None:
+        raise SpecError(
+            f"{where}: train_batch_size",
+            "and train_micro_batch_size_per_gpu are both missing (DeepSpeed needs one of them).",
+            "write train_micro_batch_size_per_gpu (and train_batch_size).",
+        )
     if mbs is not None:
-        plan["micro_batch_size"] = whole(mbs, f"{where}: train_micro_batch_size_per_gpu")
+        plan["micro_batch_size"] = mbs
     if tbs is not None:
-        plan["global_batch_size"] = whole(tbs, f"{where}: train_batch_size")
+        plan["global_batch_size"] = tbs
     if gpus is None or tp * pp == 0 or gpus % (tp * pp):
+        if mbs is None:  # said, not guessed: DeepSpeed derives it from the GPU count, unknown here
+            imp.unmodelled.append(
+                "train_micro_batch_size_per_gpu (not given, and no GPU count to derive it from train_batch_size: "
+                "the command's --mbs is used)"
+            )
         return
     dp = gpus // (tp * pp)
-    if gas is not None:
-        gas = whole(gas, f"{where}: gradient_accumulation_steps")
     if tbs is not None and mbs is not None and gas is not None and tbs != mbs * gas * dp:
         raise SpecError(
             f"{where}: train_batch_size",
@@ -134,54 +153,71 @@ def _batch(cfg: dict[str, Any], plan: dict[str, Any], where: str, gpus: int | No
             f"{mbs} x {gas} x {dp} = {mbs * gas * dp}.",
             "make them agree (DeepSpeed refuses this too).",
         )
-    if tbs is None and mbs is not None:
-        plan["global_batch_size"] = plan["micro_batch_size"] * (gas or 1) * dp
+    if tbs is None:  # micro-batch given: the global batch follows
+        assert mbs is not None  # one of the two is given (refused above otherwise)
+        plan["global_batch_size"] = mbs * (gas or 1) * dp
+    elif mbs is None:  # the global batch given: the micro-batch follows, as DeepSpeed derives it
+        per = (gas or 1) * dp
+        if tbs % per:
+            raise SpecError(
+                f"{where}: train_batch_size",
+                f"is {tbs}, not a multiple of gradient_accumulation_steps x data-parallel size = {per}.",
+                "make it one, or write train_micro_batch_size_per_gpu.",
+            )
+        plan["micro_batch_size"] = tbs // per
+    elif tbs % (mbs * dp):
+        raise SpecError(
+            f"{where}: train_batch_size",
+            f"is {tbs}, not a multiple of train_micro_batch_size_per_gpu x data-parallel size = {mbs * dp}.",
+            "make it one (DeepSpeed refuses this too).",
+        )
 
 
 def _zero(z: dict[str, Any], plan: dict[str, Any], imp: Imported, where: str) -> None:
-    plan["zero"] = whole(z.get("stage", 0), f"{where}: zero_optimization.stage", 0)
-    if plan["zero"] > 3:
-        raise SpecError(f"{where}: zero_optimization.stage", f"is {plan['zero']}.", "write 0, 1, 2 or 3.")
+    plan["zero"] = z.get("stage", 0)
     for key, val in z.items():
         if key == "stage":
             continue
         if key == "offload_optimizer":
             if _device(val, f"{where}: zero_optimization.offload_optimizer") == "cpu":
-                plan["offload_optimizer"] = fraction(
-                    val.get("ratio", 1.0), f"{where}: zero_optimization.offload_optimizer.ratio"
-                )
-            imp.unmodelled += [f"offload_optimizer.{k}" for k in val if k not in ("device", "ratio")]
+                plan["offload_optimizer"] = float(val.get("ratio", 1.0))
+            imp.unmodelled += [f"offload_optimizer.{key_name(k)}" for k in val if k not in ("device", "ratio")]
         elif key == "offload_param":
             if _device(val, f"{where}: zero_optimization.offload_param") == "cpu":
                 plan["offload_params"] = True
-            imp.unmodelled += [f"offload_param.{k}" for k in val if k != "device"]
+            imp.unmodelled += [f"offload_param.{key_name(k)}" for k in val if k != "device"]
         elif key in ZERO_UNMODELLED:
             imp.unmodelled.append(f"zero_optimization.{key}")
         else:
-            raise SpecError(f"{where}: zero_optimization.{key}", "is a key simpar does not know.", "remove it.")
+            raise SpecError(
+                f"{where}: zero_optimization.{key_name(key)}", "is a key simpar does not know.", "remove it."
+            )
 
 
-def _device(section: Any, where: str) -> str:
-    if not isinstance(section, dict):
-        raise SpecError(where, "is not an object.", 'write {"device": "cpu"}.')
+def _device(section: dict[str, Any], where: str) -> str:
     dev = section.get("device", "none")
     if dev == "nvme":
         raise SpecError(f"{where}.device", "is nvme: ZeRO-Infinity's NVMe offload is not modelled.", "use cpu or none.")
-    return one_of(dev, f"{where}.device", {"cpu": "cpu", "none": "none"})
+    return str(dev)
 
 
 def _precision(cfg: dict[str, Any], plan: dict[str, Any], imp: Imported, where: str) -> None:
-    on = [k for k in ("bf16", "fp16") if isinstance(cfg.get(k), dict) and cfg[k].get("enabled") in (True, "auto")]
+    """bf16 / fp16 where its section says ``"enabled": true`` (DeepSpeed's default: false);
+    ``bfloat16`` is DeepSpeed's older name of ``bf16`` (constants.py BFLOAT16_OLD)."""
+    if "bf16" in cfg and "bfloat16" in cfg:
+        raise SpecError(f"{where}: bfloat16", "is bf16's older name, and bf16 is given too.", "keep bf16.")
+    sections = {"bf16": cfg.get("bf16", cfg.get("bfloat16", {})), "fp16": cfg.get("fp16", {})}
+    on = [k for k, body in sections.items() if body.get("enabled", False)]
     if len(on) == 2:
         raise SpecError(f"{where}: fp16", "and bf16 are both enabled.", "enable one.")
     plan["precision"] = on[0] if on else "fp32"
-    for k in ("bf16", "fp16"):
-        imp.unmodelled += [f"{k}.{x}" for x in (cfg.get(k) or {}) if x != "enabled"]
+    for k, body in sections.items():
+        imp.unmodelled += [f"{k}.{key_name(x)}" for x in body if x != "enabled"]
 
 
 def launcher_gpus(line: str) -> int | None:
     """GPU count of a ``deepspeed --num_gpus N [--num_nodes M]`` line (None without --num_gpus)."""
-    toks = shlex.split(line)
+    toks = split_shell(line, "deepspeed launcher line")
     vals = {}
     for i, t in enumerate(toks):
         key, eq, val = t.partition("=")

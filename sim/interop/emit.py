@@ -73,6 +73,8 @@ def megatron_launch(plan: ParallelPlan, model: ModelSpec | None, num_gpus: int, 
         raise _refuse(
             "precision", t, f"{plan.precision} has no Megatron-LM argument here", "use bf16, fp16, fp8 or fp32."
         )
+    if plan.stack == "megatron-bridge" and plan.precision in ("bf16", "fp8"):
+        a.append("--grad-reduce-in-bf16")  # Megatron-Bridge's recipes: grad_reduce_in_fp32 False
     if plan.stack == "megatron-lm-legacy":
         a += _legacy_recompute(plan)
     elif plan.recompute != "none":
@@ -100,7 +102,9 @@ def megatron_launch(plan: ParallelPlan, model: ModelSpec | None, num_gpus: int, 
     a += _megatron_model(model)
     a += _split_args(plan, model, model is not None and expressible(model))
     launcher = ["torchrun", "--nproc_per_node", str(min(num_gpus, gpus_per_node)), "--nnodes", str(nodes)]
-    return shlex.join([*launcher, "pretrain_gpt.py", *a])
+    line = shlex.join([*launcher, "pretrain_gpt.py", *a])
+    # the stack, where the arguments alone do not name it (`megatron.STACK_MARK`, read back)
+    return f"# simpar stack: {plan.stack}\n{line}" if plan.stack == "megatron-bridge" else line
 
 
 def _legacy_recompute(plan: ParallelPlan) -> list[str]:
@@ -332,7 +336,7 @@ def _tt_optimizer(plan: ParallelPlan) -> str:
 
 
 def write_json(cfg: dict[str, Any]) -> str:
-    return json.dumps(cfg, indent=2) + "\n"
+    return json.dumps(cfg, indent=2, allow_nan=False) + "\n"
 
 
 def recipe_files(

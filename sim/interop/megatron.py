@@ -7,12 +7,14 @@ so in the warning block rather than guessing.
 
 from __future__ import annotations
 
-import shlex
+import re
 from pathlib import Path
 from typing import Any
 
 from ..errors import SpecError
-from .common import Imported, fraction, one_of, whole
+from ..files import read_text, split_shell
+from ..specs.model import ModelSpec
+from .common import Imported, fraction, number, one_of, whole
 from .megatron_args import (
     FP8_RECIPE_ARGS,
     FSDP_STAGES,
@@ -25,21 +27,35 @@ from .megatron_args import (
     VALUED,
 )
 from .megatron_moe import MLA_INTS, MOE_INTS, MOE_SWITCHES, MOE_VALUED, launch_model_update, moe_model_fields
+from .schema import MAX_COUNT, key_name
+
+WHERE = "Megatron-LM arguments"
 
 
-def tokens_of(text_or_path: str) -> list[str]:
-    """The launch as tokens: a file's text, or the string itself (backslash line ends joined)."""
+def launch_text(text_or_path: str) -> str:
+    """A file's text (`sim.files.read_text`) when ``text_or_path`` is one word (the path of the
+    launch), else the launch itself; `read_megatron` splits it as a shell would
+    (`sim.files.split_shell`: backslash line ends joined, ``#`` comments dropped)."""
     text = text_or_path
     if not text.lstrip().startswith("-") and "\n" not in text and " " not in text.strip():
         p = Path(text.strip())  # one word: a file holding the launch
-        if not p.is_file():
+        try:
+            is_file = p.is_file()
+        except (OSError, ValueError):  # a name too long for the file system, a NUL byte
+            is_file = False
+        if not is_file:
             raise SpecError(
-                f"Megatron-LM arguments {text.strip()}",
+                f"{WHERE} {key_name(text.strip())}",
                 "is neither a file nor an argument list.",
                 "give a file, or the arguments themselves.",
             )
-        text = p.read_text()
-    return shlex.split(text.replace("\\\n", " "), comments=True)
+        text = read_text(p, WHERE)
+    return text
+
+
+#: the comment line `emit.megatron_launch` writes to name a stack the arguments alone do not
+#: (``# simpar stack: megatron-bridge``); read back by `read_megatron`
+STACK_MARK = re.compile(r"^[ \t]*#[ \t]*simpar stack:[ \t]*(\S+)[ \t]*$", re.MULTILINE)
 
 
 def _split_launcher(tokens: list[str]) -> tuple[list[str], list[str]]:
@@ -51,40 +67,57 @@ def _split_launcher(tokens: list[str]) -> tuple[list[str], list[str]]:
 
 
 def _gpus(launcher: list[str], where: str) -> int | None:
-    """GPU count of a torchrun line: --nproc_per_node x --nnodes (or --nproc-per-node)."""
-    vals: dict[str, str] = {}
+    """GPU count of a torchrun line: --nproc_per_node (or --nproc-per-node) x --nnodes; the two
+    spellings of one option must agree."""
+    vals: dict[str, tuple[str, str]] = {}
     for i, t in enumerate(launcher):
         key, eq, val = t.partition("=")
         if key in ("--nproc_per_node", "--nproc-per-node", "--nnodes"):
-            vals[key.replace("-", "_")] = val if eq else (launcher[i + 1] if i + 1 < len(launcher) else "")
+            value = val if eq else (launcher[i + 1] if i + 1 < len(launcher) else "")
+            name = key.replace("-", "_")
+            if name in vals and vals[name][1] != value:
+                raise SpecError(
+                    f"{where}: {key}",
+                    f"is {key_name(value)}, and {vals[name][0]} is {key_name(vals[name][1])}.",
+                    "give it once.",
+                )
+            vals[name] = (key, value)
     if "__nproc_per_node" not in vals:
         return None
-    per = whole(vals["__nproc_per_node"], f"{where}: --nproc_per_node")
-    return per * whole(vals.get("__nnodes", "1"), f"{where}: --nnodes")
+    per = whole(vals["__nproc_per_node"][1], f"{where}: --nproc_per_node")
+    return per * whole(vals.get("__nnodes", ("", "1"))[1], f"{where}: --nnodes")
 
 
 def _parse(args: list[str], where: str) -> dict[str, Any]:
     """``--flag value`` / ``--flag`` / ``--flag=value`` into a dict (a switch reads as True); an
-    argument simpar does not know is refused by name."""
+    argument simpar does not know is refused by name, and so are a switch given a value
+    (``--bf16=false``: argparse refuses it) and a second value after a one-value argument
+    (``--tensor-model-parallel-size 2 4``: argparse refuses the stray 4)."""
     out: dict[str, Any] = {}
     i = 0
     while i < len(args):
         tok = args[i]
         if not tok.startswith("--"):
-            raise SpecError(f"{where}: {tok}", "is a value without an argument before it.", "check the quoting.")
+            raise SpecError(
+                f"{where}: {key_name(tok)}", "is a value without an argument before it.", "check the quoting."
+            )
         key, eq, val = tok.partition("=")
         if key in SWITCHES or key in UNMODELLED_SWITCHES or key in MOE_SWITCHES:
+            if eq:
+                raise SpecError(
+                    f"{where}: {key}", f"is a switch and takes no value (given {key_name(val)}).", f"write {key} alone."
+                )
             out[key] = True
             i += 1
             continue
         if key not in KNOWN_VALUED:
             raise SpecError(
-                f"{where}: {key}",
+                f"{where}: {key_name(key)}",
                 "is an argument simpar does not know, so it cannot tell whether it changes the result.",
                 "remove it, or report it so that simpar learns it.",
             )
         if eq:
-            out[key] = val
+            out[key] = [val] if key in LIST_VALUED else val
             i += 1
             continue
         vals = []
@@ -94,8 +127,110 @@ def _parse(args: list[str], where: str) -> dict[str, Any]:
             i += 1
         if not vals:
             raise SpecError(f"{where}: {key}", "needs a value.", f"write {key} VALUE.")
-        out[key] = vals if key == "--recompute-modules" else vals[0]
+        if len(vals) > 1 and key not in LIST_VALUED:
+            raise SpecError(
+                f"{where}: {key}",
+                f"takes one value, and is given {len(vals)} ({key_name(' '.join(vals[:3]))}).",
+                "give one value (quote a value with spaces).",
+            )
+        out[key] = vals if key in LIST_VALUED else vals[0]
     return out
+
+
+#: arguments that take several values (nargs="+")
+LIST_VALUED = frozenset({"--recompute-modules"})
+#: ModelSpec's bound on layers: --num-layers is held to it before anything per layer is built
+MAX_LAYERS = next(m.le for m in ModelSpec.model_fields["layers"].metadata if getattr(m, "le", None) is not None)
+#: the integer arguments, each with the least value it may take (every other bound: `schema.MAX_COUNT`)
+INT_ARGS = {
+    **dict.fromkeys((*PLAN_INTS, *MODEL_INTS, *MOE_INTS), 1),
+    **dict.fromkeys(MLA_INTS, 0),
+    "--num-layers-per-virtual-pipeline-stage": 1,
+    "--num-virtual-stages-per-pipeline-rank": 1,
+    "--decoder-first-pipeline-num-layers": 0,
+    "--decoder-last-pipeline-num-layers": 0,
+    "--activations-checkpoint-num-layers": 1,
+    "--moe-shared-expert-intermediate-size": 1,
+    "--mtp-num-layers": 0,
+}
+
+
+def _typed(a: dict[str, Any], where: str) -> None:
+    """Every integer argument as an int, checked (`common.whole`) before any is used; --num-layers
+    held to ModelSpec's bound."""
+    for key, least in INT_ARGS.items():
+        if key in a:
+            most = MAX_LAYERS if key == "--num-layers" else MAX_COUNT
+            a[key] = whole(a[key], f"{where}: {key}", least, most)
+    if "--optimizer-offload-fraction" in a:
+        fraction(a["--optimizer-offload-fraction"], f"{where}: --optimizer-offload-fraction")
+    if "--moe-expert-capacity-factor" in a:
+        number(a["--moe-expert-capacity-factor"], f"{where}: --moe-expert-capacity-factor", 1e-6, float(MAX_COUNT))
+
+
+#: arguments that say the same thing: (argument, its value in the other's terms) must agree
+def _agree(a: dict[str, Any], where: str) -> None:
+    """Refuse a launch whose arguments that say the same thing disagree, naming both: the virtual
+    pipeline size (three spellings), the recompute method and layer count (today's and the 2021
+    Megatron-LM's), the vocabulary (given and padded), the number format (fp8 and fp4)."""
+    pp = a.get("--pipeline-model-parallel-size", 1)
+    layers = a.get("--num-layers")
+    said: list[tuple[str, int]] = []
+    for key in ("--virtual-pipeline-model-parallel-size", "--num-virtual-stages-per-pipeline-rank"):
+        if key in a:
+            said.append((key, a[key]))
+    per_key = "--num-layers-per-virtual-pipeline-stage"
+    if per_key in a:
+        per = a[per_key]
+        if layers is None:
+            raise SpecError(
+                f"{where}: {per_key}",
+                "needs --num-layers.",
+                "give --num-layers, or --num-virtual-stages-per-pipeline-rank.",
+            )
+        if layers % (pp * per):
+            raise SpecError(
+                f"{where}: {per_key}",
+                f"{per} does not divide {layers} layers over pp {pp}.",
+                "pick a divisor.",
+            )
+        said.append((per_key, layers // (pp * per)))
+    for (k1, v1), (k2, v2) in zip(said, said[1:]):
+        if v1 != v2:
+            raise SpecError(
+                f"{where}: {k2}",
+                f"gives {v2} virtual stages per pipeline rank, and {k1} gives {v1}.",
+                "give one of them, or make them agree.",
+            )
+    if said:
+        a["--virtual-pipeline-model-parallel-size"] = said[0][1]
+    pairs = (
+        ("--recompute-method", "--activations-checkpoint-method"),
+        ("--recompute-num-layers", "--activations-checkpoint-num-layers"),
+    )
+    for k1, k2 in pairs:
+        if k1 in a and k2 in a and a[k1] != a[k2]:
+            raise SpecError(
+                f"{where}: {k2}",
+                f"is {key_name(str(a[k2]))}, and {k1} (the same setting) is {key_name(str(a[k1]))}.",
+                "give one of them.",
+            )
+    vocab, padded = a.get("--vocab-size"), a.get("--padded-vocab-size")
+    if vocab is not None and padded is not None and padded < vocab:
+        raise SpecError(
+            f"{where}: --padded-vocab-size",
+            f"is {padded}, smaller than --vocab-size {vocab} (it is the vocabulary padded up).",
+            "drop it, or make it at least --vocab-size.",
+        )
+    if "--fp8-format" in a and "--fp4-format" in a:
+        raise SpecError(f"{where}: --fp4-format", "is given with --fp8-format.", "keep one.")
+    if "--num-query-groups" in a and not a.get("--group-query-attention"):
+        raise SpecError(
+            f"{where}: --num-query-groups",
+            "is given without --group-query-attention, so Megatron-LM ignores it (all heads keep their keys "
+            "and values).",
+            "add --group-query-attention, or drop it.",
+        )
 
 
 KNOWN_VALUED = frozenset({*PLAN_INTS, *MODEL_INTS, *VALUED, *UNMODELLED, *MOE_INTS, *MLA_INTS, *MOE_VALUED})
@@ -119,18 +254,19 @@ MODEL_KEYS = frozenset(
 def read_megatron(text_or_path: str, model_given: bool = False) -> Imported:
     """A Megatron-LM launch onto simpar's fields. Model arguments build the model unless
     ``model_given`` (the --model option names it; they are then listed as not read)."""
-    where = "Megatron-LM arguments"
-    launcher, args = _split_launcher(tokens_of(text_or_path))
+    where = WHERE
+    text = launch_text(text_or_path)
+    launcher, args = _split_launcher(split_shell(text, where))
     a = _parse(args, where)
+    _typed(a, where)
+    _agree(a, where)
     imp = Imported(where, gpus=_gpus(launcher, where))
     imp.unmodelled += [k for k in a if k in UNMODELLED]
     plan = imp.plan
     for key, name in PLAN_INTS.items():
         if key in a:
-            plan[name] = whole(a[key], f"{where}: {key}")
-    # the 2021-22 Megatron-LM (the SC'21 scripts): its recompute and DDP arguments name it
-    legacy = any(k in a for k in LEGACY_ARGS)
-    plan["stack"] = "megatron-lm-legacy" if legacy else "megatron-core"
+            plan[name] = a[key]
+    plan["stack"] = _stack(a, text, where)
     if "--DDP-impl" in a:
         one_of(a["--DDP-impl"], f"{where}: --DDP-impl", {"local": 1, "torch": 1})
         imp.unmodelled.append("--DDP-impl")
@@ -176,9 +312,56 @@ def read_megatron(text_or_path: str, model_given: bool = False) -> Imported:
         imp.model_update = lambda m: launch_model_update(a, m, where)
     elif model_keys:
         imp.model = _model(a, where)
-    layers = whole(a["--num-layers"], f"{where}: --num-layers") if "--num-layers" in a else None
-    _stages(a, plan, layers, where)
+    _stages(a, plan, a.get("--num-layers"), where)
     return imp
+
+
+MEGATRON_STACKS = ("megatron-core", "megatron-bridge", "megatron-lm-legacy")
+
+
+def _stack(a: dict[str, Any], text: str, where: str) -> str:
+    """The stack the launch runs on: the 2021-22 Megatron-LM where its recompute / DDP arguments
+    name it (the SC'21 scripts); Megatron-Bridge's where the bf16 gradients are reduced in bf16
+    (``--grad-reduce-in-bf16``: Megatron-Bridge's performance recipes set grad_reduce_in_fp32
+    False, the one fact its stack file differs from megatron-core's in besides flag defaults the
+    launch states); megatron-core otherwise. A ``# simpar stack: NAME`` line (what `emit` writes)
+    names it, and must agree with the arguments."""
+    legacy = any(k in a for k in LEGACY_ARGS)
+    bf16_reduce = bool(a.get("--grad-reduce-in-bf16"))
+    if bf16_reduce and not a.get("--bf16"):
+        raise SpecError(f"{where}: --grad-reduce-in-bf16", "is given without --bf16.", "add --bf16, or drop it.")
+    if bf16_reduce and legacy:
+        key = next(k for k in LEGACY_ARGS if k in a)
+        raise SpecError(
+            f"{where}: --grad-reduce-in-bf16",
+            f"is a Megatron-Core argument, given with the 2021 Megatron-LM's {key}.",
+            "keep one generation's arguments.",
+        )
+    implied = "megatron-lm-legacy" if legacy else "megatron-bridge" if bf16_reduce else "megatron-core"
+    marks = STACK_MARK.findall(text)
+    if not marks:
+        return implied
+    named = marks[-1]
+    if named not in MEGATRON_STACKS:
+        raise SpecError(
+            f"{where}: # simpar stack: {key_name(named)}",
+            "is not a stack that runs a Megatron-LM launch.",
+            f"name one of {', '.join(MEGATRON_STACKS)}, or drop the line.",
+        )
+    bridge_fp32 = named == "megatron-bridge" and a.get("--bf16") and not bf16_reduce
+    if named != implied and not (named == "megatron-bridge" and not a.get("--bf16") and not legacy):
+        why = (
+            "the launch reduces bf16 gradients in fp32 (no --grad-reduce-in-bf16); Megatron-Bridge's recipes "
+            "reduce them in bf16"
+            if bridge_fp32
+            else f"the arguments are {implied}'s"
+        )
+        raise SpecError(
+            f"{where}: # simpar stack: {named}",
+            f"disagrees with the arguments: {why}.",
+            "make the line and the arguments agree, or drop the line.",
+        )
+    return named
 
 
 def _precision(a: dict[str, Any], plan: dict[str, Any], where: str) -> None:
@@ -309,24 +492,9 @@ def _moe_launch(a: dict[str, Any], imp: Imported) -> None:
 
 
 def _stages(a: dict[str, Any], plan: dict[str, Any], layers: int | None, where: str) -> None:
-    """Virtual stages (by count or by layers per stage), the schedule, and uneven first/last stages."""
+    """The schedule, and uneven first/last stages (the virtual stages, however spelled, are
+    `_agree`'s)."""
     pp = plan.get("pp", 1)
-    per = a.get("--num-layers-per-virtual-pipeline-stage")
-    if per is not None:
-        per = whole(per, f"{where}: --num-layers-per-virtual-pipeline-stage")
-        if layers is None:
-            raise SpecError(
-                f"{where}: --num-layers-per-virtual-pipeline-stage",
-                "needs --num-layers.",
-                "give --num-layers, or --virtual-pipeline-model-parallel-size.",
-            )
-        if layers % (pp * per):
-            raise SpecError(
-                f"{where}: --num-layers-per-virtual-pipeline-stage",
-                f"{per} does not divide {layers} layers over pp {pp}.",
-                "pick a divisor.",
-            )
-        plan["vpp"] = layers // (pp * per)
     vpp = plan.get("vpp", 1)
     plan["schedule"] = "none" if pp == 1 else "interleaved-1f1b" if vpp > 1 else "1f1b"
     first, last = a.get("--decoder-first-pipeline-num-layers"), a.get("--decoder-last-pipeline-num-layers")
@@ -336,26 +504,33 @@ def _stages(a: dict[str, Any], plan: dict[str, Any], layers: int | None, where: 
         return
     if first is None and last is None:
         return
+    key = "--decoder-first-pipeline-num-layers" if first is not None else "--decoder-last-pipeline-num-layers"
     if layers is None or vpp > 1 or pp < 2:
+        why = "needs --num-layers" if layers is None else "needs pp >= 2" if pp < 2 else "is given with virtual stages"
         raise SpecError(
-            f"{where}: --decoder-first-pipeline-num-layers",
-            "uneven first/last stages are read for pp >= 2 without virtual stages, with --num-layers.",
-            "drop them, or give --num-layers and no virtual stages.",
+            f"{where}: {key}",
+            f"{why}: simpar reads uneven first/last stages for pp >= 2 without virtual stages (its plan's "
+            "layer_split is one count per stage), with --num-layers.",
+            "drop it, or give --num-layers and no virtual stages.",
         )
-    f = whole(first, f"{where}: --decoder-first-pipeline-num-layers", 0) if first is not None else None
-    l_ = whole(last, f"{where}: --decoder-last-pipeline-num-layers", 0) if last is not None else None
-    inner = pp - (f is not None) - (l_ is not None)
-    rest = layers - (f or 0) - (l_ or 0)
-    if inner < 1 or rest % inner:
-        raise SpecError(
-            f"{where}: --decoder-first-pipeline-num-layers",
-            f"the other {rest} layers do not split evenly over {inner} stages.",
-            "adjust the counts.",
+    # Megatron-Core get_num_layers_to_build: the layers not on the first/last stage split evenly
+    # over the stages between; with pp 2 and both given, there are none between
+    inner = pp - (first is not None) - (last is not None)
+    rest = layers - (first or 0) - (last or 0)
+    if rest < 0 or (inner == 0 and rest) or (inner > 0 and (rest % inner or rest < inner)):
+        given = " + ".join(f"{k} {v}" for k, v in ((FIRST, first), (LAST, last)) if v is not None)
+        why = (
+            f"{given} is {layers - rest}, not --num-layers {layers}"
+            if inner == 0 or rest < 0
+            else f"the other {rest} layers do not split evenly (at least one each) over the {inner} stages between"
         )
-    mid = [rest // inner] * inner
-    plan["layer_split"] = tuple(([f] if f is not None else []) + mid + ([l_] if l_ is not None else []))
+        raise SpecError(f"{where}: {key}", f"{why}.", "adjust the counts (Megatron-Core asserts this too).")
+    mid = [rest // inner] * inner if inner else []
+    plan["layer_split"] = tuple(([first] if first is not None else []) + mid + ([last] if last is not None else []))
 
 
+FIRST = "--decoder-first-pipeline-num-layers"
+LAST = "--decoder-last-pipeline-num-layers"
 ACCOUNT_EMBEDDING = "--account-for-embedding-in-pipeline-split"
 ACCOUNT_LOSS = "--account-for-loss-in-pipeline-split"
 

@@ -50,6 +50,7 @@ SWITCHES = frozenset(
         "--checkpoint-activations",
         "--account-for-embedding-in-pipeline-split",
         "--account-for-loss-in-pipeline-split",
+        "--grad-reduce-in-bf16",
     }
 )
 #: valued arguments simpar reads besides the integers
@@ -67,6 +68,7 @@ VALUED = frozenset(
         "--normalization",
         "--position-embedding-type",
         "--num-layers-per-virtual-pipeline-stage",
+        "--num-virtual-stages-per-pipeline-rank",
         "--decoder-first-pipeline-num-layers",
         "--decoder-last-pipeline-num-layers",
         "--data-parallel-sharding-strategy",

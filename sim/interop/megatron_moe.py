@@ -15,9 +15,11 @@ import re
 from typing import Any
 
 from ..errors import SpecError
+from ..specs.loader import build
 from ..specs.model import ModelSpec
 from ..specs.moe import moe_pattern
-from .common import one_of, whole
+from .common import number, one_of, whole
+from .schema import MAX_COUNT, shown
 
 #: integer arguments -> MoESpec fields
 MOE_INTS = {
@@ -50,28 +52,53 @@ MOE_SWITCHES = frozenset({"--multi-latent-attention", "--moe-router-force-load-b
 #: every argument that only means something for an MoE or MLA model
 MOE_ONLY = frozenset({*MOE_INTS, *MLA_INTS, *MOE_VALUED, *MOE_SWITCHES} - {"--mtp-num-layers"})
 
-_PATTERN = re.compile(r"^\(?\s*\[0\]\s*\*\s*(\d+)\s*\+\s*\[1\]\s*\*\s*(\d+)\s*\)?$")
+#: one term of a --moe-layer-freq list expression: ``[0,1,...]`` times an optional count, either side
+_TERM = re.compile(r"^(?:([0-9]+)\s*\*\s*)?\[\s*([01](?:\s*,\s*[01])*)?\s*\](?:\s*\*\s*([0-9]+))?$")
+#: the digits a count of at most ModelSpec's 10,000 layers has (a longer one is over before it is read)
+_COUNT_DIGITS = 6
 
 
 def _layer_flags(value: Any, layers: int, where: str) -> list[bool]:
     """Which of ``layers`` layers are MoE for a --moe-layer-freq: an integer N (layers 0, N, 2N, ...,
-    Megatron's 1:N ratio), ``([0]*k+[1]*n)``, or an explicit list of 0/1."""
+    Megatron's 1:N ratio) or a Python list expression Megatron evaluates (``([0]*k+[1]*n)``,
+    ``[0]*3+[1]``, ``[1,0,1,0]``: lists of 0/1 times counts, summed). The expression's length is
+    counted from its text and held to ``layers`` before any list is built
+    (``([0]*99999999999+[1])`` is refused, never expanded)."""
     text = str(value).strip()
-    if text.isdigit():
+    if len(text) > 4 * layers + 64:  # the longest form, an explicit list, is 2 characters a layer
+        raise SpecError(
+            where,
+            f"is {len(text)} characters long, more than any pattern for --num-layers {layers} needs.",
+            "write N, ([0]*K+[1]*M) or a list of one 0/1 per layer.",
+        )
+    if _DIGITS.fullmatch(text):
         n = whole(text, where)
         return [i % n == 0 for i in range(layers)]
-    m = _PATTERN.match(text)
-    if m:
-        flags = [False] * int(m.group(1)) + [True] * int(m.group(2))
-    elif re.fullmatch(r"\[\s*[01](\s*,\s*[01])*\s*\]", text):
-        flags = [c == "1" for c in re.findall(r"[01]", text)]
-    else:
-        raise SpecError(
-            where, f"is {text!r}, a pattern simpar does not read.", "write N, ([0]*K+[1]*M) or a list of 0/1."
-        )
-    if len(flags) != layers:
-        raise SpecError(where, f"gives {len(flags)} layers, not --num-layers {layers}.", "give one flag per layer.")
-    return flags
+    body = text[1:-1].strip() if text.startswith("(") and text.endswith(")") else text
+    terms: list[tuple[list[bool], int]] = []
+    for part in body.split("+"):
+        m = _TERM.match(part.strip())
+        if m is None:
+            raise SpecError(
+                where,
+                f"is {shown(text)}, a pattern simpar does not read.",
+                "write N, ([0]*K+[1]*M) or a list of 0/1.",
+            )
+        before, items, after = m.groups()
+        if before is not None and after is not None:
+            raise SpecError(where, f"is {shown(text)}: a list with two counts.", "write [0]*K+[1]*M.")
+        count_text = before if before is not None else after if after is not None else "1"
+        count = int(count_text) if len(count_text) <= _COUNT_DIGITS else layers + 1
+        flags = [c == "1" for c in re.findall(r"[01]", items or "")]
+        terms.append((flags, count))
+    total = sum(len(f) * min(n, layers + 1) for f, n in terms)  # counted, not built
+    if total != layers:
+        shown_total = f"{total}" if total <= layers else f"more than {layers}"
+        raise SpecError(where, f"gives {shown_total} layers, not --num-layers {layers}.", "give one flag per layer.")
+    return [f for flags, n in terms for _ in range(n) for f in flags]
+
+
+_DIGITS = re.compile(r"[0-9]+")
 
 
 def moe_model_fields(a: dict[str, Any], layers: int, ffn: int, where: str) -> dict[str, Any]:
@@ -122,10 +149,7 @@ def _dispatch(a: dict[str, Any], where: str) -> dict[str, Any]:
             )
         return {"dispatch": "dropless", "capacity_factor": None}
     key = "--moe-expert-capacity-factor"
-    try:
-        factor = float(a[key])
-    except ValueError:
-        raise SpecError(f"{where}: {key}", f"is {a[key]!r}, not a number.", "write a number such as 1.0.") from None
+    factor = number(a[key], f"{where}: {key}", 1e-6, float(MAX_COUNT))
     one_of(a.get("--moe-token-drop-policy", "probs"), f"{where}: --moe-token-drop-policy", {"probs": 1, "position": 1})
     return {"dispatch": "capacity", "capacity_factor": factor}
 
@@ -138,7 +162,7 @@ def launch_model_update(a: dict[str, Any], model: ModelSpec, where: str) -> Mode
         update["moe"] = {**model.moe.model_dump(), **_dispatch(a, where)}
     elif "--moe-expert-capacity-factor" in a:
         raise SpecError(f"{where}: --moe-expert-capacity-factor", "is given for a dense --model.", "drop it.")
-    return ModelSpec.model_validate({**model.model_dump(), **update})
+    return build(ModelSpec, {**model.model_dump(), **update}, where)
 
 
 def expressible(model: ModelSpec) -> bool:

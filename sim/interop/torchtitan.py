@@ -13,13 +13,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10 (simpar's floor): only reading a TOML job needs 3.11's tomllib
-    tomllib = None  # type: ignore[assignment]
-
 from ..errors import SpecError
+from ..files import read_toml
+from ..specs.loader import build
+from ..specs.model import load_model
 from .common import Imported, one_of, whole
+from .schema import Flag, Table, Text, Texts, Whole, check, key_name, section, shown
 from .torchtitan_legacy import legacy_layout, legacy_pipeline
 from .torchtitan_legacy import torchtitan_legacy_layer_split as torchtitan_legacy_layer_split
 
@@ -132,18 +131,64 @@ def torchtitan_layer_split(stages: int, layers: int, first_less: int = 1, last_l
     return tuple(out)
 
 
+#: the typed description of every key simpar reads, per section (`schema`); the first layout's
+#: keys are typed where `torchtitan_legacy.legacy_layout` moves them
+_SEQ_MAX = 100_000_000  # ModelSpec's bound on seq_len
+SCHEMA = {
+    "model": Table({"name": Text(), "flavor": Text(), "converters": Texts(comma=True)}),
+    "training": Table(
+        {
+            "local_batch_size": Whole(),
+            "global_batch_size": Whole(also=(-1,)),
+            "seq_len": Whole(1, _SEQ_MAX),
+            "enable_cpu_offload": Flag(),
+            "mixed_precision_param": Text(),
+        }
+    ),
+    "parallelism": Table(
+        {
+            "data_parallel_replicate_degree": Whole(),
+            "data_parallel_shard_degree": Whole(also=(-1,)),
+            "fsdp_reshard_after_forward": Text(),
+            "tensor_parallel_degree": Whole(),
+            "enable_async_tensor_parallel": Flag(),
+            "pipeline_parallel_degree": Whole(),
+            "pipeline_parallel_schedule": Text(),
+            "pipeline_parallel_microbatch_size": Whole(),
+            "pipeline_parallel_microbatches": Whole(),
+            "pipeline_parallel_layers_per_stage": Whole(),
+            "pipeline_parallel_first_stage_less_layers": Whole(0),
+            "pipeline_parallel_last_stage_less_layers": Whole(0),
+            "context_parallel_degree": Whole(),
+            "expert_parallel_degree": Whole(),
+            "expert_tensor_parallel_degree": Whole(),
+        }
+    ),
+    "activation_checkpoint": Table({"mode": Text(), "selective_ac_option": Text()}),
+    "optimizer": Table({"name": Text()}),
+    "float8": Table({"enable_float8_linear": Flag(), "recipe_name": Text()}),
+    "quantize.linear.float8": Table({"recipe_name": Text()}),
+    "quantize.grouped_mm.float8": Table(),
+    "mx": Table({"recipe_name": Text()}),
+    "quantize.linear.mx": Table({"recipe_name": Text()}),
+    "quantize.grouped_mm.mx": Table({"recipe_name": Text()}),
+}
+
+
 def read_torchtitan(path: str, layers: int | None = None, gpus: int | None = None) -> Imported:
-    """A torchtitan TOML onto plan fields (and its model preset). ``layers`` (the model's) gives the
-    pipeline's layer split; ``gpus`` the data-parallel size where ``data_parallel_shard_degree`` is
-    -1 (the rest of the GPUs)."""
+    """A torchtitan TOML onto plan fields (and its model preset). ``layers`` (the model's, where
+    --model gives it) gives the pipeline's layer split, else the flavor's preset does; ``gpus``
+    the data-parallel size where ``data_parallel_shard_degree`` is -1 (the rest of the GPUs)."""
     p = Path(path)
     where = f"torchtitan job {p.name}"
-    if tomllib is None:
-        raise SpecError(where, "needs Python 3.11 or later to be read (tomllib).", "run simpar on Python 3.11+.")
     try:
-        cfg = tomllib.loads(p.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise SpecError(where, f"cannot be read as TOML ({exc}).", "give the job's .toml file.") from None
+        cfg = read_toml(p, "torchtitan job")
+    except ValueError as exc:  # tomllib: an integer of more than 4,300 digits (sim.files lets it through)
+        raise SpecError(
+            where, f"holds a number simpar cannot read ({exc}).", "write the numbers the run uses."
+        ) from None
+    for sec in cfg:  # every section a table, before any is looked into
+        section(cfg, sec, where)
     cfg = _flatten_quantize(cfg, where)
     imp = Imported(where, gpus=gpus)
     cfg, legacy = legacy_layout(cfg, imp, where)
@@ -154,20 +199,27 @@ def read_torchtitan(path: str, layers: int | None = None, gpus: int | None = Non
         if sec == "compile":
             imp.unmodelled.append("[compile] (torch.compile's speed-up is not modelled)")
             continue
-        if sec not in READ or not isinstance(body, dict):
-            raise SpecError(f"{where}: [{sec}]", "is a section simpar does not know.", "remove it, or report it.")
+        if sec not in READ:
+            raise SpecError(
+                f"{where}: [{key_name(sec)}]", "is a section simpar does not know.", "remove it, or report it."
+            )
         for key in body:
             if key in UNMODELLED_KEYS.get(sec, ()):
                 imp.unmodelled.append(f"{sec}.{key}")
             elif key not in READ[sec]:
-                raise SpecError(f"{where}: {sec}.{key}", "is a key simpar does not know.", "remove it, or report it.")
+                raise SpecError(
+                    f"{where}: {sec}.{key_name(key)}", "is a key simpar does not know.", "remove it, or report it."
+                )
+    check(cfg, SCHEMA, where)  # every value read has its type, before any is used
     get = lambda sec, key, default=None: (cfg.get(sec) or {}).get(key, default)  # noqa: E731
     model = cfg.get("model") or {}
     if model:
-        key = (str(model.get("name", "llama3")), str(model.get("flavor", "")))
+        key = (model.get("name", "llama3"), model.get("flavor", ""))
         imp.model_preset = one_of(
             f"{key[0]} {key[1]}", f"{where}: model.flavor", {f"{a} {b}": v for (a, b), v in MODELS.items()}
         )
+        if layers is None:  # the flavor's layers, as torchtitan builds it
+            layers = load_model(imp.model_preset).layers
     plan = imp.plan
     plan["stack"] = "torchtitan"
     plan["precision"] = one_of(
@@ -175,17 +227,17 @@ def read_torchtitan(path: str, layers: int | None = None, gpus: int | None = Non
         f"{where}: training.mixed_precision_param",
         {"bfloat16": "bf16", "float32": "fp32"},
     )
-    plan["offload_params"] = bool(get("training", "enable_cpu_offload", False))
+    plan["offload_params"] = get("training", "enable_cpu_offload", False)
     _quantization(cfg, plan, imp, where)
-    seq = whole(get("training", "seq_len", 2048), f"{where}: training.seq_len")
+    seq = get("training", "seq_len", 2048)  # torchtitan's default
     # the job's sequence length; torchtitan's TOML-era models have no MTP modules
-    imp.model_update = lambda m: type(m).model_validate({**m.model_dump(), "seq_len": seq, "mtp_layers": 0})
+    imp.model_update = lambda m: build(type(m), {**m.model_dump(), "seq_len": seq, "mtp_layers": 0}, where)
     _parallel(cfg, plan, imp, where, layers, gpus, legacy)
     mode = get("activation_checkpoint", "mode", "selective")
     plan["recompute"] = one_of(
         mode, f"{where}: activation_checkpoint.mode", {"none": "none", "selective": "selective", "full": "full"}
     )
-    if mode == "selective" and str(get("activation_checkpoint", "selective_ac_option", "2")) != "op":
+    if mode == "selective" and get("activation_checkpoint", "selective_ac_option", "2") != "op":
         raise SpecError(
             f"{where}: activation_checkpoint.selective_ac_option",
             "checkpoints every N-th layer, which simpar models (as Megatron's uniform method) only under full "
@@ -281,8 +333,8 @@ def _parallel(
     if layers is None:
         raise SpecError(
             f"{where}: parallelism.pipeline_parallel_degree",
-            "needs the model's layer count to split it.",
-            "give --model.",
+            "needs the model's layer count to split it, and the job names no [model] flavor simpar knows.",
+            "give --model, or name the flavor in [model] (name and flavor).",
         )
     stages = pp * (1 if sched in SINGLE_STAGE else 2)
     if "pipeline_parallel_microbatches" in par or legacy:
@@ -317,11 +369,15 @@ def _flatten_quantize(cfg: dict[str, Any], where: str) -> dict[str, Any]:
     if "quantize" not in cfg:
         return cfg
     out = {k: v for k, v in cfg.items() if k != "quantize"}
-    for kind, body in (cfg["quantize"] or {}).items():
-        for fmt, sec in (body or {}).items() if isinstance(body, dict) else [(None, body)]:
+    for kind, body in section(cfg, "quantize", where).items():
+        for fmt, sec in Table().check(body, f"{where}: quantize.{key_name(kind)}").items():
             name = f"quantize.{kind}.{fmt}"
-            if fmt is None or not isinstance(sec, dict):
-                raise SpecError(f"{where}: [quantize.{kind}]", "is not a section simpar knows.", "remove it.")
+            if not isinstance(sec, dict):
+                raise SpecError(
+                    f"{where}: [{key_name(name)}]",
+                    f"is {shown(sec)}, not a section simpar knows.",
+                    "write it as a table, or remove it.",
+                )
             out[name] = sec
     return out
 

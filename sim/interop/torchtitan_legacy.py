@@ -11,6 +11,7 @@ from typing import Any
 
 from ..errors import SpecError
 from .common import Imported, one_of, whole
+from .schema import Flag, key_name
 
 #: torchtitan's first layout (config_manager.py until 2025-03-18): keys that later moved to
 #: ``[parallelism]``, by the section they were in
@@ -128,7 +129,11 @@ def legacy_layout(cfg: dict[str, Any], imp: Imported, where: str) -> tuple[dict[
         if "local_batch_size" in train:
             raise SpecError(f"{where}: training.batch_size", "is given with training.local_batch_size.", "keep one.")
         train["local_batch_size"] = train.pop("batch_size")
-    if isinstance(train, dict) and "compile" in train and train.pop("compile"):
+    if (
+        isinstance(train, dict)
+        and "compile" in train
+        and Flag().check(train.pop("compile"), f"{where}: training.compile")
+    ):
         imp.unmodelled.append("training.compile (torch.compile's speed-up is not modelled)")
     f8 = out.get("float8")
     for key in LEGACY_FLOAT8_SCALING:
@@ -136,6 +141,6 @@ def legacy_layout(cfg: dict[str, Any], imp: Imported, where: str) -> tuple[dict[
             one_of(f8.pop(key), f"{where}: float8.{key}", {"dynamic": 1})
     rest = out.pop("experimental", None)
     if rest:
-        key = next(iter(rest)) if isinstance(rest, dict) else ""
+        key = key_name(next(iter(rest))) if isinstance(rest, dict) else ""
         raise SpecError(f"{where}: experimental.{key}", "is a key simpar does not know.", "remove it, or report it.")
     return out, bool(moved)

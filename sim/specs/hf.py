@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import SpecError
-from .hf_dense import dense_from_hf, language_config
+from .hf_dense import brief, dense_from_hf, language_config
 from .moe import moe_pattern
 
 #: HuggingFace keys of a mixture-of-experts model (the routed-expert count of Mixtral, GPT-OSS and
@@ -81,7 +81,7 @@ def _hf_get(cfg: dict[str, Any], path: Path, key: str, default: int | None = Non
         if cfg.get(k) is not None:
             v = cfg[k]
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-                raise SpecError(f"model file {path.name}: {k}", f"is {v!r}.", "write a positive integer.")
+                raise SpecError(f"model file {path.name}: {k}", f"is {_hf_brief(v)}.", "write a positive integer.")
             return v
     if default is None:
         raise SpecError(f"model file {path.name}: {key}", "missing config key.", "add it to config.json.")
@@ -104,7 +104,9 @@ def _hf_count(cfg: dict[str, Any], path: Path, key: str, default: int = 0) -> in
     if v is None:
         return default
     if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise SpecError(f"model file {path.name}: {key}", f"is {v!r}.", "write a non-negative integer or null.")
+        raise SpecError(
+            f"model file {path.name}: {key}", f"is {_hf_brief(v)}.", "write a non-negative integer or null."
+        )
     return v
 
 
@@ -113,7 +115,7 @@ def _hf_flag(cfg: dict[str, Any], path: Path, key: str, default: bool) -> bool:
     if v is None:
         return default
     if not isinstance(v, bool):
-        raise SpecError(f"model file {path.name}: {key}", f"is {v!r}.", "write true or false.")
+        raise SpecError(f"model file {path.name}: {key}", f"is {_hf_brief(v)}.", "write true or false.")
     return v
 
 
@@ -127,12 +129,17 @@ def _hf_list(cfg: dict[str, Any], path: Path, key: str, kind: type) -> list[Any]
     )
     if not ok:
         what = "non-negative integers" if kind is int else "strings"
-        raise SpecError(f"model file {path.name}: {key}", f"is {v!r}.", f"write a list of {what}.")
+        raise SpecError(f"model file {path.name}: {key}", f"is {_hf_brief(v)}.", f"write a list of {what}.")
     return v
 
 
 def _hf_brief(value: Any) -> str:
-    """``repr(value)``, cut to 80 characters (a per-layer list in an error line)."""
+    """``value`` in an error line, at most 80 characters: a flat list of numbers or strings (a
+    per-layer list) as written, anything else as `hf_dense.brief` describes it (a nested
+    list is never printed: its repr could recurse past Python's limit)."""
+    flat = isinstance(value, list) and all(isinstance(x, int | float | str) for x in value[:1000])
+    if not flat or len(value) > 1000:
+        return brief(value)
     text = repr(value)
     return text if len(text) <= 80 else text[:76] + " ...]"
 
@@ -213,7 +220,8 @@ def _hf_moe(cfg: dict[str, Any], top: dict[str, Any], path: Path, name: str, key
     if family is None:
         raise SpecError(
             f"model file {path.name}: model_type",
-            f"is {mtype!r}, a mixture-of-experts config ({key} {cfg[key]!r}) of a family simpar does not read.",
+            f"is {_hf_brief(mtype)}, a mixture-of-experts config ({key} {_hf_brief(cfg[key])}) of a family simpar "
+            "does not read.",
             f"give a config of one of {', '.join(sorted(_HF_MOE_FAMILIES))}, or write a simpar model YAML "
             "(see topologies/models/deepseek-v3.yaml for the moe fields).",
         )
@@ -274,12 +282,12 @@ def _hf_moe(cfg: dict[str, Any], top: dict[str, Any], path: Path, name: str, key
         if router not in ("softmax", "sigmoid"):
             raise SpecError(
                 f"model file {path.name}: scoring_func",
-                f"is {router!r}: simpar models a softmax or a sigmoid router.",
+                f"is {_hf_brief(router)}: simpar models a softmax or a sigmoid router.",
                 "write softmax or sigmoid.",
             )
         moe["router"] = router
-        groups = cfg.get("n_group")
-        if isinstance(groups, int) and groups > 1:  # group-limited (node-limited) routing
+        groups = _hf_count(cfg, path, "n_group", 1)
+        if groups > 1:  # group-limited (node-limited) routing
             moe.update(router_groups=groups, router_group_topk=get("topk_group"))
         if _hf_flag(cfg, path, "attention_bias", False):
             raise SpecError(

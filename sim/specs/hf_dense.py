@@ -29,6 +29,24 @@ GEMMA = ("gemma", "gemma2", "gemma3_text", "gemma3")
 FAMILIES = (*LLAMA_LIKE, *GEMMA, "opt", "gpt2")
 
 
+def brief(value: Any) -> str:
+    """``value`` as one short line for a message, whatever the JSON held (a 900-deep list, a
+    5,000-digit integer, a string with a line break: never a RecursionError or a second line)."""
+    if isinstance(value, bool) or value is None:
+        return "null" if value is None else str(value).lower()
+    if isinstance(value, int):
+        return str(value) if abs(value) < 10**18 else f"a whole number of {value.bit_length()} bits"
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, str):
+        return repr(value) if len(value) <= 40 else repr(value[:37]) + "..."
+    if isinstance(value, dict):
+        return f"an object of {len(value)} keys"
+    if isinstance(value, list):
+        return f"a list of {len(value)} values"
+    return f"a {type(value).__name__}"
+
+
 def language_config(cfg: dict[str, Any]) -> dict[str, Any]:
     """The language model's keys: Gemma 3's multimodal config holds them in ``text_config``."""
     if cfg.get("model_type") == "gemma3" and isinstance(cfg.get("text_config"), dict):
@@ -40,7 +58,9 @@ def dense_from_hf(cfg: dict[str, Any], path: Path, name: str, get, flag, count) 
     """ModelSpec fields of a dense config of a family of `FAMILIES` (``get``/``flag``/``count``:
     `hf`'s checked readers of a positive integer, a boolean, a non-negative integer)."""
     where = f"model file {path.name}"
-    mtype = str(cfg.get("model_type", ""))
+    mtype = cfg.get("model_type", "")
+    if not isinstance(mtype, str):
+        raise SpecError(f"{where}: model_type", f"is {brief(mtype)}, not a string.", 'write "llama", "qwen2", ...')
     if mtype in ("gpt_neox", "falcon"):
         key = "use_parallel_residual" if mtype == "gpt_neox" else "parallel_attn"
         if cfg.get(key, True):
