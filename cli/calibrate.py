@@ -177,6 +177,8 @@ def calibrate(
 
         doc = calibrate_from_trace(from_trace, gpu_name, cluster_name, Path(out), CUDA_CLUSTERS, plan_path)
         _print_calibration(doc)
+        for warning in doc["fit"].get("warnings", ()):  # a fitted figure outside the sanity bound, not adopted
+            click.echo(f"warning: {warning}", err=True)
         click.echo(f"wrote {out} and {Path(out).with_name(doc['measurements'])}")
         return
     _calibrate(device, backend, nproc, gpu_name, cluster_name, quick, Path(out))

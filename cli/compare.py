@@ -90,14 +90,17 @@ def compare(
 
 
 def _compare_profile(trace_dir, plan_path, cluster_name, calibration, runtime, plot_path, perfetto_path) -> None:
-    """--trace DIR --plan plan.json (`simpar.sim.kineto.compare`)."""
+    """--trace DIR --plan plan.json (`simpar.sim.kineto.compare`): the plan checked against the traces
+    (`simpar.sim.kineto.runinfo.check_plan`) and the traces' steps (`measured_steps`) before simulating."""
     import json
+    from pathlib import Path
 
     from simpar.sim import files
     from simpar.sim.engine.iteration import EngineOptions
     from simpar.sim.engine.simulate import simulate
     from simpar.sim.kineto.compare import KEYS, compare_ranks, measured_events, perfetto_doc
-    from simpar.sim.kineto.measure import device_spans
+    from simpar.sim.kineto.measure import device_spans, measured_steps
+    from simpar.sim.kineto.runinfo import check_plan, run_result
     from simpar.sim.specs import load_cluster
     from simpar.sim.specs.planfile import read_plan_file
     from simpar.sim.validation.compare import plot_timelines
@@ -109,15 +112,24 @@ def _compare_profile(trace_dir, plan_path, cluster_name, calibration, runtime, p
     if perfetto_path:
         files.output_file(perfetto_path, "--perfetto", (".json",))
     plan, model = read_plan_file(plan_path)
-    name = cluster_name or files.read_json(plan_path, "plan file").get("cluster")
+    name = cluster_name or files.read_json_object(plan_path, "plan file").get("cluster")
     if not name:
         raise SpecError("--cluster", f"is needed: {plan_path} names no cluster.", "pass --cluster PRESET.")
+    traces, speed = read_dir(trace_dir)
+    folders = sorted({str(Path(t.path).parent) for t in traces})
+    if len(folders) > 1:
+        raise SpecError(
+            "--trace", f"holds the traces of {len(folders)} runs ({folders[0]}, ...).", "give one run's folder."
+        )
+    notes = check_plan(traces, plan, model.name, f"--plan {plan_path}", run_result(folders[0]))
     cluster = load_cluster(name, gpus=plan.num_gpus)
     calib = load_calibration_option(calibration, cluster.gpu.name)
+    measures = print_breakdown(traces, speed)
+    measured_steps(traces, measures)
+    for note in notes:
+        click.echo(f"note: {note}", err=True)
     profile, opts = runtime_of(runtime, calib, EngineOptions(full=True))  # every rank a trace may hold
     res = simulate(model, cluster, plan, calibration=calib, options=opts, profile=profile)
-    traces, speed = read_dir(trace_dir)
-    measures = print_breakdown(traces, speed)
     rows = compare_ranks(measures, res, plan)
     if not rows:
         ranks = ", ".join(str(t.rank) for t in traces)

@@ -19,20 +19,11 @@ import click
 @click.option("--json", "as_json", is_flag=True, help="print every row and the summary as JSON")
 def nccl(csv_file: str, as_json: bool) -> None:
     """Predicted vs measured nccl-tests rows of a CSV: busbw, time, the algorithm simpar chose."""
-    from pathlib import Path
+    from simpar.sim.network.nccltests import compare, read_rows
 
-    from simpar.sim import files
-    from simpar.sim.errors import SimparError
-    from simpar.sim.network.nccltests import compare
-
-    rows = files.read_csv(Path(csv_file), "nccl-tests CSV")
-    need = ("row_id", "cluster", "gpus", "op", "algorithm", "bytes", "time_us", "busbw_GBps", "check")
-    missing = [c for c in need if rows and c not in rows[0]]
-    if not rows or missing:
-        what = f"has no column {missing[0]!r}" if missing else "has no data rows"
-        raise SimparError(f"nccl-tests CSV {csv_file}", f"{what}.", "see tests/data/nccl-tests.md for the columns.")
-    results = compare(rows)
-    checked = [c for c, r in zip(results, rows) if r["check"] == "ring" and c.busbw_error is not None]
+    rows = read_rows(csv_file)  # every cell typed: one line naming the file, row and column otherwise
+    results = compare(rows, where=f"nccl-tests CSV {csv_file}")
+    checked = [c for c, r in zip(results, rows) if r.check == "ring" and c.busbw_error is not None]
     errs = [abs(c.busbw_error) for c in checked if c.busbw_error is not None]
     summary = {
         "ring_check_rows": len(errs),
@@ -41,10 +32,10 @@ def nccl(csv_file: str, as_json: bool) -> None:
     }
     if as_json:
         out = [
-            {**c.__dict__, "busbw_error": c.busbw_error, "time_error": c.time_error, "check": r["check"]}
+            {**c.__dict__, "busbw_error": c.busbw_error, "time_error": c.time_error, "check": r.check}
             for c, r in zip(results, rows)
         ]
-        click.echo(json.dumps({"rows": out, "summary": summary}, indent=1))
+        click.echo(json.dumps({"rows": out, "summary": summary}, indent=1, allow_nan=False))  # never a bare NaN
         return
     from simpar.sim.units import human_bytes
 
@@ -58,7 +49,7 @@ def nccl(csv_file: str, as_json: bool) -> None:
 
     table = [
         (
-            ("* " if r["check"] == "ring" else "") + c.row_id,
+            ("* " if r.check == "ring" else "") + c.row_id,
             c.gpus,
             c.op,
             human_bytes(c.nbytes) if c.nbytes else "—",

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -36,19 +35,31 @@ def read_dir(path: str) -> tuple[list[Any], float]:
     return traces, sum(t.json_chars for t in traces) / 1e6 / dt
 
 
-def trace_gpu(traces: list[Any], gpu_name: str | None) -> str:
-    """The GPU preset of ``traces`` (--gpu, or the deviceProperties name; a CPU trace: cpu)."""
-    if gpu_name:
-        return gpu_name
+def _preset_of(name: str) -> str | None:
+    return next((preset for key, preset in TRACE_GPUS if key in name), None)
+
+
+def trace_gpu(traces: list[Any], gpu_name: str | None) -> tuple[str, str | None]:
+    """(the GPU preset of ``traces``, a note): the deviceProperties name's preset (a CPU trace:
+    cpu), or --gpu where the traces name none or a GPU no preset matches (said in the note); a
+    --gpu that contradicts the GPU the traces name is refused."""
     first = traces[0]
-    if first.device.get("kind") == "cpu":
-        return "cpu"
+    kind = first.device.get("kind")
     name = first.device.get("name") or ""
-    for key, preset in TRACE_GPUS:
-        if key in name:
-            return preset
+    found = "cpu" if kind == "cpu" else _preset_of(name)
+    where = f"trace {first.path}: deviceProperties"
+    if gpu_name:
+        if found is not None and found != gpu_name:
+            what = "is a CPU trace" if found == "cpu" else f"names the GPU {name!r} (preset {found})"
+            raise SpecError("--gpu", f"is {gpu_name}, but {where} {what}.", f"pass --gpu {found}, or leave it out.")
+        if found is None:
+            said = f"names {name!r}, which no preset matches" if name else "names no GPU"
+            return gpu_name, f"{where} {said}: the GPU is --gpu {gpu_name}, as given"
+        return gpu_name, None
+    if found is not None:
+        return found, None
     raise SpecError(
-        f"trace {first.path}: deviceProperties",
+        where,
         f"names the GPU {name!r}, which no preset matches." if name else "does not name the GPU.",
         "pass --gpu PRESET (see topologies/gpus).",
     )
@@ -95,11 +106,14 @@ def print_breakdown(traces: list[Any], speed: float) -> list[Any]:
     return measures
 
 
-def run_plans(traces: list[Any], plan_path: str | None) -> dict[str, Any]:
-    """Run folder -> `ExecutorRun`: the plan it executed (the folder's own plan.json, else
-    ``plan_path`` for the traces of a single folder) and, for ``simpar run --profile``'s
-    ``OUT/profile``, the profiler's overhead from ``OUT/result.json``."""
+def run_plans(traces: list[Any], plan_path: str | None) -> tuple[dict[str, Any], list[str]]:
+    """(run folder -> `ExecutorRun`, notes): the plan each run executed (the folder's own plan.json,
+    else ``plan_path`` for the traces of a single folder), checked against its traces
+    (`simpar.sim.kineto.runinfo.check_plan`: world size, and the model and plan of the run's
+    result.json), and, for ``simpar run --profile``'s ``OUT/profile``, the profiler's overhead from
+    ``OUT/result.json`` (read typed: `simpar.sim.kineto.runinfo.read_result`)."""
     from simpar.sim.kineto.actions import ExecutorRun
+    from simpar.sim.kineto.runinfo import check_plan, run_result
     from simpar.sim.specs.planfile import read_plan_file
 
     folders = sorted({str(Path(t.path).parent) for t in traces})
@@ -107,19 +121,20 @@ def run_plans(traces: list[Any], plan_path: str | None) -> dict[str, Any]:
         raise SpecError(
             "--plan", f"names one plan for {len(folders)} run folders.", "put each run's plan.json in its folder."
         )
-    out = {}
+    out, notes = {}, []
     for folder in folders:
         own = Path(folder) / "plan.json"
         if not own.is_file() and not plan_path:
             continue
-        plan, model = read_plan_file(own if own.is_file() else plan_path)
-        result = Path(folder).parent / "result.json"
-        overhead = 1.0
-        if result.is_file():
-            got = json.loads(result.read_text()).get("profile_overhead")
-            overhead = float(got) if isinstance(got, (int, float)) and got > 0 else 1.0
+        src = own if own.is_file() else Path(str(plan_path))
+        plan, model = read_plan_file(src)
+        result = run_result(folder)
+        mine = [t for t in traces if str(Path(t.path).parent) == folder]
+        where = f"plan file {src}" if own.is_file() else f"--plan {src}"
+        notes += check_plan(mine, plan, model.name, where, result)
+        overhead = result.profile_overhead if result is not None and result.profile_overhead else 1.0
         out[folder] = ExecutorRun(plan, model, overhead)
-    return out
+    return out, notes
 
 
 def calibrate_from_trace(
@@ -138,7 +153,10 @@ def calibrate_from_trace(
 
     traces, speed = read_dir(path)
     print_breakdown(traces, speed)
-    gpu = load_gpu(trace_gpu(traces, gpu_name))
+    preset, gpu_note = trace_gpu(traces, gpu_name)
+    if gpu_note:
+        click.echo(f"note: {gpu_note}", err=True)
+    gpu = load_gpu(preset)
     cluster_name = cluster_name or ("cpu-host" if gpu.name == "cpu" else node_clusters.get(gpu.name))
     gpus = max([t.world_size or 0 for t in traces] + [len(traces), 2])  # a trace may hold a sample of the ranks
     cluster = load_cluster(cluster_name, gpus=gpus) if cluster_name else None
@@ -149,14 +167,17 @@ def calibrate_from_trace(
             "pass a matching --cluster.",
         )
     meas_path = out.with_name(out.stem + ".measurements.json")
+    runs, notes = run_plans(traces, plan_path)
+    for note in notes:
+        click.echo(f"note: {note}", err=True)
     doc, meas = trace_calibration(
         traces,
         gpu,
         cluster,
         date=_dt.date.today().isoformat(),
         measurements_file=meas_path.name,
-        runs=run_plans(traces, plan_path),
+        runs=runs,
     )
-    files.write_text(meas_path, json.dumps(meas, indent=1) + "\n")
-    files.write_text(out, json.dumps(doc, indent=2) + "\n")
+    files.write_json(meas_path, meas, indent=1)
+    files.write_json(out, doc, indent=2)
     return doc

@@ -323,25 +323,6 @@ def test_compare_a_plan_with_its_traces(tmp_path):
     ]
 
 
-def test_the_readmes_calibrate_from_your_cluster_commands_run(tmp_path, monkeypatch):
-    import re
-    import shlex
-
-    readme = Path("README.md").read_text().split("## Calibrate from your cluster in three commands", 1)[1]
-    (block,) = re.findall(r"```sh\n(.*?)```", readme.split("\n## ", 1)[0], flags=re.S)
-    cmds = [shlex.split(line) for line in block.splitlines() if line.startswith("simpar ")]
-    assert [c[1] for c in cmds] == ["calibrate", "compare", "sweep"]
-    monkeypatch.chdir(tmp_path)
-    _ok("simulate --model tiny --cluster dgx-h100 --gpus 2 --gbs 4 --write-plan p")
-    Path("p/plan.json").rename("plan.json")
-    Path("profiler_traces").mkdir()
-    for r in range(2):
-        write_trace_file(f"profiler_traces/rank{r}.json.gz", synthetic_trace(_compute_ops(), rank=r, world_size=2))
-    for cmd in cmds[:2]:  # the sweep is the README's main job, run by its own tests
-        _ok(" ".join(cmd[1:]))
-    assert Path("calib.json").exists() and Path("compare.png").exists() and Path("both.json").exists()
-
-
 def test_gloo_collectives_of_a_cpu_trace(tmp_path):
     from simpar.sim.kineto.reader import RankTrace, Span
 

@@ -22,7 +22,7 @@ from ..kineto.rows import attention_rows, comm_rows, elementwise_rows, matmul_ro
 from ..specs import ClusterSpec, GPUSpec
 from ..specs.calibration import CALIBRATION_VERSION, EfficiencyParams, default_calibration, validate_calibration
 from .fit import fit_attention, fit_bandwidth, fit_grad_reduce, fit_in_run, fit_matmul, fit_report
-from .netfit import fit_link
+from .netfit import fit_link, link_class
 
 #: fewest rows of a family to fit it from
 MIN_ROWS = {"matmul": 3, "attention": 1, "elementwise": 3}
@@ -31,6 +31,25 @@ MIN_GEMM_DIM = 64
 #: a family whose fitted parameters still miss its own rows by more than this (median) is not
 #: described by the cost model's curve: its parameters are kept, and the note says so
 MAX_FIT_ERROR = 0.30
+#: The sanity bound of a fitted figure against its preset: a link bandwidth below 1/4 of the
+#: cluster preset's line rate for that class (the fit never goes above the line rate), or an
+#: efficiency below 1/4 of the GPU's default calibration's or above 1 (more than the hardware's
+#: peak), is not adopted: the preset's figure is kept and the fit warns with both figures and the
+#: likely cause (`sanity_warning`). Why these: the GPU presets' own calibrations (fitted to
+#: microbenchmarks) put an NVLink/PCIe link's fitted bandwidth at 0.6-1.0 of its line rate; a
+#: trace's kernel times also hold waits a microbenchmark's do not (a collective waiting for its
+#: slowest peer, kernels sharing the GPU), so a figure 4x below is those waits or a trace of
+#: another machine than the preset, not the hardware: adopted, it would price every plan of the
+#: cluster wrongly (an A100's NVLink at 13.7 GB/s, 17x below the preset). An efficiency above
+#: the preset's is allowed up to the peak: some default calibrations were fitted to older kernels
+#: (h100-sxm's attention at 0.18 of peak), which a newer FlashAttention beats 2-3x.
+SANE_LOW = 0.25
+#: link classes the bound applies to: a GPU node's links and the inter-node fabric. A CPU host's
+#: ``host`` class is left out: its preset figure is a nominal memcpy rate, and gloo over loopback
+#: on a shared host runs far from it by nature.
+BOUNDED_LINKS = ("nvlink", "pcie", "net")
+#: calibration parameters that are efficiencies (fractions of a peak)
+EFFICIENCIES = ("mm_eff_max", "attn_eff_fwd", "attn_eff_bwd", "hbm_eff")
 
 
 def trace_measurements(
@@ -82,7 +101,10 @@ def trace_calibration(
     kept_from = f"the default calibration of {gpu.name}" if base is not None else "simpar's code defaults"
     eff = base.efficiencies() if base is not None else EfficiencyParams()
     rows = _usable(meas["compute"], fit_dtype)
-    compute, fitted, notes = _fit_compute(rows, eff, gpu, fit_dtype, kept_from)
+    warnings: list[str] = []
+    compute, fitted, notes = _fit_compute(
+        rows, eff, gpu, fit_dtype, kept_from, base.efficiencies() if base is not None else None, warnings
+    )
     other = sorted({r["dtype"] for r in meas["compute"]["matmul"] + meas["compute"]["attention"]} - {fit_dtype})
     if other:
         notes.insert(0, f"GEMM/attention rows in {', '.join(other)} left out: the efficiencies describe {fit_dtype}")
@@ -90,6 +112,7 @@ def trace_calibration(
     if meas["comm"] and cluster is not None:
         network, net_notes = fit_link(meas["comm"], cluster)
         notes += net_notes
+        network = _sane_network(network, cluster, warnings)
     elif not meas["comm"]:
         notes.append("no collective with its size and group in the traces: network left at its defaults")
     first = traces[0]
@@ -126,6 +149,8 @@ def trace_calibration(
     if measurements_file:
         doc["measurements"] = measurements_file
     doc["fit"] = {"notes": notes, "errors": fit_report(doc, {**meas, "compute": rows}, gpu, cluster, fit_dtype)}
+    if warnings:
+        doc["fit"]["warnings"] = warnings
     validate_calibration(doc, "(fitted from traces)", gpu.name)
     return doc, meas
 
@@ -149,12 +174,81 @@ FAMILIES = {
 }
 
 
+def _sane_network(network: dict[str, Any], cluster: ClusterSpec, warnings: list[str]) -> dict[str, Any]:
+    """``network`` without the link classes whose fitted bandwidth is below `SANE_LOW` of the
+    preset's line rate (each one warned in ``warnings``); the inter-node class goes with the node's,
+    as it was fitted with the node's figure fixed."""
+    cls, line = link_class(cluster)
+    lines = {cls: line, "net": (cluster.node.nic_bw_Gbps or 0.0) / 8.0}
+    out = dict(network)
+    for name in [k for k in network if k in BOUNDED_LINKS and lines.get(k)]:
+        bw, ref = float(network[name]["bw_GBps"]), lines[name]
+        if name in out and bw < SANE_LOW * ref:
+            warnings.append(
+                sanity_warning(
+                    f"{name} bandwidth",
+                    f"{bw:.3g} GB/s",
+                    f"{cluster.name}'s {name} line rate {ref:g} GB/s",
+                    bw / ref,
+                    "the traced collectives' kernels also time waits for their slowest peer or for compute "
+                    "(stragglers, collectives launched early), their groups span nodes the trace does not say, "
+                    "or the traces are of another machine than the cluster preset (--cluster)",
+                )
+            )
+            out.pop(name)
+            if name != "net" and "net" in out:
+                out.pop("net")
+                warnings.append("the inter-node link, fitted with that node link fixed, is not adopted either")
+    return out
+
+
+def sanity_warning(what: str, got: str, preset: str, ratio: float, cause: str) -> str:
+    """The warning of a fitted figure outside the sanity bound (`SANE_LOW`)."""
+    return (
+        f"{what} fitted to {got}, {ratio:.2g}x the preset ({preset}); outside the sanity bound "
+        f"(from {SANE_LOW:g}x the preset up to the hardware's peak), so not adopted: the preset's figure is kept. "
+        f"Likely cause: {cause}."
+    )
+
+
+def _insane_efficiency(
+    family: str, params: tuple[str, ...], trial: dict[str, float], preset: EfficiencyParams | None
+) -> str | None:
+    """The warning of a family's fitted efficiencies outside the sanity bound, or None."""
+    for key in (k for k in params if k in EFFICIENCIES):
+        got = trial[key]
+        ref = float(getattr(preset, key)) if preset is not None else None
+        if got > 1.0:
+            return sanity_warning(
+                f"{family}: {key}", f"{got:.3g}", "the hardware peak, 1.0", got,
+                "the rows are not what the curve describes (another dtype's GEMMs, memory-bound shapes)",
+            )  # fmt: skip
+        if ref and got < SANE_LOW * ref:
+            return sanity_warning(
+                f"{family}: {key}",
+                f"{got:.3g}",
+                f"the GPU's default calibration, {ref:.3g}",
+                got / ref,
+                "the kernels share the GPU with others (communication overlapped with compute), the profiler's "
+                "own overhead, or the traces are of another GPU than --gpu",
+            )
+    return None
+
+
 def _fit_compute(
-    rows: dict[str, list[dict[str, Any]]], eff: EfficiencyParams, gpu: GPUSpec, fit_dtype: str, kept_from: str
+    rows: dict[str, list[dict[str, Any]]],
+    eff: EfficiencyParams,
+    gpu: GPUSpec,
+    fit_dtype: str,
+    kept_from: str,
+    preset: EfficiencyParams | None = None,
+    warnings: list[str] | None = None,
 ) -> tuple[dict[str, float], list[str], list[str]]:
     """(compute parameters, the fitted ones, notes): each family with enough rows fitted by the
     microbenchmarks' fitter; a fit above the peak (> 1) or still missing its own rows by more
-    than `MAX_FIT_ERROR` (median) is not what the cost model's curve describes, and is dropped."""
+    than `MAX_FIT_ERROR` (median) is not what the cost model's curve describes, and is dropped; an
+    efficiency outside the sanity bound of the GPU's default calibration (``preset``) is dropped
+    and warned of in ``warnings``."""
     compute = {k: float(v) for k, v in eff.model_dump().items()}
     peak = gpu.peak_flops(fit_dtype)
     fits = {
@@ -175,6 +269,12 @@ def _fit_compute(
                 f"{family}: the fit gives {params[0]} {trial[params[0]]:.3g} > 1, more than the peak: the rows are "
                 f"not what the curve describes (another dtype's GEMMs, memory-bound shapes); kept {kept_from}"
             )
+            continue
+        insane = _insane_efficiency(family, params, trial, preset)
+        if insane:
+            notes.append(f"{family}: outside the sanity bound (see the warning): kept {kept_from}")
+            if warnings is not None:
+                warnings.append(insane)
             continue
         doc = {"simpar_calibration_version": CALIBRATION_VERSION, "device": {"gpu": gpu.name}, "compute": trial}
         errs = fit_report(doc, {"compute": {family: got}}, gpu, None, fit_dtype)

@@ -1,14 +1,20 @@
 """A JSON text read in chunks and decoded value by value, or, inside an array of objects, many at a
 time (`Stream.batch`): the trace reader's parser, which keeps hundreds of MB out of memory at once
-and reads them at C speed. A file that stops early is reported as truncated, naming where."""
+and reads them at C speed. A file that stops early is reported as truncated, naming where.
+
+Every failure is one `SpecError` naming the file: a file that cannot be opened, a ``.gz`` that is
+not gzip or whose compressed data is damaged, text that is not UTF-8, JSON nested deeper than the
+parser's recursion (a value decoded here is never nested that deep in a profiler trace), an event
+that is not an object."""
 
 from __future__ import annotations
 
 import gzip
 import json
 import re
+import zlib
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NoReturn
 
 from ..errors import SpecError
 
@@ -18,11 +24,37 @@ _WS = re.compile(r"[ \t\n\r]*")
 _DECODER = json.JSONDecoder()
 
 
-def open_text(path: Path) -> IO[str]:
-    """``path`` as text (gunzipped for a ``.gz`` name)."""
-    if path.suffix == ".gz":
-        return gzip.open(path, "rt", encoding="utf-8")
-    return path.open("r", encoding="utf-8")
+#: what reading a damaged file raises: a cut gzip stream (EOFError), damaged compressed data
+#: (zlib.error), a file that is not gzip (gzip.BadGzipFile, an OSError), bytes that are not UTF-8
+READ_ERRORS = (EOFError, OSError, UnicodeDecodeError, zlib.error)
+
+
+def open_text(path: Path, where: str | None = None) -> IO[str]:
+    """``path`` as text (gunzipped for a ``.gz`` name); a file that cannot be opened is a
+    `SpecError` naming ``where``."""
+    try:
+        if path.suffix == ".gz":
+            return gzip.open(path, "rt", encoding="utf-8")
+        return path.open("r", encoding="utf-8")
+    except OSError as exc:
+        raise SpecError(
+            where or str(path), f"cannot be read ({exc.strerror or exc}).", "check the path and its permissions."
+        ) from None
+
+
+def _read_problem(exc: BaseException, gz: bool) -> tuple[str, str]:
+    """(problem, fix) of a read that failed with ``exc``."""
+    if isinstance(exc, UnicodeDecodeError):
+        return (
+            f"is not UTF-8 text (byte 0x{exc.object[exc.start]:02x})",
+            "give the JSON (or .json.gz) file the torch profiler wrote; a gzip file needs a .gz name.",
+        )
+    if isinstance(exc, gzip.BadGzipFile) or (gz and isinstance(exc, zlib.error)):
+        return (
+            f"is not a readable gzip file ({exc})",
+            "give the .json.gz the torch profiler wrote, or name a plain JSON file .json.",
+        )
+    return f"cannot be read to its end ({exc})", "give the complete file."
 
 
 class Stream:
@@ -36,8 +68,9 @@ class Stream:
     def fill(self) -> bool:
         try:
             chunk = self.f.read(CHUNK)
-        except (EOFError, OSError, UnicodeDecodeError) as exc:  # a cut gzip stream, bad bytes
-            raise SpecError(self.where, f"cannot be read to its end ({exc}).", "give the complete file.") from None
+        except READ_ERRORS as exc:
+            problem, fix = _read_problem(exc, isinstance(getattr(self.f, "buffer", None), gzip.GzipFile))
+            raise SpecError(self.where, f"{problem}.", fix) from None
         if not chunk:
             self.eof = True
             return False
@@ -67,12 +100,21 @@ class Stream:
                 if not self.eof and self.fill():
                     continue
                 self.fail(f"is not JSON ({exc.msg})")
+            except RecursionError:
+                raise self.too_deep() from None
             if end == len(self.buf) and not self.eof and self.fill():
                 continue  # a number cut at the chunk's end
             self.pos = end
             return obj
 
-    def fail(self, problem: str) -> None:
+    def too_deep(self) -> SpecError:
+        return SpecError(
+            self.where,
+            f"nests a value deeper than any profiler trace does (at character {self.done + self.pos}).",
+            "give the JSON the torch profiler wrote.",
+        )
+
+    def fail(self, problem: str) -> NoReturn:
         if not self.eof:  # read on: a file that stops early is truncated, whatever the first problem
             while self.fill():
                 pass
@@ -107,6 +149,8 @@ class Stream:
             except json.JSONDecodeError:
                 hi = cut  # a brace inside an event: try an earlier one
                 continue
+            except RecursionError:
+                raise self.too_deep() from None
             if not all(isinstance(e, dict) for e in events):
                 self.fail("an event is not an object")
             self.pos = cut + 1

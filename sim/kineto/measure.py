@@ -15,6 +15,7 @@ import bisect
 import statistics
 from dataclasses import dataclass, field
 
+from ..errors import SpecError
 from .classify import COMPUTE_KINDS, KINDS, collective, kernel_kind
 from .reader import RankTrace, Span
 from .rows import launching_ops
@@ -39,6 +40,12 @@ class Breakdown:
     kernels: int = 0
 
 
+NO_STEPS_FIX = (
+    "profile whole training steps: torch.profiler.profile(schedule=torch.profiler.schedule(wait=1, warmup=1, "
+    "active=3), record_shapes=True) and prof.step() after each step (simpar run --profile does this)."
+)
+
+
 @dataclass
 class RankMeasure:
     rank: int
@@ -48,6 +55,9 @@ class RankMeasure:
 
     @property
     def iteration_s(self) -> float:
+        """The median step's window (`measured_steps` checks there is one before a comparison)."""
+        if not self.steps:
+            raise SpecError(f"trace rank {self.rank}", "holds no step with device work.", NO_STEPS_FIX)
         return statistics.median(b.window_s for b in self.steps)
 
     def mean(self, attr: str) -> dict:
@@ -209,10 +219,11 @@ def breakdown(name: str, lo: float, hi: float, spans: list[Span], passes_of: dic
 
 
 def _group(sp: Span) -> int:
-    try:
-        return int((sp.args or {}).get("Group size", 0) or 0)
-    except (TypeError, ValueError):
-        return 0
+    """The collective's group size as the trace records it (0: not recorded, or not a count)."""
+    v = (sp.args or {}).get("Group size", 0)
+    if v.__class__ is float and v.is_integer():
+        v = int(v)
+    return v if v.__class__ is int and 0 <= v <= 1 << 30 else 0
 
 
 def measure_rank(t: RankTrace, spans: list[Span] | None = None) -> RankMeasure:
@@ -233,3 +244,23 @@ def kind_totals(t: RankTrace, spans: list[Span] | None = None) -> dict[str, floa
         out[key] = out.get(key, 0.0) + s.dur
     order = {k: i for i, k in enumerate(KINDS)}
     return dict(sorted(out.items(), key=lambda kv: (order.get(kv[0].split()[0], 99), kv[0])))
+
+
+def measured_steps(traces: list[RankTrace], measures: list[RankMeasure]) -> None:
+    """Refuse traces a measured iteration cannot come from: a rank without ``ProfilerStep`` spans
+    (the whole trace is no iteration), or whose steps hold no device work."""
+    for t, m in zip(traces, measures):
+        if not t.steps:
+            raise SpecError(
+                f"trace {t.path}",
+                "has no ProfilerStep spans, so no iteration can be measured from it.",
+                NO_STEPS_FIX,
+            )
+        if not m.steps:
+            raise SpecError(
+                f"trace {t.path}",
+                f"has {len(t.steps)} ProfilerStep span(s), but no kernel (or CPU op) runs inside any of them.",
+                NO_STEPS_FIX,
+            )
+        if m.iteration_s <= 0:
+            raise SpecError(f"trace {t.path}", "has steps of no duration (their device work takes 0 s).", NO_STEPS_FIX)

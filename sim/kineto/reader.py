@@ -17,17 +17,22 @@ rank's clock offset never matters inside its own file):
 
 Metadata: ``distributedInfo`` (rank, world size, backend, NCCL version), ``deviceProperties``
 (the GPU's name), the CUDA/ROCm versions. A file that is not JSON, is truncated, holds no
-``traceEvents`` (another tool's format) or has an event with non-numeric times is refused with
-`SpecError` naming the file and the problem.
+``traceEvents`` (another tool's format) is refused with `SpecError` naming the file and the
+problem; so is a kept event whose field has the wrong type (``cat``/``name`` not text, ``args``
+not an object, ``ts``/``dur`` not a number or out of range: a negative, infinite or longer than
+`MAX_DUR_US` duration, a ``tid``/``stream``/``correlation`` that is no id), naming the event's
+index, and metadata of the wrong shape (``deviceProperties`` not a list of objects,
+``distributedInfo`` not an object, a rank outside its world size).
 """
 
 from __future__ import annotations
 
 import gc
 import re
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from ..errors import SpecError
 from .jsonstream import Stream, open_text
@@ -127,7 +132,7 @@ def read_rank_trace(path: str | Path, default_rank: int = 0) -> RankTrace:
 
 def _read_top(p: Path, where: str, builder: _Builder, top: dict[str, Any]) -> str:
     """Read the file's top level into ``top`` and its events into ``builder``; its first character."""
-    with open_text(p) as f:
+    with open_text(p, where) as f:
         s = Stream(f, where)
         first = s.peek()
         s.started = first in ("[", "{")
@@ -179,69 +184,129 @@ def _events(s: Stream, b: _Builder) -> None:
             s.fail("expected ',' or ']' between events")
 
 
+#: the largest |ts| read, in microseconds (~3,000 years from the epoch; Kineto's clock counts from
+#: the epoch or from boot): a larger one is not a time
+MAX_TS_US = 1e17
+#: the longest event read, in microseconds (11.6 days): a profiled step or kernel lasts seconds; a
+#: longer one (or an infinite one) is a broken file, not a measurement
+MAX_DUR_US = 1e12
+
+
 class _Builder:
-    """Events into a `RankTrace` (times rebased to the first timestamp)."""
+    """Events into a `RankTrace` (times rebased to the first timestamp), each kept event's fields
+    checked for their types (`_refuse`: the file, the event's index and the field)."""
 
     def __init__(self, out: RankTrace, where: str) -> None:
         self.out, self.where = out, where
         self.base: float | None = None
         self.names: dict[str, str] = {}
 
-    def _bad_time(self, ev: dict[str, Any], key: str) -> float:
-        v = ev.get(key, 0.0)
-        try:
-            return float(v)  # a number written as text
-        except (TypeError, ValueError):
-            raise SpecError(
-                self.where,
-                f"event ({ev.get('name', '?')!r}) has {key} {v!r}, not a number of microseconds.",
-                "give a torch profiler trace.",
-            ) from None
+    def _refuse(self, i: int, ev: dict[str, Any], key: str, v: Any, want: str) -> NoReturn:
+        name = ev.get("name")
+        label = f" ({name[:60]!r})" if isinstance(name, str) else ""
+        got = "no " + key if v is None else f"{key} {_show(v)}"
+        raise SpecError(
+            self.where,
+            f"event {i}{label} has {got}, not {want}.",
+            "give the trace file the torch profiler wrote (export_chrome_trace / tensorboard_trace_handler).",
+        )
+
+    def _time(self, i: int, ev: dict[str, Any], key: str, v: Any) -> float:
+        """A ``ts``/``dur`` that is not an int or float: a number written as text, else refused."""
+        if v.__class__ is str:
+            try:
+                return float(v)  # range-checked by the caller
+            except ValueError:
+                pass
+        self._refuse(i, ev, key, v, "a number of microseconds")
+
+    def _bad_range(self, i: int, ev: dict[str, Any], key: str, v: float) -> NoReturn:
+        want = f"a time from 0 to {MAX_DUR_US:.0e} us" if key == "dur" else f"a timestamp within +-{MAX_TS_US:.0e} us"
+        self._refuse(i, ev, key, v, want)
+
+    def _id(self, i: int, ev: dict[str, Any], key: str, v: Any) -> int:
+        """A lane (``tid``, ``args.stream``) or correlation id that is not an int: an integral float,
+        a text such as "stream 7" (its last word), another text (a stable number of it); refused if
+        missing or of another type."""
+        if v.__class__ is float and v.is_integer():
+            return int(v)
+        if v.__class__ is str:
+            last = v.split()[-1] if v.split() else ""
+            return int(last) if last.isdigit() else zlib.crc32(v.encode("utf-8", "replace"))
+        self._refuse(i, ev, key, v, "an integer id")
+
+    def _corr(self, i: int, ev: dict[str, Any], v: Any) -> int:
+        if v is None:
+            return -1
+        if v.__class__ is int:
+            return v
+        if v.__class__ is float and v.is_integer():
+            return int(v)
+        self._refuse(i, ev, "args.correlation", v, "an integer id")
 
     def add_many(self, events: list[dict[str, Any]]) -> None:
         out, names = self.out, self.names
+        first = out.events
         out.events += len(events)
         kernels, ops, launches, steps = out.kernels, out.ops, out.launches, out.steps
         cat_kind, keep_args, span = _CAT_KIND, KEEP_ARGS.match, Span
         base = self.base
-        for ev in events:
-            cat: str = ev.get("cat", "")
+        for i, ev in enumerate(events, first):
+            cat = ev.get("cat")
+            if cat.__class__ is not str:
+                if cat is None:
+                    continue
+                self._refuse(i, ev, "cat", cat, "a string")
             kind = cat_kind.get(cat)
             if kind is None:
-                if not cat or str(cat).lower() not in cat_kind:  # older traces: "Kernel", "Runtime"
+                cat = cat.lower()  # older traces: "Kernel", "Runtime"
+                kind = cat_kind.get(cat)
+                if kind is None:
                     continue
-                cat = str(cat).lower()
-                kind = cat_kind[cat]
             if ev.get("ph") != "X":
                 continue
             ts = ev.get("ts")
             if ts.__class__ is not float and ts.__class__ is not int:
-                ts = self._bad_time(ev, "ts")
+                ts = self._time(i, ev, "ts", ts)
+            if not -MAX_TS_US <= ts <= MAX_TS_US:  # nan and inf fail too
+                self._bad_range(i, ev, "ts", ts)
             if base is None:
                 base = self.base = ts
             start = (ts - base) * 1e-6
-            args = ev.get("args") or _NO_ARGS
+            args = ev.get("args")
+            if args.__class__ is not dict:
+                if args is not None:
+                    self._refuse(i, ev, "args", args, "an object")
+                args = _NO_ARGS
+            corr = args.get("correlation")
+            if corr.__class__ is not int:
+                corr = self._corr(i, ev, corr)
             if kind == 2:
-                corr = args.get("correlation", -1)
-                if corr.__class__ is int and corr >= 0:
+                if corr >= 0:
                     tid = ev.get("tid")
-                    launches[corr] = (tid if tid.__class__ is int else _int(tid), start)
+                    launches[corr] = (tid if tid.__class__ is int else self._id(i, ev, "tid", tid), start)
                 continue
-            dur = ev.get("dur", 0.0)
+            dur = ev.get("dur")
             if dur.__class__ is not float and dur.__class__ is not int:
-                dur = self._bad_time(ev, "dur")
+                dur = self._time(i, ev, "dur", dur)
+            if not 0 <= dur <= MAX_DUR_US:  # negative, huge, nan, inf
+                self._bad_range(i, ev, "dur", dur)
             name = ev.get("name", "")
+            if name.__class__ is not str:
+                self._refuse(i, ev, "name", name, "a string")
             name = names.setdefault(name, name)  # one string per distinct name
             if kind == 0:
                 keep = {k: args[k] for k in COMM_ARGS if k in args} if "Collective name" in args else None
                 stream = args.get("stream")
                 if stream.__class__ is not int:
-                    stream = _int(ev.get("tid") if stream is None else stream)
-                kernels.append(span(name, start, dur * 1e-6, stream, args.get("correlation", -1), cat, keep))
+                    if stream is None:
+                        stream = ev.get("tid")
+                    stream = stream if stream.__class__ is int else self._id(i, ev, "tid", stream)
+                kernels.append(span(name, start, dur * 1e-6, stream, corr, cat, keep))
                 continue
             tid = ev.get("tid")
             if tid.__class__ is not int:
-                tid = _int(tid)
+                tid = self._id(i, ev, "tid", tid)
             if name.startswith("ProfilerStep#"):
                 steps.append(span(name, start, dur * 1e-6, tid, -1, cat))
                 continue
@@ -251,44 +316,98 @@ class _Builder:
                 if "Collective name" in args:
                     keep.update((k, args[k]) for k in COMM_ARGS if k in args)
                 keep = keep or None
-            ops.append(span(name, start, dur * 1e-6, tid, args.get("correlation", -1), cat, keep))
+            ops.append(span(name, start, dur * 1e-6, tid, corr, cat, keep))
 
 
-def _int(v: Any) -> int:
-    if isinstance(v, int):
-        return v
-    try:
-        return int(str(v).split()[-1])  # "stream 7", "7"
-    except (ValueError, IndexError):
-        return abs(hash(v)) % (1 << 31)
+def _show(v: Any) -> str:
+    """A value as an error message shows it: short, with its JSON type."""
+    kind = {dict: "an object", list: "a list", str: "text", bool: "a boolean"}.get(type(v), "")
+    text = repr(v)
+    text = text if len(text) <= 40 else text[:37] + "..."
+    return f"{text} ({kind})" if kind else text
+
+
+def _meta_error(out: RankTrace, key: str, v: Any, want: str) -> SpecError:
+    return SpecError(
+        f"trace {out.path}: {key}",
+        f"is {_show(v)}, not {want}.",
+        "give the trace file the torch profiler wrote (its metadata as Kineto writes it).",
+    )
+
+
+def _int_field(out: RankTrace, key: str, v: Any, low: int) -> int | None:
+    """An integer metadata field (None: absent), at least ``low``; refused otherwise."""
+    if v is None:
+        return None
+    if v.__class__ is not int or v < low:
+        raise _meta_error(out, key, v, f"an integer of at least {low}")
+    return v
 
 
 def _metadata(out: RankTrace, top: dict[str, Any]) -> None:
-    dist = top.get("distributedInfo") or {}
-    if isinstance(dist.get("rank"), int):
-        out.rank = dist["rank"]
+    dist = top.get("distributedInfo")
+    if dist is None:
+        dist = {}
+    elif not isinstance(dist, dict):
+        raise _meta_error(out, "distributedInfo", dist, "an object")
+    rank = _int_field(out, "distributedInfo.rank", dist.get("rank"), 0)
+    if rank is not None:
+        out.rank = rank
     else:
         m = _RANK_IN_NAME.search(Path(out.path).name)
         if m:
             out.rank = int(m.group(1))
-    if isinstance(dist.get("world_size"), int):
-        out.world_size = dist["world_size"]
-    pgs = dist.get("pg_config") or []
+    out.world_size = _int_field(out, "distributedInfo.world_size", dist.get("world_size"), 1)
+    if out.world_size is not None and out.rank >= out.world_size:
+        raise SpecError(
+            f"trace {out.path}: distributedInfo",
+            f"says rank {out.rank} of a world of {out.world_size}.",
+            "give the trace file the torch profiler wrote.",
+        )
+    pgs = dist.get("pg_config")
+    if pgs is None:
+        pgs = []
+    elif not isinstance(pgs, list):
+        raise _meta_error(out, "distributedInfo.pg_config", pgs, "a list of process groups")
     out.group_sizes = tuple(
-        sorted({g["pg_size"] for g in pgs if isinstance(g, dict) and isinstance(g.get("pg_size"), int)})
+        sorted(
+            {
+                g["pg_size"]
+                for g in pgs
+                if isinstance(g, dict) and g.get("pg_size").__class__ is int and g["pg_size"] >= 1
+            }
+        )
     )
-    props = top.get("deviceProperties") or []
-    name = props[0].get("name", "") if props and isinstance(props[0], dict) else ""
+    out.device = {"name": _device_name(out, top), "kind": ""}
+    name = out.device["name"]
     rocm = any(k.startswith(("roctracer", "rocm", "hip")) for k in top) or bool(
         re.search(r"\b(MI\d{3}|Instinct|Radeon)", name)
     )
-    out.device = {"name": name, "kind": "rocm" if rocm else "cuda" if out.kernels else "cpu"}
+    out.device["kind"] = "rocm" if rocm else "cuda" if out.kernels else "cpu"
     keys = ("schemaVersion", "cuda_runtime_version", "hip_runtime_version", "cuda_driver_version", "with_flops")
-    soft: dict[str, Any] = {k: top[k] for k in keys if k in top}
+    soft: dict[str, Any] = {k: _scalar(top[k]) for k in keys if k in top}
     for k in ("backend", "nccl_version", "pg_count"):
         if k in dist:
-            soft[k] = dist[k]
+            soft[k] = _scalar(dist[k])
     out.software = soft
+
+
+def _scalar(v: Any) -> Any:
+    """A software field as written (a number or text), or its text (a list, an object)."""
+    return v if isinstance(v, (str, int, float)) and not isinstance(v, bool) else str(v)[:200]
+
+
+def _device_name(out: RankTrace, top: dict[str, Any]) -> str:
+    """The first GPU's name in ``deviceProperties`` (a list of objects; "" where absent)."""
+    props = top.get("deviceProperties")
+    if props is None:
+        return ""
+    if not isinstance(props, list) or not all(isinstance(p, dict) for p in props):
+        raise _meta_error(out, "deviceProperties", props, "a list of objects (one per GPU)")
+    name = props[0].get("name", "") if props else ""
+    if not isinstance(name, str):
+        raise _meta_error(out, "deviceProperties[0].name", name, "text")
+    return name
 
 
 def _is_trace_name(q: Path) -> bool:

@@ -96,25 +96,55 @@ def _op_times(t: RankTrace) -> list[tuple[Span, float, list[Span]]]:
     return [(op, sum(k.dur for k in ks), ks) for op, ks in acc.values()]
 
 
-def _gemm_mnk(name: str, dims: list) -> tuple[int, int, int] | None:
+#: the largest tensor side, element count or message size read from a trace's args (2^40): a
+#: larger one is not a shape a kernel ran, and an op whose args hold one gives no row
+MAX_SIDE = 1 << 40
+
+
+def _ints(v: Any) -> tuple[int, ...] | None:
+    """A shape (``Input Dims`` entry): a list of integers from 0 to `MAX_SIDE` (integral floats
+    accepted); None for anything else."""
+    if v.__class__ is not list:
+        return None
+    out = []
+    for x in v:
+        if x.__class__ is float and x.is_integer():
+            x = int(x)
+        if x.__class__ is not int or not 0 <= x <= MAX_SIDE:
+            return None
+        out.append(x)
+    return tuple(out)
+
+
+def _shapes(dims: Any) -> list[tuple[int, ...] | None]:
+    """``Input Dims`` as shapes (`_ints`; None for an input that is not a tensor); [] if not a list."""
+    return [_ints(d) for d in dims] if dims.__class__ is list else []
+
+
+def _first_type(types: Any) -> tuple[str, int] | None:
+    return _dtype(types[0]) if types.__class__ is list and types else None
+
+
+def _gemm_mnk(name: str, dims: Any) -> tuple[int, int, int] | None:
     short = name.removeprefix("aten::")
+    shapes = _shapes(dims)
     try:
         if short == "mm":
-            (m, k), (_, n) = dims[0], dims[1]
+            (m, k), (_, n) = shapes[0], shapes[1]  # type: ignore[misc]
         elif short == "addmm":
-            (m, k), (_, n) = dims[1], dims[2]
+            (m, k), (_, n) = shapes[1], shapes[2]  # type: ignore[misc]
         elif short in ("bmm", "baddbmm"):
-            a, b = (dims[0], dims[1]) if short == "bmm" else (dims[1], dims[2])
-            m, k, n = a[0] * a[1], a[2], b[2]
+            a, b = (shapes[0], shapes[1]) if short == "bmm" else (shapes[1], shapes[2])
+            m, k, n = a[0] * a[1], a[2], b[2]  # type: ignore[index]
         elif short in ("linear", "matmul"):
-            x, w = dims[0], dims[1]
-            m, k = math.prod(x[:-1]), x[-1]
-            n = w[0] if short == "linear" else w[-1]
+            x, w = shapes[0], shapes[1]
+            m, k = math.prod(x[:-1]), x[-1]  # type: ignore[index]
+            n = w[0] if short == "linear" else w[-1]  # type: ignore[index]
         else:
             return None
     except (IndexError, TypeError, ValueError):
         return None
-    return (int(m), int(n), int(k)) if m and n and k else None
+    return (m, n, k) if 0 < m <= MAX_SIDE and 0 < n <= MAX_SIDE and 0 < k <= MAX_SIDE else None
 
 
 def matmul_rows(t: RankTrace) -> list[dict[str, Any]]:
@@ -122,8 +152,7 @@ def matmul_rows(t: RankTrace) -> list[dict[str, Any]]:
     for op, sec, ks in _op_times(t):
         dims = op.args.get("Input Dims") if op.args else None
         mnk = _gemm_mnk(op.name, dims) if dims else None
-        types = op.args.get("Input type") if op.args else None
-        dt = _dtype(types[0] if isinstance(types, list) and types else None)
+        dt = _first_type(op.args.get("Input type")) if op.args else None
         if mnk is None or dt is None or sec <= 0:
             continue
         if ks and not all(kernel_kind(k.name, k.cat) == "gemm" for k in ks):
@@ -143,14 +172,15 @@ def attention_rows(t: RankTrace) -> list[dict[str, Any]]:
         if not (name.startswith("aten::_scaled_dot_product") or name.startswith("aten::_flash_attention")):
             continue
         args = op.args or {}
-        dims, conc, types = args.get("Input Dims"), args.get("Concrete Inputs"), args.get("Input type")
-        if not dims or not isinstance(dims[0], list) or len(dims[0]) != 4 or sec <= 0:
+        shapes, conc = _shapes(args.get("Input Dims")), args.get("Concrete Inputs")
+        q = shapes[0] if shapes else None
+        if q is None or len(q) != 4 or not all(q) or sec <= 0:
             continue
-        causal = any(str(c).strip().lower() == "true" for c in (conc or []))
-        dt = _dtype(types[0] if isinstance(types, list) and types else None)
+        causal = conc.__class__ is list and any(str(c).strip().lower() == "true" for c in conc)
+        dt = _first_type(args.get("Input type"))
         if not causal or dt is None:
             continue
-        b, h, s, d = (int(x) for x in dims[0])
+        b, h, s, d = q
         (bwd if "backward" in name else fwd)[(b, h, s, d, dt[0])].append(sec)
     rows = []
     for key in sorted(set(fwd) & set(bwd)):
@@ -176,16 +206,16 @@ def elementwise_rows(t: RankTrace) -> list[dict[str, Any]]:
         short = op.name.removeprefix("aten::")
         if short not in _EW_BYTES or not op.args or sec <= 0:
             continue
-        dims, types = op.args.get("Input Dims"), op.args.get("Input type")
-        if not dims or not isinstance(dims[0], list) or not dims[0]:
+        shapes = _shapes(op.args.get("Input Dims"))
+        if not shapes or not shapes[0]:
             continue
-        tensor_inputs = sum(1 for d in dims if isinstance(d, list) and d)
+        tensor_inputs = sum(1 for d in shapes if d)
         if short in ("add", "add_", "mul", "mul_") and tensor_inputs < 2:
             continue  # tensor-scalar: two passes, not three
-        dt = _dtype(types[0] if isinstance(types, list) and types else None)
-        if dt is None:
+        dt = _first_type(op.args.get("Input type"))
+        n = math.prod(shapes[0])  # type: ignore[arg-type]
+        if dt is None or n > MAX_SIDE:
             continue
-        n = math.prod(int(x) for x in dims[0])
         nbytes = _EW_BYTES[short] * n * dt[1]
         if nbytes >= MIN_EW_BYTES:
             rows.append({"elements": n, "bytes": float(nbytes), "time_s": sec})
@@ -244,7 +274,9 @@ def comm_rows(traces: list[RankTrace], gpus_per_node: int | None = None) -> list
 def _ranks(args: dict[str, Any]) -> tuple[int, ...]:
     """The group's global ranks as the trace records them (``Process Group Ranks``; () if not)."""
     raw = args.get("Process Group Ranks")
-    return tuple(int(x) for x in re.findall(r"\d+", str(raw))) if raw not in (None, "", []) else ()
+    if raw.__class__ not in (str, list) or not raw:
+        return ()
+    return tuple(int(x) for x in re.findall(r"\d{1,9}", str(raw)[:1_000_000]))
 
 
 def _place(args: dict[str, Any], t: RankTrace, gpus_per_node: int | None) -> str:
@@ -263,11 +295,10 @@ def _place(args: dict[str, Any], t: RankTrace, gpus_per_node: int | None) -> str
 def _comm_key(name: str, args: dict[str, Any]) -> tuple[str, int, int] | None:
     op = collective(name, args)
     dt = _dtype(args.get("dtype"))
-    try:
-        nel = max(int(args.get("In msg nelems", 0) or 0), int(args.get("Out msg nelems", 0) or 0))
-        group = int(args.get("Group size", 0) or 0)
-    except (TypeError, ValueError):
+    got = _ints([args.get("In msg nelems") or 0, args.get("Out msg nelems") or 0, args.get("Group size") or 0])
+    if got is None:  # not counts (text, lists, negative, non-finite or huge numbers)
         return None
+    nel, group = max(got[0], got[1]), got[2]
     if op in ("other", "barrier") or dt is None or nel <= 0:
         return None
     if op == "p2p":
@@ -284,13 +315,13 @@ def _gloo_key(op: Span, t: RankTrace) -> tuple[str, int, int] | None:
     groups count: torch records their instant collectives too), else the row is left out. gloo's
     sends and receives are left out: a receive's span is mostly the wait for its sender."""
     name = collective(op.name)
-    dims, types = (op.args or {}).get("Input Dims"), (op.args or {}).get("Input type")
-    dt = _dtype(types[0] if isinstance(types, list) and types else None)
-    if name not in ("all-reduce", "all-gather") or not dims or not isinstance(dims[0], list) or dt is None:
+    shapes = _shapes((op.args or {}).get("Input Dims"))
+    dt = _first_type((op.args or {}).get("Input type"))
+    if name not in ("all-reduce", "all-gather") or not shapes or not shapes[0] or dt is None:
         return None
     sizes = set(t.group_sizes)
     group = sizes.pop() if len(sizes) == 1 else 0
     if group < 2:
         return None
-    nbytes = math.prod(int(x) for x in dims[0]) * dt[1] * (group if name == "all-gather" else 1)
-    return (name, group, nbytes) if nbytes > 0 else None
+    nbytes = math.prod(shapes[0]) * dt[1] * (group if name == "all-gather" else 1)  # type: ignore[arg-type]
+    return (name, group, nbytes) if 0 < nbytes <= MAX_SIDE else None

@@ -7,9 +7,14 @@ reduce-scatter (n-1)/n, all-to-all (n-1)/n, broadcast 1. GB/s here are 1e9 bytes
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
 
+from ..errors import SimparError, SpecError
+from ..files import read_csv
 from ..topology.summary import summary
 from ..units import GB
 from .base import Network, busbw_factor
@@ -93,6 +98,30 @@ def topology_report(net: Network, size: int = 2**30) -> dict:
 # --- published measurements ---------------------------------------------------------------
 #: NCCL algorithms a measured row may have forced that simpar models (others are not compared).
 MODELLED_ALGORITHMS = ("ring", "tree", "default")
+#: the columns a measured-rows CSV must have (tests/data/nccl-tests.md describes them)
+COLUMNS = ("row_id", "cluster", "gpus", "op", "algorithm", "bytes", "time_us", "busbw_GBps", "check")
+#: collectives a row may measure (nccl-tests' *_perf binaries that simpar's network model runs)
+ROW_OPS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "broadcast")
+#: the most GPUs a row may have: building the network of 65,536 GPUs takes ~12 s here, and the
+#: largest published nccl-tests runs have a few thousand
+MAX_ROW_GPUS = 32_768
+#: the largest message a row may have (1 PiB; nccl-tests sweeps stop at a few GiB)
+MAX_ROW_BYTES = 1 << 50
+
+
+@dataclass(frozen=True)
+class MeasuredRow:
+    """One row of a measured nccl-tests CSV, every cell parsed (`parse_row`)."""
+
+    row_id: str
+    cluster: str  # "" where no simpar preset resembles the system
+    gpus: int
+    op: str
+    algorithm: str  # lower-case; "default": NCCL's own choice
+    nbytes: int | None  # None: the source gives no message size
+    time_us: float | None
+    busbw_GBps: float | None
+    check: str
 
 
 @dataclass(frozen=True)
@@ -115,18 +144,77 @@ class Comparison:
     def busbw_error(self) -> float | None:
         if self.predicted_busbw_GBps is None or not self.measured_busbw_GBps or self.measured_busbw_GBps < 1.0:
             return None
-        return (self.predicted_busbw_GBps - self.measured_busbw_GBps) / self.measured_busbw_GBps
+        err = (self.predicted_busbw_GBps - self.measured_busbw_GBps) / self.measured_busbw_GBps
+        return err if math.isfinite(err) else None
 
     @property
     def time_error(self) -> float | None:
         if self.predicted_time_us is None or not self.measured_time_us:
             return None
-        return (self.predicted_time_us - self.measured_time_us) / self.measured_time_us
+        err = (self.predicted_time_us - self.measured_time_us) / self.measured_time_us
+        return err if math.isfinite(err) else None  # a subnormal measured time would give inf
 
 
-def _figure(text: str) -> float | None:
-    text = (text or "").strip()
-    return float(text) if text else None
+def _cell_error(where: str, col: str, text: str, want: str) -> SpecError:
+    shown = repr(text) if text.strip() else "empty"
+    return SpecError(f"{where}, column {col}", f"is {shown}, not {want}.", "fix the cell (tests/data/nccl-tests.md).")
+
+
+def _int_cell(text: str, where: str, col: str, low: int, high: int) -> int:
+    """An integer cell: any exact-integer spelling (``16``, ``16.0``, ``1e9``) from ``low`` to ``high``."""
+    want = f"an integer from {low} to {high:,}"
+    try:
+        d = Decimal(text.strip())
+    except InvalidOperation:
+        raise _cell_error(where, col, text, want) from None
+    if not d.is_finite() or d != d.to_integral_value() or not low <= d <= high:
+        raise _cell_error(where, col, text, want)
+    return int(d)
+
+
+def _float_cell(text: str, where: str, col: str) -> float | None:
+    """An optional measured figure: empty, or a finite number above 0."""
+    if not text.strip():
+        return None
+    try:
+        v = float(text.strip())
+    except ValueError:
+        raise _cell_error(where, col, text, "a number") from None
+    if not math.isfinite(v) or v < 0:
+        raise _cell_error(where, col, text, "a finite number of at least 0")
+    return v
+
+
+def parse_row(r: dict[str, str], where: str) -> MeasuredRow:
+    """The typed row of a CSV record ``r`` (every `COLUMNS` cell), ``where`` naming the file and row."""
+    missing = [c for c in COLUMNS if c not in r]
+    if missing:
+        raise SpecError(where, f"has no column {missing[0]!r}.", "see tests/data/nccl-tests.md for the columns.")
+    op = (r["op"] or "").strip()
+    if op not in ROW_OPS:
+        raise _cell_error(where, "op", op, f"one of {', '.join(ROW_OPS)}")
+    size = r["bytes"] or ""
+    return MeasuredRow(
+        row_id=(r["row_id"] or "").strip(),
+        cluster=(r["cluster"] or "").strip(),
+        gpus=_int_cell(r["gpus"] or "", where, "gpus", 2, MAX_ROW_GPUS),  # a collective needs 2 GPUs
+        op=op,
+        algorithm=(r["algorithm"] or "default").strip().lower() or "default",
+        nbytes=_int_cell(size, where, "bytes", 1, MAX_ROW_BYTES) if size.strip() else None,
+        time_us=_float_cell(r["time_us"] or "", where, "time_us"),
+        busbw_GBps=_float_cell(r["busbw_GBps"] or "", where, "busbw_GBps"),
+        check=(r["check"] or "").strip(),
+    )
+
+
+def read_rows(path: str | Path) -> list[MeasuredRow]:
+    """The typed rows of a measured nccl-tests CSV (`parse_row`); one `SpecError` naming the file,
+    the row (1: the first under the header) and the column for any bad cell."""
+    where = f"nccl-tests CSV {path}"
+    rows = read_csv(path, "nccl-tests CSV", required=COLUMNS)
+    if not rows:
+        raise SpecError(where, "has no data rows.", "see tests/data/nccl-tests.md for the columns.")
+    return [parse_row(r, f"{where}: row {n}") for n, r in enumerate(rows, 1)]
 
 
 def preset_networks() -> Callable[[str, int], Network]:
@@ -145,44 +233,50 @@ def preset_networks() -> Callable[[str, int], Network]:
 
 
 def compare(
-    rows: Iterable[dict[str, str]], network_for: Callable[[str, int], Network] | None = None
+    rows: Iterable[dict[str, str] | MeasuredRow],
+    network_for: Callable[[str, int], Network] | None = None,
+    where: str = "nccl-tests rows",
 ) -> list[Comparison]:
     """Each row's prediction on its ``cluster`` preset (``network_for(cluster, gpus)`` gives the
     network; default `preset_networks`), forcing the row's algorithm where it forced ring or tree. A
-    row without a cluster, with an algorithm simpar does not model (NVLS tree, CollNet/SHARP, PAT) or without a message
-    size is listed with the reason and not compared."""
+    row without a cluster, with an algorithm simpar does not model (NVLS tree, CollNet/SHARP, PAT) or
+    without a message size is listed with the reason and not compared. Records that are not yet
+    `MeasuredRow` are parsed (`parse_row`; ``where`` names their source)."""
     network_for = network_for or preset_networks()
     out = []
-    for r in rows:
-        n, op, algo = int(r["gpus"]), r["op"], (r.get("algorithm") or "default").strip().lower()
-        size = int(r["bytes"]) if (r.get("bytes") or "").strip() else None
-        meas_bus, meas_t = _figure(r.get("busbw_GBps", "")), _figure(r.get("time_us", ""))
+    for n, raw in enumerate(rows, 1):
+        r = raw if isinstance(raw, MeasuredRow) else parse_row(raw, f"{where}: row {n}")
         status = "compared"
-        if not r.get("cluster"):
+        if not r.cluster:
             status = "no simpar preset for this system"
-        elif algo not in MODELLED_ALGORITHMS:
-            status = f"algorithm {algo} not modelled"
-        elif size is None:
+        elif r.algorithm not in MODELLED_ALGORITHMS:
+            status = f"algorithm {r.algorithm} not modelled"
+        elif r.nbytes is None:
             status = "no message size in the source"
+        size = r.nbytes
         if status != "compared" or size is None:
             out.append(
                 Comparison(
-                    r["row_id"], r.get("cluster", ""), n, op, size or 0, meas_bus, meas_t, None, None, "", status
+                    r.row_id, r.cluster, r.gpus, r.op, size or 0, r.busbw_GBps, r.time_us, None, None, "", status
                 )
             )
             continue
-        net = network_for(r["cluster"], n)
-        est = net.estimate(op, tuple(range(n)), size, algorithm=None if algo == "default" else algo)
-        bus = size / est.time / GB * busbw_factor(op, n)
+        try:
+            net = network_for(r.cluster, r.gpus)
+        except SimparError as exc:  # an unknown preset, a GPU count it does not allow
+            raise SpecError(f"{where}: row {n}, column cluster", f"{exc.field}: {exc.problem}", exc.fix) from None
+        algo = None if r.algorithm == "default" else r.algorithm
+        est = net.estimate(r.op, tuple(range(r.gpus)), size, algorithm=algo)
+        bus = size / est.time / GB * busbw_factor(r.op, r.gpus) if est.time > 0 else None
         out.append(
             Comparison(
-                r["row_id"],
-                r["cluster"],
-                n,
-                op,
+                r.row_id,
+                r.cluster,
+                r.gpus,
+                r.op,
                 size,
-                meas_bus,
-                meas_t,
+                r.busbw_GBps,
+                r.time_us,
                 bus,
                 est.time * 1e6,
                 f"{est.algorithm}/{est.protocol}",
