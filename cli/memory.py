@@ -1,4 +1,5 @@
-"""`simpar memory`: peak memory per pipeline rank with its breakdown, and a fits verdict."""
+"""`simpar memory`: peak memory per pipeline rank with its breakdown, a fits verdict, and for a
+plan that does not fit the changes that would make it fit (`cost.fit_levers`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from .common import plan_options, setup_from_options
 from .render import echo_json, print_table
 
 if TYPE_CHECKING:
+    from simpar.sim.cost.fit_levers import FitLever
     from simpar.sim.cost.memory import MemoryReport
 
 
@@ -48,17 +50,59 @@ def memory_json(rep: MemoryReport) -> dict:
     }
 
 
+def lever_json(lever: FitLever) -> dict:
+    rep = lever.report
+    return {
+        "change": lever.change,
+        "plan_fields": dict(lever.fields),
+        "peak_memory_gib": round(rep.peak.total / GiB, 4),
+        "worst_rank": rep.peak.pipeline_rank,
+        "host_memory_gib": round(max(rep.host_need) / GiB, 4) if rep.host_need else None,
+    }
+
+
+def lever_lines(levers: list[FitLever], rep: MemoryReport) -> list[str]:
+    """What `simpar memory` prints under a plan that does not fit (``rep``): the changes that make
+    it fit, each with the peak it would give (`fit_levers`), or that none does."""
+    if not levers and rep.gpu_fits:  # the GPUs fit, the offloaded bytes do not fit the host
+        return [
+            "no change of recompute, ZeRO stage, tp, pp, micro-batch or host offload makes it fit: offload less"
+            " (--offload-optimizer below 1, no --offload-params) or use nodes with more host memory."
+        ]
+    if not levers:
+        return [
+            "no change of recompute, ZeRO stage, tp, pp, micro-batch or host offload makes it fit, alone or two"
+            " together: `simpar sweep` with the same model, cluster, GPUs and global batch searches every"
+            " combination (or use more GPUs, or GPUs with more memory)."
+        ]
+    alone = " and " not in levers[0].change
+    head = (
+        "what would make it fit: each change alone, with the peak the same memory model gives it:"
+        if alone
+        else "no change alone makes it fit; two together do, with the peak the same memory model gives them:"
+    )
+    out = [head]
+    for lv in levers:
+        pk = lv.report.peak
+        host = f"; {lv.report.host_line()}" if lv.report.host_need else ""
+        out.append(f"  - {lv.change}: peak {pk.total / GiB:.2f} GiB on pipeline rank {pk.pipeline_rank}{host}")
+    return out
+
+
 @click.command("memory")
 @plan_options
 @click.option("--json", "as_json", is_flag=True, help="print JSON instead of a table")
 def memory(as_json: bool, **kw) -> None:
-    """Peak memory per pipeline rank: weights, grads, optimizer, activations, other."""
+    """Peak memory per pipeline rank: weights, grads, optimizer, activations, other; for a plan
+    that does not fit, the changes that would make it fit."""
+    from simpar.sim.cost.fit_levers import fit_levers
     from simpar.sim.cost.memory import schedule_memory_report
 
     st = setup_from_options(kw)
     rep = schedule_memory_report(st.model, st.plan, st.cluster.gpu, st.cluster)
+    levers = [] if rep.fits else fit_levers(st.model, st.plan, st.cluster)
     if as_json:
-        echo_json(memory_json(rep))
+        echo_json({**memory_json(rep), "levers": [lever_json(lv) for lv in levers]})
         return
     p = st.plan
     title = (
@@ -88,3 +132,6 @@ def memory(as_json: bool, **kw) -> None:
         f" {rep.conventions.reports}."
     )
     click.echo(rep.verdict())
+    if not rep.fits:
+        for line in lever_lines(levers, rep):
+            click.echo(line)

@@ -183,3 +183,89 @@ def test_version_and_help(runner) -> None:
     assert runner.invoke(cli, ["--version"]).exit_code == 0
     res = runner.invoke(cli, ["--help"])
     assert res.exit_code == 0 and "memory" in res.output
+
+
+#: GPT-3 175B on 1,024 A100-80G, tp 8 pp 8, micro-batch 4, no ZeRO, no recompute: 8.24 GiB over
+OVER = [
+    "memory",
+    "--model",
+    "gpt3-175b",
+    "--cluster",
+    "dgx-a100-80g",
+    "--gpus",
+    "1024",
+    "--tp",
+    "8",
+    "--pp",
+    "8",
+    "--mbs",
+    "4",
+    "--gbs",
+    "1536",
+    "--schedule",
+    "1f1b",
+    "--zero",
+    "0",
+    "--recompute",
+    "none",
+]
+#: plan fields -> the `simpar memory` options that set them
+FLAGS = {"recompute": "--recompute", "zero": "--zero", "micro_batch_size": "--mbs", "tp": "--tp", "pp": "--pp"}
+
+
+def _with(base: list[str], fields: dict) -> list[str]:
+    """``base`` with the options of ``fields`` changed (dp is derived from the GPU count)."""
+    d = dict(zip(base[1::2], base[2::2]))
+    for k, v in fields.items():
+        if k in FLAGS:
+            d[FLAGS[k]] = str(v)
+        else:
+            assert k in ("dp", "recompute_layers", "recompute_method", "schedule"), k
+            if k == "schedule":
+                d["--schedule"] = str(v)
+    return [base[0], *(x for kv in d.items() for x in kv)]
+
+
+def test_a_plan_that_does_not_fit_is_told_which_levers_make_it_fit(runner) -> None:
+    res = runner.invoke(cli, OVER)
+    assert res.exit_code == 0, res.output
+    assert "does not fit" in res.output and "what would make it fit: each change alone" in res.output
+    doc = json.loads(runner.invoke(cli, OVER + ["--json"]).output)
+    assert doc["fits"] is False
+    changes = [lv["change"] for lv in doc["levers"]]
+    assert changes == ["recompute full (every layer)", "ZeRO 1", "pp 16 (dp 8)", "micro-batch 3 (32 micro-batches)"]
+    for lv in doc["levers"]:
+        (line,) = [x for x in res.output.splitlines() if x.startswith(f"  - {lv['change']}: peak ")]
+        assert float(line.split("peak ")[1].split(" GiB")[0]) == pytest.approx(lv["peak_memory_gib"], abs=0.006)
+        # the lever's peak is `simpar memory` of the changed plan: the one memory model, run again
+        again = json.loads(runner.invoke(cli, _with(OVER, lv["plan_fields"]) + ["--json"]).output)
+        assert again["fits"] is True and again["levers"] == []
+        assert max(again["peak_memory_gib"]) == pytest.approx(lv["peak_memory_gib"], abs=1e-4)
+    # a lesser setting of a listed lever does not fit: the least change that fits is the one listed
+    assert json.loads(runner.invoke(cli, _with(OVER, {"recompute": "selective"}) + ["--json"]).output)["fits"] is False
+
+
+def test_levers_two_together_where_none_alone_fits_and_a_line_where_nothing_does(runner) -> None:
+    base = ["memory", "--model", "gpt3-175b", "--cluster", "dgx-a100-80g", "--gpus", "48", "--tp", "4", "--gbs", "48"]
+    res = runner.invoke(cli, base)
+    assert res.exit_code == 0, res.output
+    assert "no change alone makes it fit; two together do" in res.output
+    assert "  - recompute full (every layer) and ZeRO 3: peak" in res.output
+    assert "  - ZeRO 3 and tp 8 (dp 6): peak" in res.output
+    assert (
+        "  - ZeRO 3 and the optimizer offloaded to host memory: peak 44.14 GiB on pipeline rank 0; host memory:"
+        in res.output
+    )
+    doc = json.loads(runner.invoke(cli, [*base, "--tp", "8", "--zero", "3", "--json"]).output)
+    assert doc["fits"] is True and doc["levers"] == []
+    eight = ["memory", "--model", "gpt3-175b", "--cluster", "dgx-a100-80g", "--gpus", "8", "--tp", "8", "--gbs", "8"]
+    res = runner.invoke(cli, eight)
+    assert (
+        res.exit_code == 0 and "no change of recompute, ZeRO stage, tp, pp, micro-batch or host offload" in res.output
+    )
+
+
+def test_a_plan_that_fits_lists_no_lever(runner) -> None:
+    res = runner.invoke(cli, BASE)
+    assert res.exit_code == 0 and "what would make it fit" not in res.output
+    assert json.loads(runner.invoke(cli, BASE + ["--json"]).output)["levers"] == []

@@ -1,8 +1,9 @@
-"""A sweep's report: report.md (inputs, counts, the sweep's own speed per phase and what it means
-for sizing a cluster, the best plans, why the best wins, its timeline, throughput against memory,
-why configurations were dropped, the command that regenerates it)
-and pareto.png. Rebuilt from results.csv and sweep.json alone (`simpar report DIR`). Every file is
-replaced atomically (an interrupt leaves the old file or the new one, never half of one)."""
+"""A sweep's report: report.md (inputs, counts, what the bounded search proves, the sweep's own
+speed per phase and what it means for sizing a cluster, the best plans, why the best wins, its
+timeline, throughput against memory, why configurations were dropped, the command that regenerates
+it), report.html (the same blocks, `report_parts`, as one interactive page) and pareto.png.
+Rebuilt from results.csv and sweep.json alone (`simpar report DIR`). Every file is replaced
+atomically (an interrupt leaves the old file or the new one, never half of one)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from ..errors import SpecError
 from .explain import SOURCES, explain, seconds
 from .manifest import PHASES
 from .plans import PLAN_DIR, plan_dir_name
-from .report_html import REPORT_HTML, write_html
+from .report_html import REPORT_HTML, Part, to_markdown, write_html
 from .rows import plan_cell, ranked
 from .space import CP_MIN_TOKENS, Config
 from .store import num
@@ -42,6 +43,23 @@ def pareto_front(rows: list[dict]) -> list[dict]:
     return front
 
 
+#: How pareto.png and report.html's scatter draw a sweep's plans (one legend, the same colours in
+#: both): a point per fitting plan coloured by what timed it, the Pareto front a black step line,
+#: the best plan a red star, the GPU's memory a dashed red line. ``name``: the colour in words.
+PARETO_STYLE: dict = {
+    "sources": {
+        "quick": {"color": "#C8C8C8", "name": "grey", "label": "quick estimate", "size": 6},
+        "oracle": {"color": "#4C9BE8", "name": "blue", "label": "list-scheduler oracle", "size": 12},
+        "engine": {"color": "#E8A44C", "name": "orange", "label": "simulated (engine)", "size": 28},
+    },
+    "front": {"color": "#000000", "name": "black", "label": "Pareto front"},
+    "best": {"color": "#FF0000", "name": "red", "label": "best"},
+    "capacity": {"color": "#FF0000", "name": "red", "label": "GPU memory"},
+    "x_label": "peak memory per GPU (GiB)",
+    "y_label": "throughput (thousand tokens/s)",
+}
+
+
 #: The columns `plot_pareto` reads.
 PARETO_COLUMNS = ("id", "rank", "source", "peak_memory_gib", "tokens_per_s")
 
@@ -61,20 +79,16 @@ def plot_pareto(rows: list[dict], path: Path, title: str, note: str = "", capaci
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(9, 5.5))
-    styles = {
-        "quick": ("#C8C8C8", "quick estimate", 6),
-        "oracle": ("#4C9BE8", "list-scheduler oracle", 12),
-        "engine": ("#E8A44C", "simulated (engine)", 28),
-    }
-    for src, (color, label, size) in styles.items():
+    st = PARETO_STYLE
+    for src, look in st["sources"].items():
         pts = [r for r in ranked(rows) if r.get("source") == src]
         if pts:
             ax.scatter(
                 [num(r, "peak_memory_gib") for r in pts],
                 [num(r, "tokens_per_s") / 1e3 for r in pts],
-                s=size,
-                c=color,
-                label=f"{label} ({len(pts):,})",
+                s=look["size"],
+                c=look["color"],
+                label=f"{look['label']} ({len(pts):,})",
                 edgecolors="none",
                 alpha=0.8,
             )
@@ -84,9 +98,9 @@ def plot_pareto(rows: list[dict], path: Path, title: str, note: str = "", capaci
             [num(r, "peak_memory_gib") for r in front],
             [num(r, "tokens_per_s") / 1e3 for r in front],
             where="post",
-            color="black",
+            color=st["front"]["color"],
             linewidth=1,
-            label="Pareto front",
+            label=st["front"]["label"],
         )
         best = ranked(rows)[0]
         ax.scatter(
@@ -94,14 +108,15 @@ def plot_pareto(rows: list[dict], path: Path, title: str, note: str = "", capaci
             [num(best, "tokens_per_s") / 1e3],
             marker="*",
             s=220,
-            c="red",
-            label="best",
+            c=st["best"]["color"],
+            label=st["best"]["label"],
             zorder=5,
         )
     if capacity_gib:
-        ax.axvline(capacity_gib, color="red", linestyle="--", linewidth=0.8, label="GPU memory")
-    ax.set_xlabel("peak memory per GPU (GiB)")
-    ax.set_ylabel("throughput (thousand tokens/s)")
+        cap = st["capacity"]
+        ax.axvline(capacity_gib, color=cap["color"], linestyle="--", linewidth=0.8, label=cap["label"])
+    ax.set_xlabel(st["x_label"])
+    ax.set_ylabel(st["y_label"])
     ax.set_title(title, fontsize=9)
     if note:
         fig.text(0.01, 0.005, note, fontsize=6, color="#555555")
@@ -215,8 +230,8 @@ def budget_line(budget: dict) -> str:
     )
 
 
-def throughput_lines(throughput: dict) -> list[str]:
-    """report.md's section on the sweep's speed: per phase, and the sizing of a larger sweep."""
+def throughput_parts(throughput: dict) -> list[Part]:
+    """The report's section on the sweep's speed: per phase, and the sizing of a larger sweep."""
     if not throughput:
         return []  # a sweep.json written before simpar recorded it
     rows = [
@@ -229,46 +244,81 @@ def throughput_lines(throughput: dict) -> list[str]:
         ]
         for p, e in ((p, throughput[p]) for p in PHASES)
     ]
-    lines = ["## Speed of the sweep", "", "Measured in the run that finished the sweep.", ""]
-    lines += _md_table(["phase", "configurations", "wall", "workers", "configs/s/worker"], rows) + [""]
+    parts = [Part("h2", "Speed of the sweep"), Part("p", "Measured in the run that finished the sweep.")]
+    parts.append(_table_part(["phase", "configurations", "wall", "workers", "configs/s/worker"], rows))
     overall = overall_rate(throughput)
     need = workers_needed(SIZING_CONFIGS, overall[2], SIZING_MINUTES) if overall else None
     if overall and need:
         n, worker_s, rate = overall
-        lines += [
-            f"In all, {n:,} configurations took {worker_s:,.1f} worker-seconds: {rate_text(rate)} configs/s/worker "
-            f"over the three phases. Sizing a larger sweep (models x clusters x plans, e.g. on a Ray cluster with "
-            f"`--ray ADDRESS`): {SIZING_CONFIGS:,} configurations at {rate_text(rate)} configs/s/worker need "
-            f"{need:,} worker{'s' if need > 1 else ''} for a {SIZING_MINUTES}-minute sweep. The engine runs on the "
-            "plans the lower bound cannot rule out, and on every plan that fits when they all fit its budget "
-            "(`--engine-budget`): a number that depends on the model and cluster more than on the size of the space.",
-            "",
-        ]
-    return lines
+        parts.append(
+            Part(
+                "p",
+                f"In all, {n:,} configurations took {worker_s:,.1f} worker-seconds: {rate_text(rate)} configs/s/worker "
+                f"over the three phases. Sizing a larger sweep (models x clusters x plans, e.g. on a Ray cluster with "
+                f"`--ray ADDRESS`): {SIZING_CONFIGS:,} configurations at {rate_text(rate)} configs/s/worker need "
+                f"{need:,} worker{'s' if need > 1 else ''} for a {SIZING_MINUTES}-minute sweep. The engine runs on the "
+                "plans the lower bound cannot rule out, and on every plan that fits when they all fit its budget "
+                "(`--engine-budget`): a number that depends on the model and cluster more than on the size of the "
+                "space.",
+            )
+        )
+    return parts
 
 
-def _md_table(cols: list[str], rows: list[list[str]]) -> list[str]:
-    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join(" --- " for _ in cols) + "|"]
-    return lines + ["| " + " | ".join(x.replace("|", "/") for x in r) + " |" for r in rows]
+#: a number in a drop reason (``96``, ``80.01``, the ``2`` of ``ZeRO-2``), not a digit of a name
+#: (``fp8``, ``interleaved-1f1b``, ``zb-1p``) nor a sentence's full stop
+_NUMBER = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?!\w|\.\d)")
+#: the distinct values a reason's number took that its group lists in full (more: the first few and the last)
+LISTED_VALUES = 6
+REASONS_NOTE = (
+    "Reasons that differ only in their numbers are counted together; where a number differs between "
+    "them, its values are listed in braces (with '…' where there are many: the smallest ones, then the largest), "
+    "and the example is one configuration's reason as it is."
+)
+
+
+def _values(vals: set[str]) -> str:
+    """One number of a group of reasons: itself when all agree, else its values in braces."""
+    if len(vals) == 1:
+        return next(iter(vals))
+    xs = sorted(vals, key=lambda v: (float(v), v))
+    shown = xs if len(xs) <= LISTED_VALUES else [*xs[: LISTED_VALUES - 2], "…", xs[-1]]
+    return "{" + ", ".join(shown) + "}"
 
 
 def drop_reasons(rows: list[dict], most: int = 8) -> list[tuple[int, str, str]]:
-    """(count, reason pattern, an example) of the commonest reasons configurations were dropped."""
+    """(count, reason, an example) of the commonest reasons configurations were dropped. Reasons
+    that differ only in their numbers are one group (a space's reasons repeat: 80 distinct ones in
+    GPT-3's 19,077), written with every number exact where the group agrees on it and the values it
+    took otherwise (``dp*mbs = {128, 256}*{4, 8} = ...``), never masked: a group's reason says of
+    each of its configurations what its own reason says. Memory: 'does not fit in memory'."""
     groups: Counter = Counter()
     example: dict[str, str] = {}
-    patterns: dict[str, str] = {}  # reason -> pattern: a space's reasons repeat (80 in GPT-3's 19,077)
+    values: dict[str, list[set[str]]] = {}  # template -> the values of each of its numbers
+    templates: dict[str, str] = {}  # reason -> template (computed once per distinct reason)
     for r in rows:
         if r["status"] not in ("invalid", "oom"):
             continue
+        reason = r["reason"]
         if r["status"] == "oom":
-            pat = "does not fit in memory"
-        elif r["reason"] in patterns:
-            pat = patterns[r["reason"]]
+            key = "does not fit in memory"
+        elif reason in templates:
+            key = templates[reason]
         else:
-            pat = patterns[r["reason"]] = re.sub(r"\b\d+\b", "N", r["reason"])
-        groups[pat] += 1
-        example.setdefault(pat, f"{r['id']}: {r['reason']}")
-    return [(n, pat, example[pat]) for pat, n in sorted(groups.items(), key=lambda x: (-x[1], x[0]))[:most]]
+            key = templates[reason] = _NUMBER.sub("\0", reason)
+        if r["status"] != "oom":
+            nums = _NUMBER.findall(reason)
+            slots = values.setdefault(key, [set() for _ in nums])
+            for slot, v in zip(slots, nums):
+                slot.add(v)
+        groups[key] += 1
+        example.setdefault(key, f"{r['id']}: {reason}")
+    out = []
+    for key, n in sorted(groups.items(), key=lambda x: (-x[1], x[0]))[:most]:
+        pieces = key.split("\0")
+        text = pieces[0] + "".join(_values(v) + piece for v, piece in zip(values.get(key, []), pieces[1:]))
+        out.append((n, text, example[key]))
+    return out
 
 
 def _title(ident: dict) -> str:
@@ -289,87 +339,130 @@ def write_pareto(out: Path, rows: list[dict], manifest: dict) -> None:
     )
 
 
-def write_report(out: Path, rows: list[dict], manifest: dict, top: int = 10, pareto: bool = True) -> Path:
-    """report.md (and report.html) in ``out``, from the results rows and the sweep manifest, and
-    pareto.png unless ``pareto`` is False (the caller has drawn it: `simpar sweep` draws it beside
-    the plan folders, `plans.write_plan_dirs`)."""
-    out = Path(out)
+def report_parts(out: Path, rows: list[dict], manifest: dict, top: int = 10, timeline: bool = False) -> list[Part]:
+    """The blocks of a sweep's report, in order: report.md writes them as markdown, report.html as
+    HTML (`report_html`), so both say the same. ``timeline``: the best plan's timeline.png is in
+    ``out``."""
     ident, counts, cmd = manifest["identity"], manifest.get("counts", {}), manifest.get("command", "")
-    title = _title(ident)
+    best = ranked(rows)
+    parts = [
+        Part("h1", f"Sweep: {_title(ident)}"),
+        Part("p", "Regenerate everything (results, plans, traces, figures, this file):"),
+        Part("code", cmd),
+        Part("p", f"Rebuild only this report from results.csv: `simpar report {out.as_posix()}`."),
+        Part("h2", "Search"),
+        Part("p", f"Objective: **{ident['objective']}**. Space: " + _space_text(ident) + "."),
+        _table_part(
+            ["configurations", "count"],
+            [
+                ["enumerated", f"{counts.get('enumerated', 0):,}"],
+                ["do not divide (check_plan)", f"{counts.get('invalid', 0):,}"],
+                ["do not fit in memory", f"{counts.get('oom', 0):,}"],
+                ["fit, ranked by the quick estimate", f"{counts.get('fitting', 0):,}"],
+                ["re-ranked by the list-scheduler oracle", f"{counts.get('refined', 0):,}"],
+                ["simulated by the engine", f"{counts.get('simulated', 0):,}"],
+            ],
+        ),
+        Part(
+            "p",
+            "Every configuration is a row of `results.csv` with its plan, result, breakdown, memory, status and "
+            "reason. Rows simulated by the engine rank first, then those estimated by the oracle, then the rest.",
+        ),
+    ]
+    if manifest.get("bound"):
+        parts += [Part("h2", "What the search proves"), Part("p", bound_line(manifest["bound"]))]
+    if manifest.get("budget"):
+        parts.append(Part("p", budget_line(manifest["budget"])))
+    parts += throughput_parts(manifest.get("throughput") or {})
+    if best:
+        parts += [Part("h2", "Best plans"), _table_part(*top_table(rows, top))]
+        parts += [Part("h2", "Why the best plan wins"), Part("ul", items=tuple(explain(rows, ident["objective"])))]
+        parts += offload_parts(rows)
+        if timeline:
+            d = f"{PLAN_DIR}/{plan_dir_name(1, best[0])}"
+            parts += [
+                Part("h2", "Timeline of the best plan"),
+                Part("img", TIMELINE, ("timeline of the best plan",), key="timeline"),
+                Part(
+                    "p",
+                    f"Files the executor runs as they are: [`plan.json`]({d}/plan.json), "
+                    f"[`schedule.csv`]({d}/schedule.csv); trace: [`trace.json`]({d}/trace.json) "
+                    f"(open in https://ui.perfetto.dev). Other plans: `{PLAN_DIR}/`.",
+                ),
+            ]
+    else:
+        parts += [
+            Part("h2", "No plan fits"),
+            Part("p", "No configuration of the space is a valid plan that fits in memory."),
+        ]
+    parts += [
+        Part("h2", "Throughput against memory"),
+        Part("img", PARETO, ("throughput against peak memory",), key="pareto"),
+        Part("h2", "Why configurations were dropped"),
+    ]
+    reasons = drop_reasons(rows)
+    if reasons:
+        parts += [
+            _table_part(["count", "reason", "example"], [[f"{n:,}", p, e] for n, p, e in reasons]),
+            Part("p", REASONS_NOTE),
+        ]
+    else:
+        parts.append(Part("p", "None."))
+    parts += [
+        Part("p", "Ask about any configuration: `simpar report " + out.as_posix() + ' --why "tp=4,pp=8"`.'),
+        Part(
+            "p",
+            f"The same report as one self-contained, interactive page: [`{REPORT_HTML}`]({REPORT_HTML}).",
+            key="md",
+        ),
+    ]
+    return parts
+
+
+def _table_part(cols: list[str], rows: list[list[str]]) -> Part:
+    return Part("table", cols=tuple(cols), rows=tuple(tuple(r) for r in rows))
+
+
+def write_report(out: Path, rows: list[dict], manifest: dict, top: int = 10, pareto: bool = True) -> Path:
+    """report.md and report.html in ``out``, from the results rows and the sweep manifest (the
+    same `report_parts`), and pareto.png unless ``pareto`` is False (the caller has drawn it:
+    `simpar sweep` draws it beside the plan folders, `plans.write_plan_dirs`)."""
+    out = Path(out)
     if pareto:
         write_pareto(out, rows, manifest)
     best = ranked(rows)
-    lines = [
-        f"# Sweep: {title}",
-        "",
-        "Regenerate everything (results, plans, traces, figures, this file):",
-        "",
-        f"```bash\n{cmd}\n```",
-        "",
-        f"Rebuild only this report from results.csv: `simpar report {out.as_posix()}`.",
-        "",
-    ]
-    lines += ["## Search", "", f"Objective: **{ident['objective']}**. Space: " + _space_text(ident) + ".", ""]
-    lines += _md_table(
-        ["configurations", "count"],
-        [
-            ["enumerated", f"{counts.get('enumerated', 0):,}"],
-            ["do not divide (check_plan)", f"{counts.get('invalid', 0):,}"],
-            ["do not fit in memory", f"{counts.get('oom', 0):,}"],
-            ["fit, ranked by the quick estimate", f"{counts.get('fitting', 0):,}"],
-            ["re-ranked by the list-scheduler oracle", f"{counts.get('refined', 0):,}"],
-            ["simulated by the engine", f"{counts.get('simulated', 0):,}"],
-        ],
-    )
-    lines += [
-        "",
-        "Every configuration is a row of `results.csv` with its plan, result, breakdown, memory, status and "
-        "reason. Rows simulated by the engine rank first, then those estimated by the oracle, then the rest.",
-        "",
-    ]
-    if manifest.get("bound"):
-        lines += ["## What the search proves", "", bound_line(manifest["bound"]), ""]
-    if manifest.get("budget"):
-        lines += [budget_line(manifest["budget"]), ""]
-    lines += throughput_lines(manifest.get("throughput") or {})
+    timeline = False
     if best:
-        cols, table = top_table(rows, top)
-        lines += ["## Best plans", ""] + _md_table(cols, table) + [""]
-        lines += ["## Why the best plan wins", ""] + [f"- {s}" for s in explain(rows, ident["objective"])] + [""]
-        lines += offload_lines(rows)
-        d = f"{PLAN_DIR}/{plan_dir_name(1, best[0])}"
-        if (out / d / "timeline.png").exists():
-            _replace(out / TIMELINE, lambda tmp: shutil.copyfile(out / d / "timeline.png", tmp))  # a stable name
-            lines += [
-                "## Timeline of the best plan",
-                "",
-                f"![timeline of the best plan]({TIMELINE})",
-                "",
-                f"Files the executor runs as they are: [`plan.json`]({d}/plan.json), "
-                f"[`schedule.csv`]({d}/schedule.csv); "
-                f"trace: [`trace.json`]({d}/trace.json) (open in https://ui.perfetto.dev). Other plans: `{PLAN_DIR}/`.",
-                "",
-            ]
-    else:
-        lines += ["## No plan fits", "", "No configuration of the space is a valid plan that fits in memory.", ""]
-    lines += ["## Throughput against memory", "", f"![throughput against peak memory]({PARETO})", ""]
-    lines += ["## Why configurations were dropped", ""]
-    reasons = drop_reasons(rows)
-    lines += (
-        _md_table(["count", "reason", "example"], [[f"{n:,}", p, e] for n, p, e in reasons]) if reasons else ["None."]
-    )
-    lines += ["", "Ask about any configuration: `simpar report " + out.as_posix() + ' --why "tp=4,pp=8"`.', ""]
-    lines += [f"The same report as one self-contained, interactive page: [`{REPORT_HTML}`]({REPORT_HTML}).", ""]
-    write_html(out, rows, manifest, top, title, top_table(rows, top), reasons)
-    try:
-        files.write_text(out / REPORT, "\n".join(lines))
-    except OSError as exc:
-        raise SpecError(str(out / REPORT), f"cannot be written ({exc.strerror or exc}).", _FIX) from None
+        src = out / PLAN_DIR / plan_dir_name(1, best[0]) / "timeline.png"
+        if src.exists():
+            _replace(out / TIMELINE, lambda tmp: shutil.copyfile(src, tmp))  # a stable name
+            timeline = True
+    parts = report_parts(out, rows, manifest, top, timeline)
+    front = [r["id"] for r in pareto_front(rows)]
+    for name, write in (
+        (REPORT_HTML, lambda: write_html(out, parts, rows, manifest, PARETO_STYLE, front)),
+        (REPORT, lambda: files.write_text(out / REPORT, to_markdown(parts))),
+    ):
+        try:
+            write()
+        except OSError as exc:
+            raise SpecError(str(out / name), f"cannot be written ({exc.strerror or exc}).", _FIX) from None
     return out / REPORT
 
 
+def offload_parts(rows: list[dict], most: int = 5) -> list[Part]:
+    """The report's section on host offload (`offload_items`), none when no best plan offloads."""
+    items = offload_items(rows, most)
+    return [Part("h2", "Host offload and optimizer choice"), Part("ul", items=tuple(items))] if items else []
+
+
 def offload_lines(rows: list[dict], most: int = 5) -> list[str]:
-    """'## Host offload': what offload and a leaner optimizer buy the best plans that use them: the
+    """`offload_parts` as markdown lines."""
+    return to_markdown(offload_parts(rows, most)).split("\n")
+
+
+def offload_items(rows: list[dict], most: int = 5) -> list[str]:
+    """What offload and a leaner optimizer buy the best plans that use them: the
     same layout without them (does it fit?), the seconds spent waiting on the host beside the
     optimizer's whole host path (its PCIe copies and CPU step), the host memory."""
     by_id = {r["id"]: r for r in rows}
@@ -403,14 +496,14 @@ def offload_lines(rows: list[dict], most: int = 5) -> list[str]:
             else ""
         )
         out.append(
-            f"- rank {r['rank']}, {plan_cell(r)}: {what}: {num(r, 'iter_time_s'):.3f} s, of which"
+            f"rank {r['rank']}, {plan_cell(r)}: {what}: {num(r, 'iter_time_s'):.3f} s, of which"
             f" {seconds(wait)} waiting on the host{path}"
             + (f", {host:.0f} GiB of host memory per node" if host else "")
             + f"; {without}."
         )
         if len(out) == most:
             break
-    return ["## Host offload and optimizer choice", ""] + out + [""] if out else []
+    return out
 
 
 def _default_cp(ident: dict) -> str:
