@@ -26,8 +26,10 @@ COMMANDS: dict[str, str] = {
     "compare": "Simulated against measured: two simpar traces (per rank and action kind), or a plan against the "
     "profiler traces of its real run (per rank: iteration time and where it went).",
     "nccl": "Predicted vs measured nccl-tests rows of a CSV: busbw, time, the algorithm simpar chose.",
-    "memory": "Peak memory per pipeline rank: weights, grads, optimizer, activations, other.",
-    "report": "Rebuild a sweep's report from DIRECTORY/results.csv and DIRECTORY/sweep.json.",
+    "memory": "Peak memory per pipeline rank: weights, grads, optimizer, activations, other; for a plan that does "
+    "not fit, the changes that would make it fit.",
+    "report": "Rebuild a sweep's report from DIRECTORY/results.csv and DIRECTORY/sweep.json (with --why: only "
+    "explain, writing nothing).",
     "run": "Run PLAN's training steps with torch (torchrun, one process per GPU) and measure them.",
     "schedule": "Show a pipeline schedule: per-rank grid, bubble rate, makespan, peak in-flight microbatches.",
     "simulate": "Simulate one training iteration: time, throughput, MFU, breakdown, memory.",
