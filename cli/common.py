@@ -6,8 +6,13 @@ The options read their choices and bounds from `simpar.sim.choices`; the specs a
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import math
+import os
+import sys
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -24,13 +29,143 @@ from simpar.sim.choices import (
     RECOMPUTE_MODULES,
     SCHEDULES,
 )
-from simpar.sim.errors import PlanError
+from simpar.sim.errors import PlanError, SimparError, SpecError
 
 from .imports import apply_import, import_options
 
 if TYPE_CHECKING:
     from simpar.sim.plan import ParallelPlan
     from simpar.sim.specs import ClusterSpec, ModelSpec
+
+
+class Finite(click.FloatRange):
+    """A finite number in a closed (or, with ``min_open`` / ``max_open``, open) range. click's
+    FloatRange lets ``nan`` through (every comparison with it is false) and has no upper bound
+    unless given one; this type refuses nan and inf and always has both bounds, as a usage error
+    (``error: Invalid value for '--x': ... Fix: ...``, exit 2)."""
+
+    name = "number"
+
+    def __init__(self, low: float, high: float, min_open: bool = False, max_open: bool = False) -> None:
+        super().__init__(low, high, min_open=min_open, max_open=max_open, clamp=False)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        x = click.FLOAT.convert(value, param, ctx)
+        if not math.isfinite(x):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return super().convert(x, param, ctx)
+
+
+#: --moe-imbalance: the busiest expert rank's share over the balanced one (1: balanced routing; 64:
+#: every token of 64 expert ranks on one, beyond any measured router)
+MAX_MOE_IMBALANCE = 64.0
+
+
+@contextlib.contextmanager
+def interruptible(what: str) -> Iterator[None]:
+    """Ctrl-C (SIGINT) inside: the line ``interrupted: <what>`` on stderr and exit 130, as a shell
+    reports a command stopped by SIGINT, instead of click's "Aborted!" and exit 1. Worker processes
+    end with their parent (`simpar.sim.procs`)."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        click.echo(f"interrupted: {what}", err=True)
+        sys.exit(130)
+
+
+def _probe(folder: Path, name: str, where: str) -> None:
+    """Create and remove a file named like the temporary one `files.write_text` writes beside
+    ``name`` in ``folder``: a folder that cannot take it (read-only file system, /proc, no
+    permission, a name too long for the file system) fails here, before any work."""
+    from simpar.sim import files
+
+    try:
+        fd, tmp = files.temp_beside(folder / name)
+    except OSError as exc:
+        raise SpecError(where, f"cannot be written ({exc.strerror or exc}).", _WRITABLE) from None
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        os.unlink(tmp)
+
+
+_WRITABLE = "choose a writable folder and a shorter name (most file systems allow 255 bytes per name)."
+
+
+def output_file(path: str | Path, what: str, suffixes: Sequence[str] = ()) -> Path:
+    """`files.output_file` (suffix, a folder in the way, its folders created), then a file really
+    created and removed beside it (`_probe`): every output is checked before any work."""
+    from simpar.sim import files
+
+    where = f"{what} {path}"
+    try:
+        p = files.output_file(path, what, suffixes)
+    except OSError as exc:  # a stat of a name too long, a path through /proc, ...
+        raise SpecError(where, f"cannot be written ({exc.strerror or exc}).", _WRITABLE) from None
+    _probe(p.parent if str(p.parent) else Path("."), p.name, where)
+    return p
+
+
+def output_dir(path: str | Path, what: str, names: Sequence[str] = ()) -> Path:
+    """`files.output_dir` (created), a file created and removed in it, and each of ``names`` (the
+    files the command will write there) checked as `output_file` does."""
+    from simpar.sim import files
+
+    where = f"{what} {path}"
+    try:
+        p = files.output_dir(path, what)
+    except OSError as exc:
+        raise SpecError(where, f"cannot be written ({exc.strerror or exc}).", _WRITABLE) from None
+    _probe(p, "probe", where)
+    for name in names:
+        output_file(p / name, what)
+    return p
+
+
+class Written:
+    """The files a command writes after its work, in order. A write that fails (disk full,
+    read-only, a folder in the way, a name too long) is one line that names the file and says
+    which files were written before it and are kept::
+
+        with out.file(path, "--trace"):
+            write_trace(path, ...)
+
+    ``atomic=False`` for a writer that writes the file in place (matplotlib's savefig): its
+    partial file is removed."""
+
+    def __init__(self) -> None:
+        self.paths: list[str] = []
+
+    def folder(self, path: str | Path, what: str) -> None:
+        """Create the folder ``path`` (and its parents), or fail as a write does."""
+        with self._failing(path, what):
+            Path(path).mkdir(parents=True, exist_ok=True)
+
+    @contextlib.contextmanager
+    def file(self, path: str | Path, what: str, atomic: bool = True) -> Iterator[None]:
+        with self._failing(path, what, atomic):
+            yield
+        self.paths.append(str(path))
+
+    @contextlib.contextmanager
+    def _failing(self, path: str | Path, what: str, atomic: bool = True) -> Iterator[None]:
+        try:
+            yield
+        except (OSError, SimparError) as exc:
+            if not atomic:
+                with contextlib.suppress(OSError):
+                    if Path(path).is_file():
+                        Path(path).unlink()
+            why = (
+                exc.problem.rstrip(".")
+                if isinstance(exc, SimparError)
+                else f"cannot be written ({exc.strerror or exc})"
+            )
+            kept = ", ".join(self.paths) if self.paths else "nothing"
+            raise SpecError(
+                f"{what} {path}",
+                f"{why} after the work; written before it and kept: {kept}.",
+                "free disk space or choose a writable path, and run the command again.",
+            ) from None
 
 
 def plan_options(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -124,7 +259,7 @@ def plan_options(f: Callable[..., Any]) -> Callable[..., Any]:
         ),
         click.option(
             "--offload-optimizer",
-            type=click.FloatRange(0.0, 1.0),
+            type=Finite(0.0, 1.0),
             default=None,
             help="fraction of the optimizer (fp32 master, states, step) on the host CPU (DeepSpeed "
             "offload_optimizer ratio, Megatron-Core --optimizer-offload-fraction) "
@@ -201,7 +336,7 @@ def plan_options(f: Callable[..., Any]) -> Callable[..., Any]:
         ),
         click.option(
             "--moe-imbalance",
-            type=click.FloatRange(1.0, 64.0),
+            type=Finite(1.0, MAX_MOE_IMBALANCE),
             default=1.0,
             show_default=True,
             help="busiest expert rank's tokens over the balanced share (1: force-balanced routing)",

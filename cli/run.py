@@ -7,7 +7,6 @@ torch is imported only inside the command (``simpar.executor``), never when the 
 from __future__ import annotations
 
 import gc
-import json
 import shlex
 import signal
 import sys
@@ -16,10 +15,19 @@ from typing import TYPE_CHECKING
 
 import click
 
+from simpar.sim.choices import MAX_GPUS
 from simpar.sim.errors import SimparError
+
+from .common import interruptible, output_dir
 
 if TYPE_CHECKING:
     from simpar.executor.launch import Launch
+
+
+#: --steps and --warmup: a million steps of the smallest plan run for days
+MAX_STEPS = 1_000_000
+#: --timeout: a week (torch's process-group timeout is a timedelta; 10^30 s overflows it in every worker)
+MAX_TIMEOUT_S = 7 * 86_400
 
 
 @click.command("run")
@@ -37,10 +45,19 @@ if TYPE_CHECKING:
     type=click.Path(exists=True, dir_okay=False),
     help="schedule CSV (torch's format, one row per pipeline rank)",
 )
-@click.option("--steps", type=click.IntRange(1), default=3, show_default=True, help="measured training steps")
-@click.option("--warmup", type=click.IntRange(0), default=1, show_default=True, help="steps before measuring")
+@click.option(
+    "--steps", type=click.IntRange(1, MAX_STEPS), default=3, show_default=True, help="measured training steps"
+)
+@click.option(
+    "--warmup", type=click.IntRange(0, MAX_STEPS), default=1, show_default=True, help="steps before measuring"
+)
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
-@click.option("--nproc", type=int, default=None, help="processes on this node [default: the plan's world size]")
+@click.option(
+    "--nproc",
+    type=click.IntRange(1, MAX_GPUS),
+    default=None,
+    help="processes on this node [default: the plan's world size]",
+)
 @click.option(
     "--precision",
     type=click.Choice(["auto", "fp32", "bf16", "fp16"]),
@@ -48,11 +65,11 @@ if TYPE_CHECKING:
     show_default=True,
     help="auto: the plan's on CUDA, fp32 on CPU",
 )
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=0, show_default=True, help="torch.manual_seed")
 @click.option(
     "--timeout",
     "timeout_s",
-    type=click.IntRange(10),
+    type=click.IntRange(10, MAX_TIMEOUT_S),
     default=300,
     show_default=True,
     help="process-group timeout (s): a hang ends here",
@@ -84,43 +101,52 @@ def run(
     its workers stopped too). For several nodes, run the printed command (--dry-run) under
     torchrun on every node; see simpar/executor/launch.py.
     """
-    from simpar.executor.launch import check_device, check_inputs, supervise, torchrun_command
-    from simpar.sim.specs.planfile import read_plan_file
+    from simpar.executor.launch import check_device, supervise, torchrun_command
 
-    plan, _ = read_plan_file(plan_path)
-    world = plan.num_gpus if nproc is None else nproc
-    check_inputs(plan_path, schedule_path, world, precision, device)
-    cmd = torchrun_command(
-        plan_path,
-        schedule_path,
-        out,
-        world,
-        steps=steps,
-        warmup=warmup,
-        device=device,
-        precision=precision,
-        seed=seed,
-        timeout_s=timeout_s,
-        verify=verify,
-        profile=profile,
-    )
-    if dry_run:  # the devices are checked on the node that runs the command
-        click.echo(shlex.join(cmd))
-        return
-    check_device(device, world)
-    try:
-        Path(out).mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise SimparError(
-            "out", f"cannot create {out} ({exc.strerror}).", "give a folder that can be written."
-        ) from None
-    res = supervise(cmd, Path(out) / LOG_NAME, on_line=lambda line: click.echo(line, err=True))
+    # a Ctrl-C while the inputs are checked (torch imported, the schedule lowered) exits 130 here;
+    # once torchrun runs, `supervise` stops it and its workers and `check_launch` exits 130
+    with interruptible("simpar run stopped; torchrun and its workers, where started, were stopped too."):
+        plan, _ = _prepare(plan_path, schedule_path, nproc, precision, device)
+        world = plan.num_gpus if nproc is None else nproc
+        cmd = torchrun_command(
+            plan_path,
+            schedule_path,
+            out,
+            world,
+            steps=steps,
+            warmup=warmup,
+            device=device,
+            precision=precision,
+            seed=seed,
+            timeout_s=timeout_s,
+            verify=verify,
+            profile=profile,
+        )
+        if dry_run:  # the devices are checked on the node that runs the command
+            click.echo(shlex.join(cmd))
+            return
+        check_device(device, world)
+        output_dir(out, "--out", OUT_FILES)  # created (and written to) once every input is checked
+        res = supervise(cmd, Path(out) / LOG_NAME, on_line=lambda line: click.echo(line, err=True))
     check_launch(res)
     print_result(Path(out), res.log)
 
 
+def _prepare(plan_path, schedule_path, nproc, precision, device):
+    """The plan and model, with the checks of the plan and schedule files (`check_inputs`)."""
+    from simpar.executor.launch import check_inputs
+    from simpar.sim.specs.planfile import read_plan_file
+
+    plan, model = read_plan_file(plan_path)
+    world = plan.num_gpus if nproc is None else nproc
+    check_inputs(plan_path, schedule_path, world, precision, device)
+    return plan, model
+
+
 #: The launch's whole output (torchrun, every worker), in the output folder.
 LOG_NAME = "torchrun.log"
+#: what a run writes into --out (`executor.entry`), checked before it starts
+OUT_FILES = (LOG_NAME, "trace.json", "result.json")
 
 
 def check_launch(res: Launch) -> None:
@@ -143,13 +169,26 @@ def check_launch(res: Launch) -> None:
         sys.exit(1)
 
 
+def loss_text(losses: list[float], warmup: int) -> str:
+    """The measured steps' losses apart from the warm-up steps' (result.json's ``loss`` holds every
+    step, warm-up first)."""
+    warm, measured = losses[:warmup], losses[warmup:]
+    text = "loss (measured steps) " + " ".join(f"{x:.4f}" for x in measured)
+    if warm:
+        text += "; warm-up " + " ".join(f"{x:.4f}" for x in warm)
+    return text
+
+
 def print_result(out: Path, log: Path | None = None) -> None:
-    res = json.loads((out / "result.json").read_text())
+    from simpar.sim import files
+
+    res = files.read_json_object(out / "result.json", "run result")
     peak = max((v or 0) for v in res["peak_memory_bytes"].values()) / 2**20
+    rate = "—" if res.get("tokens_per_s") is None else f"{res['tokens_per_s']:,.0f}"
     click.echo(
-        f"iteration {res['iteration_time_s'] * 1e3:.2f} ms (median of {res['steps']}) | "
-        f"{res['tokens_per_s']:,.0f} tokens/s"
-        f" | peak memory {peak:.1f} MiB (largest rank) | loss {' '.join(f'{x:.4f}' for x in res['loss'])}"
+        f"iteration {res['iteration_time_s'] * 1e3:.2f} ms (median of {res['steps']} measured steps) | "
+        f"{rate} tokens/s | peak memory {peak:.1f} MiB (largest rank) | "
+        + loss_text(res["loss"], int(res.get("warmup", 0)))
     )
     bad: list[str] = []
     if "verify" in res:

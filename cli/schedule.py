@@ -10,8 +10,15 @@ import click
 
 from simpar.sim.choices import BIDIRECTIONAL, MAX_MICROBATCHES, SCHEDULES
 
+from .common import Finite, Written, interruptible, output_file
+
+#: --fb's bound: `simpar.sim.schedules.costs.MAX_TIME` (the longest action; makespans stay finite),
+#: repeated here so that the option is built without importing the simulator
+MAX_TIME = 1e12
+
 _DEFAULT_VPP = {"interleaved-1f1b": 2, "zb-v": 2, "dualpipe-v": 2, "dualpipe": 2, "chimera": 2}
-#: A schedule's grid is pp x (vpp x microbatches) actions: bounded so that a typo cannot run for ever.
+#: The largest --pp and --vpp a click option accepts; their product with --microbatches is bounded
+#: by the schedule builders (`simpar.sim.schedules.bounds.MAX_STAGE_PASSES`), before building.
 MAX_PP = 4096
 
 
@@ -43,7 +50,7 @@ MAX_PP = 4096
 )
 @click.option(
     "--fb",
-    type=click.FloatRange(min=0, min_open=True),
+    type=Finite(0, MAX_TIME, min_open=True),
     default=None,
     help="time of an overlapped F&B pair (dualpipe, dualpipe-v) [default: F + its backward: compute does not "
     "overlap compute, and --costs has no communication to hide]",
@@ -63,7 +70,22 @@ def schedule(
     grid: bool,
 ) -> None:
     """Show a pipeline schedule: per-rank grid, bubble rate, makespan, peak in-flight microbatches."""
-    from simpar.sim import files
+    with interruptible("simpar schedule stopped before it finished."):
+        _schedule(name, pp, m, vpp, costs, fb, csv_path, plot_path, as_json, grid)
+
+
+def _schedule(
+    name: str,
+    pp: int,
+    m: int,
+    vpp: int | None,
+    costs: str | None,
+    fb: float | None,
+    csv_path: str | None,
+    plot_path: str | None,
+    as_json: bool,
+    grid: bool,
+) -> None:
     from simpar.sim.plot import PLOT_SUFFIXES
     from simpar.sim.schedules import (
         StageCosts,
@@ -74,16 +96,19 @@ def schedule(
         peak_inflight,
         write_csv,
     )
+    from simpar.sim.schedules.csvio import sidecar_path
     from simpar.sim.schedules.render import format_grid
 
     vpp = vpp if vpp is not None else _DEFAULT_VPP.get(name, 1)
     if csv_path:
-        files.output_file(csv_path, "--csv")
+        output_file(csv_path, "--csv")
+        output_file(sidecar_path(csv_path), "--csv")
     if plot_path:
-        files.output_file(plot_path, "--plot", PLOT_SUFFIXES)
+        output_file(plot_path, "--plot", PLOT_SUFFIXES)
     rank_costs = parse_costs(costs) if costs else StageCosts.uniform()
     # chunks one microbatch passes on a rank (two pipelines: one of the rank's two stages, a whole chunk)
-    split = vpp // 2 if name in BIDIRECTIONAL else vpp
+    # (at least 1: a bidirectional schedule given vpp 1 is refused by its builder, not divided by zero here)
+    split = max(1, vpp // 2 if name in BIDIRECTIONAL else vpp)
     stage_costs = StageCosts.per_rank(
         split, rank_costs.t_f[0], rank_costs.t_i[0], rank_costs.t_w[0], rank_costs.t_comm[0]
     )
@@ -93,8 +118,10 @@ def schedule(
     check_schedule(sched)
     res = list_schedule(sched, stage_costs)
     peaks = peak_inflight(sched)
+    out = Written()
     if csv_path:
-        write_csv(sched, csv_path)
+        with out.file(csv_path, "--csv"):
+            write_csv(sched, csv_path)
     if plot_path:
         from simpar.sim.plot.schedule import plot_schedule
 
@@ -103,7 +130,9 @@ def schedule(
             + (f" --costs {costs}" if costs else "")
             + (f" --fb {fb:g}" if fb is not None else "")
         )
-        plot_schedule(res, plot_path, footer=f"regenerate: {cmd} --plot {plot_path}")
+        with out.file(plot_path, "--plot", atomic=False):
+            plot_schedule(res, plot_path, footer=f"regenerate: {cmd} --plot {plot_path}")
+    idle_rate = idle_share(res.makespan, res.busy)
     if as_json:
         doc = dict(
             schedule=name,
@@ -112,25 +141,76 @@ def schedule(
             num_microbatches=m,
             makespan=res.makespan,
             bubble_rate=res.bubble_rate,
+            idle_rate=idle_rate,
             peak_inflight=peaks,
             idle=list(res.idle),
             span=list(res.span),
         )
         click.echo(json.dumps(doc, indent=2))
         return
-    c = rank_costs
-    click.echo(
-        f"{name}: pp={pp} vpp={vpp} microbatches={m}; per-rank times F={c.t_f[0]:g} B={c.t_i[0]:g} "
-        f"W={c.t_w[0]:g} comm={c.t_comm[0]:g}"
-    )
+    letters = grid_kinds(sched)
+    click.echo(f"{name}: pp={pp} vpp={vpp} microbatches={m}; per-rank times {times_line(rank_costs, letters, fb)}")
     if grid:
+        click.echo(legend(letters, vpp > 1))
         click.echo(format_grid(res))
     click.echo(f"makespan: {res.makespan:g}")
-    click.echo(f"bubble rate: {res.bubble_rate:.4f}  ((cost - work) / cost, cost = longest rank execution time)")
+    click.echo(
+        f"bubble rate: {res.bubble_rate:.4f}  (zero-bubble paper: (cost - work) / cost, cost = the longest rank's "
+        "time from its first action to its last; the ranks' start and end offsets are not counted)"
+    )
+    click.echo(
+        f"idle share: {idle_rate:.4f}  (idle / (pp x makespan): every rank from the iteration's start to its end, "
+        "as the grid shows it)"
+    )
     unit = " (stage chunks)" if vpp > 1 else ""
     click.echo(f"peak in-flight microbatches per rank{unit}: " + " ".join(map(str, peaks)))
     click.echo("idle per rank: " + " ".join(f"{x:g}" for x in res.idle))
-    if csv_path:
-        click.echo(f"wrote {csv_path}")
-    if plot_path:
-        click.echo(f"wrote {plot_path}")
+    for path in out.paths:
+        click.echo(f"wrote {path}")
+
+
+def idle_share(makespan: float, busy: tuple[float, ...]) -> float:
+    """The share of pp x makespan the ranks spend idle (the grid's dots and its ragged ends)."""
+    total = makespan * len(busy)
+    return (total - sum(busy)) / total if total > 0 else 0.0
+
+
+def grid_kinds(sched) -> list[str]:
+    """The action letters the grid shows, in the order F, B, I, W, R, F&B."""
+    from simpar.sim.schedules.ir import Kind, Pair
+
+    seen: set[str] = set()
+    for acts in sched.ranks:
+        for a in acts:
+            if isinstance(a, Pair):
+                seen.add("F&B")
+                seen.update((a.f.kind.value, a.b.kind.value))
+            elif a.kind in (Kind.F, Kind.B, Kind.I, Kind.W, Kind.R):
+                seen.add(a.kind.value)
+    return [k for k in ("F", "B", "I", "W", "R", "F&B") if k in seen]
+
+
+def times_line(c, letters: list[str], fb: float | None) -> str:
+    """The per-rank times of the letters in the grid (--costs gives F, the input-gradient backward
+    (the zero-bubble paper's B, the grid's I), W and comm; a full backward B takes I + W)."""
+    t = {"F": c.t_f[0], "B": c.t_i[0] + c.t_w[0], "I": c.t_i[0], "W": c.t_w[0], "R": c.t_f[0]}
+    parts = [f"{k}={t[k]:g}" for k in letters if k in t]
+    if "F&B" in letters:
+        parts.append(f"F&B={fb:g} per stage pair" if fb is not None else "F&B=F+B (no overlap)")
+    return " ".join(parts + [f"comm={c.t_comm[0]:g}"])
+
+
+_MEANING = {
+    "F": "forward",
+    "B": "full backward (I + W)",
+    "I": "input-gradient backward (the zero-bubble paper's B)",
+    "W": "weight-gradient backward",
+    "R": "recompute forward",
+    "F&B": "an overlapped forward and backward pair",
+}
+
+
+def legend(letters: list[str], staged: bool) -> str:
+    cell = "{stage}{kind}{microbatch}" if staged else "{kind}{microbatch}"
+    kinds = ", ".join(f"{k} {_MEANING[k]}" for k in letters)
+    return f"grid: a cell is {cell}; {kinds}; ~ the action goes on; . idle"

@@ -11,7 +11,7 @@ from simpar.sim.choices import NETWORK_BACKENDS
 from simpar.sim.units import GiB
 
 from .calib import calibration_options, load_calibration_option, runtime_of, uncalibrated_hint
-from .common import Setup, plan_options, setup_from_options
+from .common import Setup, Written, interruptible, output_dir, output_file, plan_options, setup_from_options
 from .render import echo_json, print_table
 
 if TYPE_CHECKING:
@@ -72,20 +72,63 @@ def simulate(
     **kw,
 ) -> None:
     """Simulate one training iteration: time, throughput, MFU, breakdown, memory."""
+    with interruptible("simpar simulate stopped before it finished."):
+        _simulate(
+            calibration,
+            runtime,
+            backend,
+            full,
+            uncompressed,
+            overlap_tp,
+            no_overlap_grad_reduce,
+            as_json,
+            trace_path,
+            plot_path,
+            mem_plot,
+            plan_dir,
+            emit,
+            kw,
+        )
+
+
+def _simulate(
+    calibration,
+    runtime,
+    backend,
+    full,
+    uncompressed,
+    overlap_tp,
+    no_overlap_grad_reduce,
+    as_json,
+    trace_path,
+    plot_path,
+    mem_plot,
+    plan_dir,
+    emit,
+    kw,
+) -> None:
     from simpar.sim.collector import settled
     from simpar.sim.engine.core import EngineOptions
     from simpar.sim.engine.simulate import simulate as run
 
-    check_outputs(trace_path, plot_path, mem_plot, plan_dir)
     if emit and not plan_dir:
         from simpar.sim.errors import SimparError
 
         raise SimparError("--emit", "needs a folder to write the recipe into.", "add --write-plan DIR.")
+    check_outputs(trace_path, plot_path, mem_plot, plan_dir)
     st = setup_from_options({**kw, "calibration": calibration})
     if emit:  # a plan the framework cannot express is refused before any work
         from simpar.sim.interop.emit import recipe_files
 
         recipe = recipe_files(emit, st.plan, st.model, st.cluster.num_gpus, st.cluster.gpus_per_node)
+        for name in recipe:  # a recipe's name taken by a folder, say, fails now, not after the run
+            output_file(Path(plan_dir) / name, "--write-plan")
+    if plan_dir:  # schedule.csv holds the whole schedule: one too large to build fails now, not after the run
+        from simpar.sim.schedules.bounds import check_size
+
+        check_size(
+            st.plan.schedule, 1 if st.plan.schedule == "none" else st.plan.pp, st.plan.vpp, st.plan.num_microbatches
+        )
     calib = load_calibration_option(calibration, st.cluster.gpu.name)
     opts = EngineOptions(
         full=full,
@@ -96,12 +139,14 @@ def simulate(
     profile, opts = runtime_of(runtime, calib, opts)
     settled()  # the imports and inputs, alive to the end: no collection walks them again
     res = run(st.model, st.cluster, st.plan, backend=backend, calibration=calib, options=opts, profile=profile)
-    write_outputs(st, res, trace_path, plot_path, mem_plot, plan_dir, calib, profile)
+    out = Written()
+    write_outputs(st, res, trace_path, plot_path, mem_plot, plan_dir, calib, profile, out)
     if emit:
         from simpar.sim import files
 
         for name, text in recipe.items():
-            files.write_text(Path(plan_dir) / name, text)
+            with out.file(Path(plan_dir) / name, "--write-plan"):
+                files.write_text(Path(plan_dir) / name, text)
     if as_json:
         echo_json(res.to_json())
         return
@@ -111,19 +156,23 @@ def simulate(
         click.echo(hint, err=True)
 
 
+#: the files --write-plan writes into its folder (with --emit, the recipe's files too)
+PLAN_FILES = ("plan.json", "schedule.csv", "schedule.csv.meta.json")
+
+
 def check_outputs(trace_path, plot_path, mem_plot, plan_dir) -> None:
-    """Every output path can be written (folders created) before any work starts."""
-    from simpar.sim import files
+    """Every output path can be written (folders created, a file created and removed beside it)
+    before any work starts."""
     from simpar.sim.plot import PLOT_SUFFIXES
 
     if plan_dir:
-        files.output_dir(plan_dir, "--write-plan")
+        output_dir(plan_dir, "--write-plan", PLAN_FILES)
     if trace_path:
-        files.output_file(trace_path, "--trace", (".json",))
+        output_file(trace_path, "--trace", (".json",))
     if plot_path:
-        files.output_file(plot_path, "--plot", PLOT_SUFFIXES)
+        output_file(plot_path, "--plot", PLOT_SUFFIXES)
     if mem_plot:
-        files.output_file(mem_plot, "--memory-plot", PLOT_SUFFIXES)
+        output_file(mem_plot, "--memory-plot", PLOT_SUFFIXES)
 
 
 def describe(st: Setup) -> str:
@@ -175,25 +224,38 @@ def flops_rate(tflops: float) -> str:
 
 
 def write_outputs(
-    st: Setup, res: SimResult, trace_path, plot_path, mem_plot, plan_dir, calib=None, profile=None
+    st: Setup,
+    res: SimResult,
+    trace_path,
+    plot_path,
+    mem_plot,
+    plan_dir,
+    calib=None,
+    profile=None,
+    out: Written | None = None,
 ) -> None:
+    """The trace, figures and plan folder asked for; a write that fails is one line saying what was
+    written before it (`Written`)."""
+    out = out if out is not None else Written()
     if trace_path:
         from simpar.sim.engine.trace import write_trace
 
-        write_trace(
-            trace_path,
-            res.events,
-            {"source": "simpar simulate", "describe": describe(st), "iter_time_s": res.iter_time_s},
-        )
+        with out.file(trace_path, "--trace"):
+            write_trace(
+                trace_path,
+                res.events,
+                {"source": "simpar simulate", "describe": describe(st), "iter_time_s": res.iter_time_s},
+            )
     if plot_path:
         from simpar.sim.plot.timeline import plot_timeline
 
-        plot_timeline(
-            res.events,
-            plot_path,
-            describe(st),
-            f"iteration {res.iter_time_s:.3f} s, MFU {res.mfu:.1%}, bubble {res.bubble_fraction:.1%}",
-        )
+        with out.file(plot_path, "--plot", atomic=False):
+            plot_timeline(
+                res.events,
+                plot_path,
+                describe(st),
+                f"iteration {res.iter_time_s:.3f} s, MFU {res.mfu:.1%}, bubble {res.bubble_fraction:.1%}",
+            )
     if mem_plot:
         from simpar.sim.plot.timeline import plot_memory
 
@@ -201,20 +263,23 @@ def write_outputs(
         base = {}
         for rank, r in zip(sorted(res.memory_timeline), res.memory.ranks[:rep]):
             base[rank] = r.total - r.detail.get("activations_stored", 0.0)
-        plot_memory(res.memory_timeline, base, mem_plot, res.memory.capacity, describe(st))
+        with out.file(mem_plot, "--memory-plot", atomic=False):
+            plot_memory(res.memory_timeline, base, mem_plot, res.memory.capacity, describe(st))
     if plan_dir:
-        write_plan_dir(st, Path(plan_dir), calib, profile)
+        write_plan_dir(st, Path(plan_dir), calib, profile, out)
 
 
-def write_plan_dir(st: Setup, out: Path, calibration=None, profile=None) -> None:
+def write_plan_dir(st: Setup, out: Path, calibration=None, profile=None, written: Written | None = None) -> None:
     """plan.json + the lowered schedule.csv that was simulated, exactly what `simpar run` reads."""
+    from simpar.sim.cost.profile import MEGATRON
     from simpar.sim.engine.simulate import plan_schedule
     from simpar.sim.schedules import write_csv
     from simpar.sim.specs.planfile import write_plan_file
 
-    out.mkdir(parents=True, exist_ok=True)
-    write_plan_file(out / "plan.json", st.plan, st.model, st.cluster.name)
-    from simpar.sim.cost.profile import MEGATRON
-
+    written = written if written is not None else Written()
+    written.folder(out, "--write-plan")  # created before the work (`check_outputs`); here for other callers
     sched = plan_schedule(st.model, st.cluster, st.plan, calibration, profile=profile or MEGATRON)
-    write_csv(sched, out / "schedule.csv")
+    with written.file(out / "plan.json", "--write-plan"):
+        write_plan_file(out / "plan.json", st.plan, st.model, st.cluster.name)
+    with written.file(out / "schedule.csv", "--write-plan"):
+        write_csv(sched, out / "schedule.csv")

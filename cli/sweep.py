@@ -14,6 +14,7 @@ import click
 
 from simpar.sim.choices import (
     FP8_RECIPES,
+    MAX_BATCH,
     OPTIMIZERS,
     PRECISIONS,
     RECOMPUTE,
@@ -22,9 +23,14 @@ from simpar.sim.choices import (
 from simpar.sim.errors import SimparError
 
 from .calib import calibration_options, load_calibration_option, runtime_of, uncalibrated_hint
+from .common import Finite
 from .imports import apply_sweep_import, import_options
 from .sweep_args import OVERLAP_CHOICES, Whole, canonical_command, check_stack, space_from
 from .sweep_show import show
+
+#: --engine-budget's bound: `simpar.sim.sweep.limits.MAX_ENGINE_BUDGET_S` (a week), repeated so that the
+#: option is built without importing the sweep
+MAX_ENGINE_BUDGET_S = 7 * 86_400
 
 PHASES = {
     "screen": "screen: divides? fits? quick estimate",
@@ -207,7 +213,7 @@ class _Bar:
 @click.option("--exhaustive", is_flag=True, help="simulate every configuration that fits with the engine")
 @click.option(
     "--engine-budget",
-    type=click.FloatRange(0),
+    type=Finite(0, MAX_ENGINE_BUDGET_S),
     default=10.0,
     show_default=True,
     help="wall seconds the engine may take for every other plan that fits, after the top k (the rate of its "
@@ -311,6 +317,8 @@ def _sweep(kw: dict, warm) -> None:
         engine_budget=kw["engine_budget"],
     )
     limits.check_setup(setup)
+    # the plan's own bound (`choices.MAX_BATCH`, below the sweep's): above it every plan would fail inside a worker
+    limits.whole(kw["gbs"], "gbs", 1, MAX_BATCH, " sequences")
     limits.check_options(opts)
     folder = files.output_dir(out, "out")  # a bad --out fails before any work
     command = canonical_command(kw, out)

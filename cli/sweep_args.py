@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from simpar.sim.choices import MOE_DISPATCHERS, OPTIMIZERS, RECOMPUTE, SCHEDULES, SWEEP_SCHEDULES
+from simpar.sim.choices import MAX_BATCH, MAX_GPUS, MOE_DISPATCHERS, OPTIMIZERS, RECOMPUTE, SCHEDULES, SWEEP_SCHEDULES
 from simpar.sim.errors import SimparError
 
 
@@ -74,14 +74,37 @@ def _list(text: str, field: str, allowed: tuple | None = None, cast=str) -> tupl
     return vals
 
 
+def _wholes(text: str, field: str, low: int, high: int, example: str, words: tuple[str, ...] = ()) -> tuple:
+    """A comma-separated list of whole numbers in [low, high] (``1e3`` is 1000; each value once),
+    or of ``words``; anything else is one line naming --field, before any work."""
+    vals = _list(text, field)
+    out: list[int | str] = []
+    for v in vals:
+        if v in words:
+            out.append(v)
+            continue
+        n = _whole_text(v, field)
+        if not low <= n <= high:
+            raise SimparError(
+                field,
+                f"{v if len(str(n)) > 16 else format(n, ',')} is outside {low}..{high:,}.",
+                f"write whole numbers from {low} to {high:,}, e.g. {example}.",
+            )
+        out.append(n)
+    return tuple(dict.fromkeys(out))
+
+
+#: the largest value of each whole-number list option (the plan's bounds, `simpar.sim.choices`)
+_MAX_SIZE = MAX_GPUS
+_MAX_LAYERS = 1 << 16
+
+
 def space_from(kw: dict[str, Any]):
     from simpar.sim.cost.offload import offload_fields
     from simpar.sim.sweep.space import SearchSpace
 
-    mbs = _list(kw["mbs"], "mbs", cast=int)
-    if min(mbs) < 1:
-        raise SimparError("mbs", "micro-batch sizes must be >= 1.", "write e.g. --mbs 1,2,4,8.")
-    rlayers = _list(kw.get("recompute_layers") or "0", "recompute-layers", cast=int)
+    mbs = _wholes(kw["mbs"], "mbs", 1, MAX_BATCH, "--mbs 1,2,4,8")
+    rlayers = _wholes(kw.get("recompute_layers") or "0", "recompute-layers", 0, _MAX_LAYERS, "--recompute-layers 0,2,4")
     offload = _list(kw.get("offload") or "none", "offload")
     for v in offload:
         try:
@@ -90,8 +113,6 @@ def space_from(kw: dict[str, Any]):
             raise SimparError(
                 "offload", str(exc) + ".", "write e.g. --offload none,optimizer:1,activations:2."
             ) from None
-    if min(rlayers) < 0:
-        raise SimparError("recompute-layers", "layer counts must be >= 0 (0: every layer).", "write e.g. 0,2,4.")
     return SearchSpace(
         schedules=_list(kw["schedules"], "schedules", SCHEDULES),
         zero=_list(kw["zero"], "zero", (0, 1, 2, 3), int),
@@ -104,8 +125,12 @@ def space_from(kw: dict[str, Any]):
         precision=kw["precision"],
         stack=kw.get("stack") or "megatron-core",
         fp8_recipe=kw.get("fp8_recipe"),
-        ep=_list(kw["ep"], "ep", cast=int) if kw.get("ep") else None,
-        etp=tuple(0 if v == "tp" else _whole_text(v, "etp") for v in _list(kw.get("etp") or "tp,1", "etp")),
+        ep=_wholes(kw["ep"], "ep", 1, _MAX_SIZE, "--ep 1,2,4,8") if kw.get("ep") else None,
+        # "tp" is etp = tp, which the space writes 0
+        etp=tuple(
+            0 if v == "tp" else v
+            for v in _wholes(kw.get("etp") or "tp,1", "etp", 1, _MAX_SIZE, "--etp tp,1", words=("tp",))
+        ),
         moe_dispatcher=_list(kw.get("moe_dispatcher") or "alltoall", "moe-dispatcher", MOE_DISPATCHERS),
         moe_a2a_overlap=OVERLAP_CHOICES[kw.get("moe_a2a_overlap") or "off"],
         optimizer=_list(kw.get("optimizer") or "adamw", "optimizer", OPTIMIZERS),

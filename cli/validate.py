@@ -11,7 +11,11 @@ from pathlib import Path
 import click
 
 from .calib import load_calibration_option
+from .common import Written, interruptible, output_dir
 from .render import echo_json, print_table
+
+#: the files --out gets
+OUT_FILES = ("scatter.png", "validation.md", "validation.json")
 
 
 @click.command("validate")
@@ -30,12 +34,26 @@ from .render import echo_json, print_table
 )
 def validate(csv_file: str, calibration, backend: str, as_json: bool, workers: int | None, out_dir) -> None:
     """Simulate every row of a measured-run CSV (see FORMAT.md) and compare."""
+    with interruptible("simpar validate stopped; its worker processes were stopped too, nothing was written."):
+        _validate(csv_file, calibration, backend, as_json, workers, out_dir)
+
+
+def _validate(csv_file: str, calibration, backend: str, as_json: bool, workers: int | None, out_dir) -> None:
     from simpar.sim import files
     from simpar.sim.engine.simulate import simulate
     from simpar.sim.specs.calibration import validate_calibration
     from simpar.sim.validation.published import read_rows, report, validate_rows
 
-    out = files.output_dir(out_dir, "--out") if out_dir else None
+    most = 4 * (os.cpu_count() or 1)  # as `simpar sweep --workers`: more processes only add memory
+    if workers is not None and workers > most:
+        from simpar.sim.errors import SimparError
+
+        raise SimparError(
+            "--workers",
+            f"{workers:,} is more than 4 processes per CPU core ({most} here).",
+            f"pass --workers {most} or fewer.",
+        )
+    out = output_dir(out_dir, "--out", OUT_FILES) if out_dir else None
     rows = read_rows(csv_file)
     calib = load_calibration_option(calibration, None)  # the file's faults stop the run; its GPU is per row
 
@@ -54,13 +72,17 @@ def validate(csv_file: str, calibration, backend: str, as_json: bool, workers: i
             if sys.argv[1:2] == ["validate"]
             else f"simpar validate {csv_file} --out {out_dir}"
         )
-        scatter(
-            doc,
-            out / "scatter.png",
-            f"{Path(csv_file).name}: median |error| {doc['summary']['median_abs_error'] or 0:.1%}",
-        )
-        files.write_text(out / "validation.md", markdown(doc, cmd))
-        files.write_text(out / "validation.json", json.dumps(doc, indent=1, sort_keys=True))
+        written = Written()
+        with written.file(out / "scatter.png", "--out", atomic=False):
+            scatter(
+                doc,
+                out / "scatter.png",
+                f"{Path(csv_file).name}: median |error| {doc['summary']['median_abs_error'] or 0:.1%}",
+            )
+        with written.file(out / "validation.md", "--out"):
+            files.write_text(out / "validation.md", markdown(doc, cmd))
+        with written.file(out / "validation.json", "--out"):
+            files.write_text(out / "validation.json", json.dumps(doc, indent=1, sort_keys=True))
     if as_json:
         echo_json(doc)
         return

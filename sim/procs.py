@@ -18,7 +18,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
@@ -52,7 +52,26 @@ _JOB: list[Callable[[Any], Any] | None] = [None]
 def _init(parent: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    # forked with SIGINT blocked (`_sigint_blocked`): a Ctrl-C that came in between is dropped here
+    with contextlib.suppress(AttributeError, OSError, ValueError):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     die_with_parent(parent)
+
+
+@contextlib.contextmanager
+def _sigint_blocked() -> Iterator[None]:
+    """SIGINT held back while worker processes are forked: a Ctrl-C that lands between a fork and
+    the worker's `_init` (which ignores it there) would otherwise stop the worker with a traceback
+    of its own. The parent receives it when this ends, as a KeyboardInterrupt."""
+    try:
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    except (AttributeError, OSError, ValueError):  # no pthread_sigmask (Windows)
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def _call(item: Any) -> Any:
@@ -61,7 +80,7 @@ def _call(item: Any) -> Any:
     return fn(item)
 
 
-def fork_map(fn: Callable[[Any], Any], items: list[Any], workers: int) -> Iterator[tuple[int, Any]]:
+def fork_map(fn: Callable[[Any], Any], items: list[Any], workers: int) -> Generator[tuple[int, Any], None, None]:
     """(index, fn(item)) for every item, in completion order, on ``workers`` forked processes
     (``fn`` need not pickle: the workers inherit it; items and results must). In this process
     where there is one worker or no fork. Workers are killed if the caller stops early (an
@@ -72,11 +91,15 @@ def fork_map(fn: Callable[[Any], Any], items: list[Any], workers: int) -> Iterat
         return
     _JOB[0] = fn
     ex = ProcessPoolExecutor(
-        workers, mp_context=multiprocessing.get_context("fork"), initializer=_init, initargs=(os.getpid(),)
+        min(workers, len(items)),  # a process per item at most
+        mp_context=multiprocessing.get_context("fork"),
+        initializer=_init,
+        initargs=(os.getpid(),),
     )
     clean = False
     try:
-        pending = {ex.submit(_call, item): i for i, item in enumerate(items)}
+        with _sigint_blocked():  # the first submit forks every worker (the fork start method)
+            pending = {ex.submit(_call, item): i for i, item in enumerate(items)}
         while pending:
             done, _ = wait(pending, timeout=0.1, return_when=FIRST_COMPLETED)
             for f in done:

@@ -16,7 +16,8 @@ def test_prints_grid_and_summary(runner) -> None:
     res = runner.invoke(cli, ZB)
     assert res.exit_code == 0, res.output
     lines = res.output.splitlines()
-    assert lines[1].split("|")[1].split() == [
+    assert lines[1].startswith("grid: ")  # the legend of the letters below
+    assert lines[2].split("|")[1].split() == [
         "F0",
         "F1",
         "F2",

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from .. import choices
 from ..errors import ScheduleError
 from .analysis import ListScheduleResult, list_schedule, peak_activation_units, peak_inflight
+from .bounds import MAX_STAGE_PASSES, check_size, schedule_size_problem
 from .chimera import chimera
 from .costs import StageCosts, parse_costs
 from .deadlock import check_schedule
@@ -40,6 +41,8 @@ __all__ = [
     "Schedule",
     "StageCosts",
     "ListScheduleResult",
+    "MAX_STAGE_PASSES",
+    "schedule_size_problem",
     "SCHEDULE_NAMES",
     "build_schedule",
     "schedule_for_plan",
@@ -92,10 +95,15 @@ def _none(pp: int, m: int) -> Schedule:
 
 def build_schedule(name: str, pp: int, vpp: int, num_microbatches: int, costs: StageCosts | None = None) -> Schedule:
     """The compute-only schedule ``name`` (one of SCHEDULE_NAMES) for pp ranks, vpp stages per rank
-    and m microbatches. ``costs`` only steer zb-1p/zb-2p (default: unit F, I, W, no comm)."""
+    and m microbatches. ``costs`` only steer zb-1p/zb-2p (default: unit F, I, W, no comm).
+    Sizes that are not positive, or a schedule larger than `bounds.MAX_STAGE_PASSES`, are a
+    `ScheduleError` before anything is built."""
     if name not in _BUILDERS:
         raise ScheduleError("schedule", f"unknown schedule {name!r}.", f"use one of {', '.join(SCHEDULE_NAMES)}.")
     need, build = _BUILDERS[name]
+    for field, value in (("pp", pp), ("vpp", vpp), ("microbatches", num_microbatches)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ScheduleError(field, f"must be a whole number >= 1, got {value!r}.", f"give {field} >= 1.")
     if need is not None and vpp != need:
         hint = (
             "pass --vpp 2."
@@ -105,6 +113,7 @@ def build_schedule(name: str, pp: int, vpp: int, num_microbatches: int, costs: S
         raise ScheduleError(
             "vpp", f"schedule {name} runs exactly {need} stage(s) per pipeline rank, got vpp={vpp}.", hint
         )
+    check_size(name, pp, vpp, num_microbatches)
     return build(pp, vpp, num_microbatches, costs)
 
 

@@ -50,6 +50,13 @@ def overlap_seconds(f: tuple[float, float], b: tuple[float, float], contention: 
 
 #: the fields that hold one value per stage (or one for every stage)
 _PER_STAGE = ("t_f", "t_i", "t_w", "t_comm", "t_b", "t_r", "t_fb", "x_f", "x_b", "mem_f", "mem_w")
+#: the per-stage fields that are durations (the others, ``mem_f`` and ``mem_w``, are bytes)
+_TIMES = frozenset(_PER_STAGE) - {"mem_f", "mem_w"}
+#: The longest duration one action may have, in the costs' unit (seconds inside simpar: 30,000
+#: years; 11 days in the zero-bubble paper's milliseconds). A makespan sums at most a few million
+#: of them (`bounds.MAX_STAGE_PASSES`), so every makespan, idle time and bubble rate stays a finite
+#: number far below float overflow (1e308), where ``--costs 1e308,...`` gave inf and nan.
+MAX_TIME = 1e12
 
 
 def _tuple(x: float | Sequence[float] | None) -> tuple[float, ...] | None:
@@ -88,13 +95,25 @@ class StageCosts:
     mem_w: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.contention <= 1.0:
+        if not 0.0 <= self.contention <= 1.0:  # (nan fails it too)
             raise ScheduleError("costs", f"contention must lie in [0, 1], got {self.contention}.", "give 0..1.")
+        if not 0.0 <= self.t_post <= MAX_TIME:
+            raise ScheduleError("costs", f"t_post must lie in [0, {MAX_TIME:g}], got {self.t_post}.", "give 0..1e12.")
         for name in _PER_STAGE:
             val = _tuple(getattr(self, name))
             object.__setattr__(self, name, val)
-            if val is not None and (not val or min(val) < 0):
-                raise ScheduleError("costs", f"{name} must be non-negative numbers, got {val}.", "give values >= 0.")
+            if val is None:
+                continue
+            if not val or not all(math.isfinite(v) and v >= 0 for v in val):
+                raise ScheduleError(
+                    "costs", f"{name} must be finite non-negative numbers, got {val}.", "give finite values >= 0."
+                )
+            if name in _TIMES and max(val) > MAX_TIME:
+                raise ScheduleError(
+                    "costs",
+                    f"{name} has a duration of {max(val):g}, above the bound of {MAX_TIME:g} (module costs).",
+                    f"give durations of at most {MAX_TIME:g} in one unit (e.g. seconds or milliseconds).",
+                )
         if (self.mem_f is None) != (self.mem_w is None):
             raise ScheduleError("costs", "mem_f and mem_w go together.", "give both or neither.")
 
@@ -191,8 +210,11 @@ def parse_costs(text: str) -> StageCosts:
         ) from None
     if len(vals) not in (3, 4):
         raise ScheduleError("costs", f"{text!r} has {len(vals)} values, expected F,B,W[,COMM].", "write e.g. 1,1,1,0.")
-    if not all(math.isfinite(v) and v >= 0 for v in vals) or vals[0] <= 0:
+    if not all(math.isfinite(v) and 0 <= v <= MAX_TIME for v in vals) or vals[0] <= 0:
         raise ScheduleError(
-            "costs", f"{text!r}: times must be finite, F > 0 and the others >= 0.", "write e.g. 1,1,1,0."
+            "costs",
+            f"{text!r}: times must be finite numbers, F > 0 and the others >= 0, each at most {MAX_TIME:g} "
+            "(makespans must stay finite).",
+            "write e.g. 1,1,1,0.",
         )
     return StageCosts.uniform(*vals)

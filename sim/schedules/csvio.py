@@ -55,12 +55,14 @@ def sidecar_path(path: Path | str) -> Path:
 
 
 def write_csv(schedule: Schedule, path: Path | str) -> Path:
-    """Write the schedule (one row per rank) and its metadata sidecar; returns the CSV path."""
+    """Write the schedule (one row per rank) and its metadata sidecar, each replaced atomically
+    (`files.write_text`: a failed write leaves no half file); returns the CSV path."""
     path = Path(path)
-    with open(path, "w", newline="") as fh:
-        writer = csv.writer(fh)
-        for acts in schedule.ranks:
-            writer.writerow([str(a) for a in acts])
+    buf = io.StringIO()
+    writer = csv.writer(buf)
+    for acts in schedule.ranks:
+        writer.writerow([str(a) for a in acts])
+    files.write_text(path, buf.getvalue())
     meta = dict(
         format=_META_FORMAT,
         name=schedule.name,
@@ -72,7 +74,7 @@ def write_csv(schedule: Schedule, path: Path | str) -> Path:
         meta=schedule.meta,
         pipelines=schedule.pipelines,
     )
-    sidecar_path(path).write_text(json.dumps(meta, indent=2, sort_keys=True, default=str) + "\n")
+    files.write_text(sidecar_path(path), json.dumps(meta, indent=2, sort_keys=True, default=str) + "\n")
     return path
 
 

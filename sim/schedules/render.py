@@ -2,7 +2,10 @@
 pipeline figures of the GPipe, Megatron and zero-bubble papers.
 
 A slot is the shortest compute duration in the schedule, so unit costs give one cell per action;
-with uneven costs a box is moved right when rounding would make it overlap the previous one.
+with uneven costs a box is moved right when rounding would make it overlap the previous one. A slot
+is never shorter than the makespan over `CELLS_PER_ACTION` cells per action of the longest rank:
+costs of very different sizes (``--costs 1e-7,1,1``) would otherwise draw 10^7 cells per backward
+and build a grid of gigabytes.
 A cell shows ``{kind}{microbatch}`` (``{stage}{kind}{microbatch}`` when ranks hold several
 stages), an overlapped pair ``{F}&{B}`` (e.g. ``0F3&3B1``); ``~`` continues an action longer than
 one slot; ``.`` is idle.
@@ -14,6 +17,8 @@ from .analysis import ListScheduleResult
 from .ir import Kind, Pair
 
 _SHOWN = (Kind.F, Kind.B, Kind.I, Kind.W, Kind.R, Kind.OVERLAP_F_B)
+#: the widest a row may be, in cells per shown action of the longest rank (see the module docstring)
+CELLS_PER_ACTION = 4
 
 
 def format_grid(result: ListScheduleResult) -> str:
@@ -26,7 +31,8 @@ def format_grid(result: ListScheduleResult) -> str:
     ]
     if not durations:
         return ""
-    slot = min(durations)
+    longest = max(sum(1 for a in acts if a.kind in _SHOWN) for acts in sched.ranks)
+    slot = max(min(durations), result.makespan / (CELLS_PER_ACTION * longest))
 
     def label(a) -> str:
         if isinstance(a, Pair):

@@ -35,9 +35,10 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, fields
 from math import isqrt
 
-from ..choices import SWEEP_SCHEDULES, V_SHAPED
+from ..choices import MAX_GPUS, SWEEP_SCHEDULES, V_SHAPED
 from ..cost.offload import offload_fields
 from ..derived import derived
+from ..errors import SimparError
 from ..plan import RECOMPUTE, SCHEDULES
 from ..specs import ClusterSpec, ModelSpec
 
@@ -92,6 +93,20 @@ class SearchSpace:
     recompute_layers: tuple[int, ...] = (0,)
     #: host offload variants (`offload_fields`): none, optimizer:F, params, activations:N, joined by +
     offload: tuple[str, ...] = ("none",)
+
+    def __post_init__(self) -> None:
+        """The expert axes hold sizes a plan can take, checked before the search: ep >= 1 (ep 0
+        divided by zero in `_experts`, ep -2 failed inside the plan, in a worker) and etp >= 1 or 0
+        (0 stands for etp = tp)."""
+        for name, values, low in (("ep", self.ep or (), 1), ("etp", self.etp, 0)):
+            for v in values:
+                if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= MAX_GPUS:
+                    raise SimparError(
+                        name,
+                        f"{v!r} is not an {'expert' if name == 'ep' else 'expert tensor'}-parallel size "
+                        f"(a whole number from 1 to {MAX_GPUS:,}).",
+                        f"pass --{name} with whole numbers >= 1, e.g. --{name} 1,2,4.",
+                    )
 
     def to_json(self) -> dict:
         return asdict(self)

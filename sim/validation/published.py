@@ -4,6 +4,7 @@ its reason, never dropped."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 import statistics
@@ -13,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import files
-from ..choices import OPTIMIZERS
+from ..choices import MAX_BATCH, MAX_GPUS, OPTIMIZERS
 from ..cost.offload import offload_fields
 from ..engine.iteration import EngineOptions
 from ..errors import SimparError
@@ -140,6 +141,59 @@ def read_rows(path: str | Path) -> list[dict[str, str]]:
     return rows
 
 
+#: The whole-number cells of a row: column -> (smallest, largest, what an empty cell stands for, or
+#: None where the cell is required). The largest values are the plan's and the model's bounds
+#: (`choices`, `specs.model`); a cell outside them (pp 0, vpp 0, a negative or 10^30 size, 16.5,
+#: abc) is the row's reason for not being simulated, read before anything divides by it.
+INT_CELLS: dict[str, tuple[int, int, int | None]] = {
+    "num_gpus": (1, MAX_GPUS, None),
+    "tp": (1, MAX_GPUS, None),
+    "pp": (1, MAX_GPUS, None),
+    "dp": (1, MAX_GPUS, None),
+    "cp": (1, MAX_GPUS, 1),
+    "vpp": (1, MAX_GPUS, 1),
+    "mbs": (1, MAX_BATCH, None),
+    "gbs": (1, MAX_BATCH, None),
+    "seq_len": (1, 100_000_000, None),
+    "zero": (0, 3, None),
+}
+#: a dense row's architecture cells (`ModelSpec`'s bounds)
+ARCH_INT_CELLS: dict[str, tuple[int, int, int | None]] = {
+    "layers": (1, 10_000, None),
+    "hidden": (1, 1_000_000, None),
+    "heads": (1, 100_000, None),
+    "kv_heads": (0, 100_000, 0),
+    "ffn": (0, 10_000_000, 0),
+    "vocab": (1, 100_000_000, None),
+}
+#: an MoE row's expert cells (`moe_rows`: an empty etp is 1)
+MOE_INT_CELLS: dict[str, tuple[int, int, int | None]] = {"ep": (1, MAX_GPUS, 1), "etp": (1, MAX_GPUS, 1)}
+
+
+def whole_cell(r: dict[str, str], col: str) -> int:
+    """A row's whole-number cell within its bounds (`INT_CELLS`, `ARCH_INT_CELLS`, `MOE_INT_CELLS`),
+    or a `SimparError` naming the row and the column."""
+    low, high, empty = {**INT_CELLS, **ARCH_INT_CELLS, **MOE_INT_CELLS}[col]
+    text = cell(r, col) if col == "zero" else (r.get(col) or "").strip()
+    if not text and empty is not None:
+        return empty
+    where = f"row {r.get('id') or '?'}: {col}"
+    if not re.fullmatch(r"[+-]?\d{1,30}", text):
+        raise SimparError(where, f"is {text!r}, not a whole number.", f"write a whole number from {low} to {high:,}.")
+    value = int(text)
+    if not low <= value <= high:
+        raise SimparError(
+            where, f"is {value:,}, outside {low}..{high:,}.", f"write a whole number from {low} to {high:,}."
+        )
+    return value
+
+
+def check_cells(r: dict[str, str]) -> dict[str, int]:
+    """Every whole-number cell of a row (its kind's: dense or MoE), checked before it is used."""
+    cols = [*INT_CELLS, *(MOE_INT_CELLS if is_moe_row(r) else ARCH_INT_CELLS)]
+    return {c: whole_cell(r, c) for c in cols}
+
+
 def measured(r: dict[str, str], col: str, required: bool = True) -> float | None:
     """A row's measured figure: a finite positive number (or, when not ``required``, empty)."""
     text = (r.get(col) or "").strip()
@@ -253,6 +307,7 @@ def row_options(r: dict[str, str]) -> dict[str, Any]:
 
 
 def row_setup(r: dict[str, str]) -> tuple[ModelSpec, Any, ParallelPlan]:
+    v = check_cells(r)  # before anything divides by a cell
     if is_moe_row(r):
         model = moe_model(r)
         extra_moe = moe_plan_fields(r)
@@ -260,32 +315,32 @@ def row_setup(r: dict[str, str]) -> tuple[ModelSpec, Any, ParallelPlan]:
         model = ModelSpec(
             name=r["id"],
             arch=r["arch"],
-            layers=int(r["layers"]),
-            hidden=int(r["hidden"]),
-            heads=int(r["heads"]),
-            kv_heads=int(r["kv_heads"] or 0),
-            ffn=int(r["ffn"] or 0),
-            vocab=int(r["vocab"]),
-            seq_len=int(r["seq_len"]),
+            layers=v["layers"],
+            hidden=v["hidden"],
+            heads=v["heads"],
+            kv_heads=v["kv_heads"],
+            ffn=v["ffn"],
+            vocab=v["vocab"],
+            seq_len=v["seq_len"],
             **_arch_extras(r),
         )
         extra_moe = {}
-    n = int(r["num_gpus"])
+    n = v["num_gpus"]
     cluster = load_cluster(r["cluster"], gpus=n)
-    pp, vpp = int(r["pp"]), int(r["vpp"] or 1)
+    pp, vpp = v["pp"], v["vpp"]
     split = None if model.layers % (pp * vpp) == 0 else balanced_layer_split(model.layers, pp * vpp)
-    tp = int(r["tp"])
+    tp = v["tp"]
     extra = row_hints(r)
     plan = ParallelPlan(
-        dp=int(r["dp"]),
+        dp=v["dp"],
         tp=tp,
         pp=pp,
-        cp=int(r["cp"] or 1),
+        cp=v["cp"],
         vpp=vpp,
-        micro_batch_size=int(r["mbs"]),
-        global_batch_size=int(r["gbs"]),
+        micro_batch_size=v["mbs"],
+        global_batch_size=v["gbs"],
         schedule=r["schedule"],
-        zero=int(cell(r, "zero")),
+        zero=v["zero"],
         recompute=cell(r, "recompute"),
         sequence_parallel=cell(r, "sequence_parallel") == "1" and tp > 1,
         precision=r["precision"],
@@ -318,10 +373,12 @@ def validate_rows(
     rows' order whatever the workers)."""
     order = sorted(range(len(rows)), key=lambda i: -_row_cost(rows[i]))
     out: list[RowResult | None] = [None] * len(rows)
-    for k, rr in fork_map(lambda i: _validate_row(rows[i], simulate_fn), order, workers):
-        out[order[k]] = rr
-        if progress:
-            progress(rr.id)
+    # closed on any exception (Ctrl-C among them): its workers are stopped now, not when collected
+    with contextlib.closing(fork_map(lambda i: _validate_row(rows[i], simulate_fn), order, workers)) as done:
+        for k, rr in done:
+            out[order[k]] = rr
+            if progress:
+                progress(rr.id)
     return [rr for rr in out if rr is not None]
 
 
