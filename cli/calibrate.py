@@ -20,6 +20,8 @@ import click
 
 from simpar.sim.errors import SimparError, SpecError
 
+from .common import Written
+
 #: GPU preset of a CUDA device, by a substring of torch.cuda.get_device_name (first match wins).
 CUDA_PRESETS = (
     ("H200", "h200"),
@@ -249,13 +251,16 @@ def _calibrate(device, backend, nproc, gpu_name, cluster_name, quick, out: Path)
         )
     software = software_versions()
     meas_path = out.with_name(out.stem + ".measurements.json")
-    files.write_text(meas_path, json.dumps(meas, indent=1) + "\n")
+    written = Written()
+    with written.file(meas_path, "--out"):
+        files.write_text(meas_path, json.dumps(meas, indent=1) + "\n")
     doc = build_calibration(
         meas, gpu, cluster, date=_dt.date.today().isoformat(), software=software, measurements_file=meas_path.name
     )
     if retry_note:
         doc["fit"]["notes"].insert(0, retry_note)
-    files.write_text(out, json.dumps(doc, indent=2) + "\n")
+    with written.file(out, "--out"):
+        files.write_text(out, json.dumps(doc, indent=2) + "\n")
     _print_calibration(doc)
     click.echo(f"wrote {out} and {meas_path}")
 

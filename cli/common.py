@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -73,52 +72,18 @@ def interruptible(what: str) -> Iterator[None]:
         sys.exit(130)
 
 
-def _probe(folder: Path, name: str, where: str) -> None:
-    """Create and remove a file named like the temporary one `files.write_text` writes beside
-    ``name`` in ``folder``: a folder that cannot take it (read-only file system, /proc, no
-    permission, a name too long for the file system) fails here, before any work."""
-    from simpar.sim import files
-
-    try:
-        fd, tmp = files.temp_beside(folder / name)
-    except OSError as exc:
-        raise SpecError(where, f"cannot be written ({exc.strerror or exc}).", _WRITABLE) from None
-    os.close(fd)
-    with contextlib.suppress(OSError):
-        os.unlink(tmp)
-
-
-_WRITABLE = "choose a writable folder and a shorter name (most file systems allow 255 bytes per name)."
-
-
 def output_file(path: str | Path, what: str, suffixes: Sequence[str] = ()) -> Path:
-    """`files.output_file` (suffix, a folder in the way, its folders created), then a file really
-    created and removed beside it (`_probe`): every output is checked before any work."""
+    """`files.output_file`: every output checked (a file really created beside it) before any work."""
     from simpar.sim import files
 
-    where = f"{what} {path}"
-    try:
-        p = files.output_file(path, what, suffixes)
-    except OSError as exc:  # a stat of a name too long, a path through /proc, ...
-        raise SpecError(where, f"cannot be written ({exc.strerror or exc}).", _WRITABLE) from None
-    _probe(p.parent if str(p.parent) else Path("."), p.name, where)
-    return p
+    return files.output_file(path, what, suffixes)
 
 
 def output_dir(path: str | Path, what: str, names: Sequence[str] = ()) -> Path:
-    """`files.output_dir` (created), a file created and removed in it, and each of ``names`` (the
-    files the command will write there) checked as `output_file` does."""
+    """`files.output_dir`, with ``names`` (the files the command will write there) checked too."""
     from simpar.sim import files
 
-    where = f"{what} {path}"
-    try:
-        p = files.output_dir(path, what)
-    except OSError as exc:
-        raise SpecError(where, f"cannot be written ({exc.strerror or exc}).", _WRITABLE) from None
-    _probe(p, "probe", where)
-    for name in names:
-        output_file(p / name, what)
-    return p
+    return files.output_dir(path, what, names)
 
 
 class Written:

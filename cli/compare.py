@@ -7,6 +7,7 @@ import click
 from simpar.sim.errors import SpecError
 
 from .calib import calibration_options
+from .common import Written
 
 
 def _read(path: str):
@@ -85,7 +86,8 @@ def compare(
         raise SpecError("trace", "the two traces have no rank in common.", "compare traces of the same plan.")
     click.echo(format_rows(rows, sim, meas))
     if plot_path:
-        plot_timelines(sim, meas, plot_path)
+        with Written().file(plot_path, "--plot", atomic=False):
+            plot_timelines(sim, meas, plot_path)
         click.echo(f"wrote {plot_path}")
 
 
@@ -157,10 +159,13 @@ def _compare_profile(trace_dir, plan_path, cluster_name, calibration, runtime, p
     if plot_path or perfetto_path:
         meas_events = [e for t in traces for e in measured_events(t, device_spans(t))]
         sim_events = list(res.events)
+        written = Written()
         if plot_path:
-            plot_timelines(sim_events, meas_events, plot_path)
+            with written.file(plot_path, "--plot", atomic=False):
+                plot_timelines(sim_events, meas_events, plot_path)
             click.echo(f"wrote {plot_path}")
         if perfetto_path:
             doc = perfetto_doc(sim_events, meas_events, {"plan": str(plan_path), "traces": str(trace_dir)})
-            files.write_text(perfetto_path, json.dumps(doc))
+            with written.file(perfetto_path, "--perfetto"):
+                files.write_text(perfetto_path, json.dumps(doc))
             click.echo(f"wrote {perfetto_path}")

@@ -103,6 +103,9 @@ class SimparGroup(click.Group):
             cmd = exc.ctx.command_path if exc.ctx is not None else "simpar"
             click.echo(f"error: {exc.format_message()} Fix: see `{cmd} --help`.", err=True)
             sys.exit(2)
+        except KeyboardInterrupt:  # Ctrl-C in any command: one line and the shell's 128 + SIGINT
+            click.echo("interrupted: stopped by Ctrl-C (SIGINT); files already written are kept.", err=True)
+            sys.exit(130)
 
 
 @click.group(cls=SimparGroup, context_settings={"help_option_names": ["-h", "--help"]})

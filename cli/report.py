@@ -10,6 +10,7 @@ from pathlib import Path
 
 import click
 
+from .common import Written
 from .render import echo_json
 from .sweep_args import Whole
 
@@ -43,7 +44,8 @@ def report(directory: str, top: int, why_filter, as_json: bool) -> None:
         lines = why(rows, why_filter, objective=obj)
     else:
         files.output_dir(out, "report folder")  # report.md, report.html and pareto.png are rewritten in it
-        path = write_report(out, rows, manifest, top)
+        with Written().file(out / REPORT, "report folder"):  # a failure names what write_report had written
+            path = write_report(out, rows, manifest, top)
         lines = []
     if as_json:
         echo_json(

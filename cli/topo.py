@@ -15,6 +15,8 @@ import click
 from simpar.sim.errors import SpecError
 from simpar.sim.units import human_bytes
 
+from .common import Written
+
 #: `topo` builds the whole graph and routes every pair class: ~40 s at 65,536 GPUs on one core.
 MAX_TOPO_GPUS = 1 << 17
 
@@ -52,7 +54,8 @@ def topo(cluster: str, gpus: int | None, plot_path: Path | None, as_json: bool) 
         from simpar.sim.plot.topology import draw_topology
 
         try:
-            draw_topology(net.topology, plot_path)
+            with Written().file(plot_path, "--plot", atomic=False):
+                draw_topology(net.topology, plot_path)
         except ValueError as exc:
             raise SpecError("plot", f"{exc}.", "use --gpus with a few nodes for --plot.") from None
         report["plot"] = str(plot_path)

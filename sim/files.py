@@ -121,7 +121,7 @@ def parse_toml(text: str, where: str) -> dict[str, Any]:
         raise SpecError(where, f"is not valid TOML ({exc}).", "fix the file's syntax.") from None
     except SpecError:
         raise
-    except ValueError as exc:  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
+    except ValueError:  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
         raise SpecError(
             where, "holds a number too long to read (over 4,300 digits).", "write numbers of ordinary size."
         ) from None
@@ -219,40 +219,66 @@ def finite(value: float, where: str) -> float:
 # --- outputs -------------------------------------------------------------------------------
 
 
+_WRITABLE = "choose a writable folder and a shorter name (most file systems allow 255 bytes per name)."
+
+
 def _make_dirs(folder: Path, where: str) -> None:
-    for parent in (folder, *folder.parents):
-        if parent.exists() and not parent.is_dir():
-            raise SpecError(where, f"{parent} is a file, not a folder.", "choose a path under a folder.")
-        if parent.exists():
-            break
     try:
+        for parent in (folder, *folder.parents):
+            if parent.exists() and not parent.is_dir():
+                raise SpecError(where, f"{parent} is a file, not a folder.", "choose a path under a folder.")
+            if parent.exists():
+                break
         folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise SpecError(
-            where, f"cannot create folder {folder} ({exc.strerror or exc}).", "choose a writable path."
-        ) from None
+    except OSError as exc:  # a name too long, a path through /proc, no permission, ...
+        raise SpecError(where, f"cannot create folder {folder} ({exc.strerror or exc}).", _WRITABLE) from None
     if not os.access(folder, os.W_OK):
         raise SpecError(where, f"folder {folder} is not writable.", "choose a writable path.")
 
 
+def _probe(folder: Path, name: str, where: str) -> None:
+    """Create and remove a file named like the temporary one `write_text` writes beside ``name``
+    in ``folder``: a folder that cannot take it (read-only file system, /proc, no permission, a
+    name too long for the file system) fails here, before any work."""
+    try:
+        fd, tmp = temp_beside(folder / name)
+    except OSError as exc:
+        raise SpecError(where, f"cannot be written ({exc.strerror or exc}).", _WRITABLE) from None
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        os.unlink(tmp)
+
+
 def output_file(path: str | Path, what: str, suffixes: Sequence[str] = ()) -> Path:
-    """Check ``path`` can be written (its folder created) before any work starts."""
+    """Check ``path`` can be written before any work starts: its suffix, no folder in the way, its
+    folders created, and a file really created and removed beside it (`_probe`)."""
     p = Path(path)
     where = f"{what} {p}"
     if suffixes and p.suffix.lower() not in suffixes:
         raise SpecError(where, f"has suffix {p.suffix or '(none)'!r}.", f"use one of {', '.join(suffixes)}.")
-    if p.is_dir():
-        raise SpecError(where, "is a folder.", "give a file name.")
-    _make_dirs(p.parent if str(p.parent) else Path("."), where)
-    if p.exists() and not os.access(p, os.W_OK):
+    try:
+        if p.is_dir():
+            raise SpecError(where, "is a folder.", "give a file name.")
+        exists_unwritable = p.exists() and not os.access(p, os.W_OK)
+    except OSError as exc:
+        raise SpecError(where, f"cannot be written ({exc.strerror or exc}).", _WRITABLE) from None
+    folder = p.parent if str(p.parent) else Path(".")
+    _make_dirs(folder, where)
+    if exists_unwritable:
         raise SpecError(where, "is not writable.", "choose a writable path.")
+    _probe(folder, p.name, where)
     return p
 
 
-def output_dir(path: str | Path, what: str) -> Path:
-    """Check (and create) an output folder before any work starts."""
+def output_dir(path: str | Path, what: str, names: Sequence[str] = ()) -> Path:
+    """Check (and create) an output folder before any work starts, a file created and removed in
+    it, and each of ``names`` (the files the command will write there) checked as `output_file`."""
     p = Path(path)
-    _make_dirs(p, f"{what} {p}")
+    where = f"{what} {p}"
+    _make_dirs(p, where)
+    _probe(p, "probe", where)
+    for name in names:
+        output_file(p / name, what)
     return p
 
 
@@ -272,7 +298,8 @@ def temp_beside(path: Path) -> tuple[int, str]:
     with the permissions of a file the process creates (0o666 less its umask: readable by the
     group and others under the usual 022), not `tempfile.mkstemp`'s owner-only 0o600, which a
     rename would leave on results.csv or a report."""
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    # the name's first 100 characters: a legal name of up to 255 bytes still leaves room for the prefix
+    fd, name = tempfile.mkstemp(prefix=f".{path.name[:100]}.", suffix=".tmp", dir=path.parent)
     with contextlib.suppress(OSError):  # a file system without permissions (some mounts): what it gives
         os.fchmod(fd, 0o666 & ~_UMASK)
     return fd, name

@@ -11,6 +11,7 @@ from ..cost.offload import offload_fields
 from ..errors import PlanError
 from ..plan import ParallelPlan, balanced_layer_split
 from ..plan_check import check_plan
+from ..schedules.bounds import schedule_size_problem
 from ..specs import ClusterSpec, ModelSpec
 from .space import Config, SearchSpace
 
@@ -64,4 +65,7 @@ def checked_plan(
         check_plan(plan, model, cluster, cfg.tp * cfg.pp * cfg.dp * cfg.cp)
     except PlanError as exc:
         return None, f"does not divide: {exc.problem}"
+    too_large = schedule_size_problem(plan.schedule, plan.pp, plan.vpp, plan.num_microbatches)
+    if too_large is not None:  # dropped, as the schedule command and simulate refuse it
+        return None, f"too large to build: {too_large}"
     return plan, ""
