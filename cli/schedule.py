@@ -10,7 +10,7 @@ import click
 
 from simpar.sim.choices import BIDIRECTIONAL, MAX_MICROBATCHES, SCHEDULES
 
-from .common import Finite, Written, interruptible, output_file
+from .common import Finite, Written, output_file
 
 #: --fb's bound: `simpar.sim.schedules.costs.MAX_TIME` (the longest action; makespans stay finite),
 #: repeated here so that the option is built without importing the simulator
@@ -70,22 +70,6 @@ def schedule(
     grid: bool,
 ) -> None:
     """Show a pipeline schedule: per-rank grid, bubble rate, makespan, peak in-flight microbatches."""
-    with interruptible("simpar schedule stopped before it finished."):
-        _schedule(name, pp, m, vpp, costs, fb, csv_path, plot_path, as_json, grid)
-
-
-def _schedule(
-    name: str,
-    pp: int,
-    m: int,
-    vpp: int | None,
-    costs: str | None,
-    fb: float | None,
-    csv_path: str | None,
-    plot_path: str | None,
-    as_json: bool,
-    grid: bool,
-) -> None:
     from simpar.sim.plot import PLOT_SUFFIXES
     from simpar.sim.schedules import (
         StageCosts,

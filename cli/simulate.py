@@ -11,7 +11,7 @@ from simpar.sim.choices import NETWORK_BACKENDS
 from simpar.sim.units import GiB
 
 from .calib import calibration_options, load_calibration_option, runtime_of, uncalibrated_hint
-from .common import Setup, Written, interruptible, output_dir, output_file, plan_options, setup_from_options
+from .common import Setup, Written, output_dir, output_file, plan_options, setup_from_options
 from .render import echo_json, print_table
 
 if TYPE_CHECKING:
@@ -72,41 +72,6 @@ def simulate(
     **kw,
 ) -> None:
     """Simulate one training iteration: time, throughput, MFU, breakdown, memory."""
-    with interruptible("simpar simulate stopped before it finished."):
-        _simulate(
-            calibration,
-            runtime,
-            backend,
-            full,
-            uncompressed,
-            overlap_tp,
-            no_overlap_grad_reduce,
-            as_json,
-            trace_path,
-            plot_path,
-            mem_plot,
-            plan_dir,
-            emit,
-            kw,
-        )
-
-
-def _simulate(
-    calibration,
-    runtime,
-    backend,
-    full,
-    uncompressed,
-    overlap_tp,
-    no_overlap_grad_reduce,
-    as_json,
-    trace_path,
-    plot_path,
-    mem_plot,
-    plan_dir,
-    emit,
-    kw,
-) -> None:
     from simpar.sim.collector import settled
     from simpar.sim.engine.core import EngineOptions
     from simpar.sim.engine.simulate import simulate as run
