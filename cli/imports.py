@@ -1,5 +1,5 @@
-"""--from-megatron / --from-deepspeed / --from-torchtitan: a framework configuration as the plan (and
-model, GPU count) of a command; the command's own flags, where given, win over it. The fields read
+"""--from-megatron / --from-deepspeed / --from-torchtitan / --from-accelerate: a framework configuration
+as the plan (and model, GPU count) of a command; the command's own flags, where given, win over it. The fields read
 but not modelled are printed in one warning block on stderr."""
 
 from __future__ import annotations
@@ -46,7 +46,16 @@ def import_options(f: Callable[..., Any]) -> Callable[..., Any]:
             "from_torchtitan",
             type=click.Path(dir_okay=False),
             default=None,
-            help="a torchtitan job TOML: its model flavor (where --model is not given) and its plan",
+            help="a torchtitan job: a TOML file, or its command line (--module llama3 --config llama3_8b "
+            "--parallelism.tensor_parallel_degree 8 ...): its model flavor (where --model is not given) and its plan",
+        ),
+        click.option(
+            "--from-accelerate",
+            "from_accelerate",
+            type=click.Path(dir_okay=False),
+            default=None,
+            help="an HF Accelerate config YAML (FSDP, DEEPSPEED with its ds_config, MEGATRON_LM, MULTI_GPU): its "
+            "plan and GPU count (the batch sizes from --mbs/--gbs)",
         ),
     ]
     for opt in reversed(opts):
@@ -63,30 +72,54 @@ def _explicit(name: str) -> bool:
     return src is not None and src.name not in ("DEFAULT", "DEFAULT_MAP")
 
 
+_FROM = ("from_megatron", "from_deepspeed", "from_torchtitan", "from_accelerate")
+
+
+def _flags(kw: dict[str, Any]) -> dict[str, Any]:
+    """The command's values a configuration's "auto" takes (DeepSpeed's HuggingFace values): only
+    those given on the command line."""
+    return {k: kw.get(k) for k in ("mbs", "gbs", "precision", "tp", "pp") if kw.get(k) is not None and _explicit(k)}
+
+
 def _chosen(kw: dict[str, Any]) -> str | None:
     """The one --from-* option given (None: none); two are refused."""
-    chosen = [k for k in ("from_megatron", "from_deepspeed", "from_torchtitan") if kw.get(k)]
+    chosen = [k for k in _FROM if kw.get(k)]
     if len(chosen) > 1:
         raise PlanError(f"--{chosen[1].replace('_', '-')}", "is given with another --from-* option.", "give one.")
     return chosen[0] if chosen else None
 
 
-def _read(kw: dict[str, Any], which: str, gpus: int | None, tp: int = 1, pp: int = 1):
+def _read(kw: dict[str, Any], which: str, gpus: int | None):
     """The `Imported` of the --from-* option ``which``; a torchtitan pipeline needs the model's
     layers (--model's, else its own flavor's: `read_torchtitan`)."""
+    from simpar.sim.interop.accelerate import read_accelerate
     from simpar.sim.interop.deepspeed import read_deepspeed
     from simpar.sim.interop.megatron import read_megatron
     from simpar.sim.interop.torchtitan import read_torchtitan
     from simpar.sim.specs import load_model
     from simpar.sim.specs.model import ModelSpec
 
+    flags = _flags(kw)
     if which == "from_megatron":
         return read_megatron(kw["from_megatron"], model_given=bool(kw.get("model")))
     if which == "from_deepspeed":
-        return read_deepspeed(kw["from_deepspeed"], gpus, tp, pp)
+        return read_deepspeed(kw["from_deepspeed"], gpus, flags.get("tp"), flags.get("pp") or 1, flags)
+    if which == "from_accelerate":
+        return read_accelerate(kw["from_accelerate"], gpus, flags)
     model = kw.get("model")
     layers = (model if isinstance(model, ModelSpec) else load_model(model)).layers if model else None
     return read_torchtitan(kw["from_torchtitan"], layers, gpus)  # without --model: its flavor's layers
+
+
+def _require_seq_len(kw: dict[str, Any], which: str | None) -> None:
+    """A HuggingFace config.json as --model needs --seq-len (its file gives only a maximum),
+    unless the configuration gives the run's length (a torchtitan job, a Megatron launch)."""
+    from simpar.sim.specs.hf import require_seq_len
+    from simpar.sim.specs.model import ModelSpec
+
+    model = kw.get("model")
+    if model and not isinstance(model, ModelSpec) and which not in ("from_torchtitan", "from_megatron"):
+        require_seq_len(model, kw.get("seq_len"))
 
 
 def _fill_model_and_gpus(kw: dict[str, Any], imp: Any, out: dict[str, Any]) -> Any:
@@ -112,10 +145,11 @@ def _fill_model_and_gpus(kw: dict[str, Any], imp: Any, out: dict[str, Any]) -> A
 def apply_import(kw: dict[str, Any]) -> dict[str, Any]:
     """``kw`` with an imported configuration's values where the command's options were not given."""
     which = _chosen(kw)
+    _require_seq_len(kw, which)
     if which is None:
         return kw
     out = dict(kw)
-    imp = _read(kw, which, kw.get("gpus"), kw.get("tp") or 1, kw.get("pp") or 1)
+    imp = _read(kw, which, kw.get("gpus"))
     built = _fill_model_and_gpus(kw, imp, out)
     if built is not None:
         out["model"] = built
@@ -140,10 +174,11 @@ def apply_sweep_import(kw: dict[str, Any]) -> tuple[dict[str, Any], Any]:
     where the sweep's options were not given, the model the configuration built or None). The
     fields the sweep searches are named in the warning block, as not taken."""
     which = _chosen(kw)
+    _require_seq_len(kw, which)
     if which is None:
         return kw, None
     out = dict(kw)
-    imp = _read(kw, which, kw.get("gpus") if which == "from_torchtitan" else None)
+    imp = _read(kw, which, kw.get("gpus") if which in ("from_torchtitan", "from_accelerate") else None)
     model = _fill_model_and_gpus(kw, imp, out)
     if not kw.get("gbs") and "global_batch_size" in imp.plan:
         out["gbs"] = imp.plan["global_batch_size"]
@@ -151,6 +186,13 @@ def apply_sweep_import(kw: dict[str, Any]) -> tuple[dict[str, Any], Any]:
         if field in imp.plan and not _explicit(key):
             out[key] = imp.plan[field]
     offload = []
+    if imp.plan.get("offload_params") and imp.plan.get("offload_optimizer", 1.0) != 1.0:
+        raise PlanError(
+            f"{imp.source}: offload_param",
+            "offloads the parameters and keeps (part of) the optimizer on the GPU, which is not a sweep offload "
+            "variant (params offloads the whole optimizer with them).",
+            "simulate it with simpar simulate, or offload the optimizer too.",
+        )
     if imp.plan.get("offload_params"):
         offload.append("params")
     elif imp.plan.get("offload_optimizer"):

@@ -172,6 +172,8 @@ def test_hf_config(runner, tmp_path) -> None:
             "8",
             "--zero",
             "3",
+            "--seq-len",
+            "8192",
             "--json",
         ],
     )

@@ -310,7 +310,6 @@ MODEL_ARGS = [
 INT_FLAGS = [
     "--tensor-model-parallel-size",
     "--pipeline-model-parallel-size",
-    "--virtual-pipeline-model-parallel-size",
     "--num-virtual-stages-per-pipeline-rank",
     "--num-layers-per-virtual-pipeline-stage",
     "--micro-batch-size",
@@ -379,7 +378,7 @@ def _check_megatron(text: str, res: Imported | SpecError) -> None:
         return
     words = text.replace("=", " ").split()
     vpp = res.plan.get("vpp", 1)
-    for flag in ("--virtual-pipeline-model-parallel-size", "--num-virtual-stages-per-pipeline-rank"):
+    for flag in ("--num-virtual-stages-per-pipeline-rank",):
         if flag in words:
             assert int(words[len(words) - 1 - words[::-1].index(flag) + 1]) == vpp, (flag, text)
     assert not ("--bf16" in words and "--fp16" in words)
@@ -539,9 +538,9 @@ def _ds_refused(tmp_path: Path, cfg: dict[str, Any], field: str) -> SpecError:
         ({"bf16": "yes"}, "bf16", "not a section"),
         ({"bf16": {"enabled": "true"}}, "bf16.enabled", "not true or false"),
         ({"fp16": {"enabled": 1}}, "fp16.enabled", "not true or false"),
-        ({"bf16": {"enabled": "auto"}}, "bf16.enabled", "needs the value itself"),
-        ({"train_batch_size": "auto"}, "train_batch_size", "needs the value itself"),
-        ({"gradient_accumulation_steps": "auto"}, "gradient_accumulation_steps", "needs the value itself"),
+        ({"bf16": {"enabled": "auto"}}, "bf16.enabled", "pass --precision"),
+        ({"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto"}, "micro_batch_size_per_gpu", "--mbs"),
+        ({"train_batch_size": "auto", "gradient_accumulation_steps": "auto"}, "train_batch_size", "pass --gbs"),
         ({"train_micro_batch_size_per_gpu": 2.0}, "train_micro_batch_size_per_gpu", "not a whole number"),
         ({"zero_optimization": {"stage": "2"}}, "zero_optimization.stage", "not a whole number"),
         ({"zero_optimization": {"stage": 2, "offload_optimizer": "cpu"}}, "offload_optimizer", '{"device": "cpu"}'),
@@ -679,23 +678,16 @@ LAUNCH = "--num-layers 8 --hidden-size 64 --num-attention-heads 4 --seq-length 1
 @pytest.mark.parametrize(
     ("flags", "named", "other"),
     [
-        (
-            "--pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 2 "
-            "--virtual-pipeline-model-parallel-size 3",
-            "--num-layers-per-virtual-pipeline-stage",
+        (  # not a Megatron-LM argument (its parser refuses it): named, with the one to write
+            "--pipeline-model-parallel-size 2 --virtual-pipeline-model-parallel-size 3",
             "--virtual-pipeline-model-parallel-size",
+            "--num-virtual-stages-per-pipeline-rank",
         ),
         (
             "--pipeline-model-parallel-size 2 --num-virtual-stages-per-pipeline-rank 4 "
             "--num-layers-per-virtual-pipeline-stage 2",
             "--num-layers-per-virtual-pipeline-stage",
             "--num-virtual-stages-per-pipeline-rank",
-        ),
-        (
-            "--pipeline-model-parallel-size 2 --virtual-pipeline-model-parallel-size 2 "
-            "--num-virtual-stages-per-pipeline-rank 4",
-            "--num-virtual-stages-per-pipeline-rank",
-            "--virtual-pipeline-model-parallel-size",
         ),
         (
             "--recompute-method block --activations-checkpoint-method uniform",
@@ -722,10 +714,8 @@ def test_megatron_flags_that_say_the_same_thing_must_agree(flags, named, other):
     "flags",
     [
         "--num-layers-per-virtual-pipeline-stage 2",
-        "--virtual-pipeline-model-parallel-size 2",
         "--num-virtual-stages-per-pipeline-rank 2",
-        "--num-layers-per-virtual-pipeline-stage 2 --virtual-pipeline-model-parallel-size 2 "
-        "--num-virtual-stages-per-pipeline-rank 2",
+        "--num-layers-per-virtual-pipeline-stage 2 --num-virtual-stages-per-pipeline-rank 2",
     ],
 )
 def test_megatron_virtual_stages_agree_however_spelled(flags):
@@ -794,7 +784,7 @@ def test_megatron_uneven_stages_that_do_not_add_up_are_refused():
         )
     with pytest.raises(SpecError, match="virtual stages"):
         read_megatron(
-            LAUNCH + "--pipeline-model-parallel-size 2 --virtual-pipeline-model-parallel-size 2 "
+            LAUNCH + "--pipeline-model-parallel-size 2 --num-virtual-stages-per-pipeline-rank 2 "
             "--decoder-first-pipeline-num-layers 3"
         )
 

@@ -36,15 +36,19 @@ SINGLE_STAGE = frozenset({"gpipe", "1f1b"})
 #: [model] name + flavor -> simpar model preset (the flavors' shapes: torchtitan
 #: models/*/__init__.py; DeepSeek-V3 671B and the Qwen3 MoE flavors as the presets, without MTP)
 MODELS = {
+    ("llama2", "7B"): "llama2-7b",
+    ("llama2", "13B"): "llama2-13b",
+    ("llama2", "70B"): "llama2-70b",
     ("llama3", "8B"): "llama3-8b",
     ("llama3", "70B"): "llama3-70b",
     ("llama3", "405B"): "llama3-405b",
     ("deepseek_v3", "671B"): "deepseek-v3",
     ("qwen3", "30B-A3B"): "qwen3-30b-a3b",
     ("qwen3", "235B-A22B"): "qwen3-235b-a22b",
+    ("llama4", "17bx16e"): "llama4-scout",
 }
 #: the MoE flavors (expert parallelism, grouped-GEMM converters)
-MOE_PRESETS = frozenset({"deepseek-v3", "qwen3-30b-a3b", "qwen3-235b-a22b"})
+MOE_PRESETS = frozenset({"deepseek-v3", "qwen3-30b-a3b", "qwen3-235b-a22b", "llama4-scout"})
 #: converters -> (kind, the section that configures it): torchtitan's model.converters, as named
 #: in 2025 ("float8", "mx") and after (torchtitan components/quantization: "quantize.linear.float8",
 #: "quantize.grouped_mm.float8", "quantize.linear.mx", "quantize.grouped_mm.mx")
@@ -176,17 +180,37 @@ SCHEMA = {
 
 
 def read_torchtitan(path: str, layers: int | None = None, gpus: int | None = None) -> Imported:
-    """A torchtitan TOML onto plan fields (and its model preset). ``layers`` (the model's, where
-    --model gives it) gives the pipeline's layer split, else the flavor's preset does; ``gpus``
-    the data-parallel size where ``data_parallel_shard_degree`` is -1 (the rest of the GPUs)."""
+    """A torchtitan job onto plan fields (and its model preset): a TOML file, or the command line
+    of torchtitan's config registry (``--module llama3 --config llama3_8b --parallelism.* ...``,
+    `torchtitan_cli`), given as the text itself or as a file holding it. ``layers`` (the
+    model's, where --model gives it) gives the pipeline's layer split, else the flavor's preset
+    does; ``gpus`` the data-parallel size where ``data_parallel_shard_degree`` is -1 (the rest of
+    the GPUs)."""
+    from .torchtitan_cli import is_command_line, job_from_command_line
+
+    if is_command_line(path):
+        cfg, where, gpus_line, after = job_from_command_line(path)
+        imp = read_torchtitan_job(cfg, where, layers, gpus if gpus is not None else gpus_line)
+        after(imp)
+        return imp
     p = Path(path)
     where = f"torchtitan job {p.name}"
+    return read_torchtitan_job(read_torchtitan_toml(p, where), where, layers, gpus)
+
+
+def read_torchtitan_toml(p: Path, where: str) -> dict[str, Any]:
+    """A torchtitan TOML file's sections."""
     try:
-        cfg = read_toml(p, "torchtitan job")
+        return read_toml(p, "torchtitan job")
     except ValueError as exc:  # tomllib: an integer of more than 4,300 digits (sim.files lets it through)
         raise SpecError(
             where, f"holds a number simpar cannot read ({exc}).", "write the numbers the run uses."
         ) from None
+
+
+def read_torchtitan_job(cfg: dict[str, Any], where: str, layers: int | None, gpus: int | None) -> Imported:
+    """A torchtitan job's sections (a TOML's, or a registry config's with its overrides) onto plan
+    fields."""
     for sec in cfg:  # every section a table, before any is looked into
         section(cfg, sec, where)
     cfg = _flatten_quantize(cfg, where)
@@ -215,11 +239,19 @@ def read_torchtitan(path: str, layers: int | None = None, gpus: int | None = Non
     model = cfg.get("model") or {}
     if model:
         key = (model.get("name", "llama3"), model.get("flavor", ""))
-        imp.model_preset = one_of(
-            f"{key[0]} {key[1]}", f"{where}: model.flavor", {f"{a} {b}": v for (a, b), v in MODELS.items()}
-        )
-        if layers is None:  # the flavor's layers, as torchtitan builds it
-            layers = load_model(imp.model_preset).layers
+        if key in MODELS:
+            imp.model_preset = MODELS[key]
+            if layers is None:  # the flavor's layers, as torchtitan builds it
+                layers = load_model(imp.model_preset).layers
+        elif layers is None:
+            raise SpecError(
+                f"{where}: model.flavor",
+                f"is {key[0]} {key[1]}, a torchtitan flavor simpar has no preset for.",
+                "pass --model with the model's HuggingFace config.json or a simpar model YAML, or "
+                f"use one of: {', '.join(f'{a} {b}' for a, b in MODELS)}.",
+            )
+        else:
+            imp.unmodelled.append(f"model.flavor ({key[0]} {key[1]}: --model is used)")
     plan = imp.plan
     plan["stack"] = "torchtitan"
     plan["precision"] = one_of(

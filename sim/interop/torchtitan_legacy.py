@@ -125,6 +125,25 @@ def legacy_layout(cfg: dict[str, Any], imp: Imported, where: str) -> tuple[dict[
                     one_of(value, f"{where}: model.norm_type", {"rmsnorm": 1, "fused_rmsnorm": 1})
                 imp.unmodelled.append(f"{sec}.{key}")
     train = out.get("training")
+    if isinstance(train, dict) and "data_parallel_degree" in train:  # until 2024-07: FSDP over that many GPUs
+        par = out.setdefault("parallelism", {})
+        if not isinstance(par, dict) or "data_parallel_shard_degree" in par:
+            raise SpecError(
+                f"{where}: training.data_parallel_degree",
+                "is given with parallelism.data_parallel_shard_degree (its later name).",
+                "keep one.",
+            )
+        par["data_parallel_shard_degree"] = train.pop("data_parallel_degree")
+        moved["data_parallel_degree"] = True
+    if isinstance(train, dict) and "fp8_linear" in train:  # until 2024-07: "" (off) or a scaling name
+        value = train.pop("fp8_linear")
+        if value != "":
+            raise SpecError(
+                f"{where}: training.fp8_linear",
+                f"is {value!r}: the float8 of torchtitan's first months (before [float8]) is not read.",
+                'write fp8_linear = "" (off), or the job in a later layout with [float8].',
+            )
+        imp.unmodelled.append('training.fp8_linear ("": off)')
     if isinstance(train, dict) and "batch_size" in train:
         if "local_batch_size" in train:
             raise SpecError(f"{where}: training.batch_size", "is given with training.local_batch_size.", "keep one.")

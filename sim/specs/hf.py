@@ -9,6 +9,7 @@ from typing import Any
 
 from ..errors import SpecError
 from .hf_dense import brief, dense_from_hf, language_config
+from .loader import presets_dir, read_mapping, resolve
 from .moe import moe_pattern
 
 #: HuggingFace keys of a mixture-of-experts model (the routed-expert count of Mixtral, GPT-OSS and
@@ -32,6 +33,41 @@ _HF_MOE_FAMILIES = {
     "llama4": "llama4",
     "llama4_text": "llama4",
 }
+
+
+#: the keys of a config.json that give the longest sequence the model takes (never the length a
+#: run trains on), in the order they are looked for
+HF_MAX_LENGTH_KEYS = ("max_position_embeddings", "n_positions", "n_ctx", "seq_length")
+
+
+def is_hf_config(data: dict[str, Any]) -> bool:
+    """Whether a model file's keys are a HuggingFace config.json's (else simpar's own YAML)."""
+    return "model_type" in data or "n_embd" in data or "hidden_size" in data
+
+
+def require_seq_len(name_or_path: str | Path, seq_len: int | None) -> None:
+    """Refuse a HuggingFace config.json given without the run's sequence length: the file gives
+    only the longest sequence the model takes (``max_position_embeddings``: 131,072 for Llama
+    3.1), which `from_hf_config` keeps as the model's ``seq_len`` but no run is assumed to train
+    at; a preset or a simpar model YAML has its own ``seq_len``."""
+    if seq_len is not None:
+        return
+    path = resolve("models", name_or_path, "model")
+    if path.parent == presets_dir("models"):
+        return
+    data = read_mapping(path, "model")
+    if not is_hf_config(data):
+        return
+    text = language_config(_hf_text_config(data))
+    key = next((k for k in HF_MAX_LENGTH_KEYS if text.get(k) is not None), HF_MAX_LENGTH_KEYS[0])
+    given = text.get(key)
+    problem = (
+        "is not given, and a config.json gives no training sequence length either."
+        if given is None
+        else f"is {brief(given)}, the longest sequence the model takes, not the length the run trains on "
+        "(a config.json gives none)."
+    )
+    raise SpecError(f"model file {path.name}: {key}", problem, "pass --seq-len N, the run's sequence length.")
 
 
 def from_hf_config(cfg: dict[str, Any], path: Path) -> dict[str, Any]:

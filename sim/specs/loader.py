@@ -3,6 +3,7 @@ validation errors into one `SpecError` line that names the file and the field.""
 
 from __future__ import annotations
 
+import os
 from importlib import resources
 from pathlib import Path
 from typing import Any, TypeVar
@@ -25,18 +26,31 @@ def preset_names(kind: str) -> list[str]:
 
 
 def resolve(kind: str, name_or_path: str | Path, what: str) -> Path:
-    """A preset name (``dgx-h100``) or a path to a user's YAML file."""
+    """A preset name (``dgx-h100``) or a path to a user's YAML file. A bare name (no folder, no
+    .yaml/.yml/.json ending) is the preset of that name, unless an existing file in the working
+    directory has the same name, which is refused naming both; a folder is never a preset file,
+    so a folder named like a preset (``deepspeed/``, ``llama3-8b/``) does not shadow it."""
     text = str(name_or_path)
     p = Path(text)
-    if p.suffix in (".yaml", ".yml", ".json") or p.exists():
-        if not p.is_file():
-            raise SpecError(what, f"file {text!r} does not exist.", "give a preset name or an existing file.")
-        return p
     cand = presets_dir(kind) / f"{text}.yaml"
-    if cand.is_file():
+    pathlike = p.suffix in (".yaml", ".yml", ".json") or "/" in text or os.sep in text
+    preset = not pathlike and bool(text) and cand.is_file()
+    if p.is_file():
+        if preset:
+            raise SpecError(
+                what,
+                f"{text!r} names both the preset {text} and the file {text} in the working directory.",
+                f"write ./{text} for the file, or rename the file to use the preset.",
+            )
+        return p
+    if preset:
         return cand
+    if pathlike:
+        problem = "is a folder, not a file" if p.is_dir() else "does not exist"
+        raise SpecError(what, f"file {text!r} {problem}.", "give a preset name or an existing file.")
     names = ", ".join(preset_names(kind))
-    raise SpecError(what, f"unknown preset {text!r}.", f"use one of: {names}; or a path to a YAML file.")
+    folder = " (a folder of that name is not a preset file)" if p.is_dir() else ""
+    raise SpecError(what, f"unknown preset {text!r}{folder}.", f"use one of: {names}; or a path to a YAML file.")
 
 
 def read_mapping(path: Path, what: str) -> dict[str, Any]:

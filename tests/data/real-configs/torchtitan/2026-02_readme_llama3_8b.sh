@@ -1,0 +1,1 @@
+MODULE=llama3 CONFIG=llama3_8b ./run_train.sh
