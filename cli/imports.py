@@ -114,12 +114,17 @@ def _read(kw: dict[str, Any], which: str, gpus: int | None):
 def _require_seq_len(kw: dict[str, Any], which: str | None) -> None:
     """A HuggingFace config.json as --model needs --seq-len (its file gives only a maximum),
     unless the configuration gives the run's length (a torchtitan job, a Megatron launch)."""
-    from simpar.sim.specs.hf import require_seq_len
+    from simpar.sim.specs.loader import presets_dir, resolve
     from simpar.sim.specs.model import ModelSpec
 
     model = kw.get("model")
-    if model and not isinstance(model, ModelSpec) and which not in ("from_torchtitan", "from_megatron"):
-        require_seq_len(model, kw.get("seq_len"))
+    if not model or isinstance(model, ModelSpec) or which in ("from_torchtitan", "from_megatron"):
+        return
+    if kw.get("seq_len") is not None or resolve("models", model, "model").parent == presets_dir("models"):
+        return  # a preset has its own length: the HF reader is not even imported
+    from simpar.sim.specs.hf import require_seq_len
+
+    require_seq_len(model, kw.get("seq_len"))
 
 
 def _fill_model_and_gpus(kw: dict[str, Any], imp: Any, out: dict[str, Any]) -> Any:
