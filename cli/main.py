@@ -20,7 +20,8 @@ from simpar.sim.errors import SimparError
 #: ``simpar.cli.NAME``. The short help is what `simpar --help` lists without importing the module:
 #: the first sentence of the command's docstring, which tests/test_startup.py checks it against.
 COMMANDS: dict[str, str] = {
-    "accuracy": "Predicted vs measured on published runs and closed-loop runs: plots, tables, worst rows.",
+    "accuracy": "Predicted vs measured on published runs and closed-loop runs: plots, tables, worst rows; the "
+    "headline is leave-one-source-out.",
     "calibrate": "Measure the device and write a calibration file for --calibration.",
     "collective": "Predicted nccl-tests table for one collective over all GPUs of a cluster.",
     "compare": "Simulated against measured: two simpar traces (per rank and action kind), or a plan against the "

@@ -102,7 +102,8 @@ def _validate(csv_file: str, calibration, backend: str, as_json: bool, workers: 
                 pred,
                 err,
                 mem,
-                "ok" if r["status"] == "ok" else r["status"][:60],
+                ("ok" if r["status"] == "ok" else r["status"][:60])
+                + (f" (assumed: {', '.join(r['assumed'])})" if r.get("assumed") else ""),
             )
         )
     print_table(
@@ -110,6 +111,12 @@ def _validate(csv_file: str, calibration, backend: str, as_json: bool, workers: 
         ["id", "measured s", "predicted s", "error", "peak mem pred/meas GiB", "status"],
         rows_out,
     )
+    assumed = sum(1 for r in doc["rows"] if r.get("assumed"))
+    if assumed:
+        click.echo(
+            f"{assumed} row(s) leave out a run setting that changes the answer; the status says which default was "
+            "assumed (give the CSV column to set it)"
+        )
     s = doc["summary"]
     if s["n"]:
         click.echo(

@@ -4,6 +4,8 @@ whose schedule is too large to build instead of stopping; every output is probed
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from simpar.sim.errors import SpecError
@@ -53,3 +55,26 @@ def test_a_legal_long_name_still_writes(tmp_path) -> None:
     p = files.output_file(tmp_path / ("b" * 245 + ".json"), "--out", (".json",))
     files.write_text(p, "{}")
     assert p.read_text() == "{}"
+
+
+def test_validate_says_which_default_a_row_assumed(runner, tmp_path) -> None:
+    """A measured-run row without its `stack` is priced as megatron-core, and the output says so."""
+    import csv
+    from pathlib import Path
+
+    from simpar.cli.main import cli
+
+    with open(Path(__file__).parent / "data" / "published-3rows.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    rows[0]["stack"] = ""
+    path = tmp_path / "rows.csv"
+    with open(path, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    res = runner.invoke(cli, ["validate", str(path), "--workers", "1"])
+    assert res.exit_code == 0, res.output
+    assert "leave out a run setting that changes the answer" in res.output
+    res = runner.invoke(cli, ["validate", str(path), "--workers", "1", "--json"])
+    first = json.loads(res.output)["rows"][0]
+    assert first["status"] == "ok" and "stack megatron-core (no stack column)" in first["assumed"]

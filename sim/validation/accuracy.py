@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from .. import files
+from ..calibration.error_bands import AXES, SCALES, quantile, regime
+from ..calibration.groupfit import loso, source_key
 from ..errors import SimparError
 from ..specs import load_cluster
 from ..specs.stack import DEFAULT_STACK
@@ -127,9 +129,10 @@ def load_notes(path: str | Path | None) -> dict[str, str]:
     return {str(k): " ".join(str(v).split()) for k, v in doc.items()}
 
 
-def row_hints(row: dict[str, str]) -> list[str]:
-    """Automatic reasons a row may be hard to predict, read off the CSV row."""
-    hints = []
+def row_hints(row: dict[str, str], assumed: list[str] | None = None) -> list[str]:
+    """Automatic reasons a row may be hard to predict, read off the CSV row (and the run settings
+    it left out, ``assumed``: `published.assumed_defaults`)."""
+    hints = [f"assumed {a}" for a in assumed or []]
     if row.get("precision") in ("fp8", "fp4"):
         recipe = (row.get("fp8_recipe") or "").strip() or "the stack's default recipe"
         hints.append(f"{row['precision']} row ({recipe})")
@@ -199,18 +202,29 @@ def build(
     progress: Callable[[str], None] | None = None,
     moe_csv: str | Path | None = None,
     offload_csv: str | Path | None = None,
+    loso_rounds: int | None = None,
+    workers: int = 1,
+    log: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Everything the report shows, as plain data (JSON-ready): ``published`` (dense runs),
     ``moe`` (Mixture-of-Experts runs, the same format with a model column), ``offload`` (runs with
-    host offload) and ``closed_loop``."""
+    host offload), ``closed_loop``, and with ``loso_rounds`` the leave-one-source-out figures
+    (``loso``, `loso_doc`: the fit of `groupfit` refitted per held-out source, ``loso_rounds``
+    rounds of coordinate descent). Rows are simulated on ``workers`` processes; ``log`` hears the
+    LOSO pass's progress."""
     notes = notes or {}
     out: dict[str, Any] = {}
     if published_csv is not None:
-        out["published"] = _measured_doc(published_csv, simulate_fn, notes, worst, progress)
+        out["published"] = _measured_doc(published_csv, simulate_fn, notes, worst, progress, workers)
     if moe_csv is not None:
-        out["moe"] = _measured_doc(moe_csv, simulate_fn, notes, worst, progress)
+        out["moe"] = _measured_doc(moe_csv, simulate_fn, notes, worst, progress, workers)
     if offload_csv is not None:
-        out["offload"] = _measured_doc(offload_csv, simulate_fn, notes, worst, progress)
+        out["offload"] = _measured_doc(offload_csv, simulate_fn, notes, worst, progress, workers)
+    if loso_rounds is not None and ("published" in out or "moe" in out):
+        out["loso"] = loso_doc(out, loso_rounds, workers, log)
+    for part in ("published", "moe", "offload"):
+        if part in out:
+            del out[part]["_rows"]
     if closed_loop is not None:
         cl = read_closed_loop(closed_loop)
         doc: dict[str, Any] = (
@@ -238,11 +252,12 @@ def _measured_doc(
     notes: dict[str, str],
     worst: int,
     progress: Callable[[str], None] | None,
+    workers: int = 1,
 ) -> dict[str, Any]:
     """A measured-run CSV simulated and summarised (per source, schedule and cluster), its worst
     rows with their hints and notes."""
     rows = read_rows(csv)
-    results = validate_rows(rows, simulate_fn, progress)
+    results = validate_rows(rows, simulate_fn, progress, workers)
     doc = report(results)
     doc["memory_per_source"] = memory_groups(results, "source")
     by_id = {r["id"]: r for r in rows}
@@ -264,14 +279,126 @@ def _measured_doc(
         if v["n"]
     }
     for d in doc["rows"]:
-        d["hints"] = row_hints(by_id[d["id"]])
+        d["hints"] = row_hints(by_id[d["id"]], d.get("assumed"))
         d["note"] = notes.get(d["id"], "")
+        if d["status"] == "ok" and d.get("assumed"):  # what the row left out, in its status
+            d["status"] = f"ok (assumed: {'; '.join(d['assumed'])})"
     doc["worst_iter"] = [d["id"] for d in _worst(doc["rows"], "error", worst)]
     doc["worst_mem"] = [d["id"] for d in _worst(doc["rows"], "mem_error", max(3, worst // 2))]
     doc["csv"] = str(csv)
+    doc["_rows"] = rows  # the CSV rows, for the leave-one-source-out pass (dropped before output)
     return doc
 
 
 def _worst(rows: list[dict[str, Any]], key: str, n: int) -> list[dict[str, Any]]:
     have = [r for r in rows if r.get(key) is not None]
     return sorted(have, key=lambda r: -abs(r[key]))[:n]
+
+
+# --- leave one source out -----------------------------------------------------------------------
+
+#: the parts of the report a LOSO figure is given for, with their names in tables
+KINDS = {"published": "dense", "moe": "moe", "offload": "offload"}
+
+LOSO_METHOD = (
+    "Leave-one-source-out (LOSO): the rows of the dense and MoE CSVs are grouped by publication "
+    "(`groupfit.source_key`). For each source, every fitted parameter of each GPU group that holds its rows "
+    "(GEMM efficiency max, attention scale, GEMM saturation size, fp8 GEMM scale: `groupfit.STEPS`) is "
+    "refitted by the same coordinate descent as the default calibrations (`groupfit.fit_group`, "
+    "benchmarks/fit_gpu_calibrations.py) on the group's other rows, leaving out the source's rows and every "
+    "row of their configuration groups (`groupfit.config_group`: same GPU chip, model and tp/pp/cp/ep layout), "
+    "starting from the code's defaults (`groupfit.prior`, published kernel figures that no row chose); the "
+    "source's rows are then scored with those parameters. A GPU group left with no row keeps the prior. "
+    "Presets that copy a group's figures (V100 from A100, H200 from H100) take the refitted figures. Offload "
+    "rows, and rows on GPUs of no group, are not in any fit: their figure is the default calibration's, the "
+    "same in and out of sample."
+)
+
+
+def _stats(errs: list[float]) -> dict[str, Any]:
+    """n, median / p90 / max of |error| and the median signed error (`published.summarize`'s figures)."""
+    if not errs:
+        return {"n": 0, "median_abs_error": None, "p90_abs_error": None, "max_abs_error": None}
+    a = [abs(e) for e in errs]
+    return {
+        "n": len(a),
+        "median_abs_error": quantile(a, 0.5),
+        "p90_abs_error": quantile(a, 0.9),
+        "max_abs_error": max(a),
+        "median_signed_error": quantile(errs, 0.5),
+    }
+
+
+def _order(value: str) -> tuple[int, str]:
+    """Regime values in table order: scale buckets by size, the others by name."""
+    labels = [label for _, label in SCALES]
+    return (labels.index(value), "") if value in labels else (len(labels), value)
+
+
+def row_regime(r: dict[str, str], kind: str) -> dict[str, str]:
+    """The regime (`error_bands.regime`) of a measured row of report part ``kind``."""
+    try:
+        n = int(r.get("num_gpus") or 0)
+    except ValueError:
+        n = 0
+    return regime(_cluster_gpu(r.get("cluster", "")), r.get("precision") or "?", kind, n, r.get("schedule") or "?")
+
+
+def loso_doc(docs: dict[str, Any], rounds: int, workers: int, log: Callable[[str], None] | None) -> dict[str, Any]:
+    """The leave-one-source-out figures (`LOSO_METHOD`) of the measured parts of ``docs`` (each with
+    its CSV rows under ``_rows``): every row's out-of-sample error (``loso_error``, beside its in-sample
+    ``error``) is added to its part's rows, and the result holds the summaries per kind, per regime
+    (`error_bands.AXES`) and per source, and each fold (its left-out rows and refitted parameters)."""
+    fit_rows = [r for part in ("published", "moe") if part in docs for r in docs[part]["_rows"]]
+    ok = {
+        d["id"] for part in ("published", "moe") if part in docs for d in docs[part]["rows"] if d["error"] is not None
+    }
+    folds = loso([r for r in fit_rows if r["id"] in ok], rounds, workers, log)
+    held = {i: (f.source, e) for f in folds for i, e in f.errors.items()}
+    scored: list[tuple[str, dict[str, str], str, float, float]] = []  # kind, regime, source, in, out
+    for part, kind in KINDS.items():
+        if part not in docs:
+            continue
+        by_id = {r["id"]: r for r in docs[part]["_rows"]}
+        for d in docs[part]["rows"]:
+            r = by_id[d["id"]]
+            d["source_key"] = source_key(r["source"])
+            if d["error"] is None:
+                d["loso_error"] = None
+                continue
+            if d["id"] in held:
+                d["loso_error"] = held[d["id"]][1]
+                d["loso_basis"] = "refitted without its source"
+            else:  # not in any fit: the default calibration is out of sample for it
+                d["loso_error"] = d["error"]
+                d["loso_basis"] = "default calibration (not fitted on)"
+            if d["loso_error"] is not None:
+                d["loso_predicted_iter_time_s"] = d["measured_iter_time_s"] * (1 + d["loso_error"])
+                scored.append((kind, row_regime(r, kind), d["source_key"], d["error"], d["loso_error"]))
+
+    def pair(sel: list[tuple[str, dict[str, str], str, float, float]]) -> dict[str, Any]:
+        return {"in_sample": _stats([x[3] for x in sel]), "loso": _stats([x[4] for x in sel])}
+
+    return {
+        "method": LOSO_METHOD,
+        "rounds": rounds,
+        "summary": {
+            k: pair([x for x in scored if x[0] == k]) for k in KINDS.values() if any(x[0] == k for x in scored)
+        },
+        "per_regime": {
+            axis: {
+                v: pair([x for x in scored if x[1][axis] == v])
+                for v in sorted({x[1][axis] for x in scored}, key=_order)
+            }
+            for axis in AXES
+        },
+        "per_source": {s: pair([x for x in scored if x[2] == s]) for s in sorted({x[2] for x in scored})},
+        "sources": [
+            {
+                **f.to_json(),
+                "parts": sorted({KINDS[p] for p in docs if p in KINDS for d in docs[p]["rows"] if d["id"] in f.rows}),
+            }
+            for f in folds
+        ],
+        "scored": [{"kind": x[0], "regime": x[1], "loso_error": x[4]} for x in scored],
+    }

@@ -16,14 +16,19 @@ PLOTS = {
 
 
 def scatter(docs: dict[str, Any], kind: str, path: Path) -> bool:
-    """Predicted vs measured, one colour per source, closed-loop rows as crosses. False when no
-    row has both figures (no file is written)."""
+    """Predicted vs measured, one colour per source, closed-loop rows as crosses; iteration times
+    are the leave-one-source-out predictions where a row has one. False when no row has both
+    figures (no file is written)."""
     pred_k, meas_k, label, _ = PLOTS[kind]
     pts = []
+    loso = False
     for part, doc in docs.items():
-        for r in doc["rows"]:
-            if r.get(pred_k) and r.get(meas_k):
-                pts.append((part, r["source"], r[meas_k], r[pred_k]))
+        for r in doc.get("rows", []):  # a part of rows (not the LOSO summary)
+            pred = r.get("loso_predicted_iter_time_s") if kind == "iter" else None
+            loso = loso or pred is not None
+            pred = pred or r.get(pred_k)
+            if pred and r.get(meas_k):
+                pts.append((part, r["source"], r[meas_k], pred))
     if not pts:
         return False
     plt = _pyplot()
@@ -42,7 +47,8 @@ def scatter(docs: dict[str, Any], kind: str, path: Path) -> bool:
     ax.set_yscale("log")
     ax.set_xlabel(f"measured {label}")
     ax.set_ylabel(f"predicted {label}")
-    ax.set_title(f"predicted vs measured {label} (dotted: ±20 %)", fontsize=9)
+    how = " (leave-one-source-out predictions)" if loso else ""
+    ax.set_title(f"predicted vs measured {label}{how} (dotted: ±20 %)", fontsize=9)
     ax.legend(fontsize=6, loc="upper left")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -125,14 +131,21 @@ def markdown(data: dict[str, Any], command: str, plots: dict[str, bool], preface
         "",
         "Errors are `(predicted - measured) / measured`; *abs* columns are of |error|. No figure here is "
         "fitted per row: the cost model's per-GPU-type parameters come from the default calibration "
-        "files (`topologies/calibrations/`), fitted once, globally, on all published rows.",
+        "files (`topologies/calibrations/`), fitted once, globally, on all published rows. Scored on those "
+        "same rows the figures are in sample; where the report has a leave-one-source-out section, its figures "
+        "are the headline.",
         "",
     ]
     if preface:
         lines += [preface.strip(), ""]
     pub = data.get("published")
     cl = data.get("closed_loop")
-    lines += ["## Summary", ""]
+    if data.get("loso"):
+        lines += _loso_headline(data["loso"])
+    lines += [
+        "## Summary" + (" (in sample: the default calibrations, fitted on these rows)" if data.get("loso") else ""),
+        "",
+    ]
     if pub:
         s = pub["summary"]
         lines += [
@@ -221,6 +234,8 @@ def markdown(data: dict[str, Any], command: str, plots: dict[str, bool], preface
             "Per-row table: [offload.md](offload.md).",
             "",
         ]
+    if data.get("loso"):
+        lines += _loso_details(data["loso"])
     if cl and cl["rows"]:
         lines += [
             "## Closed loop: per schedule",
@@ -250,3 +265,84 @@ def markdown(data: dict[str, Any], command: str, plots: dict[str, bool], preface
 
 def _num(x: float | None) -> str:
     return "—" if x is None else f"{x:.4g}"
+
+
+#: the names of the LOSO summary's kinds in tables
+KIND_NAMES = {"dense": "dense (published.csv)", "moe": "MoE", "offload": "host offload (not fitted on)"}
+
+
+def _pair_cells(v: dict[str, Any]) -> str:
+    o, i = v["loso"], v["in_sample"]
+    return (
+        f"{o['n']} | **{_abs(o['median_abs_error'])}** | **{_abs(o['p90_abs_error'])}** | {_abs(o['max_abs_error'])} | "
+        f"{_pct(o.get('median_signed_error'))} | {_abs(i['median_abs_error'])} | {_abs(i['p90_abs_error'])} | "
+        f"{_abs(i['max_abs_error'])} |"
+    )
+
+
+_PAIR_HEAD = (
+    " n | LOSO median | LOSO p90 | LOSO max | LOSO median signed | in-sample median | in-sample p90 | in-sample max |"
+)
+_PAIR_RULE = " ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+
+
+def _loso_headline(lo: dict[str, Any]) -> list[str]:
+    """The headline: iteration-time |error| out of sample (leave one source out) beside in sample."""
+    lines = [
+        "## Headline: leave-one-source-out iteration time",
+        "",
+        "The figures to quote are out of sample: each source's rows are predicted by parameters fitted "
+        "without that source and without any row of the same configuration group (how: below, "
+        "*Leave-one-source-out: method*). The in-sample columns score the same rows with the default "
+        "calibrations, which were fitted on them.",
+        "",
+        "| rows |" + _PAIR_HEAD,
+        "| --- |" + _PAIR_RULE,
+    ]
+    for kind, v in lo["summary"].items():
+        lines.append(f"| {KIND_NAMES.get(kind, kind)} | " + _pair_cells(v))
+    return lines + [""]
+
+
+def _loso_details(lo: dict[str, Any]) -> list[str]:
+    """Per regime and per source, the method and the folds (source groups and what each left out)."""
+    lines = [
+        "## Leave-one-source-out: per regime",
+        "",
+        "Iteration time, every scored row (dense, MoE, offload). Regimes: GPU family, precision, kind, scale "
+        "(GPUs in the job) and schedule family (`sim/calibration/error_bands.py`). The cross-validated "
+        "quantiles per regime are kept in `topologies/calibrations/error_bands.json` when the command "
+        "passes `--bands`.",
+        "",
+        "| axis | regime |" + _PAIR_HEAD,
+        "| --- | --- |" + _PAIR_RULE,
+    ]
+    for axis, groups in lo["per_regime"].items():
+        for value, v in groups.items():
+            lines.append(f"| {axis} | {value} | " + _pair_cells(v))
+    lines += [
+        "",
+        "## Leave-one-source-out: per source",
+        "",
+        "| source |" + _PAIR_HEAD,
+        "| --- |" + _PAIR_RULE,
+    ]
+    for src, v in lo["per_source"].items():
+        lines.append(f"| {src} | " + _pair_cells(v))
+    lines += ["", "## Leave-one-source-out: method", "", lo["method"], ""]
+    lines += [
+        f"Coordinate descent: {lo['rounds']} round(s) at most per refit. The source groups (folds), what each "
+        "refit left out (the source's rows and the other rows of their configuration groups) and the refitted "
+        "parameters (none: no row left, the prior stands):",
+        "",
+        "| source | parts | rows | GPU group: fitted on / left out | refitted parameters |",
+        "| --- | --- | ---: | --- | --- |",
+    ]
+    for f in lo["sources"]:
+        groups = "; ".join(f"{g}: {f['fitted_on'][g]} / {len(f['excluded'][g])}" for g in f["excluded"])
+        params = "; ".join(
+            f"{g}: " + (", ".join(f"{k} {v:.4g}" for k, v in p.items()) if p else "prior")
+            for g, p in f["params"].items()
+        )
+        lines.append(f"| {f['source']} | {', '.join(f['parts'])} | {len(f['rows'])} | {groups} | {params} |")
+    return lines + [""]

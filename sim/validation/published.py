@@ -85,6 +85,9 @@ class RowResult:
     predicted_peak_mem_gib: float | None = None
     status: str = "ok"
     breakdown_s: dict[str, float] = field(default_factory=dict)
+    #: run settings the row left out that change the answer, each with the default it was priced
+    #: with (`assumed_defaults`)
+    assumed: list[str] = field(default_factory=list)
 
     @property
     def error(self) -> float | None:
@@ -111,6 +114,7 @@ class RowResult:
             "mem_error": self.mem_error,
             "status": self.status,
             "breakdown_s": self.breakdown_s,
+            "assumed": self.assumed,
         }
 
 
@@ -353,6 +357,35 @@ def row_setup(r: dict[str, str]) -> tuple[ModelSpec, Any, ParallelPlan]:
     return model, cluster, plan
 
 
+def assumed_defaults(r: dict[str, str], plan: ParallelPlan) -> list[str]:
+    """The run settings that change a row's answer which the row leaves out, each with the default
+    it is priced with (read off the plan built from the row, so the text is what was simulated):
+    ``stack`` (megatron-core), an fp8/fp4 row's ``fp8_recipe`` (the stack's default), an MoE row's
+    ``moe_dispatcher`` and ``moe_a2a_overlap``, ``tp_comm_overlap`` where tp > 1 (the stack's) and
+    ``overlap_grad_reduce`` where gradients are reduced across ranks (the engine's: overlapped).
+    Nothing is changed: the row says what it assumed."""
+    out = []
+
+    def empty(col: str) -> bool:
+        return not (r.get(col) or "").strip()
+
+    if empty("stack"):
+        out.append(f"stack {plan.stack} (no stack column)")
+    recipe = (r.get("fp8_recipe") or "").strip().lower()
+    if plan.precision in ("fp8", "fp4") and (not recipe or recipe.startswith("not stated")):
+        out.append(f"fp8_recipe {plan.fp8_recipe} (the {plan.stack} stack's default)")
+    if is_moe_row(r):
+        if empty("moe_dispatcher"):
+            out.append(f"moe_dispatcher {plan.moe_dispatcher}")
+        if empty("moe_a2a_overlap"):
+            out.append(f"moe_a2a_overlap {int(plan.moe_a2a_overlap)}")
+    if plan.tp > 1 and empty("tp_comm_overlap"):
+        out.append(f"tp_comm_overlap {int(plan.tp_comm_overlap)} (the {plan.stack} stack's)")
+    if plan.dp * plan.cp > 1 and empty("overlap_grad_reduce"):
+        out.append(f"overlap_grad_reduce {int(EngineOptions().overlap_grad_reduce)} (the engine's default)")
+    return out
+
+
 def _row_cost(r: dict[str, str]) -> float:
     """A guess of a row's simulation time (pipeline ranks x micro-batches x stages per rank), to
     start the long rows first."""
@@ -389,6 +422,7 @@ def _validate_row(r: dict[str, str], simulate_fn: Callable) -> RowResult:
         peak = measured_peak_bytes(r)
         rr.measured_peak_mem_gib = None if peak is None else peak / GiB
         model, cluster, plan = row_setup(r)
+        rr.assumed = assumed_defaults(r, plan)
         res = simulate_fn(model, cluster, plan, **row_options(r))
         rr.predicted_iter_time_s = res.iter_time_s
         rr.predicted_peak_mem_gib = res.memory.reported_peak(memory_metric(r)) / GiB
