@@ -8,6 +8,7 @@ expert-parallel all-to-alls), ``parallel`` (mesh, TP/SP, DDP/FSDP/ZeRO),
 ``verify`` (single-process reference), ``checks`` (fail-fast validation, no torch), ``worker``
 (one rank), ``entry`` (torchrun entry point), ``launch`` (torchrun command, local spawning).
 ``microbench``, ``commbench`` and ``insitu`` (the benchmarks of ``simpar calibrate``), ``probe`` (device-speed
-probe), ``timing`` (their shared timing helpers), ``devinfo`` (device and versions), ``kernels`` (the kernel microbenchmarks of ``benchmarks/gpu``).
+probe), ``timing`` (their shared timing helpers), ``devinfo`` (device and versions),
+``kernels`` (the kernel microbenchmarks of ``benchmarks/gpu``).
 See README.md.
 """
