@@ -209,6 +209,9 @@ def four(tmp_path_factory):
     return launch(FOUR, 4, tmp_path_factory)
 
 
+# two expert-parallel processes (a 25 s launch): the slow part; test_simpar_run_verifies_an_expert_parallel_plan
+# keeps an expert-parallel run in the default suite
+@pytest.mark.slow
 @pytest.mark.parametrize("i", range(len(TWO)), ids=[c[0] for c in TWO])
 def test_two_processes(two, i):
     check(*two[i])
@@ -221,6 +224,7 @@ def test_four_processes_with_a_pipeline(four, i):
     check(*four[i])
 
 
+@pytest.mark.slow
 def test_expert_parameters_are_split_over_the_ep_group(two):
     cfg, results = two[0]  # dp 2, ep 2: rank r holds experts [4r, 4r + 4)
     for r in results:

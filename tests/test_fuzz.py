@@ -300,7 +300,7 @@ def _file_case(draw, tmp: Path) -> tuple[str, list[str]]:
     return name, case(tmp, draw(corruption(sample())))
 
 
-@settings(max_examples=examples(30), **FUZZ)
+@settings(max_examples=examples(15), **FUZZ)  # subprocesses: 300 more in the slow part
 @given(data=st.data())
 def test_fuzz_corrupted_files(data, tmp_path_factory) -> None:
     tmp = tmp_path_factory.mktemp("f")
