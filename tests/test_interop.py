@@ -57,7 +57,7 @@ def test_llama_arguments_build_a_llama_model():
         "--ffn-hidden-size 14336 --seq-length 8192 --vocab-size 128256 --swiglu --normalization RMSNorm "
         "--position-embedding-type rope --disable-bias-linear --untie-embeddings-and-output-weights --bf16 "
         "--recompute-granularity full --recompute-method block --recompute-num-layers 2 "
-        "--optimizer-cpu-offload --optimizer-offload-fraction 0.5"
+        "--optimizer-cpu-offload --optimizer-offload-fraction 0.5 --attention-dropout 0 --hidden-dropout 0"
     )
     imp = read_megatron(text)
     m = ModelSpec(**imp.model)

@@ -140,7 +140,7 @@ BRIDGE_RECIPES = {
     "mbridge_26.04.01_DGX-H100_Qwen3_235B_a22B_FP8_256g_tp2pp8cp1vp4mbs1gbs8192": (
         "torchrun --nproc_per_node 8 --nnodes 32 pretrain_gpt.py "
         "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 8 --context-parallel-size 1 "
-        "--virtual-pipeline-model-parallel-size 4 --expert-model-parallel-size 32 --sequence-parallel "
+        "--num-virtual-stages-per-pipeline-rank 4 --expert-model-parallel-size 32 --sequence-parallel "
         "--micro-batch-size 1 --global-batch-size 8192 --fp8-format hybrid --fp8-recipe tensorwise "
         "--moe-token-dispatcher-type alltoall --overlap-moe-expert-parallel-comm --delay-wgrad-compute "
         "--num-layers 94 --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split"

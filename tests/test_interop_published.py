@@ -307,7 +307,7 @@ _LLAMA3_8B_B200 = (
 _LLAMA3_70B_H100 = (
     "torchrun --nproc_per_node 8 --nnodes 8 pretrain_gpt.py "
     "--tensor-model-parallel-size 4 --pipeline-model-parallel-size 8 --context-parallel-size 1 "
-    "--virtual-pipeline-model-parallel-size 5 --sequence-parallel --tp-comm-overlap "
+    "--num-virtual-stages-per-pipeline-rank 5 --sequence-parallel --tp-comm-overlap "
     "--micro-batch-size 1 --global-batch-size 128 --fp8-recipe tensorwise"
 )
 DENSE_BRIDGE_RECIPES = {

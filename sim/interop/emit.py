@@ -51,10 +51,9 @@ def megatron_launch(plan: ParallelPlan, model: ModelSpec | None, num_gpus: int, 
         t,
         {"offload_params": False, "offload_activations": 0, "moe_imbalance": 1.0, "mesh_order": _MESH},
     )
-    nodes = max(1, num_gpus // gpus_per_node)
     a: list[str] = ["--tensor-model-parallel-size", str(plan.tp), "--pipeline-model-parallel-size", str(plan.pp)]
     a += ["--context-parallel-size", str(plan.cp)] if plan.cp > 1 else []
-    a += ["--virtual-pipeline-model-parallel-size", str(plan.vpp)] if plan.vpp > 1 else []
+    a += _virtual_args(plan, model)
     a += ["--micro-batch-size", str(plan.micro_batch_size), "--global-batch-size", str(plan.global_batch_size)]
     a += ["--sequence-parallel"] * plan.sequence_parallel + ["--use-distributed-optimizer"] * (plan.zero == 1)
     if plan.zero >= 2:  # Megatron-FSDP shards the gradients (and parameters) too
@@ -99,12 +98,102 @@ def megatron_launch(plan: ParallelPlan, model: ModelSpec | None, num_gpus: int, 
         a += ["--expert-tensor-parallel-size", str(plan.etp)] if plan.etp is not None else []
     a += ["--moe-token-dispatcher-type", plan.moe_dispatcher] if plan.moe_dispatcher != "alltoall" else []
     a += ["--overlap-moe-expert-parallel-comm"] * plan.moe_a2a_overlap
-    a += _megatron_model(model)
-    a += _split_args(plan, model, model is not None and expressible(model))
-    launcher = ["torchrun", "--nproc_per_node", str(min(num_gpus, gpus_per_node)), "--nnodes", str(nodes)]
-    line = shlex.join([*launcher, "pretrain_gpt.py", *a])
-    # the stack, where the arguments alone do not name it (`megatron.STACK_MARK`, read back)
-    return f"# simpar stack: {plan.stack}\n{line}" if plan.stack == "megatron-bridge" else line
+    model_args = _megatron_model(model, plan.tp)
+    split = _split_args(plan, model, model is not None and expressible(model))
+    return _launch_script(plan, a, model_args, split, num_gpus, gpus_per_node)
+
+
+#: the placeholders a written launch leaves to fill: (variable, what to set it to)
+PLACEHOLDERS = (
+    ("DATA_PATH", "set DATA_PATH to the data prefix (or replace the data arguments with --mock-data)"),
+    ("CHECKPOINT_DIR", "set CHECKPOINT_DIR to the checkpoint folder"),
+    ("LR", "set LR to the peak learning rate"),
+    ("TRAIN_ITERS", "set TRAIN_ITERS to the iterations to train"),
+)
+
+
+def _lines(name: str, args: list[str]) -> list[str]:
+    """``NAME=( ... )``, one argument and its values a line."""
+    out = [f"{name}=("]
+    cur: list[str] = []
+    for word in args:
+        if word.startswith("--") and cur:
+            out.append("    " + " ".join(cur))
+            cur = []
+        cur.append(word if word.startswith("--") or word.startswith('"$') else shlex.quote(word))
+    if cur:
+        out.append("    " + " ".join(cur))
+    return [*out, ")"]
+
+
+def _launch_script(
+    plan: ParallelPlan, plan_args: list[str], model_args: list[str], split: list[str], gpus: int, per_node: int
+) -> str:
+    """A bash launch as Megatron-LM's examples keep one: named argument groups, the data, tokenizer,
+    learning rate and checkpoints as placeholders to fill (``${VAR:?...}``), one torchrun line."""
+    nodes = max(1, gpus // per_node)
+    i = model_args.index("--tokenizer-type") if "--tokenizer-type" in model_args else len(model_args)
+    model_args, tokenizer, rest = model_args[:i], model_args[i : i + 6], model_args[i + 6 :]
+    head = [
+        "#!/bin/bash",
+        *([f"# simpar stack: {plan.stack}"] if plan.stack == "megatron-bridge" else []),
+        f"# A Megatron-LM launch written by simpar ({plan.describe()}).",
+        "# Fill in the placeholders below; the parallel, batch, precision and model arguments are the plan's.",
+        "set -euo pipefail",
+        "",
+        *[f'{var}="${{{var}:?{why}}}"' for var, why in PLACEHOLDERS],
+        'MASTER_ADDR="${MASTER_ADDR:-localhost}"',
+        'NODE_RANK="${NODE_RANK:-0}"',
+        "",
+    ]
+    dist = ["--nproc_per_node", str(min(gpus, per_node)), "--nnodes", str(nodes)]
+    dist += ["--node_rank", '"$NODE_RANK"', "--master_addr", '"$MASTER_ADDR"', "--master_port", "29500"]
+    groups = [
+        ("MODEL_ARGS", model_args + rest + split),
+        ("TOKENIZER_ARGS", tokenizer),
+        ("PARALLEL_AND_BATCH_ARGS", plan_args),
+        ("DATA_ARGS", ["--data-path", '"$DATA_PATH"', "--split", "99,1,0"]),
+        ("LR_ARGS", ["--lr", '"$LR"', "--lr-decay-style", "cosine", "--train-iters", '"$TRAIN_ITERS"']),
+        ("CHECKPOINT_ARGS", ["--save", '"$CHECKPOINT_DIR"', "--load", '"$CHECKPOINT_DIR"', "--save-interval", "1000"]),
+    ]
+    body: list[str] = []
+    for name, args in groups:
+        if args:
+            body += [*_lines(name, args), ""]
+    if tokenizer:
+        body.insert(
+            body.index("TOKENIZER_ARGS=("),
+            "# NullTokenizer fits --mock-data; for real data use your tokenizer (e.g. --tokenizer-type "
+            "HuggingFaceTokenizer --tokenizer-model PATH) whose size pads to the same --vocab-size.",
+        )
+    names = " ".join(f'"${{{n}[@]}}"' for n, a in groups if a)
+    return "\n".join(
+        [
+            *head,
+            "DISTRIBUTED_ARGS=(" + " ".join(dist) + ")",
+            "",
+            *body,
+            f'torchrun "${{DISTRIBUTED_ARGS[@]}}" pretrain_gpt.py {names}',
+            "",
+        ]
+    )
+
+
+def _virtual_args(plan: ParallelPlan, model: ModelSpec | None) -> list[str]:
+    """Virtual pipeline stages: Megatron-Core's --num-virtual-stages-per-pipeline-rank, the 2021
+    Megatron-LM's --num-layers-per-virtual-pipeline-stage (layers / (pp x vpp))."""
+    if plan.vpp == 1:
+        return []
+    if plan.stack != "megatron-lm-legacy":
+        return ["--num-virtual-stages-per-pipeline-rank", str(plan.vpp)]
+    if model is None or model.layers % (plan.pp * plan.vpp) or plan.layer_split is not None:
+        raise _refuse(
+            "vpp",
+            "Megatron-LM (2021)",
+            "its virtual stages are a layer count per stage, which needs the model's layers split evenly",
+            "give the model, with layers divisible by pp x vpp.",
+        )
+    return ["--num-layers-per-virtual-pipeline-stage", str(model.layers // (plan.pp * plan.vpp))]
 
 
 def _legacy_recompute(plan: ParallelPlan) -> list[str]:
@@ -123,7 +212,7 @@ def _legacy_recompute(plan: ParallelPlan) -> list[str]:
     return a
 
 
-def _megatron_model(model: ModelSpec | None) -> list[str]:
+def _megatron_model(model: ModelSpec | None, tp: int) -> list[str]:
     if model is None:
         return []
     if not expressible(model):
@@ -136,16 +225,34 @@ def _megatron_model(model: ModelSpec | None) -> list[str]:
         "--num-attention-heads",
         str(model.heads),
     ]
-    a += ["--ffn-hidden-size", str(model.ffn), "--seq-length", str(model.seq_len), "--vocab-size", str(model.vocab)]
+    a += ["--ffn-hidden-size", str(model.ffn), "--seq-length", str(model.seq_len)]
+    a += ["--max-position-embeddings", str(model.seq_len)]
     if model.kv_heads and model.kv_heads != model.heads:
         a += ["--group-query-attention", "--num-query-groups", str(model.kv_heads)]
     if model.head_dim and model.head_dim != model.hidden // model.heads:
         a += ["--kv-channels", str(model.head_dim)]
     if model.arch == "llama":
         a += ["--swiglu", "--normalization", "RMSNorm", "--position-embedding-type", "rope", "--disable-bias-linear"]
-        a += ["--untie-embeddings-and-output-weights"] * (not model.tied_embeddings)
+        a += ["--attention-dropout", "0", "--hidden-dropout", "0"]  # simpar's llama arch has no dropout
         a += ["--add-qkv-bias"] * model.attention_bias
-    return a + megatron_moe_args(model)
+    a += ["--untie-embeddings-and-output-weights"] * (not model.tied_embeddings)
+    return a + megatron_moe_args(model) + _tokenizer_args(model.vocab, tp)
+
+
+def _tokenizer_args(vocab: int, tp: int) -> list[str]:
+    """A NullTokenizer of ``vocab`` tokens that Megatron's padding (to --make-vocab-size-divisible-by
+    x tp) leaves as it is: the largest power of two up to 128 that, times tp, divides ``vocab``."""
+    div = next((d for d in (128, 64, 32, 16, 8, 4, 2, 1) if vocab % (d * tp) == 0), None)
+    if div is None:
+        padded = -(-vocab // (128 * tp)) * 128 * tp
+        raise _refuse(
+            "vocab",
+            "Megatron-LM",
+            f"its vocabulary is padded to a multiple of tp, and {vocab} does not split over tp {tp} "
+            f"(Megatron pads it to {padded})",
+            f"give a model with vocab {padded}.",
+        )
+    return ["--tokenizer-type", "NullTokenizer", "--vocab-size", str(vocab), "--make-vocab-size-divisible-by", str(div)]
 
 
 def _split_args(plan: ParallelPlan, model: ModelSpec | None, shape_written: bool) -> list[str]:
@@ -178,8 +285,12 @@ def _accounted(split: tuple[int, ...]) -> list[str]:
     return ["--account-for-embedding-in-pipeline-split"] * e + ["--account-for-loss-in-pipeline-split"] * l_
 
 
-def deepspeed_recipe(plan: ParallelPlan, num_gpus: int, gpus_per_node: int) -> tuple[dict[str, Any], str]:
-    """(ds_config.json, launcher line) for ``plan``; tp and pp go to Megatron-DeepSpeed's arguments."""
+def deepspeed_recipe(
+    plan: ParallelPlan, num_gpus: int, gpus_per_node: int, model: ModelSpec | None = None
+) -> tuple[dict[str, Any], str]:
+    """(ds_config.json, launcher line) for ``plan``; tp and pp go to Megatron-DeepSpeed's arguments,
+    and so do the model's shape and the batch sizes where ``model`` is given (Megatron-DeepSpeed
+    takes them from its arguments, beside ds_config.json)."""
     t = "DeepSpeed"
     if plan.stack != "deepspeed":
         raise _refuse("stack", t, f"the plan runs on {plan.stack}", "emit that stack's recipe.")
@@ -218,9 +329,26 @@ def deepspeed_recipe(plan: ParallelPlan, num_gpus: int, gpus_per_node: int) -> t
         + {"none": [], "full": ["--checkpoint-activations"], "selective": ["--recompute-granularity", "selective"]}[
             plan.recompute
         ]
+        + _deepspeed_model_args(plan, model)
         + ["--deepspeed", "--deepspeed_config", "ds_config.json"]
     )
     return cfg, line
+
+
+def _deepspeed_model_args(plan: ParallelPlan, model: ModelSpec | None) -> list[str]:
+    """The model's Megatron arguments and the batch sizes ds_config.json gives too (Megatron-DeepSpeed
+    checks they agree); [] without a model."""
+    if model is None:
+        return []
+    if not expressible(model):
+        raise _refuse(
+            "model",
+            "DeepSpeed",
+            f"{model.name}'s shape has no Megatron-DeepSpeed arguments",
+            "use a dense or MoE decoder.",
+        )
+    batch = ["--micro-batch-size", str(plan.micro_batch_size), "--global-batch-size", str(plan.global_batch_size)]
+    return _megatron_model(model, plan.tp) + batch
 
 
 def torchtitan_toml(plan: ParallelPlan, model: ModelSpec) -> str:
@@ -345,13 +473,9 @@ def recipe_files(
     """The files of ``target``'s launch recipe for ``plan`` (name -> text); `SpecError` names what
     the framework cannot express."""
     if target == "megatron":
-        return {
-            "launch.sh": "#!/bin/sh\n"
-            + megatron_launch(plan, model, num_gpus, gpus_per_node).replace(" --", " \\\n  --")
-            + "\n"
-        }
+        return {"launch.sh": megatron_launch(plan, model, num_gpus, gpus_per_node)}
     if target == "deepspeed":
-        cfg, line = deepspeed_recipe(plan, num_gpus, gpus_per_node)
+        cfg, line = deepspeed_recipe(plan, num_gpus, gpus_per_node, model)
         return {"ds_config.json": write_json(cfg), "launch.sh": "#!/bin/sh\n" + line + "\n"}
     if target == "torchtitan":
         per_node = min(num_gpus, gpus_per_node)

@@ -1,7 +1,13 @@
-"""A Megatron-LM / Megatron-Core launch (`torchrun ... pretrain_gpt.py --tensor-model-parallel-size
-...`) read onto simpar's plan and model fields (`read_megatron`), and a plan written back as one
-(`megatron_args`). The argument names and defaults are Megatron-LM's
-(`megatron/training/arguments.py`); where simpar's meaning differs from a Megatron default it says
+"""A Megatron-LM / Megatron-Core launch read onto simpar's plan and model fields (`read_megatron`),
+and a plan written back as one (`megatron_args`, `emit.megatron_launch`).
+
+The launch is a script as users keep it (`megatron_script.read_script`: bash variables, arrays,
+``torchrun`` lines, ``if``s), or the arguments alone. Every argument is looked up in
+`megatron_known.ARGUMENTS` (each argument Megatron-LM's parsers take, from v2.0 to main): the
+harmless ones are listed in one warning, the modelled ones read here, a refused one or one Megatron-LM
+does not take stops the reading naming it. Only pretrain_gpt.py is read (causal GPT-style decoders);
+BERT, T5, vision, RETRO, Mamba and the others are refused by name. The vocabulary is the tokenizer's,
+padded as Megatron pads it (`_vocab`). Where simpar's meaning differs from a Megatron default it says
 so in the warning block rather than guessing.
 """
 
@@ -16,17 +22,18 @@ from ..files import read_text, split_shell
 from ..specs.model import ModelSpec
 from .common import Imported, fraction, number, one_of, whole
 from .megatron_args import (
+    FILE_TOKENIZERS,
     FP8_RECIPE_ARGS,
     FSDP_STAGES,
+    GPT2_VOCAB,
     LEGACY_ARGS,
     MODEL_INTS,
+    NOT_GPT_SCRIPTS,
     PLAN_INTS,
-    SWITCHES,
-    UNMODELLED,
-    UNMODELLED_SWITCHES,
-    VALUED,
 )
-from .megatron_moe import MLA_INTS, MOE_INTS, MOE_SWITCHES, MOE_VALUED, launch_model_update, moe_model_fields
+from .megatron_known import ARGUMENTS
+from .megatron_moe import MLA_INTS, MOE_INTS, launch_model_update, moe_model_fields
+from .megatron_script import UNKNOWN, Script, read_script
 from .schema import MAX_COUNT, key_name
 
 WHERE = "Megatron-LM arguments"
@@ -58,14 +65,6 @@ def launch_text(text_or_path: str) -> str:
 STACK_MARK = re.compile(r"^[ \t]*#[ \t]*simpar stack:[ \t]*(\S+)[ \t]*$", re.MULTILINE)
 
 
-def _split_launcher(tokens: list[str]) -> tuple[list[str], list[str]]:
-    """(launcher tokens, Megatron arguments): everything up to the training script (``*.py``)."""
-    for i, t in enumerate(tokens):
-        if t.endswith(".py"):
-            return tokens[:i], tokens[i + 1 :]
-    return [], tokens
-
-
 def _gpus(launcher: list[str], where: str) -> int | None:
     """GPU count of a torchrun line: --nproc_per_node (or --nproc-per-node) x --nnodes; the two
     spellings of one option must agree."""
@@ -82,63 +81,89 @@ def _gpus(launcher: list[str], where: str) -> int | None:
                     "give it once.",
                 )
             vals[name] = (key, value)
-    if "__nproc_per_node" not in vals:
-        return None
+    if "__nproc_per_node" not in vals or any(UNKNOWN.search(v) for _, v in vals.values()):
+        return None  # no torchrun count, or one the script does not set: the command's --gpus
     per = whole(vals["__nproc_per_node"][1], f"{where}: --nproc_per_node")
     return per * whole(vals.get("__nnodes", ("", "1"))[1], f"{where}: --nnodes")
 
 
-def _parse(args: list[str], where: str) -> dict[str, Any]:
-    """``--flag value`` / ``--flag`` / ``--flag=value`` into a dict (a switch reads as True); an
-    argument simpar does not know is refused by name, and so are a switch given a value
-    (``--bf16=false``: argparse refuses it) and a second value after a one-value argument
-    (``--tensor-model-parallel-size 2 4``: argparse refuses the stray 4)."""
+def _parse(script: Script, where: str) -> tuple[dict[str, Any], list[str]]:
+    """(``--flag value`` / ``--flag`` / ``--flag=value`` as a dict, the harmless flags given). A switch
+    reads as True, a list argument as a list. Each flag is looked up in `megatron_known.ARGUMENTS`:
+    one Megatron-LM does not take, or one refused there, stops the reading naming it; so do a switch
+    given a value (``--bf16=false``), a second value after a one-value argument (argparse refuses
+    both), and words the script leaves unknown where an argument should stand."""
     out: dict[str, Any] = {}
+    harmless: list[str] = []
+    args = script.args
     i = 0
     while i < len(args):
         tok = args[i]
+        if UNKNOWN.search(tok) and not tok.startswith("--"):
+            raise SpecError(
+                f"{where}: {key_name(script.shown(tok))}",
+                f"stands where an argument goes, and is {script.unknown_in(tok)}: simpar cannot tell which "
+                "arguments it holds.",
+                "set it in the script, or write its arguments out.",
+            )
         if not tok.startswith("--"):
             raise SpecError(
-                f"{where}: {key_name(tok)}", "is a value without an argument before it.", "check the quoting."
+                f"{where}: {key_name(script.shown(tok))}",
+                "is a value without an argument before it.",
+                "check the quoting.",
             )
         key, eq, val = tok.partition("=")
-        if key in SWITCHES or key in UNMODELLED_SWITCHES or key in MOE_SWITCHES:
+        known = ARGUMENTS.get(key)
+        if known is None:
+            raise SpecError(
+                f"{where}: {key_name(key)}",
+                "is not an argument of Megatron-LM's pretrain_gpt.py (its parser refuses it).",
+                "check the spelling, or remove it.",
+            )
+        arity, verdict = known
+        if verdict.startswith("refused: "):
+            raise SpecError(f"{where}: {key}", verdict[len("refused: ") :] + ".", "remove it, or use --model/--plan.")
+        if verdict == "harmless":
+            harmless.append(key)
+        i += 1
+        if arity == "s" or (arity == "o" and not eq and (i >= len(args) or args[i].startswith("--"))):
             if eq:
                 raise SpecError(
                     f"{where}: {key}", f"is a switch and takes no value (given {key_name(val)}).", f"write {key} alone."
                 )
             out[key] = True
-            i += 1
             continue
-        if key not in KNOWN_VALUED:
-            raise SpecError(
-                f"{where}: {key_name(key)}",
-                "is an argument simpar does not know, so it cannot tell whether it changes the result.",
-                "remove it, or report it so that simpar learns it.",
-            )
         if eq:
-            out[key] = [val] if key in LIST_VALUED else val
-            i += 1
+            out[key] = [val] if arity == "l" else val
             continue
         vals = []
-        i += 1
         while i < len(args) and not args[i].startswith("--"):
             vals.append(args[i])
             i += 1
         if not vals:
             raise SpecError(f"{where}: {key}", "needs a value.", f"write {key} VALUE.")
-        if len(vals) > 1 and key not in LIST_VALUED:
+        if len(vals) > 1 and arity != "l":
             raise SpecError(
                 f"{where}: {key}",
-                f"takes one value, and is given {len(vals)} ({key_name(' '.join(vals[:3]))}).",
+                f"takes one value, and is given {len(vals)} ({key_name(script.shown(' '.join(vals[:3])))}).",
                 "give one value (quote a value with spaces).",
             )
-        out[key] = vals if key in LIST_VALUED else vals[0]
-    return out
+        out[key] = vals if arity == "l" else vals[0]
+    for key, value in out.items():
+        what = next((script.unknown_in(v) for v in _values(value) if UNKNOWN.search(v)), None)
+        if what is not None and key not in harmless:
+            raise SpecError(
+                f"{where}: {key}",
+                f"is {key_name(script.shown(' '.join(_values(value))))}, and {what}: simpar needs its value.",
+                f"write the value, or set it in the script ({what.split(' ')[0]}=...).",
+            )
+    return out, harmless
 
 
-#: arguments that take several values (nargs="+")
-LIST_VALUED = frozenset({"--recompute-modules"})
+def _values(value: Any) -> list[str]:
+    return value if isinstance(value, list) else [value] if isinstance(value, str) else []
+
+
 #: ModelSpec's bound on layers: --num-layers is held to it before anything per layer is built
 MAX_LAYERS = next(m.le for m in ModelSpec.model_fields["layers"].metadata if getattr(m, "le", None) is not None)
 #: the integer arguments, each with the least value it may take (every other bound: `schema.MAX_COUNT`)
@@ -152,6 +177,11 @@ INT_ARGS = {
     "--activations-checkpoint-num-layers": 1,
     "--moe-shared-expert-intermediate-size": 1,
     "--mtp-num-layers": 0,
+    "--vocab-size": 1,
+    "--padded-vocab-size": 1,
+    "--make-vocab-size-divisible-by": 1,
+    "--max-position-embeddings": 1,
+    "--window-attn-skip-freq": 1,
 }
 
 
@@ -233,20 +263,29 @@ def _agree(a: dict[str, Any], where: str) -> None:
         )
 
 
-KNOWN_VALUED = frozenset({*PLAN_INTS, *MODEL_INTS, *VALUED, *UNMODELLED, *MOE_INTS, *MLA_INTS, *MOE_VALUED})
 #: the arguments that describe the model's shape (read as the model, or listed when --model gives it)
 MODEL_KEYS = frozenset(
     {
         *MODEL_INTS,
         *MOE_INTS,
         *MLA_INTS,
+        "--vocab-size",
+        "--padded-vocab-size",
+        "--tokenizer-type",
+        "--make-vocab-size-divisible-by",
         "--moe-shared-expert-intermediate-size",
         "--moe-layer-freq",
         "--moe-router-score-function",
         "--multi-latent-attention",
         "--swiglu",
+        "--quick-geglu",
         "--normalization",
         "--position-embedding-type",
+        "--use-rotary-position-embeddings",
+        "--no-position-embedding",
+        "--window-size",
+        "--window-attn-skip-freq",
+        "--softmax-type",
     }
 )
 
@@ -256,16 +295,20 @@ def read_megatron(text_or_path: str, model_given: bool = False) -> Imported:
     ``model_given`` (the --model option names it; they are then listed as not read)."""
     where = WHERE
     text = launch_text(text_or_path)
-    launcher, args = _split_launcher(split_shell(text, where))
-    a = _parse(args, where)
+    script = _bare(text, where) or read_script(text, where)
+    _training_script(script, where)
+    a, harmless = _parse(script, where)
+    _aliases(a, where)
     _typed(a, where)
     _agree(a, where)
-    imp = Imported(where, gpus=_gpus(launcher, where))
-    imp.unmodelled += [k for k in a if k in UNMODELLED]
+    imp = Imported(where, gpus=_gpus(script.launcher, where))
+    imp.unmodelled += harmless + script.notes
     plan = imp.plan
     for key, name in PLAN_INTS.items():
         if key in a:
             plan[name] = a[key]
+    _batch(a, plan, imp, where)
+    _attention(a, plan, imp, where)
     plan["stack"] = _stack(a, text, where)
     if "--DDP-impl" in a:
         one_of(a["--DDP-impl"], f"{where}: --DDP-impl", {"local": 1, "torch": 1})
@@ -311,9 +354,126 @@ def read_megatron(text_or_path: str, model_given: bool = False) -> Imported:
         imp.unmodelled += [f"{k} (the model is --model's)" for k in model_keys]
         imp.model_update = lambda m: launch_model_update(a, m, where)
     elif model_keys:
-        imp.model = _model(a, where)
+        imp.model = _model(a, plan.get("tp", 1), imp, where)
     _stages(a, plan, a.get("--num-layers"), where)
     return imp
+
+
+def _bare(text: str, where: str) -> Script | None:
+    """A bare argument list (its first word starts with ``-``: no command, no script) as a shell
+    splits it (`sim.files.split_shell`), without bash's meaning for ``(`` (``--moe-layer-freq
+    ([0]*1+[1]*3)`` stays one word); None for anything else."""
+    try:
+        words = split_shell(text, where)
+    except SpecError:
+        return None  # the script reader names the line
+    if not words or not words[0].startswith("-") or "$" in text:
+        return None
+    return Script([], None, words, None)
+
+
+def _training_script(script: Script, where: str) -> None:
+    """simpar reads pretrain_gpt.py (causal GPT-style decoders, the MoE and Llama variants
+    included); Megatron-LM's scripts for other models are refused by name, and so is a script it
+    does not know."""
+    if script.script is None:
+        return
+    name = UNKNOWN.sub("", script.script).rsplit("/", 1)[-1]
+    if name == "pretrain_gpt.py":
+        return
+    what = NOT_GPT_SCRIPTS.get(name)
+    why = (
+        f"trains {what}; simpar models causal decoder-only (GPT-style) models"
+        if what
+        else "is not Megatron-LM's pretrain_gpt.py, whose arguments simpar reads"
+    )
+    raise SpecError(
+        f"{where} line {script.line}: {key_name(name)}",
+        f"{why}.",
+        "launch pretrain_gpt.py, or give the model with --model and the plan with the command's options.",
+    )
+
+
+#: old spellings: (flag, value it gives, the flag it stands for)
+_SAME = (
+    ("--fp8-hybrid", "hybrid", "--fp8-format"),
+    ("--fp8-e4m3", "e4m3", "--fp8-format"),
+    ("--recompute-activations", "selective", "--recompute-granularity"),
+)
+
+
+def _aliases(a: dict[str, Any], where: str) -> None:
+    """Older spellings of one setting read as today's; two that disagree are refused. As Megatron's
+    ``validate_args``: --use-rotary-position-embeddings sets rope whatever else is given, and
+    --no-position-embedding is allowed only with rope (where it changes nothing)."""
+    if a.get("--use-rotary-position-embeddings"):
+        a["--position-embedding-type"] = "rope"
+    if a.get("--no-position-embedding") and a.get("--position-embedding-type") != "rope":
+        raise SpecError(
+            f"{where}: --no-position-embedding",
+            "is deprecated, and Megatron-LM refuses it without rope.",
+            "write --position-embedding-type none (or rope).",
+        )
+    for old, value, new in _SAME:
+        if a.get(old):
+            if new in a and a[new] != value:
+                raise SpecError(f"{where}: {old}", f"says {new} {value}, and {new} is {a[new]}.", "keep one.")
+            a[new] = value
+    one_of(
+        a.get("--position-embedding-type", "learned_absolute"),
+        f"{where}: --position-embedding-type",
+        {"learned_absolute": 1, "rope": 1, "yarn": 1, "mrope": 1, "none": 1},
+    )
+    if "--checkpoint-num-layers" in a:
+        key = "--activations-checkpoint-num-layers"
+        if key in a and a[key] != a["--checkpoint-num-layers"]:
+            raise SpecError(f"{where}: --checkpoint-num-layers", f"disagrees with {key}.", "keep one.")
+        a[key] = a.pop("--checkpoint-num-layers")
+
+
+def _batch(a: dict[str, Any], plan: dict[str, Any], imp: Imported, where: str) -> None:
+    """Megatron's global batch defaults to micro-batch x data-parallel size (``validate_args``)."""
+    if "global_batch_size" in plan:
+        return
+    model_parallel = plan.get("tp", 1) * plan.get("pp", 1) * plan.get("cp", 1)
+    if imp.gpus is None or imp.gpus % model_parallel:
+        imp.unmodelled.append(
+            "no --global-batch-size (Megatron's default, mbs x dp, needs the GPU count: the command's --gbs is used)"
+        )
+        return
+    mbs = plan.get("micro_batch_size", 1)
+    plan["global_batch_size"] = mbs * imp.gpus // model_parallel
+    imp.unmodelled.append(f"--global-batch-size {plan['global_batch_size']} (Megatron's default: mbs x dp)")
+
+
+#: Megatron-Core's context-parallel communication types: simpar times the ring (p2p) one
+CP_COMM = {"p2p": "ring attention", "all_gather": "all-gather", "a2a": "all-to-all (Ulysses)"}
+
+
+def _attention(a: dict[str, Any], plan: dict[str, Any], imp: Imported, where: str) -> None:
+    """Context-parallel communication (p2p, Megatron's default, is what simpar times; all_gather,
+    a2a and a2a+p2p are refused naming the type) and an attention backend that stores the scores
+    (unfused / local: refused, simpar's Megatron stacks run fused attention)."""
+    types = a.get("--cp-comm-type", ["p2p"])
+    for t in types:
+        if t != "p2p" and plan.get("cp", 1) > 1:
+            raise SpecError(
+                f"{where}: --cp-comm-type {t}",
+                f"is context parallelism by {CP_COMM.get(t, t)}; simpar times context parallelism as ring "
+                "attention (p2p) only.",
+                "use --cp-comm-type p2p, or compare the plan's cp as p2p.",
+            )
+    if "--cp-comm-type" in a and plan.get("cp", 1) == 1:
+        imp.unmodelled.append("--cp-comm-type (context-parallel size 1)")
+    backend = a.get("--attention-backend", "auto")
+    one_of(backend, f"{where}: --attention-backend", {"auto": 1, "flash": 1, "fused": 1, "unfused": 1, "local": 1})
+    if backend in ("unfused", "local") or a.get("--export-force-local-attention"):
+        key = "--export-force-local-attention" if backend not in ("unfused", "local") else "--attention-backend"
+        raise SpecError(
+            f"{where}: {key}",
+            "runs attention that stores the scores (unfused), which simpar's Megatron stacks do not model.",
+            "use --attention-backend flash, fused or auto.",
+        )
 
 
 MEGATRON_STACKS = ("megatron-core", "megatron-bridge", "megatron-lm-legacy")
@@ -430,53 +590,177 @@ def _optimizer(a: dict[str, Any], plan: dict[str, Any], where: str) -> None:
         plan["offload_overlap"] = True
 
 
-def _model(a: dict[str, Any], where: str) -> dict[str, Any]:
-    """ModelSpec fields of Megatron's model arguments: ``llama`` (SwiGLU, RMSNorm, RoPE, no biases)
-    or ``gpt`` (GeLU, LayerNorm, learned positions, biases); a mix of the two is refused."""
+def _model(a: dict[str, Any], tp: int, imp: Imported, where: str) -> dict[str, Any]:
+    """ModelSpec fields of Megatron's model arguments: ``llama`` (a gated MLP: SwiGLU or GPT-OSS's
+    quick GeGLU; RMSNorm; rotary or no positions; no biases; no dropout) or ``gpt`` (GeLU, LayerNorm,
+    learned positions, biases, dropout); a mix of the two is refused naming the argument. The
+    vocabulary is the tokenizer's, padded as Megatron pads it (`_vocab`)."""
     m: dict[str, Any] = {"name": "megatron-model"}
     for key, name in MODEL_INTS.items():
         if key in a:
             m[name] = whole(a[key], f"{where}: {key}")
     missing = [k for k in ("--num-layers", "--hidden-size", "--num-attention-heads", "--seq-length") if k not in a]
-    if "vocab" not in m:
-        missing.append("--vocab-size")
     if missing:
         raise SpecError(
             f"{where}: {missing[0]}", "is needed to build the model from the launch.", "add it, or give --model."
         )
-    norm = a.get("--normalization", "LayerNorm")
+    m["vocab"] = _vocab(a, tp, imp, where)
+    gated = bool(a.get("--swiglu") or a.get("--quick-geglu"))
+    if a.get("--swiglu") and a.get("--quick-geglu"):
+        raise SpecError(f"{where}: --quick-geglu", "is given with --swiglu.", "keep one.")
+    norm = one_of(a.get("--normalization", "LayerNorm"), f"{where}: --normalization", {"LayerNorm": 0, "RMSNorm": 1})
     pos = a.get("--position-embedding-type", "learned_absolute")
-    llama = (bool(a.get("--swiglu")), norm == "RMSNorm", pos == "rope")
+    llama = (gated, norm == 1, pos != "learned_absolute")
     if all(llama):
         m["arch"] = "llama"
         if not a.get("--disable-bias-linear"):
             raise SpecError(
-                f"{where}: --disable-bias-linear", "is missing: simpar's llama arch has no linear biases.", "add it."
+                f"{where}: --disable-bias-linear",
+                "is missing: simpar's llama arch (gated MLP, RMSNorm, rotary positions) has no linear biases.",
+                "add it.",
             )
-        m["tie_embeddings"] = not a.get("--untie-embeddings-and-output-weights")
         m["attention_bias"] = bool(a.get("--add-qkv-bias"))
     elif not any(llama):
         m["arch"] = "gpt"
-        if a.get("--disable-bias-linear") or a.get("--untie-embeddings-and-output-weights"):
-            flag = (
-                "--disable-bias-linear" if a.get("--disable-bias-linear") else "--untie-embeddings-and-output-weights"
+        if a.get("--disable-bias-linear"):
+            raise SpecError(
+                f"{where}: --disable-bias-linear", "simpar's gpt arch (GeLU, LayerNorm) has linear biases.", "drop it."
             )
-            raise SpecError(f"{where}: {flag}", "simpar's gpt arch has biases and tied embeddings.", "drop it.")
+        _max_positions(a, where)
     else:
-        names = ("--swiglu", "--normalization RMSNorm", "--position-embedding-type rope")
+        names = ("--swiglu", "--normalization RMSNorm", f"--position-embedding-type {pos}")
         have = [n for n, on in zip(names, llama) if on]
         raise SpecError(
             f"{where}: {have[0]}",
-            "is a mix simpar does not model: its llama arch is SwiGLU + RMSNorm + RoPE, its gpt arch "
-            "GeLU + LayerNorm + learned positions.",
-            f"use all three of {', '.join(names)} or none.",
+            "is a mix simpar does not model: its llama arch is a gated MLP + RMSNorm + rotary (or no) "
+            "positions, its gpt arch GeLU + LayerNorm + learned positions.",
+            "use all three of --swiglu, --normalization RMSNorm, --position-embedding-type rope, or none.",
         )
+    if m["arch"] == "llama" or a.get("--untie-embeddings-and-output-weights"):
+        m["tie_embeddings"] = not a.get("--untie-embeddings-and-output-weights")
+    _dropout(a, m["arch"], where)
     if a.get("--group-query-attention") and "kv_heads" not in m:
         raise SpecError(f"{where}: --num-query-groups", "is needed with --group-query-attention.", "add it.")
     if "--num-experts" in a and not m.get("ffn") and "--moe-ffn-hidden-size" not in a:
         raise SpecError(f"{where}: --moe-ffn-hidden-size", "is needed for the experts' MLP.", "add it.")
+    m.update(_window(a, m["layers"], where))
     m.update(moe_model_fields(a, m["layers"], m.get("ffn", 0), where))
     return m
+
+
+#: Megatron-LM's dropout defaults (--hidden-dropout, --attention-dropout)
+DROPOUT_DEFAULT = "0.1"
+
+
+def _dropout(a: dict[str, Any], arch: str, where: str) -> None:
+    """simpar's gpt arch stores dropout masks and its llama arch none: the launch's dropout (0.1
+    where not given, Megatron's default) must say the same."""
+    for key in ("--hidden-dropout", "--attention-dropout"):
+        p = number(str(a.get(key, DROPOUT_DEFAULT)), f"{where}: {key}", 0.0, 1.0)
+        if arch == "llama" and p > 0:
+            given = "is" if key in a else "is Megatron's default"
+            raise SpecError(
+                f"{where}: {key}",
+                f"{given} {p:g}: the launch trains with dropout, and simpar's llama arch has none (its masks "
+                "are not counted).",
+                f"add {key} 0 (as Llama recipes do), or give a simpar model YAML with --model.",
+            )
+        if arch == "gpt" and key == "--hidden-dropout" and p == 0:
+            raise SpecError(
+                f"{where}: {key}",
+                "is 0: simpar's gpt arch stores the dropout masks Megatron's GPT trains with.",
+                "drop it (Megatron's default is 0.1), or give a simpar model YAML with --model.",
+            )
+
+
+def _max_positions(a: dict[str, Any], where: str) -> None:
+    """Learned positions: Megatron's table has --max-position-embeddings rows, simpar's seq_len."""
+    seq = a["--seq-length"]
+    rows = a.get("--max-position-embeddings", seq)
+    if whole(rows, f"{where}: --max-position-embeddings") != seq:
+        raise SpecError(
+            f"{where}: --max-position-embeddings",
+            f"is {rows}, and --seq-length {seq}: simpar's learned position table has seq_len rows.",
+            f"give --max-position-embeddings {seq}, or a simpar model YAML with --model.",
+        )
+
+
+def _vocab(a: dict[str, Any], tp: int, imp: Imported, where: str) -> int:
+    """The vocabulary as Megatron-LM builds it: the tokenizer's size (GPT2BPETokenizer, pretrain_gpt.py's
+    default: GPT-2's 50,257; NullTokenizer: --vocab-size; a tokenizer read from a file: --vocab-size,
+    which must then be given) padded up to a multiple of --make-vocab-size-divisible-by (128) x tp
+    (``vocab_size_with_padding``); --padded-vocab-size as given."""
+    if "--padded-vocab-size" in a:
+        return whole(a["--padded-vocab-size"], f"{where}: --padded-vocab-size")
+    tok = a.get("--tokenizer-type", "GPT2BPETokenizer")
+    given = whole(a["--vocab-size"], f"{where}: --vocab-size") if "--vocab-size" in a else None
+    if tok == "GPT2BPETokenizer":
+        if given is not None:
+            imp.unmodelled.append(f"--vocab-size (GPT2BPETokenizer's vocabulary is GPT-2's {GPT2_VOCAB})")
+        size = GPT2_VOCAB
+    elif tok == "NullTokenizer" or tok in FILE_TOKENIZERS:
+        if given is None:
+            source = UNKNOWN.sub(
+                "<a path the script does not set>",
+                str(a.get("--tokenizer-model") or a.get("--vocab-file") or "its files"),
+            )
+            raise SpecError(
+                f"{where}: --tokenizer-type {tok}",
+                f"takes its vocabulary from {key_name(str(source))}, which simpar does not open."
+                if tok != "NullTokenizer"
+                else "needs --vocab-size.",
+                "add --vocab-size N (the tokenizer's size, before padding), or give --model.",
+            )
+        size = given + bool(tok == "NullTokenizer" and a.get("--legacy-tokenizer"))
+        if tok in FILE_TOKENIZERS:
+            imp.unmodelled.append(f"the vocabulary of {tok}: --vocab-size {given} (simpar does not open the file)")
+    else:
+        raise SpecError(
+            f"{where}: --tokenizer-type",
+            f"is {key_name(str(tok))}, a tokenizer simpar does not know.",
+            "use GPT2BPETokenizer, NullTokenizer or a file tokenizer with --vocab-size, or give --model.",
+        )
+    if a.get("--no-pad-vocab-size") or a.get("--disable-pad-vocab-size"):
+        return size
+    div = whole(a.get("--make-vocab-size-divisible-by", 128), f"{where}: --make-vocab-size-divisible-by")
+    multiple = div * tp
+    padded = -(-size // multiple) * multiple
+    if tok == "NullTokenizer" and not a.get("--legacy-tokenizer") and -(-(size + 1) // multiple) * multiple != padded:
+        imp.unmodelled.append(
+            f"NullTokenizer: {size} tokens as Megatron-Core 0.15+ counts them ({size + 1} before, or with "
+            "--legacy-tokenizer)"
+        )
+    return padded
+
+
+def _window(a: dict[str, Any], layers: int, where: str) -> dict[str, Any]:
+    """Windowed attention (``--window-size L,0``: each query sees itself and L tokens before, so a
+    window of L + 1), on all layers or all but every n-th (``--window-attn-skip-freq n``, Megatron's
+    1-based layer numbers divisible by n attend to all), and GPT-OSS's learned attention sinks
+    (``--softmax-type learnable``)."""
+    out: dict[str, Any] = {}
+    if "--window-size" in a:
+        text = str(a["--window-size"]).strip("()[] ")
+        parts = [p.strip() for p in text.split(",")]
+        if len(parts) != 2 or parts[1] != "0" or not parts[0].isdigit():
+            raise SpecError(
+                f"{where}: --window-size",
+                f"is {key_name(text)}: simpar models a causal window (LEFT,0).",
+                "write --window-size LEFT,0.",
+            )
+        out["window"] = whole(parts[0], f"{where}: --window-size", 0) + 1
+        if "--window-attn-skip-freq" in a:
+            out["full_attention_every"] = whole(a["--window-attn-skip-freq"], f"{where}: --window-attn-skip-freq")
+    elif "--window-attn-skip-freq" in a:
+        raise SpecError(f"{where}: --window-attn-skip-freq", "is given without --window-size.", "add it, or drop it.")
+    softmax = one_of(
+        a.get("--softmax-type", "vanilla"),
+        f"{where}: --softmax-type",
+        {"vanilla": False, "learnable": True},
+    )
+    if softmax:
+        out["attention_sinks"] = True
+    return out
 
 
 def _moe_launch(a: dict[str, Any], imp: Imported) -> None:

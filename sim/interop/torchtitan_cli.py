@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import SpecError
-from ..files import read_text, split_shell
+from ..files import read_text, read_toml, split_shell
 from .common import Imported, whole
 from .schema import key_name
 
@@ -217,8 +217,6 @@ def job_from_command_line(
     if config_file is not None:
         if config is not None:
             raise SpecError(f"{where}: --job.config_file", "is given with --config.", "keep one.")
-        from .torchtitan import read_torchtitan_toml
-
         f = Path(config_file)
         if not f.is_file():
             raise SpecError(
@@ -226,7 +224,7 @@ def job_from_command_line(
                 f"is {config_file!r}, which is not a file here.",
                 "give the TOML's path from the working directory.",
             )
-        cfg = read_torchtitan_toml(f, f"torchtitan job {f.name}")
+        cfg = read_toml(f, "torchtitan job")
         where = f"torchtitan job {f.name} with its command line"
     else:
         cfg = _registry(config, module, where)

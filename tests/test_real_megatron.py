@@ -1,0 +1,312 @@
+"""Real Megatron-LM launch scripts as users keep them (tests/data/real-configs/megatron, MANIFEST.yaml
+names each file's source and the reading it must give): none crashes, none is misread, at most one in
+ten is refused though simpar could model it, and every refusal is one line naming the argument or
+construct and the fix. Beside them: the bash subset the launch reader interprets, Megatron's
+vocabulary padding, the argument table, and the launch `--emit megatron` writes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from simpar.sim.errors import SpecError
+from simpar.sim.interop.emit import megatron_launch
+from simpar.sim.interop.megatron import read_megatron
+from simpar.sim.interop.megatron_args import MODEL_INTS, PLAN_INTS
+from simpar.sim.interop.megatron_known import ARGUMENTS
+from simpar.sim.interop.megatron_moe import MLA_INTS, MOE_INTS
+from simpar.sim.interop.megatron_script import read_script
+from simpar.sim.plan import ParallelPlan
+from simpar.sim.specs import load_model
+
+DATA = Path(__file__).parent / "data" / "real-configs" / "megatron"
+MANIFEST = yaml.safe_load((DATA / "MANIFEST.yaml").read_text())["files"]
+
+
+def _reading(path: Path) -> dict | SpecError:
+    try:
+        imp = read_megatron(str(path))
+    except SpecError as e:
+        return e
+    p, m = imp.plan, imp.model
+    return {
+        "gpus": imp.gpus,
+        "tp": p.get("tp", 1),
+        "pp": p.get("pp", 1),
+        "cp": p.get("cp", 1),
+        "vpp": p.get("vpp", 1),
+        "mbs": p.get("micro_batch_size"),
+        "gbs": p.get("global_batch_size"),
+        "precision": p["precision"],
+        "recompute": p["recompute"],
+        "zero": p["zero"],
+        "sequence_parallel": p["sequence_parallel"],
+        "layers": m["layers"],
+        "hidden": m["hidden"],
+        "heads": m["heads"],
+        "kv_heads": m.get("kv_heads", m["heads"]),
+        "ffn": m.get("ffn", 4 * m["hidden"]),
+        "seq_len": m["seq_len"],
+        "vocab": m["vocab"],
+        "arch": m["arch"],
+        "moe_experts": (m.get("moe") or {}).get("experts", 0),
+    }
+
+
+def test_every_real_launch_reads_as_its_manifest_says():
+    assert len(MANIFEST) >= 40 and {e["file"] for e in MANIFEST} == {p.name for p in DATA.glob("*.sh")}
+    misread, refused_modelable, read = [], [], 0
+    for e in MANIFEST:
+        got = _reading(DATA / e["file"])  # a crash (any other exception) fails the test here
+        if isinstance(got, SpecError):
+            line = str(got)
+            assert "\n" not in line and " Fix: " in line, line
+            if "refused" not in e or not got.field.endswith(e["refused"]):
+                misread.append((e["file"], line))
+            if e.get("modelable"):
+                refused_modelable.append(e["file"])
+        elif got != e.get("expect"):
+            misread.append((e["file"], got))
+        else:
+            read += 1
+    assert not misread, misread
+    assert len(refused_modelable) * 10 <= len(MANIFEST), refused_modelable
+    assert read >= 10
+
+
+def test_published_readings_hold_known_facts():
+    """Facts checked against the files by hand: GPT-3 175B's tp 8 x pp 16 and its vocabulary, GPT-2's
+    50,257 tokens padded to 128 x tp."""
+    e = {x["file"]: x for x in MANIFEST}
+    gpt3 = e["mlm-core_v0_8_0-gpt3-train_gpt3_175b_distributed.sh"]["expect"]
+    assert (gpt3["tp"], gpt3["pp"], gpt3["layers"], gpt3["hidden"], gpt3["vocab"]) == (8, 16, 96, 12288, 51200)
+    mp = e["mlm-v2_0-pretrain_gpt_distributed_with_mp.sh"]["expect"]
+    assert (mp["tp"], mp["pp"], mp["vocab"], mp["recompute"], mp["gpus"]) == (2, 2, 50432, "full", 8)
+
+
+SCRIPT = r"""#!/bin/bash
+export CUDA_DEVICE_MAX_CONNECTIONS=1
+GPUS_PER_NODE=8
+NNODES=${SLURM_NNODES:-"2"}
+TP=${TP:-4}
+PP=2
+CKPT=$1            # a positional parameter: unknown, fine for --save
+WORLD=$(($GPUS_PER_NODE*$NNODES))
+MODEL_ARGS=(
+    --num-layers 8   # a comment inside the array
+    --hidden-size 256 --num-attention-heads 8
+    --seq-length 512 --max-position-embeddings 512
+)
+MODEL_ARGS+=(--vocab-size 1000 --tokenizer-type NullTokenizer)
+if [[ "$PP" == "2" ]] && [ -n "$TP" ]; then
+    PAR="--tensor-model-parallel-size $TP --pipeline-model-parallel-size ${PP}"
+else
+    PAR="--tensor-model-parallel-size 1"
+fi
+if [ -f /etc/some-file ]; then
+    EXTRA=--nothing-real
+fi
+for i in 1 2; do
+    echo "$i"
+done
+torchrun --nproc_per_node $GPUS_PER_NODE --nnodes "$NNODES" \
+    pretrain_gpt.py "${MODEL_ARGS[@]}" $PAR --micro-batch-size 1 --global-batch-size 16 \
+    --save "$CKPT" --bf16 2>&1 | tee log.txt
+"""
+
+
+def test_the_bash_subset_reads_as_bash_would():
+    s = read_script(SCRIPT, "w")
+    assert s.line == 26 and s.launcher == ["torchrun", "--nproc_per_node", "8", "--nnodes", "2"]
+    assert s.args[:4] == ["--num-layers", "8", "--hidden-size", "256"]
+    assert "--tensor-model-parallel-size" in s.args and s.args[s.args.index("--tensor-model-parallel-size") + 1] == "4"
+    assert s.unknown_in(s.args[s.args.index("--save") + 1]).startswith("$1")
+    imp = read_megatron(SCRIPT)
+    assert imp.gpus == 16 and (imp.plan["tp"], imp.plan["pp"]) == (4, 2)
+    assert imp.model["vocab"] == 1024  # 1000 padded to 128 x tp 4 = 512: 1024
+    assert "$SLURM_NNODES unset" in imp.warning()
+
+
+@pytest.mark.parametrize(
+    ("script", "named"),
+    [
+        ("for x in 1; do\n torchrun pretrain_gpt.py --bf16\ndone\n", "line 2: for loop"),
+        ("if [ -f x ]; then\n torchrun pretrain_gpt.py --bf16\nfi\n", "line 2: if"),
+        ("source env.sh\ntorchrun pretrain_gpt.py --bf16\n", "line 1: source"),
+        ("cat <<EOF\nx\nEOF\n", "line 1: here-document"),
+        ("torchrun pretrain_gpt.py --bf16\ntorchrun pretrain_gpt.py --fp16\n", "line 2"),
+        ("echo hi\n", "Megatron-LM arguments"),
+        ("A='x\n", "line 1: quote"),
+        ("torchrun pretrain_gpt.py $EXTRA --bf16\n", "$EXTRA"),
+        ("if [ -f x ]; then TP=2; fi\ntorchrun pretrain_gpt.py --tensor-model-parallel-size $TP\n", "parallel-size"),
+        ("torchrun pretrain_bert.py --bf16\n", "pretrain_bert.py"),
+        ("python my_train.py --bf16\n", "my_train.py"),
+    ],
+)
+def test_unsupported_constructs_are_refused_by_name_and_line(script, named):
+    with pytest.raises(SpecError) as e:
+        read_megatron(script)
+    assert named in e.value.field and "\n" not in str(e.value) and " Fix: " in str(e.value), str(e.value)
+
+
+def test_a_while_loop_that_never_runs_and_an_undecidable_if_are_skipped():
+    text = (
+        "TP=2\nwhile [[ $# -gt 0 ]]; do\n TP=8\n shift\ndone\n"
+        "if [ -f /x ]; then\n LOG=1\nfi\n"
+        "torchrun --nproc_per_node 2 pretrain_gpt.py --tensor-model-parallel-size $TP --global-batch-size 4\n"
+    )
+    assert read_megatron(text).plan["tp"] == 2
+
+
+@pytest.mark.parametrize(
+    ("flags", "vocab"),
+    [
+        ("", 50304),  # pretrain_gpt.py's GPT2BPETokenizer: 50,257 padded to 128
+        ("--tensor-model-parallel-size 8", 51200),  # padded to 1024
+        ("--make-vocab-size-divisible-by 1", 50257),
+        ("--tokenizer-type NullTokenizer --vocab-size 32000", 32000),
+        ("--tokenizer-type NullTokenizer --vocab-size 32000 --legacy-tokenizer", 32128),
+        ("--tokenizer-type HuggingFaceTokenizer --tokenizer-model m --vocab-size 128256", 128256),
+        ("--padded-vocab-size 1000", 1000),
+    ],
+)
+def test_the_vocabulary_is_the_tokenizers_padded_as_megatron_pads_it(flags, vocab):
+    base = "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 128 --max-position-embeddings 128 "
+    assert read_megatron(base + flags).model["vocab"] == vocab
+
+
+def test_a_tokenizer_file_without_its_size_is_refused_by_name():
+    base = "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 128 "
+    with pytest.raises(SpecError, match="add --vocab-size") as e:
+        read_megatron(base + "--tokenizer-type HuggingFaceTokenizer --tokenizer-model meta-llama/Llama-3-8B")
+    assert e.value.field.endswith("--tokenizer-type HuggingFaceTokenizer")
+    assert read_megatron(base + "--tokenizer-type HuggingFaceTokenizer", model_given=True).model == {}
+
+
+@pytest.mark.parametrize(
+    ("flags", "field"),
+    [
+        ("--context-parallel-size 2 --cp-comm-type a2a", "--cp-comm-type a2a"),
+        ("--context-parallel-size 2 --cp-comm-type all_gather", "--cp-comm-type all_gather"),
+        (
+            "--context-parallel-size 2 --hierarchical-context-parallel-sizes 2 1",
+            "--hierarchical-context-parallel-sizes",
+        ),
+        ("--fp8-param-gather", "--fp8-param-gather"),
+        ("--attention-backend unfused", "--attention-backend"),
+        ("--frobnicate 3", "--frobnicate"),
+        ("--virtual-pipeline-model-parallel-size 2", "--virtual-pipeline-model-parallel-size"),
+    ],
+)
+def test_refused_and_unknown_arguments_stop_naming_the_flag(flags, field):
+    with pytest.raises(SpecError) as e:
+        read_megatron("--tensor-model-parallel-size 1 " + flags)
+    assert e.value.field.endswith(field), str(e.value)
+
+
+def test_p2p_context_parallelism_reads_and_harmless_flags_share_one_warning():
+    imp = read_megatron(
+        "--context-parallel-size 2 --cp-comm-type p2p --lr 1e-4 --log-interval 1 --use-flash-attn --seed 3"
+    )
+    assert imp.plan["cp"] == 2
+    w = imp.warning()
+    assert w.count("warning:") == 1 and all(k in w for k in ("--lr", "--log-interval", "--use-flash-attn", "--seed"))
+
+
+def test_architecture_spellings_read():
+    base = (
+        "--num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 128 --tokenizer-type NullTokenizer "
+        "--vocab-size 256 --normalization RMSNorm --disable-bias-linear --attention-dropout 0 --hidden-dropout 0 "
+    )
+    old = read_megatron(base + "--swiglu --use-rotary-position-embeddings --untie-embeddings-and-output-weights")
+    assert (old.model["arch"], old.model["tie_embeddings"]) == ("llama", False)
+    oss = read_megatron(
+        base + "--quick-geglu --position-embedding-type rope --window-size 127,0 --window-attn-skip-freq 2 "
+        "--softmax-type learnable --glu-linear-offset 1.0 --activation-func-clamp-value 7.0"
+    )
+    assert (oss.model["window"], oss.model["full_attention_every"], oss.model["attention_sinks"]) == (128, 2, True)
+    legacy = read_megatron(
+        base.replace("RMSNorm", "LayerNorm").replace("--disable-bias-linear ", "").replace("--hidden-dropout 0", "")
+        + "--recompute-activations"
+    )
+    assert (legacy.model["arch"], legacy.plan["recompute"]) == ("gpt", "selective")
+
+
+def test_every_argument_simpar_reads_is_one_megatron_takes():
+    modelled = {k for k, (_, v) in ARGUMENTS.items() if v == "modelled"}
+    ints = {*PLAN_INTS, *MODEL_INTS, *MOE_INTS, *MLA_INTS} - {"--virtual-pipeline-model-parallel-size"}
+    assert ints <= modelled
+    assert all(v in ("harmless", "modelled") or v.startswith("refused: ") for _, v in ARGUMENTS.values())
+    assert all(a in ("s", "v", "l", "o") for a, _ in ARGUMENTS.values()) and len(ARGUMENTS) > 900
+
+
+def test_the_emitted_launch_is_a_complete_script_that_reads_back():
+    model = load_model("llama3-8b")
+    plan = ParallelPlan(tp=2, pp=2, dp=2, vpp=2, global_batch_size=16, schedule="interleaved-1f1b", zero=1)
+    text = megatron_launch(plan, model, 8, 8)
+    assert text.startswith("#!/bin/bash") and 'DATA_PATH="${DATA_PATH:?' in text and "torchrun" in text
+    assert "--num-virtual-stages-per-pipeline-rank 2" in text and "--tokenizer-type NullTokenizer" in text
+    imp = read_megatron(text)
+    assert ParallelPlan(dp=2, **imp.plan) == plan and imp.model["vocab"] == model.vocab and imp.gpus == 8
+    with pytest.raises(SpecError, match="does not split over tp"):
+        megatron_launch(plan.model_copy(update={"tp": 3}), model.model_copy(update={"vocab": 50257}), 12, 12)
+
+
+def test_the_deepspeed_recipe_carries_the_model_arguments_beside_ds_config():
+    from simpar.sim.interop.emit import recipe_files
+
+    model = load_model("llama3-8b")
+    plan = ParallelPlan(dp=8, global_batch_size=32, micro_batch_size=2, schedule="none", zero=2, stack="deepspeed")
+    files = recipe_files("deepspeed", plan, model, 8, 8)
+    line = files["launch.sh"]
+    assert "ds_config.json" in files and "--num-layers 32" in line and "--global-batch-size 32" in line
+    assert "--vocab-size 128256" in line and "--deepspeed_config ds_config.json" in line
+
+
+_PIECES = [*"$(){}[]\"'`\\ \n#;&|<>=+-*/!:?@0123456789aXZ", "${", "$((", "))", "[[", "]]", "if ", "fi", "then", "do"]
+_PIECES += ["done", "for ", "while ", "case ", "esac", ";;", "<<", "2>&1"]
+
+
+def _mutated(n: int, seed: int) -> list[str]:
+    """``n`` real launches, each cut, spliced and sprinkled with bash's special characters."""
+    import random
+
+    rnd = random.Random(seed)
+    texts = [(DATA / e["file"]).read_text() for e in MANIFEST]
+    out = []
+    for _ in range(n):
+        t = rnd.choice(texts)
+        for _ in range(rnd.randint(1, 6)):
+            i, op = rnd.randrange(len(t) + 1), rnd.random()
+            if op < 0.4:
+                t = t[:i] + rnd.choice(_PIECES) + t[i:]
+            elif op < 0.7:
+                t = t[:i] + t[i + rnd.randint(1, 20) :]
+            else:
+                j = rnd.randrange(len(t) + 1)
+                t = t[:i] + t[j : j + 30] + t[i:]
+        out.append(t)
+    return out
+
+
+def _clean(text: str) -> None:
+    """Reads, or one SpecError line with its fix (anything else propagates and fails the test)."""
+    line = ""
+    try:
+        read_megatron(text)
+    except SpecError as e:
+        line = str(e)
+    assert not line or ("\n" not in line and " Fix: " in line), line
+
+
+def test_mutated_real_launches_read_or_are_refused_in_one_line():
+    for text in _mutated(60, seed=0):
+        _clean(text)
+
+
+@pytest.mark.slow
+def test_many_mutated_real_launches_read_or_are_refused_in_one_line():
+    for text in _mutated(2000, seed=1):
+        _clean(text)
