@@ -98,11 +98,17 @@ def memory(as_json: bool, **kw) -> None:
     from simpar.sim.cost.fit_levers import fit_levers
     from simpar.sim.cost.memory import schedule_memory_report
 
+    from .simulate import assumed_line, assumed_settings, settings_given
+
     st = setup_from_options(kw)
     rep = schedule_memory_report(st.model, st.plan, st.cluster.gpu, st.cluster)
     levers = [] if rep.fits else fit_levers(st.model, st.plan, st.cluster)
+    # what the plan left at a default that changes the answer (the gradient reduction's overlap moves
+    # time, not memory)
+    given = settings_given(kw)
+    assumed = [a for a in assumed_settings(st, given) if not a.startswith("overlap_grad_reduce")]
     if as_json:
-        echo_json({**memory_json(rep), "levers": [lever_json(lv) for lv in levers]})
+        echo_json({**memory_json(rep), "levers": [lever_json(lv) for lv in levers], "assumed": assumed})
         return
     p = st.plan
     title = (
@@ -131,6 +137,8 @@ def memory(as_json: bool, **kw) -> None:
         f" (+ context outside the allocator: what must fit, as nvidia-smi shows it); stack {p.stack} reports"
         f" {rep.conventions.reports}."
     )
+    if assumed:
+        click.echo(assumed_line(assumed))
     click.echo(rep.verdict())
     if not rep.fits:
         for line in lever_lines(levers, rep):

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -15,6 +16,7 @@ from .common import Setup, Written, output_dir, output_file, plan_options, setup
 from .render import echo_json, print_table
 
 if TYPE_CHECKING:
+    from simpar.sim.calibration.error_bands import PlanBand
     from simpar.sim.engine.results import SimResult
 
 
@@ -112,10 +114,13 @@ def simulate(
         for name, text in recipe.items():
             with out.file(Path(plan_dir) / name, "--write-plan"):
                 files.write_text(Path(plan_dir) / name, text)
+    given = settings_given(kw, runtime != "megatron" or no_overlap_grad_reduce)
+    assumed = assumed_settings(st, given, opts.overlap_grad_reduce)
+    band = error_band(st)
     if as_json:
-        echo_json(res.to_json())
+        echo_json({**res.to_json(), "error_band": band.to_json(), "assumed": assumed})
         return
-    print_result(st, res)
+    print_result(st, res, band.text(), assumed)
     hint = uncalibrated_hint(st.cluster.gpu.name, calib)
     if hint:
         click.echo(hint, err=True)
@@ -145,12 +150,83 @@ def describe(st: Setup) -> str:
     return f"{st.model.name} on {st.plan.num_gpus} x {st.cluster.gpu.name} ({st.cluster.name}): {st.plan.describe()}"
 
 
-def print_result(st: Setup, res: SimResult) -> None:
+#: the run settings `error_bands.assumed_defaults` names, with the option that sets each
+SETTING_OPTIONS = {
+    "stack": "stack",
+    "fp8_recipe": "fp8_recipe",
+    "moe_dispatcher": "moe_dispatcher",
+    "moe_a2a_overlap": "moe_a2a_overlap",
+    "tp_comm_overlap": "tp_comm_overlap",
+    "overlap_grad_reduce": "no_overlap_grad_reduce",
+}
+
+#: the flag that sets each of them
+SETTING_FLAGS = {
+    "stack": "--stack",
+    "fp8_recipe": "--fp8-recipe",
+    "moe_dispatcher": "--moe-dispatcher",
+    "moe_a2a_overlap": "--moe-a2a-overlap",
+    "tp_comm_overlap": "--tp-comm-overlap/--no-tp-comm-overlap",
+    "overlap_grad_reduce": "--no-overlap-grad-reduce",
+}
+
+
+def settings_given(kw: dict[str, Any], grad_reduce_given: bool = False) -> Callable[[str], bool]:
+    """Which run settings of `SETTING_OPTIONS` the command set: its option given on the command line,
+    or a --from-* configuration that names it (`imports`); ``grad_reduce_given``: the gradient
+    reduction's overlap was decided (--no-overlap-grad-reduce, or --runtime executor's rule)."""
+    from .imports import _chosen, _explicit, _read
+
+    which = _chosen(kw)
+    imported = set(_read(kw, which, kw.get("gpus")).plan) if which else set()
+
+    def given(setting: str) -> bool:
+        if setting == "overlap_grad_reduce" and grad_reduce_given:
+            return True
+        return _explicit(SETTING_OPTIONS[setting]) or setting in imported
+
+    return given
+
+
+def assumed_settings(st: Setup, given: Callable[[str], bool], overlap_grad_reduce: bool = True) -> list[str]:
+    """The run settings that change the answer which the command left at their default, each with
+    it (`error_bands.assumed_defaults`: the rule `simpar validate` applies to a measured row)."""
+    from simpar.sim.calibration.error_bands import assumed_defaults
+
+    return assumed_defaults(
+        st.plan,
+        moe=st.model.moe is not None,
+        given=given,
+        overlap_grad_reduce=overlap_grad_reduce,
+        no_stack="no --stack",
+    )
+
+
+def assumed_line(assumed: list[str]) -> str:
+    """The one 'assumed:' line of a command's output (empty: nothing assumed)."""
+    if not assumed:
+        return ""
+    flags = ", ".join(dict.fromkeys(SETTING_FLAGS[a.split()[0]] for a in assumed if a.split()[0] in SETTING_FLAGS))
+    return f"assumed: {'; '.join(assumed)}" + (f". Set one with {flags}" if flags else "")
+
+
+def error_band(st: Setup) -> PlanBand:
+    """The cross-validated error band of the regime ``st``'s plan falls in (`error_bands.plan_band`)."""
+    from simpar.sim.calibration.error_bands import plan_band
+
+    return plan_band(st.plan, st.model, st.cluster)
+
+
+def print_result(st: Setup, res: SimResult, band: str = "", assumed: list[str] | None = None) -> None:
     click.echo(describe(st))
     click.echo(
-        f"iteration {res.iter_time_s:.4f} s | {res.tokens_per_s:,.0f} tokens/s | {flops_rate(res.tflops_per_gpu)}/GPU"
-        f" (hardware {flops_rate(res.hw_tflops_per_gpu)}) | MFU {res.mfu:.1%} | bubble {res.bubble_fraction:.1%}"
+        f"iteration {res.iter_time_s:.4f} s{f' ({band})' if band else ''} | {res.tokens_per_s:,.0f} tokens/s"
+        f" | {flops_rate(res.tflops_per_gpu)}/GPU (hardware {flops_rate(res.hw_tflops_per_gpu)}) | MFU {res.mfu:.1%}"
+        f" | bubble {res.bubble_fraction:.1%}"
     )
+    line = assumed_line(assumed or [])
+    if line:
+        click.echo(line)
     if st.model.moe is not None:
         from simpar.sim.model import active_params, total_params
 

@@ -78,3 +78,13 @@ def test_validate_says_which_default_a_row_assumed(runner, tmp_path) -> None:
     res = runner.invoke(cli, ["validate", str(path), "--workers", "1", "--json"])
     first = json.loads(res.output)["rows"][0]
     assert first["status"] == "ok" and "stack megatron-core (no stack column)" in first["assumed"]
+
+
+def test_memory_says_which_default_it_assumed(runner) -> None:
+    from simpar.cli.main import cli
+
+    base = ["memory", "--model", "gpt3-175b", "--cluster", "dgx-a100-80g", "--gpus", "1024", "--tp", "8", "--pp", "8"]
+    res = runner.invoke(cli, [*base, "--gbs", "1536", "--json"])
+    assert "stack megatron-core (no --stack)" in json.loads(res.output)["assumed"]
+    res = runner.invoke(cli, [*base, "--gbs", "1536", "--stack", "megatron-core", "--no-tp-comm-overlap", "--json"])
+    assert json.loads(res.output)["assumed"] == []

@@ -17,6 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from .. import files
+from ..calibration.error_bands import ErrorBands, PlanBand, lookup, plan_regime, read_bands
 from ..errors import SpecError
 from .explain import SOURCES, explain, seconds
 from .manifest import PHASES
@@ -166,6 +167,54 @@ def top_table(rows: list[dict], k: int, compact: bool = False) -> tuple[list[str
             ]
         )
     return cols, out
+
+
+def row_band(r: dict, ident: dict, bands: ErrorBands | None, source: str, problem: str = "") -> PlanBand:
+    """The error band of a results row's prediction (`error_bands.lookup`): its regime from the row's
+    precision, schedule and offload and the sweep's GPU, GPU count and model (MoE or not; a sweep.json
+    without the model's ``moe`` reads it off the row's expert compute)."""
+    model = ident.get("model", {})
+    moe = model["moe"] is not None if "moe" in model else num(r, "expert_compute_s", 0.0) > 0
+    reg = plan_regime(
+        ident["cluster"]["gpu"]["name"],
+        r.get("precision", ""),
+        moe,
+        (r.get("offload") or "none") != "none",
+        ident["num_gpus"],
+        r.get("schedule", ""),
+    )
+    return lookup(bands, reg, source, problem)
+
+
+def band_parts(rows: list[dict], ident: dict, k: int) -> list[Part]:
+    """One line under the best plans: the error band of each regime they fall in, with the ranks in
+    it (`row_band`)."""
+    bands, source, problem = read_bands()
+    by_text: dict[str, list[str]] = {}
+    for r in ranked(rows)[:k]:
+        by_text.setdefault(row_band(r, ident, bands, source, problem).text(), []).append(r["rank"])
+    if not by_text:
+        return []
+    text = "; ".join(f"{'rank' if len(ranks) == 1 else 'ranks'} {_ranks(ranks)}: {t}" for t, ranks in by_text.items())
+    return [
+        Part(
+            "p",
+            f"Error band (cross-validated |iteration-time error| of the measured runs of each plan's regime, "
+            f"`{source}`): {text}.",
+        )
+    ]
+
+
+def _ranks(ranks: list[str]) -> str:
+    """'1-3, 5' from ['1', '2', '3', '5']."""
+    nums = sorted(int(x) for x in ranks)
+    runs: list[list[int]] = []
+    for n in nums:
+        if runs and n == runs[-1][-1] + 1:
+            runs[-1].append(n)
+        else:
+            runs.append([n])
+    return ", ".join(f"{g[0]}-{g[-1]}" if len(g) > 1 else f"{g[0]}" for g in runs)
 
 
 def rate_text(rate: float) -> str:
@@ -375,7 +424,7 @@ def report_parts(out: Path, rows: list[dict], manifest: dict, top: int = 10, tim
         parts.append(Part("p", budget_line(manifest["budget"])))
     parts += throughput_parts(manifest.get("throughput") or {})
     if best:
-        parts += [Part("h2", "Best plans"), _table_part(*top_table(rows, top))]
+        parts += [Part("h2", "Best plans"), _table_part(*top_table(rows, top)), *band_parts(rows, ident, top)]
         parts += [Part("h2", "Why the best plan wins"), Part("ul", items=tuple(explain(rows, ident["objective"])))]
         parts += offload_parts(rows)
         if timeline:

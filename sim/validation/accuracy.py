@@ -2,10 +2,11 @@
 closed-loop results of ``simpar calibrate --check`` (plans run by the executor on this machine),
 summarised per source, per schedule and for memory, with the worst rows explained.
 
-Explanations of a row come from two places: automatic hints read off the row (fp8, long
-sequence, a derived iteration time, features the simulator does not model that the row's notes
-name, the row's stack and recipe), and a hand-written notes file (YAML, ``row id: text``)
-kept next to the report. Nothing here changes a prediction.
+Explanations of a row come from three places: the term of its predicted breakdown that the error
+points at, and which way (`breakdown_hint`: no cause is guessed from a row's words), what the row is
+(`row_hints`: the settings it left out and their defaults, its precision and recipe, its stack, a
+derived iteration time), and a hand-written notes file (YAML, ``row id: text``) kept next to the
+report. Nothing here changes a prediction.
 
 Closed-loop results: the ``check.json`` that ``simpar calibrate --check`` writes (``plans``: objects
 with ``name``, ``schedule``, ``pred_iter_s``, ``meas_iter_s``, ``pred_mem_bytes``,
@@ -33,23 +34,19 @@ from ..specs.stack import DEFAULT_STACK
 from ..units import GB, GiB
 from .published import RowResult, read_rows, report, summarize, validate_rows
 
-#: A sequence this long or longer is "long" for the hints (attention dominates the layer).
-LONG_SEQ = 16384
-#: Phrases of a row's ``notes`` that name something the simulator does not model, with the hint.
-FEATURE_HINTS: tuple[tuple[str, str], ...] = (
-    ("torch.compile", "torch.compile (kernel fusion) is not modelled"),
-    ("compile on", "torch.compile (kernel fusion) is not modelled"),
-    ("alibi", "ALiBi attention bias (llm-foundry's triton/flash kernels), priced as plain FlashAttention"),
-    ("op-level selective ac", "torchtitan's op-level selective recompute differs from Megatron's attention-core one"),
-    (
-        "h100-96g-500w",
-        "H100 96 GB at a 500 W power limit (preset h100-96g: its memory and bandwidth; the power-limited clocks"
-        " are not modelled)",
-    ),
-    ("not hdr infiniband", "inter-node fabric (RoCE) differs from the preset's InfiniBand"),
-    ("roce", "inter-node fabric (RoCE) differs from the preset's InfiniBand"),
-    ("ambiguity", "the source is ambiguous (see the row's notes)"),
-    ("not stated", "some settings were not stated by the source and were assumed"),
+#: The breakdown's terms (`engine.results`) grouped by the mechanism that prices them, each with the
+#: name a hint gives it. The first is the dense compute, which every other term is weighed against.
+MECHANISMS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("compute efficiency (GEMM and attention kernels)", ("compute", "recompute")),
+    ("the expert GEMMs (grouped GEMM efficiency)", ("expert_compute",)),
+    ("the MoE dispatch (token all-to-all)", ("moe_a2a",)),
+    ("the pipeline schedule (bubble)", ("bubble",)),
+    ("pipeline transfers", ("pp_comm",)),
+    ("tensor/context-parallel communication", ("tp_comm",)),
+    ("the gradient reduction", ("dp_comm",)),
+    ("ZeRO parameter gathers", ("zero_comm",)),
+    ("the optimizer step", ("optimizer",)),
+    ("host offload (copies and the CPU optimizer)", ("offload",)),
 )
 
 
@@ -130,16 +127,15 @@ def load_notes(path: str | Path | None) -> dict[str, str]:
 
 
 def row_hints(row: dict[str, str], assumed: list[str] | None = None) -> list[str]:
-    """Automatic reasons a row may be hard to predict, read off the CSV row (and the run settings
-    it left out, ``assumed``: `published.assumed_defaults`)."""
+    """What a row is, beside its error (no cause is guessed from its text: `breakdown_hint` names the
+    suspect term): the run settings it left out (``assumed``: `published.assumed_defaults`), its
+    precision and recipe, its stack, a derived iteration time, a peak printed in decimal GB."""
     hints = [f"assumed {a}" for a in assumed or []]
     if row.get("precision") in ("fp8", "fp4"):
         recipe = (row.get("fp8_recipe") or "").strip() or "the stack's default recipe"
         hints.append(f"{row['precision']} row ({recipe})")
     if (row.get("stack") or "").strip():
         hints.append(f"stack {row['stack'].strip()}")
-    if int(row.get("seq_len") or 0) >= LONG_SEQ:
-        hints.append(f"long sequence ({row['seq_len']}): attention-dominated")
     if row.get("iter_time_derived") == "1":
         hints.append("iteration time derived from published throughput")
     gb = (row.get("peak_mem_gb") or "").strip()
@@ -147,13 +143,50 @@ def row_hints(row: dict[str, str], assumed: list[str] | None = None) -> list[str
     with contextlib.suppress(ValueError):
         if gb:
             hints.append(f"peak memory printed as {gb} GB (10^9 bytes), compared as {float(gb) * GB / GiB:.1f} GiB")
-    text = (row.get("notes", "") + " " + row.get("id", "")).lower()
-    seen = set()
-    for needle, hint in FEATURE_HINTS:
-        if needle in text and hint not in seen:
-            seen.add(hint)
-            hints.append(hint)
     return hints
+
+
+def breakdown_hint(breakdown: dict[str, float], predicted: float | None, measured: float | None) -> str | None:
+    """Which term of the predicted breakdown (seconds of the reported GPU, summing to ``predicted``)
+    the iteration-time error points at, and which way, from what the ``measured`` time implies: the
+    gap ``predicted - measured`` is laid on each mechanism (`MECHANISMS`) in turn. A term other than
+    the dense compute at least as large as the gap could close it alone (changing by at most all of
+    itself) and is the suspect (the largest such, the others named); if only the compute is that
+    large, the compute efficiency is; if no single term is, the dense and expert compute together
+    (an MoE row's), else nothing the model prices (a cost it leaves out, or a measured time not of
+    this plan). None: nothing to compare."""
+    if not breakdown or predicted is None or measured is None or predicted == measured:
+        return None
+    gap = predicted - measured
+    named = {k for _, keys in MECHANISMS for k in keys}
+    groups = [(name, sum(breakdown.get(k, 0.0) for k in keys)) for name, keys in MECHANISMS]
+    groups += [(k, v) for k, v in breakdown.items() if k not in named]  # a term added since
+    (compute_name, compute), others = groups[0], groups[1:]
+    head = (
+        f"predicted {abs(gap) / measured:.0%} too {'slow' if gap > 0 else 'fast'} ({gap:+.3g} s on "
+        f"{measured:.3g} s measured)"
+    )
+
+    def implies(name: str, v: float) -> str:
+        return f"{name}: {v:.3g} s predicted, the measured time implies {v - gap:.3g} s ({-gap / v:+.0%})"
+
+    able = sorted(((n, v) for n, v in others if v >= abs(gap)), key=lambda x: -x[1])
+    if able:
+        (name, v), rest = able[0], able[1:]
+        also = [n for n, _ in rest] + ([compute_name] if compute >= abs(gap) else [])
+        return f"{head}; the suspect is {implies(name, v)}" + (
+            f" (also large enough to close it alone: {', '.join(also)})" if also else ""
+        )
+    if compute >= abs(gap):
+        return f"{head}; the error is larger than every term but the compute: the suspect is " + implies(
+            compute_name, compute
+        )
+    largest = max(groups, key=lambda x: x[1])
+    every = f"{head}; the error is larger than every single term (the largest, {largest[0]}, is {largest[1]:.3g} s)"
+    kernels = compute + sum(v for n, v in others if n == MECHANISMS[1][0])  # dense and expert GEMMs together
+    if kernels >= abs(gap) and kernels > compute:
+        return f"{every}; the suspect is the whole of the {implies('compute, dense and expert', kernels)}"
+    return f"{every}: a cost the model leaves out, or a measured time that is not of this plan"
 
 
 def row_category(row: dict[str, str]) -> dict[str, str]:
@@ -280,6 +313,9 @@ def _measured_doc(
     }
     for d in doc["rows"]:
         d["hints"] = row_hints(by_id[d["id"]], d.get("assumed"))
+        d["breakdown_hint"] = breakdown_hint(
+            d.get("breakdown_s") or {}, d.get("predicted_iter_time_s"), d.get("measured_iter_time_s")
+        )
         d["note"] = notes.get(d["id"], "")
         if d["status"] == "ok" and d.get("assumed"):  # what the row left out, in its status
             d["status"] = f"ok (assumed: {'; '.join(d['assumed'])})"

@@ -100,6 +100,16 @@ def _categories(doc: dict[str, Any], what: str) -> list[str]:
     ]
 
 
+#: how a worst row's *From the breakdown* is found (`accuracy.breakdown_hint`)
+BREAKDOWN_NOTE = (
+    "*From the breakdown* lays each row's gap (predicted minus measured seconds) on the terms of its predicted "
+    "breakdown (`sim/validation/accuracy.py`, `breakdown_hint`): a term other than the dense compute that is at "
+    "least as large as the gap could close it alone and is named, with the time the measured run implies for it; "
+    "when only the compute is that large, the compute efficiency is the suspect; when no term is, the gap is "
+    "larger than anything the model prices. *Why* is the hand-written note (`notes.yaml`)."
+)
+
+
 def _worst(doc: dict[str, Any], ids: list[str], key: str) -> list[str]:
     by_id = {r["id"]: r for r in doc["rows"]}
     lines = []
@@ -107,6 +117,8 @@ def _worst(doc: dict[str, Any], ids: list[str], key: str) -> list[str]:
         r = by_id[i]
         why = r.get("note") or "no hand-written note yet."
         hints = "; ".join(r.get("hints", [])) or "none"
+        if key == "error" and r.get("breakdown_hint"):
+            why += f" *From the breakdown:* {r['breakdown_hint']}."
         if key == "error":
             fig = (
                 f"{r['predicted_iter_time_s']:.3g} s predicted vs {r['measured_iter_time_s']:.3g} s measured "
@@ -187,6 +199,8 @@ def markdown(data: dict[str, Any], command: str, plots: dict[str, bool], preface
             "",
             *_table(pub.get("memory_per_stack", {}), "stack"),
             "## Worst rows: iteration time",
+            "",
+            BREAKDOWN_NOTE,
             "",
             *_worst(pub, pub["worst_iter"], "error"),
             "## Worst rows: peak memory",

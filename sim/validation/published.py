@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import files
+from ..calibration.error_bands import assumed_defaults as shared_assumed_defaults
 from ..choices import MAX_BATCH, MAX_GPUS, OPTIMIZERS
 from ..cost.offload import offload_fields
 from ..engine.iteration import EngineOptions
@@ -358,32 +359,22 @@ def row_setup(r: dict[str, str]) -> tuple[ModelSpec, Any, ParallelPlan]:
 
 
 def assumed_defaults(r: dict[str, str], plan: ParallelPlan) -> list[str]:
-    """The run settings that change a row's answer which the row leaves out, each with the default
-    it is priced with (read off the plan built from the row, so the text is what was simulated):
-    ``stack`` (megatron-core), an fp8/fp4 row's ``fp8_recipe`` (the stack's default), an MoE row's
-    ``moe_dispatcher`` and ``moe_a2a_overlap``, ``tp_comm_overlap`` where tp > 1 (the stack's) and
-    ``overlap_grad_reduce`` where gradients are reduced across ranks (the engine's: overlapped).
-    Nothing is changed: the row says what it assumed."""
-    out = []
+    """The run settings that change a row's answer which the row leaves out (an empty column; an
+    fp8 recipe "not stated"), each with the default it is priced with: the one rule of
+    `error_bands.assumed_defaults`, which `simpar simulate` follows too. Nothing is changed: the row
+    says what it assumed."""
 
-    def empty(col: str) -> bool:
-        return not (r.get(col) or "").strip()
+    def given(col: str) -> bool:
+        v = (r.get(col) or "").strip()
+        return bool(v) and not (col == "fp8_recipe" and v.lower().startswith("not stated"))
 
-    if empty("stack"):
-        out.append(f"stack {plan.stack} (no stack column)")
-    recipe = (r.get("fp8_recipe") or "").strip().lower()
-    if plan.precision in ("fp8", "fp4") and (not recipe or recipe.startswith("not stated")):
-        out.append(f"fp8_recipe {plan.fp8_recipe} (the {plan.stack} stack's default)")
-    if is_moe_row(r):
-        if empty("moe_dispatcher"):
-            out.append(f"moe_dispatcher {plan.moe_dispatcher}")
-        if empty("moe_a2a_overlap"):
-            out.append(f"moe_a2a_overlap {int(plan.moe_a2a_overlap)}")
-    if plan.tp > 1 and empty("tp_comm_overlap"):
-        out.append(f"tp_comm_overlap {int(plan.tp_comm_overlap)} (the {plan.stack} stack's)")
-    if plan.dp * plan.cp > 1 and empty("overlap_grad_reduce"):
-        out.append(f"overlap_grad_reduce {int(EngineOptions().overlap_grad_reduce)} (the engine's default)")
-    return out
+    return shared_assumed_defaults(
+        plan,
+        moe=is_moe_row(r),
+        given=given,
+        overlap_grad_reduce=EngineOptions().overlap_grad_reduce,
+        no_stack="no stack column",
+    )
 
 
 def _row_cost(r: dict[str, str]) -> float:
