@@ -29,11 +29,21 @@ def read_csv_rows(name: str) -> list[dict[str, str]]:
         return list(csv.DictReader(fh))
 
 
-@pytest.fixture
-def runner():
+def cli_runner():
+    """A click CliRunner that keeps stderr apart from stdout on every supported click: click 8.2+
+    always does; 8.1 (the floor .ci/run also tests) mixes them unless asked not to."""
+    import inspect
+
     from click.testing import CliRunner
 
+    if "mix_stderr" in inspect.signature(CliRunner.__init__).parameters:
+        return CliRunner(mix_stderr=False)
     return CliRunner()
+
+
+@pytest.fixture
+def runner():
+    return cli_runner()
 
 
 #: Every pipeline schedule family with the virtual-stage count it is built with (tests run each).

@@ -24,7 +24,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from click.testing import CliRunner, Result
+from click.testing import Result
+from conftest import cli_runner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -46,7 +47,7 @@ def examples(default: int) -> int:
 
 
 def invoke(args: list[str]) -> Result:
-    return CliRunner().invoke(cli, args, catch_exceptions=True)
+    return cli_runner().invoke(cli, args, catch_exceptions=True)
 
 
 def assert_clean(res: Result, args: list[str], codes: tuple[int, ...] = (0, 2)) -> None:
@@ -557,7 +558,7 @@ def test_run_loss_line_keeps_warm_up_apart(tmp_path: Path) -> None:
         "loss": [6.5, 6.25, 6.0],
     }
     (tmp_path / "result.json").write_text(json.dumps(res))
-    runner = CliRunner()
+    runner = cli_runner()
     import click
 
     @click.command()

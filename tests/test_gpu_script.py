@@ -23,6 +23,8 @@ sys.path.insert(0, str(SCRIPT.parent))
 import first_contact as fc  # noqa: E402
 import gpu_plans  # noqa: E402
 
+pytestmark = pytest.mark.torch  # the script runs the executor: skipped where torch is absent
+
 
 def _one_error_line(stderr: str) -> str:
     lines = [ln for ln in stderr.splitlines() if ln.strip()]
