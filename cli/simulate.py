@@ -147,7 +147,9 @@ def check_outputs(trace_path, plot_path, mem_plot, plan_dir) -> None:
 
 def describe(st: Setup) -> str:
     """One line: the model, the GPUs and the plan (`ParallelPlan.describe`)."""
-    return f"{st.model.name} on {st.plan.num_gpus} x {st.cluster.gpu.name} ({st.cluster.name}): {st.plan.describe()}"
+    c = st.cluster
+    racks = f", {c.num_nodes} racks x {c.gpus_per_node}" if c.partial_nodes and c.num_nodes > 1 else ""
+    return f"{st.model.name} on {st.plan.num_gpus} x {c.gpu.name} ({c.name}{racks}): {st.plan.describe()}"
 
 
 #: the run settings `error_bands.assumed_defaults` names, with the option that sets each

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from simpar.sim.errors import SpecError
+from simpar.sim.errors import SimparError, SpecError
 from simpar.sim.schedules.bounds import MAX_STAGE_PASSES
 
 
@@ -88,3 +88,20 @@ def test_memory_says_which_default_it_assumed(runner) -> None:
     assert "stack megatron-core (no --stack)" in json.loads(res.output)["assumed"]
     res = runner.invoke(cli, [*base, "--gbs", "1536", "--stack", "megatron-core", "--no-tp-comm-overlap", "--json"])
     assert json.loads(res.output)["assumed"] == []
+
+
+@pytest.mark.parametrize("gpus,racks,per_rack", [(1024, 16, 64), (5120, 80, 64), (1000, 20, 50), (144, 2, 72)])
+def test_nvl72_jobs_that_fill_part_of_each_rack_are_placed(gpus: int, racks: int, per_rack: int) -> None:
+    """GB200 jobs of 1,024-5,120 GPUs fill 64 of each 72-GPU rack: the fewest racks with an even spread."""
+    from simpar.sim.specs import load_cluster
+
+    c = load_cluster("gb200-nvl72", gpus=gpus)
+    assert (c.num_nodes, c.gpus_per_node, c.num_gpus) == (racks, per_rack, gpus)
+
+
+def test_a_spread_of_less_than_half_a_rack_is_refused() -> None:
+    from simpar.sim.specs import load_cluster
+
+    with pytest.raises(SimparError) as err:
+        load_cluster("gb200-nvl72", gpus=73)
+    assert "73 racks x 1" in str(err.value) and "144" in str(err.value)

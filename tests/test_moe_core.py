@@ -355,7 +355,7 @@ def test_every_moe_preset_simulates_with_its_memory(name):
 def test_nvl72_jobs_may_use_part_of_each_rack():
     c = load_cluster("gb300-nvl72", gpus=256)
     assert (c.num_nodes, c.gpus_per_node) == (4, 64)
-    with pytest.raises(PlanError, match="not a whole number of gb200-nvl72 nodes"):
+    with pytest.raises(PlanError, match="146 GPUs spread evenly over gb200-nvl72.s racks of 72 only as 73 racks x 2"):
         load_cluster("gb200-nvl72", gpus=146)
     with pytest.raises(PlanError, match="not a whole number of dgx-h100 nodes"):
         load_cluster("dgx-h100", gpus=12)  # whole DGX nodes only

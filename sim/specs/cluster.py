@@ -187,15 +187,29 @@ class ClusterSpec(BaseModel):
         return self.gpus_per_node * self.num_nodes
 
     def with_gpus(self, n: int) -> ClusterSpec:
-        """The same cluster with ``n`` GPUs: whole nodes, or one partial node when n < a node."""
+        """The same cluster with ``n`` GPUs: whole nodes, or one partial node when n < a node, or (a
+        cluster whose nodes a job need not fill, ``partial_nodes``) the fewest nodes holding n / nodes each."""
         if not 0 < n <= MAX_GPUS:
             raise PlanError(
                 "gpus", f"must be 1 to {MAX_GPUS} GPUs, got {n}.", "pass --gpus N with 1 <= N <= the bound."
             )
         if n < self.gpus_per_node:
             return self._rebuilt(num_nodes=1, gpus_per_node=n)
-        nodes = -(-n // self.gpus_per_node)
-        if n % self.gpus_per_node and self.partial_nodes and n % nodes == 0:
+        if n % self.gpus_per_node and self.partial_nodes:
+            # racks a job need not fill (an NVL72 rack is one node of the graph): the fewest racks over
+            # which the GPUs spread evenly, e.g. 1,024 GPUs as 16 racks x 64 of 72 (jobs commonly keep
+            # 2 of a rack's 18 compute trays spare); the graph's nodes are identical, so each holds the same
+            first = -(-n // self.gpus_per_node)
+            nodes = next(k for k in range(first, n + 1) if n % k == 0)
+            if 2 * (n // nodes) < self.gpus_per_node:  # less than half of each rack: not a placement anyone runs
+                even = [k * first for k in range(self.gpus_per_node // 2, self.gpus_per_node + 1)]
+                raise PlanError(
+                    "gpus",
+                    f"{n} GPUs spread evenly over {self.name}'s racks of {self.gpus_per_node} only as {nodes} racks"
+                    f" x {n // nodes}.",
+                    f"use a count that fills each of {first} racks evenly with at least half of it, e.g."
+                    f" {', '.join(f'{g:,}' for g in even[-3:])}.",
+                )
             return self._rebuilt(num_nodes=nodes, gpus_per_node=n // nodes)
         if n % self.gpus_per_node:
             raise PlanError(
