@@ -22,10 +22,18 @@ Three levers (`ParallelPlan`):
   first k layers' offload with the forward of the other layers, their reload with the backward of
   the layers after them, which runs first (`activation_exposure`).
 
-The CPU step runs at the node's measured Adam rate (`specs.cluster.HostSpec.adam_Gparams_per_s`,
-all cores), split evenly over the node's GPUs (one process per GPU, cores bound per rank as
-DeepSpeed's ``--bind_cores_to_rank`` does); another optimizer scales it by its step's memory
-traffic against Adam's (`optimizers.OptimizerFacts.step_bytes`). Host memory counts the offloaded
+The CPU step is priced part by part, each part a memory-bound pass over the offloaded fp32 states
+whose bytes per parameter come from DeepSpeed's source (`STEP_PASSES`): the unscale-and-clip of the
+fp32 gradients, CPU-Adam itself, and the cast of the new weights to the 16-bit staging buffer the
+host -> device copy reads. The rate of every pass is the bandwidth the node's CPU-Adam kernel
+streams (`specs.cluster.HostSpec.adam_Gparams_per_s` x `ADAM_KERNEL_BYTES`: a microbenchmark of
+the kernel alone, all cores; the DGX-2's from the ZeRO-Offload paper's table) times the fraction
+of it a training run's step reaches (`IN_RUN_FRACTION`, measured from DeepSpeed's own timers on the
+paper's machine; `in_run_fraction`). The node's bandwidth is split evenly over its GPUs (one
+process per GPU, cores bound per rank as DeepSpeed's ``--bind_cores_to_rank`` does); another
+optimizer scales the Adam pass by its step's memory traffic against Adam's
+(`optimizers.OptimizerFacts.step_bytes`). The copies (gradients down, 16-bit weights up) cross
+PCIe and are priced by the network (`Network.host_copy_time`). Host memory counts the offloaded
 states, gradients, parameters and activations; the OS, the data loader and pinned staging buffers
 are not counted.
 """
@@ -61,16 +69,65 @@ def host_state_bytes(
     }
 
 
-def cpu_step_seconds(plan: ParallelPlan, cluster: ClusterSpec, params: float) -> float:
-    """The CPU optimizer step over ``params`` offloaded parameters of one GPU (module docstring)."""
+#: CPU-Adam's DRAM traffic per parameter: it loads the fp32 parameter, gradient, exp_avg and
+#: exp_avg_sq and stores the parameter, exp_avg and exp_avg_sq (DeepSpeed csrc/includes/cpu_adam.h,
+#: ``Adam_Optimizer::Step_AVX``; the same loop in csrc/adam/cpu_adam.cpp of the 2020 release)
+ADAM_KERNEL_BYTES = 28.0
+
+#: The passes of DeepSpeed's offloaded step over each parameter (bytes of host DRAM traffic), in
+#: order (deepspeed/runtime/zero/stage_1_and_2.py ``step`` with ``cpu_offload``):
+#: ``unscale_and_clip_grads`` multiplies the fp32 gradient partition in place (read + write 4 bytes),
+#: ``_optimizer_step`` runs CPU-Adam, and ``bit16_partition_buffer.data.copy_(fp32_partition.data)``
+#: casts the new weights into the pinned 16-bit buffer the host -> device copy reads (read 4, write 2)
+STEP_PASSES: dict[str, float] = {"unscale_clip": 8.0, "adam": ADAM_KERNEL_BYTES, "cast_16bit": 6.0}
+
+#: The figures `in_run_fraction` derives ``IN_RUN_FRACTION`` from: the ZeRO-Offload paper's CPU-Adam
+#: table (Ren et al., USENIX ATC 2021, arXiv 2101.06840, "Adam latency (s)": CPU-Adam steps 10 billion
+#: parameters in 2.57 s on its DGX-2, 2 x Xeon Platinum 8168; 1 B in 0.22 s, 4 B in 1.03 s), and the
+#: training log of DeepSpeed's ZeRO-Offload tutorial on the same machine (docs/assets/images/
+#: zero_offload_dp1_10B_log.png, DeepSpeed v0.3.0 of 2020-09-09, the 10B GPT-2 on one V100):
+#: ``optimizer_gradients`` (the unscale and clip) 1,113.12 and 1,160.46 ms, ``optimizer_step``
+#: (CPU-Adam, writing each new fp32 weight to the pinned staging buffer too, 4 bytes more per
+#: parameter: csrc/adam/cpu_adam.cpp ``_doubled_buffer`` of that release) 6,478.57 and 6,217.36 ms,
+#: over 10,279,239,680 parameters
+PAPER_ADAM_PARAMS, PAPER_ADAM_S = 10e9, 2.57
+LOG_PARAMS = 10_279_239_680
+LOG_CPU_MS = ((1113.12, 6478.57), (1160.46, 6217.36))
+LOG_STEP_BYTES = STEP_PASSES["unscale_clip"] + ADAM_KERNEL_BYTES + 4.0
+
+
+def in_run_fraction() -> float:
+    """The fraction of the CPU-Adam kernel's microbenchmark bandwidth DeepSpeed's offloaded step
+    reaches in a training run, from the figures above: the log's CPU part streams 40 bytes per
+    parameter in 7.485 s (54.9 GB/s), the paper's kernel 28 bytes per parameter at 3.89 G
+    parameters/s (108.9 GB/s) on the same CPUs: 0.504. (The ZenFlow blog's DGX A100 rows, another
+    source on another CPU, check it: tests/data/FORMAT.md, offload rows.)"""
+    log_s = sum(sum(ms) for ms in LOG_CPU_MS) / len(LOG_CPU_MS) / 1e3
+    in_run = LOG_PARAMS * LOG_STEP_BYTES / log_s
+    kernel = PAPER_ADAM_PARAMS / PAPER_ADAM_S * ADAM_KERNEL_BYTES
+    return in_run / kernel
+
+
+IN_RUN_FRACTION = in_run_fraction()
+
+
+def cpu_step_parts(plan: ParallelPlan, cluster: ClusterSpec, params: float) -> dict[str, float]:
+    """Seconds of each pass of the CPU step (`STEP_PASSES`) over ``params`` offloaded parameters
+    of one GPU (module docstring)."""
     if params <= 0:
-        return 0.0
+        return dict.fromkeys(STEP_PASSES, 0.0)
     host = cluster.node.host
     if host is None or host.adam_Gparams_per_s is None:
-        raise ValueError(f"cluster {cluster.name} has no measured host.adam_Gparams_per_s (check_plan says so)")
-    per_gpu = host.adam_Gparams_per_s * 1e9 / cluster.gpus_per_node
+        raise ValueError(f"cluster {cluster.name} has no host.adam_Gparams_per_s (check_plan says so)")
+    per_gpu = host.adam_Gparams_per_s * 1e9 * ADAM_KERNEL_BYTES * IN_RUN_FRACTION / cluster.gpus_per_node
     scale = optimizer_facts(plan.optimizer).step_bytes / optimizer_facts("adamw").step_bytes
-    return params * scale / per_gpu
+    return {k: params * b * (scale if k == "adam" else 1.0) / per_gpu for k, b in STEP_PASSES.items()}
+
+
+def cpu_step_seconds(plan: ParallelPlan, cluster: ClusterSpec, params: float) -> float:
+    """The CPU optimizer step over ``params`` offloaded parameters of one GPU: its passes one after
+    the other (`cpu_step_parts`)."""
+    return sum(cpu_step_parts(plan, cluster, params).values())
 
 
 def offload_layers(plan: ParallelPlan, layers: int) -> int:

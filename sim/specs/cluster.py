@@ -42,7 +42,9 @@ class HostSpec(BaseModel):
     adam_Gparams_per_s: float | None = Field(
         None,
         gt=0,
-        description="the node's CPU Adam step over fp32 states, all cores (DeepSpeed CPU-Adam; 1e9 params/s); "
+        description="the node's CPU-Adam kernel alone over fp32 states, all cores (a microbenchmark: the "
+        "ZeRO-Offload paper's table, or simpar calibrate's host bench; 1e9 params/s); a run's whole CPU step "
+        "(clip, Adam, 16-bit cast) streams at a fraction of its bandwidth (sim/cost/offload.py); "
         "None: not measured (a calibration's host.adam_Gparams_per_s supplies it)",
     )
 
