@@ -123,7 +123,7 @@ def test_autocast_lives_inside_the_model_without_fsdp(world1, tmp_path):
         assert st.models[0](x).dtype == torch.bfloat16
 
 
-@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+@pytest.mark.parametrize("precision", ["bf16", pytest.param("fp16", marks=pytest.mark.slow)])  # fp16: slow part
 def test_mixed_precision_steps_run(world1, tmp_path, precision):
     res = run_rank(_cfg(tmp_path, precision=precision))
     assert all(0 < loss < 10 for loss in res["losses"])

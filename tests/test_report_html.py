@@ -14,6 +14,9 @@ from click.testing import CliRunner
 
 from simpar.cli.main import cli
 
+# a sweep and a browser (10-15 s): .ci/run's slow part; test_report_text.py checks the page's content by default
+pytestmark = pytest.mark.slow
+
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 FLAGS = [
     "--headless",
