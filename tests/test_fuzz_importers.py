@@ -148,6 +148,8 @@ def _check_ds(cfg: dict[str, Any], res: Imported | SpecError) -> None:
         if key in cfg:
             assert type(cfg[key]) is int and cfg[key] >= 1, (key, cfg[key])
     z = cfg.get("zero_optimization", {})
+    if isinstance(z, bool):  # DeepSpeed's older form: true is stage 1, false stage 0
+        z = {"stage": int(z)}
     assert type(z.get("stage", 0)) is int
     assert res.plan["zero"] == z.get("stage", 0)
     if isinstance(z.get("offload_param"), dict) and z["offload_param"].get("device") == "cpu":

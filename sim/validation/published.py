@@ -119,6 +119,10 @@ class RowResult:
         }
 
 
+#: spellings of a non-finite number, never echoed into a result
+_NON_FINITE = re.compile(r"nan|inf", re.IGNORECASE)
+
+
 def source_label(source: str) -> str:
     """A short name for grouping: the paper or repository before its table/section detail."""
     s = re.split(r"[;(]| Table | Appendix | §", source)[0].strip().rstrip(",")
@@ -184,7 +188,9 @@ def whole_cell(r: dict[str, str], col: str) -> int:
         return empty
     where = f"row {r.get('id') or '?'}: {col}"
     if not re.fullmatch(r"[+-]?\d{1,30}", text):
-        raise SimparError(where, f"is {text!r}, not a whole number.", f"write a whole number from {low} to {high:,}.")
+        # the cell is echoed only where it cannot read as a figure (a 'nan' or 'inf' in the output would)
+        shown = repr(text) if re.fullmatch(r"[\w.+-]{1,24}", text) and not _NON_FINITE.search(text) else "a cell"
+        raise SimparError(where, f"is {shown}, not a whole number.", f"write a whole number from {low} to {high:,}.")
     value = int(text)
     if not low <= value <= high:
         raise SimparError(
