@@ -64,7 +64,11 @@ def test_the_savings_are_the_engines(schedule: str) -> None:
 
 
 @pytest.mark.parametrize("schedule", ["dualpipe", "dualpipe-v"])
-@pytest.mark.parametrize("layout", LAYOUTS, ids=["tp1-pp4", "tp2-pp4", "tp1-pp2"])
+@pytest.mark.parametrize(
+    "layout",
+    [*LAYOUTS[:2], pytest.param(LAYOUTS[2], marks=pytest.mark.slow)],  # tp1-pp2 (5-6 s each): the slow part
+    ids=["tp1-pp4", "tp2-pp4", "tp1-pp2"],
+)
 def test_bound_and_quick_estimate_follow_the_engine(schedule: str, layout: tuple) -> None:
     plan, x = _plan(schedule, *layout)
     for backend in ("analytical", "contention"):
