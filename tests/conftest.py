@@ -30,8 +30,8 @@ def read_csv_rows(name: str) -> list[dict[str, str]]:
 
 
 def cli_runner():
-    """A click CliRunner that keeps stderr apart from stdout on every supported click: click 8.2+
-    always does; 8.1 (the floor .ci/run also tests) mixes them unless asked not to."""
+    """A click CliRunner whose ``result.stderr`` is readable on every supported click: click 8.2+
+    always keeps it apart; 8.1 (the floor .ci/run also tests) mixes it into stdout unless asked not to."""
     import inspect
 
     from click.testing import CliRunner
@@ -43,7 +43,10 @@ def cli_runner():
 
 @pytest.fixture
 def runner():
-    return cli_runner()
+    """click's CliRunner as it comes: ``result.output`` holds stdout and stderr on every supported click."""
+    from click.testing import CliRunner
+
+    return CliRunner()
 
 
 #: Every pipeline schedule family with the virtual-stage count it is built with (tests run each).
