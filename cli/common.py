@@ -331,6 +331,7 @@ class Setup:
     model: ModelSpec
     cluster: ClusterSpec
     plan: ParallelPlan
+    imported: frozenset[str] = frozenset()  # the plan fields a --from-* configuration set
 
 
 def setup_from_options(kw: dict[str, Any]) -> Setup:
@@ -341,7 +342,7 @@ def setup_from_options(kw: dict[str, Any]) -> Setup:
     from simpar.sim.specs.loader import build
     from simpar.sim.specs.model import ModelSpec
 
-    kw = apply_import(kw)
+    kw, imported = apply_import(kw)
     for name in ("model", "gpus", "gbs"):
         if not kw.get(name):
             raise PlanError(f"--{name}", "is missing.", f"pass --{name}, or a --from-* configuration that gives it.")
@@ -426,4 +427,4 @@ def setup_from_options(kw: dict[str, Any]) -> Setup:
         data["expert_order"] = tuple(x.strip() for x in kw["expert_order"].split(","))
     plan = build(ParallelPlan, data, "plan")
     check_plan(plan, model, cluster, kw["gpus"])
-    return Setup(model, cluster, plan)
+    return Setup(model, cluster, plan, imported)

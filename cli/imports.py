@@ -147,12 +147,13 @@ def _fill_model_and_gpus(kw: dict[str, Any], imp: Any, out: dict[str, Any]) -> A
     return model_from_dict(imp.model, imp.source) if imp.model else None
 
 
-def apply_import(kw: dict[str, Any]) -> dict[str, Any]:
-    """``kw`` with an imported configuration's values where the command's options were not given."""
+def apply_import(kw: dict[str, Any]) -> tuple[dict[str, Any], frozenset[str]]:
+    """(``kw`` with an imported configuration's values where the command's options were not given,
+    the plan fields the configuration set: read once, here)."""
     which = _chosen(kw)
     _require_seq_len(kw, which)
     if which is None:
-        return kw
+        return kw, frozenset()
     out = dict(kw)
     imp = _read(kw, which, kw.get("gpus"))
     built = _fill_model_and_gpus(kw, imp, out)
@@ -167,7 +168,7 @@ def apply_import(kw: dict[str, Any]) -> dict[str, Any]:
     note = imp.warning()
     if note:
         click.echo(note, err=True)
-    return out
+    return out, frozenset(imp.plan)
 
 
 #: what a sweep takes from an imported configuration (the rest it searches): option -> plan field

@@ -105,7 +105,7 @@ def memory(as_json: bool, **kw) -> None:
     levers = [] if rep.fits else fit_levers(st.model, st.plan, st.cluster)
     # what the plan left at a default that changes the answer (the gradient reduction's overlap moves
     # time, not memory)
-    given = settings_given(kw)
+    given = settings_given(st)
     assumed = [a for a in assumed_settings(st, given) if not a.startswith("overlap_grad_reduce")]
     if as_json:
         echo_json({**memory_json(rep), "levers": [lever_json(lv) for lv in levers], "assumed": assumed})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
 
@@ -114,7 +114,7 @@ def simulate(
         for name, text in recipe.items():
             with out.file(Path(plan_dir) / name, "--write-plan"):
                 files.write_text(Path(plan_dir) / name, text)
-    given = settings_given(kw, runtime != "megatron" or no_overlap_grad_reduce)
+    given = settings_given(st, runtime != "megatron" or no_overlap_grad_reduce)
     assumed = assumed_settings(st, given, opts.overlap_grad_reduce)
     band = error_band(st)
     if as_json:
@@ -173,19 +173,16 @@ SETTING_FLAGS = {
 }
 
 
-def settings_given(kw: dict[str, Any], grad_reduce_given: bool = False) -> Callable[[str], bool]:
+def settings_given(st: Setup, grad_reduce_given: bool = False) -> Callable[[str], bool]:
     """Which run settings of `SETTING_OPTIONS` the command set: its option given on the command line,
-    or a --from-* configuration that names it (`imports`); ``grad_reduce_given``: the gradient
-    reduction's overlap was decided (--no-overlap-grad-reduce, or --runtime executor's rule)."""
-    from .imports import _chosen, _explicit, _read
-
-    which = _chosen(kw)
-    imported = set(_read(kw, which, kw.get("gpus")).plan) if which else set()
+    or the --from-* configuration `setup_from_options` read (``st.imported``); ``grad_reduce_given``:
+    the gradient reduction's overlap was decided (--no-overlap-grad-reduce, or --runtime executor's rule)."""
+    from .imports import _explicit
 
     def given(setting: str) -> bool:
         if setting == "overlap_grad_reduce" and grad_reduce_given:
             return True
-        return _explicit(SETTING_OPTIONS[setting]) or setting in imported
+        return _explicit(SETTING_OPTIONS[setting]) or setting in st.imported
 
     return given
 

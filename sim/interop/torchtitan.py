@@ -195,12 +195,7 @@ def read_torchtitan(path: str, layers: int | None = None, gpus: int | None = Non
         return imp
     p = Path(path)
     where = f"torchtitan job {p.name}"
-    return read_torchtitan_job(read_torchtitan_toml(p, where), where, layers, gpus)
-
-
-def read_torchtitan_toml(p: Path, where: str) -> dict[str, Any]:
-    """A torchtitan TOML file's sections (`files.read_toml` reports every failure)."""
-    return read_toml(p, "torchtitan job")
+    return read_torchtitan_job(read_toml(p, "torchtitan job"), where, layers, gpus)
 
 
 def read_torchtitan_job(cfg: dict[str, Any], where: str, layers: int | None, gpus: int | None) -> Imported:
