@@ -31,6 +31,14 @@ def resolve(kind: str, name_or_path: str | Path, what: str) -> Path:
     directory has the same name, which is refused naming both; a folder is never a preset file,
     so a folder named like a preset (``deepspeed/``, ``llama3-8b/``) does not shadow it."""
     text = str(name_or_path)
+    try:
+        return _resolve(kind, text, what)
+    except OSError as exc:  # a name the file system refuses (too long, ...)
+        problem = f"{text[:80]!r} cannot be a file name ({exc.strerror})."
+        raise SpecError(what, problem, "give a preset name or a path.") from None
+
+
+def _resolve(kind: str, text: str, what: str) -> Path:
     p = Path(text)
     cand = presets_dir(kind) / f"{text}.yaml"
     pathlike = p.suffix in (".yaml", ".yml", ".json") or "/" in text or os.sep in text
