@@ -1,6 +1,7 @@
 """Fit the default calibrations of the GPU presets (topologies/calibrations/<gpu>.json) once,
-globally, on the measured-run CSVs: a few per-GPU-group parameters (GEMM and attention efficiency,
-the GEMM saturation size, the fp8 GEMM scale) by coordinate descent on the mean absolute
+globally, on the measured-run CSVs: two per-GPU-group parameters (the fractions of the public kernel
+figures that GEMMs and attention reach in training; the kernel figures come from topologies/kernels/)
+by coordinate descent on the mean absolute
 iteration-time error over *all* rows of the group, each row simulated on its own stack and fp8
 recipe (the stack's and the recipe's costs are facts in the model, not in the fit) — never per row.
 The fit itself (`fit_group`, its parameters and bounds) is `simpar.sim.calibration.groupfit`'s, the
@@ -26,8 +27,10 @@ import statistics
 import sys
 from pathlib import Path
 
-from simpar.sim.calibration.groupfit import COPIED, GROUPS, Evaluator, fit_group, prior, row_gpu
+from simpar.sim.calibration.groupfit import COPIED, FITTED, GROUPS, Evaluator, fit_group, prior, row_gpu
 from simpar.sim.cost.compute import CostModel
+from simpar.sim.cost.kernels import kernel_efficiencies
+from simpar.sim.specs import load_gpu
 from simpar.sim.specs.calibration import EfficiencyParams, default_calibration_path
 from simpar.sim.validation.published import read_rows, row_setup
 
@@ -71,19 +74,29 @@ def main() -> None:
         write(fitted, figures, [Path(c).name for c in args.csv])
 
 
+#: figures the public kernel data give a die (`simpar.sim.cost.kernels`): left out of a file whose
+#: GPU's die has kernel data (the data decide them), written for a copied preset whose die has none
+KERNEL_FIGURES = ("mm_eff_max", "mm_half_dim", "fp8_mm_eff_scale", "attn_eff_fwd", "attn_eff_bwd")
+
+
 def write(fitted: dict[str, EfficiencyParams], figures: dict, csvs: list[str]) -> None:
     group_of = {g: name for name, gpus in GROUPS.items() for g in gpus if g in fitted}
     for g in (*group_of, *(c for c, src in COPIED.items() if src in fitted)):
         p = default_calibration_path(g)
         doc = json.loads(p.read_text())
         src = fitted.get(g) or fitted[COPIED[g]]
-        doc["compute"].update({k: round(v, 4) if k != "launch_s" else v for k, v in src.__dict__.items()})
+        compute = {k: v for k, v in doc["compute"].items() if k not in KERNEL_FIGURES + FITTED}
+        compute.update({k: round(getattr(src, k), 4) for k in FITTED})
+        if not kernel_efficiencies(load_gpu(g).kernel_die):  # no kernel data of its own: its source's
+            compute.update({k: round(getattr(src, k), 4) for k in ("mm_eff_max", "mm_half_dim")})
+        doc["compute"] = compute
         group = group_of.get(g) or group_of[COPIED[g]]
         doc["fit"] = {
             "csv": ", ".join(csvs),
             "method": "coordinate descent on the mean |iteration-time error| over every row (bf16 and fp8, dense "
-            "and MoE) of the GPU group, each row on its own stack and recipe (sim/calibration/groupfit.py, "
-            "run by benchmarks/fit_gpu_calibrations.py)",
+            "and MoE) of the GPU group, each row on its own stack and recipe, of the two fractions of the kernel "
+            "figures that training reaches (sim/calibration/groupfit.py, run by benchmarks/fit_gpu_calibrations.py);"
+            " the kernel figures themselves come from topologies/kernels/ (sim/cost/kernels.py)",
             "group": list(GROUPS[group]),
             "rows_fitted_on": figures[group]["rows"] if g in fitted else 0,
             "mean_abs_error": round(figures[group]["mean_abs_error"], 4) if g in fitted else None,

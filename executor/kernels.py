@@ -43,7 +43,7 @@ from pathlib import Path
 
 import torch
 
-from simpar.sim.cost.compute import causal_attention_fraction
+from simpar.sim.cost.kernels import causal_attention_fraction
 from simpar.sim.specs import ModelSpec, load_model
 
 from .model import attention_core

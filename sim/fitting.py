@@ -1,5 +1,6 @@
-"""Generic fits of the calibration: a line by relative errors, a geometric mean, a golden-section
-search (pure Python)."""
+"""Generic fits (pure Python): a line by relative errors, a geometric mean, a golden-section search,
+and the GEMM tile-fill curve that the cost model prices matrix multiplies with (used by the
+microbenchmark calibration and by the public kernel data alike)."""
 
 from __future__ import annotations
 
@@ -46,3 +47,26 @@ def golden(f: Callable[[float], float], lo: float, hi: float, iters: int = 40) -
 
 
 # --- compute --------------------------------------------------------------------------------
+
+
+def fit_tile_curve(points: Sequence[tuple[float, float, float, float]]) -> tuple[float, float]:
+    """(eff_max, half_dim) of ``eff = eff_max * sat(m) sat(n) sat(k)``, ``sat(x) = x / (x + half_dim)``
+    (`simpar.sim.cost.compute.CostModel.grouped_matmul_time`), from (m, n, k, efficiency) points, by
+    least squares on the log efficiencies: for a given half_dim the best eff_max is closed-form
+    (the mean of the log residuals); half_dim is found on a log-spaced grid (0.5 to 8192) and refined
+    by golden-section search."""
+    if not points:
+        raise ValueError("fit_tile_curve needs at least one point")
+    ach = [math.log(e) for *_, e in points]
+
+    def best(log_h: float) -> tuple[float, float]:
+        h = math.exp(log_h)
+        sat = [sum(math.log(x / (x + h)) for x in p[:3]) for p in points]
+        log_eff = statistics.fmean(a - b for a, b in zip(ach, sat))
+        return log_eff, sum((a - b - log_eff) ** 2 for a, b in zip(ach, sat))
+
+    grid = [math.log(0.5) + i * (math.log(8192) - math.log(0.5)) / 80 for i in range(81)]
+    i = min(range(len(grid)), key=lambda j: best(grid[j])[1])
+    lo, hi = grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)]
+    log_h = golden(lambda x: best(x)[1], lo, hi)
+    return math.exp(best(log_h)[0]), math.exp(log_h)

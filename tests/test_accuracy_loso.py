@@ -23,8 +23,10 @@ from simpar.sim.calibration.error_bands import (
     regime,
 )
 from simpar.sim.calibration.groupfit import Evaluator, config_group, fit_group, loso, prior, source_key
+from simpar.sim.cost.kernels import kernel_efficiencies
 from simpar.sim.engine.simulate import simulate
 from simpar.sim.errors import SpecError
+from simpar.sim.specs.calibration import default_calibration
 from simpar.sim.validation.published import read_rows, validate_rows
 
 DATA = Path(__file__).parent / "data"
@@ -107,20 +109,20 @@ def test_config_group() -> None:
 
 
 class Recording(Evaluator):
-    """An evaluator whose rows' errors are a function of mm_eff_max alone (each row 'wants' the
-    value in its ``want`` cell), recording which rows every call priced."""
+    """An evaluator whose rows' errors are a function of train_gemm_fraction alone (each row 'wants'
+    the value in its ``want`` cell), recording which rows every call priced."""
 
     def __init__(self) -> None:
         super().__init__(1)
         self.calls: list[tuple[frozenset[str], float]] = []
 
     def errors(self, rows, eff):  # type: ignore[no-untyped-def]
-        self.calls.append((frozenset(r["id"] for r in rows), eff.mm_eff_max))
-        return [eff.mm_eff_max / float(r["want"]) - 1 for r in rows]
+        self.calls.append((frozenset(r["id"] for r in rows), eff.train_gemm_fraction))
+        return [eff.train_gemm_fraction / float(r["want"]) - 1 for r in rows]
 
 
 def _fake_rows() -> list[dict[str, str]]:
-    """Four A100 rows of three sources; source A's rows want a GEMM efficiency far from the others'."""
+    """Four A100 rows of three sources; source A's rows want a GEMM fraction far from the others'."""
     a = ROWS[0]
     return [
         _row(a, id="a1", source="fake/A table 1", want="0.45"),
@@ -157,10 +159,11 @@ def test_loso_fits_without_the_scored_source_and_its_config_groups() -> None:
         # no call of the fit priced a left-out row
         assert all(not ids & set(fold.excluded["a100"]) for ids in fitting), (src, fitting)
     # A's rows are scored with parameters fitted on B and C (which want 0.8): A's own 0.45 never pulled it
-    assert a.params["a100"] is not None and a.params["a100"]["mm_eff_max"] >= 0.8 - 1e-9
-    assert a.errors["a1"] == pytest.approx(a.params["a100"]["mm_eff_max"] / 0.45 - 1)
+    step = groupfit.STEPS["train_gemm_fraction"][0]  # within one step of what B and C want
+    assert a.params["a100"] is not None and abs(a.params["a100"]["train_gemm_fraction"] - 0.8) <= 0.8 * step
+    assert a.errors["a1"] == pytest.approx(a.params["a100"]["train_gemm_fraction"] / 0.45 - 1)
     # B's fit saw A's rows (another source), so it moved below the others' 0.8
-    assert folds["fake/B"].params["a100"]["mm_eff_max"] < 0.8
+    assert folds["fake/B"].params["a100"]["train_gemm_fraction"] < 0.8
 
 
 def test_loso_scores_with_the_fit_of_the_other_rows_simulated() -> None:
@@ -189,9 +192,12 @@ def test_duplicate_ids_are_refused() -> None:
         loso([ROWS[0], ROWS[0]], rounds=1, evaluator=Recording())
 
 
-def test_prior_is_the_code_defaults_not_the_fitted_file() -> None:
+def test_prior_is_kernel_speed_not_the_fitted_file() -> None:
+    """The start no row chose: the GPU's kernel figures at their own speed (training fractions 1)."""
     p = prior("h100-sxm")
-    assert p.mm_eff_max == 0.8 and p.attn_eff_fwd == 0.6 and p.mm_half_dim == 64.0
+    assert p.train_gemm_fraction == 1.0 and p.train_attn_fraction == 1.0
+    assert p.mm_eff_max == kernel_efficiencies("h100", 700.0)["mm_eff_max"]
+    assert default_calibration("h100-sxm").compute["train_gemm_fraction"] != 1.0
     assert groupfit.group_of("v100-32g") == "a100" and groupfit.group_of("h200") == "h100"
     assert groupfit.group_of("cpu") is None
 

@@ -10,24 +10,33 @@ from pathlib import Path
 import pytest
 
 import simpar.sim.specs.loader as loader
-from simpar.sim.cost.compute import CostModel, EfficiencyParams, causal_attention_fraction
+from simpar.sim.cost.compute import CostModel, EfficiencyParams
+from simpar.sim.cost.kernels import causal_attention_fraction, kernel_efficiencies
 from simpar.sim.errors import SpecError
 from simpar.sim.specs import load_gpu
 from simpar.sim.specs.calibration import default_calibration, default_calibration_path, validate_calibration
 
+#: figures the kernel data give a die: not in the files of GPUs whose die has data
+KERNEL_FIGURES = ("mm_eff_max", "mm_half_dim", "fp8_mm_eff_scale", "attn_eff_fwd", "attn_eff_bwd")
 GPUS = ("a100-40g", "a100-80g", "h100-sxm", "h200", "b200", "b300", "gb300")
 
 
 @pytest.mark.parametrize("name", GPUS)
 def test_every_gpu_preset_has_a_documented_default(name: str) -> None:
+    """The file holds what kernel data do not give (training fractions, HBM efficiency, launch time,
+    overlap contention), each with its note; the kernel figures come from the die's data."""
     calib = default_calibration(name)
     assert calib is not None and calib.device.gpu == name
-    assert set(calib.compute) == set(EfficiencyParams.model_fields)
+    assert set(calib.compute) == set(EfficiencyParams.model_fields) - set(KERNEL_FIGURES)
     assert calib.notes is not None and set(calib.notes) >= set(calib.compute)  # every parameter is sourced
+    assert "kernel_figures" in calib.notes
     cm = CostModel.for_gpu(load_gpu(name))
-    assert cm.eff == EfficiencyParams(**{k: float(v) for k, v in calib.compute.items()})
+    gpu = load_gpu(name)
+    kernel = EfficiencyParams().model_copy(update=kernel_efficiencies(gpu.kernel_die, gpu.tdp_W))
+    assert cm.eff == kernel.model_copy(update={k: float(v) for k, v in calib.compute.items()})
     assert name in cm.source
     assert 0.3 < cm.eff.mm_eff_max < 0.95 and 0 < cm.eff.attn_eff_bwd <= cm.eff.attn_eff_fwd < 1
+    assert 0.3 < cm.eff.train_gemm_fraction <= 1.3 and 0.1 < cm.eff.train_attn_fraction <= 2
 
 
 def test_explicit_calibration_overrides_key_by_key() -> None:
@@ -48,11 +57,18 @@ def test_explicit_calibration_overrides_key_by_key() -> None:
     assert cm.matmul_time(4096, 4096, 4096) > CostModel.for_gpu(gpu).matmul_time(4096, 4096, 4096)
 
 
-def test_gpu_without_file_uses_code_defaults() -> None:
+def test_gpu_without_file_uses_its_kernel_figures_at_kernel_speed() -> None:
     gpu = load_gpu("h100-sxm").model_copy(update={"name": "my-gpu"})
     assert default_calibration_path("my-gpu") is None
     cm = CostModel.for_gpu(gpu)
-    assert cm.eff == EfficiencyParams() and cm.source == "default"
+    assert cm.eff == EfficiencyParams().model_copy(update=kernel_efficiencies("h100", 700.0))
+    assert cm.source == "kernel data"
+
+
+def test_gpu_without_file_or_kernel_data_uses_code_defaults() -> None:
+    gpu = load_gpu("h100-sxm").model_copy(update={"name": "my-gpu", "kernel_die": ""})
+    cm = CostModel.for_gpu(gpu)
+    assert cm.eff == EfficiencyParams() and not cm.attention_from_kernels
 
 
 @pytest.mark.parametrize(

@@ -44,9 +44,15 @@ def test_dgx2_node() -> None:
 
 
 def test_v100_calibration_is_a100s_fractions() -> None:
+    """No public kernel measurement of GV100: V100 takes the A100 die's kernel figures and the A100
+    group's training fractions, relative to its own peaks."""
+    from simpar.sim.cost.kernels import kernel_efficiencies
+
     v = json.loads(default_calibration_path("v100-32g").read_text())
     a = json.loads(default_calibration_path("a100-40g").read_text())
-    assert v["compute"] == a["compute"]
+    a100 = kernel_efficiencies("a100", 400.0)
+    assert kernel_efficiencies(load_gpu("v100-32g").kernel_die) == {}
+    assert v["compute"] == {**a["compute"], **{k: round(a100[k], 4) for k in ("mm_eff_max", "mm_half_dim")}}
     assert v["fit"]["copied_from"] == "a100-40g" and v["fit"]["rows_fitted_on"] == 0
 
 

@@ -52,7 +52,7 @@ def fold(rows: list[dict[str, Any]], gpu) -> dict[str, Any]:
     """The calibration parameters the kernel figures imply, by simpar calibrate's own fits
     (sim/calibration/fit.py), beside the GPU's default calibration (topologies/calibrations)."""
     from simpar.sim.calibration.fit import fit_attention, fit_bandwidth, fit_matmul
-    from simpar.sim.calibration.linfit import geomean
+    from simpar.sim.fitting import geomean
     from simpar.sim.specs.calibration import default_calibration_path
 
     if gpu is None:

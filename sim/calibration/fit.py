@@ -42,42 +42,31 @@ measurements, plus the analytical layer model's error against the measured layer
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
-from ..cost.compute import CostModel, causal_attention_fraction
+from ..cost.compute import CostModel
+from ..cost.kernels import KERNEL_SPEED, causal_attention_fraction
 from ..cost.moe import moe_layer_times
 from ..cost.tables import optimizer_seconds
+from ..fitting import fit_linear, fit_tile_curve, geomean
 from ..model import LayerKind, layer_kinds
 from ..network import make_network
 from ..plan import ParallelPlan
 from ..specs import ClusterSpec, GPUSpec, ModelSpec
 from ..specs.calibration import CALIBRATION_VERSION, EfficiencyParams, validate_calibration
 from ..specs.moe import MoESpec
-from .linfit import fit_linear, geomean, golden
 from .netfit import fit_network
 
 
 def fit_matmul(rows: list[dict], peak: float, launch_s: float = 0.0) -> tuple[float, float]:
-    """(mm_eff_max, mm_half_dim) from rows {m, n, k, time_s}."""
+    """(mm_eff_max, mm_half_dim) from rows {m, n, k, time_s} (`fitting.fit_tile_curve`); rows within
+    3x of the launch overhead are left out (they measure the launch, not the multiply)."""
     use = [r for r in rows if r["time_s"] > 3 * launch_s] or rows
-    ach = [math.log(2.0 * r["m"] * r["n"] * r["k"] / (peak * r["time_s"])) for r in use]
-
-    def sat_logs(h: float) -> list[float]:
-        return [sum(math.log(x / (x + h)) for x in (r["m"], r["n"], r["k"])) for r in use]
-
-    def best(log_h: float) -> tuple[float, float]:
-        s = sat_logs(math.exp(log_h))
-        log_eff = statistics.fmean(a - b for a, b in zip(ach, s))
-        return log_eff, sum((a - b - log_eff) ** 2 for a, b in zip(ach, s))
-
-    grid = [math.log(0.5) + i * (math.log(8192) - math.log(0.5)) / 80 for i in range(81)]
-    i = min(range(len(grid)), key=lambda j: best(grid[j])[1])
-    lo, hi = grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)]
-    log_h = golden(lambda x: best(x)[1], lo, hi)
-    return math.exp(best(log_h)[0]), math.exp(log_h)
+    eff = [2.0 * r["m"] * r["n"] * r["k"] / (peak * r["time_s"]) for r in use]
+    return fit_tile_curve([(r["m"], r["n"], r["k"], e) for r, e in zip(use, eff)])
 
 
 def causal_flops(r: dict) -> float:
@@ -240,6 +229,8 @@ def fit_report(
     """Relative errors of the calibrated simulator against each benchmark family."""
     comp = meas.get("compute", {})
     cm = CostModel.for_gpu(gpu, validate_calibration(doc, "(fitting)", gpu.name))
+    # benchmarks time kernels alone: their own speed, not the share of it a training step reaches
+    cm = replace(cm, eff=cm.eff.model_copy(update=KERNEL_SPEED))
     analytic = CostModel(gpu, cm.eff, "analytical")
     out: dict[str, Any] = {}
     mm = [r for r in comp.get("matmul", []) if r["dtype"] == fit_dtype]

@@ -16,6 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ..cost.compute import CostModel
 from ..kineto.actions import ExecutorRun, action_rows
 from ..kineto.reader import RankTrace
 from ..kineto.rows import attention_rows, comm_rows, elementwise_rows, matmul_rows
@@ -99,12 +100,10 @@ def trace_calibration(
     fit_dtype = "fp32" if kind == "cpu" else "bf16"
     base = default_calibration(gpu.name)
     kept_from = f"the default calibration of {gpu.name}" if base is not None else "simpar's code defaults"
-    eff = base.efficiencies() if base is not None else EfficiencyParams()
+    eff = CostModel.for_gpu(gpu).eff  # the GPU's kernel figures and its default calibration
     rows = _usable(meas["compute"], fit_dtype)
     warnings: list[str] = []
-    compute, fitted, notes = _fit_compute(
-        rows, eff, gpu, fit_dtype, kept_from, base.efficiencies() if base is not None else None, warnings
-    )
+    compute, fitted, notes = _fit_compute(rows, eff, gpu, fit_dtype, kept_from, eff, warnings)
     other = sorted({r["dtype"] for r in meas["compute"]["matmul"] + meas["compute"]["attention"]} - {fit_dtype})
     if other:
         notes.insert(0, f"GEMM/attention rows in {', '.join(other)} left out: the efficiencies describe {fit_dtype}")
@@ -172,6 +171,9 @@ FAMILIES = {
     "attention": ("attn_eff_fwd", "attn_eff_bwd"),
     "elementwise": ("hbm_eff",),
 }
+#: family -> what its fit fixes besides: kernels timed inside a training run already run at the speed
+#: training reaches, so the default calibration's training fractions no longer apply to them
+IN_RUN = {"matmul": {"train_gemm_fraction": 1.0}, "attention": {"train_attn_fraction": 1.0}, "elementwise": {}}
 
 
 def _sane_network(network: dict[str, Any], cluster: ClusterSpec, warnings: list[str]) -> dict[str, Any]:
@@ -263,7 +265,7 @@ def _fit_compute(
         if len(got) < MIN_ROWS[family]:
             notes.append(f"{len(got)} {family} rows in the traces (fewer than {MIN_ROWS[family]}): kept {kept_from}")
             continue
-        trial = {**compute, **dict(zip(params, fits[family](got)))}
+        trial = {**compute, **dict(zip(params, fits[family](got))), **IN_RUN[family]}
         if trial[params[0]] > 1.0:
             notes.append(
                 f"{family}: the fit gives {params[0]} {trial[params[0]]:.3g} > 1, more than the peak: the rows are "
@@ -282,5 +284,5 @@ def _fit_compute(
         if err > MAX_FIT_ERROR:
             notes.append(f"{family}: the fit still misses its rows by {err:.0%} (median): kept {kept_from}")
             continue
-        compute, fitted = trial, fitted + list(params)
+        compute, fitted = trial, fitted + list(params) + list(IN_RUN[family])
     return compute, fitted, notes

@@ -1,10 +1,11 @@
 """The one fit of the default calibrations' per-GPU-group parameters (topologies/calibrations/<gpu>.json),
 and the leave-one-source-out (LOSO) refits that judge it out of sample.
 
-The fit: a few per-GPU-group parameters (the large-GEMM efficiency ``mm_eff_max``, the attention
-efficiencies moved together as ``attn_scale``, the GEMM saturation size ``mm_half_dim`` and the fp8
-GEMM scale ``fp8_mm_eff_scale``) by coordinate descent on the mean absolute iteration-time error over
-*all* rows of the group, each row simulated on its own stack, recipe and run flags — never per row.
+The fit: two per-GPU-group parameters, what a training step reaches of the public kernel figures
+(`simpar.sim.cost.kernels`: GEMM curve, fp8 scale and attention curves come from kernel data, not
+from training rows), for GEMMs (``train_gemm_fraction``) and for attention (``train_attn_fraction``),
+by coordinate descent on the mean absolute iteration-time error over *all* rows of the group, each
+row simulated on its own stack, recipe and run flags — never per row.
 `benchmarks/fit_gpu_calibrations.py` runs it to write the files; `simpar accuracy` runs it once per
 held-out source (`loso`).
 
@@ -32,8 +33,8 @@ from ..cost.compute import CostModel
 from ..engine.simulate import simulate
 from ..errors import SimparError
 from ..procs import fork_map
-from ..specs import load_cluster
-from ..specs.calibration import EfficiencyParams, default_calibration
+from ..specs import load_cluster, load_gpu
+from ..specs.calibration import EfficiencyParams
 from ..validation.moe_rows import is_moe_row
 from ..validation.published import _row_cost, row_options, row_setup
 
@@ -46,16 +47,14 @@ GROUPS: dict[str, tuple[str, ...]] = {
 #: presets whose files copy another preset's fitted figures (not fitted on): H200 is the GH100 chip
 #: of H100 with faster HBM; V100's figures are A100's fractions of GV100's own peaks
 COPIED: dict[str, str] = {"h200": "h100-sxm", "v100-32g": "a100-40g"}
-#: parameter -> (relative step, lower, upper); attention fwd and bwd move together (ratio kept), as a
-#: scale of the start's values (its bounds are relative to the start)
+#: parameter -> (relative step, lower, upper): what training reaches of the kernel figures (the GEMM
+#: and attention efficiencies themselves come from the public kernel data, `simpar.sim.cost.kernels`)
 STEPS: dict[str, tuple[float, float, float]] = {
-    "mm_eff_max": (0.04, 0.4, 0.9),
-    "attn_scale": (0.08, 0.5, 3.0),
-    "mm_half_dim": (0.5, 16, 1024),
-    "fp8_mm_eff_scale": (0.05, 0.5, 1.0),
+    "train_gemm_fraction": (0.03, 0.3, 1.3),
+    "train_attn_fraction": (0.08, 0.1, 2.0),
 }
-#: the `EfficiencyParams` fields the fit moves (the others keep their files' sourced values)
-FITTED = ("mm_eff_max", "mm_half_dim", "attn_eff_fwd", "attn_eff_bwd", "fp8_mm_eff_scale")
+#: the `EfficiencyParams` fields the fit moves (the others keep the kernel data's or the files' values)
+FITTED = tuple(STEPS)
 #: memory variants of one chip, merged in a configuration group (`config_group`)
 CHIPS: dict[str, str] = {
     "a100-40g": "a100",
@@ -85,14 +84,11 @@ def row_gpu(r: dict[str, str]) -> str:
 
 
 def prior(gpu: str) -> EfficiencyParams:
-    """The fit's start that no measured row chose: the GPU preset's default calibration with the
-    fitted parameters (`FITTED`) at the code's defaults (`EfficiencyParams`: large GEMMs at 80 % of
-    peak from cuBLAS figures, a 64-wide half-fill, FlashAttention-2 at 60 / 45 % of peak, Dao 2023
-    §4, fp8 GEMMs at 70 % of the 16-bit efficiency); the parameters not fitted (HBM efficiency,
-    launch time, overlap contention) keep the file's sourced values."""
+    """The fit's start that no measured row chose: kernel speed (`FITTED` at 1, the code's
+    defaults), over the GPU's kernel efficiencies (`CostModel.for_gpu`: the public kernel data of
+    its die, its default calibration's other sourced values)."""
     code = EfficiencyParams()
-    base = default_calibration(gpu)
-    eff = base.efficiencies(code) if base is not None else code
+    eff = CostModel.for_gpu(load_gpu(gpu)).eff
     return eff.model_copy(update={k: getattr(code, k) for k in FITTED})
 
 
@@ -112,7 +108,7 @@ class Evaluator:
 
     def errors(self, rows: Sequence[dict[str, str]], eff: EfficiencyParams) -> list[float | None]:
         """Each row's ``(predicted - measured) / measured`` with ``eff`` for its GPU."""
-        ekey = tuple(sorted(eff.model_dump().items()))
+        ekey = tuple((k, getattr(eff, k)) for k in FITTED)
         keys = [(row_key(r), ekey) for r in rows]
         todo: list[int] = []
         for i, k in enumerate(keys):
@@ -127,11 +123,13 @@ class Evaluator:
 
 
 def row_error(r: dict[str, str], eff: EfficiencyParams) -> float | None:
-    """One row's relative iteration-time error with the efficiencies ``eff`` injected into
-    simulate() (a cost model of the row's GPU); None where the row cannot be simulated."""
+    """One row's relative iteration-time error with the fitted parameters (`FITTED`) of ``eff``
+    injected into simulate() over its own GPU's kernel figures (a cost model of the row's GPU); None
+    where the row cannot be simulated."""
     try:
         model, cluster, plan = row_setup(r)
-        costs = replace(CostModel.for_gpu(cluster.gpu), eff=eff)
+        costs = CostModel.for_gpu(cluster.gpu)
+        costs = replace(costs, eff=costs.eff.model_copy(update={k: getattr(eff, k) for k in FITTED}))
         t = simulate(model, cluster, plan, costs=costs, trace=False, **row_options(r)).iter_time_s
         meas = float(r["iter_time_s"])
     except (SimparError, ValueError, KeyError):
@@ -146,15 +144,11 @@ def score(errs: Sequence[float | None]) -> float:
 
 
 def with_param(eff: EfficiencyParams, name: str, value: float, base: EfficiencyParams) -> EfficiencyParams:
-    if name == "attn_scale":
-        return eff.model_copy(
-            update={"attn_eff_fwd": base.attn_eff_fwd * value, "attn_eff_bwd": base.attn_eff_bwd * value}
-        )
     return eff.model_copy(update={name: value})
 
 
 def current(eff: EfficiencyParams, name: str, base: EfficiencyParams) -> float:
-    return eff.attn_eff_fwd / base.attn_eff_fwd if name == "attn_scale" else float(getattr(eff, name))
+    return float(getattr(eff, name))
 
 
 def fit_group(
@@ -179,7 +173,7 @@ def fit_group(
             for direction in (1, -1):
                 while True:
                     x = current(eff, name, base)
-                    y = x * (1 + step) ** direction if name != "mm_half_dim" else x * (2.0 ** (direction * step * 2))
+                    y = x * (1 + step) ** direction
                     if not lo <= y <= hi:
                         break
                     cand = with_param(eff, name, round(y, 4), base)
@@ -238,14 +232,16 @@ def config_group(r: dict[str, str]) -> tuple[str, ...]:
 @dataclass
 class Fold:
     """One held-out source: its rows, the rows left out of each group's refit with it (its own and
-    those of their configuration groups), the refitted parameters per group (None: no row left,
-    the prior stands) and the held-out rows' errors."""
+    those of their configuration groups), the refitted parameters per group (a group with no row of
+    its own left is fitted on the other groups' rows: ``pooled`` says on how many; None: no row at
+    all, the prior stands) and the held-out rows' errors."""
 
     source: str
     rows: list[str]
     excluded: dict[str, list[str]] = field(default_factory=dict)
     fitted_on: dict[str, int] = field(default_factory=dict)
     params: dict[str, dict[str, float] | None] = field(default_factory=dict)
+    pooled: dict[str, int] = field(default_factory=dict)
     errors: dict[str, float | None] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -255,6 +251,7 @@ class Fold:
             "excluded": self.excluded,
             "fitted_on": self.fitted_on,
             "params": self.params,
+            "pooled": self.pooled,
         }
 
 
@@ -292,15 +289,15 @@ def loso(
             if train:
                 eff, _ = fit_group(train, start, rounds, None, ev)
                 fold.params[group] = {k: getattr(eff, k) for k in FITTED}
-            else:
-                eff = start
-                fold.params[group] = None
+                said = f"  {group}: fitted on {len(train)} rows ({len(fold.excluded[group])} left out)"
+            else:  # no row of this GPU group left: what training reaches on the other GPUs
+                pooled = [r for r in scored if source_key(r["source"]) != src and config_group(r) not in held_cfg]
+                eff, _ = fit_group(pooled, start, rounds, None, ev) if pooled else (start, [])
+                fold.params[group] = {k: getattr(eff, k) for k in FITTED} if pooled else None
+                fold.pooled[group] = len(pooled)
+                said = f"  {group}: no row of its own left: fitted on {len(pooled)} rows of the other GPU groups"
             if log:
-                log(
-                    f"  {group}: fitted on {len(train)} rows ({len(fold.excluded[group])} left out)"
-                    if train
-                    else f"  {group}: no row left to fit: the prior (code defaults) stands"
-                )
+                log(said)
             mine = [r for r in held if group_of(row_gpu(r)) == group]
             for r, err in zip(mine, _score_with(ev, mine, eff)):
                 fold.errors[r["id"]] = err

@@ -16,10 +16,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ..fitting import fit_linear, geomean
 from ..network import make_network
 from ..network.constants import BASE_LATENCY_US
 from ..specs import ClusterSpec
-from .linfit import fit_linear, geomean
 
 
 def _series(rows: list[dict], op: str, group: int) -> tuple[list[float], list[float]]:

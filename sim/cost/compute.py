@@ -1,25 +1,27 @@
 """How long one piece of work takes on one GPU: the default efficiency model, overridable by a
 calibration file.
 
-Default model (every constant below is a documented assumption, overridable per GPU type):
+Default model (every constant below is sourced or a documented assumption, overridable per GPU type):
 
-- Matrix multiplies run at ``peak(dtype) * mm_eff_max * sat(m) * sat(n) * sat(k)`` where
-  ``sat(x) = x / (x + mm_half_dim)``: large GEMMs approach a sustained efficiency, small
-  dimensions under-fill the tensor cores' tiles.
-- The attention core (FlashAttention 2) runs at ``attn_eff_fwd`` / ``attn_eff_bwd`` of peak
-  (Dao 2023, FlashAttention-2 §4: 50–73 % of A100 peak forward, lower backward) on the work a
-  causal mask leaves: FlashAttention skips the key/value blocks above the diagonal, so it does
-  ``causal_attention_fraction(s)`` = 1/2 + 64/s of the full square that FLOP counts (Megatron's
-  formula, sim/model.py) assume (blocks of 128 queries: n(n+1)/2 of n^2 blocks, n = s/128).
-  Without FlashAttention (``plan.flash_attention = False``) the scores are materialised: the
-  full square is computed and the softmax / mask / dropout over the a*s*s scores is memory-bound
-  traffic (``UNFUSED_SCORE_BYTES`` per score forward, twice that backward).
+- Matrix multiplies run at ``peak(dtype) * mm_eff_max * sat(m) * sat(n) * sat(k) * train_gemm_fraction``
+  where ``sat(x) = x / (x + mm_half_dim)``: large GEMMs approach a sustained efficiency, small
+  dimensions under-fill the tensor cores' tiles; and never faster than reading their operands and
+  writing their result at HBM speed (the roofline, `kernels.gemm_bytes`).
+- The attention core runs at the efficiency of the kernel the plan's stack runs on this GPU
+  (FlashAttention-2/3, cuDNN, ...: `attention_efficiencies`, the kernel data's curve over the sequence
+  length) times ``train_attn_fraction``, on the work a causal mask leaves: FlashAttention skips the
+  key/value blocks above the diagonal, so it does ``causal_attention_fraction(s)`` = 1/2 + 64/s of the
+  full square that FLOP counts (Megatron's formula, sim/model.py) assume (blocks of 128 queries:
+  n(n+1)/2 of n^2 blocks, n = s/128). Without FlashAttention (``plan.flash_attention = False``) the
+  scores are materialised: the full square is computed and the softmax / mask / dropout over the
+  a*s*s scores is memory-bound traffic (``UNFUSED_SCORE_BYTES`` per score forward, twice that backward).
 
-The per-GPU-type parameters come from the preset's default calibration file
-(topologies/calibrations/<gpu>.json, `simpar.sim.specs.calibration.default_calibration`): global
-figures with their sources, fitted once on all of shared/validation/published.csv (never per row).
-A GPU with no such file uses the `EfficiencyParams` defaults (sim/specs/calibration.py); ``--calibration FILE``
-overrides either, key by key.
+Where the figures come from, each overriding the one before key by key (`CostModel.for_gpu`): the
+public kernel measurements of the GPU's die (topologies/kernels/, `simpar.sim.cost.kernels`: GEMM
+curve, fp8 scale, power-limit factor, attention curves); the preset's default calibration file
+(topologies/calibrations/<gpu>.json: HBM efficiency, launch time, and the two training fractions,
+fitted once per GPU group on the published runs, never per row); ``--calibration FILE``. A GPU with
+neither uses the `EfficiencyParams` defaults (sim/specs/calibration.py).
 - Element-wise work (norms, activations, dropout, residual adds, the softmax/cross-entropy) is
   memory-bound: bytes moved / (HBM bandwidth * hbm_eff).
 - Each kernel costs at least ``launch_s`` (CUDA launch + scheduling, ~4 µs without CUDA graphs).
@@ -36,23 +38,16 @@ from ..model import DENSE, LayerFlops, LayerKind, layer_flops, logits_flops
 from ..plan import ParallelPlan
 from ..specs import GPUSpec, ModelSpec
 from ..specs.calibration import Calibration, EfficiencyParams, default_calibration
+from .kernels import FLASH_BLOCK, attention_curve, causal_attention_fraction, gemm_bytes, kernel_efficiencies
 from .optimizers import optimizer_facts
-from .precision import cast_bytes, element_bytes, gemm_dtype, recipe_of
+from .precision import cast_bytes, element_bytes, gemm_dtype, recipe_of, stack_of
 from .recompute import block_linears, selective_mode, selective_modules
 from .tables import MeasuredTables
 
-#: FlashAttention's query/key block (FA2 forward, 128 on A100/H100): the diagonal blocks of a
-#: causal mask are computed in full.
-FLASH_BLOCK = 128
 #: Bytes of memory traffic per attention score of unfused attention, forward: scores written
 #: (2), read and softmax written (2 + 2), dropout mask and output (1 + 2) (Korthikanti et al.
 #: 2022 §4.1 name the same tensors for the 5as^2b activation term).
 UNFUSED_SCORE_BYTES = 9
-
-
-def causal_attention_fraction(seq_len: float) -> float:
-    """Share of the full s x s attention square a causal FlashAttention computes (1/2 + B/2s)."""
-    return min(1.0, 0.5 + FLASH_BLOCK / (2.0 * max(seq_len, 1.0)))
 
 
 def computed_attention_fraction(m: ModelSpec, kind: LayerKind) -> float:
@@ -150,18 +145,25 @@ class CostModel:
     source: str = "default"
     #: the device's measured layer / optimizer times (`tables`), used where they cover a plan
     tables: MeasuredTables = field(default_factory=MeasuredTables)
+    #: price the attention core from the public kernel data (`kernels.attention_curve`) of the
+    #: plan's stack's implementation; False where a calibration sets ``attn_eff_fwd`` itself
+    attention_from_kernels: bool = False
 
     @classmethod
     def for_gpu(cls, gpu: GPUSpec, calibration: Calibration | None = None) -> CostModel:
-        """The GPU preset's default calibration (global per-GPU-type figures), overridden key by
-        key by ``calibration``."""
-        eff, src = EfficiencyParams(), "default"
+        """The GPU's kernel efficiencies from the public kernel data of its die (`kernels`), then
+        its preset's default calibration, then ``calibration``, each overriding key by key."""
+        eff = EfficiencyParams().model_copy(update=kernel_efficiencies(gpu.kernel_die, gpu.tdp_W))
+        src = "kernel data"
         base = default_calibration(gpu.name)
+        explicit = [c for c in (base, calibration) if c is not None and "attn_eff_fwd" in c.compute]
         if base is not None:
             eff, src = base.efficiencies(eff), f"default calibration {gpu.name}.json"
         if calibration is not None:
             eff, src = calibration.efficiencies(eff), calibration.source
-        return cls(gpu, eff, src, MeasuredTables.of(calibration))
+        return cls(
+            gpu, eff, src, MeasuredTables.of(calibration), attention_from_kernels=bool(gpu.kernel_die) and not explicit
+        )
 
     # --- primitives -------------------------------------------------------------------------
     def _sat(self, x: float) -> float:
@@ -174,22 +176,44 @@ class CostModel:
         self, groups: float, m: float, n: float, k: float, dtype: str = "bf16", scale: float = 1.0
     ) -> float:
         """``groups`` GEMMs of one shape in one kernel (a grouped GEMM: one expert each), each at
-        the efficiency of its own shape: small per-expert token counts under-fill the tiles. fp8
+        the efficiency of its own shape: small per-expert token counts under-fill the tiles, and a
+        GEMM takes at least its operands' HBM traffic (`kernels.gemm_bytes`, the roofline). fp8
         and fp4 GEMMs reach ``fp8_mm_eff_scale`` of the 16-bit efficiency on their own peak;
         ``scale`` is the recipe's factor (`specs.recipes.Recipe.gemm_scale`)."""
         flops = 2.0 * m * n * k * groups
-        eff = self.eff.mm_eff_max * self._sat(m) * self._sat(n) * self._sat(k) * scale
+        eff = self.eff.mm_eff_max * self._sat(m) * self._sat(n) * self._sat(k) * scale * self.eff.train_gemm_fraction
         if dtype in ("fp8", "fp4"):
             eff *= self.eff.fp8_mm_eff_scale
-        return max(flops / (self.gpu.peak_flops(dtype) * eff), self.eff.launch_s)
+        traffic = groups * gemm_bytes(m, n, k, dtype) / (self.gpu.hbm_bw * self.eff.hbm_eff)
+        return max(flops / (self.gpu.peak_flops(dtype) * eff), traffic, self.eff.launch_s)
 
     def memory_time(self, nbytes: float) -> float:
         return max(nbytes / (self.gpu.hbm_bw * self.eff.hbm_eff), self.eff.launch_s)
 
-    def attention_time(self, flops_fwd: float, dtype: str) -> tuple[float, float]:
+    def attention_efficiencies(self, m: ModelSpec, plan: ParallelPlan) -> tuple[float, float]:
+        """Forward and backward efficiency of the plan's attention core in training: the kernel
+        data's curve of the implementation the plan's stack runs on this GPU's die, at the sequence
+        length one kernel sees (``seq_len / cp``: context parallelism splits the square into cp x cp
+        blocks), or the calibration's ``attn_eff_fwd`` / ``attn_eff_bwd`` where it sets them or the
+        data have no curve for that implementation; times ``train_attn_fraction``."""
+        share = self.eff.train_attn_fraction
+        if self.attention_from_kernels and self.gpu.kernel_die:
+            impl = stack_of(plan).attention_kernel_on(self.gpu.kernel_die)
+            curve = attention_curve(self.gpu.kernel_die, impl, float(m.head_dim))
+            if curve is not None:
+                fwd, bwd = curve.efficiencies(m.seq_len / plan.cp)
+                return fwd * share, bwd * share
+        return self.eff.attn_eff_fwd * share, self.eff.attn_eff_bwd * share
+
+    def attention_time(
+        self, flops_fwd: float, dtype: str, eff: tuple[float, float] | None = None
+    ) -> tuple[float, float]:
+        """Forward and backward seconds of an attention core of ``flops_fwd`` (the backward does
+        twice the forward's FLOPs) at the efficiencies ``eff`` (default: the calibration's)."""
         # attention runs in 16-bit (fp8 plans too), in fp32 / TF32 in an fp32 / tf32 plan
         peak = self.gpu.peak_flops(dtype if dtype in ("fp16", "fp32", "tf32") else "bf16")
-        return flops_fwd / (peak * self.eff.attn_eff_fwd), 2 * flops_fwd / (peak * self.eff.attn_eff_bwd)
+        ef, eb = eff if eff is not None else (self.eff.attn_eff_fwd, self.eff.attn_eff_bwd)
+        return flops_fwd / (peak * ef), 2 * flops_fwd / (peak * eb)
 
     def optimizer_time(self, local_params: float, optimizer: str = "adamw", hidden: int = 0) -> float:
         """The optimizer step over ``local_params`` parameters of one GPU: the calibration's
@@ -257,10 +281,16 @@ class CostModel:
         lf: LayerFlops = layer_flops(m, m.seq_len, plan.micro_batch_size, kind)
         if plan.flash_attention:
             attn_f, attn_b = self.attention_time(
-                lf.attn_core_f * computed_attention_fraction(m, kind) / (t * plan.cp), dt
+                lf.attn_core_f * computed_attention_fraction(m, kind) / (t * plan.cp),
+                dt,
+                self.attention_efficiencies(m, plan),
             )
         else:  # scores materialised: two batched matmuls over the full square + softmax traffic
-            mm_peak = self.gpu.peak_flops(dt if dt in ("fp16", "fp32", "tf32") else "bf16") * self.eff.mm_eff_max
+            mm_peak = (
+                self.gpu.peak_flops(dt if dt in ("fp16", "fp32", "tf32") else "bf16")
+                * self.eff.mm_eff_max
+                * self.eff.train_gemm_fraction
+            )
             scores = m.heads / t * tokens * m.seq_len * el  # the traffic counts 16-bit elements
             attn_f = lf.attn_core_f / (t * plan.cp) / mm_peak + self.memory_time(UNFUSED_SCORE_BYTES * scores)
             attn_b = 2 * lf.attn_core_f / (t * plan.cp) / mm_peak + self.memory_time(2 * UNFUSED_SCORE_BYTES * scores)

@@ -59,6 +59,13 @@ class EfficiencyParams(BaseModel):
     hbm_eff: float = Field(0.80, gt=0, description="fraction of HBM bandwidth element-wise kernels reach")
     launch_s: float = Field(4e-6, gt=0, description="seconds a kernel costs at least (launch and scheduling)")
     fp8_mm_eff_scale: float = Field(0.70, gt=0, description="fp8 GEMM efficiency relative to bf16's")
+    #: what a training step reaches of the kernel figures above (sustained clocks, shapes and
+    #: interference that kernel benchmarks do not see): the only parameters fitted on training rows
+    #: (per GPU group, `simpar.sim.calibration.groupfit`, judged leave-one-source-out)
+    train_gemm_fraction: float = Field(1.0, gt=0, le=2, description="GEMM speed in training over the kernel figures")
+    train_attn_fraction: float = Field(
+        1.0, gt=0, le=2, description="attention speed in training over the kernel figures"
+    )
     #: `simpar.sim.schedules.costs.overlap_seconds`: the share of what an overlapped F&B pair saves
     #: that it gives back to the SMs its communication kernels take. Default 20/112: DeepSeek-V3
     #: gives 20 of the H800's 132 SMs to communication (report §3.2.1), so the compute the

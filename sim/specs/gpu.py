@@ -30,6 +30,11 @@ class GPUSpec(BaseModel):
         default=True,
         description="FlashAttention kernels run on it (FlashAttention-2 and cuDNN's fused attention need sm80+)",
     )
+    kernel_die: str = Field(
+        default="",
+        description="the compute die whose public kernel measurements (topologies/kernels/) describe this GPU: "
+        "parts with the same SMs and tensor cores share it (H100 SXM, H100 96 GB, H200 and H800 carry 'h100')",
+    )
     mx_formats: bool = Field(
         default=False,
         description="tensor cores take block-scaled operands (MXFP8, NVFP4: Blackwell's fifth-generation tensor cores)",

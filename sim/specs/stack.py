@@ -131,6 +131,10 @@ class StackSpec(BaseModel):
     tp_comm_overlap: bool = Field(description="tensor-parallel communication overlapped with the GEMMs by default")
     tp_comm_overlap_supported: bool = Field(description="the stack can overlap TP communication with the GEMMs")
     flash_attention: bool = Field(description="attention does not materialise the scores (FlashAttention/cuDNN)")
+    attention_kernel: dict[str, str] = Field(
+        description="the fused attention implementation the stack runs, by GPU die (`GPUSpec.kernel_die`; key "
+        "'default' for the others): fa2, fa3, cudnn, sdpa-flash, ... as topologies/kernels/attention.csv names them"
+    )
     selective_recompute: Literal["attention-core", "op-level"] = Field(
         description="what recompute 'selective' recomputes: the attention core (Megatron), or every op but "
         "attention and every other matmul (torch's op-level selective activation checkpointing)"
@@ -196,6 +200,10 @@ class StackSpec(BaseModel):
             raise ValueError(f"sources has no entry for {missing[0]!r} (every value needs its source)")
         return self
 
+    def attention_kernel_on(self, die: str) -> str:
+        """The attention implementation the stack runs on a GPU of compute die ``die``."""
+        return self.attention_kernel.get(die, self.attention_kernel.get("default", ""))
+
     def states_for(self, precision: str) -> StateBytes:
         """The state bytes of a plan of ``precision`` (fp8/fp4 plans keep bf16 parameters; fp32 /
         tf32 plans keep `FP32_STATES` on every stack)."""
@@ -212,6 +220,7 @@ _SOURCED = (
     "fp8_fused_casts",
     "tp_comm_overlap",
     "flash_attention",
+    "attention_kernel",
     "selective_recompute",
     "fp8_weight_cache",
     "fp8_saved_inputs",

@@ -1,0 +1,80 @@
+"""What the public kernel data say about one GPU, as plain values (`simpar kernels`): its die's GEMM
+curve, fp8 scale, power-limit factor and attention curves with the rows and sources behind them,
+the training fractions its default calibration adds, and which attention kernel each stack runs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..specs import GPUSpec
+from ..specs.kernels import load_kernel_data
+from ..specs.stack import load_stack, stack_names
+from .compute import CostModel
+from .kernels import attention_curve, gemm_curve, power_factor
+
+#: GEMM shapes (m, n, k) the report prices: a large square, a training projection, a thin one
+SHAPES = ((8192, 8192, 8192), (4096, 4096, 4096), (2048, 1024, 4096), (256, 4096, 4096))
+#: sequence lengths the report prices attention at (head dimension 128)
+SEQS = (2048, 8192)
+
+
+def kernel_report(gpu: GPUSpec) -> dict[str, Any]:
+    """The kernel figures of ``gpu`` (module docstring), every number with where it comes from."""
+    data = load_kernel_data()
+    die = gpu.kernel_die
+    costs = CostModel.for_gpu(gpu)
+    eff = costs.eff
+    out: dict[str, Any] = {}
+    out |= {
+        "gpu": gpu.name,
+        "die": die or None,
+        "parts_measured": sorted(p for p, info in data.parts.items() if die and info.die == die),
+        "calibration": costs.source,
+        "train_gemm_fraction": eff.train_gemm_fraction,
+        "train_attn_fraction": eff.train_attn_fraction,
+    }
+    curve = gemm_curve(die) if die else None
+    out["gemm"] = (
+        None
+        if curve is None
+        else {
+            "mm_eff_max": curve.eff_max,
+            "mm_half_dim": curve.half_dim,
+            "rows_16bit": curve.rows,
+            "fp8_scale": curve.fp8_scale,
+            "rows_fp8": curve.fp8_rows,
+            "power_factor": power_factor(die, gpu.tdp_W),
+            "sources": list(curve.sources),
+        }
+    )
+    out["gemm_in_training"] = [
+        {
+            "shape": list(s),
+            "dtype": dt,
+            "TFLOPS": 2.0 * s[0] * s[1] * s[2] / costs.matmul_time(*s, dt) / 1e12,
+        }
+        for s in SHAPES
+        for dt in ("bf16", "fp8")
+        if dt in gpu.peak_TFLOPS
+    ]
+    impls = sorted({r.impl for r in data.attention if die and data.die_of(r.gpu) == die})
+    attention: list[dict[str, Any]] = []
+    for impl in impls:
+        c = attention_curve(die, impl, 128.0)
+        if c is None:
+            attention.append({"impl": impl, "curve": None})
+            continue
+        attention.append(
+            {
+                "impl": impl,
+                "head_dim": c.head_dim,
+                "rows": c.rows,
+                "kernel": {str(s): list(c.efficiencies(s)) for s in SEQS},
+                "derived": list(c.derived),
+                "sources": list(c.sources),
+            }
+        )
+    out["attention"] = attention
+    out["attention_fallback"] = [eff.attn_eff_fwd, eff.attn_eff_bwd]
+    out["stacks"] = {name: load_stack(name).attention_kernel_on(die) for name in stack_names()}
+    return out
