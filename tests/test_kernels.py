@@ -51,6 +51,7 @@ def _folder(tmp_path: Path, gemm_line: str | None = None, attn_line: str | None 
         ("h100-sxm,int3,none,4096,4096,4096,1,500,cuBLAS,src,,", "gemm.csv line 2: dtype"),
         ("nogpu,bf16,none,4096,4096,4096,1,500,cuBLAS,src,,", "gemm.csv line 2: gpu"),
         ("h100-sxm,bf16,none,4096,4096,4096,1,500,cuBLAS,,,", "gemm.csv line 2: source"),
+        ("h100-sxm,bf16,none,4096,4096,4096,1,1500,cuBLAS,src,,", "gemm.csv line 2: tflops"),  # above the peak
     ],
 )
 def test_a_bad_gemm_row_is_refused_naming_line_and_column(tmp_path, line, where):

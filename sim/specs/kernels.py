@@ -177,12 +177,23 @@ def _parts(folder: Path) -> dict[str, PartInfo]:
 
 
 def _check_parts(path: Path, rows: list, parts: dict[str, PartInfo]) -> None:
+    """Every row names a known part, and no figure exceeds its part's dense peak (a causal figure
+    counted over half the square is checked as counted: its source's own convention)."""
     for i, r in enumerate(rows, start=2):
         if r.gpu not in parts:
             raise SpecError(
                 f"{path.name} line {i}: gpu",
                 f"names {r.gpu!r}, which is neither a GPU preset with a kernel_die nor in parts.yaml.",
                 "add the part to topologies/kernels/parts.yaml with its die and peaks.",
+            )
+        dtype = getattr(r, "dtype", "bf16")
+        key = {"mxfp8": "fp8", "nvfp4": "fp4", "fp16": "bf16"}.get(dtype, dtype)
+        peak = parts[r.gpu].peaks.get(key) or parts[r.gpu].peaks.get("bf16")
+        if peak and r.tflops > peak:
+            raise SpecError(
+                f"{path.name} line {i}: tflops",
+                f"is {r.tflops:g}, above the {peak:g} TFLOP/s {key} peak of {r.gpu}.",
+                "check the figure, its data type and the part it was measured on.",
             )
 
 
