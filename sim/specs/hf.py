@@ -13,7 +13,7 @@ from .loader import presets_dir, read_mapping, resolve
 from .moe import moe_pattern
 
 #: HuggingFace keys of a mixture-of-experts model (the routed-expert count of Mixtral, GPT-OSS and
-#: Llama 4, of Qwen2/Qwen3-MoE, of DeepSeek-V2/V3 and Kimi K2, of other families; the top-k): a
+#: Llama 4, of Qwen2/Qwen3-MoE, of DeepSeek-V2/V3, Kimi K2 and GLM-4.5, of other families; the top-k): a
 #: config with one of them above 1 is read by `_hf_moe` for the families of `_HF_MOE_FAMILIES`
 #: and refused for any other, rather than read as a dense model.
 HF_MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts", "num_experts_per_tok")
@@ -32,6 +32,7 @@ _HF_MOE_FAMILIES = {
     "gpt_oss": "gpt_oss",
     "llama4": "llama4",
     "llama4_text": "llama4",
+    "glm4_moe": "glm4_moe",
 }
 
 
@@ -76,7 +77,7 @@ def from_hf_config(cfg: dict[str, Any], path: Path) -> dict[str, Any]:
 
     A mixture-of-experts config (a key of `HF_MOE_KEYS` above 1, at the top or, for Llama 4, in
     ``text_config``) is read by `_hf_moe` for Mixtral, Qwen2/Qwen3-MoE, DeepSeek-V2/V3, Kimi K2,
-    GPT-OSS and Llama 4, and refused for any other family."""
+    GPT-OSS, Llama 4 and GLM-4.5, and refused for any other family."""
     name = path.parent.name if path.name == "config.json" else path.stem
     text = _hf_text_config(cfg)
     moe = [k for k in HF_MOE_KEYS if text.get(k) not in (None, 0, 1)]
@@ -144,6 +145,13 @@ def _hf_count(cfg: dict[str, Any], path: Path, key: str, default: int = 0) -> in
             f"model file {path.name}: {key}", f"is {_hf_brief(v)}.", "write a non-negative integer or null."
         )
     return v
+
+
+def _hf_required_count(cfg: dict[str, Any], path: Path, key: str) -> int:
+    """A non-negative integer key the family's config must give (its HF default is not assumed)."""
+    if cfg.get(key) is None:
+        raise SpecError(f"model file {path.name}: {key}", "missing config key.", "add it to config.json.")
+    return _hf_count(cfg, path, key)
 
 
 def _hf_flag(cfg: dict[str, Any], path: Path, key: str, default: bool) -> bool:
@@ -240,6 +248,14 @@ def _hf_moe(cfg: dict[str, Any], top: dict[str, Any], path: Path, name: str, key
       and the one shared expert), intermediate_size_mlp (dense layers), interleave_moe_layer_step
       or moe_layers, attention_chunk_size on the RoPE layers of no_rope_layers (default: all but
       every no_rope_layer_interval-th), head_dim, attention_bias; sigmoid router.
+    - glm4_moe (GLM-4.5, GLM-4.5-Air): n_routed_experts, num_experts_per_tok, moe_intermediate_size,
+      intermediate_size (the dense layers), n_shared_experts (one MLP of moe_intermediate_size x
+      n_shared_experts in transformers' Glm4MoeMoE: the same weights as that many shared experts),
+      first_k_dense_replace (MoE iff i >= it, every layer after: Glm4MoeDecoderLayer), both required;
+      n_group and topk_group, head_dim, attention_bias (q/k/v biases only: simpar's attention_bias
+      adds hidden more per layer for o_proj, as for Qwen2), num_nextn_predict_layers (MTP modules,
+      DeepSeek-V3's, which transformers skips at load as it does DeepSeek-V3's); a sigmoid router
+      (Glm4MoeTopkRouter is DeepSeek-V3's).
 
     Any family: layer_types (sliding_attention, chunked_attention, full_attention) when given;
     tie_word_embeddings must be false (the llama arch unties them). A key simpar cannot represent
@@ -338,6 +354,18 @@ def _hf_moe(cfg: dict[str, Any], top: dict[str, Any], path: Path, name: str, key
             "qk_rope_head_dim": get("qk_rope_head_dim"),
             "v_head_dim": get("v_head_dim"),
         }
+        out["mtp_layers"] = _hf_count(cfg, path, "num_nextn_predict_layers")
+    elif family == "glm4_moe":
+        moe.update(experts=get("n_routed_experts"), expert_ffn=get("moe_intermediate_size"), router="sigmoid")
+        moe["shared_experts"] = _hf_required_count(cfg, path, "n_shared_experts")
+        out["ffn"] = get("intermediate_size")
+        first = _hf_required_count(cfg, path, "first_k_dense_replace")
+        flags = [i >= first for i in range(layers)]
+        pattern_key = ("first_k_dense_replace", first)
+        groups = _hf_count(cfg, path, "n_group", 1)
+        if groups > 1:  # group-limited routing, as DeepSeek-V3's
+            moe.update(router_groups=groups, router_group_topk=get("topk_group"))
+        out["attention_bias"] = _hf_flag(cfg, path, "attention_bias", False)
         out["mtp_layers"] = _hf_count(cfg, path, "num_nextn_predict_layers")
     elif family == "gpt_oss":
         moe.update(experts=get("num_local_experts", None, "num_experts"), expert_ffn=get("intermediate_size"))
