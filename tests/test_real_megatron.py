@@ -1,11 +1,14 @@
 """Real Megatron-LM launch scripts as users keep them (tests/data/real-configs/megatron, MANIFEST.yaml
 names each file's source and the reading it must give): none crashes, none is misread, at most one in
 ten is refused though simpar could model it, and every refusal is one line naming the argument or
-construct and the fix. Beside them: the bash subset the launch reader interprets, Megatron's
-vocabulary padding, the argument table, and the launch `--emit megatron` writes."""
+construct and the fix. The files a launch reads beside itself (the sc21 scripts' CONFIG.sh, SBATCH.sh
+and SRUN.sh: MANIFEST's ``support`` entries) are laid out as in their repository, so each script finds
+them. Beside them: the bash subset the launch reader interprets (sourcing files and sbatch's job script
+included), Megatron's vocabulary padding, the argument table, and the launch `--emit megatron` writes."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -23,6 +26,22 @@ from simpar.sim.specs import load_model
 
 DATA = Path(__file__).parent / "data" / "real-configs" / "megatron"
 MANIFEST = yaml.safe_load((DATA / "MANIFEST.yaml").read_text())["files"]
+LAUNCHES = [e for e in MANIFEST if "support" not in e]
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory) -> dict[str, Path]:
+    """Every corpus file at its repository path under its commit (``<commit>/examples/sc21/SRUN.sh``),
+    so that a launch finds the files it sources beside it, as in the user's checkout."""
+    root = tmp_path_factory.mktemp("megatron-lm")
+    out: dict[str, Path] = {}
+    for e in MANIFEST:
+        dest = root / e["commit"] / e["path"]
+        assert not dest.exists(), dest  # one file per commit and path
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(DATA / e["file"], dest)
+        out[e["file"]] = dest
+    return out
 
 
 def _reading(path: Path) -> dict | SpecError:
@@ -55,11 +74,11 @@ def _reading(path: Path) -> dict | SpecError:
     }
 
 
-def test_every_real_launch_reads_as_its_manifest_says():
-    assert len(MANIFEST) >= 40 and {e["file"] for e in MANIFEST} == {p.name for p in DATA.glob("*.sh")}
+def test_every_real_launch_reads_as_its_manifest_says(tree):
+    assert len(LAUNCHES) >= 40 and {e["file"] for e in MANIFEST} == {p.name for p in DATA.glob("*.sh")}
     misread, refused_modelable, read = [], [], 0
-    for e in MANIFEST:
-        got = _reading(DATA / e["file"])  # a crash (any other exception) fails the test here
+    for e in LAUNCHES:
+        got = _reading(tree[e["file"]])  # a crash (any other exception) fails the test here
         if isinstance(got, SpecError):
             line = str(got)
             assert "\n" not in line and " Fix: " in line, line
@@ -72,8 +91,22 @@ def test_every_real_launch_reads_as_its_manifest_says():
         else:
             read += 1
     assert not misread, misread
-    assert len(refused_modelable) * 10 <= len(MANIFEST), refused_modelable
+    assert len(refused_modelable) * 10 <= len(LAUNCHES), refused_modelable
     assert read >= 10
+
+
+def test_the_sc21_scripts_read_through_the_files_they_source(tree):
+    """run_figure_11.sh sets PP=1, GBS=8, NLS=3*PP, TP=8, MBS=1, HS=20480, NAH=128, then sources CONFIG.sh
+    (MEGATRON_PARAMS) and SBATCH.sh, whose sbatch submits SRUN.sh with --export=...,MEGATRON_PARAMS,...
+    and srun runs sh -c "${CMD}"; kept without its siblings, it is refused naming the one it misses."""
+    imp = read_megatron(str(tree["mlm-v2_5-sc21-run_figure_11.sh"]))
+    p, m = imp.plan, imp.model
+    assert (p["tp"], p["pp"], p["global_batch_size"], p["micro_batch_size"]) == (8, 1, 8, 1)
+    assert (m["layers"], m["hidden"], m["heads"], m["seq_len"], p["recompute"]) == (3, 20480, 128, 2048, "full")
+    assert "its job script SRUN.sh read with DOCKER_MOUNT_DIR, MEGATRON_CODE_DIR, MEGATRON_PARAMS" in imp.warning()
+    with pytest.raises(SpecError) as e:
+        read_megatron(str(DATA / "mlm-v2_5-sc21-run_figure_11.sh"))
+    assert e.value.field.endswith("line 36: . CONFIG.sh") and "put CONFIG.sh next to the script" in str(e.value)
 
 
 def test_published_readings_hold_known_facts():
@@ -158,6 +191,102 @@ def test_a_while_loop_that_never_runs_and_an_undecidable_if_are_skipped():
         "torchrun --nproc_per_node 2 pretrain_gpt.py --tensor-model-parallel-size $TP --global-batch-size 4\n"
     )
     assert read_megatron(text).plan["tp"] == 2
+
+
+_LAUNCH = (
+    "torchrun --nproc_per_node 8 pretrain_gpt.py --tensor-model-parallel-size $TP --num-layers 4 --hidden-size 256 "
+    "--num-attention-heads 8 --seq-length 512 --max-position-embeddings 512 --global-batch-size 16\n"
+)
+
+
+def _files(folder: Path, **texts: str) -> Path:
+    """Write each ``name=text`` into ``folder`` (``_`` in a name for ``.``); the path of ``run.sh``."""
+    for name, text in texts.items():
+        (folder / name.replace("_", ".")).write_text(text)
+    return folder / "run.sh"
+
+
+def test_a_sourced_files_assignments_are_seen_after_it(tmp_path):
+    run = _files(
+        tmp_path,
+        env_sh="LAYERS=$BASE\nTP=4\nsource more.sh\n",  # sees the script's variables, and sources one more
+        more_sh='if [ "$TP" == 4 ]; then\n PP=2\nfi\n',
+        run_sh="BASE=4\nsource env.sh\n" + _LAUNCH.replace("$TP", "$TP --pipeline-model-parallel-size $PP"),
+    )
+    imp = read_megatron(str(run))
+    assert (imp.plan["tp"], imp.plan["pp"], imp.gpus) == (4, 2, 8)
+    assert any("files read relative to the script's folder" in n for n in imp.unmodelled)
+
+
+def test_a_launch_in_a_sourced_file_is_named_by_its_file_and_line(tmp_path):
+    run = _files(tmp_path, launch_sh="TP=2\ntorchrun pretrain_bert.py --bf16\n", run_sh=". ./launch.sh\n")
+    with pytest.raises(SpecError) as e:
+        read_megatron(str(run))
+    assert e.value.field == "Megatron-LM arguments launch.sh line 2: pretrain_bert.py"
+
+
+@pytest.mark.parametrize(
+    ("texts", "field", "words"),
+    [
+        ({"run_sh": "source CONFIG.sh\n" + _LAUNCH}, "line 1: source CONFIG.sh", "put CONFIG.sh next to the script"),
+        ({"run_sh": "TP=2\nsource a.sh 1 2\n" + _LAUNCH, "a_sh": ""}, "line 2: source with arguments", "1 2"),
+        (
+            {"run_sh": "source a.sh\n", "a_sh": ". b.sh\n", "b_sh": "source a.sh\n"},
+            "b.sh line 1: source a.sh",
+            "a.sh -> b.sh -> a.sh",
+        ),
+        ({"run_sh": "source run.sh\n"}, "line 1: source run.sh", "run.sh -> run.sh"),
+        ({"run_sh": 'source "$(dirname "$0")/env.sh"\n'}, "line 1: source", "own location"),
+        ({"run_sh": "source ${BASH_SOURCE%/*}/env.sh\n"}, "line 1: source", "own location"),
+        ({"run_sh": "source $CONF\n"}, "line 1: source", "$CONF"),
+        ({"run_sh": "source\n"}, "line 1: source", "names no file"),
+        ({"run_sh": "sbatch --wrap 'python pretrain_gpt.py' \n"}, "line 1: sbatch --wrap", "command line"),
+        ({"run_sh": "sbatch -N 2 job.sh 4\n", "job_sh": ""}, "line 1: sbatch job.sh with arguments", "4"),
+        ({"run_sh": "sbatch -N 2\n"}, "line 1: sbatch", "standard input"),
+        ({"run_sh": "sbatch -D /x job.sh\n"}, "line 1: sbatch --chdir", "another folder"),
+    ],
+)
+def test_files_simpar_cannot_follow_are_refused_by_name(tmp_path, texts, field, words):
+    with pytest.raises(SpecError) as e:
+        read_megatron(str(_files(tmp_path, **texts)))
+    assert e.value.field.endswith(field) and words in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_sources_nest_eight_deep_and_no_deeper(tmp_path):
+    for n in range(1, 9):  # run.sh -> l1.sh -> ... -> l8.sh: eight files read one inside another
+        (tmp_path / f"l{n}.sh").write_text(f"source l{n + 1}.sh\n" if n < 8 else "TP=2\n")
+    assert read_megatron(str(_files(tmp_path, run_sh="source l1.sh\n" + _LAUNCH))).plan["tp"] == 2
+    (tmp_path / "l8.sh").write_text("source l9.sh\n")
+    (tmp_path / "l9.sh").write_text("TP=2\n")
+    with pytest.raises(SpecError) as e:
+        read_megatron(str(tmp_path / "run.sh"))
+    assert e.value.field.endswith("l8.sh line 1: source l9.sh") and "simpar follows 8" in str(e.value)
+
+
+def test_a_job_sees_what_sbatch_exports_to_it(tmp_path):
+    job = 'srun sh -c "python pretrain_gpt.py $ARGS --tensor-model-parallel-size ${TP:-1}"\n'
+    base = "ARGS='--num-layers 4 --hidden-size 256 --num-attention-heads 8 --seq-length 512'\nTP=4\n"
+    for submit, tp in [
+        ("export ARGS TP\nsbatch job.sh\n", 4),  # --export=ALL (the default): the exported variables
+        ("export ARGS\nsbatch job.sh\n", 1),  # TP not exported: the job's ${TP:-1}
+        ("export ARGS TP\nsbatch --export=ARGS -p x job.sh\n", 1),  # only ARGS
+        ("export ARGS\nsbatch --export=ARGS,TP=2 job.sh\n", 2),
+        ("set -a\n" + base + "set +a\nsbatch job.sh\n", 4),
+        ("export ARGS\nsbatch job.sh\nexport TP=8\n", 1),  # what the script sets after sbatch is not the job's
+    ]:
+        imp = read_megatron(str(_files(tmp_path, job_sh=job, run_sh=base + submit)))
+        assert imp.plan.get("tp", 1) == tp, submit
+    with pytest.raises(SpecError, match="ARGS"):
+        read_megatron(str(_files(tmp_path, job_sh=job, run_sh=base + "sbatch --export=NONE job.sh\n")))
+    # the job script's own #SBATCH lines (before its first command) count, the command line's first
+    own = "#!/bin/bash\n#SBATCH -N 2 --export=ARGS # a comment\n\n" + job
+    submit = base + "export ARGS TP\nsbatch job.sh\n"
+    assert read_megatron(str(_files(tmp_path, job_sh=own, run_sh=submit))).plan.get("tp", 1) == 1
+    submit = base + "export ARGS TP\nsbatch --export=ALL job.sh\n"
+    assert read_megatron(str(_files(tmp_path, job_sh=own, run_sh=submit))).plan["tp"] == 4
+    with pytest.raises(SpecError) as e:
+        read_megatron(str(_files(tmp_path, job_sh="#SBATCH --chdir=/x\n" + job, run_sh=submit)))
+    assert e.value.field == "Megatron-LM arguments job.sh #SBATCH lines: sbatch --chdir", str(e.value)
 
 
 @pytest.mark.parametrize(

@@ -39,25 +39,31 @@ from .schema import MAX_COUNT, key_name
 WHERE = "Megatron-LM arguments"
 
 
+def launch_file(text_or_path: str) -> Path | None:
+    """The launch's file when ``text_or_path`` is one word (its path), else None (the launch itself)."""
+    text = text_or_path
+    if text.lstrip().startswith("-") or "\n" in text or " " in text.strip():
+        return None
+    p = Path(text.strip())  # one word: a file holding the launch
+    try:
+        is_file = p.is_file()
+    except (OSError, ValueError):  # a name too long for the file system, a NUL byte
+        is_file = False
+    if not is_file:
+        raise SpecError(
+            f"{WHERE} {key_name(text.strip())}",
+            "is neither a file nor an argument list.",
+            "give a file, or the arguments themselves.",
+        )
+    return p
+
+
 def launch_text(text_or_path: str) -> str:
     """A file's text (`sim.files.read_text`) when ``text_or_path`` is one word (the path of the
     launch), else the launch itself; `read_megatron` splits it as a shell would
     (`sim.files.split_shell`: backslash line ends joined, ``#`` comments dropped)."""
-    text = text_or_path
-    if not text.lstrip().startswith("-") and "\n" not in text and " " not in text.strip():
-        p = Path(text.strip())  # one word: a file holding the launch
-        try:
-            is_file = p.is_file()
-        except (OSError, ValueError):  # a name too long for the file system, a NUL byte
-            is_file = False
-        if not is_file:
-            raise SpecError(
-                f"{WHERE} {key_name(text.strip())}",
-                "is neither a file nor an argument list.",
-                "give a file, or the arguments themselves.",
-            )
-        text = read_text(p, WHERE)
-    return text
+    p = launch_file(text_or_path)
+    return text_or_path if p is None else read_text(p, WHERE)
 
 
 #: the comment line `emit.megatron_launch` writes to name a stack the arguments alone do not
@@ -294,8 +300,9 @@ def read_megatron(text_or_path: str, model_given: bool = False) -> Imported:
     """A Megatron-LM launch onto simpar's fields. Model arguments build the model unless
     ``model_given`` (the --model option names it; they are then listed as not read)."""
     where = WHERE
-    text = launch_text(text_or_path)
-    script = _bare(text, where) or read_script(text, where)
+    path = launch_file(text_or_path)  # a script's file: the files it sources are looked for beside it
+    text = text_or_path if path is None else read_text(path, WHERE)
+    script = _bare(text, where) or read_script(text, where, path)
     _training_script(script, where)
     a, harmless = _parse(script, where)
     _aliases(a, where)
@@ -388,7 +395,7 @@ def _training_script(script: Script, where: str) -> None:
         else "is not Megatron-LM's pretrain_gpt.py, whose arguments simpar reads"
     )
     raise SpecError(
-        f"{where} line {script.line}: {key_name(name)}",
+        f"{where} {script.place}: {key_name(name)}",
         f"{why}.",
         "launch pretrain_gpt.py, or give the model with --model and the plan with the command's options.",
     )

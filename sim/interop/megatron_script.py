@@ -23,8 +23,13 @@ known (a file test, an unknown value) runs no branch, and every variable either 
 unknown (refused only where the launch uses it). A loop (``for``, ``while``, ``until``, ``select``),
 a ``case``, a function body and a ``{ }``/``( )`` group are not run: the variables they set become
 unknown the same way, and a launch inside one is refused naming the construct and its line. So are a
-here-document, ``source``/``.`` of another file (its variables are not known: refused where the launch
-uses one), two launches, and none. Every refusal is one `SpecError` naming the line and the construct.
+here-document, two launches, and none. Every refusal is one `SpecError` naming the line and the construct.
+
+Other files (`shell_source.Files`): ``source FILE`` / ``. FILE`` runs FILE's commands in the script's
+own variables, and ``sbatch [options] JOB.sh`` runs the job script in the environment sbatch gives it
+(``--export``: which variables are exported is tracked, ``export``, ``declare -x``, ``set -a``); both
+are looked for beside the script read as a file, and what cannot be found or followed is refused by
+name. A message about a line of another file names the file (``SRUN.sh line 14``).
 """
 
 from __future__ import annotations
@@ -35,9 +40,11 @@ import operator
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ..errors import SpecError
+from .shell_source import Files, allexport, exported
 
 #: marks an unknown value inside a word: "\x00U<n>\x00"; `Script.unknowns[n]` says where it came from
 UNKNOWN = re.compile("\x00U([0-9]+)\x00")
@@ -53,7 +60,7 @@ _SKIPPED = frozenset(
     {"echo", "printf", "mkdir", "cd", "pushd", "popd", "rm", "cp", "mv", "ln", "touch", "cat", "ls", "sleep"}
     | {"set", "unset", "shopt", "trap", "ulimit", "umask", "wait", "exit", "return", "shift", "tee", "date"}
     | {"nvidia-smi", "hostname", "pip", "git", "chmod", "wandb", "huggingface-cli", "module", "ml", "which"}
-    | {"true", "false", ":", "sync", "kill", "pkill", "scontrol", "mpirun_rsh", "sbatch", "wget", "curl"}
+    | {"true", "false", ":", "sync", "kill", "pkill", "scontrol", "mpirun_rsh", "wget", "curl"}
 )
 
 
@@ -67,6 +74,12 @@ class Script:
     line: int | None  # the launch's line (None: a bare argument list)
     notes: list[str] = field(default_factory=list)  # defaults used, for the warning block
     unknowns: dict[int, str] = field(default_factory=dict)  # UNKNOWN mark -> what it stands for
+    file: str | None = None  # the file holding the launch, where it is one the script reads (SRUN.sh)
+
+    @property
+    def place(self) -> str:
+        """Where the launch is: ``line 12``, or ``SRUN.sh line 14`` in a file the script reads."""
+        return _place(self.file, self.line)
 
     def unknown_in(self, value: str) -> str | None:
         """What the first unknown value in ``value`` stands for (None: ``value`` is known)."""
@@ -76,6 +89,10 @@ class Script:
     def shown(self, value: str) -> str:
         """``value`` with its unknown parts written as ``<what>``."""
         return UNKNOWN.sub(lambda m: "<" + self.unknowns[int(m.group(1))].split(" (")[0] + ">", value)
+
+
+def _place(file: str | None, line: int | None) -> str:
+    return f"{file + ' ' if file else ''}line {line}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -559,19 +576,38 @@ Value = str | list[str]
 class _Found:
     words: list[str]
     line: int
+    file: str | None  # the file read beside the script that holds it (None: the script)
 
 
 class _Interp:
-    def __init__(self, where: str) -> None:
+    def __init__(self, where: str, path: Path | None = None) -> None:
         self.where = where
         self.vars: dict[str, Value] = {}
+        self.exported: set[str] = set()  # the variables a job submitted with sbatch sees (--export=ALL)
+        self.allexport = False  # set -a
         self.unknowns: dict[int, str] = {}
         self.notes: list[str] = []
         self.launches: list[_Found] = []
         self.line = 0
+        self.file: str | None = None  # the file being read, where it is not the script
+        self.files = Files(path, where, self.notes, self.unknown_in)
+
+    @property
+    def label(self) -> str:
+        """What a message about the file being read starts with."""
+        return f"{self.where} {self.file}" if self.file else self.where
+
+    def at(self, line: int | None = None) -> str:
+        """``line N`` of the script, or ``FILE line N`` of a file it reads (the current line by default)."""
+        return _place(self.file, self.line if line is None else line)
 
     def fail(self, line: int, construct: str, problem: str, fix: str) -> SpecError:
-        return SpecError(f"{self.where} line {line}: {construct}", problem, fix)
+        return SpecError(f"{self.label} line {line}: {construct}", problem, fix)
+
+    def unknown_in(self, value: str) -> str | None:
+        """What the first unknown value in ``value`` stands for (None: ``value`` is known)."""
+        m = UNKNOWN.search(value)
+        return None if m is None else self.unknowns[int(m.group(1))]
 
     def unknown(self, what: str) -> str:
         """A mark for a value simpar does not know; ``what`` (one line) says where it comes from."""
@@ -589,7 +625,7 @@ class _Interp:
 
     def absent(self, name: str) -> str:
         what = "a positional parameter" if name.isdigit() else "not set in the script"
-        return self.unknown(f"${name} ({what}, line {self.line})")
+        return self.unknown(f"${name} ({what}, {self.at()})")
 
     def scalar(self, v: Value) -> str:
         return " ".join(v) if isinstance(v, list) else v
@@ -605,7 +641,7 @@ class _Interp:
         m = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*|[0-9]+|[#@*?$!])(?:\[([^\]]*)\])?(?:(:?[-=?+])(.*))?", body, re.S)
         if m is None:
             shown = body if len(body) <= 40 else body[:37] + "..."
-            return self.unknown(f"${{{shown}}} (an expansion simpar does not read, line {self.line})")
+            return self.unknown(f"${{{shown}}} (an expansion simpar does not read, {self.at()})")
         name, index, op, word = m.groups()
         v = self.lookup(name)
         if index is not None and v is not None:
@@ -624,17 +660,17 @@ class _Interp:
             assert v is not None
             return v
         if op.endswith("?"):
-            return self.unknown(f"${name} ({self.expand_text(word) or 'required'}, line {self.line})")
+            return self.unknown(f"${name} ({self.expand_text(word) or 'required'}, {self.at()})")
         default = self.expand_text(word)
         if op.endswith("="):
             self.vars[name] = default
         if UNKNOWN.search(default) is None:
-            self.notes.append(f"${name} unset: {default!r} (line {self.line})")
+            self.notes.append(f"${name} unset: {default!r} ({self.at()})")
         return default
 
     def expand_text(self, text: str) -> str:
         """A string (a default, an eval's text) expanded as inside double quotes."""
-        parts = _Lexer(text, self.where)._word(stops="")
+        parts = _Lexer(text, self.label)._word(stops="")
         return " ".join(self.expand_parts(parts, quoted=True)[0])
 
     def arith(self, expr: str) -> str:
@@ -649,7 +685,7 @@ class _Interp:
         try:
             return str(_arith(ast.parse(text.strip() or "0", mode="eval").body))
         except (ValueError, SyntaxError, ZeroDivisionError, RecursionError, OverflowError):
-            return self.unknown(f"$(({expr.strip()})) (arithmetic over values simpar does not know, line {self.line})")
+            return self.unknown(f"$(({expr.strip()})) (arithmetic over values simpar does not know, {self.at()})")
 
     def expand_parts(self, parts: list[Part], quoted: bool) -> tuple[list[str], bool]:
         """(fields, whether the last field may be split further): ``"${A[@]}"`` gives one field
@@ -679,7 +715,7 @@ class _Interp:
             return self.arith(text)
         if kind == "cmd":
             body, line = text
-            return self.unknown(f"$({' '.join(body.split())[:40]}) (a command simpar does not run, line {line})")
+            return self.unknown(f"$({' '.join(body.split())[:40]}) (a command simpar does not run, {self.at(line)})")
         raise AssertionError(kind)
 
     def expand(self, word: list[Part]) -> list[str]:
@@ -737,7 +773,7 @@ class _Interp:
                 if truth is None:  # not decidable: no branch runs, what they set is unknown
                     rest = b.body[b.body.index(body) :] + ([b.orelse] if b.orelse else [])
                     for r in rest:
-                        self.run(r, f"if (line {b.line}) whose condition simpar cannot decide")
+                        self.run(r, f"if ({self.at(b.line)}) whose condition simpar cannot decide")
                     return
             if b.orelse:
                 self.run(b.orelse)
@@ -748,7 +784,7 @@ class _Interp:
                 return
         name = {"for": "for loop", "while": "while loop", "until": "until loop", "select": "select loop"}
         name |= {"group": "{ } group", "subshell": "( ) subshell"}
-        inner = blocked or f"{name.get(b.kind, b.kind)} (line {b.line})"
+        inner = blocked or f"{name.get(b.kind, b.kind)} ({self.at(b.line)})"
         for body in [*b.body, b.orelse or []] if b.kind == "if" else [b.body]:
             self.run(body, inner)
 
@@ -789,7 +825,7 @@ class _Interp:
             what = self.unknowns[int(m.group(1))]
             if "(not set in the script" not in what and "(a positional parameter" not in what:
                 return m.group(0)
-            self.notes.append(f"{what.split(' (')[0]} read as unset in the test at line {self.line}")
+            self.notes.append(f"{what.split(' (')[0]} read as unset in the test at {self.at()}")
             return ""
 
         fields = [UNKNOWN.sub(unset, f) for f in self.expand(w)]
@@ -806,6 +842,8 @@ class _Interp:
         head = words[0][1] if words else None
         if head in ("export", "declare", "typeset", "local", "readonly"):
             lead_assign += [w for w, _ in words[1:] if w and w[0][0] == "lit" and _ASSIGN.match(w[0][1])]
+            if blocked is None:
+                exported(head, [w[0][1] for w, _ in words[1:] if w and w[0][0] == "lit"], self.exported)
             words = []
         for name, items in c.arrays:
             self.assign_array(name, items, blocked)
@@ -814,18 +852,20 @@ class _Interp:
                 self.assign(w, blocked)
             return
         if head in ("source", "."):
-            raise self.fail(
-                c.line,
-                head,
-                "reads another file, whose variables simpar cannot see.",
-                "copy what it sets into the launch script.",
-            )
+            self.source([w for w, _ in words[1:]], head, c.line, blocked)
+            return
         if head == "eval":
             text = " ".join(f for w, _ in words[1:] for f in self.expand(w))
             self._eval(text, c.line, blocked)
             return
         fields = [f for w, _ in words for f in self.expand(w)]
         if not fields:
+            return
+        if fields[0] == "set" and blocked is None:
+            self.allexport = allexport(fields[1:], self.allexport)
+            return
+        if fields[0].rsplit("/", 1)[-1] == "sbatch":
+            self.sbatch(fields, c.line, blocked)
             return
         shell = [
             i for i, f in enumerate(fields[:-1]) if f.rsplit("/", 1)[-1] in ("sh", "bash") and fields[i + 1] == "-c"
@@ -842,13 +882,41 @@ class _Interp:
                     f"holds the launch (the {blocked} is not run by simpar).",
                     "write the launch at the top level of the script.",
                 )
-            self.launches.append(_Found(fields, c.line))
+            self.launches.append(_Found(fields, c.line, self.file))
+
+    def source(self, words: list[list[Part]], head: str, line: int, blocked: str | None) -> None:
+        """``source FILE`` / ``. FILE``: FILE's commands, run here in the script's variables."""
+        at = self.at(line)
+        first = [self.files.folder_word(words[0], at, head)] if words else []
+        name = self.files.name([f for w in first + words[1:] for f in self.expand(w)], at, head)
+        with self.files.reading(name, at, head) as (label, text):
+            self.run_file(label, text, blocked)
+
+    def sbatch(self, fields: list[str], line: int, blocked: str | None) -> None:
+        """``sbatch [options] JOB.sh``: the job script, run as a new shell in the variables sbatch gives
+        it (`shell_source.Files.job_env`); nothing it sets comes back."""
+        at = self.at(line)
+        job, export = self.files.sbatch(fields, at)
+        with self.files.reading(self.files.name([job], at, "sbatch"), at, "sbatch") as (label, text):
+            env = self.files.job_env(export, text, label, self.vars, self.exported, at)
+            saved = self.vars, self.exported, self.allexport
+            self.vars, self.exported, self.allexport = dict(env), set(env), False
+            self.run_file(label, text, blocked)
+            self.vars, self.exported, self.allexport = saved
+
+    def run_file(self, label: str, text: str, blocked: str | None) -> None:
+        """Run the commands of a file the script reads (``label``: its name in messages)."""
+        where = f"{self.where} {label}"
+        cmds = _Parser(_Lexer(text, where).tokens(), where).parse()
+        saved, self.file = self.file, label
+        self.run(cmds, blocked)
+        self.file = saved
 
     def _eval(self, text: str, line: int, blocked: str | None) -> None:
-        toks = _Lexer(text, self.where).tokens()
+        toks = _Lexer(text, self.label).tokens()
         for t in toks:
             t.line = line
-        self.run(_Parser(toks, self.where).parse(), blocked)
+        self.run(_Parser(toks, self.label).parse(), blocked)
 
     def _is_launch(self, fields: list[str]) -> bool:
         if not any(f.endswith(".py") for f in fields):
@@ -872,9 +940,11 @@ class _Interp:
         if blocked is not None:
             self.vars[name] = self.unknown(f"${name} (set inside a {blocked})")
             return
+        if self.allexport:
+            self.exported.add(name)
         value = "".join(self.expand_parts(rest, quoted=True)[0]) if rest else ""
         if index is not None:
-            self.vars[name] = self.unknown(f"${name} (an array element assignment, line {self.line})")
+            self.vars[name] = self.unknown(f"${name} (an array element assignment, {self.at()})")
             return
         old = self.vars.get(name)
         if append and isinstance(old, list):
@@ -981,12 +1051,13 @@ def _arith(node: ast.expr) -> int:
     raise ValueError("not integer arithmetic")
 
 
-def read_script(text: str, where: str) -> Script:
+def read_script(text: str, where: str, path: Path | None = None) -> Script:
     """The launch a script comes to (see the module's docstring); a bare argument list (words that
-    start with ``--``, no command) is its own launch."""
+    start with ``--``, no command) is its own launch. ``path``: the script's file, beside which the
+    files it sources are looked for (None: a launch given as text)."""
     toks = _Lexer(text, where).tokens()
     cmds = _Parser(toks, where).parse()
-    interp = _Interp(where)
+    interp = _Interp(where, path)
     bare = _bare(cmds)
     if bare is not None:
         fields = [f for w in bare.words for f in interp.expand(w)]
@@ -1001,14 +1072,14 @@ def read_script(text: str, where: str) -> Script:
     if len(interp.launches) > 1:
         a, b = interp.launches[0], interp.launches[1]
         raise SpecError(
-            f"{where} line {b.line}",
-            f"is a second launch (the first is at line {a.line}).",
+            f"{where} {_place(b.file, b.line)}",
+            f"is a second launch (the first is at {_place(a.file, a.line)}).",
             "keep one launch in the script.",
         )
     found = interp.launches[0]
     i = next(i for i, f in enumerate(found.words) if f.endswith(".py"))
     launcher, script, args = found.words[:i], found.words[i], found.words[i + 1 :]
-    return Script(launcher, script, args, found.line, interp.notes, interp.unknowns)
+    return Script(launcher, script, args, found.line, interp.notes, interp.unknowns, found.file)
 
 
 def _bare(cmds: list[Any]) -> Simple | None:
