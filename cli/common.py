@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from simpar.sim.choices import (
+    CP_COMM_TYPES,
     FP8_RECIPES,
     MAX_BATCH,
     MAX_GPUS,
@@ -307,6 +308,14 @@ def plan_options(f: Callable[..., Any]) -> Callable[..., Any]:
             help="busiest expert rank's tokens over the balanced share (1: force-balanced routing)",
         ),
         click.option(
+            "--cp-comm-type",
+            type=click.Choice(CP_COMM_TYPES),
+            default="p2p",
+            show_default=True,
+            help="context-parallel attention (Megatron-Core --cp-comm-type): p2p ring attention, all_gather (K/V "
+            "gathered) or a2a (Ulysses all-to-all over heads)",
+        ),
+        click.option(
             "--moe-dispatcher",
             type=click.Choice(MOE_DISPATCHERS),
             default="alltoall",
@@ -406,6 +415,7 @@ def setup_from_options(kw: dict[str, Any]) -> Setup:
         moe_imbalance=kw.get("moe_imbalance", 1.0),
         moe_dispatcher=kw.get("moe_dispatcher") or "alltoall",
         moe_a2a_overlap=bool(kw.get("moe_a2a_overlap")),
+        cp_comm_type=kw.get("cp_comm_type") or "p2p",
         recompute_layers=kw.get("recompute_layers"),
         recompute_method=kw.get("recompute_method") or "uniform",
         optimizer=kw.get("optimizer") or "adamw",

@@ -40,6 +40,11 @@ RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe_act", 
 PRECISIONS = ("bf16", "fp16", "fp8", "fp4", "fp32", "tf32")
 #: Megatron-Core MoE token dispatchers (`simpar.sim.cost.moe`): one copy per expert, or DeepEP/HybridEP's.
 MOE_DISPATCHERS = ("alltoall", "flex")
+#: Megatron-Core --cp-comm-type (Transformer Engine's context-parallel attention): ``p2p`` ring
+#: attention (K/V chunks passed around the ring under the attention core), ``all_gather`` (K/V gathered
+#: before the core, their gradients reduce-scattered after), ``a2a`` (DeepSpeed-Ulysses: Q, K, V and
+#: the output exchanged by all-to-all over heads); `simpar.sim.cost.workload._cp_layer_time`
+CP_COMM_TYPES = ("p2p", "all_gather", "a2a")
 #: Optimizers (`simpar.sim.cost.optimizers`: state bytes and step cost of each).
 OPTIMIZERS = ("adamw", "adam", "adam-8bit", "adafactor", "sgd", "muon")
 #: How a partial recompute picks its layers (Megatron-Core --recompute-method): ``uniform`` checkpoints

@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .choices import BIDIRECTIONAL, V_SHAPED
+from .choices import CP_COMM_TYPES as CP_COMM_TYPES
 from .choices import FP8_RECIPES as FP8_RECIPES
 
 # The choices and bounds live in `choices` (no imports: the CLI's options read them) and are re-exported here.
@@ -160,6 +161,10 @@ class ParallelPlan(BaseModel):
     moe_dispatcher: str = Field(
         "alltoall", description="MoE token dispatcher: alltoall (one copy per expert) or flex (DeepEP/HybridEP)"
     )
+    #: Megatron-Core --cp-comm-type: how context parallelism exchanges attention's inputs
+    cp_comm_type: str = Field(
+        "p2p", description="context-parallel attention: p2p (ring), all_gather (K/V gathered) or a2a (Ulysses)"
+    )
     #: Megatron-Core --overlap-moe-expert-parallel-comm (the combined 1F1B schedule)
     moe_a2a_overlap: bool = Field(False, description="MoE all-to-alls hidden under another micro-batch's compute")
 
@@ -212,6 +217,13 @@ class ParallelPlan(BaseModel):
     def _known_dispatcher(cls, v: str) -> str:
         if v not in MOE_DISPATCHERS:
             raise ValueError(f"unknown MoE token dispatcher {v!r}; use one of {', '.join(MOE_DISPATCHERS)}")
+        return v
+
+    @field_validator("cp_comm_type")
+    @classmethod
+    def _known_cp_comm(cls, v: str) -> str:
+        if v not in CP_COMM_TYPES:
+            raise ValueError(f"unknown context-parallel communication {v!r}; use one of {', '.join(CP_COMM_TYPES)}")
         return v
 
     @field_validator("schedule")
@@ -350,8 +362,10 @@ class ParallelPlan(BaseModel):
             experts += f" ({self.moe_dispatcher} dispatch)"
         if self.moe_a2a_overlap:
             experts += " A2A overlap"
+        cp = f" ({self.cp_comm_type})" if self.cp > 1 and self.cp_comm_type != "p2p" else ""
         return (
-            f"tp {self.tp} pp {self.pp} dp {self.dp} cp {self.cp} vpp {self.vpp}{experts}, mbs {self.micro_batch_size}"
+            f"tp {self.tp} pp {self.pp} dp {self.dp} cp {self.cp}{cp} vpp {self.vpp}{experts},"
+            f" mbs {self.micro_batch_size}"
             f" gbs {self.global_batch_size} ({self.num_microbatches} microbatches), {self.schedule},"
             f" ZeRO {self.zero}, recompute {self.recompute}"
             f"{f' ({self.recompute_method} {self.recompute_layers})' if self.recompute_layers else ''}"

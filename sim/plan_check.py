@@ -50,6 +50,7 @@ def check_plan(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec, num_g
             f"seq_len={model.seq_len} is not divisible by cp{'*tp' if plan.sequence_parallel else ''}.",
             "pick cp (and tp) dividing the sequence length.",
         )
+    _check_cp_comm(plan, model)
     per_step = plan.dp * plan.micro_batch_size
     if plan.global_batch_size % per_step:
         raise PlanError(
@@ -433,3 +434,30 @@ def _check_split(plan: ParallelPlan, model: ModelSpec) -> None:
             "only the first and last stage may hold 0 transformer layers.",
             "give every middle stage at least one layer.",
         )
+
+
+def _check_cp_comm(plan: ParallelPlan, model: ModelSpec) -> None:
+    """A context-parallel communication type needs context parallelism; the all-to-all one (Ulysses)
+    hands each rank whole heads, so the cp group must split the query and the K/V heads of a tp rank
+    (DeepSpeed-Ulysses, Jacobs et al. 2023 §3.1; simpar does not model K/V heads replicated over it)."""
+    if plan.cp_comm_type == "p2p":
+        return
+    offered = load_stack(plan.stack).cp_comm_types
+    if plan.cp_comm_type not in offered:
+        raise PlanError(
+            "cp_comm_type",
+            f"the {plan.stack} stack runs context parallelism as {', '.join(offered)}, not {plan.cp_comm_type}.",
+            f"use {offered[0]}, or a stack that offers {plan.cp_comm_type}.",
+        )
+    if plan.cp == 1:
+        raise PlanError(
+            "cp_comm_type", f"{plan.cp_comm_type} is how context parallelism communicates; cp is 1.", "leave it unset."
+        )
+    if plan.cp_comm_type == "a2a":
+        for what, n in (("attention heads", model.heads), ("K/V heads", model.kv_heads)):
+            if n % (plan.tp * plan.cp):
+                raise PlanError(
+                    "cp_comm_type",
+                    f"a2a (Ulysses) splits heads over tp x cp = {plan.tp * plan.cp}; {model.name} has {n} {what}.",
+                    "use cp_comm_type p2p or all_gather, or tp x cp dividing the heads.",
+                )

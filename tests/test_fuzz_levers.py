@@ -34,6 +34,7 @@ LEVERS: dict[str, list[str] | None] = {
     "--etp": NUM,
     "--moe-imbalance": NUM,
     "--moe-dispatcher": ["alltoall", "flex", "x"],
+    "--cp-comm-type": ["p2p", "all_gather", "a2a", "a2a+p2p", "x", ""],
     "--moe-a2a-overlap": None,
     "--expert-order": ["ep,dp", "dp,ep", "x", ""],
     "--offload-optimizer": NUM,

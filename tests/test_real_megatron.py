@@ -317,8 +317,9 @@ def test_a_tokenizer_file_without_its_size_is_refused_by_name():
 @pytest.mark.parametrize(
     ("flags", "field"),
     [
-        ("--context-parallel-size 2 --cp-comm-type a2a", "--cp-comm-type a2a"),
-        ("--context-parallel-size 2 --cp-comm-type all_gather", "--cp-comm-type all_gather"),
+        ("--context-parallel-size 2 --cp-comm-type a2a+p2p", "--cp-comm-type a2a+p2p"),
+        ("--context-parallel-size 2 --cp-comm-type p2p a2a", "--cp-comm-type"),
+        ("--context-parallel-size 2 --cp-comm-type ring", "--cp-comm-type ring"),
         (
             "--context-parallel-size 2 --hierarchical-context-parallel-sizes 2 1",
             "--hierarchical-context-parallel-sizes",
@@ -333,6 +334,12 @@ def test_refused_and_unknown_arguments_stop_naming_the_flag(flags, field):
     with pytest.raises(SpecError) as e:
         read_megatron("--tensor-model-parallel-size 1 " + flags)
     assert e.value.field.endswith(field), str(e.value)
+
+
+@pytest.mark.parametrize("kind", ["p2p", "all_gather", "a2a"])
+def test_context_parallel_communication_types_read_into_the_plan(kind):
+    imp = read_megatron(f"--context-parallel-size 2 --cp-comm-type {kind}")
+    assert imp.plan["cp"] == 2 and imp.plan["cp_comm_type"] == kind
 
 
 def test_p2p_context_parallelism_reads_and_harmless_flags_share_one_warning():

@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .. import files
 from ..errors import SpecError
+from ..specs.stack import load_stack
 
 if TYPE_CHECKING:
     from ..plan import ParallelPlan
@@ -368,7 +369,8 @@ def assumed_defaults(
     """The run settings that change the answer which the caller left out, each with the default it
     is priced with (read off the plan, so the text is what was simulated): ``stack``, an fp8/fp4
     plan's ``fp8_recipe`` (the stack's default), an MoE plan's ``moe_dispatcher`` and
-    ``moe_a2a_overlap``, ``tp_comm_overlap`` where tp > 1 (the stack's) and ``overlap_grad_reduce``
+    ``moe_a2a_overlap``, ``tp_comm_overlap`` where tp > 1 (the stack's), ``cp_comm_type`` where cp > 1,
+    and ``overlap_grad_reduce``
     where gradients are reduced across ranks (the engine's, ``overlap_grad_reduce``). ``given(name)``:
     whether the caller set that setting (a CSV column, an option, an imported configuration);
     ``no_stack``: how a missing stack is said ("no stack column", "no --stack"). Nothing is changed:
@@ -385,6 +387,8 @@ def assumed_defaults(
             out.append(f"moe_a2a_overlap {int(plan.moe_a2a_overlap)}")
     if plan.tp > 1 and not given("tp_comm_overlap"):
         out.append(f"tp_comm_overlap {int(plan.tp_comm_overlap)} (the {plan.stack} stack's)")
+    if plan.cp > 1 and not given("cp_comm_type") and len(load_stack(plan.stack).cp_comm_types) > 1:
+        out.append(f"cp_comm_type {plan.cp_comm_type} (the {plan.stack} stack's default)")
     if plan.dp * plan.cp > 1 and not given("overlap_grad_reduce"):
         out.append(f"overlap_grad_reduce {int(overlap_grad_reduce)} (the engine's default)")
     return out

@@ -405,11 +405,32 @@ def _tp_small(plan: ParallelPlan, net: CollectiveTimer, layout: RankLayout, nbyt
 def _cp_layer_time(
     m: ModelSpec, plan: ParallelPlan, net: CollectiveTimer, layout: RankLayout, lt
 ) -> tuple[float, float]:
-    """Ring attention: cp - 1 exchanges of K and V chunks, hidden behind the attention core."""
+    """Exposed context-parallel communication of one layer (forward, backward), by Megatron-Core's
+    ``--cp-comm-type`` (Transformer Engine's context-parallel attention; each rank holds s / cp tokens,
+    heads split over tp, 16-bit K/V/Q/O):
+
+    - ``p2p`` (ring attention): cp - 1 exchanges of the K and V chunks with the ring neighbours, each
+      hidden behind the attention core of the chunk before (forward; the backward moves K, V and their
+      gradients: twice the bytes, behind twice the work);
+    - ``all_gather``: K and V all-gathered over the cp group before the core, dK and dV reduce-scattered
+      after it in the backward; not overlapped with the core (the gathered K/V, one layer's at a time,
+      are transient and not counted in peak memory);
+    - ``a2a`` (DeepSpeed-Ulysses, Jacobs et al. 2023 §3): an all-to-all of Q, K and V over the cp group
+      (sequence chunks in, head groups out) before the core and one of the output after it; the
+      backward, the same two for the gradients; not overlapped."""
     if plan.cp == 1:
         return 0.0, 0.0
     group = layout.group(0, "cp")
-    kv_bytes = 2 * 2.0 * plan.micro_batch_size * m.seq_len / plan.cp * m.kv_heads * m.head_dim / plan.tp
+    tokens = plan.micro_batch_size * m.seq_len / plan.cp
+    kv_bytes = 2 * 2.0 * tokens * m.kv_heads * m.head_dim / plan.tp  # K and V of this rank's chunk
+    if plan.cp_comm_type == "all_gather":
+        f = net.collective_time("all-gather", group, plan.cp * kv_bytes)
+        return f, net.collective_time("reduce-scatter", group, plan.cp * kv_bytes)
+    if plan.cp_comm_type == "a2a":
+        q_bytes = 2.0 * tokens * m.heads * m.head_dim / plan.tp  # Q, and the output: the same size
+        f = net.collective_time("all-to-all", group, q_bytes + kv_bytes)
+        f += net.collective_time("all-to-all", group, q_bytes)
+        return f, f
     step = net.p2p_time(group[0], group[1], kv_bytes)
     comm_f = (plan.cp - 1) * step
     attn_f, attn_b = lt.attn_f, 2 * lt.attn_f

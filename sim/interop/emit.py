@@ -53,6 +53,7 @@ def megatron_launch(plan: ParallelPlan, model: ModelSpec | None, num_gpus: int, 
     )
     a: list[str] = ["--tensor-model-parallel-size", str(plan.tp), "--pipeline-model-parallel-size", str(plan.pp)]
     a += ["--context-parallel-size", str(plan.cp)] if plan.cp > 1 else []
+    a += ["--cp-comm-type", plan.cp_comm_type] if plan.cp > 1 and plan.cp_comm_type != "p2p" else []
     a += _virtual_args(plan, model)
     a += ["--micro-batch-size", str(plan.micro_batch_size), "--global-batch-size", str(plan.global_batch_size)]
     a += ["--sequence-parallel"] * plan.sequence_parallel + ["--use-distributed-optimizer"] * (plan.zero == 1)
@@ -298,7 +299,9 @@ def deepspeed_recipe(
         raise _refuse(
             "schedule", t, "DeepSpeed's pipeline engine runs one stage per rank, 1F1B, without cp", "use 1f1b."
         )
-    _defaults_only(plan, t, {"offload_activations": 0, "ep": 1, "layer_split": None, "mesh_order": _MESH})
+    _defaults_only(
+        plan, t, {"offload_activations": 0, "ep": 1, "layer_split": None, "mesh_order": _MESH, "cp_comm_type": "p2p"}
+    )
     if plan.optimizer not in ("adamw", "adam", "sgd"):
         raise _refuse(
             "optimizer", t, f"{plan.optimizer} is not one of its built-in optimizers", "use adamw, adam or sgd."
@@ -364,7 +367,11 @@ def torchtitan_toml(plan: ParallelPlan, model: ModelSpec) -> str:
     sched = {v: k for k, v in SCHEDULES.items()}
     if plan.pp > 1 and plan.schedule not in sched:
         raise _refuse("schedule", t, f"torch has no {plan.schedule} schedule class", f"use one of {', '.join(sched)}.")
-    _defaults_only(plan, t, {"offload_optimizer": 1.0 if plan.offload_params else 0.0, "offload_activations": 0})
+    _defaults_only(
+        plan,
+        t,
+        {"offload_optimizer": 1.0 if plan.offload_params else 0.0, "offload_activations": 0, "cp_comm_type": "p2p"},
+    )
     if plan.zero == 1 or (plan.zero == 0 and plan.cp > 1):
         raise _refuse(
             "zero", t, "FSDP shards parameters and gradients (ZeRO-2/3) or nothing (DDP)", "use --zero 0, 2 or 3."

@@ -453,24 +453,35 @@ def _batch(a: dict[str, Any], plan: dict[str, Any], imp: Imported, where: str) -
     imp.unmodelled.append(f"--global-batch-size {plan['global_batch_size']} (Megatron's default: mbs x dp)")
 
 
-#: Megatron-Core's context-parallel communication types: simpar times the ring (p2p) one
+#: Megatron-Core's context-parallel communication types simpar times (`ParallelPlan.cp_comm_type`)
 CP_COMM = {"p2p": "ring attention", "all_gather": "all-gather", "a2a": "all-to-all (Ulysses)"}
 
 
 def _attention(a: dict[str, Any], plan: dict[str, Any], imp: Imported, where: str) -> None:
-    """Context-parallel communication (p2p, Megatron's default, is what simpar times; all_gather,
-    a2a and a2a+p2p are refused naming the type) and an attention backend that stores the scores
+    """Context-parallel communication (``--cp-comm-type``: p2p, Megatron's default, all_gather and a2a
+    read into the plan; a2a+p2p, the hierarchical one over --hierarchical-context-parallel-sizes, and a
+    different type per layer refused by name) and an attention backend that stores the scores
     (unfused / local: refused, simpar's Megatron stacks run fused attention)."""
     types = a.get("--cp-comm-type", ["p2p"])
-    for t in types:
-        if t != "p2p" and plan.get("cp", 1) > 1:
-            raise SpecError(
-                f"{where}: --cp-comm-type {t}",
-                f"is context parallelism by {CP_COMM.get(t, t)}; simpar times context parallelism as ring "
-                "attention (p2p) only.",
-                "use --cp-comm-type p2p, or compare the plan's cp as p2p.",
-            )
-    if "--cp-comm-type" in a and plan.get("cp", 1) == 1:
+    if len(set(types)) > 1:
+        raise SpecError(
+            f"{where}: --cp-comm-type",
+            f"gives a type per layer ({' '.join(types)}); simpar times one type for every layer.",
+            "give one type.",
+        )
+    kind = types[0]
+    if kind not in CP_COMM:
+        raise SpecError(
+            f"{where}: --cp-comm-type {kind}",
+            "is hierarchical context parallelism (all-to-all inside --hierarchical-context-parallel-sizes groups, "
+            "ring attention across them), which simpar does not time."
+            if kind == "a2a+p2p"
+            else f"is not a type Megatron-Core knows ({', '.join([*CP_COMM, 'a2a+p2p'])}).",
+            "use p2p, all_gather or a2a.",
+        )
+    if plan.get("cp", 1) > 1:
+        plan["cp_comm_type"] = kind
+    elif "--cp-comm-type" in a:
         imp.unmodelled.append("--cp-comm-type (context-parallel size 1)")
     backend = a.get("--attention-backend", "auto")
     one_of(backend, f"{where}: --attention-backend", {"auto": 1, "flash": 1, "fused": 1, "unfused": 1, "local": 1})

@@ -131,6 +131,11 @@ class StackSpec(BaseModel):
     tp_comm_overlap: bool = Field(description="tensor-parallel communication overlapped with the GEMMs by default")
     tp_comm_overlap_supported: bool = Field(description="the stack can overlap TP communication with the GEMMs")
     flash_attention: bool = Field(description="attention does not materialise the scores (FlashAttention/cuDNN)")
+    cp_comm_types: tuple[str, ...] = Field(
+        ("p2p",),
+        description="context-parallel communication types the stack runs (`ParallelPlan.cp_comm_type`), its default "
+        "first: p2p (ring attention), all_gather, a2a (Ulysses)",
+    )
     attention_kernel: dict[str, str] = Field(
         description="the fused attention implementation the stack runs, by GPU die (`GPUSpec.kernel_die`; key "
         "'default' for the others): fa2, fa3, cudnn, sdpa-flash, ... as topologies/kernels/attention.csv names them"
@@ -221,6 +226,7 @@ _SOURCED = (
     "tp_comm_overlap",
     "flash_attention",
     "attention_kernel",
+    "cp_comm_types",
     "selective_recompute",
     "fp8_weight_cache",
     "fp8_saved_inputs",

@@ -19,7 +19,7 @@ from ..choices import MAX_BATCH, MAX_GPUS, OPTIMIZERS
 from ..cost.offload import offload_fields
 from ..engine.iteration import EngineOptions
 from ..errors import SimparError
-from ..plan import FP8_RECIPES, MOE_DISPATCHERS, RECOMPUTE_MODULES, ParallelPlan, balanced_layer_split
+from ..plan import CP_COMM_TYPES, FP8_RECIPES, MOE_DISPATCHERS, RECOMPUTE_MODULES, ParallelPlan, balanced_layer_split
 from ..plan_check import check_plan
 from ..procs import fork_map
 from ..specs import load_cluster
@@ -33,6 +33,7 @@ from .moe_rows import MOE_COLUMNS, cell, is_moe_row, moe_model, moe_plan_fields
 #: ...": the stack's default), ``flash_attention`` and ``tp_comm_overlap`` (1/0; empty: the stack's),
 #: ``recompute_modules`` (Megatron-Core recompute modules, space-separated, for a selective row),
 #: ``moe_dispatcher`` (alltoall or flex; empty: alltoall) and ``moe_a2a_overlap`` (1/0; empty: 0),
+#: ``cp_comm_type`` (p2p, all_gather or a2a; empty: p2p, Megatron-Core's default),
 #: ``optimizer`` (empty: adamw) and ``offload`` (a sweep's offload variant, `sweep.space.offload_fields`;
 #: empty: none). Architecture extras of a dense row: ``tied_embeddings`` and ``attention_bias`` (1/0;
 #: empty: the arch's). A run flag: ``overlap_grad_reduce`` (1/0; empty: overlapped, `row_options`).
@@ -46,6 +47,7 @@ OPTIONAL_PLAN_COLUMNS = (
     "recompute_modules",
     "moe_dispatcher",
     "moe_a2a_overlap",
+    "cp_comm_type",
 )
 #: the recipe names sources print, as simpar's recipes
 RECIPE_SPELLINGS = {"current-scaling": "tensorwise", "current": "tensorwise", "mx": "mxfp8"}
@@ -260,7 +262,11 @@ def row_hints(r: dict[str, str]) -> dict[str, Any]:
                 f"row {r.get('id')}: recompute_modules", f"has {bad[0]!r}.", f"use {', '.join(RECOMPUTE_MODULES)}."
             )
         out["recompute_modules"] = tuple(modules)
-    for col, allowed in (("optimizer", OPTIMIZERS), ("moe_dispatcher", MOE_DISPATCHERS)):
+    for col, allowed in (
+        ("optimizer", OPTIMIZERS),
+        ("moe_dispatcher", MOE_DISPATCHERS),
+        ("cp_comm_type", CP_COMM_TYPES),
+    ):
         v = (r.get(col) or "").strip()
         if v:
             if v not in allowed:
