@@ -44,6 +44,11 @@ def kernels(gpu: str, as_json: bool) -> None:
         )
         for s in g["sources"]:
             con.print(f"  source: {s}")
+        fit = "; ".join(
+            f"{r['kind']} {r['median_abs_error']:.0%} ({r['median_signed_error']:+.0%}, {r['rows']} rows)"
+            for r in rep["gemm_curve_vs_its_rows"]
+        )
+        con.print(f"the curve against every measured GEMM of the die, median |error| (signed): {fit}", markup=False)
     con.print(
         f"training reaches {rep['train_gemm_fraction']:.3f} of the GEMM figures and {rep['train_attn_fraction']:.3f} "
         "of the attention figures (fitted per GPU group; `simpar accuracy` judges them leave-one-source-out)"

@@ -163,3 +163,14 @@ def test_simpar_kernels_prints_every_gpu_preset(runner, gpu):
 def test_simpar_kernels_refuses_an_unknown_gpu_in_one_line(runner, arg):
     res = runner.invoke(cli, ["kernels", arg])
     assert res.exit_code == 2 and "Traceback" not in res.output
+
+
+@pytest.mark.parametrize("die", ["h100", "b200"])
+def test_the_curve_describes_its_own_16bit_rows_within_a_tenth(die):
+    """The kernel curve against every measured 16-bit GEMM of its die (each on its own part, power
+    and roofline): median |error| under 10 %; the report lists every kind with its rows."""
+    from simpar.sim.cost.kernel_report import curve_residuals
+
+    rows = {r["kind"]: r for r in curve_residuals(die)}
+    assert rows["bf16 none"]["rows"] >= 5 and rows["bf16 none"]["median_abs_error"] < 0.10
+    assert all(r["rows"] > 0 and math.isfinite(r["median_signed_error"]) for r in rows.values())

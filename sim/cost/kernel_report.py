@@ -4,18 +4,72 @@ the training fractions its default calibration adds, and which attention kernel 
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 from ..specs import GPUSpec
-from ..specs.kernels import load_kernel_data
+from ..specs.kernels import GemmRow, KernelData, load_kernel_data
+from ..specs.recipes import RECIPES
 from ..specs.stack import load_stack, stack_names
 from .compute import CostModel
-from .kernels import attention_curve, gemm_curve, power_factor
+from .kernels import ROOFLINE_HBM_EFF, GemmCurve, attention_curve, gemm_bytes, gemm_curve, power_factor
 
 #: GEMM shapes (m, n, k) the report prices: a large square, a training projection, a thin one
 SHAPES = ((8192, 8192, 8192), (4096, 4096, 4096), (2048, 1024, 4096), (256, 4096, 4096))
 #: sequence lengths the report prices attention at (head dimension 128)
 SEQS = (2048, 8192)
+
+
+#: the recipe whose GEMM factor (`specs.recipes.Recipe.gemm_scale`) prices a measured row's fp8 scaling
+SCALING_RECIPE = {"rowwise": "rowwise", "blockwise": "blockwise"}
+
+
+def _row_efficiency(data: KernelData, curve: GemmCurve, r: GemmRow) -> float:
+    """What the cost model's GEMM curve predicts for a measured row, on the row's own part (its peak,
+    HBM bandwidth and power limit), as a fraction of that part's peak."""
+    part = data.parts[r.gpu]
+    dtype = {"mxfp8": "fp8", "nvfp4": "fp4"}.get(r.dtype, r.dtype)
+    h = curve.half_dim
+    eff = curve.eff_max * (r.m / (r.m + h)) * (r.n / (r.n + h)) * (r.k / (r.k + h))
+    if dtype in ("fp8", "fp4"):
+        eff *= curve.fp8_scale or 1.0
+        recipe = SCALING_RECIPE.get(r.scaling.split("-")[0])
+        eff *= RECIPES[recipe].gemm_scale if recipe else 1.0
+    if part.other_power:
+        eff *= power_factor(part.die, part.tdp_W) or 1.0
+    peak = data.parts[r.gpu].peaks.get(dtype) or data.parts[r.gpu].peaks["bf16"]
+    flops = 2.0 * r.m * r.n * r.k * r.groups
+    seconds = max(
+        flops / (peak * 1e12 * eff),
+        r.groups * gemm_bytes(r.m, r.n, r.k, r.dtype) / (part.hbm_bw_GBps * 1e9 * ROOFLINE_HBM_EFF),
+    )
+    return flops / seconds / (peak * 1e12)
+
+
+def curve_residuals(die: str) -> list[dict[str, Any]]:
+    """How well the die's curve describes its own measured GEMMs, per kind (16-bit, fp8 by scaling,
+    grouped): the median |error| and signed median of predicted over measured efficiency."""
+    data = load_kernel_data()
+    curve = gemm_curve(die)
+    if curve is None:
+        return []
+    groups: dict[str, list[float]] = {}
+    for r in data.gemm:
+        if data.die_of(r.gpu) != die:
+            continue
+        kind = f"{r.dtype} {r.scaling.split('-')[0]}" + (" grouped" if r.groups > 1 else "")
+        groups.setdefault(kind, []).append(
+            _row_efficiency(data, curve, r) / data.efficiency(r.gpu, r.dtype, r.tflops) - 1
+        )
+    return [
+        {
+            "kind": k,
+            "rows": len(v),
+            "median_abs_error": statistics.median(abs(x) for x in v),
+            "median_signed_error": statistics.median(v),
+        }
+        for k, v in sorted(groups.items())
+    ]
 
 
 def kernel_report(gpu: GPUSpec) -> dict[str, Any]:
@@ -47,6 +101,7 @@ def kernel_report(gpu: GPUSpec) -> dict[str, Any]:
             "sources": list(curve.sources),
         }
     )
+    out["gemm_curve_vs_its_rows"] = curve_residuals(die) if die else []
     out["gemm_in_training"] = [
         {
             "shape": list(s),
