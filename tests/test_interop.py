@@ -357,3 +357,13 @@ def test_torchtitan_benchmark_jobs_import_to_the_published_rows_plans(tmp_path, 
     imp = read_torchtitan(str(path), layers=model.layers, gpus=gpus)
     assert ParallelPlan(allow_tp_across_nodes=True, **imp.plan) == want
     assert any("compile" in u for u in imp.unmodelled)
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "adamw", "sgd"])
+def test_deepspeed_optimizer_round_trips(tmp_path, optimizer):
+    """DeepSpeed runs type Adam as AdamW unless adam_w_mode is false: an emitted adam says so, and
+    reads back as adam."""
+    plan = ParallelPlan(dp=8, micro_batch_size=1, global_batch_size=8, stack="deepspeed", optimizer=optimizer)
+    cfg, line = deepspeed_recipe(plan, 8, 8)
+    imp = read_deepspeed(_ds(tmp_path, cfg), gpus=launcher_gpus(line))
+    assert imp.plan.get("optimizer", "adamw") == optimizer

@@ -180,6 +180,25 @@ def test_deepspeeds_older_names_read_as_the_new(tmp_path, zero, plan):
     assert {k: p.get(k) for k in plan} == plan and p["precision"] == "bf16" and p["micro_batch_size"] == 2
 
 
+@pytest.mark.parametrize(
+    ("optimizer", "read"),
+    [
+        ({"type": "Adam"}, "adamw"),
+        ({"type": "adam", "params": {"lr": 1e-3, "weight_decay": 0.01}}, "adamw"),
+        ({"type": "Adam", "params": {"adam_w_mode": False}}, "adam"),
+        ({"type": "Adam", "params": {"torch_adam": True, "adam_w_mode": False}}, "adam"),
+        ({"type": "AdamW", "params": {"adam_w_mode": False}}, "adamw"),
+    ],
+)
+def test_deepspeeds_adam_type_is_adamw_unless_adam_w_mode_is_false(tmp_path, optimizer, read):
+    """DeepSpeed runs the optimizer type Adam as AdamW (decoupled weight decay): adam_w_mode defaults
+    true (runtime/config.py ADAM_W_MODE_DEFAULT; runtime/engine.py effective_adam_w_mode); type AdamW
+    is AdamW whatever adam_w_mode says (issue 63: the corpus's Adam configs had read as adam)."""
+    ds = tmp_path / "ds.json"
+    ds.write_text(json.dumps({"train_batch_size": 16, "optimizer": optimizer}))
+    assert read_deepspeed(str(ds), gpus=8).plan["optimizer"] == read
+
+
 def test_a_huggingface_config_without_seq_len_is_refused_on_the_command_line(tmp_path):
     d = tmp_path / "m"
     d.mkdir()

@@ -236,6 +236,12 @@ def read_deepspeed(
         if "type" not in opt:
             raise SpecError(f"{where}: optimizer", "needs a type.", 'write {"type": "AdamW", ...}.')
         plan["optimizer"] = _OPTIMIZERS[opt["type"]]
+        params = opt.get("params")
+        if plan["optimizer"] == "adam" and not (isinstance(params, Mapping) and params.get("adam_w_mode") is False):
+            # DeepSpeed's "Adam" runs AdamW (decoupled weight decay) unless params.adam_w_mode is false:
+            # runtime/engine.py _configure_basic_optimizer, effective_adam_w_mode; ADAM_W_MODE_DEFAULT = True
+            # in runtime/config.py (since DeepSpeed #844, 2021-03)
+            plan["optimizer"] = "adamw"
         imp.unmodelled += [f"optimizer.{key_name(k)}" for k in opt if k != "type"]
     ac = cfg.get("activation_checkpointing", {})
     for k in ac:

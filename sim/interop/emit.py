@@ -311,7 +311,9 @@ def deepspeed_recipe(
         "train_micro_batch_size_per_gpu": plan.micro_batch_size,
         "gradient_accumulation_steps": plan.global_batch_size // (plan.micro_batch_size * plan.dp),
         "zero_optimization": {"stage": plan.zero},
-        "optimizer": {"type": {"adamw": "AdamW", "adam": "Adam", "sgd": "SGD"}[plan.optimizer]},
+        # DeepSpeed runs type Adam as AdamW unless adam_w_mode is false (runtime/config.py ADAM_W_MODE_DEFAULT)
+        "optimizer": {"type": {"adamw": "AdamW", "adam": "Adam", "sgd": "SGD"}[plan.optimizer]}
+        | ({"params": {"adam_w_mode": False}} if plan.optimizer == "adam" else {}),
     }
     if plan.precision in ("bf16", "fp16"):
         cfg[plan.precision] = {"enabled": True}
