@@ -35,6 +35,14 @@ def _where(path: Path, what: str | None) -> str:
     return f"{what} {path}" if what else str(path)
 
 
+def is_file(path: str | Path) -> bool:
+    """Whether ``path`` is a file; False for a name the file system refuses (too long, a NUL byte)."""
+    try:
+        return Path(path).is_file()
+    except (OSError, ValueError):
+        return False
+
+
 def read_text(path: str | Path, what: str | None = None) -> str:
     """The UTF-8 text of ``path`` (a BOM dropped); `SpecError` naming the file otherwise."""
     p = Path(path)

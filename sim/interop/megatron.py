@@ -17,6 +17,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from .. import files
 from ..errors import SpecError
 from ..files import read_text, split_shell
 from ..specs.model import ModelSpec
@@ -45,11 +46,7 @@ def launch_file(text_or_path: str) -> Path | None:
     if text.lstrip().startswith("-") or "\n" in text or " " in text.strip():
         return None
     p = Path(text.strip())  # one word: a file holding the launch
-    try:
-        is_file = p.is_file()
-    except (OSError, ValueError):  # a name too long for the file system, a NUL byte
-        is_file = False
-    if not is_file:
+    if not files.is_file(p):
         raise SpecError(
             f"{WHERE} {key_name(text.strip())}",
             "is neither a file nor an argument list.",

@@ -33,6 +33,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from .. import files
 from ..errors import SpecError
 from ..files import read_text
 from .schema import key_name
@@ -153,11 +154,7 @@ class Files:
             path = self.folder / path
         inside = self.folder is not None and path.is_relative_to(self.folder)
         label = key_name(str(path.relative_to(self.folder)) if self.folder is not None and inside else name)
-        try:
-            there = path.is_file()
-        except (OSError, ValueError):  # a name too long for the file system, a NUL byte
-            there = False
-        if not there:
+        if not files.is_file(path):
             raise SpecError(
                 f"{place}: {head} {label}",
                 f"reads {label}, which is not next to the script ({key_name(str(path))} is not a file)."
