@@ -15,8 +15,9 @@ presets copy another's figures and are never fitted on (`COPIED`).
 Leave-one-source-out (`loso`): for each source (`source_key`: a publication, not a table of it),
 every parameter of each GPU group that holds the source's rows is refitted without that source's
 rows and without any row of the same configuration group (`config_group`), from a start that no
-row chose (`prior`), and the source's rows are scored with the refitted parameters. A group left
-with no row to fit keeps the prior.
+row chose (`prior`: kernel speed), and the source's rows are scored with the refitted parameters. A
+group left with no row of its own is fitted on the other groups' remaining rows (what training reaches
+of the kernel figures on the other GPUs).
 """
 
 from __future__ import annotations

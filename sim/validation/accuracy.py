@@ -338,16 +338,18 @@ KINDS = {"published": "dense", "moe": "moe", "offload": "offload"}
 
 LOSO_METHOD = (
     "Leave-one-source-out (LOSO): the rows of the dense and MoE CSVs are grouped by publication "
-    "(`groupfit.source_key`). For each source, every fitted parameter of each GPU group that holds its rows "
-    "(GEMM efficiency max, attention scale, GEMM saturation size, fp8 GEMM scale: `groupfit.STEPS`) is "
-    "refitted by the same coordinate descent as the default calibrations (`groupfit.fit_group`, "
-    "benchmarks/fit_gpu_calibrations.py) on the group's other rows, leaving out the source's rows and every "
-    "row of their configuration groups (`groupfit.config_group`: same GPU chip, model and tp/pp/cp/ep layout), "
-    "starting from the code's defaults (`groupfit.prior`, published kernel figures that no row chose); the "
-    "source's rows are then scored with those parameters. A GPU group left with no row keeps the prior. "
-    "Presets that copy a group's figures (V100 from A100, H200 from H100) take the refitted figures. Offload "
-    "rows, and rows on GPUs of no group, are not in any fit: their figure is the default calibration's, the "
-    "same in and out of sample."
+    "(`groupfit.source_key`). Kernel figures (GEMM curves, fp8 scales, attention curves, power-limit factors) "
+    "come from public kernel measurements (topologies/kernels/) and are in no fit. For each source, the two "
+    "fitted parameters of each GPU group that holds its rows (the fractions of the kernel figures that GEMMs and "
+    "attention reach in training: `groupfit.STEPS`) are refitted by the same coordinate descent as the default "
+    "calibrations (`groupfit.fit_group`, benchmarks/fit_gpu_calibrations.py) on the group's other rows, each "
+    "priced over its own GPU's kernel figures, leaving out the source's rows and every row of their configuration "
+    "groups (`groupfit.config_group`: same GPU chip, model and tp/pp/cp/ep layout), starting from kernel speed "
+    "(`groupfit.prior`: both fractions 1, which no row chose); the source's rows are then scored with those "
+    "parameters. A GPU group left with no row of its own is fitted on the other groups' remaining rows (the "
+    "fold's `pooled`). Presets that copy a group's figures (V100 from A100, H200 from H100) take the refitted "
+    "fractions. Offload rows, and rows on GPUs of no group, are not in any fit: their figure is the default "
+    "calibration's, the same in and out of sample."
 )
 
 

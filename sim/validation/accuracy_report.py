@@ -347,15 +347,19 @@ def _loso_details(lo: dict[str, Any]) -> list[str]:
     lines += [
         f"Coordinate descent: {lo['rounds']} round(s) at most per refit. The source groups (folds), what each "
         "refit left out (the source's rows and the other rows of their configuration groups) and the refitted "
-        "parameters (none: no row left, the prior stands):",
+        "parameters (a group with no row of its own: fitted on the other groups' rows, `pooled`; none: no row at all, "
+        "the prior stands):",
         "",
         "| source | parts | rows | GPU group: fitted on / left out | refitted parameters |",
         "| --- | --- | ---: | --- | --- |",
     ]
     for f in lo["sources"]:
         groups = "; ".join(f"{g}: {f['fitted_on'][g]} / {len(f['excluded'][g])}" for g in f["excluded"])
+        pooled = f.get("pooled", {})
         params = "; ".join(
-            f"{g}: " + (", ".join(f"{k} {v:.4g}" for k, v in p.items()) if p else "prior")
+            f"{g}: "
+            + (", ".join(f"{k} {v:.4g}" for k, v in p.items()) if p else "prior")
+            + (f" (pooled: {pooled[g]} rows of the other groups)" if g in pooled else "")
             for g, p in f["params"].items()
         )
         lines.append(f"| {f['source']} | {', '.join(f['parts'])} | {len(f['rows'])} | {groups} | {params} |")
