@@ -313,7 +313,14 @@ def plan_options(f: Callable[..., Any]) -> Callable[..., Any]:
             default="p2p",
             show_default=True,
             help="context-parallel attention (Megatron-Core --cp-comm-type): p2p ring attention, all_gather (K/V "
-            "gathered) or a2a (Ulysses all-to-all over heads)",
+            "gathered), a2a (Ulysses all-to-all over heads) or a2a+p2p (with --cp-a2a-size)",
+        ),
+        click.option(
+            "--cp-a2a-size",
+            type=click.IntRange(2, MAX_GPUS),
+            default=None,
+            help="a2a+p2p: adjacent cp ranks that exchange by all-to-all (Megatron-Core "
+            "--hierarchical-context-parallel-sizes A B: A)",
         ),
         click.option(
             "--moe-dispatcher",
@@ -416,6 +423,7 @@ def setup_from_options(kw: dict[str, Any]) -> Setup:
         moe_dispatcher=kw.get("moe_dispatcher") or "alltoall",
         moe_a2a_overlap=bool(kw.get("moe_a2a_overlap")),
         cp_comm_type=kw.get("cp_comm_type") or "p2p",
+        cp_a2a_size=kw.get("cp_a2a_size"),
         recompute_layers=kw.get("recompute_layers"),
         recompute_method=kw.get("recompute_method") or "uniform",
         optimizer=kw.get("optimizer") or "adamw",

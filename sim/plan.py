@@ -163,7 +163,12 @@ class ParallelPlan(BaseModel):
     )
     #: Megatron-Core --cp-comm-type: how context parallelism exchanges attention's inputs
     cp_comm_type: str = Field(
-        "p2p", description="context-parallel attention: p2p (ring), all_gather (K/V gathered) or a2a (Ulysses)"
+        "p2p",
+        description="context-parallel attention: p2p (ring), all_gather (K/V gathered), a2a (Ulysses) or a2a+p2p",
+    )
+    #: Megatron-Core --hierarchical-context-parallel-sizes A B (A x B = cp) of an a2a+p2p plan: A
+    cp_a2a_size: int | None = Field(
+        None, ge=2, le=MAX_GPUS, strict=True, description="a2a+p2p: adjacent cp ranks that exchange by all-to-all"
     )
     #: Megatron-Core --overlap-moe-expert-parallel-comm (the combined 1F1B schedule)
     moe_a2a_overlap: bool = Field(False, description="MoE all-to-alls hidden under another micro-batch's compute")
@@ -363,6 +368,7 @@ class ParallelPlan(BaseModel):
         if self.moe_a2a_overlap:
             experts += " A2A overlap"
         cp = f" ({self.cp_comm_type})" if self.cp > 1 and self.cp_comm_type != "p2p" else ""
+        cp = cp.replace("a2a+p2p", f"a2a {self.cp_a2a_size} x p2p") if self.cp_a2a_size else cp
         return (
             f"tp {self.tp} pp {self.pp} dp {self.dp} cp {self.cp}{cp} vpp {self.vpp}{experts},"
             f" mbs {self.micro_batch_size}"

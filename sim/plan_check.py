@@ -437,9 +437,14 @@ def _check_split(plan: ParallelPlan, model: ModelSpec) -> None:
 
 
 def _check_cp_comm(plan: ParallelPlan, model: ModelSpec) -> None:
-    """A context-parallel communication type needs context parallelism; the all-to-all one (Ulysses)
-    hands each rank whole heads, so the cp group must split the query and the K/V heads of a tp rank
-    (DeepSpeed-Ulysses, Jacobs et al. 2023 §3.1; simpar does not model K/V heads replicated over it)."""
+    """A context-parallel communication type needs context parallelism and a stack that runs it; the
+    all-to-all ones (Ulysses, and the inner level of a2a+p2p) hand each rank whole heads, so their group
+    must split the query and the K/V heads of a tp rank (DeepSpeed-Ulysses, Jacobs et al. 2023 §3.1;
+    simpar does not model K/V heads replicated over it); a2a+p2p needs its inner size (Megatron-Core's
+    --hierarchical-context-parallel-sizes), a proper divisor of cp, and only it takes one."""
+    hier = plan.cp_comm_type == "a2a+p2p"
+    if plan.cp_a2a_size is not None and not hier:
+        raise PlanError("cp_a2a_size", "is the all-to-all level of a2a+p2p context parallelism.", "leave it unset.")
     if plan.cp_comm_type == "p2p":
         return
     offered = load_stack(plan.stack).cp_comm_types
@@ -453,11 +458,22 @@ def _check_cp_comm(plan: ParallelPlan, model: ModelSpec) -> None:
         raise PlanError(
             "cp_comm_type", f"{plan.cp_comm_type} is how context parallelism communicates; cp is 1.", "leave it unset."
         )
-    if plan.cp_comm_type == "a2a":
+    a2a = plan.cp
+    if hier:
+        a2a = plan.cp_a2a_size or 0
+        if not (1 < a2a < plan.cp and plan.cp % a2a == 0):
+            raise PlanError(
+                "cp_a2a_size",
+                f"a2a+p2p needs an all-to-all size that divides cp={plan.cp} and is between 2 and cp/2, "
+                f"got {plan.cp_a2a_size}.",
+                "give the first of Megatron-Core's --hierarchical-context-parallel-sizes.",
+            )
+    if plan.cp_comm_type in ("a2a", "a2a+p2p"):
         for what, n in (("attention heads", model.heads), ("K/V heads", model.kv_heads)):
-            if n % (plan.tp * plan.cp):
+            if n % (plan.tp * a2a):
                 raise PlanError(
                     "cp_comm_type",
-                    f"a2a (Ulysses) splits heads over tp x cp = {plan.tp * plan.cp}; {model.name} has {n} {what}.",
-                    "use cp_comm_type p2p or all_gather, or tp x cp dividing the heads.",
+                    f"{plan.cp_comm_type}'s all-to-all splits heads over tp x {a2a} = {plan.tp * a2a}; "
+                    f"{model.name} has {n} {what}.",
+                    "use cp_comm_type p2p or all_gather, or sizes dividing the heads.",
                 )

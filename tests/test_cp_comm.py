@@ -15,9 +15,11 @@ from simpar.sim.network import make_network
 from simpar.sim.plan_check import check_plan
 
 
-def _setup(kind: str, cp: int = 4, tp: int = 2):
+def _setup(kind: str, cp: int = 4, tp: int = 2, a2a: int | None = None):
     model, cluster = load_model("llama3-8b"), load_cluster("dgx-h100", gpus=8)
-    plan = ParallelPlan(tp=tp, cp=cp, dp=8 // (tp * cp), micro_batch_size=1, global_batch_size=8, cp_comm_type=kind)
+    plan = ParallelPlan(
+        tp=tp, cp=cp, dp=8 // (tp * cp), micro_batch_size=1, global_batch_size=8, cp_comm_type=kind, cp_a2a_size=a2a
+    )
     return model, cluster, plan
 
 
@@ -95,3 +97,33 @@ def test_a_stack_that_runs_only_ring_attention_refuses_the_others_and_assumes_no
         ParallelPlan(**kw), moe=False, given=lambda s: s != "cp_comm_type", overlap_grad_reduce=True, no_stack="-"
     )
     assert said == ["cp_comm_type p2p (the megatron-core stack's default)"]
+
+
+def test_hierarchical_is_the_a2a_inside_groups_and_the_ring_across_them():
+    model, cluster, plan = _setup("a2a+p2p", cp=8, tp=1, a2a=2)
+    net = make_network(cluster)
+    group = RankLayout(plan).group(0, "cp")
+    tokens = model.seq_len / 8
+    kv = 2 * 2.0 * tokens * model.kv_heads * model.head_dim
+    q = 2.0 * tokens * model.heads * model.head_dim
+    a2a = net.collective_time("all-to-all", group[:2], q + kv) + net.collective_time("all-to-all", group[:2], q)
+    ring = group[::2]
+    step = net.p2p_time(ring[0], ring[1], kv)
+    assert _cp_layer_time(model, plan, net, RankLayout(plan), _Lt()) == (
+        a2a + max(0.0, 3 * step - 1e-3),
+        a2a + max(0.0, 6 * step - 2e-3),
+    )
+    assert "cp 8 (a2a 2 x p2p)" in plan.describe()
+    assert "--hierarchical-context-parallel-sizes 2 4" in megatron_launch(plan, None, 8, 8)
+
+
+@pytest.mark.parametrize(
+    ("kind", "a2a", "match"),
+    [("a2a+p2p", None, "all-to-all size"), ("a2a+p2p", 8, "all-to-all size"), ("a2a+p2p", 3, "all-to-all size"),
+     ("a2a", 2, "all-to-all level of a2a\\+p2p")],
+)  # fmt: skip
+def test_hierarchical_sizes_are_checked(kind, a2a, match):
+    model, cluster = load_model("llama3-8b"), load_cluster("dgx-h100", gpus=8)
+    plan = ParallelPlan(cp=8, dp=1, micro_batch_size=1, global_batch_size=8, cp_comm_type=kind, cp_a2a_size=a2a)
+    with pytest.raises(PlanError, match=match):
+        check_plan(plan, model, cluster)

@@ -35,6 +35,7 @@ LEVERS: dict[str, list[str] | None] = {
     "--moe-imbalance": NUM,
     "--moe-dispatcher": ["alltoall", "flex", "x"],
     "--cp-comm-type": ["p2p", "all_gather", "a2a", "a2a+p2p", "x", ""],
+    "--cp-a2a-size": NUM,
     "--moe-a2a-overlap": None,
     "--expert-order": ["ep,dp", "dp,ep", "x", ""],
     "--offload-optimizer": NUM,

@@ -317,11 +317,19 @@ def test_a_tokenizer_file_without_its_size_is_refused_by_name():
 @pytest.mark.parametrize(
     ("flags", "field"),
     [
-        ("--context-parallel-size 2 --cp-comm-type a2a+p2p", "--cp-comm-type a2a+p2p"),
+        ("--context-parallel-size 4 --cp-comm-type a2a+p2p", "--cp-comm-type a2a+p2p"),
         ("--context-parallel-size 2 --cp-comm-type p2p a2a", "--cp-comm-type"),
         ("--context-parallel-size 2 --cp-comm-type ring", "--cp-comm-type ring"),
         (
             "--context-parallel-size 2 --hierarchical-context-parallel-sizes 2 1",
+            "--hierarchical-context-parallel-sizes",
+        ),
+        (
+            "--context-parallel-size 8 --cp-comm-type a2a+p2p --hierarchical-context-parallel-sizes 2 2",
+            "--hierarchical-context-parallel-sizes",
+        ),
+        (
+            "--context-parallel-size 8 --cp-comm-type a2a+p2p --hierarchical-context-parallel-sizes 2 2 2",
             "--hierarchical-context-parallel-sizes",
         ),
         ("--fp8-param-gather", "--fp8-param-gather"),
@@ -340,6 +348,11 @@ def test_refused_and_unknown_arguments_stop_naming_the_flag(flags, field):
 def test_context_parallel_communication_types_read_into_the_plan(kind):
     imp = read_megatron(f"--context-parallel-size 2 --cp-comm-type {kind}")
     assert imp.plan["cp"] == 2 and imp.plan["cp_comm_type"] == kind
+
+
+def test_hierarchical_context_parallelism_reads_its_all_to_all_size():
+    imp = read_megatron("--context-parallel-size 8 --cp-comm-type a2a+p2p --hierarchical-context-parallel-sizes 2 4")
+    assert (imp.plan["cp"], imp.plan["cp_comm_type"], imp.plan["cp_a2a_size"]) == (8, "a2a+p2p", 2)
 
 
 def test_p2p_context_parallelism_reads_and_harmless_flags_share_one_warning():

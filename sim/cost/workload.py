@@ -417,7 +417,11 @@ def _cp_layer_time(
       are transient and not counted in peak memory);
     - ``a2a`` (DeepSpeed-Ulysses, Jacobs et al. 2023 §3): an all-to-all of Q, K and V over the cp group
       (sequence chunks in, head groups out) before the core and one of the output after it; the
-      backward, the same two for the gradients; not overlapped."""
+      backward, the same two for the gradients; not overlapped;
+    - ``a2a+p2p`` (Megatron-Core's hierarchical context parallelism): the a2a pair inside each group of
+      ``cp_a2a_size`` adjacent cp ranks, then ring attention across the cp / cp_a2a_size groups (each
+      rank now holds its group's tokens for its heads: the same K/V bytes per step), its steps hidden
+      behind the attention core as p2p's."""
     if plan.cp == 1:
         return 0.0, 0.0
     group = layout.group(0, "cp")
@@ -426,12 +430,16 @@ def _cp_layer_time(
     if plan.cp_comm_type == "all_gather":
         f = net.collective_time("all-gather", group, plan.cp * kv_bytes)
         return f, net.collective_time("reduce-scatter", group, plan.cp * kv_bytes)
-    if plan.cp_comm_type == "a2a":
+    inner = {"a2a": plan.cp, "a2a+p2p": plan.cp_a2a_size or plan.cp}.get(plan.cp_comm_type, 1)
+    a2a = 0.0
+    if inner > 1:  # adjacent ranks of the cp group
         q_bytes = 2.0 * tokens * m.heads * m.head_dim / plan.tp  # Q, and the output: the same size
-        f = net.collective_time("all-to-all", group, q_bytes + kv_bytes)
-        f += net.collective_time("all-to-all", group, q_bytes)
-        return f, f
-    step = net.p2p_time(group[0], group[1], kv_bytes)
-    comm_f = (plan.cp - 1) * step
+        a2a = net.collective_time("all-to-all", group[:inner], q_bytes + kv_bytes)
+        a2a += net.collective_time("all-to-all", group[:inner], q_bytes)
+    ring = group[::inner]
+    if len(ring) == 1:
+        return a2a, a2a
+    step = net.p2p_time(ring[0], ring[1], kv_bytes)
+    comm_f = (len(ring) - 1) * step
     attn_f, attn_b = lt.attn_f, 2 * lt.attn_f
-    return max(0.0, comm_f - attn_f), max(0.0, 2 * comm_f - attn_b)
+    return a2a + max(0.0, comm_f - attn_f), a2a + max(0.0, 2 * comm_f - attn_b)

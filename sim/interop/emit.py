@@ -54,6 +54,8 @@ def megatron_launch(plan: ParallelPlan, model: ModelSpec | None, num_gpus: int, 
     a: list[str] = ["--tensor-model-parallel-size", str(plan.tp), "--pipeline-model-parallel-size", str(plan.pp)]
     a += ["--context-parallel-size", str(plan.cp)] if plan.cp > 1 else []
     a += ["--cp-comm-type", plan.cp_comm_type] if plan.cp > 1 and plan.cp_comm_type != "p2p" else []
+    if plan.cp_a2a_size:
+        a += ["--hierarchical-context-parallel-sizes", str(plan.cp_a2a_size), str(plan.cp // plan.cp_a2a_size)]
     a += _virtual_args(plan, model)
     a += ["--micro-batch-size", str(plan.micro_batch_size), "--global-batch-size", str(plan.global_batch_size)]
     a += ["--sequence-parallel"] * plan.sequence_parallel + ["--use-distributed-optimizer"] * (plan.zero == 1)

@@ -451,14 +451,20 @@ def _batch(a: dict[str, Any], plan: dict[str, Any], imp: Imported, where: str) -
 
 
 #: Megatron-Core's context-parallel communication types simpar times (`ParallelPlan.cp_comm_type`)
-CP_COMM = {"p2p": "ring attention", "all_gather": "all-gather", "a2a": "all-to-all (Ulysses)"}
+CP_COMM = {
+    "p2p": "ring attention",
+    "all_gather": "all-gather",
+    "a2a": "all-to-all (Ulysses)",
+    "a2a+p2p": "all-to-all inside groups, ring attention across",
+}
 
 
 def _attention(a: dict[str, Any], plan: dict[str, Any], imp: Imported, where: str) -> None:
-    """Context-parallel communication (``--cp-comm-type``: p2p, Megatron's default, all_gather and a2a
-    read into the plan; a2a+p2p, the hierarchical one over --hierarchical-context-parallel-sizes, and a
-    different type per layer refused by name) and an attention backend that stores the scores
-    (unfused / local: refused, simpar's Megatron stacks run fused attention)."""
+    """Context-parallel communication (``--cp-comm-type`` p2p, Megatron's default, all_gather, a2a and
+    a2a+p2p read into the plan, the last with ``--hierarchical-context-parallel-sizes A B``, A x B = cp,
+    as ``cp_a2a_size`` A; a different type per layer, or sizes of more than two levels, refused by
+    name) and an attention backend that stores the scores (unfused / local: refused, simpar's Megatron
+    stacks run fused attention)."""
     types = a.get("--cp-comm-type", ["p2p"])
     if len(set(types)) > 1:
         raise SpecError(
@@ -470,13 +476,32 @@ def _attention(a: dict[str, Any], plan: dict[str, Any], imp: Imported, where: st
     if kind not in CP_COMM:
         raise SpecError(
             f"{where}: --cp-comm-type {kind}",
-            "is hierarchical context parallelism (all-to-all inside --hierarchical-context-parallel-sizes groups, "
-            "ring attention across them), which simpar does not time."
-            if kind == "a2a+p2p"
-            else f"is not a type Megatron-Core knows ({', '.join([*CP_COMM, 'a2a+p2p'])}).",
-            "use p2p, all_gather or a2a.",
+            f"is not a type Megatron-Core knows ({', '.join(CP_COMM)}).",
+            "use p2p, all_gather, a2a or a2a+p2p.",
         )
-    if plan.get("cp", 1) > 1:
+    sizes = a.get("--hierarchical-context-parallel-sizes")
+    cp = plan.get("cp", 1)
+    if sizes is not None:
+        field = f"{where}: --hierarchical-context-parallel-sizes"
+        try:
+            levels = [int(x) for x in sizes]
+        except ValueError:
+            raise SpecError(field, f"is {' '.join(sizes)!r}, not whole numbers.", "give two sizes, A B.") from None
+        if kind != "a2a+p2p" or len(levels) != 2 or levels[0] * levels[1] != cp:
+            raise SpecError(
+                field,
+                f"is {' '.join(sizes)} with --cp-comm-type {kind} and cp {cp}; simpar reads two levels, the all-to-all"
+                " size and the ring size, of an a2a+p2p plan, whose product is cp.",
+                "give --cp-comm-type a2a+p2p and two sizes multiplying to --context-parallel-size.",
+            )
+        plan["cp_a2a_size"] = levels[0]
+    elif kind == "a2a+p2p" and cp > 1:
+        raise SpecError(
+            f"{where}: --cp-comm-type a2a+p2p",
+            "needs --hierarchical-context-parallel-sizes (Megatron-Core asserts it).",
+            "add --hierarchical-context-parallel-sizes A B with A x B = cp.",
+        )
+    if cp > 1:
         plan["cp_comm_type"] = kind
     elif "--cp-comm-type" in a:
         imp.unmodelled.append("--cp-comm-type (context-parallel size 1)")

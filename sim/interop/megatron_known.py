@@ -39,10 +39,6 @@ _R13 = "refused: chunks the MLP over the sequence, which simpar's activation mem
 _R14 = "refused: computes weight gradients in higher precision under fp8, which simpar's fp8 does not model"
 _R15 = "refused: drops tokens per expert rank, which simpar's token dispatch does not model"
 _R16 = "refused: gives each layer its own shape, which simpar's model (one shape for every layer) does not describe"
-_R17 = (
-    "refused: hierarchical context parallelism (a2a+p2p over nested groups) is not modelled: simpar times"
-    " context parallelism as ring attention (p2p)"
-)
 _R18 = (
     "refused: is Megatron-Core 0.12's name of Megatron-FSDP, whose sharding strategy simpar reads only as"
     " --use-megatron-fsdp with --data-parallel-sharding-strategy"
@@ -415,7 +411,7 @@ ARGUMENTS: dict[str, tuple[str, str]] = {
     "--heterogeneous-layers-config-path": ("v", _R16),
     "--hidden-dropout": ("v", "modelled"),
     "--hidden-size": ("v", "modelled"),
-    "--hierarchical-context-parallel-sizes": ("l", _R17),
+    "--hierarchical-context-parallel-sizes": ("l", "modelled"),
     "--high-priority-a2a-comm-stream": ("s", "harmless"),
     "--high-priority-stream-groups": ("l", "harmless"),
     "--hybrid-attention-ratio": ("v", _R07),

@@ -33,7 +33,8 @@ from .moe_rows import MOE_COLUMNS, cell, is_moe_row, moe_model, moe_plan_fields
 #: ...": the stack's default), ``flash_attention`` and ``tp_comm_overlap`` (1/0; empty: the stack's),
 #: ``recompute_modules`` (Megatron-Core recompute modules, space-separated, for a selective row),
 #: ``moe_dispatcher`` (alltoall or flex; empty: alltoall) and ``moe_a2a_overlap`` (1/0; empty: 0),
-#: ``cp_comm_type`` (p2p, all_gather or a2a; empty: p2p, Megatron-Core's default),
+#: ``cp_comm_type`` (p2p, all_gather, a2a or a2a+p2p; empty: p2p, Megatron-Core's default) and
+#: ``cp_a2a_size`` (an a2a+p2p row's all-to-all size),
 #: ``optimizer`` (empty: adamw) and ``offload`` (a sweep's offload variant, `sweep.space.offload_fields`;
 #: empty: none). Architecture extras of a dense row: ``tied_embeddings`` and ``attention_bias`` (1/0;
 #: empty: the arch's). A run flag: ``overlap_grad_reduce`` (1/0; empty: overlapped, `row_options`).
@@ -48,6 +49,7 @@ OPTIONAL_PLAN_COLUMNS = (
     "moe_dispatcher",
     "moe_a2a_overlap",
     "cp_comm_type",
+    "cp_a2a_size",
 )
 #: the recipe names sources print, as simpar's recipes
 RECIPE_SPELLINGS = {"current-scaling": "tensorwise", "current": "tensorwise", "mx": "mxfp8"}
@@ -179,12 +181,15 @@ ARCH_INT_CELLS: dict[str, tuple[int, int, int | None]] = {
 }
 #: an MoE row's expert cells (`moe_rows`: an empty etp is 1)
 MOE_INT_CELLS: dict[str, tuple[int, int, int | None]] = {"ep": (1, MAX_GPUS, 1), "etp": (1, MAX_GPUS, 1)}
+#: optional whole-number plan cells, read only where given
+PLAN_INT_CELLS: dict[str, tuple[int, int, int | None]] = {"cp_a2a_size": (2, MAX_GPUS, None)}
 
 
 def whole_cell(r: dict[str, str], col: str) -> int:
-    """A row's whole-number cell within its bounds (`INT_CELLS`, `ARCH_INT_CELLS`, `MOE_INT_CELLS`),
+    """A row's whole-number cell within its bounds (`INT_CELLS`, `ARCH_INT_CELLS`, `MOE_INT_CELLS`,
+    `PLAN_INT_CELLS`),
     or a `SimparError` naming the row and the column."""
-    low, high, empty = {**INT_CELLS, **ARCH_INT_CELLS, **MOE_INT_CELLS}[col]
+    low, high, empty = {**INT_CELLS, **ARCH_INT_CELLS, **MOE_INT_CELLS, **PLAN_INT_CELLS}[col]
     text = cell(r, col) if col == "zero" else (r.get(col) or "").strip()
     if not text and empty is not None:
         return empty
@@ -272,6 +277,8 @@ def row_hints(r: dict[str, str]) -> dict[str, Any]:
             if v not in allowed:
                 raise SimparError(f"row {r.get('id')}: {col}", f"is {v!r}.", f"write one of {', '.join(allowed)}.")
             out[col] = v
+    if (r.get("cp_a2a_size") or "").strip():
+        out["cp_a2a_size"] = whole_cell(r, "cp_a2a_size")
     offload = (r.get("offload") or "").strip()
     if offload:
         try:
