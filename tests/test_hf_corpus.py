@@ -71,3 +71,18 @@ def test_glm4_moe_without_a_key_that_shapes_it_is_refused_by_name(tmp_path, key)
     with pytest.raises(SpecError) as err:
         _load(tmp_path, cfg)
     assert err.value.field.endswith(key) and "\n" not in str(err.value) and "Fix:" in str(err.value)
+
+
+def test_minimax_m2_reads_with_its_published_size(tmp_path):
+    """MiniMax-M2's model card: 230B parameters in all, 10B active (without its MTP modules)."""
+    m = _load(tmp_path, json.loads((HF / "nxdi_minimax-m2_config.json").read_text()))
+    assert total_params(m, mtp=False) == pytest.approx(230e9, rel=0.02)
+
+
+@pytest.mark.parametrize(("key", "value"), [("attn_type_list", [0] + [1] * 61), ("shared_intermediate_size", 512)])
+def test_minimax_m2_what_simpar_cannot_model_is_refused_by_name(tmp_path, key, value):
+    cfg = json.loads((HF / "nxdi_minimax-m2_config.json").read_text())
+    cfg[key] = value
+    with pytest.raises(SpecError) as e:
+        _load(tmp_path, cfg)
+    assert e.value.field.endswith(key)

@@ -33,6 +33,7 @@ _HF_MOE_FAMILIES = {
     "llama4": "llama4",
     "llama4_text": "llama4",
     "glm4_moe": "glm4_moe",
+    "minimax_m2": "minimax_m2",
 }
 
 
@@ -257,6 +258,14 @@ def _hf_moe(cfg: dict[str, Any], top: dict[str, Any], path: Path, name: str, key
       DeepSeek-V3's, which transformers skips at load as it does DeepSeek-V3's); a sigmoid router
       (Glm4MoeTopkRouter is DeepSeek-V3's).
 
+    - minimax_m2 (MiniMax-M2, remote code MiniMaxM2Config): num_local_experts, num_experts_per_tok,
+      intermediate_size (each expert; every layer is MoE), scoring_func (sigmoid or softmax), head_dim;
+      shared_intermediate_size must be 0 (no shared expert) and attn_type_list all 1 (full attention: a
+      0 is MiniMax-01's lightning linear attention, which simpar does not model); use_mtp with
+      num_mtp_modules x mtp_transformer_layers MTP layers. Not read, as they change no count simpar
+      models: rotary_dim (partial RoPE), qk_norm_type, the layernorm_*_beta scales, use_routing_bias
+      (one bias per expert).
+
     Any family: layer_types (sliding_attention, chunked_attention, full_attention) when given;
     tie_word_embeddings must be false (the llama arch unties them). A key simpar cannot represent
     (an irregular layer pattern, MLA with attention biases, another router) is refused, naming it.
@@ -367,6 +376,30 @@ def _hf_moe(cfg: dict[str, Any], top: dict[str, Any], path: Path, name: str, key
             moe.update(router_groups=groups, router_group_topk=get("topk_group"))
         out["attention_bias"] = _hf_flag(cfg, path, "attention_bias", False)
         out["mtp_layers"] = _hf_count(cfg, path, "num_nextn_predict_layers")
+    elif family == "minimax_m2":
+        scoring = cfg.get("scoring_func", "softmax")
+        if scoring not in ("softmax", "sigmoid"):
+            raise SpecError(
+                f"model file {path.name}: scoring_func", f"is {_hf_brief(scoring)}.", "write softmax or sigmoid."
+            )
+        moe.update(experts=get("num_local_experts"), expert_ffn=get("intermediate_size"), router=scoring)
+        out["ffn"] = moe["expert_ffn"]
+        if _hf_count(cfg, path, "shared_intermediate_size"):
+            raise SpecError(
+                f"model file {path.name}: shared_intermediate_size",
+                f"is {_hf_brief(cfg['shared_intermediate_size'])}: a shared expert of its own size, which simpar's "
+                "shared experts (the routed experts' size) do not describe.",
+                "write a simpar model YAML.",
+            )
+        kinds = _hf_list(cfg, path, "attn_type_list", int) if cfg.get("attn_type_list") is not None else []
+        if any(k != 1 for k in kinds) or (kinds and len(kinds) != layers):
+            raise SpecError(
+                f"model file {path.name}: attn_type_list",
+                f"is {_hf_brief(kinds)}: a 0 is lightning (linear) attention, which simpar does not model.",
+                "give a config of full-attention layers (all 1, one per layer).",
+            )
+        if _hf_flag(cfg, path, "use_mtp", False):
+            out["mtp_layers"] = get("num_mtp_modules") * get("mtp_transformer_layers", 1)
     elif family == "gpt_oss":
         moe.update(experts=get("num_local_experts", None, "num_experts"), expert_ffn=get("intermediate_size"))
         moe.update(expert_bias=True, router_bias=True)
