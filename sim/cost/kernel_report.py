@@ -12,7 +12,16 @@ from ..specs.kernels import GemmRow, KernelData, load_kernel_data
 from ..specs.recipes import RECIPES
 from ..specs.stack import load_stack, stack_names
 from .compute import CostModel
-from .kernels import ROOFLINE_HBM_EFF, GemmCurve, attention_curve, gemm_bytes, gemm_curve, power_factor
+from .kernels import (
+    LOW_PRECISION,
+    ROOFLINE_HBM_EFF,
+    GemmCurve,
+    attention_curve,
+    gemm_bytes,
+    gemm_curve,
+    power_factor,
+    tile_fill,
+)
 
 #: GEMM shapes (m, n, k) the report prices: a large square, a training projection, a thin one
 SHAPES = ((8192, 8192, 8192), (4096, 4096, 4096), (2048, 1024, 4096), (256, 4096, 4096))
@@ -28,16 +37,14 @@ def _row_efficiency(data: KernelData, curve: GemmCurve, r: GemmRow) -> float:
     """What the cost model's GEMM curve predicts for a measured row, on the row's own part (its peak,
     HBM bandwidth and power limit), as a fraction of that part's peak."""
     part = data.parts[r.gpu]
-    dtype = {"mxfp8": "fp8", "nvfp4": "fp4"}.get(r.dtype, r.dtype)
-    h = curve.half_dim
-    eff = curve.eff_max * (r.m / (r.m + h)) * (r.n / (r.n + h)) * (r.k / (r.k + h))
-    if dtype in ("fp8", "fp4"):
+    eff = curve.eff_max * tile_fill(r, curve.half_dim)
+    if r.dtype in LOW_PRECISION:
         eff *= curve.fp8_scale or 1.0
         recipe = SCALING_RECIPE.get(r.scaling.split("-")[0])
         eff *= RECIPES[recipe].gemm_scale if recipe else 1.0
     if part.other_power:
         eff *= power_factor(part.die, part.tdp_W) or 1.0
-    peak = data.parts[r.gpu].peaks.get(dtype) or data.parts[r.gpu].peaks["bf16"]
+    peak = part.peak(r.dtype)
     flops = 2.0 * r.m * r.n * r.k * r.groups
     seconds = max(
         flops / (peak * 1e12 * eff),

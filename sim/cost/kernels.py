@@ -122,7 +122,7 @@ def _sat(x: float, h: float) -> float:
     return x / (x + h)
 
 
-def _tile(r: GemmRow, h: float) -> float:
+def tile_fill(r: GemmRow, h: float) -> float:
     return _sat(r.m, h) * _sat(r.n, h) * _sat(r.k, h)
 
 
@@ -203,7 +203,7 @@ def power_factor(die: str, tdp_W: float, folder: str | None = None) -> float | N
     if curve is None or not rows:
         return None
     return geomean(
-        [data.efficiency(r.gpu, r.dtype, r.tflops) / (curve.eff_max * _tile(r, curve.half_dim)) for r in rows]
+        [data.efficiency(r.gpu, r.dtype, r.tflops) / (curve.eff_max * tile_fill(r, curve.half_dim)) for r in rows]
     )
 
 

@@ -103,6 +103,12 @@ class PartInfo(BaseModel):
     hbm_bw_GBps: float
     other_power: bool = False
 
+    def peak(self, dtype: str) -> float:
+        """Dense peak in TFLOPS of a measured figure's data type: MX/NV block formats on their fp8 /
+        fp4 peak, 16-bit (and a figure of no stated type) on the bf16 peak."""
+        key = {"mxfp8": "fp8", "nvfp4": "fp4", "fp16": "bf16"}.get(dtype, dtype)
+        return self.peaks.get(key) or self.peaks.get("fp16") or self.peaks["bf16"]
+
 
 class KernelData(BaseModel):
     """Every kernel measurement of the project, validated."""
@@ -118,11 +124,7 @@ class KernelData(BaseModel):
 
     def efficiency(self, part: str, dtype: str, tflops: float) -> float:
         """A measured figure as a fraction of its part's dense peak of ``dtype``."""
-        peaks = self.parts[part].peaks
-        key = {"mxfp8": "fp8", "nvfp4": "fp4"}.get(dtype, dtype)
-        if key not in peaks and key == "fp16":
-            key = "bf16"
-        return tflops / peaks[key]
+        return tflops / self.parts[part].peak(dtype)
 
 
 def _cell(v: str) -> str | None:
@@ -186,13 +188,11 @@ def _check_parts(path: Path, rows: list, parts: dict[str, PartInfo]) -> None:
                 f"names {r.gpu!r}, which is neither a GPU preset with a kernel_die nor in parts.yaml.",
                 "add the part to topologies/kernels/parts.yaml with its die and peaks.",
             )
-        dtype = getattr(r, "dtype", "bf16")
-        key = {"mxfp8": "fp8", "nvfp4": "fp4", "fp16": "bf16"}.get(dtype, dtype)
-        peak = parts[r.gpu].peaks.get(key) or parts[r.gpu].peaks.get("bf16")
-        if peak and r.tflops > peak:
+        peak = parts[r.gpu].peak(r.dtype)
+        if r.tflops > peak:
             raise SpecError(
                 f"{path.name} line {i}: tflops",
-                f"is {r.tflops:g}, above the {peak:g} TFLOP/s {key} peak of {r.gpu}.",
+                f"is {r.tflops:g}, above the {peak:g} TFLOP/s {r.dtype} peak of {r.gpu}.",
                 "check the figure, its data type and the part it was measured on.",
             )
 
