@@ -86,7 +86,9 @@ def test_algorithm_choice_follows_nccl():
     assert h100.estimate("all-reduce", range(8), 1024).protocol == "LL"  # latency-bound: LL
     a100 = make_network(load_cluster("dgx-a100-80g"))
     assert a100.estimate("all-reduce", range(8), 8 * G).algorithm == "ring"  # no NVLS on A100
-    assert a100.estimate("all-reduce", range(8), 8 * 2**20).protocol == "LL128"
+    # LL up to a few MiB, LL128 in the middle (at 2.8x the sizes of NCCL's own constants: latency_scale)
+    assert a100.estimate("all-reduce", range(8), 2**20).protocol == "LL"
+    assert a100.estimate("all-reduce", range(8), 32 * 2**20).protocol == "LL128"
     assert make_network(load_cluster("pcie-a100-8g")).estimate("all-reduce", range(8), 2**20).protocol != "LL128"
     assert a100.estimate("all-gather", range(8), G).algorithm == "ring"
     with pytest.raises(ValueError, match="not available"):
@@ -193,3 +195,24 @@ def test_gloo_reduce_scatter_is_an_all_reduce_of_the_whole_buffer(backend):
     nccl = make_network(load_cluster("dgx-a100-80g", gpus=8), backend)
     ar, rs = (nccl.collective_time(op, tuple(range(8)), 2**28) for op in ("all-reduce", "reduce-scatter"))
     assert rs < 0.6 * ar
+
+
+def test_latency_scale_multiplies_one_nodes_latencies_only():
+    """`latency_scale` (measured over NCCL's constants) scales a single-node phase's latency; a phase
+    across nodes keeps NCCL's constants; a measured alpha_s replaces the scale of its class."""
+    cl = load_cluster("dgx-h100", gpus=16)
+    one = make_network(cl, calibration={"latency_scale": {"nvlink": 1.0}})
+    two = make_network(cl, calibration={"latency_scale": {"nvlink": 2.0}})
+    intra = [c for c in two.candidates("all-reduce", tuple(range(8))) if c.schedule.name == "ring"]
+    base = {c.protocol: c for c in one.candidates("all-reduce", tuple(range(8))) if c.schedule.name == "ring"}
+    for c in intra:
+        assert c.alpha == pytest.approx(2 * base[c.protocol].alpha)
+        assert c.beta == base[c.protocol].beta
+    across = {(c.schedule.name, c.protocol): c.alpha for c in one.candidates("all-reduce", tuple(range(16)))}
+    for c in two.candidates("all-reduce", tuple(range(16))):
+        if all(ph.multinode for ph in c.schedule.phases):
+            assert c.alpha == across[(c.schedule.name, c.protocol)]
+    measured = make_network(cl, calibration={"nvlink": {"alpha_s": 3.4e-6}})
+    assert measured.constants.latency_scale["nvlink"] == 1.0
+    with pytest.raises(SpecError, match="latency_scale"):
+        make_network(cl, calibration={"latency_scale": {"nvlink": -1}})

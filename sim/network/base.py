@@ -248,10 +248,17 @@ class Network:
         return max((v / self.capacity[link] for link, v in load.items()), default=0.0)
 
     def _phase_alpha(self, ph: Phase, proto: str) -> float:
+        """The phase's latency, s: NCCL's constants times the measured `latency_scale` of its
+        hardware classes. The scale was measured on one node's collectives; a phase across nodes
+        keeps NCCL's constants. The choice of algorithm and protocol is by these latencies: the least
+        time, as NCCL's tuner ranks them (scaling every class of a node alike moves its protocol
+        crossovers to k times the size)."""
         c = self.constants
-        us = c.base_latency_us[ph.algo][proto]
+        scaled = not ph.multinode
+        scale = max((c.latency_scale[hw] for hw, _ in ph.steps), default=1.0) if scaled else 1.0
+        us = c.base_latency_us[ph.algo][proto] * scale
         for hw, count in ph.steps:
-            lat = c.step_latency_us[hw][ph.algo][proto]
+            lat = c.step_latency_us[hw][ph.algo][proto] * (c.latency_scale[hw] if scaled else 1.0)
             if proto == "LL" and ph.multinode and hw != "net":
                 lat *= c.ll_multinode_intra_factor
             us += count * lat
