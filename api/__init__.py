@@ -6,7 +6,7 @@ The library API (the ``simpar`` command is a thin layer over the same functions)
 
     model = simpar.load_model("gpt3-175b")
     cluster = simpar.load_cluster("dgx-a100-80g", gpus=1024)
-    plan = simpar.ParallelPlan(tp=8, pp=8, dp=16, global_batch_size=1536, schedule="1f1b", zero=1)
+    plan = simpar.ParallelPlan(tp=8, pp=8, dp=16, global_batch_size=1536, zero=1)  # 1F1B: the default schedule
     simpar.check_plan(plan, model, cluster)
     result = simpar.simulate(model, cluster, plan)
     print(result.iter_time_s, result.breakdown_s, result.memory.verdict())

@@ -354,6 +354,7 @@ def setup_from_options(kw: dict[str, Any]) -> Setup:
     """Load presets, build and check the plan; raises SimparError with a clear line."""
     from simpar.sim.plan import ParallelPlan, balanced_layer_split
     from simpar.sim.plan_check import check_plan
+    from simpar.sim.schedules.registry import default_schedule
     from simpar.sim.specs import load_cluster, load_model
     from simpar.sim.specs.loader import build
     from simpar.sim.specs.model import ModelSpec
@@ -385,7 +386,7 @@ def setup_from_options(kw: dict[str, Any]) -> Setup:
                 "choose tp, pp, cp whose product divides the GPU count.",
             )
         dp = kw["gpus"] // (tp * pp * cp)
-    schedule = kw.get("schedule") or ("none" if pp == 1 else ("interleaved-1f1b" if kw["vpp"] > 1 else "1f1b"))
+    schedule = kw.get("schedule") or default_schedule(pp, kw["vpp"])
     sp = kw.get("sequence_parallel")
     if sp is None:
         sp = tp > 1

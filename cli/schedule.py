@@ -8,7 +8,7 @@ import json
 
 import click
 
-from simpar.sim.choices import BIDIRECTIONAL, MAX_MICROBATCHES, SCHEDULES
+from simpar.sim.choices import MAX_MICROBATCHES, SCHEDULES
 
 from .common import Finite, Written, output_file
 
@@ -16,7 +16,6 @@ from .common import Finite, Written, output_file
 #: repeated here so that the option is built without importing the simulator
 MAX_TIME = 1e12
 
-_DEFAULT_VPP = {"interleaved-1f1b": 2, "zb-v": 2, "dualpipe-v": 2, "dualpipe": 2, "chimera": 2}
 #: The largest --pp and --vpp a click option accepts; their product with --microbatches is bounded
 #: by the schedule builders (`simpar.sim.schedules.bounds.MAX_STAGE_PASSES`), before building.
 MAX_PP = 4096
@@ -81,9 +80,11 @@ def schedule(
         write_csv,
     )
     from simpar.sim.schedules.csvio import sidecar_path
+    from simpar.sim.schedules.registry import spec
     from simpar.sim.schedules.render import format_grid
 
-    vpp = vpp if vpp is not None else _DEFAULT_VPP.get(name, 1)
+    s = spec(name)
+    vpp = vpp if vpp is not None else (s.stages or s.min_vpp)  # the fewest stages per rank it runs
     if csv_path:
         output_file(csv_path, "--csv")
         output_file(sidecar_path(csv_path), "--csv")
@@ -92,7 +93,7 @@ def schedule(
     rank_costs = parse_costs(costs) if costs else StageCosts.uniform()
     # chunks one microbatch passes on a rank (two pipelines: one of the rank's two stages, a whole chunk)
     # (at least 1: a bidirectional schedule given vpp 1 is refused by its builder, not divided by zero here)
-    split = max(1, vpp // 2 if name in BIDIRECTIONAL else vpp)
+    split = max(1, vpp // s.pipelines)
     stage_costs = StageCosts.per_rank(
         split, rank_costs.t_f[0], rank_costs.t_i[0], rank_costs.t_w[0], rank_costs.t_comm[0]
     )

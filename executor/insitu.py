@@ -49,7 +49,7 @@ import torch.distributed as dist
 
 from simpar.sim.cost.params import rank_params
 from simpar.sim.plan import ParallelPlan
-from simpar.sim.schedules import schedule_for_plan, write_csv
+from simpar.sim.schedules import default_schedule, schedule_for_plan, write_csv
 from simpar.sim.specs import ModelSpec
 
 from .timing import DTYPES, BenchConfig, LayerShape, _null, bench_attention_core, timeit
@@ -97,13 +97,18 @@ def run_in_run_plans(
     runs = [
         (
             spec(layers),
-            ParallelPlan(dp=world, zero=zero, micro_batch_size=1, global_batch_size=4 * world, schedule="none"),
+            ParallelPlan(
+                dp=world, zero=zero, micro_batch_size=1, global_batch_size=4 * world, schedule=default_schedule(1, 1)
+            ),
         )
         for zero in (0, 2)
         for layers in GRAD_REDUCE_LAYERS
     ]
     runs += [
-        (spec(world * k), ParallelPlan(pp=world, micro_batch_size=1, global_batch_size=4, schedule="1f1b"))
+        (
+            spec(world * k),
+            ParallelPlan(pp=world, micro_batch_size=1, global_batch_size=4, schedule=default_schedule(world, 1)),
+        )
         for k in (1, 2)
     ]
     for model, plan in runs:

@@ -7,7 +7,8 @@ imported; keeping them here lets it do so without loading pydantic, the specs or
 
 from __future__ import annotations
 
-#: Schedule names; ``none`` means no pipeline (pp = 1, plain gradient accumulation).
+#: Schedule names, in the registry's order (`simpar.sim.schedules.registry` refuses to load when they
+#: differ); ``none`` means no pipeline (pp = 1, plain gradient accumulation).
 SCHEDULES = (
     "none",
     "gpipe",
@@ -24,11 +25,8 @@ SCHEDULES = (
     "dualpipe",
     "chimera",
 )
-#: Schedules that run two pipelines in opposite directions over the same ranks, each over the whole
-#: model with half of the microbatches: every rank holds two model replicas' chunks.
-BIDIRECTIONAL = frozenset({"dualpipe", "chimera"})
-#: Schedules with two stages per rank in a V (stage r and 2 pp - 1 - r on rank r).
-V_SHAPED = frozenset({"zb-v", "dualpipe-v", "dualpipe", "chimera"})
+#: A plan's schedule when it names none. Each schedule's traits are its spec (`simpar.sim.schedules.registry`).
+DEFAULT_SCHEDULE = "1f1b"
 #: What a sweep tries unless --schedules says otherwise: every schedule but looped BFS, which keeps
 #: all v x m activation sets of a rank alive (as GPipe) and so rarely fits where interleaved 1F1B
 #: does (GPT-3 175B on 1,024 A100: +8,736 configurations, +6,036 that do not fit, none in the top 20).

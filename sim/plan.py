@@ -15,8 +15,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from .choices import BIDIRECTIONAL, V_SHAPED
 from .choices import CP_COMM_TYPES as CP_COMM_TYPES
+from .choices import DEFAULT_SCHEDULE
 from .choices import FP8_RECIPES as FP8_RECIPES
 
 # The choices and bounds live in `choices` (no imports: the CLI's options read them) and are re-exported here.
@@ -30,10 +30,10 @@ from .choices import RECOMPUTE as RECOMPUTE
 from .choices import RECOMPUTE_MODULES as RECOMPUTE_MODULES
 from .choices import SCHEDULES as SCHEDULES
 from .derived import derived
+from .schedules.ir import looped_placement, v_placement
+from .schedules.registry import spec as schedule_spec
 from .specs.stack import DEFAULT_STACK, load_stack
 
-#: Schedules whose stages are split into I (input grad) and W (weight grad).
-SPLIT_BACKWARD = frozenset({"zb-h1", "zb-h2", "zb-1p", "zb-2p", "zb-v", "interleaved-zb"})
 AXES = ("pp", "dp", "cp", "tp")
 #: Megatron's default: pp outermost ... tp innermost (a TP group stays inside a node).
 DEFAULT_MESH_ORDER = ("pp", "dp", "cp", "tp")
@@ -64,18 +64,6 @@ class ZeroPolicy(enum.Enum):
 
 
 @cache
-def looped_placement(pp: int, vpp: int) -> tuple[int, ...]:
-    """Interleaved: stage s lives on pipeline rank s % pp (Megatron's virtual pipeline)."""
-    return tuple(s % pp for s in range(pp * vpp))
-
-
-@cache
-def v_placement(pp: int) -> tuple[int, ...]:
-    """V shape (zb-v): stages 0..pp-1 go down the ranks, stages pp..2pp-1 come back up."""
-    return tuple(list(range(pp)) + list(range(pp - 1, -1, -1)))
-
-
-@cache
 def stages_by_rank(placement: tuple[int, ...], ranks: int) -> tuple[tuple[int, ...], ...]:
     """Per pipeline rank, the stages ``placement`` puts on it, in stage order (one table per
     placement: a sweep's plans share it)."""
@@ -97,7 +85,7 @@ class ParallelPlan(BaseModel):
     vpp: int = Field(1, ge=1, le=MAX_GPUS, strict=True, description="model chunks (stages) per pipeline rank")
     micro_batch_size: int = Field(1, ge=1, le=MAX_BATCH, strict=True, description="sequences per micro-batch")
     global_batch_size: int = Field(1, ge=1, le=MAX_BATCH, strict=True, description="sequences per iteration")
-    schedule: str = Field("1f1b", description="pipeline schedule name")
+    schedule: str = Field(DEFAULT_SCHEDULE, description="pipeline schedule name")
     zero: int = Field(0, ge=0, le=3, description="ZeRO stage: 1 optimizer, 2 +grads, 3 +params")
     recompute: Literal["none", "selective", "full"] = "none"
     #: what selective recompute re-runs, as Megatron-Core's --recompute-modules names it (None: the
@@ -295,7 +283,7 @@ class ParallelPlan(BaseModel):
     def pipelines(self) -> int:
         """2 for the bidirectional schedules (Chimera, DualPipe: two pipelines in opposite
         directions, each over the whole model), else 1."""
-        return 2 if self.schedule in BIDIRECTIONAL else 1
+        return schedule_spec(self.schedule).pipelines
 
     @derived
     def num_chunks(self) -> int:
@@ -316,7 +304,7 @@ class ParallelPlan(BaseModel):
 
     @derived
     def split_backward(self) -> bool:
-        return self.schedule in SPLIT_BACKWARD
+        return schedule_spec(self.schedule).split_backward
 
     @derived
     def zero_shards(self) -> int:
@@ -326,13 +314,13 @@ class ParallelPlan(BaseModel):
     @derived
     def pipeline_ranks(self) -> int:
         """Pipeline ranks the schedule runs on (1 without a pipeline schedule)."""
-        return 1 if self.schedule == "none" else self.pp
+        return self.pp if schedule_spec(self.schedule).pipelined else 1
 
     @derived
     def placement(self) -> tuple[int, ...]:
         """Pipeline rank of each stage: a V for zb-v, dualpipe-v and the bidirectional schedules
         (whose second pipeline is the V's way back up), else looped (stage s on rank s % pp)."""
-        if self.schedule in V_SHAPED:
+        if schedule_spec(self.schedule).placement == "v":
             return v_placement(self.pp)
         return looped_placement(self.pipeline_ranks, self.vpp)
 

@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
-from .choices import MAX_GPUS, MAX_MICROBATCHES, V_SHAPED
+from .choices import MAX_GPUS, MAX_MICROBATCHES
 from .errors import PlanError
 from .plan import ParallelPlan, balanced_layer_split
+from .schedules.registry import refusal, with_trait
+from .schedules.registry import spec as schedule_spec
 from .specs import ClusterSpec, ModelSpec
 from .specs.recipes import recipe_problem
 from .specs.stack import load_stack, op_level_problem
@@ -305,10 +307,12 @@ def _check_dispatch(plan: ParallelPlan, model: ModelSpec) -> None:
     rules = (
         (plan.ep == 1, "ep", "MoE all-to-all overlap needs expert parallelism (ep > 1).", "use ep > 1."),
         (
-            plan.pp > 1 and plan.schedule != "interleaved-1f1b",
+            plan.pp > 1 and not schedule_spec(plan.schedule).moe_a2a_overlap,
             "schedule",
             "MoE all-to-all overlap with pp > 1 runs in Megatron-Core's combined interleaved 1F1B schedule.",
-            "use --schedule interleaved-1f1b with --vpp >= 2.",
+            "use --schedule "
+            + " / ".join(with_trait(lambda x: x.moe_a2a_overlap and x.pipelined))
+            + " with --vpp >= 2.",
         ),
         (
             plan.recompute == "full",
@@ -335,64 +339,10 @@ def _check_dispatch(plan: ParallelPlan, model: ModelSpec) -> None:
 
 
 def _check_schedule(plan: ParallelPlan) -> None:
-    s, m = plan.schedule, plan.num_microbatches
-    if s == "none" and plan.pp > 1:
-        raise PlanError(
-            "schedule",
-            f"pp={plan.pp} needs a pipeline schedule.",
-            "use --schedule 1f1b (or gpipe, interleaved-1f1b, zb-*).",
-        )
-    if s == "interleaved-1f1b" and plan.vpp < 2:
-        raise PlanError(
-            "vpp", "interleaved-1f1b needs vpp >= 2 model chunks per pipeline rank.", "pass --vpp 2 (or more)."
-        )
-    if s == "interleaved-1f1b" and plan.pp < 2:
-        raise PlanError("pp", "interleaved-1f1b needs pp >= 2.", "use pp >= 2 or --schedule none.")
-    if s in V_SHAPED and plan.vpp != 2:
-        raise PlanError(
-            "vpp", f"{s} places exactly 2 stages per pipeline rank (V shape), got vpp={plan.vpp}.", "pass --vpp 2."
-        )
-    if s not in ("interleaved-1f1b", "interleaved-zb", "looped-bfs", *V_SHAPED) and plan.vpp != 1:
-        raise PlanError(
-            "vpp",
-            f"schedule {s} runs one stage per pipeline rank, got vpp={plan.vpp}.",
-            "use --vpp 1, or --schedule interleaved-1f1b / interleaved-zb / looped-bfs / zb-v / dualpipe-v.",
-        )
-    if s == "dualpipe-v" and m < 2 * plan.pp:
-        raise PlanError(
-            "gbs",
-            f"dualpipe-v needs at least as many microbatches as stages (2 x pp = {2 * plan.pp}), got {m}.",
-            f"raise the global batch to at least {2 * plan.pp} microbatches.",
-        )
-    if s == "dualpipe" and (plan.pp % 2 or m % 2 or m < 2 * plan.pp):
-        raise PlanError(
-            "gbs" if plan.pp % 2 == 0 else "pp",
-            f"dualpipe runs an even pp and an even number of microbatches >= 2 x pp (half in each direction), "
-            f"got pp={plan.pp} and {m} microbatches.",
-            f"use an even pp and an even microbatch count >= {2 * plan.pp}.",
-        )
-    if s == "chimera" and (plan.pp % 2 or m % plan.pp):
-        raise PlanError(
-            "gbs" if plan.pp % 2 == 0 else "pp",
-            f"chimera runs an even pp and a multiple of pp microbatches (basic units of pp, half in each "
-            f"direction), got pp={plan.pp} and {m} microbatches.",
-            f"use an even pp and a multiple of {plan.pp} microbatches.",
-        )
-    if s == "interleaved-zb" and m % max(1, m // plan.pp):
-        rounds = max(1, m // plan.pp)
-        raise PlanError(
-            "gbs",
-            f"interleaved-zb runs microbatches in equal rounds: {m} microbatches do not split into {rounds}.",
-            f"use a multiple of {rounds} (or of pp={plan.pp}) microbatches.",
-        )
-    if s == "interleaved-1f1b" and m < plan.pp:
-        raise PlanError(
-            "gbs",
-            f"interleaved-1f1b needs at least pp={plan.pp} microbatches, got {m}.",
-            "raise the global batch or lower mbs/dp.",
-        )
-    # m need not be a multiple of pp: the interleaved generator runs Megatron's microbatch groups of
-    # pp and lets the last group absorb the remainder (sim/schedules/interleaved.py).
+    """The microbatch count's bounds, then the schedule's own rules (its spec: stages per rank, pp
+    and microbatch counts; `schedules.registry.refusal`). The interleaved 1F1B needs no multiple of pp:
+    its generator runs Megatron's microbatch groups of pp, the last group absorbing the remainder."""
+    m = plan.num_microbatches
     if m < 1:
         raise PlanError("gbs", "the plan has no microbatch.", "raise the global batch.")
     if m > MAX_MICROBATCHES:
@@ -401,6 +351,9 @@ def _check_schedule(plan: ParallelPlan) -> None:
             f"{m} micro-batches per iteration is more than simpar's bound of {MAX_MICROBATCHES}.",
             "raise mbs or dp, or lower the global batch.",
         )
+    bad = refusal(plan.schedule, plan.pp, plan.vpp, m)
+    if bad is not None:
+        raise PlanError(bad.field, bad.problem, bad.fix)
 
 
 def _check_split(plan: ParallelPlan, model: ModelSpec) -> None:

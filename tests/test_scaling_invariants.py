@@ -29,7 +29,7 @@ from simpar.sim.engine.simulate import simulate
 from simpar.sim.errors import PlanError
 from simpar.sim.plan import ParallelPlan
 from simpar.sim.plan_check import check_plan
-from simpar.sim.schedules import COST_STEERED
+from simpar.sim.schedules import spec
 from simpar.sim.specs import load_cluster, load_model
 
 MODELS = {name: load_model(name) for name in ("gpt-1.7b", "tiny-moe")}
@@ -130,7 +130,7 @@ def test_weak_scaling_on_the_whole_grid() -> None:
 def _check_weak_scaling(d: dict, kw: dict, a, b) -> None:
     for key in ("compute", "expert_compute", "recompute"):  # per pipeline stage, every replica alike
         assert _values(b, key) == _values(a, key), key
-    if d["schedule"] in COST_STEERED or load_cluster(d["cluster"]).node.nvls:
+    if spec(d["schedule"]).cost_steered or load_cluster(d["cluster"]).node.nvls:
         return  # more GPUs may make something faster (see the module docstring)
     if kw["zero"] == 0:
         assert b.iter_time_s >= a.iter_time_s * (1 - 1e-12)

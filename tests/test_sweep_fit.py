@@ -18,7 +18,7 @@ from simpar.sim.cost.alive import (
 )
 from simpar.sim.cost.memory import memory_report, schedule_memory_report
 from simpar.sim.plan import ParallelPlan
-from simpar.sim.schedules import ALL_FORWARDS_FIRST, COST_STEERED, build_schedule, peak_activation_units, peak_inflight
+from simpar.sim.schedules import build_schedule, peak_activation_units, peak_inflight, spec
 from simpar.sim.specs import load_cluster, load_model
 from simpar.sim.sweep.config_plan import checked_plan
 from simpar.sim.sweep.memory_screen import MemoryScreen
@@ -105,8 +105,8 @@ MEMORIES = ["none", "uniform:0.05", "uniform:0.43", "uniform:0.94", "stages"]
 CUT_CASES = [
     (name, vpp, kind)
     for name, vpp in SCHEDS
-    if name not in ALL_FORWARDS_FIRST
-    for kind in (MEMORIES if name in COST_STEERED else ["none"])
+    if not spec(name).all_forwards_first
+    for kind in (MEMORIES if spec(name).cost_steered else ["none"])
 ]
 
 

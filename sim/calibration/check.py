@@ -33,29 +33,43 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict
+
+from .. import files
 from ..cost.profile import ExecutorProfile
 from ..engine.iteration import EXECUTOR_OPTIONS
 from ..engine.simulate import simulate
 from ..engine.trace import write_trace
-from ..errors import SimparError
+from ..errors import SimparError, SpecError
 from ..plan import ParallelPlan
 from ..plan_check import check_plan
 from ..schedules import schedule_for_plan, write_csv
 from ..specs import ClusterSpec, ModelSpec, load_model
 from ..specs.calibration import Calibration
-from ..specs.loader import build
+from ..specs.loader import build, presets_dir
 from ..specs.planfile import write_plan_file
 from .score import evaluate, summarize
 
-#: (preset, overrides): the check's models, widened from the tiny presets (see the docstring).
-CHECK_MODELS = {
-    "gpt": ("tiny", {"name": "tiny-x256", "hidden": 256, "heads": 4, "kv_heads": 4, "ffn": 1024, "seq_len": 128}),
-    "llama": (
-        "tiny-llama",
-        {"name": "tiny-llama-x256", "hidden": 256, "heads": 4, "kv_heads": 2, "ffn": 768, "seq_len": 128},
-    ),
-    "moe": ("tiny-moe", {"name": "tiny-moe-x128", "seq_len": 128}),
-}
+
+class _CheckModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    preset: str
+    overrides: dict[str, Any] = {}
+
+
+class _CheckCase(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    model: str
+    plan: dict[str, Any]
+
+
+class _CheckSet(BaseModel):
+    """`topologies/checks/closed-loop.yaml`: the check's models and plans, as data."""
+
+    model_config = ConfigDict(extra="forbid")
+    models: dict[str, _CheckModel]
+    plans: list[_CheckCase]
 
 
 @dataclass(frozen=True)
@@ -70,52 +84,18 @@ class CheckPlan:
         return p.get("dp", 1) * p.get("tp", 1) * p.get("pp", 1)
 
 
-CHECK_PLANS = (
-    CheckPlan("gpt-pp2-1f1b-mbs2", "gpt", dict(pp=2, micro_batch_size=2, global_batch_size=16, schedule="1f1b")),
-    CheckPlan("gpt-pp2-gpipe-mbs2", "gpt", dict(pp=2, micro_batch_size=2, global_batch_size=8, schedule="gpipe")),
-    CheckPlan(
-        "gpt-pp2-interleaved-v2",
-        "gpt",
-        dict(pp=2, vpp=2, micro_batch_size=2, global_batch_size=16, schedule="interleaved-1f1b"),
-    ),
-    CheckPlan("gpt-pp2-zbh1-mbs2", "gpt", dict(pp=2, micro_batch_size=2, global_batch_size=16, schedule="zb-h1")),
-    CheckPlan("gpt-pp2-zbv-mbs2", "gpt", dict(pp=2, vpp=2, micro_batch_size=2, global_batch_size=16, schedule="zb-v")),
-    CheckPlan(
-        "gpt-pp2-1f1b-mbs4-selective",
-        "gpt",
-        dict(pp=2, micro_batch_size=4, global_batch_size=16, schedule="1f1b", recompute="selective"),
-    ),
-    CheckPlan(
-        "llama-pp2-1f1b-mbs1-full",
-        "llama",
-        dict(pp=2, micro_batch_size=1, global_batch_size=8, schedule="1f1b", recompute="full"),
-    ),
-    CheckPlan("llama-pp2-zbh1-mbs4", "llama", dict(pp=2, micro_batch_size=4, global_batch_size=16, schedule="zb-h1")),
-    CheckPlan(
-        "llama-pp2-interleaved-v2-selective",
-        "llama",
-        dict(pp=2, vpp=2, micro_batch_size=2, global_batch_size=8, schedule="interleaved-1f1b", recompute="selective"),
-    ),
-    CheckPlan(
-        "gpt-tp2-mbs2",
-        "gpt",
-        dict(tp=2, micro_batch_size=2, global_batch_size=8, schedule="none", sequence_parallel=False),
-    ),
-    CheckPlan(
-        "llama-tp2-sp-mbs2",
-        "llama",
-        dict(tp=2, micro_batch_size=2, global_batch_size=8, schedule="none", sequence_parallel=True),
-    ),
-    CheckPlan("gpt-dp2-zero0-mbs2", "gpt", dict(dp=2, micro_batch_size=2, global_batch_size=16, schedule="none")),
-    CheckPlan(
-        "llama-dp2-zero2-mbs2", "llama", dict(dp=2, micro_batch_size=2, global_batch_size=16, schedule="none", zero=2)
-    ),
-    CheckPlan(
-        "gpt-single-mbs4-full", "gpt", dict(micro_batch_size=4, global_batch_size=8, schedule="none", recompute="full")
-    ),
-    CheckPlan("moe-dp2-ep2-mbs2", "moe", dict(dp=2, ep=2, micro_batch_size=2, global_batch_size=8, schedule="none")),
-    CheckPlan("moe-pp2-1f1b-mbs2", "moe", dict(pp=2, micro_batch_size=2, global_batch_size=8, schedule="1f1b")),
-)
+def _load_check_set() -> tuple[dict[str, tuple[str, dict[str, Any]]], tuple[CheckPlan, ...]]:
+    path = presets_dir("checks") / "closed-loop.yaml"
+    doc = build(_CheckSet, files.read_yaml(path), str(path))
+    unknown = [c.name for c in doc.plans if c.model not in doc.models]
+    if unknown:
+        raise SpecError(str(path), f"plans {', '.join(unknown)} name a model the file does not define.")
+    models = {k: (m.preset, dict(m.overrides)) for k, m in doc.models.items()}
+    return models, tuple(CheckPlan(c.name, c.model, dict(c.plan)) for c in doc.plans)
+
+
+#: the check's models ((preset, overrides), widened from the tiny presets: see the docstring) and plans
+CHECK_MODELS, CHECK_PLANS = _load_check_set()
 
 
 def check_model(key: str) -> ModelSpec:

@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .. import files
 from ..errors import SpecError
+from ..schedules.registry import SPECS
 from ..specs.stack import load_stack
 
 if TYPE_CHECKING:
@@ -51,21 +52,6 @@ GPU_FAMILY = {
 }
 #: GPU-count buckets: (largest count, label)
 SCALES = ((8, "1-8 GPUs"), (64, "9-64 GPUs"), (512, "65-512 GPUs"), (math.inf, "513+ GPUs"))
-#: schedule -> family; a schedule not named here is its own family
-SCHEDULE_FAMILY = {
-    "none": "no pipeline",
-    "gpipe": "1f1b family",
-    "1f1b": "1f1b family",
-    "interleaved-1f1b": "1f1b family",
-    "zb-h1": "zero bubble",
-    "zb-h2": "zero bubble",
-    "zb-1p": "zero bubble",
-    "zb-2p": "zero bubble",
-    "zb-v": "zero bubble",
-    "interleaved-zb": "zero bubble",
-    "dualpipe": "dualpipe",
-    "dualpipe-v": "dualpipe",
-}
 #: the shipped file (package data)
 BANDS_FILE = "error_bands.json"
 #: the regimes a plan's band is looked up in, narrowest first: every axis, then without the
@@ -95,7 +81,7 @@ def regime(gpu: str, precision: str, kind: str, num_gpus: int, schedule: str) ->
         "precision": "16-bit" if precision in ("bf16", "fp16", "fp32") else "8/4-bit",
         "kind": kind,
         "scale": next(label for top, label in SCALES if num_gpus <= top),
-        "schedule_family": SCHEDULE_FAMILY.get(schedule, schedule),
+        "schedule_family": SPECS[schedule].family if schedule in SPECS else schedule,  # its spec's
     }
 
 

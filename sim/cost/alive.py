@@ -22,11 +22,10 @@ from operator import mul
 
 from ..derived import derived
 from ..plan import ParallelPlan
-from ..schedules import ALL_FORWARDS_FIRST, COST_STEERED, Schedule, StageCosts, build_schedule
+from ..schedules import Schedule, StageCosts, build_schedule, spec
 from ..schedules.analysis import ALIVE_DELTA
 from ..schedules.ir import Kind, flat
 from ..schedules.zb_auto import (
-    MEM_FACTOR,
     W_MEM_FRACTION,
     MemoryTests,
     memory_limit,
@@ -183,22 +182,23 @@ def profile_cut(schedule: str, pp: int, memory: StageMemory | None) -> int | Non
     ``limit / w`` rounds past the warm-up (w: the smallest set waiting for its W, in the limit's
     units, `zb_auto.stage_memory`); twice that is cut. With a stage whose W frees nothing, nothing
     bounds them."""
-    if schedule in ALL_FORWARDS_FIRST:
+    s = spec(schedule)
+    if s.all_forwards_first:
         return None
-    if schedule not in MEM_FACTOR:
+    if s.mem_factor is None:
         return STEADY * pp
     mem = stage_memory(unit_costs(schedule, memory) or StageCosts.uniform(), pp, W_MEM_FRACTION)
     w = min(w for _, w in mem)
     if w <= 0:
         return None
-    return STEADY * pp + 2 * math.ceil(memory_limit(mem, pp, MEM_FACTOR[schedule]) / w)
+    return STEADY * pp + 2 * math.ceil(memory_limit(mem, pp, s.mem_factor) / w)
 
 
 def unit_costs(schedule: str, memory: StageMemory | None) -> StageCosts | None:
     """What steers a compute-only ``schedule`` where no stage costs are at hand (`simpar memory`, the
     sweep's memory screen): unit F, I, W and, for zb-1p/2p, each stage's memory (``memory``:
     `activations.zb_stage_memory`); None for the schedules no cost steers."""
-    if schedule not in COST_STEERED or memory is None:
+    if not spec(schedule).cost_steered or memory is None:
         return None
     return replace(StageCosts.uniform(), mem_f=memory[0], mem_w=memory[1])
 
@@ -209,10 +209,11 @@ def cached_profile(
     """The profile of a compute-only schedule (zb-1p/2p with unit costs, as `simpar memory`); a
     zb-1p/2p schedule is built once for the stage memories that answer its heuristic's memory
     tests alike (`zb_auto.MemoryTests`): those give the same schedule."""
-    if schedule not in COST_STEERED or vpp != 1:  # (zb-1p/2p with vpp > 1: refused there)
+    factor = spec(schedule).mem_factor
+    if factor is None or vpp != 1:  # (zb-1p/2p with vpp > 1: refused there)
         return _plain_profile(schedule, pp, vpp, num_microbatches)
     costs = unit_costs(schedule, memory) or StageCosts.uniform()
-    mem, limit = scaled_memory(costs, pp, MEM_FACTOR[schedule])
+    mem, limit = scaled_memory(costs, pp, factor)
     built = _ZB_PROFILES.setdefault((schedule, pp, vpp, num_microbatches), [])
     for tests, profile in built:
         if tests.alike(mem, limit):
@@ -220,7 +221,7 @@ def cached_profile(
     if sum(map(len, _ZB_PROFILES.values())) >= 4096:
         _ZB_PROFILES.clear()
         built = _ZB_PROFILES.setdefault((schedule, pp, vpp, num_microbatches), [])
-    kinds, tests = zb_auto_kinds(pp, num_microbatches, costs, MEM_FACTOR[schedule])
+    kinds, tests = zb_auto_kinds(pp, num_microbatches, costs, factor)
     profile = AliveProfile(
         tuple((j,) for j in range(pp)), tuple(rank_vectors((j,), zip(repeat(j), k)) for j, k in enumerate(kinds))
     )
@@ -242,7 +243,7 @@ def plan_profile(plan: ParallelPlan, memory: StageMemory | None = None) -> Alive
     """The alive profile of the plan's compute-only schedule, cut where it stops changing
     (`profile_cut`); ``memory`` steers zb-1p/2p (`unit_costs`)."""
     pp = plan.pipeline_ranks
-    mem = memory if plan.schedule in COST_STEERED else None  # one cache entry for the others
+    mem = memory if spec(plan.schedule).cost_steered else None  # one cache entry for the others
     cut = profile_cut(plan.schedule, pp, mem)
     m = plan.num_microbatches if cut is None else min(plan.num_microbatches, cut)
     return cached_profile(plan.schedule, pp, plan.vpp, m, mem)

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from ..plan import ParallelPlan
+from ..schedules.registry import default_schedule
+from ..schedules.registry import spec as schedule_spec
 from ..specs import ClusterSpec, ModelSpec
 from .memory import MemoryReport, schedule_memory_report
 
@@ -53,9 +55,10 @@ def _lever_options(plan: ParallelPlan) -> dict[str, list[_Option]]:
         while plan.dp % f == 0:
             size = getattr(plan, axis) * f
             extra: dict[str, object] = {axis: size, "dp": plan.dp // f}
-            if axis == "pp" and plan.schedule == "none":
-                extra["schedule"] = "1f1b"
-            opts.append((f"{axis} {size} (dp {plan.dp // f}" + (", 1f1b)" if "schedule" in extra else ")"), extra))
+            if axis == "pp" and not schedule_spec(plan.schedule).pipelined:
+                extra["schedule"] = default_schedule(size, plan.vpp)
+            label = f", {extra['schedule']})" if "schedule" in extra else ")"
+            opts.append((f"{axis} {size} (dp {plan.dp // f}" + label, extra))
             f *= 2
         out[axis] = opts
     mbs = plan.micro_batch_size

@@ -24,7 +24,7 @@ from typing import NamedTuple
 from ..derived import derived
 from ..layout import RankLayout
 from ..plan import ParallelPlan, ZeroPolicy
-from ..schedules import COST_STEERED, peak_activation_units, peak_inflight, schedule_for_plan
+from ..schedules import peak_activation_units, peak_inflight, schedule_for_plan, spec
 from ..schedules.lower import MAX_ACTIVE_STAGES
 from ..specs import ClusterSpec, GPUSpec, ModelSpec
 from ..specs.stack import MEMORY_METRICS
@@ -311,7 +311,7 @@ def memory_report(
     if inflight is None or activation_peak is None:
         # the stages' bytes weigh the peaks, and steer zb-1p/2p's schedule (`alive.unit_costs`);
         # the sets in flight of any other schedule do not depend on them
-        steered = activation_peak is None or plan.schedule in COST_STEERED
+        steered = activation_peak is None or spec(plan.schedule).cost_steered
         memory = zb_stage_memory(m, plan) if steered else None
         prof = plan_profile(plan, memory)
         inflight = prof.inflight if inflight is None else inflight

@@ -40,7 +40,8 @@ from dataclasses import dataclass, field
 from ..plan import ParallelPlan
 from ..schedules.ir import Action, Kind, Schedule
 from ..schedules.memo import lowered_schedule
-from ..schedules.periodic import CLOSED_FORM, GROUPED, Rounds, find_rounds, shift
+from ..schedules.periodic import Rounds, find_rounds, shift
+from ..schedules.registry import spec
 from .core import Engine
 from .iteration import reduces_every_microbatch
 from .trace import TraceEvent
@@ -100,13 +101,11 @@ def schedule_rounds(plan: ParallelPlan, build: Callable[[int], Schedule]) -> tup
         # a reduction queued per micro-batch on the data-parallel stream: a backlog that may grow
         # round after round (a communication-bound plan), so rounds need not repeat
         return None, "ZeRO-2 reduces every micro-batch's gradients (iteration.reduces_every_microbatch)"
-    if plan.schedule not in CLOSED_FORM:
-        return (
-            None,
-            f"schedule {plan.schedule}: not built of repeating rounds (periodic.CLOSED_FORM)",
-        )
-    m, pp = plan.num_microbatches, (1 if plan.schedule == "none" else plan.pp)
-    d = pp if plan.schedule in GROUPED else 1
+    kind = spec(plan.schedule).rounds
+    if kind is None:
+        return None, f"schedule {plan.schedule}: not built of repeating rounds (its spec's rounds)"
+    m, pp = plan.num_microbatches, plan.pipeline_ranks
+    d = pp if kind == "grouped" else 1
     if d > 1 and m % d:
         # the microbatch grouping depends on m itself (equal rounds where m // pp divides m, else a
         # remainder group or none: `schedules.interleaved`), so rounds read off other counts may not be m's

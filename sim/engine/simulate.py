@@ -28,7 +28,7 @@ from ..layout import RankLayout
 from ..model import hardware_flops_per_iteration, model_flops_per_iteration
 from ..network import make_network
 from ..plan import ParallelPlan
-from ..schedules import COST_STEERED, StageCosts
+from ..schedules import StageCosts, spec
 from ..schedules.ir import Schedule
 from ..schedules.memo import built_inflight, lowered_schedule
 from ..specs import ClusterSpec, ModelSpec
@@ -187,7 +187,7 @@ def _simulate(
     # sets in flight: where the stage costs order the schedule (zb-1p/2p), those of the order the
     # engine ran (the lowered schedule's, `memo.built_inflight`), not of the unit-cost build the
     # memory report would make (`alive.unit_costs`)
-    zb_ran = ran if ran is not None and plan.schedule in COST_STEERED else None
+    zb_ran = ran if ran is not None and spec(plan.schedule).cost_steered else None
     inflight = built_inflight(plan, scosts) if zb_ran is not None else None
     mem = memory_report(
         model,

@@ -27,6 +27,7 @@ from typing import Any
 
 from ..errors import SpecError
 from ..files import read_yaml
+from ..schedules.registry import default_schedule
 from .common import Imported
 from .deepspeed import read_deepspeed
 from .schema import Flag, Table, Text, Whole, check, key_name, section, shown
@@ -385,7 +386,7 @@ def _megatron(mc: dict[str, Any], plan: dict[str, Any], imp: Imported, where: st
     plan["sequence_parallel"] = tp > 1 and mc.get("megatron_lm_sequence_parallelism", False)
     plan["recompute"] = "selective" if mc.get("megatron_lm_recompute_activations", False) else "none"
     plan["zero"] = 1 if mc.get("megatron_lm_use_distributed_optimizer", False) else 0
-    plan["schedule"] = "1f1b" if pp > 1 else "none"
+    plan["schedule"] = default_schedule(pp, 1)
     n = mc.get("megatron_lm_num_micro_batches")
     if n is not None and pp == 1:
         imp.unmodelled.append("megatron_lm_config.megatron_lm_num_micro_batches (no pipeline)")

@@ -13,9 +13,11 @@ from typing import Any
 
 from ..errors import SpecError
 from ..plan import ParallelPlan
+from ..schedules.registry import spec as schedule_spec
+from ..schedules.registry import with_trait
 from ..specs import ModelSpec
 from .megatron_moe import expressible, megatron_moe_args
-from .torchtitan import MODELS, SCHEDULES, SINGLE_STAGE, torchtitan_layer_split
+from .torchtitan import MODELS, torchtitan_layer_split
 
 EMIT_TARGETS = ("megatron", "deepspeed", "torchtitan")
 _MEGATRON_STACKS = ("megatron-core", "megatron-bridge", "megatron-lm-legacy")
@@ -42,10 +44,9 @@ def megatron_launch(plan: ParallelPlan, model: ModelSpec | None, num_gpus: int, 
     t = "Megatron-LM"
     if plan.stack not in _MEGATRON_STACKS:
         raise _refuse("stack", t, f"the plan runs on {plan.stack}", "emit that stack's recipe.")
-    if plan.schedule not in ("none", "1f1b", "interleaved-1f1b"):
-        raise _refuse(
-            "schedule", t, f"Megatron-LM runs 1F1B and interleaved 1F1B, not {plan.schedule}", "use one of them."
-        )
+    if not schedule_spec(plan.schedule).megatron:
+        runs = with_trait(lambda s: s.megatron and s.pipelined)
+        raise _refuse("schedule", t, f"Megatron-LM runs {' and '.join(runs)}, not {plan.schedule}", "use one of them.")
     _defaults_only(
         plan,
         t,
@@ -297,9 +298,13 @@ def deepspeed_recipe(
     t = "DeepSpeed"
     if plan.stack != "deepspeed":
         raise _refuse("stack", t, f"the plan runs on {plan.stack}", "emit that stack's recipe.")
-    if plan.schedule not in ("none", "1f1b") or plan.vpp > 1 or plan.cp > 1:
+    if not schedule_spec(plan.schedule).deepspeed or plan.vpp > 1 or plan.cp > 1:
+        runs = with_trait(lambda s: s.deepspeed and s.pipelined)
         raise _refuse(
-            "schedule", t, "DeepSpeed's pipeline engine runs one stage per rank, 1F1B, without cp", "use 1f1b."
+            "schedule",
+            t,
+            f"DeepSpeed's pipeline engine runs one stage per rank, {runs[0]}, without cp",
+            f"use {runs[0]}.",
         )
     _defaults_only(
         plan, t, {"offload_activations": 0, "ep": 1, "layer_split": None, "mesh_order": _MESH, "cp_comm_type": "p2p"}
@@ -368,9 +373,11 @@ def torchtitan_toml(plan: ParallelPlan, model: ModelSpec) -> str:
         raise _refuse(
             "model", t, f"{model.name} is not a torchtitan flavor", f"use one of {', '.join(MODELS.values())}."
         )
-    sched = {v: k for k, v in SCHEDULES.items()}
-    if plan.pp > 1 and plan.schedule not in sched:
-        raise _refuse("schedule", t, f"torch has no {plan.schedule} schedule class", f"use one of {', '.join(sched)}.")
+    if plan.pp > 1 and schedule_spec(plan.schedule).torchtitan is None:
+        offered = with_trait(lambda s: s.torchtitan is not None)
+        raise _refuse(
+            "schedule", t, f"torch has no {plan.schedule} schedule class", f"use one of {', '.join(offered)}."
+        )
     _defaults_only(
         plan,
         t,
@@ -388,7 +395,7 @@ def torchtitan_toml(plan: ParallelPlan, model: ModelSpec) -> str:
         raise _refuse("recompute_layers", t, "it recomputes every layer or per op", "use none, selective or full.")
     stages = plan.pp * plan.vpp
     if plan.pp > 1:
-        single = plan.schedule in SINGLE_STAGE
+        single = schedule_spec(plan.schedule).stages == 1
         if (plan.vpp == 1) != single:
             raise _refuse(
                 "vpp", t, f"{plan.schedule} runs {'1' if single else '2 or more'} stages per rank", "adjust vpp."
@@ -437,7 +444,7 @@ def torchtitan_toml(plan: ParallelPlan, model: ModelSpec) -> str:
         ]
     if plan.pp > 1:
         lines += [
-            f'pipeline_parallel_schedule = "{sched[plan.schedule]}"',
+            f'pipeline_parallel_schedule = "{schedule_spec(plan.schedule).torchtitan}"',
             f"pipeline_parallel_microbatch_size = {plan.micro_batch_size}",
         ]
     mode = {"none": "none", "selective": "selective", "full": "full"}[plan.recompute]

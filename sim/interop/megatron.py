@@ -20,6 +20,7 @@ from typing import Any
 from .. import files
 from ..errors import SpecError
 from ..files import read_text, split_shell
+from ..schedules.registry import default_schedule
 from ..specs.model import ModelSpec
 from .common import Imported, fraction, number, one_of, whole
 from .megatron_args import (
@@ -820,7 +821,7 @@ def _stages(a: dict[str, Any], plan: dict[str, Any], layers: int | None, where: 
     `_agree`'s)."""
     pp = plan.get("pp", 1)
     vpp = plan.get("vpp", 1)
-    plan["schedule"] = "none" if pp == 1 else "interleaved-1f1b" if vpp > 1 else "1f1b"
+    plan["schedule"] = default_schedule(pp, vpp)
     first, last = a.get("--decoder-first-pipeline-num-layers"), a.get("--decoder-last-pipeline-num-layers")
     emb, loss = bool(a.get(ACCOUNT_EMBEDDING)), bool(a.get(ACCOUNT_LOSS))
     if emb or loss:

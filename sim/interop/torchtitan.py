@@ -15,6 +15,8 @@ from typing import Any
 
 from ..errors import SpecError
 from ..files import read_toml
+from ..schedules.registry import SPECS
+from ..schedules.registry import spec as schedule_spec
 from ..specs.loader import build
 from ..specs.model import load_model
 from .common import Imported, one_of, whole
@@ -22,17 +24,9 @@ from .schema import Flag, Table, Text, Texts, Whole, check, key_name, section, s
 from .torchtitan_legacy import legacy_layout, legacy_pipeline
 from .torchtitan_legacy import torchtitan_legacy_layer_split as torchtitan_legacy_layer_split
 
-#: torchtitan's pipeline_parallel_schedule names -> simpar's (torch.distributed.pipelining's classes)
-SCHEDULES = {
-    "GPipe": "gpipe",
-    "1F1B": "1f1b",
-    "Interleaved1F1B": "interleaved-1f1b",
-    "LoopedBFS": "looped-bfs",
-    "InterleavedZeroBubble": "interleaved-zb",
-    "ZBVZeroBubble": "zb-v",
-    "DualPipeV": "dualpipe-v",
-}
-SINGLE_STAGE = frozenset({"gpipe", "1f1b"})
+#: torchtitan's pipeline_parallel_schedule names -> simpar's (torch.distributed.pipelining's classes:
+#: each schedule's spec names its class)
+SCHEDULES = {s.torchtitan: name for name, s in SPECS.items() if s.torchtitan is not None}
 #: [model] name + flavor -> simpar model preset (the flavors' shapes: torchtitan
 #: models/*/__init__.py; DeepSeek-V3 671B and the Qwen3 MoE flavors as the presets, without MTP)
 MODELS = {
@@ -358,7 +352,7 @@ def _parallel(
             "needs the model's layer count to split it, and the job names no [model] flavor simpar knows.",
             "give --model, or name the flavor in [model] (name and flavor).",
         )
-    stages = pp * (1 if sched in SINGLE_STAGE else 2)
+    stages = pp * (1 if schedule_spec(sched).stages == 1 else 2)
     if "pipeline_parallel_microbatches" in par or legacy:
         legacy_pipeline(par, plan, local, stages, where)
         split = lambda: torchtitan_legacy_layer_split(stages, layers)  # noqa: E731

@@ -26,9 +26,9 @@ what one step computes and are not built. A greedy order without the activation 
 
 from __future__ import annotations
 
-from ..errors import ScheduleError
 from .common import check_sizes
 from .ir import Action, B, F, Schedule, v_placement
+from .spec import FillCosts, Refusal, ScheduleSpec, raise_refusal
 
 
 def _greedy(D: int, half: int, cap: list[int] | None) -> tuple[list[list[Action]], list[int]]:
@@ -81,13 +81,36 @@ def _greedy(D: int, half: int, cap: list[int] | None) -> tuple[list[list[Action]
 def chimera(pp: int, num_microbatches: int) -> Schedule:
     check_sizes("chimera", pp, 2, num_microbatches, vpp_allowed=(2,))
     D, N = pp, num_microbatches
-    if D % 2 or N % D:
-        raise ScheduleError(
-            "microbatches",
-            f"chimera runs an even pp and a multiple of pp microbatches (basic units of pp, half in each direction), "
-            f"got pp={D} and {N} microbatches.",
-            f"use an even pp and a microbatch count that is a multiple of {D}.",
-        )
+    raise_refusal(_rules(D, 2, N))
     _, unit = _greedy(D, D // 2, None)
     order, _ = _greedy(D, N // 2, unit)
     return Schedule("chimera", D, 2, N, v_placement(D), tuple(map(tuple, order)), pipelines=2)
+
+
+def _rules(pp: int, vpp: int, m: int) -> Refusal | None:
+    if pp % 2 or m % pp:
+        return Refusal(
+            "gbs" if pp % 2 == 0 else "pp",
+            f"chimera runs an even pp and a multiple of pp microbatches (basic units of pp, half in each "
+            f"direction), got pp={pp} and {m} microbatches.",
+            f"use an even pp and a microbatch count that is a multiple of {pp}.",
+        )
+    return None
+
+
+def _fill(c: FillCosts) -> float:
+    """Two pipelines of pp / 2 hops each way (Li and Hoefler, SC'21 §3)."""
+    mf, mi, mw = c.means
+    return c.period + (c.ranks / 2 - 1) * (mf + mi + mw)
+
+
+SPEC = ScheduleSpec(
+    "chimera",
+    lambda pp, v, m, c: chimera(pp, m),
+    stages=2,
+    placement="v",
+    pipelines=2,
+    fill=_fill,
+    family="chimera",
+    refuse=_rules,
+)

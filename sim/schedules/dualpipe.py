@@ -29,9 +29,9 @@ Bubble (report Table 2, in the times of one chunk's F, B, W and an overlapped pa
 
 from __future__ import annotations
 
-from ..errors import ScheduleError
 from .common import check_sizes
 from .ir import Action, B, F, I, Pair, Schedule, Step, W, v_placement
+from .spec import FillCosts, Refusal, ScheduleSpec, raise_refusal
 
 
 def half_rank_order(n: int, h: int, c: int, s0: int, s1: int) -> list[Step]:
@@ -94,12 +94,7 @@ def half_rank_order(n: int, h: int, c: int, s0: int, s1: int) -> list[Step]:
 
 def dualpipe_v(pp: int, num_microbatches: int) -> Schedule:
     check_sizes("dualpipe-v", pp, 2, num_microbatches, vpp_allowed=(2,))
-    if num_microbatches < 2 * pp:
-        raise ScheduleError(
-            "microbatches",
-            f"dualpipe-v needs at least as many microbatches as stages (2 x pp = {2 * pp}), got {num_microbatches}.",
-            f"raise the global batch to at least {2 * pp} microbatches, or use zb-v.",
-        )
+    raise_refusal(_rules_v(pp, 2, num_microbatches))
     ranks = tuple(tuple(half_rank_order(pp, r, num_microbatches, r, 2 * pp - 1 - r)) for r in range(pp))
     return Schedule("dualpipe-v", pp, 2, num_microbatches, v_placement(pp), ranks)
 
@@ -107,16 +102,63 @@ def dualpipe_v(pp: int, num_microbatches: int) -> Schedule:
 def dualpipe(pp: int, num_microbatches: int) -> Schedule:
     check_sizes("dualpipe", pp, 2, num_microbatches, vpp_allowed=(2,))
     m = num_microbatches
-    if pp % 2 or m % 2 or m < 2 * pp:
-        raise ScheduleError(
-            "microbatches",
-            f"dualpipe runs an even pp and an even number of microbatches >= 2 x pp (half in each direction), "
-            f"got pp={pp} and {m} microbatches.",
-            f"use an even pp and an even microbatch count >= {2 * pp}.",
-        )
+    raise_refusal(_rules(pp, 2, m))
     n, ranks = pp // 2, []
     for r in range(pp):
         down, up = r, 2 * pp - 1 - r  # rank r's stage of the first pipeline and of the second
         s0, s1 = (down, up) if r < n else (up, down)
         ranks.append(tuple(half_rank_order(n, min(r, pp - 1 - r), m // 2, s0, s1)))
     return Schedule("dualpipe", pp, 2, m, v_placement(pp), tuple(ranks), pipelines=2)
+
+
+def _rules_v(pp: int, vpp: int, m: int) -> Refusal | None:
+    if m < 2 * pp:
+        return Refusal(
+            "gbs",
+            f"dualpipe-v needs at least as many microbatches as stages (2 x pp = {2 * pp}), got {m}.",
+            f"raise the global batch to at least {2 * pp} microbatches, or use zb-v.",
+        )
+    return None
+
+
+def _rules(pp: int, vpp: int, m: int) -> Refusal | None:
+    if pp % 2 or m % 2 or m < 2 * pp:
+        return Refusal(
+            "gbs" if pp % 2 == 0 else "pp",
+            f"dualpipe runs an even pp and an even number of microbatches >= 2 x pp (half in each direction), "
+            f"got pp={pp} and {m} microbatches.",
+            f"use an even pp and an even microbatch count >= {2 * pp}.",
+        )
+    return None
+
+
+def _pair_bubble(c: FillCosts) -> float:
+    """DualPipe's bubble per hop: F&B + B - 3W with F&B a pair (F + B less its saving; DeepSeek-V3
+    report, Table 2)."""
+    mf, mi, mw = c.means
+    return max(0.0, mf + 2 * (mi + mw) - c.pair_saving - 3 * mw)
+
+
+SPEC_V = ScheduleSpec(
+    "dualpipe-v",
+    lambda pp, v, m, c: dualpipe_v(pp, m),
+    stages=2,
+    placement="v",
+    fill=lambda c: c.period + (c.ranks - 1) * _pair_bubble(c),  # PP = 2 pr stages of one chunk each
+    family="dualpipe",
+    overlapped_pairs=True,
+    rounds="single",
+    refuse=_rules_v,
+    torchtitan="DualPipeV",
+)
+SPEC = ScheduleSpec(
+    "dualpipe",
+    lambda pp, v, m, c: dualpipe(pp, m),
+    stages=2,
+    placement="v",
+    pipelines=2,
+    fill=lambda c: c.period + (c.ranks / 2 - 1) * _pair_bubble(c),  # PP = pr stages per pipeline
+    family="dualpipe",
+    overlapped_pairs=True,
+    refuse=_rules,
+)

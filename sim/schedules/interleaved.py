@@ -22,6 +22,7 @@ from __future__ import annotations
 from ..errors import ScheduleError
 from .common import check_sizes
 from .ir import B, F, Schedule, looped_placement
+from .spec import Refusal, ScheduleSpec, chunk_fill
 
 
 def microbatch_groups(num_microbatches: int, group: int) -> list[range]:
@@ -71,3 +72,30 @@ def interleaved_1f1b(pp: int, vpp: int, num_microbatches: int, group: int | None
                 f"use a multiple of {pp} microbatches, or another schedule.",
             ) from None
     return sched
+
+
+def _rules(pp: int, vpp: int, m: int) -> Refusal | None:
+    if pp < 2:
+        return Refusal("pp", "interleaved-1f1b needs pp >= 2.", "use pp >= 2 or --schedule none.")
+    if m < pp:
+        return Refusal(
+            "gbs",
+            f"interleaved-1f1b needs at least pp={pp} microbatches, got {m}.",
+            "raise the global batch or lower mbs/dp.",
+        )
+    return None
+
+
+SPEC = ScheduleSpec(
+    "interleaved-1f1b",
+    lambda pp, v, m, c: interleaved_1f1b(pp, v, m),
+    stages=None,
+    min_vpp=2,
+    fill=chunk_fill,
+    family="1f1b family",
+    rounds="grouped",
+    plan_rule=_rules,
+    moe_a2a_overlap=True,
+    megatron=True,
+    torchtitan="Interleaved1F1B",
+)

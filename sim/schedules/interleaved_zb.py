@@ -13,21 +13,16 @@ one, and the cool-down runs the remaining I's the same way; the W's left over cl
 
 from __future__ import annotations
 
-from ..errors import ScheduleError
 from .common import check_sizes
 from .ir import Action, Kind, Schedule, looped_placement
+from .spec import Refusal, ScheduleSpec, raise_refusal, zero_bubble_fill
 
 
 def interleaved_zb(pp: int, vpp: int, num_microbatches: int) -> Schedule:
     check_sizes("interleaved-zb", pp, vpp, num_microbatches, vpp_allowed=None)
     m = num_microbatches
+    raise_refusal(_equal_rounds(pp, vpp, m))
     rounds = max(1, m // pp)
-    if m % rounds:
-        raise ScheduleError(
-            "gbs",
-            f"interleaved-zb runs microbatches in equal rounds: {m} microbatches do not split into {rounds}.",
-            f"use a multiple of {rounds} (or of pp={pp}) microbatches, or another schedule.",
-        )
     g = m // rounds
     ranks = tuple(_rank(r, pp, vpp, m, g) for r in range(pp))
     return Schedule("interleaved-zb", pp, vpp, m, looped_placement(pp, vpp), ranks, meta={"group": g})
@@ -61,3 +56,27 @@ def _rank(r: int, pp: int, vpp: int, m: int, g: int) -> tuple[Action, ...]:
             done_w += 1
     out += [act(Kind.W, bwd_stage(k)) for k in range(done_w, total)]
     return tuple(out)
+
+
+def _equal_rounds(pp: int, vpp: int, m: int) -> Refusal | None:
+    rounds = max(1, m // pp)
+    if m % rounds:
+        return Refusal(
+            "gbs",
+            f"interleaved-zb runs microbatches in equal rounds: {m} microbatches do not split into {rounds}.",
+            f"use a multiple of {rounds} (or of pp={pp}) microbatches, or another schedule.",
+        )
+    return None
+
+
+SPEC = ScheduleSpec(
+    "interleaved-zb",
+    lambda pp, v, m, c: interleaved_zb(pp, v, m),
+    stages=None,
+    fill=zero_bubble_fill(1.0),
+    family="zero bubble",
+    split_backward=True,
+    rounds="grouped",
+    refuse=_equal_rounds,
+    torchtitan="InterleavedZeroBubble",
+)

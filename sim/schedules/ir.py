@@ -23,10 +23,22 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from enum import Enum
+from functools import cache
 from typing import ClassVar, NamedTuple
 
 from ..derived import derived
-from ..plan import looped_placement, v_placement  # noqa: F401  (re-exported: the schedules place stages so)
+
+
+@cache
+def looped_placement(pp: int, vpp: int) -> tuple[int, ...]:
+    """Interleaved: stage s lives on pipeline rank s % pp (Megatron's virtual pipeline)."""
+    return tuple(s % pp for s in range(pp * vpp))
+
+
+@cache
+def v_placement(pp: int) -> tuple[int, ...]:
+    """V shape (zb-v, DualPipe(V), Chimera): stages 0..pp-1 go down the ranks, pp..2pp-1 come back up."""
+    return tuple(list(range(pp)) + list(range(pp - 1, -1, -1)))
 
 
 class Kind(str, Enum):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from .common import check_sizes
 from .ir import B, F, Schedule, looped_placement
+from .spec import ScheduleSpec, chunk_fill
 
 
 def looped_bfs(pp: int, vpp: int, num_microbatches: int) -> Schedule:
@@ -24,3 +25,14 @@ def looped_bfs(pp: int, vpp: int, num_microbatches: int) -> Schedule:
         bwd = [B(s, i) for s in reversed(stages) for i in reversed(range(m))]
         ranks.append(tuple(fwd + bwd))
     return Schedule("looped-bfs", pp, vpp, m, looped_placement(pp, vpp), tuple(ranks))
+
+
+SPEC = ScheduleSpec(
+    "looped-bfs",
+    lambda pp, v, m, c: looped_bfs(pp, v, m),
+    stages=None,
+    fill=chunk_fill,
+    family="looped-bfs",
+    all_forwards_first=True,
+    torchtitan="LoopedBFS",
+)

@@ -58,10 +58,9 @@ _INFLIGHT: _Lru[tuple[int, ...]] = _Lru(4 * SIZE)
 
 
 def _built_key(plan: ParallelPlan, m: int, costs: StageCosts | None) -> tuple:
-    from . import COST_STEERED
+    from .registry import spec
 
-    pp = 1 if plan.schedule == "none" else plan.pp
-    return plan.schedule, pp, plan.vpp, m, costs if plan.schedule in COST_STEERED else None
+    return plan.schedule, plan.pipeline_ranks, plan.vpp, m, costs if spec(plan.schedule).cost_steered else None
 
 
 def built_schedule(plan: ParallelPlan, m: int | None = None, costs: StageCosts | None = None) -> Schedule:
@@ -86,10 +85,10 @@ def built_inflight(plan: ParallelPlan, costs: StageCosts | None = None) -> tuple
 def lowered_schedule(plan: ParallelPlan, m: int | None = None, costs: StageCosts | None = None) -> Schedule:
     """``lower(schedule_for_plan(plan, costs), plan)`` for m micro-batches (default: the plan's),
     remembered."""
-    from . import COST_STEERED
+    from .registry import spec
 
     m = plan.num_microbatches if m is None else m
-    steer = costs if plan.schedule in COST_STEERED else None
+    steer = costs if spec(plan.schedule).cost_steered else None
     key = (
         plan.schedule,
         plan.pp,

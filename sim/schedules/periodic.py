@@ -17,14 +17,11 @@ from dataclasses import dataclass
 from ..errors import ScheduleError
 from .ir import Action, Kind, Pair, Schedule, Step
 
-#: schedule families whose generator is closed-form in the microbatch count (a new microbatch, or
-#: group of pp for interleaved-1f1b and interleaved-zb, adds one steady-state round and renumbers
-#: the cool-down; dualpipe-v: one more pair of overlapped pairs); zb-1p/zb-2p are searched from the
-#: costs for each microbatch count, gpipe and looped-bfs have two phases, and the two-pipeline
-#: schedules number their microbatches per direction (not built of rounds here).
-CLOSED_FORM = frozenset({"none", "1f1b", "interleaved-1f1b", "interleaved-zb", "zb-h1", "zb-h2", "zb-v", "dualpipe-v"})
-#: the closed-form families whose rounds are groups of pp microbatches
-GROUPED = frozenset({"interleaved-1f1b", "interleaved-zb"})
+# Which generators are closed-form in the microbatch count is each schedule's spec (``rounds``:
+# ``single``, a new microbatch adds one steady-state round and renumbers the cool-down; ``grouped``,
+# a group of pp microbatches does, as interleaved-1f1b and interleaved-zb; dualpipe-v: one more pair
+# of overlapped pairs). zb-1p/zb-2p are searched from the costs for each microbatch count, gpipe and
+# looped-bfs have two phases, and the two-pipeline schedules number their microbatches per direction.
 
 
 def shift(a: Step, d: int) -> Step:

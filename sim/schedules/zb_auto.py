@@ -55,6 +55,7 @@ from ..errors import ScheduleError
 from .common import check_sizes
 from .costs import StageCosts
 from .ir import Action, Kind, Schedule, looped_placement
+from .spec import ScheduleSpec, zero_bubble_fill
 
 _F, _I, _W = 0, 1, 2
 _KINDS = (Kind.F, Kind.I, Kind.W)
@@ -98,8 +99,6 @@ def memory_limit(mem: list[tuple[float, float]], p: int, mem_factor: int) -> flo
 
 #: per action kind, what it changes in a stage's sets in flight and sets waiting for their W
 _DELTA = ((1, 0), (-1, 1), (0, -1))
-#: ZB-1p / ZB-2p's memory limit, in sets of the first stages
-MEM_FACTOR = {"zb-1p": 1, "zb-2p": 2}
 
 
 @dataclass(frozen=True)
@@ -442,3 +441,23 @@ def zb_auto_kinds(
     run, _, tests = _best_run(pp, num_microbatches, costs, mem_factor, W_MEM_FRACTION, record=True)
     assert tests is not None
     return tuple(tuple([_KINDS[kind] for kind in run.order[j]]) for j in range(pp)), tests
+
+
+#: ZB-1p and ZB-2p: the heuristic under a limit of 1 and 2 first-stage activation sets; their fill is
+#: taken as ZB-H1's and ZB-H2's.
+def _spec(k: int) -> ScheduleSpec:
+    def build(pp: int, vpp: int, m: int, costs: StageCosts | None) -> Schedule:
+        return zb_auto(pp, m, costs, k)
+
+    return ScheduleSpec(
+        f"zb-{k}p",
+        build,
+        stages=1,
+        fill=zero_bubble_fill(float(k)),
+        family="zero bubble",
+        split_backward=True,
+        mem_factor=k,
+    )
+
+
+SPECS = (_spec(1), _spec(2))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from .common import check_sizes
 from .ir import F, I, Schedule, W, looped_placement
+from .spec import ScheduleSpec, zero_bubble_fill
 
 
 def zb_h1(pp: int, num_microbatches: int) -> Schedule:
@@ -33,3 +34,14 @@ def zb_h1(pp: int, num_microbatches: int) -> Schedule:
         acts += [W(r, j) for j in range(w_next, m)]
         ranks.append(tuple(acts))
     return Schedule("zb-h1", pp, 1, m, looped_placement(pp, 1), tuple(ranks))
+
+
+SPEC = ScheduleSpec(
+    "zb-h1",
+    lambda pp, v, m, c: zb_h1(pp, m),
+    stages=1,
+    fill=zero_bubble_fill(1.0),
+    family="zero bubble",
+    split_backward=True,
+    rounds="single",
+)

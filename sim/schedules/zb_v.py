@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from .common import check_sizes
 from .ir import Action, F, I, Schedule, W, v_placement
+from .spec import ScheduleSpec, zero_bubble_fill
 
 
 def _rank_order(r: int, pp: int, n: int) -> list[Action]:
@@ -59,3 +60,16 @@ def zb_v(pp: int, num_microbatches: int) -> Schedule:
     n = max(2 * pp - 1, m)
     ranks = tuple(tuple(a for a in _rank_order(r, pp, n) if a.mb < m) for r in range(pp))
     return Schedule("zb-v", pp, 2, m, v_placement(pp), ranks)
+
+
+SPEC = ScheduleSpec(
+    "zb-v",
+    lambda pp, v, m, c: zb_v(pp, m),
+    stages=2,
+    placement="v",
+    fill=zero_bubble_fill(2.0),
+    family="zero bubble",
+    split_backward=True,
+    rounds="single",
+    torchtitan="ZBVZeroBubble",
+)

@@ -7,7 +7,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..engine import iteration as it
-from .pairs import OVERLAPPED, rank_savings
+from ..schedules.registry import spec
+from .pairs import rank_savings
 from .terms import (
     Inputs,
     fsdp_seconds,
@@ -118,7 +119,7 @@ def lower_bound(x: Inputs, backend: str = "analytical") -> float:
     # its last backward (timed as the engine times them on the analytical network only); that pass
     # is a B (or a W, shorter) or, in an overlapped pair, at most the pair of it and a forward; a
     # rank's walk ends with one of its stages' last backward, which one the min leaves open
-    pair = max(fwd) if p.schedule in OVERLAPPED else 0.0
+    pair = max(fwd) if spec(p.schedule).overlapped_pairs else 0.0
     red = [
         [_after_last_backward(x, r, s, pt.back[s] + pair, shape) if sync else 0.0 for s in st]
         for r, st in enumerate(x.ranks)
@@ -171,7 +172,7 @@ def _passes(x: Inputs, m: int, fsdp: bool) -> _Passes:
     # exposed communication (`overlap_seconds`), so each pass counts that much less there; one
     # pass on a chain across ranks still takes its whole time (a pair lasts its longer part).
     fwd_r, back_in_r = fwd, back_in
-    if p.schedule in OVERLAPPED:
+    if spec(p.schedule).overlapped_pairs:
         keep = 1.0 - x.costs.eff.overlap_contention
         xf = [keep * sum(x.parts(w, "F")[2:]) for w in x.work]
         xb = [keep * sum(x.parts(w, "B")[2:]) for w in x.work]

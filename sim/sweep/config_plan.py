@@ -6,18 +6,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..choices import BIDIRECTIONAL
 from ..cost.offload import offload_fields
 from ..errors import PlanError
 from ..plan import ParallelPlan, balanced_layer_split
 from ..plan_check import check_plan
 from ..schedules.bounds import schedule_size_problem
+from ..schedules.registry import spec
 from ..specs import ClusterSpec, ModelSpec
 from .space import Config, SearchSpace
 
 
 def layer_split_for(cfg: Config, model: ModelSpec, space: SearchSpace) -> tuple[int, ...] | None:
-    stages = cfg.pp * cfg.vpp // (2 if cfg.schedule in BIDIRECTIONAL else 1)  # model chunks
+    stages = cfg.pp * cfg.vpp // spec(cfg.schedule).pipelines  # model chunks
     if space.layer_split == "balanced" and model.layers % stages and stages <= model.layers:
         return balanced_layer_split(model.layers, stages)
     return None

@@ -39,42 +39,24 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..engine import iteration as it
-from ..schedules import ALL_FORWARDS_FIRST, StageCosts, list_schedule, lower
+from ..schedules import StageCosts, list_schedule, lower, spec
 from ..schedules.ir import Kind, Pair
 from ..schedules.memo import lowered_schedule
-from .pairs import OVERLAPPED, pair_effect, rank_savings
+from ..schedules.spec import FillCosts
+from .pairs import pair_effect, rank_savings
 from .terms import Estimate, Inputs, RankTimes, finish, fsdp_seconds
-
-#: Weight-gradient passes that fill each rank's warm-up gap: ZB-H1 (p - 1)(T_F + T_B - T_W),
-#: ZB-H2 and ZB-V (p - 1)(T_F + T_B - 2 T_W) with per-chunk times (Qi et al. 2024 §2-3; Qi et al.,
-#: "Pipeline Parallelism with Controllable Memory", 2024); ZB-1p/2p are taken as H1/H2.
-_ZB_WEIGHT = {"zb-h1": 1.0, "zb-1p": 1.0, "zb-h2": 2.0, "zb-2p": 2.0, "zb-v": 2.0, "interleaved-zb": 1.0}
 
 
 def _fill(x: Inputs, period: float, pair_saving: float) -> float:
     """The schedule's fill and drain beyond (m - 1) periods of the busiest rank (module doc);
     ``period``: the busiest rank's work per micro-batch; ``pair_saving``: what an overlapped pair
     saves on average (0 without pairs)."""
-    p = x.plan
     f, i, w = x.seconds
     pr, c = len(x.ranks), x.p2p
     if pr == 1:
         return x.rank_work[0]
-    n = len(f)
-    mf, mi, mw = sum(f) / n, sum(i) / n, sum(w) / n  # one stage (chunk) on average
     comm = 2 * (pr - 1) * (c + x.post)
-    if p.schedule in OVERLAPPED:  # F&B + B - 3W, F&B: a pair (F + B less its saving)
-        bubble = max(0.0, mf + 2 * (mi + mw) - pair_saving - 3 * mw)
-        # dualpipe-v: PP = 2 pr stages of one chunk each; dualpipe: PP = pr stages per pipeline
-        return period + (pr - 1 if p.schedule == "dualpipe-v" else pr / 2 - 1) * bubble + comm
-    if p.schedule == "chimera":
-        return period + (pr / 2 - 1) * (mf + mi + mw) + comm
-    if p.schedule in ("gpipe", "1f1b"):
-        return sum(f) + sum(i) + sum(w) + comm
-    if p.schedule in ("interleaved-1f1b", "looped-bfs"):  # one chunk's fill and drain per hop
-        return period + (pr - 1) * (mf + mi + mw) + comm
-    k = _ZB_WEIGHT[p.schedule]  # zero-bubble family: k weight-gradient passes fill each gap
-    return period + (pr - 1) * max(0.0, mf + mi - k * mw) + comm
+    return spec(x.plan.schedule).fill(FillCosts(period, pr, tuple(f), tuple(i), tuple(w), pair_saving)) + comm
 
 
 def quick_estimate(x: Inputs) -> Estimate:
@@ -132,12 +114,12 @@ def _pipeline(x: Inputs, m: int) -> list[RankTimes]:
 def _every_backward(x: Inputs, end: float, m: int) -> tuple[tuple[int, float, float], ...]:
     """pp = 1: (stage, start, duration) of each micro-batch's weight-gradient pass when the rank
     runs its m micro-batches back to back up to ``end``, one forward and one backward after the
-    other, or every forward first (`ALL_FORWARDS_FIRST`)."""
+    other, or every forward first (its spec's ``all_forwards_first``)."""
     f, i, w = x.seconds
     out = []
     for s in x.ranks[0]:
         d = w[s] if x.plan.split_backward else i[s] + w[s]
-        step = d if x.plan.schedule in ALL_FORWARDS_FIRST else f[s] + i[s] + w[s]
+        step = d if spec(x.plan.schedule).all_forwards_first else f[s] + i[s] + w[s]
         out += [(s, end - (m - k) * step + step - d, d) for k in range(m)]
     return tuple(out)
 

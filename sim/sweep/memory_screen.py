@@ -12,7 +12,6 @@ the plan's real costs, and its memory (from its own timeline) is the one a simul
 
 from __future__ import annotations
 
-from ..choices import V_SHAPED
 from ..cost.activations import (
     host_activation_bytes,
     stage_activations,
@@ -24,6 +23,7 @@ from ..cost.memory import MemoryReport, host_capacity, host_memory, rank_memorie
 from ..cost.params import rank_expert_params, rank_params
 from ..cost.states import stack_conventions
 from ..plan import ParallelPlan
+from ..schedules.registry import spec
 from ..specs import ClusterSpec, GPUSpec, ModelSpec
 
 #: Per pipeline rank: parameters held, parameters held per stage, transformer layers held, routed-expert
@@ -47,7 +47,7 @@ class MemoryScreen:
             plan.tp,
             plan.pp,
             plan.vpp,
-            plan.schedule in V_SHAPED,
+            spec(plan.schedule).placement,
             plan.pipelines,
             plan.layer_split,
             plan.ep,

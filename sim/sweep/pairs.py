@@ -13,10 +13,8 @@ from ..schedules import build_schedule
 from ..schedules.analysis import overlapped_pairs
 from ..schedules.costs import overlap_seconds
 from ..schedules.ir import Kind
+from ..schedules.registry import spec
 from .terms import Inputs
-
-#: schedules whose ranks run overlapped F&B pairs
-OVERLAPPED = frozenset({"dualpipe", "dualpipe-v"})
 
 
 def pair_effect(x: Inputs, f_stage: int, b_stage: int, b_kind: Kind) -> tuple[float, tuple[float, float, float]]:
@@ -49,7 +47,7 @@ class RankSaving(NamedTuple):
 def rank_savings(x: Inputs) -> list[RankSaving]:
     """Per pipeline rank, what its pairs save and hide; zeros for a schedule without pairs."""
     p = x.plan
-    if p.schedule not in OVERLAPPED:
+    if not spec(p.schedule).overlapped_pairs:
         return [RankSaving(0.0, (0.0, 0.0, 0.0), 0)] * len(x.ranks)
     out = []
     for counts in _counts(p.schedule, p.pp, p.vpp, p.num_microbatches):

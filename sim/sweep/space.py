@@ -35,11 +35,12 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, fields
 from math import isqrt
 
-from ..choices import MAX_GPUS, SWEEP_SCHEDULES, V_SHAPED
+from ..choices import MAX_GPUS, SWEEP_SCHEDULES
 from ..cost.offload import offload_fields
 from ..derived import derived
 from ..errors import SimparError
 from ..plan import RECOMPUTE, SCHEDULES
+from ..schedules.registry import spec
 from ..specs import ClusterSpec, ModelSpec
 
 PIPELINE_SCHEDULES = tuple(s for s in SCHEDULES if s != "none")
@@ -244,10 +245,9 @@ def _divisors(n: int) -> list[int]:
 
 
 def _vpps(schedule: str, layers: int, pp: int) -> list[int]:
-    if schedule in V_SHAPED:
-        return [2]
-    if schedule not in ("interleaved-1f1b", "interleaved-zb", "looped-bfs"):
-        return [1]
+    stages = spec(schedule).stages
+    if stages is not None:
+        return [stages]
     per = layers // pp
     return [v for v in range(2, per + 1) if per % v == 0] or [2]
 
@@ -371,7 +371,7 @@ def _dispatch(
     schedule, no full recompute, at most one MTP layer: `plan_check`)."""
     if ep == 1:
         return [("alltoall", False)]
-    can = (pp == 1 or schedule == "interleaved-1f1b") and recompute != "full" and model.mtp_layers <= 1
+    can = (pp == 1 or spec(schedule).moe_a2a_overlap) and recompute != "full" and model.mtp_layers <= 1
     overlaps = [o for o in _axis(space.moe_a2a_overlap) if can or not o] or [False]
     return [(d, o) for d in _axis(space.moe_dispatcher) for o in _axis(tuple(overlaps))]
 

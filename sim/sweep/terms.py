@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TypeVar
 
-from ..choices import V_SHAPED
 from ..cost.compute import CostModel
 from ..cost.profile import MEGATRON, RuntimeProfile
 from ..cost.workload import StageWork
@@ -22,6 +21,7 @@ from ..engine import iteration as it
 from ..engine.iteration import CollectiveTimer, Comm, EngineOptions
 from ..layout import RankLayout
 from ..plan import ParallelPlan, ZeroPolicy
+from ..schedules.registry import spec
 from ..specs import ModelSpec
 
 T = TypeVar("T")
@@ -295,7 +295,7 @@ def optimizer_time(x: Inputs, prank: int) -> float:
         p.vpp,
         p.dp,
         p.zero,
-        p.schedule in V_SHAPED,
+        spec(p.schedule).placement,
         p.pipelines,
         p.layer_split,
         p.ep,
@@ -359,7 +359,7 @@ def sp_sync_time(x: Inputs, prank: int) -> float:
         p.dp,
         p.pp,
         p.vpp,
-        p.schedule in V_SHAPED,
+        spec(p.schedule).placement,
         p.pipelines,
         p.layer_split,
         p.mesh_order,
