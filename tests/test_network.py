@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from simpar.sim.errors import SpecError
 from simpar.sim.network import OPS, AnalyticalNetwork, ContentionNetwork, busbw_factor, make_network
-from simpar.sim.network.constants import LINK_EFFICIENCY
+from simpar.sim.network.constants import BASE_LATENCY_US, LINK_EFFICIENCY, STEP_LATENCY_US
 from simpar.sim.specs import load_cluster
 
 A100x16 = load_cluster("dgx-a100-80g", gpus=16)
@@ -197,9 +197,10 @@ def test_gloo_reduce_scatter_is_an_all_reduce_of_the_whole_buffer(backend):
     assert rs < 0.6 * ar
 
 
-def test_latency_scale_multiplies_one_nodes_latencies_only():
+def test_latency_scale_multiplies_one_nodes_latencies_and_adds_one_nodes_excess_across_nodes():
     """`latency_scale` (measured over NCCL's constants) scales a single-node phase's latency; a phase
-    across nodes keeps NCCL's constants; a measured alpha_s replaces the scale of its class."""
+    across nodes adds the excess of one node's part once; a measured alpha_s replaces the scale of
+    its class; a call across two nodes never takes less than the same call on one."""
     cl = load_cluster("dgx-h100", gpus=16)
     one = make_network(cl, calibration={"latency_scale": {"nvlink": 1.0}})
     two = make_network(cl, calibration={"latency_scale": {"nvlink": 2.0}})
@@ -210,8 +211,15 @@ def test_latency_scale_multiplies_one_nodes_latencies_only():
         assert c.beta == base[c.protocol].beta
     across = {(c.schedule.name, c.protocol): c.alpha for c in one.candidates("all-reduce", tuple(range(16)))}
     for c in two.candidates("all-reduce", tuple(range(16))):
-        if all(ph.multinode for ph in c.schedule.phases):
-            assert c.alpha == across[(c.schedule.name, c.protocol)]
+        if c.schedule.name == "ring":  # one multi-node phase: NCCL's latency + one node's (base + 14 steps)
+            step = STEP_LATENCY_US["nvlink"]["ring"][c.protocol]
+            excess = (BASE_LATENCY_US["ring"][c.protocol] + 14 * step) * 1e-6
+            assert c.alpha == pytest.approx(across[("ring", c.protocol)] + excess)
+    default = make_network(cl)
+    for size in (2**k for k in range(10, 31)):
+        assert default.collective_time("all-reduce", range(16), size) >= default.collective_time(
+            "all-reduce", range(8), size
+        )
     measured = make_network(cl, calibration={"nvlink": {"alpha_s": 3.4e-6}})
     assert measured.constants.latency_scale["nvlink"] == 1.0
     with pytest.raises(SpecError, match="latency_scale"):

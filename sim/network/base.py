@@ -248,21 +248,27 @@ class Network:
         return max((v / self.capacity[link] for link, v in load.items()), default=0.0)
 
     def _phase_alpha(self, ph: Phase, proto: str) -> float:
-        """The phase's latency, s: NCCL's constants times the measured `latency_scale` of its
-        hardware classes. The scale was measured on one node's collectives; a phase across nodes
-        keeps NCCL's constants. The choice of algorithm and protocol is by these latencies: the least
-        time, as NCCL's tuner ranks them (scaling every class of a node alike moves its protocol
-        crossovers to k times the size)."""
+        """The phase's latency, s: NCCL's constants (``base + steps x step latency``) plus the
+        measured excess of a call over them, `latency_scale` - 1 times NCCL's latency of one node's
+        part of the call (its base and the NVLink steps one node of the group takes, at most
+        2 (g - 1) for g GPUs per node). On one node that is the scale times NCCL's latency, as it was
+        measured; across nodes the excess is counted once per call, not per step of a long ring (the
+        large-message ring rows of 16 to 64 GPUs reach their bandwidth), and a call across nodes never
+        costs less than the same call on one node. The algorithm and protocol are then chosen by the
+        least time, as NCCL's tuner ranks them."""
         c = self.constants
-        scaled = not ph.multinode
-        scale = max((c.latency_scale[hw] for hw, _ in ph.steps), default=1.0) if scaled else 1.0
-        us = c.base_latency_us[ph.algo][proto] * scale
+        base = c.base_latency_us[ph.algo][proto]
+        us, excess = base, 0.0
         for hw, count in ph.steps:
-            lat = c.step_latency_us[hw][ph.algo][proto] * (c.latency_scale[hw] if scaled else 1.0)
+            lat = c.step_latency_us[hw][ph.algo][proto]
+            extra = c.latency_scale[hw] - 1.0
+            if extra:
+                local = count if not ph.multinode else min(count, 2 * (self.topology.gpus_per_node - 1))
+                excess = max(excess, extra * (base + local * lat))
             if proto == "LL" and ph.multinode and hw != "net":
                 lat *= c.ll_multinode_intra_factor
             us += count * lat
-        return us * 1e-6 + ph.hop_latency
+        return (us + excess) * 1e-6 + ph.hop_latency
 
     def _phase_eff(self, ph: Phase, proto: str) -> float:
         c = self.constants

@@ -8,8 +8,8 @@ measured per-link-class figures, e.g. ``{"nvlink": {"bw_GBps": 230, "alpha_s": 3
 
 How they are used (sim/network/base.py): a collective runs as phases; a phase costs
 
-    alpha = base_latency[algo][proto] x max over its steps' classes of latency_scale[hw]
-            + sum over its steps of step_latency[hw][algo][proto] x latency_scale[hw]
+    alpha = base_latency[algo][proto] + sum over its steps of step_latency[hw][algo][proto]
+            + (latency_scale[hw] - 1) x (base + one node's steps of class hw x their latency)
             (+ the physical hop latencies of the graph)
     beta  = max over links of (bytes the phase puts on the link per byte of the buffer)
             / (line rate x link_efficiency[class]) / (protocol_efficiency x algorithm_efficiency)
@@ -110,8 +110,8 @@ STEP_LATENCY_US = {
 #: 64 KiB up. `python benchmarks/fit_nccl_latency.py` fits it (least mean |busbw error|) on all rows
 #: and leave-one-source-out: fitted on Azure's sweeps 3.2, on ml-engineering's 2.5, on both 2.8;
 #: median |busbw error| 34 % -> 8.0 % in sample, 10.6 % / 11.5 % on the source left out. The sweeps
-#: are of one node: a phase across nodes is not scaled (`Network._phase_alpha`). PCIe, the network
-#: and gloo have no size sweeps in the project: 1 (NCCL's constants as they are).
+#: are of one node; a phase across nodes adds the excess of one node's part of the call once
+#: (`Network._phase_alpha`). PCIe, the network and gloo have no size sweeps in the project: 1.
 LATENCY_SCALE = {"nvlink": 2.8, "pcie": 1.0, "net": 1.0, "host": 1.0}
 
 #: tuning.cc: "if (nNodes > 1 && p == NCCL_PROTO_LL) intraLat *= 1.8".
