@@ -370,12 +370,11 @@ def setup_from_options(kw: dict[str, Any]) -> Setup:
     else:
         model = load_model(kw["model"], seq_len=kw.get("seq_len"))
     cluster = load_cluster(kw["cluster"], gpus=kw["gpus"])
-    if kw.get("calibration"):  # a measured host optimizer rate replaces the cluster file's
+    calib = None
+    if kw.get("calibration"):  # the plan is checked on the host it measured (`calibrated_cluster`)
         from .calib import load_calibration_option
 
         calib = load_calibration_option(kw["calibration"], cluster.gpu.name)
-        if calib is not None and calib.host is not None:
-            cluster = cluster.with_host_rate(calib.host.adam_Gparams_per_s)
     tp, pp, cp = kw["tp"], kw["pp"], kw["cp"]
     dp = kw.get("dp")
     if dp is None:
@@ -445,5 +444,5 @@ def setup_from_options(kw: dict[str, Any]) -> Setup:
     if kw.get("expert_order"):
         data["expert_order"] = tuple(x.strip() for x in kw["expert_order"].split(","))
     plan = build(ParallelPlan, data, "plan")
-    check_plan(plan, model, cluster, kw["gpus"])
+    check_plan(plan, model, cluster, kw["gpus"], calibration=calib)
     return Setup(model, cluster, plan, imported)

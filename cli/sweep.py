@@ -299,9 +299,7 @@ def _sweep(kw: dict, warm) -> None:
     if space.precision is None:
         space = dataclasses.replace(space, precision=cluster.gpu.default_precision)
     check_stack(space, cluster.gpu)
-    calib = load_calibration_option(kw["calibration"], cluster.gpu.name)
-    if calib is not None and calib.host is not None:  # a measured host optimizer rate replaces the file's
-        cluster = cluster.with_host_rate(calib.host.adam_Gparams_per_s)
+    calib = load_calibration_option(kw["calibration"], cluster.gpu.name)  # SweepSetup applies its host rate
     out = kw["out_dir"] or f"sweeps/{model.name}-{kw['gpus']}x{cluster.gpu.name}"
     from simpar.sim.engine.core import EngineOptions
 

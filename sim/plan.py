@@ -7,7 +7,6 @@ A plan is model-independent data (it is written to ``plan.json`` and read by the
 
 from __future__ import annotations
 
-import enum
 import json
 from functools import cache
 from pathlib import Path
@@ -33,6 +32,8 @@ from .derived import derived
 from .schedules.ir import looped_placement, v_placement
 from .schedules.registry import spec as schedule_spec
 from .specs.stack import DEFAULT_STACK, load_stack
+from .zero import Sharding
+from .zero import ZeroPolicy as ZeroPolicy
 
 AXES = ("pp", "dp", "cp", "tp")
 #: Megatron's default: pp outermost ... tp innermost (a TP group stays inside a node).
@@ -42,25 +43,6 @@ DEFAULT_MESH_ORDER = ("pp", "dp", "cp", "tp")
 #: group stays inside a node while ep x etp fits in one.
 EXPERT_AXES = ("edp", "ep", "etp")
 DEFAULT_EXPERT_ORDER = ("edp", "ep", "etp")
-
-
-class ZeroPolicy(enum.Enum):
-    """When a GPU gathers the parameters ZeRO shards (Rajbhandari et al. 2020 §5; PyTorch FSDP).
-
-    - ``NONE``: parameters are not sharded (ZeRO 0, or a single shard);
-    - ``GATHER_AT_START``: ZeRO-1/2, each stage's updated parameters are all-gathered once per
-      iteration, after the previous optimizer step (Megatron's distributed optimizer); ZeRO-2
-      also reduce-scatters every micro-batch's gradients (`iteration.reduces_every_microbatch`);
-    - ``PER_UNSHARD``: ZeRO-3 inside a pipeline, a stage is gathered at its UNSHARD and freed at
-      its RESHARD (torch.distributed.pipelining with FSDP2);
-    - ``PER_LAYER``: ZeRO-3 without a pipeline (FSDP), every forward and backward gathers the
-      parameters layer by layer with prefetch and reduce-scatters each layer's gradients.
-    """
-
-    NONE = "none"
-    GATHER_AT_START = "gather-at-start"
-    PER_UNSHARD = "per-unshard"
-    PER_LAYER = "per-layer"
 
 
 @cache
@@ -336,17 +318,18 @@ class ParallelPlan(BaseModel):
         return max(stages) if self.pipelines == 2 and 2 * prank >= self.pp else min(stages)
 
     @derived
+    def sharding(self) -> Sharding:
+        """What the plan's ZeRO stage shards and makes the iteration do (`simpar.sim.zero`)."""
+        return Sharding(self.zero, self.zero_shards, self.pp)
+
+    @derived
     def zero_policy(self) -> ZeroPolicy:
-        if self.zero == 0 or self.zero_shards == 1:
-            return ZeroPolicy.NONE
-        if self.zero < 3:
-            return ZeroPolicy.GATHER_AT_START
-        return ZeroPolicy.PER_LAYER if self.pp == 1 else ZeroPolicy.PER_UNSHARD
+        return self.sharding.policy
 
     @derived
     def reduces_gradients(self) -> bool:
         """Gradients are reduced over a data-parallel group (dp x cp > 1)."""
-        return self.zero_shards > 1
+        return self.sharding.reduces
 
     def describe(self) -> str:
         """One line: sizes, batch, schedule, ZeRO, recomputation, SP and precision."""

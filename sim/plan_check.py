@@ -9,12 +9,21 @@ from .plan import ParallelPlan, balanced_layer_split
 from .schedules.registry import refusal, with_trait
 from .schedules.registry import spec as schedule_spec
 from .specs import ClusterSpec, ModelSpec
+from .specs.calibration import Calibration, calibrated_cluster
 from .specs.recipes import recipe_problem
 from .specs.stack import load_stack, op_level_problem
 
 
-def check_plan(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec, num_gpus: int | None = None) -> None:
-    """Raise one PlanError (field, problem, fix) for the first rule the plan breaks."""
+def check_plan(
+    plan: ParallelPlan,
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    num_gpus: int | None = None,
+    calibration: Calibration | None = None,
+) -> None:
+    """Raise one PlanError (field, problem, fix) for the first rule the plan breaks, on ``cluster``
+    as ``calibration`` measured it (`calibrated_cluster`: its host optimizer rate)."""
+    cluster = calibrated_cluster(cluster, calibration)
     n = cluster.num_gpus if num_gpus is None else num_gpus
     if plan.num_gpus > MAX_GPUS:
         raise PlanError("dp*tp*pp*cp", f"{plan.num_gpus} GPUs is more than simpar's bound of {MAX_GPUS}.", "use fewer.")

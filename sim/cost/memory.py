@@ -228,9 +228,8 @@ def rank_memories(
             ew, eg, eo = stack_state_bytes(expert_psi, plan.zero, plan.edp, sb, own)
             weights, grads, opt = weights + ew, grads + eg, opt + eo
         if fp8_cache:  # cached fp8 weight copies (Transformer Engine)
-            weights += (psi - expert_psi) / (nd if plan.zero >= 3 else 1) + expert_psi / (
-                plan.edp if plan.zero >= 3 else 1
-            )
+            split = plan.sharding.parameters
+            weights += (psi - expert_psi) / (nd if split else 1) + expert_psi / (plan.edp if split else 1)
         gather = 0.0
         if policy is ZeroPolicy.PER_LAYER:
             # FSDP without a pipeline: layer-wise gather with prefetch, gradients reduce-scattered per layer
@@ -249,11 +248,11 @@ def rank_memories(
             grads = sb.grads * psi
         host: Mapping[str, float] = _NO_HOST
         if offloaded:
-            owned = psi if plan.zero == 0 else (psi - expert_psi) / nd + expert_psi / plan.edp
+            owned = (psi - expert_psi) / nd + expert_psi / plan.edp if plan.sharding.optimizer else psi
             sharded_grads = grads if policy is not ZeroPolicy.PER_UNSHARD else 0.0
             host = host_state_bytes(plan, owned, sb, own, sharded_grads)
             opt *= 1.0 - plan.offload_optimizer
-            if conventions.offload_grads and plan.zero == 2:
+            if conventions.offload_grads and plan.sharding.gradients and not plan.sharding.parameters:
                 grads *= 1.0 - plan.offload_optimizer  # the partition's gradients go to the host bucket by bucket
             if plan.offload_params:  # the shards (and FSDP's reduced gradient shards) live on the host
                 weights -= sb.weights * owned

@@ -96,18 +96,14 @@ def grad_bytes_per_param(plan: ParallelPlan) -> float:
 
 
 def reduces_every_microbatch(plan: ParallelPlan) -> bool:
-    """ZeRO-2 keeps only its shard of the gradients, so every micro-batch's gradients are
-    reduce-scattered at that micro-batch's backward and added to the shard (DeepSpeed
-    runtime/engine.py ``allreduce_gradients``: "ZeRO stage >= 2 communicates during non gradient
-    accumulation boundaries as well", stage_1_and_2.py ``partition_gradients``; FSDP2 without
-    ``set_requires_gradient_sync(False)``). Every other ZeRO stage reduces a stage's gradients
-    once, after its last backward. (ZeRO-2 runs without a pipeline: `plan_check.check_zero`.)"""
-    return plan.zero == 2 and plan.reduces_gradients
+    """`zero.Sharding.reduces_every_microbatch` (ZeRO-2; it runs without a pipeline:
+    `plan_check.check_zero`)."""
+    return plan.sharding.reduces_every_microbatch
 
 
 def reduction_op(plan: ParallelPlan) -> str:
-    """DDP all-reduces gradients; ZeRO >= 1 reduce-scatters them to their owners."""
-    return "all-reduce" if plan.zero == 0 else "reduce-scatter"
+    """`zero.Sharding.reduce_op`: all-reduce (DDP) or reduce-scatter to the shards' owners."""
+    return plan.sharding.reduce_op
 
 
 def grad_buckets(
@@ -283,7 +279,7 @@ def replica_grad_sync(m: ModelSpec, plan: ParallelPlan, stages: Sequence[int], p
     """Chimera's and DualPipe's gradient all-reduce between the two replicas of a rank's chunks
     (Li & Hoefler 2021 §3.4; DeepSeek-V3 report §3.2.1), after the data-parallel reduction: the
     rank's gradients, only its ZeRO shard of them once they were reduce-scattered (ZeRO >= 1)."""
-    shards = plan.zero_shards if plan.zero >= 1 else 1
+    shards = plan.sharding.reduced_grad_shards
     return Comm("all-reduce", pair, rank_params(m, plan, stages) * grad_bytes_per_param(plan) / shards)
 
 
@@ -323,7 +319,7 @@ def local_params(m: ModelSpec, plan: ParallelPlan, stages: list[int]) -> float:
     """Parameters whose optimizer state one GPU updates (sharded by ZeRO >= 1: over dp x cp, the
     routed experts over edp)."""
     p = rank_params(m, plan, stages)
-    if plan.zero < 1:
+    if not plan.sharding.optimizer:
         return p
     e = rank_expert_params(m, plan, stages)
     return (p - e) / plan.zero_shards + e / plan.edp

@@ -32,7 +32,7 @@ from ..schedules import StageCosts, spec
 from ..schedules.ir import Schedule
 from ..schedules.memo import built_inflight, lowered_schedule
 from ..specs import ClusterSpec, ModelSpec
-from ..specs.calibration import Calibration
+from ..specs.calibration import Calibration, calibrated_cluster
 from .core import Engine, EngineOptions, run_engine
 from .replicas import replica_check, replicate
 from .results import BREAKDOWN_KEYS, SimResult
@@ -129,6 +129,7 @@ def _simulate(
     trace: bool,
     given: tuple[list[StageWork], float] | None,
 ) -> SimResult:
+    cluster = calibrated_cluster(cluster, calibration)
     if given is None:
         work, costs, p2p = build_work(model, cluster, plan, calibration, costs=costs, profile=profile)
     elif costs is None:
@@ -195,7 +196,7 @@ def _simulate(
         cluster.gpu,
         inflight=inflight,
         activation_peak=peaks,
-        zero3_unsharded=unsharded if plan.zero >= 3 and plan.pp > 1 else None,
+        zero3_unsharded=unsharded if plan.sharding.gathers_per_stage else None,
         cluster=cluster,
     )
     gbs = plan.global_batch_size

@@ -76,7 +76,7 @@ def action_rows(traces: list[RankTrace], run: ExecutorRun) -> dict[str, list[dic
     if plan.dp > 1 and plan.pp == 1 and plan.tp == 1 and plan.ep == 1 and spans.get(("REDUCE_GRAD", 0)):
         grad.append(
             {
-                "op": "all-reduce" if plan.zero == 0 else "reduce-scatter",
+                "op": plan.sharding.reduce_op,
                 "group": plan.dp,
                 "units": model.layers + 1,
                 "bytes": 4 * rank_params(model, plan, [0]),

@@ -74,7 +74,7 @@ def comm_kind(op: str, group: int, plan: ParallelPlan, desc: str = "") -> str:
         return "moe_a2a"
     for pattern, key in _DESCRIPTIONS if desc else ():
         if pattern.search(desc):
-            if key == "dp_comm" and op == "all-gather" and plan.zero >= 1:
+            if key == "dp_comm" and op == "all-gather" and plan.sharding.optimizer:
                 return "zero_comm"
             return key
     if group and plan.tp > 1 and group in (plan.tp, plan.tp * plan.cp):
@@ -83,7 +83,7 @@ def comm_kind(op: str, group: int, plan: ParallelPlan, desc: str = "") -> str:
     if plan.ep > 1:
         data |= {max(1, plan.dp * plan.tp * plan.cp // (plan.ep * (plan.etp or plan.tp)))}
     if not group or group in data:
-        return "zero_comm" if op == "all-gather" and plan.zero >= 1 else "dp_comm"
+        return "zero_comm" if op == "all-gather" and plan.sharding.optimizer else "dp_comm"
     return "other_comm"
 
 

@@ -31,13 +31,16 @@ infinity or a non-positive figure is refused with the field named.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .. import files
 from ..errors import SpecError
 from .loader import build
+
+if TYPE_CHECKING:
+    from .cluster import ClusterSpec
 
 CALIBRATION_VERSION = 1
 
@@ -138,7 +141,7 @@ class OptimizerRow(BaseModel):
 class HostRow(BaseModel):
     """The host's CPU optimizer rate, measured (`executor.microbench.host_adam`): an AdamW step over
     fp32 states on the CPU with ``threads`` threads, in 1e9 parameters per second for the whole
-    node; it replaces the cluster file's ``node.host.adam_Gparams_per_s`` (`with_calibration`)."""
+    node; it replaces the cluster file's ``node.host.adam_Gparams_per_s`` (`calibrated_cluster`)."""
 
     model_config = _STRICT
 
@@ -323,3 +326,12 @@ def default_calibration(gpu_name: str) -> Calibration | None:
         hit = (stamp, load_calibration(p, gpu_name))
         _DEFAULTS[str(p)] = hit
     return hit[1]
+
+
+def calibrated_cluster(cluster: ClusterSpec, calibration: Calibration | None) -> ClusterSpec:
+    """``cluster`` as ``calibration`` measured it: a measured host optimizer rate (`HostRow`)
+    replaces the cluster file's. The one place the rule is applied: `simulate`, a sweep's setup and
+    `check_plan` call it, so the library and the command line model the same host."""
+    if calibration is None or calibration.host is None:
+        return cluster
+    return cluster.with_host_rate(calibration.host.adam_Gparams_per_s)

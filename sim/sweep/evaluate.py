@@ -25,7 +25,7 @@ from ..model import hardware_flops_per_iteration, model_flops_per_iteration
 from ..network import make_network
 from ..plan import ParallelPlan
 from ..specs import ClusterSpec, ModelSpec
-from ..specs.calibration import Calibration
+from ..specs.calibration import Calibration, calibrated_cluster
 from ..units import GiB
 from .bound import lower_bound
 from .config_plan import checked_plan
@@ -54,6 +54,10 @@ class SweepSetup:
     backend: str = "analytical"  # the engine's network backend in the simulate phase
     token: str = ""  # identifies the sweep; a worker keeps its caches while the token is the same
     profile: RuntimeProfile = MEGATRON  # the runtime that runs the plans (`simpar.sim.cost.profile`)
+
+    def __post_init__(self) -> None:
+        # the cluster as the calibration measured it (its host optimizer rate), for every tier
+        object.__setattr__(self, "cluster", calibrated_cluster(self.cluster, self.calibration))
 
     def simulate(
         self,

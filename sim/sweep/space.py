@@ -42,6 +42,7 @@ from ..errors import SimparError
 from ..plan import RECOMPUTE, SCHEDULES
 from ..schedules.registry import spec
 from ..specs import ClusterSpec, ModelSpec
+from ..zero import Sharding
 
 PIPELINE_SCHEDULES = tuple(s for s in SCHEDULES if s != "none")
 #: Default lower bound on sequence tokens per GPU when choosing the largest cp to search.
@@ -356,9 +357,10 @@ def _levers(model: ModelSpec, space: SearchSpace, stages: int, recompute: str, z
 
 
 def _offload_fits(fields: dict[str, float | bool | int], zero: int, per_stage: int) -> bool:
-    if fields.get("offload_params") and zero < 3:
+    sharded = Sharding(zero, 1)  # what the stage shards: parameter offload needs ZeRO's parameter shards
+    if fields.get("offload_params") and not sharded.parameters:
         return False
-    if fields.get("offload_optimizer") and zero < 1:
+    if fields.get("offload_optimizer") and not sharded.optimizer:
         return False
     return int(fields.get("offload_activations", 0)) < per_stage
 
