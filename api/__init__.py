@@ -33,7 +33,7 @@ _EXPORTS = {
     "ParallelPlan": "simpar.sim.plan",
     "check_plan": "simpar.sim.plan_check",
     "build_schedule": "simpar.sim.schedules",
-    "schedule_for_plan": "simpar.sim.schedules",
+    "schedule_for_plan": "simpar.sim.lowering",
     "memory_report": "simpar.sim.cost.memory",
     "MemoryReport": "simpar.sim.cost.memory",
     "simulate": "simpar.sim.engine.simulate",
@@ -59,9 +59,10 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time names load lazily (
     from simpar.sim.engine.results import SimResult
     from simpar.sim.engine.simulate import simulate
     from simpar.sim.errors import SimparError
+    from simpar.sim.lowering import schedule_for_plan
     from simpar.sim.plan import ParallelPlan
     from simpar.sim.plan_check import check_plan
-    from simpar.sim.schedules import build_schedule, schedule_for_plan
+    from simpar.sim.schedules import build_schedule
     from simpar.sim.specs import ClusterSpec, ModelSpec, load_cluster, load_gpu, load_model
     from simpar.sim.specs.calibration import Calibration, load_calibration
     from simpar.sim.sweep.api import sweep

@@ -4,7 +4,7 @@ figures that GEMMs and attention reach in training; the kernel figures come from
 by coordinate descent on the mean absolute
 iteration-time error over *all* rows of the group, each row simulated on its own stack and fp8
 recipe (the stack's and the recipe's costs are facts in the model, not in the fit) — never per row.
-The fit itself (`fit_group`, its parameters and bounds) is `simpar.sim.calibration.groupfit`'s, the
+The fit itself (`fit_group`, its parameters and bounds) is `simpar.sim.validation.groupfit`'s, the
 one `simpar accuracy` refits per held-out source. Prints the figures; ``--write`` updates the
 files' ``compute`` and ``fit`` sections (their ``notes`` keep the sources).
 
@@ -27,11 +27,11 @@ import statistics
 import sys
 from pathlib import Path
 
-from simpar.sim.calibration.groupfit import COPIED, FITTED, GROUPS, Evaluator, fit_group, prior, row_gpu
 from simpar.sim.cost.compute import CostModel
 from simpar.sim.cost.kernels import kernel_efficiencies
 from simpar.sim.specs import load_gpu
 from simpar.sim.specs.calibration import EfficiencyParams, default_calibration_path
+from simpar.sim.validation.groupfit import COPIED, FITTED, GROUPS, Evaluator, fit_group, prior, row_gpu
 from simpar.sim.validation.published import read_rows, row_setup
 
 
@@ -95,7 +95,7 @@ def write(fitted: dict[str, EfficiencyParams], figures: dict, csvs: list[str]) -
             "csv": ", ".join(csvs),
             "method": "coordinate descent on the mean |iteration-time error| over every row (bf16 and fp8, dense "
             "and MoE) of the GPU group, each row on its own stack and recipe, of the two fractions of the kernel "
-            "figures that training reaches (sim/calibration/groupfit.py, run by benchmarks/fit_gpu_calibrations.py);"
+            "figures that training reaches (sim/validation/groupfit.py, run by benchmarks/fit_gpu_calibrations.py);"
             " the kernel figures themselves come from topologies/kernels/ (sim/cost/kernels.py)",
             "group": list(GROUPS[group]),
             "rows_fitted_on": figures[group]["rows"] if g in fitted else 0,

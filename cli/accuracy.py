@@ -98,12 +98,12 @@ def accuracy(
     import time
 
     from simpar.sim import files
-    from simpar.sim.calibration.error_bands import make_bands
     from simpar.sim.engine.simulate import simulate
     from simpar.sim.errors import SimparError
     from simpar.sim.specs.calibration import validate_calibration
     from simpar.sim.validation.accuracy import LOSO_METHOD, build, load_notes
     from simpar.sim.validation.accuracy_report import markdown, scatter
+    from simpar.sim.validation.error_bands import make_bands
     from simpar.sim.validation.published_report import markdown as rows_markdown
 
     if not published and not closed_loop and not moe and not offload:

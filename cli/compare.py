@@ -103,8 +103,8 @@ def _compare_profile(trace_dir, plan_path, cluster_name, calibration, runtime, p
     from simpar.sim.kineto.compare import KEYS, compare_ranks, measured_events, perfetto_doc
     from simpar.sim.kineto.measure import device_spans, measured_steps
     from simpar.sim.kineto.runinfo import check_plan, run_result
+    from simpar.sim.planfile import read_plan_file
     from simpar.sim.specs import load_cluster
-    from simpar.sim.specs.planfile import read_plan_file
     from simpar.sim.validation.compare import plot_timelines
 
     from .calib import load_calibration_option, runtime_of

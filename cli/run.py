@@ -135,7 +135,7 @@ def run(
 def _prepare(plan_path, schedule_path, nproc, precision, device):
     """The plan and model, with the checks of the plan and schedule files (`check_inputs`)."""
     from simpar.executor.launch import check_inputs
-    from simpar.sim.specs.planfile import read_plan_file
+    from simpar.sim.planfile import read_plan_file
 
     plan, model = read_plan_file(plan_path)
     world = plan.num_gpus if nproc is None else nproc

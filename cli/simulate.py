@@ -16,8 +16,8 @@ from .common import Setup, Written, output_dir, output_file, plan_options, setup
 from .render import echo_json, print_table
 
 if TYPE_CHECKING:
-    from simpar.sim.calibration.error_bands import PlanBand
     from simpar.sim.engine.results import SimResult
+    from simpar.sim.validation.error_bands import PlanBand
 
 
 @click.command("simulate")
@@ -192,7 +192,7 @@ def settings_given(st: Setup, grad_reduce_given: bool = False) -> Callable[[str]
 def assumed_settings(st: Setup, given: Callable[[str], bool], overlap_grad_reduce: bool = True) -> list[str]:
     """The run settings that change the answer which the command left at their default, each with
     it (`error_bands.assumed_defaults`: the rule `simpar validate` applies to a measured row)."""
-    from simpar.sim.calibration.error_bands import assumed_defaults
+    from simpar.sim.validation.error_bands import assumed_defaults
 
     return assumed_defaults(
         st.plan,
@@ -213,7 +213,7 @@ def assumed_line(assumed: list[str]) -> str:
 
 def error_band(st: Setup) -> PlanBand:
     """The cross-validated error band of the regime ``st``'s plan falls in (`error_bands.plan_band`)."""
-    from simpar.sim.calibration.error_bands import plan_band
+    from simpar.sim.validation.error_bands import plan_band
 
     return plan_band(st.plan, st.model, st.cluster)
 
@@ -315,8 +315,8 @@ def write_plan_dir(st: Setup, out: Path, calibration=None, profile=None, written
     """plan.json + the lowered schedule.csv that was simulated, exactly what `simpar run` reads."""
     from simpar.sim.cost.profile import MEGATRON
     from simpar.sim.engine.simulate import plan_schedule
+    from simpar.sim.planfile import write_plan_file
     from simpar.sim.schedules import write_csv
-    from simpar.sim.specs.planfile import write_plan_file
 
     written = written if written is not None else Written()
     written.folder(out, "--write-plan")  # created before the work (`check_outputs`); here for other callers

@@ -114,7 +114,7 @@ def run_plans(traces: list[Any], plan_path: str | None) -> tuple[dict[str, Any],
     ``OUT/result.json`` (read typed: `simpar.sim.kineto.runinfo.read_result`)."""
     from simpar.sim.kineto.actions import ExecutorRun
     from simpar.sim.kineto.runinfo import check_plan, run_result
-    from simpar.sim.specs.planfile import read_plan_file
+    from simpar.sim.planfile import read_plan_file
 
     folders = sorted({str(Path(t.path).parent) for t in traces})
     if plan_path and len(folders) > 1:

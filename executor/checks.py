@@ -23,11 +23,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from simpar.sim.errors import PlanError, ScheduleError, SimparError
+from simpar.sim.lowering.lower import fsdp_managed
 from simpar.sim.plan import ParallelPlan
 from simpar.sim.plan_check import _check_experts, _check_schedule, _check_split, check_zero
 from simpar.sim.schedules import check_schedule, read_csv
 from simpar.sim.schedules.ir import Kind, Schedule, flat
-from simpar.sim.schedules.lower import fsdp_managed
 from simpar.sim.specs import ModelSpec
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")

@@ -48,8 +48,9 @@ import torch
 import torch.distributed as dist
 
 from simpar.sim.cost.params import rank_params
+from simpar.sim.lowering import schedule_for_plan
 from simpar.sim.plan import ParallelPlan
-from simpar.sim.schedules import default_schedule, schedule_for_plan, write_csv
+from simpar.sim.schedules import default_schedule, write_csv
 from simpar.sim.specs import ModelSpec
 
 from .timing import DTYPES, BenchConfig, LayerShape, _null, bench_attention_core, timeit

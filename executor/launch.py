@@ -33,7 +33,7 @@ from pathlib import Path
 
 from simpar.sim.errors import SimparError
 from simpar.sim.plan import ParallelPlan
-from simpar.sim.specs.planfile import read_plan_file
+from simpar.sim.planfile import read_plan_file
 
 from .checks import check_precision, check_run, has_comms, read_schedule_file, torch_rows
 from .guard import PARENT_ENV, leave
@@ -60,7 +60,8 @@ def check_inputs(
 
 def write_schedule(plan: ParallelPlan, path: str | Path, lowered: bool = False) -> Path:
     """The plan's compute-only schedule (or simpar's lowered form) as torch's CSV."""
-    from simpar.sim.schedules import lower, schedule_for_plan, write_csv
+    from simpar.sim.lowering import lower, schedule_for_plan
+    from simpar.sim.schedules import write_csv
 
     sched = schedule_for_plan(plan)
     return write_csv(lower(sched, plan) if lowered else sched, path)

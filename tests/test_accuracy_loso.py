@@ -1,4 +1,4 @@
-"""Leave-one-source-out (`simpar.sim.calibration.groupfit.loso`): the parameters that score a
+"""Leave-one-source-out (`simpar.sim.validation.groupfit.loso`): the parameters that score a
 source were fitted without its rows and without its configuration groups; the source and
 configuration-group rules; the error-band file and its loader; the defaults a row leaves out are
 named in its result (`published.assumed_defaults`)."""
@@ -13,8 +13,12 @@ import pytest
 from click.testing import CliRunner
 
 from simpar.cli.main import cli
-from simpar.sim.calibration import groupfit
-from simpar.sim.calibration.error_bands import (
+from simpar.sim.cost.kernels import kernel_efficiencies
+from simpar.sim.engine.simulate import simulate
+from simpar.sim.errors import SpecError
+from simpar.sim.specs.calibration import default_calibration
+from simpar.sim.validation import groupfit
+from simpar.sim.validation.error_bands import (
     AXES,
     ErrorBands,
     bands_path,
@@ -22,11 +26,7 @@ from simpar.sim.calibration.error_bands import (
     make_bands,
     regime,
 )
-from simpar.sim.calibration.groupfit import Evaluator, config_group, fit_group, loso, prior, source_key
-from simpar.sim.cost.kernels import kernel_efficiencies
-from simpar.sim.engine.simulate import simulate
-from simpar.sim.errors import SpecError
-from simpar.sim.specs.calibration import default_calibration
+from simpar.sim.validation.groupfit import Evaluator, config_group, fit_group, loso, prior, source_key
 from simpar.sim.validation.published import read_rows, validate_rows
 
 DATA = Path(__file__).parent / "data"

@@ -82,7 +82,7 @@ def test_the_megatron_emit_writes_the_type():
 
 
 def test_a_stack_that_runs_only_ring_attention_refuses_the_others_and_assumes_nothing():
-    from simpar.sim.calibration.error_bands import assumed_defaults
+    from simpar.sim.validation.error_bands import assumed_defaults
 
     model, cluster = load_model("llama3-8b"), load_cluster("dgx-h100", gpus=8)
     kw = dict(cp=2, dp=4, micro_batch_size=1, global_batch_size=8)

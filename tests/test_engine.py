@@ -12,8 +12,9 @@ from simpar.sim.cost.profile import MEGATRON
 from simpar.sim.cost.workload import StageWork
 from simpar.sim.engine import iteration as it
 from simpar.sim.engine.core import EngineOptions, run_engine
+from simpar.sim.lowering import lower, schedule_for_plan
 from simpar.sim.plan import ParallelPlan
-from simpar.sim.schedules import StageCosts, list_schedule, lower, schedule_for_plan
+from simpar.sim.schedules import StageCosts, list_schedule
 from simpar.sim.specs import ModelSpec, load_cluster
 
 TINY = ModelSpec(name="t24", arch="gpt", layers=120, hidden=64, heads=4, vocab=512, seq_len=32)

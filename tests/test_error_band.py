@@ -14,8 +14,11 @@ import pytest
 from click.testing import CliRunner
 
 from simpar.cli.main import cli
-from simpar.sim.calibration import error_bands
-from simpar.sim.calibration.error_bands import (
+from simpar.sim.plan import ParallelPlan
+from simpar.sim.sweep.report import band_parts
+from simpar.sim.validation import error_bands
+from simpar.sim.validation.accuracy import breakdown_hint
+from simpar.sim.validation.error_bands import (
     AXES,
     LEVELS,
     MIN_ROWS,
@@ -27,9 +30,6 @@ from simpar.sim.calibration.error_bands import (
     plan_regime,
     regime,
 )
-from simpar.sim.plan import ParallelPlan
-from simpar.sim.sweep.report import band_parts
-from simpar.sim.validation.accuracy import breakdown_hint
 
 # A100 dense 16-bit at 1024 GPUs, 1F1B: 6 rows (a band of its own); H100 dense 16-bit: 2 rows at 1024
 # GPUs, 1F1B, and 5 more on 8 GPUs (their GPU family, kind and precision: 7 rows); B200 MoE fp8: 3 rows.

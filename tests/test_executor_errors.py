@@ -15,8 +15,8 @@ from simpar.executor.checks import check_precision, check_run, read_schedule_fil
 from simpar.executor.launch import write_schedule
 from simpar.sim.errors import PlanError, ScheduleError
 from simpar.sim.plan import ParallelPlan
+from simpar.sim.planfile import write_plan_file
 from simpar.sim.specs import load_model
-from simpar.sim.specs.planfile import write_plan_file
 
 GPT, LLAMA = load_model("tiny"), load_model("tiny-llama")
 

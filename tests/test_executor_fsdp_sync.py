@@ -14,8 +14,8 @@ import pytest
 from simpar.cli.main import cli
 from simpar.executor.launch import write_schedule
 from simpar.sim.plan import ParallelPlan
+from simpar.sim.planfile import write_plan_file
 from simpar.sim.specs import load_model
-from simpar.sim.specs.planfile import write_plan_file
 
 M = 3  # micro-batches per rank
 STEPS = 2  # profiled steps

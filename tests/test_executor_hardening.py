@@ -33,9 +33,9 @@ from simpar.executor.checks import read_schedule_file
 from simpar.executor.launch import write_schedule
 from simpar.sim.errors import ScheduleError
 from simpar.sim.plan import ParallelPlan
+from simpar.sim.planfile import write_plan_file
 from simpar.sim.schedules import check_schedule
 from simpar.sim.specs import load_cluster, load_model
-from simpar.sim.specs.planfile import write_plan_file
 
 pytestmark = pytest.mark.torch
 

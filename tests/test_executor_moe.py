@@ -27,8 +27,8 @@ from simpar.executor.worker import RunConfig, summarize  # noqa: E402
 from simpar.sim.errors import PlanError  # noqa: E402
 from simpar.sim.layout import RankLayout  # noqa: E402
 from simpar.sim.plan import ParallelPlan  # noqa: E402
+from simpar.sim.planfile import write_plan_file  # noqa: E402
 from simpar.sim.specs import load_model  # noqa: E402
-from simpar.sim.specs.planfile import write_plan_file  # noqa: E402
 
 MOE = load_model("tiny-moe")  # layer 0 dense, layers 1-3 MoE: 8 experts, top 2, 1 shared expert
 TOL = 1e-5

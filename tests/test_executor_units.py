@@ -134,7 +134,7 @@ def test_mixed_precision_steps_run(world1, tmp_path, precision):
 def test_entry_sets_a_short_process_group_timeout(tmp_path, monkeypatch):
     """A hang (e.g. a deadlock the dry run missed) ends at --timeout, not torch's 30 minutes."""
     from simpar.executor import entry
-    from simpar.sim.specs.planfile import write_plan_file
+    from simpar.sim.planfile import write_plan_file
 
     plan = ParallelPlan(global_batch_size=2, schedule="none")
     write_plan_file(tmp_path / "plan.json", plan, GPT)

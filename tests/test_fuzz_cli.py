@@ -480,7 +480,7 @@ def _interrupt(monkeypatch, target: str) -> None:
     "target,args",
     [
         ("simpar.sim.validation.published.validate_rows", ["validate", str(DATA / "published-3rows.csv")]),
-        ("simpar.sim.specs.planfile.read_plan_file", ["run", "--plan", "PLAN", "--schedule", "PLAN", "--out", "OUT"]),
+        ("simpar.sim.planfile.read_plan_file", ["run", "--plan", "PLAN", "--schedule", "PLAN", "--out", "OUT"]),
         ("simpar.sim.schedules.check_schedule", SCHED),
         ("simpar.sim.engine.simulate.simulate", SIM),
     ],

@@ -349,8 +349,8 @@ def test_shapes_of_any_type_give_no_row_and_no_error(tmp_path):
 # --- compare --trace and calibrate --from-trace --plan -------------------------------------------
 def _plan(tmp: Path, gpus: int, model: str = "tiny") -> Path:
     from simpar.sim.plan import ParallelPlan
+    from simpar.sim.planfile import write_plan_file
     from simpar.sim.specs import load_model
-    from simpar.sim.specs.planfile import write_plan_file
 
     p = tmp / f"plan{gpus}.json"
     write_plan_file(p, ParallelPlan(dp=gpus, global_batch_size=gpus), load_model(model), "dgx-h100")

@@ -69,3 +69,52 @@ def test_import_simpar_is_cheap_and_the_api_resolves():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["[]", "ok"]
+
+
+#: simpar's layers, lowest first: a module imports only from its own layer or below (issue 66: "the
+#: layer order tested, not only no circles"). Plain values and utilities; files; the specs of models,
+#: GPUs and clusters and the cluster graph; the schedule generators (which know no plan), the network
+#: and the model's layers; the plan; its layout, checks and files; the lowering of a plan onto its
+#: schedule; the cost model; the engine; what reads and compares runs (plots, traces, configuration
+#: files, validation); calibration; the sweep; the library API and the executor; the CLI.
+LAYERS = (
+    (
+        "sim",
+        "sim.choices",
+        "sim.errors",
+        "sim.units",
+        "sim.derived",
+        "sim.fitting",
+        "sim.zero",
+        "sim.collector",
+        "sim.procs",
+    ),
+    ("sim.files",),
+    ("sim.specs", "sim.topology"),
+    ("sim.schedules", "sim.network", "sim.model"),
+    ("sim.plan",),
+    ("sim.layout", "sim.plan_check", "sim.planfile"),
+    ("sim.lowering",),
+    ("sim.cost",),
+    ("sim.engine",),
+    ("sim.plot", "sim.kineto", "sim.interop", "sim.validation"),
+    ("sim.calibration",),
+    ("sim.sweep",),
+    ("simpar", "simpar.executor"),
+    ("simpar.cli",),
+)
+
+
+def _layer_of(module: str) -> str:
+    parts = module.split(".")
+    if parts[1:2] == ["sim"]:
+        return "sim." + parts[2] if len(parts) > 2 else "sim"
+    return ".".join(parts[:2])
+
+
+def test_layers_import_downward_only():
+    g, _ = _graph()
+    rank = {name: i for i, layer in enumerate(LAYERS) for name in layer}
+    assert sorted({_layer_of(m) for m in g} - set(rank)) == []  # every package has a layer
+    upward = [(a, b) for a, b in g.edges() if rank[_layer_of(b)] > rank[_layer_of(a)]]
+    assert upward == []

@@ -8,8 +8,8 @@ import pytest
 
 from simpar.sim.errors import SpecError
 from simpar.sim.plan import ParallelPlan
+from simpar.sim.planfile import read_plan, read_plan_file, write_plan_file
 from simpar.sim.specs import load_model
-from simpar.sim.specs.planfile import read_plan, read_plan_file, write_plan_file
 
 
 def test_round_trip(tmp_path):

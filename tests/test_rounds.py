@@ -10,10 +10,10 @@ from hypothesis import strategies as st
 
 from simpar.sim.engine.iteration import EngineOptions
 from simpar.sim.engine.simulate import simulate
+from simpar.sim.lowering import lower
 from simpar.sim.plan import ParallelPlan
 from simpar.sim.plan_check import check_plan
-from simpar.sim.schedules import build_schedule, lower
-from simpar.sim.schedules import spec
+from simpar.sim.schedules import build_schedule, spec
 from simpar.sim.schedules.periodic import find_rounds
 from simpar.sim.specs import load_cluster, load_model
 

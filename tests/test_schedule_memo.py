@@ -1,13 +1,14 @@
-"""The remembered lowered schedules (`schedules.memo`) are the schedules `lower` builds, keyed on
+"""The remembered lowered schedules (`lowering.memo`) are the schedules `lower` builds, keyed on
 everything the generator and `lower` read, and bounded in number."""
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from simpar.sim.lowering import lower, memo, schedule_for_plan
+from simpar.sim.lowering.memo import lowered_schedule
 from simpar.sim.plan import ParallelPlan
-from simpar.sim.schedules import SCHEDULE_NAMES, StageCosts, lower, memo, peak_inflight, schedule_for_plan
+from simpar.sim.schedules import SCHEDULE_NAMES, StageCosts, peak_inflight
 from simpar.sim.schedules.ir import Kind, flat
-from simpar.sim.schedules.memo import lowered_schedule
 
 
 def plan(**kw) -> ParallelPlan:

@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 
 from simpar.sim.errors import ScheduleError
+from simpar.sim.lowering import lower
 from simpar.sim.schedules import (
     Action,
     Schedule,
     StageCosts,
     build_schedule,
     list_schedule,
-    lower,
     parse_costs,
     peak_activation_units,
     peak_inflight,

@@ -8,7 +8,8 @@ import json
 import pytest
 
 from simpar.sim.errors import ScheduleError
-from simpar.sim.schedules import build_schedule, lower, read_csv, write_csv
+from simpar.sim.lowering import lower
+from simpar.sim.schedules import build_schedule, read_csv, write_csv
 from simpar.sim.schedules.csvio import sidecar_path
 
 

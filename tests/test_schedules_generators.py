@@ -8,6 +8,7 @@ import time
 import pytest
 
 from simpar.sim.errors import ScheduleError
+from simpar.sim.lowering import lower, schedule_for_plan
 from simpar.sim.plan import ParallelPlan
 from simpar.sim.plan_check import _check_schedule
 from simpar.sim.schedules import (
@@ -17,9 +18,7 @@ from simpar.sim.schedules import (
     build_schedule,
     check_schedule,
     list_schedule,
-    lower,
     peak_inflight,
-    schedule_for_plan,
 )
 
 PM = [(2, 2), (2, 5), (4, 4), (4, 8), (4, 13), (8, 8), (8, 24)]

@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simpar.sim.errors import PlanError, ScheduleError
+from simpar.sim.lowering import lower
 from simpar.sim.plan import ParallelPlan
 from simpar.sim.plan_check import check_plan
 from simpar.sim.schedules import (
@@ -22,7 +23,6 @@ from simpar.sim.schedules import (
     build_schedule,
     check_schedule,
     list_schedule,
-    lower,
     peak_inflight,
     read_csv,
     write_csv,

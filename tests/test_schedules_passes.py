@@ -10,8 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simpar.sim.errors import ScheduleError
+from simpar.sim.lowering import lower, schedule_for_plan
 from simpar.sim.plan import ParallelPlan
-from simpar.sim.schedules import Action, Kind, Schedule, build_schedule, check_schedule, lower, schedule_for_plan
+from simpar.sim.schedules import Action, Kind, Schedule, build_schedule, check_schedule
 
 
 def strs(acts) -> list[str]:
@@ -256,8 +257,8 @@ def _window_by_definition(stages: list[tuple[int, ...]], i: int, n: int) -> tupl
 def test_unshard_windows_are_the_next_distinct_stages(stages, n):
     """`lower._next_distinct` (the ZeRO-3 window, with its shortcut for a stage that leads it
     already) against its definition; and UNSHARD/RESHARD keep exactly the window gathered."""
+    from simpar.sim.lowering.lower import _next_distinct, add_unshard_reshard
     from simpar.sim.schedules.ir import Pair
-    from simpar.sim.schedules.lower import _next_distinct, add_unshard_reshard
 
     got = _next_distinct(stages, n)
     assert got == [_window_by_definition(stages, i, n) for i in range(len(stages))]

@@ -12,7 +12,8 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from simpar.sim.errors import ScheduleError
-from simpar.sim.schedules import SCHEDULE_NAMES, Kind, build_schedule, check_schedule, lower, read_csv, write_csv
+from simpar.sim.lowering import lower
+from simpar.sim.schedules import SCHEDULE_NAMES, Kind, build_schedule, check_schedule, read_csv, write_csv
 from simpar.sim.schedules.ir import flat
 
 

@@ -18,7 +18,8 @@ torch = pytest.importorskip("torch")
 S = pytest.importorskip("torch.distributed.pipelining.schedules")
 
 from simpar.executor.torch_pipelining import StubStage, torch_compute_order  # noqa: E402
-from simpar.sim.schedules import Action, Kind, build_schedule, lower, read_csv, write_csv  # noqa: E402
+from simpar.sim.lowering import lower  # noqa: E402
+from simpar.sim.schedules import Action, Kind, build_schedule, read_csv, write_csv  # noqa: E402
 
 Stub = StubStage
 torch_order = torch_compute_order

@@ -234,8 +234,8 @@ def test_zb_2p_sets_in_flight_are_those_of_the_schedule_the_engine_ran():
     from simpar.sim.cost.activations import zb_stage_memory
     from simpar.sim.cost.alive import plan_profile
     from simpar.sim.engine.simulate import build_work, stage_costs
+    from simpar.sim.lowering.memo import lowered_schedule
     from simpar.sim.schedules import peak_inflight
-    from simpar.sim.schedules.memo import lowered_schedule
 
     model, cluster = load_model("gpt3-175b"), load_cluster("dgx-a100-80g", gpus=256)
     plan = ParallelPlan(tp=8, pp=8, dp=4, micro_batch_size=1, global_batch_size=128, schedule="zb-2p", recompute="full")

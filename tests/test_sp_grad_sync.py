@@ -17,8 +17,8 @@ from simpar.sim.cost.profile import MEGATRON, ExecutorProfile
 from simpar.sim.engine.core import EngineOptions, run_engine
 from simpar.sim.engine.iteration import sp_replicated_grads
 from simpar.sim.engine.trace import TraceEvent
+from simpar.sim.lowering import lower, schedule_for_plan
 from simpar.sim.plan import ParallelPlan
-from simpar.sim.schedules import lower, schedule_for_plan
 from simpar.sim.specs import ModelSpec, load_cluster, load_gpu
 from simpar.sim.specs.calibration import SpGradSyncRow, validate_calibration
 

@@ -10,10 +10,10 @@ import pytest
 
 from simpar.sim.engine.simulate import simulate
 from simpar.sim.layout import RankLayout
+from simpar.sim.lowering.memo import lowered_schedule
 from simpar.sim.schedules import build_schedule
 from simpar.sim.schedules.analysis import overlapped_pairs
 from simpar.sim.schedules.ir import Pair
-from simpar.sim.schedules.memo import lowered_schedule
 from simpar.sim.specs import load_cluster, load_model
 from simpar.sim.sweep.bound import lower_bound
 from simpar.sim.sweep.estimator import quick_estimate

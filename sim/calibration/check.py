@@ -41,13 +41,14 @@ from ..engine.iteration import EXECUTOR_OPTIONS
 from ..engine.simulate import simulate
 from ..engine.trace import write_trace
 from ..errors import SimparError, SpecError
+from ..lowering import schedule_for_plan
 from ..plan import ParallelPlan
 from ..plan_check import check_plan
-from ..schedules import schedule_for_plan, write_csv
+from ..planfile import write_plan_file
+from ..schedules import write_csv
 from ..specs import ClusterSpec, ModelSpec, load_model
 from ..specs.calibration import Calibration
 from ..specs.loader import build, presets_dir
-from ..specs.planfile import write_plan_file
 from .score import evaluate, summarize
 
 

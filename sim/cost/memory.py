@@ -23,9 +23,10 @@ from typing import NamedTuple
 
 from ..derived import derived
 from ..layout import RankLayout
+from ..lowering import schedule_for_plan
+from ..lowering.lower import MAX_ACTIVE_STAGES
 from ..plan import ParallelPlan, ZeroPolicy
-from ..schedules import peak_activation_units, peak_inflight, schedule_for_plan, spec
-from ..schedules.lower import MAX_ACTIVE_STAGES
+from ..schedules import peak_activation_units, peak_inflight, spec
 from ..specs import ClusterSpec, GPUSpec, ModelSpec
 from ..specs.stack import MEMORY_METRICS
 from ..units import GiB

@@ -45,7 +45,7 @@ __all__ = ["Engine", "EngineOptions", "run_engine"]
 
 
 #: `Engine._last_backward` per schedule's actions, keyed by the identity of its ``ranks`` and held
-#: with them (and its placement): a sweep's plans of one lowered schedule (`schedules.memo`, also
+#: with them (and its placement): a sweep's plans of one lowered schedule (`lowering.memo`, also
 #: the copies of it that carry a plan's own recompute and ZeRO stage in their meta) share it
 _LAST_BWD: dict[int, tuple[tuple, tuple[int, ...], dict]] = {}
 _LAST_BWD_MOST = 64
@@ -72,7 +72,7 @@ class Engine(PipelineTransfers, DataParallel, HostCopies, IterationTail):
         trace: bool = True,
     ):
         if not schedule.lowered:
-            raise ValueError("the engine runs lowered schedules (schedules.lower)")
+            raise ValueError("the engine runs lowered schedules (lowering.lower)")
         self.m, self.plan, self.sched, self.work, self.costs = model, plan, schedule, work, costs
         self.net, self.env, self.opt, self.profile = network, env, options, profile
         #: per pipeline rank, the action positions to snapshot (None: record nothing)

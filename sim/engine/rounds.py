@@ -37,9 +37,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
+from ..lowering.memo import lowered_schedule
 from ..plan import ParallelPlan
 from ..schedules.ir import Action, Kind, Schedule
-from ..schedules.memo import lowered_schedule
 from ..schedules.periodic import Rounds, find_rounds, shift
 from ..schedules.registry import spec
 from .core import Engine

@@ -25,12 +25,12 @@ from ..cost.memory import memory_report
 from ..cost.profile import MEGATRON, RuntimeProfile
 from ..cost.workload import StageWork, stage_work
 from ..layout import RankLayout
+from ..lowering.memo import built_inflight, lowered_schedule
 from ..model import hardware_flops_per_iteration, model_flops_per_iteration
 from ..network import make_network
 from ..plan import ParallelPlan
 from ..schedules import StageCosts, spec
 from ..schedules.ir import Schedule
-from ..schedules.memo import built_inflight, lowered_schedule
 from ..specs import ClusterSpec, ModelSpec
 from ..specs.calibration import Calibration, calibrated_cluster
 from .core import Engine, EngineOptions, run_engine

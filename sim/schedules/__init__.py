@@ -1,7 +1,7 @@
 """Pipeline schedules as data: generators (one module each), passes, analysis and CSV I/O.
 
-Flow: ``build_schedule`` / ``schedule_for_plan`` (compute only: F, B, I, W) -> ``check_schedule`` (deadlock check) ->
-``lower`` (send/recv, recompute, gradient reduction, ZeRO-3 unshard/reshard) -> the engine.
+Flow: ``build_schedule`` (compute only: F, B, I, W) -> ``check_schedule`` (deadlock check) -> the plan's
+lowering (`simpar.sim.lowering`: send/recv, recompute, gradient reduction, ZeRO-3 unshard/reshard) -> the engine.
 ``list_schedule`` is the SimPy-free oracle (makespan, idle, bubble rate); ``peak_inflight`` and
 ``peak_activation_units`` feed the memory model.
 """
@@ -23,7 +23,6 @@ from .interleaved import interleaved_1f1b as interleaved_1f1b
 from .interleaved_zb import interleaved_zb as interleaved_zb
 from .ir import Action, Kind, Schedule, looped_placement, v_placement
 from .looped_bfs import looped_bfs as looped_bfs
-from .lower import lower
 from .one_f_one_b import one_f_one_b as one_f_one_b
 from .registry import SPECS, default_schedule, refusal, spec
 from .spec import ScheduleSpec
@@ -33,7 +32,6 @@ from .zb_h2 import zb_h2 as zb_h2
 from .zb_v import zb_v as zb_v
 
 if TYPE_CHECKING:
-    from ..plan import ParallelPlan
     from .csvio import read_csv, write_csv
 
 __all__ = [
@@ -51,8 +49,6 @@ __all__ = [
     "refusal",
     "default_schedule",
     "build_schedule",
-    "schedule_for_plan",
-    "lower",
     "check_schedule",
     "write_csv",
     "read_csv",
@@ -81,12 +77,6 @@ def build_schedule(name: str, pp: int, vpp: int, num_microbatches: int, costs: S
         raise ScheduleError(bad.field, bad.problem, bad.fix)
     check_size(name, pp, vpp, num_microbatches)
     return s.build(pp, vpp, num_microbatches, costs)
-
-
-def schedule_for_plan(plan: ParallelPlan, costs: StageCosts | None = None) -> Schedule:
-    """The compute-only schedule of a plan ('none' -> pp=1 sequential F, B per microbatch)."""
-    pp = plan.pp if spec(plan.schedule).pipelined else 1
-    return build_schedule(plan.schedule, pp, plan.vpp, plan.num_microbatches, costs)
 
 
 def __getattr__(name: str) -> Any:

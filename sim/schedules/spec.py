@@ -27,7 +27,7 @@ The traits:
 - ``refuse``: the pp / microbatch-count rules its generator needs, as a `Refusal` (field, problem,
   fix); ``plan_rule``: those the framework that runs it adds for a training plan (Megatron-LM's
   interleaved schedule wants pp >= 2 and m >= pp, though the generator, as torch's, builds more);
-- ``family``: the group its errors are banded with (`calibration.error_bands`);
+- ``family``: the group its errors are banded with (`validation.error_bands`);
 - ``moe_a2a_overlap``: Megatron-Core can run the MoE all-to-all overlap with pp > 1 in it (its
   combined 1F1B schedule is the interleaved one);
 - ``megatron`` / ``deepspeed`` / ``torchtitan``: whether Megatron-LM and DeepSpeed's pipeline engine run

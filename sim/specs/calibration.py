@@ -64,7 +64,7 @@ class EfficiencyParams(BaseModel):
     fp8_mm_eff_scale: float = Field(0.70, gt=0, description="fp8 GEMM efficiency relative to bf16's")
     #: what a training step reaches of the kernel figures above (sustained clocks, shapes and
     #: interference that kernel benchmarks do not see): the only parameters fitted on training rows
-    #: (per GPU group, `simpar.sim.calibration.groupfit`, judged leave-one-source-out)
+    #: (per GPU group, `simpar.sim.validation.groupfit`, judged leave-one-source-out)
     train_gemm_fraction: float = Field(1.0, gt=0, le=2, description="GEMM speed in training over the kernel figures")
     train_attn_fraction: float = Field(
         1.0, gt=0, le=2, description="attention speed in training over the kernel figures"

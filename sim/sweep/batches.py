@@ -1,6 +1,6 @@
 """How a phase's configurations are cut into the batches the workers take (`workers`): which
 configurations share a batch decides which caches a worker builds once (an `evaluate.Evaluator`'s
-stage-work tables and collective times, `schedules.memo`'s lowered schedules) and which are built
+stage-work tables and collective times, `lowering.memo`'s lowered schedules) and which are built
 again on another worker. The rows do not depend on it: every configuration's row is the same
 whatever batch it runs in.
 """
@@ -11,7 +11,7 @@ import math
 from collections.abc import Callable, Hashable, Sequence
 from typing import TypeVar
 
-from ..schedules.lower import fsdp_managed
+from ..lowering.lower import fsdp_managed
 from .space import Config
 
 T = TypeVar("T")
@@ -46,13 +46,13 @@ def screen_cost(batch: Sequence[Config]) -> float:
 
 def schedule_key(cfg: Config) -> tuple:
     """Configurations next to each other in this order run the same lowered schedule
-    (`schedules.memo`) where they have the same micro-batch count (the global batch and dp x mbs
+    (`lowering.memo`) where they have the same micro-batch count (the global batch and dp x mbs
     decide it): same schedule, recompute or not, FSDP-managed stages or not."""
     return (*lowering_key(cfg), cfg.zero, cfg.recompute, cfg.id)
 
 
 def lowering_key(cfg: Config) -> tuple:
-    """What `schedules.memo` keys a plan's lowered schedule on, in a configuration's terms."""
+    """What `lowering.memo` keys a plan's lowered schedule on, in a configuration's terms."""
     managed = fsdp_managed(cfg.zero, cfg.dp * cfg.cp)
     return cfg.schedule, cfg.pp, cfg.vpp, cfg.dp * cfg.mbs, cfg.recompute != "none", managed
 

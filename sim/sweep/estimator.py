@@ -39,9 +39,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..engine import iteration as it
-from ..schedules import StageCosts, list_schedule, lower, spec
+from ..lowering import lower
+from ..lowering.memo import lowered_schedule
+from ..schedules import StageCosts, list_schedule, spec
 from ..schedules.ir import Kind, Pair
-from ..schedules.memo import lowered_schedule
 from ..schedules.spec import FillCosts
 from .pairs import pair_effect, rank_savings
 from .terms import Estimate, Inputs, RankTimes, finish, fsdp_seconds

@@ -123,7 +123,7 @@ def bounded(backend, setup, fitting, by_id, opts, jdir, progress, note, throughp
 
 def by_schedule(backend) -> Callable[[list[Config]], list[list[Config]]]:
     """Batches of the configurations that run one lowered schedule (`batches.lowering_key`), so a
-    worker's batch reuses it (`schedules.memo`)."""
+    worker's batch reuses it (`lowering.memo`)."""
 
     def batches(todo: list[Config]) -> list[list[Config]]:
         ordered = sorted(todo, key=schedule_key)

@@ -18,9 +18,9 @@ from ..engine.trace import write_trace
 from ..errors import SpecError
 from ..interop.emit import recipe_files
 from ..plan import ParallelPlan
+from ..planfile import write_plan_file
 from ..procs import Warm, fork_map, run_job
 from ..schedules import write_csv
-from ..specs.planfile import write_plan_file
 from .config_plan import checked_plan
 from .evaluate import SweepSetup
 from .space import Config

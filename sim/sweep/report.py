@@ -17,8 +17,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from .. import files
-from ..calibration.error_bands import ErrorBands, PlanBand, lookup, plan_regime, read_bands
 from ..errors import SpecError
+from ..validation.error_bands import ErrorBands, PlanBand, lookup, plan_regime, read_bands
 from .explain import SOURCES, explain, seconds
 from .manifest import PHASES
 from .plans import PLAN_DIR, plan_dir_name

@@ -26,12 +26,12 @@ from pathlib import Path
 from typing import Any
 
 from .. import files
-from ..calibration.error_bands import AXES, SCALES, quantile, regime
-from ..calibration.groupfit import loso, source_key
 from ..errors import SimparError
 from ..specs import load_cluster
 from ..specs.stack import DEFAULT_STACK
 from ..units import GB, GiB
+from .error_bands import AXES, SCALES, quantile, regime
+from .groupfit import loso, source_key
 from .published import RowResult, read_rows, report, summarize, validate_rows
 
 #: The breakdown's terms (`engine.results`) grouped by the mechanism that prices them, each with the

@@ -324,7 +324,7 @@ def _loso_details(lo: dict[str, Any]) -> list[str]:
         "## Leave-one-source-out: per regime",
         "",
         "Iteration time, every scored row (dense, MoE, offload). Regimes: GPU family, precision, kind, scale "
-        "(GPUs in the job) and schedule family (`sim/calibration/error_bands.py`). The cross-validated "
+        "(GPUs in the job) and schedule family (`sim/validation/error_bands.py`). The cross-validated "
         "quantiles per regime are kept in `topologies/calibrations/error_bands.json` when the command "
         "passes `--bands`.",
         "",

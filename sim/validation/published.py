@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from .. import files
-from ..calibration.error_bands import assumed_defaults as shared_assumed_defaults
 from ..choices import MAX_BATCH, MAX_GPUS, OPTIMIZERS
 from ..cost.offload import offload_fields
 from ..engine.iteration import EngineOptions
@@ -26,6 +25,7 @@ from ..specs import load_cluster
 from ..specs.model import ModelSpec
 from ..specs.stack import MEMORY_METRICS
 from ..units import GB, GiB
+from .error_bands import assumed_defaults as shared_assumed_defaults
 from .moe_rows import MOE_COLUMNS, cell, is_moe_row, moe_model, moe_plan_fields
 
 #: Optional per-row columns (FORMAT.md): ``stack`` (a stack preset, `simpar.sim.specs.stack`; empty:

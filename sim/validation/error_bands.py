@@ -1,5 +1,5 @@
 """Cross-validated error bands per regime: what `simpar accuracy`'s leave-one-source-out scoring
-(`simpar.sim.calibration.groupfit.loso`) measured, as quantiles of |iteration-time error| per regime
+(`simpar.sim.validation.groupfit.loso`) measured, as quantiles of |iteration-time error| per regime
 axis, kept in topologies/calibrations/error_bands.json so that a prediction can be printed with the
 band of the regime it falls in.
 

@@ -36,8 +36,8 @@ from ..errors import SimparError
 from ..procs import fork_map
 from ..specs import load_cluster, load_gpu
 from ..specs.calibration import EfficiencyParams
-from ..validation.moe_rows import is_moe_row
-from ..validation.published import _row_cost, row_options, row_setup
+from .moe_rows import is_moe_row
+from .published import _row_cost, row_options, row_setup
 
 #: GPU group -> the presets that share its fitted parameters
 GROUPS: dict[str, tuple[str, ...]] = {

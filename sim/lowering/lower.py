@@ -26,13 +26,11 @@ Last, each rank's receives from one peer are put in the order that peer sends
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 from ..errors import ScheduleError
-from .ir import Action, Kind, Pair, Schedule, Step
-
-if TYPE_CHECKING:
-    from ..plan import ParallelPlan
+from ..plan import ParallelPlan
+from ..schedules.ir import Action, Kind, Pair, Schedule, Step
 
 _BACKWARD = (Kind.B, Kind.I)
 #: torch's default window of stages kept unsharded at once (_add_unshard_reshard).

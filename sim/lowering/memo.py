@@ -20,8 +20,11 @@ from collections.abc import Callable, Hashable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Generic, TypeVar
 
-from .costs import StageCosts
-from .ir import Schedule
+from ..schedules import build_schedule
+from ..schedules.analysis import peak_inflight
+from ..schedules.costs import StageCosts
+from ..schedules.ir import Schedule
+from ..schedules.registry import spec
 from .lower import fsdp_managed, lower
 
 if TYPE_CHECKING:
@@ -58,15 +61,11 @@ _INFLIGHT: _Lru[tuple[int, ...]] = _Lru(4 * SIZE)
 
 
 def _built_key(plan: ParallelPlan, m: int, costs: StageCosts | None) -> tuple:
-    from .registry import spec
-
     return plan.schedule, plan.pipeline_ranks, plan.vpp, m, costs if spec(plan.schedule).cost_steered else None
 
 
 def built_schedule(plan: ParallelPlan, m: int | None = None, costs: StageCosts | None = None) -> Schedule:
     """``schedule_for_plan`` for m micro-batches (default: the plan's), remembered."""
-    from . import build_schedule
-
     key = _built_key(plan, plan.num_microbatches if m is None else m, costs)
     return _BUILT.get(key, lambda: build_schedule(*key))
 
@@ -76,8 +75,6 @@ def built_inflight(plan: ParallelPlan, costs: StageCosts | None = None) -> tuple
     lowered schedule's too, since lowering (`lower`) adds no F, B, I or W and keeps their order on
     every rank (tested), and every plan that runs the built schedule shares it (ZeRO stages,
     recomputation, FSDP management)."""
-    from .analysis import peak_inflight
-
     key = _built_key(plan, plan.num_microbatches, costs)
     return _INFLIGHT.get(key, lambda: tuple(peak_inflight(built_schedule(plan, costs=costs))))
 
@@ -85,8 +82,6 @@ def built_inflight(plan: ParallelPlan, costs: StageCosts | None = None) -> tuple
 def lowered_schedule(plan: ParallelPlan, m: int | None = None, costs: StageCosts | None = None) -> Schedule:
     """``lower(schedule_for_plan(plan, costs), plan)`` for m micro-batches (default: the plan's),
     remembered."""
-    from .registry import spec
-
     m = plan.num_microbatches if m is None else m
     steer = costs if spec(plan.schedule).cost_steered else None
     key = (

@@ -12,12 +12,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..errors import SpecError
-from ..files import write_json
-from ..plan import ParallelPlan
-from . import ModelSpec
-from .loader import build, read_mapping
-from .model import model_from_dict
+from .errors import SpecError
+from .files import write_json
+from .plan import ParallelPlan
+from .specs import ModelSpec
+from .specs.loader import build, read_mapping
+from .specs.model import model_from_dict
 
 PLAN_FILE_VERSION = 1
 KEYS = ("plan_file_version", "model", "plan", "cluster", "num_gpus")
