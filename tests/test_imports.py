@@ -118,3 +118,18 @@ def test_layers_import_downward_only():
     assert sorted({_layer_of(m) for m in g} - set(rank)) == []  # every package has a layer
     upward = [(a, b) for a, b in g.edges() if rank[_layer_of(b)] > rank[_layer_of(a)]]
     assert upward == []
+
+
+def test_every_package_folder_is_listed_for_installation():
+    """pyproject lists simpar's packages one by one (each folder maps under ``simpar``): a package
+    folder missing from the list would import from a checkout and be absent from a wheel."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    folders = {**PACKAGES, "topologies": "simpar.topologies"}
+    found = {
+        ".".join([pkg, *p.parent.relative_to(ROOT / folder).parts])
+        for folder, pkg in folders.items()
+        for p in (ROOT / folder).rglob("__init__.py")
+    }
+    assert sorted(found - listed) == []

@@ -194,3 +194,22 @@ def test_compression_is_exact(schedule, pp, tp, cp, zero, recompute, m, backend,
     )
     on, off = _both(plan, backend, full)
     _same_run(on, off)
+
+
+def test_the_rounds_of_a_lowered_schedule_are_remembered_by_value() -> None:
+    """`schedule_rounds` keeps a plan's rounds under its lowered schedule's key (a value, not an
+    id): a second plan of the same schedule structure reuses them, with the same result as found anew."""
+    from simpar.sim.engine import rounds as rmod
+
+    cluster = load_cluster("dgx-a100-80g", gpus=64)
+    a = ParallelPlan(tp=8, pp=4, dp=2, global_batch_size=256, schedule="1f1b")
+    b = a.model_copy(update={"tp": 4, "cp": 2})  # another layout, the same schedule structure
+    rmod._ROUNDS.clear()
+    first = simulate(MODEL, cluster, a, trace=False)
+    assert len(rmod._ROUNDS) == 1
+    simulate(MODEL, cluster, b, trace=False)
+    assert len(rmod._ROUNDS) == 1  # b reused a's rounds
+    rmod._ROUNDS.clear()
+    again = simulate(MODEL, cluster, a, trace=False)
+    assert again.iter_time_s == first.iter_time_s and again.stats["rounds"] == first.stats["rounds"]
+    assert first.stats["rounds"]["compressed"]

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from ..layout import RankLayout
 from ..model import DENSE, LayerKind, layer_kinds, mtp_kind
@@ -46,6 +46,17 @@ class CollectiveTimer(Protocol):
     def p2p_time(self, src: int, dst: int, nbytes: float) -> float: ...
     def node_groups(self, ranks: tuple[int, ...]) -> tuple[tuple[int, ...], ...]: ...
     def host_copy_time(self, rank: int, nbytes: float, to_host: bool, concurrent: bool = False) -> float: ...
+
+
+class PassParts(NamedTuple):
+    """One pass's seconds on the compute stream (`StageWork.parts`), by what fills them; their
+    sum is its duration."""
+
+    compute: float  # dense compute (attention, dense MLP, norms, ...)
+    expert: float  # routed experts' compute
+    tp: float  # exposed tensor/context-parallel communication
+    a2a: float  # exposed MoE all-to-all
+    offload: float  # exposed activation offload copies
 
 
 @dataclass(frozen=True)
@@ -114,8 +125,8 @@ class StageWork:
         """Exposed TP/CP communication of a full backward (B = I + W)."""
         return self.tp_b + self.tp_w
 
-    def parts(self, kind: str, overlap_tp: bool = False) -> tuple[float, float, float, float, float]:
-        """(compute, expert compute, exposed TP/CP, exposed all-to-all, exposed activation
+    def parts(self, kind: str, overlap_tp: bool = False) -> PassParts:
+        """The (compute, expert compute, exposed TP/CP, exposed all-to-all, exposed activation
         offload) seconds of one pass (``kind`` F, B, I, W or R) on the compute stream; their sum
         is its duration.
 
@@ -130,7 +141,7 @@ class StageWork:
             hit = self._memo[(kind, overlap_tp)] = self._parts(kind, overlap_tp)
         return hit
 
-    def _parts(self, kind: str, overlap_tp: bool) -> tuple[float, float, float, float, float]:
+    def _parts(self, kind: str, overlap_tp: bool) -> PassParts:
         off = 0.0
         if kind == "F":
             c, e, tp, a2a, off = self.f, self.expert_f, self.tp_f, self.a2a_f, self.off_f
@@ -148,7 +159,7 @@ class StageWork:
         if self.a2a_overlap and a2a:
             hide = self.i - self.expert_i if kind in ("B", "I") else c - e
             a2a = max(0.0, a2a - hide)
-        return c - e, e, 0.0 if overlap_tp else tp, a2a, off
+        return PassParts(c - e, e, 0.0 if overlap_tp else tp, a2a, off)
 
     def seconds(self, kind: str, overlap_tp: bool = False) -> float:
         """The duration of one pass on the compute stream (`parts` summed)."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..cost.workload import PassParts
 from ..plan import ZeroPolicy
 from ..schedules.ir import Action, Kind
 from .state import Arrival, Transfer
@@ -28,7 +29,7 @@ _COMPUTE = frozenset({Kind.F, Kind.B, Kind.I, Kind.W, Kind.R})
 
 def _compute_table(
     eng: Any,
-) -> dict[Kind, list[tuple[tuple[float, float, float, float, float], float, str, float]]]:
+) -> dict[Kind, list[tuple[PassParts, float, str, float]]]:
     """kind -> per stage ((compute, expert compute, exposed TP/CP, exposed all-to-all, exposed
     activation offload) seconds, their sum, account, activation bytes the pass changes at its end):
     what `Engine._compute` charges for F, B, I, W and R, and what `Engine._freed` says a backward

@@ -25,7 +25,7 @@ import simpy
 from ..collector import paused
 from ..cost.compute import CostModel
 from ..cost.profile import MEGATRON, RuntimeProfile
-from ..cost.workload import StageWork
+from ..cost.workload import PassParts, StageWork
 from ..layout import RankLayout
 from ..plan import ParallelPlan, ZeroPolicy
 from ..schedules.costs import overlap_seconds
@@ -42,13 +42,6 @@ from .trace import TraceEvent
 from .transfers import PipelineTransfers
 
 __all__ = ["Engine", "EngineOptions", "run_engine"]
-
-
-#: `Engine._last_backward` per schedule's actions, keyed by the identity of its ``ranks`` and held
-#: with them (and its placement): a sweep's plans of one lowered schedule (`lowering.memo`, also
-#: the copies of it that carry a plan's own recompute and ZeRO stage in their meta) share it
-_LAST_BWD: dict[int, tuple[tuple, tuple[int, ...], dict]] = {}
-_LAST_BWD_MOST = 64
 
 
 class Engine(PipelineTransfers, DataParallel, HostCopies, IterationTail):
@@ -96,7 +89,7 @@ class Engine(PipelineTransfers, DataParallel, HostCopies, IterationTail):
         #: kind -> per stage, what a compute action charges (`ahead._compute_table`; None: not made yet)
         self.compute_table: dict | None = None
         self.pending: dict[tuple, Rendezvous] = {}
-        self.last_bwd = self._last_backward()
+        self.last_bwd = schedule.last_backward  # (pipeline rank, stage) -> its last B or W
         self.policy = plan.zero_policy
         #: ZeRO-2 reduces each micro-batch's gradients at its backward (`iteration.reduces_every_microbatch`)
         self.every_mb = it.reduces_every_microbatch(plan)
@@ -140,28 +133,6 @@ class Engine(PipelineTransfers, DataParallel, HostCopies, IterationTail):
             return {x for (pr, _), x in self.last_bwd.items() if pr == prank}
         return set()
 
-    def _last_backward(self) -> dict[tuple[int, int], Action]:
-        """(pipeline rank, stage) -> the stage's last weight-gradient action on that rank (read
-        only: shared by the engines of one schedule's actions, `_LAST_BWD`)."""
-        sched = self.sched
-        hit = _LAST_BWD.get(id(sched.ranks))
-        if hit is not None and hit[0] is sched.ranks and hit[1] is sched.placement:
-            return hit[2]
-        out: dict[tuple[int, int], Action] = {}
-        for r, acts in enumerate(sched.ranks):
-            todo = len(sched.stages_of(r))
-            for step in reversed(acts):  # from the end: stop once every stage of the rank has its own
-                for a in reversed(step.parts) if isinstance(step, Pair) else (step,):
-                    if (a.kind is Kind.B or a.kind is Kind.W) and (r, a.stage) not in out:
-                        out[(r, a.stage)] = a
-                        todo -= 1
-                if todo == 0:
-                    break
-        if len(_LAST_BWD) >= _LAST_BWD_MOST:
-            _LAST_BWD.clear()
-        _LAST_BWD[id(sched.ranks)] = (sched.ranks, sched.placement, out)
-        return out
-
     # --- running ------------------------------------------------------------------------
     def run(self) -> None:
         for (_, pr), g in self.gpus.items():
@@ -173,12 +144,12 @@ class Engine(PipelineTransfers, DataParallel, HostCopies, IterationTail):
             self.events.append(TraceEvent(g.rank, stream, name, kind, start, self.env.now - start, stage, mb))
 
     # --- compute ------------------------------------------------------------------------
-    def _parts(self, a: Action, kind: str) -> tuple[float, float, float, float, float]:
+    def _parts(self, a: Action, kind: str) -> PassParts:
         """(compute, expert compute, exposed TP/CP, exposed all-to-all, exposed activation
         offload) of a pass (`StageWork.parts`)."""
         return self.work[a.stage].parts(kind, self.opt.overlap_tp)
 
-    def _compute(self, g: GpuState, a: Action, parts: tuple[float, float, float, float, float], acc: str = "compute"):
+    def _compute(self, g: GpuState, a: Action, parts: PassParts, acc: str = "compute"):
         t0 = self.env.now
         c, e, tp, a2a, off = parts
         w = self.work[a.stage]
@@ -187,7 +158,7 @@ class Engine(PipelineTransfers, DataParallel, HostCopies, IterationTail):
             yield self.env.timeout(c + e + tp + off)
             t1 = self.env.now
             yield from self._all_to_alls(g, a)
-            parts = (c, e, tp, self.env.now - t1, off)
+            parts = PassParts(c, e, tp, self.env.now - t1, off)
         else:
             yield self.env.timeout(c + e + tp + a2a + off)
         self._charge(g, acc, parts)
@@ -203,7 +174,7 @@ class Engine(PipelineTransfers, DataParallel, HostCopies, IterationTail):
             yield from self._comm(g, g.a2a, comm, ("a2a", str(a), i), "moe", "ALL_TO_ALL", a.stage)
 
     @staticmethod
-    def _charge(g: GpuState, acc: str, parts: tuple[float, float, float, float, float]) -> None:
+    def _charge(g: GpuState, acc: str, parts: PassParts) -> None:
         c, e, tp, a2a, off = parts
         g.acc[acc] += c
         g.acc["expert_compute"] += e
@@ -282,7 +253,7 @@ class Engine(PipelineTransfers, DataParallel, HostCopies, IterationTail):
         self._release(g, b, t0, dur, True)
         self._mem(g, self._freed(b))
 
-    def pair_cost(self, f: Action, b: Action) -> tuple[float, tuple[float, float, float, float, float]]:
+    def pair_cost(self, f: Action, b: Action) -> tuple[float, PassParts]:
         """An overlapped pair's seconds (`overlap_seconds` of its parts) and what it charges:
         (compute, expert compute, exposed TP/CP, all-to-all, activation offload), what the overlap
         leaves exposed of the parts' communication split in their proportion."""
@@ -294,7 +265,7 @@ class Engine(PipelineTransfers, DataParallel, HostCopies, IterationTail):
         exposed = max(0.0, dur - comp - pf[1] - pb[1])
         total = sum(waits)
         tp, a2a, off = (exposed * w / total for w in waits) if total > 0 else (exposed, 0.0, 0.0)
-        return dur, (comp, pf[1] + pb[1], tp, a2a, off)
+        return dur, PassParts(comp, pf[1] + pb[1], tp, a2a, off)
 
     def _recompute(self, g: GpuState, a: Action):
         yield from self._compute(g, a, self._parts(a, "R"), acc="recompute")

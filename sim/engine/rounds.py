@@ -34,7 +34,7 @@ does not pass a check is simulated round by round (``stats['rounds']`` says whic
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from ..lowering.memo import lowered_schedule
@@ -94,9 +94,27 @@ def outcome_of(eng: Engine, schedule_actions: int) -> Outcome:
 
 
 # --- the structure --------------------------------------------------------------------------
-def schedule_rounds(plan: ParallelPlan, build: Callable[[int], Schedule]) -> tuple[Rounds | None, str]:
+def schedule_rounds(
+    plan: ParallelPlan, build: Callable[[int], Schedule], key: Hashable | None = None
+) -> tuple[Rounds | None, str]:
     """The rounds of ``plan``'s lowered schedule (``build(m)`` lowers the schedule of m
-    microbatches), or None and why not."""
+    microbatches), or None and why not; remembered under ``key`` (a value naming everything
+    ``build`` and the plan's reductions depend on: `lowering.memo.lowered_key`) when one is given."""
+    if key is None:
+        return _schedule_rounds(plan, build)
+    hit = _ROUNDS.get(key)
+    if hit is None:
+        if len(_ROUNDS) >= 64:
+            _ROUNDS.clear()
+        hit = _ROUNDS[key] = _schedule_rounds(plan, build)
+    return hit
+
+
+#: `schedule_rounds`' results by key
+_ROUNDS: dict[Hashable, tuple[Rounds | None, str]] = {}
+
+
+def _schedule_rounds(plan: ParallelPlan, build: Callable[[int], Schedule]) -> tuple[Rounds | None, str]:
     if reduces_every_microbatch(plan):
         # a reduction queued per micro-batch on the data-parallel stream: a backlog that may grow
         # round after round (a communication-bound plan), so rounds need not repeat

@@ -20,7 +20,7 @@ from .trace import TraceEvent
 
 if TYPE_CHECKING:
     from ..cost.profile import RuntimeProfile
-    from ..cost.workload import StageWork
+    from ..cost.workload import PassParts, StageWork
     from ..plan import ParallelPlan
     from .iteration import EngineOptions
 
@@ -46,7 +46,7 @@ class DataParallel:
         def _record(
             self, g: GpuState, stream: str, name: str, kind: str, start: float, stage=None, mb=None
         ) -> None: ...
-        def _charge(self, g: GpuState, acc: str, parts: tuple[float, float, float, float, float]) -> None: ...
+        def _charge(self, g: GpuState, acc: str, parts: PassParts) -> None: ...
         def _start_grad_copies(self, g: GpuState, stage: int, start: float, dur: float, last: bool) -> None: ...
 
         copies_in_backward: bool
@@ -171,7 +171,7 @@ class DataParallel:
         g.unsharded += 2.0 * params  # 16-bit weights
         g.peak_unsharded = max(g.peak_unsharded, g.unsharded)
 
-    def _fsdp_pass(self, g: GpuState, a: Action, parts: tuple[float, float, float, float, float]):
+    def _fsdp_pass(self, g: GpuState, a: Action, parts: PassParts):
         """`iteration.FsdpPass`: the first layer's gather exposed, the rest (and in the backward
         the gradients' reduce-scatter) alongside the compute."""
         fp = it.fsdp_pass(self.plan, self.work[a.stage], g.dp_group, g.edp_group)

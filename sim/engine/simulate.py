@@ -25,7 +25,7 @@ from ..cost.memory import memory_report
 from ..cost.profile import MEGATRON, RuntimeProfile
 from ..cost.workload import StageWork, stage_work
 from ..layout import RankLayout
-from ..lowering.memo import built_inflight, lowered_schedule
+from ..lowering.memo import built_inflight, lowered_key, lowered_schedule
 from ..model import hardware_flops_per_iteration, model_flops_per_iteration
 from ..network import make_network
 from ..plan import ParallelPlan
@@ -34,6 +34,7 @@ from ..schedules.ir import Schedule
 from ..specs import ClusterSpec, ModelSpec
 from ..specs.calibration import Calibration, calibrated_cluster
 from .core import Engine, EngineOptions, run_engine
+from .iteration import reduces_every_microbatch
 from .replicas import replica_check, replicate
 from .results import BREAKDOWN_KEYS, SimResult
 from .rounds import Outcome, compressed_run, lowered_builder, outcome_of, schedule_rounds
@@ -233,7 +234,8 @@ def _simulate(
 def _compressed(plan: ParallelPlan, scosts: StageCosts, engine) -> tuple[Outcome | None, str]:
     """The outcome of ``plan`` with its steady-state rounds simulated once (`rounds`), or None
     and why not."""
-    found, why = schedule_rounds(plan, lowered_builder(plan, scosts))
+    key = (lowered_key(plan, plan.num_microbatches, scosts), reduces_every_microbatch(plan))
+    found, why = schedule_rounds(plan, lowered_builder(plan, scosts), key)
     if found is None:
         return None, why
     out, why = compressed_run(plan, found, engine)

@@ -83,8 +83,17 @@ def lowered_schedule(plan: ParallelPlan, m: int | None = None, costs: StageCosts
     """``lower(schedule_for_plan(plan, costs), plan)`` for m micro-batches (default: the plan's),
     remembered."""
     m = plan.num_microbatches if m is None else m
+    key = lowered_key(plan, m, costs)
+    low = _LOWERED.get(key, lambda: lower(built_schedule(plan, m, costs), plan))
+    if (low.meta.get("recompute"), low.meta.get("zero")) != (plan.recompute, plan.zero):
+        low = replace(low, meta={**low.meta, "recompute": plan.recompute, "zero": plan.zero})
+    return low
+
+
+def lowered_key(plan: ParallelPlan, m: int, costs: StageCosts | None = None) -> tuple:
+    """What the lowered schedule of ``plan`` for m micro-batches depends on (the module docstring)."""
     steer = costs if spec(plan.schedule).cost_steered else None
-    key = (
+    return (
         plan.schedule,
         plan.pp,
         plan.vpp,
@@ -93,10 +102,6 @@ def lowered_schedule(plan: ParallelPlan, m: int | None = None, costs: StageCosts
         plan.recompute != "none",
         fsdp_managed(plan.zero, plan.zero_shards),
     )
-    low = _LOWERED.get(key, lambda: lower(built_schedule(plan, m, costs), plan))
-    if (low.meta.get("recompute"), low.meta.get("zero")) != (plan.recompute, plan.zero):
-        low = replace(low, meta={**low.meta, "recompute": plan.recompute, "zero": plan.zero})
-    return low
 
 
 def clear() -> None:

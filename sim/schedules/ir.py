@@ -214,6 +214,23 @@ class Schedule:
         return self.num_microbatches // self.pipelines
 
     @derived
+    def last_backward(self) -> dict[tuple[int, int], Action]:
+        """(pipeline rank, stage) -> the stage's last weight-gradient action on that rank (B or W):
+        where a stage's gradients are complete. Kept with the schedule (a value: `lowering.memo`
+        shares one lowered schedule between the plans that run it)."""
+        out: dict[tuple[int, int], Action] = {}
+        for r, acts in enumerate(self.ranks):
+            todo = len(self.stages_of(r))
+            for step in reversed(acts):  # from the end: stop once every stage of the rank has its own
+                for a in reversed(step.parts) if isinstance(step, Pair) else (step,):
+                    if (a.kind is Kind.B or a.kind is Kind.W) and (r, a.stage) not in out:
+                        out[(r, a.stage)] = a
+                        todo -= 1
+                if todo == 0:
+                    break
+        return out
+
+    @derived
     def next_stages(self) -> tuple[int | None, ...]:
         """Per stage, the stage a forward of it feeds (None: the last of its pipeline)."""
         chain = self.chain

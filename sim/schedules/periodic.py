@@ -12,7 +12,7 @@ what the engine's compression (`simpar.sim.engine.rounds`) needs for its exactne
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..errors import ScheduleError
 from .ir import Action, Kind, Pair, Schedule, Step
@@ -60,6 +60,9 @@ class Rounds:
     d: int
     cut: tuple[int, ...]
     length: tuple[int, ...]
+    #: what `expand`, `dependencies` and `tail_holds_stage_ends` computed (pure functions of the
+    #: fields above): a remembered Rounds (`engine.rounds.schedule_rounds`) answers them at once
+    _memo: dict = field(default_factory=dict, compare=False, repr=False, hash=False)
 
     def microbatches(self, k: int) -> int:
         return self.base.num_microbatches + k * self.d
@@ -70,6 +73,14 @@ class Rounds:
         return k if k >= 0 and rem == 0 else None
 
     def expand(self, k: int) -> Schedule:
+        hit = self._memo.get(("expand", k))
+        if hit is None:
+            if len(self._memo) > 16:
+                self._memo.clear()
+            hit = self._memo[("expand", k)] = self._expand(k)
+        return hit
+
+    def _expand(self, k: int) -> Schedule:
         ranks = []
         for acts, p, n in zip(self.base.ranks, self.cut, self.length):
             row = list(acts[:p])
@@ -97,6 +108,11 @@ class Rounds:
         """Where receives find their sends, in rounds (on ``expand(3)``); None when a prefix waits
         on a round, a round on the suffix, or a round on a later round: the rounds would then not
         follow one another causally and the steady state cannot be cut out."""
+        if "dependencies" not in self._memo:
+            self._memo["dependencies"] = self._dependencies()
+        return self._memo["dependencies"]
+
+    def _dependencies(self) -> Dependencies | None:
         k = 3
         sched = self.expand(k)
         sent: dict[tuple[int | None, Kind, int | None], int] = {}
@@ -129,6 +145,11 @@ class Rounds:
     def tail_holds_stage_ends(self) -> bool:
         """Every stage's last backward and its REDUCE_GRAD lie in the last round or the suffix
         (the engine starts the gradient reduction there, once per iteration)."""
+        if "tail" not in self._memo:
+            self._memo["tail"] = self._tail_holds_stage_ends()
+        return self._memo["tail"]
+
+    def _tail_holds_stage_ends(self) -> bool:
         k = 2
         sched = self.expand(k)
         for r, acts in enumerate(sched.ranks):

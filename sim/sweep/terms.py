@@ -15,7 +15,7 @@ from typing import TypeVar
 
 from ..cost.compute import CostModel
 from ..cost.profile import MEGATRON, RuntimeProfile
-from ..cost.workload import StageWork
+from ..cost.workload import PassParts, StageWork
 from ..derived import derived
 from ..engine import iteration as it
 from ..engine.iteration import CollectiveTimer, Comm, EngineOptions
@@ -66,7 +66,7 @@ class Inputs:
         """A pass's seconds on the compute stream, as the engine charges it (`StageWork.seconds`)."""
         return w.seconds(kind, self.options.overlap_tp)
 
-    def parts(self, w: StageWork, kind: str) -> tuple[float, float, float, float, float]:
+    def parts(self, w: StageWork, kind: str) -> PassParts:
         return w.parts(kind, self.options.overlap_tp)
 
     def kept(self, key: tuple, make: Callable[[], T]) -> T:
