@@ -65,7 +65,7 @@ MAX_MOE_IMBALANCE = 64.0
 def interruptible(what: str) -> Iterator[None]:
     """Ctrl-C (SIGINT) inside: the line ``interrupted: <what>`` on stderr and exit 130, as a shell
     reports a command stopped by SIGINT, instead of click's "Aborted!" and exit 1. Worker processes
-    end with their parent (`simpar.sim.procs`)."""
+    end with their parent (`simpar.jobs.procs`)."""
     try:
         yield
     except KeyboardInterrupt:

@@ -261,13 +261,14 @@ def sweep(**kw) -> None:
 
 
 def _sweep(kw: dict, warm) -> None:
+    from simpar.jobs import lock
+    from simpar.jobs.interrupt import Interrupted, handle_signals
     from simpar.sim import files
     from simpar.sim.collector import settled
     from simpar.sim.specs import load_cluster, load_model
-    from simpar.sim.sweep import limits, lock
+    from simpar.sim.sweep import limits
     from simpar.sim.sweep.evaluate import SweepSetup
     from simpar.sim.sweep.filters import parse_filter
-    from simpar.sim.sweep.interrupt import Interrupted, handle_signals
     from simpar.sim.sweep.run import SweepOptions, run_sweep
 
     t0 = _started()
@@ -372,12 +373,12 @@ def _workers(kw: dict) -> int:
 
 
 def _warm_drawing(kw: dict):
-    """A process that imports matplotlib now, while this one searches (`procs.Warm`); the plan
+    """A process that imports matplotlib now, while this one searches (`simpar.jobs.procs.Warm`); the plan
     folders' timelines and the Pareto figure are drawn in processes forked from it. None with one
     worker: everything is drawn here, after the search."""
     import multiprocessing
 
-    from simpar.sim.procs import Warm
+    from simpar.jobs.procs import Warm
 
     if _workers(kw) <= 1 or "fork" not in multiprocessing.get_all_start_methods():
         return None

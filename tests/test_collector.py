@@ -52,7 +52,7 @@ def test_the_command_and_its_forked_workers_run_in_batch_mode() -> None:
         "from simpar.cli import main as m\n"
         "@m.cli.command('probe')\n"
         "def probe():\n"
-        "    from simpar.sim.procs import fork_map\n"
+        "    from simpar.jobs.procs import fork_map\n"
         "    there = [r for _, r in fork_map(lambda _: gc.get_threshold(), [0, 1], 2)]\n"
         "    print(before, gc.get_threshold(), there[0], sep=';')\n"
         "sys.argv = ['simpar', 'probe']\n"

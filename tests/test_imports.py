@@ -11,7 +11,13 @@ from pathlib import Path
 import networkx as nx
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = {"sim": "simpar.sim", "executor": "simpar.executor", "cli": "simpar.cli", "api": "simpar"}
+PACKAGES = {
+    "sim": "simpar.sim",
+    "jobs": "simpar.jobs",
+    "executor": "simpar.executor",
+    "cli": "simpar.cli",
+    "api": "simpar",
+}
 
 
 def _modules() -> dict[str, Path]:
@@ -59,7 +65,11 @@ def test_sim_imports_neither_torch_nor_executor_nor_the_cli():
     g, external = _graph()
     sim = [m for m in g if m.startswith("simpar.sim")]
     assert [m for m in sim if "torch" in external[m]] == []
-    assert [(m, d) for m in sim for d in g.successors(m) if not d.startswith("simpar.sim")] == []
+    # the simulator's own modules, and how jobs run (`simpar.jobs`, which imports only sim's errors)
+    allowed = ("simpar.sim", "simpar.jobs")
+    assert [(m, d) for m in sim for d in g.successors(m) if not d.startswith(allowed)] == []
+    jobs = [m for m in g if m.startswith("simpar.jobs")]
+    assert {d for m in jobs for d in g.successors(m)} <= {"simpar.sim.errors", "simpar.sim", *jobs}
 
 
 def test_import_simpar_is_cheap_and_the_api_resolves():
@@ -72,7 +82,8 @@ def test_import_simpar_is_cheap_and_the_api_resolves():
 
 
 #: simpar's layers, lowest first: a module imports only from its own layer or below (issue 66: "the
-#: layer order tested, not only no circles"). Plain values and utilities; files; the specs of models,
+#: layer order tested, not only no circles"). Plain values and utilities; files and how jobs run
+#: (`simpar.jobs`: worker processes, interrupts, locks); the specs of models,
 #: GPUs and clusters and the cluster graph; the schedule generators (which know no plan), the network
 #: and the model's layers; the plan; its layout, checks and files; the lowering of a plan onto its
 #: schedule; the cost model; the engine; what reads and compares runs (plots, traces, configuration
@@ -87,9 +98,8 @@ LAYERS = (
         "sim.fitting",
         "sim.zero",
         "sim.collector",
-        "sim.procs",
     ),
-    ("sim.files",),
+    ("sim.files", "simpar.jobs"),
     ("sim.specs", "sim.topology"),
     ("sim.schedules", "sim.network", "sim.model"),
     ("sim.plan",),

@@ -1,4 +1,4 @@
-"""`procs.fork_map` (validation's pool) and `simpar validate --workers`: same results, in order,
+"""`simpar.jobs.procs.fork_map` (validation's pool) and `simpar validate --workers`: same results, in order,
 whatever the workers; workers do not outlive a caller that stops early."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import time
 
 import pytest
 
+from simpar.jobs.procs import fork_map
 from simpar.sim.engine.simulate import simulate
 from simpar.sim.errors import SimparError
-from simpar.sim.procs import fork_map
 from simpar.sim.validation.published import read_rows, validate_rows
 
 

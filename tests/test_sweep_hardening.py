@@ -477,8 +477,8 @@ def test_resumes_after_ctrl_c_sigterm_and_kill_9_equal_an_uninterrupted_sweep(tm
 def test_without_file_locking_the_pid_in_the_lock_file_stands_in(tmp_path, monkeypatch):
     """No fcntl (or a file system that does not lock): a lock file naming a live process other than
     this one refuses the folder; a dead process's is taken over; the PID is cleared at the end."""
+    from simpar.jobs import lock
     from simpar.sim.errors import SimparError
-    from simpar.sim.sweep import lock
 
     monkeypatch.setattr(lock, "fcntl", None)
     path = tmp_path / lock.LOCK_NAME

@@ -1,4 +1,4 @@
-"""`procs.Warm`: a process forked early that imports modules while its parent works, then runs
+"""`simpar.jobs.procs.Warm`: a process forked early that imports modules while its parent works, then runs
 jobs in processes forked from it; and `simpar sweep`, whose main process draws nothing and so
 never imports matplotlib (its figures are drawn by processes forked from a warm one)."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from simpar.sim.procs import Warm
+from simpar.jobs.procs import Warm
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="fork and /proc")
 

@@ -12,6 +12,8 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 
+from simpar.jobs.procs import Warm, fork_map, run_job
+
 from ..engine.results import SimResult
 from ..engine.simulate import plan_schedule
 from ..engine.trace import write_trace
@@ -19,7 +21,6 @@ from ..errors import SpecError
 from ..interop.emit import recipe_files
 from ..plan import ParallelPlan
 from ..planfile import write_plan_file
-from ..procs import Warm, fork_map, run_job
 from ..schedules import write_csv
 from .config_plan import checked_plan
 from .evaluate import SweepSetup
@@ -63,7 +64,7 @@ def write_plan_dir(setup: SweepSetup, cfg: Config, out: Path, command: str = "",
 
 def _write_files(setup: SweepSetup, cfg: Config, out: Path, command: str) -> SimResult:
     # matplotlib is imported by the process that draws (`simpar sweep`'s main process never does:
-    # its drawing workers are forked from a `procs.Warm` process that imported it)
+    # its drawing workers are forked from a `simpar.jobs.procs.Warm` process that imported it)
     from ..plot.timeline import plot_timeline
 
     plan, reason = checked_plan(cfg, setup.model, setup.cluster, setup.gbs, setup.space)
@@ -115,7 +116,7 @@ def write_plan_dirs(
     """Folders for the ``count`` best ranked rows, ``plans/NN-<id>`` (complete ones are kept),
     written on ``workers`` forked processes; ``also``: other jobs run on the same processes (the
     sweep report's Pareto figure: the figures are drawn side by side, not after each other).
-    With ``warm`` (`procs.Warm`, its modules matplotlib's) the processes are forked from it and
+    With ``warm`` (`simpar.jobs.procs.Warm`, its modules matplotlib's) the processes are forked from it and
     every job must pickle (``also``: a `functools.partial` of a module's function)."""
     done: list[Path] = []
     jobs: list[Callable[[], object]] = []

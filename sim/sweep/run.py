@@ -13,7 +13,7 @@ evaluated, wall seconds, workers, configurations per second per worker: what siz
 a larger sweep); the journals are removed when results.csv is complete.
 
 Before any work: the inputs are checked against `limits` (one error line each), ``out`` is
-created (`files.output_dir`) and locked for the run (`lock.hold`: a second sweep into it is
+created (`files.output_dir`) and locked for the run (`simpar.jobs.lock.hold`: a second sweep into it is
 refused). A resume reads back only what passes the checks of `store`: a corrupt sweep.json or
 results.csv is refused with the fix, and journal lines or rows that cannot be used are dropped
 with a note (``note``) and computed again, never used silently.
@@ -30,9 +30,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from simpar.jobs import lock
+
 from .. import files
 from ..errors import SimparError
-from . import lock
 from .batches import grouped, screen_cost, screen_key, screen_order
 from .evaluate import SweepSetup
 from .limits import check_options, check_setup

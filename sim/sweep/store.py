@@ -26,12 +26,13 @@ from operator import itemgetter
 from pathlib import Path
 from typing import Any, NoReturn
 
+from simpar.jobs import interrupt
+
 from .. import files
 from ..cost.offload import offload_fields
 from ..engine.results import BREAKDOWN_KEYS
 from ..errors import SimparError, SpecError
 from ..plan import MOE_DISPATCHERS, OPTIMIZERS, RECOMPUTE, SCHEDULES
-from . import interrupt
 from .space import CONFIG_FIELDS, Config
 
 #: 2: lower_bound_s; 3: ep, etp, expert_compute_s, moe_a2a_s; 4: dispatch, a2a_overlap; 5: optimizer, rlayers;

@@ -18,10 +18,11 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 
+from simpar.jobs import interrupt, lock
+from simpar.jobs.procs import die_with_parent
+
 from ..collector import batch_mode, settling
 from ..errors import SimparError
-from ..procs import die_with_parent
-from . import interrupt, lock
 from .evaluate import SweepSetup, evaluate
 from .space import Config
 

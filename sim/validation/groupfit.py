@@ -30,10 +30,11 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any
 
+from simpar.jobs.procs import fork_map
+
 from ..cost.compute import CostModel
 from ..engine.simulate import simulate
 from ..errors import SimparError
-from ..procs import fork_map
 from ..specs import load_cluster, load_gpu
 from ..specs.calibration import EfficiencyParams
 from .moe_rows import is_moe_row

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from simpar.jobs.procs import fork_map
+
 from .. import files
 from ..choices import MAX_BATCH, MAX_GPUS, OPTIMIZERS
 from ..cost.offload import offload_fields
@@ -20,7 +22,6 @@ from ..engine.iteration import EngineOptions
 from ..errors import SimparError
 from ..plan import CP_COMM_TYPES, FP8_RECIPES, MOE_DISPATCHERS, RECOMPUTE_MODULES, ParallelPlan, balanced_layer_split
 from ..plan_check import check_plan
-from ..procs import fork_map
 from ..specs import load_cluster
 from ..specs.model import ModelSpec
 from ..specs.stack import MEMORY_METRICS

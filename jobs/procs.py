@@ -23,7 +23,7 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
-from .errors import SimparError
+from simpar.sim.errors import SimparError
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
-from ..errors import SimparError, SpecError
+from simpar.sim.errors import SimparError, SpecError
 
 try:
     import fcntl
