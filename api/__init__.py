@@ -6,7 +6,7 @@ The library API (the ``simpar`` command is a thin layer over the same functions)
 
     model = simpar.load_model("gpt3-175b")
     cluster = simpar.load_cluster("dgx-a100-80g", gpus=1024)
-    plan = simpar.ParallelPlan(tp=8, pp=8, dp=16, global_batch_size=1536, zero=1)  # 1F1B: the default schedule
+    plan = simpar.make_plan(model, cluster, tp=8, pp=8, global_batch_size=1536, zero=1)  # dp, SP, schedule: defaults
     simpar.check_plan(plan, model, cluster)
     result = simpar.simulate(model, cluster, plan)
     print(result.iter_time_s, result.breakdown_s, result.memory.verdict())
@@ -31,6 +31,7 @@ _EXPORTS = {
     "ModelSpec": "simpar.sim.specs",
     "ClusterSpec": "simpar.sim.specs",
     "ParallelPlan": "simpar.sim.plan",
+    "make_plan": "simpar.sim.plan_make",
     "check_plan": "simpar.sim.plan_check",
     "build_schedule": "simpar.sim.schedules",
     "schedule_for_plan": "simpar.sim.lowering",
@@ -62,6 +63,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time names load lazily (
     from simpar.sim.lowering import schedule_for_plan
     from simpar.sim.plan import ParallelPlan
     from simpar.sim.plan_check import check_plan
+    from simpar.sim.plan_make import make_plan
     from simpar.sim.schedules import build_schedule
     from simpar.sim.specs import ClusterSpec, ModelSpec, load_cluster, load_gpu, load_model
     from simpar.sim.specs.calibration import Calibration, load_calibration

@@ -352,11 +352,9 @@ class Setup:
 
 def setup_from_options(kw: dict[str, Any]) -> Setup:
     """Load presets, build and check the plan; raises SimparError with a clear line."""
-    from simpar.sim.plan import ParallelPlan, balanced_layer_split
     from simpar.sim.plan_check import check_plan
-    from simpar.sim.schedules.registry import default_schedule
+    from simpar.sim.plan_make import make_plan
     from simpar.sim.specs import load_cluster, load_model
-    from simpar.sim.specs.loader import build
     from simpar.sim.specs.model import ModelSpec
 
     kw, imported = apply_import(kw)
@@ -375,24 +373,8 @@ def setup_from_options(kw: dict[str, Any]) -> Setup:
         from .calib import load_calibration_option
 
         calib = load_calibration_option(kw["calibration"], cluster.gpu.name)
-    tp, pp, cp = kw["tp"], kw["pp"], kw["cp"]
-    dp = kw.get("dp")
-    if dp is None:
-        if kw["gpus"] % (tp * pp * cp):
-            raise PlanError(
-                "gpus",
-                f"{kw['gpus']} GPUs are not divisible by tp*pp*cp = {tp * pp * cp}.",
-                "choose tp, pp, cp whose product divides the GPU count.",
-            )
-        dp = kw["gpus"] // (tp * pp * cp)
-    schedule = kw.get("schedule") or default_schedule(pp, kw["vpp"])
-    sp = kw.get("sequence_parallel")
-    if sp is None:
-        sp = tp > 1
     split = kw.get("layer_split")
-    if split == "balanced":
-        split = balanced_layer_split(model.layers, pp * kw["vpp"])
-    elif split:
+    if split and split != "balanced":
         try:
             split = tuple(int(x) for x in split.split(","))
         except ValueError:
@@ -401,48 +383,46 @@ def setup_from_options(kw: dict[str, Any]) -> Setup:
                 f"{split!r} is not a comma-separated list of integers.",
                 "write e.g. 2,3,3,2 or 'balanced'.",
             ) from None
-    data: dict[str, Any] = dict(
-        dp=dp,
-        tp=tp,
-        pp=pp,
-        cp=cp,
+    chosen: dict[str, Any] = dict(
+        dp=kw.get("dp"),
+        tp=kw["tp"],
+        pp=kw["pp"],
+        cp=kw["cp"],
         vpp=kw["vpp"],
         micro_batch_size=kw["mbs"],
         global_batch_size=kw["gbs"],
-        schedule=schedule,
+        schedule=kw.get("schedule"),
         zero=kw["zero"],
         recompute=kw["recompute"],
-        sequence_parallel=sp,
-        precision=kw.get("precision") or cluster.gpu.default_precision,
-        stack=kw.get("stack") or "megatron-core",
+        sequence_parallel=kw.get("sequence_parallel"),
+        precision=kw.get("precision"),
+        stack=kw.get("stack"),
         layer_split=split or None,
-        allow_tp_across_nodes=kw.get("allow_tp_across_nodes", False),
-        ep=kw.get("ep", 1),
+        allow_tp_across_nodes=kw.get("allow_tp_across_nodes"),
+        ep=kw.get("ep"),
         etp=kw.get("etp"),
-        moe_imbalance=kw.get("moe_imbalance", 1.0),
-        moe_dispatcher=kw.get("moe_dispatcher") or "alltoall",
-        moe_a2a_overlap=bool(kw.get("moe_a2a_overlap")),
-        cp_comm_type=kw.get("cp_comm_type") or "p2p",
+        moe_imbalance=kw.get("moe_imbalance"),
+        moe_dispatcher=kw.get("moe_dispatcher"),
+        moe_a2a_overlap=kw.get("moe_a2a_overlap"),
+        cp_comm_type=kw.get("cp_comm_type"),
         cp_a2a_size=kw.get("cp_a2a_size"),
         recompute_layers=kw.get("recompute_layers"),
-        recompute_method=kw.get("recompute_method") or "uniform",
-        optimizer=kw.get("optimizer") or "adamw",
-        offload_params=bool(kw.get("offload_params")),
-        offload_overlap=bool(kw.get("offload_overlap")),
-        offload_activations=kw.get("offload_activations") or 0,
+        recompute_method=kw.get("recompute_method"),
+        optimizer=kw.get("optimizer"),
+        offload_params=kw.get("offload_params"),
+        offload_overlap=kw.get("offload_overlap"),
+        offload_activations=kw.get("offload_activations"),
+        offload_optimizer=kw.get("offload_optimizer"),
+        flash_attention=kw.get("flash_attention"),
+        tp_comm_overlap=kw.get("tp_comm_overlap"),
+        fp8_recipe=kw.get("fp8_recipe"),
     )
-    if kw.get("offload_optimizer") is not None:
-        data["offload_optimizer"] = kw["offload_optimizer"]
     if kw.get("recompute_modules"):
-        data["recompute_modules"] = tuple(x.strip() for x in kw["recompute_modules"].split(",") if x.strip())
-    data.update(cluster.gpu.plan_defaults)  # what the GPU decides, unless given below
-    for key in ("flash_attention", "tp_comm_overlap", "fp8_recipe"):  # unset: the stack decides
-        if kw.get(key) is not None:
-            data[key] = kw[key]
+        chosen["recompute_modules"] = tuple(x.strip() for x in kw["recompute_modules"].split(",") if x.strip())
     if kw.get("mesh_order"):
-        data["mesh_order"] = tuple(x.strip() for x in kw["mesh_order"].split(","))
+        chosen["mesh_order"] = tuple(x.strip() for x in kw["mesh_order"].split(","))
     if kw.get("expert_order"):
-        data["expert_order"] = tuple(x.strip() for x in kw["expert_order"].split(","))
-    plan = build(ParallelPlan, data, "plan")
+        chosen["expert_order"] = tuple(x.strip() for x in kw["expert_order"].split(","))
+    plan = make_plan(model, cluster, kw["gpus"], **chosen)  # every default: the library's (`plan_make`)
     check_plan(plan, model, cluster, kw["gpus"], calibration=calib)
     return Setup(model, cluster, plan, imported)

@@ -103,7 +103,7 @@ LAYERS = (
     ("sim.specs", "sim.topology"),
     ("sim.schedules", "sim.network", "sim.model"),
     ("sim.plan",),
-    ("sim.layout", "sim.plan_check", "sim.planfile"),
+    ("sim.layout", "sim.plan_check", "sim.plan_make", "sim.planfile"),
     ("sim.lowering",),
     ("sim.cost",),
     ("sim.engine",),
