@@ -220,6 +220,7 @@ def test_latency_scale_multiplies_one_nodes_latencies_and_adds_one_nodes_excess_
         assert default.collective_time("all-reduce", range(16), size) >= default.collective_time(
             "all-reduce", range(8), size
         )
+        assert default.p2p_time(0, 8, size) >= default.p2p_time(0, 1, size)  # a send over the network
     measured = make_network(cl, calibration={"nvlink": {"alpha_s": 3.4e-6}})
     assert measured.constants.latency_scale["nvlink"] == 1.0
     with pytest.raises(SpecError, match="latency_scale"):

@@ -95,6 +95,8 @@ class Network:
         self._estimates: dict[tuple[str, tuple[int, ...], float], CollectiveEstimate] = {}
         self._choices: dict[tuple, Candidate | None] = {}
         self._host_share: dict[tuple[int, bool], dict[int, int]] = {}
+        #: the hardware class of a step inside one node (`algorithms.Group.intra_hw`)
+        self._intra_hw = {"nvswitch": "nvlink", "host": "host"}.get(cluster.node.interconnect, "pcie")
 
     # --- the interface ---------------------------------------------------------------------
     def p2p_time(self, src: int, dst: int, nbytes: float) -> float:
@@ -249,26 +251,28 @@ class Network:
 
     def _phase_alpha(self, ph: Phase, proto: str) -> float:
         """The phase's latency, s: NCCL's constants (``base + steps x step latency``) plus the
-        measured excess of a call over them, `latency_scale` - 1 times NCCL's latency of one node's
-        part of the call (its base and the NVLink steps one node of the group takes, at most
-        2 (g - 1) for g GPUs per node). On one node that is the scale times NCCL's latency, as it was
-        measured; across nodes the excess is counted once per call, not per step of a long ring (the
-        large-message ring rows of 16 to 64 GPUs reach their bandwidth), and a call across nodes never
-        costs less than the same call on one node. The algorithm and protocol are then chosen by the
-        least time, as NCCL's tuner ranks them."""
+        measured excess of a call over them: `latency_scale` - 1 of the node's own class (NVLink on
+        NVSwitch nodes, where it was measured) times NCCL's latency of one node's part of the call,
+        its base and the steps of that class one node of the group takes (at most 2 (g - 1) for g
+        GPUs per node). On one node that is the scale times NCCL's latency, as it was measured; a
+        call across nodes (a ring, a tree, a send over the network) pays the per-call excess once,
+        not per step of a long ring (the large-message ring rows of 16 to 64 GPUs reach their
+        bandwidth), so it never costs less than the same call on one node. The algorithm and
+        protocol are then chosen by the least time, as NCCL's tuner ranks them."""
         c = self.constants
         base = c.base_latency_us[ph.algo][proto]
-        us, excess = base, 0.0
+        us, local = base, 0.0
         for hw, count in ph.steps:
             lat = c.step_latency_us[hw][ph.algo][proto]
-            extra = c.latency_scale[hw] - 1.0
-            if extra:
-                local = count if not ph.multinode else min(count, 2 * (self.topology.gpus_per_node - 1))
-                excess = max(excess, extra * (base + local * lat))
+            if hw == self._intra_hw:
+                local += (count if not ph.multinode else min(count, 2 * (self.topology.gpus_per_node - 1))) * lat
             if proto == "LL" and ph.multinode and hw != "net":
                 lat *= c.ll_multinode_intra_factor
             us += count * lat
-        return (us + excess) * 1e-6 + ph.hop_latency
+        extra = c.latency_scale[self._intra_hw] - 1.0
+        if extra and (local or ph.multinode):  # a call of this node's class, or one across nodes
+            us += extra * (base + local)
+        return us * 1e-6 + ph.hop_latency
 
     def _phase_eff(self, ph: Phase, proto: str) -> float:
         c = self.constants

@@ -110,8 +110,9 @@ STEP_LATENCY_US = {
 #: 64 KiB up. `python benchmarks/fit_nccl_latency.py` fits it (least mean |busbw error|) on all rows
 #: and leave-one-source-out: fitted on Azure's sweeps 3.2, on ml-engineering's 2.5, on both 2.8;
 #: median |busbw error| 34 % -> 8.0 % in sample, 10.6 % / 11.5 % on the source left out. The sweeps
-#: are of one node; a phase across nodes adds the excess of one node's part of the call once
-#: (`Network._phase_alpha`). PCIe, the network and gloo have no size sweeps in the project: 1.
+#: are of one node; a phase across nodes (a ring, a tree, a send over the network) adds the excess
+#: of one node's part of the call once (`Network._phase_alpha`). PCIe, the network and gloo have no
+#: size sweeps in the project: 1.
 LATENCY_SCALE = {"nvlink": 2.8, "pcie": 1.0, "net": 1.0, "host": 1.0}
 
 #: tuning.cc: "if (nNodes > 1 && p == NCCL_PROTO_LL) intraLat *= 1.8".
