@@ -229,8 +229,9 @@ def rank_memories(
             ew, eg, eo = stack_state_bytes(expert_psi, plan.zero, plan.edp, sb, own)
             weights, grads, opt = weights + ew, grads + eg, opt + eo
         if fp8_cache:  # cached fp8 weight copies (Transformer Engine)
-            split = plan.sharding.parameters
-            weights += (psi - expert_psi) / (nd if split else 1) + expert_psi / (plan.edp if split else 1)
+            weights += (psi - expert_psi) / plan.sharding.divisor("parameters") + expert_psi / (
+                plan.edp if plan.sharding.parameters else 1
+            )
         gather = 0.0
         if policy is ZeroPolicy.PER_LAYER:
             # FSDP without a pipeline: layer-wise gather with prefetch, gradients reduce-scattered per layer

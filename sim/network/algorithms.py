@@ -67,6 +67,11 @@ class CollectiveSchedule:
     protocols: tuple[str, ...]
 
 
+def intra_hw(interconnect: str) -> str:
+    """NCCL's hardware class of a step between two GPUs of one node with ``interconnect``."""
+    return {"nvswitch": "nvlink", "host": "host"}.get(interconnect, "pcie")
+
+
 class Group:
     """The GPUs of a communicator, split by node (both in ascending order)."""
 
@@ -77,7 +82,7 @@ class Group:
             self.by_node.setdefault(topo.node_of(g), []).append(g)
         self.nodes = list(self.by_node)
         self.M = len(self.nodes)
-        self.intra_hw = {"nvswitch": "nvlink", "host": "host"}.get(topo.cluster.node.interconnect, "pcie")
+        self.intra_hw = intra_hw(topo.cluster.node.interconnect)
         self.pivots = {k: self._pivots(v) for k, v in self.by_node.items()}
         self.C = min(len(p) for p in self.pivots.values())
 

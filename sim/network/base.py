@@ -26,7 +26,7 @@ from typing import Any
 from ..specs.calibration import Calibration
 from ..specs.cluster import ClusterSpec
 from ..topology.graph import Topology, build_topology
-from .algorithms import OPS, CollectiveSchedule, Phase, schedules
+from .algorithms import OPS, CollectiveSchedule, Phase, intra_hw, schedules
 from .algorithms import p2p as p2p_schedule
 from .constants import DEFAULT_CONSTANTS, NetworkConstants, network_overrides
 
@@ -95,8 +95,8 @@ class Network:
         self._estimates: dict[tuple[str, tuple[int, ...], float], CollectiveEstimate] = {}
         self._choices: dict[tuple, Candidate | None] = {}
         self._host_share: dict[tuple[int, bool], dict[int, int]] = {}
-        #: the hardware class of a step inside one node (`algorithms.Group.intra_hw`)
-        self._intra_hw = {"nvswitch": "nvlink", "host": "host"}.get(cluster.node.interconnect, "pcie")
+        #: the hardware class of a step inside one node
+        self._intra_hw = intra_hw(cluster.node.interconnect)
 
     # --- the interface ---------------------------------------------------------------------
     def p2p_time(self, src: int, dst: int, nbytes: float) -> float:
