@@ -17,19 +17,10 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from simpar.sim.choices import (
-    CP_COMM_TYPES,
-    FP8_RECIPES,
-    MAX_BATCH,
     MAX_GPUS,
-    MOE_DISPATCHERS,
-    OPTIMIZERS,
-    PRECISIONS,
-    RECOMPUTE,
-    RECOMPUTE_METHODS,
-    RECOMPUTE_MODULES,
-    SCHEDULES,
 )
 from simpar.sim.errors import PlanError, SimparError, SpecError
+from simpar.sim.levers import LEVERS, SECTIONS, Lever
 
 from .imports import apply_import, import_options
 
@@ -54,11 +45,6 @@ class Finite(click.FloatRange):
         if not math.isfinite(x):
             self.fail(f"{value!r} is not a finite number.", param, ctx)
         return super().convert(x, param, ctx)
-
-
-#: --moe-imbalance: the busiest expert rank's share over the balanced one (1: balanced routing; 64:
-#: every token of 64 expert ranks on one, beyond any measured router)
-MAX_MOE_IMBALANCE = 64.0
 
 
 @contextlib.contextmanager
@@ -134,10 +120,32 @@ class Written:
             ) from None
 
 
+def lever_option(lv: Lever) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The click option of a plan lever (`simpar.sim.levers`): its flag, type, bounds, default and help."""
+    opt = lv.option
+    assert opt is not None
+    help_text = " ".join(x for x in (lv.help, lv.cli_default_text) if x) or None
+    kw: dict[str, Any] = {"default": lv.cli_default, "help": help_text}
+    if lv.kind == "bool":
+        if lv.negatable:
+            return click.option(f"{opt}/--no-{opt[2:]}", lv.key, **kw)
+        return click.option(opt, lv.key, is_flag=True, **kw)
+    if lv.kind == "int":
+        assert lv.low is not None and lv.high is not None
+        kw["type"] = click.IntRange(int(lv.low), int(lv.high))
+    elif lv.kind == "float":
+        assert lv.low is not None and lv.high is not None
+        kw["type"] = Finite(lv.low, lv.high)
+    elif lv.kind == "choice":
+        kw["type"] = click.Choice(lv.choices)
+    shown = lv.cli_default is not None and not lv.cli_default_text and lv.field != "offload_activations"
+    return click.option(opt, lv.key, show_default=shown, **kw)
+
+
 def plan_options(f: Callable[..., Any]) -> Callable[..., Any]:
-    """--model --cluster --gpus --tp --pp [--dp] [--cp] [--vpp] --mbs --gbs --schedule --zero
-    --recompute [--sequence-parallel/--no-sequence-parallel] [--precision] and friends."""
-    opts = [
+    """--model --cluster --gpus [--seq-len], then a flag for every plan lever (`simpar.sim.levers`:
+    --tp --pp [--dp] ... --mbs --gbs --schedule --zero --recompute ..., by section)."""
+    opts: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
         click.option(
             "--model",
             "model",
@@ -152,194 +160,32 @@ def plan_options(f: Callable[..., Any]) -> Callable[..., Any]:
             help="number of GPUs (whole nodes) [required unless a --from-* launcher line gives it]",
         ),
         click.option(
-            "--tp", type=click.IntRange(1, MAX_GPUS), default=1, show_default=True, help="tensor-parallel size"
-        ),
-        click.option(
-            "--pp", type=click.IntRange(1, MAX_GPUS), default=1, show_default=True, help="pipeline-parallel size"
-        ),
-        click.option(
-            "--dp", type=click.IntRange(1, MAX_GPUS), default=None, help="data-parallel size [default: gpus/(tp*pp*cp)]"
-        ),
-        click.option(
-            "--cp", type=click.IntRange(1, MAX_GPUS), default=1, show_default=True, help="context-parallel size"
-        ),
-        click.option(
-            "--vpp",
-            type=click.IntRange(1, MAX_GPUS),
-            default=1,
-            show_default=True,
-            help="model chunks per pipeline rank",
-        ),
-        click.option(
-            "--mbs",
-            type=click.IntRange(1, MAX_BATCH),
-            default=1,
-            show_default=True,
-            help="micro-batch size (sequences)",
-        ),
-        click.option(
-            "--gbs",
-            type=click.IntRange(1, MAX_BATCH),
-            default=None,
-            help="global batch size (sequences) [required unless a --from-* configuration gives it]",
-        ),
-        click.option(
             "--seq-len", type=click.IntRange(1, 100_000_000), default=None, help="override the model's sequence length"
         ),
-        click.option(
-            "--schedule",
-            type=click.Choice(SCHEDULES),
-            default=None,
-            help="pipeline schedule [default: 1f1b, none when pp=1]",
-        ),
-        click.option("--zero", type=click.IntRange(0, 3), default=0, show_default=True, help="ZeRO stage"),
-        click.option("--recompute", type=click.Choice(RECOMPUTE), default="none", show_default=True),
-        click.option(
-            "--recompute-modules",
-            default=None,
-            help="Megatron-Core recompute modules of --recompute selective, comma-separated: "
-            + ", ".join(RECOMPUTE_MODULES)
-            + " [default: the stack's selective recompute]",
-        ),
-        click.option(
-            "--recompute-layers",
-            type=click.IntRange(1, 1 << 16),
-            default=None,
-            help="with --recompute full: layers per checkpoint (uniform) or recomputed per stage (block) "
-            "(Megatron-Core --recompute-num-layers) [default: every layer on its own]",
-        ),
-        click.option(
-            "--recompute-method",
-            type=click.Choice(RECOMPUTE_METHODS),
-            default="uniform",
-            show_default=True,
-            help="uniform: checkpoint groups of --recompute-layers; block: recompute the first --recompute-layers "
-            "of each stage, keep the rest",
-        ),
-        click.option(
-            "--optimizer",
-            type=click.Choice(OPTIMIZERS),
-            default="adamw",
-            show_default=True,
-            help="optimizer: its state bytes and step cost (adam-8bit: bitsandbytes; muon: Newton-Schulz steps)",
-        ),
-        click.option(
-            "--offload-optimizer",
-            type=Finite(0.0, 1.0),
-            default=None,
-            help="fraction of the optimizer (fp32 master, states, step) on the host CPU (DeepSpeed "
-            "offload_optimizer ratio, Megatron-Core --optimizer-offload-fraction) "
-            "[default: 0; 1 with --offload-params]",
-        ),
-        click.option(
-            "--offload-params",
-            is_flag=True,
-            default=False,
-            help="ZeRO-3 parameter shards in host memory (FSDP2 CPUOffloadPolicy, DeepSpeed offload_param)",
-        ),
-        click.option(
-            "--offload-overlap",
-            is_flag=True,
-            default=False,
-            help="pipeline the offloaded optimizer's copies with its CPU step, parameter by parameter "
-            "(Megatron-Core --overlap-cpu-optimizer-d2h-h2d)",
-        ),
-        click.option(
-            "--offload-activations",
-            type=click.IntRange(0, 1 << 16),
-            default=0,
-            help="layers per stage whose stored activations go to host memory "
-            "(Megatron-Core cpu_offloading_num_layers)",
-        ),
-        click.option(
-            "--sequence-parallel/--no-sequence-parallel",
-            default=None,
-            help="Megatron sequence parallelism [default: on when tp>1]",
-        ),
-        click.option(
-            "--precision",
-            type=click.Choice(PRECISIONS),
-            default=None,
-            help="[default: bf16; fp16 on a GPU without bf16 tensor cores (V100)]",
-        ),
-        click.option(
-            "--stack",
-            default="megatron-core",
-            show_default=True,
-            help="training stack preset (megatron-core, megatron-bridge, torchtitan, ...) or stack YAML file",
-        ),
-        click.option(
-            "--fp8-recipe",
-            type=click.Choice(FP8_RECIPES),
-            default=None,
-            help="fp8/fp4 scaling recipe [default: the stack's]",
-        ),
-        click.option(
-            "--tp-comm-overlap/--no-tp-comm-overlap",
-            default=None,
-            help="overlap TP communication with the GEMMs [default: the stack's, when tp > 1 with SP]",
-        ),
-        click.option(
-            "--flash-attention/--no-flash-attention",
-            default=None,
-            help="attention scores not stored [default: the stack's]",
-        ),
-        click.option(
-            "--layer-split", default=None, help="layers per stage, comma-separated (pp*vpp entries), or 'balanced'"
-        ),
-        click.option("--mesh-order", default=None, help="mesh axes outermost first, e.g. pp,dp,cp,tp"),
-        click.option("--allow-tp-across-nodes", is_flag=True, help="allow tp larger than a node"),
-        click.option(
-            "--ep", type=click.IntRange(1, MAX_GPUS), default=1, show_default=True, help="expert-parallel size (MoE)"
-        ),
-        click.option(
-            "--etp", type=click.IntRange(1, MAX_GPUS), default=None, help="expert tensor-parallel size [default: tp]"
-        ),
-        click.option(
-            "--expert-order",
-            default=None,
-            help="expert mesh axes outermost first [default: edp,ep,etp: an EP group inside a node while it fits]",
-        ),
-        click.option(
-            "--moe-imbalance",
-            type=Finite(1.0, MAX_MOE_IMBALANCE),
-            default=1.0,
-            show_default=True,
-            help="busiest expert rank's tokens over the balanced share (1: force-balanced routing)",
-        ),
-        click.option(
-            "--cp-comm-type",
-            type=click.Choice(CP_COMM_TYPES),
-            default="p2p",
-            show_default=True,
-            help="context-parallel attention (Megatron-Core --cp-comm-type): p2p ring attention, all_gather (K/V "
-            "gathered), a2a (Ulysses all-to-all over heads) or a2a+p2p (with --cp-a2a-size)",
-        ),
-        click.option(
-            "--cp-a2a-size",
-            type=click.IntRange(2, MAX_GPUS),
-            default=None,
-            help="a2a+p2p: adjacent cp ranks that exchange by all-to-all (Megatron-Core "
-            "--hierarchical-context-parallel-sizes A B: A)",
-        ),
-        click.option(
-            "--moe-dispatcher",
-            type=click.Choice(MOE_DISPATCHERS),
-            default="alltoall",
-            show_default=True,
-            help="MoE token dispatcher: alltoall (a copy per expert) or flex (DeepEP / HybridEP: a copy per GPU "
-            "and node)",
-        ),
-        click.option(
-            "--moe-a2a-overlap",
-            is_flag=True,
-            help="hide MoE all-to-alls under another micro-batch's compute (Megatron-Core "
-            "--overlap-moe-expert-parallel-comm)",
-        ),
+        *(lever_option(lv) for lv in sorted(LEVERS, key=lambda lv: SECTIONS.index(lv.section)) if lv.option),
     ]
     for opt in reversed(opts):
         f = opt(f)
     return import_options(f)
+
+
+def chosen_levers(kw: dict[str, Any]) -> dict[str, Any]:
+    """The plan fields a command's lever flags give (None: not given, the library decides), each
+    read from its flag's spelling (`Lever.from_flag`); a malformed list is a `PlanError` naming it."""
+    out: dict[str, Any] = {}
+    for lv in LEVERS:
+        if lv.key is None:
+            continue
+        try:
+            out[lv.field] = lv.from_flag(kw.get(lv.key))
+        except ValueError:
+            words = "".join(f" or {w!r}" for w in lv.words)
+            raise PlanError(
+                lv.field,
+                f"{kw.get(lv.key)!r} is not a comma-separated list of integers.",
+                f"write e.g. 2,3,3,2{words}.",
+            ) from None
+    return out
 
 
 @dataclass(frozen=True)
@@ -373,56 +219,7 @@ def setup_from_options(kw: dict[str, Any]) -> Setup:
         from .calib import load_calibration_option
 
         calib = load_calibration_option(kw["calibration"], cluster.gpu.name)
-    split = kw.get("layer_split")
-    if split and split != "balanced":
-        try:
-            split = tuple(int(x) for x in split.split(","))
-        except ValueError:
-            raise PlanError(
-                "layer_split",
-                f"{split!r} is not a comma-separated list of integers.",
-                "write e.g. 2,3,3,2 or 'balanced'.",
-            ) from None
-    chosen: dict[str, Any] = dict(
-        dp=kw.get("dp"),
-        tp=kw["tp"],
-        pp=kw["pp"],
-        cp=kw["cp"],
-        vpp=kw["vpp"],
-        micro_batch_size=kw["mbs"],
-        global_batch_size=kw["gbs"],
-        schedule=kw.get("schedule"),
-        zero=kw["zero"],
-        recompute=kw["recompute"],
-        sequence_parallel=kw.get("sequence_parallel"),
-        precision=kw.get("precision"),
-        stack=kw.get("stack"),
-        layer_split=split or None,
-        allow_tp_across_nodes=kw.get("allow_tp_across_nodes"),
-        ep=kw.get("ep"),
-        etp=kw.get("etp"),
-        moe_imbalance=kw.get("moe_imbalance"),
-        moe_dispatcher=kw.get("moe_dispatcher"),
-        moe_a2a_overlap=kw.get("moe_a2a_overlap"),
-        cp_comm_type=kw.get("cp_comm_type"),
-        cp_a2a_size=kw.get("cp_a2a_size"),
-        recompute_layers=kw.get("recompute_layers"),
-        recompute_method=kw.get("recompute_method"),
-        optimizer=kw.get("optimizer"),
-        offload_params=kw.get("offload_params"),
-        offload_overlap=kw.get("offload_overlap"),
-        offload_activations=kw.get("offload_activations"),
-        offload_optimizer=kw.get("offload_optimizer"),
-        flash_attention=kw.get("flash_attention"),
-        tp_comm_overlap=kw.get("tp_comm_overlap"),
-        fp8_recipe=kw.get("fp8_recipe"),
-    )
-    if kw.get("recompute_modules"):
-        chosen["recompute_modules"] = tuple(x.strip() for x in kw["recompute_modules"].split(",") if x.strip())
-    if kw.get("mesh_order"):
-        chosen["mesh_order"] = tuple(x.strip() for x in kw["mesh_order"].split(","))
-    if kw.get("expert_order"):
-        chosen["expert_order"] = tuple(x.strip() for x in kw["expert_order"].split(","))
+    chosen = chosen_levers(kw)
     plan = make_plan(model, cluster, kw["gpus"], **chosen)  # every default: the library's (`plan_make`)
     check_plan(plan, model, cluster, kw["gpus"], calibration=calib)
     return Setup(model, cluster, plan, imported)

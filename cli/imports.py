@@ -10,18 +10,7 @@ from typing import Any
 import click
 
 from simpar.sim.errors import PlanError
-
-#: plan fields -> the option (kw) names of `common.plan_options`
-_KW = {
-    "micro_batch_size": "mbs",
-    "global_batch_size": "gbs",
-    "offload_optimizer": "offload_optimizer",
-    "offload_params": "offload_params",
-    "offload_overlap": "offload_overlap",
-    "offload_activations": "offload_activations",
-}
-#: plan fields the options spell as text
-_TEXT = {"layer_split": lambda v: ",".join(map(str, v)), "recompute_modules": lambda v: ",".join(v)}
+from simpar.sim.levers import lever
 
 
 def import_options(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -160,11 +149,12 @@ def apply_import(kw: dict[str, Any]) -> tuple[dict[str, Any], frozenset[str]]:
     if built is not None:
         out["model"] = built
     for field, value in imp.plan.items():
-        key = _KW.get(field, field)
-        assert key in kw, f"plan field {field} has no option of its own"  # else it would be dropped
+        lv = lever(field)  # every plan field is a lever with a flag (`simpar.sim.levers`)
+        key = lv.key
+        assert key is not None and key in kw, f"plan field {field} has no option of its own"  # else it is dropped
         if _explicit(key):
             continue  # the command line wins
-        out[key] = _TEXT[field](value) if field in _TEXT else value
+        out[key] = lv.to_flag(value)
     note = imp.warning()
     if note:
         click.echo(note, err=True)

@@ -29,6 +29,7 @@ from .choices import RECOMPUTE as RECOMPUTE
 from .choices import RECOMPUTE_MODULES as RECOMPUTE_MODULES
 from .choices import SCHEDULES as SCHEDULES
 from .derived import derived
+from .levers import by_section, flat, lever
 from .schedules.ir import looped_placement, v_placement
 from .schedules.registry import spec as schedule_spec
 from .specs.stack import DEFAULT_STACK, load_stack
@@ -55,100 +56,75 @@ def stages_by_rank(placement: tuple[int, ...], ranks: int) -> tuple[tuple[int, .
     return tuple(map(tuple, out))
 
 
+def lever_field(name: str, default: Any, **extra: Any) -> Any:
+    """The pydantic field of the plan lever ``name``: its bounds and description from its
+    declaration (`levers.LEVERS`), the plan's default and any further constraint (``strict``)."""
+    lv = lever(name)
+    return Field(default, ge=lv.low, le=lv.high, description=lv.help or lv.field.replace("_", " "), **extra)
+
+
 class ParallelPlan(BaseModel):
     """One layout of a training iteration. Sizes multiply to the GPU count."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, ignored_types=(derived,))
 
-    dp: int = Field(1, ge=1, le=MAX_GPUS, strict=True, description="data-parallel size (replicas, or ZeRO shards)")
-    tp: int = Field(1, ge=1, le=MAX_GPUS, strict=True, description="tensor-parallel size (Megatron column/row split)")
-    pp: int = Field(1, ge=1, le=MAX_GPUS, strict=True, description="pipeline-parallel size (pipeline ranks)")
-    cp: int = Field(1, ge=1, le=MAX_GPUS, strict=True, description="context-parallel size (sequence split)")
-    vpp: int = Field(1, ge=1, le=MAX_GPUS, strict=True, description="model chunks (stages) per pipeline rank")
-    micro_batch_size: int = Field(1, ge=1, le=MAX_BATCH, strict=True, description="sequences per micro-batch")
-    global_batch_size: int = Field(1, ge=1, le=MAX_BATCH, strict=True, description="sequences per iteration")
-    schedule: str = Field(DEFAULT_SCHEDULE, description="pipeline schedule name")
-    zero: int = Field(0, ge=0, le=3, description="ZeRO stage: 1 optimizer, 2 +grads, 3 +params")
-    recompute: Literal["none", "selective", "full"] = "none"
+    # Each field's bounds and meaning are its lever's (`levers.LEVERS`: with its section, flag and columns).
+    dp: int = lever_field("dp", 1, strict=True)
+    tp: int = lever_field("tp", 1, strict=True)
+    pp: int = lever_field("pp", 1, strict=True)
+    cp: int = lever_field("cp", 1, strict=True)
+    vpp: int = lever_field("vpp", 1, strict=True)
+    micro_batch_size: int = lever_field("micro_batch_size", 1, strict=True)
+    global_batch_size: int = lever_field("global_batch_size", 1, strict=True)
+    schedule: str = lever_field("schedule", DEFAULT_SCHEDULE)
+    zero: int = lever_field("zero", 0)
+    recompute: Literal["none", "selective", "full"] = lever_field("recompute", "none")
     #: what selective recompute re-runs, as Megatron-Core's --recompute-modules names it (None: the
     #: stack's selective recompute; Megatron's default is the attention core alone)
-    recompute_modules: tuple[str, ...] | None = Field(
-        None, description="Megatron-Core recompute modules of a selective plan (core_attn, layernorm, ...)"
-    )
+    recompute_modules: tuple[str, ...] | None = lever_field("recompute_modules", None)
     #: full recompute of only some layers (Megatron-Core --recompute-num-layers with
     #: --recompute-method): None recomputes every layer on its own (method uniform, one layer)
-    recompute_layers: int | None = Field(
-        None,
-        ge=1,
-        le=1 << 16,
-        strict=True,
-        description="layers per checkpoint (uniform) or recomputed per stage (block)",
-    )
-    recompute_method: Literal["uniform", "block"] = Field(
-        "uniform", description="uniform: checkpoint groups of recompute_layers; block: the first recompute_layers"
-    )
-    optimizer: str = Field("adamw", description="optimizer (simpar.sim.cost.optimizers: state bytes, step cost)")
-    #: host memory (`cost.offload`): the part of the optimizer (master weights, its states and the
-    #: step) on the CPU (DeepSpeed offload_optimizer with its ratio, Megatron-Core
-    #: --optimizer-offload-fraction); ZeRO-3 parameter shards on the CPU (FSDP2 CPUOffloadPolicy,
-    #: DeepSpeed offload_param); the stored activations of the first N layers of each stage
-    #: (Megatron-Core cpu_offloading_num_layers)
-    offload_optimizer: float = Field(
-        0.0, ge=0.0, le=1.0, description="fraction of the optimizer's states and step on the host CPU"
-    )
-    offload_params: bool = Field(False, description="ZeRO-3 parameter shards (and their gradients) in host memory")
+    recompute_layers: int | None = lever_field("recompute_layers", None, strict=True)
+    recompute_method: Literal["uniform", "block"] = lever_field("recompute_method", "uniform")
+    optimizer: str = lever_field("optimizer", "adamw")
+    offload_optimizer: float = lever_field("offload_optimizer", 0.0)
+    offload_params: bool = lever_field("offload_params", False)
     #: Megatron-Core --overlap-cpu-optimizer-d2h-h2d (`iteration.HostStep.pipelined`)
-    offload_overlap: bool = Field(
-        False,
-        description="the offloaded optimizer part's gradient copies, CPU steps and copies back pipelined "
-        "parameter by parameter (Megatron-Core --overlap-cpu-optimizer-d2h-h2d)",
-    )
-    offload_activations: int = Field(
-        0, ge=0, le=1 << 16, strict=True, description="layers per stage whose stored activations go to host memory"
-    )
-    sequence_parallel: bool = False
-    precision: Literal["bf16", "fp16", "fp8", "fp4", "fp32", "tf32"] = "bf16"
-    #: the framework that runs the plan (`simpar.sim.specs.stack`); the three fields after it default to its values
-    stack: str = Field(DEFAULT_STACK, description="training stack preset name or stack YAML path")
-    flash_attention: bool = Field(True, description="attention scores are not stored (FlashAttention)")
-    tp_comm_overlap: bool = Field(False, description="TP communication overlapped with the GEMMs (needs SP)")
-    fp8_recipe: str | None = Field(None, description="fp8/fp4 scaling recipe (None for a 16-bit plan)")
-    mesh_order: tuple[str, ...] = Field(DEFAULT_MESH_ORDER, description="mesh axes, outermost first")
-    layer_split: tuple[int, ...] | None = Field(
-        None, description="transformer layers per model chunk: pp*vpp entries (pp for chimera and dualpipe)"
-    )
-    allow_tp_across_nodes: bool = False
-    ep: int = Field(1, ge=1, le=MAX_GPUS, strict=True, description="expert-parallel size (MoE layers)")
-    etp: int | None = Field(None, ge=1, le=MAX_GPUS, strict=True, description="expert tensor-parallel size; None: tp")
-    expert_order: tuple[str, ...] = Field(
-        DEFAULT_EXPERT_ORDER, description="expert mesh axes inside a pipeline rank, outermost first"
-    )
-    moe_imbalance: float = Field(
-        1.0, ge=1.0, le=64.0, description="busiest expert rank's tokens over the balanced share (1: force-balanced)"
-    )
+    offload_overlap: bool = lever_field("offload_overlap", False)
+    offload_activations: int = lever_field("offload_activations", 0, strict=True)
+    sequence_parallel: bool = lever_field("sequence_parallel", False)
+    precision: Literal["bf16", "fp16", "fp8", "fp4", "fp32", "tf32"] = lever_field("precision", "bf16")
+    #: the framework that runs the plan (`simpar.sim.specs.stack`); flash_attention, tp_comm_overlap
+    #: and fp8_recipe default to its values
+    stack: str = lever_field("stack", DEFAULT_STACK)
+    flash_attention: bool = lever_field("flash_attention", True)
+    tp_comm_overlap: bool = lever_field("tp_comm_overlap", False)
+    fp8_recipe: str | None = lever_field("fp8_recipe", None)
+    mesh_order: tuple[str, ...] = lever_field("mesh_order", DEFAULT_MESH_ORDER)
+    layer_split: tuple[int, ...] | None = lever_field("layer_split", None)
+    allow_tp_across_nodes: bool = lever_field("allow_tp_across_nodes", False)
+    ep: int = lever_field("ep", 1, strict=True)
+    etp: int | None = lever_field("etp", None, strict=True)
+    expert_order: tuple[str, ...] = lever_field("expert_order", DEFAULT_EXPERT_ORDER)
+    moe_imbalance: float = lever_field("moe_imbalance", 1.0)
     #: Megatron-Core --moe-token-dispatcher-type: ``alltoall`` sends a token once per chosen expert;
     #: ``flex`` (DeepEP / HybridEP) once per GPU, and across nodes once per node (`cost.moe`)
-    moe_dispatcher: str = Field(
-        "alltoall", description="MoE token dispatcher: alltoall (one copy per expert) or flex (DeepEP/HybridEP)"
-    )
+    moe_dispatcher: str = lever_field("moe_dispatcher", "alltoall")
     #: Megatron-Core --cp-comm-type: how context parallelism exchanges attention's inputs
-    cp_comm_type: str = Field(
-        "p2p",
-        description="context-parallel attention: p2p (ring), all_gather (K/V gathered), a2a (Ulysses) or a2a+p2p",
-    )
+    cp_comm_type: str = lever_field("cp_comm_type", "p2p")
     #: Megatron-Core --hierarchical-context-parallel-sizes A B (A x B = cp) of an a2a+p2p plan: A
-    cp_a2a_size: int | None = Field(
-        None, ge=2, le=MAX_GPUS, strict=True, description="a2a+p2p: adjacent cp ranks that exchange by all-to-all"
-    )
+    cp_a2a_size: int | None = lever_field("cp_a2a_size", None, strict=True)
     #: Megatron-Core --overlap-moe-expert-parallel-comm (the combined 1F1B schedule)
-    moe_a2a_overlap: bool = Field(False, description="MoE all-to-alls hidden under another micro-batch's compute")
+    moe_a2a_overlap: bool = lever_field("moe_a2a_overlap", False)
 
     @model_validator(mode="before")
     @classmethod
     def _stack_defaults(cls, data: Any) -> Any:
-        """Fill the fields a stack decides by default (`specs.stack`) when the plan does not give them."""
+        """A plan in sections (`levers.by_section`, as a plan file holds it) as its fields; then fill
+        the fields a stack decides by default (`specs.stack`) when the plan does not give them."""
         if not isinstance(data, dict):
             return data
+        data = flat(data)
         stack = load_stack(str(data.get("stack", DEFAULT_STACK)))
         out = dict(data)
         if out.get("offload_params"):  # the shards live on the CPU, so the optimizer steps there
@@ -394,7 +370,8 @@ class ParallelPlan(BaseModel):
         return self._layers(num_layers)[1][stage]
 
     def to_json(self) -> str:
-        return json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=True)
+        """The plan in its sections (`levers.by_section`), as a plan file holds it."""
+        return json.dumps(by_section(self.model_dump(mode="json")), indent=2)
 
     def write(self, path: Path) -> None:
         path.write_text(self.to_json() + "\n")

@@ -2,9 +2,13 @@
 (``--write-plan``) and the executor (``simpar run``) reads it.
 
 Layout: ``{"model": <ModelSpec>, "plan": <ParallelPlan>, "cluster": name or null,
-"num_gpus": n, "plan_file_version": 1}``, nothing else: another version, an unknown key, or a
+"num_gpus": n, "plan_file_version": 2}``, nothing else: another version, an unknown key, or a
 ``num_gpus`` that is not the plan's ``dp*tp*pp*cp`` is refused. `read_plan` reads the plan alone
 from this file or from a bare plan JSON (``ParallelPlan.write``).
+
+Version 2 writes the plan in its sections (``{"parallelism": {"tp": 8, ...}, "batch": {...}, ...}``,
+`levers.SECTIONS`: each field under its lever's section); version 1 files, whose plan is one flat
+mapping, are still read, and so is a flat plan in a version 2 file (`ParallelPlan` takes either).
 """
 
 from __future__ import annotations
@@ -14,12 +18,15 @@ from typing import Any
 
 from .errors import SpecError
 from .files import write_json
+from .levers import by_section
 from .plan import ParallelPlan
 from .specs import ModelSpec
 from .specs.loader import build, read_mapping
 from .specs.model import model_from_dict
 
-PLAN_FILE_VERSION = 1
+PLAN_FILE_VERSION = 2
+#: the versions this simpar reads (1: the plan as one flat mapping)
+READS = (1, 2)
 KEYS = ("plan_file_version", "model", "plan", "cluster", "num_gpus")
 _FIX = "write it with simpar simulate --write-plan (or write_plan_file)."
 
@@ -31,10 +38,10 @@ def check_envelope(data: dict[str, Any], name: str) -> None:
     if unknown:
         raise SpecError(f"{where}: {unknown[0]}", f"is not a plan-file key (keys: {', '.join(KEYS)}).", _FIX)
     version = data.get("plan_file_version", PLAN_FILE_VERSION)
-    if type(version) is not int or version != PLAN_FILE_VERSION:
+    if type(version) is not int or version not in READS:
         raise SpecError(
             f"{where}: plan_file_version",
-            f"is {version!r}; this simpar reads version {PLAN_FILE_VERSION}.",
+            f"is {version!r}; this simpar reads versions {' and '.join(map(str, READS))}.",
             "write the plan again with this simpar (simpar simulate --write-plan).",
         )
     cluster = data.get("cluster")
@@ -58,7 +65,7 @@ def write_plan_file(path: str | Path, plan: ParallelPlan, model: ModelSpec, clus
     doc = {
         "plan_file_version": PLAN_FILE_VERSION,
         "model": model.model_dump(mode="json"),
-        "plan": plan.model_dump(mode="json"),
+        "plan": by_section(plan.model_dump(mode="json")),
         "cluster": cluster_name,
         "num_gpus": plan.num_gpus,
     }

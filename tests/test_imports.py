@@ -92,6 +92,7 @@ LAYERS = (
     (
         "sim",
         "sim.choices",
+        "sim.levers",
         "sim.errors",
         "sim.units",
         "sim.derived",

@@ -45,7 +45,7 @@ def test_missing_model_is_a_clear_error(tmp_path):
     [
         (lambda d: d.update(num_gpus=4), "num_gpus: is 4, but the plan's dp\\*tp\\*pp\\*cp = 2"),
         (lambda d: d.update(num_gpus=True), "num_gpus: is True"),
-        (lambda d: d.update(plan_file_version=2), "plan_file_version: is 2; this simpar reads version 1"),
+        (lambda d: d.update(plan_file_version=3), "plan_file_version: is 3; this simpar reads versions 1 and 2"),
         (lambda d: d.update(cluster=3), "cluster: must be a cluster name or null"),
         (lambda d: d.update(extra=1), "extra: is not a plan-file key"),
         (lambda d: d.update(model=[]), "model: must be a mapping"),

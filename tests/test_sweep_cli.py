@@ -65,7 +65,7 @@ def test_sweep_writes_results_plans_report(swept):
     for f in ("plan.json", "schedule.csv", "trace.json", "timeline.png"):
         assert (plan_dirs[0] / f).stat().st_size > 0
     doc = json.loads((plan_dirs[0] / "plan.json").read_text())
-    assert doc["plan"]["global_batch_size"] == 16 and doc["cluster"] == "dgx-a100-40g"
+    assert doc["plan"]["batch"]["global_batch_size"] == 16 and doc["cluster"] == "dgx-a100-40g"
     md = (out / "report.md").read_text()
     cmd = "simpar sweep --model gpt-7.5b --cluster dgx-a100-40g --gpus 8 --gbs 16 --zero 0,1 --recompute none,full"
     assert cmd in md and f"--out {out}" in md and "--workers" not in md

@@ -1,6 +1,7 @@
-"""A sweep configuration made a `ParallelPlan`: the sweep's axes (`space.Config`) with the space's
-fixed choices (precision, stack, fp8 recipe, layer split), and checked against the model and the
-cluster (`check_plan`): a configuration that breaks a rule gets the rule as its reason."""
+"""A sweep configuration made a `ParallelPlan`: the sweep's axes (`space.Config`, each a lever's
+sweep column: `levers.Lever.sweep`) with the space's fixed choices (precision, stack, fp8 recipe,
+layer split), made by the library's `plan_make.make_plan` as every plan is, and checked against the
+model and the cluster (`check_plan`): a configuration that breaks a rule gets the rule as its reason."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from ..cost.offload import offload_fields
 from ..errors import PlanError
 from ..plan import ParallelPlan, balanced_layer_split
 from ..plan_check import check_plan
+from ..plan_make import make_plan as make_library_plan
 from ..schedules.bounds import schedule_size_problem
 from ..schedules.registry import spec
 from ..specs import ClusterSpec, ModelSpec
@@ -52,8 +54,8 @@ def make_plan(cfg: Config, model: ModelSpec, cluster: ClusterSpec, gbs: int, spa
     )
     if space.fp8_recipe:  # else the stack's default
         data["fp8_recipe"] = space.fp8_recipe
-    data.update(cluster.gpu.plan_defaults)
-    return ParallelPlan(**data)
+    # the library's rules for what the configuration leaves open (the GPU's plan defaults)
+    return make_library_plan(model, cluster, cfg.tp * cfg.pp * cfg.dp * cfg.cp, **data)
 
 
 def checked_plan(

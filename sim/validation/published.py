@@ -16,11 +16,12 @@ from typing import Any
 from simpar.jobs.procs import fork_map
 
 from .. import files
-from ..choices import MAX_BATCH, MAX_GPUS, OPTIMIZERS
+from ..choices import MAX_BATCH, MAX_GPUS
 from ..cost.offload import offload_fields
 from ..engine.iteration import EngineOptions
 from ..errors import SimparError
-from ..plan import CP_COMM_TYPES, FP8_RECIPES, MOE_DISPATCHERS, RECOMPUTE_MODULES, ParallelPlan, balanced_layer_split
+from ..levers import LEVERS, Lever
+from ..plan import FP8_RECIPES, ParallelPlan, balanced_layer_split
 from ..plan_check import check_plan
 from ..specs import load_cluster
 from ..specs.model import ModelSpec
@@ -39,19 +40,10 @@ from .moe_rows import MOE_COLUMNS, cell, is_moe_row, moe_model, moe_plan_fields
 #: ``optimizer`` (empty: adamw) and ``offload`` (a sweep's offload variant, `sweep.space.offload_fields`;
 #: empty: none). Architecture extras of a dense row: ``tied_embeddings`` and ``attention_bias`` (1/0;
 #: empty: the arch's). A run flag: ``overlap_grad_reduce`` (1/0; empty: overlapped, `row_options`).
-OPTIONAL_PLAN_COLUMNS = (
-    "stack",
-    "optimizer",
-    "offload",
-    "fp8_recipe",
-    "flash_attention",
-    "tp_comm_overlap",
-    "recompute_modules",
-    "moe_dispatcher",
-    "moe_a2a_overlap",
-    "cp_comm_type",
-    "cp_a2a_size",
-)
+#:
+#: the levers a row's optional columns set (`levers.Lever.column`)
+CSV_LEVERS = tuple(lv for lv in LEVERS if lv.column is not None)
+OPTIONAL_PLAN_COLUMNS = (*(str(lv.column) for lv in CSV_LEVERS), "fp8_recipe", "offload")
 #: the recipe names sources print, as simpar's recipes
 RECIPE_SPELLINGS = {"current-scaling": "tensorwise", "current": "tensorwise", "mx": "mxfp8"}
 
@@ -182,8 +174,10 @@ ARCH_INT_CELLS: dict[str, tuple[int, int, int | None]] = {
 }
 #: an MoE row's expert cells (`moe_rows`: an empty etp is 1)
 MOE_INT_CELLS: dict[str, tuple[int, int, int | None]] = {"ep": (1, MAX_GPUS, 1), "etp": (1, MAX_GPUS, 1)}
-#: optional whole-number plan cells, read only where given
-PLAN_INT_CELLS: dict[str, tuple[int, int, int | None]] = {"cp_a2a_size": (2, MAX_GPUS, None)}
+#: optional whole-number plan cells, read only where given: the whole-number levers with a column
+PLAN_INT_CELLS: dict[str, tuple[int, int, int | None]] = {
+    str(lv.column): (int(lv.low or 0), int(lv.high or MAX_GPUS), None) for lv in CSV_LEVERS if lv.kind == "int"
+}
 
 
 def whole_cell(r: dict[str, str], col: str) -> int:
@@ -246,12 +240,14 @@ def measured_peak_bytes(r: dict[str, str]) -> float | None:
 
 
 def row_hints(r: dict[str, str]) -> dict[str, Any]:
-    """The plan fields of a row's optional columns (`OPTIONAL_PLAN_COLUMNS`); an empty cell leaves
-    the field to the row's stack."""
+    """The plan fields of a row's optional columns (`OPTIONAL_PLAN_COLUMNS`): every lever with a
+    column (`levers.Lever.column`), read by its kind, then the fp8 recipe and the offload variant; an
+    empty cell leaves the field to the row's stack."""
     out: dict[str, Any] = {}
-    stack = (r.get("stack") or "").strip()
-    if stack:
-        out["stack"] = stack
+    for lv in CSV_LEVERS:
+        v = (r.get(lv.field if lv.csv == "" else str(lv.csv)) or "").strip()
+        if v:
+            out[lv.field] = _lever_cell(r, lv, v)
     recipe = (r.get("fp8_recipe") or "").strip().lower()
     if recipe and not recipe.startswith("not stated") and r.get("precision") in ("fp8", "fp4"):
         recipe = RECIPE_SPELLINGS.get(recipe, recipe)
@@ -260,39 +256,39 @@ def row_hints(r: dict[str, str]) -> dict[str, Any]:
                 f"row {r.get('id')}: fp8_recipe", f"is {recipe!r}.", f"write one of {', '.join(FP8_RECIPES)}."
             )
         out["fp8_recipe"] = recipe
-    modules = (r.get("recompute_modules") or "").split()
-    if modules:
-        bad = [x for x in modules if x not in RECOMPUTE_MODULES]
-        if bad:
-            raise SimparError(
-                f"row {r.get('id')}: recompute_modules", f"has {bad[0]!r}.", f"use {', '.join(RECOMPUTE_MODULES)}."
-            )
-        out["recompute_modules"] = tuple(modules)
-    for col, allowed in (
-        ("optimizer", OPTIMIZERS),
-        ("moe_dispatcher", MOE_DISPATCHERS),
-        ("cp_comm_type", CP_COMM_TYPES),
-    ):
-        v = (r.get(col) or "").strip()
-        if v:
-            if v not in allowed:
-                raise SimparError(f"row {r.get('id')}: {col}", f"is {v!r}.", f"write one of {', '.join(allowed)}.")
-            out[col] = v
-    if (r.get("cp_a2a_size") or "").strip():
-        out["cp_a2a_size"] = whole_cell(r, "cp_a2a_size")
     offload = (r.get("offload") or "").strip()
     if offload:
         try:
             out.update(offload_fields(offload))
         except ValueError as exc:
             raise SimparError(f"row {r.get('id')}: offload", str(exc) + ".", "see FORMAT.md.") from None
-    for col in ("flash_attention", "tp_comm_overlap", "moe_a2a_overlap"):
-        v = (r.get(col) or "").strip()
-        if v:
-            if v not in ("0", "1"):
-                raise SimparError(f"row {r.get('id')}: {col}", f"is {v!r}.", "write 1 or 0 (or leave it empty).")
-            out[col] = v == "1"
     return out
+
+
+def _lever_cell(r: dict[str, str], lv: Lever, v: str) -> Any:
+    """A filled cell of a lever's column as the plan value, by the lever's kind (a CSV spells a
+    yes/no as 1 or 0 and a list space-separated), or a `SimparError` naming the row and column."""
+    col = str(lv.column)
+    where = f"row {r.get('id')}: {col}"
+    if lv.kind == "bool":
+        if v not in ("0", "1"):
+            raise SimparError(where, f"is {v!r}.", "write 1 or 0 (or leave it empty).")
+        return v == "1"
+    if lv.kind == "choice":
+        if v not in lv.choices:
+            raise SimparError(where, f"is {v!r}.", f"write one of {', '.join(lv.choices)}.")
+        return v
+    if lv.kind == "names":
+        items = v.split()
+        bad = [x for x in items if lv.choices and x not in lv.choices]
+        if bad:
+            raise SimparError(where, f"has {bad[0]!r}.", f"use {', '.join(lv.choices)}.")
+        return tuple(items)
+    if lv.kind == "int":
+        return whole_cell(r, col)
+    if lv.kind == "text":
+        return v
+    raise AssertionError(f"lever {lv.field}: a {lv.kind} column has no reader")  # declared, never read
 
 
 def memory_metric(r: dict[str, str]) -> str | None:

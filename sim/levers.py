@@ -1,0 +1,415 @@
+"""The levers of a plan, each declared once: its `ParallelPlan` field with its bounds and meaning,
+the section of the plan it belongs to, its command-line flag, its column in a measured-run CSV and
+its column in a sweep's results. The plan's fields (`plan.lever_field`), the commands' options
+(`simpar.cli.common.plan_options`), the values a command passes to `plan_make.make_plan`, the
+``--from-*`` readers' flag names (`simpar.cli.imports`) and the optional plan columns of a
+measured-run CSV (`validation.published.row_hints`) are generated from this table.
+
+Adding a lever: its entry here, its field in `plan.ParallelPlan` (the type and the plan's default),
+and the physics that reads it. This module imports only `choices` (a command's ``--help`` reads it
+without loading pydantic or the simulator).
+
+The sections follow torchtitan's job configuration (``[parallelism]``, ``[training]``,
+``[activation_checkpoint]``, ``[float8]``, ...): a plan is read and printed by section
+(`by_section`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .choices import (
+    CP_COMM_TYPES,
+    FP8_RECIPES,
+    MAX_BATCH,
+    MAX_GPUS,
+    MOE_DISPATCHERS,
+    OPTIMIZERS,
+    PRECISIONS,
+    RECOMPUTE,
+    RECOMPUTE_METHODS,
+    RECOMPUTE_MODULES,
+    SCHEDULES,
+)
+
+#: The plan's sections, in the order a plan is printed.
+SECTIONS = (
+    "framework",
+    "parallelism",
+    "batch",
+    "schedule",
+    "memory",
+    "optimizer",
+    "precision",
+    "moe",
+    "offload",
+    "layout",
+)
+#: What a lever's value is, and how a flag or a cell spells it: a whole number, a number, yes/no,
+#: one of ``choices``, several of ``choices`` (comma-separated on the command line, space-separated in
+#: a CSV cell), whole numbers (comma-separated), or text.
+KINDS = ("int", "float", "bool", "choice", "names", "ints", "text")
+#: the largest number of layers a lever counts (recompute and offload layers)
+MAX_LAYER_COUNT = 1 << 16
+
+
+@dataclass(frozen=True)
+class Lever:
+    """One plan field, declared once (module docstring)."""
+
+    field: str
+    section: str
+    kind: str
+    help: str
+    choices: tuple[str, ...] = ()
+    low: float | None = None  # inclusive bounds of an int or float lever
+    high: float | None = None
+    #: the command-line flag ("" : ``--`` and the field's name with dashes); None: no flag
+    flag: str | None = ""
+    #: words a list lever's flag also takes, passed on as they are (``balanced``: `plan_make.make_plan`)
+    words: tuple[str, ...] = ()
+    #: a yes/no flag that also has its ``--no-`` form (its default: None, the library decides)
+    negatable: bool = False
+    #: the flag's value when not given (None: the library's default, `plan_make.make_plan`)
+    cli_default: Any = None
+    #: what ``--help`` says of the default, where the flag's own default does not say it
+    cli_default_text: str = ""
+    #: the column of a measured-run CSV that sets it, read by `validation.published.row_hints` when the
+    #: cell is filled ("": the field's name; None: no such column, or one read by its own rule there)
+    csv: str | None = None
+    #: the column of a sweep's results that holds it (None: not a sweep axis; `sweep.space.Config`)
+    sweep: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.section not in SECTIONS or self.kind not in KINDS:
+            raise ValueError(f"lever {self.field}: section {self.section!r} or kind {self.kind!r} is unknown")
+
+    @property
+    def option(self) -> str | None:
+        """The flag, e.g. ``--mbs`` (None: the lever has none)."""
+        if self.flag is None:
+            return None
+        return self.flag or "--" + self.field.replace("_", "-")
+
+    @property
+    def key(self) -> str | None:
+        """The name of the flag's value in a command's keyword arguments (click's parameter name)."""
+        opt = self.option
+        return None if opt is None else opt[2:].replace("-", "_")
+
+    @property
+    def column(self) -> str | None:
+        """The measured-run CSV column (None: none)."""
+        return None if self.csv is None else (self.csv or self.field)
+
+    def from_flag(self, value: Any) -> Any:
+        """The plan value of the flag's value (None: not given); the comma-separated kinds split."""
+        if value is None or self.kind not in ("names", "ints") or not isinstance(value, str) or value in self.words:
+            return value
+        items = [x.strip() for x in value.split(",") if x.strip()]
+        if not items:
+            return None
+        return tuple(int(x) for x in items) if self.kind == "ints" else tuple(items)
+
+    def to_flag(self, value: Any) -> Any:
+        """The flag's value for a plan value (`from_flag` reversed)."""
+        if self.kind in ("names", "ints") and isinstance(value, (tuple, list)):
+            return ",".join(map(str, value))
+        return value
+
+
+def _lv(field: str, section: str, kind: str, help: str, **kw: Any) -> Lever:
+    return Lever(field, section, kind, help, **kw)
+
+
+LEVERS: tuple[Lever, ...] = (
+    # parallelism
+    _lv("tp", "parallelism", "int", "tensor-parallel size", low=1, high=MAX_GPUS, cli_default=1, csv=None, sweep="tp"),
+    _lv("pp", "parallelism", "int", "pipeline-parallel size", low=1, high=MAX_GPUS, cli_default=1, sweep="pp"),
+    _lv(
+        "dp",
+        "parallelism",
+        "int",
+        "data-parallel size",
+        low=1,
+        high=MAX_GPUS,
+        cli_default_text="[default: gpus/(tp*pp*cp)]",
+        sweep="dp",
+    ),
+    _lv("cp", "parallelism", "int", "context-parallel size", low=1, high=MAX_GPUS, cli_default=1, sweep="cp"),
+    _lv(
+        "cp_comm_type",
+        "parallelism",
+        "choice",
+        "context-parallel attention (Megatron-Core --cp-comm-type): p2p ring attention, all_gather (K/V "
+        "gathered), a2a (Ulysses all-to-all over heads) or a2a+p2p (with --cp-a2a-size)",
+        choices=CP_COMM_TYPES,
+        cli_default="p2p",
+        csv="",
+    ),
+    _lv(
+        "cp_a2a_size",
+        "parallelism",
+        "int",
+        "a2a+p2p: adjacent cp ranks that exchange by all-to-all (Megatron-Core "
+        "--hierarchical-context-parallel-sizes A B: A)",
+        low=2,
+        high=MAX_GPUS,
+        csv="",
+    ),
+    _lv(
+        "sequence_parallel",
+        "parallelism",
+        "bool",
+        "Megatron sequence parallelism",
+        negatable=True,
+        cli_default_text="[default: on when tp>1]",
+        sweep="sp",
+    ),
+    _lv(
+        "tp_comm_overlap",
+        "parallelism",
+        "bool",
+        "overlap TP communication with the GEMMs",
+        negatable=True,
+        cli_default_text="[default: the stack's, when tp > 1 with SP]",
+        csv="",
+    ),
+    # batch
+    _lv(
+        "micro_batch_size",
+        "batch",
+        "int",
+        "micro-batch size (sequences)",
+        low=1,
+        high=MAX_BATCH,
+        flag="--mbs",
+        cli_default=1,
+        sweep="mbs",
+    ),
+    _lv(
+        "global_batch_size",
+        "batch",
+        "int",
+        "global batch size (sequences)",
+        low=1,
+        high=MAX_BATCH,
+        flag="--gbs",
+        cli_default_text="[required unless a --from-* configuration gives it]",
+    ),
+    # schedule
+    _lv(
+        "schedule",
+        "schedule",
+        "choice",
+        "pipeline schedule",
+        choices=SCHEDULES,
+        cli_default_text="[default: 1f1b, none when pp=1]",
+        sweep="schedule",
+    ),
+    _lv("vpp", "schedule", "int", "model chunks per pipeline rank", low=1, high=MAX_GPUS, cli_default=1, sweep="vpp"),
+    # memory
+    _lv("zero", "memory", "int", "ZeRO stage", low=0, high=3, cli_default=0, sweep="zero"),
+    _lv("recompute", "memory", "choice", "", choices=RECOMPUTE, cli_default="none", sweep="recompute"),
+    _lv(
+        "recompute_modules",
+        "memory",
+        "names",
+        "Megatron-Core recompute modules of --recompute selective, comma-separated: " + ", ".join(RECOMPUTE_MODULES),
+        choices=RECOMPUTE_MODULES,
+        cli_default_text="[default: the stack's selective recompute]",
+        csv="",
+    ),
+    _lv(
+        "recompute_layers",
+        "memory",
+        "int",
+        "with --recompute full: layers per checkpoint (uniform) or recomputed per stage (block) "
+        "(Megatron-Core --recompute-num-layers)",
+        low=1,
+        high=MAX_LAYER_COUNT,
+        cli_default_text="[default: every layer on its own]",
+        sweep="rlayers",
+    ),
+    _lv(
+        "recompute_method",
+        "memory",
+        "choice",
+        "uniform: checkpoint groups of --recompute-layers; block: recompute the first --recompute-layers "
+        "of each stage, keep the rest",
+        choices=RECOMPUTE_METHODS,
+        cli_default="uniform",
+    ),
+    _lv(
+        "flash_attention",
+        "memory",
+        "bool",
+        "attention scores not stored",
+        negatable=True,
+        cli_default_text="[default: the stack's]",
+        csv="",
+    ),
+    _lv(
+        "optimizer",
+        "optimizer",
+        "choice",
+        "optimizer: its state bytes and step cost (adam-8bit: bitsandbytes; muon: Newton-Schulz steps)",
+        choices=OPTIMIZERS,
+        cli_default="adamw",
+        csv="",
+        sweep="optimizer",
+    ),
+    # precision
+    _lv(
+        "precision",
+        "precision",
+        "choice",
+        "",
+        choices=PRECISIONS,
+        cli_default_text="[default: bf16; fp16 on a GPU without bf16 tensor cores (V100)]",
+    ),
+    _lv(
+        "stack",
+        "framework",
+        "text",
+        "training stack preset (megatron-core, megatron-bridge, torchtitan, ...) or stack YAML file",
+        cli_default="megatron-core",
+        csv="",
+    ),
+    _lv(
+        "fp8_recipe",
+        "precision",
+        "choice",
+        "fp8/fp4 scaling recipe",
+        choices=FP8_RECIPES,
+        cli_default_text="[default: the stack's]",
+    ),
+    # MoE
+    _lv("ep", "moe", "int", "expert-parallel size (MoE)", low=1, high=MAX_GPUS, cli_default=1, sweep="ep"),
+    _lv(
+        "etp",
+        "moe",
+        "int",
+        "expert tensor-parallel size",
+        low=1,
+        high=MAX_GPUS,
+        cli_default_text="[default: tp]",
+        sweep="etp",
+    ),
+    _lv(
+        "moe_imbalance",
+        "moe",
+        "float",
+        "busiest expert rank's tokens over the balanced share (1: force-balanced routing)",
+        low=1.0,
+        high=64.0,  # every token of 64 expert ranks on one: beyond any measured router
+        cli_default=1.0,
+    ),
+    _lv(
+        "moe_dispatcher",
+        "moe",
+        "choice",
+        "MoE token dispatcher: alltoall (a copy per expert) or flex (DeepEP / HybridEP: a copy per GPU and node)",
+        choices=MOE_DISPATCHERS,
+        cli_default="alltoall",
+        csv="",
+        sweep="dispatch",
+    ),
+    _lv(
+        "moe_a2a_overlap",
+        "moe",
+        "bool",
+        "hide MoE all-to-alls under another micro-batch's compute (Megatron-Core --overlap-moe-expert-parallel-comm)",
+        cli_default=False,
+        csv="",
+        sweep="a2a_overlap",
+    ),
+    # offload
+    _lv(
+        "offload_optimizer",
+        "offload",
+        "float",
+        "fraction of the optimizer (fp32 master, states, step) on the host CPU (DeepSpeed "
+        "offload_optimizer ratio, Megatron-Core --optimizer-offload-fraction)",
+        low=0.0,
+        high=1.0,
+        cli_default_text="[default: 0; 1 with --offload-params]",
+        sweep="offload",
+    ),
+    _lv(
+        "offload_params",
+        "offload",
+        "bool",
+        "ZeRO-3 parameter shards in host memory (FSDP2 CPUOffloadPolicy, DeepSpeed offload_param)",
+        cli_default=False,
+        sweep="offload",
+    ),
+    _lv(
+        "offload_overlap",
+        "offload",
+        "bool",
+        "pipeline the offloaded optimizer's copies with its CPU step, parameter by parameter "
+        "(Megatron-Core --overlap-cpu-optimizer-d2h-h2d)",
+        cli_default=False,
+        sweep="offload",
+    ),
+    _lv(
+        "offload_activations",
+        "offload",
+        "int",
+        "layers per stage whose stored activations go to host memory (Megatron-Core cpu_offloading_num_layers)",
+        low=0,
+        high=MAX_LAYER_COUNT,
+        cli_default=0,
+    ),
+    # layout
+    _lv(
+        "layer_split",
+        "layout",
+        "ints",
+        "layers per stage, comma-separated (pp*vpp entries), or 'balanced'",
+        words=("balanced",),
+    ),
+    _lv("mesh_order", "layout", "names", "mesh axes outermost first, e.g. pp,dp,cp,tp"),
+    _lv(
+        "expert_order",
+        "layout",
+        "names",
+        "expert mesh axes outermost first",
+        cli_default_text="[default: edp,ep,etp: an EP group inside a node while it fits]",
+    ),
+    _lv("allow_tp_across_nodes", "layout", "bool", "allow tp larger than a node", cli_default=False),
+)
+
+BY_FIELD: dict[str, Lever] = {lv.field: lv for lv in LEVERS}
+if len(BY_FIELD) != len(LEVERS):
+    raise ValueError("a plan field is declared twice in LEVERS")
+
+
+def lever(field: str) -> Lever:
+    return BY_FIELD[field]
+
+
+def by_section(values: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """A flat plan dictionary (``plan.model_dump()``) as its sections, in `SECTIONS` order."""
+    out: dict[str, dict[str, Any]] = {s: {} for s in SECTIONS}
+    for name, value in values.items():
+        out[BY_FIELD[name].section][name] = value
+    return {s: v for s, v in out.items() if v}
+
+
+def flat(sections: dict[str, Any]) -> dict[str, Any]:
+    """`by_section` reversed: a plan dictionary in sections (or already flat) as the plan's fields.
+    A field under a section it does not belong to is refused."""
+    out: dict[str, Any] = {}
+    for key, value in sections.items():
+        if key in SECTIONS and isinstance(value, dict):
+            for name, v in value.items():
+                lv = BY_FIELD.get(name)
+                if lv is not None and lv.section != key:
+                    raise ValueError(f"plan field {name!r} belongs to section [{lv.section}], not [{key}]")
+                out[name] = v
+        else:
+            out[key] = value
+    return out
