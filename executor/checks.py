@@ -63,6 +63,12 @@ def check_plan_for_executor(plan: ParallelPlan, model: ModelSpec) -> None:
     check_zero(plan)  # ZeRO-2 inside a pipeline: no runtime runs it (FSDP2 would keep gradients whole)
     if plan.cp > 1:
         raise PlanError("cp", "the executor does not implement context parallelism.", "use cp=1.")
+    if plan.lora_rank is not None:
+        raise PlanError(
+            "lora_rank",
+            "the executor trains every weight; it has no LoRA adapters.",
+            "simulate the LoRA plan, or run it as full training (no --lora-rank).",
+        )
     if plan.optimizer in ("adam-8bit", "muon"):
         why = {
             "adam-8bit": "bitsandbytes is not a dependency",

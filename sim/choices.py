@@ -50,6 +50,11 @@ OPTIMIZERS = ("adamw", "adam", "adam-8bit", "adafactor", "sgd", "muon")
 #: the input of every group of recompute_layers layers, ``block`` recomputes the first recompute_layers
 #: layers of each stage (model chunk) and stores the rest.
 RECOMPUTE_METHODS = ("uniform", "block")
+#: The linear modules of a transformer layer a LoRA plan puts adapters on (Megatron-Bridge's LoRA
+#: ``target_modules`` names; its default is all four), and the bits of its frozen base weights (16:
+#: LoRA; 4: QLoRA's NF4): `simpar.sim.cost.lora`.
+LORA_MODULES = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
+LORA_BASE_BITS = (16, 4)
 #: Low-precision GEMM recipes (`simpar.sim.specs.recipes`).
 FP8_RECIPES = ("delayed", "tensorwise", "rowwise", "blockwise", "mxfp8", "nvfp4")
 

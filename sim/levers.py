@@ -22,6 +22,7 @@ from typing import Any
 from .choices import (
     CP_COMM_TYPES,
     FP8_RECIPES,
+    LORA_MODULES,
     MAX_BATCH,
     MAX_GPUS,
     MOE_DISPATCHERS,
@@ -44,6 +45,7 @@ SECTIONS = (
     "precision",
     "moe",
     "offload",
+    "finetune",
     "layout",
 )
 #: What a lever's value is, and how a flag or a cell spells it: a whole number, a number, yes/no,
@@ -362,6 +364,37 @@ LEVERS: tuple[Lever, ...] = (
         low=0,
         high=MAX_LAYER_COUNT,
         cli_default=0,
+    ),
+    # fine-tuning (`cost.lora`)
+    _lv(
+        "lora_rank",
+        "finetune",
+        "int",
+        "LoRA: adapters of this rank on --lora-modules, the base weights frozen (no weight gradients, "
+        "optimizer state or gradient reduction for them)",
+        low=1,
+        high=MAX_LAYER_COUNT,
+        cli_default_text="[default: none, full training]",
+        csv="",
+    ),
+    _lv(
+        "lora_modules",
+        "finetune",
+        "names",
+        "the linear modules of each layer a LoRA plan adapts, comma-separated: " + ", ".join(LORA_MODULES),
+        choices=LORA_MODULES,
+        cli_default_text="[default: all four, as Megatron-Bridge's LoRA]",
+        csv="",
+    ),
+    _lv(
+        "lora_base_bits",
+        "finetune",
+        "int",
+        "bits of a LoRA plan's frozen base linear weights: 16, or 4 for QLoRA (NF4, dequantised before each GEMM)",
+        low=4,
+        high=16,
+        cli_default=16,
+        csv="",
     ),
     # layout
     _lv(

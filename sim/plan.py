@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .choices import CP_COMM_TYPES as CP_COMM_TYPES
-from .choices import DEFAULT_SCHEDULE
+from .choices import DEFAULT_SCHEDULE, LORA_BASE_BITS, LORA_MODULES
 from .choices import FP8_RECIPES as FP8_RECIPES
 
 # The choices and bounds live in `choices` (no imports: the CLI's options read them) and are re-exported here.
@@ -116,6 +116,10 @@ class ParallelPlan(BaseModel):
     cp_a2a_size: int | None = lever_field("cp_a2a_size", None, strict=True)
     #: Megatron-Core --overlap-moe-expert-parallel-comm (the combined 1F1B schedule)
     moe_a2a_overlap: bool = lever_field("moe_a2a_overlap", False)
+    #: LoRA / QLoRA fine-tuning (`cost.lora`): None trains every weight
+    lora_rank: int | None = lever_field("lora_rank", None, strict=True)
+    lora_modules: tuple[str, ...] = lever_field("lora_modules", LORA_MODULES)
+    lora_base_bits: int = lever_field("lora_base_bits", 16, strict=True)
 
     @model_validator(mode="before")
     @classmethod
@@ -155,6 +159,21 @@ class ParallelPlan(BaseModel):
         if bad:
             raise ValueError(f"unknown recompute module {bad[0]!r}; use {', '.join(RECOMPUTE_MODULES)}")
         return tuple(sorted(set(v), key=RECOMPUTE_MODULES.index))
+
+    @field_validator("lora_modules")
+    @classmethod
+    def _known_lora_modules(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        bad = [x for x in v if x not in LORA_MODULES]
+        if bad or not v:
+            raise ValueError(f"unknown LoRA module {bad[0]!r}" if bad else "no LoRA module named")
+        return tuple(sorted(set(v), key=LORA_MODULES.index))
+
+    @field_validator("lora_base_bits")
+    @classmethod
+    def _known_base_bits(cls, v: int) -> int:
+        if v not in LORA_BASE_BITS:
+            raise ValueError(f"LoRA base weights of {v} bits; use {' or '.join(map(str, LORA_BASE_BITS))}")
+        return v
 
     @field_validator("optimizer")
     @classmethod
@@ -327,7 +346,14 @@ class ParallelPlan(BaseModel):
             f"{', TP overlap' if self.tp_comm_overlap else ''}, {self.precision}"
             f"{f' ({self.fp8_recipe})' if self.fp8_recipe else ''}, {self.stack}"
             f"{f', {self.optimizer}' if self.optimizer != 'adamw' else ''}{self._describe_offload()}"
+            f"{self._describe_lora()}"
         )
+
+    def _describe_lora(self) -> str:
+        if self.lora_rank is None:
+            return ""
+        q = "QLoRA" if self.lora_base_bits < 16 else "LoRA"
+        return f", {q} rank {self.lora_rank} on {','.join(m.removeprefix('linear_') for m in self.lora_modules)}"
 
     def _describe_offload(self) -> str:
         parts = [f"optimizer {self.offload_optimizer:.0%}"] if self.offload_optimizer else []

@@ -74,9 +74,43 @@ def check_plan(
     check_zero(plan)
     _check_split(plan, model)
     _check_partial_recompute(plan, model)
+    _check_lora(plan, model)  # before offload: a LoRA plan's offload is refused as LoRA's
     _check_offload(plan, model, cluster)
     _check_stack(plan, model, cluster)
     _check_experts(plan, model)
+
+
+def _check_lora(plan: ParallelPlan, model: ModelSpec) -> None:
+    """What simpar's LoRA model covers (`cost.lora`): dense layers with standard attention, adapters
+    in 16 bits beside 16-bit or fp8 base GEMMs, no host offload; the executor trains every weight."""
+    from .choices import LORA_MODULES
+
+    if plan.lora_rank is None:
+        if plan.lora_base_bits != 16 or plan.lora_modules != LORA_MODULES:
+            raise PlanError(
+                "lora_base_bits" if plan.lora_base_bits != 16 else "lora_modules",
+                "sets up LoRA adapters, but the plan has no LoRA rank.",
+                "add --lora-rank R, or drop the LoRA options.",
+            )
+        return
+    if model.moe is not None or model.mla is not None:
+        raise PlanError(
+            "lora_rank",
+            f"LoRA on {'an MoE model (expert adapters)' if model.moe is not None else 'MLA attention'} is not "
+            "modelled: simpar puts adapters on the four linears of dense layers with standard attention.",
+            "fine-tune a dense model, or simulate full training (no --lora-rank).",
+        )
+    if plan.offload_optimizer > 0 or plan.offload_params or plan.offload_activations > 0:
+        raise PlanError(
+            "lora_rank", "LoRA with host offload is not modelled.", "drop the --offload-* options of a LoRA plan."
+        )
+    if plan.lora_base_bits < 16 and plan.precision in ("fp8", "fp4"):
+        raise PlanError(
+            "lora_base_bits",
+            f"QLoRA dequantises its 4-bit base weights to 16 bits for every GEMM, and this plan's precision is "
+            f"{plan.precision}.",
+            "use --precision bf16 (or fp16) with --lora-base-bits 4.",
+        )
 
 
 def check_zero(plan: ParallelPlan) -> None:

@@ -30,6 +30,7 @@ from ..schedules import peak_activation_units, peak_inflight, spec
 from ..specs import ClusterSpec, GPUSpec, ModelSpec
 from ..specs.stack import MEMORY_METRICS
 from ..units import GiB
+from . import lora
 from .activations import (
     host_activation_bytes,
     transient_activation_bytes,
@@ -220,11 +221,16 @@ def rank_memories(
     fp8_cache = plan.precision == "fp8" and conventions.fp8_weight_cache
     policy = plan.zero_policy
     offloaded = offloads(plan)
+    tuned = lora.active(plan)
     scale, context, fragmentation = conventions.activation_scale, conventions.context_bytes, conventions.fragmentation
     out = []
     for rank, psi in enumerate(psis):
         expert_psi = expert_psis[rank] if expert_psis is not None else 0.0
-        weights, grads, opt = stack_state_bytes(psi - expert_psi, plan.zero, nd, sb, own)
+        # a LoRA plan: the frozen base at its storage bytes, the adapters with every state (`lora`)
+        adapters = lora.adapter_params(m, plan, layers[rank]) if tuned else 0.0
+        weights, grads, opt = stack_state_bytes(adapters if tuned else psi - expert_psi, plan.zero, nd, sb, own)
+        if tuned:
+            weights += lora.frozen_weight_bytes(m, plan, psi, layers[rank]) / plan.sharding.divisor("parameters")
         if expert_psi:
             ew, eg, eo = stack_state_bytes(expert_psi, plan.zero, plan.edp, sb, own)
             weights, grads, opt = weights + ew, grads + eg, opt + eo
@@ -247,7 +253,7 @@ def rank_memories(
                 gather = float(zero3_unsharded[rank])
             else:
                 gather = 2.0 * sum(sorted(stage_params[rank], reverse=True)[:MAX_ACTIVE_STAGES])
-            grads = sb.grads * psi
+            grads = sb.grads * (adapters if tuned else psi)
         host: Mapping[str, float] = _NO_HOST
         if offloaded:
             owned = (psi - expert_psi) / nd + expert_psi / plan.edp if plan.sharding.optimizer else psi

@@ -24,13 +24,14 @@ sweep's estimator charge.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple, Protocol
 
 from ..layout import RankLayout
 from ..model import DENSE, LayerKind, layer_kinds, mtp_kind
 from ..plan import ParallelPlan
 from ..specs import ModelSpec
+from . import lora
 from .activations import stage_offloaded_bytes
 from .compute import CostModel, PassTimes
 from .moe import dispatch_bytes, flex_dispatch_bytes, moe_layer_times
@@ -88,6 +89,8 @@ class StageWork:
     expert_r: float = 0.0
     #: the routed-expert part of ``params`` (reduced and ZeRO-sharded over edp, not dp x cp)
     expert_params: float = 0.0
+    #: the frozen part of ``params``: a LoRA plan's base weights, without gradients (`lora`)
+    frozen_params: float = 0.0
     #: one MoE all-to-all's send buffer (bytes) and how many a forward (F, and R under full
     #: recompute) and an input-gradient pass (I or B) run: a2a_f = a2a_count_f x its time
     a2a_bytes: float = 0.0
@@ -217,6 +220,9 @@ def stage_work(
     lg = costs.logits_times(m, plan)
     em = costs.embedding_times(m, plan)
     tokens = plan.micro_batch_size * m.seq_len / plan.cp
+    if lora.active(plan):  # adapters beside frozen weights: no weight gradients but the adapters' (`lora`)
+        times = {kind: lora.layer_times(costs, m, plan, lt, tokens) for kind, lt in times.items()}
+        lg, em = replace(lg, w=0.0), replace(em, w=0.0)
     act = element_bytes(plan) * tokens * m.hidden  # one b x s x h activation (per cp rank)
     tp_layer = 0.0 if timed_with_tp is not None else _tp_layer_time(plan, net, layout, act)
     a2a = _a2a_time(m, plan, net, layout)
@@ -287,7 +293,7 @@ def stage_work(
             tp_b=tp_b,
             tp_r=x["tp_r"],
             act_bytes=act / sp,
-            params=rank_params(m, plan, [s]),
+            params=rank_params(m, plan, [s]) + lora.adapter_params(m, plan, layers),
             layer_compute=k * times[DENSE if DENSE in times else kinds[0]].f,
             tp_w=tp_w,
             a2a_f=x["a2a_f"],
@@ -298,6 +304,7 @@ def stage_work(
             expert_w=ew,
             expert_r=k * x["expert_r"],
             expert_params=rank_expert_params(m, plan, [s]),
+            frozen_params=rank_params(m, plan, [s]) if lora.active(plan) else 0.0,
             a2a_bytes=dispatch_bytes(m, plan) if shared else 0.0,
             a2a_count_f=2 * moe_layers if shared else 0,
             a2a_count_b=2 * moe_layers if shared else 0,

@@ -17,9 +17,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from ..cost import lora
 from ..cost.compute import CostModel
 from ..cost.offload import HOST_GRAD_BYTES, cpu_step_seconds
-from ..cost.params import rank_expert_params, rank_params, stage_layer_range
+from ..cost.params import rank_expert_params, stage_layer_range
 from ..cost.profile import RuntimeProfile
 from ..cost.states import FP16_UNSCALE_BYTES, stack_conventions
 from ..cost.workload import StageWork
@@ -123,7 +124,7 @@ def grad_buckets(
     op = reduction_op(plan)
     per = grad_bytes_per_param(plan)
     expert_params = work.expert_params if expert_group else 0.0
-    dense_params = work.params - expert_params
+    dense_params = work.params - work.frozen_params - expert_params  # frozen: LoRA's base (`cost.lora`)
     if not options.overlap_grad_reduce:
         if expert_params:
             return [Comm(op, group, dense_params * per), Comm(op, expert_group, expert_params * per)]
@@ -265,7 +266,8 @@ def tied_embedding_ranks(m: ModelSpec, plan: ParallelPlan) -> tuple[int, int] | 
     holds both ends). They all-reduce its gradient after the backward, before the optimizer
     (Megatron's embedding group, finalize_model_grads; the executor's TiedEmbeddingSync)."""
     ends = (plan.placement[0], plan.placement[plan.num_chunks - 1])  # the first pipeline's ends
-    return ends if m.tied_embeddings and ends[0] != ends[1] else None
+    frozen = lora.active(plan)  # a LoRA plan's embedding has no gradient
+    return ends if m.tied_embeddings and ends[0] != ends[1] and not frozen else None
 
 
 def replica_partner(plan: ParallelPlan, prank: int) -> int | None:
@@ -280,7 +282,7 @@ def replica_grad_sync(m: ModelSpec, plan: ParallelPlan, stages: Sequence[int], p
     (Li & Hoefler 2021 §3.4; DeepSeek-V3 report §3.2.1), after the data-parallel reduction: the
     rank's gradients, only its ZeRO shard of them once they were reduce-scattered (ZeRO >= 1)."""
     shards = plan.sharding.reduced_grad_shards
-    return Comm("all-reduce", pair, rank_params(m, plan, stages) * grad_bytes_per_param(plan) / shards)
+    return Comm("all-reduce", pair, lora.trainable_params(m, plan, stages) * grad_bytes_per_param(plan) / shards)
 
 
 def tied_embedding_grad(m: ModelSpec, plan: ParallelPlan, pair: tuple[int, ...]) -> Comm:
@@ -292,8 +294,9 @@ def sp_replicated_grads(m: ModelSpec, plan: ParallelPlan, stages: list[int]) -> 
     after the backward under sequence parallelism: the norms' weights (and LayerNorm biases), which
     are replicated over tp while their inputs are split along the sequence, so each rank holds a
     partial sum (Korthikanti et al. 2022 §4.2.2; Megatron-LM finalize_model_grads,
-    _allreduce_layernorm_grads). (0, 0) without sequence parallelism or with tp = 1."""
-    if not plan.sequence_parallel or plan.tp == 1:
+    _allreduce_layernorm_grads). (0, 0) without sequence parallelism, with tp = 1, or in a LoRA plan
+    (its norms are frozen)."""
+    if not plan.sequence_parallel or plan.tp == 1 or lora.active(plan):
         return 0, 0.0
     per_norm = 2 if m.arch == "gpt" else 1  # LayerNorm weight + bias, RMSNorm weight
     split = plan.stage_layers(m.layers)
@@ -317,8 +320,8 @@ def sp_grad_sync(
 
 def local_params(m: ModelSpec, plan: ParallelPlan, stages: list[int]) -> float:
     """Parameters whose optimizer state one GPU updates (sharded by ZeRO >= 1: over dp x cp, the
-    routed experts over edp)."""
-    p = rank_params(m, plan, stages)
+    routed experts over edp; a LoRA plan's adapters only)."""
+    p = lora.trainable_params(m, plan, stages)
     if not plan.sharding.optimizer:
         return p
     e = rank_expert_params(m, plan, stages)

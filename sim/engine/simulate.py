@@ -18,6 +18,7 @@ from dataclasses import replace
 import simpy
 
 from ..collector import paused
+from ..cost import lora
 from ..cost.activations import zb_stage_memory
 from ..cost.alive import StageMemory
 from ..cost.compute import CostModel
@@ -205,8 +206,8 @@ def _simulate(
         iter_time_s=t_iter,
         tokens_per_iter=float(gbs * model.seq_len),
         num_gpus=plan.num_gpus,
-        model_flops=model_flops_per_iteration(model, gbs),
-        hardware_flops=hardware_flops_per_iteration(model, gbs, plan.recompute),
+        model_flops=lora.model_flops(model, plan, model_flops_per_iteration(model, gbs), gbs),
+        hardware_flops=lora.model_flops(model, plan, hardware_flops_per_iteration(model, gbs, plan.recompute), gbs),
         peak_flops_per_gpu=cluster.gpu.peak_flops("bf16"),
         breakdown_s=per_rank[reported],
         reported_rank=reported,

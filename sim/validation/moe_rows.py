@@ -1,6 +1,7 @@
-"""The Mixture-of-Experts rows of the measured-run format (FORMAT.md, ``moe-published.csv``): a
-``model`` preset instead of the architecture columns, ``ep`` / ``etp``, ``token_dispatch``,
-``mtp``, ``fp8_recipe``, and empty cells where the source printed nothing.
+"""The rows of the measured-run format that name a ``model`` preset instead of the architecture
+columns (FORMAT.md): the Mixture-of-Experts rows (``moe-published.csv``: ``ep`` / ``etp``,
+``token_dispatch``, ``mtp``, ``fp8_recipe``) and the fine-tuning rows of dense presets
+(``finetune-published.csv``: ep 1, no etp), with empty cells where the source printed nothing.
 
 What an empty cell means is stated here, once, for every row (never per row):
 - ``etp``: 1 (Megatron-Bridge's MoE recipes set ``expert_tensor_parallel_size`` 1; Megatron-Core's

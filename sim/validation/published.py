@@ -331,7 +331,8 @@ def row_setup(r: dict[str, str]) -> tuple[ModelSpec, Any, ParallelPlan]:
     v = check_cells(r)  # before anything divides by a cell
     if is_moe_row(r):
         model = moe_model(r)
-        extra_moe = moe_plan_fields(r)
+        # a dense preset has no expert layers: its row's ep is 1 and its etp not a plan field
+        extra_moe = moe_plan_fields(r) if model.moe is not None else {"ep": v["ep"]}
     else:
         model = ModelSpec(
             name=r["id"],
@@ -386,7 +387,7 @@ def assumed_defaults(r: dict[str, str], plan: ParallelPlan) -> list[str]:
 
     return shared_assumed_defaults(
         plan,
-        moe=is_moe_row(r),
+        moe=is_moe_row(r) and plan.ep > 1,  # a dense preset's row (fine-tuning) dispatches nothing
         given=given,
         overlap_grad_reduce=EngineOptions().overlap_grad_reduce,
         no_stack="no stack column",
