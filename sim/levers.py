@@ -416,6 +416,7 @@ LEVERS: tuple[Lever, ...] = (
 )
 
 BY_FIELD: dict[str, Lever] = {lv.field: lv for lv in LEVERS}
+_SECTION_SET = frozenset(SECTIONS)
 if len(BY_FIELD) != len(LEVERS):
     raise ValueError("a plan field is declared twice in LEVERS")
 
@@ -435,6 +436,8 @@ def by_section(values: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def flat(sections: dict[str, Any]) -> dict[str, Any]:
     """`by_section` reversed: a plan dictionary in sections (or already flat) as the plan's fields.
     A field under a section it does not belong to is refused."""
+    if _SECTION_SET.isdisjoint(sections):  # already flat: every plan a sweep builds
+        return sections
     out: dict[str, Any] = {}
     for key, value in sections.items():
         if key in SECTIONS and isinstance(value, dict):
