@@ -159,3 +159,44 @@ def test_any_run_takes_at_least_its_work(mtbf, delta, restart, interval, solve):
     o = simulate_run(RunCosts(solve, interval, delta, 0.0, restart, mtbf), random.Random(1))
     assert o.wall >= solve + math.ceil(solve / interval - 1e-9) * delta - 1e-6
     assert o.lost_work >= 0 and o.failures >= 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    value=st.one_of(
+        st.floats(allow_nan=True, allow_infinity=True),
+        st.text(max_size=8),
+        st.integers(-(10**30), 10**30),
+        st.lists(st.integers(), max_size=3),
+        st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+    ),
+    field=st.sampled_from(["gpu_mtbf_h", "node_mtbf_h", "link_mtbf_h", "software_mtbf_h", "sources", "nosuch"]),
+)
+def test_a_reliability_file_with_any_value_loads_or_is_refused_in_one_line(tmp_path_factory, value, field):
+    import json
+
+    doc = {"gpu_mtbf_h": 1e5, "node_mtbf_h": 1e5, "link_mtbf_h": 1e5, "software_mtbf_h": 1e5, field: value}
+    f = tmp_path_factory.mktemp("rel") / "r.json"
+    f.write_text(json.dumps(doc))  # json writes nan/inf as NaN/Infinity
+    try:
+        rel = load_reliability(str(f))
+    except SimparError as exc:
+        message = str(exc)
+    else:
+        assert rel.job_mtbf_s(8, 1) > 0 and math.isfinite(rel.job_mtbf_s(8, 1))
+        return
+    assert "\n" not in message
+    assert rel_never_built(field, value)
+
+
+def rel_never_built(field: str, value: object) -> bool:
+    """A refusal is of a bad value (a good one loads): the field is unknown, or not a positive number."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= 1e9
+    return field in ("nosuch", "sources") or not ok
+
+
+def test_a_reliability_file_that_is_not_utf8_is_refused(tmp_path):
+    f = tmp_path / "r.yaml"
+    f.write_bytes(b"gpu_mtbf_h: \xff\xfe\n")
+    with pytest.raises(SimparError):
+        load_reliability(str(f))

@@ -191,3 +191,27 @@ def test_a_field_under_another_section_is_refused(tmp_path):
     (tmp_path / "p.json").write_text(json.dumps({"batch": {"tp": 2}}))
     with pytest.raises(SpecError, match=r"belongs to section \[parallelism\], not \[batch\]"):
         read_plan(tmp_path / "p.json")
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    section=st.sampled_from([*SECTIONS, "nosuch"]),
+    inner=st.one_of(
+        st.dictionaries(
+            st.sampled_from([*BY_FIELD, "x"]), st.one_of(st.integers(-5, 5), st.text(max_size=4)), max_size=3
+        ),
+        st.integers(),
+        st.text(max_size=4),
+        st.lists(st.integers(), max_size=2),
+    ),
+)
+def test_any_sectioned_plan_reads_or_is_refused_in_one_line(tmp_path_factory, section, inner):
+    f = tmp_path_factory.mktemp("plan") / "plan.json"
+    f.write_text(json.dumps({section: inner}))
+    try:
+        read_plan(f)
+    except SimparError as exc:
+        message = str(exc)
+    else:
+        return
+    assert "\n" not in message
