@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ..choices import LORA_MODULES
 from ..plan import ParallelPlan
 from ..specs import ModelSpec
 from .compute import CostModel, PassTimes
@@ -43,8 +44,6 @@ from .params import rank_params, stage_layer_range
 
 #: bits per parameter of a QLoRA base weight: 4-bit NF4 plus double-quantised scales (module docstring)
 NF4_BITS_PER_PARAM = 4.127
-#: a layer's four linear modules (`choices.LORA_MODULES`)
-_ALL = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
 #: bytes of an element read or written by the adapter's add to the base output (16-bit)
 ADAPTER_ADD_BYTES = 3 * 2
 
@@ -64,11 +63,12 @@ def module_dims(m: ModelSpec, module: str) -> tuple[float, float, bool]:
     }[module]
 
 
-def _split(m: ModelSpec, plan: ParallelPlan, module: str) -> tuple[float, float, float]:
-    """(d_in, r, d_out) of A and B on one GPU: per A (d_in x r) and B (r x d_out) as tp splits them."""
+def _split(m: ModelSpec, plan: ParallelPlan, module: str) -> tuple[float, float]:
+    """(A's rows, B's columns) on one GPU: A is d_in x r and B is r x d_out, as tp splits them
+    (module docstring)."""
     d_in, d_out, column = module_dims(m, module)
     t = plan.tp
-    return (d_in, d_out / t, d_out / t) if column else (d_in / t, d_out, d_in / t)
+    return (d_in, d_out / t) if column else (d_in / t, d_out)
 
 
 def adapter_params_per_layer(m: ModelSpec, plan: ParallelPlan) -> float:
@@ -78,7 +78,7 @@ def adapter_params_per_layer(m: ModelSpec, plan: ParallelPlan) -> float:
     r = float(plan.lora_rank or 0)
     total = 0.0
     for mod in plan.lora_modules:
-        a_in, b_out, _ = _split(m, plan, mod)
+        a_in, b_out = _split(m, plan, mod)
         total += r * (a_in + b_out)
     return total
 
@@ -86,7 +86,7 @@ def adapter_params_per_layer(m: ModelSpec, plan: ParallelPlan) -> float:
 def base_linear_params_per_layer(m: ModelSpec, plan: ParallelPlan) -> float:
     """The four linear modules' weights of one layer on one GPU: what QLoRA stores in 4 bits."""
     total = 0.0
-    for mod in _ALL:
+    for mod in LORA_MODULES:
         d_in, d_out, _ = module_dims(m, mod)
         total += d_in * d_out / plan.tp
     return total
@@ -113,7 +113,7 @@ def layer_times(costs: CostModel, m: ModelSpec, plan: ParallelPlan, lt: PassTime
     shapes: list[tuple[float, float, float]] = []
     add_f = 0.0
     for mod in plan.lora_modules:
-        a_in, b_out, _ = _split(m, plan, mod)
+        a_in, b_out = _split(m, plan, mod)
         shapes += [(tokens, r, a_in), (tokens, b_out, r)]
         add_f += costs.memory_time(ADAPTER_ADD_BYTES * tokens * b_out)
     af, ai, aw = costs.gemm_times(shapes, "bf16")
@@ -154,7 +154,7 @@ def model_flops(m: ModelSpec, plan: ParallelPlan, full_training: float, seqs: in
     if not active(plan):
         return full_training
     tokens = float(seqs) * m.seq_len
-    linear = sum(d_in * d_out for d_in, d_out, _ in (module_dims(m, x) for x in _ALL))
+    linear = sum(d_in * d_out for d_in, d_out, _ in (module_dims(m, x) for x in LORA_MODULES))
     r = float(plan.lora_rank or 0)
     adapters = sum(r * (module_dims(m, x)[0] + module_dims(m, x)[1]) for x in plan.lora_modules)
     frozen_wgrad = 2.0 * tokens * (m.layers * linear + m.vocab * m.hidden)
