@@ -35,6 +35,13 @@ def test_young_and_daly_exactly():
     assert daly_wall_time(1e9, 1.0, 1e6, 1.0, 0.0) == math.inf
 
 
+@pytest.mark.parametrize(("mtbf_h", "minutes"), [(24.0, 117.0), (6.0, 57.0), (0.25, 9.1)])
+def test_dalys_interval_gives_his_published_optima(mtbf_h, minutes):
+    """Daly 2006, Figs. 3-5: a 5-minute checkpoint and a 10-minute restart at M of 24 h, 6 h and
+    15 min: optima of 117, 57 and 9.1 minutes (as the figures print them)."""
+    assert daly_interval(5 * 60.0, mtbf_h * HOUR) / 60 == pytest.approx(minutes, abs=0.5)
+
+
 def test_without_failures_the_run_is_its_work_and_checkpoints():
     c = RunCosts(solve=1000.0, interval=100.0, delta=5.0, durable_after=0.0, restart=60.0, mtbf=1e15)
     o = simulate_run(c, random.Random(0))
