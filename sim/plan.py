@@ -12,7 +12,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from .choices import CP_COMM_TYPES as CP_COMM_TYPES
 from .choices import DEFAULT_SCHEDULE, LORA_BASE_BITS, LORA_MODULES
@@ -118,7 +118,7 @@ class ParallelPlan(BaseModel):
     moe_a2a_overlap: bool = lever_field("moe_a2a_overlap", False)
     #: LoRA / QLoRA fine-tuning (`cost.lora`): None trains every weight
     lora_rank: int | None = lever_field("lora_rank", None, strict=True)
-    lora_modules: tuple[str, ...] = lever_field("lora_modules", LORA_MODULES)
+    lora_modules: tuple[str, ...] = lever_field("lora_modules", LORA_MODULES, min_length=1)
     lora_base_bits: int = lever_field("lora_base_bits", 16, strict=True)
 
     @model_validator(mode="before")
@@ -150,23 +150,18 @@ class ParallelPlan(BaseModel):
             raise ValueError(f"unknown fp8 recipe {v!r}; use one of {', '.join(FP8_RECIPES)}")
         return v
 
-    @field_validator("recompute_modules")
+    @field_validator("recompute_modules", "lora_modules")
     @classmethod
-    def _known_modules(cls, v: tuple[str, ...] | None) -> tuple[str, ...] | None:
+    def _known_modules(cls, v: tuple[str, ...] | None, info: ValidationInfo) -> tuple[str, ...] | None:
+        """A list lever's names: each one of its lever's choices, in their order, once (`levers`)."""
         if v is None:
             return v
-        bad = [x for x in v if x not in RECOMPUTE_MODULES]
+        lv = lever(str(info.field_name))
+        what = lv.field.removesuffix("s").replace("_", " ").replace("lora", "LoRA")
+        bad = [x for x in v if x not in lv.choices]
         if bad:
-            raise ValueError(f"unknown recompute module {bad[0]!r}; use {', '.join(RECOMPUTE_MODULES)}")
-        return tuple(sorted(set(v), key=RECOMPUTE_MODULES.index))
-
-    @field_validator("lora_modules")
-    @classmethod
-    def _known_lora_modules(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        bad = [x for x in v if x not in LORA_MODULES]
-        if bad or not v:
-            raise ValueError(f"unknown LoRA module {bad[0]!r}" if bad else "no LoRA module named")
-        return tuple(sorted(set(v), key=LORA_MODULES.index))
+            raise ValueError(f"unknown {what} {bad[0]!r}; use {', '.join(lv.choices)}")
+        return tuple(sorted(set(v), key=lv.choices.index))
 
     @field_validator("lora_base_bits")
     @classmethod
