@@ -37,6 +37,8 @@ COMMANDS: dict[str, str] = {
     "run": "Run PLAN's training steps with torch (torchrun, one process per GPU) and measure them.",
     "schedule": "Show a pipeline schedule: per-rank grid, bubble rate, makespan, peak in-flight microbatches.",
     "simulate": "Simulate one training iteration: time, throughput, MFU, breakdown, memory.",
+    "stragglers": "Many iterations with slow, throttled and jittering GPUs and NICs: P50/P90/P99 iteration time, "
+    "the ranks that set it, and what one slow GPU does to the step.",
     "sweep": "Search tp x pp x dp x cp x vpp x micro-batch x schedule x ZeRO x recompute x SP; rank, explain, report.",
     "topo": "Nodes, links, bisection and predicted bus bandwidth of a cluster preset or file.",
     "validate": "Simulate every row of a measured-run CSV (see FORMAT.md) and compare.",

@@ -27,19 +27,17 @@ from .trace import NO_ARGS, TraceEvent
 _COMPUTE = frozenset({Kind.F, Kind.B, Kind.I, Kind.W, Kind.R})
 
 
-def _compute_table(
-    eng: Any,
-) -> dict[Kind, list[tuple[PassParts, float, str, float]]]:
+def _compute_table(eng: Any, slow: float = 1.0) -> dict[Kind, list[tuple[PassParts, float, str, float]]]:
     """kind -> per stage ((compute, expert compute, exposed TP/CP, exposed all-to-all, exposed
     activation offload) seconds, their sum, account, activation bytes the pass changes at its end):
     what `Engine._compute` charges for F, B, I, W and R, and what `Engine._freed` says a backward
-    frees (0 for F and R). By kind, then a list by stage: no (stage, kind) tuple per action."""
-    o = eng.opt
+    frees (0 for F and R), on a GPU whose kernels take ``slow`` times their time. By kind, then a
+    list by stage: no (stage, kind) tuple per action."""
     out: dict[Kind, list] = {}
     for k in (Kind.F, Kind.B, Kind.I, Kind.W, Kind.R):
         row = out[k] = []
-        for s, w in enumerate(eng.work):
-            parts = w.parts(k.value, o.overlap_tp)
+        for s in range(len(eng.work)):
+            parts = eng._parts(Action(s, k, 0), k.value, slow)
             freed = eng._freed(Action(s, k, 0)) if k in (Kind.B, Kind.I, Kind.W) else 0.0
             row.append((parts, sum(parts), "recompute" if k is Kind.R else "compute", freed))
     return out
@@ -54,9 +52,9 @@ def walk_ahead(eng: Any, g: Any, actions):
     # the trace, else the running peak), written out at its four places: a call per action costs
     # more than the sample does
     events, mem, rank, new, trace = eng.events, g.mem, g.rank, tuple.__new__, eng.trace
-    table = eng.compute_table  # the same for every GPU of the engine: made by the first walk
+    table = eng.compute_tables.get(g.slow)  # shared by the GPUs of one speed: made by the first walk
     if table is None:
-        table = eng.compute_table = _compute_table(eng)
+        table = eng.compute_tables[g.slow] = _compute_table(eng, g.slow)
     policy, opt = eng.policy, eng.opt
     # a compute action runs at the clock when it waits on a ZeRO gather not yet done, or when it
     # releases gradient buckets (a stage's last backward; under ZeRO-2 every backward)
@@ -102,7 +100,7 @@ def walk_ahead(eng: Any, g: Any, actions):
                 continue
             cost = pairs.get((f.stage, b.stage, b.kind))  # what `Engine._pair` charges
             if cost is None:
-                cost = pairs[(f.stage, b.stage, b.kind)] = eng.pair_cost(f, b)
+                cost = pairs[(f.stage, b.stage, b.kind)] = eng.pair_cost(f, b, g.slow)
             dur, (comp, ex, tp, a2a, off) = cost
             g.act += act_bytes[f.stage]
             if trace:

@@ -17,7 +17,7 @@ differs from a Megatron-like run from the runtime profile (`simpar.sim.cost.prof
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import simpy
@@ -63,6 +63,8 @@ class Engine(PipelineTransfers, DataParallel, HostCopies, IterationTail):
         marks: list[frozenset[int]] | None = None,
         stage_held_bytes: Sequence[float] | None = None,
         trace: bool = True,
+        slow: Mapping[int, float] | None = None,
+        keys: Sequence[tuple[int, ...]] | None = None,
     ):
         if not schedule.lowered:
             raise ValueError("the engine runs lowered schedules (lowering.lower)")
@@ -86,8 +88,6 @@ class Engine(PipelineTransfers, DataParallel, HostCopies, IterationTail):
         self.booked: dict[tuple[int, ...], dict[int, Transfer]] = {}
         #: (sending GPU, receiving GPU, stage) -> seconds of its activations' transfer (`p2p_seconds`)
         self.p2p_s: dict[tuple[int, int, int], float] = {}
-        #: kind -> per stage, what a compute action charges (`ahead._compute_table`; None: not made yet)
-        self.compute_table: dict | None = None
         self.pending: dict[tuple, Rendezvous] = {}
         self.last_bwd = schedule.last_backward  # (pipeline rank, stage) -> its last B or W
         self.policy = plan.zero_policy
@@ -100,13 +100,19 @@ class Engine(PipelineTransfers, DataParallel, HostCopies, IterationTail):
         self.post_s = profile.post_seconds(plan)
         self.tied = it.tied_embedding_ranks(model, plan)
         self.gpus: dict[tuple[tuple[int, ...], int], GpuState] = {}
+        #: per pipeline (its (dp, cp, tp) key), the compute tables of `ahead` by time multiplier
+        self.compute_tables: dict[float, dict] = {}
+        if keys is not None and not options.full:
+            raise ValueError("the engine walks chosen pipelines (keys) only in a full run")
         shards: dict[tuple[int, int], tuple[int, ...]] = {}  # (tp, pp) -> the DP x CP group, built once
         tps: dict[tuple[int, int, int], tuple[int, ...]] = {}  # (dp, cp, pp) -> the TP group
-        for key in self._pipeline_keys():
+        for key in self._pipeline_keys() if keys is None else keys:
             d, c, t = key
             for pr in range(plan.pp):
                 rank = self.layout.rank(pp=pr, dp=d, cp=c, tp=t)
                 g = self.gpus[(key, pr)] = GpuState(env, rank, pr, key)
+                if slow is not None:
+                    g.slow = float(slow.get(rank, 1.0))
                 if (t, pr) not in shards:
                     shards[(t, pr)] = self.layout.shard_group(rank)
                 if (d, c, pr) not in tps:
@@ -115,6 +121,14 @@ class Engine(PipelineTransfers, DataParallel, HostCopies, IterationTail):
                 if model.moe is not None:
                     g.edp_group = self.layout.expert_group(rank, "edp")
                     g.ep_group = self.layout.expert_group(rank, "ep")
+        if keys is not None:
+            walked = {g.rank for g in self.gpus.values()}
+            for g in self.gpus.values():
+                if not walked.issuperset(g.dp_group) or not walked.issuperset(g.edp_group):
+                    raise ValueError(
+                        f"the chosen pipelines leave out members of GPU {g.rank}'s gradient groups: "
+                        "its collectives would wait for GPUs the run does not walk"
+                    )
 
     # --- setup helpers -------------------------------------------------------------------
     def _pipeline_keys(self) -> list[tuple[int, ...]]:
@@ -144,10 +158,15 @@ class Engine(PipelineTransfers, DataParallel, HostCopies, IterationTail):
             self.events.append(TraceEvent(g.rank, stream, name, kind, start, self.env.now - start, stage, mb))
 
     # --- compute ------------------------------------------------------------------------
-    def _parts(self, a: Action, kind: str) -> PassParts:
+    def _parts(self, a: Action, kind: str, slow: float = 1.0) -> PassParts:
         """(compute, expert compute, exposed TP/CP, exposed all-to-all, exposed activation
-        offload) of a pass (`StageWork.parts`)."""
-        return self.work[a.stage].parts(kind, self.opt.overlap_tp)
+        offload) of a pass (`StageWork.parts`) on a GPU whose kernels take ``slow`` times their
+        time (`GpuState.slow`: its compute and expert compute; the communication is the network's)."""
+        parts = self.work[a.stage].parts(kind, self.opt.overlap_tp)
+        if slow != 1.0:
+            c, e, tp, a2a, off = parts
+            parts = PassParts(c * slow, e * slow, tp, a2a, off)
+        return parts
 
     def _compute(self, g: GpuState, a: Action, parts: PassParts, acc: str = "compute"):
         t0 = self.env.now
@@ -191,7 +210,7 @@ class Engine(PipelineTransfers, DataParallel, HostCopies, IterationTail):
 
     def _pass(self, g: GpuState, a: Action, kind: str):
         """One F/B/I/W on the compute stream, or, under FSDP, with its per-layer gathers."""
-        parts = self._parts(a, kind)
+        parts = self._parts(a, kind, g.slow)
         if self.policy is ZeroPolicy.PER_LAYER:
             yield from self._fsdp_pass(g, a, parts)
         else:
@@ -212,7 +231,7 @@ class Engine(PipelineTransfers, DataParallel, HostCopies, IterationTail):
         if self.policy is ZeroPolicy.PER_UNSHARD:
             yield from self._wait_gather(g, s)
         t0 = self.env.now
-        self._release(g, a, t0, sum(self._parts(a, k.value)), False)
+        self._release(g, a, t0, sum(self._parts(a, k.value, g.slow)), False)
         yield from self._pass(g, a, k.value)
         self._release(g, a, t0, self.env.now - t0, True)
         if k is not Kind.W or self.held_bytes[s]:
@@ -243,7 +262,7 @@ class Engine(PipelineTransfers, DataParallel, HostCopies, IterationTail):
             yield from self._wait_gather(g, f.stage)
         if self.policy is ZeroPolicy.PER_UNSHARD:
             yield from self._wait_gather(g, b.stage)
-        dur, charged = self.pair_cost(f, b)
+        dur, charged = self.pair_cost(f, b, g.slow)
         self._release(g, b, self.env.now, dur, False)
         self._mem(g, self.act_bytes[f.stage])
         t0 = self.env.now
@@ -253,11 +272,11 @@ class Engine(PipelineTransfers, DataParallel, HostCopies, IterationTail):
         self._release(g, b, t0, dur, True)
         self._mem(g, self._freed(b))
 
-    def pair_cost(self, f: Action, b: Action) -> tuple[float, PassParts]:
+    def pair_cost(self, f: Action, b: Action, slow: float = 1.0) -> tuple[float, PassParts]:
         """An overlapped pair's seconds (`overlap_seconds` of its parts) and what it charges:
         (compute, expert compute, exposed TP/CP, all-to-all, activation offload), what the overlap
         leaves exposed of the parts' communication split in their proportion."""
-        pf, pb = self._parts(f, "F"), self._parts(b, b.kind.value)
+        pf, pb = self._parts(f, "F", slow), self._parts(b, b.kind.value, slow)
         dur = overlap_seconds(
             (pf[0] + pf[1], sum(pf[2:])), (pb[0] + pb[1], sum(pb[2:])), self.costs.eff.overlap_contention
         )
@@ -268,7 +287,7 @@ class Engine(PipelineTransfers, DataParallel, HostCopies, IterationTail):
         return dur, PassParts(comp, pf[1] + pb[1], tp, a2a, off)
 
     def _recompute(self, g: GpuState, a: Action):
-        yield from self._compute(g, a, self._parts(a, "R"), acc="recompute")
+        yield from self._compute(g, a, self._parts(a, "R", g.slow), acc="recompute")
 
     # --- the walk ---------------------------------------------------------------------
     HANDLERS: ClassVar[dict[Kind, Callable[..., Any]]] = {
@@ -323,6 +342,8 @@ def run_engine(
     marks: list[frozenset[int]] | None = None,
     stage_held_bytes: Sequence[float] | None = None,
     trace: bool = True,
+    slow: Mapping[int, float] | None = None,
+    keys: Sequence[tuple[int, ...]] | None = None,
 ) -> tuple[Engine, float]:
     """Build and run the engine; returns it and the wall-clock seconds the run took (``trace``:
     `Engine.trace`)."""
@@ -341,6 +362,8 @@ def run_engine(
         marks,
         stage_held_bytes,
         trace,
+        slow,
+        keys,
     )
     # The run allocates millions of small, acyclic objects (events, trace records); the cyclic
     # garbage collector's full passes over them cost a third of a --full run and find nothing.

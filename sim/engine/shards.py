@@ -67,6 +67,7 @@ class DataParallel:
                 rv = self.pending.setdefault((comm.op, tag, comm.group), Rendezvous(self.env.event()))
                 rv.arrived += 1
                 if rv.arrived == len(comm.group):
+                    rv.at, rv.last = self.env.now, g.rank
                     self.env.process(self._run_group(comm, rv.done))
                 yield rv.done
             else:

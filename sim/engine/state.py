@@ -27,6 +27,9 @@ class GpuState:
 
     def __init__(self, env: simpy.Environment, rank: int, prank: int, key: tuple[int, ...]):
         self.rank, self.prank, self.key = rank, prank, key
+        #: how many times its nominal time the GPU's kernels take (a slow or throttled GPU: > 1;
+        #: `simpar.sim.variability`); communication is the network's
+        self.slow = 1.0
         self.acc = dict.fromkeys(ACCOUNTS, 0.0)
         self.send_next = simpy.Resource(env, 1)
         self.send_prev = simpy.Resource(env, 1)
@@ -68,11 +71,12 @@ class GpuState:
 @dataclass
 class Rendezvous:
     """Members of a group collective that have arrived, the event all of them wait on, and when
-    the last one arrived."""
+    the last one arrived, and which (its rank; -1: not noted)."""
 
     done: simpy.Event
     arrived: int = 0
     at: float = 0.0
+    last: int = -1
 
 
 class Arrival(simpy.Event):

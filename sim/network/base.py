@@ -19,7 +19,7 @@ the absence of other traffic, as NCCL's tuner picks them (`estimate` says which)
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,6 +97,17 @@ class Network:
         self._host_share: dict[tuple[int, bool], dict[int, int]] = {}
         #: the hardware class of a step inside one node
         self._intra_hw = intra_hw(cluster.node.interconnect)
+
+    def scale_links(self, factors: Mapping[int, float]) -> None:
+        """Run each link ``factors`` names at that fraction of its capacity (a slow NIC, a degraded
+        cable: `simpar.sim.variability`); before the network times anything, as what it has timed
+        is remembered."""
+        if self._candidates or self._estimates or self._choices:
+            raise RuntimeError("scale_links: the network has timed transfers with the links as they were")
+        for link, f in factors.items():
+            if not f > 0:
+                raise ValueError(f"link {link}: a capacity factor must be > 0, got {f}")
+            self.capacity[link] *= f
 
     # --- the interface ---------------------------------------------------------------------
     def p2p_time(self, src: int, dst: int, nbytes: float) -> float:

@@ -86,6 +86,18 @@ class Topology:
         self._pieces: dict[tuple[str, int], tuple[int, ...]] = {}
         self._check_connected()
 
+    @property
+    def num_nics(self) -> int:
+        """NICs of the scale-out fabric, in all."""
+        return self.num_nodes * self.scale_out.nics
+
+    def nic_links(self, nic: int) -> tuple[int, int]:
+        """The two directed links (to its leaf, from it) of NIC ``nic``, numbered node by node
+        (node n's j-th NIC is n x NICs per node + j)."""
+        if not 0 <= nic < self.num_nics:
+            raise ValueError(f"NIC {nic} is outside 0..{self.num_nics - 1}")
+        return self._nic_base + 2 * nic, self._nic_base + 2 * nic + 1
+
     # --- names, made on demand ------------------------------------------------------------
     @derived
     def nodes(self) -> dict[str, dict[str, Any]]:
