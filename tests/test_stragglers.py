@@ -17,18 +17,17 @@ from hypothesis import strategies as st
 from simpar import load_cluster, load_model, make_plan, simulate
 from simpar.cli.main import cli
 from simpar.sim.engine.iteration import EngineOptions
+from simpar.sim.engine.repeat import RepeatedIteration
 from simpar.sim.errors import SimparError
 from simpar.sim.specs.variability import SETTABLE, VariabilitySpec, load_variability
 from simpar.sim.variability.draw import SpeedDraws
-from simpar.sim.variability.run import _Runner, lockstep_groups, straggler_run, time_multipliers
+from simpar.sim.variability.run import lockstep_groups, straggler_run, time_multipliers
 
 NOMINAL = VariabilitySpec()
 
 
 def _runner(model, cluster, plan, options=EngineOptions()):
-    from simpar.sim.cost.profile import MEGATRON
-
-    return _Runner(model, cluster, plan, None, "analytical", options, MEGATRON)
+    return RepeatedIteration(model, cluster, plan, options=options)
 
 
 def _finish(eng) -> float:

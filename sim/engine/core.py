@@ -41,7 +41,12 @@ from .tail import IterationTail
 from .trace import TraceEvent
 from .transfers import PipelineTransfers
 
-__all__ = ["Engine", "EngineOptions", "run_engine"]
+__all__ = ["Engine", "EngineOptions", "PartialWalkError", "run_engine"]
+
+
+class PartialWalkError(ValueError):
+    """The pipelines an engine was asked to walk (``keys``) leave out members of a walked GPU's
+    gradient groups: its collectives would wait for GPUs the run does not walk."""
 
 
 class Engine(PipelineTransfers, DataParallel, HostCopies, IterationTail):
@@ -124,8 +129,8 @@ class Engine(PipelineTransfers, DataParallel, HostCopies, IterationTail):
         if keys is not None:
             walked = {g.rank for g in self.gpus.values()}
             for g in self.gpus.values():
-                if not walked.issuperset(g.dp_group) or not walked.issuperset(g.edp_group):
-                    raise ValueError(
+                if not all(walked.issuperset(x) for x in (g.dp_group, g.edp_group, g.ep_group)):
+                    raise PartialWalkError(
                         f"the chosen pipelines leave out members of GPU {g.rank}'s gradient groups: "
                         "its collectives would wait for GPUs the run does not walk"
                     )

@@ -23,23 +23,17 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
-import simpy
-
-from ..cost.activations import zb_stage_memory
 from ..cost.profile import MEGATRON, RuntimeProfile
-from ..engine.core import Engine, run_engine
+from ..engine.core import Engine
 from ..engine.iteration import EngineOptions
-from ..engine.simulate import build_work, stage_costs
+from ..engine.repeat import RepeatedIteration, finish
 from ..layout import RankLayout
-from ..lowering.memo import lowered_schedule
-from ..network import make_network
 from ..plan import ParallelPlan
 from ..specs import ClusterSpec, ModelSpec
-from ..specs.calibration import Calibration, calibrated_cluster
+from ..specs.calibration import Calibration
 from ..specs.variability import VariabilitySpec
-from ..topology.graph import build_topology
 from .draw import SpeedDraws, Speeds
 
 #: the speeds one GPU is slowed to in the sensitivity runs (`StragglerReport.sensitivity`)
@@ -150,80 +144,18 @@ class StragglerReport:
         return [(r, n, speed[r] / n) for r, n in count.most_common(top)]
 
 
-class _Runner:
-    """The parts of a plan's iteration made once (work table, lowered schedule), run per draw."""
-
-    def __init__(self, model, cluster, plan, calibration, backend, options, profile) -> None:
-        self.model, self.plan, self.backend, self.profile = model, plan, backend, profile
-        self.cluster = calibrated_cluster(cluster, calibration)
-        self.calibration = calibration
-        self.work, self.costs, p2p = build_work(model, self.cluster, plan, calibration, profile=profile)
-        self.act, self.held = zb_stage_memory(model, plan)
-        scosts = stage_costs(self.work, p2p, self.costs.eff.overlap_contention, (self.act, self.held))
-        self.sched = lowered_schedule(plan, costs=scosts)
-        self.opts = replace(options, full=True, compress=False)
-        self.layout = RankLayout(plan)
-        p = plan
-        #: one GPU per tensor-parallel group where its gradient groups allow (`Engine` keys)
-        self.keys: list[tuple[int, ...]] | None = [(d, c, 0) for d in range(p.dp) for c in range(p.cp)]
-        self.topology = build_topology(self.cluster)
-
-    def network(self, env: simpy.Environment, factors: dict[int, float]):
-        """The network of one run: with slow links a network of its own (the shared one keeps what
-        it timed at nominal capacity: `make_network`)."""
-        if not factors:
-            return make_network(self.cluster, self.backend, env=env, calibration=self.calibration)
-        net = make_network(self.cluster, self.backend, env=env, calibration=self.calibration, topology=self.topology)
-        net.scale_links(factors)
-        return net
-
-    def run(self, slow: dict[int, float], nic: Sequence[float] = ()) -> Engine:
-        """One iteration with GPU time multipliers ``slow`` (by rank) and NIC speeds ``nic``."""
-        factors: dict[int, float] = {}
-        for i, s in enumerate(nic):
-            if s != 1.0:
-                for link in self.topology.nic_links(i):
-                    factors[link] = s
-        while True:
-            env = simpy.Environment()
-            net = self.network(env, factors)
-            try:
-                return run_engine(
-                    self.model,
-                    self.plan,
-                    self.sched,
-                    self.work,
-                    self.costs,
-                    net,
-                    env,
-                    self.opts,
-                    self.act,
-                    self.profile,
-                    None,
-                    self.held,
-                    False,
-                    slow,
-                    self.keys,
-                )[0]
-            except ValueError:
-                if self.keys is None:
-                    raise
-                self.keys = None  # a gradient group spans tensor-parallel ranks: walk them all
-
-    def critical(self, eng: Engine, speeds: Sequence[float]) -> tuple[tuple[int, ...], float]:
-        """The GPUs that set the iteration (module docstring) and their speed."""
-        met = [rv for rv in eng.pending.values() if rv.last >= 0]
-        if met:
-            c = self.layout.coords(max(met, key=lambda rv: rv.at).last)
-            members = [
-                r for r in range(len(speeds)) if (lc := self.layout.coords(r))["dp"] == c["dp"] and lc["cp"] == c["cp"]
-            ]
-        else:
-            members = list(range(len(speeds)))
-        low = min(speeds[r] for r in members)
-        if low >= 1.0:
-            return (), 1.0
-        return tuple(r for r in members if speeds[r] == low), low
+def critical_gpus(layout: RankLayout, eng: Engine, speeds: Sequence[float]) -> tuple[tuple[int, ...], float]:
+    """The GPUs that set the iteration (module docstring) and their speed."""
+    met = [rv for rv in eng.pending.values() if rv.last >= 0]
+    if met:
+        c = layout.coords(max(met, key=lambda rv: rv.at).last)
+        members = [r for r in range(len(speeds)) if (lc := layout.coords(r))["dp"] == c["dp"] and lc["cp"] == c["cp"]]
+    else:
+        members = list(range(len(speeds)))
+    low = min(speeds[r] for r in members)
+    if low >= 1.0:
+        return (), 1.0
+    return tuple(r for r in members if speeds[r] == low), low
 
 
 def straggler_run(
@@ -249,28 +181,32 @@ def straggler_run(
     if one_gpu is not None and not 0 <= one_gpu < plan.num_gpus:
         raise ValueError(f"one_gpu {one_gpu} is outside 0..{plan.num_gpus - 1}")
     t0 = time.perf_counter()
-    run = _Runner(model, cluster, plan, calibration, backend, options, profile)
+    run = RepeatedIteration(model, cluster, plan, calibration, backend, options, profile, full=True)
     if one_gpu is None:
         one_gpu = busiest_gpu(plan, run.work)
     groups = lockstep_groups(model, plan)
-
-    def finish(eng: Engine) -> float:
-        return max(g.finish for g in eng.gpus.values())
-
     nominal = finish(run.run({}))
     draws = SpeedDraws(spec, plan.num_gpus, run.topology.num_nics, seed)
     out: list[Iteration] = []
     for _ in range(iterations):
         sp: Speeds = draws.iteration()
         eng = run.run(time_multipliers(sp.gpu, groups), sp.nic)
-        crit, low = run.critical(eng, sp.gpu)
+        crit, low = critical_gpus(run.layout, eng, sp.gpu)
         out.append(Iteration(finish(eng), crit, low))
     sens = []
     for s in sensitivity:
         speeds = [1.0] * plan.num_gpus
         speeds[one_gpu] = s
         sens.append((s, finish(run.run(time_multipliers(speeds, groups)))))
-    walked = len(run.keys) * plan.pp if run.keys is not None else plan.num_gpus
     return StragglerReport(
-        spec, seed, nominal, out, draws.slow_gpus, draws.slow_nics, walked, sens, one_gpu, time.perf_counter() - t0
+        spec,
+        seed,
+        nominal,
+        out,
+        draws.slow_gpus,
+        draws.slow_nics,
+        run.walked_gpus,
+        sens,
+        one_gpu,
+        time.perf_counter() - t0,
     )

@@ -1,0 +1,122 @@
+"""One plan's iteration run many times with chosen GPU speeds and link capacities: the work table and
+the lowered schedule are made once, each run is the engine's event walk (`core.Engine`) with a time
+multiplier per GPU (`GpuState.slow`: a slow, throttled or down-clocked GPU's kernels) and a capacity
+factor per NIC (`Network.scale_links`). What stragglers (`simpar.sim.variability`) and clock or power
+changes (`simpar.sim.energy`) are simulated with.
+
+``full``: every pipeline is walked, and a data-parallel reduction waits for its last member (GPUs that
+differ); one GPU per tensor-parallel group is walked where the gradient groups allow (its members run
+alike when their multipliers are equal, which the callers ensure). Otherwise one pipeline is walked
+(data-parallel replicas alike: the multipliers of its GPUs, dp = cp = tp = 0, stand for every replica).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+
+import simpy
+
+from ..cost.activations import zb_stage_memory
+from ..cost.profile import MEGATRON, RuntimeProfile
+from ..layout import RankLayout
+from ..lowering.memo import lowered_schedule
+from ..network import make_network
+from ..plan import ParallelPlan
+from ..specs import ClusterSpec, ModelSpec
+from ..specs.calibration import Calibration, calibrated_cluster
+from ..topology.graph import build_topology
+from .core import Engine, PartialWalkError, run_engine
+from .iteration import EngineOptions
+from .simulate import build_work, stage_costs
+
+
+class RepeatedIteration:
+    """The parts of a plan's iteration made once, and its event run per setting (module docstring)."""
+
+    def __init__(
+        self,
+        model: ModelSpec,
+        cluster: ClusterSpec,
+        plan: ParallelPlan,
+        calibration: Calibration | None = None,
+        backend: str = "analytical",
+        options: EngineOptions = EngineOptions(),
+        profile: RuntimeProfile = MEGATRON,
+        *,
+        full: bool = True,
+    ) -> None:
+        self.model, self.plan, self.backend, self.profile = model, plan, backend, profile
+        self.cluster = calibrated_cluster(cluster, calibration)
+        self.calibration = calibration
+        self.work, self.costs, p2p = build_work(model, self.cluster, plan, calibration, profile=profile)
+        self.act, self.held = zb_stage_memory(model, plan)
+        scosts = stage_costs(self.work, p2p, self.costs.eff.overlap_contention, (self.act, self.held))
+        self.sched = lowered_schedule(plan, costs=scosts)
+        self.opts = replace(options, full=full, compress=False)
+        self.layout = RankLayout(plan)
+        p = plan
+        #: the pipelines walked: one GPU per tensor-parallel group where the gradient groups allow
+        #: (`Engine` keys; None: all, or with ``full`` off the engine's one)
+        self.keys: list[tuple[int, ...]] | None = (
+            [(d, c, 0) for d in range(p.dp) for c in range(p.cp)] if full else None
+        )
+        self.topology = build_topology(self.cluster)
+
+    def network(self, env: simpy.Environment, factors: Mapping[int, float]):
+        """The network of one run: with scaled links a network of its own (the shared one keeps
+        what it timed at nominal capacity: `make_network`)."""
+        if not factors:
+            return make_network(self.cluster, self.backend, env=env, calibration=self.calibration)
+        net = make_network(self.cluster, self.backend, env=env, calibration=self.calibration, topology=self.topology)
+        net.scale_links(factors)
+        return net
+
+    def run(self, slow: Mapping[int, float], nic: Sequence[float] = ()) -> Engine:
+        """One iteration with GPU time multipliers ``slow`` (by global rank; absent: 1) and NIC
+        speeds ``nic`` (by `Topology.nic_links` number; absent: 1)."""
+        factors: dict[int, float] = {}
+        for i, s in enumerate(nic):
+            if s != 1.0:
+                for link in self.topology.nic_links(i):
+                    factors[link] = s
+        while True:
+            env = simpy.Environment()
+            net = self.network(env, factors)
+            try:
+                return run_engine(
+                    self.model,
+                    self.plan,
+                    self.sched,
+                    self.work,
+                    self.costs,
+                    net,
+                    env,
+                    self.opts,
+                    self.act,
+                    self.profile,
+                    None,
+                    self.held,
+                    False,
+                    slow,
+                    self.keys,
+                )[0]
+            except PartialWalkError:
+                if self.keys is None:
+                    raise
+                self.keys = None  # a gradient group spans tensor-parallel ranks: walk them all
+
+    def seconds(self, slow: Mapping[int, float], nic: Sequence[float] = ()) -> float:
+        """The iteration's seconds with these speeds (`run`): when its last GPU finishes."""
+        return finish(self.run(slow, nic))
+
+    @property
+    def walked_gpus(self) -> int:
+        if not self.opts.full:
+            return self.plan.pp
+        return (len(self.keys) if self.keys is not None else self.plan.dp * self.plan.cp * self.plan.tp) * self.plan.pp
+
+
+def finish(eng: Engine) -> float:
+    """When the last GPU of a run finished its iteration."""
+    return max(g.finish for g in eng.gpus.values())
