@@ -27,6 +27,8 @@ COMMANDS: dict[str, str] = {
     "compare": "Simulated against measured: two simpar traces (per rank and action kind), or a plan against the "
     "profiler traces of its real run (per rank: iteration time and where it went).",
     "nccl": "Predicted vs measured nccl-tests rows of a CSV: busbw, time, the algorithm simpar chose.",
+    "energy": "A plan's energy per iteration and per token by state, average and peak GPU power, under a power "
+    "cap, with EnvPipe-style clocks, and its cost at your prices.",
     "goodput": "The whole run: wall time to train N tokens under failures, checkpoints and restarts; goodput and "
     "the best checkpoint interval.",
     "kernels": "The public kernel figures (GEMM, fp8, attention) simpar prices a GPU with, and their sources.",

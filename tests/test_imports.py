@@ -108,7 +108,7 @@ LAYERS = (
     ("sim.lowering",),
     ("sim.cost",),
     ("sim.engine",),
-    ("sim.plot", "sim.kineto", "sim.interop", "sim.validation", "sim.goodput", "sim.variability"),
+    ("sim.plot", "sim.kineto", "sim.interop", "sim.validation", "sim.goodput", "sim.variability", "sim.energy"),
     ("sim.calibration",),
     ("sim.sweep",),
     ("simpar", "simpar.executor"),

@@ -99,6 +99,10 @@ class PassTimes:
     #: what selective recompute re-runs when it is not the attention core alone: op-level
     #: checkpointing, or Megatron-Core recompute modules (`recompute.selective_modules`)
     sel_f: float | None = None
+    #: the memory-bound kernels of f and of i + w (element-wise traffic, materialised attention
+    #: scores' softmax): what a lower SM clock does not slow (`simpar.sim.energy`; 0 where not split)
+    memory_f: float = 0.0
+    memory_b: float = 0.0
 
     @property
     def b(self) -> float:
@@ -279,6 +283,7 @@ class CostModel:
             parts.append(self.linear_times(plan, "mlp", mlp))
         fwd_mm, i_mm, w_mm = (sum(x) for x in zip(*parts))
         lf: LayerFlops = layer_flops(m, m.seq_len, plan.micro_batch_size, kind)
+        softmax_f = softmax_b = 0.0
         if plan.flash_attention:
             attn_f, attn_b = self.attention_time(
                 lf.attn_core_f * computed_attention_fraction(m, kind) / (t * plan.cp),
@@ -292,8 +297,10 @@ class CostModel:
                 * self.eff.train_gemm_fraction
             )
             scores = m.heads / t * tokens * m.seq_len * el  # the traffic counts 16-bit elements
-            attn_f = lf.attn_core_f / (t * plan.cp) / mm_peak + self.memory_time(UNFUSED_SCORE_BYTES * scores)
-            attn_b = 2 * lf.attn_core_f / (t * plan.cp) / mm_peak + self.memory_time(2 * UNFUSED_SCORE_BYTES * scores)
+            softmax_f = self.memory_time(UNFUSED_SCORE_BYTES * scores)
+            softmax_b = self.memory_time(2 * UNFUSED_SCORE_BYTES * scores)
+            attn_f = lf.attn_core_f / (t * plan.cp) / mm_peak + softmax_f
+            attn_b = 2 * lf.attn_core_f / (t * plan.cp) / mm_peak + softmax_b
         sp = t if plan.sequence_parallel else 1
         mlp_ew = 0 if kind.moe else (6 if m.gated_mlp else 4) * f / t  # the MoE MLP times its own
         ew_f = self.memory_time(el * tokens * (ELEMENTWISE_BYTES_PER_TOKEN_H * h / sp + mlp_ew))
@@ -315,7 +322,17 @@ class CostModel:
                 sel += self.linear_times(plan, "attention", mla_up_shapes(m, plan, tokens))[0]
             if "mlp" in mods and not kind.moe:
                 sel += parts[1][0] + self.memory_time(tokens * mlp_ew)
-        return PassTimes(f_time, i_time, w_time, attn_f, tp_gemm_f=fwd_mm, tp_gemm_b=i_mm + w_mm, sel_f=sel)
+        return PassTimes(
+            f_time,
+            i_time,
+            w_time,
+            attn_f,
+            tp_gemm_f=fwd_mm,
+            tp_gemm_b=i_mm + w_mm,
+            sel_f=sel,
+            memory_f=ew_f + softmax_f,
+            memory_b=2 * ew_f + softmax_b,
+        )
 
     def logits_times(self, m: ModelSpec, plan: ParallelPlan) -> PassTimes:
         """Final norm, output projection (vocab split over tp) and cross-entropy."""

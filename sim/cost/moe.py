@@ -177,7 +177,18 @@ def moe_mlp_times(cost: CostModel, m: ModelSpec, plan: ParallelPlan) -> PassTime
             sel += forward
         else:
             sel += act * ("moe_act" in mods) + (sh[0] + shared_ew) * ("shared_experts" in mods)
-    return PassTimes(forward, ri + scores + 2 * shared_ew + ei, rw + ew, 0.0, ef, ei, ew, sel_f=sel)
+    return PassTimes(
+        forward,
+        ri + scores + 2 * shared_ew + ei,
+        rw + ew,
+        0.0,
+        ef,
+        ei,
+        ew,
+        sel_f=sel,
+        memory_f=scores + shared_ew + moved + act,
+        memory_b=scores + 2 * shared_ew + moved + 2 * act,
+    )
 
 
 def moe_layer_times(cost: CostModel, m: ModelSpec, plan: ParallelPlan, kind: LayerKind) -> PassTimes:
@@ -221,6 +232,8 @@ def _analytical_moe_layer(cost: CostModel, m: ModelSpec, plan: ParallelPlan, kin
         base.tp_gemm_f,
         base.tp_gemm_b,
         sel_f=None if mlp.sel_f is None else base.selective_f + mlp.sel_f,
+        memory_f=base.memory_f + mlp.memory_f,
+        memory_b=base.memory_b + mlp.memory_b,
     )
 
 

@@ -70,6 +70,7 @@ class Engine(PipelineTransfers, DataParallel, HostCopies, IterationTail):
         trace: bool = True,
         slow: Mapping[int, float] | None = None,
         keys: Sequence[tuple[int, ...]] | None = None,
+        slow_step: Mapping[int, float] | None = None,
     ):
         if not schedule.lowered:
             raise ValueError("the engine runs lowered schedules (lowering.lower)")
@@ -117,7 +118,9 @@ class Engine(PipelineTransfers, DataParallel, HostCopies, IterationTail):
                 rank = self.layout.rank(pp=pr, dp=d, cp=c, tp=t)
                 g = self.gpus[(key, pr)] = GpuState(env, rank, pr, key)
                 if slow is not None:
-                    g.slow = float(slow.get(rank, 1.0))
+                    g.slow = g.slow_step = float(slow.get(rank, 1.0))
+                if slow_step is not None:
+                    g.slow_step = float(slow_step.get(rank, 1.0))
                 if (t, pr) not in shards:
                     shards[(t, pr)] = self.layout.shard_group(rank)
                 if (d, c, pr) not in tps:
@@ -349,6 +352,7 @@ def run_engine(
     trace: bool = True,
     slow: Mapping[int, float] | None = None,
     keys: Sequence[tuple[int, ...]] | None = None,
+    slow_step: Mapping[int, float] | None = None,
 ) -> tuple[Engine, float]:
     """Build and run the engine; returns it and the wall-clock seconds the run took (``trace``:
     `Engine.trace`)."""
@@ -369,6 +373,7 @@ def run_engine(
         trace,
         slow,
         keys,
+        slow_step,
     )
     # The run allocates millions of small, acyclic objects (events, trace records); the cyclic
     # garbage collector's full passes over them cost a third of a --full run and find nothing.

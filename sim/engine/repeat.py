@@ -72,9 +72,12 @@ class RepeatedIteration:
         net.scale_links(factors)
         return net
 
-    def run(self, slow: Mapping[int, float], nic: Sequence[float] = ()) -> Engine:
-        """One iteration with GPU time multipliers ``slow`` (by global rank; absent: 1) and NIC
-        speeds ``nic`` (by `Topology.nic_links` number; absent: 1)."""
+    def run(
+        self, slow: Mapping[int, float], nic: Sequence[float] = (), slow_step: Mapping[int, float] | None = None
+    ) -> Engine:
+        """One iteration with GPU time multipliers ``slow`` (by global rank; absent: 1), for the
+        optimizer step ``slow_step`` (None: ``slow``), and NIC speeds ``nic`` (by `Topology.nic_links`
+        number; absent: 1)."""
         factors: dict[int, float] = {}
         for i, s in enumerate(nic):
             if s != 1.0:
@@ -100,6 +103,7 @@ class RepeatedIteration:
                     False,
                     slow,
                     self.keys,
+                    slow_step,
                 )[0]
             except PartialWalkError:
                 if self.keys is None:

@@ -28,8 +28,10 @@ class GpuState:
     def __init__(self, env: simpy.Environment, rank: int, prank: int, key: tuple[int, ...]):
         self.rank, self.prank, self.key = rank, prank, key
         #: how many times its nominal time the GPU's kernels take (a slow or throttled GPU: > 1;
-        #: `simpar.sim.variability`); communication is the network's
+        #: `simpar.sim.variability`); communication is the network's. ``slow_step``: the same for
+        #: its optimizer step (memory-bound: a lower SM clock barely slows it, `simpar.sim.energy`)
         self.slow = 1.0
+        self.slow_step = 1.0
         self.acc = dict.fromkeys(ACCOUNTS, 0.0)
         self.send_next = simpy.Resource(env, 1)
         self.send_prev = simpy.Resource(env, 1)

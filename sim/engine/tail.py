@@ -135,7 +135,7 @@ class IterationTail:
         step = it.optimizer_seconds(self.m, self.plan, stages, self.costs, self.profile)
         host = it.host_step(self.m, self.plan, stages, self.net.cluster) if self.plan.offload_optimizer else None
         path = None if host is None else self.env.process(self._host_step(g, host))
-        yield self.env.timeout(step * g.slow * (1.0 - self.plan.offload_optimizer))
+        yield self.env.timeout(step * g.slow_step * (1.0 - self.plan.offload_optimizer))
         g.acc["optimizer"] += self.env.now - t0
         self._record(g, "compute", "optimizer", "OPT", t0)
         if path is not None:

@@ -1,0 +1,187 @@
+"""Energy and cost (`simpar.sim.energy`): the power model gives back the measured lower power limit it
+is derived from; an iteration's GPU-seconds by state add up to the job's GPU-seconds and its energy to
+their watts; a cap slows compute-bound kernels only; lowered clocks stay within their tolerance and never
+cost energy; prices need their unit; bad inputs are refused in one line."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from simpar import load_cluster, load_model, make_plan, simulate
+from simpar.cli.main import cli
+from simpar.sim.cost.kernels import power_factor
+from simpar.sim.energy.account import STATES, clock_multiplier, kernel_mix
+from simpar.sim.energy.power import power_model
+from simpar.sim.energy.price import combined, parse_price
+from simpar.sim.energy.run import plan_energy
+from simpar.sim.errors import SimparError
+from simpar.sim.specs import load_gpu
+from simpar.sim.specs.power import PowerSpec, load_power
+
+
+def test_the_power_model_gives_back_its_measured_limit():
+    gpu = load_gpu("h100-sxm")
+    pm = power_model(gpu, load_power("h100"))
+    assert pm.compute_W(1.0) == pytest.approx(700.0)
+    assert pm.speed_at_cap(500.0) == pytest.approx(power_factor("h100", 500.0), rel=1e-12)
+    assert "measured" in pm.static_from
+    # the consistency check the preset names: the GH200's measured speed at about its module's power
+    assert pm.compute_W(power_factor("h100", 1000.0)) == pytest.approx(1000.0, rel=0.02)
+    a100 = power_model(load_gpu("a100-80g"), load_power("a100"))
+    assert a100.static_W == pytest.approx(200.0) and "power file" in a100.static_from
+
+
+def _setup(model="llama3-8b", gpus=64, **levers):
+    m, cl = load_model(model), load_cluster("dgx-h100", gpus=gpus)
+    return m, cl, make_plan(m, cl, **(levers or dict(tp=2, pp=4, global_batch_size=128)))
+
+
+def test_the_iteration_adds_up():
+    m, cl, plan = _setup()
+    run = plan_energy(m, cl, plan, load_power("h100"))
+    e, pm = run.nominal, run.power
+    assert e.iter_time_s == pytest.approx(simulate(m, cl, plan, trace=False).iter_time_s, rel=1e-12)
+    assert sum(e.seconds.values()) == pytest.approx(plan.num_gpus * e.iter_time_s, rel=1e-9)
+    watts = {"compute": pm.compute_W(1.0), "memory": pm.memory_W, "waiting": pm.waiting_W}
+    assert e.total_J == pytest.approx(sum(e.seconds[s] * watts[s] for s in STATES), rel=1e-12)
+    assert pm.waiting_W * plan.num_gpus < e.average_W < pm.limit_W * plan.num_gpus
+    assert run.peak_W(plan.num_gpus) == plan.num_gpus * 700.0
+
+
+def test_data_parallel_energy_by_hand():
+    """dp only, no pipeline: each GPU computes (kernels split by the layers' share), steps its optimizer
+    (memory-bound) and waits the rest; the engine's breakdown gives every second."""
+    m, cl, plan = _setup(gpus=16, tp=8, global_batch_size=16, zero=1)
+    res = simulate(m, cl, plan, trace=False)
+    bd, t = res.breakdown_s, res.iter_time_s
+    run = plan_energy(m, cl, plan, load_power("h100"))
+    pm, share = run.power, run.share
+    kernels = bd["compute"] + bd["expert_compute"] + bd["recompute"]
+    comp, mem = kernels * share, kernels * (1 - share) + bd["optimizer"]
+    want = 16 * (comp * 700.0 + mem * pm.memory_W + (t - comp - mem) * pm.waiting_W)
+    assert run.nominal.total_J == pytest.approx(want, rel=1e-9)
+
+
+def test_a_cap_slows_compute_bound_kernels_only():
+    m, cl, plan = _setup()
+    run = plan_energy(m, cl, plan, load_power("h100"), cap_W=500.0)
+    x = run.cap_speed
+    assert x == pytest.approx(power_factor("h100", 500.0))
+    n, c = run.nominal, run.capped
+    assert c is not None and c.iter_time_s > n.iter_time_s
+    assert c.seconds["compute"] == pytest.approx(n.seconds["compute"] / x, rel=1e-9)
+    assert c.seconds["memory"] == pytest.approx(n.seconds["memory"], rel=1e-9)
+    assert run.peak_W(plan.num_gpus) == plan.num_gpus * 500.0
+    same = plan_energy(m, cl, plan, load_power("h100"), cap_W=700.0)
+    assert same.capped is not None and same.capped.total_J == pytest.approx(n.total_J)
+
+
+def test_lowered_clocks_keep_the_tolerance_and_save_energy():
+    m, cl, plan = _setup()
+    run = plan_energy(m, cl, plan, load_power("h100"), lower_clocks=True, tolerance=0.02)
+    assert run.clocks is not None and run.lowered is not None
+    assert run.lowered.iter_time_s <= run.nominal.iter_time_s * 1.02 + 1e-12
+    assert run.lowered.total_J < run.nominal.total_J
+    assert all(run.power.min_clock <= x <= 1.0 for x in run.clocks.clocks)
+    assert min(run.clocks.clocks) < 1.0
+
+
+def test_the_compute_bound_share():
+    m, cl, plan = _setup()
+    share = kernel_mix(m, cl, plan)
+    assert 0.5 < share < 1.0
+    unfused = plan.model_copy(update={"flash_attention": False})
+    assert kernel_mix(m, cl, unfused) < share  # the materialised scores' softmax is memory-bound
+    assert clock_multiplier(share, 1.0) == 1.0 and clock_multiplier(1.0, 0.5) == 2.0
+
+
+@pytest.mark.parametrize(
+    ("text", "per", "amount"),
+    [("2.10 USD/GPU-hour", "gpu_hours", 2.10), ("80 EUR/MWh", "kwh", 0.08), ("0.1usd/kwh", "kwh", 0.1)],
+)
+def test_prices_with_their_unit(text, per, amount):
+    p = parse_price(text)
+    assert (p.per, p.amount) == (per, pytest.approx(amount))
+
+
+@pytest.mark.parametrize("text", ["2.5", "2.5 USD", "USD/kWh", "2 USD/hour", "-1 USD/kWh", "nan USD/kWh", ""])
+def test_a_price_without_its_unit_is_refused(text):
+    with pytest.raises(SimparError, match="--price"):
+        parse_price(text)
+
+
+def test_prices_in_two_currencies_are_refused():
+    with pytest.raises(SimparError, match="one currency"):
+        combined([parse_price("1 USD/GPU-hour"), parse_price("1 EUR/kWh")])
+
+
+_ARGS = ["energy", "--model", "tiny", "--cluster", "dgx-h100", "--gpus", "16", "--tp", "2", "--pp", "2", "--gbs", "32"]
+
+
+def test_the_cli_prints_each_state_and_the_cost():
+    out = CliRunner().invoke(cli, [*_ARGS, "--power-cap-W", "600", "--lower-clocks", "--price", "2 USD/GPU-hour"])
+    assert out.exit_code == 0, out.output
+    for needle in ("compute", "memory", "waiting", "J per token", "cap 600 W", "lowered clocks", "USD", "assumed"):
+        assert needle in out.output
+    doc = json.loads(CliRunner().invoke(cli, [*_ARGS, "--json", "--price", "0.1 USD/kWh", "--tokens", "1e9"]).output)
+    case = doc["cases"]["nominal"]
+    assert case["energy_J"] == pytest.approx(sum(case["energy_J_by_state"].values()))
+    assert case["cost_per_iteration"]["total"] == pytest.approx(case["energy_J"] / 3.6e6 * 0.1)
+    assert case["run_cost"] == pytest.approx(case["cost_per_iteration"]["total"] * 1e9 / doc["tokens_per_iteration"])
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--power-cap-W", "800"], "--power-cap-W"),
+        (["--power-cap-W", "300"], "--power-cap-W"),
+        (["--power-cap-W", "nan"], "--power-cap-W"),
+        (["--price", "2.5"], "--price"),
+        (["--price", "1 USD/kWh", "--price", "1 EUR/GPU-hour"], "--price"),
+        (["--power", "nosuch"], "nosuch"),
+        (["--slowdown-tolerance", "-1"], "--slowdown-tolerance"),
+    ],
+)
+def test_bad_inputs_are_refused_in_one_line(extra, needle):
+    out = CliRunner().invoke(cli, [*_ARGS, *extra])
+    assert out.exit_code == 2, out.output
+    assert needle in out.output and "Traceback" not in out.output
+
+
+def test_every_preset_names_a_source_for_every_figure():
+    for die in ("a100", "h100", "b200"):
+        spec = load_power(die)
+        fields = set(PowerSpec.model_fields) - {"name", "description", "sources"}
+        assert fields <= set(spec.sources), die
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    value=st.one_of(
+        st.floats(allow_nan=True, allow_infinity=True),
+        st.text(max_size=8),
+        st.integers(-(10**30), 10**30),
+        st.lists(st.integers(), max_size=3),
+    ),
+    field=st.sampled_from(["static_share", "clock_exponent", "memory_bound_share", "waiting_share", "min_clock", "x"]),
+)
+def test_a_power_file_with_any_value_loads_or_is_refused_in_one_line(tmp_path_factory, value, field):
+    doc = {"static_share": 0.5, "clock_exponent": 3, "memory_bound_share": 0.4, "waiting_share": 0.3, "min_clock": 0.5}
+    doc[field] = value
+    f = tmp_path_factory.mktemp("pw") / "p.json"
+    f.write_text(json.dumps(doc))
+    try:
+        spec = load_power(str(f))
+    except SimparError as exc:
+        message = str(exc)
+    else:
+        v = getattr(spec, field)
+        assert isinstance(v, float) and math.isfinite(v) and v > 0
+        return
+    assert "\n" not in message
