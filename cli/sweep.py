@@ -179,7 +179,28 @@ class _Bar:
     "on the CPU), params (ZeRO-3 shards; the whole optimizer), activations:N (first N layers per stage), "
     "overlap (the optimizer's copies pipelined with its CPU step, Megatron-Core); join parts with +",
 )
-@click.option("--objective", type=click.Choice(["throughput", "memory"]), default="throughput", show_default=True)
+@click.option(
+    "--objective",
+    type=click.Choice(["time", "throughput", "memory", "energy", "cost"]),
+    default="throughput",
+    show_default=True,
+    help="rank by iteration time (time = throughput), least peak memory, the job's energy per iteration "
+    "(--power) or its cost at --price",
+)
+@click.option(
+    "--power",
+    "power_name",
+    default=None,
+    help="power by state of the GPU, for each plan's energy (topologies/power/ preset or YAML file) [default: the "
+    "GPU's die where the project has its figures, said in the output]",
+)
+@click.option(
+    "--price",
+    "prices",
+    multiple=True,
+    help="with --objective cost: a price with its currency and unit, '2.10 USD/GPU-hour' or '0.08 USD/kWh' "
+    "(repeatable; none built in)",
+)
 @click.option("--top", type=Whole(0), default=10, show_default=True, help="rows of the table of best plans")
 @click.option(
     "--plans",
@@ -265,7 +286,9 @@ def _sweep(kw: dict, warm) -> None:
     from simpar.jobs.interrupt import Interrupted, handle_signals
     from simpar.sim import files
     from simpar.sim.collector import settled
+    from simpar.sim.energy.price import combined, parse_price
     from simpar.sim.specs import load_cluster, load_model
+    from simpar.sim.specs.power import load_power
     from simpar.sim.sweep import limits
     from simpar.sim.sweep.evaluate import SweepSetup
     from simpar.sim.sweep.filters import parse_filter
@@ -305,9 +328,15 @@ def _sweep(kw: dict, warm) -> None:
     from simpar.sim.engine.core import EngineOptions
 
     profile, engine = runtime_of(kw["runtime"], calib, EngineOptions())
-    setup = SweepSetup(model, cluster, kw["gpus"], kw["gbs"], space, calib, engine, kw["backend"], profile=profile)
+    power = load_power(kw["power_name"]) if kw["power_name"] else "die"
+    currency, prices = combined([parse_price(p) for p in kw["prices"]])
+    setup = SweepSetup(
+        model, cluster, kw["gpus"], kw["gbs"], space, calib, engine, kw["backend"], profile=profile, power=power
+    )
     opts = SweepOptions(
-        objective=kw["objective"],
+        objective="throughput" if kw["objective"] == "time" else kw["objective"],
+        prices=tuple(sorted(prices.items())) if kw["prices"] else (),
+        currency=currency,
         refine=kw["refine"],
         simulate=kw["simulate"],
         exhaustive=kw["exhaustive"],
@@ -319,6 +348,7 @@ def _sweep(kw: dict, warm) -> None:
     # the plan's own bound (`choices.MAX_BATCH`, below the sweep's): above it every plan would fail inside a worker
     limits.whole(kw["gbs"], "gbs", 1, MAX_BATCH, " sequences")
     limits.check_options(opts)
+    limits.check_objective(setup, opts)
     folder = files.output_dir(out, "out")  # a bad --out fails before any work
     command = canonical_command(kw, out)
     stage = "search"

@@ -200,6 +200,10 @@ def canonical_command(kw: dict[str, Any], out: str) -> str:
             continue
         flag = "--" + name.replace("_", "-")
         parts += [flag] if v is True else [flag, str(v)]
+    if kw.get("power_name"):
+        parts += ["--power", kw["power_name"]]
+    for price in kw.get("prices") or ():
+        parts += ["--price", price]
     return " ".join(shlex.quote(p) for p in parts + ["--out", out])
 
 

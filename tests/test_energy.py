@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from simpar import load_cluster, load_model, make_plan, simulate
 from simpar.cli.main import cli
 from simpar.sim.cost.kernels import power_factor
-from simpar.sim.energy.account import STATES, clock_multiplier, kernel_mix
+from simpar.sim.energy.account import STATES, clock_multiplier, kernel_mix, mix_costs
 from simpar.sim.energy.power import power_model
 from simpar.sim.energy.price import combined, parse_price
 from simpar.sim.energy.run import plan_energy
@@ -94,10 +94,10 @@ def test_lowered_clocks_keep_the_tolerance_and_save_energy():
 
 def test_the_compute_bound_share():
     m, cl, plan = _setup()
-    share = kernel_mix(m, cl, plan)
+    share = kernel_mix(m, plan, mix_costs(cl))
     assert 0.5 < share < 1.0
     unfused = plan.model_copy(update={"flash_attention": False})
-    assert kernel_mix(m, cl, unfused) < share  # the materialised scores' softmax is memory-bound
+    assert kernel_mix(m, unfused, mix_costs(cl)) < share  # the materialised scores' softmax is memory-bound
     assert clock_multiplier(share, 1.0) == 1.0 and clock_multiplier(1.0, 0.5) == 2.0
 
 

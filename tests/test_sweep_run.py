@@ -192,9 +192,19 @@ def test_the_bounded_search_never_runs_a_plan_bounded_above_the_kth_best_so_far(
 
     monkeypatch.setattr(phases, "run_phase", phase)
     opts = SweepOptions(simulate=1)
-    rows, bound = phases.bounded(None, None, fitting, {r["id"]: r["id"] for r in fitting}, opts, None, None, None, {})
+    ranking = opts.ranking(1)
+    rows, bound = phases.bounded(
+        None, None, fitting, {r["id"]: r["id"] for r in fitting}, opts, None, None, None, {}, ranking
+    )
     assert steps == [16, 20]
-    assert bound == {"k": 1, "kth_best_s": 20.5, "simulated": 20, "pruned": 20, "next_lower_bound_s": 21.0}
+    assert bound == {
+        "measure": "s",
+        "k": 1,
+        "kth_best_s": 20.5,
+        "simulated": 20,
+        "pruned": 20,
+        "next_lower_bound_s": 21.0,
+    }
 
 
 def test_equally_fast_plans_rank_the_one_needing_less_memory_first():

@@ -34,18 +34,45 @@ STATES = ("compute", "memory", "waiting")
 KERNEL_ACCOUNTS = ("compute", "expert_compute", "recompute")
 
 
-def kernel_mix(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) -> float:
+def kernel_mix(model: ModelSpec, plan: ParallelPlan, costs: CostModel) -> float:
     """The compute-bound share of the transformer layers' kernel seconds (forward and backward,
     every layer kind by its count): 1 - their memory-bound seconds (`PassTimes.memory_f`/``memory_b``)
-    over their seconds, from the analytical cost model of the cluster's GPU (uncalibrated: a ratio of
-    kernel estimates, which no measured layer table splits)."""
-    costs = CostModel.for_gpu(cluster.gpu)
+    over their seconds, from ``costs``, an analytical cost model of the cluster's GPU (uncalibrated:
+    a ratio of kernel estimates, which no measured layer table splits)."""
     total = memory = 0.0
     for kind, n in kind_counts(model).items():
         t = moe_layer_times(costs, model, plan, kind)
         total += n * (t.f + t.i + t.w)
         memory += n * (t.memory_f + t.memory_b)
     return 1.0 - memory / total if total > 0 else 1.0
+
+
+def mix_costs(cluster: ClusterSpec) -> CostModel:
+    """The cost model `kernel_mix` splits kernel time with (the cluster GPU's, uncalibrated)."""
+    return CostModel.for_gpu(cluster.gpu)
+
+
+def state_seconds(t_iter: float, gpus: float, kernels: float, optimizer: float, share: float, x: float = 1.0):
+    """GPU-seconds of each state (module docstring) of ``gpus`` GPUs over an iteration of ``t_iter``
+    seconds, whose kernels ran ``kernels`` GPU-seconds at compute speed ``x`` and whose optimizer
+    steps ``optimizer`` GPU-seconds: one GPU's (gpus 1), or a job's from its totals."""
+    nominal = kernels / clock_multiplier(share, x)
+    compute = nominal * share / x
+    memory = nominal * (1.0 - share) + optimizer
+    return {"compute": compute, "memory": memory, "waiting": max(0.0, gpus * t_iter - compute - memory)}
+
+
+def state_watts(pm: PowerModel, x: float = 1.0) -> dict[str, float]:
+    """One GPU's watts in each state at compute speed ``x``."""
+    return {"compute": pm.compute_W(x), "memory": pm.memory_W, "waiting": pm.waiting_W}
+
+
+def job_energy(pm: PowerModel, share: float, t_iter: float, gpus: int, kernels: float, optimizer: float) -> float:
+    """Joules of a job's iteration from its totals (`state_seconds` at full speed): what a sweep row
+    holds; with ``t_iter`` a lower bound on the iteration and ``kernels`` one on its kernel
+    GPU-seconds, a lower bound on its energy (each state's power exceeds the waiting power)."""
+    secs, watts = state_seconds(t_iter, gpus, kernels, optimizer, share), state_watts(pm)
+    return sum(secs[s] * watts[s] for s in STATES)
 
 
 def clock_multiplier(share: float, x: float) -> float:
@@ -90,10 +117,8 @@ def iteration_energy(
     out = IterationEnergy(t_iter, gpus, dict.fromkeys(STATES, 0.0), dict.fromkeys(STATES, 0.0))
     for g in walked:
         x = clocks.get(g.rank, 1.0)
-        nominal = sum(g.acc[k] for k in KERNEL_ACCOUNTS) / clock_multiplier(share, x)
-        secs = {"compute": nominal * share / x, "memory": nominal * (1.0 - share) + g.acc["optimizer"]}
-        secs["waiting"] = max(0.0, t_iter - secs["compute"] - secs["memory"])
-        watts = {"compute": pm.compute_W(x), "memory": pm.memory_W, "waiting": pm.waiting_W}
+        kernels = sum(g.acc[k] for k in KERNEL_ACCOUNTS)
+        secs, watts = state_seconds(t_iter, 1, kernels, g.acc["optimizer"], share, x), state_watts(pm, x)
         joules = 0.0
         for s in STATES:
             out.seconds[s] += replicas * secs[s]
@@ -101,3 +126,33 @@ def iteration_energy(
             joules += secs[s] * watts[s]
         out.per_gpu[g.rank] = joules
     return out
+
+
+def kernel_gpu_seconds(plan: ParallelPlan, work, overlap_tp: bool = False) -> float:
+    """The kernel GPU-seconds of an iteration over the whole job (the engine's compute, expert-compute
+    and recompute accounts summed over every GPU): every stage runs each of its micro-batches' forward,
+    backward (whole, or for inputs and for weights under a split-backward schedule) and, with
+    recompute, its recomputed forward; a stage's GPUs are dp x cp x tp. From the stage-work table
+    (`StageWork.parts`), without a run: what a sweep row's energy and its lower bound use."""
+    from ..schedules import spec
+
+    split = spec(plan.schedule).split_backward
+    passes = ("F", "I", "W") if split else ("F", "B")
+    if plan.recompute != "none":
+        passes = (*passes, "R")
+    per_mb = 0.0
+    for w in work[: plan.num_stages]:
+        for k in passes:
+            c, e, *_ = w.parts(k, overlap_tp)
+            per_mb += c + e
+    return per_mb * (plan.num_microbatches // plan.pipelines) * plan.dp * plan.cp * plan.tp
+
+
+def optimizer_gpu_seconds(model: ModelSpec, plan: ParallelPlan, costs: CostModel, profile) -> float:
+    """The optimizer steps' GPU-seconds of an iteration over the whole job (the engine's optimizer
+    account summed over every GPU: each pipeline rank's step, `iteration.optimizer_seconds`, on the GPU
+    part of an offloaded optimizer, times dp x cp x tp)."""
+    from ..engine.iteration import optimizer_seconds
+
+    steps = sum(optimizer_seconds(model, plan, list(st), costs, profile) for st in plan.rank_stages)
+    return steps * (1.0 - plan.offload_optimizer) * plan.dp * plan.cp * plan.tp

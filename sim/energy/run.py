@@ -13,7 +13,7 @@ from ..plan import ParallelPlan
 from ..specs import ClusterSpec, ModelSpec
 from ..specs.calibration import Calibration
 from ..specs.power import PowerSpec
-from .account import IterationEnergy, iteration_energy, kernel_mix
+from .account import IterationEnergy, iteration_energy, kernel_mix, mix_costs
 from .clocks import ClockPlan, iteration_at, lowered_clocks, representative_ranks
 from .power import PowerModel, power_model
 
@@ -73,7 +73,7 @@ def plan_energy(
     if cap_W is not None:
         check_cap(pm, cap_W)
     rep = RepeatedIteration(model, cluster, plan, calibration, backend, options, profile, full=False)
-    share = kernel_mix(model, cluster, plan)
+    share = kernel_mix(model, plan, mix_costs(cluster))
     replicas = plan.dp * plan.cp * plan.tp
     gpus = plan.num_gpus
     ranks = representative_ranks(rep)

@@ -23,7 +23,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .loader import build, read_mapping, resolve
+from .gpu import GPUSpec
+from .loader import build, preset_names, read_mapping, resolve
 
 
 class PowerSpec(BaseModel):
@@ -53,3 +54,10 @@ def _load(path: Path) -> PowerSpec:
 def load_power(name_or_path: str | Path) -> PowerSpec:
     """A power preset (``topologies/power/``, named by the die) or a user's YAML file."""
     return _load(resolve("power", name_or_path, "power"))
+
+
+def die_power(gpu: GPUSpec) -> PowerSpec | None:
+    """The power preset of ``gpu``'s die (its ``kernel_die``), or None where the project has none."""
+    if gpu.kernel_die and gpu.kernel_die in preset_names("power"):
+        return load_power(gpu.kernel_die)
+    return None

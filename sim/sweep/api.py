@@ -9,6 +9,7 @@ from ..cost.profile import MEGATRON, RuntimeProfile
 from ..engine.iteration import EngineOptions
 from ..specs import ClusterSpec, ModelSpec
 from ..specs.calibration import Calibration
+from ..specs.power import PowerSpec
 from .evaluate import SweepSetup
 from .run import SweepOptions, SweepOutcome, run_sweep
 from .space import SearchSpace
@@ -27,11 +28,14 @@ def sweep(
     backend: str = "analytical",
     profile: RuntimeProfile = MEGATRON,
     resume: bool = False,
+    power: PowerSpec | None | str = "die",
 ) -> SweepOutcome:
     """Search ``space`` for ``model`` on all of ``cluster``'s GPUs at ``global_batch_size``
     sequences per iteration; write results.csv and sweep.json into ``out`` and return the ranked
     rows (`SweepOutcome.rows`, best first). ``options`` sets how many plans each tier ranks and
-    the workers; ``calibration``, ``engine``, ``backend`` and ``profile`` are simulate()'s."""
+    the workers; ``calibration``, ``engine``, ``backend`` and ``profile`` are simulate()'s; ``power``
+    prices each row's energy (`simpar.sim.energy`): "die" the GPU's die's preset where the project has
+    one (`die_power`), None no energy."""
     setup = SweepSetup(
         model,
         cluster,
@@ -42,5 +46,6 @@ def sweep(
         profile=profile,
         options=engine,
         backend=backend,
+        power=power,
     )
     return run_sweep(setup, Path(out), options, resume=resume)

@@ -19,6 +19,8 @@ from ..cost.compute import CostModel
 from ..cost.memory import MemoryReport
 from ..cost.profile import MEGATRON, RuntimeProfile
 from ..cost.workload import StageWork
+from ..energy.account import job_energy, kernel_gpu_seconds, kernel_mix, mix_costs, optimizer_gpu_seconds
+from ..energy.power import power_model
 from ..engine.core import EngineOptions
 from ..engine.results import BREAKDOWN_KEYS
 from ..model import hardware_flops_per_iteration, model_flops_per_iteration
@@ -26,6 +28,7 @@ from ..network import make_network
 from ..plan import ParallelPlan
 from ..specs import ClusterSpec, ModelSpec
 from ..specs.calibration import Calibration, calibrated_cluster
+from ..specs.power import PowerSpec, die_power
 from ..units import GiB
 from .bound import lower_bound
 from .config_plan import checked_plan
@@ -54,8 +57,15 @@ class SweepSetup:
     backend: str = "analytical"  # the engine's network backend in the simulate phase
     token: str = ""  # identifies the sweep; a worker keeps its caches while the token is the same
     profile: RuntimeProfile = MEGATRON  # the runtime that runs the plans (`simpar.sim.cost.profile`)
+    #: prices each row's energy (`simpar.sim.energy`): "die", the GPU's die's preset where the project has
+    #: one (`power.die_power`, resolved here), a power spec, or None (no energy)
+    power: PowerSpec | str | None = "die"
 
     def __post_init__(self) -> None:
+        if isinstance(self.power, str):
+            if self.power != "die":
+                raise ValueError(f"power must be a PowerSpec, None or 'die', got {self.power!r}")
+            object.__setattr__(self, "power", die_power(self.cluster.gpu))
         # the cluster as the calibration measured it (its host optimizer rate), for every tier
         object.__setattr__(self, "cluster", calibrated_cluster(self.cluster, self.calibration))
 
@@ -96,6 +106,9 @@ class Evaluator:
         self._times: dict = {}
         self._flops: dict[str, tuple[float, float]] = {}
         self.memory = MemoryScreen(setup.model, setup.cluster.gpu, setup.cluster)
+        self.power = power_model(setup.cluster.gpu, setup.power) if setup.power is not None else None
+        self._mix_costs = mix_costs(setup.cluster) if setup.power is not None else None
+        self._energy: dict[tuple, tuple[float, float, float]] = {}
 
     # --- pieces ---------------------------------------------------------------------------
     def plan(self, cfg: Config) -> tuple[ParallelPlan | None, str]:
@@ -206,6 +219,33 @@ class Evaluator:
             "host_memory_gib": max(mem.host_need, default=0.0) / GiB,
         }
 
+    def energy_terms(self, plan: ParallelPlan) -> tuple[float, float, float]:
+        """(the layers' compute-bound share of kernel time, the job's kernel GPU-seconds, its optimizer
+        GPU-seconds) of an iteration (`simpar.sim.energy.account`), once per plan's work."""
+        key = (*(v for k, v in plan if k not in ("global_batch_size",)), plan.pipelines)
+        hit = self._energy.get(key)
+        if hit is None:
+            assert self._mix_costs is not None
+            work, _ = self.work(plan)
+            hit = self._energy[key] = (
+                kernel_mix(self.s.model, plan, self._mix_costs),
+                kernel_gpu_seconds(plan, work, self.s.options.overlap_tp),
+                optimizer_gpu_seconds(self.s.model, plan, self.costs, self.s.profile),
+            )
+        return hit
+
+    def energy_fields(self, plan: ParallelPlan, t: float, bound: float | None = None) -> dict[str, Any]:
+        """The job's energy per iteration at ``t`` seconds, and at the time bound ``bound`` its lower
+        bound (`account.job_energy`); none without a power model."""
+        if self.power is None:
+            return {}
+        share, kernels, opt = self.energy_terms(plan)
+        n = plan.num_gpus
+        out = {"energy_J": job_energy(self.power, share, t, n, kernels, opt)}
+        if bound is not None:
+            out["energy_lower_bound_J"] = job_energy(self.power, share, bound, n, kernels, opt)
+        return out
+
     # --- phases ---------------------------------------------------------------------------
     def screen(self, cfg: Config) -> dict[str, Any]:
         plan, reason = self.plan(cfg)
@@ -218,13 +258,15 @@ class Evaluator:
             return {**row, "status": "oom", "reason": mem.reason()}
         x = self.inputs(plan)
         est = quick_estimate(x)
+        bound = lower_bound(x, self.s.backend)
         return {
             **row,
             **self._estimate_fields(plan, est),
             **self.host_fields(x),
+            **self.energy_fields(plan, est.iter_time_s, bound),
             "status": "estimated",
             "quick_time_s": est.iter_time_s,
-            "lower_bound_s": lower_bound(x, self.s.backend),
+            "lower_bound_s": bound,
         }
 
     def refine(self, cfg: Config) -> dict[str, Any]:
@@ -238,6 +280,7 @@ class Evaluator:
             **row,
             **self._estimate_fields(plan, est),
             **self.host_fields(x),
+            **self.energy_fields(plan, est.iter_time_s),
             "status": "refined",
             "quick_time_s": quick.iter_time_s,
             "oracle_time_s": est.iter_time_s,
@@ -253,6 +296,7 @@ class Evaluator:
             **self.base_row(cfg, plan),
             **self.memory_fields(res.memory),
             **self.result_fields(plan, res.iter_time_s, res.breakdown_s, "engine"),
+            **self.energy_fields(plan, res.iter_time_s),
             "reported_rank": res.reported_rank,
             "engine_time_s": res.iter_time_s,
             "status": "simulated",

@@ -139,3 +139,18 @@ def check_options(opts: Options) -> None:
             f"must be a number of seconds from 0 to {MAX_ENGINE_BUDGET_S:,}, got {b!r}.",
             "pass --engine-budget SECONDS (0: the engine runs only the proven top k).",
         )
+
+
+def check_objective(setup: SweepSetup, opts: Options) -> None:
+    """An energy or cost ranking has what it needs: power figures for the GPU, and for cost a price."""
+    if opts.objective in ("energy", "cost") and setup.power is None:
+        raise SimparError(
+            "objective",
+            f"{opts.objective} needs power figures for {setup.cluster.gpu.name}, and the sweep has none.",
+            "pass --power FILE (topologies/power/ shows the fields).",
+        )
+    prices = dict(getattr(opts, "prices", ()))
+    if opts.objective == "cost" and not any(v > 0 for v in prices.values()):
+        raise SimparError(
+            "objective", "cost needs a price.", "pass --price '2.10 USD/GPU-hour' and/or --price '0.08 USD/kWh'."
+        )

@@ -13,8 +13,9 @@ from pathlib import Path
 from .batches import lowering_key, packed, schedule_key
 from .evaluate import SweepSetup
 from .manifest import phase_throughput, write_manifest
+from .objective import MEASURE, Objective
 from .space import Config, iter_batches
-from .store import JOURNAL, MANIFEST, PHASE_STATUSES, Journal, num, row_problem
+from .store import JOURNAL, MANIFEST, PHASE_STATUSES, Journal, row_problem
 
 Progress = Callable[[str, int, int], None]
 Note = Callable[[str], None]
@@ -87,21 +88,25 @@ single = fixed(1)  # an engine run each: the workers stay balanced
 BOUND_STEP = 16
 
 
-def kth_best(rows: dict[str, dict[str, str]], k: int) -> float | None:
-    """The k-th shortest engine time among simulated rows that fit (None: fewer than k)."""
-    times = sorted(num(r, "engine_time_s") for r in rows.values() if r["status"] == "simulated")
+def kth_best(rows: dict[str, dict[str, str]], k: int, objective: Objective | None = None) -> float | None:
+    """The k-th best engine figure of ``objective`` (default: time) among simulated rows that fit
+    (None: fewer than k)."""
+    obj = objective if objective is not None else Objective("throughput")
+    times = sorted(obj.value(r, "engine_time_s") for r in rows.values() if r["status"] == "simulated")
     return times[k - 1] if len(times) >= k else None
 
 
-def bounded(backend, setup, fitting, by_id, opts, jdir, progress, note, throughput) -> tuple[dict, dict]:
-    """Engine runs in order of the provable lower bound (`bound.lower_bound`), at most BOUND_STEP
-    at a time and none whose bound exceeds the k-th best simulated time so far, until the next
-    configuration's bound exceeds the k-th best simulated time (k = ``opts.simulate``): no
-    configuration left can enter the top k, which are then exactly those of an engine run of
-    every fitting configuration. Returns the simulated rows and what the bound proved
-    (sweep.json ``bound``)."""
-    cands = sorted(fitting, key=lambda r: (num(r, "lower_bound_s"), r["id"]))
-    bounds = [num(r, "lower_bound_s") for r in cands]
+def bounded(
+    backend, setup, fitting, by_id, opts, jdir, progress, note, throughput, objective: Objective
+) -> tuple[dict, dict]:
+    """Engine runs in order of the objective's provable lower bound (`objective.Objective.bound`:
+    `bound.lower_bound` on time), at most BOUND_STEP at a time and none whose bound exceeds the k-th
+    best simulated figure so far, until the next configuration's bound exceeds the k-th best
+    simulated figure (k = ``opts.simulate``): no configuration left can enter the top k, which are
+    then exactly those of an engine run of every fitting configuration. Returns the simulated rows
+    and what the bound proved (sweep.json ``bound``, in the objective's `objective.MEASURE`)."""
+    cands = sorted(fitting, key=lambda r: (objective.bound(r), r["id"]))
+    bounds = [objective.bound(r) for r in cands]
     rows: dict[str, dict[str, str]] = {}
     i, kth = 0, None
     while i < len(cands) and (kth is None or bounds[i] <= kth):
@@ -110,9 +115,10 @@ def bounded(backend, setup, fitting, by_id, opts, jdir, progress, note, throughp
         i = min(last, i + BOUND_STEP)
         chosen = [by_id[r["id"]] for r in cands[:i]]
         rows = run_phase(backend, setup, "simulate", chosen, jdir, progress, single, note, throughput)
-        kth = kth_best(rows, opts.simulate)
+        kth = kth_best(rows, opts.simulate, objective)
     nxt = bounds[i] if i < len(cands) else None
     return rows, {
+        "measure": MEASURE[objective.name],
         "k": opts.simulate,
         "kth_best_s": kth,
         "simulated": i,

@@ -22,6 +22,7 @@ from ..validation.error_bands import ErrorBands, PlanBand, lookup, plan_regime, 
 from .explain import SOURCES, explain, seconds
 from .manifest import PHASES
 from .plans import PLAN_DIR, plan_dir_name
+from .report_energy import joules_per_token, pareto_parts
 from .report_html import REPORT_HTML, Part, to_markdown, write_html
 from .rows import plan_cell, ranked
 from .space import CP_MIN_TOKENS, Config
@@ -151,21 +152,26 @@ _FIX = "free disk space or fix the folder's permissions, then run `simpar report
 
 def top_table(rows: list[dict], k: int, compact: bool = False) -> tuple[list[str], list[list[str]]]:
     cols = ["rank", "plan", "iteration", "tokens/s", "TFLOP/s/GPU", "MFU", "bubble", "peak GiB", "from"]
+    top = ranked(rows)[:k]
+    energy = any(r.get("energy_J") for r in top)
+    if energy:
+        cols.insert(cols.index("peak GiB"), "J/token")
     out = []
-    for r in ranked(rows)[:k]:
-        out.append(
-            [
-                r["rank"],
-                plan_cell(r, compact),
-                f"{num(r, 'iter_time_s'):.3f} s",
-                f"{num(r, 'tokens_per_s'):,.0f}",
-                f"{num(r, 'tflops_per_gpu'):.1f}",
-                f"{num(r, 'mfu'):.1%}",
-                f"{num(r, 'bubble_fraction'):.1%}",
-                f"{num(r, 'peak_memory_gib'):.1f}",
-                SOURCES.get(r.get("source", ""), ""),
-            ]
-        )
+    for r in top:
+        cells = [
+            r["rank"],
+            plan_cell(r, compact),
+            f"{num(r, 'iter_time_s'):.3f} s",
+            f"{num(r, 'tokens_per_s'):,.0f}",
+            f"{num(r, 'tflops_per_gpu'):.1f}",
+            f"{num(r, 'mfu'):.1%}",
+            f"{num(r, 'bubble_fraction'):.1%}",
+            f"{num(r, 'peak_memory_gib'):.1f}",
+            SOURCES.get(r.get("source", ""), ""),
+        ]
+        if energy:
+            cells.insert(cols.index("J/token"), f"{joules_per_token(r):.4g}" if r.get("energy_J") else "")
+        out.append(cells)
     return cols, out
 
 
@@ -253,10 +259,15 @@ def bound_line(bound: dict) -> str:
         )
     nxt = bound["next_lower_bound_s"]
     digits = next((d for d in range(4, 7) if f"{nxt:.{d}g}" != f"{kth:.{d}g}"), 6)  # enough to tell them apart
+    measure = bound.get("measure", "s")
+    what, unit = {"s": ("iteration time", " s"), "J": ("energy per iteration", " J")}.get(
+        measure, ("cost per iteration", "")
+    )
+    figure = "time" if measure == "s" else what
     return (
         f"Top {k} exact: the engine simulated {bound['simulated']:,} plans in order of a provable lower bound on "
-        f"their iteration time and stopped at a bound of {nxt:.{digits}g} s, above the time of "
-        f"the plan ranked {k} ({kth:.{digits}g} s); none of the other {bound['pruned']:,} fitting plans can enter "
+        f"their {what} and stopped at a bound of {nxt:.{digits}g}{unit}, above the {figure} of "
+        f"the plan ranked {k} ({kth:.{digits}g}{unit}); none of the other {bound['pruned']:,} fitting plans can enter "
         f"the top {k}."
     )
 
@@ -370,6 +381,17 @@ def drop_reasons(rows: list[dict], most: int = 8) -> list[tuple[int, str, str]]:
     return out
 
 
+def _objective_text(ident: dict) -> str:
+    """What an energy or cost ranking priced with (sweep.json identity ``power`` and ``prices``)."""
+    power = ident.get("power")
+    text = f" (power figures: {power['name']})" if power and ident["objective"] in ("energy", "cost") else ""
+    prices = ident.get("prices")
+    if prices:
+        cur = prices.get("currency", "")
+        text += f", at {prices.get('gpu_hours', 0):g} {cur}/GPU-hour and {prices.get('kwh', 0):g} {cur}/kWh"
+    return text
+
+
 def _title(ident: dict) -> str:
     cluster, gpus = ident["cluster"], ident["num_gpus"]
     gpu = cluster["gpu"]["name"]
@@ -400,7 +422,7 @@ def report_parts(out: Path, rows: list[dict], manifest: dict, top: int = 10, tim
         Part("code", cmd),
         Part("p", f"Rebuild only this report from results.csv: `simpar report {out.as_posix()}`."),
         Part("h2", "Search"),
-        Part("p", f"Objective: **{ident['objective']}**. Space: " + _space_text(ident) + "."),
+        Part("p", f"Objective: **{ident['objective']}**{_objective_text(ident)}. Space: " + _space_text(ident) + "."),
         _table_part(
             ["configurations", "count"],
             [
@@ -427,6 +449,7 @@ def report_parts(out: Path, rows: list[dict], manifest: dict, top: int = 10, tim
         parts += [Part("h2", "Best plans"), _table_part(*top_table(rows, top)), *band_parts(rows, ident, top)]
         parts += [Part("h2", "Why the best plan wins"), Part("ul", items=tuple(explain(rows, ident["objective"])))]
         parts += offload_parts(rows)
+        parts += pareto_parts(rows)
         if timeline:
             d = f"{PLAN_DIR}/{plan_dir_name(1, best[0])}"
             parts += [

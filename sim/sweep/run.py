@@ -36,8 +36,9 @@ from .. import files
 from ..errors import SimparError
 from .batches import grouped, screen_cost, screen_key, screen_order
 from .evaluate import SweepSetup
-from .limits import check_options, check_setup
+from .limits import check_objective, check_options, check_setup
 from .manifest import PHASES, check_counts, phase_throughput, read_manifest, write_manifest
+from .objective import Objective
 from .phases import Note, Progress, bounded, by_schedule, fixed, rest_within_budget, run_phase, single
 from .space import Config, empty_space_reason, enumerate_configs
 from .store import (
@@ -57,7 +58,9 @@ _TIER = {"simulated": 0, "refined": 1, "estimated": 2}
 
 @dataclass(frozen=True)
 class SweepOptions:
-    objective: str = "throughput"  # or "memory": least peak memory first, then time
+    #: "throughput" (time), "memory" (least peak memory first, then time), "energy" or "cost"
+    #: (`objective.Objective`)
+    objective: str = "throughput"
     refine: int = 0  # best quick estimates re-ranked by the list-scheduler oracle (0: none)
     simulate: int = 20  # k: the top k are proven by the engine and the lower bound
     exhaustive: bool = False  # simulate every configuration that fits
@@ -66,6 +69,13 @@ class SweepOptions:
     engine_budget: float = 10.0
     workers: int = 0  # 0: one per CPU core
     ray: str | None = None  # Ray address ("local" starts one); None: local process pool
+    #: objective cost: the price per GPU-hour and per kWh (`simpar.sim.energy.price.combined`) and its currency
+    prices: tuple[tuple[str, float], ...] = ()
+    currency: str = ""
+
+    def ranking(self, gpus: int) -> Objective:
+        """The objective rows are ranked by (`objective.Objective`)."""
+        return Objective(self.objective, gpus, dict(self.prices))
 
 
 @dataclass(frozen=True)
@@ -95,7 +105,10 @@ def identity(setup: SweepSetup, opts: SweepOptions) -> dict:
         "simulate": opts.simulate,
         "exhaustive": opts.exhaustive,
         "engine_budget": float(opts.engine_budget),  # 0 and 0.0 are one budget (and one token)
+        "power": setup.power.model_dump(mode="json") if setup.power is not None else None,
     }
+    if opts.objective == "cost":
+        out["prices"] = {"currency": opts.currency, **dict(opts.prices)}
     if setup.profile.name != "megatron":
         out["runtime"] = setup.profile.name
     # as sweep.json holds it (tuples become lists): the report of a sweep, written by the sweep or
@@ -104,12 +117,8 @@ def identity(setup: SweepSetup, opts: SweepOptions) -> dict:
 
 
 def sort_key(objective: str, time_col: str = "iter_time_s") -> Callable[[dict[str, str]], tuple]:
-    """Rows in the objective's order, the other figure breaking its ties (plans as fast as each
-    other, e.g. ZeRO 1 and 3 where the gathers hide behind compute: the one needing less memory
-    first), then the id."""
-    if objective == "memory":
-        return lambda r: (num(r, "peak_memory_gib"), num(r, time_col), r["id"])
-    return lambda r: (num(r, time_col), num(r, "peak_memory_gib"), r["id"])
+    """Rows in the order of ``objective`` without prices (`objective.Objective.key`)."""
+    return Objective(objective).key(time_col)
 
 
 _START_OVER = "re-run the sweep without --resume (it starts over), or choose another --out."
@@ -185,7 +194,7 @@ def _prepare(
 SCREEN_BATCH = 4096
 
 
-def merge(screen: dict, refined: dict, simulated: dict, objective: str) -> list[dict[str, str]]:
+def merge(screen: dict, refined: dict, simulated: dict, objective: Objective) -> list[dict[str, str]]:
     """One row per configuration (later phases replace earlier rows), ranked: simulated rows by
     the engine first, then refined rows by the oracle, then the rest by the quick estimate; then
     rows that do not fit (closest first), then rows that do not divide. The phases' rows are
@@ -201,8 +210,9 @@ def merge(screen: dict, refined: dict, simulated: dict, objective: str) -> list[
             "oracle_time_s": refined.get(k, {}).get("oracle_time_s", ""),
             "host_copy_s": screen[k].get("host_copy_s", ""),
             "host_cpu_s": screen[k].get("host_cpu_s", ""),
+            "energy_lower_bound_J": screen[k].get("energy_lower_bound_J", ""),
         }
-    key = sort_key(objective)
+    key = objective.key()
     ranked = sorted((r for r in rows.values() if r["status"] in _TIER), key=lambda r: (_TIER[r["status"]], key(r)))
     for i, r in enumerate(ranked, 1):
         r["rank"] = str(i)
@@ -229,6 +239,7 @@ def run_sweep(
     t0 = time.perf_counter()
     check_setup(setup)
     check_options(opts)
+    check_objective(setup, opts)
     out = files.output_dir(out, "out")
     with lock.hold(out):
         return _run(setup, out, opts, resume, progress, command, note or _quiet, t0)
@@ -273,9 +284,8 @@ def _run(
             return grouped(ordered, screen_key, backend.workers, spread=2, most=SCREEN_BATCH, cost=screen_cost)
 
         screen = run_phase(backend, setup, "screen", configs, jdir, progress, by_depth, note, throughput)
-        fitting = sorted(
-            (r for r in screen.values() if r["status"] == "estimated"), key=sort_key(opts.objective, "quick_time_s")
-        )
+        ranking = opts.ranking(setup.num_gpus)
+        fitting = sorted((r for r in screen.values() if r["status"] == "estimated"), key=ranking.key("quick_time_s"))
         timings["screen"], t = time.perf_counter() - t, time.perf_counter()
         if opts.exhaustive:
             todo = [by_id[r["id"]] for r in fitting]
@@ -287,12 +297,12 @@ def _run(
                 batch = max(1, min(8, len(cand) // (backend.workers * 4)))
                 refined = run_phase(backend, setup, "refine", cand, jdir, progress, fixed(batch), note, throughput)
             timings["refine"], t = time.perf_counter() - t, time.perf_counter()
-            if opts.objective == "throughput":
+            if ranking.bounded:
                 simulated, manifest["bound"] = bounded(
-                    backend, setup, fitting, by_id, opts, jdir, progress, note, throughput
+                    backend, setup, fitting, by_id, opts, jdir, progress, note, throughput, ranking
                 )
-            else:  # least memory first: the bound is on time, so the best k by memory are simulated
-                first = sorted(refined.values(), key=sort_key(opts.objective, "oracle_time_s")) if refined else fitting
+            else:  # least memory first: no bound on memory, so the best k by memory are simulated
+                first = sorted(refined.values(), key=ranking.key("oracle_time_s")) if refined else fitting
                 chosen = [by_id[r["id"]] for r in first[: opts.simulate]]
                 simulated = run_phase(backend, setup, "simulate", chosen, jdir, progress, single, note, throughput)
             rest = [by_id[r["id"]] for r in fitting if r["id"] not in simulated]
@@ -305,7 +315,7 @@ def _run(
     except BaseException:
         backend.close(cancel=True)  # an interrupt or an error: stop the workers now
         raise
-    rows = merge(screen, refined, simulated, opts.objective)
+    rows = merge(screen, refined, simulated, opts.ranking(setup.num_gpus))
     write_results(out / RESULTS, rows)
     manifest.update(complete=True, counts=counts_of(rows, len(configs)), throughput=throughput)
     write_manifest(out / MANIFEST, manifest)

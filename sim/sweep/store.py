@@ -21,7 +21,7 @@ from __future__ import annotations
 import csv
 import io
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from operator import itemgetter
 from pathlib import Path
 from typing import Any, NoReturn
@@ -36,8 +36,8 @@ from ..plan import MOE_DISPATCHERS, OPTIMIZERS, RECOMPUTE, SCHEDULES
 from .space import CONFIG_FIELDS, Config
 
 #: 2: lower_bound_s; 3: ep, etp, expert_compute_s, moe_a2a_s; 4: dispatch, a2a_overlap; 5: optimizer, rlayers;
-#: 6: offload, offload_s, host_memory_gib; 7: host_copy_s, host_cpu_s
-SWEEP_FORMAT_VERSION = 7
+#: 6: offload, offload_s, host_memory_gib; 7: host_copy_s, host_cpu_s; 8: energy_J, energy_lower_bound_J
+SWEEP_FORMAT_VERSION = 8
 MANIFEST, RESULTS, JOURNAL = "sweep.json", "results.csv", "journal"
 PHASES = ("screen", "refine", "simulate")
 STATUSES = ("simulated", "refined", "estimated", "oom", "invalid")
@@ -45,7 +45,7 @@ RANKED = ("simulated", "refined", "estimated")  # statuses that get a rank
 #: The statuses each phase writes into its journal.
 PHASE_STATUSES = {"screen": ("estimated", "oom", "invalid"), "refine": ("refined",), "simulate": ("simulated", "oom")}
 SOURCES = ("", "quick", "oracle", "engine")
-OBJECTIVES = ("throughput", "memory")
+OBJECTIVES = ("throughput", "memory", "energy", "cost")
 COUNT_KEYS = ("enumerated", "invalid", "oom", "fitting", "refined", "simulated")
 #: a configuration's fields (`space.CONFIG_FIELDS`) with the batch after the micro-batch size and the
 #: precision and layer split after the rest
@@ -65,6 +65,9 @@ MEMORY_COLUMNS = ("peak_memory_gib", "worst_memory_rank", "over_by_gib", "memory
 TIME_COLUMNS = ("quick_time_s", "lower_bound_s", "oracle_time_s", "engine_time_s")
 #: an offloaded optimizer's host path per iteration, before any overlap (`terms.host_path`)
 HOST_COLUMNS = ("host_copy_s", "host_cpu_s")
+#: an iteration's energy over the job's GPUs at the row's time, and its provable lower bound
+#: (`simpar.sim.energy.account.job_energy`; empty where the GPU has no power figures)
+ENERGY_COLUMNS = ("energy_J", "energy_lower_bound_J")
 COLUMNS = (
     ("id", "status", "reason", "rank", "source")
     + PLAN_COLUMNS
@@ -73,6 +76,7 @@ COLUMNS = (
     + MEMORY_COLUMNS
     + TIME_COLUMNS
     + HOST_COLUMNS
+    + ENERGY_COLUMNS
 )
 _HEADER = ",".join(COLUMNS)
 _EMPTY_RECORD = ("",) * len(COLUMNS)
@@ -85,6 +89,7 @@ _FLOATS = (
     + ("peak_memory_gib", "over_by_gib", "host_memory_gib")
     + TIME_COLUMNS
     + HOST_COLUMNS
+    + ENERGY_COLUMNS
 )
 _FLOAT_SET = frozenset(_FLOATS)
 _TIMES = ("iter_time_s",) + TIME_COLUMNS
@@ -138,7 +143,7 @@ def as_text(row: dict[str, Any]) -> dict[str, str]:
     return dict(zip(COLUMNS, as_record(row)))
 
 
-def num(row: dict[str, str], key: str, default: float = float("inf")) -> float:
+def num(row: Mapping[str, str], key: str, default: float = float("inf")) -> float:
     v = row.get(key, "")
     return float(v) if v not in ("", None) else default
 
