@@ -66,6 +66,12 @@ class SweepSetup:
             if self.power != "die":
                 raise ValueError(f"power must be a PowerSpec, None or 'die', got {self.power!r}")
             object.__setattr__(self, "power", die_power(self.cluster.gpu))
+
+    @property
+    def power_spec(self) -> PowerSpec | None:
+        """The power figures the rows' energy is priced with (``power`` resolved), or None."""
+        assert not isinstance(self.power, str), "resolved by __post_init__"
+        return self.power
         # the cluster as the calibration measured it (its host optimizer rate), for every tier
         object.__setattr__(self, "cluster", calibrated_cluster(self.cluster, self.calibration))
 
@@ -106,8 +112,9 @@ class Evaluator:
         self._times: dict = {}
         self._flops: dict[str, tuple[float, float]] = {}
         self.memory = MemoryScreen(setup.model, setup.cluster.gpu, setup.cluster)
-        self.power = power_model(setup.cluster.gpu, setup.power) if setup.power is not None else None
-        self._mix_costs = mix_costs(setup.cluster) if setup.power is not None else None
+        spec = setup.power_spec
+        self.power = power_model(setup.cluster.gpu, spec) if spec is not None else None
+        self._mix_costs = mix_costs(setup.cluster) if spec is not None else None
         self._energy: dict[tuple, tuple[float, float, float]] = {}
 
     # --- pieces ---------------------------------------------------------------------------

@@ -143,7 +143,7 @@ def check_options(opts: Options) -> None:
 
 def check_objective(setup: SweepSetup, opts: Options) -> None:
     """An energy or cost ranking has what it needs: power figures for the GPU, and for cost a price."""
-    if opts.objective in ("energy", "cost") and setup.power is None:
+    if opts.objective in ("energy", "cost") and setup.power_spec is None:
         raise SimparError(
             "objective",
             f"{opts.objective} needs power figures for {setup.cluster.gpu.name}, and the sweep has none.",

@@ -105,7 +105,7 @@ def identity(setup: SweepSetup, opts: SweepOptions) -> dict:
         "simulate": opts.simulate,
         "exhaustive": opts.exhaustive,
         "engine_budget": float(opts.engine_budget),  # 0 and 0.0 are one budget (and one token)
-        "power": setup.power.model_dump(mode="json") if setup.power is not None else None,
+        "power": setup.power_spec.model_dump(mode="json") if setup.power_spec is not None else None,
     }
     if opts.objective == "cost":
         out["prices"] = {"currency": opts.currency, **dict(opts.prices)}
