@@ -19,13 +19,14 @@ from ..cost.compute import CostModel
 from ..cost.memory import MemoryReport
 from ..cost.profile import MEGATRON, RuntimeProfile
 from ..cost.workload import StageWork
-from ..energy.account import job_energy, kernel_gpu_seconds, kernel_mix, mix_costs, optimizer_gpu_seconds
+from ..energy.account import job_energy, kernel_gpu_seconds, kernel_mix, mix_costs
 from ..energy.power import power_model
 from ..engine.core import EngineOptions
 from ..engine.results import BREAKDOWN_KEYS
 from ..model import hardware_flops_per_iteration, model_flops_per_iteration
 from ..network import make_network
 from ..plan import ParallelPlan
+from ..schedules import spec
 from ..specs import ClusterSpec, ModelSpec
 from ..specs.calibration import Calibration, calibrated_cluster
 from ..specs.power import PowerSpec, die_power
@@ -36,7 +37,7 @@ from .estimator import oracle_estimate, quick_estimate
 from .memory_screen import MemoryScreen
 from .space import Config, SearchSpace
 from .store import as_record
-from .terms import Estimate, Inputs, dp_groups, edp_groups, host_path
+from .terms import Estimate, Inputs, dp_groups, edp_groups, host_path, optimizer_time
 
 #: plan fields `build_work` does not read (but for the schedule's pipelines, keyed apart): plans
 #: differing only in them share their stage work
@@ -116,6 +117,7 @@ class Evaluator:
         self.power = power_model(setup.cluster.gpu, spec) if spec is not None else None
         self._mix_costs = mix_costs(setup.cluster) if spec is not None else None
         self._energy: dict[tuple, tuple[float, float, float]] = {}
+        self._mix: dict[tuple, float] = {}
 
     # --- pieces ---------------------------------------------------------------------------
     def plan(self, cfg: Config) -> tuple[ParallelPlan | None, str]:
@@ -226,27 +228,35 @@ class Evaluator:
             "host_memory_gib": max(mem.host_need, default=0.0) / GiB,
         }
 
-    def energy_terms(self, plan: ParallelPlan) -> tuple[float, float, float]:
+    def energy_terms(self, plan: ParallelPlan, x: Inputs | None = None) -> tuple[float, float, float]:
         """(the layers' compute-bound share of kernel time, the job's kernel GPU-seconds, its optimizer
-        GPU-seconds) of an iteration (`simpar.sim.energy.account`), once per plan's work."""
-        key = (*(v for k, v in plan if k not in ("global_batch_size",)), plan.pipelines)
+        GPU-seconds) of an iteration (`simpar.sim.energy.account`): the share once per stage work
+        (`work`'s key), the kernel seconds once per work and backward split, the optimizer's once per
+        work and optimizer setting; the optimizer's from `terms.optimizer_time`, which the quick estimate
+        of ``x`` (the plan's inputs; None: made here) has already timed."""
+        assert self._mix_costs is not None
+        wkey = (*(v for k, v in plan if k not in WORK_FREE_FIELDS), plan.pipelines)
+        key = (wkey, plan.schedule, plan.zero, plan.optimizer, plan.offload_optimizer)
         hit = self._energy.get(key)
         if hit is None:
-            assert self._mix_costs is not None
-            work, _ = self.work(plan)
-            hit = self._energy[key] = (
-                kernel_mix(self.s.model, plan, self._mix_costs),
-                kernel_gpu_seconds(plan, work, self.s.options.overlap_tp),
-                optimizer_gpu_seconds(self.s.model, plan, self.costs, self.s.profile),
-            )
+            mix = self._mix.get(wkey)
+            if mix is None:
+                mix = self._mix[wkey] = kernel_mix(self.s.model, plan, self._mix_costs)
+            x = x if x is not None else self.inputs(plan)
+            split = spec(plan.schedule).split_backward
+            kernels = x.kept(("kernel_gpu_s", split), lambda: kernel_gpu_seconds(plan, x.work, x.options.overlap_tp))
+            steps = sum(optimizer_time(x, r) for r in range(len(x.ranks)))
+            hit = self._energy[key] = (mix, kernels, steps * plan.dp * plan.cp * plan.tp)
         return hit
 
-    def energy_fields(self, plan: ParallelPlan, t: float, bound: float | None = None) -> dict[str, Any]:
+    def energy_fields(
+        self, plan: ParallelPlan, t: float, bound: float | None = None, x: Inputs | None = None
+    ) -> dict[str, Any]:
         """The job's energy per iteration at ``t`` seconds, and at the time bound ``bound`` its lower
         bound (`account.job_energy`); none without a power model."""
         if self.power is None:
             return {}
-        share, kernels, opt = self.energy_terms(plan)
+        share, kernels, opt = self.energy_terms(plan, x)
         n = plan.num_gpus
         out = {"energy_J": job_energy(self.power, share, t, n, kernels, opt)}
         if bound is not None:
@@ -270,7 +280,7 @@ class Evaluator:
             **row,
             **self._estimate_fields(plan, est),
             **self.host_fields(x),
-            **self.energy_fields(plan, est.iter_time_s, bound),
+            **self.energy_fields(plan, est.iter_time_s, bound, x),
             "status": "estimated",
             "quick_time_s": est.iter_time_s,
             "lower_bound_s": bound,
@@ -287,7 +297,7 @@ class Evaluator:
             **row,
             **self._estimate_fields(plan, est),
             **self.host_fields(x),
-            **self.energy_fields(plan, est.iter_time_s),
+            **self.energy_fields(plan, est.iter_time_s, x=x),
             "status": "refined",
             "quick_time_s": quick.iter_time_s,
             "oracle_time_s": est.iter_time_s,
