@@ -9,7 +9,7 @@ engine stop early (`phases.bounded`):
   3600 x per GPU-hour + energy / 3.6e6 x per kWh``; bound: the same of the two bounds (both terms
   grow with time and energy).
 
-The other figure (time, or memory) breaks ties, then the id.
+The other figures (time, then memory; for memory, time) break ties, then the id.
 """
 
 from __future__ import annotations
@@ -61,9 +61,9 @@ class Objective:
         return out + joules / 3.6e6 * kwh if kwh else out
 
     def key(self, time_col: str = "iter_time_s") -> Callable[[Mapping[str, str]], tuple]:
-        """Rows in this objective's order, time (or memory) breaking ties, then the id."""
+        """Rows in this objective's order, the other figures breaking ties (module docstring), then the id."""
         if self.name == "memory":
             return lambda r: (num(r, "peak_memory_gib"), num(r, time_col), r["id"])
         if self.name == "throughput":
             return lambda r: (num(r, time_col), num(r, "peak_memory_gib"), r["id"])
-        return lambda r: (self.value(r, time_col), num(r, time_col), r["id"])
+        return lambda r: (self.value(r, time_col), num(r, time_col), num(r, "peak_memory_gib"), r["id"])
