@@ -7,49 +7,14 @@ import click
 
 from .common import Finite, plan_options, setup_from_options
 from .render import echo_json, print_table
+from .run_options import run_options, run_setup
 
 DAY, HOUR, MINUTE = 86400.0, 3600.0, 60.0
-#: the reliability preset a run is priced with unless --reliability names another (said in the output)
-DEFAULT_RELIABILITY = "llama3-405b-h100"
 
 
 @click.command("goodput")
 @plan_options
-@click.option("--tokens", type=Finite(1.0, 1e18), required=True, help="tokens to train (e.g. 15e12)")
-@click.option(
-    "--reliability",
-    default=None,
-    help=f"failure rates per GPU, node, network path and software (topologies/reliability/ preset or YAML file) "
-    f"[default: {DEFAULT_RELIABILITY}, said in the output]",
-)
-@click.option(
-    "--storage-write-GBps",
-    "write_gbps",
-    type=Finite(0.0, 1e9, min_open=True),
-    required=True,
-    help="what the checkpoint storage writes for the whole job, GB/s",
-)
-@click.option(
-    "--storage-read-GBps",
-    "read_gbps",
-    type=Finite(0.0, 1e9, min_open=True),
-    default=None,
-    help="what it reads back on a restart, GB/s [default: the write bandwidth, said in the output]",
-)
-@click.option(
-    "--async-save/--sync-save",
-    "asynchronous",
-    default=None,
-    help="asynchronous checkpoints (Megatron-Core --async-save, torch DCP async_save): the work stops only for "
-    "the copy to host memory [default: synchronous, said in the output]",
-)
-@click.option(
-    "--relaunch-min",
-    type=Finite(0.0, 1e6),
-    required=True,
-    help="minutes from a failure to a relaunched job ready to load its checkpoint (detection, scheduling, "
-    "process start, communicators)",
-)
+@run_options(required=True)
 @click.option(
     "--interval-min",
     type=Finite(0.0, 1e9, min_open=True),
@@ -59,29 +24,17 @@ DEFAULT_RELIABILITY = "llama3-405b-h100"
 @click.option("--runs", type=click.IntRange(1, 100_000), default=200, show_default=True, help="simulated runs")
 @click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True)
-def goodput(
-    tokens, reliability, write_gbps, read_gbps, asynchronous, relaunch_min, interval_min, runs, seed, as_json, **kw
-) -> None:
+def goodput(interval_min, runs, seed, as_json, **kw) -> None:
     """The whole run: wall time to train N tokens under failures, checkpoints and restarts; goodput and the
     best checkpoint interval."""
     from simpar.sim.engine.simulate import simulate
-    from simpar.sim.goodput.run import CheckpointSetup, plan_run
-    from simpar.sim.specs.reliability import load_reliability
+    from simpar.sim.goodput.run import plan_run
 
+    run, assumed = run_setup(kw)
     st = setup_from_options(kw)
-    assumed = []
-    if reliability is None:
-        reliability = DEFAULT_RELIABILITY
-        assumed.append(f"reliability {DEFAULT_RELIABILITY} (no --reliability)")
-    if read_gbps is None:
-        read_gbps = write_gbps
-        assumed.append("storage read bandwidth = write bandwidth (no --storage-read-GBps)")
-    if asynchronous is None:
-        asynchronous = False
-        assumed.append("synchronous checkpoints (no --async-save)")
-    rel = load_reliability(reliability)
+    rel, ck, tokens = run.reliability, run.checkpoint, run.tokens
+    asynchronous, relaunch_min = ck.asynchronous, ck.relaunch_s / MINUTE
     res = simulate(st.model, st.cluster, st.plan, trace=False)
-    ck = CheckpointSetup(write_gbps * 1e9, read_gbps * 1e9, asynchronous, relaunch_min * MINUTE)
     interval = interval_min * MINUTE if interval_min is not None else None
     rep = plan_run(st.model, st.cluster, st.plan, res.iter_time_s, tokens, rel, ck, interval, runs, seed)
     doc = {

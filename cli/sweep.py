@@ -25,6 +25,7 @@ from simpar.sim.errors import SimparError
 from .calib import calibration_options, load_calibration_option, runtime_of, uncalibrated_hint
 from .common import Finite
 from .imports import apply_sweep_import, import_options
+from .run_options import RUN_KEYS, run_options, run_setup
 from .sweep_args import OVERLAP_CHOICES, Whole, canonical_command, check_stack, space_from
 from .sweep_show import show
 
@@ -181,12 +182,14 @@ class _Bar:
 )
 @click.option(
     "--objective",
-    type=click.Choice(["time", "throughput", "memory", "energy", "cost"]),
+    type=click.Choice(["time", "throughput", "memory", "energy", "cost", "goodput"]),
     default="throughput",
     show_default=True,
     help="rank by iteration time (time = throughput), least peak memory, the job's energy per iteration "
-    "(--power) or its cost at --price",
+    "(--power), its cost at --price, or the expected wall time of a whole run (goodput: --tokens, "
+    "--storage-write-GBps, --relaunch-min, as simpar goodput takes them)",
 )
+@run_options(required=False)
 @click.option(
     "--power",
     "power_name",
@@ -329,9 +332,23 @@ def _sweep(kw: dict, warm) -> None:
 
     profile, engine = runtime_of(kw["runtime"], calib, EngineOptions())
     power = load_power(kw["power_name"]) if kw["power_name"] else "die"
+    run_kw = {k: kw.get(k) for k in RUN_KEYS}
+    run, run_assumed = run_setup(dict(run_kw), needed=kw["objective"] == "goodput")
+    for line in run_assumed if not kw["as_json"] else ():
+        click.echo(f"assumed: {line}", err=True)
     currency, prices = combined([parse_price(p) for p in kw["prices"]])
     setup = SweepSetup(
-        model, cluster, kw["gpus"], kw["gbs"], space, calib, engine, kw["backend"], profile=profile, power=power
+        model,
+        cluster,
+        kw["gpus"],
+        kw["gbs"],
+        space,
+        calib,
+        engine,
+        kw["backend"],
+        profile=profile,
+        power=power,
+        run=run,
     )
     opts = SweepOptions(
         objective="throughput" if kw["objective"] == "time" else kw["objective"],

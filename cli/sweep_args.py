@@ -204,6 +204,17 @@ def canonical_command(kw: dict[str, Any], out: str) -> str:
         parts += ["--power", kw["power_name"]]
     for price in kw.get("prices") or ():
         parts += ["--price", price]
+    for key, flag in (
+        ("tokens", "--tokens"),
+        ("reliability", "--reliability"),
+        ("write_gbps", "--storage-write-GBps"),
+        ("read_gbps", "--storage-read-GBps"),
+        ("relaunch_min", "--relaunch-min"),
+    ):
+        if kw.get(key) is not None:
+            parts += [flag, f"{kw[key]:g}" if isinstance(kw[key], float) else str(kw[key])]
+    if kw.get("asynchronous") is not None:
+        parts.append("--async-save" if kw["asynchronous"] else "--sync-save")
     return " ".join(shlex.quote(p) for p in parts + ["--out", out])
 
 

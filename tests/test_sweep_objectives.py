@@ -12,7 +12,9 @@ from simpar import load_cluster, load_model
 from simpar.cli.main import cli
 from simpar.sim.energy.run import plan_energy
 from simpar.sim.errors import SimparError
+from simpar.sim.goodput.run import CheckpointSetup, RunSetup, plan_run
 from simpar.sim.specs.power import load_power
+from simpar.sim.specs.reliability import load_reliability
 from simpar.sim.sweep.api import sweep
 from simpar.sim.sweep.evaluate import Evaluator, SweepSetup
 from simpar.sim.sweep.report_energy import pareto_front
@@ -30,19 +32,29 @@ def _setup():
     return m, cl
 
 
+#: a whole run: 1e9 tokens, the Llama 3 failure rates, synchronous saves at 1 GB/s, a 10-minute relaunch
+RUN = RunSetup(1e9, load_reliability("llama3-405b-h100"), CheckpointSetup(1e9, 1e9, False, 600.0))
+
+
+def _sweep(out, opts):
+    """`sweep` of the tiny model's space with a whole run (`RUN`) to rank by."""
+    from simpar.sim.sweep.run import run_sweep
+
+    m, cl = _setup()
+    return run_sweep(SweepSetup(m, cl, 16, 64, SPACE, run=RUN), out, opts)
+
+
 @pytest.fixture(scope="module")
 def every_plan(tmp_path_factory):
-    m, cl = _setup()
     opts = SweepOptions(objective="energy", exhaustive=True, workers=1)
-    return sweep(m, cl, 64, tmp_path_factory.mktemp("all"), space=SPACE, options=opts).rows
+    return _sweep(tmp_path_factory.mktemp("all"), opts).rows
 
 
-@pytest.mark.parametrize("objective", ["energy", "cost"])
+@pytest.mark.parametrize("objective", ["energy", "cost", "goodput"])
 def test_the_bounded_ranking_is_the_exhaustive_one(tmp_path, every_plan, objective):
-    m, cl = _setup()
     prices = (("gpu_hours", 2.0), ("kwh", 0.1)) if objective == "cost" else ()
     opts = SweepOptions(objective=objective, simulate=5, engine_budget=0, workers=1, prices=prices, currency="USD")
-    res = sweep(m, cl, 64, tmp_path, space=SPACE, options=opts)
+    res = _sweep(tmp_path, opts)
     assert res.manifest["bound"]["pruned"] > 0  # the bound stopped the engine early
     ranking = opts.ranking(16)
     sim = sorted((r for r in every_plan if r["status"] == "simulated"), key=ranking.key())
@@ -55,6 +67,7 @@ def test_the_energy_bound_holds_for_every_plan(every_plan):
     assert len(fitting) > 20
     for r in fitting:
         assert num(r, "energy_lower_bound_J") <= num(r, "energy_J") * (1 + 1e-5), r["id"]
+        assert num(r, "run_wall_lower_bound_s") <= num(r, "run_wall_s") * (1 + 1e-5), r["id"]
         assert num(r, "lower_bound_s") <= num(r, "iter_time_s") * (1 + 1e-5)
 
 
@@ -68,6 +81,18 @@ def test_a_rows_energy_is_the_energy_commands():
             continue
         row = ev.simulate(cfg)
         assert row["energy_J"] == pytest.approx(plan_energy(m, cl, plan, power).nominal.total_J, rel=1e-9)
+
+
+def test_a_rows_run_is_the_goodput_commands():
+    m, cl = _setup()
+    ev = Evaluator(SweepSetup(m, cl, 16, 64, SPACE, run=RUN))
+    for cfg in enumerate_configs(m, cl, 16, SPACE)[:40]:
+        plan, _ = ev.plan(cfg)
+        if plan is None or ev.screen(cfg)["status"] != "estimated":
+            continue
+        row = ev.simulate(cfg)
+        rep = plan_run(m, cl, plan, row["iter_time_s"], RUN.tokens, RUN.reliability, RUN.checkpoint, runs=1)
+        assert row["run_wall_s"] == pytest.approx(rep.daly_wall_s, rel=1e-12)
 
 
 def test_the_pareto_front_is_the_undominated_plans(every_plan):
@@ -90,6 +115,8 @@ def test_objectives_without_what_they_need_are_refused(tmp_path):
     m, cl = _setup()
     with pytest.raises(SimparError, match="cost needs a price"):
         sweep(m, cl, 64, tmp_path / "a", space=SPACE, options=SweepOptions(objective="cost"))
+    with pytest.raises(SimparError, match="goodput needs a whole run"):
+        sweep(m, cl, 64, tmp_path / "g", space=SPACE, options=SweepOptions(objective="goodput"))
     with pytest.raises(SimparError, match="power figures"):
         sweep(m, cl, 64, tmp_path / "b", space=SPACE, options=SweepOptions(objective="energy"), power=None)
 
@@ -107,12 +134,20 @@ def test_the_cli_ranks_by_energy_and_cost(tmp_path):
     assert CliRunner().invoke(cli, args).exit_code == 0
     same = CliRunner().invoke(cli, [*_ARGS, "--objective", "time", "--out", str(tmp_path / "t"), "--plans", "0"])
     assert same.exit_code == 0, same.output
+    run = ["--tokens", "1e9", "--storage-write-GBps", "10", "--relaunch-min", "5"]
+    out = CliRunner().invoke(
+        cli, [*_ARGS, "--objective", "goodput", *run, "--out", str(tmp_path / "g"), "--plans", "0"]
+    )
+    assert out.exit_code == 0, out.output
+    assert "run days" in out.output and "assumed: reliability" in out.output
 
 
 @pytest.mark.parametrize(
     ("extra", "needle"),
     [
         (["--objective", "cost"], "price"),
+        (["--objective", "goodput", "--tokens", "1e9", "--relaunch-min", "5"], "--storage-write-GBps"),
+        (["--objective", "goodput", "--tokens", "1e9", "--storage-write-GBps", "0", "--relaunch-min", "5"], "GBps"),
         (["--objective", "cost", "--price", "2"], "--price"),
         (["--power", "nosuch"], "nosuch"),
     ],

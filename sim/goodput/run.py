@@ -48,6 +48,29 @@ class CheckpointSetup:
 
 
 @dataclass(frozen=True)
+class RunSetup:
+    """A whole run to rank plans by (`simpar sweep --objective goodput`): the tokens to train, the
+    failure rates and the checkpoint storage."""
+
+    tokens: float
+    reliability: ReliabilitySpec
+    checkpoint: CheckpointSetup
+
+    def to_json(self) -> dict:
+        ck = self.checkpoint
+        return {
+            "tokens": self.tokens,
+            "reliability": self.reliability.model_dump(mode="json"),
+            "checkpoint": {
+                "write_Bps": ck.write_Bps,
+                "read_Bps": ck.read_Bps,
+                "asynchronous": ck.asynchronous,
+                "relaunch_s": ck.relaunch_s,
+            },
+        }
+
+
+@dataclass(frozen=True)
 class RunReport:
     tokens: float
     iterations: int
@@ -99,6 +122,66 @@ def checkpoint_times(
     return nbytes, stall, write, load
 
 
+@dataclass(frozen=True)
+class RunCostsOfPlan:
+    """What a run of a plan costs besides its iterations (`run_costs`): the same at any iteration time."""
+
+    iterations: int
+    rates_per_s: dict[str, float]
+    mtbf_s: float
+    checkpoint_bytes: float
+    stall_s: float
+    durable_s: float
+    load_s: float
+    restart_s: float
+    daly_interval_s: float
+
+
+@dataclass(frozen=True)
+class ClosedForm:
+    """A run's work, checkpoint interval (and the rule that chose it) and Daly's expected wall time
+    (`closed_form`)."""
+
+    costs: RunCostsOfPlan
+    solve_s: float
+    rule: str
+    interval_s: float
+    wall_s: float
+
+
+def run_costs(
+    m: ModelSpec,
+    cluster: ClusterSpec,
+    plan: ParallelPlan,
+    tokens: float,
+    reliability: ReliabilitySpec,
+    ck: CheckpointSetup,
+) -> RunCostsOfPlan:
+    """The iterations of ``tokens`` tokens, the job's failure rates, one checkpoint's bytes, stall,
+    write and load, the restart and Daly's interval (module docstring)."""
+    per_iter = plan.global_batch_size * m.seq_len
+    iterations = max(1, math.ceil(tokens / per_iter))
+    nodes = math.ceil(plan.num_gpus / cluster.gpus_per_node)
+    rates = reliability.rates_per_s(plan.num_gpus, nodes)
+    mtbf = 1.0 / sum(rates.values())
+    nbytes, stall, durable, load = checkpoint_times(m, cluster, plan, ck)
+    restart = ck.relaunch_s + load
+    return RunCostsOfPlan(iterations, rates, mtbf, nbytes, stall, durable, load, restart, daly_interval(stall, mtbf))
+
+
+def closed_form(c: RunCostsOfPlan, iter_time_s: float, interval_s: float | None = None) -> ClosedForm:
+    """The run at ``iter_time_s`` per iteration in Daly's closed form, with ``interval_s`` seconds of
+    work between checkpoints (None: the longest of Daly's optimum, one iteration and an asynchronous
+    save's write, which Megatron-Core waits for before the next save). Its expected wall time grows
+    with the iteration time (the work grows, the interval and the checkpoint's cost do not shrink):
+    what a sweep ranks by (`simpar.sim.sweep.objective`) and bounds with its time bound."""
+    solve = c.iterations * iter_time_s
+    options = {"Daly's optimum": c.daly_interval_s, "one iteration": iter_time_s, "the asynchronous write": c.durable_s}
+    rule = "given" if interval_s is not None else max(options, key=lambda k: options[k])
+    tau = min(interval_s if interval_s is not None else options[rule], solve)
+    return ClosedForm(c, solve, rule, tau, daly_wall_time(solve, tau, c.stall_s, c.mtbf_s, c.restart_s))
+
+
 def plan_run(
     m: ModelSpec,
     cluster: ClusterSpec,
@@ -113,27 +196,20 @@ def plan_run(
 ) -> RunReport:
     """The run of ``tokens`` tokens (module docstring); ``interval_s``: seconds of work between
     checkpoints (None: Daly's optimum)."""
-    per_iter = plan.global_batch_size * m.seq_len
-    iterations = max(1, math.ceil(tokens / per_iter))
-    solve = iterations * iter_time_s
-    nodes = math.ceil(plan.num_gpus / cluster.gpus_per_node)
-    rates = reliability.rates_per_s(plan.num_gpus, nodes)
-    mtbf = 1.0 / sum(rates.values())
-    nbytes, stall, durable, load = checkpoint_times(m, cluster, plan, ck)
-    restart = ck.relaunch_s + load
-    daly = daly_interval(stall, mtbf)
-    if interval_s is not None and interval_s < durable:
-        raise SimparError(
-            "--interval-min",
-            f"is {interval_s / 60:.3g} min of work, shorter than an asynchronous save's write to storage "
-            f"({durable / 60:.3g} min): a save would start before the last one is on storage.",
-            f"checkpoint every {durable / 60:.3g} min or more, or save synchronously.",
-        )
-    # an asynchronous save starts when the last one is on storage (Megatron-Core waits for it)
-    options = {"Daly's optimum": daly, "one iteration": iter_time_s, "the asynchronous write": durable}
-    rule = "given" if interval_s is not None else max(options, key=lambda k: options[k])
-    tau = min(interval_s if interval_s is not None else options[rule], solve)
-    expected = daly_wall_time(solve, tau, stall, mtbf, restart)
+    if interval_s is not None:
+        durable = checkpoint_times(m, cluster, plan, ck)[2]
+        if interval_s < durable:
+            raise SimparError(
+                "--interval-min",
+                f"is {interval_s / 60:.3g} min of work, shorter than an asynchronous save's write to storage "
+                f"({durable / 60:.3g} min): a save would start before the last one is on storage.",
+                f"checkpoint every {durable / 60:.3g} min or more, or save synchronously.",
+            )
+    costs = run_costs(m, cluster, plan, tokens, reliability, ck)
+    c = closed_form(costs, iter_time_s, interval_s)
+    iterations, solve, rates, mtbf = costs.iterations, c.solve_s, costs.rates_per_s, costs.mtbf_s
+    nbytes, stall, durable, load = costs.checkpoint_bytes, costs.stall_s, costs.durable_s, costs.load_s
+    restart, daly, rule, tau, expected = costs.restart_s, costs.daly_interval_s, c.rule, c.interval_s, c.wall_s
     if expected > NEVER * solve:  # simulating it would not end either
         raise SimparError(
             "reliability",

@@ -23,6 +23,7 @@ from ..energy.account import job_energy, kernel_gpu_seconds, kernel_mix, mix_cos
 from ..energy.power import power_model
 from ..engine.core import EngineOptions
 from ..engine.results import BREAKDOWN_KEYS
+from ..goodput.run import RunCostsOfPlan, RunSetup, closed_form, run_costs
 from ..model import hardware_flops_per_iteration, model_flops_per_iteration
 from ..network import make_network
 from ..plan import ParallelPlan
@@ -61,6 +62,8 @@ class SweepSetup:
     #: prices each row's energy (`simpar.sim.energy`): "die", the GPU's die's preset where the project has
     #: one (`power.die_power`, resolved here), a power spec, or None (no energy)
     power: PowerSpec | str | None = "die"
+    #: a whole run to rank by (`--objective goodput`): each row's expected wall time for it
+    run: RunSetup | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.power, str):
@@ -118,6 +121,7 @@ class Evaluator:
         self._mix_costs = mix_costs(setup.cluster) if spec is not None else None
         self._energy: dict[tuple, tuple[float, float, float]] = {}
         self._mix: dict[tuple, float] = {}
+        self._checkpoints: dict[tuple, RunCostsOfPlan] = {}
 
     # --- pieces ---------------------------------------------------------------------------
     def plan(self, cfg: Config) -> tuple[ParallelPlan | None, str]:
@@ -249,6 +253,23 @@ class Evaluator:
             hit = self._energy[key] = (mix, kernels, steps * plan.dp * plan.cp * plan.tp)
         return hit
 
+    def run_fields(self, plan: ParallelPlan, t: float, bound: float | None = None) -> dict[str, Any]:
+        """The expected wall time of the sweep's whole run (`goodput.run.closed_form`) at ``t`` seconds
+        per iteration, and at the time bound ``bound``; none without a run."""
+        run = self.s.run
+        if run is None:
+            return {}
+        key = (plan.optimizer, plan.precision, plan.stack, plan.lora_rank, plan.lora_modules, plan.lora_base_bits)
+        costs = self._checkpoints.get(key)
+        if costs is None:  # what the run costs besides its iterations, once per what decides a checkpoint's bytes
+            costs = self._checkpoints[key] = run_costs(
+                self.s.model, self.s.cluster, plan, run.tokens, run.reliability, run.checkpoint
+            )
+        out = {"run_wall_s": closed_form(costs, t).wall_s}
+        if bound is not None:
+            out["run_wall_lower_bound_s"] = closed_form(costs, bound).wall_s
+        return out
+
     def energy_fields(
         self, plan: ParallelPlan, t: float, bound: float | None = None, x: Inputs | None = None
     ) -> dict[str, Any]:
@@ -281,6 +302,7 @@ class Evaluator:
             **self._estimate_fields(plan, est),
             **self.host_fields(x),
             **self.energy_fields(plan, est.iter_time_s, bound, x),
+            **self.run_fields(plan, est.iter_time_s, bound),
             "status": "estimated",
             "quick_time_s": est.iter_time_s,
             "lower_bound_s": bound,
@@ -298,6 +320,7 @@ class Evaluator:
             **self._estimate_fields(plan, est),
             **self.host_fields(x),
             **self.energy_fields(plan, est.iter_time_s, x=x),
+            **self.run_fields(plan, est.iter_time_s),
             "status": "refined",
             "quick_time_s": quick.iter_time_s,
             "oracle_time_s": est.iter_time_s,
@@ -314,6 +337,7 @@ class Evaluator:
             **self.memory_fields(res.memory),
             **self.result_fields(plan, res.iter_time_s, res.breakdown_s, "engine"),
             **self.energy_fields(plan, res.iter_time_s),
+            **self.run_fields(plan, res.iter_time_s),
             "reported_rank": res.reported_rank,
             "engine_time_s": res.iter_time_s,
             "status": "simulated",

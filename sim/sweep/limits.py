@@ -149,6 +149,12 @@ def check_objective(setup: SweepSetup, opts: Options) -> None:
             f"{opts.objective} needs power figures for {setup.cluster.gpu.name}, and the sweep has none.",
             "pass --power FILE (topologies/power/ shows the fields).",
         )
+    if opts.objective == "goodput" and setup.run is None:
+        raise SimparError(
+            "objective",
+            "goodput needs a whole run to rank by.",
+            "pass --tokens, --storage-write-GBps and --relaunch-min (as simpar goodput takes them).",
+        )
     prices = dict(getattr(opts, "prices", ()))
     if opts.objective == "cost" and not any(v > 0 for v in prices.values()):
         raise SimparError(

@@ -7,7 +7,10 @@ engine stop early (`phases.bounded`):
   bound: the same at the time bound with the stage work's kernel seconds (``energy_lower_bound_J``);
 - ``cost``: GPU-hours and energy at the user's prices (`simpar.sim.energy.price`): ``gpus x time /
   3600 x per GPU-hour + energy / 3.6e6 x per kWh``; bound: the same of the two bounds (both terms
-  grow with time and energy).
+  grow with time and energy);
+- ``goodput``: the expected wall time of a whole run (``run_wall_s``, `simpar.sim.goodput.run.closed_form`:
+  the tokens to train under failures, checkpoints and restarts), so the plan with the best goodput per
+  token; bound: the same at the time bound (``run_wall_lower_bound_s``; it grows with the time).
 
 The other figures (time, then memory; for memory, time) break ties, then the id.
 """
@@ -20,7 +23,7 @@ from dataclasses import dataclass, field
 from .store import num
 
 #: what each objective's bound and value are measured in (sweep.json ``bound.measure``)
-MEASURE = {"throughput": "s", "energy": "J", "cost": "currency"}
+MEASURE = {"throughput": "s", "energy": "J", "cost": "currency", "goodput": "run s"}
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,8 @@ class Objective:
             return self._cost(num(r, time_col), num(r, "energy_J"))
         if self.name == "memory":
             return num(r, "peak_memory_gib")
+        if self.name == "goodput":
+            return num(r, "run_wall_s")
         return num(r, time_col)
 
     def bound(self, r: Mapping[str, str]) -> float:
@@ -53,6 +58,8 @@ class Objective:
             return num(r, "energy_lower_bound_J")
         if self.name == "cost":
             return self._cost(num(r, "lower_bound_s"), num(r, "energy_lower_bound_J"))
+        if self.name == "goodput":
+            return num(r, "run_wall_lower_bound_s")
         return num(r, "lower_bound_s")
 
     def _cost(self, t: float, joules: float) -> float:

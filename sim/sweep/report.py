@@ -156,6 +156,9 @@ def top_table(rows: list[dict], k: int, compact: bool = False) -> tuple[list[str
     energy = any(r.get("energy_J") for r in top)
     if energy:
         cols.insert(cols.index("peak GiB"), "J/token")
+    run = any(r.get("run_wall_s") for r in top)
+    if run:
+        cols.insert(cols.index("peak GiB"), "run days")
     out = []
     for r in top:
         cells = [
@@ -171,6 +174,8 @@ def top_table(rows: list[dict], k: int, compact: bool = False) -> tuple[list[str
         ]
         if energy:
             cells.insert(cols.index("J/token"), f"{joules_per_token(r):.4g}" if r.get("energy_J") else "")
+        if run:
+            cells.insert(cols.index("run days"), f"{num(r, 'run_wall_s') / 86400:.2f}" if r.get("run_wall_s") else "")
         out.append(cells)
     return cols, out
 
@@ -260,9 +265,11 @@ def bound_line(bound: dict) -> str:
     nxt = bound["next_lower_bound_s"]
     digits = next((d for d in range(4, 7) if f"{nxt:.{d}g}" != f"{kth:.{d}g}"), 6)  # enough to tell them apart
     measure = bound.get("measure", "s")
-    what, unit = {"s": ("iteration time", " s"), "J": ("energy per iteration", " J")}.get(
-        measure, ("cost per iteration", "")
-    )
+    what, unit = {
+        "s": ("iteration time", " s"),
+        "J": ("energy per iteration", " J"),
+        "run s": ("expected run wall time", " s"),
+    }.get(measure, ("cost per iteration", ""))
     figure = "time" if measure == "s" else what
     return (
         f"Top {k} exact: the engine simulated {bound['simulated']:,} plans in order of a provable lower bound on "
@@ -385,6 +392,14 @@ def _objective_text(ident: dict) -> str:
     """What an energy or cost ranking priced with (sweep.json identity ``power`` and ``prices``)."""
     power = ident.get("power")
     text = f" (power figures: {power['name']})" if power and ident["objective"] in ("energy", "cost") else ""
+    run = ident.get("run")
+    if run and ident["objective"] == "goodput":
+        ck = run["checkpoint"]
+        text += (
+            f" (expected wall time of {run['tokens']:.4g} tokens under the failures of {run['reliability']['name']}, "
+            f"{'asynchronous' if ck['asynchronous'] else 'synchronous'} checkpoints at {ck['write_Bps'] / 1e9:g} GB/s, "
+            f"a {ck['relaunch_s'] / 60:g}-minute relaunch: Daly's closed form)"
+        )
     prices = ident.get("prices")
     if prices:
         cur = prices.get("currency", "")

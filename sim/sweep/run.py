@@ -107,6 +107,8 @@ def identity(setup: SweepSetup, opts: SweepOptions) -> dict:
         "engine_budget": float(opts.engine_budget),  # 0 and 0.0 are one budget (and one token)
         "power": setup.power_spec.model_dump(mode="json") if setup.power_spec is not None else None,
     }
+    if setup.run is not None:
+        out["run"] = setup.run.to_json()
     if opts.objective == "cost":
         out["prices"] = {"currency": opts.currency, **dict(opts.prices)}
     if setup.profile.name != "megatron":
@@ -201,7 +203,7 @@ def merge(screen: dict, refined: dict, simulated: dict, objective: Objective) ->
     ranked in place (their ``rank`` set), not copied: the sweep hands them over."""
     rows = {**screen, **refined}
     for k, v in simulated.items():
-        # a simulated row keeps the quick estimate, lower bound and host path of its screen row
+        # a simulated row keeps the quick estimate, the lower bounds and host path of its screen row
         # and the oracle's time of its refined row (the simulate phase does not compute them again)
         rows[k] = {
             **v,
@@ -211,6 +213,7 @@ def merge(screen: dict, refined: dict, simulated: dict, objective: Objective) ->
             "host_copy_s": screen[k].get("host_copy_s", ""),
             "host_cpu_s": screen[k].get("host_cpu_s", ""),
             "energy_lower_bound_J": screen[k].get("energy_lower_bound_J", ""),
+            "run_wall_lower_bound_s": screen[k].get("run_wall_lower_bound_s", ""),
         }
     key = objective.key()
     ranked = sorted((r for r in rows.values() if r["status"] in _TIER), key=lambda r: (_TIER[r["status"]], key(r)))

@@ -36,7 +36,8 @@ from ..plan import MOE_DISPATCHERS, OPTIMIZERS, RECOMPUTE, SCHEDULES
 from .space import CONFIG_FIELDS, Config
 
 #: 2: lower_bound_s; 3: ep, etp, expert_compute_s, moe_a2a_s; 4: dispatch, a2a_overlap; 5: optimizer, rlayers;
-#: 6: offload, offload_s, host_memory_gib; 7: host_copy_s, host_cpu_s; 8: energy_J, energy_lower_bound_J
+#: 6: offload, offload_s, host_memory_gib; 7: host_copy_s, host_cpu_s; 8: energy_J, energy_lower_bound_J,
+#: run_wall_s, run_wall_lower_bound_s
 SWEEP_FORMAT_VERSION = 8
 MANIFEST, RESULTS, JOURNAL = "sweep.json", "results.csv", "journal"
 PHASES = ("screen", "refine", "simulate")
@@ -45,7 +46,7 @@ RANKED = ("simulated", "refined", "estimated")  # statuses that get a rank
 #: The statuses each phase writes into its journal.
 PHASE_STATUSES = {"screen": ("estimated", "oom", "invalid"), "refine": ("refined",), "simulate": ("simulated", "oom")}
 SOURCES = ("", "quick", "oracle", "engine")
-OBJECTIVES = ("throughput", "memory", "energy", "cost")
+OBJECTIVES = ("throughput", "memory", "energy", "cost", "goodput")
 COUNT_KEYS = ("enumerated", "invalid", "oom", "fitting", "refined", "simulated")
 #: a configuration's fields (`space.CONFIG_FIELDS`) with the batch after the micro-batch size and the
 #: precision and layer split after the rest
@@ -68,6 +69,9 @@ HOST_COLUMNS = ("host_copy_s", "host_cpu_s")
 #: an iteration's energy over the job's GPUs at the row's time, and its provable lower bound
 #: (`simpar.sim.energy.account.job_energy`; empty where the GPU has no power figures)
 ENERGY_COLUMNS = ("energy_J", "energy_lower_bound_J")
+#: with a whole run to rank by (`simpar.sim.goodput.run.RunSetup`): its expected wall seconds at the
+#: row's time and at the time bound (`goodput.run.closed_form`); empty otherwise
+RUN_COLUMNS = ("run_wall_s", "run_wall_lower_bound_s")
 COLUMNS = (
     ("id", "status", "reason", "rank", "source")
     + PLAN_COLUMNS
@@ -77,6 +81,7 @@ COLUMNS = (
     + TIME_COLUMNS
     + HOST_COLUMNS
     + ENERGY_COLUMNS
+    + RUN_COLUMNS
 )
 _HEADER = ",".join(COLUMNS)
 _EMPTY_RECORD = ("",) * len(COLUMNS)
@@ -90,6 +95,7 @@ _FLOATS = (
     + TIME_COLUMNS
     + HOST_COLUMNS
     + ENERGY_COLUMNS
+    + RUN_COLUMNS
 )
 _FLOAT_SET = frozenset(_FLOATS)
 _TIMES = ("iter_time_s",) + TIME_COLUMNS
