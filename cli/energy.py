@@ -77,21 +77,18 @@ def energy(
     from simpar.sim.energy.run import plan_energy
     from simpar.sim.engine.iteration import EngineOptions
     from simpar.sim.errors import SimparError
-    from simpar.sim.specs.power import load_power
+    from simpar.sim.specs.power import die_power, load_power
 
     parsed = [parse_price(p) for p in prices]  # a bad price is refused before any work
     currency, price = combined(parsed)
     st = setup_from_options({**kw, "calibration": calibration})
     gpu = st.cluster.gpu
     assumed = []
+    spec = load_power(power_name) if power_name is not None else die_power(gpu)
+    if spec is None:
+        raise SimparError("--power", f"the project has no power figures for {gpu.name}'s die.", "pass --power FILE.")
     if power_name is None:
-        if not gpu.kernel_die:
-            raise SimparError(
-                "--power", f"GPU {gpu.name} names no die to take power figures from.", "pass --power FILE."
-            )
-        power_name = gpu.kernel_die
-        assumed.append(f"power {power_name} (the GPU's die; no --power)")
-    spec = load_power(power_name)
+        assumed.append(f"power {spec.name} (the GPU's die; no --power)")
     calib = load_calibration_option(calibration, gpu.name)
     profile, opts = runtime_of(runtime, calib, EngineOptions(overlap_grad_reduce=not no_overlap_grad_reduce))
     run = plan_energy(

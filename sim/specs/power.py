@@ -18,13 +18,12 @@ power is the limit. Every field has its source, and estimates say so.
 
 from __future__ import annotations
 
-from functools import lru_cache
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from .gpu import GPUSpec
-from .loader import build, preset_names, read_mapping, resolve
+from .loader import load, preset_names
 
 
 class PowerSpec(BaseModel):
@@ -44,16 +43,9 @@ class PowerSpec(BaseModel):
     sources: dict[str, str] = Field(default_factory=dict)
 
 
-@lru_cache(maxsize=32)
-def _load(path: Path) -> PowerSpec:
-    data = read_mapping(path, "power")
-    data.setdefault("name", path.stem)
-    return build(PowerSpec, data, f"power file {path.name}")
-
-
 def load_power(name_or_path: str | Path) -> PowerSpec:
     """A power preset (``topologies/power/``, named by the die) or a user's YAML file."""
-    return _load(resolve("power", name_or_path, "power"))
+    return load("power", PowerSpec, name_or_path, "power")
 
 
 def die_power(gpu: GPUSpec) -> PowerSpec | None:

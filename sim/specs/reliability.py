@@ -19,12 +19,11 @@ the job's failure rate is ``G / gpu + N / node + G / link + G / software`` for G
 
 from __future__ import annotations
 
-from functools import lru_cache
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .loader import build, read_mapping, resolve
+from .loader import load
 
 HOUR = 3600.0
 KINDS = ("gpu", "node", "link", "software")
@@ -53,13 +52,6 @@ class ReliabilitySpec(BaseModel):
         return 1.0 / sum(self.rates_per_s(gpus, nodes).values())
 
 
-@lru_cache(maxsize=32)
-def _load(path: Path) -> ReliabilitySpec:
-    data = read_mapping(path, "reliability")
-    data.setdefault("name", path.stem)
-    return build(ReliabilitySpec, data, f"reliability file {path.name}")
-
-
 def load_reliability(name_or_path: str | Path) -> ReliabilitySpec:
     """A reliability preset (``topologies/reliability/``) or a user's YAML file."""
-    return _load(resolve("reliability", name_or_path, "reliability"))
+    return load("reliability", ReliabilitySpec, name_or_path, "reliability")

@@ -19,12 +19,11 @@ iterations (`run`). Every field has its source under ``sources``.
 
 from __future__ import annotations
 
-from functools import lru_cache
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .loader import build, read_mapping, resolve
+from .loader import build, load
 
 
 class VariabilitySpec(BaseModel):
@@ -66,16 +65,9 @@ class VariabilitySpec(BaseModel):
 SETTABLE = tuple(k for k in VariabilitySpec.model_fields if k not in ("name", "description", "sources"))
 
 
-@lru_cache(maxsize=32)
-def _load(path: Path) -> VariabilitySpec:
-    data = read_mapping(path, "variability")
-    data.setdefault("name", path.stem)
-    return build(VariabilitySpec, data, f"variability file {path.name}")
-
-
 def load_variability(name_or_path: str | Path) -> VariabilitySpec:
     """A variability preset (``topologies/variability/``) or a user's YAML file."""
-    return _load(resolve("variability", name_or_path, "variability"))
+    return load("variability", VariabilitySpec, name_or_path, "variability")
 
 
 def with_settings(spec: VariabilitySpec, settings: dict[str, float], where: str) -> VariabilitySpec:

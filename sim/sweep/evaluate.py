@@ -66,6 +66,8 @@ class SweepSetup:
     run: RunSetup | None = None
 
     def __post_init__(self) -> None:
+        # the cluster as the calibration measured it (its host optimizer rate), for every tier
+        object.__setattr__(self, "cluster", calibrated_cluster(self.cluster, self.calibration))
         if isinstance(self.power, str):
             if self.power != "die":
                 raise ValueError(f"power must be a PowerSpec, None or 'die', got {self.power!r}")
@@ -76,8 +78,6 @@ class SweepSetup:
         """The power figures the rows' energy is priced with (``power`` resolved), or None."""
         assert not isinstance(self.power, str), "resolved by __post_init__"
         return self.power
-        # the cluster as the calibration measured it (its host optimizer rate), for every tier
-        object.__setattr__(self, "cluster", calibrated_cluster(self.cluster, self.calibration))
 
     def simulate(
         self,
