@@ -156,3 +156,16 @@ def test_bad_objective_inputs_are_refused_in_one_line(tmp_path, extra, needle):
     out = CliRunner().invoke(cli, [*_ARGS, *extra, "--out", str(tmp_path / "x")])
     assert out.exit_code == 2, out.output
     assert needle in out.output and "Traceback" not in out.output
+
+
+def test_the_explanation_names_the_objectives_figure():
+    from simpar.sim.sweep.explain import compare
+
+    best = {"id": "a", "tp": "1", "pp": "1", "dp": "8", "cp": "1", "vpp": "1", "mbs": "1", "schedule": "none"}
+    best.update(zero="1", recompute="none", sp="0", iter_time_s="2.0", peak_memory_gib="10", energy_J="2e6")
+    other = {**best, "id": "b", "zero": "3", "iter_time_s": "1.9", "energy_J": "2.5e6", "run_wall_s": "1"}
+    text = compare(best, other, "energy")
+    assert "500 kJ less energy per iteration (20.0%)" in text and "slower" in text
+    best["run_wall_s"], other["run_wall_s"] = "86400", "172800"
+    assert "1 days sooner" in compare(best, other, "goodput")
+    assert "ranks above" not in compare(best, other, "throughput")

@@ -59,10 +59,34 @@ def compare(best: dict, other: dict, objective: str = "throughput") -> str:
             f" and is {seconds(abs(dt))} per iteration {speed}{pct}{why}."
         )
     memtext = f"; peak memory {mb:.1f} vs {mo:.1f} GiB" if abs(mb - mo) >= 0.05 else ""
+    lead = _objective_lead(best, other, objective)
+    if lead:
+        timing = (
+            "ties on iteration time"
+            if dt == 0
+            else f"is {seconds(abs(dt))} per iteration {'faster' if dt > 0 else 'slower'}"
+        )
+        return f"{a.label(b)} ranks above {b.label(a)}: {lead}; it {timing}{pct}{why}{memtext}."
     if dt == 0:
         return f"{a.label(b)} ties with {b.label(a)} on iteration time{why}{memtext}."
     verb = "beats" if dt > 0 else "is slower than"
     return f"{a.label(b)} {verb} {b.label(a)} by {seconds(abs(dt))} per iteration{pct}{why}{memtext}."
+
+
+def _objective_lead(best: dict, other: dict, objective: str) -> str:
+    """What the energy, cost or goodput objective ranked ``best`` above ``other`` by: the energy per
+    iteration (energy; cost, with the time), or the run's expected wall time (goodput); '' otherwise."""
+    if objective in ("energy", "cost") and best.get("energy_J") and other.get("energy_J"):
+        eb, eo = num(best, "energy_J"), num(other, "energy_J")
+        if eb == eo:
+            return "the same energy per iteration"
+        d = abs(eo - eb)
+        amount = f"{d / 1e6:.4g} MJ" if d >= 1e6 else f"{d / 1e3:.4g} kJ"
+        return f"{amount} {'less' if eo > eb else 'more'} energy per iteration ({d / eo:.1%})"
+    if objective == "goodput" and best.get("run_wall_s") and other.get("run_wall_s"):
+        wb, wo = num(best, "run_wall_s"), num(other, "run_wall_s")
+        return f"the run is expected to end {abs(wo - wb) / 86400:.3g} days {'sooner' if wo >= wb else 'later'}"
+    return ""
 
 
 def rivals(rows: list[dict], count: int = 4) -> list[dict]:
