@@ -18,7 +18,7 @@ group (`RepeatedIteration` keys).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ..cost.compute import CostModel
@@ -89,8 +89,6 @@ class IterationEnergy:
     #: state -> GPU-seconds and joules, summed over every GPU of the job
     seconds: dict[str, float] = field(default_factory=dict)
     joules: dict[str, float] = field(default_factory=dict)
-    #: global rank of each walked GPU -> its joules in the iteration
-    per_gpu: dict[int, float] = field(default_factory=dict)
 
     @property
     def total_J(self) -> float:
@@ -112,19 +110,15 @@ def iteration_energy(
 ) -> IterationEnergy:
     """The energy of ``eng``'s run (module docstring): ``clocks`` the compute speed of each walked GPU
     by global rank (absent: 1), each walked GPU standing for ``replicas`` GPUs of the ``gpus``."""
-    walked: Iterable = eng.gpus.values()
     t_iter = max(g.finish for g in eng.gpus.values())
     out = IterationEnergy(t_iter, gpus, dict.fromkeys(STATES, 0.0), dict.fromkeys(STATES, 0.0))
-    for g in walked:
+    for g in eng.gpus.values():
         x = clocks.get(g.rank, 1.0)
         kernels = sum(g.acc[k] for k in KERNEL_ACCOUNTS)
         secs, watts = state_seconds(t_iter, 1, kernels, g.acc["optimizer"], share, x), state_watts(pm, x)
-        joules = 0.0
         for s in STATES:
             out.seconds[s] += replicas * secs[s]
             out.joules[s] += replicas * secs[s] * watts[s]
-            joules += secs[s] * watts[s]
-        out.per_gpu[g.rank] = joules
     return out
 
 
@@ -146,13 +140,3 @@ def kernel_gpu_seconds(plan: ParallelPlan, work, overlap_tp: bool = False) -> fl
             c, e, *_ = w.parts(k, overlap_tp)
             per_mb += c + e
     return per_mb * (plan.num_microbatches // plan.pipelines) * plan.dp * plan.cp * plan.tp
-
-
-def optimizer_gpu_seconds(model: ModelSpec, plan: ParallelPlan, costs: CostModel, profile) -> float:
-    """The optimizer steps' GPU-seconds of an iteration over the whole job (the engine's optimizer
-    account summed over every GPU: each pipeline rank's step, `iteration.optimizer_seconds`, on the GPU
-    part of an offloaded optimizer, times dp x cp x tp)."""
-    from ..engine.iteration import optimizer_seconds
-
-    steps = sum(optimizer_seconds(model, plan, list(st), costs, profile) for st in plan.rank_stages)
-    return steps * (1.0 - plan.offload_optimizer) * plan.dp * plan.cp * plan.tp

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..engine.repeat import RepeatedIteration, finish
+from ..engine.repeat import RepeatedIteration, finish, rank_loads
 from .account import clock_multiplier
 
 #: bisection runs per pipeline rank
@@ -59,7 +59,7 @@ def lowered_clocks(
     t0 = finish(iteration_at(rep, clocks, share))
     limit = t0 * (1.0 + tolerance)
     runs = 1
-    load = [sum(rep.work[s].seconds(k) for s in st for k in ("F", "B", "R")) for st in rep.plan.rank_stages]
+    load = rank_loads(rep.plan, rep.work)
     for pr in sorted(range(len(clocks)), key=lambda r: (load[r], r)):
         hi, lo = clocks[pr], min(min_clock, clocks[pr])
 

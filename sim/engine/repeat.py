@@ -121,6 +121,12 @@ class RepeatedIteration:
         return (len(self.keys) if self.keys is not None else self.plan.dp * self.plan.cp * self.plan.tp) * self.plan.pp
 
 
+def rank_loads(plan: ParallelPlan, work) -> list[float]:
+    """Each pipeline rank's compute per micro-batch: its stages' forward, backward and recompute
+    seconds (`StageWork.seconds`), what decides which rank has the least slack."""
+    return [sum(work[s].seconds(k) for s in stages for k in ("F", "B", "R")) for stages in plan.rank_stages]
+
+
 def finish(eng: Engine) -> float:
     """When the last GPU of a run finished its iteration."""
     return max(g.finish for g in eng.gpus.values())

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from ..cost.profile import MEGATRON, RuntimeProfile
 from ..engine.core import Engine
 from ..engine.iteration import EngineOptions
-from ..engine.repeat import RepeatedIteration, finish
+from ..engine.repeat import RepeatedIteration, finish, rank_loads
 from ..layout import RankLayout
 from ..plan import ParallelPlan
 from ..specs import ClusterSpec, ModelSpec
@@ -90,7 +90,7 @@ def busiest_gpu(plan: ParallelPlan, work) -> int:
     """The first GPU (data-, context- and tensor-parallel coordinates 0) of the pipeline rank with the
     most compute per iteration (its stages' forward, backward and recompute seconds): where a slow GPU
     has the least slack to hide in."""
-    load = [sum(work[s].seconds(k) for s in stages for k in ("F", "B", "R")) for stages in plan.rank_stages]
+    load = rank_loads(plan, work)
     pr = max(range(len(load)), key=lambda r: (load[r], -r))
     return RankLayout(plan).rank(pp=pr, dp=0, cp=0, tp=0)
 
