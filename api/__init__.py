@@ -38,7 +38,7 @@ _EXPORTS = {
     "memory_report": "simpar.sim.cost.memory",
     "MemoryReport": "simpar.sim.cost.memory",
     "simulate": "simpar.sim.engine.simulate",
-    "EngineOptions": "simpar.sim.engine.iteration",
+    "EngineOptions": "simpar.sim.program.terms",
     "SimResult": "simpar.sim.engine.results",
     "Calibration": "simpar.sim.specs.calibration",
     "load_calibration": "simpar.sim.specs.calibration",
@@ -56,7 +56,6 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time names load lazily (
     from simpar.sim.cost.compute import CostModel
     from simpar.sim.cost.memory import MemoryReport, memory_report
     from simpar.sim.cost.profile import ExecutorProfile
-    from simpar.sim.engine.iteration import EngineOptions
     from simpar.sim.engine.results import SimResult
     from simpar.sim.engine.simulate import simulate
     from simpar.sim.errors import SimparError
@@ -64,6 +63,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time names load lazily (
     from simpar.sim.plan import ParallelPlan
     from simpar.sim.plan_check import check_plan
     from simpar.sim.plan_make import make_plan
+    from simpar.sim.program.terms import EngineOptions
     from simpar.sim.schedules import build_schedule
     from simpar.sim.specs import ClusterSpec, ModelSpec, load_cluster, load_gpu, load_model
     from simpar.sim.specs.calibration import Calibration, load_calibration

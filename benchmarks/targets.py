@@ -99,7 +99,7 @@ print(json.dumps({"first": first, "warm": statistics.median(warm)}))
 #: every rank of Llama-3-405B (tp 8, pp 16, 1F1B, 16 micro-batches per replica) on GPUS H100s
 FULL = """
 import json, resource, time
-from simpar.sim.engine.iteration import EngineOptions
+from simpar.sim.program.terms import EngineOptions
 from simpar.sim.engine.simulate import simulate
 from simpar.sim.plan import ParallelPlan, balanced_layer_split
 from simpar.sim.specs import load_cluster, load_model

@@ -9,7 +9,7 @@ import click
 
 if TYPE_CHECKING:
     from simpar.sim.cost.profile import RuntimeProfile
-    from simpar.sim.engine.iteration import EngineOptions
+    from simpar.sim.program.terms import EngineOptions
     from simpar.sim.specs.calibration import Calibration
 
 RUNTIMES = ("megatron", "executor")

@@ -98,12 +98,12 @@ def _compare_profile(trace_dir, plan_path, cluster_name, calibration, runtime, p
     from pathlib import Path
 
     from simpar.sim import files
-    from simpar.sim.engine.iteration import EngineOptions
     from simpar.sim.engine.simulate import simulate
     from simpar.sim.kineto.compare import KEYS, compare_ranks, measured_events, perfetto_doc
     from simpar.sim.kineto.measure import device_spans, measured_steps
     from simpar.sim.kineto.runinfo import check_plan, run_result
     from simpar.sim.planfile import read_plan_file
+    from simpar.sim.program.terms import EngineOptions
     from simpar.sim.specs import load_cluster
     from simpar.sim.validation.compare import plot_timelines
 

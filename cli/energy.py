@@ -75,8 +75,8 @@ def energy(
     from simpar.sim.energy.account import STATES
     from simpar.sim.energy.price import combined, parse_price
     from simpar.sim.energy.run import plan_energy
-    from simpar.sim.engine.iteration import EngineOptions
     from simpar.sim.errors import SimparError
+    from simpar.sim.program.terms import EngineOptions
     from simpar.sim.specs.power import die_power, load_power
 
     parsed = [parse_price(p) for p in prices]  # a bad price is refused before any work

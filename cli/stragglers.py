@@ -61,9 +61,9 @@ def stragglers(
 ) -> None:
     """Many iterations with slow, throttled and jittering GPUs and NICs: P50/P90/P99 iteration time, the
     ranks that set it, and what one slow GPU does to the step."""
-    from simpar.sim.engine.iteration import EngineOptions
     from simpar.sim.errors import SimparError
     from simpar.sim.layout import RankLayout
+    from simpar.sim.program.terms import EngineOptions
     from simpar.sim.specs.variability import load_variability, with_settings
     from simpar.sim.variability.run import straggler_run
 

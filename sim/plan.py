@@ -89,7 +89,7 @@ class ParallelPlan(BaseModel):
     optimizer: str = lever_field("optimizer", "adamw")
     offload_optimizer: float = lever_field("offload_optimizer", 0.0)
     offload_params: bool = lever_field("offload_params", False)
-    #: Megatron-Core --overlap-cpu-optimizer-d2h-h2d (`iteration.HostStep.pipelined`)
+    #: Megatron-Core --overlap-cpu-optimizer-d2h-h2d (`terms.HostStep.pipelined`)
     offload_overlap: bool = lever_field("offload_overlap", False)
     offload_activations: int = lever_field("offload_activations", 0, strict=True)
     sequence_parallel: bool = lever_field("sequence_parallel", False)

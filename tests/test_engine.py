@@ -10,10 +10,10 @@ from hypothesis import strategies as st
 
 from simpar.sim.cost.profile import MEGATRON
 from simpar.sim.cost.workload import StageWork
-from simpar.sim.engine import iteration as it
 from simpar.sim.engine.core import EngineOptions, run_engine
 from simpar.sim.lowering import lower, schedule_for_plan
 from simpar.sim.plan import ParallelPlan
+from simpar.sim.program import terms as it
 from simpar.sim.schedules import StageCosts, list_schedule
 from simpar.sim.specs import ModelSpec, load_cluster
 

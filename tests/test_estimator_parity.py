@@ -1,5 +1,5 @@
 """The sweep's oracle against the engine it stands in for: both sum the same iteration terms
-(sim/engine/iteration.py), so with the analytical network they agree to rounding, across
+(sim/program/terms.py), so with the analytical network they agree to rounding, across
 schedules, ZeRO stages, overlap options, with and without a calibration, and under the executor
 profile. Where they may differ is documented in sim/sweep/estimator.py (queued sends, late
 ZeRO-1/2 gathers of later chunks); the cases here avoid neither on purpose. On every case the
@@ -13,8 +13,8 @@ import pytest
 
 from simpar.sim.calibration.check import CHECK_PLANS, EXECUTOR_OPTIONS, plan_of
 from simpar.sim.cost.profile import ExecutorProfile
-from simpar.sim.engine.iteration import EngineOptions
 from simpar.sim.engine.simulate import simulate
+from simpar.sim.program.terms import EngineOptions
 from simpar.sim.specs import load_cluster, load_model
 from simpar.sim.specs.calibration import load_calibration
 from simpar.sim.sweep.bound import lower_bound

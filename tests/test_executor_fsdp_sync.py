@@ -1,5 +1,5 @@
 """Without a pipeline, the executor's ZeRO-2 and ZeRO-3 reduce-scatter every micro-batch's
-gradients at its backward, as simpar simulates them (`iteration.reduces_every_microbatch`, FSDP's
+gradients at its backward, as simpar simulates them (`terms.reduces_every_microbatch`, FSDP's
 per-layer passes), not once at torch's REDUCE_GRAD: counted in the torch profiler's trace of a
 2-process CPU run, whose gradients still match one process (--verify)."""
 

@@ -16,9 +16,9 @@ from simpar import load_cluster, load_model, make_plan
 from simpar.cli.main import cli
 from simpar.sim.choices import LORA_MODULES
 from simpar.sim.cost import lora
-from simpar.sim.engine.iteration import local_params, sp_replicated_grads, tied_embedding_ranks
 from simpar.sim.errors import PlanError, SimparError
 from simpar.sim.plan_check import check_plan
+from simpar.sim.program.terms import local_params, sp_replicated_grads, tied_embedding_ranks
 
 LLAMA = load_model("llama3-8b")
 H100 = load_cluster("dgx-h100", gpus=8)

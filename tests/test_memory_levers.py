@@ -143,7 +143,7 @@ def test_fp16_pays_its_loss_scaler() -> None:
     one step in window + 1 is skipped (Megatron's window 1000)."""
     from simpar.sim.cost.profile import MEGATRON
     from simpar.sim.cost.states import skipped_step_fraction
-    from simpar.sim.engine.iteration import local_params, optimizer_seconds
+    from simpar.sim.program.terms import local_params, optimizer_seconds
 
     bf16, fp16 = plan(), plan(precision="fp16")
     costs = CostModel.for_gpu(CLUSTER.gpu)

@@ -15,8 +15,6 @@ from simpar.sim.cost.memory import memory_report
 from simpar.sim.cost.moe import dispatch_bytes, expert_rows, moe_mlp_times
 from simpar.sim.cost.params import rank_expert_params, rank_params
 from simpar.sim.cost.profile import MEGATRON
-from simpar.sim.engine import iteration as it
-from simpar.sim.engine.iteration import EngineOptions
 from simpar.sim.engine.simulate import simulate
 from simpar.sim.errors import PlanError
 from simpar.sim.layout import RankLayout
@@ -24,6 +22,8 @@ from simpar.sim.model import LayerKind
 from simpar.sim.network import make_network
 from simpar.sim.plan import ParallelPlan
 from simpar.sim.plan_check import check_plan
+from simpar.sim.program import terms as it
+from simpar.sim.program.terms import EngineOptions
 from simpar.sim.specs import load_cluster, load_model
 from simpar.sim.sweep.bound import lower_bound
 from simpar.sim.sweep.estimator import oracle_estimate

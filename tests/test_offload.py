@@ -13,13 +13,13 @@ from simpar.sim.cost.offload import HOST_GRAD_BYTES, IN_RUN_FRACTION, cpu_step_s
 from simpar.sim.cost.optimizers import optimizer_facts
 from simpar.sim.cost.states import stack_conventions
 from simpar.sim.engine.hostpath import copy_ready_times
-from simpar.sim.engine.iteration import Comm, host_step, local_params, pipelined
 from simpar.sim.engine.simulate import simulate
 from simpar.sim.errors import PlanError
 from simpar.sim.network.analytical import AnalyticalNetwork
 from simpar.sim.network.contention import ContentionNetwork
 from simpar.sim.plan import ParallelPlan
 from simpar.sim.plan_check import check_plan
+from simpar.sim.program.terms import Comm, host_step, local_params, pipelined
 from simpar.sim.specs import load_cluster, load_model
 from simpar.sim.sweep.config_plan import make_plan
 from simpar.sim.sweep.space import SearchSpace, enumerate_configs

@@ -12,9 +12,9 @@ from simpar.sim.cost.offload import (
     cpu_step_parts,
     in_run_fraction,
 )
-from simpar.sim.engine import iteration as it
 from simpar.sim.engine.simulate import simulate
 from simpar.sim.network import make_network
+from simpar.sim.program import terms as it
 from simpar.sim.specs import load_cluster
 from simpar.sim.validation.published import read_rows, row_options, row_setup
 

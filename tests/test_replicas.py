@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from test_rounds import MODEL, _same_run
 
-from simpar.sim.engine.iteration import EngineOptions
 from simpar.sim.engine.simulate import simulate
 from simpar.sim.plan import ParallelPlan
 from simpar.sim.plan_check import check_plan
+from simpar.sim.program.terms import EngineOptions
 from simpar.sim.specs import load_cluster
 
 

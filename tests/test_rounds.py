@@ -8,11 +8,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from simpar.sim.engine.iteration import EngineOptions
 from simpar.sim.engine.simulate import simulate
 from simpar.sim.lowering import lower
 from simpar.sim.plan import ParallelPlan
 from simpar.sim.plan_check import check_plan
+from simpar.sim.program.terms import EngineOptions
 from simpar.sim.schedules import build_schedule, spec
 from simpar.sim.schedules.periodic import find_rounds
 from simpar.sim.specs import load_cluster, load_model

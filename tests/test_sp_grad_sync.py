@@ -15,10 +15,10 @@ from simpar.sim.calibration.fit import build_calibration
 from simpar.sim.calibration.score import kind_errors
 from simpar.sim.cost.profile import MEGATRON, ExecutorProfile
 from simpar.sim.engine.core import EngineOptions, run_engine
-from simpar.sim.engine.iteration import sp_replicated_grads
 from simpar.sim.engine.trace import TraceEvent
 from simpar.sim.lowering import lower, schedule_for_plan
 from simpar.sim.plan import ParallelPlan
+from simpar.sim.program.terms import sp_replicated_grads
 from simpar.sim.specs import ModelSpec, load_cluster, load_gpu
 from simpar.sim.specs.calibration import SpGradSyncRow, validate_calibration
 
@@ -109,7 +109,7 @@ def test_pipeline_ranks_reduce_their_own_stages_norms():
 def test_sweep_estimate_charges_what_the_engine_charges(monkeypatch):
     """A one-second reduction (patched in where both use it) moves the engine and the sweep's
     estimates alike, and lands in the estimate's tp_comm."""
-    import simpar.sim.engine.iteration as iteration
+    import simpar.sim.program.terms as iteration
     import simpar.sim.sweep.estimator as rank
     from simpar.sim.engine.core import EngineOptions
     from simpar.sim.engine.simulate import simulate

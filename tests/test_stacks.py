@@ -203,7 +203,7 @@ def test_fsdp_stacks_keep_fp32_sharded_parameters_as_the_master():
 
 
 def test_gradient_reduction_bytes_come_from_the_stack():
-    from simpar.sim.engine.iteration import grad_bytes_per_param
+    from simpar.sim.program.terms import grad_bytes_per_param
 
     assert grad_bytes_per_param(_mem_plan(precision="bf16")) == 4
     assert grad_bytes_per_param(_mem_plan(precision="fp16")) == 2
@@ -275,9 +275,9 @@ def test_zero3_calls_follow_the_stack():
     """FSDP stacks gather and reduce-scatter once per layer and pass; DeepSpeed fetches each of a
     block's six parameter submodules and reduces in its reduce buckets; more calls, more latency
     at a large data-parallel size."""
-    from simpar.sim.engine import iteration as it
     from simpar.sim.engine.simulate import build_work
     from simpar.sim.network import make_network
+    from simpar.sim.program import terms as it
 
     m = load_model("llama2-13b")
     c = load_cluster("dgx-a100-80g", gpus=1536)

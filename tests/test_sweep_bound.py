@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from simpar.sim.engine.iteration import EngineOptions
 from simpar.sim.engine.simulate import simulate
+from simpar.sim.program.terms import EngineOptions
 from simpar.sim.specs import load_cluster, load_model
 from simpar.sim.sweep.bound import lower_bound
 from simpar.sim.sweep.estimator import quick_estimate

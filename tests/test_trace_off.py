@@ -9,11 +9,11 @@ from __future__ import annotations
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from simpar.sim.engine.iteration import EngineOptions
 from simpar.sim.engine.simulate import simulate
 from simpar.sim.errors import PlanError
 from simpar.sim.plan import ParallelPlan
 from simpar.sim.plan_check import check_plan
+from simpar.sim.program.terms import EngineOptions
 from simpar.sim.specs import load_cluster, load_model
 
 MODELS = {name: load_model(name) for name in ("gpt-1.7b", "tiny-moe")}

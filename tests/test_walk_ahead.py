@@ -12,11 +12,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_rounds import MODEL
 
-from simpar.sim.engine.iteration import EngineOptions
 from simpar.sim.engine.simulate import simulate
 from simpar.sim.network.analytical import AnalyticalNetwork
 from simpar.sim.plan import ParallelPlan
 from simpar.sim.plan_check import check_plan
+from simpar.sim.program.terms import EngineOptions
 from simpar.sim.specs import load_cluster
 
 TWO_CHUNKS = ("interleaved-1f1b", "interleaved-zb", "zb-v", "dualpipe-v")

@@ -1,5 +1,5 @@
 """ZeRO-2 with gradient accumulation: each micro-batch's gradients are reduce-scattered at its
-backward (`iteration.reduces_every_microbatch`), so a plan whose reduction outlasts a
+backward (`terms.reduces_every_microbatch`), so a plan whose reduction outlasts a
 micro-batch's compute queues them on the data-parallel stream, and the engine, the sweep's
 estimates and the lower bound all see it."""
 
@@ -8,11 +8,11 @@ from __future__ import annotations
 import pytest
 
 from simpar.sim.cost.profile import MEGATRON
-from simpar.sim.engine import iteration as it
-from simpar.sim.engine.iteration import EngineOptions
 from simpar.sim.engine.simulate import build_work, simulate
 from simpar.sim.network import make_network
 from simpar.sim.plan import ParallelPlan
+from simpar.sim.program import terms as it
+from simpar.sim.program.terms import EngineOptions
 from simpar.sim.specs import load_cluster, load_model
 from simpar.sim.sweep.bound import lower_bound
 from simpar.sim.sweep.estimator import oracle_estimate, quick_estimate

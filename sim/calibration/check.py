@@ -37,7 +37,6 @@ from pydantic import BaseModel, ConfigDict
 
 from .. import files
 from ..cost.profile import ExecutorProfile
-from ..engine.iteration import EXECUTOR_OPTIONS
 from ..engine.simulate import simulate
 from ..engine.trace import write_trace
 from ..errors import SimparError, SpecError
@@ -45,6 +44,7 @@ from ..lowering import schedule_for_plan
 from ..plan import ParallelPlan
 from ..plan_check import check_plan
 from ..planfile import write_plan_file
+from ..program.terms import EXECUTOR_OPTIONS
 from ..schedules import write_csv
 from ..specs import ClusterSpec, ModelSpec, load_model
 from ..specs.calibration import Calibration

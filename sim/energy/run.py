@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..cost.profile import MEGATRON, RuntimeProfile
-from ..engine.iteration import EngineOptions
 from ..engine.repeat import RepeatedIteration
 from ..errors import SimparError
 from ..plan import ParallelPlan
+from ..program.terms import EngineOptions
 from ..specs import ClusterSpec, ModelSpec
 from ..specs.calibration import Calibration
 from ..specs.power import PowerSpec

@@ -19,7 +19,6 @@ from __future__ import annotations
 from typing import Any
 
 from ..cost.workload import PassParts
-from ..plan import ZeroPolicy
 from ..schedules.ir import Action, Kind
 from .state import Arrival, Transfer
 from .trace import NO_ARGS, TraceEvent
@@ -55,11 +54,11 @@ def walk_ahead(eng: Any, g: Any, actions):
     table = eng.compute_tables.get(g.slow)  # shared by the GPUs of one speed: made by the first walk
     if table is None:
         table = eng.compute_tables[g.slow] = _compute_table(eng, g.slow)
-    policy, opt = eng.policy, eng.opt
     # a compute action runs at the clock when it waits on a ZeRO gather not yet done, or when it
     # releases gradient buckets (a stage's last backward; under ZeRO-2 every backward)
-    gather_all = policy is ZeroPolicy.PER_UNSHARD
-    gather_f = gather_all or (policy is ZeroPolicy.GATHER_AT_START and opt.overlap_param_gather)
+    steps = eng.steps
+    gather_all, gather_f = steps.wait_gather_backward, steps.wait_gather_forward
+    unshards = steps.unshard_actions
     last = eng.release_at[g.prank]
     F, R, B, I, W = Kind.F, Kind.R, Kind.B, Kind.I, Kind.W  # noqa: E741
     UNSHARD, RESHARD, OVERLAP, COMPUTE = Kind.UNSHARD, Kind.RESHARD, Kind.OVERLAP_F_B, _COMPUTE
@@ -207,7 +206,7 @@ def walk_ahead(eng: Any, g: Any, actions):
                 acc["pp_comm"] += env.now - max(t, tr.sent_at or 0.0)  # sent before it arrived
                 t = env.now
             continue
-        if not gather_all and (k is UNSHARD or k is RESHARD):  # no-ops but under ZeRO-3 (`DataParallel._unshard`)
+        if not unshards and (k is UNSHARD or k is RESHARD):  # no-ops but under ZeRO-3 (`DataParallel._unshard`)
             continue
         if t > env.now:  # anything else runs at the clock, through the engine's handler
             yield env.timeout(t - env.now)

@@ -27,14 +27,15 @@ from ..cost.compute import CostModel
 from ..cost.profile import MEGATRON, RuntimeProfile
 from ..cost.workload import PassParts, StageWork
 from ..layout import RankLayout
-from ..plan import ParallelPlan, ZeroPolicy
+from ..plan import ParallelPlan
+from ..program import terms as it
+from ..program.program import iteration_program, releases
+from ..program.terms import EngineOptions
 from ..schedules.costs import overlap_seconds
-from ..schedules.ir import Action, Kind, Pair, Schedule, flat
+from ..schedules.ir import Action, Kind, Pair, Schedule
 from ..specs import ModelSpec
-from . import iteration as it
 from .ahead import walk_ahead
 from .hostpath import HostCopies
-from .iteration import EngineOptions
 from .shards import DataParallel
 from .state import GpuState, Rendezvous, Transfer
 from .tail import IterationTail
@@ -96,15 +97,14 @@ class Engine(PipelineTransfers, DataParallel, HostCopies, IterationTail):
         self.p2p_s: dict[tuple[int, int, int], float] = {}
         self.pending: dict[tuple, Rendezvous] = {}
         self.last_bwd = schedule.last_backward  # (pipeline rank, stage) -> its last B or W
-        self.policy = plan.zero_policy
-        #: ZeRO-2 reduces each micro-batch's gradients at its backward (`iteration.reduces_every_microbatch`)
-        self.every_mb = it.reduces_every_microbatch(plan)
-        #: the offloaded optimizer part's gradients go to the host during the backward (`hostpath`)
-        self.copies_in_backward = it.copies_in_backward(plan, self.opt)
-        #: per pipeline rank, the backward actions that release gradient buckets (`releases`)
-        self.release_at = [self.releases(pr) for pr in range(len(schedule.ranks))]
+        #: the iteration's program (`program.program`): ZeRO's steps (``steps``) and each rank's tail
+        self.program = iteration_program(model, plan, options)
+        self.steps = self.program.steps
+        #: per pipeline rank, the backward actions that release gradient buckets (`program.releases`)
+        self.release_at = [
+            releases(self.steps, schedule, pr, options.overlap_grad_reduce) for pr in range(len(schedule.ranks))
+        ]
         self.post_s = profile.post_seconds(plan)
-        self.tied = it.tied_embedding_ranks(model, plan)
         self.gpus: dict[tuple[tuple[int, ...], int], GpuState] = {}
         #: per pipeline (its (dp, cp, tp) key), the compute tables of `ahead` by time multiplier
         self.compute_tables: dict[float, dict] = {}
@@ -144,16 +144,6 @@ class Engine(PipelineTransfers, DataParallel, HostCopies, IterationTail):
         if not self.opt.full:
             return [(0, 0, 0)]
         return [(d, c, t) for d in range(p.dp) for c in range(p.cp) for t in range(p.tp)]
-
-    def releases(self, prank: int) -> set[Action]:
-        """The backward actions of pipeline rank ``prank`` at which gradient buckets are released:
-        every weight-gradient action under ZeRO-2 (`every_mb`), else, when the reduction overlaps
-        the backward, each stage's last; none otherwise (a REDUCE_GRAD action starts it)."""
-        if self.every_mb:
-            return {a for a in flat(self.sched.ranks[prank]) if a.kind in (Kind.B, Kind.W)}
-        if self.opt.overlap_grad_reduce:
-            return {x for (pr, _), x in self.last_bwd.items() if pr == prank}
-        return set()
 
     # --- running ------------------------------------------------------------------------
     def run(self) -> None:
@@ -219,24 +209,20 @@ class Engine(PipelineTransfers, DataParallel, HostCopies, IterationTail):
     def _pass(self, g: GpuState, a: Action, kind: str):
         """One F/B/I/W on the compute stream, or, under FSDP, with its per-layer gathers."""
         parts = self._parts(a, kind, g.slow)
-        if self.policy is ZeroPolicy.PER_LAYER:
+        if self.steps.layer_passes:
             yield from self._fsdp_pass(g, a, parts)
         else:
             yield from self._compute(g, a, parts)
 
     def _forward(self, g: GpuState, a: Action):
-        if self.policy in (ZeroPolicy.PER_UNSHARD, ZeroPolicy.GATHER_AT_START) and self._gathers_before_use():
+        if self.steps.wait_gather_forward:
             yield from self._wait_gather(g, a.stage)
         self._mem(g, self.act_bytes[a.stage])
         yield from self._pass(g, a, "F")
 
-    def _gathers_before_use(self) -> bool:
-        """ZeRO-3 gathers on use; ZeRO-1/2 only when overlapped with the next forward."""
-        return self.policy is ZeroPolicy.PER_UNSHARD or self.opt.overlap_param_gather
-
     def _backward(self, g: GpuState, a: Action):
         s, k = a.stage, a.kind
-        if self.policy is ZeroPolicy.PER_UNSHARD:
+        if self.steps.wait_gather_backward:
             yield from self._wait_gather(g, s)
         t0 = self.env.now
         self._release(g, a, t0, sum(self._parts(a, k.value, g.slow)), False)
@@ -262,13 +248,13 @@ class Engine(PipelineTransfers, DataParallel, HostCopies, IterationTail):
         the two passes run one after the other.) The parts' all-to-alls are timed as `StageWork`
         times them, on either backend: a pair does not put them on the shared links."""
         f, b = a.f, a.b
-        if self.policy is ZeroPolicy.PER_LAYER:
+        if self.steps.layer_passes:
             yield from self._forward(g, f)
             yield from self._backward(g, b)
             return
-        if self.policy in (ZeroPolicy.PER_UNSHARD, ZeroPolicy.GATHER_AT_START) and self._gathers_before_use():
+        if self.steps.wait_gather_forward:
             yield from self._wait_gather(g, f.stage)
-        if self.policy is ZeroPolicy.PER_UNSHARD:
+        if self.steps.wait_gather_backward:
             yield from self._wait_gather(g, b.stage)
         dur, charged = self.pair_cost(f, b, g.slow)
         self._release(g, b, self.env.now, dur, False)
@@ -315,12 +301,12 @@ class Engine(PipelineTransfers, DataParallel, HostCopies, IterationTail):
     }
 
     def _walk(self, g: GpuState, actions):
-        if self.policy is ZeroPolicy.GATHER_AT_START and self.opt.overlap_param_gather:
+        if self.steps.gather_at_start:
             first = self.plan.first_stage_of(g.prank)  # gathered first: the first forward waits for it
             for s in (first, *(s for s in self.plan.rank_stages[g.prank] if s != first)):
                 self._zero_gather(g, s)
         handlers = self.HANDLERS
-        if self.timed_p2p and self.policy is not ZeroPolicy.PER_LAYER:
+        if self.timed_p2p and not self.steps.layer_passes:
             yield from walk_ahead(self, g, actions)
         elif self.marks is None:
             for a in actions:

@@ -12,12 +12,12 @@ goes back), so each backward but the last moves the partition's 16-bit gradients
 the last does that too before its fp32 copy.
 
 When each bucket is ready: bucket b of a reduction entry of n buckets is released at
-start + (b + 1) / n x duration of the backward (`iteration.reduction_calls`), reduced in turn on
+start + (b + 1) / n x duration of the backward (`terms.reduction_calls`), reduced in turn on
 the GPU's data-parallel stream (a 1/n share of the entry's time each), and copied once reduced
 (with one data-parallel rank: once released). The copies queue on one copy stream per GPU; on a
 network that shares links each is a flow over the GPU's PCIe route (`Network.host_copy`),
 elsewhere it takes `Network.host_copy_time` with every GPU of the node copying at once, as
-`iteration.HostStep.seconds` times the whole path. A base of `core.Engine`."""
+`terms.HostStep.seconds` times the whole path. A base of `core.Engine`."""
 
 from __future__ import annotations
 
@@ -28,15 +28,15 @@ from typing import TYPE_CHECKING, Any
 import simpy
 
 from ..cost.offload import HOST_GRAD_BYTES
-from . import iteration as it
+from ..program import terms as it
 from .state import GpuState
 
 if TYPE_CHECKING:
     from ..cost.profile import RuntimeProfile
     from ..cost.workload import StageWork
     from ..plan import ParallelPlan
+    from ..program.terms import EngineOptions
     from ..specs import ModelSpec
-    from .iteration import EngineOptions
 
 
 def copy_ready_times(
@@ -49,7 +49,7 @@ def copy_ready_times(
     reduces: bool,
 ) -> list[tuple[float, float]]:
     """(time its partition may leave for the host, share of the stage's gradients) of each bucket
-    of a stage's reduction entries (`iteration.grad_buckets`), in time order (module docstring).
+    of a stage's reduction entries (`terms.grad_buckets`), in time order (module docstring).
     Not overlapped with the backward, every bucket is released at ``now``."""
     total = sum(c.nbytes for c in comms)
     out: list[tuple[float, float]] = []

@@ -23,11 +23,11 @@ from ..layout import RankLayout
 from ..lowering.memo import lowered_schedule
 from ..network import make_network
 from ..plan import ParallelPlan
+from ..program.terms import EngineOptions
 from ..specs import ClusterSpec, ModelSpec
 from ..specs.calibration import Calibration, calibrated_cluster
 from ..topology.graph import build_topology
 from .core import Engine, PartialWalkError, run_engine
-from .iteration import EngineOptions
 from .simulate import build_work, stage_costs
 
 

@@ -23,10 +23,11 @@ from collections.abc import Iterator, Sequence
 from ..cost.profile import RuntimeProfile
 from ..cost.workload import StageWork
 from ..layout import RankLayout
-from ..plan import ParallelPlan, ZeroPolicy
+from ..plan import ParallelPlan
+from ..program import terms as it
+from ..program.program import ZeroSteps
+from ..program.terms import EngineOptions
 from ..specs import ModelSpec
-from . import iteration as it
-from .iteration import EngineOptions
 from .rounds import GpuOutcome, Outcome
 from .trace import TraceEvent
 
@@ -94,10 +95,11 @@ def _group_seconds(
     """The seconds of the DP x CP (and edp) collectives of a pipeline rank's ``stages``: gradient
     buckets, parameter gathers and FSDP's per-layer passes, stage by stage."""
     out: list[float] = []
+    layer_passes = ZeroSteps.of(plan, options).layer_passes
     for s in stages:
         comms = it.grad_buckets(plan, work[s], dp_group, profile, options, edp)[:2]
         comms += it.param_gathers(plan, work[s], dp_group, profile, edp)
-        if plan.zero_policy is ZeroPolicy.PER_LAYER:
+        if layer_passes:
             fp = it.fsdp_pass(plan, work[s], dp_group, edp)
             comms += [*fp.first, *fp.rest, *fp.reduce]
         out += [c.time(net) for c in comms]

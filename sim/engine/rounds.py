@@ -39,11 +39,11 @@ from dataclasses import dataclass, field
 
 from ..lowering.memo import lowered_schedule
 from ..plan import ParallelPlan
+from ..program.terms import reduces_every_microbatch
 from ..schedules.ir import Action, Kind, Schedule
 from ..schedules.periodic import Rounds, find_rounds, shift
 from ..schedules.registry import spec
 from .core import Engine
-from .iteration import reduces_every_microbatch
 from .trace import TraceEvent
 
 #: relative tolerance of the periodicity checks (times are sums of a few thousand floats)

@@ -1,7 +1,7 @@
 """Collectives, data parallelism and ZeRO in `core.Engine`: a collective on a stream (measured
 seconds, the network's time, or in a full run once every member has arrived), the ZeRO parameter
 gathers (ZeRO-1/2 after the previous step, ZeRO-3 on use, resharded by RESHARD), the gradient
-buckets released by the backwards of `Engine.release_at` (`iteration.reduction_calls`; booked at
+buckets released by the backwards of `Engine.release_at` (`terms.reduction_calls`; booked at
 once, without a process, on a network that does not share links: `_booked_bucket`), FSDP's
 per-layer passes, and the UNSHARD / RESHARD / REDUCE_GRAD actions. What each collective costs comes
 from `iteration`. A base of `core.Engine`, whose state these methods use."""
@@ -12,9 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 import simpy
 
-from ..plan import ZeroPolicy
+from ..program import terms as it
 from ..schedules.ir import Action, Kind
-from . import iteration as it
 from .state import GpuState, Rendezvous
 from .trace import TraceEvent
 
@@ -22,7 +21,8 @@ if TYPE_CHECKING:
     from ..cost.profile import RuntimeProfile
     from ..cost.workload import PassParts, StageWork
     from ..plan import ParallelPlan
-    from .iteration import EngineOptions
+    from ..program.program import ZeroSteps
+    from ..program.terms import EngineOptions
 
 
 class DataParallel:
@@ -36,10 +36,9 @@ class DataParallel:
         opt: EngineOptions
         profile: RuntimeProfile
         pending: dict[tuple, Rendezvous]
-        policy: ZeroPolicy
-        every_mb: bool
+        steps: ZeroSteps
         trace: bool
-        release_at: list[set[Action]]
+        release_at: list[frozenset[Action]]
         timed_p2p: bool
         events: list[TraceEvent]
 
@@ -49,7 +48,6 @@ class DataParallel:
         def _charge(self, g: GpuState, acc: str, parts: PassParts) -> None: ...
         def _start_grad_copies(self, g: GpuState, stage: int, start: float, dur: float, last: bool) -> None: ...
 
-        copies_in_backward: bool
         last_bwd: dict[tuple[int, int], Action]
 
     # --- collectives ----------------------------------------------------------------------
@@ -91,7 +89,7 @@ class DataParallel:
         optimizer step, ZeRO-3 on first use); returns the event to wait on."""
         ev = g.gathered.get(stage)
         if ev is None:
-            if self.policy is ZeroPolicy.PER_UNSHARD:
+            if self.steps.unshard_actions:
                 self._params_mem(g, self.work[stage].params)
             comms = it.param_gathers(self.plan, self.work[stage], g.dp_group, self.profile, g.edp_group)
             ev = g.gathered[stage] = self.env.process(self._gathers(g, comms, stage))
@@ -109,7 +107,7 @@ class DataParallel:
             g.acc["zero_comm"] += self.env.now - t0
 
     def _start_reduction(self, g: GpuState, stage: int, start: float, dur: float, mb: int | None = None) -> None:
-        """Release the stage's gradient buckets (of micro-batch ``mb`` under ZeRO-2, `every_mb`;
+        """Release the stage's gradient buckets (of micro-batch ``mb`` under ZeRO-2, `ZeroSteps.release_every_backward`;
         of the whole iteration otherwise, once)."""
         key: int | tuple[int, int] = stage if mb is None else (stage, mb)
         if key in g.reduced or not self.plan.reduces_gradients:
@@ -133,7 +131,7 @@ class DataParallel:
         books a pipeline send): the GPU's DP stream is FIFO in release order, and releases come in
         time order (a rank's backwards run one after the other, `_finish` releases at its own
         time), so a bucket starts when it is released or when the one before it ends, and takes
-        ``seconds`` (`Comm.time`, what `_comm` waits for, as `iteration.reduction_calls` timed it).
+        ``seconds`` (`Comm.time`, what `_comm` waits for, as `terms.reduction_calls` timed it).
         `_finish` waits for the last (``dp_free``)."""
         assert ready >= g.dp_released, "gradient buckets are released in time order"
         g.dp_released = ready
@@ -145,15 +143,15 @@ class DataParallel:
     def _release(self, g: GpuState, b: Action, start: float, dur: float, ended: bool) -> None:
         """Gradient buckets released by the backward ``b`` (starting at ``start``, ``dur`` long)
         when it is one of `release_at`, called at its start and at its end (``ended``): where the
-        reduction overlaps the backward, at the start (`iteration.reduction_calls` spreads the
+        reduction overlaps the backward, at the start (`terms.reduction_calls` spreads the
         buckets over the pass), else (ZeRO-2) at its end."""
-        if self.policy is ZeroPolicy.PER_LAYER or b not in self.release_at[g.prank]:
+        if b not in self.release_at[g.prank]:
             return
         if self.opt.overlap_grad_reduce is not ended:
-            mb = b.microbatch if self.every_mb else None
+            mb = b.microbatch if self.steps.release_every_backward else None
             fresh = (b.stage if mb is None else (b.stage, mb)) not in g.reduced  # a B and its W release once
             self._start_reduction(g, b.stage, start, dur, mb)
-            if self.copies_in_backward and fresh:  # the stage's last micro-batch sends the fp32 copy
+            if self.steps.copies_in_backward and fresh:  # the stage's last micro-batch sends the fp32 copy
                 last = self.last_bwd.get((g.prank, b.stage))
                 self._start_grad_copies(g, b.stage, start, dur, last is not None and last.microbatch == b.microbatch)
 
@@ -173,7 +171,7 @@ class DataParallel:
         g.peak_unsharded = max(g.peak_unsharded, g.unsharded)
 
     def _fsdp_pass(self, g: GpuState, a: Action, parts: PassParts):
-        """`iteration.FsdpPass`: the first layer's gather exposed, the rest (and in the backward
+        """`terms.FsdpPass`: the first layer's gather exposed, the rest (and in the backward
         the gradients' reduce-scatter) alongside the compute."""
         fp = it.fsdp_pass(self.plan, self.work[a.stage], g.dp_group, g.edp_group)
         backward = a.kind is not Kind.F
@@ -201,16 +199,16 @@ class DataParallel:
 
     # --- the actions that only start or stop ZeRO traffic -------------------------------
     def _unshard(self, g: GpuState, a: Action):
-        if self.policy is ZeroPolicy.PER_UNSHARD:
+        if self.steps.unshard_actions:
             self._zero_gather(g, a.stage)  # a no-op while the stage is still unsharded
         yield from ()
 
     def _reshard_action(self, g: GpuState, a: Action):
-        if self.policy is ZeroPolicy.PER_UNSHARD:
+        if self.steps.unshard_actions:
             self._reshard(g, a.stage)
         yield from ()
 
     def _reduce_grad(self, g: GpuState, a: Action):
-        if not self.every_mb:  # under ZeRO-2 each backward has released its own
+        if not self.steps.release_every_backward:  # under ZeRO-2 each backward has released its own
             self._start_reduction(g, a.stage, self.env.now, 0.0)
         yield from ()

@@ -30,12 +30,12 @@ from ..lowering.memo import built_inflight, lowered_key, lowered_schedule
 from ..model import hardware_flops_per_iteration, model_flops_per_iteration
 from ..network import make_network
 from ..plan import ParallelPlan
+from ..program.terms import reduces_every_microbatch
 from ..schedules import StageCosts, spec
 from ..schedules.ir import Schedule
 from ..specs import ClusterSpec, ModelSpec
 from ..specs.calibration import Calibration, calibrated_cluster
 from .core import Engine, EngineOptions, run_engine
-from .iteration import reduces_every_microbatch
 from .replicas import replica_check, replicate
 from .results import BREAKDOWN_KEYS, SimResult
 from .rounds import Outcome, compressed_run, lowered_builder, outcome_of, schedule_rounds

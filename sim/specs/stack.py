@@ -105,7 +105,7 @@ class GradBucket(BaseModel):
 
 
 class Zero3Calls(BaseModel):
-    """The collective calls a stack makes for ZeRO-3 / FSDP (`engine.iteration.fsdp_pass`)."""
+    """The collective calls a stack makes for ZeRO-3 / FSDP (`program.terms.fsdp_pass`)."""
 
     model_config = _STRICT
 

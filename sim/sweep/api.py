@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..cost.profile import MEGATRON, RuntimeProfile
-from ..engine.iteration import EngineOptions
+from ..program.terms import EngineOptions
 from ..specs import ClusterSpec, ModelSpec
 from ..specs.calibration import Calibration
 from ..specs.power import PowerSpec

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..engine import iteration as it
+from ..program import terms as it
 from ..schedules.registry import spec
 from .pairs import rank_savings
 from .terms import (
@@ -23,7 +23,7 @@ from .terms import (
 
 def _reduction(x: Inputs, prank: int, stage: int, shape: tuple) -> tuple[float, float]:
     """Seconds of the stage's last gradient bucket and of all its buckets, one after the other on
-    the rank's DP stream (`iteration.grad_buckets`; (0, 0) when nothing is reduced), kept per
+    the rank's DP stream (`terms.grad_buckets`; (0, 0) when nothing is reduced), kept per
     ``shape`` (`terms.reduction_shape`), stage size and rank."""
     p = x.plan
     if not p.reduces_gradients or x.fsdp:

@@ -18,7 +18,7 @@ network) and add the same data-parallel, ZeRO and optimizer terms the engine cha
   schedule the engine would run (zb-1p/2p built with the same costs), which gives each rank's
   last backward per stage; the gradient buckets are then queued exactly as the engine queues them.
 
-The terms around the pipeline (`terms`) come from `simpar.sim.engine.iteration`, the functions the engine
+The terms around the pipeline (`terms`) come from `simpar.sim.program.terms`, the functions the engine
 yields on: each stage's gradients go out in ``grad_buckets`` buckets released during its last
 backward (or at its REDUCE_GRAD; under ZeRO-2, pp = 1, during every backward) and serialised on
 the rank's DP stream, what is still running after
@@ -38,9 +38,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..engine import iteration as it
 from ..lowering import lower
 from ..lowering.memo import lowered_schedule
+from ..program import terms as it
 from ..schedules import StageCosts, list_schedule, spec
 from ..schedules.ir import Kind, Pair
 from ..schedules.spec import FillCosts

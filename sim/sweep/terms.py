@@ -2,7 +2,7 @@
 bound (`bound`): what one plan's estimate reads (`Inputs`: the engine's stage work, the analytical
 network, collective times cached per layout), each pipeline rank's times (`RankTimes`), and the
 data-parallel, ZeRO, FSDP, tied-embedding, sequence-parallel, host-offload and optimizer terms the
-engine charges, from the same functions of `simpar.sim.engine.iteration` (see `estimator` for how
+engine charges, from the same functions of `simpar.sim.program.terms` (see `estimator` for how
 they are put together). `finish` adds them to per-rank pipeline ends.
 """
 
@@ -17,10 +17,11 @@ from ..cost.compute import CostModel
 from ..cost.profile import MEGATRON, RuntimeProfile
 from ..cost.workload import PassParts, StageWork
 from ..derived import derived
-from ..engine import iteration as it
-from ..engine.iteration import CollectiveTimer, Comm, EngineOptions
 from ..layout import RankLayout
-from ..plan import ParallelPlan, ZeroPolicy
+from ..plan import ParallelPlan
+from ..program import terms as it
+from ..program.program import IterationProgram, Tail, iteration_program
+from ..program.terms import CollectiveTimer, Comm, EngineOptions
 from ..schedules.registry import spec
 from ..specs import ModelSpec
 
@@ -114,9 +115,14 @@ class Inputs:
         f, i, w = self.seconds
         return [sum(f[s] + i[s] + w[s] + self.posts[s] * self.post for s in st) for st in self.ranks]
 
+    @derived
+    def program(self) -> IterationProgram:
+        """The plan's iteration program (`program.program`): ZeRO's steps and each rank's tail."""
+        return iteration_program(self.model, self.plan, self.options)
+
     @property
     def fsdp(self) -> bool:
-        return self.plan.zero_policy is ZeroPolicy.PER_LAYER
+        return self.program.steps.layer_passes
 
     def time(self, comm: Comm | None, prank: int) -> float:
         """Seconds of ``comm`` (issued by pipeline rank ``prank``), cached per layout."""
@@ -167,15 +173,15 @@ class RankTimes:
     last_bwd: dict[int, tuple[float, float, float]]
     #: (TP/CP, all-to-all, activation offload) seconds the rank's overlapped F&B pairs hide (`overlap_seconds`)
     hidden: tuple[float, float, float] = (0.0, 0.0, 0.0)
-    #: ZeRO-2 (`iteration.reduces_every_microbatch`): (stage, start, duration) of every
+    #: ZeRO-2 (`terms.reduces_every_microbatch`): (stage, start, duration) of every
     #: weight-gradient pass, each releasing the buckets of its micro-batch; else empty
     every_bwd: tuple[tuple[int, float, float], ...] = ()
 
 
 class _StageBuckets:
-    """A stage's gradient buckets on a rank (`iteration.grad_buckets`) with the seconds of every
-    call `iteration.reduction_calls` may issue for them, each timed once (`Inputs.time`): the
-    entries, and the two calls an entry splits into (`iteration.split_bucket`) when a plan first
+    """A stage's gradient buckets on a rank (`terms.grad_buckets`) with the seconds of every
+    call `terms.reduction_calls` may issue for them, each timed once (`Inputs.time`): the
+    entries, and the two calls an entry splits into (`terms.split_bucket`) when a plan first
     splits it. Kept per `reduction_shape`, stage size and rank (`_dp_tail`)."""
 
     def __init__(self, x: Inputs, prank: int, stage: int):
@@ -197,7 +203,7 @@ class _StageBuckets:
 
 
 def reduction_shape(x: Inputs) -> tuple:
-    """What a stage's gradient reduction (`iteration.grad_buckets`, and the time of its calls)
+    """What a stage's gradient reduction (`terms.grad_buckets`, and the time of its calls)
     depends on besides the stage's own size and the rank: the layout, the ZeRO stage and the
     precision (a sweep's stack, runtime and engine options are fixed). Stages and plans of one
     shape share their reductions' times in the shared cache (the lower bound's too)."""
@@ -207,7 +213,7 @@ def reduction_shape(x: Inputs) -> tuple:
 
 def _dp_tail(x: Inputs, prank: int, rt: RankTimes) -> float:
     """Seconds the rank's gradient buckets run past its last action, queued on one DP stream as
-    the engine queues them (`iteration.reduction_calls`, with the calls timed once: `_StageBuckets`)."""
+    the engine queues them (`terms.reduction_calls`, with the calls timed once: `_StageBuckets`)."""
     if not x.plan.reduces_gradients or x.fsdp:
         return 0.0
     overlapped, shape, edp = x.options.overlap_grad_reduce, reduction_shape(x), x.edp(prank)
@@ -232,7 +238,7 @@ def _dp_tail(x: Inputs, prank: int, rt: RankTimes) -> float:
 
 
 def gather_seconds(x: Inputs, prank: int, stage: int, shape: tuple | None = None) -> float:
-    """Seconds of the stage's ZeRO parameter gathers on the rank (`iteration.param_gathers`),
+    """Seconds of the stage's ZeRO parameter gathers on the rank (`terms.param_gathers`),
     kept per `reduction_shape` (``shape``, where the caller has it), parameter offload, stage size
     and rank."""
     w = x.work[stage]
@@ -257,9 +263,7 @@ def gathers_before_forward(x: Inputs) -> bool:
     """Whether a stage's first forward waits for its ZeRO parameter gathers (the engine's
     `_gathers_before_use`): ZeRO-1/2 with overlapped gathers, issued at the iteration's start,
     and ZeRO-3 with pp > 1, on first use."""
-    policy = x.plan.zero_policy
-    overlapped = policy is ZeroPolicy.GATHER_AT_START and x.options.overlap_param_gather
-    return overlapped or policy is ZeroPolicy.PER_UNSHARD
+    return x.program.steps.wait_gather_forward
 
 
 def _zero_start(x: Inputs, first_f: list[float]) -> float:
@@ -273,9 +277,8 @@ def _zero_start(x: Inputs, first_f: list[float]) -> float:
 
 def _zero_end(x: Inputs, prank: int) -> float:
     """ZeRO-1/2 gathers after the optimizer step when they are not overlapped."""
-    if x.plan.zero_policy is ZeroPolicy.GATHER_AT_START and not x.options.overlap_param_gather:
-        return sum(gather_seconds(x, prank, s) for s in x.ranks[prank])
-    return 0.0
+    op = x.program.has(prank, Tail.REGATHER)
+    return sum(gather_seconds(x, prank, s) for s in op.stages) if op is not None else 0.0
 
 
 def _cached(x: Inputs, key: tuple, fn) -> float:
@@ -309,7 +312,7 @@ def optimizer_time(x: Inputs, prank: int) -> float:
 
 def host_path(x: Inputs, prank: int) -> tuple[float, float]:
     """(PCIe copies, CPU step) seconds per iteration of the rank's offloaded optimizer part, each
-    whole (however they overlap) and every GPU of the node copying at once (`iteration.HostStep`): the gradients
+    whole (however they overlap) and every GPU of the node copying at once (`terms.HostStep`): the gradients
     down and the weights up, and under DeepSpeed's ZeRO-2 with several micro-batches the host's
     16-bit sum up and down at each (`hostpath`). (0, 0) without optimizer offload."""
     host = it.host_step(x.model, x.plan, list(x.ranks[prank]), x.net.cluster)
@@ -317,19 +320,19 @@ def host_path(x: Inputs, prank: int) -> tuple[float, float]:
         return 0.0, 0.0
     rank = RankLayout(x.plan).rank(pp=prank)
     copies = sum(host.copies(x.net, rank))
-    if it.copies_in_backward(x.plan, x.options):
+    if x.program.steps.copies_in_backward:
         n = it.accumulation_copies(x.plan) * it.ACCUMULATE_BYTES * host.params
         copies += x.net.host_copy_time(rank, n, False, True) + x.net.host_copy_time(rank, n, True, True)
     return copies, host.cpu_seconds
 
 
 def host_wait(x: Inputs, prank: int, lower: bool = False) -> float:
-    """Seconds the rank waits on its offloaded optimizer part beyond its GPU step (`iteration.HostStep`).
-    Where the gradients leave during the backward (`iteration.copies_in_backward`), the estimate
+    """Seconds the rank waits on its offloaded optimizer part beyond its GPU step (`terms.HostStep`).
+    Where the gradients leave during the backward (`ZeroSteps.copies_in_backward`), the estimate
     takes the last bucket's copy as left after the backward, and ``lower`` (the bound) none of it."""
     if not x.plan.offload_optimizer:
         return 0.0
-    during = it.copies_in_backward(x.plan, x.options)
+    during = x.program.steps.copies_in_backward
 
     def path() -> float:  # the host path of the rank's first GPU (every GPU of a pipeline rank alike)
         stages = list(x.ranks[prank])
@@ -376,15 +379,15 @@ def sp_sync_time(x: Inputs, prank: int) -> float:
     return _cached(x, key, timed)
 
 
-def _tied_embedding(x: Inputs) -> tuple[tuple[int, int] | None, float]:
+def _tied_embedding(x: Inputs) -> tuple[tuple[int, ...] | None, float]:
     """(first, last pipeline rank) and the all-reduce of a tied embedding's gradient between
-    them; (None, 0) when the model has none or one rank holds both."""
-    ends = it.tied_embedding_ranks(x.model, x.plan)
-    if ends is None:
+    them (the program's `Tail.TIED_GRAD`); (None, 0) when no rank's tail has one."""
+    op = next((op for r in range(x.plan.pp) if (op := x.program.has(r, Tail.TIED_GRAD))), None)
+    if op is None:
         return None, 0.0
     layout = RankLayout(x.plan)
-    pair = tuple(layout.rank(pp=r) for r in ends)
-    return ends, x.time(it.tied_embedding_grad(x.model, x.plan, pair), ends[0])
+    pair = tuple(layout.rank(pp=r) for r in op.ranks)
+    return op.ranks, x.time(it.tied_embedding_grad(x.model, x.plan, pair), op.ranks[0])
 
 
 def finish(x: Inputs, rts: list[RankTimes], source: str) -> Estimate:
@@ -396,12 +399,13 @@ def finish(x: Inputs, rts: list[RankTimes], source: str) -> Estimate:
         tail = _dp_tail(x, r, rt)
         ready.append(shift + rt.end + tail)
         tails.append(tail)
-    for r in range(len(rts)) if x.plan.pipelines == 2 else ():
-        partner = it.replica_partner(x.plan, r)
-        if partner is not None and partner > r:  # the two replicas meet, all-reduce, then go on
+    for r in range(len(rts)):
+        op = x.program.has(r, Tail.REPLICA_SYNC)
+        if op is not None and op.ranks[1] > r:  # the two replicas meet, all-reduce, then go on
+            partner = op.ranks[1]
             layout = RankLayout(x.plan)
             pair = (layout.rank(pp=r), layout.rank(pp=partner))
-            sync = x.time(it.replica_grad_sync(x.model, x.plan, list(x.ranks[r]), pair), r)
+            sync = x.time(it.replica_grad_sync(x.model, x.plan, list(op.stages), pair), r)
             meet = max(ready[r], ready[partner]) + sync
             tails[r] += meet - ready[r]
             tails[partner] += meet - ready[partner]

@@ -18,11 +18,11 @@ from simpar.jobs.procs import fork_map
 from .. import files
 from ..choices import MAX_BATCH, MAX_GPUS
 from ..cost.offload import offload_fields
-from ..engine.iteration import EngineOptions
 from ..errors import SimparError
 from ..levers import LEVERS, Lever
 from ..plan import FP8_RECIPES, ParallelPlan, balanced_layer_split
 from ..plan_check import check_plan
+from ..program.terms import EngineOptions
 from ..specs import load_cluster
 from ..specs.model import ModelSpec
 from ..specs.stack import MEMORY_METRICS

@@ -27,10 +27,10 @@ from dataclasses import dataclass, field
 
 from ..cost.profile import MEGATRON, RuntimeProfile
 from ..engine.core import Engine
-from ..engine.iteration import EngineOptions
 from ..engine.repeat import RepeatedIteration, finish, rank_loads
 from ..layout import RankLayout
 from ..plan import ParallelPlan
+from ..program.terms import EngineOptions
 from ..specs import ClusterSpec, ModelSpec
 from ..specs.calibration import Calibration
 from ..specs.variability import VariabilitySpec

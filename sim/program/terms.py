@@ -4,7 +4,7 @@ gradient all-reduce, the sequence-parallel gradient sync, the optimizer step and
 rank spends posting pipeline transfers.
 
 Each is a pure function of plain values (model, plan, a stage's work, a process group, the runtime
-profile, the engine options). The engine (`core.Engine`) yields on them; the sweep's estimator
+profile, the engine options). The engine (`engine.core.Engine`) yields on them; the sweep's estimator
 (`simpar.sim.sweep.estimator`) sums them; neither re-derives one. A communication term is a `Comm`:
 a collective the network times (and, in the engine, contends on links), or the seconds a runtime
 profile measured for it.
@@ -24,7 +24,7 @@ from ..cost.params import rank_expert_params, stage_layer_range
 from ..cost.profile import RuntimeProfile
 from ..cost.states import FP16_UNSCALE_BYTES, stack_conventions
 from ..cost.workload import StageWork
-from ..plan import ParallelPlan, ZeroPolicy
+from ..plan import ParallelPlan
 from ..specs import ClusterSpec, ModelSpec
 from ..specs.stack import load_stack
 
@@ -348,8 +348,8 @@ class HostStep:
     Megatron-Core copies its fp32 main gradients), the CPU step, its new 16-bit weights host ->
     device (none with ``offload_params``: the shards stay on the host and every all-gather copies
     them up), in bytes and seconds. The GPU steps the rest at the same time. Where the stack copies
-    the gradients during the backward (`copies_in_backward`, `hostpath`), the step's path is the
-    CPU step and the weights' copy (`after_backward`)."""
+    the gradients during the backward (`program.ZeroSteps.copies_in_backward`, `engine.hostpath`),
+    the step's path is the CPU step and the weights' copy (`after_backward`)."""
 
     params: float
     d2h_bytes: float
@@ -377,12 +377,12 @@ class HostStep:
 
 
 #: Bytes per offloaded parameter each way when DeepSpeed adds a micro-batch's gradients to the
-#: host's under ZeRO-2 (`hostpath`: the host's 16-bit sum comes up and goes back down)
+#: host's under ZeRO-2 (`engine.hostpath`: the host's 16-bit sum comes up and goes back down)
 ACCUMULATE_BYTES = 2.0
 
 
 def accumulation_copies(plan: ParallelPlan) -> int:
-    """Backwards per stage whose gradients are added to the host's through the GPU (`hostpath`):
+    """Backwards per stage whose gradients are added to the host's through the GPU (`engine.hostpath`):
     every micro-batch's under ZeRO-2 with several of them, where the stack copies during the
     backward; else none."""
     return plan.num_microbatches if reduces_every_microbatch(plan) and plan.num_microbatches > 1 else 0
@@ -399,21 +399,6 @@ def pipelined(stages: tuple[float, ...], items: int) -> float:
     if items <= 0:
         return sum(stages)
     return max(stages) + (sum(stages) - max(stages)) / items
-
-
-def copies_in_backward(plan: ParallelPlan, options: EngineOptions) -> bool:
-    """Whether the offloaded optimizer part's gradients leave for the host during the backward
-    (`hostpath`): the stack copies them so, its backwards release gradient buckets (the reduction
-    overlaps the backward, or ZeRO-2 reduces every micro-batch's; not the per-layer reduce-scatters
-    of ZeRO-3 without a pipeline, whose copies are charged at the step), and the parameters are not
-    offloaded (their gradient shards go with the reduce-scatters, `Comm.host_bytes`)."""
-    return (
-        plan.offload_optimizer > 0
-        and not plan.offload_params
-        and load_stack(plan.stack).offload_grad_copy == "backward"
-        and (options.overlap_grad_reduce or reduces_every_microbatch(plan))
-        and plan.zero_policy is not ZeroPolicy.PER_LAYER
-    )
 
 
 def host_step(m: ModelSpec, plan: ParallelPlan, stages: list[int], cluster: ClusterSpec) -> HostStep | None:

@@ -1,0 +1,125 @@
+"""The iteration program (`sim/program/program.py`): ZeRO's steps are read from the plan once, each
+rank's tail lists what it runs after its pipeline, in order; the engine interprets the tail op by op
+and the sweep's terms add up the same tail (tests/test_estimator_parity: the oracle equals the
+engine). Neither the engine nor the sweep asks which ZeRO stage a plan has."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from simpar.sim.engine.core import Engine
+from simpar.sim.engine.simulate import simulate
+from simpar.sim.lowering import schedule_for_plan
+from simpar.sim.plan import ParallelPlan
+from simpar.sim.program.program import Tail, TailOp, ZeroSteps, iteration_program, releases
+from simpar.sim.program.terms import EngineOptions
+from simpar.sim.specs import load_cluster, load_model
+
+ROOT = Path(__file__).resolve().parents[1]
+GPT = load_model("gpt-1.7b").model_copy(update={"seq_len": 256})  # tied embeddings (gpt)
+CLUSTER = load_cluster("dgx-a100-80g", gpus=16)
+OVERLAP = EngineOptions()
+EXPOSED = EngineOptions(overlap_grad_reduce=False, overlap_param_gather=False)
+
+S = ZeroSteps
+# (zero, pp, dp, options) -> the steps, written out by hand from ZeRO's semantics (`zero.ZeroPolicy`)
+CASES = [
+    (0, 1, 8, OVERLAP, S()),
+    (0, 1, 1, OVERLAP, S()),
+    (1, 2, 4, OVERLAP, S(gather_at_start=True, wait_gather_forward=True)),
+    (1, 2, 4, EXPOSED, S(regather_after_step=True)),
+    (2, 1, 8, OVERLAP, S(gather_at_start=True, wait_gather_forward=True, release_every_backward=True)),
+    (2, 1, 8, EXPOSED, S(regather_after_step=True, release_every_backward=True)),
+    (2, 1, 1, OVERLAP, S()),  # one shard: nothing is sharded, nothing reduced
+    (3, 2, 4, OVERLAP, S(wait_gather_forward=True, wait_gather_backward=True, unshard_actions=True)),
+    (3, 2, 4, EXPOSED, S(wait_gather_forward=True, wait_gather_backward=True, unshard_actions=True)),
+    (3, 1, 8, OVERLAP, S(layer_passes=True)),
+]
+
+
+def _plan(zero: int, pp: int, dp: int, **kw) -> ParallelPlan:
+    sched = kw.pop("schedule", "1f1b" if pp > 1 else "none")
+    return ParallelPlan(pp=pp, dp=dp, global_batch_size=dp * 8, schedule=sched, zero=zero, **kw)
+
+
+@pytest.mark.parametrize(("zero", "pp", "dp", "options", "want"), CASES)
+def test_zero_steps_follow_the_stage(zero, pp, dp, options, want) -> None:
+    assert ZeroSteps.of(_plan(zero, pp, dp), options) == want
+
+
+def test_offloaded_gradients_leave_in_the_backward_only_where_buckets_are_released() -> None:
+    plan = _plan(2, 1, 8, offload_optimizer=1.0, stack="deepspeed")
+    assert ZeroSteps.of(plan, OVERLAP).copies_in_backward
+    assert not ZeroSteps.of(plan.model_copy(update={"offload_params": True, "zero": 3}), OVERLAP).copies_in_backward
+    assert not ZeroSteps.of(plan.model_copy(update={"offload_optimizer": 0.0}), OVERLAP).copies_in_backward
+
+
+def test_tails_in_order() -> None:
+    """A pp-4 GPT with sequence parallelism and exposed ZeRO-1 gathers: every rank reduces, waits,
+    syncs its norms' gradients, steps and gathers; the two ends all-reduce the tied embedding."""
+    plan = _plan(1, 4, 2, tp=2, sequence_parallel=True)
+    prog = iteration_program(GPT, plan, EXPOSED)
+    for r, tail in enumerate(prog.tails):
+        kinds = [op.kind for op in tail]
+        tied = [Tail.TIED_GRAD] if r in (0, 3) else []
+        want = [Tail.REDUCE, Tail.WAIT_REDUCTIONS, *tied, Tail.SP_SYNC, Tail.STEP, Tail.REGATHER]
+        assert kinds == want
+        assert all(op.stages == plan.rank_stages[r] for op in tail)
+    assert prog.has(0, Tail.TIED_GRAD) == TailOp(Tail.TIED_GRAD, plan.rank_stages[0], (0, 3))
+    # every kind comes in `Tail`'s order
+    order = list(Tail)
+    assert all([order.index(op.kind) for op in t] == sorted(order.index(op.kind) for op in t) for t in prog.tails)
+
+
+def test_two_pipelines_meet_their_replica() -> None:
+    plan = _plan(0, 4, 2, schedule="chimera")
+    prog = iteration_program(load_model("llama3-8b"), plan, OVERLAP)
+    assert [prog.has(r, Tail.REPLICA_SYNC).ranks for r in range(4)] == [(0, 3), (1, 2), (2, 1), (3, 0)]
+    assert all(prog.has(r, Tail.TIED_GRAD) is None for r in range(4))  # llama: untied
+
+
+def test_zero2_releases_every_backward_and_leaves_no_reduction_to_the_tail() -> None:
+    plan = _plan(2, 1, 8)
+    prog = iteration_program(GPT, plan, OVERLAP)
+    assert prog.has(0, Tail.REDUCE) is None
+    sched = schedule_for_plan(plan)
+    got = releases(prog.steps, sched, 0, True)
+    assert len(got) == plan.num_microbatches and {a.kind.value for a in got} == {"B"}
+
+
+def test_every_tail_kind_has_its_engine_handler() -> None:
+    assert set(Engine.TAIL) == set(Tail)
+
+
+def test_the_engine_runs_the_tail_in_the_programs_order() -> None:
+    """On the first rank of the pp-4 GPT plan: the tied embedding's all-reduce, then the norms'
+    sync, then the step, then the exposed gathers, one after the other."""
+    plan = _plan(1, 4, 2, tp=2, sequence_parallel=True)
+    res = simulate(GPT, CLUSTER, plan, options=EXPOSED)
+    ev = sorted((e for e in res.events if e.rank == 0), key=lambda e: e.start)
+    names = [e.name for e in ev]
+    last = {n: max(i for i, x in enumerate(names) if x == n) for n in set(names)}
+    tail = ["tied_embedding_grad", "sp_grad_sync", "optimizer"]
+    assert [last[n] for n in tail] == sorted(last[n] for n in tail)
+    gathers = [e for e in ev if e.kind == "ZERO_GATHER"]
+    opt = next(e for e in ev if e.name == "optimizer")
+    assert gathers and all(g.start >= opt.start + opt.duration - 1e-12 for g in gathers)
+
+
+_ZERO_TEST = re.compile(r"\.zero\s*(==|!=|>=|<=|>|<|in\b)|ZeroPolicy|zero_policy")
+
+
+@pytest.mark.parametrize("package", ["sim/engine", "sim/sweep"])
+def test_engine_and_sweep_do_not_ask_which_zero_stage(package: str) -> None:
+    """The program says what to do (`ZeroSteps`); the engine and the sweep never compare the ZeRO
+    stage or its policy."""
+    hits = [
+        f"{p.relative_to(ROOT)}:{i}"
+        for p in sorted((ROOT / package).glob("*.py"))
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if _ZERO_TEST.search(line)
+    ]
+    assert hits == []
