@@ -185,7 +185,7 @@ def reshard_after_forward(plan: ParallelPlan) -> bool:
 
 def sync_every_microbatch(module: nn.Module, reshard: bool) -> None:
     """Without a pipeline, simpar's ZeRO-2 and ZeRO-3 reduce-scatter each micro-batch's gradients
-    at its backward (`iteration.reduces_every_microbatch`; FSDP's per-layer passes), as DeepSpeed
+    at its backward (`terms.reduces_every_microbatch`; FSDP's per-layer passes), as DeepSpeed
     and FSDP2 on its own do. torch's pipeline runtime turns the sync off for every backward and
     reduces once at REDUCE_GRAD, holding whole gradients meanwhile; so the root module's switch
     stays on here (REDUCE_GRAD's pass then only reshards), and under ZeRO-3 (``reshard``: after

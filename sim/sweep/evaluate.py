@@ -134,9 +134,7 @@ class Evaluator:
         `WORK_FREE_FIELDS`; the estimates and the engine runs of this worker share it."""
         from ..engine.simulate import build_work
 
-        # everything the stage work depends on: every plan field but those it does not read, and
-        # the schedule's pipelines (two: a stage runs a whole chunk of pp, not of pp x vpp)
-        key = (*(v for k, v in plan if k not in WORK_FREE_FIELDS), plan.pipelines)
+        key = self.work_key(plan)
         hit = self._work.get(key)
         if hit is None:
             work, _, p2p = build_work(
@@ -150,6 +148,13 @@ class Evaluator:
             )
             hit = self._work[key] = (work, p2p)
         return hit
+
+    @staticmethod
+    def work_key(plan: ParallelPlan) -> tuple:
+        """Everything a plan's stage work depends on: every plan field but those it does not read
+        (`WORK_FREE_FIELDS`), and the schedule's pipelines (two: a stage runs a whole chunk of pp,
+        not of pp x vpp)."""
+        return (*(v for k, v in plan if k not in WORK_FREE_FIELDS), plan.pipelines)
 
     def inputs(self, plan: ParallelPlan) -> Inputs:
         hit = self.work(plan)
@@ -173,6 +178,7 @@ class Evaluator:
             self._times,
             self.s.profile,
             edp,
+            self.work_key(plan),
         )
 
     def base_row(self, cfg: Config, plan: ParallelPlan | None) -> dict[str, Any]:

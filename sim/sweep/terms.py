@@ -51,6 +51,9 @@ class Inputs:
     cache: dict = field(default_factory=dict, compare=False)
     profile: RuntimeProfile = MEGATRON
     edp_groups: tuple[tuple[int, ...], ...] = ()  # MoE: per pipeline rank, its expert data-parallel group
+    #: what the stage-work table was built from (`evaluate.Evaluator.work`'s key), the value that
+    #: names it in the shared cache; None: the table's own stage works (hashed once)
+    work_key: tuple | None = None
 
     def edp(self, prank: int) -> tuple[int, ...]:
         return self.edp_groups[prank] if self.edp_groups else ()
@@ -70,16 +73,21 @@ class Inputs:
     def parts(self, w: StageWork, kind: str) -> PassParts:
         return w.parts(kind, self.options.overlap_tp)
 
+    @derived
+    def table(self) -> tuple:
+        """The value naming the stage-work table in the shared cache (`work_key`, or the stage works)."""
+        return ("work", self.work_key) if self.work_key is not None else ("work", *self.work)
+
     def kept(self, key: tuple, make: Callable[[], T]) -> T:
-        """``make()``, kept in the shared cache with the stage-work table it reads: plans that
-        differ only in `evaluate.WORK_FREE_FIELDS` share the table, and then what ``key`` names
-        (with the table, the pipeline transfer and posting seconds, the engine options and the
-        overlap contention, which a sweep keeps with a table)."""
-        full = (*key, id(self.work), self.p2p, self.post, self.options.overlap_tp, self.costs.eff.overlap_contention)
+        """``make()``, kept in the shared cache under what the table is built from (`table`):
+        plans that differ only in `evaluate.WORK_FREE_FIELDS` share the table, and then what
+        ``key`` names (with the table, the pipeline transfer and posting seconds, the engine options
+        and the overlap contention, which a sweep keeps with a table)."""
+        full = (*key, self.table, self.p2p, self.post, self.options.overlap_tp, self.costs.eff.overlap_contention)
         hit = self.cache.get(full)
-        if hit is None or hit[0] is not self.work:
-            hit = self.cache[full] = (self.work, make())
-        return hit[1]
+        if hit is None:
+            hit = self.cache[full] = make()
+        return hit
 
     @derived
     def passes(self) -> Mapping[str, tuple[float, ...]]:
@@ -187,18 +195,18 @@ class _StageBuckets:
     def __init__(self, x: Inputs, prank: int, stage: int):
         self.x, self.prank = x, prank
         self.comms = it.grad_buckets(x.plan, x.work[stage], x.dp_groups[prank], x.profile, x.options, x.edp(prank))
-        self.times = {id(c): x.time(c, prank) for c in self.comms}
-        self.splits: dict[int, tuple[Comm, Comm]] = {}
+        self.times = {c: x.time(c, prank) for c in self.comms}
+        self.splits: dict[Comm, tuple[Comm, Comm]] = {}
 
     def seconds(self, c: Comm) -> float:
-        return self.times[id(c)]
+        return self.times[c]
 
     def split(self, c: Comm) -> tuple[Comm, Comm]:
-        hit = self.splits.get(id(c))
+        hit = self.splits.get(c)
         if hit is None:
-            hit = self.splits[id(c)] = it.split_bucket(c)
+            hit = self.splits[c] = it.split_bucket(c)
             for part in hit:
-                self.times[id(part)] = self.x.time(part, self.prank)
+                self.times[part] = self.x.time(part, self.prank)
         return hit
 
 
