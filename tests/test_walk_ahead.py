@@ -1,9 +1,9 @@
-"""`engine.ahead.walk_ahead` (a GPU's walk ahead of the clock, on networks that do not share links)
-and the gradient buckets booked without a process (`DataParallel._booked_bucket`) give the run of
-the plain SimPy walk, whose pipeline transfers and buckets are processes on FIFO stream
-resources: the same iteration time, breakdowns, peak memory, memory timeline and trace. The
-plain walk is what the engine runs on a network that shares links; here the analytical network
-is made to say it shares them, so the two walks time the same transfers."""
+"""`engine.walk.walk` (a GPU's walk, ahead of the clock where nothing else can change it) and the
+gradient buckets booked without a process (`DataParallel._booked_bucket`) give the run of a plain
+SimPy walk, written here as the reference: every action through its handler, one timeout per
+compute action, pipeline transfers and buckets as processes on FIFO stream resources. The same
+iteration time, breakdowns, peak memory, memory timeline and trace. For the reference run the
+analytical network is made to say it shares links, so the two runs time the same transfers."""
 
 from __future__ import annotations
 
@@ -12,12 +12,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_rounds import MODEL
 
+from simpar.sim.engine.core import Engine
 from simpar.sim.engine.simulate import simulate
 from simpar.sim.network.analytical import AnalyticalNetwork
 from simpar.sim.plan import ParallelPlan
 from simpar.sim.plan_check import check_plan
 from simpar.sim.program.terms import EngineOptions
-from simpar.sim.specs import load_cluster
+from simpar.sim.specs import load_cluster, load_model
 
 TWO_CHUNKS = ("interleaved-1f1b", "interleaved-zb", "zb-v", "dualpipe-v")
 
@@ -47,6 +48,25 @@ def _same(a, b) -> None:
         assert x.start == pytest.approx(y.start, abs=1e-9 * t) and x.duration == pytest.approx(y.duration, abs=1e-9 * t)
 
 
+def _plain_walk(self: Engine, g, actions):
+    """The reference: every action through the engine's handler at the clock (`Engine.HANDLERS`),
+    noting each start and the marked snapshots as `walk.walk` does."""
+    if self.steps.gather_at_start:
+        first = self.plan.first_stage_of(g.prank)
+        for s in (first, *(s for s in self.plan.rank_stages[g.prank] if s != first)):
+            self._zero_gather(g, s)
+    marks = self.marks[g.prank] if self.marks is not None else None
+    for i, a in enumerate(actions):
+        if marks is not None:
+            g.starts.append(self.env.now)
+            if i in marks:
+                g.snaps.append((self.env.now, dict(g.acc), g.act))
+        yield from self.HANDLERS[a.kind](self, g, a)
+    if marks is not None:
+        g.starts.append(self.env.now)
+    yield from self._finish(g)
+
+
 def _walks(plan: ParallelPlan, monkeypatch: pytest.MonkeyPatch, cluster: str = "dgx-a100-80g", **options):
     cluster = load_cluster(cluster, gpus=plan.num_gpus)
     check_plan(plan, MODEL, cluster)
@@ -54,6 +74,7 @@ def _walks(plan: ParallelPlan, monkeypatch: pytest.MonkeyPatch, cluster: str = "
     ahead = simulate(MODEL, cluster, plan, options=opts)
     with monkeypatch.context() as mp:
         mp.setattr(AnalyticalNetwork, "shares_links", True)
+        mp.setattr(Engine, "_walk", _plain_walk)
         plain = simulate(MODEL, cluster, plan, options=opts)
     return ahead, plain
 
@@ -139,3 +160,29 @@ def test_booked_buckets_queue_as_the_processes(monkeypatch, kw) -> None:
     dp = sorted((e for e in plain.events if e.rank == 0 and e.stream == "dp"), key=lambda e: e.start)
     assert any(b.start == pytest.approx(a.start + a.duration, rel=1e-12) for a, b in zip(dp, dp[1:]))
     _same(ahead, plain)
+
+
+@pytest.mark.parametrize(
+    ("model", "kw", "full"),
+    [
+        ("gpt-1.7b", dict(tp=2, dp=2, pp=4, schedule="1f1b", zero=1, global_batch_size=2 * 8), False),
+        ("gpt-1.7b", dict(dp=2, pp=2, vpp=2, schedule="interleaved-1f1b", zero=3, global_batch_size=2 * 8), True),
+        ("gpt-1.7b", dict(tp=2, dp=2, pp=4, vpp=2, schedule="dualpipe", zero=1, global_batch_size=2 * 16), False),
+        ("tiny-moe", dict(dp=4, pp=2, ep=4, schedule="1f1b", zero=1, global_batch_size=4 * 4), True),
+    ],
+)
+def test_on_the_contention_network_the_walk_is_the_plain_walk(monkeypatch, model, kw, full) -> None:
+    """On a network that shares links the walk runs its sends, receives and MoE all-to-alls as
+    processes at the clock, its other compute ahead of it: the same run as a timeout per action."""
+    m = MODEL if model == "gpt-1.7b" else load_model(model)
+    plan = ParallelPlan(**kw)
+    cluster = load_cluster("dgx-a100-80g", gpus=plan.num_gpus)
+    check_plan(plan, m, cluster)
+    opts = EngineOptions(compress=False, full=full)
+    walked = simulate(m, cluster, plan, backend="contention", options=opts)
+    with monkeypatch.context() as mp:
+        mp.setattr(Engine, "_walk", _plain_walk)
+        plain = simulate(m, cluster, plan, backend="contention", options=opts)
+    if model == "tiny-moe":
+        assert any(e.stream == "moe" for e in walked.events)  # all-to-alls as network events
+    _same(walked, plain)

@@ -9,9 +9,12 @@ simulates every GPU; group collectives then start when every member has arrived.
 `simulate()` runs the pipeline's identical steady-state rounds once where it can (`rounds`):
 ``marks`` then asks the walk to note when each action began and the accounts at round starts.
 
-The walk is a dispatch table over action kinds (`Engine.HANDLERS`), its end `tail.IterationTail`;
-what each communication or tail term costs comes from `iteration` (shared with the sweep's estimator), how the runtime
-differs from a Megatron-like run from the runtime profile (`simpar.sim.cost.profile`).
+Each GPU runs one walk (`walk.walk`): its actions ahead of the clock where nothing else can
+change them, through a dispatch table over action kinds (`Engine.HANDLERS`) at the clock where
+something can; then its tail in the iteration program (`tail.IterationTail`,
+`program.program`). What each communication or tail term costs comes from `program.terms`
+(shared with the sweep's estimator), how the runtime differs from a Megatron-like run from the
+runtime profile (`simpar.sim.cost.profile`).
 """
 
 from __future__ import annotations
@@ -34,13 +37,13 @@ from ..program.terms import EngineOptions
 from ..schedules.costs import overlap_seconds
 from ..schedules.ir import Action, Kind, Pair, Schedule
 from ..specs import ModelSpec
-from .ahead import walk_ahead
 from .hostpath import HostCopies
 from .shards import DataParallel
 from .state import GpuState, Rendezvous, Transfer
 from .tail import IterationTail
 from .trace import TraceEvent
 from .transfers import PipelineTransfers
+from .walk import walk
 
 __all__ = ["Engine", "EngineOptions", "PartialWalkError", "run_engine"]
 
@@ -91,7 +94,7 @@ class Engine(PipelineTransfers, DataParallel, HostCopies, IterationTail):
         self.trace = trace
         self.events: list[TraceEvent] = []
         self.transfers: dict[tuple, Transfer] = {}
-        #: per pipeline (its GPUs' key), the transfers `ahead.walk_ahead` books, by number
+        #: per pipeline (its GPUs' key), the transfers `walk.walk` books, by number
         self.booked: dict[tuple[int, ...], dict[int, Transfer]] = {}
         #: (sending GPU, receiving GPU, stage) -> seconds of its activations' transfer (`p2p_seconds`)
         self.p2p_s: dict[tuple[int, int, int], float] = {}
@@ -106,7 +109,7 @@ class Engine(PipelineTransfers, DataParallel, HostCopies, IterationTail):
         ]
         self.post_s = profile.post_seconds(plan)
         self.gpus: dict[tuple[tuple[int, ...], int], GpuState] = {}
-        #: per pipeline (its (dp, cp, tp) key), the compute tables of `ahead` by time multiplier
+        #: per pipeline (its (dp, cp, tp) key), the compute tables of `walk` by time multiplier
         self.compute_tables: dict[float, dict] = {}
         if keys is not None and not options.full:
             raise ValueError("the engine walks chosen pipelines (keys) only in a full run")
@@ -305,20 +308,7 @@ class Engine(PipelineTransfers, DataParallel, HostCopies, IterationTail):
             first = self.plan.first_stage_of(g.prank)  # gathered first: the first forward waits for it
             for s in (first, *(s for s in self.plan.rank_stages[g.prank] if s != first)):
                 self._zero_gather(g, s)
-        handlers = self.HANDLERS
-        if self.timed_p2p and not self.steps.layer_passes:
-            yield from walk_ahead(self, g, actions)
-        elif self.marks is None:
-            for a in actions:
-                yield from handlers[a.kind](self, g, a)
-        else:
-            marks, env, starts = self.marks[g.prank], self.env, g.starts
-            for i, a in enumerate(actions):
-                starts.append(env.now)
-                if i in marks:
-                    g.snaps.append((env.now, dict(g.acc), g.act))
-                yield from handlers[a.kind](self, g, a)
-            starts.append(env.now)
+        yield from walk(self, g, actions)
         yield from self._finish(g)
 
 

@@ -127,7 +127,7 @@ class DataParallel:
             g.reductions.append(self.env.process(self._bucket(g, comm, t, (*tag, b))))
 
     def _booked_bucket(self, g: GpuState, comm: it.Comm, ready: float, seconds: float, stage: int) -> None:
-        """`_bucket` on a network that does not share links, booked at once (as `ahead.walk_ahead`
+        """`_bucket` on a network that does not share links, booked at once (as `walk.walk`
         books a pipeline send): the GPU's DP stream is FIFO in release order, and releases come in
         time order (a rank's backwards run one after the other, `_finish` releases at its own
         time), so a bucket starts when it is released or when the one before it ends, and takes

@@ -82,7 +82,7 @@ class Rendezvous:
 
 
 class Arrival(simpy.Event):
-    """What a receiver walking ahead (`ahead.walk_ahead`) waits on when its transfer is not booked
+    """What a receiver walking ahead (`walk.walk`) waits on when its transfer is not booked
     yet: the send that books it schedules it to succeed at the arrival, one event, made as a
     `simpy.Timeout` is (triggered, then scheduled with a delay)."""
 

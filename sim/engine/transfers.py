@@ -2,7 +2,7 @@
 profile's ``post_s``), the transfer runs on its own stream (one per direction) through the network
 backend, and a receiver waits behind the transfer in flight (pipeline communication) or for the
 sender's compute (bubble). On a network that does not share links a transfer is booked at once,
-without a process (`ahead.walk_ahead`, with `p2p_seconds` and `state.Arrival`). A base of
+without a process (`walk.walk`, with `p2p_seconds` and `state.Arrival`). A base of
 `core.Engine`, whose state these methods use."""
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ class PipelineTransfers:
     def _send(self, g: GpuState, stage: int, mb: int, direction: str):
         """Post the send (the rank spends ``post_s`` on it); the transfer runs on its own stream.
         On a network that does not share links the walk ahead books it instead, without a process
-        (`ahead.walk_ahead`)."""
+        (`walk.walk`)."""
         dst, dst_stage = self.send_target(g, stage, direction)
         tr = self._transfer_of(g.key, dst_stage, mb, direction)
         tr.sent_at = self.env.now

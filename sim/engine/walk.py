@@ -1,17 +1,22 @@
-"""The walk of one GPU ahead of the clock, for networks that do not share links.
+"""The walk of one GPU: its lowered actions, ahead of the clock where nothing else can change
+them, through the engine's handlers at the clock where something can. The one walk of every GPU,
+on every network.
 
-There every duration on a rank's compute stream is known when the action starts, and a pipeline
-transfer is booked at once (see the sends below): nothing another process does can change when
-the rank's next compute action ends. So the walk keeps its own clock ``t`` and runs compute actions,
-overlapped F&B pairs (`Engine.pair_cost`), sends and receives whose data is already booked without
-yielding to SimPy: it adds each duration to ``t`` and records the event, the accounts and the
-memory sample at the times the SimPy walk would. It yields (to ``t``) only where it must see other
-processes: a receive whose send is not booked yet, a ZeRO gather still in flight, a backward (alone
-or in a pair) that releases gradient buckets (a stage's last; under ZeRO-2 each) and the
-stage-wide actions; those run through the engine's own handlers, the same code as the SimPy walk.
-UNSHARD and RESHARD, which do nothing but under ZeRO-3 (data parallelism without ZeRO-3 runs as
-torch's replicate, whose schedule has them), are skipped. Same times, same accounts, same events; a
-few SimPy events per rank instead of one or two per action.
+Every duration on a rank's compute stream is known when the action starts, and nothing another
+process does can change when a compute action ends. So the walk keeps its own clock ``t`` and runs
+compute actions and overlapped F&B pairs (`Engine.pair_cost`) without yielding to SimPy: it adds
+each duration to ``t`` and records the event, the accounts and the memory sample at the times a
+SimPy timeout per action would. On a network that does not share links a pipeline transfer is
+booked at once too (see the sends below), and a receive whose data is booked reads its arrival.
+
+It yields (to ``t``) and runs the engine's handler, at the clock, where it must see or start other
+processes: a receive whose send is not booked yet, every send and receive on a network that shares
+links (the transfer is a flow there), a ZeRO gather still in flight, a backward (alone or in a
+pair) that releases gradient buckets (a stage's last; under ZeRO-2 each), a pass whose MoE
+all-to-alls run on shared links, FSDP's per-layer passes, and the stage-wide actions. UNSHARD and
+RESHARD, which do nothing but under ZeRO-3 in a pipeline (data parallelism without it runs as
+torch's replicate, whose schedule has them), are skipped. Same times, same accounts, same events
+as a SimPy timeout per action; a few SimPy events per rank instead of one or two per action.
 """
 
 from __future__ import annotations
@@ -42,8 +47,9 @@ def _compute_table(eng: Any, slow: float = 1.0) -> dict[Kind, list[tuple[PassPar
     return out
 
 
-def walk_ahead(eng: Any, g: Any, actions):
-    """``eng``: the `core.Engine` (core imports this module, so it is not imported back)."""
+def walk(eng: Any, g: Any, actions):
+    """GPU ``g``'s walk of ``actions`` (module docstring). ``eng``: the `core.Engine` (core imports
+    this module, so it is not imported back)."""
     env, acc, post = eng.env, g.acc, eng.post_s
     handlers, act_bytes, held, freed = eng.HANDLERS, eng.act_bytes, eng.held_bytes, eng._freed
     marks = eng.marks[g.prank] if eng.marks is not None else None
@@ -59,6 +65,18 @@ def walk_ahead(eng: Any, g: Any, actions):
     steps = eng.steps
     gather_all, gather_f = steps.wait_gather_backward, steps.wait_gather_forward
     unshards = steps.unshard_actions
+    # pipeline transfers booked at once (a network that does not share links), else processes
+    booked = eng.timed_p2p
+    # per kind and stage, whether the pass runs at the clock whatever else: FSDP's per-layer passes
+    # (processes of their own), a pass whose all-to-alls are flows on shared links (`Engine._compute`)
+    at_clock = {
+        k: [
+            steps.layer_passes
+            or (not booked and row[st][0][3] > 0 and eng.work[st].a2a_bytes > 0 and not eng.work[st].a2a_overlap)
+            for st in range(len(row))
+        ]
+        for k, row in table.items()
+    }
     last = eng.release_at[g.prank]
     F, R, B, I, W = Kind.F, Kind.R, Kind.B, Kind.I, Kind.W  # noqa: E741
     UNSHARD, RESHARD, OVERLAP, COMPUTE = Kind.UNSHARD, Kind.RESHARD, Kind.OVERLAP_F_B, _COMPUTE
@@ -84,7 +102,7 @@ def walk_ahead(eng: Any, g: Any, actions):
                 g.snaps.append((t, dict(acc), g.act))
         if a.kind is OVERLAP:
             f, b = a.f, a.b
-            clock = b in last
+            clock = steps.layer_passes or b in last
             if gather_f and not clock:
                 ev = g.gathered.get(f.stage)
                 clock = ev is None or not ev.processed
@@ -122,7 +140,7 @@ def walk_ahead(eng: Any, g: Any, actions):
             continue
         st, k, mb = a
         if k in COMPUTE:
-            clock = (k is B or k is W) and a in last  # `Engine.releases`: B and W actions only
+            clock = at_clock[k][st] or ((k is B or k is W) and a in last)  # releases: B and W only
             if (gather_f if k is F else gather_all and k is not R) and not clock:
                 ev = g.gathered.get(st)
                 clock = ev is None or not ev.processed
@@ -152,7 +170,7 @@ def walk_ahead(eng: Any, g: Any, actions):
                     elif g.act > g.act_peak:
                         g.act_peak = g.act
                 continue
-        if k is SEND_F or k is SEND_B:
+        if booked and (k is SEND_F or k is SEND_B):
             # booked at once: it starts when its send stream is free (FIFO, as the Resource of
             # `Engine._transfer` is) and takes `Engine.p2p_seconds`; its arrival time is noted
             # (``at``), and a receiver already waiting gets its `state.Arrival` scheduled then.
@@ -185,7 +203,7 @@ def walk_ahead(eng: Any, g: Any, actions):
                 t += post
                 acc["pp_comm"] += post
             continue
-        if k is RECV_F or k is RECV_B:
+        if booked and (k is RECV_F or k is RECV_B):
             if post:
                 t += post
                 acc["pp_comm"] += post
