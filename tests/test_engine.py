@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from simpar.sim.cost.profile import MEGATRON
 from simpar.sim.cost.workload import StageWork
-from simpar.sim.engine.core import EngineOptions, run_engine
+from simpar.sim.engine.core import EngineOptions, StageInputs, run_engine
 from simpar.sim.lowering import lower, schedule_for_plan
 from simpar.sim.plan import ParallelPlan
 from simpar.sim.program import terms as it
@@ -87,7 +87,7 @@ def plan(pp=1, vpp=1, m=4, schedule=None, dp=1, zero=0, recompute="none") -> Par
 def run(p: ParallelPlan, wk, net=None, opt=0.0, options=EngineOptions(), act=None, profile=MEGATRON):
     sched = lower(schedule_for_plan(p), p)
     env = simpy.Environment()
-    eng, _ = run_engine(TINY, p, sched, wk, FixedCosts(opt), net or FakeNet(), env, options, act, profile)
+    eng, _ = run_engine(StageInputs(TINY, p, wk, FixedCosts(opt), profile, act), sched, net or FakeNet(), env, options)
     return eng, max(g.finish for g in eng.gpus.values())
 
 
@@ -216,7 +216,9 @@ def test_tied_embedding_grad_all_reduce_joins_first_and_last_rank() -> None:
     for name, model in (("untied", untied), ("tied", tied)):
         sched = lower(schedule_for_plan(p), p)
         env = simpy.Environment()
-        eng, _ = run_engine(model, p, sched, work(2), FixedCosts(0.25), FakeNet(coll=0.5), env, EngineOptions())
+        eng, _ = run_engine(
+            StageInputs(model, p, work(2), FixedCosts(0.25)), sched, FakeNet(coll=0.5), env, EngineOptions()
+        )
         results[name] = eng
     t_untied = max(g.finish for g in results["untied"].gpus.values())
     eng = results["tied"]

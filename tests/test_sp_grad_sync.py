@@ -14,7 +14,7 @@ from test_engine import FakeNet, FixedCosts, work  # noqa: E402
 from simpar.sim.calibration.fit import build_calibration
 from simpar.sim.calibration.score import kind_errors
 from simpar.sim.cost.profile import MEGATRON, ExecutorProfile
-from simpar.sim.engine.core import EngineOptions, run_engine
+from simpar.sim.engine.core import EngineOptions, StageInputs, run_engine
 from simpar.sim.engine.trace import TraceEvent
 from simpar.sim.lowering import lower, schedule_for_plan
 from simpar.sim.plan import ParallelPlan
@@ -59,15 +59,11 @@ def _run(plan, model, profile=MEGATRON, net=None):
     costs = FixedCosts(opt=0.5)
     wk = work(plan.num_stages, f=1.0, i=1.0, w=1.0)
     eng, _ = run_engine(
-        model,
-        plan,
+        StageInputs(model, plan, wk, costs, profile),
         lower(schedule_for_plan(plan), plan),
-        wk,
-        costs,
         net or FakeNet(coll=0.25),
         simpy.Environment(),
         EngineOptions(),
-        profile=profile,
     )
     return eng, max(g.finish for g in eng.gpus.values())
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import simpy
@@ -45,7 +46,7 @@ from .trace import TraceEvent
 from .transfers import PipelineTransfers
 from .walk import walk
 
-__all__ = ["Engine", "EngineOptions", "PartialWalkError", "run_engine"]
+__all__ = ["Engine", "EngineOptions", "PartialWalkError", "Speeds", "StageInputs", "run_engine"]
 
 
 class PartialWalkError(ValueError):
@@ -53,29 +54,56 @@ class PartialWalkError(ValueError):
     gradient groups: its collectives would wait for GPUs the run does not walk."""
 
 
+@dataclass(frozen=True)
+class StageInputs:
+    """What the walk reads of a plan, the same for every run of it: the model and the plan, each
+    stage's work (`cost.workload.StageWork`), the cost model, the runtime profile, and per stage the
+    activation bytes a micro-batch takes at its forward (``act_bytes``) and keeps from its I to its
+    W (``held_bytes``; `activations.stage_weight_grad_bytes`). None: no activation memory tracked."""
+
+    model: ModelSpec
+    plan: ParallelPlan
+    work: list[StageWork]
+    costs: CostModel
+    profile: RuntimeProfile = MEGATRON
+    act_bytes: Sequence[float] | None = None
+    held_bytes: Sequence[float] | None = None
+
+
+@dataclass(frozen=True)
+class Speeds:
+    """Per global rank, how many times its nominal time a GPU's kernels take (``kernels``:
+    `GpuState.slow`; a slow or throttled GPU > 1, `simpar.sim.variability`) and its optimizer step
+    (``step``; None: as its kernels). Absent ranks run at 1."""
+
+    kernels: Mapping[int, float] | None = None
+    step: Mapping[int, float] | None = None
+
+
+NOMINAL = Speeds()
+
+
 class Engine(PipelineTransfers, DataParallel, HostCopies, IterationTail):
     """The walk of every simulated GPU (module docstring): pipeline transfers in `transfers`,
-    collectives and ZeRO in `shards`, the iteration's end in `tail`."""
+    collectives and ZeRO in `shards`, the iteration's end in `tail`. ``marks``: per pipeline rank,
+    the action positions to snapshot (`rounds`); ``trace``: whether the run records its trace
+    events and memory samples; ``keys``: the pipelines a full run walks (None: all)."""
 
     def __init__(
         self,
-        model: ModelSpec,
-        plan: ParallelPlan,
+        inputs: StageInputs,
         schedule: Schedule,
-        work: list[StageWork],
-        costs: CostModel,
         network,
         env: simpy.Environment,
         options: EngineOptions = EngineOptions(),
-        stage_act_bytes: Sequence[float] | None = None,
-        profile: RuntimeProfile = MEGATRON,
+        *,
         marks: list[frozenset[int]] | None = None,
-        stage_held_bytes: Sequence[float] | None = None,
         trace: bool = True,
-        slow: Mapping[int, float] | None = None,
+        speeds: Speeds = NOMINAL,
         keys: Sequence[tuple[int, ...]] | None = None,
-        slow_step: Mapping[int, float] | None = None,
     ):
+        model, plan, work, costs, profile = inputs.model, inputs.plan, inputs.work, inputs.costs, inputs.profile
+        slow, slow_step = speeds.kernels, speeds.step
         if not schedule.lowered:
             raise ValueError("the engine runs lowered schedules (lowering.lower)")
         self.m, self.plan, self.sched, self.work, self.costs = model, plan, schedule, work, costs
@@ -85,9 +113,9 @@ class Engine(PipelineTransfers, DataParallel, HostCopies, IterationTail):
         #: transfers booked without a process where the network does not share links
         self.timed_p2p = not getattr(network, "shares_links", True)
         self.layout = RankLayout(plan)
-        self.act_bytes = stage_act_bytes or [0.0] * plan.num_stages
+        self.act_bytes = inputs.act_bytes or [0.0] * plan.num_stages
         #: per stage, what a micro-batch keeps from its I to its W (`activations.stage_weight_grad_bytes`)
-        self.held_bytes = stage_held_bytes or [0.0] * plan.num_stages
+        self.held_bytes = inputs.held_bytes or [0.0] * plan.num_stages
         #: whether the run records its trace events (``events``) and each GPU's memory samples
         #: (`GpuState.mem`); off, it records none and keeps each GPU's activation peak alone
         #: (`GpuState.act_peak`): the same run
@@ -313,44 +341,17 @@ class Engine(PipelineTransfers, DataParallel, HostCopies, IterationTail):
 
 
 def run_engine(
-    model,
-    plan,
-    schedule,
-    work,
-    costs,
+    inputs: StageInputs,
+    schedule: Schedule,
     network,
-    env,
-    options=EngineOptions(),
-    stage_act_bytes=None,
-    profile: RuntimeProfile = MEGATRON,
-    marks: list[frozenset[int]] | None = None,
-    stage_held_bytes: Sequence[float] | None = None,
-    trace: bool = True,
-    slow: Mapping[int, float] | None = None,
-    keys: Sequence[tuple[int, ...]] | None = None,
-    slow_step: Mapping[int, float] | None = None,
+    env: simpy.Environment,
+    options: EngineOptions = EngineOptions(),
+    **run,
 ) -> tuple[Engine, float]:
-    """Build and run the engine; returns it and the wall-clock seconds the run took (``trace``:
-    `Engine.trace`)."""
+    """Build and run the engine (``run``: `Engine`'s keywords); returns it and the wall-clock
+    seconds the run took."""
     t0 = time.perf_counter()
-    eng = Engine(
-        model,
-        plan,
-        schedule,
-        work,
-        costs,
-        network,
-        env,
-        options,
-        stage_act_bytes,
-        profile,
-        marks,
-        stage_held_bytes,
-        trace,
-        slow,
-        keys,
-        slow_step,
-    )
+    eng = Engine(inputs, schedule, network, env, options, **run)
     # The run allocates millions of small, acyclic objects (events, trace records); the cyclic
     # garbage collector's full passes over them cost a third of a --full run and find nothing.
     with paused():

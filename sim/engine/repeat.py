@@ -27,7 +27,7 @@ from ..program.terms import EngineOptions
 from ..specs import ClusterSpec, ModelSpec
 from ..specs.calibration import Calibration, calibrated_cluster
 from ..topology.graph import build_topology
-from .core import Engine, PartialWalkError, run_engine
+from .core import Engine, PartialWalkError, Speeds, StageInputs, run_engine
 from .simulate import build_work, stage_costs
 
 
@@ -51,6 +51,7 @@ class RepeatedIteration:
         self.calibration = calibration
         self.work, self.costs, p2p = build_work(model, self.cluster, plan, calibration, profile=profile)
         self.act, self.held = zb_stage_memory(model, plan)
+        self.inputs = StageInputs(model, plan, self.work, self.costs, profile, self.act, self.held)
         scosts = stage_costs(self.work, p2p, self.costs.eff.overlap_contention, (self.act, self.held))
         self.sched = lowered_schedule(plan, costs=scosts)
         self.opts = replace(options, full=full, compress=False)
@@ -88,22 +89,14 @@ class RepeatedIteration:
             net = self.network(env, factors)
             try:
                 return run_engine(
-                    self.model,
-                    self.plan,
+                    self.inputs,
                     self.sched,
-                    self.work,
-                    self.costs,
                     net,
                     env,
                     self.opts,
-                    self.act,
-                    self.profile,
-                    None,
-                    self.held,
-                    False,
-                    slow,
-                    self.keys,
-                    slow_step,
+                    trace=False,
+                    speeds=Speeds(slow, slow_step),
+                    keys=self.keys,
                 )[0]
             except PartialWalkError:
                 if self.keys is None:

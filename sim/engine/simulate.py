@@ -35,7 +35,7 @@ from ..schedules import StageCosts, spec
 from ..schedules.ir import Schedule
 from ..specs import ClusterSpec, ModelSpec
 from ..specs.calibration import Calibration, calibrated_cluster
-from .core import Engine, EngineOptions, run_engine
+from .core import Engine, EngineOptions, StageInputs, run_engine
 from .replicas import replica_check, replicate
 from .results import BREAKDOWN_KEYS, SimResult
 from .rounds import Outcome, compressed_run, lowered_builder, outcome_of, schedule_rounds
@@ -146,11 +146,13 @@ def _simulate(
     envs: list[simpy.Environment] = []
     opts = options
 
+    inputs = StageInputs(model, plan, work, costs, profile, act, held)
+
     def engine(sched: Schedule, marks: list[frozenset[int]] | None = None, record: bool = True) -> Engine:
         env = simpy.Environment()
         envs.append(env)
         net = make_network(cluster, backend, env=env, calibration=calibration)
-        return run_engine(model, plan, sched, work, costs, net, env, opts, act, profile, marks, held, record)[0]
+        return run_engine(inputs, sched, net, env, opts, marks=marks, trace=record)[0]
 
     replicas = None
     if options.full and options.compress:
