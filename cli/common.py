@@ -51,11 +51,16 @@ class Finite(click.FloatRange):
 def interruptible(what: str) -> Iterator[None]:
     """Ctrl-C (SIGINT) inside: the line ``interrupted: <what>`` on stderr and exit 130, as a shell
     reports a command stopped by SIGINT, instead of click's "Aborted!" and exit 1. Worker processes
-    end with their parent (`simpar.jobs.procs`)."""
+    end with their parent (`simpar.jobs.procs`); the exit is forced within the grace seconds
+    (`simpar.jobs.interrupt.exit_within`): an interpreter-exit join on a killed pool's manager
+    thread once held it past 30 s."""
     try:
         yield
     except KeyboardInterrupt:
+        from simpar.jobs.interrupt import exit_within
+
         click.echo(f"interrupted: {what}", err=True)
+        exit_within(130)
         sys.exit(130)
 
 

@@ -53,13 +53,20 @@ def _force_exit(code: int) -> None:
     os._exit(code)
 
 
+def exit_within(code: int, grace: float = GRACE_S) -> None:
+    """End the process with ``code`` at the latest ``grace`` seconds from now, whatever still
+    blocks its exit then (a worker pool's manager thread that an interpreter-exit join waits on
+    after its workers were killed): a daemon timer that forces it."""
+    watchdog = threading.Timer(grace, _force_exit, (code,))
+    watchdog.daemon = True
+    watchdog.start()
+
+
 def _handler(signum: int, frame: object) -> None:
     if _State.fired:  # cleanup is under way; the watchdog bounds it
         return
     _State.fired = True
-    watchdog = threading.Timer(_State.grace, _force_exit, (128 + signum,))
-    watchdog.daemon = True
-    watchdog.start()
+    exit_within(128 + signum, _State.grace)
     if _State.depth:
         _State.pending = signum
         return

@@ -14,10 +14,9 @@ from .terms import (
     fsdp_seconds,
     gather_seconds,
     gathers_before_forward,
-    host_wait,
     optimizer_time,
+    own_tail,
     reduction_shape,
-    sp_sync_time,
 )
 
 
@@ -89,10 +88,7 @@ def lower_bound(x: Inputs, backend: str = "analytical") -> float:
         pt = x.kept(("bound", p.schedule, m), lambda: _passes(x, m, fsdp=False))
     fwd = pt.fwd
     # the rank's step, then (analytical network) what it waits on its offloaded optimizer part
-    end = [
-        (sp_sync_time(x, r) + host_wait(x, r, lower=True) if sync else 0.0) + optimizer_time(x, r)
-        for r in range(len(x.ranks))
-    ]
+    end = [own_tail(x, r, bound=True) if sync else optimizer_time(x, r) for r in range(len(x.ranks))]
 
     # when a rank's first forward can start at the earliest: on one of its stages, micro-batch 0
     # has come through the stages before it and (analytical network) the stage's parameters are

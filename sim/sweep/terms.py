@@ -398,6 +398,41 @@ def _tied_embedding(x: Inputs) -> tuple[tuple[int, ...] | None, float]:
     return op.ranks, x.time(it.tied_embedding_grad(x.model, x.plan, pair), op.ranks[0])
 
 
+def _sp_sync(x: Inputs, prank: int, bound: bool) -> tuple[float, ...]:
+    return (sp_sync_time(x, prank),)
+
+
+def _step(x: Inputs, prank: int, bound: bool) -> tuple[float, ...]:
+    """The GPU's step, then what the rank waits on its offloaded part (the bound: none of the
+    gradients' copies left after the backward, `host_wait`)."""
+    return optimizer_time(x, prank), host_wait(x, prank, lower=bound)
+
+
+def _regather(x: Inputs, prank: int, bound: bool) -> tuple[float, ...]:
+    return () if bound else (_zero_end(x, prank),)  # a collective: none in the bound
+
+
+#: How the sweep accounts each kind of a rank's tail in the iteration program (`program.Tail`):
+#: the reductions and their wait are `_dp_tail`'s; the meets of two ranks (the replicas', the
+#: tied embedding's all-reduce) are `finish`'s; the rest add their seconds, in the program's
+#: order, to the rank's own time (`own_tail`), in the estimates and in the bound.
+REDUCTIONS = frozenset({Tail.REDUCE, Tail.WAIT_REDUCTIONS})
+MEETS = frozenset({Tail.REPLICA_SYNC, Tail.TIED_GRAD})
+OWN_TAIL = {Tail.SP_SYNC: _sp_sync, Tail.STEP: _step, Tail.REGATHER: _regather}
+
+
+def own_tail(x: Inputs, prank: int, start: float = 0.0, bound: bool = False) -> float:
+    """``start`` plus the seconds of the rank's own tail ops (`OWN_TAIL`), added one by one in
+    the program's order; ``bound``: what the lower bound counts of each."""
+    t = start
+    for op in x.program.tails[prank]:
+        rule = OWN_TAIL.get(op.kind)
+        if rule is not None:
+            for v in rule(x, prank, bound):
+                t += v
+    return t
+
+
 def finish(x: Inputs, rts: list[RankTimes], source: str) -> Estimate:
     """Add DP, ZeRO, tied-embedding, SP and optimizer terms to per-rank ends; breakdown of the
     busiest rank."""
@@ -422,10 +457,7 @@ def finish(x: Inputs, rts: list[RankTimes], source: str) -> Estimate:
     if tied is not None:  # both ends of the pipeline meet, all-reduce, then step
         meet = max(ready[tied[0]], ready[tied[1]]) + t_tied
         ready[tied[0]] = ready[tied[1]] = meet
-    t = max(
-        ready[r] + sp_sync_time(x, r) + optimizer_time(x, r) + host_wait(x, r) + _zero_end(x, r)
-        for r in range(len(rts))
-    )
+    t = max(own_tail(x, r, ready[r]) for r in range(len(rts)))
     m = x.plan.num_microbatches // x.plan.pipelines  # micro-batches each stage runs
     busy = max(range(len(rts)), key=lambda r: (x.rank_work[r], -r))
     ws = [x.work[s] for s in x.ranks[busy]]
