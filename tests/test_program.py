@@ -74,6 +74,14 @@ def test_tails_in_order() -> None:
     assert all([order.index(op.kind) for op in t] == sorted(order.index(op.kind) for op in t) for t in prog.tails)
 
 
+def test_overlapped_zero1_gathers_at_the_start_first_what_the_first_forward_needs() -> None:
+    plan = _plan(1, 4, 2, vpp=2, schedule="interleaved-1f1b")
+    assert iteration_program(GPT, plan, OVERLAP).prologues == ((0, 4), (1, 5), (2, 6), (3, 7))
+    dual = _plan(1, 4, 2, vpp=2, schedule="dualpipe")  # ranks of the second half start on its pipeline
+    assert iteration_program(GPT, dual, OVERLAP).prologues[3][0] == dual.first_stage_of(3)
+    assert iteration_program(GPT, plan, EXPOSED).prologues == ((),) * 4
+
+
 def test_two_pipelines_meet_their_replica() -> None:
     plan = _plan(0, 4, 2, schedule="chimera")
     prog = iteration_program(load_model("llama3-8b"), plan, OVERLAP)

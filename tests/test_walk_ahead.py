@@ -51,10 +51,8 @@ def _same(a, b) -> None:
 def _plain_walk(self: Engine, g, actions):
     """The reference: every action through the engine's handler at the clock (`Engine.HANDLERS`),
     noting each start and the marked snapshots as `walk.walk` does."""
-    if self.steps.gather_at_start:
-        first = self.plan.first_stage_of(g.prank)
-        for s in (first, *(s for s in self.plan.rank_stages[g.prank] if s != first)):
-            self._zero_gather(g, s)
+    for s in self.program.prologues[g.prank]:
+        self._zero_gather(g, s)
     marks = self.marks[g.prank] if self.marks is not None else None
     for i, a in enumerate(actions):
         if marks is not None:

@@ -332,10 +332,8 @@ class Engine(PipelineTransfers, DataParallel, HostCopies, IterationTail):
     }
 
     def _walk(self, g: GpuState, actions):
-        if self.steps.gather_at_start:
-            first = self.plan.first_stage_of(g.prank)  # gathered first: the first forward waits for it
-            for s in (first, *(s for s in self.plan.rank_stages[g.prank] if s != first)):
-                self._zero_gather(g, s)
+        for s in self.program.prologues[g.prank]:  # gathers issued as the iteration starts
+            self._zero_gather(g, s)
         yield from walk(self, g, actions)
         yield from self._finish(g)
 

@@ -111,9 +111,12 @@ class TailOp(NamedTuple):
 
 @dataclass(frozen=True)
 class IterationProgram:
-    """The program's steps and each pipeline rank's tail (module docstring)."""
+    """The program's steps, and per pipeline rank its prologue (the stages whose parameter
+    gathers it issues as the iteration starts, in order: the stage its first forward runs first)
+    and its tail (module docstring)."""
 
     steps: ZeroSteps
+    prologues: tuple[tuple[int, ...], ...]
     tails: tuple[tuple[TailOp, ...], ...]
 
     def has(self, prank: int, kind: Tail) -> TailOp | None:
@@ -140,10 +143,23 @@ def rank_tail(model: ModelSpec, plan: ParallelPlan, steps: ZeroSteps, prank: int
     return tuple(ops)
 
 
+def rank_prologue(plan: ParallelPlan, steps: ZeroSteps, prank: int) -> tuple[int, ...]:
+    """The stages whose gathers pipeline rank ``prank`` issues at the iteration's start (ZeRO-1/2
+    overlapped): the one its first forward runs first, then the others."""
+    if not steps.gather_at_start:
+        return ()
+    first = plan.first_stage_of(prank)
+    return (first, *(s for s in plan.rank_stages[prank] if s != first))
+
+
 def iteration_program(model: ModelSpec, plan: ParallelPlan, options: EngineOptions) -> IterationProgram:
     """The plan's program under the run's options."""
     steps = ZeroSteps.of(plan, options)
-    return IterationProgram(steps, tuple(rank_tail(model, plan, steps, r) for r in range(plan.pp)))
+    return IterationProgram(
+        steps,
+        tuple(rank_prologue(plan, steps, r) for r in range(plan.pp)),
+        tuple(rank_tail(model, plan, steps, r) for r in range(plan.pp)),
+    )
 
 
 def releases(steps: ZeroSteps, schedule: Schedule, prank: int, overlapped: bool) -> frozenset[Action]:
