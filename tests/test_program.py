@@ -96,6 +96,22 @@ def test_zero2_releases_every_backward_and_leaves_no_reduction_to_the_tail() -> 
     sched = schedule_for_plan(plan)
     got = releases(prog.steps, sched, 0, True)
     assert len(got) == plan.num_microbatches and {a.kind.value for a in got} == {"B"}
+    m = plan.num_microbatches
+    assert all(r.microbatch == a.microbatch and not r.at_end and not r.copies for a, r in got.items())
+    assert [a.microbatch for a, r in got.items() if r.last] == [m - 1]  # the stage's last backward
+    exposed = releases(ZeroSteps.of(plan, EXPOSED), sched, 0, False)
+    assert exposed.keys() == got.keys() and all(r.at_end for r in exposed.values())  # released as it ends
+    assert releases(ZeroSteps.of(_plan(3, 1, 8), OVERLAP), sched, 0, True) == {}  # FSDP: each pass its own
+
+
+def test_one_release_per_stage_where_the_reduction_overlaps_the_backward() -> None:
+    plan = _plan(1, 2, 4, vpp=2, schedule="interleaved-1f1b")
+    sched = schedule_for_plan(plan)
+    steps = ZeroSteps.of(plan, OVERLAP)
+    got = releases(steps, sched, 1, True)
+    assert sorted(a.stage for a in got) == list(plan.rank_stages[1])
+    assert all(r.microbatch is None and r.last and not r.at_end for r in got.values())
+    assert releases(steps, sched, 1, False) == {}  # a REDUCE_GRAD action or the tail starts them
 
 
 def test_every_tail_kind_has_its_engine_handler() -> None:

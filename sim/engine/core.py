@@ -127,11 +127,11 @@ class Engine(PipelineTransfers, DataParallel, HostCopies, IterationTail):
         #: (sending GPU, receiving GPU, stage) -> seconds of its activations' transfer (`p2p_seconds`)
         self.p2p_s: dict[tuple[int, int, int], float] = {}
         self.pending: dict[tuple, Rendezvous] = {}
-        self.last_bwd = schedule.last_backward  # (pipeline rank, stage) -> its last B or W
         #: the iteration's program (`program.program`): ZeRO's steps (``steps``) and each rank's tail
         self.program = iteration_program(model, plan, options)
         self.steps = self.program.steps
-        #: per pipeline rank, the backward actions that release gradient buckets (`program.releases`)
+        #: per pipeline rank, the backward actions that release gradient buckets, and what each
+        #: releases when (`program.releases`)
         self.release_at = [
             releases(self.steps, schedule, pr, options.overlap_grad_reduce) for pr in range(len(schedule.ranks))
         ]

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from ..cost.profile import RuntimeProfile
     from ..cost.workload import PassParts, StageWork
     from ..plan import ParallelPlan
-    from ..program.program import ZeroSteps
+    from ..program.program import Release, ZeroSteps
     from ..program.terms import EngineOptions
 
 
@@ -38,7 +38,7 @@ class DataParallel:
         pending: dict[tuple, Rendezvous]
         steps: ZeroSteps
         trace: bool
-        release_at: list[frozenset[Action]]
+        release_at: list[dict[Action, Release]]
         timed_p2p: bool
         events: list[TraceEvent]
 
@@ -47,8 +47,6 @@ class DataParallel:
         ) -> None: ...
         def _charge(self, g: GpuState, acc: str, parts: PassParts) -> None: ...
         def _start_grad_copies(self, g: GpuState, stage: int, start: float, dur: float, last: bool) -> None: ...
-
-        last_bwd: dict[tuple[int, int], Action]
 
     # --- collectives ----------------------------------------------------------------------
     def _comm(self, g: GpuState, res: simpy.Resource, comm: it.Comm, tag, stream: str, kind: str, stage=None):
@@ -142,18 +140,16 @@ class DataParallel:
 
     def _release(self, g: GpuState, b: Action, start: float, dur: float, ended: bool) -> None:
         """Gradient buckets released by the backward ``b`` (starting at ``start``, ``dur`` long)
-        when it is one of `release_at`, called at its start and at its end (``ended``): where the
-        reduction overlaps the backward, at the start (`terms.reduction_calls` spreads the
-        buckets over the pass), else (ZeRO-2) at its end."""
-        if b not in self.release_at[g.prank]:
+        when it is one of `release_at`, called at its start and at its end (``ended``): what the
+        program says it releases, and when (`program.Release`)."""
+        r = self.release_at[g.prank].get(b)
+        if r is None or r.at_end is not ended:
             return
-        if self.opt.overlap_grad_reduce is not ended:
-            mb = b.microbatch if self.steps.release_every_backward else None
-            fresh = (b.stage if mb is None else (b.stage, mb)) not in g.reduced  # a B and its W release once
-            self._start_reduction(g, b.stage, start, dur, mb)
-            if self.steps.copies_in_backward and fresh:  # the stage's last micro-batch sends the fp32 copy
-                last = self.last_bwd.get((g.prank, b.stage))
-                self._start_grad_copies(g, b.stage, start, dur, last is not None and last.microbatch == b.microbatch)
+        mb = r.microbatch
+        fresh = (b.stage if mb is None else (b.stage, mb)) not in g.reduced  # a B and its W release once
+        self._start_reduction(g, b.stage, start, dur, mb)
+        if r.copies and fresh:  # the stage's last micro-batch sends the fp32 copy
+            self._start_grad_copies(g, b.stage, start, dur, r.last)
 
     def _bucket(self, g: GpuState, comm: it.Comm, ready: float, tag):
         if ready > self.env.now:

@@ -162,15 +162,37 @@ def iteration_program(model: ModelSpec, plan: ParallelPlan, options: EngineOptio
     )
 
 
-def releases(steps: ZeroSteps, schedule: Schedule, prank: int, overlapped: bool) -> frozenset[Action]:
-    """The backward actions of pipeline rank ``prank`` that release gradient buckets: every
-    weight-gradient action when every backward does (ZeRO-2), else, when the reduction overlaps the
-    backward (``overlapped``), each stage's last; none otherwise (its REDUCE_GRAD action, or the
-    tail, starts it) and none under per-layer passes (each reduces its own layers' gradients)."""
+class Release(NamedTuple):
+    """What a backward action that releases gradient buckets does (`releases`): at its start (the
+    reduction overlaps the pass, its buckets spread over it: `terms.reduction_calls`) or at its end
+    (``at_end``); the micro-batch whose gradients it releases (ZeRO-2, every backward), or None
+    (the stage's whole iteration, once); whether the offloaded optimizer part's gradients leave for
+    the host with its buckets (``copies``), and whether it is the stage's last backward (``last``:
+    its copies are the fp32 ones, `engine.hostpath`)."""
+
+    at_end: bool
+    microbatch: int | None
+    copies: bool
+    last: bool
+
+
+def releases(steps: ZeroSteps, schedule: Schedule, prank: int, overlapped: bool) -> dict[Action, Release]:
+    """The backward actions of pipeline rank ``prank`` that release gradient buckets, with what
+    each does (`Release`): every weight-gradient action when every backward does (ZeRO-2), else,
+    when the reduction overlaps the backward (``overlapped``), each stage's last; none otherwise
+    (its REDUCE_GRAD action, or the tail, starts it) and none under per-layer passes (each reduces
+    its own layers' gradients)."""
     if steps.layer_passes:
-        return frozenset()
+        return {}
+    last = {s: a for (pr, s), a in schedule.last_backward.items() if pr == prank}
     if steps.release_every_backward:
-        return frozenset(a for a in flat(schedule.ranks[prank]) if a.kind in (Kind.B, Kind.W))
-    if overlapped:
-        return frozenset(x for (pr, _), x in schedule.last_backward.items() if pr == prank)
-    return frozenset()
+        acts = [a for a in flat(schedule.ranks[prank]) if a.kind in (Kind.B, Kind.W)]
+    elif overlapped:
+        acts = list(last.values())
+    else:
+        return {}
+    every, copies = steps.release_every_backward, steps.copies_in_backward
+    return {
+        a: Release(not overlapped, a.microbatch if every else None, copies, last[a.stage].microbatch == a.microbatch)
+        for a in acts
+    }
