@@ -57,10 +57,11 @@ def interruptible(what: str) -> Iterator[None]:
     try:
         yield
     except KeyboardInterrupt:
-        from simpar.jobs.interrupt import exit_within
+        from simpar.jobs.interrupt import exit_within, is_own_process
 
         click.echo(f"interrupted: {what}", err=True)
-        exit_within(130)
+        if is_own_process():  # the command's own process: never a caller's (click's test runner)
+            exit_within(130)
         sys.exit(130)
 
 

@@ -134,7 +134,10 @@ def cli() -> None:
 
 
 def main() -> None:
+    from simpar.jobs.interrupt import own_process
+
     batch_mode()  # the collector's settings for a process that runs simulations (`collector`)
+    own_process()  # an interrupted command may force its own exit (`interruptible`)
     try:
         cli(prog_name="simpar")
     except KeyboardInterrupt:  # Ctrl-C before a command installed its own handling (e.g. while importing)

@@ -44,6 +44,18 @@ class _State:
     pending: int | None = None  # a signal that arrived inside one
     fired = False  # the first signal has been handled
     grace = GRACE_S
+    own = False  # this process is the `simpar` command's own (`own_process`), not a caller's
+
+
+def own_process() -> None:
+    """Mark this process as the `simpar` command's own (its console script's ``main``): an
+    interrupted command may then force its exit (`exit_within`). A program that calls the CLI in
+    process (click's test runner, a notebook) is never ended by it."""
+    _State.own = True
+
+
+def is_own_process() -> bool:
+    return _State.own
 
 
 def _force_exit(code: int) -> None:

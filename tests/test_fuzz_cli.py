@@ -19,6 +19,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -493,6 +494,8 @@ def test_ctrl_c_exits_130_in_one_line(monkeypatch, tmp_path: Path, target: str, 
     assert res.exit_code == 130, res.output
     assert [ln for ln in res.stderr.splitlines() if ln.strip()][0].startswith("interrupted: ")
     assert "Aborted" not in res.output and "Traceback" not in res.output
+    # in a caller's process (click's test runner) no watchdog is left to end it (`exit_within`)
+    assert not [t for t in threading.enumerate() if isinstance(t, threading.Timer)]
 
 
 def _children(pid: int) -> list[int]:
