@@ -124,18 +124,27 @@ class IterationProgram:
         return next((op for op in self.tails[prank] if op.kind is kind), None)
 
 
-def rank_tail(model: ModelSpec, plan: ParallelPlan, steps: ZeroSteps, prank: int) -> tuple[TailOp, ...]:
-    """What pipeline rank ``prank`` runs after its last pipeline action (`Tail`)."""
+def rank_tail(
+    model: ModelSpec,
+    plan: ParallelPlan,
+    steps: ZeroSteps,
+    prank: int,
+    tied: tuple[int, int] | None = None,
+    sp: bool = True,
+) -> tuple[TailOp, ...]:
+    """What pipeline rank ``prank`` runs after its last pipeline action (`Tail`). ``tied``: the
+    pipeline ranks of a tied embedding's two copies (`terms.tied_embedding_ranks`); ``sp``: False
+    where no rank syncs sequence-parallel gradients (`terms.sp_replicated_grads` is then 0 for
+    every rank)."""
     stages = tuple(plan.rank_stages[prank])
     ops = [] if steps.release_every_backward else [TailOp(Tail.REDUCE, stages)]
     ops.append(TailOp(Tail.WAIT_REDUCTIONS, stages))
     partner = terms.replica_partner(plan, prank)
     if partner is not None:
         ops.append(TailOp(Tail.REPLICA_SYNC, stages, (prank, partner)))
-    tied = terms.tied_embedding_ranks(model, plan)
     if tied is not None and prank in tied:
         ops.append(TailOp(Tail.TIED_GRAD, stages, tied))
-    if terms.sp_replicated_grads(model, plan, list(stages))[0]:
+    if sp and terms.sp_replicated_grads(model, plan, list(stages))[0]:
         ops.append(TailOp(Tail.SP_SYNC, stages))
     ops.append(TailOp(Tail.STEP, stages))
     if steps.regather_after_step:
@@ -155,10 +164,12 @@ def rank_prologue(plan: ParallelPlan, steps: ZeroSteps, prank: int) -> tuple[int
 def iteration_program(model: ModelSpec, plan: ParallelPlan, options: EngineOptions) -> IterationProgram:
     """The plan's program under the run's options."""
     steps = ZeroSteps.of(plan, options)
+    tied = terms.tied_embedding_ranks(model, plan)
+    sp = plan.sequence_parallel and plan.tp > 1  # `terms.sp_replicated_grads`' first test, once
     return IterationProgram(
         steps,
         tuple(rank_prologue(plan, steps, r) for r in range(plan.pp)),
-        tuple(rank_tail(model, plan, steps, r) for r in range(plan.pp)),
+        tuple(rank_tail(model, plan, steps, r, tied, sp) for r in range(plan.pp)),
     )
 
 

@@ -128,7 +128,7 @@ class Inputs:
         """The plan's iteration program (`program.program`): ZeRO's steps and each rank's tail."""
         return iteration_program(self.model, self.plan, self.options)
 
-    @property
+    @derived
     def fsdp(self) -> bool:
         return self.program.steps.layer_passes
 
@@ -398,18 +398,18 @@ def _tied_embedding(x: Inputs) -> tuple[tuple[int, ...] | None, float]:
     return op.ranks, x.time(it.tied_embedding_grad(x.model, x.plan, pair), op.ranks[0])
 
 
-def _sp_sync(x: Inputs, prank: int, bound: bool) -> tuple[float, ...]:
-    return (sp_sync_time(x, prank),)
+def _sp_sync(x: Inputs, prank: int, bound: bool) -> float:
+    return sp_sync_time(x, prank)
 
 
-def _step(x: Inputs, prank: int, bound: bool) -> tuple[float, ...]:
-    """The GPU's step, then what the rank waits on its offloaded part (the bound: none of the
+def _step(x: Inputs, prank: int, bound: bool) -> float:
+    """The GPU's step, and what the rank waits on its offloaded part (the bound: none of the
     gradients' copies left after the backward, `host_wait`)."""
-    return optimizer_time(x, prank), host_wait(x, prank, lower=bound)
+    return optimizer_time(x, prank) + host_wait(x, prank, lower=bound)
 
 
-def _regather(x: Inputs, prank: int, bound: bool) -> tuple[float, ...]:
-    return () if bound else (_zero_end(x, prank),)  # a collective: none in the bound
+def _regather(x: Inputs, prank: int, bound: bool) -> float:
+    return 0.0 if bound else _zero_end(x, prank)  # a collective: none in the bound
 
 
 #: How the sweep accounts each kind of a rank's tail in the iteration program (`program.Tail`):
@@ -428,8 +428,7 @@ def own_tail(x: Inputs, prank: int, start: float = 0.0, bound: bool = False) -> 
     for op in x.program.tails[prank]:
         rule = OWN_TAIL.get(op.kind)
         if rule is not None:
-            for v in rule(x, prank, bound):
-                t += v
+            t += rule(x, prank, bound)
     return t
 
 
