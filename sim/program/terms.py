@@ -200,12 +200,16 @@ def param_gathers(
     expert_group: tuple[int, ...] = (),
 ) -> list[Comm]:
     """All-gather of a stage's 16-bit parameters over the ZeRO group; routed experts over their
-    own ``expert_group`` (edp), one after the other."""
+    own ``expert_group`` (edp), one after the other. ZeRO-3 gathers every parameter to use it;
+    ZeRO-1/2 gathers the parameters the step updated, so a LoRA plan's adapters only: its frozen
+    base is neither sharded nor gathered (Megatron-Core's DDP buffers hold the parameters that
+    require gradients; `cost.memory` keeps the base whole under ZeRO-1/2)."""
+    params = work.params if plan.sharding.parameters else work.params - work.frozen_params
     if work.expert_params and expert_group:
-        dense = 2.0 * (work.params - work.expert_params)
+        dense = 2.0 * (params - work.expert_params)
         return [Comm("all-gather", group, dense), Comm("all-gather", expert_group, 2.0 * work.expert_params)]
-    nbytes = 2.0 * work.params
-    up = stack_conventions(plan).states.weights * work.params / len(group) if plan.offload_params else 0.0
+    nbytes = 2.0 * params
+    up = stack_conventions(plan).states.weights * params / len(group) if plan.offload_params else 0.0
     return [Comm("all-gather", group, nbytes, profile.gather_seconds(plan, work.layers, nbytes), host_bytes=up)]
 
 
