@@ -54,7 +54,7 @@ RECOMPUTE_METHODS = ("uniform", "block")
 #: ``target_modules`` names; its default is all four), and the bits of its frozen base weights (16:
 #: LoRA; 4: QLoRA's NF4): `simpar.sim.cost.lora`.
 LORA_MODULES = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
-LORA_BASE_BITS = (16, 4)
+LORA_BASE_BITS = (16, 8, 4)
 #: Low-precision GEMM recipes (`simpar.sim.specs.recipes`).
 FP8_RECIPES = ("delayed", "tensorwise", "rowwise", "blockwise", "mxfp8", "nvfp4")
 

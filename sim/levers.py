@@ -390,7 +390,9 @@ LEVERS: tuple[Lever, ...] = (
         "lora_base_bits",
         "finetune",
         "int",
-        "bits of a LoRA plan's frozen base linear weights: 16, or 4 for QLoRA (NF4, dequantised before each GEMM)",
+        "bits of a LoRA plan's frozen base linear weights: 16; 8, fp8 weights the fp8 GEMMs read directly "
+        "(Transformer Engine's fp8 parameters, NeMo's fp8_params; with --precision fp8); or 4 for QLoRA (NF4, "
+        "dequantised before each GEMM)",
         low=4,
         high=16,
         cli_default=16,

@@ -347,8 +347,9 @@ class ParallelPlan(BaseModel):
     def _describe_lora(self) -> str:
         if self.lora_rank is None:
             return ""
-        q = "QLoRA" if self.lora_base_bits < 16 else "LoRA"
-        return f", {q} rank {self.lora_rank} on {','.join(m.removeprefix('linear_') for m in self.lora_modules)}"
+        q = "QLoRA" if self.lora_base_bits == 4 else "LoRA"
+        base = " (fp8 base)" if self.lora_base_bits == 8 else ""
+        return f", {q} rank {self.lora_rank} on {','.join(m.removeprefix('linear_') for m in self.lora_modules)}{base}"
 
     def _describe_offload(self) -> str:
         parts = [f"optimizer {self.offload_optimizer:.0%}"] if self.offload_optimizer else []

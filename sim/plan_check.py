@@ -82,7 +82,8 @@ def check_plan(
 
 def _check_lora(plan: ParallelPlan, model: ModelSpec) -> None:
     """What simpar's LoRA model covers (`cost.lora`): dense layers with standard attention, adapters
-    in 16 bits beside 16-bit or fp8 base GEMMs, no host offload; the executor trains every weight."""
+    in 16 bits beside 16-bit or fp8 base GEMMs (an fp8 base needs fp8 precision), no host offload;
+    the executor trains every weight."""
     from .choices import LORA_MODULES
 
     if plan.lora_rank is None:
@@ -104,7 +105,14 @@ def _check_lora(plan: ParallelPlan, model: ModelSpec) -> None:
         raise PlanError(
             "lora_rank", "LoRA with host offload is not modelled.", "drop the --offload-* options of a LoRA plan."
         )
-    if plan.lora_base_bits < 16 and plan.precision in ("fp8", "fp4"):
+    if plan.lora_base_bits == 8 and plan.precision != "fp8":
+        raise PlanError(
+            "lora_base_bits",
+            f"an fp8 base (Transformer Engine's fp8 parameters) is read by fp8 GEMMs, and this plan's precision is "
+            f"{plan.precision}.",
+            "use --precision fp8 with --lora-base-bits 8, or keep the base in 16 bits.",
+        )
+    if plan.lora_base_bits == 4 and plan.precision in ("fp8", "fp4"):
         raise PlanError(
             "lora_base_bits",
             f"QLoRA dequantises its 4-bit base weights to 16 bits for every GEMM, and this plan's precision is "

@@ -97,6 +97,7 @@ def test_layer_passes_without_weight_gradients():
         ("mixtral-8x7b", dict(lora_rank=8, ep=1), "lora_rank"),
         ("llama3-8b", dict(lora_rank=8, lora_base_bits=4, precision="fp8"), "lora_base_bits"),
         ("llama3-8b", dict(lora_base_bits=4), "lora_base_bits"),
+        ("llama3-8b", dict(lora_rank=8, lora_base_bits=8), "lora_base_bits"),  # an fp8 base needs fp8 GEMMs
         ("llama3-8b", dict(lora_modules=("linear_qkv",)), "lora_modules"),
         ("llama3-8b", dict(lora_rank=8, zero=1, offload_optimizer=1.0), "lora_rank"),
     ],
@@ -110,7 +111,7 @@ def test_what_is_not_modelled_is_refused_by_name(model, kw, field):
 
 
 def test_bad_lora_values_are_refused():
-    for bad in (dict(lora_base_bits=8), dict(lora_modules=("q_proj",)), dict(lora_rank=0)):
+    for bad in (dict(lora_base_bits=12), dict(lora_modules=("q_proj",)), dict(lora_rank=0)):
         with pytest.raises(SimparError):
             _plan(**bad)
 
@@ -139,7 +140,7 @@ def test_the_executor_refuses_a_lora_plan():
 @given(
     rank=st.integers(1, 512),
     mods=st.sets(st.sampled_from(LORA_MODULES), min_size=1),
-    bits=st.sampled_from([16, 4]),
+    bits=st.sampled_from([16, 8, 4]),
     tp=st.sampled_from([1, 2, 4]),
     pp=st.sampled_from([1, 2]),
 )
@@ -208,3 +209,24 @@ def test_zero1_gathers_a_lora_plans_adapters_only():
         assert 0 < w.frozen_params < w.params
         (comm,) = param_gathers(plan, w, group, MEGATRON)
         assert comm.nbytes == pytest.approx(2.0 * (w.params if whole else w.params - w.frozen_params))
+
+
+def test_an_fp8_base_is_one_byte_per_linear_weight_and_nothing_beside_it():
+    """lora_base_bits 8 (Transformer Engine's fp8 parameters): the base's linear weights take one
+    byte each, the rest two, and no fp8 copy is cached beside them; the iteration is unchanged
+    (weights are quantised once per iteration and not charged either way)."""
+    from simpar.sim.cost import lora
+
+    m = load_model("llama2-70b").model_copy(update={"seq_len": 8192})
+    cl = load_cluster("dgx-b200", gpus=8)
+    base = make_plan(m, cl, dp=8, global_batch_size=8, schedule="none", precision="fp8", lora_rank=16)
+    fp8 = base.model_copy(update={"lora_base_bits": 8})
+    check_plan(fp8, m, cl, 8)
+    a, b = simpar.simulate(m, cl, base), simpar.simulate(m, cl, fp8)
+    assert b.iter_time_s == pytest.approx(a.iter_time_s, rel=1e-12)
+    ra, rb = a.memory.ranks[0], b.memory.ranks[0]
+    psi = ra.params
+    linear = min(psi, m.layers * lora.base_linear_params_per_layer(m, base))
+    adapters = ra.weights - 2.0 * psi - psi  # 16-bit base + TE's cached fp8 copy of every weight
+    assert rb.weights == pytest.approx(adapters + linear + 2.0 * (psi - linear), rel=1e-9)
+    assert "fp8 base" in fp8.describe()

@@ -25,6 +25,11 @@ modules ``lora_modules`` of every transformer layer, Megatron-Bridge's ``target_
   each is dequantised to 16 bits before every GEMM that reads it: the forward, the input-gradient
   pass and a recompute forward each read the 4-bit weight and write a 16-bit copy. The embedding,
   norms and output head stay in 16 bits.
+- **An fp8 base** (``lora_base_bits`` 8, with fp8 precision): Transformer Engine's fp8 parameters
+  (``fp8_model_init``; NeMo's ``fp8_params``, as MLPerf's Llama 2 70B LoRA runs it) keep the base
+  linear weights in fp8 only, one byte per parameter (the per-tensor scale aside), which the fp8
+  GEMMs read as they are: no 16-bit copy, no cached fp8 copy beside it (`memory`), no
+  dequantisation. The embedding, norms and output head stay in 16 bits.
 - **Activations** are kept as in full training: an adapted linear keeps its input for dA, and the
   r-wide intermediates (tokens x r per adapter) are not counted.
 
@@ -97,13 +102,19 @@ def adapter_params(m: ModelSpec, plan: ParallelPlan, layers: int) -> float:
     return layers * adapter_params_per_layer(m, plan)
 
 
+def fp8_base(plan: ParallelPlan) -> bool:
+    """The frozen base's linear weights are kept in fp8 only (module docstring)."""
+    return active(plan) and plan.lora_base_bits == 8
+
+
 def frozen_weight_bytes(m: ModelSpec, plan: ParallelPlan, base_params: float, layers: int) -> float:
     """Bytes of ``base_params`` frozen parameters (``layers`` transformer layers' worth and the
-    rest) as stored: 16-bit, or the layers' linear weights in NF4 under QLoRA."""
+    rest) as stored: 16-bit, or the layers' linear weights in fp8 (one byte) or, under QLoRA, in NF4."""
     if plan.lora_base_bits >= 16:
         return 2.0 * base_params
     quantised = min(base_params, layers * base_linear_params_per_layer(m, plan))
-    return quantised * NF4_BITS_PER_PARAM / 8 + 2.0 * (base_params - quantised)
+    bits = NF4_BITS_PER_PARAM if plan.lora_base_bits == 4 else 8.0
+    return quantised * bits / 8 + 2.0 * (base_params - quantised)
 
 
 def layer_times(costs: CostModel, m: ModelSpec, plan: ParallelPlan, lt: PassTimes, tokens: float) -> PassTimes:
@@ -118,7 +129,7 @@ def layer_times(costs: CostModel, m: ModelSpec, plan: ParallelPlan, lt: PassTime
         add_f += costs.memory_time(ADAPTER_ADD_BYTES * tokens * b_out)
     af, ai, aw = costs.gemm_times(shapes, "bf16")
     dq = 0.0
-    if plan.lora_base_bits < 16:  # read the 4-bit weight, write the 16-bit copy the GEMM reads
+    if plan.lora_base_bits == 4:  # read the 4-bit weight, write the 16-bit copy the GEMM reads
         dq = costs.memory_time(base_linear_params_per_layer(m, plan) * (NF4_BITS_PER_PARAM / 8 + 2.0))
     f = lt.f + af + add_f + dq
     i = lt.i + ai + add_f + dq  # the two input gradients meet in one add

@@ -218,7 +218,8 @@ def rank_memories(
     conventions = conventions or stack_conventions(plan)
     sb = conventions.states
     own = optimizer_facts(plan.optimizer).state_bytes_for(m.hidden)  # the optimizer's own state
-    fp8_cache = plan.precision == "fp8" and conventions.fp8_weight_cache
+    # an fp8 LoRA base is the fp8 weights themselves: nothing cached beside it (`lora.fp8_base`)
+    fp8_cache = plan.precision == "fp8" and conventions.fp8_weight_cache and not lora.fp8_base(plan)
     policy = plan.zero_policy
     offloaded = offloads(plan)
     tuned = lora.active(plan)
