@@ -138,7 +138,7 @@ class Engine(PipelineTransfers, DataParallel, HostCopies, IterationTail):
         self.post_s = profile.post_seconds(plan)
         self.gpus: dict[tuple[tuple[int, ...], int], GpuState] = {}
         #: per pipeline (its (dp, cp, tp) key), the compute tables of `walk` by time multiplier
-        self.compute_tables: dict[float, dict] = {}
+        self.compute_tables: dict[float, tuple[dict, dict]] = {}
         if keys is not None and not options.full:
             raise ValueError("the engine walks chosen pipelines (keys) only in a full run")
         shards: dict[tuple[int, int], tuple[int, ...]] = {}  # (tp, pp) -> the DP x CP group, built once

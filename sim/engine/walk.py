@@ -47,6 +47,23 @@ def _compute_table(eng: Any, slow: float = 1.0) -> dict[Kind, list[tuple[PassPar
     return out
 
 
+def _tables(eng: Any, slow: float) -> tuple[dict, dict[Kind, list[bool]]]:
+    """`_compute_table`, and per kind and stage whether the pass runs at the clock whatever else:
+    FSDP's per-layer passes (processes of their own), a pass whose all-to-alls are flows on shared
+    links (`Engine._compute`)."""
+    table = _compute_table(eng, slow)
+    shared = not eng.timed_p2p
+    at_clock = {
+        k: [
+            eng.steps.layer_passes
+            or (shared and row[st][0][3] > 0 and eng.work[st].a2a_bytes > 0 and not eng.work[st].a2a_overlap)
+            for st in range(len(row))
+        ]
+        for k, row in table.items()
+    }
+    return table, at_clock
+
+
 def walk(eng: Any, g: Any, actions):
     """GPU ``g``'s walk of ``actions`` (module docstring). ``eng``: the `core.Engine` (core imports
     this module, so it is not imported back)."""
@@ -57,9 +74,11 @@ def walk(eng: Any, g: Any, actions):
     # the trace, else the running peak), written out at its four places: a call per action costs
     # more than the sample does
     events, mem, rank, new, trace = eng.events, g.mem, g.rank, tuple.__new__, eng.trace
-    table = eng.compute_tables.get(g.slow)  # shared by the GPUs of one speed: made by the first walk
-    if table is None:
-        table = eng.compute_tables[g.slow] = _compute_table(eng, g.slow)
+    # shared by the GPUs of one speed: made by the first walk
+    tables = eng.compute_tables.get(g.slow)
+    if tables is None:
+        tables = eng.compute_tables[g.slow] = _tables(eng, g.slow)
+    table, at_clock = tables
     # a compute action runs at the clock when it waits on a ZeRO gather not yet done, or when it
     # releases gradient buckets (a stage's last backward; under ZeRO-2 every backward)
     steps = eng.steps
@@ -67,16 +86,6 @@ def walk(eng: Any, g: Any, actions):
     unshards = steps.unshard_actions
     # pipeline transfers booked at once (a network that does not share links), else processes
     booked = eng.timed_p2p
-    # per kind and stage, whether the pass runs at the clock whatever else: FSDP's per-layer passes
-    # (processes of their own), a pass whose all-to-alls are flows on shared links (`Engine._compute`)
-    at_clock = {
-        k: [
-            steps.layer_passes
-            or (not booked and row[st][0][3] > 0 and eng.work[st].a2a_bytes > 0 and not eng.work[st].a2a_overlap)
-            for st in range(len(row))
-        ]
-        for k, row in table.items()
-    }
     last = eng.release_at[g.prank]
     F, R, B, I, W = Kind.F, Kind.R, Kind.B, Kind.I, Kind.W  # noqa: E741
     UNSHARD, RESHARD, OVERLAP, COMPUTE = Kind.UNSHARD, Kind.RESHARD, Kind.OVERLAP_F_B, _COMPUTE

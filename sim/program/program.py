@@ -129,8 +129,8 @@ def rank_tail(
     plan: ParallelPlan,
     steps: ZeroSteps,
     prank: int,
-    tied: tuple[int, int] | None = None,
-    sp: bool = True,
+    tied: tuple[int, int] | None,
+    sp: bool,
 ) -> tuple[TailOp, ...]:
     """What pipeline rank ``prank`` runs after its last pipeline action (`Tail`). ``tied``: the
     pipeline ranks of a tied embedding's two copies (`terms.tied_embedding_ranks`); ``sp``: False
