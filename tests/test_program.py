@@ -151,8 +151,8 @@ def test_engine_and_sweep_do_not_ask_which_zero_stage(package: str) -> None:
 
 def test_the_sweep_accounts_every_tail_kind_once() -> None:
     """Every kind of the program's tail is the sweep's reductions, a meet of two ranks, or a rank's
-    own time (`sweep.terms.OWN_TAIL`): a new kind without a rule fails here."""
-    from simpar.sim.sweep.terms import MEETS, OWN_TAIL, REDUCTIONS
+    own time (`sweep.tail.OWN_TAIL`): a new kind without a rule fails here."""
+    from simpar.sim.sweep.tail import MEETS, OWN_TAIL, REDUCTIONS
 
     kinds = [*REDUCTIONS, *MEETS, *OWN_TAIL]
     assert sorted(k.value for k in kinds) == sorted(k.value for k in Tail)

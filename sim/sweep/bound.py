@@ -9,13 +9,13 @@ from dataclasses import dataclass
 from ..program import terms as it
 from ..schedules.registry import spec
 from .pairs import rank_savings
+from .tail import own_tail
 from .terms import (
     Inputs,
     fsdp_seconds,
     gather_seconds,
     gathers_before_forward,
     optimizer_time,
-    own_tail,
     reduction_shape,
 )
 

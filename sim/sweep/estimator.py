@@ -45,7 +45,8 @@ from ..schedules import StageCosts, list_schedule, spec
 from ..schedules.ir import Kind, Pair
 from ..schedules.spec import FillCosts
 from .pairs import pair_effect, rank_savings
-from .terms import Estimate, Inputs, RankTimes, finish, fsdp_seconds
+from .tail import finish
+from .terms import Estimate, Inputs, RankTimes, fsdp_seconds
 
 
 def _fill(x: Inputs, period: float, pair_saving: float) -> float:

@@ -190,7 +190,7 @@ class _StageBuckets:
     """A stage's gradient buckets on a rank (`terms.grad_buckets`) with the seconds of every
     call `terms.reduction_calls` may issue for them, each timed once (`Inputs.time`): the
     entries, and the two calls an entry splits into (`terms.split_bucket`) when a plan first
-    splits it. Kept per `reduction_shape`, stage size and rank (`_dp_tail`)."""
+    splits it. Kept per `reduction_shape`, stage size and rank (`dp_tail`)."""
 
     def __init__(self, x: Inputs, prank: int, stage: int):
         self.x, self.prank = x, prank
@@ -219,7 +219,7 @@ def reduction_shape(x: Inputs) -> tuple:
     return ("reduction", p.tp, p.cp, p.pp, p.dp, p.zero, p.precision, p.mesh_order)
 
 
-def _dp_tail(x: Inputs, prank: int, rt: RankTimes) -> float:
+def dp_tail(x: Inputs, prank: int, rt: RankTimes) -> float:
     """Seconds the rank's gradient buckets run past its last action, queued on one DP stream as
     the engine queues them (`terms.reduction_calls`, with the calls timed once: `_StageBuckets`)."""
     if not x.plan.reduces_gradients or x.fsdp:
@@ -274,7 +274,7 @@ def gathers_before_forward(x: Inputs) -> bool:
     return x.program.steps.wait_gather_forward
 
 
-def _zero_start(x: Inputs, first_f: list[float]) -> float:
+def zero_start(x: Inputs, first_f: list[float]) -> float:
     """Delay of the pipeline while the first stage's parameters are gathered (`gathers_before_forward`):
     the first forward of each rank waits for them."""
     if not gathers_before_forward(x):
@@ -283,7 +283,7 @@ def _zero_start(x: Inputs, first_f: list[float]) -> float:
     return max(0.0, max(gather_seconds(x, r, first(r)) - first_f[r] for r in range(len(x.ranks))))
 
 
-def _zero_end(x: Inputs, prank: int) -> float:
+def zero_end(x: Inputs, prank: int) -> float:
     """ZeRO-1/2 gathers after the optimizer step when they are not overlapped."""
     op = x.program.has(prank, Tail.REGATHER)
     return sum(gather_seconds(x, prank, s) for s in op.stages) if op is not None else 0.0
@@ -385,97 +385,3 @@ def sp_sync_time(x: Inputs, prank: int) -> float:
         return x.time(it.sp_grad_sync(x.model, p, list(x.ranks[prank]), group, x.profile), prank)
 
     return _cached(x, key, timed)
-
-
-def _tied_embedding(x: Inputs) -> tuple[tuple[int, ...] | None, float]:
-    """(first, last pipeline rank) and the all-reduce of a tied embedding's gradient between
-    them (the program's `Tail.TIED_GRAD`); (None, 0) when no rank's tail has one."""
-    op = next((op for r in range(x.plan.pp) if (op := x.program.has(r, Tail.TIED_GRAD))), None)
-    if op is None:
-        return None, 0.0
-    layout = RankLayout(x.plan)
-    pair = tuple(layout.rank(pp=r) for r in op.ranks)
-    return op.ranks, x.time(it.tied_embedding_grad(x.model, x.plan, pair), op.ranks[0])
-
-
-def _sp_sync(x: Inputs, prank: int, bound: bool) -> float:
-    return sp_sync_time(x, prank)
-
-
-def _step(x: Inputs, prank: int, bound: bool) -> float:
-    """The GPU's step, and what the rank waits on its offloaded part (the bound: none of the
-    gradients' copies left after the backward, `host_wait`)."""
-    return optimizer_time(x, prank) + host_wait(x, prank, lower=bound)
-
-
-def _regather(x: Inputs, prank: int, bound: bool) -> float:
-    return 0.0 if bound else _zero_end(x, prank)  # a collective: none in the bound
-
-
-#: How the sweep accounts each kind of a rank's tail in the iteration program (`program.Tail`):
-#: the reductions and their wait are `_dp_tail`'s; the meets of two ranks (the replicas', the
-#: tied embedding's all-reduce) are `finish`'s; the rest add their seconds, in the program's
-#: order, to the rank's own time (`own_tail`), in the estimates and in the bound.
-REDUCTIONS = frozenset({Tail.REDUCE, Tail.WAIT_REDUCTIONS})
-MEETS = frozenset({Tail.REPLICA_SYNC, Tail.TIED_GRAD})
-OWN_TAIL = {Tail.SP_SYNC: _sp_sync, Tail.STEP: _step, Tail.REGATHER: _regather}
-
-
-def own_tail(x: Inputs, prank: int, start: float = 0.0, bound: bool = False) -> float:
-    """``start`` plus the seconds of the rank's own tail ops (`OWN_TAIL`), added one by one in
-    the program's order; ``bound``: what the lower bound counts of each."""
-    t = start
-    for op in x.program.tails[prank]:
-        rule = OWN_TAIL.get(op.kind)
-        if rule is not None:
-            t += rule(x, prank, bound)
-    return t
-
-
-def finish(x: Inputs, rts: list[RankTimes], source: str) -> Estimate:
-    """Add DP, ZeRO, tied-embedding, SP and optimizer terms to per-rank ends; breakdown of the
-    busiest rank."""
-    shift = _zero_start(x, [rt.first_f for rt in rts])
-    ready, tails = [], []
-    for r, rt in enumerate(rts):
-        tail = _dp_tail(x, r, rt)
-        ready.append(shift + rt.end + tail)
-        tails.append(tail)
-    for r in range(len(rts)):
-        op = x.program.has(r, Tail.REPLICA_SYNC)
-        if op is not None and op.ranks[1] > r:  # the two replicas meet, all-reduce, then go on
-            partner = op.ranks[1]
-            layout = RankLayout(x.plan)
-            pair = (layout.rank(pp=r), layout.rank(pp=partner))
-            sync = x.time(it.replica_grad_sync(x.model, x.plan, list(op.stages), pair), r)
-            meet = max(ready[r], ready[partner]) + sync
-            tails[r] += meet - ready[r]
-            tails[partner] += meet - ready[partner]
-            ready[r] = ready[partner] = meet
-    tied, t_tied = _tied_embedding(x)
-    if tied is not None:  # both ends of the pipeline meet, all-reduce, then step
-        meet = max(ready[tied[0]], ready[tied[1]]) + t_tied
-        ready[tied[0]] = ready[tied[1]] = meet
-    t = max(own_tail(x, r, ready[r]) for r in range(len(rts)))
-    m = x.plan.num_microbatches // x.plan.pipelines  # micro-batches each stage runs
-    busy = max(range(len(rts)), key=lambda r: (x.rank_work[r], -r))
-    ws = [x.work[s] for s in x.ranks[busy]]
-    posts = m * sum(x.posts[s] for s in x.ranks[busy]) * x.post
-    # per pass (compute, expert compute, TP/CP, all-to-all), summed over the rank's stages
-    run = [x.parts(w, k) for w in ws for k in ("F", "I", "W")]
-    rec = [x.parts(w, "R") for w in ws]
-    bd = {
-        "compute": m * sum(p[0] for p in run),
-        "expert_compute": m * sum(p[1] for p in run + rec),
-        "recompute": m * sum(p[0] for p in rec),
-        "tp_comm": m * sum(p[2] for p in run + rec) + sp_sync_time(x, busy) - rts[busy].hidden[0],
-        "moe_a2a": m * sum(p[3] for p in run + rec) - rts[busy].hidden[1],
-        # activation copies a pass waits on; the offloaded optimizer part beyond the GPU's step below
-        "pp_comm": posts + (t_tied if tied is not None and busy in tied else 0.0),
-        "dp_comm": tails[busy],
-        "zero_comm": shift + _zero_end(x, busy) + (m * fsdp_seconds(x)[2] if x.fsdp else 0.0),
-        "optimizer": optimizer_time(x, busy),
-        "offload": m * sum(p[4] for p in run + rec) - rts[busy].hidden[2] + host_wait(x, busy),
-    }
-    bd["bubble"] = max(0.0, t - sum(bd.values()))
-    return Estimate(t, bd, source)
