@@ -159,6 +159,7 @@ SETTING_OPTIONS = {
     "moe_dispatcher": "moe_dispatcher",
     "moe_a2a_overlap": "moe_a2a_overlap",
     "tp_comm_overlap": "tp_comm_overlap",
+    "torch_compile": "torch_compile",
     "cp_comm_type": "cp_comm_type",
     "overlap_grad_reduce": "no_overlap_grad_reduce",
 }
@@ -170,6 +171,7 @@ SETTING_FLAGS = {
     "moe_dispatcher": "--moe-dispatcher",
     "moe_a2a_overlap": "--moe-a2a-overlap",
     "tp_comm_overlap": "--tp-comm-overlap/--no-tp-comm-overlap",
+    "torch_compile": "--torch-compile/--no-torch-compile",
     "cp_comm_type": "--cp-comm-type",
     "overlap_grad_reduce": "--no-overlap-grad-reduce",
 }

@@ -280,6 +280,16 @@ LEVERS: tuple[Lever, ...] = (
         csv="",
     ),
     _lv(
+        "torch_compile",
+        "framework",
+        "bool",
+        "the model compiled with torch.compile: its element-wise ops fused (stacks that run them op by op: "
+        "torchtitan's compile.enable)",
+        negatable=True,
+        cli_default_text="[default: off]",
+        csv="",
+    ),
+    _lv(
         "fp8_recipe",
         "precision",
         "choice",

@@ -98,6 +98,9 @@ class ParallelPlan(BaseModel):
     #: and fp8_recipe default to its values
     stack: str = lever_field("stack", DEFAULT_STACK)
     flash_attention: bool = lever_field("flash_attention", True)
+    #: torch.compile on the model: element-wise ops fused where the stack runs them op by op
+    #: (`StackSpec.eager_elementwise`, `cost.compute.elementwise_bytes`)
+    torch_compile: bool = lever_field("torch_compile", False)
     tp_comm_overlap: bool = lever_field("tp_comm_overlap", False)
     fp8_recipe: str | None = lever_field("fp8_recipe", None)
     mesh_order: tuple[str, ...] = lever_field("mesh_order", DEFAULT_MESH_ORDER)
@@ -340,6 +343,7 @@ class ParallelPlan(BaseModel):
             f"{', SP' if self.sequence_parallel else ''}"
             f"{', TP overlap' if self.tp_comm_overlap else ''}, {self.precision}"
             f"{f' ({self.fp8_recipe})' if self.fp8_recipe else ''}, {self.stack}"
+            f"{' (torch.compile)' if self.torch_compile else ''}"
             f"{f', {self.optimizer}' if self.optimizer != 'adamw' else ''}{self._describe_offload()}"
             f"{self._describe_lora()}"
         )

@@ -255,6 +255,13 @@ def _check_stack(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec) -> 
             f"FlashAttention runs in 16-bit; a {plan.precision} plan materialises the attention scores.",
             f"drop --flash-attention (a {plan.precision} plan runs without it).",
         )
+    if plan.torch_compile and stack.eager_elementwise is None:
+        raise PlanError(
+            "torch_compile",
+            f"stack {plan.stack} runs fused element-wise kernels already; torch.compile is a lever of stacks "
+            "whose model code runs op by op (torchtitan).",
+            "drop --torch-compile, or use --stack torchtitan.",
+        )
     gpu = cluster.gpu
     if plan.precision in ("tf32", "bf16", "fp16") and plan.precision not in gpu.peak_TFLOPS:
         have = ", ".join(d for d in ("fp16", "bf16", "tf32") if d in gpu.peak_TFLOPS)

@@ -45,6 +45,7 @@ PLAN = ParallelPlan(
     sequence_parallel=True,
     precision="fp8",
     stack="torchtitan",
+    torch_compile=True,
     flash_attention=False,
     tp_comm_overlap=True,
     fp8_recipe="rowwise",

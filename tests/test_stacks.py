@@ -110,21 +110,38 @@ def test_only_the_stacks_gemm_groups_run_in_fp8() -> None:
     assert gemm_dtype(ParallelPlan(precision="fp4", fp8_recipe="nvfp4"), "mlp") == "fp4"
 
 
-def test_cast_bytes_follow_the_recipe_and_the_fusion() -> None:
-    shapes = [(1000.0, 300.0, 200.0)]  # X 1000 x 200 forward, dY 1000 x 300 backward
-    # delayed on megatron-core: the norm writes X quantised (2 copies x 1 B), dY: 1 read (2 B) + 2 copies
-    assert cast_bytes(ParallelPlan(precision="fp8"), "mlp", shapes) == (1000 * 200 * 2.0, 1000 * 300 * 4.0)
-    # tensorwise on torchtao: not fused, amax pass + cast pass (4 B) + 2 copies, both ways
-    tt = ParallelPlan(precision="fp8", stack="torchtitan")
-    assert cast_bytes(tt, "mlp", shapes) == (1000 * 200 * 6.0, 1000 * 300 * 6.0)
+def test_cast_bytes_follow_the_stacks_kernels() -> None:
+    """Per element: X forward, the weight (k x n) forward, dY backward, as each stack's file says."""
+    shapes = [(1000.0, 300.0, 200.0)]  # X 1000 x 200 forward, W 200 x 300, dY 1000 x 300 backward
+    # delayed on megatron-core: the norm writes X quantised (2 copies x 1 B); dY one cast_transpose
+    # pass (2 + 2 x 1 B); the weight cast once per iteration (cached), its share per micro-batch
+    mc = ParallelPlan(precision="fp8", dp=2, global_batch_size=8)
+    assert mc.num_microbatches == 4
+    assert cast_bytes(mc, "mlp", shapes) == (1000 * 200 * 2.0 + 200 * 300 * 4.0 / 4, 1000 * 300 * 4.0)
+    # torchao tensorwise (torchtitan): amax pass + one cast writing both layouts (6 B); its weight
+    # every forward: amax + two casts (8 B), as torchao's roofline counts them
+    tt = ParallelPlan(precision="fp8", stack="torchtitan", dp=2, global_batch_size=8)
+    assert cast_bytes(tt, "mlp", shapes) == (1000 * 200 * 6.0 + 200 * 300 * 8.0, 1000 * 300 * 6.0)
+    # torchao rowwise: a 16-bit transpose on the way (8 B), the weight 10 B
+    rw = tt.model_copy(update={"fp8_recipe": "rowwise"})
+    assert cast_bytes(rw, "mlp", shapes) == (1000 * 200 * 8.0 + 200 * 300 * 10.0, 1000 * 300 * 8.0)
     assert cast_bytes(tt, "logits", shapes) == (0.0, 0.0)
     assert cast_bytes(ParallelPlan(), "mlp", shapes) == (0.0, 0.0)
 
 
+def test_a_stack_must_say_the_cast_traffic_of_each_recipe(tmp_path: Path) -> None:
+    text = (Path(__file__).parents[1] / "topologies/stacks/torchtitan.yaml").read_text()
+    bad = tmp_path / "s.yaml"
+    bad.write_text(text.replace("  rowwise: {act_B: 8, weight_B: 10}\n", ""))
+    with pytest.raises(SimparError, match="fp8_casts has no entry for recipe 'rowwise'"):
+        load_stack(str(bad))
+
+
 def test_fp8_speed_follows_the_recipe_and_the_stacks_fusion() -> None:
     """fp8's gain on a small model is eaten by its cast traffic as the recipe and stack make it:
-    fused delayed (Megatron-Core) < unfused tensorwise (torchtitan) < unfused rowwise < bf16."""
-    m, c = load_model("llama3-8b", seq_len=1024), load_cluster("dgx-h100", gpus=8)
+    fused delayed (Megatron-Core) < unfused tensorwise (torchtitan) < unfused rowwise < bf16, at 8,192
+    tokens per micro-batch (at 1,024 torchao's rowwise casts eat its gain: its roofline says so too)."""
+    m, c = load_model("llama3-8b", seq_len=8192), load_cluster("dgx-h100", gpus=8)
     base = dict(dp=8, global_batch_size=8, zero=3)
 
     def compute(**kw) -> float:
@@ -363,3 +380,40 @@ def test_recompute_modules_are_refused_where_they_do_not_apply():
         check_plan(_sel("x", 8, zero=3, stack="torchtitan", recompute_modules=("mlp",)), m, c)
     with pytest.raises(ValueError, match="unknown recompute module"):
         _sel("x", 8, recompute_modules=("attention",))
+
+
+def test_eager_elementwise_traffic_counts_each_op_and_compile_fuses_it() -> None:
+    """torchtitan's Llama code op by op: two norms (36 B) and residual adds (6 B) per hidden element,
+    rotary (20 B) over queries and keys, repeated keys and values (4 B), SwiGLU (10 B) per hidden-width
+    element; under torch.compile the fused figure, the same as Megatron's fused kernels."""
+    from simpar.sim.cost.compute import ELEMENTWISE_BYTES_PER_TOKEN_H, elementwise_bytes
+    from simpar.sim.model import DENSE
+
+    m = load_model("llama3-8b")
+    h, f, q, kv = 4096, 14336, 4096, 1024
+    eager = elementwise_bytes(m, ParallelPlan(stack="torchtitan"), DENSE, 1)
+    assert eager == 2 * (36 + 6) * h + 20 * (q + kv) + 4 * 2 * q + 10 * f
+    fused = ELEMENTWISE_BYTES_PER_TOKEN_H * h + 6 * f
+    assert elementwise_bytes(m, ParallelPlan(stack="torchtitan", torch_compile=True), DENSE, 1) == fused
+    assert elementwise_bytes(m, ParallelPlan(), DENSE, 1) == fused
+    # tp 2 splits every term; an ungated GPT with learned positions has no rotary and no repeat
+    two = elementwise_bytes(m, ParallelPlan(stack="torchtitan", tp=2), DENSE, 1)
+    assert two == 2 * (36 + 6) * h + (20 * (q + kv) + 4 * 2 * q + 10 * f) / 2
+    gpt = load_model("gpt3-175b")
+    assert elementwise_bytes(gpt, ParallelPlan(stack="torchtitan"), DENSE, 1) == 2 * 42 * 12288 + 4 * 4 * 12288
+
+
+def test_torch_compile_speeds_an_eager_stack_and_is_refused_where_kernels_are_fused() -> None:
+    m, c = load_model("llama3-8b", seq_len=8192), load_cluster("grand-teton-h100", gpus=8)
+    base = dict(dp=8, global_batch_size=16, micro_batch_size=2, zero=3, stack="torchtitan", recompute="selective")
+    eager = simulate(m, c, ParallelPlan(**base)).iter_time_s
+    compiled = simulate(m, c, ParallelPlan(**base, torch_compile=True)).iter_time_s
+    # torchtitan's December 2024 benchmark, Table 1: 5,762 -> 6,667 tokens/s per GPU (1.157x)
+    assert 1.10 < eager / compiled < 1.22
+    with pytest.raises(PlanError, match="fused element-wise kernels already"):
+        check_plan(ParallelPlan(dp=8, global_batch_size=8, torch_compile=True), m, c)
+    res = CliRunner().invoke(
+        cli,
+        ["simulate", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8", "--gbs", "8", "--torch-compile"],
+    )
+    assert res.exit_code == 2 and "torch_compile" in res.output and "Traceback" not in res.output

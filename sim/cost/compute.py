@@ -23,7 +23,10 @@ curve, fp8 scale, power-limit factor, attention curves); the preset's default ca
 fitted once per GPU group on the published runs, never per row); ``--calibration FILE``. A GPU with
 neither uses the `EfficiencyParams` defaults (sim/specs/calibration.py).
 - Element-wise work (norms, activations, dropout, residual adds, the softmax/cross-entropy) is
-  memory-bound: bytes moved / (HBM bandwidth * hbm_eff).
+  memory-bound: bytes moved / (HBM bandwidth * hbm_eff). Fused kernels (Megatron / Transformer
+  Engine, or any model under torch.compile) move `ELEMENTWISE_BYTES_PER_TOKEN_H` per hidden element
+  and a token; a stack whose model code runs op by op moves what its ops read and write, fp32
+  intermediates included (`elementwise_bytes`, `StackSpec.eager_elementwise`).
 - Each kernel costs at least ``launch_s`` (CUDA launch + scheduling, ~4 µs without CUDA graphs).
 - The Adam step reads and writes 28 bytes per locally owned parameter (fp32 master, two moments,
   grad, 16-bit copy) at HBM speed.
@@ -66,6 +69,33 @@ def computed_attention_fraction(m: ModelSpec, kind: LayerKind) -> float:
 #: Element-wise bytes per layer and token, in units of hidden size, forward (norms, residuals,
 #: dropout, bias adds; GeLU/SwiGLU traffic is counted from ffn separately). Backward moves twice.
 ELEMENTWISE_BYTES_PER_TOKEN_H = 24
+
+
+def elementwise_bytes(m: ModelSpec, plan: ParallelPlan, kind: LayerKind, sp: int) -> float:
+    """Element-wise bytes per token of one layer's forward on one GPU of a tp group (16-bit elements;
+    ``sp``: the sequence-parallel split of the hidden-width ops). Fused kernels: the norms, residual
+    adds and dropouts as `ELEMENTWISE_BYTES_PER_TOKEN_H` and the MLP's activation as one read-and-write
+    pass (a gated MLP reads two inputs: 6 bytes, else 4), as Megatron's fusions and torch.compile run
+    them. Op by op (`StackSpec.eager_elementwise`, a stack's model code without torch.compile): each
+    op's own traffic, from its code: two norms and two residual adds over the hidden width, the
+    rotary embedding over queries and keys, the keys and values a grouped-query layer repeats to
+    every query head, and the MLP's activation. An MoE layer's MLP is priced by `cost.moe`."""
+    t, h, f = plan.tp, m.hidden, m.ffn
+    eager = stack_of(plan).eager_elementwise
+    if eager is None or plan.torch_compile:
+        mlp = 0.0 if kind.moe else (6 if m.gated_mlp else 4) * f / t
+        return ELEMENTWISE_BYTES_PER_TOKEN_H * h / sp + mlp
+    q, kv = m.attn_width / t, m.kv_heads * m.head_dim / t
+    repeated = 2 * q if m.kv_heads < m.heads else 0.0  # keys and values at every query head
+    mlp = 0.0 if kind.moe else (eager.glu_B if m.gated_mlp else eager.act_B) * f / t
+    return (
+        2 * (eager.norm_B + eager.residual_B) * h / sp
+        + (0.0 if m.learned_positions else eager.rope_B * (q + kv))
+        + eager.kv_repeat_B * repeated
+        + mlp
+    )
+
+
 #: Bytes per element of a norm's forward (16-bit read and write): what the ``layernorm`` recompute
 #: module re-runs.
 NORM_BYTES_PER_ELEMENT = 4
@@ -303,7 +333,7 @@ class CostModel:
             attn_b = 2 * lf.attn_core_f / (t * plan.cp) / mm_peak + softmax_b
         sp = t if plan.sequence_parallel else 1
         mlp_ew = 0 if kind.moe else (6 if m.gated_mlp else 4) * f / t  # the MoE MLP times its own
-        ew_f = self.memory_time(el * tokens * (ELEMENTWISE_BYTES_PER_TOKEN_H * h / sp + mlp_ew))
+        ew_f = self.memory_time(el * tokens * elementwise_bytes(m, plan, kind, sp))
         launch = KERNELS_PER_LAYER_FWD * self.eff.launch_s
         f_time = max(fwd_mm + attn_f + ew_f, launch)
         i_time = max(i_mm + attn_b + 2 * ew_f, 2 * launch)

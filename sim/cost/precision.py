@@ -15,21 +15,22 @@ fixes three things:
   an fp32 row/column scale vector; DeepSeek-style 1 x 128 / 128 x 128 blocks on Hopper: partial
   sums promoted to fp32 on CUDA cores every 128 of k, DeepSeek-V3 report §3.3.2). Those two factors
   are simpar's assumptions, stated here, not measurements;
-- the memory traffic of quantising one operand of a GEMM, per element: ``reads`` passes over the
-  16-bit tensor (2 bytes each) and ``copies`` quantised copies written (``elem_bytes`` each plus
-  the scales): a GEMM's operands are needed in two layouts (the forward's row-major input and the
-  weight-gradient GEMM's transposed one; Hopper's fp8 MMA takes only the TN layout), so every
-  recipe writes two copies. Delayed scaling takes its scale from the amax history and casts,
-  transposes and records the amax in one pass (TE ``cast_transpose``); current (per-tensor
-  dynamic) scaling needs the tensor's amax first, a second read; rowwise scaling casts each layout
-  with its own per-row amax (two fused amax-and-cast passes); MX/NVFP4 blocks are scaled locally
-  in one pass (NVFP4 also takes a per-tensor amax first).
+- the bytes of a quantised element, scales included (``elem_bytes``).
 
-Per GEMM and micro-batch, the forward quantises its activation input X (tokens x k) and the backward
-its output gradient dY (tokens x n); the weights are quantised once per iteration (TE and torchao
-cache them across micro-batches) and not charged. A stack with fused casts
+The memory traffic of the casts is the framework's, not the recipe's: Transformer Engine writes both
+layouts of an operand in one pass (``cast_transpose``), torchao casts each layout in its own kernel
+and rowwise goes through a 16-bit transpose. Each stack file says, per recipe, the bytes moved per
+element of an operand, both layouts, forward and backward (`StackSpec.fp8_casts`, with sources): a
+GEMM's operands are needed in two layouts (the forward's row-major input and the weight-gradient
+GEMM's transposed one; Hopper's fp8 MMA takes only the TN layout).
+
+Per GEMM and micro-batch, the forward quantises its activation input X (tokens x k, ``act_B``) and the
+backward its output gradient dY (tokens x n, ``act_B``). A stack with fused casts
 (`StackSpec.fp8_fused_casts`) has the kernel that produces X (a norm, an activation) write it
-quantised: the reads of X are free, the copies are still written.
+quantised: X costs ``act_fused_B`` (the copies, not the reads). The weight (k x n, ``weight_B``) is
+cast in every forward where the stack keeps no fp8 copy between micro-batches
+(`StackSpec.fp8_weight_cache`: torchao, Composer's te.Linear), else once per iteration (Transformer
+Engine's first micro-batch under Megatron), charged here as its share per micro-batch.
 
 What a quantised linear keeps for its backward (`saved_input_fraction`): Transformer Engine keeps
 the quantised X (its transposed copy, ``elem_bytes`` per element) for the weight-gradient GEMM;
@@ -80,13 +81,15 @@ def gemm_dtype(plan: ParallelPlan, group: str) -> str:
 
 def cast_bytes(plan: ParallelPlan, group: str, shapes: Sequence[tuple[float, float, float]]) -> tuple[float, float]:
     """(forward, backward) quantisation bytes of one layer group's GEMMs of (m, n, k) shapes for one
-    micro-batch: X (m x k) forward, dY (m x n) backward (module docstring)."""
+    micro-batch: X (m x k) and the weight (k x n) forward, dY (m x n) backward (module docstring)."""
     recipe, stack = recipe_of(plan), stack_of(plan)
     if recipe is None or group not in stack.fp8_gemms:
         return 0.0, 0.0
-    fused = stack.fp8_fused_casts
-    fwd = sum(recipe.cast_bytes(m * k, fused) for m, _n, k in shapes)
-    bwd = sum(recipe.cast_bytes(m * n, False) for m, n, _k in shapes)
+    cast = stack.fp8_casts[recipe.name]
+    x_B = cast.act_fused_B if stack.fp8_fused_casts and cast.act_fused_B is not None else cast.act_B
+    per_weight = 1.0 / plan.num_microbatches if stack.fp8_weight_cache else 1.0
+    fwd = sum(m * k * x_B + k * n * cast.weight_B * per_weight for m, n, k in shapes)
+    bwd = sum(m * n * cast.act_B for m, n, _k in shapes)
     return fwd, bwd
 
 

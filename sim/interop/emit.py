@@ -455,6 +455,8 @@ def torchtitan_toml(plan: ParallelPlan, model: ModelSpec) -> str:
     if plan.precision == "fp8":
         sec, recipe = ("mx", "mxfp8_cublas") if plan.fp8_recipe == "mxfp8" else ("float8", plan.fp8_recipe)
         lines += [f"[quantize.linear.{sec}]", f'recipe_name = "{recipe}"', ""]
+    if plan.torch_compile:
+        lines += ["[compile]", "enable = true", 'components = ["model", "loss"]', ""]
     return "\n".join(lines)
 
 

@@ -82,6 +82,7 @@ READ = {
     },
     "activation_checkpoint": {"mode", "selective_ac_option"},
     "optimizer": {"name"},
+    "compile": {"enable", "components"},
     "float8": {"enable_float8_linear", "recipe_name"},
     "quantize.linear.float8": {"recipe_name"},
     "quantize.grouped_mm.float8": {"fqns"},
@@ -106,6 +107,7 @@ UNMODELLED_KEYS = {
     "parallelism": {"disable_loss_parallel", "context_parallel_rotate_method", "pipeline_parallel_schedule_csv"},
     "activation_checkpoint": {"preserve_rng_state", "determinism_check", "debug", "early_stop"},
     "optimizer": {"lr", "beta1", "beta2", "eps", "weight_decay", "implementation", "early_step_in_backward"},
+    "compile": {"backend"},
     "float8": {*_F8_KEYS, "force_recompute_fp8_weight_in_bwd"},
     "quantize.linear.float8": _F8_KEYS,
     "mx": {"filter_fqns", "mxfp8_dim1_cast_kernel_choice"},
@@ -164,6 +166,7 @@ SCHEMA = {
     ),
     "activation_checkpoint": Table({"mode": Text(), "selective_ac_option": Text()}),
     "optimizer": Table({"name": Text()}),
+    "compile": Table({"enable": Flag(), "components": Texts(comma=True)}),
     "float8": Table({"enable_float8_linear": Flag(), "recipe_name": Text()}),
     "quantize.linear.float8": Table({"recipe_name": Text()}),
     "quantize.grouped_mm.float8": Table(),
@@ -204,9 +207,6 @@ def read_torchtitan_job(cfg: dict[str, Any], where: str, layers: int | None, gpu
         if sec in UNMODELLED_SECTIONS:
             imp.unmodelled.append(f"[{sec}]")
             continue
-        if sec == "compile":
-            imp.unmodelled.append("[compile] (torch.compile's speed-up is not modelled)")
-            continue
         if sec not in READ:
             raise SpecError(
                 f"{where}: [{key_name(sec)}]", "is a section simpar does not know.", "remove it, or report it."
@@ -244,6 +244,7 @@ def read_torchtitan_job(cfg: dict[str, Any], where: str, layers: int | None, gpu
         {"bfloat16": "bf16", "float32": "fp32"},
     )
     plan["offload_params"] = get("training", "enable_cpu_offload", False)
+    _compile(cfg, plan, imp, where)
     _quantization(cfg, plan, imp, where)
     seq = get("training", "seq_len", 2048)  # torchtitan's default
     # the job's sequence length; torchtitan's TOML-era models have no MTP modules
@@ -263,6 +264,20 @@ def read_torchtitan_job(cfg: dict[str, Any], where: str, layers: int | None, gpu
     name = get("optimizer", "name", "AdamW")
     plan["optimizer"] = one_of(name, f"{where}: optimizer.name", {"AdamW": "adamw", "Adam": "adam"})
     return imp
+
+
+def _compile(cfg: dict[str, Any], plan: dict[str, Any], imp: Imported, where: str) -> None:
+    """``[compile] enable`` with ``components`` (torchtitan's default: model and loss): torch.compile
+    on the model fuses its element-wise ops (`ParallelPlan.torch_compile`); the loss's compile is not
+    modelled (its fp32 cross entropy is priced as it is)."""
+    body = cfg.get("compile") or {}
+    components = Texts(comma=True).check(body.get("components", ["model", "loss"]), f"{where}: compile.components")
+    for c in components:
+        one_of(c, f"{where}: compile.components", {"model": 1, "loss": 1})
+    if "torch_compile" not in plan:
+        plan["torch_compile"] = bool(body.get("enable", False)) and "model" in components
+    if body.get("enable") and "loss" in components:
+        imp.unmodelled.append("compile.components loss (the compiled loss is priced as eager)")
 
 
 def _parallel(

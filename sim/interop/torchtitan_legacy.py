@@ -148,12 +148,8 @@ def legacy_layout(cfg: dict[str, Any], imp: Imported, where: str) -> tuple[dict[
         if "local_batch_size" in train:
             raise SpecError(f"{where}: training.batch_size", "is given with training.local_batch_size.", "keep one.")
         train["local_batch_size"] = train.pop("batch_size")
-    if (
-        isinstance(train, dict)
-        and "compile" in train
-        and Flag().check(train.pop("compile"), f"{where}: training.compile")
-    ):
-        imp.unmodelled.append("training.compile (torch.compile's speed-up is not modelled)")
+    if isinstance(train, dict) and "compile" in train:  # torch.compile of the model and its loss
+        imp.plan["torch_compile"] = bool(Flag().check(train.pop("compile"), f"{where}: training.compile"))
     f8 = out.get("float8")
     for key in LEGACY_FLOAT8_SCALING:
         if isinstance(f8, dict) and key in f8:

@@ -1,5 +1,6 @@
 """The low-precision GEMM recipes as data: data type, the GPUs that run them, GEMM speed and the
-memory traffic of their casts. The physics and sources are in `simpar.sim.cost.precision`."""
+bytes of a quantised element. The physics and sources are in `simpar.sim.cost.precision`; the
+traffic of the casts is each stack's (`StackSpec.fp8_casts`): frameworks quantise differently."""
 
 from __future__ import annotations
 
@@ -15,40 +16,28 @@ class Recipe:
     dtype: str  # GEMM data type: "fp8" or "fp4"
     block_scaled: bool  # needs tensor cores that take block-scaled operands (GPUSpec.mx_formats)
     gemm_scale: float  # speed relative to a per-tensor-scaled GEMM of the same type
-    reads: float  # passes over the 16-bit input per quantised operand
-    copies: float  # quantised copies written (row-major and transposed layouts)
     elem_bytes: float  # bytes per quantised element, scales included
     about: str
-
-    def cast_bytes(self, elements: float, fused: bool) -> float:
-        """HBM bytes moved to quantise one operand of ``elements`` (module docstring)."""
-        return elements * ((0.0 if fused else 2.0 * self.reads) + self.copies * self.elem_bytes)
 
 
 RECIPES: dict[str, Recipe] = {
     r.name: r
     for r in (
-        Recipe("delayed", "fp8", False, 1.0, 1, 2, 1.0, "per-tensor scale from the amax history (TE DelayedScaling)"),
+        Recipe("delayed", "fp8", False, 1.0, 1.0, "per-tensor scale from the amax history (TE DelayedScaling)"),
         Recipe(
             "tensorwise",
             "fp8",
             False,
             1.0,
-            2,
-            2,
             1.0,
             "per-tensor current scaling (TE Float8CurrentScaling, torchao tensorwise)",
         ),
-        Recipe(
-            "rowwise", "fp8", False, 0.9, 2, 2, 1.0, "per-row scales, each layout cast on its own (torchao rowwise)"
-        ),
+        Recipe("rowwise", "fp8", False, 0.9, 1.0, "per-row scales, each layout cast on its own (torchao rowwise)"),
         Recipe(
             "blockwise",
             "fp8",
             False,
             0.9,
-            1,
-            2,
             1.0 + 4 / 128,
             "1x128 activation / 128x128 weight blocks (DeepSeek-V3, TE Float8BlockScaling)",
         ),
@@ -57,8 +46,6 @@ RECIPES: dict[str, Recipe] = {
             "fp8",
             True,
             1.0,
-            1,
-            2,
             1.0 + 1 / 32,
             "MXFP8: 1x32 blocks with E8M0 scales (OCP MX v1.0, TE MXFP8BlockScaling)",
         ),
@@ -67,8 +54,6 @@ RECIPES: dict[str, Recipe] = {
             "fp4",
             True,
             1.0,
-            2,
-            2,
             0.5 + 1 / 16,
             "NVFP4: 1x16 blocks with E4M3 scales and a per-tensor scale (TE NVFP4BlockScaling)",
         ),

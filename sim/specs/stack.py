@@ -115,6 +115,40 @@ class Zero3Calls(BaseModel):
     )
 
 
+class FP8Cast(BaseModel):
+    """HBM bytes a stack moves to quantise one element of a GEMM operand for one recipe, both
+    layouts, forward and backward together (`simpar.sim.cost.precision`)."""
+
+    model_config = _STRICT
+
+    act_B: float = Field(gt=0, description="per element of an activation input or output gradient, cast on its own")
+    act_fused_B: float | None = Field(
+        None,
+        ge=0,
+        description="the same where the kernel producing the input writes it quantised (stacks with fp8_fused_casts)",
+    )
+    weight_B: float = Field(ge=0, description="per weight element, each time the weight is cast")
+
+
+class EagerElementwise(BaseModel):
+    """HBM bytes a stack's model code moves per element in the element-wise ops of one transformer
+    layer's forward when they run op by op (eager PyTorch, no torch.compile): each op reads its
+    inputs and writes its output, fp32 intermediates included (`simpar.sim.cost.compute`)."""
+
+    model_config = _STRICT
+
+    norm_B: float = Field(gt=0, description="per element of each of the layer's two norms")
+    residual_B: float = Field(gt=0, description="per element of each of the layer's two residual adds")
+    rope_B: float = Field(ge=0, description="per query and key element, the rotary embedding")
+    kv_repeat_B: float = Field(
+        ge=0, description="per element of the repeated keys and values a grouped-query layer materialises"
+    )
+    glu_B: float = Field(
+        gt=0, description="per element of the MLP's hidden width, a gated MLP's activation and product"
+    )
+    act_B: float = Field(gt=0, description="per element of the MLP's hidden width, an ungated MLP's activation")
+
+
 class StackSpec(BaseModel):
     """One training framework as it runs a plan (module docstring)."""
 
@@ -127,6 +161,14 @@ class StackSpec(BaseModel):
     fp8_gemms: tuple[str, ...] = Field(description="linear-layer groups whose GEMMs run in fp8/fp4")
     fp8_fused_casts: bool = Field(
         description="the kernel that produces a forward GEMM input (norm, activation) writes it quantised"
+    )
+    eager_elementwise: EagerElementwise | None = Field(
+        None,
+        description="the element-wise traffic of the stack's model code run op by op, unless the plan compiles "
+        "it (`ParallelPlan.compile`); None: the stack runs fused element-wise kernels",
+    )
+    fp8_casts: dict[str, FP8Cast] = Field(
+        {}, description="the quantisation traffic of each recipe the stack implements, as its kernels move it"
     )
     tp_comm_overlap: bool = Field(description="tensor-parallel communication overlapped with the GEMMs by default")
     tp_comm_overlap_supported: bool = Field(description="the stack can overlap TP communication with the GEMMs")
@@ -200,6 +242,14 @@ class StackSpec(BaseModel):
             raise ValueError(f"fp8_default {self.fp8_default!r} is not one of fp8_recipes")
         if self.tp_comm_overlap and not self.tp_comm_overlap_supported:
             raise ValueError("tp_comm_overlap is on by default but tp_comm_overlap_supported is false")
+        uncast = [r for r in self.fp8_recipes if r not in self.fp8_casts]
+        if uncast:
+            raise ValueError(f"fp8_casts has no entry for recipe {uncast[0]!r} (its cast traffic in bytes per element)")
+        extra = [r for r in self.fp8_casts if r not in self.fp8_recipes]
+        if extra:
+            raise ValueError(f"fp8_casts names {extra[0]!r}, which is not one of fp8_recipes")
+        if self.fp8_fused_casts and any(c.act_fused_B is None for c in self.fp8_casts.values()):
+            raise ValueError("fp8_fused_casts is true but an fp8_casts entry has no act_fused_B")
         missing = [f for f in _SOURCED if f not in self.sources]
         if missing:
             raise ValueError(f"sources has no entry for {missing[0]!r} (every value needs its source)")
@@ -223,6 +273,8 @@ _SOURCED = (
     "fp8_default",
     "fp8_gemms",
     "fp8_fused_casts",
+    "fp8_casts",
+    "eager_elementwise",
     "tp_comm_overlap",
     "flash_attention",
     "attention_kernel",

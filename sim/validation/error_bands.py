@@ -355,7 +355,8 @@ def assumed_defaults(
     """The run settings that change the answer which the caller left out, each with the default it
     is priced with (read off the plan, so the text is what was simulated): ``stack``, an fp8/fp4
     plan's ``fp8_recipe`` (the stack's default), an MoE plan's ``moe_dispatcher`` and
-    ``moe_a2a_overlap``, ``tp_comm_overlap`` where tp > 1 (the stack's), ``cp_comm_type`` where cp > 1,
+    ``moe_a2a_overlap``, ``torch_compile`` on a stack whose element-wise ops run op by op,
+    ``tp_comm_overlap`` where tp > 1 (the stack's), ``cp_comm_type`` where cp > 1,
     and ``overlap_grad_reduce``
     where gradients are reduced across ranks (the engine's, ``overlap_grad_reduce``). ``given(name)``:
     whether the caller set that setting (a CSV column, an option, an imported configuration);
@@ -371,6 +372,8 @@ def assumed_defaults(
             out.append(f"moe_dispatcher {plan.moe_dispatcher}")
         if not given("moe_a2a_overlap"):
             out.append(f"moe_a2a_overlap {int(plan.moe_a2a_overlap)}")
+    if load_stack(plan.stack).eager_elementwise is not None and not given("torch_compile"):
+        out.append(f"torch_compile {int(plan.torch_compile)} (the {plan.stack} stack's default)")
     if plan.tp > 1 and not given("tp_comm_overlap"):
         out.append(f"tp_comm_overlap {int(plan.tp_comm_overlap)} (the {plan.stack} stack's)")
     if plan.cp > 1 and not given("cp_comm_type") and len(load_stack(plan.stack).cp_comm_types) > 1:
