@@ -166,6 +166,49 @@ def test_loso_fits_without_the_scored_source_and_its_config_groups() -> None:
     assert folds["fake/B"].params["a100"]["train_gemm_fraction"] < 0.8
 
 
+class Attending(Evaluator):
+    """Errors of both fractions: every row wants its ``want`` GEMM fraction; rows with an ``attn`` cell
+    also want that attention fraction (the others do not move with it)."""
+
+    def __init__(self) -> None:
+        super().__init__(1)
+
+    def errors(self, rows, eff):  # type: ignore[no-untyped-def]
+        out = []
+        for r in rows:
+            e = eff.train_gemm_fraction / float(r["want"]) - 1
+            if r.get("attn"):
+                e += 0.3 * (eff.train_attn_fraction / float(r["attn"]) - 1)
+            out.append(e)
+        return out
+
+
+def test_a_fraction_only_one_remaining_source_moves_comes_from_every_group() -> None:
+    """The lesson 'a parameter that only one source moves is a defect', in the folds: with C held out,
+    only B's rows move the attention fraction, so it is not B's to set; with D held out, B and C both
+    move it and the group's own rows fit it."""
+    a = ROWS[0]
+    rows = [
+        _row(a, id="a1", source="fake/A", want="0.8"),
+        _row(a, id="a2", source="fake/A", want="0.8", layers="48"),
+        _row(a, id="a3", source="fake/A", want="0.8", layers="12"),
+        _row(a, id="b1", source="fake/B", want="0.8", attn="0.4", layers="36"),
+        _row(a, id="c1", source="fake/C", want="0.8", attn="0.4", layers="40"),
+        _row(a, id="d1", source="fake/D", want="0.8", layers="24"),
+    ]
+    folds = {f.source: f for f in loso(rows, rounds=3, evaluator=Attending())}
+    assert folds["fake/C"].pooled_params == {"a100": ["train_attn_fraction"]}
+    assert folds["fake/B"].pooled_params == {"a100": ["train_attn_fraction"]}
+    assert folds["fake/D"].pooled_params == {} == folds["fake/A"].pooled_params
+    # fitted on A, B and C: A sets the GEMM fraction, B and C the attention fraction they want
+    fitted = folds["fake/D"].params["a100"]
+    assert fitted is not None and abs(fitted["train_attn_fraction"] / 0.4 - 1) < 0.1
+    assert groupfit.moved_by(rows, groupfit.prior("a100-80g"), Attending()) == {
+        "train_gemm_fraction": {"fake/A", "fake/B", "fake/C", "fake/D"},
+        "train_attn_fraction": {"fake/B", "fake/C"},
+    }
+
+
 def test_loso_scores_with_the_fit_of_the_other_rows_simulated() -> None:
     """Real simulations, 1 round: the parameters scoring each source are those `fit_group` finds on
     the rows left when the source (and its configuration groups) are taken out."""

@@ -347,7 +347,10 @@ LOSO_METHOD = (
     "groups (`groupfit.config_group`: same GPU chip, model and tp/pp/cp/ep layout), starting from kernel speed "
     "(`groupfit.prior`: both fractions 1, which no row chose); the source's rows are then scored with those "
     "parameters. A GPU group left with no row of its own is fitted on the other groups' remaining rows (the "
-    "fold's `pooled`). Presets that copy a group's figures (V100 from A100, H200 from H100) take the refitted "
+    "fold's `pooled`); so is a parameter that fewer than two of the group's remaining sources move (one step of "
+    "it changes their rows' predicted time by less than 0.5 %, `groupfit.moved_by`): one source alone would set "
+    "it (the fold's `pooled_params`), and the group's other parameter is fitted with it fixed. Presets "
+    "that copy a group's figures (V100 from A100, H200 from H100) take the refitted "
     "fractions. Offload rows, and rows on GPUs of no group, are not in any fit: their figure is the default "
     "calibration's, the same in and out of sample."
 )

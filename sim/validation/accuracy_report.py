@@ -347,8 +347,9 @@ def _loso_details(lo: dict[str, Any]) -> list[str]:
     lines += [
         f"Coordinate descent: {lo['rounds']} round(s) at most per refit. The source groups (folds), what each "
         "refit left out (the source's rows and the other rows of their configuration groups) and the refitted "
-        "parameters (a group with no row of its own: fitted on the other groups' rows, `pooled`; none: no row at all, "
-        "the prior stands):",
+        "parameters (a group with no row of its own: fitted on the other groups' rows, `pooled`; a parameter that "
+        "fewer than two of the group's remaining sources move: from the fit on every group's remaining rows, "
+        "`from every group`; none: no row at all, the prior stands):",
         "",
         "| source | parts | rows | GPU group: fitted on / left out | refitted parameters |",
         "| --- | --- | ---: | --- | --- |",
@@ -356,9 +357,16 @@ def _loso_details(lo: dict[str, Any]) -> list[str]:
     for f in lo["sources"]:
         groups = "; ".join(f"{g}: {f['fitted_on'][g]} / {len(f['excluded'][g])}" for g in f["excluded"])
         pooled = f.get("pooled", {})
+        weak = f.get("pooled_params", {})
         params = "; ".join(
             f"{g}: "
-            + (", ".join(f"{k} {v:.4g}" for k, v in p.items()) if p else "prior")
+            + (
+                ", ".join(
+                    f"{k} {v:.4g}" + (" (from every group)" if k in weak.get(g, ()) else "") for k, v in p.items()
+                )
+                if p
+                else "prior"
+            )
             + (f" (pooled: {pooled[g]} rows of the other groups)" if g in pooled else "")
             for g, p in f["params"].items()
         )

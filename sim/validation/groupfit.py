@@ -17,7 +17,9 @@ every parameter of each GPU group that holds the source's rows is refitted witho
 rows and without any row of the same configuration group (`config_group`), from a start that no
 row chose (`prior`: kernel speed), and the source's rows are scored with the refitted parameters. A
 group left with no row of its own is fitted on the other groups' remaining rows (what training reaches
-of the kernel figures on the other GPUs).
+of the kernel figures on the other GPUs). So is a parameter that fewer than two of the group's
+remaining sources move (`moved_by`): one source alone would set it, which is a fit to that source, not
+a measurement of the GPU; the group's other parameters are then refitted with it fixed.
 """
 
 from __future__ import annotations
@@ -159,11 +161,13 @@ def fit_group(
     rounds: int,
     log: Log | None = None,
     evaluator: Evaluator | None = None,
+    names: Sequence[str] = FITTED,
 ) -> tuple[EfficiencyParams, list[float | None]]:
     """Coordinate descent from ``start`` on the mean |iteration-time error| of ``rows`` (every row
-    of one GPU group, priced with the same parameters): each parameter of `STEPS` is stepped up,
-    then down, while the mean falls by more than 0.01 %, for at most ``rounds`` rounds (fewer when
-    a round moves nothing). Returns the parameters and each row's error with them."""
+    of one GPU group, priced with the same parameters): each parameter of `STEPS` among ``names`` is
+    stepped up, then down, while the mean falls by more than 0.01 %, for at most ``rounds`` rounds
+    (fewer when a round moves nothing); the others keep ``start``'s values. Returns the parameters
+    and each row's error with them."""
     ev = evaluator or Evaluator()
     eff, base = start, start
     best = ev.errors(rows, eff)
@@ -172,6 +176,8 @@ def fit_group(
     for rnd in range(rounds):
         moved = False
         for name, (step, lo, hi) in STEPS.items():
+            if name not in names:
+                continue
             for direction in (1, -1):
                 while True:
                     x = current(eff, name, base)
@@ -189,6 +195,25 @@ def fit_group(
         if not moved:
             break
     return eff, best
+
+
+#: a row moves a parameter when one step of it (`STEPS`) changes the row's predicted time by this much
+MOVES = 0.005
+
+
+def moved_by(rows: Sequence[dict[str, str]], start: EfficiencyParams, evaluator: Evaluator) -> dict[str, set[str]]:
+    """Per fitted parameter, the sources (`source_key`) of the rows whose predicted time one step of
+    it from ``start`` changes by `MOVES` or more: the sources that can tell its value."""
+    base = evaluator.errors(rows, start)
+    out: dict[str, set[str]] = {}
+    for name, (step, _lo, _hi) in STEPS.items():
+        moved = evaluator.errors(rows, start.model_copy(update={name: getattr(start, name) * (1 + step)}))
+        out[name] = {
+            source_key(r["source"])
+            for r, a, b in zip(rows, base, moved)
+            if a is not None and b is not None and abs((1 + b) / (1 + a) - 1) >= MOVES
+        }
+    return out
 
 
 # --- leave one source out -----------------------------------------------------------------------
@@ -244,6 +269,8 @@ class Fold:
     fitted_on: dict[str, int] = field(default_factory=dict)
     params: dict[str, dict[str, float] | None] = field(default_factory=dict)
     pooled: dict[str, int] = field(default_factory=dict)
+    #: per group, the parameters fewer than two remaining sources move, taken from the pooled fit
+    pooled_params: dict[str, list[str]] = field(default_factory=dict)
     errors: dict[str, float | None] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -254,6 +281,7 @@ class Fold:
             "fitted_on": self.fitted_on,
             "params": self.params,
             "pooled": self.pooled,
+            "pooled_params": self.pooled_params,
         }
 
 
@@ -288,12 +316,22 @@ def loso(
             fold.excluded[group] = [r["id"] for r in members if r not in train]
             fold.fitted_on[group] = len(train)
             start = prior(GROUPS[group][0])
+            pooled = [r for r in scored if source_key(r["source"]) != src and config_group(r) not in held_cfg]
             if train:
-                eff, _ = fit_group(train, start, rounds, None, ev)
+                sources = moved_by(train, start, ev)
+                weak = [k for k in FITTED if len(sources[k]) < 2]
+                if weak:  # one source alone would set these: they come from every GPU's remaining rows
+                    both, _ = fit_group(pooled, start, rounds, None, ev)
+                    start = start.model_copy(update={k: getattr(both, k) for k in weak})
+                    fold.pooled_params[group] = weak
+                eff, _ = fit_group(train, start, rounds, None, ev, [k for k in FITTED if k not in weak])
                 fold.params[group] = {k: getattr(eff, k) for k in FITTED}
-                said = f"  {group}: fitted on {len(train)} rows ({len(fold.excluded[group])} left out)"
+                said = f"  {group}: fitted on {len(train)} rows ({len(fold.excluded[group])} left out)" + (
+                    f"; {', '.join(weak)} from {len(pooled)} rows of every group (fewer than two sources move it)"
+                    if weak
+                    else ""
+                )
             else:  # no row of this GPU group left: what training reaches on the other GPUs
-                pooled = [r for r in scored if source_key(r["source"]) != src and config_group(r) not in held_cfg]
                 eff, _ = fit_group(pooled, start, rounds, None, ev) if pooled else (start, [])
                 fold.params[group] = {k: getattr(eff, k) for k in FITTED} if pooled else None
                 fold.pooled[group] = len(pooled)
