@@ -318,8 +318,8 @@ def loso(
             start = prior(GROUPS[group][0])
             pooled = [r for r in scored if source_key(r["source"]) != src and config_group(r) not in held_cfg]
             if train:
-                sources = moved_by(train, start, ev)
-                weak = [k for k in FITTED if len(sources[k]) < 2]
+                movers = moved_by(train, start, ev)
+                weak = [k for k in FITTED if len(movers[k]) < 2]
                 if weak:  # one source alone would set these: they come from every GPU's remaining rows
                     both, _ = fit_group(pooled, start, rounds, None, ev)
                     start = start.model_copy(update={k: getattr(both, k) for k in weak})
