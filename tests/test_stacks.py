@@ -113,15 +113,18 @@ def test_only_the_stacks_gemm_groups_run_in_fp8() -> None:
 def test_cast_bytes_follow_the_stacks_kernels() -> None:
     """Per element: X forward, the weight (k x n) forward, dY backward, as each stack's file says."""
     shapes = [(1000.0, 300.0, 200.0)]  # X 1000 x 200 forward, W 200 x 300, dY 1000 x 300 backward
-    # delayed on megatron-core: the norm writes X quantised (2 copies x 1 B); dY one cast_transpose
-    # pass (2 + 2 x 1 B); the weight cast once per iteration (cached), its share per micro-batch
+    # delayed on megatron-core: a norm writes X quantised (2 copies x 1 B) where the GEMM reads one
+    # (fused_inputs); else and for dY one cast_transpose pass (2 + 2 x 1 B); the weight cast once per
+    # iteration (cached), its share per micro-batch
     mc = ParallelPlan(precision="fp8", dp=2, global_batch_size=8)
     assert mc.num_microbatches == 4
-    assert cast_bytes(mc, "mlp", shapes) == (1000 * 200 * 2.0 + 200 * 300 * 4.0 / 4, 1000 * 300 * 4.0)
+    assert cast_bytes(mc, "mlp", shapes, 1) == (1000 * 200 * 2.0 + 200 * 300 * 4.0 / 4, 1000 * 300 * 4.0)
+    assert cast_bytes(mc, "mlp", shapes) == (1000 * 200 * 4.0 + 200 * 300 * 4.0 / 4, 1000 * 300 * 4.0)
     # torchao tensorwise (torchtitan): amax pass + one cast writing both layouts (6 B); its weight
     # every forward: amax + two casts (8 B), as torchao's roofline counts them
     tt = ParallelPlan(precision="fp8", stack="torchtitan", dp=2, global_batch_size=8)
     assert cast_bytes(tt, "mlp", shapes) == (1000 * 200 * 6.0 + 200 * 300 * 8.0, 1000 * 300 * 6.0)
+    assert cast_bytes(tt, "mlp", shapes, 1) == cast_bytes(tt, "mlp", shapes)  # torchao fuses no cast
     # torchao rowwise: a 16-bit transpose on the way (8 B), the weight 10 B
     rw = tt.model_copy(update={"fp8_recipe": "rowwise"})
     assert cast_bytes(rw, "mlp", shapes) == (1000 * 200 * 8.0 + 200 * 300 * 10.0, 1000 * 300 * 8.0)

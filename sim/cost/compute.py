@@ -278,16 +278,23 @@ class CostModel:
         return f, i, w
 
     def linear_times(
-        self, plan: ParallelPlan, group: str, shapes: Sequence[tuple[float, float, float]], groups: float = 1
+        self,
+        plan: ParallelPlan,
+        group: str,
+        shapes: Sequence[tuple[float, float, float]],
+        groups: float = 1,
+        fused_inputs: int = 0,
     ) -> tuple[float, float, float]:
         """`gemm_times` of one linear-layer group (`specs.stack.GEMM_GROUPS`) in the precision the
         plan's stack runs it (`precision.gemm_dtype`), with the recipe's GEMM speed and its
-        quantisation casts (`precision.cast_bytes`) added to the forward and input-gradient passes."""
+        quantisation casts (`precision.cast_bytes`) added to the forward and input-gradient passes;
+        ``fused_inputs``: how many of the leading shapes read an input a norm or an activation produces
+        (what a stack with fused casts writes quantised)."""
         dtype = gemm_dtype(plan, group)
         recipe = recipe_of(plan)
         scale = recipe.gemm_scale if recipe is not None and dtype == recipe.dtype else 1.0
         f, i, w = self.gemm_times(shapes, dtype, groups, scale)
-        cast_f, cast_b = cast_bytes(plan, group, shapes)
+        cast_f, cast_b = cast_bytes(plan, group, shapes, fused_inputs)
         if cast_f:
             f += self.memory_time(groups * cast_f)
         if cast_b:
@@ -307,10 +314,13 @@ class CostModel:
         el = element_bytes(plan) / 2  # element-wise traffic is counted in 16-bit elements
         tokens = plan.micro_batch_size * m.seq_len / plan.cp
         h, f = m.hidden, m.ffn
-        parts = [self.linear_times(plan, "attention", attention_shapes(m, plan, tokens))]
+        # the projections read the normalised input (MLA's up-projections their own norms' output), the
+        # output projection the attention core's; the dense MLP's two GEMMs a norm's and an activation's
+        attn = attention_shapes(m, plan, tokens)
+        parts = [self.linear_times(plan, "attention", attn, fused_inputs=len(attn) - 1)]
         if not kind.moe:
             mlp = [(tokens, f / t, h)] * (2 if m.gated_mlp else 1) + [(tokens, h, f / t)]
-            parts.append(self.linear_times(plan, "mlp", mlp))
+            parts.append(self.linear_times(plan, "mlp", mlp, fused_inputs=len(mlp)))
         fwd_mm, i_mm, w_mm = (sum(x) for x in zip(*parts))
         lf: LayerFlops = layer_flops(m, m.seq_len, plan.micro_batch_size, kind)
         softmax_f = softmax_b = 0.0
@@ -349,7 +359,8 @@ class CostModel:
             if m.mla is not None and "layernorm" in mods:
                 sel += self.memory_time(NORM_BYTES_PER_ELEMENT * tokens * h / sp)  # the input norm
             if m.mla is not None and "mla_up_proj" in mods:
-                sel += self.linear_times(plan, "attention", mla_up_shapes(m, plan, tokens))[0]
+                up = mla_up_shapes(m, plan, tokens)
+                sel += self.linear_times(plan, "attention", up, fused_inputs=len(up))[0]
             if "mlp" in mods and not kind.moe:
                 sel += parts[1][0] + self.memory_time(tokens * mlp_ew)
         return PassTimes(

@@ -27,7 +27,11 @@ GEMM's transposed one; Hopper's fp8 MMA takes only the TN layout).
 Per GEMM and micro-batch, the forward quantises its activation input X (tokens x k, ``act_B``) and the
 backward its output gradient dY (tokens x n, ``act_B``). A stack with fused casts
 (`StackSpec.fp8_fused_casts`) has the kernel that produces X (a norm, an activation) write it
-quantised: X costs ``act_fused_B`` (the copies, not the reads). The weight (k x n, ``weight_B``) is
+quantised: X costs ``act_fused_B`` (the copies, not the reads). Only such inputs: Transformer Engine's
+LayerNormLinear (the QKV projection, MLA's projections after their norms) and LayerNormMLP (fc1 after
+the norm, fc2 after the activation); the attention output projection (a plain Linear after the
+attention core), the experts (GroupedLinear after the token permutation) and the shared experts and MTP
+projections (plain Linears) cast their inputs on their own. The weight (k x n, ``weight_B``) is
 cast in every forward where the stack keeps no fp8 copy between micro-batches
 (`StackSpec.fp8_weight_cache`: torchao, Composer's te.Linear), else once per iteration (Transformer
 Engine's first micro-batch under Megatron), charged here as its share per micro-batch.
@@ -79,16 +83,23 @@ def gemm_dtype(plan: ParallelPlan, group: str) -> str:
     return recipe.dtype if group in stack_of(plan).fp8_gemms else "bf16"
 
 
-def cast_bytes(plan: ParallelPlan, group: str, shapes: Sequence[tuple[float, float, float]]) -> tuple[float, float]:
+def cast_bytes(
+    plan: ParallelPlan, group: str, shapes: Sequence[tuple[float, float, float]], fused_inputs: int = 0
+) -> tuple[float, float]:
     """(forward, backward) quantisation bytes of one layer group's GEMMs of (m, n, k) shapes for one
-    micro-batch: X (m x k) and the weight (k x n) forward, dY (m x n) backward (module docstring)."""
+    micro-batch: X (m x k) and the weight (k x n) forward, dY (m x n) backward (module docstring); the
+    first ``fused_inputs`` shapes read an X that a norm or an activation produced (fused where the
+    stack fuses casts)."""
     recipe, stack = recipe_of(plan), stack_of(plan)
     if recipe is None or group not in stack.fp8_gemms:
         return 0.0, 0.0
     cast = stack.fp8_casts[recipe.name]
-    x_B = cast.act_fused_B if stack.fp8_fused_casts and cast.act_fused_B is not None else cast.act_B
+    fused_B = cast.act_fused_B if stack.fp8_fused_casts and cast.act_fused_B is not None else cast.act_B
     per_weight = 1.0 / plan.num_microbatches if stack.fp8_weight_cache else 1.0
-    fwd = sum(m * k * x_B + k * n * cast.weight_B * per_weight for m, n, k in shapes)
+    fwd = sum(
+        m * k * (fused_B if j < fused_inputs else cast.act_B) + k * n * cast.weight_B * per_weight
+        for j, (m, n, k) in enumerate(shapes)
+    )
     bwd = sum(m * n * cast.act_B for m, n, _k in shapes)
     return fwd, bwd
 
