@@ -40,6 +40,8 @@ LEVERS: dict[str, list[str] | None] = {
     "--expert-order": ["ep,dp", "dp,ep", "x", ""],
     "--offload-optimizer": NUM,
     "--offload-params": None,
+    "--torch-compile": None,
+    "--no-torch-compile": None,
     "--offload-overlap": None,
     "--offload-activations": NUM,
     "--precision": ["fp8", "fp4", "bf16", "fp16", "fp32", "tf32", "int8"],

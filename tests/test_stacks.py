@@ -420,3 +420,32 @@ def test_torch_compile_speeds_an_eager_stack_and_is_refused_where_kernels_are_fu
         ["simulate", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8", "--gbs", "8", "--torch-compile"],
     )
     assert res.exit_code == 2 and "torch_compile" in res.output and "Traceback" not in res.output
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "needle"),
+    [
+        ("rowwise: {act_B: 8, weight_B: 10}", "rowwise: {act_B: -8, weight_B: 10}", "act_B"),
+        ("rowwise: {act_B: 8, weight_B: 10}", "rowwise: {act_B: .nan, weight_B: 10}", "act_B"),
+        ("rowwise: {act_B: 8, weight_B: 10}", "rowwise: {act_B: 8, weight_B: '10'}", "weight_B"),
+        ("rowwise: {act_B: 8, weight_B: 10}", "rowwise: {act_B: 8, weight_B: 10, x: 1}", "x"),
+        (
+            "rowwise: {act_B: 8, weight_B: 10}",
+            "rowwise: {act_B: 8, weight_B: 10}\n  delayed: {act_B: 4, weight_B: 4}",
+            "delayed",
+        ),
+        ("norm_B: 36", "norm_B: 0", "norm_B"),
+        ("norm_B: 36", "norm_B: .inf", "norm_B"),
+        ("glu_B: 10", "glu_B: [10]", "glu_B"),
+        ("eager_elementwise: {", "eager_elementwise: {deep: {a: {b: 1}}, ", "deep"),
+    ],
+)
+def test_bad_cast_and_eager_traffic_in_a_stack_file_are_refused_naming_the_field(
+    tmp_path: Path, old: str, new: str, needle: str
+) -> None:
+    text = (Path(__file__).parents[1] / "topologies/stacks/torchtitan.yaml").read_text()
+    assert old in text
+    bad = tmp_path / "s.yaml"
+    bad.write_text(text.replace(old, new))
+    with pytest.raises(SimparError, match=needle):
+        load_stack(str(bad))

@@ -121,13 +121,16 @@ class FP8Cast(BaseModel):
 
     model_config = _STRICT
 
-    act_B: float = Field(gt=0, description="per element of an activation input or output gradient, cast on its own")
+    act_B: float = Field(
+        gt=0, strict=True, description="per element of an activation input or output gradient, cast on its own"
+    )
     act_fused_B: float | None = Field(
         None,
         ge=0,
+        strict=True,
         description="the same where the kernel producing the input writes it quantised (stacks with fp8_fused_casts)",
     )
-    weight_B: float = Field(ge=0, description="per weight element, each time the weight is cast")
+    weight_B: float = Field(ge=0, strict=True, description="per weight element, each time the weight is cast")
 
 
 class EagerElementwise(BaseModel):
@@ -137,16 +140,18 @@ class EagerElementwise(BaseModel):
 
     model_config = _STRICT
 
-    norm_B: float = Field(gt=0, description="per element of each of the layer's two norms")
-    residual_B: float = Field(gt=0, description="per element of each of the layer's two residual adds")
-    rope_B: float = Field(ge=0, description="per query and key element, the rotary embedding")
+    norm_B: float = Field(gt=0, strict=True, description="per element of each of the layer's two norms")
+    residual_B: float = Field(gt=0, strict=True, description="per element of each of the layer's two residual adds")
+    rope_B: float = Field(ge=0, strict=True, description="per query and key element, the rotary embedding")
     kv_repeat_B: float = Field(
-        ge=0, description="per element of the repeated keys and values a grouped-query layer materialises"
+        ge=0, strict=True, description="per element of the repeated keys and values a grouped-query layer materialises"
     )
     glu_B: float = Field(
-        gt=0, description="per element of the MLP's hidden width, a gated MLP's activation and product"
+        gt=0, strict=True, description="per element of the MLP's hidden width, a gated MLP's activation and product"
     )
-    act_B: float = Field(gt=0, description="per element of the MLP's hidden width, an ungated MLP's activation")
+    act_B: float = Field(
+        gt=0, strict=True, description="per element of the MLP's hidden width, an ungated MLP's activation"
+    )
 
 
 class StackSpec(BaseModel):
