@@ -71,6 +71,12 @@ def computed_attention_fraction(m: ModelSpec, kind: LayerKind) -> float:
 ELEMENTWISE_BYTES_PER_TOKEN_H = 24
 
 
+def activation_bytes(m: ModelSpec) -> int:
+    """Bytes per hidden-width element of an MLP's fused activation: a gated MLP reads two 16-bit
+    inputs and writes one (SwiGLU: 6), an ungated one reads one and writes one (GeLU: 4)."""
+    return 6 if m.gated_mlp else 4
+
+
 def elementwise_bytes(m: ModelSpec, plan: ParallelPlan, kind: LayerKind, sp: int) -> float:
     """Element-wise bytes per token of one layer's forward on one GPU of a tp group (16-bit elements;
     ``sp``: the sequence-parallel split of the hidden-width ops). Fused kernels: the norms, residual
@@ -83,7 +89,7 @@ def elementwise_bytes(m: ModelSpec, plan: ParallelPlan, kind: LayerKind, sp: int
     t, h, f = plan.tp, m.hidden, m.ffn
     eager = stack_of(plan).eager_elementwise
     if eager is None or plan.torch_compile:
-        mlp = 0.0 if kind.moe else (6 if m.gated_mlp else 4) * f / t
+        mlp = 0.0 if kind.moe else activation_bytes(m) * f / t
         return ELEMENTWISE_BYTES_PER_TOKEN_H * h / sp + mlp
     q, kv = m.attn_width / t, m.kv_heads * m.head_dim / t
     repeated = 2 * q if m.kv_heads < m.heads else 0.0  # keys and values at every query head
@@ -342,7 +348,7 @@ class CostModel:
             attn_f = lf.attn_core_f / (t * plan.cp) / mm_peak + softmax_f
             attn_b = 2 * lf.attn_core_f / (t * plan.cp) / mm_peak + softmax_b
         sp = t if plan.sequence_parallel else 1
-        mlp_ew = 0 if kind.moe else (6 if m.gated_mlp else 4) * f / t  # the MoE MLP times its own
+        mlp_ew = 0 if kind.moe else activation_bytes(m) * f / t  # the MoE MLP times its own
         ew_f = self.memory_time(el * tokens * elementwise_bytes(m, plan, kind, sp))
         launch = KERNELS_PER_LAYER_FWD * self.eff.launch_s
         f_time = max(fwd_mm + attn_f + ew_f, launch)

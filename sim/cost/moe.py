@@ -48,7 +48,7 @@ from math import comb
 from ..model import LayerKind
 from ..plan import ParallelPlan
 from ..specs import ModelSpec
-from .compute import NORM_BYTES_PER_ELEMENT, CostModel, PassTimes, measurable_attention
+from .compute import NORM_BYTES_PER_ELEMENT, CostModel, PassTimes, activation_bytes, measurable_attention
 from .precision import gemm_dtype, saved_input_fraction
 from .recompute import selective_mode, selective_modules
 
@@ -160,13 +160,13 @@ def moe_mlp_times(cost: CostModel, m: ModelSpec, plan: ParallelPlan) -> PassTime
     sh = cost.linear_times(plan, "mlp", shared) if shared else (0.0, 0.0, 0.0)
     rf, ri, rw = (a + b for a, b in zip(router, sh))
     scores = cost.memory_time(held * moe.experts * ROUTER_SCORE_BYTES)
-    shared_ew = cost.memory_time(tok * (6 if m.gated_mlp else 4) * moe.shared_experts * moe.shared_ffn / t)
+    shared_ew = cost.memory_time(tok * activation_bytes(m) * moe.shared_experts * moe.shared_ffn / t)
     # routed experts: grouped GEMMs over the local experts
     n, local, fe = expert_rows(m, plan), moe.experts / plan.ep, moe.expert_ffn / plan.expert_tp
     ef, ei, ew = cost.linear_times(plan, "experts", [(n, fe, h)] * gated + [(n, h, fe)], groups=local)
     rows = n * local
     moved = cost.memory_time(rows * h * PERMUTE_BYTES_PER_ELEMENT)
-    act = cost.memory_time(rows * (6 if m.gated_mlp else 4) * fe)
+    act = cost.memory_time(rows * activation_bytes(m) * fe)
     ef, ei = ef + moved + act, ei + moved + 2 * act
     forward = rf + scores + shared_ew + ef
     sel = None
