@@ -37,9 +37,9 @@ _EXPORTS = {
     "schedule_for_plan": "simpar.sim.lowering",
     "memory_report": "simpar.sim.cost.memory",
     "MemoryReport": "simpar.sim.cost.memory",
-    "simulate": "simpar.sim.engine.simulate",
+    "simulate": "simpar.sim.iteration.simulate",
     "EngineOptions": "simpar.sim.program.terms",
-    "SimResult": "simpar.sim.engine.results",
+    "SimResult": "simpar.sim.iteration.results",
     "Calibration": "simpar.sim.specs.calibration",
     "load_calibration": "simpar.sim.specs.calibration",
     "CostModel": "simpar.sim.cost.compute",
@@ -56,9 +56,9 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time names load lazily (
     from simpar.sim.cost.compute import CostModel
     from simpar.sim.cost.memory import MemoryReport, memory_report
     from simpar.sim.cost.profile import ExecutorProfile
-    from simpar.sim.engine.results import SimResult
-    from simpar.sim.engine.simulate import simulate
     from simpar.sim.errors import SimparError
+    from simpar.sim.iteration.results import SimResult
+    from simpar.sim.iteration.simulate import simulate
     from simpar.sim.lowering import schedule_for_plan
     from simpar.sim.plan import ParallelPlan
     from simpar.sim.plan_check import check_plan

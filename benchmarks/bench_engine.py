@@ -11,7 +11,7 @@ import sys
 import time
 
 from simpar.sim.engine.core import EngineOptions
-from simpar.sim.engine.simulate import simulate
+from simpar.sim.iteration.simulate import simulate
 from simpar.sim.plan import ParallelPlan
 from simpar.sim.plan_check import check_plan
 from simpar.sim.specs import load_cluster, load_model

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from simpar.sim.engine.core import EngineOptions
-from simpar.sim.engine.simulate import simulate
+from simpar.sim.iteration.simulate import simulate
 from simpar.sim.plan import ParallelPlan
 from simpar.sim.plan_check import check_plan
 from simpar.sim.plot.schedule import plot_schedule

@@ -84,7 +84,7 @@ TARGETS = {
 
 IN_PROCESS = """
 import json, statistics, time
-from simpar.sim.engine.simulate import simulate
+from simpar.sim.iteration.simulate import simulate
 from simpar.sim.plan import ParallelPlan
 from simpar.sim.specs import load_cluster, load_model
 model, cluster = load_model("gpt3-175b"), load_cluster("dgx-a100-80g", gpus=1024)
@@ -100,7 +100,7 @@ print(json.dumps({"first": first, "warm": statistics.median(warm)}))
 FULL = """
 import json, resource, time
 from simpar.sim.program.terms import EngineOptions
-from simpar.sim.engine.simulate import simulate
+from simpar.sim.iteration.simulate import simulate
 from simpar.sim.plan import ParallelPlan, balanced_layer_split
 from simpar.sim.specs import load_cluster, load_model
 n = GPUS

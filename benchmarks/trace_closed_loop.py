@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 from simpar.sim.calibration.check import CHECK_PLANS, plan_of, prepare  # noqa: E402
 from simpar.sim.calibration.from_trace import trace_calibration  # noqa: E402
 from simpar.sim.cost.profile import ExecutorProfile  # noqa: E402
-from simpar.sim.engine.simulate import simulate  # noqa: E402
+from simpar.sim.iteration.simulate import simulate  # noqa: E402
 from simpar.sim.kineto.actions import ExecutorRun  # noqa: E402
 from simpar.sim.kineto.reader import read_traces  # noqa: E402
 from simpar.sim.program.terms import EXECUTOR_OPTIONS  # noqa: E402

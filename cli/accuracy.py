@@ -98,8 +98,8 @@ def accuracy(
     import time
 
     from simpar.sim import files
-    from simpar.sim.engine.simulate import simulate
     from simpar.sim.errors import SimparError
+    from simpar.sim.iteration.simulate import simulate
     from simpar.sim.specs.calibration import validate_calibration
     from simpar.sim.validation.accuracy import LOSO_METHOD, build, load_notes
     from simpar.sim.validation.accuracy_report import markdown, scatter

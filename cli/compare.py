@@ -98,7 +98,7 @@ def _compare_profile(trace_dir, plan_path, cluster_name, calibration, runtime, p
     from pathlib import Path
 
     from simpar.sim import files
-    from simpar.sim.engine.simulate import simulate
+    from simpar.sim.iteration.simulate import simulate
     from simpar.sim.kineto.compare import KEYS, compare_ranks, measured_events, perfetto_doc
     from simpar.sim.kineto.measure import device_spans, measured_steps
     from simpar.sim.kineto.runinfo import check_plan, run_result

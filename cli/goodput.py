@@ -27,8 +27,8 @@ DAY, HOUR, MINUTE = 86400.0, 3600.0, 60.0
 def goodput(interval_min, runs, seed, as_json, **kw) -> None:
     """The whole run: wall time to train N tokens under failures, checkpoints and restarts; goodput and the
     best checkpoint interval."""
-    from simpar.sim.engine.simulate import simulate
     from simpar.sim.goodput.run import plan_run
+    from simpar.sim.iteration.simulate import simulate
 
     run, assumed = run_setup(kw)
     st = setup_from_options(kw)

@@ -16,7 +16,7 @@ from .common import Setup, Written, output_dir, output_file, plan_options, setup
 from .render import echo_json, print_table
 
 if TYPE_CHECKING:
-    from simpar.sim.engine.results import SimResult
+    from simpar.sim.iteration.results import SimResult
     from simpar.sim.validation.error_bands import PlanBand
 
 
@@ -76,7 +76,7 @@ def simulate(
     """Simulate one training iteration: time, throughput, MFU, breakdown, memory."""
     from simpar.sim.collector import settled
     from simpar.sim.engine.core import EngineOptions
-    from simpar.sim.engine.simulate import simulate as run
+    from simpar.sim.iteration.simulate import simulate as run
 
     if emit and not plan_dir:
         from simpar.sim.errors import SimparError
@@ -316,7 +316,7 @@ def write_outputs(
 def write_plan_dir(st: Setup, out: Path, calibration=None, profile=None, written: Written | None = None) -> None:
     """plan.json + the lowered schedule.csv that was simulated, exactly what `simpar run` reads."""
     from simpar.sim.cost.profile import MEGATRON
-    from simpar.sim.engine.simulate import plan_schedule
+    from simpar.sim.iteration.simulate import plan_schedule
     from simpar.sim.planfile import write_plan_file
     from simpar.sim.schedules import write_csv
 

@@ -40,7 +40,7 @@ def validate(csv_file: str, calibration, backend: str, as_json: bool, workers: i
 
 def _validate(csv_file: str, calibration, backend: str, as_json: bool, workers: int | None, out_dir) -> None:
     from simpar.sim import files
-    from simpar.sim.engine.simulate import simulate
+    from simpar.sim.iteration.simulate import simulate
     from simpar.sim.specs.calibration import validate_calibration
     from simpar.sim.validation.published import read_rows, report, validate_rows
 

@@ -14,8 +14,8 @@ from click.testing import CliRunner
 
 from simpar.cli.main import cli
 from simpar.sim.cost.kernels import kernel_efficiencies
-from simpar.sim.engine.simulate import simulate
 from simpar.sim.errors import SpecError
+from simpar.sim.iteration.simulate import simulate
 from simpar.sim.specs.calibration import default_calibration
 from simpar.sim.validation import groupfit
 from simpar.sim.validation.error_bands import (

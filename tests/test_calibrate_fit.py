@@ -396,7 +396,7 @@ def test_engine_times_the_executors_reduce_grad_from_the_in_situ_table():
     with Megatron's overlapped buckets (the default) the network model times it as before."""
     from simpar.sim.calibration.check import EXECUTOR_OPTIONS
     from simpar.sim.cost.params import rank_params
-    from simpar.sim.engine.simulate import simulate
+    from simpar.sim.iteration.simulate import simulate
 
     m = ModelSpec(name="x", arch="gpt", layers=4, hidden=256, heads=4, ffn=1024, vocab=512, seq_len=128)
     plan = ParallelPlan(dp=2, micro_batch_size=2, global_batch_size=8, schedule="none")
@@ -426,7 +426,7 @@ def test_engine_and_sweep_time_a_zero2_parameter_gather_from_the_in_situ_table()
     the executor) keeps the network model."""
     from simpar.sim.calibration.check import EXECUTOR_OPTIONS
     from simpar.sim.cost.params import rank_params
-    from simpar.sim.engine.simulate import simulate
+    from simpar.sim.iteration.simulate import simulate
     from simpar.sim.sweep.estimator import oracle_estimate
     from simpar.sim.sweep.evaluate import Evaluator, SweepSetup
 
@@ -478,7 +478,7 @@ def test_in_run_model_is_recovered_and_applies_to_plans_of_that_many_processes()
     (2 % noise): the fit finds both terms within 5 %; the simulator then times the F actions of
     plans over that many processes so, and leaves other plans alone."""
     from simpar.sim.cost.workload import stage_work
-    from simpar.sim.engine.simulate import simulate
+    from simpar.sim.iteration.simulate import simulate
     from simpar.sim.layout import RankLayout
 
     gpu = load_gpu("cpu")

@@ -13,7 +13,7 @@ import pytest
 
 from simpar.cli.main import cli
 from simpar.sim.cost.profile import ExecutorProfile
-from simpar.sim.engine.simulate import simulate
+from simpar.sim.iteration.simulate import simulate
 from simpar.sim.plan import ParallelPlan
 from simpar.sim.program.terms import EXECUTOR_OPTIONS
 from simpar.sim.specs import load_cluster, load_model

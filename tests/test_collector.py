@@ -37,7 +37,7 @@ def test_batch_mode_never_lowers_a_higher_setting(restored) -> None:
 def test_importing_the_library_leaves_the_collector_alone() -> None:
     code = (
         "import gc; gc.set_threshold(700, 10, 10); "
-        "import simpar.sim.engine.simulate, simpar.sim.sweep.run, simpar.cli.main; "
+        "import simpar.sim.iteration.simulate, simpar.sim.sweep.run, simpar.cli.main; "
         "print(gc.get_threshold())"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
@@ -90,7 +90,7 @@ def test_paused_turns_the_collector_back_on_as_it_was() -> None:
 
 
 def test_a_simulation_pauses_the_collector_and_leaves_it_as_it_found_it(monkeypatch) -> None:
-    from simpar.sim.engine import simulate as sim
+    from simpar.sim.iteration import simulate as sim
     from simpar.sim.plan import ParallelPlan
     from simpar.sim.specs import load_cluster, load_model
 
@@ -119,7 +119,7 @@ def test_simulate_runs_with_its_imports_and_inputs_settled_and_the_library_settl
     # calls the library's simulate keeps every object in the collector's generations
     code = (
         "import gc, sys\n"
-        "from simpar.sim.engine import simulate as sim\n"
+        "from simpar.sim.iteration import simulate as sim\n"
         "from simpar.sim.plan import ParallelPlan\n"
         "from simpar.sim.specs import load_cluster, load_model\n"
         "plan = ParallelPlan(dp=2, pp=4, global_batch_size=16)\n"

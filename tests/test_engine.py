@@ -146,7 +146,7 @@ def test_pipeline_transfers_delay_consumers() -> None:
 
 
 def test_breakdown_conservation_and_busy_time() -> None:
-    from simpar.sim.engine.results import BREAKDOWN_KEYS
+    from simpar.sim.iteration.results import BREAKDOWN_KEYS
 
     p = plan(pp=4, m=8, schedule="1f1b", recompute="full")
     wk = work(4, f=1.0, i=1.0, w=1.0, r=1.0)

@@ -13,7 +13,7 @@ import pytest
 
 from simpar.sim.calibration.check import CHECK_PLANS, EXECUTOR_OPTIONS, plan_of
 from simpar.sim.cost.profile import ExecutorProfile
-from simpar.sim.engine.simulate import simulate
+from simpar.sim.iteration.simulate import simulate
 from simpar.sim.program.terms import EngineOptions
 from simpar.sim.specs import load_cluster, load_model
 from simpar.sim.specs.calibration import load_calibration

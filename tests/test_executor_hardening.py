@@ -215,7 +215,7 @@ def test_a_verify_difference_exits_1_with_the_figures(runner, zbv, monkeypatch):
 
 def _family_cases(folder: Path, extra: dict, names) -> list:
     from simpar.executor.worker import RunConfig
-    from simpar.sim.engine.simulate import plan_schedule
+    from simpar.sim.iteration.simulate import plan_schedule
     from simpar.sim.schedules import write_csv
 
     model, cluster = load_model("tiny"), load_cluster("dgx-h100")

@@ -87,7 +87,8 @@ def test_import_simpar_is_cheap_and_the_api_resolves():
 #: GPUs and clusters and the cluster graph; the schedule generators (which know no plan), the network
 #: and the model's layers; the plan; its layout, checks and files; the lowering of a plan onto its
 #: schedule; the cost model; the iteration program (its terms, ZeRO's steps, each rank's tail); the
-#: engine; what reads and compares runs (plots, traces, configuration
+#: engine (the interpreter); the iteration driven over a plan (simulate, compressions, repeated
+#: iterations, results); what reads and compares runs (plots, traces, configuration
 #: files, validation); calibration; the sweep; the library API and the executor; the CLI.
 LAYERS = (
     (
@@ -110,6 +111,7 @@ LAYERS = (
     ("sim.cost",),
     ("sim.program",),
     ("sim.engine",),
+    ("sim.iteration",),
     ("sim.plot", "sim.kineto", "sim.interop", "sim.validation", "sim.goodput", "sim.variability", "sim.energy"),
     ("sim.calibration",),
     ("sim.sweep",),

@@ -15,8 +15,8 @@ from simpar.sim.cost.memory import memory_report
 from simpar.sim.cost.moe import dispatch_bytes, expert_rows, moe_mlp_times
 from simpar.sim.cost.params import rank_expert_params, rank_params
 from simpar.sim.cost.profile import MEGATRON
-from simpar.sim.engine.simulate import simulate
 from simpar.sim.errors import PlanError
+from simpar.sim.iteration.simulate import simulate
 from simpar.sim.layout import RankLayout
 from simpar.sim.model import LayerKind
 from simpar.sim.network import make_network
@@ -194,7 +194,7 @@ def test_expert_gradients_and_gathers_go_over_the_expert_data_parallel_group(ove
 
 
 def stage_work_of(p: ParallelPlan):
-    from simpar.sim.engine.simulate import build_work
+    from simpar.sim.iteration.simulate import build_work
 
     return build_work(TINY, H100x16, p)[0]
 
@@ -310,7 +310,7 @@ def test_the_oracle_equals_the_engine_and_the_bound_holds(kw):
 
 
 def test_every_breakdown_part_has_words_in_the_explanations():
-    from simpar.sim.engine.results import BREAKDOWN_KEYS
+    from simpar.sim.iteration.results import BREAKDOWN_KEYS
     from simpar.sim.sweep.explain import WORDS
 
     assert set(WORDS) == set(BREAKDOWN_KEYS)
@@ -364,7 +364,7 @@ def test_nvl72_jobs_may_use_part_of_each_rack():
 def test_every_published_moe_row_is_read_and_simulated():
     from pathlib import Path
 
-    from simpar.sim.engine.simulate import simulate as run
+    from simpar.sim.iteration.simulate import simulate as run
     from simpar.sim.validation.published import read_rows, validate_rows
 
     rows = read_rows(Path(__file__).parent / "data" / "moe-published.csv")

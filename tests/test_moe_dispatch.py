@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from simpar.cli.main import cli
 from simpar.sim.cost.moe import dispatch_bytes, distinct_blocks, flex_dispatch_bytes
 from simpar.sim.cost.workload import _a2a_time
-from simpar.sim.engine.simulate import simulate
 from simpar.sim.errors import PlanError, SimparError
+from simpar.sim.iteration.simulate import simulate
 from simpar.sim.layout import RankLayout
 from simpar.sim.network import make_network
 from simpar.sim.plan import ParallelPlan, balanced_layer_split

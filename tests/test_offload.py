@@ -13,8 +13,8 @@ from simpar.sim.cost.offload import HOST_GRAD_BYTES, IN_RUN_FRACTION, cpu_step_s
 from simpar.sim.cost.optimizers import optimizer_facts
 from simpar.sim.cost.states import stack_conventions
 from simpar.sim.engine.hostpath import copy_ready_times
-from simpar.sim.engine.simulate import simulate
 from simpar.sim.errors import PlanError
+from simpar.sim.iteration.simulate import simulate
 from simpar.sim.network.analytical import AnalyticalNetwork
 from simpar.sim.network.contention import ContentionNetwork
 from simpar.sim.plan import ParallelPlan

@@ -12,7 +12,7 @@ from simpar.sim.cost.offload import (
     cpu_step_parts,
     in_run_fraction,
 )
-from simpar.sim.engine.simulate import simulate
+from simpar.sim.iteration.simulate import simulate
 from simpar.sim.network import make_network
 from simpar.sim.program import terms as it
 from simpar.sim.specs import load_cluster

@@ -12,8 +12,8 @@ import time
 import pytest
 
 from simpar.jobs.procs import fork_map
-from simpar.sim.engine.simulate import simulate
 from simpar.sim.errors import SimparError
+from simpar.sim.iteration.simulate import simulate
 from simpar.sim.validation.published import read_rows, validate_rows
 
 

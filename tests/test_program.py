@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from simpar.sim.engine.core import Engine
-from simpar.sim.engine.simulate import simulate
+from simpar.sim.iteration.simulate import simulate
 from simpar.sim.lowering import schedule_for_plan
 from simpar.sim.plan import ParallelPlan
 from simpar.sim.program.program import Tail, TailOp, ZeroSteps, iteration_program, releases
@@ -136,7 +136,7 @@ def test_the_engine_runs_the_tail_in_the_programs_order() -> None:
 _ZERO_TEST = re.compile(r"\.zero\s*(==|!=|>=|<=|>|<|in\b)|ZeroPolicy|zero_policy")
 
 
-@pytest.mark.parametrize("package", ["sim/engine", "sim/sweep"])
+@pytest.mark.parametrize("package", ["sim/engine", "sim/iteration", "sim/sweep"])
 def test_engine_and_sweep_do_not_ask_which_zero_stage(package: str) -> None:
     """The program says what to do (`ZeroSteps`); the engine and the sweep never compare the ZeRO
     stage or its policy."""

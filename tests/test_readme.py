@@ -7,7 +7,7 @@ import re
 import runpy
 from pathlib import Path
 
-from simpar.sim.engine.results import BREAKDOWN_KEYS
+from simpar.sim.iteration.results import BREAKDOWN_KEYS
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()

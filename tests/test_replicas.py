@@ -1,11 +1,11 @@
-"""`--full` with identical pipelines simulated once (`simpar.sim.engine.replicas`): the result of
+"""`--full` with identical pipelines simulated once (`simpar.sim.iteration.replicas`): the result of
 walking every GPU, and the check that finds a pipeline that is not identical."""
 
 from __future__ import annotations
 
 from test_rounds import MODEL, _same_run
 
-from simpar.sim.engine.simulate import simulate
+from simpar.sim.iteration.simulate import simulate
 from simpar.sim.plan import ParallelPlan
 from simpar.sim.plan_check import check_plan
 from simpar.sim.program.terms import EngineOptions
@@ -58,8 +58,8 @@ def test_the_check_times_each_dp_group_once() -> None:
     made a full run grow as GPUs^2). The count does not grow with dp; only the pipeline transfers
     and the tp groups are timed per pipeline."""
     from simpar.sim.cost.profile import MEGATRON
-    from simpar.sim.engine import replicas
-    from simpar.sim.engine.simulate import build_work
+    from simpar.sim.iteration import replicas
+    from simpar.sim.iteration.simulate import build_work
     from simpar.sim.network import make_network
 
     calls = []

@@ -1,4 +1,4 @@
-"""Steady-state compression (`simpar.sim.engine.rounds`, `simpar.sim.schedules.periodic`): the
+"""Steady-state compression (`simpar.sim.iteration.rounds`, `simpar.sim.schedules.periodic`): the
 schedule's rounds are what the generators build, and a compressed run gives the iteration time,
 breakdowns, peak memory, memory timeline and trace of the run of every round."""
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from simpar.sim.engine.simulate import simulate
+from simpar.sim.iteration.simulate import simulate
 from simpar.sim.lowering import lower
 from simpar.sim.plan import ParallelPlan
 from simpar.sim.plan_check import check_plan
@@ -131,7 +131,7 @@ def test_too_few_microbatches_runs_every_round() -> None:
 def test_interleaved_with_m_not_a_multiple_of_pp_is_never_compressed() -> None:
     """Its grouping depends on m (equal rounds of 65 for m = 2,600 on pp = 64, groups of 64 and a
     remainder around it), so rounds read off other microbatch counts would not be m's."""
-    from simpar.sim.engine.rounds import schedule_rounds
+    from simpar.sim.iteration.rounds import schedule_rounds
     from simpar.sim.schedules.interleaved import microbatch_groups
 
     assert {len(g) for g in microbatch_groups(2600, 64)} == {65}
@@ -199,7 +199,7 @@ def test_compression_is_exact(schedule, pp, tp, cp, zero, recompute, m, backend,
 def test_the_rounds_of_a_lowered_schedule_are_remembered_by_value() -> None:
     """`schedule_rounds` keeps a plan's rounds under its lowered schedule's key (a value, not an
     id): a second plan of the same schedule structure reuses them, with the same result as found anew."""
-    from simpar.sim.engine import rounds as rmod
+    from simpar.sim.iteration import rounds as rmod
 
     cluster = load_cluster("dgx-a100-80g", gpus=64)
     a = ParallelPlan(tp=8, pp=4, dp=2, global_batch_size=256, schedule="1f1b")

@@ -142,7 +142,7 @@ def test_a_pair_lies_between_its_longer_part_and_their_sum(cf, xf, cb, xb, conte
 def test_the_engine_charges_pairs_by_the_overlap_model() -> None:
     """Every OVERLAP_F_B event of a simulated DualPipe-V plan lasts overlap_seconds of its parts,
     within [longer part, sum], and the TP communication it hides leaves the breakdown."""
-    from simpar.sim.engine.simulate import build_work, simulate
+    from simpar.sim.iteration.simulate import build_work, simulate
 
     model, cluster = load_model("gpt-7.5b"), load_cluster("dgx-a100-80g", gpus=16)
     plan = ParallelPlan(tp=4, pp=2, vpp=2, dp=2, global_batch_size=32, schedule="dualpipe-v", sequence_parallel=True)
@@ -189,7 +189,7 @@ def test_generators_refuse_what_they_cannot_build() -> None:
 def test_the_sweep_bound_holds_and_the_estimates_stay_close(schedule: str) -> None:
     """The sweep prunes on `lower_bound`: it must not exceed the engine's time; the quick
     estimate (closed-form fill) and the oracle (list scheduler with pairs) track it."""
-    from simpar.sim.engine.simulate import simulate
+    from simpar.sim.iteration.simulate import simulate
     from simpar.sim.sweep.bound import lower_bound
     from simpar.sim.sweep.estimator import oracle_estimate, quick_estimate
     from simpar.sim.sweep.evaluate import Evaluator, SweepSetup

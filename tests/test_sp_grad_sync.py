@@ -108,7 +108,7 @@ def test_sweep_estimate_charges_what_the_engine_charges(monkeypatch):
     import simpar.sim.program.terms as iteration
     import simpar.sim.sweep.estimator as rank
     from simpar.sim.engine.core import EngineOptions
-    from simpar.sim.engine.simulate import simulate
+    from simpar.sim.iteration.simulate import simulate
     from simpar.sim.specs import load_model
     from simpar.sim.sweep.evaluate import Evaluator, SweepSetup
     from simpar.sim.sweep.space import Config, SearchSpace

@@ -11,8 +11,8 @@ from click.testing import CliRunner
 from simpar.cli.main import cli
 from simpar.sim.cost.compute import CostModel
 from simpar.sim.cost.precision import cast_bytes, gemm_dtype
-from simpar.sim.engine.simulate import simulate
 from simpar.sim.errors import PlanError, SimparError
+from simpar.sim.iteration.simulate import simulate
 from simpar.sim.plan import ParallelPlan
 from simpar.sim.plan_check import check_plan
 from simpar.sim.specs import load_cluster, load_gpu, load_model, preset_names
@@ -287,7 +287,7 @@ def test_zero3_calls_follow_the_stack():
     """FSDP stacks gather and reduce-scatter once per layer and pass; DeepSpeed fetches each of a
     block's six parameter submodules and reduces in its reduce buckets; more calls, more latency
     at a large data-parallel size."""
-    from simpar.sim.engine.simulate import build_work
+    from simpar.sim.iteration.simulate import build_work
     from simpar.sim.network import make_network
     from simpar.sim.program import terms as it
 

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 from simpar import load_cluster, load_model, make_plan, simulate
 from simpar.cli.main import cli
-from simpar.sim.engine.repeat import RepeatedIteration
 from simpar.sim.errors import SimparError
+from simpar.sim.iteration.repeat import RepeatedIteration
 from simpar.sim.program.terms import EngineOptions
 from simpar.sim.specs.variability import SETTABLE, VariabilitySpec, load_variability
 from simpar.sim.variability.draw import SpeedDraws

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from simpar.sim.engine.simulate import simulate
+from simpar.sim.iteration.simulate import simulate
 from simpar.sim.program.terms import EngineOptions
 from simpar.sim.specs import load_cluster, load_model
 from simpar.sim.sweep.bound import lower_bound

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from simpar.sim.choices import SWEEP_SCHEDULES
-from simpar.sim.engine.simulate import simulate
+from simpar.sim.iteration.simulate import simulate
 from simpar.sim.program.terms import EngineOptions
 from simpar.sim.specs import load_cluster, load_model
 from simpar.sim.sweep.bound import lower_bound

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from simpar.sim.cost.activations import stage_activation_bytes, stage_weight_grad_bytes
-from simpar.sim.engine.simulate import build_work
+from simpar.sim.iteration.simulate import build_work
 from simpar.sim.model import kind_counts
 from simpar.sim.plan import ParallelPlan
 from simpar.sim.specs import load_cluster, load_model
@@ -119,7 +119,7 @@ def test_validation_rows_are_the_same_in_any_order():
     import dataclasses
     from pathlib import Path
 
-    from simpar.sim.engine.simulate import simulate
+    from simpar.sim.iteration.simulate import simulate
     from simpar.sim.validation.published import _validate_row, read_rows
 
     rows = read_rows(Path(__file__).parent / "data" / "moe-published.csv")

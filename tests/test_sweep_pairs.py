@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from simpar.sim.engine.simulate import simulate
+from simpar.sim.iteration.simulate import simulate
 from simpar.sim.layout import RankLayout
 from simpar.sim.lowering.memo import lowered_schedule
 from simpar.sim.schedules import build_schedule

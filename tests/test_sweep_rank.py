@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from simpar.sim.engine.core import EngineOptions
-from simpar.sim.engine.simulate import simulate
+from simpar.sim.iteration.simulate import simulate
 from simpar.sim.specs import load_cluster, load_model
 from simpar.sim.sweep.estimator import oracle_estimate, quick_estimate
 from simpar.sim.sweep.evaluate import Evaluator, SweepSetup

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from test_sweep_bound_property import CLUSTER, MODELS, _evaluator, cases  # tests/ is on sys.path
 
 from simpar.sim.choices import SWEEP_SCHEDULES
-from simpar.sim.engine.simulate import build_work, simulate
+from simpar.sim.iteration.simulate import build_work, simulate
 from simpar.sim.program.terms import EngineOptions
 from simpar.sim.sweep.evaluate import WORK_FREE_FIELDS
 from simpar.sim.sweep.space import Config

@@ -9,8 +9,8 @@ from __future__ import annotations
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from simpar.sim.engine.simulate import simulate
 from simpar.sim.errors import PlanError
+from simpar.sim.iteration.simulate import simulate
 from simpar.sim.plan import ParallelPlan
 from simpar.sim.plan_check import check_plan
 from simpar.sim.program.terms import EngineOptions

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from test_rounds import MODEL
 
 from simpar.sim.engine.core import Engine
-from simpar.sim.engine.simulate import simulate
+from simpar.sim.iteration.simulate import simulate
 from simpar.sim.network.analytical import AnalyticalNetwork
 from simpar.sim.plan import ParallelPlan
 from simpar.sim.plan_check import check_plan

@@ -13,7 +13,7 @@ from simpar.sim.cost.activations import (
     stage_weight_grads,
 )
 from simpar.sim.cost.memory import memory_report
-from simpar.sim.engine.simulate import simulate
+from simpar.sim.iteration.simulate import simulate
 from simpar.sim.plan import ParallelPlan
 from simpar.sim.schedules import build_schedule, peak_activation_units
 from simpar.sim.specs import load_cluster, load_model

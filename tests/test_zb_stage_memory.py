@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simpar.sim.cost.activations import zb_stage_memory
-from simpar.sim.engine.simulate import simulate
+from simpar.sim.iteration.simulate import simulate
 from simpar.sim.plan import ParallelPlan
 from simpar.sim.schedules import check_schedule, peak_activation_units, zb_auto
 from simpar.sim.schedules.costs import StageCosts

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from simpar.sim.cost.profile import MEGATRON
-from simpar.sim.engine.simulate import build_work, simulate
+from simpar.sim.iteration.simulate import build_work, simulate
 from simpar.sim.network import make_network
 from simpar.sim.plan import ParallelPlan
 from simpar.sim.program import terms as it

@@ -37,9 +37,9 @@ from pydantic import BaseModel, ConfigDict
 
 from .. import files
 from ..cost.profile import ExecutorProfile
-from ..engine.simulate import simulate
 from ..engine.trace import write_trace
 from ..errors import SimparError, SpecError
+from ..iteration.simulate import simulate
 from ..lowering import schedule_for_plan
 from ..plan import ParallelPlan
 from ..plan_check import check_plan

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..engine.repeat import RepeatedIteration, finish, rank_loads
+from ..iteration.repeat import RepeatedIteration, finish, rank_loads
 from .account import clock_multiplier
 
 #: bisection runs per pipeline rank

@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..cost.profile import MEGATRON, RuntimeProfile
-from ..engine.repeat import RepeatedIteration
 from ..errors import SimparError
+from ..iteration.repeat import RepeatedIteration
 from ..plan import ParallelPlan
 from ..program.terms import EngineOptions
 from ..specs import ClusterSpec, ModelSpec

@@ -6,7 +6,7 @@ contention backend a DP all-reduce and a PP send on the same NIC slow each other
 By default one representative pipeline is simulated (dp = cp = tp = 0 of every pipeline rank);
 its DP/ZeRO collectives are still timed over the real groups on the topology. ``full=True``
 simulates every GPU; group collectives then start when every member has arrived. Either way
-`simulate()` runs the pipeline's identical steady-state rounds once where it can (`rounds`):
+`simulate()` runs the pipeline's identical steady-state rounds once where it can (`iteration.rounds`):
 ``marks`` then asks the walk to note when each action began and the accounts at round starts.
 
 Each GPU runs one walk (`walk.walk`): its actions ahead of the clock where nothing else can
@@ -86,7 +86,7 @@ NOMINAL = Speeds()
 class Engine(PipelineTransfers, DataParallel, HostCopies, IterationTail):
     """The walk of every simulated GPU (module docstring): pipeline transfers in `transfers`,
     collectives and ZeRO in `shards`, the iteration's end in `tail`. ``marks``: per pipeline rank,
-    the action positions to snapshot (`rounds`); ``trace``: whether the run records its trace
+    the action positions to snapshot (`iteration.rounds`); ``trace``: whether the run records its trace
     events and memory samples; ``keys``: the pipelines a full run walks (None: all)."""
 
     def __init__(

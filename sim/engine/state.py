@@ -65,7 +65,7 @@ class GpuState:
         self.ep_group: tuple[int, ...] = ()  # MoE: the expert-parallel group (token all-to-alls)
         self.a2a = simpy.Resource(env, 1)  # MoE all-to-alls on a network that shares links
         #: with ``Engine.marks``: when each action began, and (time, accounts, activation bytes)
-        #: at each marked action (`rounds` reads the steady state off them)
+        #: at each marked action (`iteration.rounds` reads the steady state off them)
         self.starts: list[float] = []
         self.snaps: list[tuple[float, dict[str, float], float]] = []
 

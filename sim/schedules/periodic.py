@@ -6,7 +6,7 @@ suffix (the cool-down and the stage-wide tail, its microbatches ``k * d`` later 
 ``m + 2d`` microbatches and checks it (the third one must be the base with two rounds); it
 returns None where the generator is not periodic so (the caller then runs every round).
 ``Rounds.dependencies`` says how far, in rounds, a pipeline receive reaches back to its send:
-what the engine's compression (`simpar.sim.engine.rounds`) needs for its exactness argument.
+what the engine's compression (`simpar.sim.iteration.rounds`) needs for its exactness argument.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ class Rounds:
     cut: tuple[int, ...]
     length: tuple[int, ...]
     #: what `expand`, `dependencies` and `tail_holds_stage_ends` computed (pure functions of the
-    #: fields above): a remembered Rounds (`engine.rounds.schedule_rounds`) answers them at once
+    #: fields above): a remembered Rounds (`iteration.rounds.schedule_rounds`) answers them at once
     _memo: dict = field(default_factory=dict, compare=False, repr=False, hash=False)
 
     def microbatches(self, k: int) -> int:

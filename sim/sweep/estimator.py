@@ -130,7 +130,7 @@ def oracle_estimate(x: Inputs, schedule=None) -> Estimate:
     """List-scheduler timing of the engine's own lowered schedule, plus the iteration terms.
     With pp = 1 the rank runs its micro-batches back to back and the quick form is exact."""
     from ..cost.activations import zb_stage_memory
-    from ..engine.simulate import stage_costs
+    from ..iteration.simulate import stage_costs
 
     if x.fsdp or len(x.ranks) == 1:
         q = quick_estimate(x)

@@ -22,8 +22,8 @@ from ..cost.workload import StageWork
 from ..energy.account import job_energy, kernel_gpu_seconds, kernel_mix, mix_costs
 from ..energy.power import power_model
 from ..engine.core import EngineOptions
-from ..engine.results import BREAKDOWN_KEYS
 from ..goodput.run import RunCostsOfPlan, RunSetup, closed_form, run_costs
+from ..iteration.results import BREAKDOWN_KEYS
 from ..model import hardware_flops_per_iteration, model_flops_per_iteration
 from ..network import make_network
 from ..plan import ParallelPlan
@@ -86,10 +86,10 @@ class SweepSetup:
         work: tuple[list[StageWork], float] | None = None,
         costs: CostModel | None = None,
     ):
-        """`engine.simulate.simulate` of ``plan`` on this setup's model, cluster, network backend,
+        """`iteration.simulate.simulate` of ``plan`` on this setup's model, cluster, network backend,
         calibration, engine options and runtime: the one run a sweep row and a plan folder share
         (``work`` and ``costs``: a stage-work table the caller keeps, `Evaluator.work`)."""
-        from ..engine.simulate import simulate
+        from ..iteration.simulate import simulate
 
         return simulate(
             self.model,
@@ -132,7 +132,7 @@ class Evaluator:
         """The plan's stage-work table and pipeline-transfer seconds (`simulate.build_work` with
         this evaluator's cost model), built once for the plans that differ only in
         `WORK_FREE_FIELDS`; the estimates and the engine runs of this worker share it."""
-        from ..engine.simulate import build_work
+        from ..iteration.simulate import build_work
 
         key = self.work_key(plan)
         hit = self._work.get(key)

@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from ..engine.results import BREAKDOWN_KEYS
+from ..iteration.results import BREAKDOWN_KEYS
 from .filters import matches, parse_filter
 from .space import Config
 from .store import num

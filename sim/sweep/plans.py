@@ -14,11 +14,11 @@ from pathlib import Path
 
 from simpar.jobs.procs import Warm, fork_map, run_job
 
-from ..engine.results import SimResult
-from ..engine.simulate import plan_schedule
 from ..engine.trace import write_trace
 from ..errors import SpecError
 from ..interop.emit import recipe_files
+from ..iteration.results import SimResult
+from ..iteration.simulate import plan_schedule
 from ..plan import ParallelPlan
 from ..planfile import write_plan_file
 from ..schedules import write_csv

@@ -30,8 +30,8 @@ from simpar.jobs import interrupt
 
 from .. import files
 from ..cost.offload import offload_fields
-from ..engine.results import BREAKDOWN_KEYS
 from ..errors import SimparError, SpecError
+from ..iteration.results import BREAKDOWN_KEYS
 from ..plan import MOE_DISPATCHERS, OPTIMIZERS, RECOMPUTE, SCHEDULES
 from .space import CONFIG_FIELDS, Config
 

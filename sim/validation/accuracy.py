@@ -34,7 +34,7 @@ from .error_bands import AXES, SCALES, quantile, regime
 from .groupfit import loso, source_key
 from .published import RowResult, read_rows, report, summarize, validate_rows
 
-#: The breakdown's terms (`engine.results`) grouped by the mechanism that prices them, each with the
+#: The breakdown's terms (`iteration.results`) grouped by the mechanism that prices them, each with the
 #: name a hint gives it. The first is the dense compute, which every other term is weighed against.
 MECHANISMS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("compute efficiency (GEMM and attention kernels)", ("compute", "recompute")),

@@ -35,8 +35,8 @@ from typing import Any
 from simpar.jobs.procs import fork_map
 
 from ..cost.compute import CostModel
-from ..engine.simulate import simulate
 from ..errors import SimparError
+from ..iteration.simulate import simulate
 from ..specs import load_cluster, load_gpu
 from ..specs.calibration import EfficiencyParams
 from .moe_rows import is_moe_row

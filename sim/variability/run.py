@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from ..cost.profile import MEGATRON, RuntimeProfile
 from ..engine.core import Engine
-from ..engine.repeat import RepeatedIteration, finish, rank_loads
+from ..iteration.repeat import RepeatedIteration, finish, rank_loads
 from ..layout import RankLayout
 from ..plan import ParallelPlan
 from ..program.terms import EngineOptions

@@ -25,6 +25,7 @@ from ..cost.compute import CostModel
 from ..cost.memory import memory_report
 from ..cost.profile import MEGATRON, RuntimeProfile
 from ..cost.workload import StageWork, stage_work
+from ..engine.core import Engine, EngineOptions, StageInputs, run_engine
 from ..layout import RankLayout
 from ..lowering.memo import built_inflight, lowered_key, lowered_schedule
 from ..model import hardware_flops_per_iteration, model_flops_per_iteration
@@ -35,7 +36,6 @@ from ..schedules import StageCosts, spec
 from ..schedules.ir import Schedule
 from ..specs import ClusterSpec, ModelSpec
 from ..specs.calibration import Calibration, calibrated_cluster
-from .core import Engine, EngineOptions, StageInputs, run_engine
 from .replicas import replica_check, replicate
 from .results import BREAKDOWN_KEYS, SimResult
 from .rounds import Outcome, compressed_run, lowered_builder, outcome_of, schedule_rounds

@@ -22,6 +22,7 @@ from collections.abc import Iterator, Sequence
 
 from ..cost.profile import RuntimeProfile
 from ..cost.workload import StageWork
+from ..engine.trace import TraceEvent
 from ..layout import RankLayout
 from ..plan import ParallelPlan
 from ..program import terms as it
@@ -29,7 +30,6 @@ from ..program.program import ZeroSteps
 from ..program.terms import EngineOptions
 from ..specs import ModelSpec
 from .rounds import GpuOutcome, Outcome
-from .trace import TraceEvent
 
 
 def pipeline_keys(plan: ParallelPlan) -> list[tuple[int, int, int]]:

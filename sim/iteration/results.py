@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..cost.memory import MemoryReport
+from ..engine.state import ACCOUNTS
+from ..engine.trace import TraceEvent
 from ..units import GiB
-from .state import ACCOUNTS
-from .trace import TraceEvent
 
 #: what an iteration's seconds are charged to: the engine's accounts and the bubble
 BREAKDOWN_KEYS = (*ACCOUNTS, "bubble")

@@ -19,6 +19,7 @@ import simpy
 
 from ..cost.activations import zb_stage_memory
 from ..cost.profile import MEGATRON, RuntimeProfile
+from ..engine.core import Engine, PartialWalkError, Speeds, StageInputs, run_engine
 from ..layout import RankLayout
 from ..lowering.memo import lowered_schedule
 from ..network import make_network
@@ -27,7 +28,6 @@ from ..program.terms import EngineOptions
 from ..specs import ClusterSpec, ModelSpec
 from ..specs.calibration import Calibration, calibrated_cluster
 from ..topology.graph import build_topology
-from .core import Engine, PartialWalkError, Speeds, StageInputs, run_engine
 from .simulate import build_work, stage_costs
 
 
