@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import click
 
 from simpar.sim.choices import NETWORK_BACKENDS
+from simpar.sim.levers import ASSUMED
 from simpar.sim.units import GiB
 
 from .calib import calibration_options, load_calibration_option, runtime_of, uncalibrated_hint
@@ -152,29 +153,12 @@ def describe(st: Setup) -> str:
     return f"{st.model.name} on {st.plan.num_gpus} x {c.gpu.name} ({c.name}{racks}): {st.plan.describe()}"
 
 
-#: the run settings `error_bands.assumed_defaults` names, with the option that sets each
-SETTING_OPTIONS = {
-    "stack": "stack",
-    "fp8_recipe": "fp8_recipe",
-    "moe_dispatcher": "moe_dispatcher",
-    "moe_a2a_overlap": "moe_a2a_overlap",
-    "tp_comm_overlap": "tp_comm_overlap",
-    "torch_compile": "torch_compile",
-    "cp_comm_type": "cp_comm_type",
-    "overlap_grad_reduce": "no_overlap_grad_reduce",
-}
+#: the run settings `error_bands.assumed_defaults` names, with the option that sets each: the
+#: levers that declare themselves such a setting (`levers.Assumed`), and the engine's gradient overlap
+SETTING_OPTIONS = {lv.field: lv.key for lv in ASSUMED} | {"overlap_grad_reduce": "no_overlap_grad_reduce"}
 
 #: the flag that sets each of them
-SETTING_FLAGS = {
-    "stack": "--stack",
-    "fp8_recipe": "--fp8-recipe",
-    "moe_dispatcher": "--moe-dispatcher",
-    "moe_a2a_overlap": "--moe-a2a-overlap",
-    "tp_comm_overlap": "--tp-comm-overlap/--no-tp-comm-overlap",
-    "torch_compile": "--torch-compile/--no-torch-compile",
-    "cp_comm_type": "--cp-comm-type",
-    "overlap_grad_reduce": "--no-overlap-grad-reduce",
-}
+SETTING_FLAGS = {lv.field: lv.flag_text for lv in ASSUMED} | {"overlap_grad_reduce": "--no-overlap-grad-reduce"}
 
 
 def settings_given(st: Setup, grad_reduce_given: bool = False) -> Callable[[str], bool]:

@@ -6,7 +6,9 @@ its column in a sweep's results. The plan's fields (`plan.lever_field`), the com
 measured-run CSV (`validation.published.row_hints`) are generated from this table.
 
 Adding a lever: its entry here, its field in `plan.ParallelPlan` (the type and the plan's default),
-and the physics that reads it. This module imports only `choices` (a command's ``--help`` reads it
+and the physics that reads it. A run setting that changes the answer says so here too (`Assumed`):
+`error_bands.assumed_defaults` names its default when a caller leaves it out, and `simpar
+simulate` the flag that sets it. This module imports only `choices` (a command's ``--help`` reads it
 without loading pydantic or the simulator).
 
 The sections follow torchtitan's job configuration (``[parallelism]``, ``[training]``,
@@ -16,6 +18,7 @@ The sections follow torchtitan's job configuration (``[parallelism]``, ``[traini
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,6 +60,19 @@ MAX_LAYER_COUNT = 1 << 16
 
 
 @dataclass(frozen=True)
+class Assumed:
+    """A run setting that changes the answer ("never silently default"): where ``applies(plan,
+    stack, moe)`` holds (the plan, its stack's `StackSpec`, whether the model has experts) and the
+    caller left the setting out (no CSV cell, no option, nothing imported), the prediction names the
+    value it was priced with, followed by ``whose`` ("{stack}": the plan's stack), in ``order``
+    (`error_bands.assumed_defaults`)."""
+
+    order: int
+    applies: Callable[[Any, Any, bool], bool]
+    whose: str = ""
+
+
+@dataclass(frozen=True)
 class Lever:
     """One plan field, declared once (module docstring)."""
 
@@ -82,6 +98,8 @@ class Lever:
     csv: str | None = None
     #: the column of a sweep's results that holds it (None: not a sweep axis; `sweep.space.Config`)
     sweep: str | None = None
+    #: a run setting that changes the answer, named when left out (None: the plan's own choice)
+    assumed: Assumed | None = None
 
     def __post_init__(self) -> None:
         if self.section not in SECTIONS or self.kind not in KINDS:
@@ -99,6 +117,14 @@ class Lever:
         """The name of the flag's value in a command's keyword arguments (click's parameter name)."""
         opt = self.option
         return None if opt is None else opt[2:].replace("-", "_")
+
+    @property
+    def flag_text(self) -> str | None:
+        """The flag as ``--help`` spells it, with its ``--no-`` form where it has one."""
+        opt = self.option
+        if opt is None or not self.negatable:
+            return opt
+        return f"{opt}/--no-{opt[2:]}"
 
     @property
     def column(self) -> str | None:
@@ -149,6 +175,7 @@ LEVERS: tuple[Lever, ...] = (
         choices=CP_COMM_TYPES,
         cli_default="p2p",
         csv="",
+        assumed=Assumed(7, lambda p, st, moe: p.cp > 1 and len(st.cp_comm_types) > 1, "the {stack} stack's default"),
     ),
     _lv(
         "cp_a2a_size",
@@ -177,6 +204,7 @@ LEVERS: tuple[Lever, ...] = (
         negatable=True,
         cli_default_text="[default: the stack's, when tp > 1 with SP]",
         csv="",
+        assumed=Assumed(6, lambda p, st, moe: p.tp > 1, "the {stack} stack's"),
     ),
     # batch
     _lv(
@@ -278,6 +306,7 @@ LEVERS: tuple[Lever, ...] = (
         "training stack preset (megatron-core, megatron-bridge, torchtitan, ...) or stack YAML file",
         cli_default="megatron-core",
         csv="",
+        assumed=Assumed(1, lambda p, st, moe: True, "{no_stack}"),
     ),
     _lv(
         "torch_compile",
@@ -288,6 +317,7 @@ LEVERS: tuple[Lever, ...] = (
         negatable=True,
         cli_default_text="[default: off]",
         csv="",
+        assumed=Assumed(5, lambda p, st, moe: st.eager_elementwise is not None, "the {stack} stack's default"),
     ),
     _lv(
         "fp8_recipe",
@@ -296,6 +326,7 @@ LEVERS: tuple[Lever, ...] = (
         "fp8/fp4 scaling recipe",
         choices=FP8_RECIPES,
         cli_default_text="[default: the stack's]",
+        assumed=Assumed(2, lambda p, st, moe: p.precision in ("fp8", "fp4"), "the {stack} stack's default"),
     ),
     # MoE
     _lv("ep", "moe", "int", "expert-parallel size (MoE)", low=1, high=MAX_GPUS, cli_default=1, sweep="ep"),
@@ -327,6 +358,7 @@ LEVERS: tuple[Lever, ...] = (
         cli_default="alltoall",
         csv="",
         sweep="dispatch",
+        assumed=Assumed(3, lambda p, st, moe: moe),
     ),
     _lv(
         "moe_a2a_overlap",
@@ -336,6 +368,7 @@ LEVERS: tuple[Lever, ...] = (
         cli_default=False,
         csv="",
         sweep="a2a_overlap",
+        assumed=Assumed(4, lambda p, st, moe: moe),
     ),
     # offload
     _lv(
@@ -428,6 +461,8 @@ LEVERS: tuple[Lever, ...] = (
 )
 
 BY_FIELD: dict[str, Lever] = {lv.field: lv for lv in LEVERS}
+#: the levers that are run settings changing the answer (`Assumed`), in the order a prediction names them
+ASSUMED: tuple[Lever, ...] = tuple(sorted((lv for lv in LEVERS if lv.assumed), key=lambda lv: lv.assumed.order))  # type: ignore[union-attr]
 _SECTION_SET = frozenset(SECTIONS)
 if len(BY_FIELD) != len(LEVERS):
     raise ValueError("a plan field is declared twice in LEVERS")

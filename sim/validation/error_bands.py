@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .. import files
 from ..errors import SpecError
+from ..levers import ASSUMED
 from ..schedules.registry import SPECS
 from ..specs.stack import load_stack
 
@@ -353,31 +354,24 @@ def assumed_defaults(
     no_stack: str,
 ) -> list[str]:
     """The run settings that change the answer which the caller left out, each with the default it
-    is priced with (read off the plan, so the text is what was simulated): ``stack``, an fp8/fp4
-    plan's ``fp8_recipe`` (the stack's default), an MoE plan's ``moe_dispatcher`` and
-    ``moe_a2a_overlap``, ``torch_compile`` on a stack whose element-wise ops run op by op,
-    ``tp_comm_overlap`` where tp > 1 (the stack's), ``cp_comm_type`` where cp > 1,
-    and ``overlap_grad_reduce``
-    where gradients are reduced across ranks (the engine's, ``overlap_grad_reduce``). ``given(name)``:
+    is priced with (read off the plan, so the text is what was simulated): the levers that declare
+    themselves such a setting (`levers.Assumed`: ``stack``, an fp8/fp4 plan's ``fp8_recipe``, an
+    MoE plan's ``moe_dispatcher`` and ``moe_a2a_overlap``, ``torch_compile`` on a stack whose
+    element-wise ops run op by op, ``tp_comm_overlap`` where tp > 1, ``cp_comm_type`` where cp > 1
+    and the stack has a choice), in their declared order, and the engine's ``overlap_grad_reduce``
+    where gradients are reduced across ranks. ``given(name)``:
     whether the caller set that setting (a CSV column, an option, an imported configuration);
     ``no_stack``: how a missing stack is said ("no stack column", "no --stack"). Nothing is changed:
     the caller says what it assumed (`simpar simulate`, `published.assumed_defaults`)."""
+    stack = load_stack(plan.stack)
     out = []
-    if not given("stack"):
-        out.append(f"stack {plan.stack} ({no_stack})")
-    if plan.precision in ("fp8", "fp4") and not given("fp8_recipe"):
-        out.append(f"fp8_recipe {plan.fp8_recipe} (the {plan.stack} stack's default)")
-    if moe:
-        if not given("moe_dispatcher"):
-            out.append(f"moe_dispatcher {plan.moe_dispatcher}")
-        if not given("moe_a2a_overlap"):
-            out.append(f"moe_a2a_overlap {int(plan.moe_a2a_overlap)}")
-    if load_stack(plan.stack).eager_elementwise is not None and not given("torch_compile"):
-        out.append(f"torch_compile {int(plan.torch_compile)} (the {plan.stack} stack's default)")
-    if plan.tp > 1 and not given("tp_comm_overlap"):
-        out.append(f"tp_comm_overlap {int(plan.tp_comm_overlap)} (the {plan.stack} stack's)")
-    if plan.cp > 1 and not given("cp_comm_type") and len(load_stack(plan.stack).cp_comm_types) > 1:
-        out.append(f"cp_comm_type {plan.cp_comm_type} (the {plan.stack} stack's default)")
+    for lv in ASSUMED:
+        assert lv.assumed is not None
+        if lv.assumed.applies(plan, stack, moe) and not given(lv.field):
+            value = getattr(plan, lv.field)
+            whose = lv.assumed.whose.format(stack=plan.stack, no_stack=no_stack)
+            shown = int(value) if isinstance(value, bool) else value
+            out.append(f"{lv.field} {shown}" + (f" ({whose})" if whose else ""))
     if plan.dp * plan.cp > 1 and not given("overlap_grad_reduce"):
         out.append(f"overlap_grad_reduce {int(overlap_grad_reduce)} (the engine's default)")
     return out
