@@ -179,19 +179,22 @@ def test_the_published_fine_tuning_rows_simulate():
 
 
 def test_the_mlperf_lora_rows_simulate():
-    """MLPerf Training v4.0-v5.0's Llama 2 70B LoRA runs (tests/data/mlperf-lora.csv, 16 systems, held
+    """MLPerf Training v4.0-v5.1's Llama 2 70B LoRA runs (tests/data/mlperf-lora.csv, 53 systems, held
     out: FORMAT.md) are simulated as LoRA, within the band this model reached when they were added (a
-    regression guard: median |error| 8.2 % then, 9.8 % since fp8 casts are fused only after a norm or an
-    activation; before a ZeRO-1/2 step stopped gathering the frozen base,
-    v4.0's multi-node rows were +34-35 %)."""
+    regression guard). v4.0-v5.0 (16 systems): median |error| 8.2 % when added, 9.8 % once fp8 casts
+    were fused only after a norm or an activation, 9.3 % with their context-parallel all-to-all; before
+    a ZeRO-1/2 step stopped gathering the frozen base, v4.0's multi-node rows were +34-35 %. v5.1 (37
+    systems, NeMo 25.09) came in at 17.9 %, every row but H100's too slow (README)."""
     from pathlib import Path
 
     from simpar.sim.validation.published import read_rows, summarize, validate_rows
 
     rows = read_rows(Path(__file__).parent / "data" / "mlperf-lora.csv")
     results = validate_rows(rows, lambda m, c, p, **run: simpar.simulate(m, c, p, trace=False, **run), workers=1)
-    assert len(results) == 16 and all(r.status.startswith("ok") for r in results), [r.status for r in results]
-    assert summarize(results)["median_abs_error"] < 0.1
+    assert len(results) == 53 and all(r.status.startswith("ok") for r in results), [r.status for r in results]
+    older = [r for r in results if not r.id.startswith("mlperf5.1_")]
+    assert len(older) == 16 and summarize(older)["median_abs_error"] < 0.1
+    assert summarize(results)["median_abs_error"] < 0.2
 
 
 def test_zero1_gathers_a_lora_plans_adapters_only():
