@@ -30,6 +30,8 @@ from simpar.sim.schedules import check_schedule, read_csv
 from simpar.sim.schedules.ir import Kind, Schedule, flat
 from simpar.sim.specs import ModelSpec
 
+from .tail import program_tail
+
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 COMPUTE_KINDS = frozenset({Kind.F, Kind.B, Kind.I, Kind.W})
 
@@ -199,6 +201,8 @@ def check_precision(precision: str, plan: ParallelPlan, device: str) -> str:
 def check_run(plan: ParallelPlan, model: ModelSpec, sched: Schedule, world_size: int) -> None:
     """Everything that must agree before processes start; raises one SimparError."""
     check_plan_for_executor(plan, model)
+    for pp_rank in range(plan.pp):  # every step of the iteration's tail has its runner
+        program_tail(plan, model, pp_rank)
     if world_size != plan.num_gpus:
         raise PlanError(
             "nproc",

@@ -27,6 +27,7 @@ from . import measure, parallel, verify
 from .checks import check_precision, check_run, has_comms, read_schedule_file, torch_rows
 from .model import build_model, loss_fn, stage_shapes, synthetic_batch
 from .precision import LossScaler
+from .tail import program_tail, run_tail
 from .torch_pipelining import PipelineRunner, check_torch_version, lower, make_stage
 
 log = logging.getLogger("simpar.executor")
@@ -100,6 +101,7 @@ class Stages:
         self.tie = parallel.TiedEmbeddingSync(plan, self.placement, spec.tied_embeddings)
         self.expert_sync = parallel.ExpertGradSync(plan, expert_mesh)
         self.optimizer = parallel.make_optimizer(self.models, plan, mesh, cfg.lr, expert_mesh)
+        self.tail = program_tail(plan, spec, self.pp_rank)
 
     @property
     def has_last(self) -> bool:
@@ -159,14 +161,7 @@ def run_rank(cfg: RunConfig) -> dict:
         ctx = measure.cpu_peak_memory(measure.state_bytes(st.models, st.optimizer)) if profile else nullcontext()
         with ctx as mem:
             mb_losses = st.runner.step(x, y, rec)
-            if st.tie.active:
-                with rec.span("tied_embedding_grad", "allreduce", "pp"):
-                    st.tie(st.models)
-            if st.expert_sync.active:
-                with rec.span("expert_grad", "allreduce", "dp"):
-                    st.expert_sync(st.models)
-            with rec.span("optimizer", "OPT", "compute"):
-                st.scaler.step(st.optimizer, st.models)
+            run_tail(st.tail, st, rec)  # after the pipeline: the program's tail (executor/tail.py)
         _sync(device)
         times.append(time.perf_counter() - t0)
         if prof is not None:

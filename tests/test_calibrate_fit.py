@@ -394,9 +394,9 @@ def test_engine_times_the_executors_reduce_grad_from_the_in_situ_table():
     """With the executor's options (no overlapped buckets) a data-parallel plan's REDUCE_GRAD lasts
     units x unit_s + bytes x s_per_byte of the calibration (one unit per layer plus the root);
     with Megatron's overlapped buckets (the default) the network model times it as before."""
-    from simpar.sim.calibration.check import EXECUTOR_OPTIONS
     from simpar.sim.cost.params import rank_params
     from simpar.sim.iteration.simulate import simulate
+    from simpar.sim.program.terms import EXECUTOR_OPTIONS
 
     m = ModelSpec(name="x", arch="gpt", layers=4, hidden=256, heads=4, ffn=1024, vocab=512, seq_len=128)
     plan = ParallelPlan(dp=2, micro_batch_size=2, global_batch_size=8, schedule="none")
@@ -424,9 +424,9 @@ def test_engine_and_sweep_time_a_zero2_parameter_gather_from_the_in_situ_table()
     """A ZeRO-2 plan's ZERO_GATHER lasts units x unit_s + 16-bit parameter bytes x s_per_byte of the
     calibration's all-gather row, in the engine and in the sweep's estimate alike; ZeRO-1 (DDP in
     the executor) keeps the network model."""
-    from simpar.sim.calibration.check import EXECUTOR_OPTIONS
     from simpar.sim.cost.params import rank_params
     from simpar.sim.iteration.simulate import simulate
+    from simpar.sim.program.terms import EXECUTOR_OPTIONS
     from simpar.sim.sweep.estimator import oracle_estimate
     from simpar.sim.sweep.evaluate import Evaluator, SweepSetup
 

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from simpar.sim.calibration.check import CHECK_PLANS, EXECUTOR_OPTIONS, plan_of
+from simpar.sim.calibration.check import CHECK_PLANS, plan_of
 from simpar.sim.cost.profile import ExecutorProfile
 from simpar.sim.iteration.simulate import simulate
-from simpar.sim.program.terms import EngineOptions
+from simpar.sim.program.terms import EXECUTOR_OPTIONS, EngineOptions
 from simpar.sim.specs import load_cluster, load_model
 from simpar.sim.specs.calibration import load_calibration
 from simpar.sim.sweep.bound import lower_bound

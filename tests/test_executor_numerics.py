@@ -14,6 +14,7 @@ pytest.importorskip("torch")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from simpar.executor.launch import run_local, write_schedule  # noqa: E402
+from simpar.executor.tail import RUNS, program_tail  # noqa: E402
 from simpar.executor.worker import RunConfig, summarize  # noqa: E402
 from simpar.sim.plan import ParallelPlan  # noqa: E402
 from simpar.sim.schedules import Action, read_csv  # noqa: E402
@@ -181,6 +182,21 @@ def check(cfg: RunConfig, results: list[dict]) -> None:
     assert v["max_grad_err"] < TOL, v
     assert v["params_checked"] >= len(set(results[0]["verify"]["ref_names"]))
     assert_ran_in_file_order(cfg, results, events)
+    assert_ran_the_programs_tail(cfg, results, events)
+
+
+def assert_ran_the_programs_tail(cfg, results, events) -> None:
+    """After its last compute action every rank ran its tail steps in the simulator's program order
+    (`executor.tail`), the optimizer step last."""
+    names = {run.span[0] for run in RUNS.values()}
+    for r in results:
+        want = [RUNS[op.kind].span[0] for op in program_tail(cfg.plan, cfg.model, r["coords"]["pp"]) if op.kind in RUNS]
+        mine = sorted((e for e in events if e.rank == r["rank"]), key=lambda e: e.start)
+        tail = [e for e in mine if e.name in names]
+        got = [e.name for e in tail]
+        assert got[-1] == "optimizer" and got == [n for n in want if n in got], (got, want)
+        last_compute = max(e.start for e in mine if e.kind in COMPUTE)
+        assert all(e.start >= last_compute for e in tail)
 
 
 def assert_ran_in_file_order(cfg, results, events) -> None:

@@ -133,6 +133,33 @@ def test_the_engine_runs_the_tail_in_the_programs_order() -> None:
     assert gathers and all(g.start >= opt.start + opt.duration - 1e-12 for g in gathers)
 
 
+def test_every_tail_kind_is_run_by_the_executor_or_refused_before_it_starts() -> None:
+    """The executor runs the program's tail (executor/tail.py): each kind is its own step there, or
+    torch runs it inside another (named), or the executor refuses the plans that have it (two
+    pipelines' replica sync: `checks.check_plan_for_executor`). A new kind without a rule fails here."""
+    from simpar.executor.tail import INSIDE, RUNS
+
+    assert not set(RUNS) & set(INSIDE)
+    assert set(RUNS) | set(INSIDE) | {Tail.REPLICA_SYNC} == set(Tail)
+
+
+def test_the_executors_zero1_gathers_after_its_step() -> None:
+    """torch's ZeroRedundancyOptimizer broadcasts the new shards inside its step: the executor's
+    program ends with the regather, and the engine times those gathers after the optimizer step.
+    Without ZeRO-1 the executor's options are the plain ones."""
+    from simpar.executor.tail import program_tail
+    from simpar.sim.program.terms import EXECUTOR_OPTIONS, executor_options
+
+    plan = _plan(1, 2, 4)
+    assert [op.kind for op in program_tail(plan, GPT, 0)][-2:] == [Tail.STEP, Tail.REGATHER]
+    res = simulate(GPT, CLUSTER, plan, options=executor_options(plan))
+    ev = [e for e in res.events if e.rank == 0]
+    opt = next(e for e in ev if e.name == "optimizer")
+    gathers = [e for e in ev if e.kind == "ZERO_GATHER"]
+    assert gathers and all(g.start >= opt.start + opt.duration - 1e-12 for g in gathers)
+    assert executor_options(_plan(0, 2, 4)) == executor_options(_plan(3, 2, 4)) == EXECUTOR_OPTIONS
+
+
 _ZERO_TEST = re.compile(r"\.zero\s*(==|!=|>=|<=|>|<|in\b)|ZeroPolicy|zero_policy")
 
 
