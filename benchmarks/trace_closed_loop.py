@@ -29,7 +29,7 @@ from simpar.sim.cost.profile import ExecutorProfile  # noqa: E402
 from simpar.sim.iteration.simulate import simulate  # noqa: E402
 from simpar.sim.kineto.actions import ExecutorRun  # noqa: E402
 from simpar.sim.kineto.reader import read_traces  # noqa: E402
-from simpar.sim.program.terms import executor_options  # noqa: E402
+from simpar.sim.program.terms import EXECUTOR_OPTIONS  # noqa: E402
 from simpar.sim.specs import load_cluster, load_gpu  # noqa: E402
 from simpar.sim.specs.calibration import load_calibration, validate_calibration  # noqa: E402
 
@@ -86,9 +86,7 @@ def main() -> None:
         cl = cluster.with_gpus(plan.num_gpus)
         pred = {}
         for name, cal in (("microbenchmarks", mb), ("traces", tc)):
-            res = simulate(
-                model, cl, plan, calibration=cal, options=executor_options(plan), profile=ExecutorProfile.of(cal)
-            )
+            res = simulate(model, cl, plan, calibration=cal, options=EXECUTOR_OPTIONS, profile=ExecutorProfile.of(cal))
             pred[name] = res.iter_time_s
         rows.append((case.name, meas, pred))
     print(f"machine: {os.cpu_count()} cores, load average (1 min) {load:.2f} at start, {os.getloadavg()[0]:.2f} at end")

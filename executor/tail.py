@@ -1,7 +1,8 @@
 """The iteration's tail as the simulator's program says it: after a pipeline rank's last pipeline
 action, its `TailOp`s in the program's order (`simpar.sim.program.program.rank_tail`, under the
-executor's options `terms.executor_options`), each run by this rank or done by torch inside another
-step. One definition of what an iteration does after the pipeline, for the engine and the executor.
+executor's options and runtime: `terms.EXECUTOR_OPTIONS`, `cost.profile.ExecutorProfile`), each run by
+this rank or done by torch inside another step. One definition of what an iteration does after the
+pipeline, for the engine and the executor.
 
 What each kind is here:
 
@@ -24,17 +25,28 @@ What each kind is here:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
+from simpar.sim.cost.profile import ExecutorProfile
 from simpar.sim.errors import PlanError
 from simpar.sim.plan import ParallelPlan
 from simpar.sim.program.program import Tail, TailOp, iteration_program
-from simpar.sim.program.terms import executor_options
+from simpar.sim.program.terms import EXECUTOR_OPTIONS
 from simpar.sim.specs import ModelSpec
 
 if TYPE_CHECKING:
     from .measure import ActionRecorder
-    from .worker import Stages
+
+
+class Stages(Protocol):
+    """What a tail step reads of a rank (`worker.Stages`; not imported: the worker imports this)."""
+
+    models: list[Any]
+    tie: Any
+    expert_sync: Any
+    scaler: Any
+    optimizer: Any
+
 
 #: kinds torch runs inside another step of the iteration (module docstring), with where
 INSIDE: dict[Tail, str] = {
@@ -70,7 +82,7 @@ RUNS: dict[Tail, _Run] = {
 def program_tail(plan: ParallelPlan, model: ModelSpec, pp_rank: int) -> tuple[TailOp, ...]:
     """Pipeline rank ``pp_rank``'s tail, as the simulator runs it for this executor (module
     docstring); PlanError names a kind the executor cannot run."""
-    ops = iteration_program(model, plan, executor_options(plan)).tails[pp_rank]
+    ops = iteration_program(model, plan, EXECUTOR_OPTIONS, ExecutorProfile()).tails[pp_rank]
     for op in ops:
         if op.kind not in RUNS and op.kind not in INSIDE:
             raise PlanError(

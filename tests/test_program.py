@@ -144,20 +144,25 @@ def test_every_tail_kind_is_run_by_the_executor_or_refused_before_it_starts() ->
 
 
 def test_the_executors_zero1_gathers_after_its_step() -> None:
-    """torch's ZeroRedundancyOptimizer broadcasts the new shards inside its step: the executor's
-    program ends with the regather, and the engine times those gathers after the optimizer step.
-    Without ZeRO-1 the executor's options are the plain ones."""
+    """torch's ZeroRedundancyOptimizer broadcasts the new shards inside its step
+    (`RuntimeProfile.zero1_gathers_in_step`): under the executor's runtime the program ends with the
+    regather, and the engine times those gathers after the optimizer step; Megatron's distributed
+    optimizer keeps them behind the next forward; ZeRO-2 (FSDP2 in the executor) is not affected."""
     from simpar.executor.tail import program_tail
-    from simpar.sim.program.terms import EXECUTOR_OPTIONS, executor_options
+    from simpar.sim.cost.profile import MEGATRON, ExecutorProfile
+    from simpar.sim.program.terms import EXECUTOR_OPTIONS
 
-    plan = _plan(1, 2, 4)
+    plan, executor = _plan(1, 2, 4), ExecutorProfile()
     assert [op.kind for op in program_tail(plan, GPT, 0)][-2:] == [Tail.STEP, Tail.REGATHER]
-    res = simulate(GPT, CLUSTER, plan, options=executor_options(plan))
+    assert ZeroSteps.of(plan, EXECUTOR_OPTIONS, executor) == S(regather_after_step=True)
+    assert ZeroSteps.of(plan, EXECUTOR_OPTIONS, MEGATRON) == S(gather_at_start=True, wait_gather_forward=True)
+    zero2 = _plan(2, 1, 8)
+    assert ZeroSteps.of(zero2, OVERLAP, executor) == ZeroSteps.of(zero2, OVERLAP)
+    res = simulate(GPT, CLUSTER, plan, options=EXECUTOR_OPTIONS, profile=executor)
     ev = [e for e in res.events if e.rank == 0]
     opt = next(e for e in ev if e.name == "optimizer")
     gathers = [e for e in ev if e.kind == "ZERO_GATHER"]
     assert gathers and all(g.start >= opt.start + opt.duration - 1e-12 for g in gathers)
-    assert executor_options(_plan(0, 2, 4)) == executor_options(_plan(3, 2, 4)) == EXECUTOR_OPTIONS
 
 
 _ZERO_TEST = re.compile(r"\.zero\s*(==|!=|>=|<=|>|<|in\b)|ZeroPolicy|zero_policy")

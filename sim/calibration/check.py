@@ -44,7 +44,7 @@ from ..lowering import schedule_for_plan
 from ..plan import ParallelPlan
 from ..plan_check import check_plan
 from ..planfile import write_plan_file
-from ..program.terms import executor_options
+from ..program.terms import EXECUTOR_OPTIONS
 from ..schedules import write_csv
 from ..specs import ClusterSpec, ModelSpec, load_model
 from ..specs.calibration import Calibration
@@ -158,13 +158,13 @@ def prepare(case: CheckPlan, cluster: ClusterSpec, calibration: Calibration | No
     # UNSHARD torch 2.13 asserts on)
     write_csv(schedule_for_plan(plan), out / "schedule.csv")
     profile = ExecutorProfile.of(calibration)
-    res = simulate(model, cl, plan, calibration=calibration, options=executor_options(plan), profile=profile)
+    res = simulate(model, cl, plan, calibration=calibration, options=EXECUTOR_OPTIONS, profile=profile)
     write_trace(out / "sim.json", res.events, {"source": "simpar calibrate --check", "iter_time_s": res.iter_time_s})
     analytic = None
     if calibration is not None and calibration.layers:
         bare = calibration.without_layers()
         analytic = simulate(
-            model, cl, plan, calibration=bare, options=executor_options(plan), profile=ExecutorProfile.of(bare)
+            model, cl, plan, calibration=bare, options=EXECUTOR_OPTIONS, profile=ExecutorProfile.of(bare)
         ).iter_time_s
     return {
         "iter_time_s": res.iter_time_s,

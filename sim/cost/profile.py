@@ -46,6 +46,9 @@ class RuntimeProfile:
     name = "megatron"
     #: the first stage computes its input gradient (the zero-bubble paper's I/W split)
     first_stage_input_grad = True
+    #: ZeRO-1's updated parameter shards are gathered inside the optimizer's step, exposed, rather than
+    #: behind the next forward (Megatron's distributed optimizer overlaps them: False)
+    zero1_gathers_in_step = False
 
     def layer_with_tp(self, m: ModelSpec, plan: ParallelPlan) -> tuple[float, float, float, float] | None:
         """(f, i, w, attn_f) of a layer timed with its TP collectives, or None."""
@@ -104,6 +107,9 @@ class ExecutorProfile(RuntimeProfile):
 
     name = "executor"
     first_stage_input_grad = False
+    #: torch's ZeroRedundancyOptimizer broadcasts each rank's updated shard inside ``step()``
+    #: (`executor.parallel.make_optimizer`)
+    zero1_gathers_in_step = True
 
     @classmethod
     def of(cls, calibration: Calibration | None) -> ExecutorProfile:

@@ -128,7 +128,7 @@ class Engine(PipelineTransfers, DataParallel, HostCopies, IterationTail):
         self.p2p_s: dict[tuple[int, int, int], float] = {}
         self.pending: dict[tuple, Rendezvous] = {}
         #: the iteration's program (`program.program`): ZeRO's steps (``steps``) and each rank's tail
-        self.program = iteration_program(model, plan, options)
+        self.program = iteration_program(model, plan, options, profile)
         self.steps = self.program.steps
         #: per pipeline rank, the backward actions that release gradient buckets, and what each
         #: releases when (`program.releases`)

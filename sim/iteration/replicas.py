@@ -95,7 +95,7 @@ def _group_seconds(
     """The seconds of the DP x CP (and edp) collectives of a pipeline rank's ``stages``: gradient
     buckets, parameter gathers and FSDP's per-layer passes, stage by stage."""
     out: list[float] = []
-    layer_passes = ZeroSteps.of(plan, options).layer_passes
+    layer_passes = ZeroSteps.of(plan, options, profile).layer_passes
     for s in stages:
         comms = it.grad_buckets(plan, work[s], dp_group, profile, options, edp)[:2]
         comms += it.param_gathers(plan, work[s], dp_group, profile, edp)

@@ -24,6 +24,7 @@ import enum
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from ..cost.profile import MEGATRON, RuntimeProfile
 from ..plan import ParallelPlan, ZeroPolicy
 from ..schedules.ir import Action, Kind, Schedule, flat
 from ..specs import ModelSpec
@@ -64,16 +65,21 @@ class ZeroSteps:
     copies_in_backward: bool = False
 
     @classmethod
-    def of(cls, plan: ParallelPlan, options: EngineOptions) -> ZeroSteps:
+    def of(cls, plan: ParallelPlan, options: EngineOptions, profile: RuntimeProfile = MEGATRON) -> ZeroSteps:
+        """The steps of ``plan`` under the run's ``options``, as the runtime ``profile`` performs
+        them: one that gathers ZeRO-1's shards inside its step (`RuntimeProfile.zero1_gathers_in_step`,
+        simpar's executor) regathers after the step whatever ``options`` say."""
         policy = plan.zero_policy
         at_start = policy is ZeroPolicy.GATHER_AT_START
         per_unshard = policy is ZeroPolicy.PER_UNSHARD
         per_layer = policy is ZeroPolicy.PER_LAYER
         every = plan.sharding.reduces_every_microbatch
+        in_step = at_start and profile.zero1_gathers_in_step and not plan.sharding.gradients
+        overlap = options.overlap_param_gather and not in_step
         return cls(
-            gather_at_start=at_start and options.overlap_param_gather,
-            regather_after_step=at_start and not options.overlap_param_gather,
-            wait_gather_forward=per_unshard or (at_start and options.overlap_param_gather),
+            gather_at_start=at_start and overlap,
+            regather_after_step=at_start and not overlap,
+            wait_gather_forward=per_unshard or (at_start and overlap),
             wait_gather_backward=per_unshard,
             unshard_actions=per_unshard,
             layer_passes=per_layer,
@@ -161,9 +167,11 @@ def rank_prologue(plan: ParallelPlan, steps: ZeroSteps, prank: int) -> tuple[int
     return (first, *(s for s in plan.rank_stages[prank] if s != first))
 
 
-def iteration_program(model: ModelSpec, plan: ParallelPlan, options: EngineOptions) -> IterationProgram:
-    """The plan's program under the run's options."""
-    steps = ZeroSteps.of(plan, options)
+def iteration_program(
+    model: ModelSpec, plan: ParallelPlan, options: EngineOptions, profile: RuntimeProfile = MEGATRON
+) -> IterationProgram:
+    """The plan's program under the run's options, as the runtime ``profile`` runs it."""
+    steps = ZeroSteps.of(plan, options, profile)
     tied = terms.tied_embedding_ranks(model, plan)
     sp = plan.sequence_parallel and plan.tp > 1  # `terms.sp_replicated_grads`' first test, once
     return IterationProgram(

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Protocol
 
 from ..cost import lora
@@ -56,17 +56,6 @@ class EngineOptions:
 #: with it, as Megatron's --overlap-grad-reduce does, the default). Everything else particular to
 #: the executor is its runtime profile (`simpar.sim.cost.profile.ExecutorProfile`).
 EXECUTOR_OPTIONS = EngineOptions(overlap_grad_reduce=False)
-
-
-def executor_options(plan: ParallelPlan) -> EngineOptions:
-    """The engine options of simpar's executor running ``plan``: `EXECUTOR_OPTIONS`, and under
-    ZeRO-1 with data parallelism the updated parameter shards gathered after the optimizer step,
-    exposed (torch's ZeroRedundancyOptimizer broadcasts each rank's shard inside its ``step()``;
-    `executor.parallel.make_optimizer`), not behind the next forward. Its program's tail then
-    ends with the regather (`program.Tail.REGATHER`), which the executor runs in that step."""
-    if plan.zero == 1 and plan.dp > 1:
-        return replace(EXECUTOR_OPTIONS, overlap_param_gather=False)
-    return EXECUTOR_OPTIONS
 
 
 @dataclass(frozen=True)

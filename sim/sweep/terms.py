@@ -126,7 +126,7 @@ class Inputs:
     @derived
     def program(self) -> IterationProgram:
         """The plan's iteration program (`program.program`): ZeRO's steps and each rank's tail."""
-        return iteration_program(self.model, self.plan, self.options)
+        return iteration_program(self.model, self.plan, self.options, self.profile)
 
     @derived
     def fsdp(self) -> bool:
