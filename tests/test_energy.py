@@ -5,8 +5,10 @@ cost energy; prices need their unit; bad inputs are refused in one line."""
 
 from __future__ import annotations
 
+import csv
 import json
 import math
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -35,7 +37,18 @@ def test_the_power_model_gives_back_its_measured_limit():
     # (1,069 W: the two 500 W sources put the static power at 280 W; FBGEMM's rows alone, 353 W and 1,005 W)
     assert pm.compute_W(power_factor("h100", 1000.0)) == pytest.approx(1000.0, rel=0.1)
     a100 = power_model(load_gpu("a100-80g"), load_power("a100"))
-    assert a100.static_W == pytest.approx(200.0) and "power file" in a100.static_from
+    assert a100.static_W == pytest.approx(0.47 * 400.0) and "power file" in a100.static_from
+
+
+def test_the_a100_power_law_reproduces_its_measured_profile():
+    """The A100 file's power law against the Perseus artifact's measured stage profile it was fitted to
+    (GPT-3 175B on A100 SXM, ml-energy/zeus@1b1c4a9d7f; three of its clocks, power over the power at
+    1,410 MHz, read off its time and energy): within 0.01. The estimate it replaced (static 0.5,
+    exponent 3) put the power at 0.889 of full at 0.920 of the speed, where 0.766 was measured."""
+    a100 = power_model(load_gpu("a100-80g"), load_power("a100"))
+    for x, measured in ((0.974, 0.911), (0.920, 0.766), (0.817, 0.596)):
+        assert a100.compute_W(x) / a100.compute_W(1.0) == pytest.approx(measured, abs=0.01)
+    assert a100.min_clock == pytest.approx(0.82)
 
 
 def _setup(model="llama3-8b", gpus=64, **levers):
@@ -91,6 +104,66 @@ def test_lowered_clocks_keep_the_tolerance_and_save_energy():
     assert run.lowered.total_J < run.nominal.total_J
     assert all(run.power.min_clock <= x <= 1.0 for x in run.clocks.clocks)
     assert min(run.clocks.clocks) < 1.0
+
+
+def test_the_clock_plan_never_costs_energy():
+    """Each pipeline rank gets the speed that minimises the job's energy within the tolerance, not the
+    lowest one that fits (a slower rank saves its own power but can make every other GPU wait longer:
+    the lowest fitting speeds cost energy at a 10 % tolerance on EnvPipe's and Perseus's A40 GPT-3
+    2.7B setup). No plan costs energy; a zero tolerance saves nothing, since a rank's first forward and
+    last backward are on the critical path and one clock per rank slows them too (sim/energy/clocks.py)."""
+    m, cl, plan = _setup()
+    spec = load_power("a100")
+    saved = []
+    for tol in (0.0, 0.01, 0.10):
+        run = plan_energy(m, cl, plan, spec, lower_clocks=True, tolerance=tol)
+        assert run.lowered is not None and run.lowered.total_J <= run.nominal.total_J
+        assert run.lowered.iter_time_s <= run.nominal.iter_time_s * (1 + tol) + 1e-12
+        saved.append(1 - run.lowered.total_J / run.nominal.total_J)
+    assert saved[0] == 0.0 and saved[1] > 0.0 and saved[2] > 0.0
+
+
+_PAPERS = Path(__file__).parent / "data" / "energy"
+
+
+def test_clock_lowering_against_perseus_and_envpipe():
+    """The measured savings of the Perseus artifact's Table 3 (tests/data/energy, GPT-3 XL and Bloom 3B
+    on 4 A100 PCIe, PP 4): at each workload's slowdown simpar's one clock per rank saves between 5
+    points below EnvPipe's per-unit plan and 5 points above Perseus's per-computation one (when added:
+    5.9 % against 8.8 / 13.2 %, and 14.2 % against 8.9 / 11.7 %; reports/energy)."""
+    rows = list(csv.DictReader((_PAPERS / "perseus-table3.csv").open()))
+    for model in sorted({r["model"] for r in rows}):
+        mine = [r for r in rows if r["model"] == model]
+        r = mine[0]
+        args = [
+            "energy",
+            "--model",
+            str(_PAPERS / model),
+            "--cluster",
+            str(_PAPERS / r["cluster"]),
+            "--gpus",
+            r["gpus"],
+        ]
+        args += [
+            "--pp",
+            r["pp"],
+            "--mbs",
+            r["mbs"],
+            "--gbs",
+            r["gbs"],
+            "--precision",
+            r["precision"],
+            "--power",
+            "a100",
+        ]
+        args += ["--layer-split", r["layer_split"], "--lower-clocks", "--json"]
+        args += ["--slowdown-tolerance", str(float(r["slowdown_pct"]) / 100)]
+        out = CliRunner().invoke(cli, args)
+        assert out.exit_code == 0, out.output
+        cases = json.loads(out.stdout)["cases"]
+        saved = 100 * (1 - cases["lowered clocks"]["energy_J"] / cases["nominal"]["energy_J"])
+        paper = {("Perseus" if x["system"] == "Perseus" else "EnvPipe"): float(x["saving_pct"]) for x in mine}
+        assert paper["EnvPipe"] - 5 <= saved <= paper["Perseus"] + 5, (model, saved, paper)
 
 
 def test_the_compute_bound_share():

@@ -3,19 +3,26 @@
 A cap C below the limit runs compute-bound kernels at `PowerModel.speed_at_cap` (C) on every GPU; the
 iteration is the event run with each GPU's kernels stretched by `account.clock_multiplier`.
 
-EnvPipe (Choi et al., USENIX ATC'23) lowers the SM clock of pipeline stages whose work is not on the
-iteration's critical path, so that they finish just in time instead of waiting in bubbles at full
-power; Perseus (Chung et al., SOSP'24) plans each computation's frequency the same way. Here each
-pipeline rank gets one compute speed for the whole iteration (EnvPipe's per-stage clock, not Perseus's
-per-computation plan): ranks are taken from the least loaded up, and each is given the lowest speed in
-[`PowerModel.min_clock`, its speed] whose event run keeps the iteration within ``tolerance`` of the
-starting one (a bisection of `STEPS` runs; a slower clock never shortens the iteration). Data-parallel
-replicas run the same clocks (one pipeline is walked: `RepeatedIteration` with ``full`` off).
+EnvPipe (Choi et al., USENIX ATC'23) lowers the SM clock of pipeline units (forward and backward
+passes) that are not on the iteration's critical path, so that they finish just in time instead of
+waiting in bubbles at full power; Perseus (Chung et al., SOSP'24) plans each computation's frequency
+the same way. Both choose a clock per computation (casys-kaist/EnvPipe README: "selectively lowers
+the SM frequency of pipeline units"). Here each pipeline rank gets one compute speed for the whole
+iteration, a coarser plan: a rank's first forward and last backward lie on the critical path of a
+1F1B-like schedule, so any lowering lengthens the iteration a little and nothing is saved at a zero
+tolerance, where the papers save 8-22 % (reports/energy). Ranks are taken from the least loaded up;
+for each, the lowest speed in [`PowerModel.min_clock`, its speed] whose event run keeps the iteration
+within ``tolerance`` of the starting one is found (a bisection of `STEPS` runs; a slower clock never
+shortens the iteration), and the rank is given the speed in that range that minimises the
+iteration's energy (a golden-section search of `ENERGY_STEPS` runs over the energy of the whole job:
+a slower rank saves its own power but can make every other GPU wait longer), or kept where no
+lower speed saves energy. Data-parallel replicas run the same clocks (one pipeline is walked:
+`RepeatedIteration` with ``full`` off).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ..iteration.repeat import RepeatedIteration, finish, rank_loads
@@ -23,6 +30,10 @@ from .account import clock_multiplier
 
 #: bisection runs per pipeline rank
 STEPS = 7
+#: golden-section steps per pipeline rank over the energy (`_least_energy`)
+ENERGY_STEPS = 6
+#: the golden section's ratio, (sqrt(5) - 1) / 2
+GOLDEN = (5**0.5 - 1) / 2
 
 
 def representative_ranks(rep: RepeatedIteration) -> list[int]:
@@ -52,14 +63,30 @@ class ClockPlan:
 
 
 def lowered_clocks(
-    rep: RepeatedIteration, share: float, start: Sequence[float], min_clock: float, tolerance: float
+    rep: RepeatedIteration,
+    share: float,
+    start: Sequence[float],
+    min_clock: float,
+    tolerance: float,
+    joules: Callable[[list[float]], float],
 ) -> ClockPlan:
-    """EnvPipe-style speeds (module docstring), from the speeds ``start`` (a cap's, or 1)."""
+    """EnvPipe-style speeds (module docstring), from the speeds ``start`` (a cap's, or 1);
+    ``joules(clocks)``: the iteration's energy over the job with each pipeline rank at its speed."""
     clocks = list(start)
     t0 = finish(iteration_at(rep, clocks, share))
     limit = t0 * (1.0 + tolerance)
     runs = 1
     load = rank_loads(rep.plan, rep.work)
+    energy: dict[tuple[float, ...], float] = {}
+
+    def energy_at(trial: list[float]) -> float:
+        nonlocal runs
+        key = tuple(trial)
+        if key not in energy:
+            runs += 1
+            energy[key] = joules(trial)
+        return energy[key]
+
     for pr in sorted(range(len(clocks)), key=lambda r: (load[r], r)):
         hi, lo = clocks[pr], min(min_clock, clocks[pr])
 
@@ -70,15 +97,43 @@ def lowered_clocks(
             runs += 1
             return finish(iteration_at(rep, trial, share)) <= limit
 
-        if fits(lo):
-            clocks[pr] = lo
-            continue
-        for _ in range(STEPS):
-            mid = 0.5 * (lo + hi)
-            if fits(mid):
-                hi = mid
-            else:
-                lo = mid
-        clocks[pr] = hi
+        if not fits(lo):
+            top = hi
+            for _ in range(STEPS):
+                mid = 0.5 * (lo + top)
+                if fits(mid):
+                    top = mid
+                else:
+                    lo = mid
+            lo = top
+        clocks[pr] = _least_energy(clocks, pr, lo, hi, energy_at)
     t = finish(iteration_at(rep, clocks, share))
     return ClockPlan(tuple(clocks), t0, t, runs + 1)
+
+
+def _least_energy(
+    clocks: list[float], pr: int, lo: float, hi: float, energy_at: Callable[[list[float]], float]
+) -> float:
+    """The speed of pipeline rank ``pr`` in [lo, hi] (every one within the tolerance) at which the
+    iteration's energy is least: a golden-section search, the two ends compared too; ``hi`` (the
+    rank's speed before) unless a lower one saves energy."""
+
+    def at(x: float) -> float:
+        trial = list(clocks)
+        trial[pr] = x
+        return energy_at(trial)
+
+    best = min((lo, hi), key=lambda x: (at(x), -x))
+    a, b = lo, hi
+    c, d = b - GOLDEN * (b - a), a + GOLDEN * (b - a)
+    for _ in range(ENERGY_STEPS):
+        if at(c) < at(d):
+            b, d = d, c
+            c = b - GOLDEN * (b - a)
+        else:
+            a, c = c, d
+            d = a + GOLDEN * (b - a)
+    for x in (c, d):
+        if at(x) < at(best):
+            best = x
+    return best if at(best) < at(hi) else hi

@@ -91,6 +91,6 @@ def plan_energy(
         start = [x] * pp
         out.capped = energy(start)
     if lower_clocks:
-        out.clocks = lowered_clocks(rep, share, start, pm.min_clock, tolerance)
+        out.clocks = lowered_clocks(rep, share, start, pm.min_clock, tolerance, lambda c: energy(c).total_J)
         out.lowered = energy(list(out.clocks.clocks))
     return out

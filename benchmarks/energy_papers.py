@@ -1,0 +1,71 @@
+"""simpar's clock lowering (`simpar energy --lower-clocks`) against the measured savings of Perseus and
+EnvPipe (tests/data/energy/perseus-table3.csv, from the Perseus artifact): each row's workload is
+simulated with every GPU at full clock and with simpar's clock plan at the row's own slowdown as the
+tolerance, and the GPU energy saved is printed beside the paper's, as a Markdown table.
+
+    python benchmarks/energy_papers.py            (about a minute)
+
+What the comparison can and cannot say: the savings are ratios of the GPUs' energy, so the iteration
+times need not match (simpar's absolute times of these runs are not checked here); simpar plans one
+clock per pipeline rank where both papers plan one per computation (sim/energy/clocks.py), so it
+should save less than Perseus at the same slowdown; and simpar's stage balance is its own prediction,
+not the one measured on the testbed.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import sys
+from pathlib import Path
+
+from simpar import load_cluster, load_model, make_plan
+from simpar.sim.energy.run import plan_energy
+from simpar.sim.specs.power import load_power
+
+DATA = Path(__file__).resolve().parents[1] / "tests" / "data" / "energy"
+
+
+def saving(row: dict[str, str]) -> tuple[float, float, tuple[float, ...]]:
+    """(simpar's energy saving, its slowdown, the pipeline ranks' speeds) of one row's workload at
+    the row's slowdown."""
+    model = load_model(str(DATA / row["model"]))
+    cluster = load_cluster(str(DATA / row["cluster"]), gpus=int(row["gpus"]))
+    plan = make_plan(
+        model,
+        cluster,
+        pp=int(row["pp"]),
+        micro_batch_size=int(row["mbs"]),
+        global_batch_size=int(row["gbs"]),
+        precision=row["precision"],
+        schedule="1f1b",
+        layer_split=[int(x) for x in row["layer_split"].split(",")],
+    )
+    run = plan_energy(
+        model, cluster, plan, load_power("a100"), lower_clocks=True, tolerance=float(row["slowdown_pct"]) / 100
+    )
+    assert run.lowered is not None and run.clocks is not None
+    n, lo = run.nominal, run.lowered
+    return 1 - lo.total_J / n.total_J, lo.iter_time_s / n.iter_time_s - 1, run.clocks.clocks
+
+
+def main() -> None:
+    rows = list(csv.DictReader((DATA / "perseus-table3.csv").open()))
+    print(f"machine: {os.cpu_count()} cores, load average (1 min) {os.getloadavg()[0]:.2f}", file=sys.stderr)
+    print("| workload | system | its saving | its slowdown | simpar's saving | simpar's slowdown | speeds per rank |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | --- |")
+    done: dict[tuple[str, str], tuple[float, float, tuple[float, ...]]] = {}
+    for r in rows:
+        key = (r["model"], r["slowdown_pct"])
+        if key not in done:
+            done[key] = saving(r)
+        s, slow, clocks = done[key]
+        name = r["model"].removesuffix(".yaml").removeprefix("perseus-")
+        print(
+            f"| {name} | {r['system']} | {float(r['saving_pct']):.1f} % | {float(r['slowdown_pct']):.1f} % | "
+            f"{100 * s:.1f} % | {100 * slow:.2f} % | {' / '.join(f'{x:.3f}' for x in clocks)} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
