@@ -35,6 +35,13 @@ from .calib import load_calibration_option
     help="measured-run CSV of runs with host offload (FORMAT.md), e.g. tests/data/offload-published.csv",
 )
 @click.option(
+    "--lora",
+    "lora",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="measured-run CSV of LoRA fine-tuning runs held out of every fit (FORMAT.md), e.g. tests/data/mlperf-lora.csv",
+)
+@click.option(
     "--closed-loop",
     "closed_loop",
     type=click.Path(),
@@ -82,6 +89,7 @@ def accuracy(
     published,
     moe,
     offload,
+    lora,
     closed_loop,
     notes,
     calibration,
@@ -106,8 +114,10 @@ def accuracy(
     from simpar.sim.validation.error_bands import make_bands
     from simpar.sim.validation.published_report import markdown as rows_markdown
 
-    if not published and not closed_loop and not moe and not offload:
-        raise SimparError("--published/--moe/--offload/--closed-loop", "none was given.", "give at least one of them.")
+    if not published and not closed_loop and not moe and not offload and not lora:
+        raise SimparError(
+            "--published/--moe/--offload/--lora/--closed-loop", "none was given.", "give at least one of them."
+        )
     if loso and calibration:
         raise SimparError(
             "--loso",
@@ -148,6 +158,7 @@ def accuracy(
         worst,
         moe_csv=moe,
         offload_csv=offload,
+        lora_csv=lora,
         loso_rounds=rounds if loso else None,
         workers=nworkers,
         log=log,
@@ -157,6 +168,7 @@ def accuracy(
         if sys.argv[1:2] == ["accuracy"]
         else f"simpar accuracy{' --published ' + published if published else ''}"
         f"{' --moe ' + moe if moe else ''}{' --offload ' + offload if offload else ''}"
+        f"{' --lora ' + lora if lora else ''}"
         f"{' --closed-loop ' + closed_loop if closed_loop else ''} --out {out_dir}"
     )
     plots = {k: scatter(data, k, out / f"scatter_{k}.png") for k in ("iter", "mem")}
@@ -168,6 +180,8 @@ def accuracy(
         files.write_text(out / "moe.md", rows_markdown(data["moe"], cmd))
     if "offload" in data:
         files.write_text(out / "offload.md", rows_markdown(data["offload"], cmd))
+    if "lora" in data:
+        files.write_text(out / "lora.md", rows_markdown(data["lora"], cmd))
     files.write_text(out / "accuracy.json", json.dumps(data, indent=1, sort_keys=True))
     if bands_file is not None:
         lo = data["loso"]
@@ -181,7 +195,7 @@ def accuracy(
         if part == "loso":
             continue
         s, ms = doc["summary"], doc["memory_summary"]
-        name = {"published": "published", "moe": "MoE published", "offload": "offload published"}.get(
+        name = {"published": "published", "moe": "MoE published", "offload": "offload published", "lora": "LoRA"}.get(
             part, "closed loop"
         )
         if s["n"]:

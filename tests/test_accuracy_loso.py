@@ -291,7 +291,7 @@ def test_the_shipped_error_bands_load() -> None:
     assert isinstance(bands, ErrorBands) and bands_path().name == "error_bands.json"
     assert set(bands.bands) == set(AXES) and bands.rows > 100
     assert "leave-one-source-out" in bands.method.lower() and "simpar accuracy" in bands.command
-    assert {"dense", "moe", "offload"} <= set(bands.bands["kind"])
+    assert {"dense", "moe", "offload", "lora"} <= set(bands.bands["kind"])
 
 
 # --- defaults a row leaves out are named --------------------------------------------------------
@@ -375,8 +375,12 @@ def test_cli_refuses_loso_with_a_calibration_and_bands_without_loso(tmp_path: Pa
 
 
 def test_cli_loso_report(tmp_path: Path) -> None:
-    """The 3-row CSV end to end with 1 round: the headline section, the folds, the bands file."""
+    """The 3-row CSV end to end with 1 round: the headline section, the folds, the bands file; two
+    held-out LoRA rows (`--lora`) are scored as they stand, in no fold, and band the kind ``lora``."""
     out = tmp_path / "o"
+    lora = tmp_path / "lora.csv"
+    with (DATA / "mlperf-lora.csv").open() as f:
+        lora.write_text("".join(line for i, line in enumerate(f) if i < 3))
     res = CliRunner().invoke(
         cli,
         [
@@ -389,6 +393,8 @@ def test_cli_loso_report(tmp_path: Path) -> None:
             "1",
             "--bands",
             str(out / "b.json"),
+            "--lora",
+            str(lora),
             "--out",
             str(out),
         ],
@@ -397,8 +403,13 @@ def test_cli_loso_report(tmp_path: Path) -> None:
     data = json.loads((out / "accuracy.json").read_text())
     lo = data["loso"]
     assert lo["summary"]["dense"]["loso"]["n"] == 3 and len(lo["sources"]) == 3
+    assert lo["summary"]["lora"]["loso"]["n"] == 2
+    for r in data["lora"]["rows"]:
+        assert r["loso_error"] == r["error"] and r["loso_basis"] == "default calibration (not fitted on)"
+    assert load_error_bands(out / "b.json").bands["kind"]["lora"].n == 2
+    assert (out / "lora.md").is_file() and "LoRA fine-tuning runs (held out)" in (out / "README.md").read_text()
     for r in data["published"]["rows"]:
         assert r["loso_error"] is not None and r["loso_basis"] == "refitted without its source"
     md = (out / "README.md").read_text()
     assert md.index("Headline: leave-one-source-out") < md.index("## Summary")
-    assert load_error_bands(out / "b.json").rows == 3
+    assert load_error_bands(out / "b.json").rows == 5

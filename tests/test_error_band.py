@@ -112,6 +112,8 @@ def test_a_file_without_cells_or_unreadable_says_why(bands: ErrorBands) -> None:
 def test_plan_regime_kinds() -> None:
     assert plan_regime("h100-sxm", "fp8", True, True, 64, "zb-v")["kind"] == "moe"
     assert plan_regime("h100-sxm", "bf16", False, True, 1, "none")["kind"] == "offload"
+    assert plan_regime("h100-sxm", "fp8", False, False, 8, "none", lora=True)["kind"] == "lora"
+    assert plan_regime("h100-sxm", "fp8", True, False, 8, "none", lora=True)["kind"] == "moe"
     assert plan_regime("h100-sxm", "bf16", False, False, 9, "dualpipe-v") == {
         "gpu_family": "hopper",
         "precision": "16-bit",
@@ -142,6 +144,23 @@ def test_simulate_prints_the_band_and_what_it_assumed(bands_file: Path) -> None:
     assert band["n"] == 5 and band["p50"] == pytest.approx(0.03) and band["source"] == str(bands_file)
     assert band["regime"] == "dense 16-bit hopper, 1-8 GPUs, no pipeline" and band["max"] == pytest.approx(0.3)
     assert doc["assumed"][0] == "stack megatron-core (no --stack)"
+
+
+def test_a_lora_plan_gets_the_band_of_lora_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A LoRA plan is priced with the errors of held-out LoRA runs (kind ``lora``), not the dense rows'
+    band of the same GPU (which says nothing of a frozen base); without a LoRA row of its GPU family it
+    has no band."""
+    lora = regime("h100-sxm", "bf16", "lora", 8, "none")
+    scored = [*SCORED, *((lora, e) for e in (0.10, 0.12, -0.14, 0.16, 0.18))]
+    p = tmp_path / "error_bands.json"
+    p.write_text(json.dumps(make_bands(scored, method="m", command="simpar accuracy test").model_dump(mode="json")))
+    monkeypatch.setattr(error_bands, "bands_path", lambda: p)
+    res = CliRunner().invoke(cli, [*SIM, "--gbs", "16", "--lora-rank", "16"])
+    assert res.exit_code == 0, res.output
+    line = _iteration(res.output)
+    assert "typical error ±14 %" in line and "LoRA 16-bit hopper, 1-8 GPUs, no pipeline" in line, line
+    other = [*SIM[:4], "dgx-a100-80g", *SIM[5:], "--gbs", "16", "--lora-rank", "16"]
+    assert "no measured run of this kind (LoRA ampere" in _iteration(CliRunner().invoke(cli, other).output)
 
 
 def test_settings_given_are_not_assumed(bands_file: Path) -> None:

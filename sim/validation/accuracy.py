@@ -236,15 +236,16 @@ def build(
     moe_csv: str | Path | None = None,
     offload_csv: str | Path | None = None,
     loso_rounds: int | None = None,
+    lora_csv: str | Path | None = None,
     workers: int = 1,
     log: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Everything the report shows, as plain data (JSON-ready): ``published`` (dense runs),
     ``moe`` (Mixture-of-Experts runs, the same format with a model column), ``offload`` (runs with
-    host offload), ``closed_loop``, and with ``loso_rounds`` the leave-one-source-out figures
-    (``loso``, `loso_doc`: the fit of `groupfit` refitted per held-out source, ``loso_rounds``
-    rounds of coordinate descent). Rows are simulated on ``workers`` processes; ``log`` hears the
-    LOSO pass's progress."""
+    host offload), ``lora`` (LoRA fine-tuning runs, held out: in no fit), ``closed_loop``, and with
+    ``loso_rounds`` the leave-one-source-out figures (``loso``, `loso_doc`: the fit of `groupfit`
+    refitted per held-out source, ``loso_rounds`` rounds of coordinate descent). Rows are simulated
+    on ``workers`` processes; ``log`` hears the LOSO pass's progress."""
     notes = notes or {}
     out: dict[str, Any] = {}
     if published_csv is not None:
@@ -253,9 +254,11 @@ def build(
         out["moe"] = _measured_doc(moe_csv, simulate_fn, notes, worst, progress, workers)
     if offload_csv is not None:
         out["offload"] = _measured_doc(offload_csv, simulate_fn, notes, worst, progress, workers)
+    if lora_csv is not None:
+        out["lora"] = _measured_doc(lora_csv, simulate_fn, notes, worst, progress, workers)
     if loso_rounds is not None and ("published" in out or "moe" in out):
         out["loso"] = loso_doc(out, loso_rounds, workers, log)
-    for part in ("published", "moe", "offload"):
+    for part in KINDS:
         if part in out:
             del out[part]["_rows"]
     if closed_loop is not None:
@@ -334,7 +337,7 @@ def _worst(rows: list[dict[str, Any]], key: str, n: int) -> list[dict[str, Any]]
 # --- leave one source out -----------------------------------------------------------------------
 
 #: the parts of the report a LOSO figure is given for, with their names in tables
-KINDS = {"published": "dense", "moe": "moe", "offload": "offload"}
+KINDS = {"published": "dense", "moe": "moe", "offload": "offload", "lora": "lora"}
 
 LOSO_METHOD = (
     "Leave-one-source-out (LOSO): the rows of the dense and MoE CSVs are grouped by publication "
@@ -351,8 +354,8 @@ LOSO_METHOD = (
     "it changes their rows' predicted time by less than 0.5 %, `groupfit.moved_by`): one source alone would set "
     "it (the fold's `pooled_params`), and the group's other parameter is fitted with it fixed. Presets "
     "that copy a group's figures (V100 from A100, H200 from H100) take the refitted "
-    "fractions. Offload rows, and rows on GPUs of no group, are not in any fit: their figure is the default "
-    "calibration's, the same in and out of sample."
+    "fractions. Offload rows, LoRA fine-tuning rows (held out) and rows on GPUs of no group are not in any fit: "
+    "their figure is the default calibration's, the same in and out of sample."
 )
 
 

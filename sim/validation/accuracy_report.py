@@ -248,6 +248,24 @@ def markdown(data: dict[str, Any], command: str, plots: dict[str, bool], preface
             "Per-row table: [offload.md](offload.md).",
             "",
         ]
+    lora = data.get("lora")
+    if lora:
+        lines += [
+            "## LoRA fine-tuning runs (held out)",
+            "",
+            f"`{lora['csv']}`: {lora['summary']['rows']} rows, {lora['summary']['n']} simulated. No parameter is "
+            "fitted on them: their figure is out of sample as it stands. Where each comes from is in "
+            "`tests/data/FORMAT.md` (MLPerf LoRA rows).",
+            "",
+            "- " + _summary_line(lora["summary"], "iteration time"),
+            "",
+            "### Per cluster",
+            "",
+            *_table(lora["per_cluster"], "cluster"),
+            *_worst(lora, lora["worst_iter"], "error"),
+            "Per-row table: [lora.md](lora.md).",
+            "",
+        ]
     if data.get("loso"):
         lines += _loso_details(data["loso"])
     if cl and cl["rows"]:
@@ -282,7 +300,12 @@ def _num(x: float | None) -> str:
 
 
 #: the names of the LOSO summary's kinds in tables
-KIND_NAMES = {"dense": "dense (published.csv)", "moe": "MoE", "offload": "host offload (not fitted on)"}
+KIND_NAMES = {
+    "dense": "dense (published.csv)",
+    "moe": "MoE",
+    "offload": "host offload (not fitted on)",
+    "lora": "LoRA fine-tuning (held out, not fitted on)",
+}
 
 
 def _pair_cells(v: dict[str, Any]) -> str:
@@ -323,7 +346,7 @@ def _loso_details(lo: dict[str, Any]) -> list[str]:
     lines = [
         "## Leave-one-source-out: per regime",
         "",
-        "Iteration time, every scored row (dense, MoE, offload). Regimes: GPU family, precision, kind, scale "
+        "Iteration time, every scored row (dense, MoE, offload, LoRA). Regimes: GPU family, precision, kind, scale "
         "(GPUs in the job) and schedule family (`sim/validation/error_bands.py`). The cross-validated "
         "quantiles per regime are kept in `topologies/calibrations/error_bands.json` when the command "
         "passes `--bands`.",

@@ -4,7 +4,7 @@ axis, kept in topologies/calibrations/error_bands.json so that a prediction can 
 band of the regime it falls in.
 
 A regime is five axes read off plain values (a measured row or a plan alike, `regime`): the GPU
-family, the precision (16-bit or 8/4-bit), the kind (dense, MoE, host offload), the scale (GPU
+family, the precision (16-bit or 8/4-bit), the kind (dense, MoE, host offload, LoRA fine-tuning), the scale (GPU
 count bucket) and the schedule family. The file keeps the quantiles per axis value (``bands``) and
 per regime cell (``cells``: every axis, then the wider regimes of `LEVELS`); `lookup` gives a plan
 the band of the narrowest regime around it with at least `MIN_ROWS` scored rows, and says so when it
@@ -68,15 +68,16 @@ LEVELS: tuple[tuple[str, ...], ...] = (
 MIN_ROWS = 5
 
 
-def plan_kind(moe: bool, offload: bool) -> str:
+def plan_kind(moe: bool, offload: bool, lora: bool = False) -> str:
     """The regime kind of a run: ``moe`` (a Mixture-of-Experts model, whatever else), ``offload``
-    (anything held in host memory: optimizer, parameters or activations), else ``dense``."""
-    return "moe" if moe else "offload" if offload else "dense"
+    (anything held in host memory: optimizer, parameters or activations), ``lora`` (LoRA fine-tuning:
+    a frozen base with adapters), else ``dense``."""
+    return "moe" if moe else "offload" if offload else "lora" if lora else "dense"
 
 
 def regime(gpu: str, precision: str, kind: str, num_gpus: int, schedule: str) -> dict[str, str]:
     """The regime of one run: ``gpu`` a GPU preset name, ``precision`` the plan's (bf16, fp16, fp8,
-    fp4), ``kind`` dense, moe or offload, ``num_gpus`` the job's GPUs, ``schedule`` the plan's."""
+    fp4), ``kind`` dense, moe, offload or lora, ``num_gpus`` the job's GPUs, ``schedule`` the plan's."""
     return {
         "gpu_family": GPU_FAMILY.get(gpu, gpu),
         "precision": "16-bit" if precision in ("bf16", "fp16", "fp32") else "8/4-bit",
@@ -199,7 +200,7 @@ def band_json(bands: ErrorBands) -> dict[str, Any]:
 
 #: how a regime is written in words: the axes in this order, the kinds by name
 _WORDS = ("kind", "precision", "gpu_family", "scale", "schedule_family")
-_KIND_WORDS = {"moe": "MoE", "offload": "host-offload"}
+_KIND_WORDS = {"moe": "MoE", "offload": "host-offload", "lora": "LoRA"}
 #: what a regime that leaves an axis out says of it
 _ANY = {"schedule_family": "schedule", "scale": "scale", "precision": "precision"}
 
@@ -328,16 +329,19 @@ def read_bands(path: str | Path | None = None) -> tuple[ErrorBands | None, str, 
         return None, name, str(exc)
 
 
-def plan_regime(gpu: str, precision: str, moe: bool, offload: bool, num_gpus: int, schedule: str) -> dict[str, str]:
+def plan_regime(
+    gpu: str, precision: str, moe: bool, offload: bool, num_gpus: int, schedule: str, lora: bool = False
+) -> dict[str, str]:
     """The regime of a plan given as plain values (a `ParallelPlan`'s, a sweep row's)."""
-    return regime(gpu, precision, plan_kind(moe, offload), num_gpus, schedule)
+    return regime(gpu, precision, plan_kind(moe, offload, lora), num_gpus, schedule)
 
 
 def plan_band(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec, path: str | Path | None = None) -> PlanBand:
     """The error band of a prediction of ``plan`` for ``model`` on ``cluster`` (bands file ``path``,
     default the shipped one)."""
     offload = plan.offload_optimizer > 0 or plan.offload_params or plan.offload_activations > 0
-    reg = plan_regime(cluster.gpu.name, plan.precision, model.moe is not None, offload, plan.num_gpus, plan.schedule)
+    moe, lora = model.moe is not None, plan.lora_rank is not None
+    reg = plan_regime(cluster.gpu.name, plan.precision, moe, offload, plan.num_gpus, plan.schedule, lora)
     bands, source, problem = read_bands(path)
     return lookup(bands, reg, source, problem)
 
