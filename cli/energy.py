@@ -1,6 +1,6 @@
 """`simpar energy`: a plan's energy per iteration and per token by state, the job's average and peak
-GPU power, under a power cap, with EnvPipe-style clocks off the critical path, and its cost at the
-user's prices (`simpar.sim.energy`)."""
+GPU power, under a power cap, with a lowered clock per pipeline rank or per computation (EnvPipe,
+Perseus), and its cost at the user's prices (`simpar.sim.energy`)."""
 
 from __future__ import annotations
 
@@ -38,6 +38,12 @@ HOUR = 3600.0
     help="EnvPipe-style: lower each pipeline rank's clock as far as the iteration allows (within --slowdown-tolerance)",
 )
 @click.option(
+    "--stretch-units",
+    is_flag=True,
+    help="EnvPipe/Perseus-style: run each forward and backward at the clock that fills the idle time after it "
+    "(its free float: nothing starts later), the iteration unchanged",
+)
+@click.option(
     "--slowdown-tolerance",
     type=Finite(0.0, 1.0),
     default=0.01,
@@ -62,6 +68,7 @@ def energy(
     power_name,
     cap_w,
     lower_clocks,
+    stretch_units,
     slowdown_tolerance,
     prices,
     tokens,
@@ -99,6 +106,7 @@ def energy(
         cap_W=cap_w,
         lower_clocks=lower_clocks,
         tolerance=slowdown_tolerance,
+        stretch_units=stretch_units,
         calibration=calib,
         backend=backend,
         options=opts,
@@ -110,6 +118,8 @@ def energy(
         cases.append((f"cap {run.cap_W:g} W", run.capped))
     if run.lowered is not None:
         cases.append(("lowered clocks", run.lowered))
+    if run.units is not None:
+        cases.append(("stretched units", run.units.energy))
 
     def cost(e) -> dict[str, float]:
         gpu_h = gpus * e.iter_time_s / HOUR
@@ -163,6 +173,12 @@ def energy(
             "per_pipeline_rank": list(run.clocks.clocks),
             "tolerance": slowdown_tolerance,
             "runs": run.clocks.runs,
+        }
+    if run.units is not None:
+        doc["units"] = {
+            "stretched": run.units.stretched,
+            "passes": run.units.passes,
+            "lowest_speed": min((min(v.values()) for v in run.units.speeds.values() if v), default=1.0),
         }
     if as_json:
         echo_json(doc)
@@ -219,4 +235,12 @@ def energy(
             f"lowered clocks (within {slowdown_tolerance:.1%} of the starting iteration, {run.clocks.runs} event runs)",
             ["pipeline rank", "compute speed"],
             [(str(pr), f"{x:.3f}") for pr, x in enumerate(run.clocks.clocks)],
+        )
+    if run.units is not None:
+        u = run.units
+        low = min((min(v.values()) for v in u.speeds.values() if v), default=1.0)
+        click.echo(
+            f"stretched units: {u.stretched} of the walked pipeline's {u.passes} passes run at a lower clock into "
+            f"the idle time after them (their kernels up to {low:.2f}x as long), every pass starting when it did "
+            "(checked by an event run)"
         )

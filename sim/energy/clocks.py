@@ -10,7 +10,8 @@ the same way. Both choose a clock per computation (casys-kaist/EnvPipe README: "
 the SM frequency of pipeline units"). Here each pipeline rank gets one compute speed for the whole
 iteration, a coarser plan: a rank's first forward and last backward lie on the critical path of a
 1F1B-like schedule, so any lowering lengthens the iteration a little and nothing is saved at a zero
-tolerance, where the papers save 8-22 % (reports/energy). Ranks are taken from the least loaded up;
+tolerance, where the papers save 8-22 % (reports/energy); `units` plans a clock per computation at
+no slowdown. Ranks are taken from the least loaded up;
 for each, the lowest speed in [`PowerModel.min_clock`, its speed] whose event run keeps the iteration
 within ``tolerance`` of the starting one is found (a bisection of `STEPS` runs; a slower clock never
 shortens the iteration), and the rank is given the speed in that range that minimises the

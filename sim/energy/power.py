@@ -36,6 +36,14 @@ class PowerModel:
         """A compute-bound kernel's power at speed ``x``."""
         return self.static_W + (self.limit_W - self.static_W) * x**self.exponent
 
+    def efficient_speed(self) -> float:
+        """The speed in [min_clock, 1] at which compute-bound work that fills idle time costs the least
+        energy: it replaces waiting at ``waiting_W``, so x minimises (compute_W(x) - waiting_W) / x
+        (`energy.units`; a grid of 2,001 speeds)."""
+        lo = self.min_clock
+        xs = [lo + (1.0 - lo) * i / 2000 for i in range(2001)]
+        return min(xs, key=lambda x: ((self.compute_W(x) - self.waiting_W) / x, -x))
+
     def speed_at_cap(self, cap_W: float) -> float:
         """The speed compute-bound kernels keep under a power cap (1 at or above the limit)."""
         if cap_W >= self.limit_W:

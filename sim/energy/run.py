@@ -1,5 +1,6 @@
-"""A plan's energy: the nominal iteration, under a power cap, and with EnvPipe-style clocks
-(`clocks`), each priced by state (`account`) with the GPU's power model (`power`)."""
+"""A plan's energy: the nominal iteration, under a power cap, with a lowered clock per pipeline rank
+(`clocks`) and with a clock per computation at no slowdown (`units`), each priced by state (`account`)
+with the GPU's power model (`power`)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from ..specs.power import PowerSpec
 from .account import IterationEnergy, iteration_energy, kernel_mix, mix_costs
 from .clocks import ClockPlan, iteration_at, lowered_clocks, representative_ranks
 from .power import PowerModel, power_model
+from .units import UnitClocks, unit_clocks
 
 
 @dataclass
@@ -32,6 +34,8 @@ class EnergyRun:
     capped: IterationEnergy | None = None
     lowered: IterationEnergy | None = None
     clocks: ClockPlan | None = None
+    #: a clock per computation, from every GPU at full speed (`units`)
+    units: UnitClocks | None = None
 
     def peak_W(self, gpus: int) -> float:
         """The job's GPUs' power with every GPU in a compute-bound kernel at once (at the cap)."""
@@ -63,6 +67,7 @@ def plan_energy(
     cap_W: float | None = None,
     lower_clocks: bool = False,
     tolerance: float = 0.01,
+    stretch_units: bool = False,
     calibration: Calibration | None = None,
     backend: str = "analytical",
     options: EngineOptions = EngineOptions(),
@@ -93,4 +98,6 @@ def plan_energy(
     if lower_clocks:
         out.clocks = lowered_clocks(rep, share, start, pm.min_clock, tolerance, lambda c: energy(c).total_J)
         out.lowered = energy(list(out.clocks.clocks))
+    if stretch_units:
+        out.units = unit_clocks(rep, pm, share, out.nominal, replicas)
     return out

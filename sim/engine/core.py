@@ -78,6 +78,10 @@ class Speeds:
 
     kernels: Mapping[int, float] | None = None
     step: Mapping[int, float] | None = None
+    #: per global rank, per compute action, a multiplier of that action's kernel time on top of
+    #: ``kernels`` (a lowered clock for one computation, `energy.units`), ahead of the clock
+    #: (`walk.walk`) and at it (`Engine._pass`); an overlapped F&B pair runs at its GPU's speed
+    units: Mapping[int, Mapping[Action, float]] | None = None
 
 
 NOMINAL = Speeds()
@@ -104,6 +108,7 @@ class Engine(PipelineTransfers, DataParallel, HostCopies, IterationTail):
     ):
         model, plan, work, costs, profile = inputs.model, inputs.plan, inputs.work, inputs.costs, inputs.profile
         slow, slow_step = speeds.kernels, speeds.step
+        self.unit_slow: Mapping[int, Mapping[Action, float]] = speeds.units or {}
         if not schedule.lowered:
             raise ValueError("the engine runs lowered schedules (lowering.lower)")
         self.m, self.plan, self.sched, self.work, self.costs = model, plan, schedule, work, costs
@@ -238,8 +243,9 @@ class Engine(PipelineTransfers, DataParallel, HostCopies, IterationTail):
             g.act_peak = g.act
 
     def _pass(self, g: GpuState, a: Action, kind: str):
-        """One F/B/I/W on the compute stream, or, under FSDP, with its per-layer gathers."""
-        parts = self._parts(a, kind, g.slow)
+        """One F/B/I/W on the compute stream, or, under FSDP, with its per-layer gathers; at its own
+        clock where `Speeds.units` gives it one (as `walk.walk` runs it ahead of the clock)."""
+        parts = self._unit(g, a, self._parts(a, kind, g.slow))
         if self.steps.layer_passes:
             yield from self._fsdp_pass(g, a, parts)
         else:
@@ -312,7 +318,12 @@ class Engine(PipelineTransfers, DataParallel, HostCopies, IterationTail):
         return dur, PassParts(comp, pf[1] + pb[1], tp, a2a, off)
 
     def _recompute(self, g: GpuState, a: Action):
-        yield from self._compute(g, a, self._parts(a, "R", g.slow), acc="recompute")
+        yield from self._compute(g, a, self._unit(g, a, self._parts(a, "R", g.slow)), acc="recompute")
+
+    def _unit(self, g: GpuState, a: Action, parts: PassParts) -> PassParts:
+        """``parts`` with the pass's kernels at its own clock, where `Speeds.units` gives it one."""
+        f = self.unit_slow.get(g.rank, {}).get(a) if self.unit_slow else None
+        return parts if f is None else PassParts(parts[0] * f, parts[1] * f, parts[2], parts[3], parts[4])
 
     # --- the walk ---------------------------------------------------------------------
     HANDLERS: ClassVar[dict[Kind, Callable[..., Any]]] = {

@@ -79,6 +79,7 @@ def walk(eng: Any, g: Any, actions):
     if tables is None:
         tables = eng.compute_tables[g.slow] = _tables(eng, g.slow)
     table, at_clock = tables
+    unit = eng.unit_slow.get(g.rank)  # per-action kernel multipliers (`core.Speeds.units`), or None
     # a compute action runs at the clock when it waits on a ZeRO gather not yet done, or when it
     # releases gradient buckets (a stage's last backward; under ZeRO-2 every backward)
     steps = eng.steps
@@ -155,6 +156,10 @@ def walk(eng: Any, g: Any, actions):
                 clock = ev is None or not ev.processed
             if not clock:
                 (secs, ex, tp, a2a, off), dur, name, frees = table[k][st]
+                if unit is not None and a in unit:  # this computation at its own clock
+                    f = unit[a]
+                    secs, ex = secs * f, ex * f
+                    dur = secs + ex + tp + a2a + off
                 if k is F:
                     g.act += act_bytes[st]
                     if trace:

@@ -25,6 +25,7 @@ from ..lowering.memo import lowered_schedule
 from ..network import make_network
 from ..plan import ParallelPlan
 from ..program.terms import EngineOptions
+from ..schedules.ir import Action
 from ..specs import ClusterSpec, ModelSpec
 from ..specs.calibration import Calibration, calibrated_cluster
 from ..topology.graph import build_topology
@@ -74,11 +75,16 @@ class RepeatedIteration:
         return net
 
     def run(
-        self, slow: Mapping[int, float], nic: Sequence[float] = (), slow_step: Mapping[int, float] | None = None
+        self,
+        slow: Mapping[int, float],
+        nic: Sequence[float] = (),
+        slow_step: Mapping[int, float] | None = None,
+        units: Mapping[int, Mapping[Action, float]] | None = None,
+        trace: bool = False,
     ) -> Engine:
         """One iteration with GPU time multipliers ``slow`` (by global rank; absent: 1), for the
-        optimizer step ``slow_step`` (None: ``slow``), and NIC speeds ``nic`` (by `Topology.nic_links`
-        number; absent: 1)."""
+        optimizer step ``slow_step`` (None: ``slow``), per computation ``units`` (`core.Speeds.units`),
+        and NIC speeds ``nic`` (by `Topology.nic_links` number; absent: 1); ``trace``: keep its events."""
         factors: dict[int, float] = {}
         for i, s in enumerate(nic):
             if s != 1.0:
@@ -94,8 +100,8 @@ class RepeatedIteration:
                     net,
                     env,
                     self.opts,
-                    trace=False,
-                    speeds=Speeds(slow, slow_step),
+                    trace=trace,
+                    speeds=Speeds(slow, slow_step, units),
                     keys=self.keys,
                 )[0]
             except PartialWalkError:
