@@ -66,6 +66,8 @@ def _free_floats(eng: Engine) -> dict[tuple[int, Action], float]:
             sends[(e.rank, e.kind)].append(e)
     for evs in (*compute.values(), *sends.values()):
         evs.sort(key=lambda e: e.start)
+    # each send by what it carries: (rank, SEND kind, stage, micro-batch) -> its place on its stream
+    place = {(r, k, s.stage, s.microbatch): j for (r, k), evs in sends.items() for j, s in enumerate(evs)}
     # what a transfer feeds: the receiving GPU's next pass after its receive, in program order
     starts = {(e.rank, e.name): e.start for evs in compute.values() for e in evs}
     fed_at: dict[tuple[int, int, str], float] = {}  # (receiving stage, micro-batch, SEND kind) -> start
@@ -93,17 +95,16 @@ def _free_floats(eng: Engine) -> dict[tuple[int, Action], float]:
             end = e.start + e.duration
             slack = evs[i + 1].start - end
             kind = "SEND_F" if e.kind == "F" else "SEND_B" if e.kind in ("B", "I") else None
-            if kind is not None:
+            j = place.get((rank, kind, e.stage, e.microbatch)) if kind is not None else None
+            if kind is not None and j is not None:
                 stream = sends[(rank, kind)]
-                for j, s in enumerate(stream):
-                    if s.stage != e.stage or s.microbatch != e.microbatch:
-                        continue
-                    dst = e.stage + 1 if kind == "SEND_F" else e.stage - 1
-                    after = s.start + s.duration
-                    fed = fed_at.get((dst, e.microbatch, kind), after) - after
-                    if j + 1 < len(stream):
-                        fed = min(fed, stream[j + 1].start - after)
-                    slack = min(slack, s.start - end + max(0.0, fed))
+                s = stream[j]
+                dst = e.stage + 1 if kind == "SEND_F" else e.stage - 1
+                after = s.start + s.duration
+                fed = fed_at.get((dst, e.microbatch, kind), after) - after
+                if j + 1 < len(stream):
+                    fed = min(fed, stream[j + 1].start - after)
+                slack = min(slack, s.start - end + max(0.0, fed))
             if slack > 0:
                 out[(rank, a)] = slack
     return out
