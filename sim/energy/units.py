@@ -59,8 +59,8 @@ def _free_floats(eng: Engine) -> dict[tuple[int, Action], float]:
     stretched."""
     compute: dict[int, list[TraceEvent]] = defaultdict(list)
     sends: dict[tuple[int, str], list[TraceEvent]] = defaultdict(list)
-    for e in eng.events:
-        if e.stream == "compute":
+    for e in eng.events:  # the passes (the tail's optimizer step is on the compute stream too)
+        if e.stream == "compute" and (e.kind in _STRETCHED or e.kind == Kind.OVERLAP_F_B.value):
             compute[e.rank].append(e)
         elif e.stream == "pp" and e.kind in ("SEND_F", "SEND_B"):
             sends[(e.rank, e.kind)].append(e)
@@ -68,32 +68,43 @@ def _free_floats(eng: Engine) -> dict[tuple[int, Action], float]:
         evs.sort(key=lambda e: e.start)
     # each send by what it carries: (rank, SEND kind, stage, micro-batch) -> its place on its stream
     place = {(r, k, s.stage, s.microbatch): j for (r, k), evs in sends.items() for j, s in enumerate(evs)}
-    # what a transfer feeds: the receiving GPU's next pass after its receive, in program order
+    # what a transfer feeds: the receiving GPU's next pass after its receive, in program order; and
+    # the seconds a GPU spends posting the transfers after a pass, before the next (`Engine.post_s`,
+    # on its own clock): after the pass, and before each of its sends
     starts = {(e.rank, e.name): e.start for evs in compute.values() for e in evs}
     fed_at: dict[tuple[int, int, str], float] = {}  # (receiving stage, micro-batch, SEND kind) -> start
+    posted: dict[tuple[int, str], float] = {}  # (rank, pass) -> posting seconds until the next pass
+    posted_before: dict[tuple[int, str, int, int], float] = {}  # a send -> posting seconds before it
     for g in eng.gpus.values():
         waiting: list[tuple[int, int, str]] = []
+        last, posts = None, 0
         for a in eng.sched.ranks[g.prank]:
-            if a.kind in (Kind.RECV_F, Kind.RECV_B) and a.microbatch is not None:
-                waiting.append((a.stage, a.microbatch, "SEND_F" if a.kind is Kind.RECV_F else "SEND_B"))
+            if a.kind in (Kind.SEND_F, Kind.SEND_B, Kind.RECV_F, Kind.RECV_B) and a.microbatch is not None:
+                if a.kind in (Kind.RECV_F, Kind.RECV_B):
+                    waiting.append((a.stage, a.microbatch, "SEND_F" if a.kind is Kind.RECV_F else "SEND_B"))
+                else:
+                    posted_before[(g.rank, a.kind.value, a.stage, a.microbatch)] = posts * eng.post_s
+                posts += 1
             elif a.kind is Kind.OVERLAP_F_B or a.kind.value in _STRETCHED:
                 start = starts.get((g.rank, str(a)))
                 if start is None:  # a pass of no duration records no event
                     continue
                 for key in waiting:
                     fed_at[key] = min(fed_at.get(key, start), start)
-                waiting = []
+                if last is not None:
+                    posted[(g.rank, last)] = posts * eng.post_s
+                waiting, last, posts = [], str(a), 0
     held = {(g.rank, a) for g in eng.gpus.values() for a in eng.release_at[g.prank]}
     out: dict[tuple[int, Action], float] = {}
     for rank, evs in compute.items():
-        for i, e in enumerate(evs[:-1]):  # a GPU's last pass is followed by the tail
+        for i, e in enumerate(evs[:-1]):  # a GPU's last pass is followed by its tail
             if e.kind not in _STRETCHED or e.stage is None or e.microbatch is None:
                 continue
             a = Action(e.stage, Kind(e.kind), e.microbatch)
             if (rank, a) in held:
                 continue
             end = e.start + e.duration
-            slack = evs[i + 1].start - end
+            slack = evs[i + 1].start - end - posted.get((rank, e.name), 0.0)
             kind = "SEND_F" if e.kind == "F" else "SEND_B" if e.kind in ("B", "I") else None
             j = place.get((rank, kind, e.stage, e.microbatch)) if kind is not None else None
             if kind is not None and j is not None:
@@ -104,7 +115,8 @@ def _free_floats(eng: Engine) -> dict[tuple[int, Action], float]:
                 fed = fed_at.get((dst, e.microbatch, kind), after) - after
                 if j + 1 < len(stream):
                     fed = min(fed, stream[j + 1].start - after)
-                slack = min(slack, s.start - end + max(0.0, fed))
+                ready = end + posted_before.get((rank, kind, e.stage, e.microbatch), 0.0)
+                slack = min(slack, s.start - ready + max(0.0, fed))
             if slack > 0:
                 out[(rank, a)] = slack
     return out
@@ -152,7 +164,7 @@ def unit_clocks(
     speeds: dict[int, dict[Action, float]] = defaultdict(dict)
     extra = 0.0  # compute-bound seconds added, summed over walked GPUs
     compute_J = 0.0
-    passes = sum(1 for e in eng.events if e.stream == "compute")
+    passes = sum(1 for e in eng.events if e.stream == "compute" and e.kind in _STRETCHED | {Kind.OVERLAP_F_B.value})
     for (rank, a), slack in _free_floats(eng).items():
         parts = eng.work[a.stage].parts(a.kind.value, eng.opt.overlap_tp)
         k = share * (parts[0] + parts[1])  # compute-bound kernel seconds at full speed
