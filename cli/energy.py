@@ -178,7 +178,7 @@ def energy(
         doc["units"] = {
             "stretched": run.units.stretched,
             "passes": run.units.passes,
-            "lowest_speed": min((min(v.values()) for v in run.units.speeds.values() if v), default=1.0),
+            "longest_kernel_time_multiplier": run.units.longest,
         }
     if as_json:
         echo_json(doc)
@@ -238,9 +238,8 @@ def energy(
         )
     if run.units is not None:
         u = run.units
-        low = min((min(v.values()) for v in u.speeds.values() if v), default=1.0)
         click.echo(
             f"stretched units: {u.stretched} of the walked pipeline's {u.passes} passes run at a lower clock into "
-            f"the idle time after them (their kernels up to {low:.2f}x as long), every pass starting when it did "
+            f"the idle time after them (their kernels up to {u.longest:.2f}x as long), every pass starting when it did "
             "(checked by an event run)"
         )

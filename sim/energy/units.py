@@ -38,20 +38,28 @@ from .power import PowerModel
 
 #: the passes a lowered clock can stretch, as trace events name their kind
 _STRETCHED = frozenset(k.value for k in (Kind.F, Kind.B, Kind.I, Kind.W, Kind.R))
+#: every pass on a compute stream: those, and overlapped F&B pairs (run at their GPU's speed)
+_PASSES = _STRETCHED | {Kind.OVERLAP_F_B.value}
 #: relative tolerance of the check that the stretched run ends when the nominal one does
 RTOL = 1e-9
 
 
 @dataclass(frozen=True)
 class UnitClocks:
-    """The per-computation plan: per walked GPU (global rank) and pass, its speed; the passes
-    stretched, of how many; the iteration (unchanged) and the energy."""
+    """The per-computation plan: per walked GPU (global rank) and stretched pass, the multiplier of
+    its kernel time at its clock (`core.Speeds.units`); the passes stretched, of how many; the
+    iteration (unchanged) and the energy."""
 
     speeds: Mapping[int, Mapping[Action, float]]
     stretched: int
     passes: int
     iter_time_s: float
     energy: IterationEnergy
+
+    @property
+    def longest(self) -> float:
+        """The largest kernel time multiplier of any pass (1: none stretched)."""
+        return max((f for v in self.speeds.values() for f in v.values()), default=1.0)
 
 
 def _free_floats(eng: Engine) -> dict[tuple[int, Action], float]:
@@ -60,7 +68,7 @@ def _free_floats(eng: Engine) -> dict[tuple[int, Action], float]:
     compute: dict[int, list[TraceEvent]] = defaultdict(list)
     sends: dict[tuple[int, str], list[TraceEvent]] = defaultdict(list)
     for e in eng.events:  # the passes (the tail's optimizer step is on the compute stream too)
-        if e.stream == "compute" and (e.kind in _STRETCHED or e.kind == Kind.OVERLAP_F_B.value):
+        if e.stream == "compute" and e.kind in _PASSES:
             compute[e.rank].append(e)
         elif e.stream == "pp" and e.kind in ("SEND_F", "SEND_B"):
             sends[(e.rank, e.kind)].append(e)
@@ -85,7 +93,7 @@ def _free_floats(eng: Engine) -> dict[tuple[int, Action], float]:
                 else:
                     posted_before[(g.rank, a.kind.value, a.stage, a.microbatch)] = posts * eng.post_s
                 posts += 1
-            elif a.kind is Kind.OVERLAP_F_B or a.kind.value in _STRETCHED:
+            elif a.kind.value in _PASSES:
                 start = starts.get((g.rank, str(a)))
                 if start is None:  # a pass of no duration records no event
                     continue
@@ -164,7 +172,7 @@ def unit_clocks(
     speeds: dict[int, dict[Action, float]] = defaultdict(dict)
     extra = 0.0  # compute-bound seconds added, summed over walked GPUs
     compute_J = 0.0
-    passes = sum(1 for e in eng.events if e.stream == "compute" and e.kind in _STRETCHED | {Kind.OVERLAP_F_B.value})
+    passes = sum(1 for e in eng.events if e.stream == "compute" and e.kind in _PASSES)
     for (rank, a), slack in _free_floats(eng).items():
         parts = eng.work[a.stage].parts(a.kind.value, eng.opt.overlap_tp)
         k = share * (parts[0] + parts[1])  # compute-bound kernel seconds at full speed
