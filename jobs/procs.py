@@ -112,12 +112,33 @@ def fork_map(fn: Callable[[Any], Any], items: list[Any], workers: int) -> Genera
             "run the command again; fewer --workers need less memory.",
         ) from None
     finally:
-        if not clean:
-            for p in list((getattr(ex, "_processes", None) or {}).values()):
-                with contextlib.suppress(Exception):
-                    p.kill()
-        ex.shutdown(wait=clean, cancel_futures=not clean)
+        stop_pool(ex, cancel=not clean)
         _JOB[0] = None
+
+
+def stop_pool(ex: ProcessPoolExecutor, cancel: bool) -> None:
+    """Shut ``ex`` down: wait for its workers, or with ``cancel`` kill them first (an interrupt,
+    an error: a worker in the middle of a job would otherwise finish it before the process can
+    exit). The one way this package and the sweep's pool stop a pool."""
+    procs = list((getattr(ex, "_processes", None) or {}).values())
+    if cancel:
+        # Python < 3.14 has no public way to stop running workers (3.14: `kill_workers`); the
+        # pool's private map of its processes is the only handle on them.
+        for p in procs:
+            with contextlib.suppress(Exception):
+                p.kill()  # SIGKILL: a worker holds nothing that needs cleaning up
+    manager = getattr(ex, "_executor_manager_thread", None)
+    ex.shutdown(wait=not cancel, cancel_futures=cancel)
+    if not cancel:
+        return
+    for p in procs:
+        with contextlib.suppress(Exception):
+            p.join(timeout=1.0)
+    if manager is not None:
+        # Python < 3.12 races at exit: its exit hook wakes the pool's thread through a pipe that
+        # thread may be closing right then ("Bad file descriptor", a traceback after the
+        # interrupted line). Once the thread has ended, the pipe is closed and the hook skips it.
+        manager.join(timeout=1.0)
 
 
 def run_job(job: Callable[[], object]) -> None:

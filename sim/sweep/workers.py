@@ -19,7 +19,7 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 
 from simpar.jobs import interrupt, lock
-from simpar.jobs.procs import die_with_parent
+from simpar.jobs.procs import die_with_parent, stop_pool
 
 from ..collector import batch_mode, settling
 from ..errors import SimparError
@@ -114,23 +114,7 @@ class Pool:
         The pool is forgotten only once shut down, so an interrupted close can still cancel."""
         if self.ex is None:
             return
-        procs = list((getattr(self.ex, "_processes", None) or {}).values())
-        if cancel:
-            # Python < 3.14 has no public way to stop running workers (3.14: `kill_workers`); the
-            # pool's private map of its processes is the only handle on them.
-            for p in procs:
-                with contextlib.suppress(Exception):
-                    p.kill()  # SIGKILL: a worker holds nothing that needs cleaning up
-        manager = getattr(self.ex, "_executor_manager_thread", None)
-        self.ex.shutdown(wait=not cancel, cancel_futures=cancel)
-        for p in procs if cancel else ():
-            with contextlib.suppress(Exception):
-                p.join(timeout=1.0)
-        if cancel and manager is not None:
-            # Python < 3.12 races at exit: its exit hook wakes the pool's thread through a pipe that
-            # thread may be closing right then ("Bad file descriptor"). Once the thread has ended,
-            # the pipe is closed and the hook skips it.
-            manager.join(timeout=1.0)
+        stop_pool(self.ex, cancel)
         self.ex = None
 
 
