@@ -291,6 +291,24 @@ def _check_stack(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec) -> 
                 f" {stack.selective_recompute}).",
                 "drop --recompute-modules, or use a Megatron stack.",
             )
+    if plan.recompute == "selective" and stack.selective_recompute == "none":
+        raise PlanError(
+            "recompute",
+            f"stack {stack.name} checkpoints whole layers only (it has no selective recompute).",
+            "use --recompute full or none, or a stack with selective recompute.",
+        )
+    if stack.model_parallel is not None:
+        sizes = {"tp": plan.tp, "pp": plan.pp, "cp": plan.cp, "ep": plan.ep}
+        over = [(k, v) for k, v in sizes.items() if v > 1 and k not in stack.model_parallel]
+        if over:
+            name, size = over[0]
+            runs = ", ".join(stack.model_parallel) or "no model parallelism"
+            raise PlanError(
+                name,
+                f"{name} {size} is not run by the {stack.name} stack, whose model code runs {runs} "
+                f"({stack.description}).",
+                f"use {name} 1, or a stack that runs it (megatron-core, torchtitan).",
+            )
     if plan.recompute == "selective" and stack.selective_recompute == "op-level":
         what = op_level_problem(model)
         if what is not None:

@@ -131,6 +131,17 @@ def test_a_deepspeed_zero2_offload_config_imports(tmp_path):
     assert launcher_gpus("deepspeed --num_gpus 8 --num_nodes 2 train.py --deepspeed_config ds_config.json") == 16
 
 
+def test_a_ds_config_names_the_model_code_it_assumed(tmp_path):
+    """ "auto" values are the HF Trainer's: its model is HF Transformers code (hf-deepspeed); a config
+    without them runs Megatron-DeepSpeed's fused code, and both say so in the import's note."""
+    hf = {**ZERO2_OFFLOAD, "train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto"}
+    imp = read_deepspeed(_ds(tmp_path, hf), gpus=8, flags={"mbs": 2, "gbs": 64})
+    assert imp.plan["stack"] == "hf-deepspeed"
+    assert "note: " in imp.warning() and "HF Trainer" in imp.warning()
+    plain = read_deepspeed(_ds(tmp_path, ZERO2_OFFLOAD), gpus=8)
+    assert plain.plan["stack"] == "deepspeed" and "--stack hf-deepspeed" in plain.warning()
+
+
 @pytest.mark.parametrize(
     ("change", "field"),
     [

@@ -443,3 +443,43 @@ def test_bad_cast_and_eager_traffic_in_a_stack_file_are_refused_naming_the_field
     bad.write_text(text.replace(old, new))
     with pytest.raises(SimparError, match=needle):
         load_stack(str(bad))
+
+
+def test_hf_deepspeed_prices_hf_model_code_op_by_op_and_deepspeeds_zero2_states() -> None:
+    """HF Transformers' Llama / Qwen2 code: RMSNorm 36 B, residual 6, rotary 20, repeat_kv 4, SwiGLU 10
+    per element (the stack file's source), and stage_1_and_2's 16-bit gradients reduced in 16 bits."""
+    from simpar.sim.cost.compute import elementwise_bytes
+    from simpar.sim.model import DENSE
+
+    m = load_model("llama3-8b")
+    h, f, q, kv = m.hidden, m.ffn, m.attn_width, m.kv_heads * m.head_dim
+    hf = elementwise_bytes(m, ParallelPlan(stack="hf-deepspeed"), DENSE, 1)
+    assert hf == 2 * (36 + 6) * h + 20 * (q + kv) + 4 * 2 * q + 10 * f
+    assert hf > elementwise_bytes(m, ParallelPlan(stack="deepspeed"), DENSE, 1)  # Megatron-DeepSpeed's fused kernels
+    s = load_stack("hf-deepspeed")
+    assert (s.states.bf16.grads, s.states.bf16.reduce, s.loss_bytes_per_logit) == (2, 2, 14)
+
+
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [({"pp": 2}, "pp"), ({"cp": 2}, "cp"), ({"recompute": "selective"}, "recompute")],
+)
+def test_hf_deepspeed_refuses_what_hf_model_code_does_not_run(fields: dict, named: str) -> None:
+    plan = ParallelPlan(stack="hf-deepspeed", dp=4, micro_batch_size=1, global_batch_size=8, **fields)
+    plan = plan.model_copy(update={"dp": 8 // (plan.pp * plan.cp)})
+    with pytest.raises(PlanError) as err:
+        check_plan(plan, load_model("llama3-8b"), load_cluster("dgx-h100", gpus=8), 8)
+    assert err.value.field == named
+    assert "hf-deepspeed" in str(err.value) and "\n" not in str(err.value)
+    ok = ParallelPlan(stack="hf-deepspeed", dp=4, tp=2, micro_batch_size=1, global_batch_size=8, recompute="full")
+    check_plan(ok, load_model("llama3-8b"), load_cluster("dgx-h100", gpus=8), 8)  # AutoTP and whole layers run
+
+
+def test_a_stack_restricting_its_model_parallelism_needs_a_source(tmp_path: Path) -> None:
+    text = (Path(__file__).parents[1] / "topologies/stacks/hf-deepspeed.yaml").read_text()
+    bad = tmp_path / "mine.yaml"
+    bad.write_text("\n".join(x for x in text.splitlines() if not x.startswith("  model_parallel:")))
+    with pytest.raises(SimparError, match="model_parallel"):
+        load_stack(str(bad))
+    (tmp_path / "free.yaml").write_text(bad.read_text().replace("model_parallel: [tp]\n", ""))
+    assert load_stack(str(tmp_path / "free.yaml")).model_parallel is None  # no restriction: no source needed

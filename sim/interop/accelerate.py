@@ -32,6 +32,10 @@ from .common import Imported
 from .deepspeed import read_deepspeed
 from .schema import Flag, Table, Text, Whole, check, key_name, section, shown
 
+#: Accelerate launches an HF training script: its model is HF Transformers code, run by DeepSpeed
+HF_DEEPSPEED = "hf-deepspeed"
+_HF_MODEL = "stack hf-deepspeed: an Accelerate script's model is HF Transformers code (Megatron's: --stack deepspeed)"
+
 #: distributed_type values that run on GPUs and that simpar reads
 GPU_TYPES = ("NO", "MULTI_GPU", "FSDP", "DEEPSPEED", "MEGATRON_LM")
 #: top-level keys that do not change simpar's answer (where the processes meet, the launcher's
@@ -333,8 +337,9 @@ def _deepspeed(cfg: dict[str, Any], p: Path, imp: Imported, where: str, flags: M
             flags.get("pp") or 1,
             {**flags, "precision": flags.get("precision") or _mixed(cfg)},
         )
-        plan.update(sub.plan)
+        plan.update(sub.plan, stack=HF_DEEPSPEED)
         imp.unmodelled += [f"{target.name}: {x}" for x in sub.unmodelled]
+        imp.assumed.append(_HF_MODEL)
         if "mixed_precision" in cfg and PRECISIONS[cfg["mixed_precision"]] != plan["precision"]:
             raise SpecError(
                 f"{where}: mixed_precision",
@@ -343,7 +348,8 @@ def _deepspeed(cfg: dict[str, Any], p: Path, imp: Imported, where: str, flags: M
             )
         return
     _precision(cfg, plan, imp, where)
-    plan["stack"] = "deepspeed"
+    plan["stack"] = HF_DEEPSPEED
+    imp.assumed.append(_HF_MODEL)
     plan["zero"] = ds.get("zero_stage", 2)  # `accelerate config`'s default stage
     if "zero_stage" not in ds:
         imp.unmodelled.append("deepspeed_config.zero_stage (not given: Accelerate's default 2)")

@@ -33,12 +33,19 @@ class Imported:
     #: are launch arguments; simpar keeps them in the model); None: nothing
     model_update: Callable[[Any], Any] | None = None
 
+    #: what the configuration does not say and simpar took, each with why (the model code it runs)
+    assumed: list[str] = field(default_factory=list)
+
     def warning(self) -> str:
-        """One block listing the fields read but not modelled ('' when there are none)."""
-        if not self.unmodelled:
-            return ""
-        names = ", ".join(sorted(set(self.unmodelled)))
-        return f"warning: {self.source}: read but not modelled (no effect on the simulated time or memory): {names}"
+        """The fields read but not modelled, then what was assumed: a line each ('' when none)."""
+        lines = []
+        if self.unmodelled:
+            names = ", ".join(sorted(set(self.unmodelled)))
+            lines.append(
+                f"warning: {self.source}: read but not modelled (no effect on the simulated time or memory): {names}"
+            )
+        lines += [f"note: {self.source}: assumed {a}" for a in self.assumed]
+        return "\n".join(lines)
 
 
 def whole(value: Any, where: str, least: int = 1, most: int = MAX_COUNT) -> int:

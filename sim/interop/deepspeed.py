@@ -209,6 +209,7 @@ def read_deepspeed(
                 "remove it, or report it so that simpar learns it.",
             )
     imp = Imported(where, gpus=gpus)
+    hf = any(_is_auto(v) for v in _leaves(cfg))  # "auto": the HF Trainer's integration fills it
     cfg = _fill_auto(cfg, imp, where, flags)
     check(cfg, SCHEMA, where)  # every value simpar reads has its type, before any is used
     imp.unmodelled += [k for k in cfg if k in UNMODELLED]
@@ -218,7 +219,13 @@ def read_deepspeed(
         if key in cfg:
             imp.unmodelled.append(f"{key} (off)")
     plan = imp.plan
-    plan["stack"] = "deepspeed"
+    plan["stack"] = "hf-deepspeed" if hf else "deepspeed"
+    imp.assumed.append(
+        "stack hf-deepspeed: its 'auto' values are the HF Trainer's, so the model is HF Transformers code"
+        if hf
+        else "stack deepspeed (Megatron-DeepSpeed's fused model code); an HF Transformers model under DeepSpeed "
+        "is --stack hf-deepspeed"
+    )
     autotp = (cfg.get("tensor_parallel") or {}).get("autotp_size", 0)
     for k in cfg.get("tensor_parallel") or {}:
         if k != "autotp_size":
@@ -273,6 +280,15 @@ def _on(key: str, body: Any, where: str) -> bool:
 
 def _is_auto(value: Any) -> bool:
     return isinstance(value, str) and value.strip().lower() == "auto"
+
+
+def _leaves(v: Any) -> list[Any]:
+    """Every value in a nested JSON object (its lists' items and its objects' values)."""
+    if isinstance(v, Mapping):
+        return [x for item in v.values() for x in _leaves(item)]
+    if isinstance(v, list):
+        return [x for item in v for x in _leaves(item)]
+    return [v]
 
 
 def _fill_auto(cfg: dict[str, Any], imp: Imported, where: str, flags: Mapping[str, Any]) -> dict[str, Any]:

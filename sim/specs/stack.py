@@ -187,9 +187,15 @@ class StackSpec(BaseModel):
         description="the fused attention implementation the stack runs, by GPU die (`GPUSpec.kernel_die`; key "
         "'default' for the others): fa2, fa3, cudnn, sdpa-flash, ... as topologies/kernels/attention.csv names them"
     )
-    selective_recompute: Literal["attention-core", "op-level"] = Field(
+    selective_recompute: Literal["attention-core", "op-level", "none"] = Field(
         description="what recompute 'selective' recomputes: the attention core (Megatron), or every op but "
-        "attention and every other matmul (torch's op-level selective activation checkpointing)"
+        "attention and every other matmul (torch's op-level selective activation checkpointing); none: the "
+        "stack checkpoints whole layers only (a selective plan is refused)"
+    )
+    model_parallel: tuple[Literal["tp", "pp", "cp", "ep"], ...] | None = Field(
+        None,
+        description="the model-parallel dimensions the stack's model code runs (a plan with another one above 1 "
+        "is refused); None: every one simpar models",
     )
     fp8_weight_cache: bool = Field(description="an fp8 copy of each weight is kept between micro-batches")
     fp8_saved_inputs: bool = Field(
@@ -255,7 +261,8 @@ class StackSpec(BaseModel):
             raise ValueError(f"fp8_casts names {extra[0]!r}, which is not one of fp8_recipes")
         if self.fp8_fused_casts and any(c.act_fused_B is None for c in self.fp8_casts.values()):
             raise ValueError("fp8_fused_casts is true but an fp8_casts entry has no act_fused_B")
-        missing = [f for f in _SOURCED if f not in self.sources]
+        optional = ["model_parallel"] if self.model_parallel is not None else []  # a restriction has a source
+        missing = [f for f in (*_SOURCED, *optional) if f not in self.sources]
         if missing:
             raise ValueError(f"sources has no entry for {missing[0]!r} (every value needs its source)")
         return self
