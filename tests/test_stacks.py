@@ -483,3 +483,25 @@ def test_a_stack_restricting_its_model_parallelism_needs_a_source(tmp_path: Path
         load_stack(str(bad))
     (tmp_path / "free.yaml").write_text(bad.read_text().replace("model_parallel: [tp]\n", ""))
     assert load_stack(str(tmp_path / "free.yaml")).model_parallel is None  # no restriction: no source needed
+
+
+def test_the_2019_megatron_code_pays_its_separate_bias_adds_dropouts_and_score_ops() -> None:
+    """DeepSpeedExamples' Megatron-LM (2020-09): apex LayerNorm 4 B, dropout + residual 11 per site, a
+    bias added on its own after each of the four linears 4, the context's permute copy 4, the
+    JIT-fused GeLU 4, and 23 B per materialised attention score (no fused scale-mask-softmax)."""
+    from simpar.sim.cost.compute import elementwise_bytes
+    from simpar.sim.model import DENSE
+
+    gpt = load_model("gpt-1.7b")
+    h, f, q = gpt.hidden, gpt.ffn, gpt.attn_width
+    plan = ParallelPlan(stack="deepspeed-megatron-2019", precision="fp16", flash_attention=False)
+    got = elementwise_bytes(gpt, plan, DENSE, 1)
+    assert got == 2 * (4 + 11) * h + 4 * ((q + 2 * q) + h + f + h) + 4 * q + 4 * f
+    s = load_stack("deepspeed-megatron-2019")
+    assert s.unfused_score_B == 23 and load_stack("megatron-lm-legacy").unfused_score_B == 9
+    # the score chain's traffic is the stack's: 23 / 9 of the fused figure's memory-bound part
+    model = load_model("gpt-1.7b")
+    cm = CostModel(load_gpu("v100-32g"))
+    new = cm.layer_times(model, plan)
+    old = cm.layer_times(model, plan.model_copy(update={"stack": "megatron-lm-legacy"}))
+    assert new.attn_f > old.attn_f and new.memory_f > old.memory_f

@@ -14,7 +14,7 @@ Default model (every constant below is sourced or a documented assumption, overr
   full square that FLOP counts (Megatron's formula, sim/model.py) assume (blocks of 128 queries:
   n(n+1)/2 of n^2 blocks, n = s/128). Without FlashAttention (``plan.flash_attention = False``) the
   scores are materialised: the full square is computed and the softmax / mask / dropout over the
-  a*s*s scores is memory-bound traffic (``UNFUSED_SCORE_BYTES`` per score forward, twice that backward).
+  a*s*s scores is memory-bound traffic (the stack's ``unfused_score_B`` per score forward, twice that backward).
 
 Where the figures come from, each overriding the one before key by key (`CostModel.for_gpu`): the
 public kernel measurements of the GPU's die (topologies/kernels/, `simpar.sim.cost.kernels`: GEMM
@@ -46,11 +46,6 @@ from .optimizers import optimizer_facts
 from .precision import cast_bytes, element_bytes, gemm_dtype, recipe_of, stack_of
 from .recompute import block_linears, selective_mode, selective_modules
 from .tables import MeasuredTables
-
-#: Bytes of memory traffic per attention score of unfused attention, forward: scores written
-#: (2), read and softmax written (2 + 2), dropout mask and output (1 + 2) (Korthikanti et al.
-#: 2022 §4.1 name the same tensors for the 5as^2b activation term).
-UNFUSED_SCORE_BYTES = 9
 
 
 def computed_attention_fraction(m: ModelSpec, kind: LayerKind) -> float:
@@ -94,10 +89,17 @@ def elementwise_bytes(m: ModelSpec, plan: ParallelPlan, kind: LayerKind, sp: int
     q, kv = m.attn_width / t, m.kv_heads * m.head_dim / t
     repeated = 2 * q if m.kv_heads < m.heads else 0.0  # keys and values at every query head
     mlp = 0.0 if kind.moe else (eager.glu_B if m.gated_mlp else eager.act_B) * f / t
+    # outputs of the linears with a bias: column-parallel ones split over tp, row-parallel ones whole
+    # after their reduction (split over the sequence with SP)
+    biased = q + 2 * kv if (m.has_bias or m.attention_bias) else 0.0
+    if m.has_bias:
+        biased += h / sp + (0.0 if kind.moe else (2 if m.gated_mlp else 1) * f / t + h / sp)
     return (
         2 * (eager.norm_B + eager.residual_B) * h / sp
         + (0.0 if m.learned_positions else eager.rope_B * (q + kv))
         + eager.kv_repeat_B * repeated
+        + eager.bias_B * biased
+        + eager.attn_out_B * q
         + mlp
     )
 
@@ -343,8 +345,9 @@ class CostModel:
                 * self.eff.train_gemm_fraction
             )
             scores = m.heads / t * tokens * m.seq_len * el  # the traffic counts 16-bit elements
-            softmax_f = self.memory_time(UNFUSED_SCORE_BYTES * scores)
-            softmax_b = self.memory_time(2 * UNFUSED_SCORE_BYTES * scores)
+            per_score = stack_of(plan).unfused_score_B
+            softmax_f = self.memory_time(per_score * scores)
+            softmax_b = self.memory_time(2 * per_score * scores)
             attn_f = lf.attn_core_f / (t * plan.cp) / mm_peak + softmax_f
             attn_b = 2 * lf.attn_core_f / (t * plan.cp) / mm_peak + softmax_b
         sp = t if plan.sequence_parallel else 1

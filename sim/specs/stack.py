@@ -141,7 +141,24 @@ class EagerElementwise(BaseModel):
     model_config = _STRICT
 
     norm_B: float = Field(gt=0, strict=True, description="per element of each of the layer's two norms")
-    residual_B: float = Field(gt=0, strict=True, description="per element of each of the layer's two residual adds")
+    residual_B: float = Field(
+        gt=0,
+        strict=True,
+        description="per element of each of the layer's two residual adds, the dropout before it included where "
+        "the code runs one on its own",
+    )
+    bias_B: float = Field(
+        ge=0,
+        strict=True,
+        description="per output element of each linear layer with a bias, where the bias is added by a kernel of "
+        "its own (not in the GEMM's epilogue)",
+    )
+    attn_out_B: float = Field(
+        ge=0,
+        strict=True,
+        description="per attention-width element, the copy that puts the attention output back in token-major "
+        "layout (0 where the attention kernel writes it so)",
+    )
     rope_B: float = Field(ge=0, strict=True, description="per query and key element, the rotary embedding")
     kv_repeat_B: float = Field(
         ge=0, strict=True, description="per element of the repeated keys and values a grouped-query layer materialises"
@@ -178,6 +195,13 @@ class StackSpec(BaseModel):
     tp_comm_overlap: bool = Field(description="tensor-parallel communication overlapped with the GEMMs by default")
     tp_comm_overlap_supported: bool = Field(description="the stack can overlap TP communication with the GEMMs")
     flash_attention: bool = Field(description="attention does not materialise the scores (FlashAttention/cuDNN)")
+    unfused_score_B: float = Field(
+        gt=0,
+        strict=True,
+        description="HBM bytes per attention score in the forward where the scores are materialised (a plan "
+        "without FlashAttention): written, scaled, masked, softmaxed and dropped out as the stack's kernels do "
+        "it; the backward moves twice as much",
+    )
     cp_comm_types: tuple[str, ...] = Field(
         ("p2p",),
         description="context-parallel communication types the stack runs (`ParallelPlan.cp_comm_type`), its default "
@@ -289,6 +313,7 @@ _SOURCED = (
     "eager_elementwise",
     "tp_comm_overlap",
     "flash_attention",
+    "unfused_score_B",
     "attention_kernel",
     "cp_comm_types",
     "selective_recompute",
