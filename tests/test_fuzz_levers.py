@@ -53,6 +53,8 @@ LEVERS: dict[str, list[str] | None] = {
         "torchtitan",
         "llm-foundry",
         "deepspeed",
+        "hf-deepspeed",
+        "deepspeed-megatron-2019",
         "x",
     ],
     "--schedule": [
