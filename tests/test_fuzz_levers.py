@@ -54,6 +54,7 @@ LEVERS: dict[str, list[str] | None] = {
         "llm-foundry",
         "deepspeed",
         "hf-deepspeed",
+        "hf-fsdp",
         "deepspeed-megatron-2019",
         "x",
     ],

@@ -254,3 +254,12 @@ def test_a_torchtitan_registry_command_line_is_a_plan():
     assert (p["micro_batch_size"], p["global_batch_size"]) == (2, 16)
     res = _cli([*BASE[:5], "--from-torchtitan", line])
     assert res.exit_code == 0, res.output
+
+
+def test_every_accelerate_reading_says_which_model_code_it_assumed():
+    """An Accelerate config names no model code; each reading says the stack it took and why."""
+    for row in [r for fw, r in ENTRIES if fw == "accelerate" and "refused" not in r]:
+        imp = _read("accelerate", ROOT / "accelerate" / row["file"], row["args"])
+        stack = imp.plan.get("stack")
+        if stack in ("hf-fsdp", "hf-deepspeed", "torchtitan"):
+            assert f"note: {imp.source}: assumed stack {stack}" in imp.warning(), row["file"]

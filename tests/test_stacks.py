@@ -505,3 +505,27 @@ def test_the_2019_megatron_code_pays_its_separate_bias_adds_dropouts_and_score_o
     new = cm.layer_times(model, plan)
     old = cm.layer_times(model, plan.model_copy(update={"stack": "megatron-lm-legacy"}))
     assert new.attn_f > old.attn_f and new.memory_f > old.memory_f
+
+
+def test_hf_fsdp_is_accelerates_fsdp_on_hf_code_and_refuses_what_it_does_not_describe() -> None:
+    """Accelerate's FSDP plugin: fp32 shards, gradients reduce-scattered in 16 bits (its
+    MixedPrecision policy), HF's op-by-op element-wise figures; no fp8 conversion described, no
+    pipeline; stacks without a selective mode refuse it (llm-foundry included)."""
+    from simpar.sim.cost.compute import elementwise_bytes
+    from simpar.sim.model import DENSE
+
+    m, cluster = load_model("llama3-8b"), load_cluster("dgx-h100", gpus=8)
+    s = load_stack("hf-fsdp")
+    assert (s.states.bf16.weights, s.states.bf16.reduce, s.model_parallel) == (4, 2, ("tp", "cp"))
+    hf = ParallelPlan(stack="hf-fsdp", zero=3, dp=8, micro_batch_size=1, global_batch_size=8)
+    assert elementwise_bytes(m, hf, DENSE, 1) == elementwise_bytes(m, ParallelPlan(stack="hf-deepspeed"), DENSE, 1)
+    check_plan(hf, m, cluster, 8)
+    for update, named in (
+        ({"precision": "fp8", "fp8_recipe": "tensorwise"}, "fp8_recipe"),
+        ({"pp": 2, "dp": 4}, "pp"),
+        ({"recompute": "selective"}, "recompute"),
+        ({"stack": "llm-foundry", "recompute": "selective"}, "recompute"),
+    ):
+        with pytest.raises(PlanError) as err:
+            check_plan(ParallelPlan(**{**hf.model_dump(), **update}), m, cluster, 8)
+        assert err.value.field == named, (update, err.value)

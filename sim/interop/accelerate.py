@@ -2,14 +2,16 @@
 config_args.ClusterConfig` at huggingface/accelerate 16cb6eb, 2026-07) read onto simpar's plan
 fields (`read_accelerate`).
 
-``distributed_type`` picks the reading: ``MULTI_GPU`` and ``NO`` are PyTorch DDP (ZeRO 0, the
-torchtitan stack: PyTorch-native); ``FSDP`` reads ``fsdp_config`` (``fsdp_sharding_strategy``
+``distributed_type`` picks the reading. An Accelerate script trains HF Transformers model code,
+so each reading names a stack of that code and says so (`Imported.assumed`): ``MULTI_GPU`` and
+``NO`` are PyTorch DDP (ZeRO 0, the torchtitan stack: PyTorch-native DDP states, and op-by-op
+element-wise figures equal to HF's); ``FSDP`` reads ``fsdp_config`` (``fsdp_sharding_strategy``
 FULL_SHARD / SHARD_GRAD_OP / NO_SHARD, or FSDP2's ``fsdp_reshard_after_forward``, as ZeRO 3 / 2 /
 0; ``fsdp_offload_params``; ``fsdp_activation_checkpointing`` as full recompute of each wrapped
-layer; FSDP1 on the llm-foundry stack, torch FSDP with autocast as Composer runs it, FSDP2 on
-torchtitan's); ``DEEPSPEED`` reads ``deepspeed_config`` (its ``deepspeed_config_file``, a
-ds_config.json beside the YAML, through `deepspeed.read_deepspeed`, or the inline zero_stage,
-offload devices and gradient accumulation); ``MEGATRON_LM`` reads ``megatron_lm_config`` (tp, pp,
+layer) on the hf-fsdp stack (Accelerate's mixed-precision policy: 16-bit gradient reduction);
+``DEEPSPEED`` reads ``deepspeed_config`` (its ``deepspeed_config_file``, a ds_config.json beside
+the YAML, through `deepspeed.read_deepspeed`, or the inline zero_stage, offload devices and
+gradient accumulation) on the hf-deepspeed stack; ``MEGATRON_LM`` reads ``megatron_lm_config`` (tp, pp,
 micro-batch count, sequence parallelism, selective recompute, distributed optimizer) on the
 megatron-core stack. ``parallelism_config`` (Accelerate's ND parallelism) gives tp and cp;
 ``num_processes`` is the GPU count (all machines); ``mixed_precision`` the precision. An
@@ -35,6 +37,10 @@ from .schema import Flag, Table, Text, Whole, check, key_name, section, shown
 #: Accelerate launches an HF training script: its model is HF Transformers code, run by DeepSpeed
 HF_DEEPSPEED = "hf-deepspeed"
 _HF_MODEL = "stack hf-deepspeed: an Accelerate script's model is HF Transformers code (Megatron's: --stack deepspeed)"
+#: ... and under FSDP (FSDP1 or FSDP2), with Accelerate's mixed-precision policy
+HF_FSDP = "hf-fsdp"
+_HF_FSDP_MODEL = "stack hf-fsdp: an Accelerate script's model is HF Transformers code under FSDP"
+_DDP_MODEL = "stack torchtitan: PyTorch DDP, whose op-by-op element-wise figures are HF Transformers code's too"
 
 #: distributed_type values that run on GPUs and that simpar reads
 GPU_TYPES = ("NO", "MULTI_GPU", "FSDP", "DEEPSPEED", "MEGATRON_LM")
@@ -221,6 +227,7 @@ def read_accelerate(path: str, gpus: int | None = None, flags: Mapping[str, Any]
         _precision(cfg, plan, imp, where)
     if dtype in ("NO", "MULTI_GPU"):
         plan.update(stack="torchtitan", zero=0)
+        imp.assumed.append(_DDP_MODEL)
     elif dtype == "FSDP":
         _fsdp(cfg.get("fsdp_config", {}), plan, imp, where)
     elif dtype == "MEGATRON_LM":
@@ -252,7 +259,8 @@ def _precision(cfg: dict[str, Any], plan: dict[str, Any], imp: Imported, where: 
 
 def _fsdp(fs: dict[str, Any], plan: dict[str, Any], imp: Imported, where: str) -> None:
     version = fs.get("fsdp_version", 1)
-    plan["stack"] = "torchtitan" if version == 2 else "llm-foundry"
+    plan["stack"] = HF_FSDP
+    imp.assumed.append(_HF_FSDP_MODEL)
     for key in fs:
         known = key in SCHEMA["fsdp_config"].fields or key == "fsdp_reshard_after_forward"
         if key in FSDP_UNMODELLED:
