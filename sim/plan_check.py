@@ -11,7 +11,7 @@ from .schedules.registry import spec as schedule_spec
 from .specs import ClusterSpec, ModelSpec
 from .specs.calibration import Calibration, calibrated_cluster
 from .specs.recipes import recipe_problem
-from .specs.stack import load_stack, op_level_problem
+from .specs.stack import eager_stacks, load_stack, op_level_problem
 
 
 def check_plan(
@@ -259,8 +259,8 @@ def _check_stack(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec) -> 
         raise PlanError(
             "torch_compile",
             f"stack {plan.stack} runs fused element-wise kernels already; torch.compile is a lever of stacks "
-            "whose model code runs op by op (torchtitan).",
-            "drop --torch-compile, or use --stack torchtitan.",
+            f"whose model code runs op by op ({', '.join(eager_stacks())}).",
+            "drop --torch-compile, or use such a stack.",
         )
     gpu = cluster.gpu
     if plan.precision in ("tf32", "bf16", "fp16") and plan.precision not in gpu.peak_TFLOPS:
