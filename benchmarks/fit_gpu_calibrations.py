@@ -13,7 +13,7 @@ files' ``compute`` and ``fit`` sections (their ``notes`` keep the sources).
 
 Groups share one set of parameters, relative to each GPU's own peaks and bandwidth: the two A100
 presets (same GA100 chip); H100 (H200 is the same GH100 chip with faster HBM, so its file copies the
-H100 figures; there is no H200 row; V100's copies the A100 figures, relative to GV100's own peaks:
+H100 figures; there is no H200 row; V100's copies the A100 training fractions, over GV100's own kernel figures:
 its four published rows are held out, not fitted on); Blackwell (B200 — also in GB200 NVL72 — B300 and GB300: 30 rows,
 too few per chip to fit each alone).
 """
