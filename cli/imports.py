@@ -155,9 +155,7 @@ def apply_import(kw: dict[str, Any]) -> tuple[dict[str, Any], frozenset[str]]:
         if _explicit(key):
             continue  # the command line wins
         out[key] = lv.to_flag(value)
-    note = imp.warning()
-    if note:
-        click.echo(note, err=True)
+    _echo_warning(imp)
     return out, frozenset(imp.plan)
 
 
@@ -210,7 +208,15 @@ def apply_sweep_import(kw: dict[str, Any]) -> tuple[dict[str, Any], Any]:
     searched = sorted(k for k in imp.plan if k not in taken)
     if searched:
         imp.unmodelled.append("searched by the sweep, not taken: " + " ".join(searched))
+    _echo_warning(imp)
+    return out, model
+
+
+def _echo_warning(imp: Any) -> None:
+    """The configuration's warning block on stderr; what it assumed of the stack is left out where
+    the command line gives --stack (the command line wins)."""
+    if _explicit("stack"):
+        imp.assumed = [a for a in imp.assumed if not a.startswith("stack ")]
     note = imp.warning()
     if note:
         click.echo(note, err=True)
-    return out, model

@@ -196,3 +196,25 @@ def test_a_moe_launch_beside_a_preset_takes_its_token_dropping(tmp_path):
     assert t[1] < t[0]  # half the balanced share per expert: less expert work
     bad = run(*base, "--from-megatron", launch + " --moe-expert-capacity-factor lots")
     assert bad.exit_code == 2 and "--moe-expert-capacity-factor" in bad.output
+
+
+def test_the_stack_a_ds_config_implies_is_said_unless_the_command_gives_one(tmp_path):
+    cfg = tmp_path / "ds.json"
+    cfg.write_text(json.dumps(ZERO2_OFFLOAD))
+    base = [
+        "simulate",
+        "--from-deepspeed",
+        str(cfg),
+        "--model",
+        "llama3-8b",
+        "--cluster",
+        "dgx-a100-40g",
+        "--gpus",
+        "8",
+    ]
+    said = run(*base)
+    assert said.exit_code == 0, said.output
+    assert "assumed stack deepspeed" in said.output and "--stack hf-deepspeed" in said.output
+    given = run(*base, "--stack", "hf-deepspeed")
+    assert given.exit_code == 0, given.output
+    assert "assumed stack" not in given.output and ", hf-deepspeed" in given.output
