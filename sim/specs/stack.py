@@ -345,13 +345,13 @@ def stack_names() -> list[str]:
     return sorted(p.stem for p in presets_dir("stacks").glob("*.yaml"))
 
 
-@lru_cache(maxsize=64)
 def eager_stacks() -> list[str]:
     """The preset stacks whose model code runs its element-wise ops one by one (the ones
     torch.compile changes)."""
     return [n for n in stack_names() if load_stack(n).eager_elementwise is not None]
 
 
+@lru_cache(maxsize=64)
 def load_stack(name_or_path: str) -> StackSpec:
     """A stack preset by name, or a user's stack YAML by path (one clear error naming the known
     stacks or the field)."""
