@@ -529,3 +529,10 @@ def test_hf_fsdp_is_accelerates_fsdp_on_hf_code_and_refuses_what_it_does_not_des
         with pytest.raises(PlanError) as err:
             check_plan(ParallelPlan(**{**hf.model_dump(), **update}), m, cluster, 8)
         assert err.value.field == named, (update, err.value)
+
+
+def test_a_stack_file_is_read_once_per_process() -> None:
+    """The cost model looks the plan's stack up at every layer it prices: the files are parsed once
+    (a lost cache made the suite 4x slower with the same answers)."""
+    assert load_stack("megatron-core") is load_stack("megatron-core")
+    assert load_stack("hf-fsdp") is load_stack("hf-fsdp")
