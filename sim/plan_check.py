@@ -297,12 +297,12 @@ def _check_stack(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec) -> 
             f"stack {stack.name} checkpoints whole layers only (it has no selective recompute).",
             "use --recompute full or none, or a stack with selective recompute.",
         )
-    if stack.model_parallel is not None:
+    if stack.parallel_dims is not None:
         sizes = {"tp": plan.tp, "pp": plan.pp, "cp": plan.cp, "ep": plan.ep}
-        over = [(k, v) for k, v in sizes.items() if v > 1 and k not in stack.model_parallel]
+        over = [(k, v) for k, v in sizes.items() if v > 1 and k not in stack.parallel_dims]
         if over:
             name, size = over[0]
-            runs = ", ".join(stack.model_parallel) or "no model parallelism"
+            runs = ", ".join(stack.parallel_dims) or "no model parallelism"
             raise PlanError(
                 name,
                 f"{name} {size} is not run by the {stack.name} stack, whose model code runs {runs} "

@@ -478,11 +478,11 @@ def test_hf_deepspeed_refuses_what_hf_model_code_does_not_run(fields: dict, name
 def test_a_stack_restricting_its_model_parallelism_needs_a_source(tmp_path: Path) -> None:
     text = (Path(__file__).parents[1] / "topologies/stacks/hf-deepspeed.yaml").read_text()
     bad = tmp_path / "mine.yaml"
-    bad.write_text("\n".join(x for x in text.splitlines() if not x.startswith("  model_parallel:")))
-    with pytest.raises(SimparError, match="model_parallel"):
+    bad.write_text("\n".join(x for x in text.splitlines() if not x.startswith("  parallel_dims:")))
+    with pytest.raises(SimparError, match="parallel_dims"):
         load_stack(str(bad))
-    (tmp_path / "free.yaml").write_text(bad.read_text().replace("model_parallel: [tp]\n", ""))
-    assert load_stack(str(tmp_path / "free.yaml")).model_parallel is None  # no restriction: no source needed
+    (tmp_path / "free.yaml").write_text(bad.read_text().replace("parallel_dims: [tp]\n", ""))
+    assert load_stack(str(tmp_path / "free.yaml")).parallel_dims is None  # no restriction: no source needed
 
 
 def test_the_2019_megatron_code_pays_its_separate_bias_adds_dropouts_and_score_ops() -> None:
@@ -516,7 +516,7 @@ def test_hf_fsdp_is_accelerates_fsdp_on_hf_code_and_refuses_what_it_does_not_des
 
     m, cluster = load_model("llama3-8b"), load_cluster("dgx-h100", gpus=8)
     s = load_stack("hf-fsdp")
-    assert (s.states.bf16.weights, s.states.bf16.reduce, s.model_parallel) == (4, 2, ("tp", "cp"))
+    assert (s.states.bf16.weights, s.states.bf16.reduce, s.parallel_dims) == (4, 2, ("tp", "cp"))
     hf = ParallelPlan(stack="hf-fsdp", zero=3, dp=8, micro_batch_size=1, global_batch_size=8)
     assert elementwise_bytes(m, hf, DENSE, 1) == elementwise_bytes(m, ParallelPlan(stack="hf-deepspeed"), DENSE, 1)
     check_plan(hf, m, cluster, 8)

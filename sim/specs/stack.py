@@ -216,7 +216,7 @@ class StackSpec(BaseModel):
         "attention and every other matmul (torch's op-level selective activation checkpointing); none: the "
         "stack checkpoints whole layers only (a selective plan is refused)"
     )
-    model_parallel: tuple[Literal["tp", "pp", "cp", "ep"], ...] | None = Field(
+    parallel_dims: tuple[Literal["tp", "pp", "cp", "ep"], ...] | None = Field(
         None,
         description="the model-parallel dimensions the stack's model code runs (a plan with another one above 1 "
         "is refused); None: every one simpar models",
@@ -285,7 +285,7 @@ class StackSpec(BaseModel):
             raise ValueError(f"fp8_casts names {extra[0]!r}, which is not one of fp8_recipes")
         if self.fp8_fused_casts and any(c.act_fused_B is None for c in self.fp8_casts.values()):
             raise ValueError("fp8_fused_casts is true but an fp8_casts entry has no act_fused_B")
-        optional = ["model_parallel"] if self.model_parallel is not None else []  # a restriction has a source
+        optional = ["parallel_dims"] if self.parallel_dims is not None else []  # a restriction has a source
         missing = [f for f in (*_SOURCED, *optional) if f not in self.sources]
         if missing:
             raise ValueError(f"sources has no entry for {missing[0]!r} (every value needs its source)")
