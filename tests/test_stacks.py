@@ -536,3 +536,32 @@ def test_a_stack_file_is_read_once_per_process() -> None:
     (a lost cache made the suite 4x slower with the same answers)."""
     assert load_stack("megatron-core") is load_stack("megatron-core")
     assert load_stack("hf-fsdp") is load_stack("hf-fsdp")
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "parallel_dims: [zz]",
+        "parallel_dims: 3",
+        "parallel_dims: [tp, [pp]]",
+        "unfused_score_B: .nan",
+        "unfused_score_B: .inf",
+        "unfused_score_B: -1",
+        "unfused_score_B: '9'",
+        "unfused_score_B: 1e999",
+        "selective_recompute: maybe",
+        "eager_elementwise: {norm_B: 36, residual_B: 6, rope_B: 20, kv_repeat_B: 4, glu_B: 10, act_B: 4, bias_B: -4, "
+        "attn_out_B: 0}",
+        "eager_elementwise: {norm_B: 36, residual_B: 6, rope_B: 20, kv_repeat_B: 4, glu_B: 10, act_B: 4, bias_B: 0}",
+    ],
+)
+def test_a_bad_value_of_the_new_stack_fields_is_one_line_exit_2(tmp_path: Path, line: str) -> None:
+    text = (Path(__file__).parents[1] / "topologies/stacks/hf-deepspeed.yaml").read_text()
+    key = line.split(":")[0]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("\n".join(line if x.startswith(f"{key}:") else x for x in text.splitlines()) + "\n")
+    args = ["simulate", "--model", "tiny", "--cluster", "dgx-h100", "--gpus", "8", "--gbs", "8", "--stack", str(bad)]
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code == 2, res.output
+    errors = [x for x in res.output.splitlines() if x.startswith("error:")]
+    assert len(errors) == 1 and key in errors[0] and "Traceback" not in res.output, res.output
