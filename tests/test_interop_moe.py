@@ -145,6 +145,17 @@ BRIDGE_RECIPES = {
         "--moe-token-dispatcher-type alltoall --overlap-moe-expert-parallel-comm --delay-wgrad-compute "
         "--num-layers 94 --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split"
     ),
+    # v0.3.1 (26.02.01): the workload config names the deepep backend, but the recipe function
+    # (qwen3_235b_a22b_pretrain_config_h100) sets moe_token_dispatcher_type = "alltoall" itself and
+    # never calls apply_flex_dispatcher_backend, so the backend stays inert: alltoall, not flex
+    "mbridge_26.02.01_DGX-H100_Qwen3_235B_a22B_FP8_256g_tp2pp8cp1vp4mbs1gbs8192": (
+        "torchrun --nproc_per_node 8 --nnodes 32 pretrain_gpt.py "
+        "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 8 --context-parallel-size 1 "
+        "--num-virtual-stages-per-pipeline-rank 4 --expert-model-parallel-size 32 --sequence-parallel "
+        "--micro-batch-size 1 --global-batch-size 8192 --fp8-format hybrid --fp8-recipe tensorwise "
+        "--moe-token-dispatcher-type alltoall --overlap-moe-expert-parallel-comm --delay-wgrad-compute "
+        "--num-layers 94 --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split"
+    ),
     "mbridge_26.04.01_DGX-B200_Qwen3_30B_a3B_MXFP8_8g_tp1pp1cp1vpnambs4gbs512": (
         "torchrun --nproc_per_node 8 --nnodes 1 pretrain_gpt.py "
         "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 --context-parallel-size 1 "
