@@ -498,13 +498,47 @@ def test_the_2019_megatron_code_pays_its_separate_bias_adds_dropouts_and_score_o
     got = elementwise_bytes(gpt, plan, DENSE, 1)
     assert got == 2 * (4 + 11) * h + 4 * ((q + 2 * q) + h + f + h) + 4 * q + 4 * f
     s = load_stack("deepspeed-megatron-2019")
-    assert s.unfused_score_B == 23 and load_stack("megatron-lm-legacy").unfused_score_B == 9
-    # the score chain's traffic is the stack's: 23 / 9 of the fused figure's memory-bound part
+    ua, fused = s.unfused_attention, load_stack("megatron-lm-legacy").unfused_attention
+    assert (ua.fwd_B, ua.bwd_B, ua.saved_B, ua.dropout_saved_B) == (18, 16, 2, 3)
+    assert (fused.fwd_B, fused.bwd_B, fused.saved_B, fused.dropout_saved_B) == (6, 8, 2, 3)
+    # the score chain's traffic is the stack's: 18 + 5 against 6 + 5 of the fused figure's forward
     model = load_model("gpt-1.7b")
     cm = CostModel(load_gpu("v100-32g"))
     new = cm.layer_times(model, plan)
     old = cm.layer_times(model, plan.model_copy(update={"stack": "megatron-lm-legacy"}))
     assert new.attn_f > old.attn_f and new.memory_f > old.memory_f
+
+
+def test_hf_eager_attention_moves_and_keeps_what_its_op_by_op_chain_does() -> None:
+    """HF's attn_implementation 'eager' (a plan without FlashAttention on the hf-* stacks): 22 B per score
+    forward and backward (scale, mask add, fp32 softmax, cast: each op a kernel) where Megatron's fused
+    scale-mask-softmax moves 6 and 8; it keeps the fp32 softmax output and the 16-bit probabilities (6 B per
+    score) where Megatron keeps 2; a model with attention dropout adds torch's dropout (5 B each way) and
+    keeps 1 more (HF: the mask replaces the cast's output) or 3 (Megatron: mask and output)."""
+    from simpar.sim.cost.activations import layer_activation_bytes
+    from simpar.sim.model import layer_flops
+
+    cm = CostModel(load_gpu("a100-80g"))
+    unit = 1 / (cm.gpu.hbm_bw * cm.eff.hbm_eff)  # seconds per byte
+    mm_peak = cm.gpu.peak_flops("bf16") * cm.eff.mm_eff_max * cm.eff.train_gemm_fraction
+    for name, (fwd, bwd, kept) in (
+        ("llama3-8b", ((22, 6), (22, 8), (6, 2))),
+        ("gpt-1.7b", ((22 + 5, 6 + 5), (22 + 5, 8 + 5), (6 + 1, 2 + 3))),
+    ):
+        m = load_model(name)
+        assert m.has_dropout == (name == "gpt-1.7b")
+        hf = ParallelPlan(stack="hf-deepspeed", flash_attention=False, micro_batch_size=1)
+        mc = hf.model_copy(update={"stack": "megatron-core"})
+        scores = m.heads * m.seq_len * m.seq_len  # one micro-batch, tp 1, 16-bit
+        gemms = layer_flops(m, m.seq_len, 1).attn_core_f / mm_peak  # the two score GEMMs, forward
+        for plan, f_b, b_b in ((hf, fwd[0], bwd[0]), (mc, fwd[1], bwd[1])):
+            t = cm.layer_times(m, plan)
+            assert t.attn_f == pytest.approx(gemms + f_b * scores * unit, rel=1e-9), (name, plan.stack)
+            # the backward's memory-bound part beside twice the forward's element-wise ops
+            softmax_b = t.memory_b - 2 * (t.memory_f - f_b * scores * unit)
+            assert softmax_b == pytest.approx(b_b * scores * unit, rel=1e-9), (name, plan.stack)
+        more = layer_activation_bytes(m, hf) - layer_activation_bytes(m, mc)
+        assert more == pytest.approx((kept[0] - kept[1]) * scores, rel=1e-9)
 
 
 def test_hf_fsdp_is_accelerates_fsdp_on_hf_code_and_refuses_what_it_does_not_describe() -> None:
@@ -544,11 +578,16 @@ def test_a_stack_file_is_read_once_per_process() -> None:
         "parallel_dims: [zz]",
         "parallel_dims: 3",
         "parallel_dims: [tp, [pp]]",
-        "unfused_score_B: .nan",
-        "unfused_score_B: .inf",
-        "unfused_score_B: -1",
-        "unfused_score_B: '9'",
-        "unfused_score_B: 1e999",
+        "unfused_attention: {fwd_B: .nan, bwd_B: 22, saved_B: 6, dropout_saved_B: 1}",
+        "unfused_attention: {fwd_B: 22, bwd_B: .inf, saved_B: 6, dropout_saved_B: 1}",
+        "unfused_attention: {fwd_B: 22, bwd_B: 22, saved_B: -1, dropout_saved_B: 1}",
+        "unfused_attention: {fwd_B: '22', bwd_B: 22, saved_B: 6, dropout_saved_B: 1}",
+        "unfused_attention: {fwd_B: 22, bwd_B: 22, saved_B: 6, dropout_saved_B: 1e999}",
+        "unfused_attention: {fwd_B: 22, bwd_B: 22, saved_B: 6}",
+        "unfused_attention: {fwd_B: 22, bwd_B: 22, saved_B: 6, dropout_saved_B: -1}",
+        "unfused_attention: {fwd_B: 22, bwd_B: 22, saved_B: 6, dropout_saved_B: 1, extra_B: 2}",
+        "unfused_attention: 9",
+        "unfused_attention: {fwd_B: [22], bwd_B: 22, saved_B: 6, dropout_saved_B: 1}",
         "selective_recompute: maybe",
         "eager_elementwise: {norm_B: 36, residual_B: 6, rope_B: 20, kv_repeat_B: 4, glu_B: 10, act_B: 4, bias_B: -4, "
         "attn_out_B: 0}",

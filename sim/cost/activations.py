@@ -76,8 +76,10 @@ def layer_activation_bytes(
     moe_parts = moe_mlp_activation_parts(m, plan) if kind.moe else {}
     total += sum(moe_parts.values())
     if not flash:
-        # softmax output (2 bytes) + dropout mask (1) + dropout output (2): 5as^2b (2as^2b without dropout)
-        core = (2 + 3 * drop) * a * s * (m.seq_len if plan.cp > 1 else s) * b / t
+        # what the stack's code keeps per materialised score (`StackSpec.unfused_attention`): Megatron's
+        # softmax output (2 bytes) + dropout mask (1) + dropout output (2), 5as^2b (2as^2b without dropout)
+        ua = load_stack(plan.stack).unfused_attention
+        core = (ua.saved_B + drop * ua.dropout_saved_B) * a * s * (m.seq_len if plan.cp > 1 else s) * b / t
     else:
         core = 4 * a * s * b / t  # FlashAttention's fp32 log-sum-exp per head and token
     if recompute == "none":

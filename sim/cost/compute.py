@@ -14,7 +14,8 @@ Default model (every constant below is sourced or a documented assumption, overr
   full square that FLOP counts (Megatron's formula, sim/model.py) assume (blocks of 128 queries:
   n(n+1)/2 of n^2 blocks, n = s/128). Without FlashAttention (``plan.flash_attention = False``) the
   scores are materialised: the full square is computed and the softmax / mask / dropout over the
-  a*s*s scores is memory-bound traffic (the stack's ``unfused_score_B`` per score forward, twice that backward).
+  a*s*s scores is memory-bound traffic (the stack's ``unfused_attention`` bytes per score, forward and backward,
+  counted from its code, and torch's dropout where the model has one: `DROPOUT_FWD_B`, `DROPOUT_BWD_B`).
 
 Where the figures come from, each overriding the one before key by key (`CostModel.for_gpu`): the
 public kernel measurements of the GPU's die (topologies/kernels/, `simpar.sim.cost.kernels`: GEMM
@@ -115,6 +116,13 @@ def measurable_attention(m: ModelSpec) -> bool:
     """Whether a layer of ``m`` is one the executor's benchmark can time (and its layer table
     describe): plain multi-head or grouped-query attention of the hidden width, no MLA, no window."""
     return m.mla is None and not m.window and m.attn_width == m.hidden
+
+
+#: HBM bytes per element of torch's dropout (ATen native_dropout, the fused CUDA kernel at 0 < p < 1):
+#: the forward reads the input (2) and writes the output (2) and a 1-byte bool mask; the backward
+#: (native_dropout_backward) reads the gradient (2) and the mask (1) and writes the input's gradient (2)
+DROPOUT_FWD_B = 5.0
+DROPOUT_BWD_B = 5.0
 
 
 @dataclass(frozen=True)
@@ -345,9 +353,9 @@ class CostModel:
                 * self.eff.train_gemm_fraction
             )
             scores = m.heads / t * tokens * m.seq_len * el  # the traffic counts 16-bit elements
-            per_score = stack_of(plan).unfused_score_B
-            softmax_f = self.memory_time(per_score * scores)
-            softmax_b = self.memory_time(2 * per_score * scores)
+            ua, drop = stack_of(plan).unfused_attention, m.has_dropout
+            softmax_f = self.memory_time((ua.fwd_B + drop * DROPOUT_FWD_B) * scores)
+            softmax_b = self.memory_time((ua.bwd_B + drop * DROPOUT_BWD_B) * scores)
             attn_f = lf.attn_core_f / (t * plan.cp) / mm_peak + softmax_f
             attn_b = 2 * lf.attn_core_f / (t * plan.cp) / mm_peak + softmax_b
         sp = t if plan.sequence_parallel else 1

@@ -171,6 +171,37 @@ class EagerElementwise(BaseModel):
     )
 
 
+class UnfusedAttention(BaseModel):
+    """HBM bytes per attention score where a plan without FlashAttention materialises the scores (an s x s
+    square per head), as the stack's code moves and keeps them: the time side in
+    `simpar.sim.cost.compute.CostModel.layer_times`, the memory side in
+    `simpar.sim.cost.activations.layer_activation_bytes`. Counted for a model without attention dropout;
+    a dropout over the probabilities adds torch's dropout traffic (`simpar.sim.cost.compute.DROPOUT_FWD_B`,
+    ``DROPOUT_BWD_B``) and ``dropout_saved_B`` to what is kept."""
+
+    model_config = _STRICT
+
+    fwd_B: float = Field(
+        gt=0,
+        strict=True,
+        description="forward: the score GEMM's output written, then what each element-wise op on the scores reads "
+        "and writes (scale, mask, softmax, casts)",
+    )
+    bwd_B: float = Field(
+        gt=0,
+        strict=True,
+        description="backward: the probabilities' gradient written by its GEMM, then what each op's backward reads "
+        "and writes on the way to the scores' gradient",
+    )
+    saved_B: float = Field(gt=0, strict=True, description="kept from the forward until the backward")
+    dropout_saved_B: float = Field(
+        ge=0,
+        strict=True,
+        description="what a dropout over the probabilities adds to what is kept: its 1-byte mask and the output the "
+        "next GEMM keeps, less what that output replaces",
+    )
+
+
 class StackSpec(BaseModel):
     """One training framework as it runs a plan (module docstring)."""
 
@@ -195,12 +226,8 @@ class StackSpec(BaseModel):
     tp_comm_overlap: bool = Field(description="tensor-parallel communication overlapped with the GEMMs by default")
     tp_comm_overlap_supported: bool = Field(description="the stack can overlap TP communication with the GEMMs")
     flash_attention: bool = Field(description="attention does not materialise the scores (FlashAttention/cuDNN)")
-    unfused_score_B: float = Field(
-        gt=0,
-        strict=True,
-        description="HBM bytes per attention score in the forward where the scores are materialised (a plan "
-        "without FlashAttention): written, scaled, masked, softmaxed and dropped out as the stack's kernels do "
-        "it; the backward moves twice as much",
+    unfused_attention: UnfusedAttention = Field(
+        description="what a plan without FlashAttention moves and keeps per materialised attention score"
     )
     cp_comm_types: tuple[str, ...] = Field(
         ("p2p",),
@@ -313,7 +340,7 @@ _SOURCED = (
     "eager_elementwise",
     "tp_comm_overlap",
     "flash_attention",
-    "unfused_score_B",
+    "unfused_attention",
     "attention_kernel",
     "cp_comm_types",
     "selective_recompute",
