@@ -44,6 +44,12 @@ HOUR = 3600.0
     "(its free float: nothing starts later), the iteration unchanged",
 )
 @click.option(
+    "--critical-path",
+    is_flag=True,
+    help="Perseus-style: run each forward and backward at the clock that fills its total float (later passes "
+    "start later to make room; the iteration unchanged), the float given to the passes nearest the end first",
+)
+@click.option(
     "--slowdown-tolerance",
     type=Finite(0.0, 1.0),
     default=0.01,
@@ -69,6 +75,7 @@ def energy(
     cap_w,
     lower_clocks,
     stretch_units,
+    critical_path,
     slowdown_tolerance,
     prices,
     tokens,
@@ -107,6 +114,7 @@ def energy(
         lower_clocks=lower_clocks,
         tolerance=slowdown_tolerance,
         stretch_units=stretch_units,
+        critical_path=critical_path,
         calibration=calib,
         backend=backend,
         options=opts,
@@ -120,6 +128,8 @@ def energy(
         cases.append(("lowered clocks", run.lowered))
     if run.units is not None:
         cases.append(("stretched units", run.units.energy))
+    if run.critical is not None:
+        cases.append(("critical path", run.critical.energy))
 
     def cost(e) -> dict[str, float]:
         gpu_h = gpus * e.iter_time_s / HOUR
@@ -174,12 +184,13 @@ def energy(
             "tolerance": slowdown_tolerance,
             "runs": run.clocks.runs,
         }
-    if run.units is not None:
-        doc["units"] = {
-            "stretched": run.units.stretched,
-            "passes": run.units.passes,
-            "longest_kernel_time_multiplier": run.units.longest,
-        }
+    for key, plan in (("units", run.units), ("critical_path", run.critical)):
+        if plan is not None:
+            doc[key] = {
+                "stretched": plan.stretched,
+                "passes": plan.passes,
+                "longest_kernel_time_multiplier": plan.longest,
+            }
     if as_json:
         echo_json(doc)
         return
@@ -242,4 +253,12 @@ def energy(
             f"stretched units: {u.stretched} of the walked pipeline's {u.passes} passes run at a lower clock into "
             f"the idle time after them (their kernels up to {u.longest:.2f}x as long), every pass starting when it did "
             "(checked by an event run)"
+        )
+    if run.critical is not None:
+        u = run.critical
+        click.echo(
+            f"critical path: {u.stretched} of the walked pipeline's {u.passes} passes run at a lower clock into their "
+            f"total float (their kernels up to {u.longest:.2f}x as long; later passes start later, none after its "
+            "latest start, the iteration unchanged: checked by an event run); the float goes to the passes nearest "
+            "the end first, a greedy split where Perseus solves for the least energy"
         )

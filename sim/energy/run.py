@@ -1,6 +1,7 @@
 """A plan's energy: the nominal iteration, under a power cap, with a lowered clock per pipeline rank
-(`clocks`) and with a clock per computation at no slowdown (`units`), each priced by state (`account`)
-with the GPU's power model (`power`)."""
+(`clocks`) and with a clock per computation at no slowdown, into each pass's own idle time (`units`)
+or over the critical path (`critical`), each priced by state (`account`) with the GPU's power model
+(`power`)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from ..specs.calibration import Calibration
 from ..specs.power import PowerSpec
 from .account import IterationEnergy, iteration_energy, kernel_mix, mix_costs
 from .clocks import ClockPlan, iteration_at, lowered_clocks, representative_ranks
+from .critical import critical_clocks
 from .power import PowerModel, power_model
 from .units import UnitClocks, unit_clocks
 
@@ -34,8 +36,10 @@ class EnergyRun:
     capped: IterationEnergy | None = None
     lowered: IterationEnergy | None = None
     clocks: ClockPlan | None = None
-    #: a clock per computation, from every GPU at full speed (`units`)
+    #: a clock per computation, from every GPU at full speed: into its free float (`units`), into its
+    #: total float (`critical`)
     units: UnitClocks | None = None
+    critical: UnitClocks | None = None
 
     def peak_W(self, gpus: int) -> float:
         """The job's GPUs' power with every GPU in a compute-bound kernel at once (at the cap)."""
@@ -68,6 +72,7 @@ def plan_energy(
     lower_clocks: bool = False,
     tolerance: float = 0.01,
     stretch_units: bool = False,
+    critical_path: bool = False,
     calibration: Calibration | None = None,
     backend: str = "analytical",
     options: EngineOptions = EngineOptions(),
@@ -100,4 +105,6 @@ def plan_energy(
         out.lowered = energy(list(out.clocks.clocks))
     if stretch_units:
         out.units = unit_clocks(rep, pm, share, out.nominal, replicas)
+    if critical_path:
+        out.critical = critical_clocks(rep, pm, share, out.nominal, replicas)
     return out
