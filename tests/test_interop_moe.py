@@ -130,6 +130,15 @@ _BRIDGE_COMMON = (
     "--moe-router-force-load-balancing --moe-grouped-gemm --moe-permute-fusion --moe-router-fusion "
     "--expert-tensor-parallel-size 1 --cross-entropy-loss-fusion --manual-gc"
 )
+#: Qwen3-235B on 256 H100 (v0.3.1 and v0.4.1 alike): the alltoall dispatcher with the all-to-all overlap
+_QWEN3_235B_H100 = (
+    "torchrun --nproc_per_node 8 --nnodes 32 pretrain_gpt.py "
+    "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 8 --context-parallel-size 1 "
+    "--num-virtual-stages-per-pipeline-rank 4 --expert-model-parallel-size 32 --sequence-parallel "
+    "--micro-batch-size 1 --global-batch-size 8192 --fp8-format hybrid --fp8-recipe tensorwise "
+    "--moe-token-dispatcher-type alltoall --overlap-moe-expert-parallel-comm --delay-wgrad-compute "
+    "--num-layers 94 --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split"
+)
 BRIDGE_RECIPES = {
     "mbridge_26.04.01_DGX-H100_Qwen3_30B_a3B_FP8_16g_tp1pp1cp1vpnambs1gbs1024": (
         "torchrun --nproc_per_node 8 --nnodes 2 pretrain_gpt.py "
@@ -137,25 +146,11 @@ BRIDGE_RECIPES = {
         "--expert-model-parallel-size 16 --micro-batch-size 1 --global-batch-size 1024 "
         "--fp8-format hybrid --fp8-recipe tensorwise --moe-token-dispatcher-type flex"
     ),
-    "mbridge_26.04.01_DGX-H100_Qwen3_235B_a22B_FP8_256g_tp2pp8cp1vp4mbs1gbs8192": (
-        "torchrun --nproc_per_node 8 --nnodes 32 pretrain_gpt.py "
-        "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 8 --context-parallel-size 1 "
-        "--num-virtual-stages-per-pipeline-rank 4 --expert-model-parallel-size 32 --sequence-parallel "
-        "--micro-batch-size 1 --global-batch-size 8192 --fp8-format hybrid --fp8-recipe tensorwise "
-        "--moe-token-dispatcher-type alltoall --overlap-moe-expert-parallel-comm --delay-wgrad-compute "
-        "--num-layers 94 --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split"
-    ),
+    "mbridge_26.04.01_DGX-H100_Qwen3_235B_a22B_FP8_256g_tp2pp8cp1vp4mbs1gbs8192": _QWEN3_235B_H100,
     # v0.3.1 (26.02.01): the workload config names the deepep backend, but the recipe function
     # (qwen3_235b_a22b_pretrain_config_h100) sets moe_token_dispatcher_type = "alltoall" itself and
     # never calls apply_flex_dispatcher_backend, so the backend stays inert: alltoall, not flex
-    "mbridge_26.02.01_DGX-H100_Qwen3_235B_a22B_FP8_256g_tp2pp8cp1vp4mbs1gbs8192": (
-        "torchrun --nproc_per_node 8 --nnodes 32 pretrain_gpt.py "
-        "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 8 --context-parallel-size 1 "
-        "--num-virtual-stages-per-pipeline-rank 4 --expert-model-parallel-size 32 --sequence-parallel "
-        "--micro-batch-size 1 --global-batch-size 8192 --fp8-format hybrid --fp8-recipe tensorwise "
-        "--moe-token-dispatcher-type alltoall --overlap-moe-expert-parallel-comm --delay-wgrad-compute "
-        "--num-layers 94 --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split"
-    ),
+    "mbridge_26.02.01_DGX-H100_Qwen3_235B_a22B_FP8_256g_tp2pp8cp1vp4mbs1gbs8192": _QWEN3_235B_H100,
     "mbridge_26.04.01_DGX-B200_Qwen3_30B_a3B_MXFP8_8g_tp1pp1cp1vpnambs4gbs512": (
         "torchrun --nproc_per_node 8 --nnodes 1 pretrain_gpt.py "
         "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 --context-parallel-size 1 "
