@@ -47,7 +47,7 @@ HOUR = 3600.0
     "--critical-path",
     is_flag=True,
     help="Perseus-style: run each forward and backward at the clock that fills its total float (later passes "
-    "start later to make room; the iteration unchanged), the float given to the passes nearest the end first",
+    "start later to make room; the iteration unchanged), a path's float shared at one clock",
 )
 @click.option(
     "--slowdown-tolerance",
@@ -259,6 +259,6 @@ def energy(
         click.echo(
             f"critical path: {u.stretched} of the walked pipeline's {u.passes} passes run at a lower clock into their "
             f"total float (their kernels up to {u.longest:.2f}x as long; later passes start later, none after its "
-            "latest start, the iteration unchanged: checked by an event run); the float goes to the passes nearest "
-            "the end first, a greedy split where Perseus solves for the least energy"
+            "latest start, the iteration unchanged: checked by an event run); a path's float is shared at one "
+            "clock (progressive filling), or given to its last passes where that saves more"
         )
