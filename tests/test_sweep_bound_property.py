@@ -37,7 +37,8 @@ def cases(draw):
     pp = draw(st.sampled_from([1, 2, 4]))
     cp = draw(st.sampled_from([1, 2]))
     dp = 16 // (tp * pp * cp)
-    schedule = "none" if pp == 1 else draw(st.sampled_from([s for s in SWEEP_SCHEDULES if s != "none"]))
+    # every schedule a sweep may be asked for: the default ones and EnvPipe's (tried only when named)
+    schedule = "none" if pp == 1 else draw(st.sampled_from([s for s in (*SWEEP_SCHEDULES, "envpipe") if s != "none"]))
     vpp = 2 if schedule in ("zb-v", "dualpipe", "dualpipe-v", "chimera") else draw(st.sampled_from([1, 2]))
     if schedule not in ("interleaved-1f1b", "interleaved-zb", "zb-v", "dualpipe", "dualpipe-v", "chimera"):
         vpp = 1

@@ -40,10 +40,12 @@ def test_structural_rules(gpt):
             assert c.vpp >= 2 and (per % c.vpp == 0 or (per < 2 and c.vpp == 2))
         else:
             assert c.vpp == 1
-    assert {c.schedule for c in cfgs} == set(SCHEDULES) - {"looped-bfs"}  # tried only when named
+    assert {c.schedule for c in cfgs} == set(SCHEDULES) - {"looped-bfs", "envpipe"}  # tried only when named
     assert {c.cp for c in cfgs} == {1, 2}
     named = enumerate_configs(model, cluster, 16, SearchSpace(max_cp=2, schedules=("looped-bfs",)))
     assert named and all(c.schedule == "looped-bfs" and c.vpp >= 2 for c in named)
+    named = enumerate_configs(model, cluster, 16, SearchSpace(max_cp=2, schedules=("envpipe",)))
+    assert named and all(c.schedule == "envpipe" and c.vpp == 1 for c in named)
 
 
 def test_default_cp_follows_sequence_length(gpt):

@@ -22,6 +22,7 @@ from ..errors import ScheduleError
 from .chimera import SPEC as CHIMERA
 from .dualpipe import SPEC as DUALPIPE
 from .dualpipe import SPEC_V as DUALPIPE_V
+from .envpipe import SPEC as ENVPIPE
 from .gpipe import SPEC as GPIPE
 from .interleaved import SPEC as INTERLEAVED_1F1B
 from .interleaved_zb import SPEC as INTERLEAVED_ZB
@@ -38,6 +39,7 @@ _ALL = (
     NONE_SPEC,
     GPIPE,
     ONE_F_ONE_B,
+    ENVPIPE,
     INTERLEAVED_1F1B,
     INTERLEAVED_ZB,
     LOOPED_BFS,
