@@ -182,10 +182,11 @@ def test_filling_shares_a_paths_float_where_the_greedy_split_gives_it_to_the_las
     pinned one: the pair shares 2 s of float. The greedy split gives it all to the second (clock 1/3),
     progressive filling one clock to both, 1 / 2 (2 x (1 / x - 1) = 2), which costs less energy at any
     power law whose marginal cost grows as the clock falls."""
-    from simpar.sim.energy.critical import _Dag, _filled, _greedy
+    from simpar.sim.energy.critical import _filled, _greedy
+    from simpar.sim.energy.graph import Dag
 
     # nodes predecessors first: 0 = A, 1 = B (after A), 2 = C (beside them), 3 = D (pinned, after B and C)
-    dag = _Dag(
+    dag = Dag(
         nodes=[("pass", 0, "A"), ("pass", 0, "B"), ("pass", 1, "C"), ("pass", 0, "D")],
         pred=[[], [(0, 0.0)], [], [(1, 0.0), (2, 0.0)]],
         succ=[[(1, 0.0)], [(3, 0.0)], [(3, 0.0)], []],

@@ -7,7 +7,7 @@ measures what that saves on 4 A100s: reports/energy).
 `units` stretches each pass into its free float, the idle time right after it, and moves nothing.
 Here a pass may also use idle time further on: a forward followed by another forward and then a
 bubble may run slower if the second forward starts later. On a network that does not share links
-the iteration is a graph of passes and pipeline transfers with fixed durations (`graph`, `_Dag`):
+the iteration is a graph of passes and pipeline transfers with fixed durations (`graph`, `Dag`):
 a node starts when its predecessors have ended (plus the posting seconds between); a plan of clocks
 fits when, with every node as early as that allows, no pinned node starts later and no node that
 nothing follows ends later than it did. Then nothing ends later than it did: the iteration is
@@ -34,141 +34,14 @@ the iteration ends when it did, and no pass starts after its latest start.
 
 from __future__ import annotations
 
-from collections import defaultdict
-from dataclasses import dataclass
-from graphlib import TopologicalSorter
-
-from ..engine.core import Engine
-from ..engine.trace import TraceEvent
 from ..iteration.repeat import RepeatedIteration
-from ..schedules.ir import Action, Kind, Pair
 from .account import IterationEnergy
-from .graph import STRETCHED, PassGraph, pass_graph, send_kind
+from .graph import Dag, build_dag
 from .power import PowerModel
-from .units import RTOL, UnitClocks, kernel_seconds, nominal_run, priced, speed_into
-
-#: a node of the graph: a pass ("pass", rank, name) or a send ("send", rank, SEND kind, stage, micro-batch)
-Node = tuple
+from .units import RTOL, UnitClocks, nominal_run, priced, speed_into
 
 
-def _edges(gr: PassGraph) -> tuple[dict[Node, list[tuple[Node, float]]], dict[Node, tuple[float, float]]]:
-    """Each node's successors with the seconds between its end and their start (posting), and each
-    node's nominal (start, end)."""
-    succ: dict[Node, list[tuple[Node, float]]] = defaultdict(list)
-    times: dict[Node, tuple[float, float]] = {}
-    for rank, evs in gr.compute.items():
-        for i, e in enumerate(evs):
-            n: Node = ("pass", rank, e.name)
-            times[n] = (e.start, e.start + e.duration)
-            if i + 1 < len(evs):
-                succ[n].append((("pass", rank, evs[i + 1].name), gr.posted.get((rank, e.name), 0.0)))
-            for a in _parts(e):  # an overlapped pair sends what each of its two passes does
-                kind = send_kind(a.kind.value)
-                key = (rank, kind, a.stage, a.microbatch) if kind is not None and a.microbatch is not None else None
-                if key is not None and key in gr.place:
-                    succ[n].append((("send", *key), gr.posted_before.get(key, 0.0)))
-    for (rank, kind), evs in gr.sends.items():
-        for j, s in enumerate(evs):
-            if s.stage is None or s.microbatch is None:
-                continue
-            n = ("send", rank, kind, s.stage, s.microbatch)
-            times[n] = (s.start, s.start + s.duration)
-            if j + 1 < len(evs):
-                nxt = evs[j + 1]
-                succ[n].append((("send", rank, kind, nxt.stage, nxt.microbatch), 0.0))
-            dst = s.stage + 1 if kind == "SEND_F" else s.stage - 1
-            for r, name, after in gr.consumers.get((dst, s.microbatch, kind), ()):
-                succ[n].append((("pass", r, name), after))
-    return succ, times
-
-
-@dataclass
-class _Dag:
-    """The graph with what the planners read, its nodes numbered predecessors first: each node's
-    predecessors and successors with the posting seconds between, its nominal start and duration,
-    whether it is pinned or ends a path (nothing follows it), and the compute-bound kernel seconds of
-    a pass that may be stretched (0 for the others)."""
-
-    nodes: list[Node]
-    pred: list[list[tuple[int, float]]]
-    succ: list[list[tuple[int, float]]]
-    start: list[float]
-    dur: list[float]
-    pinned: list[bool]
-    kernel: list[float]
-
-    def durations(self, x: dict[int, float]) -> list[float]:
-        """Each node's duration with the passes of ``x`` at their clocks (k (1 / x - 1) longer)."""
-        out = list(self.dur)
-        for i, c in x.items():
-            out[i] += self.kernel[i] * (1.0 / c - 1.0)
-        return out
-
-    def earliest(self, dur: list[float]) -> list[float]:
-        """Each node's start when everything starts as soon as its predecessors let it (a node
-        without one where it started)."""
-        es = list(self.start)
-        for i, ps in enumerate(self.pred):
-            if ps:
-                es[i] = max(es[j] + dur[j] + g for j, g in ps)
-        return es
-
-    def latest(self, dur: list[float]) -> list[float]:
-        """Each node's latest start: a pinned node's own, else its successors' least latest start less
-        the posting between, or (none) its nominal end, less its duration."""
-        n = len(self.nodes)
-        ls = [0.0] * n
-        for i in range(n - 1, -1, -1):
-            if self.pinned[i]:
-                ls[i] = self.start[i]
-                continue
-            ss = self.succ[i]
-            lf = min(ls[j] - g for j, g in ss) if ss else self.start[i] + self.dur[i]
-            ls[i] = lf - dur[i]
-        return ls
-
-    def fits(self, dur: list[float], tol: float) -> bool:
-        """Nothing pinned starts later, nothing ends after it did where nothing follows it."""
-        es = self.earliest(dur)
-        for i, e in enumerate(es):
-            if self.pinned[i]:
-                if e > self.start[i] + tol:
-                    return False
-            elif not self.succ[i] and e + dur[i] > self.start[i] + self.dur[i] + tol:
-                return False
-        return True
-
-
-def _dag(eng: Engine, gr: PassGraph, share: float) -> tuple[_Dag, dict[int, Action]]:
-    succ, times = _edges(gr)
-    edges = {n: [(m, g) for m, g in succ.get(n, ()) if m in times] for n in times}
-    preds: dict[Node, list[Node]] = defaultdict(list)
-    for n, ms in edges.items():
-        for m, _ in ms:
-            preds[m].append(n)
-    nodes = list(TopologicalSorter({n: preds.get(n, []) for n in times}).static_order())
-    at = {n: i for i, n in enumerate(nodes)}
-    pred: list[list[tuple[int, float]]] = [[] for _ in nodes]
-    out: list[list[tuple[int, float]]] = [[] for _ in nodes]
-    for n, ms in edges.items():
-        for m, g in ms:
-            out[at[n]].append((at[m], g))
-            pred[at[m]].append((at[n], g))
-    pinned = _pinned(gr)
-    actions = {
-        at[("pass", r, e.name)]: a for r, evs in gr.compute.items() for e in evs if (a := _action(e)) is not None
-    }
-    kernel = [0.0] * len(nodes)
-    for i, a in actions.items():
-        if nodes[i] not in pinned:
-            kernel[i] = max(kernel_seconds(eng, a, share), 0.0)
-    start = [times[n][0] for n in nodes]
-    dur = [times[n][1] - times[n][0] for n in nodes]
-    dag = _Dag(nodes, pred, out, start, dur, [n in pinned for n in nodes], kernel)
-    return dag, actions
-
-
-def _greedy(dag: _Dag, floor: float, fixed: dict[int, float] | None = None) -> dict[int, float]:
+def _greedy(dag: Dag, floor: float, fixed: dict[int, float] | None = None) -> dict[int, float]:
     """Each pass's clock with the float given to the passes nearest the end first (module docstring),
     the passes of ``fixed`` at their clocks already."""
     fixed = fixed or {}
@@ -200,7 +73,7 @@ BISECT = 24
 MIN_STRETCH = 0.01
 
 
-def _filled(dag: _Dag, floor: float, tol: float) -> dict[int, float]:
+def _filled(dag: Dag, floor: float, tol: float) -> dict[int, float]:
     """Each pass's clock by progressive filling: every pass that may still slow down runs at one common
     clock, the lowest the graph allows (bisection); the passes whose float that exhausts keep it, and
     the rest go lower, until none is left or all reach ``floor`` (after `ROUNDS`, the rest take what
@@ -248,7 +121,7 @@ def _filled(dag: _Dag, floor: float, tol: float) -> dict[int, float]:
     return _greedy(dag, floor, x)
 
 
-def _saved_J(dag: _Dag, x: dict[int, float], pm: PowerModel) -> float:
+def _saved_J(dag: Dag, x: dict[int, float], pm: PowerModel) -> float:
     """The energy a plan saves on the walked GPUs: compute at its clock in place of waiting."""
     return sum(
         dag.kernel[i] * ((1.0 / c - 1.0) * pm.waiting_W - (pm.compute_W(c) / c - pm.compute_W(1.0)))
@@ -263,8 +136,7 @@ def critical_clocks(
     of kernel seconds, ``nominal`` the iteration's energy at full speed, each walked GPU standing for
     ``replicas`` GPUs."""
     eng = nominal_run(rep, "--critical-path")
-    gr = pass_graph(eng)
-    dag, actions = _dag(eng, gr, share)
+    dag, actions = build_dag(eng, share)
     floor = max(pm.efficient_speed(), pm.min_clock)
     tol = 1e-3 * RTOL * nominal.iter_time_s  # well inside the check's tolerance (`units.check_run`)
     x = max((_greedy(dag, floor), _filled(dag, floor, tol)), key=lambda c: _saved_J(dag, c, pm))
@@ -272,26 +144,3 @@ def critical_clocks(
     latest = {(n[1], n[2]): t for n, t in zip(dag.nodes, ls) if n[0] == "pass"}
     clocks = {(dag.nodes[i][1], actions[i]): (dag.kernel[i], c) for i, c in x.items() if c < 1.0}
     return priced(rep, pm, share, nominal, replicas, eng, clocks, latest)
-
-
-def _parts(e: TraceEvent) -> tuple[Action, ...]:
-    """The passes a pass event ran: its action, or an overlapped pair's two."""
-    a = Action.parse(e.name)
-    return a.parts if isinstance(a, Pair) else (a,)
-
-
-def _action(e: TraceEvent) -> Action | None:
-    """The action of a pass event whose kind may run at a lower clock, else None."""
-    if e.kind not in STRETCHED or e.stage is None or e.microbatch is None:
-        return None
-    return Action(e.stage, Kind(e.kind), e.microbatch)
-
-
-def _pinned(gr: PassGraph) -> set[Node]:
-    """The passes kept at their times: those that release gradient buckets, each GPU's last pass."""
-    out: set[Node] = set()
-    for rank, evs in gr.compute.items():
-        if evs:
-            out.add(("pass", rank, evs[-1].name))
-        out.update(("pass", rank, e.name) for e in evs if (a := _action(e)) is not None and (rank, a) in gr.held)
-    return out

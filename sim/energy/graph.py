@@ -7,16 +7,22 @@ follows the one before it, after the seconds the GPU spends posting the transfer
 (`Engine.post_s`, on its own clock); a send starts when its pass has ended and the transfers posted
 before it are, and when the send stream is free (first in, first out); a receiving GPU's next pass
 after a receive starts no earlier than the transfer's arrival.
+
+`pass_graph` reads those facts off the run; `build_dag` numbers the passes and sends predecessors
+first (`Dag`) with their nominal times, the compute-bound kernel seconds of each pass a lower clock
+may stretch, and the nodes pinned at their times: passes that release gradient buckets (a reduction
+starts with them) and each GPU's last pass (its tail follows it). Both planners read the `Dag`.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from graphlib import TopologicalSorter
 
 from ..engine.core import Engine
 from ..engine.trace import TraceEvent
-from ..schedules.ir import Action, Kind
+from ..schedules.ir import Action, Kind, Pair
 
 #: the passes a lowered clock can stretch, as trace events name their kind
 STRETCHED = frozenset(k.value for k in (Kind.F, Kind.B, Kind.I, Kind.W, Kind.R))
@@ -52,11 +58,6 @@ class PassGraph:
     starts: dict[tuple[int, str], float] = field(default_factory=dict)
     #: (rank, action) of the passes that release gradient buckets (a reduction overlaps them)
     held: set[tuple[int, Action]] = field(default_factory=set)
-
-    def latest_arrival(self, key: tuple[int, int, str], default: float) -> float:
-        """The latest a transfer may arrive without delaying a pass it gates: each such pass's start
-        less the posting after the receive (``default`` where it gates none)."""
-        return min((self.starts[(r, n)] - after for r, n, after in self.consumers.get(key, ())), default=default)
 
 
 def pass_graph(eng: Engine) -> PassGraph:
@@ -98,4 +99,158 @@ def pass_graph(eng: Engine) -> PassGraph:
                 waiting, last, posts = [], str(a), 0
     out.consumers = dict(consumers)
     out.held = {(g.rank, a) for g in eng.gpus.values() for a in eng.release_at[g.prank]}
+    return out
+
+
+def kernel_seconds(eng: Engine, a: Action, share: float) -> float:
+    """The compute-bound kernel seconds of pass ``a`` at full speed (the ``share`` of its kernels
+    that follows the SM clock)."""
+    parts = eng.work[a.stage].parts(a.kind.value, eng.opt.overlap_tp)
+    return share * (parts[0] + parts[1])
+
+
+#: a node of the graph: a pass ("pass", rank, name) or a send ("send", rank, SEND kind, stage, micro-batch)
+Node = tuple
+
+
+def _edges(gr: PassGraph) -> tuple[dict[Node, list[tuple[Node, float]]], dict[Node, tuple[float, float]]]:
+    """Each node's successors with the seconds between its end and their start (posting), and each
+    node's nominal (start, end)."""
+    succ: dict[Node, list[tuple[Node, float]]] = defaultdict(list)
+    times: dict[Node, tuple[float, float]] = {}
+    for rank, evs in gr.compute.items():
+        for i, e in enumerate(evs):
+            n: Node = ("pass", rank, e.name)
+            times[n] = (e.start, e.start + e.duration)
+            if i + 1 < len(evs):
+                succ[n].append((("pass", rank, evs[i + 1].name), gr.posted.get((rank, e.name), 0.0)))
+            for a in _parts(e):  # an overlapped pair sends what each of its two passes does
+                kind = send_kind(a.kind.value)
+                key = (rank, kind, a.stage, a.microbatch) if kind is not None and a.microbatch is not None else None
+                if key is not None and key in gr.place:
+                    succ[n].append((("send", *key), gr.posted_before.get(key, 0.0)))
+    for (rank, kind), evs in gr.sends.items():
+        for j, s in enumerate(evs):
+            if s.stage is None or s.microbatch is None:
+                continue
+            n = ("send", rank, kind, s.stage, s.microbatch)
+            times[n] = (s.start, s.start + s.duration)
+            if j + 1 < len(evs):
+                nxt = evs[j + 1]
+                succ[n].append((("send", rank, kind, nxt.stage, nxt.microbatch), 0.0))
+            dst = s.stage + 1 if kind == "SEND_F" else s.stage - 1
+            for r, name, after in gr.consumers.get((dst, s.microbatch, kind), ()):
+                succ[n].append((("pass", r, name), after))
+    return succ, times
+
+
+@dataclass
+class Dag:
+    """The graph with what the planners read, its nodes numbered predecessors first: each node's
+    predecessors and successors with the posting seconds between, its nominal start and duration,
+    whether it is pinned or ends a path (nothing follows it), and the compute-bound kernel seconds of
+    a pass that may be stretched (0 for the others)."""
+
+    nodes: list[Node]
+    pred: list[list[tuple[int, float]]]
+    succ: list[list[tuple[int, float]]]
+    start: list[float]
+    dur: list[float]
+    pinned: list[bool]
+    kernel: list[float]
+
+    def durations(self, x: dict[int, float]) -> list[float]:
+        """Each node's duration with the passes of ``x`` at their clocks (k (1 / x - 1) longer)."""
+        out = list(self.dur)
+        for i, c in x.items():
+            out[i] += self.kernel[i] * (1.0 / c - 1.0)
+        return out
+
+    def earliest(self, dur: list[float]) -> list[float]:
+        """Each node's start when everything starts as soon as its predecessors let it (a node
+        without one where it started)."""
+        es = list(self.start)
+        for i, ps in enumerate(self.pred):
+            if ps:
+                es[i] = max(es[j] + dur[j] + g for j, g in ps)
+        return es
+
+    def latest(self, dur: list[float]) -> list[float]:
+        """Each node's latest start: a pinned node's own, else its successors' least latest start less
+        the posting between, or (none) its nominal end, less its duration."""
+        n = len(self.nodes)
+        ls = [0.0] * n
+        for i in range(n - 1, -1, -1):
+            if self.pinned[i]:
+                ls[i] = self.start[i]
+                continue
+            ss = self.succ[i]
+            lf = min(ls[j] - g for j, g in ss) if ss else self.start[i] + self.dur[i]
+            ls[i] = lf - dur[i]
+        return ls
+
+    def fits(self, dur: list[float], tol: float) -> bool:
+        """Nothing pinned starts later, nothing ends after it did where nothing follows it."""
+        es = self.earliest(dur)
+        for i, e in enumerate(es):
+            if self.pinned[i]:
+                if e > self.start[i] + tol:
+                    return False
+            elif not self.succ[i] and e + dur[i] > self.start[i] + self.dur[i] + tol:
+                return False
+        return True
+
+
+def build_dag(eng: Engine, share: float) -> tuple[Dag, dict[int, Action]]:
+    """The graph of ``eng``'s traced run as a `Dag`, and the action of each stretchable pass by node
+    number; ``share``: the compute-bound share of kernel seconds (`kernel_seconds`)."""
+    gr = pass_graph(eng)
+    succ, times = _edges(gr)
+    edges = {n: [(m, g) for m, g in succ.get(n, ()) if m in times] for n in times}
+    preds: dict[Node, list[Node]] = defaultdict(list)
+    for n, ms in edges.items():
+        for m, _ in ms:
+            preds[m].append(n)
+    nodes = list(TopologicalSorter({n: preds.get(n, []) for n in times}).static_order())
+    at = {n: i for i, n in enumerate(nodes)}
+    pred: list[list[tuple[int, float]]] = [[] for _ in nodes]
+    out: list[list[tuple[int, float]]] = [[] for _ in nodes]
+    for n, ms in edges.items():
+        for m, g in ms:
+            out[at[n]].append((at[m], g))
+            pred[at[m]].append((at[n], g))
+    pinned = _pinned(gr)
+    actions = {
+        at[("pass", r, e.name)]: a for r, evs in gr.compute.items() for e in evs if (a := _action(e)) is not None
+    }
+    kernel = [0.0] * len(nodes)
+    for i, a in actions.items():
+        if nodes[i] not in pinned:
+            kernel[i] = max(kernel_seconds(eng, a, share), 0.0)
+    start = [times[n][0] for n in nodes]
+    dur = [times[n][1] - times[n][0] for n in nodes]
+    dag = Dag(nodes, pred, out, start, dur, [n in pinned for n in nodes], kernel)
+    return dag, actions
+
+
+def _parts(e: TraceEvent) -> tuple[Action, ...]:
+    """The passes a pass event ran: its action, or an overlapped pair's two."""
+    a = Action.parse(e.name)
+    return a.parts if isinstance(a, Pair) else (a,)
+
+
+def _action(e: TraceEvent) -> Action | None:
+    """The action of a pass event whose kind may run at a lower clock, else None."""
+    if e.kind not in STRETCHED or e.stage is None or e.microbatch is None:
+        return None
+    return Action(e.stage, Kind(e.kind), e.microbatch)
+
+
+def _pinned(gr: PassGraph) -> set[Node]:
+    """The passes kept at their times: those that release gradient buckets, each GPU's last pass."""
+    out: set[Node] = set()
+    for rank, evs in gr.compute.items():
+        if evs:
+            out.add(("pass", rank, evs[-1].name))
+        out.update(("pass", rank, e.name) for e in evs if (a := _action(e)) is not None and (rank, a) in gr.held)
     return out

@@ -24,6 +24,7 @@ links), overlapped F&B pairs, and a GPU's last pass (the tail follows it).
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -33,7 +34,7 @@ from ..errors import SimparError
 from ..iteration.repeat import RepeatedIteration, finish
 from ..schedules.ir import Action, Kind
 from .account import STATES, IterationEnergy
-from .graph import PASSES, STRETCHED, pass_graph, send_kind
+from .graph import PASSES, Dag, build_dag
 from .power import PowerModel
 
 #: relative tolerance of the check that the stretched run ends when the nominal one does
@@ -58,41 +59,25 @@ class UnitClocks:
         return max((f for v in self.speeds.values() for f in v.values()), default=1.0)
 
 
-def _free_floats(eng: Engine) -> dict[tuple[int, Action], float]:
-    """(global rank, pass) -> its free float (module docstring), for the passes that may be
-    stretched."""
-    gr = pass_graph(eng)
-    out: dict[tuple[int, Action], float] = {}
-    for rank, evs in gr.compute.items():
-        for i, e in enumerate(evs[:-1]):  # a GPU's last pass is followed by its tail
-            if e.kind not in STRETCHED or e.stage is None or e.microbatch is None:
-                continue
-            a = Action(e.stage, Kind(e.kind), e.microbatch)
-            if (rank, a) in gr.held:
-                continue
-            end = e.start + e.duration
-            slack = evs[i + 1].start - end - gr.posted.get((rank, e.name), 0.0)
-            kind = send_kind(e.kind)
-            j = gr.place.get((rank, kind, e.stage, e.microbatch)) if kind is not None else None
-            if kind is not None and j is not None:
-                stream = gr.sends[(rank, kind)]
-                s = stream[j]
-                dst = e.stage + 1 if kind == "SEND_F" else e.stage - 1
-                after = s.start + s.duration
-                fed = gr.latest_arrival((dst, e.microbatch, kind), after) - after
-                if j + 1 < len(stream):
-                    fed = min(fed, stream[j + 1].start - after)
-                ready = end + gr.posted_before.get((rank, kind, e.stage, e.microbatch), 0.0)
-                slack = min(slack, s.start - ready + max(0.0, fed))
-            if slack > 0:
-                out[(rank, a)] = slack
+def _free_floats(dag: Dag) -> dict[int, float]:
+    """Node number -> free float (module docstring) of each pass that may be stretched: the least room
+    before a successor starts, a send's room including how far the send itself may slip (the room
+    before its own successors start)."""
+    out: dict[int, float] = {}
+    for i, k in enumerate(dag.kernel):
+        if k <= 0:  # not a stretchable pass, or pinned
+            continue
+        end = dag.start[i] + dag.dur[i]
+        slack = math.inf
+        for j, g in dag.succ[i]:
+            room = dag.start[j] - g - end
+            if dag.nodes[j][0] == "send":
+                after = dag.start[j] + dag.dur[j]
+                room += max(0.0, min((dag.start[n] - h - after for n, h in dag.succ[j]), default=0.0))
+            slack = min(slack, room)
+        if 0 < slack < math.inf:
+            out[i] = slack
     return out
-
-
-def _check(nominal: Engine, run: Engine, speeds: Mapping[int, Mapping[Action, float]], t0: float) -> None:
-    """The stretched run as the plan says: the iteration ends when the nominal one did, every pass
-    starts when it did, and the stretched ones took their longer time (else the plan is wrong, a bug)."""
-    check_run(nominal, run, speeds, t0, latest=None)
 
 
 def check_run(
@@ -140,13 +125,6 @@ def nominal_run(rep: RepeatedIteration, flag: str) -> Engine:
             "use a pipeline, or --lower-clocks.",
         )
     return eng
-
-
-def kernel_seconds(eng: Engine, a: Action, share: float) -> float:
-    """The compute-bound kernel seconds of pass ``a`` at full speed (the ``share`` of its kernels
-    that follows the SM clock)."""
-    parts = eng.work[a.stage].parts(a.kind.value, eng.opt.overlap_tp)
-    return share * (parts[0] + parts[1])
 
 
 def speed_into(k: float, slack: float, floor: float) -> float:
@@ -198,13 +176,12 @@ def unit_clocks(
     share of kernel seconds, ``nominal`` the iteration's energy at full speed, each walked GPU standing
     for ``replicas`` GPUs."""
     eng = nominal_run(rep, "--stretch-units")
+    dag, actions = build_dag(eng, share)
     floor = max(pm.efficient_speed(), pm.min_clock)
     clocks: dict[tuple[int, Action], tuple[float, float]] = {}
-    for (rank, a), slack in _free_floats(eng).items():
-        k = kernel_seconds(eng, a, share)
-        if k <= 0:
-            continue
+    for i, slack in _free_floats(dag).items():
+        k = dag.kernel[i]
         x = speed_into(k, slack, floor)
         if x < 1.0:
-            clocks[(rank, a)] = (k, x)
+            clocks[(dag.nodes[i][1], actions[i])] = (k, x)
     return priced(rep, pm, share, nominal, replicas, eng, clocks, None)
