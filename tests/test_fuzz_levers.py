@@ -59,6 +59,7 @@ LEVERS: dict[str, list[str] | None] = {
         "x",
     ],
     "--schedule": [
+        "envpipe",
         "dualpipe",
         "dualpipe-v",
         "chimera",
