@@ -38,7 +38,7 @@ from ..iteration.repeat import RepeatedIteration
 from .account import IterationEnergy
 from .graph import Dag, build_dag
 from .power import PowerModel
-from .units import RTOL, UnitClocks, nominal_run, priced, speed_into
+from .units import RTOL, UnitClocks, lowest_speed, nominal_run, priced, speed_into, stretch_cost
 
 
 def _greedy(dag: Dag, floor: float, fixed: dict[int, float] | None = None) -> dict[int, float]:
@@ -123,10 +123,11 @@ def _filled(dag: Dag, floor: float, tol: float) -> dict[int, float]:
 
 def _saved_J(dag: Dag, x: dict[int, float], pm: PowerModel) -> float:
     """The energy a plan saves on the walked GPUs: compute at its clock in place of waiting."""
-    return sum(
-        dag.kernel[i] * ((1.0 / c - 1.0) * pm.waiting_W - (pm.compute_W(c) / c - pm.compute_W(1.0)))
-        for i, c in x.items()
-    )
+    total = 0.0
+    for i, c in x.items():
+        seconds, joules = stretch_cost(dag.kernel[i], c, pm)
+        total += seconds * pm.waiting_W - joules
+    return total
 
 
 def critical_clocks(
@@ -137,7 +138,7 @@ def critical_clocks(
     ``replicas`` GPUs."""
     eng = nominal_run(rep, "--critical-path")
     dag, actions = build_dag(eng, share)
-    floor = max(pm.efficient_speed(), pm.min_clock)
+    floor = lowest_speed(pm)
     tol = 1e-3 * RTOL * nominal.iter_time_s  # well inside the check's tolerance (`units.check_run`)
     x = max((_greedy(dag, floor), _filled(dag, floor, tol)), key=lambda c: _saved_J(dag, c, pm))
     ls = dag.latest(dag.durations(x))

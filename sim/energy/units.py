@@ -127,6 +127,18 @@ def nominal_run(rep: RepeatedIteration, flag: str) -> Engine:
     return eng
 
 
+def lowest_speed(pm: PowerModel) -> float:
+    """The lowest clock a pass is run at to fill idle time: the speed that minimises the work's energy,
+    never below the GPU's lowest clock."""
+    return max(pm.efficient_speed(), pm.min_clock)
+
+
+def stretch_cost(k: float, x: float, pm: PowerModel) -> tuple[float, float]:
+    """What running ``k`` compute-bound kernel seconds at speed ``x`` adds: (compute seconds, taken
+    from waiting, k (1 / x - 1); compute joules, k (P(x) / x - P(1)))."""
+    return k * (1.0 / x - 1.0), k * (pm.compute_W(x) / x - pm.compute_W(1.0))
+
+
 def speed_into(k: float, slack: float, floor: float) -> float:
     """The clock at which a pass of ``k`` compute-bound kernel seconds fills ``slack`` more seconds:
     k / (k + slack), or ``floor`` (the speed that minimises the work's energy, never below the GPU's
@@ -154,8 +166,9 @@ def priced(
     for (rank, a), (k, x) in clocks.items():
         # the pass's kernel time multiplier (`account.clock_multiplier` of this pass)
         speeds[rank][a] = share / x + (1.0 - share)
-        extra += k * (1.0 / x - 1.0)
-        compute_J += k * (pm.compute_W(x) / x - pm.compute_W(1.0))
+        seconds_x, joules_x = stretch_cost(k, x, pm)
+        extra += seconds_x
+        compute_J += joules_x
     run = rep.run({}, slow_step={}, units=speeds, trace=True)
     t = finish(run)
     check_run(eng, run, speeds, nominal.iter_time_s, latest)
@@ -177,7 +190,7 @@ def unit_clocks(
     for ``replicas`` GPUs."""
     eng = nominal_run(rep, "--stretch-units")
     dag, actions = build_dag(eng, share)
-    floor = max(pm.efficient_speed(), pm.min_clock)
+    floor = lowest_speed(pm)
     clocks: dict[tuple[int, Action], tuple[float, float]] = {}
     for i, slack in _free_floats(dag).items():
         k = dag.kernel[i]
