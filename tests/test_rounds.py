@@ -114,6 +114,25 @@ def test_compressed_equals_every_round(kw) -> None:
     _same_run(on, off)
 
 
+def test_the_fewest_rounds_first_then_the_usual_run() -> None:
+    """1F1B's rounds repeat right after the last one that waits on the prefix: the run of
+    ``first + need`` rounds shows it; ZB-H1's do not yet (its last stage is slower and the others'
+    slack takes rounds to fill), so the usual, longer run follows, and both are exact."""
+    from simpar.sim.iteration.rounds import lowered_builder, schedule_rounds
+
+    base = dict(dp=2, pp=4, micro_batch_size=1, global_batch_size=2 * 96, zero=1, recompute="selective")
+    simulated = {}
+    for schedule in ("1f1b", "zb-h1"):
+        plan = ParallelPlan(**base, schedule=schedule)
+        rounds, _ = schedule_rounds(plan, lowered_builder(plan, None))
+        dep = rounds.dependencies()
+        on, off = _both(plan)
+        simulated[schedule] = (on.stats["rounds"]["simulated"], dep.first + 1 + dep.span + 2)
+        _same_run(on, off)
+    assert simulated["1f1b"][0] == simulated["1f1b"][1]
+    assert simulated["zb-h1"][0] > simulated["zb-h1"][1]
+
+
 def test_compressed_full_and_contention() -> None:
     plan = ParallelPlan(dp=2, tp=2, pp=4, global_batch_size=2 * 64, schedule="1f1b", zero=1)
     for backend, full in (("contention", False), ("analytical", True), ("contention", True)):

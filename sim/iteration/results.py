@@ -40,7 +40,7 @@ class SimResult:
     events: Sequence[TraceEvent] = ()
     #: per GPU shown, (time, activation bytes) at every change: recorded with the trace (empty
     #: without it, whose run keeps only the peaks, in ``memory``)
-    memory_timeline: dict[int, list[tuple[float, float]]] = field(default_factory=dict)
+    memory_timeline: dict[int, Sequence[tuple[float, float]]] = field(default_factory=dict)
     stats: dict[str, Any] = field(default_factory=dict)
 
     @property

@@ -2,9 +2,11 @@
 
 A lowered schedule for ``m`` microbatches is, on every rank, a prefix, ``k`` rounds (one block of
 actions, each copy ``d`` microbatches later) and a suffix (`simpar.sim.schedules.periodic`). The
-engine runs the schedule with ``K`` rounds (about a dozen) and checks that its rounds repeat every
-``c`` rounds (c = 1 or 2: a max-plus system may repeat only every few rounds, its cyclicity) with
-period ``lambda`` seconds. The result for ``K + c * J`` rounds is read off the run: everything
+engine runs the schedule with ``K`` rounds and checks that its rounds repeat every ``c`` rounds
+(c = 1 or 2: a max-plus system may repeat only every few rounds, its cyclicity) with period
+``lambda`` seconds: first with the fewest rounds that can show it (the window right after the last
+round that waits on the prefix, c = 1: 1F1B's case), then, where those do not repeat yet, with
+about a dozen (a transient, and a window for c = 2). The result for ``K + c * J`` rounds is read off the run: everything
 before the cut (the start of round K - c on each GPU) as simulated, J copies of the period before
 the cut, each ``lambda`` seconds and ``c * d`` microbatches later than the one before, and
 everything from the cut on ``J * lambda`` seconds and ``J * c * d`` microbatches later. The last
@@ -64,7 +66,7 @@ class GpuOutcome:
     key: tuple[int, ...]
     acc: dict[str, float]
     finish: float
-    mem: list[tuple[float, float]]
+    mem: Sequence[tuple[float, float]]
     peak_unsharded: float
     #: the largest activation bytes of a run that kept no samples (`GpuState.act_peak`), else 0
     act_peak: float = 0.0
@@ -72,7 +74,9 @@ class GpuOutcome:
     @property
     def activation_peak(self) -> float:
         """The GPU's largest activation bytes: of its samples, or of a run that kept none."""
-        return max(self.act_peak, max(v for _, v in self.mem))
+        mem = self.mem
+        peak = mem.peak if isinstance(mem, ExpandedMem) else max(v for _, v in mem)
+        return max(self.act_peak, peak)
 
 
 @dataclass
@@ -132,7 +136,7 @@ def _schedule_rounds(plan: ParallelPlan, build: Callable[[int], Schedule]) -> tu
     # the steady state needs num_stages microbatches (1F1B) or twice as many (zb-h2)
     for start in (stages + (d if d > 1 else 0), 2 * stages + d):
         m0 = start + (m - start) % d
-        if WORTH * (m0 + 10 * d) > m:  # a first look before building anything: a run takes ~12 rounds
+        if WORTH * (m0 + 4 * d) > m:  # a first look before building anything: the shortest run, ~5 rounds
             return None, f"{m} microbatches: too few for a steady state worth cutting"
         rounds = find_rounds(build, m0, d)
         if rounds is not None:
@@ -278,11 +282,36 @@ class ExpandedEvents(Sequence[TraceEvent]):
         return self._build()[i]
 
 
-def _expand_mem(mem: list[tuple[float, float]], cut: float, lam: float, extra: int, tol: float):
-    head = [x for x in mem if x[0] < cut - tol]
-    period = [x for x in head if x[0] >= cut - lam - tol]
-    out = head + [(t + j * lam, v) for j in range(1, extra + 1) for t, v in period]
-    return out + [(t + extra * lam, v) for t, v in mem if t >= cut - tol]
+class ExpandedMem(Sequence[tuple[float, float]]):
+    """A GPU's memory samples over the whole iteration, made from the compressed run's on first
+    use: those before the cut, ``extra`` copies of the period before it (each ``lam`` seconds
+    later), and those from the cut on, ``extra * lam`` seconds later. Its ``peak`` is read off the
+    run's own samples (the copies repeat them): a run without its trace never builds the rest."""
+
+    def __init__(self, mem: list[tuple[float, float]], cut: float, lam: float, extra: int, tol: float):
+        self._mem, self._cut, self._lam, self._extra, self._tol = mem, cut, lam, extra, tol
+        self.peak = max(v for _, v in mem)
+        before = cut - tol
+        self._len = len(mem) + extra * sum(1 for t, _ in mem if before - lam <= t < before)
+        self._items: list[tuple[float, float]] | None = None
+
+    def _build(self) -> list[tuple[float, float]]:
+        if self._items is None:
+            mem, lam, extra, before = self._mem, self._lam, self._extra, self._cut - self._tol
+            head = [x for x in mem if x[0] < before]
+            period = [x for x in head if x[0] >= before - lam]
+            out = head + [(t + j * lam, v) for j in range(1, extra + 1) for t, v in period]
+            self._items = out + [(t + extra * lam, v) for t, v in mem if t >= before]
+        return self._items
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __iter__(self) -> Iterator[tuple[float, float]]:
+        return iter(self._build())
+
+    def __getitem__(self, i):  # type: ignore[override]
+        return self._build()[i]
 
 
 def compressed_run(
@@ -300,25 +329,35 @@ def compressed_run(
     real = rounds.rounds_for(plan.num_microbatches)
     if real is None:
         return None, f"{plan.num_microbatches} microbatches: not a whole number of rounds"
-    # enough rounds for a short transient and a window of `need` periods of two rounds (a max-plus
-    # system may repeat only every few rounds: its cyclicity), and a whole number of periods left
-    k = first + 2 * need + TRANSIENT
-    k += (real - k) % 2
-    lam, c, worth = None, 1, WORTH  # a second try (a longer transient) only if it is as cheap again
-    while worth * rounds.microbatches(k) <= plan.num_microbatches:
+    # First the fewest rounds that can show a steady state: the window of `need` rounds right
+    # after the last one that waits on the prefix, repeating every round (1F1B's usual case: its
+    # rounds repeat as soon as the warm-up's sends have arrived). Then, where they do not, enough
+    # rounds for a short transient and a window of `need` periods of two rounds (a max-plus system
+    # may repeat only every few rounds: its cyclicity), and a whole number of periods left; then,
+    # if it is as cheap again, a longer transient.
+    usual = first + 2 * need + TRANSIENT
+    usual += (real - usual) % 2
+    longer = 3 * usual - (real - 3 * usual) % 2
+    tries = [(first + need, (1,), WORTH), (usual, (1, 2), WORTH), (longer, (1, 2), 2 * WORTH)]
+    lam, c, k, ran = None, 1, usual, 0
+    for k, periods, worth in tries:
+        if worth * rounds.microbatches(k) > plan.num_microbatches:
+            if ran:  # a longer try is not worth it
+                break
+            continue
         eng = run(rounds.expand(k), [frozenset(s) for s in rounds.starts(k)])
+        ran = k
         tol = RTOL * max(1.0, max(g.finish for g in eng.gpus.values()))
-        for c in (1, 2):
+        for c in periods:
             lam = _rounds_repeat(eng, rounds, k - c * need, k - 1, c, tol)
             if lam is not None:
                 break
         if lam is not None:
             break
-        k, worth = 3 * k - (real - 3 * k) % 2, 2 * worth  # a longer transient: one more try
     if lam is None:
-        if worth == WORTH:
+        if not ran:
             return None, f"{plan.num_microbatches} microbatches: too few for a steady state worth cutting"
-        return None, f"the simulated rounds do not repeat within {k // 3} rounds"
+        return None, f"the simulated rounds do not repeat within {ran} rounds"
     extra, dmb = (real - k) // c, c * rounds.d  # whole periods of c rounds left out
     by_rank: dict[int, list[TraceEvent]] = {g.rank: [] for g in eng.gpus.values()}
     for e in eng.events:
@@ -332,7 +371,7 @@ def compressed_run(
         splits.append(sp)
         (_, acc_a, _), (_, acc_b, _) = g.snaps[k - 1 - c], g.snaps[k - 1]
         acc = {name: v + extra * (acc_b[name] - acc_a[name]) for name, v in g.acc.items()}
-        mem = _expand_mem(g.mem, cut, lam, extra, tol) if key == (0, 0, 0) else g.mem
+        mem = ExpandedMem(g.mem, cut, lam, extra, tol) if key == (0, 0, 0) else g.mem
         gpus.append(GpuOutcome(g.rank, g.prank, key, acc, g.finish + extra * lam, mem, g.peak_unsharded))
     actions = sum(len(r) for r in rounds.base.ranks) + real * sum(rounds.length)
     info: dict[str, object] = {

@@ -13,6 +13,7 @@ compressed into steady-state rounds records both for its checks, and the result 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 
 import simpy
@@ -175,7 +176,7 @@ def _simulate(
     per_rank: dict[int, dict[str, float]] = {}
     peaks = [0.0] * plan.pp
     unsharded = [0.0] * plan.pp
-    timeline: dict[int, list[tuple[float, float]]] = {}
+    timeline: dict[int, Sequence[tuple[float, float]]] = {}
     made: dict[int, dict[str, float]] = {}  # by id(acc): replicated GPUs share one breakdown
     for g in out.gpus:
         bd = made.get(id(g.acc))

@@ -3,7 +3,7 @@ colours by action kind, and memory over time per rank. Agg backend: files only, 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import matplotlib
@@ -262,7 +262,7 @@ def row_labels(events: Sequence[TraceEvent], rows: Sequence[tuple[int, str]]) ->
 
 
 def plot_memory(
-    timeline: dict[int, list[tuple[float, float]]],
+    timeline: Mapping[int, Sequence[tuple[float, float]]],
     base: dict[int, float],
     path: str | Path,
     capacity: float,
