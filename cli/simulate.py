@@ -94,9 +94,7 @@ def simulate(
     if plan_dir:  # schedule.csv holds the whole schedule: one too large to build fails now, not after the run
         from simpar.sim.schedules.bounds import check_size
 
-        check_size(
-            st.plan.schedule, 1 if st.plan.schedule == "none" else st.plan.pp, st.plan.vpp, st.plan.num_microbatches
-        )
+        check_size(st.plan.schedule, st.plan.pipeline_ranks, st.plan.vpp, st.plan.num_microbatches)
     calib = load_calibration_option(calibration, st.cluster.gpu.name)
     opts = EngineOptions(
         full=full,

@@ -56,8 +56,9 @@ class RankLayout:
 
     def group(self, rank: int, axis: str) -> tuple[int, ...]:
         """The ranks that differ from ``rank`` only along ``axis`` (its TP/DP/PP/CP group)."""
-        c = self.coords(rank)
-        return tuple(self.rank(**{**c, axis: i}) for i in range(self.sizes[axis]))
+        stride, n = self.strides[axis], self.sizes[axis]
+        base = rank - (rank // stride) % n * stride
+        return tuple(base + i * stride for i in range(n))
 
     @derived
     def strides(self) -> dict[str, int]:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import simpy
 
@@ -26,20 +27,16 @@ class GpuState:
     """State of one simulated GPU."""
 
     def __init__(self, env: simpy.Environment, rank: int, prank: int, key: tuple[int, ...]):
-        self.rank, self.prank, self.key = rank, prank, key
+        self.env, self.rank, self.prank, self.key = env, rank, prank, key
         #: how many times its nominal time the GPU's kernels take (a slow or throttled GPU: > 1;
         #: `simpar.sim.variability`); communication is the network's. ``slow_step``: the same for
         #: its optimizer step (memory-bound: a lower SM clock barely slows it, `simpar.sim.energy`)
         self.slow = 1.0
         self.slow_step = 1.0
         self.acc = dict.fromkeys(ACCOUNTS, 0.0)
-        self.send_next = simpy.Resource(env, 1)
-        self.send_prev = simpy.Resource(env, 1)
         #: when each send stream (F: to the next stage, B: to the previous) is free again, for
         #: transfers booked without a process (a network that does not share links)
         self.send_free = {"F": 0.0, "B": 0.0}
-        self.dp = simpy.Resource(env, 1)
-        self.zero = simpy.Resource(env, 1)
         self.reductions: list[simpy.Process] = []
         #: an offloaded optimizer's gradient copies made during the backward (`hostpath`), and the
         #: GPU's copy stream they queue on (made by the first)
@@ -63,11 +60,37 @@ class GpuState:
         self.tp_group: tuple[int, ...] = ()
         self.edp_group: tuple[int, ...] = ()  # MoE: the expert data-parallel group (expert gradients, ZeRO)
         self.ep_group: tuple[int, ...] = ()  # MoE: the expert-parallel group (token all-to-alls)
-        self.a2a = simpy.Resource(env, 1)  # MoE all-to-alls on a network that shares links
         #: with ``Engine.marks``: when each action began, and (time, accounts, activation bytes)
         #: at each marked action (`iteration.rounds` reads the steady state off them)
         self.starts: list[float] = []
         self.snaps: list[tuple[float, dict[str, float], float]] = []
+
+    # The GPU's streams, each a SimPy resource of capacity 1, made on first use: a run on a network
+    # that does not share links books its pipeline transfers and gradient buckets without them.
+    @cached_property
+    def send_next(self) -> simpy.Resource:
+        """Sends to the next stage (F)."""
+        return simpy.Resource(self.env, 1)
+
+    @cached_property
+    def send_prev(self) -> simpy.Resource:
+        """Sends to the previous stage (B)."""
+        return simpy.Resource(self.env, 1)
+
+    @cached_property
+    def dp(self) -> simpy.Resource:
+        """Gradient reductions."""
+        return simpy.Resource(self.env, 1)
+
+    @cached_property
+    def zero(self) -> simpy.Resource:
+        """ZeRO parameter gathers."""
+        return simpy.Resource(self.env, 1)
+
+    @cached_property
+    def a2a(self) -> simpy.Resource:
+        """MoE all-to-alls on a network that shares links."""
+        return simpy.Resource(self.env, 1)
 
 
 @dataclass

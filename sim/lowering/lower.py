@@ -232,7 +232,7 @@ def lower(
             "lower the compute-only schedule (schedule.compute_only()).",
         )
     if plan is not None:
-        pp = 1 if plan.schedule == "none" else plan.pp
+        pp = plan.pipeline_ranks
         if (pp, plan.vpp) != (schedule.pp, schedule.vpp):
             raise ScheduleError(
                 "plan",

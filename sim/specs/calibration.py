@@ -317,10 +317,13 @@ _DEFAULTS: dict[str, tuple[float, Calibration]] = {}
 def default_calibration(gpu_name: str) -> Calibration | None:
     """The GPU preset's default calibration (validated, cached per file version), or None.
     A malformed default file raises `SpecError` naming it: it is never silently ignored."""
-    p = default_calibration_path(gpu_name)
-    if p is None:
+    from .loader import presets_dir
+
+    p = presets_dir(DEFAULT_CALIBRATIONS) / f"{gpu_name}.json"
+    try:  # one stat: whether there is a file, and its version
+        stamp = p.stat().st_mtime
+    except FileNotFoundError:
         return None
-    stamp = p.stat().st_mtime
     hit = _DEFAULTS.get(str(p))
     if hit is None or hit[0] != stamp:
         hit = (stamp, load_calibration(p, gpu_name))

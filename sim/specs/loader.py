@@ -4,6 +4,7 @@ validation errors into one `SpecError` line that names the file and the field.""
 from __future__ import annotations
 
 import os
+from functools import cache
 from importlib import resources
 from pathlib import Path
 from typing import Any, TypeVar
@@ -16,8 +17,10 @@ from ..errors import SpecError
 T = TypeVar("T", bound=BaseModel)
 
 
+@cache
 def presets_dir(kind: str) -> Path:
-    """Folder of the shipped presets of one kind (`gpus`, `clusters`, `models`)."""
+    """Folder of the shipped presets of one kind (`gpus`, `clusters`, `models`): where the
+    installed package lies, found once."""
     return Path(str(resources.files("simpar.topologies"))) / kind
 
 
