@@ -114,23 +114,41 @@ def test_compressed_equals_every_round(kw) -> None:
     _same_run(on, off)
 
 
-def test_the_fewest_rounds_first_then_the_usual_run() -> None:
+def test_the_fewest_rounds_first_then_the_usual_run(monkeypatch) -> None:
     """1F1B's rounds repeat right after the last one that waits on the prefix: the run of
-    ``first + need`` rounds shows it; ZB-H1's do not yet (its last stage is slower and the others'
-    slack takes rounds to fill), so the usual, longer run follows, and both are exact."""
+    ``first + need`` rounds shows it. Where that run does not show it (forced here), the usual,
+    longer run follows; a zero-bubble schedule starts with the usual run (its ranks' slack drains
+    over rounds). Each is exact."""
+    from simpar.sim.iteration import rounds as rounds_module
     from simpar.sim.iteration.rounds import lowered_builder, schedule_rounds
 
     base = dict(dp=2, pp=4, micro_batch_size=1, global_batch_size=2 * 96, zero=1, recompute="selective")
-    simulated = {}
-    for schedule in ("1f1b", "zb-h1"):
-        plan = ParallelPlan(**base, schedule=schedule)
-        rounds, _ = schedule_rounds(plan, lowered_builder(plan, None))
-        dep = rounds.dependencies()
-        on, off = _both(plan)
-        simulated[schedule] = (on.stats["rounds"]["simulated"], dep.first + 1 + dep.span + 2)
-        _same_run(on, off)
-    assert simulated["1f1b"][0] == simulated["1f1b"][1]
-    assert simulated["zb-h1"][0] > simulated["zb-h1"][1]
+
+    def fewest(plan) -> int:
+        dep = schedule_rounds(plan, lowered_builder(plan, None))[0].dependencies()
+        return dep.first + 1 + dep.span + 2
+
+    plan = ParallelPlan(**base, schedule="1f1b")
+    on, every_round = _both(plan)
+    assert on.stats["rounds"]["simulated"] == fewest(plan)
+    _same_run(on, every_round)
+
+    zb = ParallelPlan(**base, schedule="zb-h1")
+    on, off = _both(zb)
+    assert on.stats["rounds"]["compressed"] and on.stats["rounds"]["simulated"] > fewest(zb)
+    _same_run(on, off)
+
+    real = rounds_module._rounds_repeat
+    tried: list[int] = []
+
+    def not_the_shortest(eng, rounds, first, last, c, tol):
+        tried.append(last + 1)
+        return None if last + 1 == fewest(plan) else real(eng, rounds, first, last, c, tol)
+
+    monkeypatch.setattr(rounds_module, "_rounds_repeat", not_the_shortest)
+    on = simulate(MODEL, load_cluster("dgx-a100-80g", gpus=plan.num_gpus), plan)
+    assert tried[0] == fewest(plan) and on.stats["rounds"]["simulated"] > fewest(plan)
+    _same_run(on, every_round)
 
 
 def test_compressed_full_and_contention() -> None:
