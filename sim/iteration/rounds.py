@@ -38,6 +38,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 from ..engine.core import Engine
 from ..engine.trace import TraceEvent
@@ -75,7 +76,7 @@ class GpuOutcome:
     def activation_peak(self) -> float:
         """The GPU's largest activation bytes: of its samples, or of a run that kept none."""
         mem = self.mem
-        peak = mem.peak if isinstance(mem, ExpandedMem) else max(v for _, v in mem)
+        peak = mem.peak if isinstance(mem, ExpandedMem) else max(map(itemgetter(1), mem))
         return max(self.act_peak, peak)
 
 
@@ -290,9 +291,7 @@ class ExpandedMem(Sequence[tuple[float, float]]):
 
     def __init__(self, mem: list[tuple[float, float]], cut: float, lam: float, extra: int, tol: float):
         self._mem, self._cut, self._lam, self._extra, self._tol = mem, cut, lam, extra, tol
-        self.peak = max(v for _, v in mem)
-        before = cut - tol
-        self._len = len(mem) + extra * sum(1 for t, _ in mem if before - lam <= t < before)
+        self.peak = max(map(itemgetter(1), mem))
         self._items: list[tuple[float, float]] | None = None
 
     def _build(self) -> list[tuple[float, float]]:
@@ -305,7 +304,7 @@ class ExpandedMem(Sequence[tuple[float, float]]):
         return self._items
 
     def __len__(self) -> int:
-        return self._len
+        return len(self._build())
 
     def __iter__(self) -> Iterator[tuple[float, float]]:
         return iter(self._build())
