@@ -6,10 +6,11 @@ engine runs the schedule with ``K`` rounds and checks that its rounds repeat eve
 (c = 1 or 2: a max-plus system may repeat only every few rounds, its cyclicity) with period
 ``lambda`` seconds: first with the fewest rounds that can show it (the window right after the last
 round that waits on the prefix, c = 1: 1F1B's case), then, where those do not repeat yet, with
-about a dozen (a transient, and a window for c = 2). The result for ``K + c * J`` rounds is read off the run: everything
-before the cut (the start of round K - c on each GPU) as simulated, J copies of the period before
-the cut, each ``lambda`` seconds and ``c * d`` microbatches later than the one before, and
-everything from the cut on ``J * lambda`` seconds and ``J * c * d`` microbatches later. The last
+about a dozen (a transient, and a window for c = 2). The result for ``K + c * J`` rounds is read
+off the run: everything before the cut (the start of round K - c on each GPU) as simulated, J
+copies of the period before the cut, each ``lambda`` seconds and ``c * d`` microbatches later than
+the one before, and everything from the cut on ``J * lambda`` seconds and ``J * c * d``
+microbatches later. The last
 round is left after the cut, since it may hold a stage's last backward (which starts the
 gradient reduction) and is then not a copy of the others. Accounts grow by J times one period's,
 the iteration time by ``J * lambda``; memory values repeat, so peaks stay.
@@ -341,7 +342,7 @@ def compressed_run(
     if spec(plan.schedule).split_backward:
         # zero-bubble schedules put deferred weight-gradient passes in the bubbles, so their ranks
         # carry slack, which a slower stage (the output head's) drains over many rounds: their
-        # rounds right after the prefix do not repeat yet (none of the 208 of GPT-3's exhaustive
+        # rounds right after the prefix do not repeat yet (none of the 248 of GPT-3's exhaustive
         # sweep that were tried did), and they start with the usual run
         tries = tries[1:]
     lam, c, k, ran = None, 1, usual, 0
