@@ -10,10 +10,10 @@ about a dozen (a transient, and a window for c = 2). The result for ``K + c * J`
 off the run: everything before the cut (the start of round K - c on each GPU) as simulated, J
 copies of the period before the cut, each ``lambda`` seconds and ``c * d`` microbatches later than
 the one before, and everything from the cut on ``J * lambda`` seconds and ``J * c * d``
-microbatches later. The last
-round is left after the cut, since it may hold a stage's last backward (which starts the
-gradient reduction) and is then not a copy of the others. Accounts grow by J times one period's,
-the iteration time by ``J * lambda``; memory values repeat, so peaks stay.
+microbatches later. The last round is left after the cut, since it may hold a stage's last
+backward (which starts the gradient reduction) and is then not a copy of the others. Accounts
+grow by J times one period's, the iteration time by ``J * lambda``; memory values repeat, so peaks
+stay.
 
 Why this is exact (max-plus algebra; Baccelli, Cohen, Olsder, Quadrat, *Synchronization and
 Linearity*, 1992, ch. 2 and 3). With a network that does not share links every duration is fixed,
