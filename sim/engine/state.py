@@ -23,6 +23,17 @@ ACCOUNTS = (
 )
 
 
+def _stream(doc: str) -> cached_property[simpy.Resource]:
+    """A GPU's stream (`GpuState`): a SimPy resource of capacity 1 on the GPU's environment, made
+    when first used."""
+
+    def make(self: GpuState) -> simpy.Resource:
+        return simpy.Resource(self.env, 1)
+
+    make.__doc__ = doc
+    return cached_property(make)
+
+
 class GpuState:
     """State of one simulated GPU."""
 
@@ -67,30 +78,11 @@ class GpuState:
 
     # The GPU's streams, each a SimPy resource of capacity 1, made on first use: a run on a network
     # that does not share links books its pipeline transfers and gradient buckets without them.
-    @cached_property
-    def send_next(self) -> simpy.Resource:
-        """Sends to the next stage (F)."""
-        return simpy.Resource(self.env, 1)
-
-    @cached_property
-    def send_prev(self) -> simpy.Resource:
-        """Sends to the previous stage (B)."""
-        return simpy.Resource(self.env, 1)
-
-    @cached_property
-    def dp(self) -> simpy.Resource:
-        """Gradient reductions."""
-        return simpy.Resource(self.env, 1)
-
-    @cached_property
-    def zero(self) -> simpy.Resource:
-        """ZeRO parameter gathers."""
-        return simpy.Resource(self.env, 1)
-
-    @cached_property
-    def a2a(self) -> simpy.Resource:
-        """MoE all-to-alls on a network that shares links."""
-        return simpy.Resource(self.env, 1)
+    send_next = _stream("Sends to the next stage (F).")
+    send_prev = _stream("Sends to the previous stage (B).")
+    dp = _stream("Gradient reductions.")
+    zero = _stream("ZeRO parameter gathers.")
+    a2a = _stream("MoE all-to-alls on a network that shares links.")
 
 
 @dataclass
