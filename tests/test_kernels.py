@@ -15,7 +15,8 @@ from simpar.cli.main import cli
 from simpar.sim.cost import kernels as K
 from simpar.sim.cost.compute import CostModel
 from simpar.sim.errors import SpecError
-from simpar.sim.specs import load_gpu
+from simpar.sim.plan import ParallelPlan
+from simpar.sim.specs import load_gpu, load_model
 from simpar.sim.specs.calibration import validate_calibration
 from simpar.sim.specs.kernels import load_kernel_data
 from simpar.sim.specs.loader import preset_names, presets_dir
@@ -123,6 +124,58 @@ def test_attention_curves_follow_the_data():
         "fa2", *list(K.attention_curve("h100", "sdpa-flash", 128.0).__dict__.values())[1:]
     )
     assert K.attention_curve("a100", "fa2", 128.0) is None  # no A100 attention row: the calibration's figure
+
+
+def test_cudnn_on_hopper_and_blackwell_comes_from_its_own_rows_both_masks_both_directions():
+    # NVIDIA's cudnn-frontend training benchmark (H200, GB200, GB300): nothing derived from another die
+    for die in ("h100", "b200", "b300"):
+        c = K.attention_curve(die, "cudnn", 128.0)
+        assert c is not None and c.derived == (), (die, c)
+        assert any("cudnn-frontend" in s for s in c.sources)
+        for s in (2048, 8192, 32768):
+            (f, b), full = c.efficiencies(s), (c.full_fwd.at(s), c.full_bwd.at(s))
+            assert 0 < b < f < 1 and 0 < full[1] < full[0] < 1
+        # the longer the keys a kernel loops over, the closer it runs to its best
+        assert c.efficiencies(2048)[0] < c.efficiencies(32768)[0]
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.integers(512, 1 << 17),
+    st.sampled_from([1, 2, 4, 8, 16]),
+    st.sampled_from(["p2p", "all_gather", "a2a", "a2a+p2p"]),
+)
+def test_context_parallel_blocks_share_the_work_and_price_between_their_kernels(seq, cp, comm):
+    blocks = K.attention_blocks(seq, cp, comm, 2 if comm == "a2a+p2p" and cp > 1 else None)
+    assert sum(b.share for b in blocks) == pytest.approx(1.0)
+    assert all(0 < b.keys <= seq for b in blocks)
+    c = K.attention_curve("b200", "cudnn", 128.0)
+    f, b = c.mixed(blocks)
+    each = [(c.fwd if x.causal else c.full_fwd).at(x.keys) for x in blocks]
+    assert min(each) - 1e-12 <= f <= max(each) + 1e-12 and 0 < b < 1
+
+
+def test_context_parallel_kernels_follow_transformer_engine():
+    # Ulysses (a2a): each rank runs the whole sequence for cp's share of the heads
+    assert K.attention_blocks(8192, 8, "a2a") == K.attention_blocks(8192, 1) == (K.AttentionBlock(1.0, True, 8192.0),)
+    # the ring: one causal step over the rank's 2 chunks, the rest full squares over one or two chunks
+    ring = K.attention_blocks(8192, 4, "p2p")
+    assert ring == (
+        K.AttentionBlock(0.25, True, 2048.0),
+        K.AttentionBlock(0.375, False, 1024.0),
+        K.AttentionBlock(0.375, False, 2048.0),
+    )
+    # a2a+p2p: all-to-all over 2 ranks, then a ring over the other 2
+    assert K.attention_blocks(8192, 4, "a2a+p2p", 2) == K.attention_blocks(8192, 2, "p2p")
+    # the cost model prices a plan's attention on those kernels: Ulysses at the whole sequence
+    gpu = load_gpu("b200")
+    cm = CostModel.for_gpu(gpu)
+    m = load_model("llama3-70b")
+    ring_plan = ParallelPlan(dp=1, tp=1, pp=1, cp=8, cp_comm_type="p2p", global_batch_size=8, micro_batch_size=1)
+    a2a_plan = ring_plan.model_copy(update={"cp_comm_type": "a2a"})
+    one = ring_plan.model_copy(update={"cp": 1})
+    assert cm.attention_efficiencies(m, a2a_plan) == pytest.approx(cm.attention_efficiencies(m, one))
+    assert cm.attention_efficiencies(m, ring_plan)[0] < cm.attention_efficiencies(m, one)[0]
 
 
 def test_causal_half_figures_become_the_work_the_cost_model_charges():

@@ -42,7 +42,14 @@ from ..model import DENSE, LayerFlops, LayerKind, layer_flops, logits_flops
 from ..plan import ParallelPlan
 from ..specs import GPUSpec, ModelSpec
 from ..specs.calibration import Calibration, EfficiencyParams, default_calibration
-from .kernels import FLASH_BLOCK, attention_curve, causal_attention_fraction, gemm_bytes, kernel_efficiencies
+from .kernels import (
+    FLASH_BLOCK,
+    attention_blocks,
+    attention_curve,
+    causal_attention_fraction,
+    gemm_bytes,
+    kernel_efficiencies,
+)
 from .optimizers import optimizer_facts
 from .precision import cast_bytes, element_bytes, gemm_dtype, recipe_of, stack_of
 from .recompute import block_linears, selective_mode, selective_modules
@@ -242,16 +249,18 @@ class CostModel:
 
     def attention_efficiencies(self, m: ModelSpec, plan: ParallelPlan) -> tuple[float, float]:
         """Forward and backward efficiency of the plan's attention core in training: the kernel
-        data's curve of the implementation the plan's stack runs on this GPU's die, at the sequence
-        length one kernel sees (``seq_len / cp``: context parallelism splits the square into cp x cp
-        blocks), or the calibration's ``attn_eff_fwd`` / ``attn_eff_bwd`` where it sets them or the
-        data have no curve for that implementation; times ``train_attn_fraction``."""
+        data's curves of the implementation the plan's stack runs on this GPU's die, over the kernels
+        context parallelism splits one GPU's work into (`kernels.attention_blocks`: a ring's causal
+        diagonal and full-square blocks, or Ulysses' whole sequence), or the calibration's
+        ``attn_eff_fwd`` / ``attn_eff_bwd`` where it sets them or the data have no curve for that
+        implementation; times ``train_attn_fraction``."""
         share = self.eff.train_attn_fraction
         if self.attention_from_kernels and self.gpu.kernel_die:
             impl = stack_of(plan).attention_kernel_on(self.gpu.kernel_die)
             curve = attention_curve(self.gpu.kernel_die, impl, float(m.head_dim))
             if curve is not None:
-                fwd, bwd = curve.efficiencies(m.seq_len / plan.cp)
+                blocks = attention_blocks(m.seq_len, plan.cp, plan.cp_comm_type, plan.cp_a2a_size)
+                fwd, bwd = curve.mixed(blocks)
                 return fwd * share, bwd * share
         return self.eff.attn_eff_fwd * share, self.eff.attn_eff_bwd * share
 

@@ -17,10 +17,12 @@ figures a training step reaches (`EfficiencyParams.train_gemm_fraction`, ``train
   one kernel sees, fitted to the rows at the head dimension nearest the model's. Efficiencies are of
   the work the cost model charges: a causal kernel computes `causal_attention_fraction` of the full
   square, so a figure whose source counts half the square and 2.5x the forward for the backward
-  (``flops_convention`` ``causal-half``: the FlashAttention benchmarks) is rescaled. Where a die has
-  only full-square (non-causal) rows of an implementation, or only forward rows, the data's own
-  causal / full and backward / forward ratios over rows measured both ways (`_pair_ratio`) fill in,
-  and the curve says so (``derived``).
+  (``flops_convention`` ``causal-half``: the FlashAttention benchmarks and cuDNN's) is rescaled. Each
+  implementation has a causal and a full-square (unmasked) curve: context parallelism runs a GPU's
+  share of a causal attention as causal and full-square kernels over shorter key ranges
+  (`attention_blocks`). Where a die has rows of only one mask of an implementation, or only forward
+  rows, the data's own causal / full and backward / forward ratios over rows measured both ways
+  (`_pair_ratio`) fill in, and the curve says so (``derived``).
 
 A die without rows of a kind keeps its calibration's figure for it; `simpar kernels GPU` prints what
 came from which rows (`kernel_report`).
@@ -73,23 +75,86 @@ class GemmCurve:
 
 
 @dataclass(frozen=True)
+class SeqCurve:
+    """``eff(s) = eff_max * s / (s + s_half)`` over the length one kernel's inner loop runs."""
+
+    eff_max: float
+    s_half: float
+
+    def at(self, seq_len: float) -> float:
+        s = max(seq_len, 1.0)
+        return self.eff_max * s / (s + self.s_half)
+
+
+@dataclass(frozen=True)
 class AttentionCurve:
-    """One attention implementation's efficiency over the sequence length, forward and backward
-    (the backward from the data's backward / forward ratio where the die has no backward rows)."""
+    """One attention implementation's efficiency over the sequence length: forward and backward, of a
+    causal kernel and of a full-square (unmasked) one; a kind the die has no rows of comes from the
+    data's causal / full or backward / forward ratio (``derived`` says which)."""
 
     impl: str
     head_dim: float
-    fwd_max: float
-    fwd_half: float
-    bwd_max: float
-    bwd_half: float
+    fwd: SeqCurve
+    bwd: SeqCurve
+    full_fwd: SeqCurve
+    full_bwd: SeqCurve
     rows: int
     derived: tuple[str, ...]
     sources: tuple[str, ...]
 
     def efficiencies(self, seq_len: float) -> tuple[float, float]:
-        s = max(seq_len, 1.0)
-        return self.fwd_max * s / (s + self.fwd_half), self.bwd_max * s / (s + self.bwd_half)
+        """(forward, backward) of a causal kernel over ``seq_len`` queries and keys."""
+        return self.fwd.at(seq_len), self.bwd.at(seq_len)
+
+    def mixed(self, blocks: tuple[AttentionBlock, ...]) -> tuple[float, float]:
+        """(forward, backward) efficiency of the work ``blocks`` split into kernels (`attention_blocks`):
+        each block's share of the work at its own kernel's efficiency, so times add."""
+        out = []
+        for causal_c, full_c in ((self.fwd, self.full_fwd), (self.bwd, self.full_bwd)):
+            t = sum(b.share / (causal_c if b.causal else full_c).at(b.keys) for b in blocks)
+            out.append(1.0 / t)
+        return out[0], out[1]
+
+
+@dataclass(frozen=True)
+class AttentionBlock:
+    """A share of one GPU's attention work that runs as kernels of one kind: causal or full-square,
+    over ``keys`` keys per query block (the kernel's inner loop)."""
+
+    share: float
+    causal: bool
+    keys: float
+
+
+def attention_blocks(
+    seq_len: float, cp: int, comm: str = "p2p", a2a_size: int | None = None
+) -> tuple[AttentionBlock, ...]:
+    """How one GPU's share of a causal attention over ``seq_len`` tokens splits into kernels under
+    context parallelism of ``cp`` (Transformer Engine's ``attention/dot_product_attention/
+    context_parallel.py``, the CP Megatron-Core runs; the sequence in 2 x cp load-balanced chunks of
+    c = s / 2cp tokens, rank r holding chunks r and 2cp-1-r):
+
+    - cp 1: one causal kernel over s.
+    - ``p2p`` (ring): cp steps of equal work. Step 0 is causal over the rank's own 2c tokens; of the
+      other cp-1 steps, those with keys from an earlier rank run all 2c queries against the first
+      chunk of those keys (c keys), the others the second query chunk against all 2c keys, full
+      squares both, half each averaged over ranks.
+    - ``all_gather``: each query chunk against every key up to it: a causal c x c diagonal (1 / 2cp
+      of the work) and full blocks over, on average over ranks, s / 2 keys.
+    - ``a2a`` (Ulysses): the all-to-all gives each rank cp's share of the heads over the whole
+      sequence: one causal kernel over s.
+    - ``a2a+p2p``: all-to-all over ``a2a_size`` ranks, then the ring over cp / a2a_size of them."""
+    s = float(seq_len)
+    if cp <= 1 or comm == "a2a":
+        return (AttentionBlock(1.0, True, s),)
+    if comm == "a2a+p2p":
+        ring = cp // (a2a_size or cp)
+        return attention_blocks(s, ring, "p2p")
+    c = s / (2 * cp)
+    if comm == "all_gather":
+        return (AttentionBlock(1.0 / (2 * cp), True, c), AttentionBlock(1.0 - 1.0 / (2 * cp), False, s / 2))
+    off = (cp - 1) / (2.0 * cp)
+    return (AttentionBlock(1.0 / cp, True, 2 * c), AttentionBlock(off, False, c), AttentionBlock(off, False, 2 * c))
 
 
 #: bytes per element of a GEMM's operands by data type (its result is written in 16 bits, fp32 plans 32)
@@ -268,41 +333,64 @@ def _fit_seq_curve(points: list[tuple[float, float]]) -> tuple[float, float]:
 
 @cache
 def attention_curve(die: str, impl: str, head_dim: float, folder: str | None = None) -> AttentionCurve | None:
-    """The die's curve of one 16-bit attention implementation at the measured head dimension nearest
-    ``head_dim``, from its causal rows, or from its full-square rows times the data's causal /
-    full ratio; its backward from backward rows, or from the forward times the data's backward /
-    forward ratio. None without forward rows."""
+    """The die's curves of one 16-bit attention implementation at the measured head dimension nearest
+    ``head_dim``: causal and full-square, forward and backward, each from its own rows where the die
+    has them, else from the other mask's rows times the data's causal / full ratio, else (backward)
+    from the forward times the data's backward / forward ratio. None without forward rows."""
     data = load_kernel_data(folder)
     every = _attention_rows(data)
     impls = {impl, SAME_KERNELS.get(impl, impl)}
     rows = [r for r in every if data.die_of(r.gpu) == die and r.impl in impls]
-    derived: list[str] = []
-    causal = [r for r in rows if r.causal]
-    scale = 1.0
-    if not causal and rows:
-        ratio = _pair_ratio(data, every, "causal", True, False)
-        if ratio is None:
-            return None
-        scale = ratio
-        derived.append(f"causal from full-square rows x {ratio:.3f} (the data's causal / full ratio)")
-    rows = causal or rows
     if not any(r.direction == "fwd" for r in rows):
         return None
     near = min({r.head_dim for r in rows if r.direction == "fwd"}, key=lambda d: abs(math.log(d / head_dim)))
     rows = [r for r in rows if r.head_dim == near]
-    fwd = [(r.seq_len, scale * charged_efficiency(data, r)) for r in rows if r.direction == "fwd"]
-    bwd = [(r.seq_len, scale * charged_efficiency(data, r)) for r in rows if r.direction == "bwd"]
-    fm, fh = _fit_seq_curve(fwd)
-    if bwd:
-        bm, bh = _fit_seq_curve(bwd)
-    else:
-        ratio = _pair_ratio(data, every, "direction", "bwd", "fwd")
-        if ratio is None:
+    derived: list[str] = []
+    ratios: dict[str, float | None] = {}
+
+    def ratio(field: str, a: object, b: object) -> float | None:
+        key = f"{field}:{a}/{b}"
+        if key not in ratios:
+            ratios[key] = _pair_ratio(data, every, field, a, b)
+        return ratios[key]
+
+    def points(direction: str, causal: bool) -> list[tuple[float, float]]:
+        kind = (direction, causal)
+        return [(r.seq_len, charged_efficiency(data, r)) for r in rows if (r.direction, r.causal) == kind]
+
+    curves: dict[tuple[str, bool], SeqCurve] = {}
+    for direction in ("fwd", "bwd"):
+        for causal in (True, False):
+            own, other = points(direction, causal), points(direction, not causal)
+            mask = "causal" if causal else "full-square"
+            if own:
+                curves[direction, causal] = SeqCurve(*_fit_seq_curve(own))
+            elif other and (cf := ratio("causal", True, False)) is not None:
+                scale = cf if causal else 1.0 / cf
+                curves[direction, causal] = SeqCurve(*_fit_seq_curve([(s, e * scale) for s, e in other]))
+                why = f"x {scale:.3f} (the data's causal / full ratio)"
+                derived.append(f"{mask} {direction} from the other mask's rows {why}")
+    for causal in (True, False):
+        if ("fwd", causal) not in curves:
             return None
-        bm, bh = fm * ratio, fh
-        derived.append(f"backward = forward x {ratio:.3f} (the data's backward / forward ratio)")
+        if ("bwd", causal) not in curves:
+            bf = ratio("direction", "bwd", "fwd")
+            if bf is None:
+                return None
+            f = curves["fwd", causal]
+            curves["bwd", causal] = SeqCurve(f.eff_max * bf, f.s_half)
+            mask = "causal" if causal else "full-square"
+            derived.append(f"{mask} backward = forward x {bf:.3f} (the data's backward / forward ratio)")
     return AttentionCurve(
-        impl, near, fm, fh, bm, bh, len(rows), tuple(derived), tuple(sorted({r.source for r in rows}))
+        impl,
+        near,
+        curves["fwd", True],
+        curves["bwd", True],
+        curves["fwd", False],
+        curves["bwd", False],
+        len(rows),
+        tuple(derived),
+        tuple(sorted({r.source for r in rows})),
     )
 
 
