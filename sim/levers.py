@@ -328,6 +328,17 @@ LEVERS: tuple[Lever, ...] = (
         cli_default_text="[default: the stack's]",
         assumed=Assumed(2, lambda p, st, moe: p.precision in ("fp8", "fp4"), "the {stack} stack's default"),
     ),
+    _lv(
+        "fp8_attention",
+        "precision",
+        "bool",
+        "the attention core's matmuls in fp8 as well (Transformer Engine's fp8_dot_product_attention, NeMo's "
+        "fp8_dpa, MLPerf's FP8_DPA): priced on the kernel data's fp8 attention rows; an fp8 or fp4 plan only",
+        negatable=True,
+        cli_default_text="[default: off]",
+        csv="",
+        assumed=Assumed(8, lambda p, st, moe: p.precision in ("fp8", "fp4")),
+    ),
     # MoE
     _lv("ep", "moe", "int", "expert-parallel size (MoE)", low=1, high=MAX_GPUS, cli_default=1, sweep="ep"),
     _lv(

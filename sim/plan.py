@@ -103,6 +103,9 @@ class ParallelPlan(BaseModel):
     torch_compile: bool = lever_field("torch_compile", False)
     tp_comm_overlap: bool = lever_field("tp_comm_overlap", False)
     fp8_recipe: str | None = lever_field("fp8_recipe", None)
+    #: the attention core's matmuls in fp8 (Transformer Engine's fp8_dot_product_attention), priced on
+    #: the fp8 rows of the kernel data (`cost.compute.CostModel.attention_efficiencies`)
+    fp8_attention: bool = lever_field("fp8_attention", False)
     mesh_order: tuple[str, ...] = lever_field("mesh_order", DEFAULT_MESH_ORDER)
     layer_split: tuple[int, ...] | None = lever_field("layer_split", None)
     allow_tp_across_nodes: bool = lever_field("allow_tp_across_nodes", False)
@@ -342,7 +345,8 @@ class ParallelPlan(BaseModel):
             f"{f' ({chr(44).join(self.recompute_modules)})' if self.recompute_modules else ''}"
             f"{', SP' if self.sequence_parallel else ''}"
             f"{', TP overlap' if self.tp_comm_overlap else ''}, {self.precision}"
-            f"{f' ({self.fp8_recipe})' if self.fp8_recipe else ''}, {self.stack}"
+            f"{f' ({self.fp8_recipe})' if self.fp8_recipe else ''}{' (fp8 attention)' if self.fp8_attention else ''}"
+            f", {self.stack}"
             f"{' (torch.compile)' if self.torch_compile else ''}"
             f"{f', {self.optimizer}' if self.optimizer != 'adamw' else ''}{self._describe_offload()}"
             f"{self._describe_lora()}"

@@ -249,6 +249,18 @@ def _check_stack(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec) -> 
     stack = load_stack(plan.stack)
     if plan.fp8_recipe is not None and plan.precision not in ("fp8", "fp4"):
         raise PlanError("fp8_recipe", f"a {plan.precision} plan has no fp8 recipe.", "drop the recipe or use fp8.")
+    if plan.fp8_attention and plan.precision not in ("fp8", "fp4"):
+        raise PlanError(
+            "fp8_attention",
+            f"a {plan.precision} plan runs its attention in {plan.precision}; fp8 attention runs under an fp8 recipe.",
+            "drop --fp8-attention, or use --precision fp8.",
+        )
+    if plan.fp8_attention and not plan.flash_attention:
+        raise PlanError(
+            "fp8_attention",
+            "fp8 attention is a fused attention kernel (cuDNN's, FlashAttention's); this plan materialises the scores.",
+            "drop --fp8-attention, or keep FlashAttention on.",
+        )
     if plan.flash_attention and plan.precision in ("fp32", "tf32"):
         raise PlanError(
             "flash_attention",

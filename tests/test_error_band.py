@@ -213,6 +213,7 @@ def test_the_assumed_rule_is_shared_with_validate() -> None:
         "moe_dispatcher",
         "moe_a2a_overlap",
         "tp_comm_overlap",
+        "fp8_attention",
         "overlap_grad_reduce",
     ]
     assert every[0] == "stack megatron-bridge (no stack column)"

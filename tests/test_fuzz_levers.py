@@ -42,6 +42,8 @@ LEVERS: dict[str, list[str] | None] = {
     "--offload-params": None,
     "--torch-compile": None,
     "--no-torch-compile": None,
+    "--fp8-attention": None,
+    "--no-fp8-attention": None,
     "--offload-overlap": None,
     "--offload-activations": NUM,
     "--precision": ["fp8", "fp4", "bf16", "fp16", "fp32", "tf32", "int8"],

@@ -178,6 +178,36 @@ def test_context_parallel_kernels_follow_transformer_engine():
     assert cm.attention_efficiencies(m, ring_plan)[0] < cm.attention_efficiencies(m, one)[0]
 
 
+def test_fp8_attention_is_priced_on_the_fp8_rows_of_its_die(runner):
+    # cuDNN's fp8 rows: the forward faster than bf16 everywhere; the backward slower on H200 at 8k+
+    for die in ("h100", "b200", "b300"):
+        bf16, fp8 = K.attention_curve(die, "cudnn", 128.0), K.attention_curve(die, "cudnn", 128.0, "fp8")
+        assert fp8 is not None and fp8.derived == ()
+        assert fp8.efficiencies(8192)[0] > 1.2 * bf16.efficiencies(8192)[0]
+    h_bf16, h_fp8 = K.attention_curve("h100", "cudnn", 128.0), K.attention_curve("h100", "cudnn", 128.0, "fp8")
+    assert h_fp8.efficiencies(16384)[1] < h_bf16.efficiencies(16384)[1]
+    assert K.attention_curve("b200", "cudnn", 128.0, "mxfp8") is not None
+    assert K.attention_curve("h100", "sdpa-flash", 128.0, "fp8") is None
+    base = ["simulate", "--model", "llama3-8b", "--gpus", "8", "--gbs", "8", "--mbs", "1", "--json"]
+
+    def time_of(*extra: str) -> float:
+        res = runner.invoke(cli, [*base, *extra])
+        assert res.exit_code == 0, res.output
+        return json.loads(res.output)["iter_time_s"]
+
+    b200 = ["--cluster", "dgx-b200", "--precision", "fp8"]
+    assert time_of(*b200, "--fp8-attention") < time_of(*b200)
+    h100 = ["--cluster", "dgx-h100", "--precision", "fp8"]
+    assert time_of(*h100, "--fp8-attention") > time_of(*h100)  # H200's fp8 backward is the slower one
+    for extra, words in (
+        (["--cluster", "dgx-h100", "--fp8-attention"], "runs under an fp8 recipe"),
+        ([*h100, "--fp8-attention", "--stack", "torchtitan"], "no fp8 sdpa-flash attention measurement"),
+        ([*h100, "--fp8-attention", "--no-flash-attention"], "fused attention kernel"),
+    ):
+        res = runner.invoke(cli, [*base, *extra])
+        assert res.exit_code == 2 and "fp8_attention" in res.output and words in res.output, res.output
+
+
 def test_causal_half_figures_become_the_work_the_cost_model_charges():
     data = load_kernel_data()
     row = next(r for r in data.attention if r.causal and r.direction == "bwd" and r.flops_convention == "causal-half")

@@ -49,6 +49,7 @@ PLAN = ParallelPlan(
     flash_attention=False,
     tp_comm_overlap=True,
     fp8_recipe="rowwise",
+    fp8_attention=True,
     mesh_order=("dp", "pp", "cp", "tp"),
     layer_split=(1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12),
     allow_tp_across_nodes=True,

@@ -38,6 +38,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from ..errors import PlanError
 from ..model import DENSE, LayerFlops, LayerKind, layer_flops, logits_flops
 from ..plan import ParallelPlan
 from ..specs import GPUSpec, ModelSpec
@@ -255,13 +256,30 @@ class CostModel:
         ``attn_eff_fwd`` / ``attn_eff_bwd`` where it sets them or the data have no curve for that
         implementation; times ``train_attn_fraction``."""
         share = self.eff.train_attn_fraction
-        if self.attention_from_kernels and self.gpu.kernel_die:
-            impl = stack_of(plan).attention_kernel_on(self.gpu.kernel_die)
-            curve = attention_curve(self.gpu.kernel_die, impl, float(m.head_dim))
+        # fp8 attention (`plan.fp8_attention`): the fp8 rows, mxfp8's where the recipe scales by blocks of 32
+        dtype = ("mxfp8" if plan.fp8_recipe == "mxfp8" else "fp8") if plan.fp8_attention else "bf16"
+        die = self.gpu.kernel_die
+        if self.attention_from_kernels and die:
+            impl = stack_of(plan).attention_kernel_on(die)
+            curve = attention_curve(die, impl, float(m.head_dim), dtype)
             if curve is not None:
                 blocks = attention_blocks(m.seq_len, plan.cp, plan.cp_comm_type, plan.cp_a2a_size)
                 fwd, bwd = curve.mixed(blocks)
                 return fwd * share, bwd * share
+            if plan.fp8_attention:
+                raise PlanError(
+                    "fp8_attention",
+                    f"the kernel data (topologies/kernels/attention.csv) have no {dtype} {impl} attention "
+                    f"measurement on the {die} die, which fp8 attention on {self.gpu.name} is priced on.",
+                    "drop --fp8-attention.",
+                )
+        if plan.fp8_attention:
+            raise PlanError(
+                "fp8_attention",
+                f"fp8 attention is priced on the kernel data's fp8 rows; {self.source} sets 16-bit attention "
+                "efficiencies (attn_eff_fwd / attn_eff_bwd) instead.",
+                "drop --fp8-attention, or the calibration's attention figures.",
+            )
         return self.eff.attn_eff_fwd * share, self.eff.attn_eff_bwd * share
 
     def attention_time(

@@ -285,12 +285,14 @@ def charged_efficiency(data: KernelData, r: AttentionRow) -> float:
     return eff
 
 
-def _attention_rows(data: KernelData) -> list[AttentionRow]:
-    """Forward and backward rows of 16-bit kernels whose FLOP count is known, on parts at datasheet power."""
+def _attention_rows(data: KernelData, dtype: str = "bf16") -> list[AttentionRow]:
+    """Forward and backward rows of ``dtype`` kernels (16-bit: bf16 and fp16) whose FLOP count is known,
+    on parts at datasheet power."""
+    dtypes = SIXTEEN_BIT if dtype in SIXTEEN_BIT else (dtype,)
     return [
         r
         for r in data.attention
-        if r.dtype in SIXTEEN_BIT
+        if r.dtype in dtypes
         and r.direction != "fwd+bwd"
         and r.flops_convention.startswith("causal-half")
         and not data.parts[r.gpu].other_power
@@ -332,13 +334,18 @@ def _fit_seq_curve(points: list[tuple[float, float]]) -> tuple[float, float]:
 
 
 @cache
-def attention_curve(die: str, impl: str, head_dim: float, folder: str | None = None) -> AttentionCurve | None:
-    """The die's curves of one 16-bit attention implementation at the measured head dimension nearest
+def attention_curve(
+    die: str, impl: str, head_dim: float, dtype: str = "bf16", folder: str | None = None
+) -> AttentionCurve | None:
+    """The die's curves of one attention implementation in ``dtype`` (16-bit, or fp8 / mxfp8 matmuls:
+    Transformer Engine's fp8 attention; its efficiencies are of the 16-bit peak, which
+    `compute.CostModel.attention_time` divides by) at the measured head dimension nearest
     ``head_dim``: causal and full-square, forward and backward, each from its own rows where the die
     has them, else from the other mask's rows times the data's causal / full ratio, else (backward)
-    from the forward times the data's backward / forward ratio. None without forward rows."""
+    from the forward times the data's backward / forward ratio (ratios over rows of that data type).
+    None without forward rows."""
     data = load_kernel_data(folder)
-    every = _attention_rows(data)
+    every = _attention_rows(data, dtype)
     impls = {impl, SAME_KERNELS.get(impl, impl)}
     rows = [r for r in every if data.die_of(r.gpu) == die and r.impl in impls]
     if not any(r.direction == "fwd" for r in rows):
