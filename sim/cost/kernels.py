@@ -312,6 +312,17 @@ def _pair_ratio(data: KernelData, rows: list[AttentionRow], field: str, a: objec
     return geomean(ratios) if ratios else None
 
 
+@cache
+def _data_ratio(dtype: str, folder: str | None, field: str, a: object, b: object) -> float | None:
+    """`_pair_ratio` over every attention row of ``dtype``'s family: one ratio of the data, not of a die."""
+    data = load_kernel_data(folder)
+    return _pair_ratio(data, _attention_rows(data, dtype), field, a, b)
+
+
+#: how `attention_curve`'s ``derived`` names a curve's mask
+MASK_NAMES = {True: "causal", False: "full-square"}
+
+
 def _fit_seq_curve(points: list[tuple[float, float]]) -> tuple[float, float]:
     """(eff_max, s_half) of ``eff = eff_max * s / (s + s_half)`` by least squares on log efficiency;
     one sequence length gives a flat curve."""
@@ -353,13 +364,6 @@ def attention_curve(
     near = min({r.head_dim for r in rows if r.direction == "fwd"}, key=lambda d: abs(math.log(d / head_dim)))
     rows = [r for r in rows if r.head_dim == near]
     derived: list[str] = []
-    ratios: dict[str, float | None] = {}
-
-    def ratio(field: str, a: object, b: object) -> float | None:
-        key = f"{field}:{a}/{b}"
-        if key not in ratios:
-            ratios[key] = _pair_ratio(data, every, field, a, b)
-        return ratios[key]
 
     def points(direction: str, causal: bool) -> list[tuple[float, float]]:
         kind = (direction, causal)
@@ -369,10 +373,10 @@ def attention_curve(
     for direction in ("fwd", "bwd"):
         for causal in (True, False):
             own, other = points(direction, causal), points(direction, not causal)
-            mask = "causal" if causal else "full-square"
+            mask = MASK_NAMES[causal]
             if own:
                 curves[direction, causal] = SeqCurve(*_fit_seq_curve(own))
-            elif other and (cf := ratio("causal", True, False)) is not None:
+            elif other and (cf := _data_ratio(dtype, folder, "causal", True, False)) is not None:
                 scale = cf if causal else 1.0 / cf
                 curves[direction, causal] = SeqCurve(*_fit_seq_curve([(s, e * scale) for s, e in other]))
                 why = f"x {scale:.3f} (the data's causal / full ratio)"
@@ -381,13 +385,12 @@ def attention_curve(
         if ("fwd", causal) not in curves:
             return None
         if ("bwd", causal) not in curves:
-            bf = ratio("direction", "bwd", "fwd")
+            bf = _data_ratio(dtype, folder, "direction", "bwd", "fwd")
             if bf is None:
                 return None
             f = curves["fwd", causal]
             curves["bwd", causal] = SeqCurve(f.eff_max * bf, f.s_half)
-            mask = "causal" if causal else "full-square"
-            derived.append(f"{mask} backward = forward x {bf:.3f} (the data's backward / forward ratio)")
+            derived.append(f"{MASK_NAMES[causal]} backward = forward x {bf:.3f} (the data's backward / forward ratio)")
     return AttentionCurve(
         impl,
         near,
