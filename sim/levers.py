@@ -5,10 +5,10 @@ its column in a sweep's results. The plan's fields (`plan.lever_field`), the com
 ``--from-*`` readers' flag names (`simpar.cli.imports`) and the optional plan columns of a
 measured-run CSV (`validation.published.row_hints`) are generated from this table.
 
-Adding a lever: its entry here, its field in `plan.ParallelPlan` (the type and the plan's default),
-and the physics that reads it. A run setting that changes the answer says so here too (`Assumed`):
-`error_bands.assumed_defaults` names its default when a caller leaves it out, and `simpar
-simulate` the flag that sets it. This module imports only `choices` (a command's ``--help`` reads it
+Adding a lever: its entry here (with the `Rule`s that refuse a plan it cannot run in), its field in
+`plan.ParallelPlan` (the type and the plan's default), and the physics that reads it: three files. A
+run setting that changes the answer says so here too (`Assumed`): `error_bands.assumed_defaults`
+names its default when a caller leaves it out, and `simpar simulate` the flag that sets it. This module imports only `choices` (a command's ``--help`` reads it
 without loading pydantic or the simulator).
 
 The sections follow torchtitan's job configuration (``[parallelism]``, ``[training]``,
@@ -73,6 +73,18 @@ class Assumed:
 
 
 @dataclass(frozen=True)
+class Rule:
+    """A plan a lever's value cannot run in, declared with the lever: where ``refuses(plan)`` holds,
+    `plan_check.check_plan` refuses the plan naming the lever's field, ``why`` (formatted with the
+    plan's fields: ``{precision}``) and ``fix``. Rules read the plan only; a refusal that needs the
+    stack, the model or the kernel data sits with what it reads."""
+
+    refuses: Callable[[Any], bool]
+    why: str
+    fix: str
+
+
+@dataclass(frozen=True)
 class Lever:
     """One plan field, declared once (module docstring)."""
 
@@ -100,6 +112,8 @@ class Lever:
     sweep: str | None = None
     #: a run setting that changes the answer, named when left out (None: the plan's own choice)
     assumed: Assumed | None = None
+    #: the plans this lever's value cannot run in (`Rule`), checked in order
+    rules: tuple[Rule, ...] = ()
 
     def __post_init__(self) -> None:
         if self.section not in SECTIONS or self.kind not in KINDS:
@@ -327,6 +341,13 @@ LEVERS: tuple[Lever, ...] = (
         choices=FP8_RECIPES,
         cli_default_text="[default: the stack's]",
         assumed=Assumed(2, lambda p, st, moe: p.precision in ("fp8", "fp4"), "the {stack} stack's default"),
+        rules=(
+            Rule(
+                lambda p: p.fp8_recipe is not None and p.precision not in ("fp8", "fp4"),
+                "a {precision} plan has no fp8 recipe.",
+                "drop the recipe or use fp8.",
+            ),
+        ),
     ),
     _lv(
         "fp8_attention",
@@ -338,6 +359,19 @@ LEVERS: tuple[Lever, ...] = (
         cli_default_text="[default: off]",
         csv="",
         assumed=Assumed(8, lambda p, st, moe: p.precision in ("fp8", "fp4")),
+        rules=(
+            Rule(
+                lambda p: p.fp8_attention and p.precision not in ("fp8", "fp4"),
+                "a {precision} plan runs its attention in {precision}; fp8 attention runs under an fp8 recipe.",
+                "drop --fp8-attention, or use --precision fp8.",
+            ),
+            Rule(
+                lambda p: p.fp8_attention and not p.flash_attention,
+                "fp8 attention is a fused attention kernel (cuDNN's, FlashAttention's); this plan materialises "
+                "the scores.",
+                "drop --fp8-attention, or keep FlashAttention on.",
+            ),
+        ),
     ),
     # MoE
     _lv("ep", "moe", "int", "expert-parallel size (MoE)", low=1, high=MAX_GPUS, cli_default=1, sweep="ep"),

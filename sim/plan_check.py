@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from .choices import MAX_GPUS, MAX_MICROBATCHES
 from .errors import PlanError
+from .levers import LEVERS
 from .plan import ParallelPlan, balanced_layer_split
 from .schedules.registry import refusal, with_trait
 from .schedules.registry import spec as schedule_spec
@@ -244,23 +245,21 @@ def _check_offload(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec) -
             )
 
 
+#: (field, rule) of every lever that declares rules (`levers.Rule`), in the levers' order
+_RULES = tuple((lv.field, r) for lv in LEVERS for r in lv.rules)
+
+
+def check_lever_rules(plan: ParallelPlan) -> None:
+    """Refuse ``plan`` where a lever's declared `levers.Rule` says it cannot run, naming the lever."""
+    for name, rule in _RULES:
+        if rule.refuses(plan):
+            raise PlanError(name, rule.why.format(**{f: getattr(plan, f) for f in type(plan).model_fields}), rule.fix)
+
+
 def _check_stack(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec) -> None:
     """The stack-decided fields: the low-precision recipe on this stack and GPU, TP overlap."""
     stack = load_stack(plan.stack)
-    if plan.fp8_recipe is not None and plan.precision not in ("fp8", "fp4"):
-        raise PlanError("fp8_recipe", f"a {plan.precision} plan has no fp8 recipe.", "drop the recipe or use fp8.")
-    if plan.fp8_attention and plan.precision not in ("fp8", "fp4"):
-        raise PlanError(
-            "fp8_attention",
-            f"a {plan.precision} plan runs its attention in {plan.precision}; fp8 attention runs under an fp8 recipe.",
-            "drop --fp8-attention, or use --precision fp8.",
-        )
-    if plan.fp8_attention and not plan.flash_attention:
-        raise PlanError(
-            "fp8_attention",
-            "fp8 attention is a fused attention kernel (cuDNN's, FlashAttention's); this plan materialises the scores.",
-            "drop --fp8-attention, or keep FlashAttention on.",
-        )
+    check_lever_rules(plan)
     if plan.flash_attention and plan.precision in ("fp32", "tf32"):
         raise PlanError(
             "flash_attention",

@@ -217,3 +217,24 @@ def test_any_sectioned_plan_reads_or_is_refused_in_one_line(tmp_path_factory, se
     else:
         return
     assert "\n" not in message
+
+
+def test_every_lever_rule_refuses_naming_its_lever():
+    """A lever's declared refusals (`levers.Rule`) run in `check_plan` and name the lever; their
+    messages format with a plan's fields (a misspelt placeholder would fail at the refusal)."""
+    from simpar.sim.plan_check import check_lever_rules
+
+    rules = [(lv.field, r) for lv in LEVERS for r in lv.rules]
+    assert {f for f, _ in rules} >= {"fp8_recipe", "fp8_attention"}
+    fields = ParallelPlan().model_dump()
+    for _, r in rules:
+        assert r.why.format(**fields) and r.fix
+    check_lever_rules(ParallelPlan(precision="fp8", fp8_attention=True))  # runs: no rule refuses it
+    for bad, field in (
+        (ParallelPlan(precision="bf16", fp8_attention=True), "fp8_attention"),
+        (ParallelPlan(precision="fp8", fp8_attention=True, flash_attention=False), "fp8_attention"),
+        (ParallelPlan(precision="bf16", fp8_recipe="tensorwise"), "fp8_recipe"),
+    ):
+        with pytest.raises(SimparError) as e:
+            check_lever_rules(bad)
+        assert e.value.field == field
