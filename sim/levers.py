@@ -8,8 +8,9 @@ measured-run CSV (`validation.published.row_hints`) are generated from this tabl
 Adding a lever: its entry here (with the `Rule`s that refuse a plan it cannot run in), its field in
 `plan.ParallelPlan` (the type and the plan's default), and the physics that reads it: three files. A
 run setting that changes the answer says so here too (`Assumed`): `error_bands.assumed_defaults`
-names its default when a caller leaves it out, and `simpar simulate` the flag that sets it. This module imports only `choices` (a command's ``--help`` reads it
-without loading pydantic or the simulator).
+names its default when a caller leaves it out, and `simpar simulate` the flag that sets it. This
+module imports only `choices` (a command's ``--help`` reads it without loading pydantic or the
+simulator).
 
 The sections follow torchtitan's job configuration (``[parallelism]``, ``[training]``,
 ``[activation_checkpoint]``, ``[float8]``, ...): a plan is read and printed by section
