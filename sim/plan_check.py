@@ -77,6 +77,7 @@ def check_plan(
     _check_partial_recompute(plan, model)
     _check_lora(plan, model)  # before offload: a LoRA plan's offload is refused as LoRA's
     _check_offload(plan, model, cluster)
+    check_lever_rules(plan)  # the levers' own refusals (`levers.Rule`)
     _check_stack(plan, model, cluster)
     _check_experts(plan, model)
 
@@ -259,7 +260,6 @@ def check_lever_rules(plan: ParallelPlan) -> None:
 def _check_stack(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec) -> None:
     """The stack-decided fields: the low-precision recipe on this stack and GPU, TP overlap."""
     stack = load_stack(plan.stack)
-    check_lever_rules(plan)
     if plan.flash_attention and plan.precision in ("fp32", "tf32"):
         raise PlanError(
             "flash_attention",

@@ -17,6 +17,7 @@ from simpar.cli.main import cli
 from simpar.sim.errors import SimparError, SpecError
 from simpar.sim.levers import BY_FIELD, LEVERS, SECTIONS, by_section, flat
 from simpar.sim.plan import ParallelPlan
+from simpar.sim.plan_check import check_lever_rules
 from simpar.sim.planfile import read_plan, write_plan_file
 from simpar.sim.specs import load_model
 from simpar.sim.sweep.space import CONFIG_FIELDS, Config
@@ -222,8 +223,6 @@ def test_any_sectioned_plan_reads_or_is_refused_in_one_line(tmp_path_factory, se
 def test_every_lever_rule_refuses_naming_its_lever():
     """A lever's declared refusals (`levers.Rule`) run in `check_plan` and name the lever; their
     messages format with a plan's fields (a misspelt placeholder would fail at the refusal)."""
-    from simpar.sim.plan_check import check_lever_rules
-
     rules = [(lv.field, r) for lv in LEVERS for r in lv.rules]
     assert {f for f, _ in rules} >= {"fp8_recipe", "fp8_attention"}
     fields = ParallelPlan().model_dump()
