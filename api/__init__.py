@@ -38,6 +38,9 @@ _EXPORTS = {
     "memory_report": "simpar.sim.cost.memory",
     "MemoryReport": "simpar.sim.cost.memory",
     "simulate": "simpar.sim.iteration.simulate",
+    "simulate_resolved": "simpar.sim.iteration.simulate",
+    "resolve": "simpar.sim.cost.resolved",
+    "Resolved": "simpar.sim.cost.resolved",
     "EngineOptions": "simpar.sim.program.terms",
     "SimResult": "simpar.sim.iteration.results",
     "Calibration": "simpar.sim.specs.calibration",
@@ -56,9 +59,10 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time names load lazily (
     from simpar.sim.cost.compute import CostModel
     from simpar.sim.cost.memory import MemoryReport, memory_report
     from simpar.sim.cost.profile import ExecutorProfile
+    from simpar.sim.cost.resolved import Resolved, resolve
     from simpar.sim.errors import SimparError
     from simpar.sim.iteration.results import SimResult
-    from simpar.sim.iteration.simulate import simulate
+    from simpar.sim.iteration.simulate import simulate, simulate_resolved
     from simpar.sim.lowering import schedule_for_plan
     from simpar.sim.plan import ParallelPlan
     from simpar.sim.plan_check import check_plan

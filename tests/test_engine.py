@@ -9,8 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simpar.sim.cost.profile import MEGATRON
+from simpar.sim.cost.resolved import StageInputs
 from simpar.sim.cost.workload import StageWork
-from simpar.sim.engine.core import EngineOptions, StageInputs, run_engine
+from simpar.sim.engine.core import EngineOptions, run_engine
 from simpar.sim.lowering import lower, schedule_for_plan
 from simpar.sim.plan import ParallelPlan
 from simpar.sim.program import terms as it

@@ -201,7 +201,7 @@ def test_zero1_gathers_a_lora_plans_adapters_only():
     """Under ZeRO-1/2 a step updates, and then all-gathers, only the adapters: the frozen base is
     neither sharded nor gathered (`terms.param_gathers`); ZeRO-3 gathers the base to use it."""
     from simpar.sim.cost.profile import MEGATRON
-    from simpar.sim.iteration.simulate import build_work
+    from simpar.sim.cost.resolved import build_work
     from simpar.sim.program.terms import param_gathers
 
     m, c = simpar.load_model("llama2-7b"), simpar.load_cluster("dgx-h100", gpus=16)

@@ -13,9 +13,9 @@ from simpar.sim.cost.compute import CostModel
 from simpar.sim.cost.memory import memory_report
 from simpar.sim.cost.optimizers import OPTIMIZER_FACTS, optimizer_facts
 from simpar.sim.cost.params import rank_params
+from simpar.sim.cost.resolved import build_work
 from simpar.sim.cost.states import stack_conventions
 from simpar.sim.errors import PlanError
-from simpar.sim.iteration.simulate import build_work
 from simpar.sim.plan import ParallelPlan
 from simpar.sim.plan_check import check_plan
 from simpar.sim.specs import load_cluster, load_model

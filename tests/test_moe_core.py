@@ -194,7 +194,7 @@ def test_expert_gradients_and_gathers_go_over_the_expert_data_parallel_group(ove
 
 
 def stage_work_of(p: ParallelPlan):
-    from simpar.sim.iteration.simulate import build_work
+    from simpar.sim.cost.resolved import build_work
 
     return build_work(TINY, H100x16, p)[0]
 

@@ -30,8 +30,9 @@ def test_readme_python_example_runs(tmp_path, monkeypatch, capsys) -> None:
     k = 2 + len(BREAKDOWN_KEYS)
     parts = {line.split()[0] for line in out[2:k]}
     assert parts == set(BREAKDOWN_KEYS) and {"compute", "moe_a2a", "bubble"} <= parts
-    assert "F" in out[k]  # the first actions of rank 0
-    best_id, best_time, source = out[k + 1].split()
+    assert re.fullmatch(r"stage 0 forward \d+\.\d ms, pipeline transfer \d+\.\d\d ms", out[k])  # resolve()
+    assert "F" in out[k + 1]  # the first actions of rank 0
+    best_id, best_time, source = out[k + 2].split()
     assert (
         "-mbs" in best_id and float(best_time) > 0 and source == "engine"
     )  # the best plans are simulated by the engine

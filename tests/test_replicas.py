@@ -58,8 +58,8 @@ def test_the_check_times_each_dp_group_once() -> None:
     made a full run grow as GPUs^2). The count does not grow with dp; only the pipeline transfers
     and the tp groups are timed per pipeline."""
     from simpar.sim.cost.profile import MEGATRON
+    from simpar.sim.cost.resolved import build_work
     from simpar.sim.iteration import replicas
-    from simpar.sim.iteration.simulate import build_work
     from simpar.sim.network import make_network
 
     calls = []

@@ -142,7 +142,8 @@ def test_a_pair_lies_between_its_longer_part_and_their_sum(cf, xf, cb, xb, conte
 def test_the_engine_charges_pairs_by_the_overlap_model() -> None:
     """Every OVERLAP_F_B event of a simulated DualPipe-V plan lasts overlap_seconds of its parts,
     within [longer part, sum], and the TP communication it hides leaves the breakdown."""
-    from simpar.sim.iteration.simulate import build_work, simulate
+    from simpar.sim.cost.resolved import build_work
+    from simpar.sim.iteration.simulate import simulate
 
     model, cluster = load_model("gpt-7.5b"), load_cluster("dgx-a100-80g", gpus=16)
     plan = ParallelPlan(tp=4, pp=2, vpp=2, dp=2, global_batch_size=32, schedule="dualpipe-v", sequence_parallel=True)

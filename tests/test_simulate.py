@@ -233,7 +233,7 @@ def test_zb_2p_sets_in_flight_are_those_of_the_schedule_the_engine_ran():
     `simpar memory` makes, which here keeps one set fewer on the first rank."""
     from simpar.sim.cost.activations import zb_stage_memory
     from simpar.sim.cost.alive import plan_profile
-    from simpar.sim.iteration.simulate import build_work, stage_costs
+    from simpar.sim.cost.resolved import build_work, stage_costs
     from simpar.sim.lowering.memo import lowered_schedule
     from simpar.sim.schedules import peak_inflight
 

@@ -14,7 +14,8 @@ from test_engine import FakeNet, FixedCosts, work  # noqa: E402
 from simpar.sim.calibration.fit import build_calibration
 from simpar.sim.calibration.score import kind_errors
 from simpar.sim.cost.profile import MEGATRON, ExecutorProfile
-from simpar.sim.engine.core import EngineOptions, StageInputs, run_engine
+from simpar.sim.cost.resolved import StageInputs
+from simpar.sim.engine.core import EngineOptions, run_engine
 from simpar.sim.engine.trace import TraceEvent
 from simpar.sim.lowering import lower, schedule_for_plan
 from simpar.sim.plan import ParallelPlan

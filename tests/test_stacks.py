@@ -287,7 +287,7 @@ def test_zero3_calls_follow_the_stack():
     """FSDP stacks gather and reduce-scatter once per layer and pass; DeepSpeed fetches each of a
     block's six parameter submodules and reduces in its reduce buckets; more calls, more latency
     at a large data-parallel size."""
-    from simpar.sim.iteration.simulate import build_work
+    from simpar.sim.cost.resolved import build_work
     from simpar.sim.network import make_network
     from simpar.sim.program import terms as it
 

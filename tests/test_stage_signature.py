@@ -19,8 +19,8 @@ from simpar.sim.cost.activations import (
     stage_weight_grads,
 )
 from simpar.sim.cost.params import stage_signatures
+from simpar.sim.cost.resolved import build_work
 from simpar.sim.errors import PlanError
-from simpar.sim.iteration.simulate import build_work
 from simpar.sim.plan_check import check_plan
 from simpar.sim.specs import load_cluster, load_model
 from simpar.sim.sweep.config_plan import make_plan

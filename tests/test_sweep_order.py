@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from simpar.sim.cost.activations import stage_activation_bytes, stage_weight_grad_bytes
-from simpar.sim.iteration.simulate import build_work
+from simpar.sim.cost.resolved import build_work
 from simpar.sim.model import kind_counts
 from simpar.sim.plan import ParallelPlan
 from simpar.sim.specs import load_cluster, load_model

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from test_sweep_bound_property import CLUSTER, MODELS, _evaluator, cases  # tests/ is on sys.path
 
 from simpar.sim.choices import SWEEP_SCHEDULES
-from simpar.sim.iteration.simulate import build_work, simulate
+from simpar.sim.cost.resolved import build_work, resolve
+from simpar.sim.iteration.simulate import simulate
 from simpar.sim.program.terms import EngineOptions
 from simpar.sim.sweep.evaluate import WORK_FREE_FIELDS
 from simpar.sim.sweep.space import Config
@@ -85,4 +86,4 @@ def test_a_table_without_its_costs_is_refused() -> None:
     plan, _ = ev.plan(Config(2, 2, 4, 1, 1, 1, "1f1b", 1, "none", False))
     assert plan is not None
     with pytest.raises(TypeError, match="costs"):
-        simulate(model, CLUSTER, plan, work=ev.work(plan))
+        resolve(model, CLUSTER, plan, work=ev.work(plan))

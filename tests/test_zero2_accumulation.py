@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from simpar.sim.cost.profile import MEGATRON
-from simpar.sim.iteration.simulate import build_work, simulate
+from simpar.sim.cost.resolved import build_work
+from simpar.sim.iteration.simulate import simulate
 from simpar.sim.network import make_network
 from simpar.sim.plan import ParallelPlan
 from simpar.sim.program import terms as it

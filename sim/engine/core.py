@@ -27,17 +27,14 @@ from typing import Any, ClassVar
 import simpy
 
 from ..collector import paused
-from ..cost.compute import CostModel
-from ..cost.profile import MEGATRON, RuntimeProfile
-from ..cost.workload import PassParts, StageWork
+from ..cost.resolved import StageInputs
+from ..cost.workload import PassParts
 from ..layout import RankLayout
-from ..plan import ParallelPlan
 from ..program import terms as it
 from ..program.program import iteration_program, releases
 from ..program.terms import EngineOptions
 from ..schedules.costs import overlap_seconds
 from ..schedules.ir import Action, Kind, Pair, Schedule
-from ..specs import ModelSpec
 from .hostpath import HostCopies
 from .shards import DataParallel
 from .state import GpuState, Rendezvous, Transfer
@@ -46,28 +43,12 @@ from .trace import TraceEvent
 from .transfers import PipelineTransfers
 from .walk import walk
 
-__all__ = ["Engine", "EngineOptions", "PartialWalkError", "Speeds", "StageInputs", "run_engine"]
+__all__ = ["Engine", "EngineOptions", "PartialWalkError", "Speeds", "run_engine"]
 
 
 class PartialWalkError(ValueError):
     """The pipelines an engine was asked to walk (``keys``) leave out members of a walked GPU's
     gradient groups: its collectives would wait for GPUs the run does not walk."""
-
-
-@dataclass(frozen=True)
-class StageInputs:
-    """What the walk reads of a plan, the same for every run of it: the model and the plan, each
-    stage's work (`cost.workload.StageWork`), the cost model, the runtime profile, and per stage the
-    activation bytes a micro-batch takes at its forward (``act_bytes``) and keeps from its I to its
-    W (``held_bytes``; `activations.stage_weight_grad_bytes`). None: no activation memory tracked."""
-
-    model: ModelSpec
-    plan: ParallelPlan
-    work: list[StageWork]
-    costs: CostModel
-    profile: RuntimeProfile = MEGATRON
-    act_bytes: Sequence[float] | None = None
-    held_bytes: Sequence[float] | None = None
 
 
 @dataclass(frozen=True)

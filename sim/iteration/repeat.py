@@ -17,9 +17,9 @@ from dataclasses import replace
 
 import simpy
 
-from ..cost.activations import zb_stage_memory
 from ..cost.profile import MEGATRON, RuntimeProfile
-from ..engine.core import Engine, PartialWalkError, Speeds, StageInputs, run_engine
+from ..cost.resolved import resolve
+from ..engine.core import Engine, PartialWalkError, Speeds, run_engine
 from ..layout import RankLayout
 from ..lowering.memo import lowered_schedule
 from ..network import make_network
@@ -27,9 +27,8 @@ from ..plan import ParallelPlan
 from ..program.terms import EngineOptions
 from ..schedules.ir import Action
 from ..specs import ClusterSpec, ModelSpec
-from ..specs.calibration import Calibration, calibrated_cluster
+from ..specs.calibration import Calibration
 from ..topology.graph import build_topology
-from .simulate import build_work, stage_costs
 
 
 class RepeatedIteration:
@@ -48,13 +47,10 @@ class RepeatedIteration:
         full: bool = True,
     ) -> None:
         self.model, self.plan, self.backend, self.profile = model, plan, backend, profile
-        self.cluster = calibrated_cluster(cluster, calibration)
-        self.calibration = calibration
-        self.work, self.costs, p2p = build_work(model, self.cluster, plan, calibration, profile=profile)
-        self.act, self.held = zb_stage_memory(model, plan)
-        self.inputs = StageInputs(model, plan, self.work, self.costs, profile, self.act, self.held)
-        scosts = stage_costs(self.work, p2p, self.costs.eff.overlap_contention, (self.act, self.held))
-        self.sched = lowered_schedule(plan, costs=scosts)
+        #: the plan resolved once (`cost.resolved.resolve`): every run's engine inputs
+        self.inputs = resolve(model, cluster, plan, calibration, profile=profile)
+        self.cluster, self.calibration, self.work = self.inputs.cluster, calibration, self.inputs.work
+        self.sched = lowered_schedule(plan, costs=self.inputs.stage_costs)
         self.opts = replace(options, full=full, compress=False)
         self.layout = RankLayout(plan)
         p = plan

@@ -1,7 +1,7 @@
 """Identical pipelines simulated once: ``--full`` on a network that does not share links.
 
 A full run walks every (dp, cp, tp) pipeline. Each one runs the same lowered schedule over the
-same stage work (`simulate.build_work`), so its GPUs' times differ from another pipeline's only
+same stage work (`resolved.build_work`), so its GPUs' times differ from another pipeline's only
 through what the network times for that pipeline's own ranks: its pipeline transfers
 (`Network.p2p_time` between consecutive pipeline ranks) and its collectives (gradient buckets,
 parameter gathers, FSDP passes over its DP x CP group; the sequence-parallel sync over its TP group;

@@ -1,6 +1,8 @@
 """simulate(): model + cluster + plan -> SimResult. The one function the CLI, the sweep and
-validation call: build the cost table, the schedule (compute-only, then lowered), run the SimPy
-engine over the network backend, and assemble time, breakdown, memory and trace.
+validation call: resolve the plan (`cost.resolved.resolve`: the cost table, the stage costs), build
+the schedule (compute-only, then lowered), run the SimPy engine over the network backend, and
+assemble time, breakdown, memory and trace (`simulate_resolved`, which a sweep calls on the plans
+it resolved itself).
 
 A calibration (`simpar.sim.specs.calibration.Calibration`) sets the cost model and the network
 constants; ``costs`` replaces the cost model outright; ``profile`` says which runtime runs the
@@ -20,14 +22,11 @@ import simpy
 
 from ..collector import paused
 from ..cost import lora
-from ..cost.activations import zb_stage_memory
-from ..cost.alive import StageMemory
 from ..cost.compute import CostModel
 from ..cost.memory import memory_report
 from ..cost.profile import MEGATRON, RuntimeProfile
-from ..cost.workload import StageWork, stage_work
-from ..engine.core import Engine, EngineOptions, StageInputs, run_engine
-from ..layout import RankLayout
+from ..cost.resolved import Resolved, resolve
+from ..engine.core import Engine, EngineOptions, run_engine
 from ..lowering.memo import built_inflight, lowered_key, lowered_schedule
 from ..model import hardware_flops_per_iteration, model_flops_per_iteration
 from ..network import make_network
@@ -36,52 +35,10 @@ from ..program.terms import reduces_every_microbatch
 from ..schedules import StageCosts, spec
 from ..schedules.ir import Schedule
 from ..specs import ClusterSpec, ModelSpec
-from ..specs.calibration import Calibration, calibrated_cluster
+from ..specs.calibration import Calibration
 from .replicas import replica_check, replicate
 from .results import BREAKDOWN_KEYS, SimResult
 from .rounds import Outcome, compressed_run, lowered_builder, outcome_of, schedule_rounds
-
-
-def stage_costs(
-    work: list[StageWork], p2p_s: float, contention: float = 0.0, memory: StageMemory | None = None
-) -> StageCosts:
-    """The engine's per-stage seconds in the schedules' StageCosts form (for zb-1p/2p and the
-    oracle); ``contention``: the overlap model's (overlapped F&B pairs); ``memory``: each stage's
-    bytes that steer zb-1p/2p's memory limit (`activations.zb_stage_memory`)."""
-    return StageCosts(
-        t_f=tuple(w.seconds("F") for w in work),
-        t_i=tuple(w.seconds("I") for w in work),
-        t_w=tuple(w.seconds("W") for w in work),
-        t_comm=(p2p_s,),
-        t_r=tuple(w.seconds("R") for w in work),
-        x_f=tuple(sum(w.parts("F")[2:]) for w in work),
-        x_b=tuple(sum(w.parts("B")[2:]) for w in work),
-        contention=contention,
-        mem_f=None if memory is None else memory[0],
-        mem_w=None if memory is None else memory[1],
-    )
-
-
-def build_work(
-    model: ModelSpec,
-    cluster: ClusterSpec,
-    plan: ParallelPlan,
-    calibration: Calibration | None = None,
-    network=None,
-    *,
-    costs: CostModel | None = None,
-    profile: RuntimeProfile = MEGATRON,
-) -> tuple[list[StageWork], CostModel, float]:
-    """Per-stage work table, the cost model and one pipeline transfer's time (analytical)."""
-    costs = costs or CostModel.for_gpu(cluster.gpu, calibration)
-    net = network or make_network(cluster, "analytical", calibration=calibration)
-    layout = RankLayout(plan)
-    work = stage_work(model, plan, costs, net, layout, profile)
-    p2p = 0.0
-    if plan.pp > 1:
-        a, b = layout.rank(pp=0), layout.rank(pp=1)
-        p2p = net.p2p_time(a, b, work[0].act_bytes)
-    return work, costs, p2p
 
 
 def plan_schedule(
@@ -93,11 +50,10 @@ def plan_schedule(
     costs: CostModel | None = None,
     profile: RuntimeProfile = MEGATRON,
 ):
-    """The lowered schedule simulate() runs for ``plan`` (zb-1p/2p are built from the engine's stage
-    costs): what `--write-plan` and the sweep's plan folders write for the executor."""
-    work, costs, p2p = build_work(model, cluster, plan, calibration, costs=costs, profile=profile)
-    scosts = stage_costs(work, p2p, costs.eff.overlap_contention, zb_stage_memory(model, plan))
-    return lowered_schedule(plan, costs=scosts)
+    """The lowered schedule simulate() runs for ``plan`` (zb-1p/2p are built from the resolved
+    stage costs): what `--write-plan` and the sweep's plan folders write for the executor."""
+    resolved = resolve(model, cluster, plan, calibration, costs=costs, profile=profile)
+    return lowered_schedule(plan, costs=resolved.stage_costs)
 
 
 def simulate(
@@ -111,49 +67,35 @@ def simulate(
     costs: CostModel | None = None,
     profile: RuntimeProfile = MEGATRON,
     trace: bool = True,
-    work: tuple[list[StageWork], float] | None = None,
 ) -> SimResult:
-    """One training iteration of ``plan`` (see the module docstring for the arguments). ``work``:
-    the plan's stage-work table and pipeline-transfer seconds, as `build_work` makes them with
-    ``costs`` (a sweep hands in the table it keeps for the plans that share it); None: built here."""
+    """One training iteration of ``plan`` (see the module docstring for the arguments): `resolve`,
+    then `simulate_resolved`."""
+    resolved = resolve(model, cluster, plan, calibration, costs=costs, profile=profile)
+    return simulate_resolved(resolved, backend=backend, options=options, trace=trace)
+
+
+def simulate_resolved(
+    resolved: Resolved, *, backend: str = "analytical", options: EngineOptions = EngineOptions(), trace: bool = True
+) -> SimResult:
+    """One training iteration of a resolved plan (`cost.resolved.resolve`) on ``backend``'s
+    network: what `simulate` runs, and what a sweep, which resolves each plan once for its estimate
+    and its engine run, calls."""
     with paused():  # many long-lived, acyclic objects: a collection would walk them and free nothing
-        return _simulate(model, cluster, plan, backend, calibration, options, costs, profile, trace, work)
+        return _simulate(resolved, backend, options, trace)
 
 
-def _simulate(
-    model: ModelSpec,
-    cluster: ClusterSpec,
-    plan: ParallelPlan,
-    backend: str,
-    calibration: Calibration | None,
-    options: EngineOptions,
-    costs: CostModel | None,
-    profile: RuntimeProfile,
-    trace: bool,
-    given: tuple[list[StageWork], float] | None,
-) -> SimResult:
-    cluster = calibrated_cluster(cluster, calibration)
-    if given is None:
-        work, costs, p2p = build_work(model, cluster, plan, calibration, costs=costs, profile=profile)
-    elif costs is None:
-        raise TypeError("simulate(work=...) needs the costs the table was built with")
-    else:
-        work, p2p = given
-    # per stage, a micro-batch's activation bytes and those kept from its I to its W (0 with a
-    # whole backward B), which also steer zb-1p/2p's memory limit
-    act, held = zb_stage_memory(model, plan)
-    scosts = stage_costs(work, p2p, costs.eff.overlap_contention, (act, held))
+def _simulate(r: Resolved, backend: str, options: EngineOptions, trace: bool) -> SimResult:
+    model, cluster, plan, calibration = r.model, r.cluster, r.plan, r.calibration
+    work, costs, profile, scosts = r.work, r.costs, r.profile, r.stage_costs
     t0 = time.perf_counter()
     envs: list[simpy.Environment] = []
     opts = options
-
-    inputs = StageInputs(model, plan, work, costs, profile, act, held)
 
     def engine(sched: Schedule, marks: list[frozenset[int]] | None = None, record: bool = True) -> Engine:
         env = simpy.Environment()
         envs.append(env)
         net = make_network(cluster, backend, env=env, calibration=calibration)
-        return run_engine(inputs, sched, net, env, opts, marks=marks, trace=record)[0]
+        return run_engine(r, sched, net, env, opts, marks=marks, trace=record)[0]
 
     replicas = None
     if options.full and options.compress:

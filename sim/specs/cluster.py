@@ -223,8 +223,9 @@ class ClusterSpec(BaseModel):
 
     def with_host_rate(self, adam_Gparams_per_s: float) -> ClusterSpec:
         """The same cluster whose host steps the optimizer at ``adam_Gparams_per_s`` (a measured
-        rate, `Calibration.host`); unchanged without a host in the file."""
-        if self.node.host is None:
+        rate, `Calibration.host`); unchanged (this very object) without a host in the file or at
+        that rate already, so calibrating a calibrated cluster again copies nothing."""
+        if self.node.host is None or self.node.host.adam_Gparams_per_s == adam_Gparams_per_s:
             return self
         host = self.node.host.model_copy(update={"adam_Gparams_per_s": adam_Gparams_per_s})
         return self.model_copy(update={"node": self.node.model_copy(update={"host": host})})

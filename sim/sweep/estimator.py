@@ -1,6 +1,6 @@
 """Analytical iteration-time estimates that rank a sweep's survivors, far cheaper than the engine.
 
-Both tiers start from the engine's own per-stage work table (`simulate.build_work`, analytical
+Both tiers start from the engine's own per-stage work table (`resolved.build_work`, analytical
 network) and add the same data-parallel, ZeRO and optimizer terms the engine charges:
 
 - ``quick`` (every fitting configuration, microseconds): the pipeline part in closed form,
@@ -129,13 +129,12 @@ def _every_backward(x: Inputs, end: float, m: int) -> tuple[tuple[int, float, fl
 def oracle_estimate(x: Inputs, schedule=None) -> Estimate:
     """List-scheduler timing of the engine's own lowered schedule, plus the iteration terms.
     With pp = 1 the rank runs its micro-batches back to back and the quick form is exact."""
-    from ..cost.activations import zb_stage_memory
-    from ..iteration.simulate import stage_costs
+    from ..cost.resolved import plan_stage_costs
 
     if x.fsdp or len(x.ranks) == 1:
         q = quick_estimate(x)
         return Estimate(q.iter_time_s, q.breakdown_s, "oracle")
-    scosts = stage_costs(x.work, x.p2p, x.costs.eff.overlap_contention, zb_stage_memory(x.model, x.plan))
+    scosts = plan_stage_costs(x.model, x.plan, x.work, x.p2p, x.costs)
     sched = schedule or lowered_schedule(x.plan, costs=scosts)
     if not sched.lowered:
         sched = lower(sched, x.plan)

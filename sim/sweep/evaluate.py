@@ -18,6 +18,7 @@ from typing import Any
 from ..cost.compute import CostModel
 from ..cost.memory import MemoryReport
 from ..cost.profile import MEGATRON, RuntimeProfile
+from ..cost.resolved import Resolved, build_work, resolve
 from ..cost.workload import StageWork
 from ..energy.account import job_energy, kernel_gpu_seconds, kernel_mix, mix_costs
 from ..energy.power import power_model
@@ -79,30 +80,20 @@ class SweepSetup:
         assert not isinstance(self.power, str), "resolved by __post_init__"
         return self.power
 
-    def simulate(
-        self,
-        plan: ParallelPlan,
-        trace: bool = True,
-        work: tuple[list[StageWork], float] | None = None,
-        costs: CostModel | None = None,
-    ):
-        """`iteration.simulate.simulate` of ``plan`` on this setup's model, cluster, network backend,
-        calibration, engine options and runtime: the one run a sweep row and a plan folder share
-        (``work`` and ``costs``: a stage-work table the caller keeps, `Evaluator.work`)."""
-        from ..iteration.simulate import simulate
+    def resolve(
+        self, plan: ParallelPlan, work: tuple[list[StageWork], float] | None = None, costs: CostModel | None = None
+    ) -> Resolved:
+        """``plan`` resolved on this setup's model, cluster, calibration and runtime
+        (`cost.resolved.resolve`); ``work`` and ``costs``: a stage-work table the caller keeps
+        (`Evaluator.work`) and the cost model it was built with."""
+        return resolve(self.model, self.cluster, plan, self.calibration, costs=costs, profile=self.profile, work=work)
 
-        return simulate(
-            self.model,
-            self.cluster,
-            plan,
-            backend=self.backend,
-            calibration=self.calibration,
-            options=self.options,
-            profile=self.profile,
-            trace=trace,
-            costs=costs,
-            work=work,
-        )
+    def simulate(self, resolved: Resolved, trace: bool = True):
+        """`iteration.simulate.simulate_resolved` of a plan this setup resolved (`resolve`), on its
+        network backend with its engine options: the one run a sweep row and a plan folder share."""
+        from ..iteration.simulate import simulate_resolved
+
+        return simulate_resolved(resolved, backend=self.backend, options=self.options, trace=trace)
 
 
 class Evaluator:
@@ -129,11 +120,9 @@ class Evaluator:
         return checked_plan(cfg, s.model, s.cluster, s.gbs, s.space)
 
     def work(self, plan: ParallelPlan) -> tuple[list[StageWork], float]:
-        """The plan's stage-work table and pipeline-transfer seconds (`simulate.build_work` with
+        """The plan's stage-work table and pipeline-transfer seconds (`resolved.build_work` with
         this evaluator's cost model), built once for the plans that differ only in
         `WORK_FREE_FIELDS`; the estimates and the engine runs of this worker share it."""
-        from ..iteration.simulate import build_work
-
         key = self.work_key(plan)
         hit = self._work.get(key)
         if hit is None:
@@ -337,7 +326,7 @@ class Evaluator:
         assert plan is not None, "only valid configurations are simulated"
         # a row holds no trace: the best plans' traces are written from a run of their own; its
         # quick estimate and lower bound are the screen's (`run.merge`)
-        res = self.s.simulate(plan, trace=False, work=self.work(plan), costs=self.costs)
+        res = self.s.simulate(self.s.resolve(plan, self.work(plan), self.costs), trace=False)
         row = {
             **self.base_row(cfg, plan),
             **self.memory_fields(res.memory),

@@ -18,7 +18,7 @@ from ..engine.trace import write_trace
 from ..errors import SpecError
 from ..interop.emit import recipe_files
 from ..iteration.results import SimResult
-from ..iteration.simulate import plan_schedule
+from ..lowering.memo import lowered_schedule
 from ..plan import ParallelPlan
 from ..planfile import write_plan_file
 from ..schedules import write_csv
@@ -69,10 +69,10 @@ def _write_files(setup: SweepSetup, cfg: Config, out: Path, command: str) -> Sim
 
     plan, reason = checked_plan(cfg, setup.model, setup.cluster, setup.gbs, setup.space)
     assert plan is not None, reason
-    sched = plan_schedule(setup.model, setup.cluster, plan, setup.calibration, profile=setup.profile)
+    resolved = setup.resolve(plan)
     write_plan_file(out / "plan.json", plan, setup.model, setup.cluster.name)
-    write_csv(sched, out / "schedule.csv")
-    res = setup.simulate(plan)
+    write_csv(lowered_schedule(plan, costs=resolved.stage_costs), out / "schedule.csv")  # the one simulate runs
+    res = setup.simulate(resolved)
     text = describe(setup, plan)
     write_trace(
         out / "trace.json",
