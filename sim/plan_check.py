@@ -28,6 +28,13 @@ def check_plan(
     n = cluster.num_gpus if num_gpus is None else num_gpus
     if plan.num_gpus > MAX_GPUS:
         raise PlanError("dp*tp*pp*cp", f"{plan.num_gpus} GPUs is more than simpar's bound of {MAX_GPUS}.", "use fewer.")
+    if plan.num_gpus > cluster.num_gpus:  # whatever count the caller checks against: no rank to place it on
+        raise PlanError(
+            "dp*tp*pp*cp",
+            f"{plan.dp}*{plan.tp}*{plan.pp}*{plan.cp} = {plan.num_gpus} GPUs is more than cluster "
+            f"{cluster.name} has ({cluster.num_gpus}).",
+            f"choose sizes whose product is at most {cluster.num_gpus}, or load the cluster with that many GPUs.",
+        )
     if plan.num_gpus != n:
         raise PlanError(
             "dp*tp*pp*cp",

@@ -155,7 +155,8 @@ def test_any_lora_plan_simulates_with_a_consistent_result(rank, mods, bits, tp, 
     except PlanError:
         return
     r = simpar.simulate(m, cl, plan)
-    full = simpar.simulate(m, cl, plan.model_copy(update={"lora_rank": None, "lora_base_bits": 16}))
+    full_fields = {"lora_rank": None, "lora_base_bits": 16, "lora_modules": LORA_MODULES}  # a plan check_plan takes
+    full = simpar.simulate(m, cl, plan.model_copy(update=full_fields))
     assert math.isfinite(r.iter_time_s) and r.iter_time_s > 0
     assert r.breakdown_s["optimizer"] <= full.breakdown_s["optimizer"] * (1 + 1e-9) or rank > 64
 

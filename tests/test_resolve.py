@@ -4,10 +4,13 @@ same record; nothing else in the simulator resolves a plan on its own."""
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
 
 import simpar
 from simpar.sim.cost.activations import zb_stage_memory
@@ -106,3 +109,58 @@ def test_nothing_else_resolves_a_plan() -> None:
         if p.relative_to(SIM).as_posix() not in allowed
     )
     assert found == []
+
+
+FUZZ_MODEL, FUZZ_CLUSTER = load_model("tiny-moe"), load_cluster("dgx-h100", gpus=8)
+
+
+def _mostly(derived: st.SearchStrategy, wild: list) -> st.SearchStrategy:
+    """A value that fits the rest of the plan three times in four, else one drawn from ``wild``
+    (the CLI fuzz's GOOD / NUM split): most cases reach the simulator, the rest its refusals."""
+    return st.one_of(derived, derived, derived, st.sampled_from(wild))
+
+
+@st.composite
+def _plans(draw) -> dict:
+    tp, cp = draw(st.sampled_from([1, 1, 2, 4])), draw(st.sampled_from([1, 1, 2]))
+    pp = draw(_mostly(st.sampled_from([p for p in (1, 2, 4) if tp * cp * p <= 8]), [4, 8]))
+    dp = draw(_mostly(st.just(max(1, 8 // (tp * pp * cp))), [1, 3, 16]))
+    pipelines = ["1f1b", "interleaved-1f1b", "zb-1p", "zb-v", "dualpipe-v", "gpipe"]
+    schedule = draw(st.sampled_from(pipelines if pp > 1 else ["none"]) | st.sampled_from([*pipelines, "none"]))
+    vpp = draw(_mostly(st.just(2 if schedule in ("interleaved-1f1b", "zb-v", "dualpipe-v") else 1), [1, 2, 3]))
+    mbs = draw(st.sampled_from([1, 2]))
+    ep = draw(_mostly(st.sampled_from([e for e in (1, 2, 4) if (tp * cp * dp) % e == 0]), [3, 8]))
+    return dict(
+        tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vpp=vpp, micro_batch_size=mbs,
+        global_batch_size=draw(_mostly(st.sampled_from([4 * dp * mbs, 8 * dp * mbs]), [3, 12])),
+        schedule=schedule,
+        zero=draw(st.sampled_from([0, 1, 2, 3])),
+        recompute=draw(st.sampled_from(["none", "selective", "full"])),
+        sequence_parallel=draw(_mostly(st.just(tp > 1), [True, False])),
+        precision=draw(st.sampled_from(["bf16", "bf16", "fp8", "fp32"])),
+    )  # fmt: skip
+
+
+@settings(max_examples=200, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(_plans())
+def test_the_library_refuses_a_bad_plan_naming_its_field(fields) -> None:
+    """Fuzz (the library's surface, as `simpar simulate` is fuzzed for the CLI's): any plan the
+    plan type takes either simulates to finite figures or is refused by resolve() with a
+    SimparError naming a field, never another exception from deeper in (a rank outside the cluster,
+    a stage that does not exist)."""
+    try:
+        plan = ParallelPlan(**fields)
+    except ValueError:
+        event("plan type refused")
+        return  # the plan type's own refusal (pydantic's, naming the field)
+    try:
+        res = simulate(FUZZ_MODEL, FUZZ_CLUSTER, plan, trace=False)
+    except simpar.SimparError as exc:
+        refusal = str(exc)
+        res = None
+    event("refused" if res is None else "simulated")
+    if res is None:
+        assert refusal.strip() and "\n" not in refusal
+        return
+    assert math.isfinite(res.iter_time_s) and res.iter_time_s > 0
+    assert all(math.isfinite(v) for v in res.breakdown_s.values())

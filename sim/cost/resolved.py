@@ -2,7 +2,9 @@
 
 Every later stage reads the `Resolved` record and nothing else of those inputs: the schedule
 builder its stage costs (`stage_costs`), the engine its `StageInputs`, the sweep's estimates and
-its engine runs the same record. What it holds, in the order it is made:
+its engine runs the same record. The plan is checked first (`plan_check.check_plan`: a plan that
+breaks a rule is refused naming its field, before any cost is made; it may use part of the
+cluster). What the record holds, in the order it is made:
 
 1. the cluster as the calibration measured it (`specs.calibration.calibrated_cluster`: a measured
    host optimizer rate replaces the cluster file's);
@@ -28,6 +30,7 @@ from dataclasses import dataclass
 from ..layout import RankLayout
 from ..network import make_network
 from ..plan import ParallelPlan
+from ..plan_check import check_plan
 from ..schedules import StageCosts
 from ..specs import ClusterSpec, ModelSpec
 from ..specs.calibration import Calibration, calibrated_cluster
@@ -132,11 +135,16 @@ def resolve(
     work: tuple[list[StageWork], float] | None = None,
 ) -> Resolved:
     """``plan`` on ``model`` and ``cluster`` under ``calibration``, run by ``profile``, as plain
-    values (module docstring). ``costs`` replaces the calibration's cost model outright;
-    ``network`` times the pipeline transfer (default: the calibrated cluster's analytical network);
-    ``work``: a stage-work table and pipeline-transfer seconds `build_work` made already with
-    ``costs`` on the calibrated cluster (a sweep keeps them for the plans that share them)."""
+    values (module docstring); a plan that breaks one of `plan_check.check_plan`'s rules is refused
+    with its `PlanError` (but for the GPU count: a plan may use part of the cluster). ``costs``
+    replaces the calibration's cost model outright; ``network`` times the pipeline transfer
+    (default: the calibrated cluster's analytical network); ``work``: a stage-work table and
+    pipeline-transfer seconds `build_work` made already with ``costs`` on the calibrated cluster (a
+    sweep keeps them for the plans that share them)."""
     cluster = calibrated_cluster(cluster, calibration)
+    # the plan's rules against its model, cluster and stack, but for the GPU count: a plan may run on
+    # part of the cluster (more GPUs than it has are refused)
+    check_plan(plan, model, cluster, plan.num_gpus)
     if work is None:
         table, costs, p2p = build_work(model, cluster, plan, calibration, network, costs=costs, profile=profile)
     elif costs is None:
