@@ -17,6 +17,7 @@ from .common import Setup, Written, output_dir, output_file, plan_options, setup
 from .render import echo_json, print_table
 
 if TYPE_CHECKING:
+    from simpar.sim.cost.resolved import Resolved
     from simpar.sim.iteration.results import SimResult
     from simpar.sim.validation.error_bands import PlanBand
 
@@ -76,8 +77,9 @@ def simulate(
 ) -> None:
     """Simulate one training iteration: time, throughput, MFU, breakdown, memory."""
     from simpar.sim.collector import settled
+    from simpar.sim.cost.resolved import resolve
     from simpar.sim.engine.core import EngineOptions
-    from simpar.sim.iteration.simulate import simulate as run
+    from simpar.sim.iteration.simulate import simulate_resolved
 
     if emit and not plan_dir:
         from simpar.sim.errors import SimparError
@@ -104,9 +106,10 @@ def simulate(
     )
     profile, opts = runtime_of(runtime, calib, opts)
     settled()  # the imports and inputs, alive to the end: no collection walks them again
-    res = run(st.model, st.cluster, st.plan, backend=backend, calibration=calib, options=opts, profile=profile)
+    resolved = resolve(st.model, st.cluster, st.plan, calib, profile=profile)  # once: the run and its folder
+    res = simulate_resolved(resolved, backend=backend, options=opts)
     out = Written()
-    write_outputs(st, res, trace_path, plot_path, mem_plot, plan_dir, calib, profile, out)
+    write_outputs(st, res, trace_path, plot_path, mem_plot, plan_dir, resolved, out)
     if emit:
         from simpar.sim import files
 
@@ -256,12 +259,12 @@ def write_outputs(
     plot_path,
     mem_plot,
     plan_dir,
-    calib=None,
-    profile=None,
+    resolved: Resolved | None = None,
     out: Written | None = None,
 ) -> None:
-    """The trace, figures and plan folder asked for; a write that fails is one line saying what was
-    written before it (`Written`)."""
+    """The trace, figures and plan folder asked for (the folder's schedule from ``resolved``, the
+    record the run was simulated from); a write that fails is one line saying what was written
+    before it (`Written`)."""
     out = out if out is not None else Written()
     if trace_path:
         from simpar.sim.engine.trace import write_trace
@@ -292,19 +295,20 @@ def write_outputs(
         with out.file(mem_plot, "--memory-plot", atomic=False):
             plot_memory(res.memory_timeline, base, mem_plot, res.memory.capacity, describe(st))
     if plan_dir:
-        write_plan_dir(st, Path(plan_dir), calib, profile, out)
+        assert resolved is not None, "a plan folder's schedule is the resolved plan's"
+        write_plan_dir(st, Path(plan_dir), resolved, out)
 
 
-def write_plan_dir(st: Setup, out: Path, calibration=None, profile=None, written: Written | None = None) -> None:
-    """plan.json + the lowered schedule.csv that was simulated, exactly what `simpar run` reads."""
-    from simpar.sim.cost.profile import MEGATRON
-    from simpar.sim.iteration.simulate import plan_schedule
+def write_plan_dir(st: Setup, out: Path, resolved: Resolved, written: Written | None = None) -> None:
+    """plan.json + the lowered schedule.csv that was simulated (built from ``resolved``'s stage
+    costs, as `simulate_resolved` builds it), exactly what `simpar run` reads."""
+    from simpar.sim.lowering.memo import lowered_schedule
     from simpar.sim.planfile import write_plan_file
     from simpar.sim.schedules import write_csv
 
     written = written if written is not None else Written()
     written.folder(out, "--write-plan")  # created before the work (`check_outputs`); here for other callers
-    sched = plan_schedule(st.model, st.cluster, st.plan, calibration, profile=profile or MEGATRON)
+    sched = lowered_schedule(st.plan, costs=resolved.stage_costs)
     with written.file(out / "plan.json", "--write-plan"):
         write_plan_file(out / "plan.json", st.plan, st.model, st.cluster.name)
     with written.file(out / "schedule.csv", "--write-plan"):

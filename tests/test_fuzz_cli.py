@@ -483,7 +483,7 @@ def _interrupt(monkeypatch, target: str) -> None:
         ("simpar.sim.validation.published.validate_rows", ["validate", str(DATA / "published-3rows.csv")]),
         ("simpar.sim.planfile.read_plan_file", ["run", "--plan", "PLAN", "--schedule", "PLAN", "--out", "OUT"]),
         ("simpar.sim.schedules.check_schedule", SCHED),
-        ("simpar.sim.iteration.simulate.simulate", SIM),
+        ("simpar.sim.iteration.simulate.simulate_resolved", SIM),
     ],
 )
 def test_ctrl_c_exits_130_in_one_line(monkeypatch, tmp_path: Path, target: str, args: list[str]) -> None:

@@ -51,7 +51,8 @@ def plan_schedule(
     profile: RuntimeProfile = MEGATRON,
 ):
     """The lowered schedule simulate() runs for ``plan`` (zb-1p/2p are built from the resolved
-    stage costs): what `--write-plan` and the sweep's plan folders write for the executor."""
+    stage costs): the one `--write-plan` and the sweep's plan folders write for the executor, from
+    the record their run was simulated from."""
     resolved = resolve(model, cluster, plan, calibration, costs=costs, profile=profile)
     return lowered_schedule(plan, costs=resolved.stage_costs)
 
