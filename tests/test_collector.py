@@ -125,11 +125,11 @@ def test_simulate_runs_with_its_imports_and_inputs_settled_and_the_library_settl
         "plan = ParallelPlan(dp=2, pp=4, global_batch_size=16)\n"
         "sim.simulate(load_model('gpt-1.7b'), load_cluster('dgx-a100-80g', gpus=8), plan)\n"
         "library = gc.get_freeze_count()\n"
-        "run = sim.simulate\n"
+        "run = sim.simulate_resolved\n"  # what the command runs, after resolve()
         "def spy(*a, **k):\n"
         "    print(library, gc.get_freeze_count(), sep=';')\n"
         "    return run(*a, **k)\n"
-        "sim.simulate = spy\n"
+        "sim.simulate_resolved = spy\n"
         "from simpar.cli import main as m\n"
         "sys.argv = ['simpar', 'simulate', '--model', 'gpt-1.7b', '--cluster', 'dgx-a100-80g', '--gpus', '8',"
         " '--pp', '4', '--gbs', '16']\n"

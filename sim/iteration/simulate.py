@@ -71,8 +71,9 @@ def simulate(
 ) -> SimResult:
     """One training iteration of ``plan`` (see the module docstring for the arguments): `resolve`,
     then `simulate_resolved`."""
-    resolved = resolve(model, cluster, plan, calibration, costs=costs, profile=profile)
-    return simulate_resolved(resolved, backend=backend, options=options, trace=trace)
+    with paused():  # the cost tables too: many acyclic objects a collection would walk for nothing
+        resolved = resolve(model, cluster, plan, calibration, costs=costs, profile=profile)
+        return _simulate(resolved, backend, options, trace)
 
 
 def simulate_resolved(
