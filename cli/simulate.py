@@ -302,13 +302,12 @@ def write_outputs(
 def write_plan_dir(st: Setup, out: Path, resolved: Resolved, written: Written | None = None) -> None:
     """plan.json + the lowered schedule.csv that was simulated (built from ``resolved``'s stage
     costs, as `simulate_resolved` builds it), exactly what `simpar run` reads."""
-    from simpar.sim.lowering.memo import lowered_schedule
     from simpar.sim.planfile import write_plan_file
     from simpar.sim.schedules import write_csv
 
     written = written if written is not None else Written()
     written.folder(out, "--write-plan")  # created before the work (`check_outputs`); here for other callers
-    sched = lowered_schedule(st.plan, costs=resolved.stage_costs)
+    sched = resolved.schedule()
     with written.file(out / "plan.json", "--write-plan"):
         write_plan_file(out / "plan.json", st.plan, st.model, st.cluster.name)
     with written.file(out / "schedule.csv", "--write-plan"):

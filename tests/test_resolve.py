@@ -80,7 +80,11 @@ def test_the_written_schedule_is_the_one_simulated() -> None:
     and simulate() order it from the same values."""
     plan = _plan()
     r = resolve(MODEL, CLUSTER, plan)
-    assert plan_schedule(MODEL, CLUSTER, plan).ranks == lowered_schedule(plan, costs=r.stage_costs).ranks
+    assert (
+        plan_schedule(MODEL, CLUSTER, plan).ranks
+        == r.schedule().ranks
+        == lowered_schedule(plan, costs=r.stage_costs).ranks
+    )
 
 
 def test_a_table_needs_the_costs_it_was_built_with() -> None:

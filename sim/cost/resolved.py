@@ -28,10 +28,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..layout import RankLayout
+from ..lowering.memo import lowered_schedule
 from ..network import make_network
 from ..plan import ParallelPlan
 from ..plan_check import check_plan
 from ..schedules import StageCosts
+from ..schedules.ir import Schedule
 from ..specs import ClusterSpec, ModelSpec
 from ..specs.calibration import Calibration, calibrated_cluster
 from .activations import zb_stage_memory
@@ -70,6 +72,12 @@ class Resolved(StageInputs):
     calibration: Calibration | None
     p2p_s: float
     stage_costs: StageCosts
+
+    def schedule(self) -> Schedule:
+        """The lowered schedule the plan runs (zb-1p/2p ordered by ``stage_costs``): the one
+        simulate() walks, `--write-plan` and a sweep's plan folders write, and repeated iterations
+        run (`lowering.memo.lowered_schedule`, remembered)."""
+        return lowered_schedule(self.plan, costs=self.stage_costs)
 
 
 def build_work(

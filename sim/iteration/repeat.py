@@ -21,7 +21,6 @@ from ..cost.profile import MEGATRON, RuntimeProfile
 from ..cost.resolved import resolve
 from ..engine.core import Engine, PartialWalkError, Speeds, run_engine
 from ..layout import RankLayout
-from ..lowering.memo import lowered_schedule
 from ..network import make_network
 from ..plan import ParallelPlan
 from ..program.terms import EngineOptions
@@ -50,7 +49,7 @@ class RepeatedIteration:
         #: the plan resolved once (`cost.resolved.resolve`): every run's engine inputs
         self.inputs = resolve(model, cluster, plan, calibration, profile=profile)
         self.cluster, self.calibration, self.work = self.inputs.cluster, calibration, self.inputs.work
-        self.sched = lowered_schedule(plan, costs=self.inputs.stage_costs)
+        self.sched = self.inputs.schedule()
         self.opts = replace(options, full=full, compress=False)
         self.layout = RankLayout(plan)
         p = plan

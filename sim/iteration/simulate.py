@@ -27,7 +27,7 @@ from ..cost.memory import memory_report
 from ..cost.profile import MEGATRON, RuntimeProfile
 from ..cost.resolved import Resolved, resolve
 from ..engine.core import Engine, EngineOptions, run_engine
-from ..lowering.memo import built_inflight, lowered_key, lowered_schedule
+from ..lowering.memo import built_inflight, lowered_key
 from ..model import hardware_flops_per_iteration, model_flops_per_iteration
 from ..network import make_network
 from ..plan import ParallelPlan
@@ -53,8 +53,7 @@ def plan_schedule(
     """The lowered schedule simulate() runs for ``plan`` (zb-1p/2p are built from the resolved
     stage costs): the one `--write-plan` and the sweep's plan folders write for the executor, from
     the record their run was simulated from."""
-    resolved = resolve(model, cluster, plan, calibration, costs=costs, profile=profile)
-    return lowered_schedule(plan, costs=resolved.stage_costs)
+    return resolve(model, cluster, plan, calibration, costs=costs, profile=profile).schedule()
 
 
 def simulate(
@@ -110,7 +109,7 @@ def _simulate(r: Resolved, backend: str, options: EngineOptions, trace: bool) ->
         out, why = _compressed(plan, scosts, engine)
     ran: Schedule | None = None  # the whole schedule the engine ran (None: its rounds, compressed)
     if out is None:
-        ran = lowered_schedule(plan, costs=scosts)
+        ran = r.schedule()
         out = outcome_of(engine(ran, record=trace), ran.num_actions)
         out.rounds = {"compressed": False, "why": why}
     if replicas is not None and replicas["symmetric"]:

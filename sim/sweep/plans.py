@@ -18,7 +18,6 @@ from ..engine.trace import write_trace
 from ..errors import SpecError
 from ..interop.emit import recipe_files
 from ..iteration.results import SimResult
-from ..lowering.memo import lowered_schedule
 from ..plan import ParallelPlan
 from ..planfile import write_plan_file
 from ..schedules import write_csv
@@ -71,7 +70,7 @@ def _write_files(setup: SweepSetup, cfg: Config, out: Path, command: str) -> Sim
     assert plan is not None, reason
     resolved = setup.resolve(plan)
     write_plan_file(out / "plan.json", plan, setup.model, setup.cluster.name)
-    write_csv(lowered_schedule(plan, costs=resolved.stage_costs), out / "schedule.csv")  # the one simulate runs
+    write_csv(resolved.schedule(), out / "schedule.csv")  # the one simulate runs
     res = setup.simulate(resolved)
     text = describe(setup, plan)
     write_trace(
