@@ -502,8 +502,8 @@ def test_in_run_model_is_recovered_and_applies_to_plans_of_that_many_processes()
                     "plan": plan.model_dump(mode="json"),
                     "procs": 2,
                     "stage": w.stage,
-                    "f_s": (5e-4 + w.f * 1.15) * (1 + rng.uniform(-0.02, 0.02)),
-                    "b_s": (5e-4 + w.b * 1.15) * (1 + rng.uniform(-0.02, 0.02)),
+                    "f_s": (5e-4 + w.fwd.compute * 1.15) * (1 + rng.uniform(-0.02, 0.02)),
+                    "b_s": (5e-4 + w.work("B").compute * 1.15) * (1 + rng.uniform(-0.02, 0.02)),
                     **({"post_s": 3e-4 * (1 + post_rng.uniform(-0.1, 0.1))} if plan.pp > 1 else {}),
                 }
             )
@@ -557,8 +557,8 @@ def test_in_run_rows_are_brought_to_the_fastest_probe_before_the_fit():
                 "plan": plan.model_dump(mode="json"),
                 "procs": 2,
                 "stage": w.stage,
-                "f_s": 5e-4 + w.f * 1.1,
-                "b_s": 5e-4 + w.b * 1.1,
+                "f_s": 5e-4 + w.fwd.compute * 1.1,
+                "b_s": 5e-4 + w.work("B").compute * 1.1,
             }
             rows.append(row)
             slow.append({**row, "f_s": 1.3 * row["f_s"], "b_s": 1.3 * row["b_s"], "probe_s": 2.6e-3})

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from simpar.sim.cost.profile import MEGATRON
 from simpar.sim.cost.resolved import StageInputs
-from simpar.sim.cost.workload import StageWork
+from simpar.sim.cost.workload import PassWork, StageWork
 from simpar.sim.engine.core import EngineOptions, run_engine
 from simpar.sim.lowering import lower, schedule_for_plan
 from simpar.sim.plan import ParallelPlan
@@ -55,16 +55,12 @@ def work(n: int, f=1.0, i=1.0, w=1.0, r=0.0, params=1000.0) -> list[StageWork]:
         StageWork(
             stage=s,
             layers=1,
-            f=f,
-            i=i,
-            w=w,
-            r=r,
-            tp_f=0.0,
-            tp_b=0.0,
-            tp_r=0.0,
+            fwd=PassWork(f),
+            inp=PassWork(i),
+            wgt=PassWork(w),
+            rec=PassWork(r),
             act_bytes=1.0,
             params=params,
-            layer_compute=f,
         )
         for s in range(n)
     ]
@@ -246,10 +242,11 @@ def test_torch_first_stage_runs_its_whole_backward_in_w() -> None:
     costs = CostModel.for_gpu(load_gpu("a100-80g"))
     paper = stage_work(TINY, p, costs, FakeNet(), RankLayout(p))
     torch_like = stage_work(TINY, p, costs, FakeNet(), RankLayout(p), ExecutorProfile())
-    assert torch_like[0].i == 0.0 and torch_like[0].w == pytest.approx(paper[0].i + paper[0].w)
-    assert torch_like[0].tp_b == 0.0 and torch_like[0].tp_w == paper[0].tp_b
+    assert torch_like[0].inp.compute == 0.0
+    assert torch_like[0].wgt.compute == pytest.approx(paper[0].inp.compute + paper[0].wgt.compute)
+    assert torch_like[0].inp.tp == 0.0 and torch_like[0].wgt.tp == paper[0].inp.tp
     assert torch_like[1] == paper[1]
-    assert [w.b for w in torch_like] == pytest.approx([w.b for w in paper])
+    assert [w.work("B").compute for w in torch_like] == pytest.approx([w.work("B").compute for w in paper])
 
 
 def test_posting_pipeline_sends_and_receives_costs_the_rank_its_post_time() -> None:

@@ -36,12 +36,12 @@ def test_block_method_interpolates_exactly_between_none_and_full() -> None:
     linearly from no recompute (k = 0) to full recompute (k = L)."""
     none, full = plan(), plan(recompute="full")
     store_none, store_full = stage_bytes(MODEL, none, 1), stage_bytes(MODEL, full, 1)
-    r_full = build_work(MODEL, CLUSTER, full)[0][1].r
+    r_full = build_work(MODEL, CLUSTER, full)[0][1].rec.compute
     per_layer = layer_activation_bytes(MODEL, none) - layer_activation_bytes(MODEL, full)
     for k in (1, 2, 5, 8, 15, LAYERS):
         p = plan(recompute="full", recompute_layers=k, recompute_method="block")
         assert stage_bytes(MODEL, p, 1) == pytest.approx(store_none - k * per_layer, rel=1e-12)
-        assert build_work(MODEL, CLUSTER, p)[0][1].r == pytest.approx(r_full * k / LAYERS, rel=1e-12)
+        assert build_work(MODEL, CLUSTER, p)[0][1].rec.compute == pytest.approx(r_full * k / LAYERS, rel=1e-12)
         assert recompute_transient_bytes(MODEL, p) == recompute_transient_bytes(MODEL, full)  # one layer at a time
     k_all = plan(recompute="full", recompute_layers=LAYERS, recompute_method="block")
     assert stage_bytes(MODEL, k_all, 1) == pytest.approx(store_full, rel=1e-12)
@@ -54,7 +54,9 @@ def test_uniform_method_keeps_one_input_per_group_and_recomputes_every_layer(n: 
     inp = layer_activation_bytes(MODEL, full)
     head = stage_bytes(MODEL, full, 1) - LAYERS * inp  # the last stage's norm, head and logits
     assert stage_bytes(MODEL, p, 1) == pytest.approx(head + math.ceil(LAYERS / n) * inp, rel=1e-12)
-    assert build_work(MODEL, CLUSTER, p)[0][1].r == pytest.approx(build_work(MODEL, CLUSTER, full)[0][1].r, rel=1e-12)
+    assert build_work(MODEL, CLUSTER, p)[0][1].rec.compute == pytest.approx(
+        build_work(MODEL, CLUSTER, full)[0][1].rec.compute, rel=1e-12
+    )
     layer = layer_activation_bytes(MODEL, full, recompute="none")
     assert recompute_transient_bytes(MODEL, p) == pytest.approx(n * layer, rel=1e-12)  # the whole group at once
 
@@ -131,7 +133,7 @@ def test_fp32_and_tf32_keep_four_byte_states_and_activations() -> None:
     )  # formulas: elements
     assert stack_conventions(fp32).activation_scale == 2 and stack_conventions(bf16).activation_scale == 1
     assert r32.activations == pytest.approx(2 * memory_report(MODEL, no_flash, CLUSTER.gpu).ranks[0].activations)
-    t = {p.precision: build_work(MODEL, CLUSTER, p)[0][0].f for p in (bf16, tf32, fp32)}
+    t = {p.precision: build_work(MODEL, CLUSTER, p)[0][0].fwd.compute for p in (bf16, tf32, fp32)}
     assert t["bf16"] < t["tf32"] < t["fp32"]  # A100/H100 peaks: bf16 2x TF32, TF32 ~8x fp32
     with pytest.raises(PlanError) as exc:
         plan(precision="fp32", flash_attention=True)

@@ -88,10 +88,10 @@ def test_remembered_layer_counts_are_read_only_and_stay_as_they_are():
     cluster = load_cluster("dgx-a100-80g", gpus=2)
     head = plan.num_stages - 1
     first = [stage_activation_bytes(MTP_MOE, plan, head), stage_weight_grad_bytes(MTP_MOE, plan, head)]
-    work = [w.f for w in build_work(MTP_MOE, cluster, plan, None)[0]]
+    work = [w.fwd.compute for w in build_work(MTP_MOE, cluster, plan, None)[0]]
     for _ in range(3):
         assert [stage_activation_bytes(MTP_MOE, plan, head), stage_weight_grad_bytes(MTP_MOE, plan, head)] == first
-        assert [w.f for w in build_work(MTP_MOE, cluster, plan, None)[0]] == work
+        assert [w.fwd.compute for w in build_work(MTP_MOE, cluster, plan, None)[0]] == work
     with pytest.raises(TypeError):
         kind_counts(MTP_MOE, 0, 2)[next(iter(kind_counts(MTP_MOE, 0, 2)))] += 1  # type: ignore[index]
 

@@ -161,7 +161,8 @@ def fit_in_run(rows: list[dict], doc: dict[str, Any], gpu: GPUSpec) -> dict[str,
             continue
         w = stage_work(m, plan, costs, None, RankLayout(plan))[int(r.get("stage", 0))]  # type: ignore[arg-type]
         k = ref / r["probe_s"] if ref and r.get("probe_s") else 1.0
-        points.setdefault(int(r["procs"]), []).extend(((w.f, k * r["f_s"]), (w.b, k * r["b_s"])))
+        pts = points.setdefault(int(r["procs"]), [])
+        pts.extend(((w.fwd.compute, k * r["f_s"]), (w.work("B").compute, k * r["b_s"])))
     fits = {n: fit_linear([p for p, _ in pts], [t for _, t in pts]) for n, pts in sorted(points.items())}
     if not fits:
         return {}

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import NamedTuple, Protocol
 
 from ..layout import RankLayout
-from ..model import DENSE, LayerKind, layer_kinds, mtp_kind
+from ..model import LayerKind, layer_kinds, mtp_kind
 from ..plan import ParallelPlan
 from ..specs import ModelSpec
 from . import lora
@@ -60,52 +60,74 @@ class PassParts(NamedTuple):
     offload: float  # exposed activation offload copies
 
 
+class PassWork(NamedTuple):
+    """One pass of one micro-batch (a layer's, or a stage's layers summed), before any overlap:
+    ``compute`` (all of it, the routed experts' included), ``expert`` (the routed experts' part of
+    ``compute``), ``tp`` (TP/CP collectives in the layers), ``a2a`` (MoE dispatch and combine
+    all-to-alls), ``offload`` (waiting on offloaded activations' copies)."""
+
+    compute: float = 0.0
+    expert: float = 0.0
+    tp: float = 0.0
+    a2a: float = 0.0
+    offload: float = 0.0
+
+    def plus(self, other: PassWork) -> PassWork:
+        """The two passes' work, field by field."""
+        return PassWork(
+            self.compute + other.compute,
+            self.expert + other.expert,
+            self.tp + other.tp,
+            self.a2a + other.a2a,
+            self.offload + other.offload,
+        )
+
+    def times(self, n: float) -> PassWork:
+        """``n`` such passes (``n`` layers of one kind)."""
+        return PassWork(n * self.compute, n * self.expert, n * self.tp, n * self.a2a, n * self.offload)
+
+    def scaled(self, k: float, a: float = 0.0) -> PassWork:
+        """Its compute as a runtime runs it (`profile.RuntimeProfile.compute_map`: ``a + k x``; the
+        experts' part ``k x``); the communication as it was."""
+        return PassWork(a + k * self.compute, k * self.expert, self.tp, self.a2a, self.offload)
+
+    def adding(self, compute: float = 0.0, tp: float = 0.0) -> PassWork:
+        """With ``compute`` and ``tp`` seconds more (the embedding's, the output head's)."""
+        return PassWork(self.compute + compute, self.expert, self.tp + tp, self.a2a, self.offload)
+
+
+#: no work (a pass a layer does not run)
+NO_PASS = PassWork()
+
+
 @dataclass(frozen=True)
 class StageWork:
-    """Seconds (compute, and exposed in-layer communication) for one micro-batch of one stage."""
+    """One micro-batch of one stage: each pass's work (`PassWork`: forward, backward for inputs,
+    backward for weights, recompute forward), what the stage holds and sends, and its MoE
+    all-to-alls as the engine runs them on a network."""
 
     stage: int
     layers: int
-    f: float  # forward compute
-    i: float  # backward for inputs
-    w: float  # backward for weights
-    r: float  # recompute forward before the backward (0 without recompute)
-    tp_f: float  # exposed TP/CP communication in the forward
-    tp_b: float  # ... in the backward for inputs (I, or B)
-    tp_r: float  # ... in the recompute forward
+    fwd: PassWork  # F
+    inp: PassWork  # I (with W: B)
+    wgt: PassWork  # W: only where a runtime moves I's work there has it communication
+    rec: PassWork  # R: the recompute forward before the backward (empty without recompute)
     act_bytes: float  # pipeline activation (or its gradient) sent to the next stage
     params: float  # parameters of this stage held by one GPU (after tp)
-    layer_compute: float  # one layer's forward compute (for ZeRO-3 prefetch overlap)
-    tp_w: float = 0.0  # ... in the backward for weights (W): only where a runtime moves I's work there
-    #: MoE all-to-all seconds (dispatch + combine) in the forward, the backward for inputs and
-    #: the recompute forward, before any overlap (`parts`)
-    a2a_f: float = 0.0
-    a2a_b: float = 0.0
-    a2a_r: float = 0.0
-    #: the routed experts' part of f, i, w, r (charged to expert_compute)
-    expert_f: float = 0.0
-    expert_i: float = 0.0
-    expert_w: float = 0.0
-    expert_r: float = 0.0
     #: the routed-expert part of ``params`` (reduced and ZeRO-sharded over edp, not dp x cp)
     expert_params: float = 0.0
     #: the frozen part of ``params``: a LoRA plan's base weights, without gradients (`lora`)
     frozen_params: float = 0.0
-    #: one MoE all-to-all's send buffer (bytes) and how many a forward (F, and R under full
-    #: recompute) and an input-gradient pass (I or B) run: a2a_f = a2a_count_f x its time
-    a2a_bytes: float = 0.0
-    a2a_count_f: int = 0
-    a2a_count_b: int = 0
-    #: the plan's ``moe_a2a_overlap`` (`parts`)
-    a2a_overlap: bool = False
     #: MoE layers of the stage, and whether its first layer is one (FSDP's per-layer gathers)
     moe_layers: int = 0
     first_moe: bool = False
-    #: seconds a forward / an input-gradient pass (B or I; R under recompute, which reloads first)
-    #: waits on its offloaded activations' copy (`offload.activation_exposure`)
-    off_f: float = 0.0
-    off_b: float = 0.0
-    off_r: float = 0.0
+    #: the plan's ``moe_a2a_overlap`` (`parts`)
+    a2a_overlap: bool = False
+    #: the MoE all-to-alls a forward (F, and R under full recompute) or an input-gradient pass (I
+    #: or B) runs where the engine runs them as flows on a network that shares links (`flows`):
+    #: how many, and one's send buffer (bytes); 0 where their time is the pass's ``a2a``
+    a2a_flows: int = 0
+    a2a_bytes: float = 0.0
     #: `parts` already computed, by (kind, overlap_tp): a sweep asks for the same passes of a
     #: stage millions of times (the fields are frozen, so the answers never change)
     _memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -119,14 +141,26 @@ class StageWork:
         w.__dict__["stage"] = stage
         return w
 
-    @property
-    def b(self) -> float:
-        return self.i + self.w
+    def work(self, kind: str) -> PassWork:
+        """The work of one pass (``kind`` F, B, I, W or R), B being I and W together."""
+        if kind == "F":
+            return self.fwd
+        if kind == "I":
+            return self.inp
+        if kind == "W":
+            return self.wgt
+        if kind == "B":
+            return self.inp.plus(self.wgt)
+        if kind == "R":
+            return self.rec
+        raise ValueError(f"unknown pass {kind!r}")
 
-    @property
-    def tp_bw(self) -> float:
-        """Exposed TP/CP communication of a full backward (B = I + W)."""
-        return self.tp_b + self.tp_w
+    def flows(self, kind: str) -> int:
+        """How many all-to-alls the engine runs on the network for a pass of ``kind`` (0: their time
+        is in the pass's ``a2a``, or the plan overlaps them)."""
+        if self.a2a_overlap or self.a2a_bytes <= 0 or kind == "W":
+            return 0
+        return self.a2a_flows
 
     def parts(self, kind: str, overlap_tp: bool = False) -> PassParts:
         """The (compute, expert compute, exposed TP/CP, exposed all-to-all, exposed activation
@@ -145,24 +179,12 @@ class StageWork:
         return hit
 
     def _parts(self, kind: str, overlap_tp: bool) -> PassParts:
-        off = 0.0
-        if kind == "F":
-            c, e, tp, a2a, off = self.f, self.expert_f, self.tp_f, self.a2a_f, self.off_f
-        elif kind == "I":
-            c, e, tp, a2a, off = self.i, self.expert_i, self.tp_b, self.a2a_b, self.off_b
-        elif kind == "W":
-            c, e, tp, a2a = self.w, self.expert_w, self.tp_w, 0.0
-        elif kind == "B":
-            c, e, tp, a2a = self.i + self.w, self.expert_i + self.expert_w, self.tp_b + self.tp_w, self.a2a_b
-            off = self.off_b
-        elif kind == "R":
-            c, e, tp, a2a, off = self.r, self.expert_r, self.tp_r, self.a2a_r, self.off_r
-        else:
-            raise ValueError(f"unknown pass {kind!r}")
+        p = self.work(kind)
+        a2a = p.a2a
         if self.a2a_overlap and a2a:
-            hide = self.i - self.expert_i if kind in ("B", "I") else c - e
-            a2a = max(0.0, a2a - hide)
-        return PassParts(c - e, e, 0.0 if overlap_tp else tp, a2a, off)
+            own = self.inp if kind in ("B", "I") else p
+            a2a = max(0.0, a2a - (own.compute - own.expert))
+        return PassParts(p.compute - p.expert, p.expert, 0.0 if overlap_tp else p.tp, a2a, p.offload)
 
     def seconds(self, kind: str, overlap_tp: bool = False) -> float:
         """The duration of one pass on the compute stream (`parts` summed)."""
@@ -235,7 +257,7 @@ def stage_work(
     k, a = profile.compute_map(plan)
     sp = plan.tp if plan.sequence_parallel else 1
     out: list[StageWork] = []
-    sums: dict[tuple, dict[str, float]] = {}  # `_sum_layers` by the stage's layer counts
+    sums: dict[tuple, LayerWork] = {}  # `_sum_layers` by the stage's layer counts
     # a stage's work by all it reads of the stage: its signature (`stage_signatures`), and
     # its pipeline rank where it copies activations to the host (over that rank's link)
     made: dict[tuple, StageWork] = {}
@@ -252,99 +274,72 @@ def stage_work(
         if plan.recompute == "full" and plan.recompute_layers is not None:
             # only some layers re-run their forward (`recompute.partial_recompute`)
             part = partial_recompute(m, plan, counts, stage_layer_range(m, plan, s).start)
-            kept = {kind: {**w, **dict.fromkeys(_RECOMPUTE_FIELDS, 0.0)} for kind, w in per.items()}
-            x = {
-                key: a + b
-                for (key, a), b in zip(
-                    _sum_layers(per, part.recomputed).items(), _sum_layers(kept, part.stored).values()
-                )
-            }
-        else:  # stages of the same layers sum the same (x is changed below: a copy)
+            kept = {kind: lw._replace(r=NO_PASS) for kind, lw in per.items()}
+            fw, iw, ww, rw = _sum_layers(per, part.recomputed).plus(_sum_layers(kept, part.stored))
+        else:  # stages of the same layers sum the same
             held = tuple(counts.items())
             summed = sums.get(held)
             if summed is None:
                 summed = sums[held] = _sum_layers(per, counts)
-            x = dict(summed)
+            fw, iw, ww, rw = summed
         moe_layers = sum(n for kind, n in counts.items() if kind.moe)
         if first:
-            x["f"], x["w"] = x["f"] + em.f, x["w"] + em.w
-            x["tp_f"] += _tp_small(plan, net, layout, act)  # vocab-parallel embedding all-reduce / reduce-scatter
+            # the embedding, and its vocab-parallel all-reduce / reduce-scatter
+            fw = fw.adding(em.f, _tp_small(plan, net, layout, act))
+            ww = ww.adding(em.w)
         if last:
             heads = 1 + m.mtp_layers  # the output head, and each MTP module's logits and 2h -> h projection
             proj = costs.linear_times(plan, "mtp", [(tokens, m.hidden, 2 * m.hidden / plan.tp)])
-            for key, lgx, px in (("f", lg.f, proj[0]), ("i", lg.i, proj[1]), ("w", lg.w, proj[2])):
-                x[key] += heads * lgx + m.mtp_layers * px
-            x["tp_f"] += heads * _tp_small(plan, net, layout, 4.0 * tokens * 3)  # vocab-parallel cross-entropy
-        f, i, w = a + k * x["f"], a / 2 + k * x["i"], a / 2 + k * x["w"]
-        tp_b, tp_w = x["tp_b"], 0.0
-        ei, ew = k * x["expert_i"], k * x["expert_w"]
+            fw, iw, ww = (
+                pw.adding(heads * lgx + m.mtp_layers * px)
+                for pw, lgx, px in ((fw, lg.f, proj[0]), (iw, lg.i, proj[1]), (ww, lg.w, proj[2]))
+            )
+            fw = fw.adding(tp=heads * _tp_small(plan, net, layout, 4.0 * tokens * 3))  # vocab-parallel cross-entropy
+        fw, iw, ww, rw = fw.scaled(k, a), iw.scaled(k, a / 2), ww.scaled(k, a / 2), rw.scaled(k)
         if first and not profile.first_stage_input_grad:  # the first stage's I is empty, W does it all
-            i, w, tp_b, tp_w, ei, ew = 0.0, i + w, 0.0, tp_b, 0.0, ei + ew
+            ww = PassWork(iw.compute + ww.compute, iw.expert + ww.expert, iw.tp + ww.tp)
+            iw = PassWork(a2a=iw.a2a)
         layers = sum(counts.values()) - (m.mtp_layers if last else 0)
-        off = _activation_offload(m, plan, net, layout, s, layers, f, i, k * x["r"])
+        off = _activation_offload(m, plan, net, layout, s, layers, fw.compute, iw.compute, rw.compute)
         made[sig] = StageWork(
             stage=s,
             layers=layers,
-            f=f,
-            i=i,
-            w=w,
-            r=k * x["r"],
-            tp_f=x["tp_f"],
-            tp_b=tp_b,
-            tp_r=x["tp_r"],
+            fwd=fw._replace(offload=off[0]),
+            inp=iw._replace(offload=off[1]),
+            wgt=ww,
+            rec=rw._replace(offload=off[2]),
             act_bytes=act / sp,
             params=rank_params(m, plan, [s]) + lora.adapter_params(m, plan, layers),
-            layer_compute=k * times[DENSE if DENSE in times else kinds[0]].f,
-            tp_w=tp_w,
-            a2a_f=x["a2a_f"],
-            a2a_b=x["a2a_b"],
-            a2a_r=x["a2a_r"],
-            expert_f=k * x["expert_f"],
-            expert_i=ei,
-            expert_w=ew,
-            expert_r=k * x["expert_r"],
             expert_params=rank_expert_params(m, plan, [s]),
             frozen_params=rank_params(m, plan, [s]) if lora.active(plan) else 0.0,
-            a2a_bytes=dispatch_bytes(m, plan) if shared else 0.0,
-            a2a_count_f=2 * moe_layers if shared else 0,
-            a2a_count_b=2 * moe_layers if shared else 0,
-            a2a_overlap=plan.moe_a2a_overlap,
-            off_f=off[0],
-            off_b=off[1],
-            off_r=off[2],
             moe_layers=moe_layers,
             first_moe=m.is_moe_layer(stage_layer_range(m, plan, s).start),
+            a2a_overlap=plan.moe_a2a_overlap,
+            a2a_flows=2 * moe_layers if shared else 0,
+            a2a_bytes=dispatch_bytes(m, plan) if shared else 0.0,
         )
         out.append(made[sig])
     return out
 
 
-_FIELDS = (
-    "f",
-    "i",
-    "w",
-    "r",
-    "tp_f",
-    "tp_b",
-    "tp_r",
-    "a2a_f",
-    "a2a_b",
-    "a2a_r",
-    "expert_f",
-    "expert_i",
-    "expert_w",
-    "expert_r",
-)
+class LayerWork(NamedTuple):
+    """One layer's (or a stage's layers') work for one micro-batch, by pass: forward, backward for
+    inputs, backward for weights, recompute forward (`NO_PASS` for a layer that keeps its
+    activations)."""
 
+    f: PassWork
+    i: PassWork
+    w: PassWork
+    r: PassWork
 
-#: the `StageWork` fields of the recompute forward (0 for a layer that keeps its activations)
-_RECOMPUTE_FIELDS = ("r", "tp_r", "a2a_r", "expert_r")
+    def plus(self, other: LayerWork) -> LayerWork:
+        return LayerWork(*(x.plus(y) for x, y in zip(self, other)))
 
 
 def _layer_work(
     plan: ParallelPlan, net: CollectiveTimer, layout: RankLayout, m: ModelSpec, lt: PassTimes, tp: float, a2a: float
-) -> dict[str, float]:
-    """One layer's seconds by `StageWork` field (``a2a``: one all-to-all of its MoE MLP, or 0)."""
+) -> LayerWork:
+    """One layer's work by pass (``a2a``: one all-to-all of its MoE MLP, or 0)."""
     cp_f, cp_b = _cp_layer_time(m, plan, net, layout, lt)
     tp_f, tp_b = (_tp_overlapped(plan, tp, lt.tp_gemm_f), _tp_overlapped(plan, tp, lt.tp_gemm_b)) if tp else (0.0, 0.0)
     full = plan.recompute == "full"
@@ -354,26 +349,20 @@ def _layer_work(
     tp_rec = tp_f + cp_f if full else (tp_f / 2 if selective_mode(plan) == "op-level" else 0.0)
     # the moe recompute module re-runs the MoE layer's dispatch and combine
     moe_rec = full or (plan.recompute == "selective" and "moe" in (plan.recompute_modules or ()))
-    return {
-        "f": lt.f,
-        "i": lt.i,
-        "w": lt.w,
-        "r": rec,
-        "tp_f": tp_f + cp_f,
-        "tp_b": tp_b + cp_b,
-        "tp_r": tp_rec,
-        "a2a_f": 2 * a2a,
-        "a2a_b": 2 * a2a,
-        "a2a_r": 2 * a2a if moe_rec else 0.0,
-        "expert_f": lt.expert_f,
-        "expert_i": lt.expert_i,
-        "expert_w": lt.expert_w,
-        "expert_r": lt.expert_f if full else 0.0,
-    }
+    return LayerWork(
+        PassWork(lt.f, lt.expert_f, tp_f + cp_f, 2 * a2a),
+        PassWork(lt.i, lt.expert_i, tp_b + cp_b, 2 * a2a),
+        PassWork(lt.w, lt.expert_w),
+        PassWork(rec, lt.expert_f if full else 0.0, tp_rec, 2 * a2a if moe_rec else 0.0),
+    )
 
 
-def _sum_layers(per: dict[LayerKind, dict[str, float]], counts: Counter) -> dict[str, float]:
-    return {key: sum(n * per[kind][key] for kind, n in counts.items()) for key in _FIELDS}
+def _sum_layers(per: dict[LayerKind, LayerWork], counts: Counter) -> LayerWork:
+    """The layers of ``counts`` (how many of each kind) summed, pass by pass."""
+    total = LayerWork(NO_PASS, NO_PASS, NO_PASS, NO_PASS)
+    for kind, n in counts.items():
+        total = total.plus(LayerWork(*(pw.times(n) for pw in per[kind])))
+    return total
 
 
 def _a2a_time(m: ModelSpec, plan: ParallelPlan, net: CollectiveTimer, layout: RankLayout) -> float:

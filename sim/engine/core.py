@@ -187,7 +187,7 @@ class Engine(PipelineTransfers, DataParallel, HostCopies, IterationTail):
         t0 = self.env.now
         c, e, tp, a2a, off = parts
         w = self.work[a.stage]
-        if a2a > 0 and not self.timed_p2p and not w.a2a_overlap and w.a2a_bytes > 0:
+        if a2a > 0 and not self.timed_p2p and w.flows(a.kind.value):
             # a network that shares links: the MoE all-to-alls run on it, contending with DP/PP traffic
             yield self.env.timeout(c + e + tp + off)
             t1 = self.env.now
@@ -202,7 +202,7 @@ class Engine(PipelineTransfers, DataParallel, HostCopies, IterationTail):
         """The pass's MoE dispatch and combine all-to-alls over the GPU's EP group, one after the
         other (their count and size: `StageWork`), as network collectives."""
         w = self.work[a.stage]
-        count = w.a2a_count_f if a.kind in (Kind.F, Kind.R) else w.a2a_count_b
+        count = w.flows(a.kind.value)
         comm = it.Comm("all-to-all", g.ep_group, w.a2a_bytes)
         for i in range(count):
             yield from self._comm(g, g.a2a, comm, ("a2a", str(a), i), "moe", "ALL_TO_ALL", a.stage)

@@ -55,8 +55,7 @@ def _tables(eng: Any, slow: float) -> tuple[dict, dict[Kind, list[bool]]]:
     shared = not eng.timed_p2p
     at_clock = {
         k: [
-            eng.steps.layer_passes
-            or (shared and row[st][0][3] > 0 and eng.work[st].a2a_bytes > 0 and not eng.work[st].a2a_overlap)
+            eng.steps.layer_passes or (shared and row[st][0][3] > 0 and eng.work[st].flows(k.value) > 0)
             for st in range(len(row))
         ]
         for k, row in table.items()
