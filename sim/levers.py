@@ -416,6 +416,16 @@ LEVERS: tuple[Lever, ...] = (
         sweep="a2a_overlap",
         assumed=Assumed(4, lambda p, st, moe: moe),
     ),
+    _lv(
+        "delay_wgrad_compute",
+        "moe",
+        "bool",
+        "with --moe-a2a-overlap, a backward's weight-gradient GEMMs also hide its all-to-alls (Megatron-Core "
+        "--delay-wgrad-compute); no effect without the overlap",
+        cli_default=False,
+        csv="",
+        assumed=Assumed(9, lambda p, st, moe: moe and p.moe_a2a_overlap),
+    ),
     # offload
     _lv(
         "offload_optimizer",

@@ -122,6 +122,8 @@ class ParallelPlan(BaseModel):
     cp_a2a_size: int | None = lever_field("cp_a2a_size", None, strict=True)
     #: Megatron-Core --overlap-moe-expert-parallel-comm (the combined 1F1B schedule)
     moe_a2a_overlap: bool = lever_field("moe_a2a_overlap", False)
+    #: Megatron-Core --delay-wgrad-compute: with the overlap, the weight gradients hide all-to-alls too
+    delay_wgrad_compute: bool = lever_field("delay_wgrad_compute", False)
     #: LoRA / QLoRA fine-tuning (`cost.lora`): None trains every weight
     lora_rank: int | None = lever_field("lora_rank", None, strict=True)
     lora_modules: tuple[str, ...] = lever_field("lora_modules", LORA_MODULES, min_length=1)
@@ -333,7 +335,7 @@ class ParallelPlan(BaseModel):
         if self.moe_dispatcher != "alltoall":
             experts += f" ({self.moe_dispatcher} dispatch)"
         if self.moe_a2a_overlap:
-            experts += " A2A overlap"
+            experts += " A2A overlap" + (" (delayed wgrad)" if self.delay_wgrad_compute else "")
         cp = f" ({self.cp_comm_type})" if self.cp > 1 and self.cp_comm_type != "p2p" else ""
         cp = cp.replace("a2a+p2p", f"a2a {self.cp_a2a_size} x p2p") if self.cp_a2a_size else cp
         return (

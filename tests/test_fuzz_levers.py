@@ -37,6 +37,7 @@ LEVERS: dict[str, list[str] | None] = {
     "--cp-comm-type": ["p2p", "all_gather", "a2a", "a2a+p2p", "x", ""],
     "--cp-a2a-size": NUM,
     "--moe-a2a-overlap": None,
+    "--delay-wgrad-compute": None,
     "--expert-order": ["ep,dp", "dp,ep", "x", ""],
     "--offload-optimizer": NUM,
     "--offload-params": None,

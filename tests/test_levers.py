@@ -62,6 +62,7 @@ PLAN = ParallelPlan(
     cp_comm_type="a2a+p2p",
     cp_a2a_size=2,
     moe_a2a_overlap=True,
+    delay_wgrad_compute=True,
     lora_rank=8,
     lora_modules=("linear_qkv", "linear_fc2"),
     lora_base_bits=4,

@@ -289,6 +289,16 @@ CASES = [
 OVERLAP_CASES = [
     dict(dp=8, pp=2, ep=8, schedule="interleaved-1f1b", vpp=2, global_batch_size=64, moe_a2a_overlap=True),
     dict(dp=16, pp=1, ep=8, schedule="none", global_batch_size=64, zero=1, moe_a2a_overlap=True),
+    dict(
+        dp=8,
+        pp=2,
+        ep=8,
+        schedule="interleaved-1f1b",
+        vpp=2,
+        global_batch_size=64,
+        moe_a2a_overlap=True,
+        delay_wgrad_compute=True,
+    ),
     dict(dp=16, pp=1, ep=16, schedule="none", global_batch_size=64, zero=1, moe_dispatcher="flex"),
 ]
 

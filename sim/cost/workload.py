@@ -121,8 +121,9 @@ class StageWork:
     #: MoE layers of the stage, and whether its first layer is one (FSDP's per-layer gathers)
     moe_layers: int = 0
     first_moe: bool = False
-    #: the plan's ``moe_a2a_overlap`` (`parts`)
+    #: the plan's ``moe_a2a_overlap`` and ``delay_wgrad_compute`` (`parts`)
     a2a_overlap: bool = False
+    delay_wgrad: bool = False
     #: the MoE all-to-alls a forward (F, and R under full recompute) or an input-gradient pass (I
     #: or B) runs where the engine runs them as flows on a network that shares links (`flows`):
     #: how many, and one's send buffer (bytes); 0 where their time is the pass's ``a2a``
@@ -171,8 +172,12 @@ class StageWork:
         ``moe_a2a_overlap``, Megatron-Core ``--overlap-moe-expert-parallel-comm``: another
         micro-batch's computation runs while one micro-batch's tokens are dispatched) the
         all-to-all is hidden up to the pass's own non-expert compute, the longer of the two
-        showing; a backward hides behind its input-gradient part either way (B and I expose the
-        same)."""
+        showing; a backward hides behind its input-gradient part (B and I expose the same), and a
+        whole backward (B) also behind its weight-gradient compute where the plan delays it
+        (``delay_wgrad_compute``, Megatron-Core ``--delay-wgrad-compute``: Megatron-Core's guide to the
+        combined 1F1B schedule, "exposes weight-gradient GEMMs as additional work with which to hide
+        communication"). Without the overlap the delay changes no time: the weight gradients run in
+        the same backward, later."""
         hit = self._memo.get((kind, overlap_tp))
         if hit is None:
             hit = self._memo[(kind, overlap_tp)] = self._parts(kind, overlap_tp)
@@ -183,7 +188,10 @@ class StageWork:
         a2a = p.a2a
         if self.a2a_overlap and a2a:
             own = self.inp if kind in ("B", "I") else p
-            a2a = max(0.0, a2a - (own.compute - own.expert))
+            hide = own.compute - own.expert
+            if kind == "B" and self.delay_wgrad:
+                hide += self.wgt.compute
+            a2a = max(0.0, a2a - hide)
         return PassParts(p.compute - p.expert, p.expert, 0.0 if overlap_tp else p.tp, a2a, p.offload)
 
     def seconds(self, kind: str, overlap_tp: bool = False) -> float:
@@ -315,6 +323,7 @@ def stage_work(
             moe_layers=moe_layers,
             first_moe=m.is_moe_layer(stage_layer_range(m, plan, s).start),
             a2a_overlap=plan.moe_a2a_overlap,
+            delay_wgrad=plan.delay_wgrad_compute,
             a2a_flows=2 * moe_layers if shared else 0,
             a2a_bytes=dispatch_bytes(m, plan) if shared else 0.0,
         )

@@ -102,6 +102,7 @@ def megatron_launch(plan: ParallelPlan, model: ModelSpec | None, num_gpus: int, 
         a += ["--expert-tensor-parallel-size", str(plan.etp)] if plan.etp is not None else []
     a += ["--moe-token-dispatcher-type", plan.moe_dispatcher] if plan.moe_dispatcher != "alltoall" else []
     a += ["--overlap-moe-expert-parallel-comm"] * plan.moe_a2a_overlap
+    a += ["--delay-wgrad-compute"] * plan.delay_wgrad_compute
     model_args = _megatron_model(model, plan.tp)
     split = _split_args(plan, model, model is not None and expressible(model))
     return _launch_script(plan, a, model_args, split, num_gpus, gpus_per_node)

@@ -342,6 +342,7 @@ def read_megatron(text_or_path: str, model_given: bool = False) -> Imported:
         )
     plan["tp_comm_overlap"] = bool(a.get("--tp-comm-overlap"))
     plan["moe_a2a_overlap"] = bool(a.get("--overlap-moe-expert-parallel-comm"))
+    plan["delay_wgrad_compute"] = bool(a.get("--delay-wgrad-compute"))
     if not (a.get("--overlap-grad-reduce") and a.get("--overlap-param-gather")):
         imp.unmodelled.append("no --overlap-grad-reduce/--overlap-param-gather (simpar overlaps both by default)")
     _precision(a, plan, where)

@@ -196,7 +196,7 @@ ARGUMENTS: dict[str, tuple[str, str]] = {
     "--defer-embedding-wgrad-compute": ("s", "harmless"),
     "--delay-offload-until-cuda-graph": ("s", "harmless"),
     "--delay-param-gather": ("s", "harmless"),
-    "--delay-wgrad-compute": ("s", "harmless"),
+    "--delay-wgrad-compute": ("s", "modelled"),
     "--delta-offload-bytes-across-pp-ranks": ("v", "harmless"),
     "--deterministic-mode": ("s", "harmless"),
     "--dino-bottleneck-size": ("v", "harmless"),
