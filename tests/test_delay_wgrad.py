@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from simpar.sim.cost.resolved import resolve
 from simpar.sim.cost.workload import PassWork, StageWork
 from simpar.sim.interop.emit import megatron_launch
 from simpar.sim.interop.megatron import read_megatron
@@ -20,7 +21,7 @@ QWEN = load_model("qwen3-30b-a3b")
 H100x16 = load_cluster("dgx-h100", gpus=16)
 
 
-def stage(overlap: bool, delay: bool) -> StageWork:
+def stage(overlap: bool, delay: bool, contention: float = 0.0) -> StageWork:
     """I: 3 s (1 s of it experts), W: 1.5 s, F: 2 s (0.5 s experts); 5 s of all-to-all each way."""
     return StageWork(
         stage=0,
@@ -33,6 +34,7 @@ def stage(overlap: bool, delay: bool) -> StageWork:
         params=1.0,
         a2a_overlap=overlap,
         delay_wgrad=delay,
+        a2a_contention=contention,
     )
 
 
@@ -50,6 +52,23 @@ def test_exact_exposure_of_each_pass():
     assert stage(False, True).parts("B").a2a == 5.0
     # the duration of B: 4.5 s of compute (1 s of it experts) and what shows of the all-to-all
     assert delayed.seconds("B") == pytest.approx(4.5 + 1.5)
+
+
+def test_hiding_gives_back_the_contention_share():
+    """With 20/112 of the hidden time given back (the calibration's ``overlap_contention``): B hides
+    3.5 s under I's 2 s of non-expert compute and W's 1.5 s, and 0.625 s of it comes back; F hides
+    1.5 s, 0.268 s back."""
+    c = 20 / 112
+    s = stage(True, True, c)
+    assert s.parts("B").a2a == pytest.approx(1.5 + c * 3.5)
+    assert s.parts("F").a2a == pytest.approx(3.5 + c * 1.5)
+    assert stage(False, True, c).parts("B").a2a == 5.0  # nothing hidden, nothing given back
+
+
+def test_the_overlap_pays_the_calibrations_contention():
+    r = resolve(QWEN, H100x16, _plan(moe_a2a_overlap=True))
+    assert all(s.a2a_contention == r.costs.eff.overlap_contention > 0 for s in r.work)
+    assert all(s.a2a_contention == 0.0 for s in resolve(QWEN, H100x16, _plan()).work)
 
 
 def _plan(**kw) -> ParallelPlan:

@@ -124,6 +124,9 @@ class StageWork:
     #: the plan's ``moe_a2a_overlap`` and ``delay_wgrad_compute`` (`parts`)
     a2a_overlap: bool = False
     delay_wgrad: bool = False
+    #: under ``a2a_overlap``, the share of the hidden all-to-all time that the compute hiding it gives
+    #: back to the SMs its kernels take (the calibration's ``overlap_contention``, `parts`)
+    a2a_contention: float = 0.0
     #: the MoE all-to-alls a forward (F, and R under full recompute) or an input-gradient pass (I
     #: or B) runs where the engine runs them as flows on a network that shares links (`flows`):
     #: how many, and one's send buffer (bytes); 0 where their time is the pass's ``a2a``
@@ -177,7 +180,11 @@ class StageWork:
         (``delay_wgrad_compute``, Megatron-Core ``--delay-wgrad-compute``: Megatron-Core's guide to the
         combined 1F1B schedule, "exposes weight-gradient GEMMs as additional work with which to hide
         communication"). Without the overlap the delay changes no time: the weight gradients run in
-        the same backward, later."""
+        the same backward, later. Hiding is not free: the dispatch and combine kernels take SMs from
+        the compute they run under, which gives back ``a2a_contention`` of the hidden time, the
+        calibration's ``overlap_contention`` that an overlapped F&B pair gives back
+        (`schedules.costs.overlap_seconds`: DeepSeek-V3 §3.2.1, 20 of the H800's 132 SMs run its
+        all-to-all); it shows as all-to-all."""
         hit = self._memo.get((kind, overlap_tp))
         if hit is None:
             hit = self._memo[(kind, overlap_tp)] = self._parts(kind, overlap_tp)
@@ -191,7 +198,8 @@ class StageWork:
             hide = own.compute - own.expert
             if kind == "B" and self.delay_wgrad:
                 hide += self.wgt.compute
-            a2a = max(0.0, a2a - hide)
+            hidden = min(a2a, hide)
+            a2a = a2a - hidden + self.a2a_contention * hidden
         return PassParts(p.compute - p.expert, p.expert, 0.0 if overlap_tp else p.tp, a2a, p.offload)
 
     def seconds(self, kind: str, overlap_tp: bool = False) -> float:
@@ -324,6 +332,7 @@ def stage_work(
             first_moe=m.is_moe_layer(stage_layer_range(m, plan, s).start),
             a2a_overlap=plan.moe_a2a_overlap,
             delay_wgrad=plan.delay_wgrad_compute,
+            a2a_contention=costs.eff.overlap_contention if plan.moe_a2a_overlap else 0.0,
             a2a_flows=2 * moe_layers if shared else 0,
             a2a_bytes=dispatch_bytes(m, plan) if shared else 0.0,
         )
