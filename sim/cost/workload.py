@@ -30,6 +30,7 @@ from typing import NamedTuple, Protocol
 from ..layout import RankLayout
 from ..model import LayerKind, layer_kinds, mtp_kind
 from ..plan import ParallelPlan
+from ..schedules.costs import with_contention
 from ..specs import ModelSpec
 from . import lora
 from .activations import stage_offloaded_bytes
@@ -183,7 +184,7 @@ class StageWork:
         the same backward, later. Hiding is not free: the dispatch and combine kernels take SMs from
         the compute they run under, which gives back ``a2a_contention`` of the hidden time, the
         calibration's ``overlap_contention`` that an overlapped F&B pair gives back
-        (`schedules.costs.overlap_seconds`: DeepSeek-V3 §3.2.1, 20 of the H800's 132 SMs run its
+        (`schedules.costs.with_contention`: DeepSeek-V3 §3.2.1, 20 of the H800's 132 SMs run its
         all-to-all); it shows as all-to-all."""
         hit = self._memo.get((kind, overlap_tp))
         if hit is None:
@@ -199,7 +200,7 @@ class StageWork:
             if kind == "B" and self.delay_wgrad:
                 hide += self.wgt.compute
             hidden = min(a2a, hide)
-            a2a = a2a - hidden + self.a2a_contention * hidden
+            a2a = with_contention(a2a - hidden, a2a, self.a2a_contention)
         return PassParts(p.compute - p.expert, p.expert, 0.0 if overlap_tp else p.tp, a2a, p.offload)
 
     def seconds(self, kind: str, overlap_tp: bool = False) -> float:

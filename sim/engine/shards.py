@@ -8,7 +8,7 @@ from `iteration`. A base of `core.Engine`, whose state these methods use."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import simpy
 
@@ -18,6 +18,7 @@ from .state import GpuState, Rendezvous
 from .trace import TraceEvent
 
 if TYPE_CHECKING:
+    from ..cost.compute import CostModel
     from ..cost.profile import RuntimeProfile
     from ..cost.workload import PassParts, StageWork
     from ..plan import ParallelPlan
@@ -30,6 +31,7 @@ class DataParallel:
 
     if TYPE_CHECKING:
         plan: ParallelPlan
+        costs: CostModel
         work: list[StageWork]
         env: simpy.Environment
         net: Any
@@ -75,6 +77,11 @@ class DataParallel:
         """`_comm` of each of ``comms``, one after the other."""
         for i, comm in enumerate(comms):
             yield from self._comm(g, res, comm, (*tag, i), stream, kind, stage)
+
+    def _ended(self, gen):
+        """Run ``gen`` (a process body) and return the time it ended."""
+        yield from gen
+        return self.env.now
 
     def _run_group(self, comm: it.Comm, done: simpy.Event):
         for _ in range(comm.count):
@@ -168,16 +175,18 @@ class DataParallel:
 
     def _fsdp_pass(self, g: GpuState, a: Action, parts: PassParts):
         """`terms.FsdpPass`: the first layer's gather exposed, the rest (and in the backward
-        the gradients' reduce-scatter) alongside the compute."""
+        the gradients' reduce-scatter) alongside the compute, which gives back the overlap
+        contention of what they hide (`terms.fsdp_seconds`; shown as ZeRO communication)."""
         fp = it.fsdp_pass(self.plan, self.work[a.stage], g.dp_group, g.edp_group)
         backward = a.kind is not Kind.F
         t0 = self.env.now
         yield self.env.timeout(sum(c.time(self.net) for c in fp.first))
-        busy = sum(parts)
-        rest: list[simpy.Event] = [self.env.timeout(busy)]
+        busy, t1 = sum(parts), self.env.now
+        rest: list[simpy.Event] = []
         if fp.rest:
             tag = ("params", a.stage, a.microbatch, backward)
-            rest.append(self.env.process(self._comms(g, g.zero, fp.rest, tag, "zero", "ZERO_GATHER", a.stage)))
+            gathers = self._comms(g, g.zero, fp.rest, tag, "zero", "ZERO_GATHER", a.stage)
+            rest.append(self.env.process(self._ended(gathers)))
         if backward and a.kind is not Kind.I:
             # The gradient reduce-scatter and the next layers' all-gathers cross the same links
             # (FSDP2 runs them on two streams). The contention backend shares the links between
@@ -186,8 +195,14 @@ class DataParallel:
             # times, which the queue reproduces for the later one.
             res = g.dp if getattr(self.net, "backend", "") == "contention" else g.zero
             grads = ("grads", a.stage, a.microbatch)
-            rest.append(self.env.process(self._comms(g, res, fp.reduce, grads, "dp", "REDUCE_GRAD", a.stage)))
-        yield simpy.AllOf(self.env, rest)
+            reduces = self._comms(g, res, fp.reduce, grads, "dp", "REDUCE_GRAD", a.stage)
+            rest.append(self.env.process(self._ended(reduces)))
+        yield simpy.AllOf(self.env, [self.env.timeout(busy), *rest])
+        # the compute gives back the overlap contention of the communication it hid (`terms.fsdp_seconds`)
+        comm = max((cast(float, p.value) for p in rest), default=t1) - t1
+        extra = it.fsdp_seconds(busy, comm, self.costs.eff.overlap_contention) - max(busy, comm)
+        if extra > 0:
+            yield self.env.timeout(extra)
         self._charge(g, "compute", parts)
         g.acc["zero_comm"] += self.env.now - t0 - busy
         g.reduced.add(a.stage)

@@ -25,6 +25,7 @@ from ..cost.profile import RuntimeProfile
 from ..cost.states import FP16_UNSCALE_BYTES, stack_conventions
 from ..cost.workload import StageWork
 from ..plan import ParallelPlan
+from ..schedules.costs import with_contention
 from ..specs import ClusterSpec, ModelSpec
 from ..specs.stack import load_stack
 
@@ -263,6 +264,16 @@ def fsdp_pass(
         calls_e = k if z3.reduce_per == "layer" else bucket_count(plan, experts)
         reduce.append(Comm("reduce-scatter", expert_group, experts * grad_bytes_per_param(plan), count=calls_e))
     return FsdpPass(tuple(first), tuple(rest), tuple(reduce))
+
+
+def fsdp_seconds(busy: float, comm: float, contention: float) -> float:
+    """Seconds of an FSDP pass after its first layer's gathers: its compute (``busy``) and its
+    other gathers and, in a backward, its reduce-scatters (``comm``, one stream after the other) side
+    by side, the longer showing, and the compute giving back ``contention`` of the hidden
+    communication (`schedules.costs.with_contention`: NCCL's kernels run on SMs the compute then
+    lacks, the rule of every hidden communication). The engine's `_fsdp_pass` and the sweep's
+    estimate and bound (`sweep.terms.fsdp_seconds`) both take this."""
+    return with_contention(max(busy, comm), busy + comm, contention)
 
 
 def tied_embedding_ranks(m: ModelSpec, plan: ParallelPlan) -> tuple[int, int] | None:

@@ -43,8 +43,17 @@ def overlap_seconds(f: tuple[float, float], b: tuple[float, float], contention: 
     which lies between the longer part and the two parts' sum (equal to the sum without
     communication to hide). ``contention`` is a calibration parameter (`EfficiencyParams`)."""
     (cf, xf), (cb, xb) = f, b
-    alone = cf + xf + cb + xb
-    ideal = max(cf + cb, xf + xb, cf + xf, cb + xb)
+    return with_contention(max(cf + cb, xf + xb, cf + xf, cb + xb), cf + xf + cb + xb, contention)
+
+
+def with_contention(ideal: float, alone: float, contention: float) -> float:
+    """Seconds of work that hides communication under compute on one GPU, given the ``ideal``
+    time (the hiding free) and the time ``alone`` (everything one after the other): the compute
+    gives back ``contention`` of the time hidden (``alone - ideal``), the SMs and memory bandwidth
+    the communication kernels take from it. The one rule of every hidden communication:
+    an overlapped F&B pair (`overlap_seconds`), the MoE all-to-all overlap
+    (`cost.workload.StageWork.parts`), FSDP's gathers and reduce-scatters under a layer's compute
+    (`program.terms.fsdp_seconds`)."""
     return ideal + contention * (alone - ideal)
 
 

@@ -162,12 +162,14 @@ def edp_groups(plan: ParallelPlan) -> tuple[tuple[int, ...], ...]:
 def fsdp_seconds(x: Inputs) -> tuple[float, float, float]:
     """(F, B, exposed ZeRO) per micro-batch of the single stage under FSDP (the engine's
     `_fsdp_pass` on the analytical network: the rest of the gathers and the reduce-scatter queue
-    on one stream)."""
+    on one stream, beside the compute, which gives back the overlap contention of what they hide:
+    `terms.fsdp_seconds`)."""
     w = x.work[0]
     fp = it.fsdp_pass(x.plan, w, x.dp_groups[0], x.edp(0))
     first, rest, rs = (sum(x.time(c, 0) for c in part) for part in (fp.first, fp.rest, fp.reduce))
     f0, b0 = x.dur(w, "F"), x.dur(w, "B")
-    f1, b1 = first + max(f0, rest), first + max(b0, rest + rs)
+    c = x.costs.eff.overlap_contention
+    f1, b1 = first + it.fsdp_seconds(f0, rest, c), first + it.fsdp_seconds(b0, rest + rs, c)
     return f1, b1, (f1 - f0) + (b1 - b0)
 
 
