@@ -4,7 +4,9 @@ Breakdown keys (seconds, for the reported GPU; they sum to the iteration time):
 ``compute`` (F/B/I/W math), ``recompute``, ``tp_comm`` (exposed tensor/context-parallel
 collectives), ``pp_comm`` (waiting on a pipeline transfer in flight), ``dp_comm`` (exposed
 gradient reduction), ``zero_comm`` (exposed ZeRO parameter gathers, with an offloaded shard's copy
-up from the host), ``optimizer`` (the GPU's step), ``offload`` (waiting on the host: activation
+up from the host, and under FSDP what the compute gives back to the gathers and reduce-scatters it
+hides: `program.terms.fsdp_seconds`), ``moe_a2a`` (exposed MoE all-to-all, with what the compute
+gives back to the all-to-all it hides), ``optimizer`` (the GPU's step), ``offload`` (waiting on the host: activation
 copies a pass cannot hide, the offloaded optimizer part's copies and CPU step beyond the GPU's),
 ``bubble`` (idle: waiting for another stage's compute, or done early).
 """
