@@ -19,7 +19,7 @@ from simpar.sim.goodput.events import RunCosts, simulate_run, simulate_runs
 from simpar.sim.goodput.interval import daly_interval, daly_wall_time, young_interval
 from simpar.sim.goodput.run import CheckpointSetup, checkpoint_bytes, checkpoint_times, plan_run
 from simpar.sim.model import total_params
-from simpar.sim.specs.reliability import load_reliability
+from simpar.sim.specs.reliability import MIN_MTBF_H, load_reliability
 
 HOUR, DAY = 3600.0, 86400.0
 
@@ -197,8 +197,9 @@ def test_a_reliability_file_with_any_value_loads_or_is_refused_in_one_line(tmp_p
 
 
 def rel_never_built(field: str, value: object) -> bool:
-    """A refusal is of a bad value (a good one loads): the field is unknown, or not a positive number."""
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= 1e9
+    """A refusal is of a bad value (a good one loads): the field is unknown, or not a number of
+    hours from one second (`MIN_MTBF_H`) to 1e9."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and MIN_MTBF_H <= value <= 1e9
     return field in ("nosuch", "sources") or not ok
 
 
@@ -207,3 +208,15 @@ def test_a_reliability_file_that_is_not_utf8_is_refused(tmp_path):
     f.write_bytes(b"gpu_mtbf_h: \xff\xfe\n")
     with pytest.raises(SimparError):
         load_reliability(str(f))
+
+
+@pytest.mark.parametrize("value", [5e-324, 1e-300, 0.5 / 3600])
+def test_an_mtbf_under_a_second_is_refused_in_one_line(tmp_path, value):
+    """A mean time between faults near the smallest float made the job's MTBF underflow to 0 s."""
+    import json
+
+    f = tmp_path / "r.json"
+    f.write_text(json.dumps({"gpu_mtbf_h": value, "node_mtbf_h": 1e5, "link_mtbf_h": 1e5, "software_mtbf_h": 1e5}))
+    with pytest.raises(SimparError) as exc:
+        load_reliability(str(f))
+    assert "gpu_mtbf_h" in str(exc.value) and "\n" not in str(exc.value)

@@ -27,6 +27,9 @@ from .loader import load
 
 HOUR = 3600.0
 KINDS = ("gpu", "node", "link", "software")
+#: the shortest MTBF a field may give, one second: a shorter one describes no job, and one near
+#: the smallest float (5e-324 h) made a job's MTBF underflow to 0 s
+MIN_MTBF_H = 1.0 / HOUR
 
 
 class ReliabilitySpec(BaseModel):
@@ -36,10 +39,10 @@ class ReliabilitySpec(BaseModel):
 
     name: str
     description: str = ""
-    gpu_mtbf_h: float = Field(gt=0, le=1e9, description="one GPU's own faults, hours between them")
-    node_mtbf_h: float = Field(gt=0, le=1e9, description="one host's faults, hours between them")
-    link_mtbf_h: float = Field(gt=0, le=1e9, description="one GPU's network path, hours between faults")
-    software_mtbf_h: float = Field(gt=0, le=1e9, description="the job's own faults per GPU, hours between them")
+    gpu_mtbf_h: float = Field(ge=MIN_MTBF_H, le=1e9, description="one GPU's own faults, hours between them")
+    node_mtbf_h: float = Field(ge=MIN_MTBF_H, le=1e9, description="one host's faults, hours between them")
+    link_mtbf_h: float = Field(ge=MIN_MTBF_H, le=1e9, description="one GPU's network path, hours between faults")
+    software_mtbf_h: float = Field(ge=MIN_MTBF_H, le=1e9, description="the job's faults per GPU, hours between them")
     sources: dict[str, str] = Field(default_factory=dict)
 
     def rates_per_s(self, gpus: int, nodes: int) -> dict[str, float]:
