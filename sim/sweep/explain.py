@@ -83,9 +83,10 @@ def _unpriced(a: Config, b: Config) -> str:
     gathers = [Sharding(c.zero, c.dp * c.cp, c.pp).gathers_per_stage for c in (a, b)]
     if gathers[0] is gathers[1]:
         return ""
+    this, that = (a, b) if gathers[0] else (b, a)
     return (
-        "; the ZeRO-3 gathers of a pipeline hide under compute at no cost in simpar (no SM contention),"
-        " so it may rank too well"
+        f"; the {this.label(that)} plan gathers its parameters inside its pipeline (ZeRO-3), which simpar"
+        " hides under compute at no cost (no SM contention), so it may rank too well"
     )
 
 
