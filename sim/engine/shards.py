@@ -74,13 +74,9 @@ class DataParallel:
             self._record(g, stream, comm.op, kind, t0, stage)
 
     def _comms(self, g: GpuState, res: simpy.Resource, comms, tag, stream: str, kind: str, stage=None):
-        """`_comm` of each of ``comms``, one after the other."""
+        """`_comm` of each of ``comms``, one after the other; returns when the last one ended."""
         for i, comm in enumerate(comms):
             yield from self._comm(g, res, comm, (*tag, i), stream, kind, stage)
-
-    def _ended(self, gen):
-        """Run ``gen`` (a process body) and return the time it ended."""
-        yield from gen
         return self.env.now
 
     def _run_group(self, comm: it.Comm, done: simpy.Event):
@@ -185,8 +181,7 @@ class DataParallel:
         rest: list[simpy.Event] = []
         if fp.rest:
             tag = ("params", a.stage, a.microbatch, backward)
-            gathers = self._comms(g, g.zero, fp.rest, tag, "zero", "ZERO_GATHER", a.stage)
-            rest.append(self.env.process(self._ended(gathers)))
+            rest.append(self.env.process(self._comms(g, g.zero, fp.rest, tag, "zero", "ZERO_GATHER", a.stage)))
         if backward and a.kind is not Kind.I:
             # The gradient reduce-scatter and the next layers' all-gathers cross the same links
             # (FSDP2 runs them on two streams). The contention backend shares the links between
@@ -195,8 +190,7 @@ class DataParallel:
             # times, which the queue reproduces for the later one.
             res = g.dp if getattr(self.net, "backend", "") == "contention" else g.zero
             grads = ("grads", a.stage, a.microbatch)
-            reduces = self._comms(g, res, fp.reduce, grads, "dp", "REDUCE_GRAD", a.stage)
-            rest.append(self.env.process(self._ended(reduces)))
+            rest.append(self.env.process(self._comms(g, res, fp.reduce, grads, "dp", "REDUCE_GRAD", a.stage)))
         yield simpy.AllOf(self.env, [self.env.timeout(busy), *rest])
         # the compute gives back the overlap contention of the communication it hid (`terms.fsdp_seconds`)
         comm = max((cast(float, p.value) for p in rest), default=t1) - t1
