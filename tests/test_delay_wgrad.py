@@ -60,9 +60,10 @@ def test_hiding_gives_back_the_contention_share():
     1.5 s, 0.268 s back."""
     c = 20 / 112
     s = stage(True, True, c)
-    assert s.parts("B").a2a == pytest.approx(1.5 + c * 3.5)
-    assert s.parts("F").a2a == pytest.approx(3.5 + c * 1.5)
-    assert stage(False, True, c).parts("B").a2a == 5.0  # nothing hidden, nothing given back
+    assert (s.parts("B").a2a, s.parts("B").contention) == pytest.approx((1.5, c * 3.5))
+    assert (s.parts("F").a2a, s.parts("F").contention) == pytest.approx((3.5, c * 1.5))
+    alone = stage(False, True, c).parts("B")
+    assert (alone.a2a, alone.contention) == (5.0, 0.0)  # nothing hidden, nothing given back
 
 
 def test_the_overlap_pays_the_calibrations_contention():

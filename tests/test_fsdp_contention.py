@@ -15,6 +15,7 @@ from simpar.sim.program.terms import EngineOptions
 from simpar.sim.schedules.costs import overlap_seconds, with_contention
 from simpar.sim.specs import load_cluster, load_model
 from simpar.sim.sweep.bound import lower_bound
+from simpar.sim.sweep.estimator import quick_estimate
 from simpar.sim.sweep.evaluate import Evaluator, SweepSetup
 from simpar.sim.sweep.space import Config, SearchSpace
 from simpar.sim.sweep.terms import fsdp_seconds
@@ -61,9 +62,13 @@ def test_each_pass_gives_back_the_contention_of_what_it_hides(seq: int) -> None:
     passes = {e.kind: e.duration for e in res.events if e.rank == 0 and e.stream == "compute"}
     assert passes["F"] == pytest.approx(want_f, rel=1e-12)
     assert passes["B"] == pytest.approx(want_b, rel=1e-12)
-    assert fsdp_seconds(x)[:2] == pytest.approx((want_f, want_b), rel=1e-12)
-    # what the compute gives back shows as ZeRO communication, never as compute
-    assert res.breakdown_s["zero_comm"] == pytest.approx((want_f - f0) + (want_b - b0), rel=1e-9)
+    given = c * min(f0, rest) + c * min(b0, rest + rs)
+    zero = 2 * first + max(0, rest - f0) + max(0, rest + rs - b0)
+    assert fsdp_seconds(x) == pytest.approx((want_f, want_b, zero, given))
+    # what the compute gives back shows as contention (kernel time), the rest as ZeRO communication
+    assert res.breakdown_s["contention"] == pytest.approx(given, rel=1e-9)
+    assert res.breakdown_s["zero_comm"] == pytest.approx((want_f - f0) + (want_b - b0) - given, rel=1e-9)
+    assert quick_estimate(x).breakdown_s["contention"] == pytest.approx(given, rel=1e-9)
 
 
 def test_the_bound_and_the_estimate_take_the_same_passes() -> None:

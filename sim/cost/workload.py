@@ -30,7 +30,7 @@ from typing import NamedTuple, Protocol
 from ..layout import RankLayout
 from ..model import LayerKind, layer_kinds, mtp_kind
 from ..plan import ParallelPlan
-from ..schedules.costs import with_contention
+from ..schedules.costs import overlap_seconds, with_contention
 from ..specs import ModelSpec
 from . import lora
 from .activations import stage_offloaded_bytes
@@ -59,6 +59,27 @@ class PassParts(NamedTuple):
     tp: float  # exposed tensor/context-parallel communication
     a2a: float  # exposed MoE all-to-all
     offload: float  # exposed activation offload copies
+    #: what the compute gives back to the all-to-all it hides (`schedules.costs.with_contention`):
+    #: kernel time, slowed by the communication kernels on its SMs
+    contention: float = 0.0
+
+
+def pair_split(pf: PassParts, pb: PassParts, contention: float) -> tuple[float, PassParts]:
+    """An overlapped F&B pair of passes ``pf`` and ``pb``: its seconds (`overlap_seconds`, each
+    part's communication, its contention included, able to hide under the other's compute) and
+    what they are: the parts' compute and expert compute; what the ideal overlap (contention 0)
+    leaves exposed of their communication, split over its kinds (TP/CP, all-to-all, activation
+    offload, the parts' own contention) in their proportion; and what the compute gives back to
+    what it hides (the pair's seconds less the ideal's) as contention. The engine charges this
+    (`Engine.pair_cost`); the sweep's estimates take what the pair hides from it (`sweep.pairs`)."""
+    f, b = (pf[0] + pf[1], sum(pf[2:])), (pb[0] + pb[1], sum(pb[2:]))
+    dur, ideal = overlap_seconds(f, b, contention), overlap_seconds(f, b, 0.0)
+    comp, ex = pf[0] + pb[0], pf[1] + pb[1]
+    waits = (pf[2] + pb[2], pf[3] + pb[3], pf[4] + pb[4], pf[5] + pb[5])
+    exposed = max(0.0, ideal - comp - ex)
+    total = sum(waits)
+    tp, a2a, off, ct = (exposed * w / total for w in waits) if total > 0 else (exposed, 0.0, 0.0, 0.0)
+    return dur, PassParts(comp, ex, tp, a2a, off, ct + max(0.0, dur - ideal))
 
 
 class PassWork(NamedTuple):
@@ -169,8 +190,8 @@ class StageWork:
 
     def parts(self, kind: str, overlap_tp: bool = False) -> PassParts:
         """The (compute, expert compute, exposed TP/CP, exposed all-to-all, exposed activation
-        offload) seconds of one pass (``kind`` F, B, I, W or R) on the compute stream; their sum
-        is its duration.
+        offload, contention) seconds of one pass (``kind`` F, B, I, W or R) on the compute stream;
+        their sum is its duration.
 
         With ``overlap_tp`` the TP/CP collectives are hidden. With ``a2a_overlap`` (the plan's
         ``moe_a2a_overlap``, Megatron-Core ``--overlap-moe-expert-parallel-comm``: another
@@ -185,7 +206,7 @@ class StageWork:
         the compute they run under, which gives back ``a2a_contention`` of the hidden time, the
         calibration's ``overlap_contention`` that an overlapped F&B pair gives back
         (`schedules.costs.with_contention`: DeepSeek-V3 §3.2.1, 20 of the H800's 132 SMs run its
-        all-to-all); it shows as all-to-all."""
+        all-to-all); it shows as contention (``PassParts.contention``), kernel time."""
         hit = self._memo.get((kind, overlap_tp))
         if hit is None:
             hit = self._memo[(kind, overlap_tp)] = self._parts(kind, overlap_tp)
@@ -199,8 +220,9 @@ class StageWork:
             hide = own.compute - own.expert
             if kind == "B" and self.delay_wgrad:
                 hide += self.wgt.compute
-            hidden = min(a2a, hide)
-            a2a = with_contention(a2a - hidden, a2a, self.a2a_contention)
+            exposed = a2a - min(a2a, hide)
+            given = with_contention(exposed, a2a, self.a2a_contention) - exposed
+            return PassParts(p.compute - p.expert, p.expert, 0.0 if overlap_tp else p.tp, exposed, p.offload, given)
         return PassParts(p.compute - p.expert, p.expert, 0.0 if overlap_tp else p.tp, a2a, p.offload)
 
     def seconds(self, kind: str, overlap_tp: bool = False) -> float:

@@ -3,7 +3,9 @@
 Each walked GPU's iteration splits into three states (`STATES`):
 
 - ``compute``: the compute-bound part of its kernels (GEMMs, attention) at its speed x, at
-  `PowerModel.compute_W` (x);
+  `PowerModel.compute_W` (x); its kernels' seconds include what the compute gives back to the
+  communication it hides (the ``contention`` account: the GPU runs both, busy, not waiting; taken as
+  stretched by the clock as the rest);
 - ``memory``: the memory-bound part of its kernels (element-wise, norms, materialised softmax, MoE
   permutation; `kernel_mix`) and its optimizer step, at the memory-bound power;
 - ``waiting``: the rest of the iteration (exposed communication, pipeline bubbles, host copies), at the
@@ -30,8 +32,9 @@ from ..specs import ClusterSpec, ModelSpec
 from .power import PowerModel
 
 STATES = ("compute", "memory", "waiting")
-#: accounts of a GPU's kernels (what `GpuState.slow` stretches)
-KERNEL_ACCOUNTS = ("compute", "expert_compute", "recompute")
+#: accounts of a GPU's kernels: what `GpuState.slow` stretches, and what the compute gives back to the
+#: communication it hides (``contention``: its kernels run on fewer SMs meanwhile, the GPU busy)
+KERNEL_ACCOUNTS = ("compute", "expert_compute", "recompute", "contention")
 
 
 def kernel_mix(model: ModelSpec, plan: ParallelPlan, costs: CostModel) -> float:
@@ -123,11 +126,13 @@ def iteration_energy(
 
 
 def kernel_gpu_seconds(plan: ParallelPlan, work, overlap_tp: bool = False) -> float:
-    """The kernel GPU-seconds of an iteration over the whole job (the engine's compute, expert-compute
-    and recompute accounts summed over every GPU): every stage runs each of its micro-batches' forward,
-    backward (whole, or for inputs and for weights under a split-backward schedule) and, with
-    recompute, its recomputed forward; a stage's GPUs are dp x cp x tp. From the stage-work table
-    (`StageWork.parts`), without a run: what a sweep row's energy and its lower bound use."""
+    """The kernel GPU-seconds of an iteration over the whole job (the engine's compute, expert-compute,
+    recompute accounts and the MoE all-to-all overlap's contention, summed over every GPU; the
+    pairs' and FSDP's contention are the sweep's `evaluate.given_back`): every stage runs each of
+    its micro-batches' forward, backward (whole, or for inputs and for weights under a
+    split-backward schedule) and, with recompute, its recomputed forward; a stage's GPUs are
+    dp x cp x tp. From the stage-work table (`StageWork.parts`), without a run: what a sweep row's
+    energy and its lower bound use."""
     from ..schedules import spec
 
     split = spec(plan.schedule).split_backward
@@ -137,6 +142,6 @@ def kernel_gpu_seconds(plan: ParallelPlan, work, overlap_tp: bool = False) -> fl
     per_mb = 0.0
     for w in work[: plan.num_stages]:
         for k in passes:
-            c, e, *_ = w.parts(k, overlap_tp)
-            per_mb += c + e
+            c, e, _, _, _, ct = w.parts(k, overlap_tp)
+            per_mb += c + e + ct
     return per_mb * (plan.num_microbatches // plan.pipelines) * plan.dp * plan.cp * plan.tp

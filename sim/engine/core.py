@@ -28,12 +28,11 @@ import simpy
 
 from ..collector import paused
 from ..cost.resolved import StageInputs
-from ..cost.workload import PassParts
+from ..cost.workload import PassParts, pair_split
 from ..layout import RankLayout
 from ..program import terms as it
 from ..program.program import iteration_program, releases
 from ..program.terms import EngineOptions
-from ..schedules.costs import overlap_seconds
 from ..schedules.ir import Action, Kind, Pair, Schedule
 from .hostpath import HostCopies
 from .shards import DataParallel
@@ -175,26 +174,27 @@ class Engine(PipelineTransfers, DataParallel, HostCopies, IterationTail):
     # --- compute ------------------------------------------------------------------------
     def _parts(self, a: Action, kind: str, slow: float = 1.0) -> PassParts:
         """(compute, expert compute, exposed TP/CP, exposed all-to-all, exposed activation
-        offload) of a pass (`StageWork.parts`) on a GPU whose kernels take ``slow`` times their
-        time (`GpuState.slow`: its compute and expert compute; the communication is the network's)."""
+        offload, contention) of a pass (`StageWork.parts`) on a GPU whose kernels take ``slow``
+        times their time (`GpuState.slow`: its compute and expert compute; the communication is the
+        network's, and what the compute gives back to it is the overlap's)."""
         parts = self.work[a.stage].parts(kind, self.opt.overlap_tp)
         if slow != 1.0:
-            c, e, tp, a2a, off = parts
-            parts = PassParts(c * slow, e * slow, tp, a2a, off)
+            c, e, tp, a2a, off, ct = parts
+            parts = PassParts(c * slow, e * slow, tp, a2a, off, ct)
         return parts
 
     def _compute(self, g: GpuState, a: Action, parts: PassParts, acc: str = "compute"):
         t0 = self.env.now
-        c, e, tp, a2a, off = parts
+        c, e, tp, a2a, off, ct = parts
         w = self.work[a.stage]
-        if a2a > 0 and not self.timed_p2p and w.flows(a.kind.value):
+        if a2a + ct > 0 and not self.timed_p2p and w.flows(a.kind.value):
             # a network that shares links: the MoE all-to-alls run on it, contending with DP/PP traffic
             yield self.env.timeout(c + e + tp + off)
             t1 = self.env.now
             yield from self._all_to_alls(g, a)
             parts = PassParts(c, e, tp, self.env.now - t1, off)
         else:
-            yield self.env.timeout(c + e + tp + a2a + off)
+            yield self.env.timeout(c + e + tp + a2a + off + ct)
         self._charge(g, acc, parts)
         self._record(g, "compute", str(a), a.kind.value, t0, a.stage, a.microbatch)
 
@@ -209,12 +209,13 @@ class Engine(PipelineTransfers, DataParallel, HostCopies, IterationTail):
 
     @staticmethod
     def _charge(g: GpuState, acc: str, parts: PassParts) -> None:
-        c, e, tp, a2a, off = parts
+        c, e, tp, a2a, off, ct = parts
         g.acc[acc] += c
         g.acc["expert_compute"] += e
         g.acc["tp_comm"] += tp
         g.acc["moe_a2a"] += a2a
         g.acc["offload"] += off
+        g.acc["contention"] += ct
 
     def _mem(self, g: GpuState, delta: float) -> None:
         g.act += delta
@@ -261,8 +262,9 @@ class Engine(PipelineTransfers, DataParallel, HostCopies, IterationTail):
     def _pair(self, g: GpuState, a: Pair):
         """An overlapped F&B pair (`schedules.costs.overlap_seconds`): both parts' ZeRO gathers
         first, the forward's activations taken at its start and the backward's freed at its end.
-        Its compute is charged as compute, what the overlap leaves exposed of the two parts'
-        communication as TP / all-to-all time in their proportion. (Under per-layer FSDP, pp 1,
+        Its compute is charged as compute, what the ideal overlap leaves exposed of the two parts'
+        communication as TP / all-to-all time in their proportion, and what the compute gives back
+        to what it hides as contention (`workload.pair_split`). (Under per-layer FSDP, pp 1,
         the two passes run one after the other.) The parts' all-to-alls are timed as `StageWork`
         times them, on either backend: a pair does not put them on the shared links."""
         f, b = a.f, a.b
@@ -286,17 +288,11 @@ class Engine(PipelineTransfers, DataParallel, HostCopies, IterationTail):
 
     def pair_cost(self, f: Action, b: Action, slow: float = 1.0) -> tuple[float, PassParts]:
         """An overlapped pair's seconds (`overlap_seconds` of its parts) and what it charges:
-        (compute, expert compute, exposed TP/CP, all-to-all, activation offload), what the overlap
-        leaves exposed of the parts' communication split in their proportion."""
+        (compute, expert compute, exposed TP/CP, all-to-all, activation offload, contention), what
+        the ideal overlap leaves exposed of the parts' communication split in their proportion, and
+        what the compute gives back to the communication it hides as contention (`pair_split`)."""
         pf, pb = self._parts(f, "F", slow), self._parts(b, b.kind.value, slow)
-        dur = overlap_seconds(
-            (pf[0] + pf[1], sum(pf[2:])), (pb[0] + pb[1], sum(pb[2:])), self.costs.eff.overlap_contention
-        )
-        comp, waits = pf[0] + pb[0], (pf[2] + pb[2], pf[3] + pb[3], pf[4] + pb[4])
-        exposed = max(0.0, dur - comp - pf[1] - pb[1])
-        total = sum(waits)
-        tp, a2a, off = (exposed * w / total for w in waits) if total > 0 else (exposed, 0.0, 0.0)
-        return dur, PassParts(comp, pf[1] + pb[1], tp, a2a, off)
+        return pair_split(pf, pb, self.costs.eff.overlap_contention)
 
     def _recompute(self, g: GpuState, a: Action):
         yield from self._compute(g, a, self._unit(g, a, self._parts(a, "R", g.slow)), acc="recompute")
@@ -304,7 +300,7 @@ class Engine(PipelineTransfers, DataParallel, HostCopies, IterationTail):
     def _unit(self, g: GpuState, a: Action, parts: PassParts) -> PassParts:
         """``parts`` with the pass's kernels at its own clock, where `Speeds.units` gives it one."""
         f = self.unit_slow.get(g.rank, {}).get(a) if self.unit_slow else None
-        return parts if f is None else PassParts(parts[0] * f, parts[1] * f, parts[2], parts[3], parts[4])
+        return parts if f is None else PassParts(parts[0] * f, parts[1] * f, *parts[2:])
 
     # --- the walk ---------------------------------------------------------------------
     HANDLERS: ClassVar[dict[Kind, Callable[..., Any]]] = {

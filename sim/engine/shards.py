@@ -172,7 +172,7 @@ class DataParallel:
     def _fsdp_pass(self, g: GpuState, a: Action, parts: PassParts):
         """`terms.FsdpPass`: the first layer's gather exposed, the rest (and in the backward
         the gradients' reduce-scatter) alongside the compute, which gives back the overlap
-        contention of what they hide (`terms.fsdp_seconds`; shown as ZeRO communication)."""
+        contention of what they hide (`terms.fsdp_seconds`; charged as contention)."""
         fp = it.fsdp_pass(self.plan, self.work[a.stage], g.dp_group, g.edp_group)
         backward = a.kind is not Kind.F
         t0 = self.env.now
@@ -198,7 +198,8 @@ class DataParallel:
         if extra > 0:
             yield self.env.timeout(extra)
         self._charge(g, "compute", parts)
-        g.acc["zero_comm"] += self.env.now - t0 - busy
+        g.acc["contention"] += max(0.0, extra)
+        g.acc["zero_comm"] += self.env.now - t0 - busy - max(0.0, extra)
         g.reduced.add(a.stage)
         self._record(g, "compute", str(a), a.kind.value, t0, a.stage, a.microbatch)
 

@@ -20,6 +20,7 @@ ACCOUNTS = (
     "zero_comm",
     "optimizer",
     "offload",
+    "contention",
 )
 
 

@@ -33,7 +33,7 @@ _COMPUTE = frozenset({Kind.F, Kind.B, Kind.I, Kind.W, Kind.R})
 
 def _compute_table(eng: Any, slow: float = 1.0) -> dict[Kind, list[tuple[PassParts, float, str, float]]]:
     """kind -> per stage ((compute, expert compute, exposed TP/CP, exposed all-to-all, exposed
-    activation offload) seconds, their sum, account, activation bytes the pass changes at its end):
+    activation offload, contention) seconds, their sum, account, activation bytes the pass changes at its end):
     what `Engine._compute` charges for F, B, I, W and R, and what `Engine._freed` says a backward
     frees (0 for F and R), on a GPU whose kernels take ``slow`` times their time. By kind, then a
     list by stage: no (stage, kind) tuple per action."""
@@ -55,7 +55,7 @@ def _tables(eng: Any, slow: float) -> tuple[dict, dict[Kind, list[bool]]]:
     shared = not eng.timed_p2p
     at_clock = {
         k: [
-            eng.steps.layer_passes or (shared and row[st][0][3] > 0 and eng.work[st].flows(k.value) > 0)
+            eng.steps.layer_passes or (shared and row[st][0][3] + row[st][0][5] > 0 and eng.work[st].flows(k.value) > 0)
             for st in range(len(row))
         ]
         for k, row in table.items()
@@ -127,7 +127,7 @@ def walk(eng: Any, g: Any, actions):
             cost = pairs.get((f.stage, b.stage, b.kind))  # what `Engine._pair` charges
             if cost is None:
                 cost = pairs[(f.stage, b.stage, b.kind)] = eng.pair_cost(f, b, g.slow)
-            dur, (comp, ex, tp, a2a, off) = cost
+            dur, (comp, ex, tp, a2a, off, ct) = cost
             g.act += act_bytes[f.stage]
             if trace:
                 mem.append((t, g.act))
@@ -141,6 +141,7 @@ def walk(eng: Any, g: Any, actions):
             acc["tp_comm"] += tp
             acc["moe_a2a"] += a2a
             acc["offload"] += off
+            acc["contention"] += ct
             g.act += freed(b)
             if trace:
                 mem.append((t, g.act))
@@ -154,11 +155,11 @@ def walk(eng: Any, g: Any, actions):
                 ev = g.gathered.get(st)
                 clock = ev is None or not ev.processed
             if not clock:
-                (secs, ex, tp, a2a, off), dur, name, frees = table[k][st]
+                (secs, ex, tp, a2a, off, ct), dur, name, frees = table[k][st]
                 if unit is not None and a in unit:  # this computation at its own clock
                     f = unit[a]
                     secs, ex = secs * f, ex * f
-                    dur = secs + ex + tp + a2a + off
+                    dur = secs + ex + tp + a2a + off + ct
                 if k is F:
                     g.act += act_bytes[st]
                     if trace:
@@ -172,10 +173,11 @@ def walk(eng: Any, g: Any, actions):
                 acc[name] += secs
                 if tp:
                     acc["tp_comm"] += tp
-                if ex or a2a or off:
+                if ex or a2a or off or ct:
                     acc["expert_compute"] += ex
                     acc["moe_a2a"] += a2a
                     acc["offload"] += off
+                    acc["contention"] += ct
                 if k is B or k is I or (k is W and held[st]):  # what the pass frees (`Engine._freed`)
                     g.act += frees
                     if trace:

@@ -4,10 +4,12 @@ Breakdown keys (seconds, for the reported GPU; they sum to the iteration time):
 ``compute`` (F/B/I/W math), ``recompute``, ``tp_comm`` (exposed tensor/context-parallel
 collectives), ``pp_comm`` (waiting on a pipeline transfer in flight), ``dp_comm`` (exposed
 gradient reduction), ``zero_comm`` (exposed ZeRO parameter gathers, with an offloaded shard's copy
-up from the host, and under FSDP what the compute gives back to the gathers and reduce-scatters it
-hides: `program.terms.fsdp_seconds`), ``moe_a2a`` (exposed MoE all-to-all, with what the compute
-gives back to the all-to-all it hides), ``optimizer`` (the GPU's step), ``offload`` (waiting on the host: activation
-copies a pass cannot hide, the offloaded optimizer part's copies and CPU step beyond the GPU's),
+up from the host), ``moe_a2a`` (exposed MoE all-to-all), ``optimizer`` (the GPU's step),
+``offload`` (waiting on the host: activation copies a pass cannot hide, the offloaded optimizer
+part's copies and CPU step beyond the GPU's), ``contention`` (what the compute gives back to the
+communication it hides, its kernels running on the SMs the communication leaves them:
+`schedules.costs.with_contention`, in an overlapped F&B pair, the MoE all-to-all overlap and FSDP's
+per-layer gathers and reduce-scatters; the GPU is busy then, and energy prices it as kernel time),
 ``bubble`` (idle: waiting for another stage's compute, or done early).
 """
 

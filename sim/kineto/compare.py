@@ -14,8 +14,9 @@ Measured, per profiler step (then the median step, or the mean of its parts):
   ``other_comm`` (a group the plan does not have, or not recorded);
 - ``bubble``: no kernel running.
 
-Simulated: `SimResult.rank_breakdowns`, with compute, expert compute, recompute and the optimizer
-summed into ``compute`` as the trace cannot tell them apart. Both timelines also go to one Perfetto
+Simulated: `SimResult.rank_breakdowns`, with compute, expert compute, recompute, the optimizer and
+the contention (compute kernels slowed by the communication they hide: kernels run then) summed into
+``compute`` as the trace cannot tell them apart. Both timelines also go to one Perfetto
 trace (`perfetto_doc`): simulated ranks as processes 0..n-1, measured ones from 1000.
 """
 
@@ -51,7 +52,7 @@ KEYS = (
 )
 SIM_PASSES = {"F": "compute F", "B": "compute B", "I": "compute B", "W": "compute B", "R": "compute B"}
 #: simulated accounts summed into "compute"
-SIM_COMPUTE = ("compute", "expert_compute", "recompute", "optimizer", "offload")
+SIM_COMPUTE = ("compute", "expert_compute", "recompute", "optimizer", "offload", "contention")
 MEASURED_PID = 1000
 
 

@@ -160,7 +160,7 @@ def _passes(x: Inputs, m: int, fsdp: bool) -> _Passes:
         # FSDP (pp = 1) on the analytical network: a pass waits out its first layer's gather, then
         # the longer of its compute and the rest of its gathers (and, in the backward, the
         # reduce-scatters) queued on one stream, as the engine's `_fsdp_pass` does (`fsdp_seconds`)
-        f1, b1, _ = fsdp_seconds(x)
+        f1, b1, *_ = fsdp_seconds(x)
         fwd, back = [f1], [b1]
         back_in = back
     w0 = back[0] - back_in[0]  # stage 0's W after its I (0 with a full backward B)

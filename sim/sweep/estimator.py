@@ -65,7 +65,7 @@ def quick_estimate(x: Inputs) -> Estimate:
     """Closed-form pipeline time plus the iteration terms (see the module docstring)."""
     p, m = x.plan, x.plan.num_microbatches // x.plan.pipelines  # micro-batches each stage runs
     if x.fsdp:
-        fb, bb, _ = fsdp_seconds(x)
+        fb, bb, *_ = fsdp_seconds(x)
         end = m * (fb + bb + x.dur(x.work[0], "R"))
         return finish(x, [RankTimes(0.0, end, {})], "quick")
     # the pipeline part reads none of the fields configurations of one stage-work table differ in
@@ -158,15 +158,16 @@ def oracle_estimate(x: Inputs, schedule=None) -> Estimate:
     rts = []
     for r, acts in enumerate(sched.ranks):
         lb: dict[int, tuple[float, float, float]] = {}
-        hidden = [0.0, 0.0, 0.0]
+        hidden = [0.0, 0.0, 0.0, 0.0]
         for a, t0, t1 in zip(acts, res.start[r], res.end[r]):
             if isinstance(a, Pair):  # an overlapped pair: what it hides, and its backward's gradients
                 h = pair_effect(x, a.f.stage, a.b.stage, a.b.kind)[1]
-                hidden = [hidden[j] + h[j] for j in range(3)]
+                hidden = [hidden[j] + h[j] for j in range(4)]
                 a = a.b
             if a.kind in (Kind.B, Kind.W):
                 lb[a.stage] = (t0, t1 - t0, t1)
             elif a.kind is Kind.REDUCE_GRAD:
                 lb[a.stage] = (*lb[a.stage][:2], t0)
-        rts.append(RankTimes(res.rank_start[r], res.end[r][-1] if acts else 0.0, lb, (hidden[0], hidden[1], hidden[2])))
+        hid = (hidden[0], hidden[1], hidden[2], hidden[3])
+        rts.append(RankTimes(res.rank_start[r], res.end[r][-1] if acts else 0.0, lb, hid))
     return finish(x, rts, "oracle")

@@ -37,9 +37,10 @@ from .bound import lower_bound
 from .config_plan import checked_plan
 from .estimator import oracle_estimate, quick_estimate
 from .memory_screen import MemoryScreen
+from .pairs import rank_savings
 from .space import Config, SearchSpace
 from .store import as_record
-from .terms import Estimate, Inputs, dp_groups, edp_groups, host_path, optimizer_time
+from .terms import Estimate, Inputs, dp_groups, edp_groups, fsdp_seconds, host_path, optimizer_time
 
 #: plan fields `build_work` does not read (but for the schedule's pipelines, keyed apart): plans
 #: differing only in them share their stage work
@@ -228,7 +229,8 @@ class Evaluator:
         }
 
     def energy_terms(self, plan: ParallelPlan, x: Inputs | None = None) -> tuple[float, float, float]:
-        """(the layers' compute-bound share of kernel time, the job's kernel GPU-seconds, its optimizer
+        """(the layers' compute-bound share of kernel time, the job's kernel GPU-seconds, with what
+        the compute gives back to the communication it hides (`given_back`), its optimizer
         GPU-seconds) of an iteration (`simpar.sim.energy.account`): the share once per stage work
         (`work`'s key), the kernel seconds once per work and backward split, the optimizer's once per
         work and optimizer setting; the optimizer's from `terms.optimizer_time`, which the quick estimate
@@ -244,6 +246,7 @@ class Evaluator:
             x = x if x is not None else self.inputs(plan)
             split = spec(plan.schedule).split_backward
             kernels = x.kept(("kernel_gpu_s", split), lambda: kernel_gpu_seconds(plan, x.work, x.options.overlap_tp))
+            kernels += given_back(x)
             steps = sum(optimizer_time(x, r) for r in range(len(x.ranks)))
             hit = self._energy[key] = (mix, kernels, steps * plan.dp * plan.cp * plan.tp)
         return hit
@@ -343,6 +346,21 @@ class Evaluator:
 
     def _estimate_fields(self, plan: ParallelPlan, est: Estimate) -> dict[str, Any]:
         return self.result_fields(plan, est.iter_time_s, est.breakdown_s, est.source)
+
+
+def given_back(x: Inputs) -> float:
+    """GPU-seconds over the job that its compute gives back to the communication it hides, beyond
+    the MoE all-to-all overlap's (in the passes' parts, so in `kernel_gpu_seconds`): what the
+    overlapped F&B pairs add to their parts' contention (`pairs.pair_effect`: its last share is
+    what they take from it, less their own) and FSDP's per-layer collectives
+    (`terms.fsdp_seconds`). The engine charges both as ``contention``, kernel time
+    (`energy.account.KERNEL_ACCOUNTS`)."""
+    plan = x.plan
+    per_rank = plan.dp * plan.cp * plan.tp
+    out = -sum(r.hidden[3] for r in rank_savings(x)) * per_rank
+    if x.fsdp:
+        out += plan.num_microbatches * fsdp_seconds(x)[3] * plan.num_gpus
+    return out
 
 
 _EVALUATOR: list = [None, None]  # (token or setup, Evaluator) of this process

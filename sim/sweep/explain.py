@@ -21,6 +21,7 @@ WORDS = {
     "zero_comm": "exposed ZeRO parameter gathers",
     "optimizer": "optimizer step",
     "offload": "waiting on host offload (PCIe copies, CPU optimizer step)",
+    "contention": "compute slowed by the communication it hides (SM contention)",
     "bubble": "pipeline bubble",
 }
 SOURCES = {"engine": "simulated", "oracle": "list-scheduler estimate", "quick": "quick estimate"}

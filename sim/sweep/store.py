@@ -37,8 +37,8 @@ from .space import CONFIG_FIELDS, Config
 
 #: 2: lower_bound_s; 3: ep, etp, expert_compute_s, moe_a2a_s; 4: dispatch, a2a_overlap; 5: optimizer, rlayers;
 #: 6: offload, offload_s, host_memory_gib; 7: host_copy_s, host_cpu_s; 8: energy_J, energy_lower_bound_J,
-#: run_wall_s, run_wall_lower_bound_s
-SWEEP_FORMAT_VERSION = 8
+#: run_wall_s, run_wall_lower_bound_s; 9: contention_s
+SWEEP_FORMAT_VERSION = 9
 MANIFEST, RESULTS, JOURNAL = "sweep.json", "results.csv", "journal"
 PHASES = ("screen", "refine", "simulate")
 STATUSES = ("simulated", "refined", "estimated", "oom", "invalid")

@@ -98,7 +98,8 @@ def finish(x: Inputs, rts: list[RankTimes], source: str) -> Estimate:
     busy = max(range(len(rts)), key=lambda r: (x.rank_work[r], -r))
     ws = [x.work[s] for s in x.ranks[busy]]
     posts = m * sum(x.posts[s] for s in x.ranks[busy]) * x.post
-    # per pass (compute, expert compute, TP/CP, all-to-all), summed over the rank's stages
+    fsdp = fsdp_seconds(x) if x.fsdp else None
+    # per pass (compute, expert compute, TP/CP, all-to-all, offload, contention), summed over the rank's stages
     run = [x.parts(w, k) for w in ws for k in ("F", "I", "W")]
     rec = [x.parts(w, "R") for w in ws]
     bd = {
@@ -110,9 +111,10 @@ def finish(x: Inputs, rts: list[RankTimes], source: str) -> Estimate:
         # activation copies a pass waits on; the offloaded optimizer part beyond the GPU's step below
         "pp_comm": posts + (t_tied if tied is not None and busy in tied else 0.0),
         "dp_comm": tails[busy],
-        "zero_comm": shift + zero_end(x, busy) + (m * fsdp_seconds(x)[2] if x.fsdp else 0.0),
+        "zero_comm": shift + zero_end(x, busy) + (m * fsdp[2] if fsdp else 0.0),
         "optimizer": optimizer_time(x, busy),
         "offload": m * sum(p[4] for p in run + rec) - rts[busy].hidden[2] + host_wait(x, busy),
+        "contention": m * sum(p[5] for p in run + rec) - rts[busy].hidden[3] + (m * fsdp[3] if fsdp else 0.0),
     }
     bd["bubble"] = max(0.0, t - sum(bd.values()))
     return Estimate(t, bd, source)

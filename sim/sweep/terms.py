@@ -159,18 +159,20 @@ def edp_groups(plan: ParallelPlan) -> tuple[tuple[int, ...], ...]:
     return tuple(lay.expert_group(lay.rank(pp=r), "edp") for r in range(plan.pp))
 
 
-def fsdp_seconds(x: Inputs) -> tuple[float, float, float]:
-    """(F, B, exposed ZeRO) per micro-batch of the single stage under FSDP (the engine's
-    `_fsdp_pass` on the analytical network: the rest of the gathers and the reduce-scatter queue
-    on one stream, beside the compute, which gives back the overlap contention of what they hide:
-    `terms.fsdp_seconds`)."""
+def fsdp_seconds(x: Inputs) -> tuple[float, float, float, float]:
+    """(F, B, exposed ZeRO, contention) per micro-batch of the single stage under FSDP (the
+    engine's `_fsdp_pass` on the analytical network: the rest of the gathers and the
+    reduce-scatter queue on one stream, beside the compute, which gives back the overlap
+    contention of what they hide: `terms.fsdp_seconds`); the last two add up to what F and B
+    take beyond their compute."""
     w = x.work[0]
     fp = it.fsdp_pass(x.plan, w, x.dp_groups[0], x.edp(0))
     first, rest, rs = (sum(x.time(c, 0) for c in part) for part in (fp.first, fp.rest, fp.reduce))
     f0, b0 = x.dur(w, "F"), x.dur(w, "B")
     c = x.costs.eff.overlap_contention
     f1, b1 = first + it.fsdp_seconds(f0, rest, c), first + it.fsdp_seconds(b0, rest + rs, c)
-    return f1, b1, (f1 - f0) + (b1 - b0)
+    given = f1 - first - max(f0, rest) + (b1 - first - max(b0, rest + rs))
+    return f1, b1, (f1 - f0) + (b1 - b0) - given, given
 
 
 @dataclass(frozen=True)
@@ -181,8 +183,9 @@ class RankTimes:
     first_f: float
     end: float
     last_bwd: dict[int, tuple[float, float, float]]
-    #: (TP/CP, all-to-all, activation offload) seconds the rank's overlapped F&B pairs hide (`overlap_seconds`)
-    hidden: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    #: (TP/CP, all-to-all, activation offload, contention) seconds the rank's overlapped F&B pairs
+    #: take from their parts' (`pairs.pair_effect`)
+    hidden: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
     #: ZeRO-2 (`terms.reduces_every_microbatch`): (stage, start, duration) of every
     #: weight-gradient pass, each releasing the buckets of its micro-batch; else empty
     every_bwd: tuple[tuple[int, float, float], ...] = ()

@@ -47,6 +47,7 @@ MECHANISMS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("ZeRO parameter gathers", ("zero_comm",)),
     ("the optimizer step", ("optimizer",)),
     ("host offload (copies and the CPU optimizer)", ("offload",)),
+    ("SM contention of hidden communication (overlap_contention)", ("contention",)),
 )
 
 
