@@ -16,9 +16,11 @@ from simpar.sim.cost.resolved import resolve
 from simpar.sim.cost.workload import PassParts, pair_split
 from simpar.sim.energy.run import plan_energy
 from simpar.sim.iteration.simulate import simulate
+from simpar.sim.layout import RankLayout
 from simpar.sim.schedules.costs import overlap_seconds
 from simpar.sim.specs import load_cluster, load_model
 from simpar.sim.specs.power import load_power
+from simpar.sim.sweep.estimator import oracle_estimate, quick_estimate
 from simpar.sim.sweep.evaluate import Evaluator, SweepSetup
 from simpar.sim.sweep.space import Config, SearchSpace
 
@@ -105,3 +107,16 @@ def test_a_sweep_rows_energy_counts_the_same_contention(name) -> None:
     assert row["contention_s"] > 0
     want = plan_energy(model, cluster, plan, ev.s.power).nominal.total_J
     assert row["energy_J"] == pytest.approx(want, rel=1e-9)
+
+
+@pytest.mark.parametrize("name", ["pairs", "fsdp"])
+def test_the_estimates_charge_the_engines_contention(name) -> None:
+    """The sweep's estimates account the busiest rank as the engine does: the same contention,
+    and the communication it was taken from."""
+    model, cluster, plan, ev, _ = _case(name)
+    x = ev.inputs(plan)
+    busy = max(range(len(x.ranks)), key=lambda r: (x.rank_work[r], -r))
+    engine = simulate(model, cluster, plan, trace=False).rank_breakdowns[RankLayout(plan).rank(pp=busy)]
+    for est in (oracle_estimate(x), quick_estimate(x)):
+        for key in ("compute", "tp_comm", "zero_comm", "contention"):
+            assert est.breakdown_s[key] == pytest.approx(engine[key], rel=1e-9, abs=1e-12), (est.source, key)
