@@ -142,6 +142,7 @@ def energy(
             "energy_J": e.total_J,
             "energy_J_by_state": e.joules,
             "gpu_seconds_by_state": e.seconds,
+            "contention_gpu_seconds": e.contention_s,
             "energy_per_token_J": e.total_J / run.tokens,
             "average_power_W": e.average_W,
         }
@@ -223,6 +224,11 @@ def energy(
             de, dt = e.total_J / base.total_J - 1, e.iter_time_s / base.iter_time_s - 1
             line += f"; energy {de:+.2%}, iteration time {dt:+.2%} against nominal"
         click.echo(line)
+        if e.contention_s > 0:
+            click.echo(
+                f"  of the compute and memory seconds, {e.contention_s / gpus:.4f} s per GPU are its compute slowed by "
+                "the communication it hides (the breakdown's contention): kernel time, not waiting"
+            )
         if parsed:
             c = cost(e)
             per_m = sum(c.values()) * 1e6 / run.tokens

@@ -6,12 +6,15 @@ row alike."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
+from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from simpar.cli.main import cli
 from simpar.sim.cost.resolved import resolve
 from simpar.sim.cost.workload import PassParts, pair_split
 from simpar.sim.energy.run import plan_energy
@@ -96,6 +99,32 @@ def test_the_energy_prices_contention_as_kernel_time() -> None:
     want = plan.num_gpus * (comp * pm.compute_W(1.0) + mem * pm.memory_W + (t - comp - mem) * pm.waiting_W)
     assert run.nominal.total_J == pytest.approx(want, rel=1e-9)
     assert bd["contention"] > 0 and pm.compute_W(1.0) > pm.waiting_W
+    assert run.nominal.contention_s == pytest.approx(plan.num_gpus * bd["contention"], rel=1e-9)
+
+
+def test_simpar_energy_says_what_of_its_kernel_time_is_contention() -> None:
+    args = [
+        "--model",
+        "gpt-7.5b",
+        "--cluster",
+        "dgx-a100-80g",
+        "--gpus",
+        "16",
+        "--gbs",
+        "32",
+        "--tp",
+        "2",
+        "--zero",
+        "3",
+    ]
+    res = CliRunner().invoke(cli, ["energy", *args])
+    assert res.exit_code == 0, res.output
+    line = next(x for x in res.output.splitlines() if "contention" in x)
+    per_gpu = float(line.split(" s per GPU")[0].split()[-1])
+    model, cluster, plan, _, _ = _case("fsdp")
+    assert per_gpu == pytest.approx(simulate(model, cluster, plan).breakdown_s["contention"], abs=1e-4)
+    doc = json.loads(CliRunner().invoke(cli, ["energy", *args, "--json"]).output)
+    assert doc["cases"]["nominal"]["contention_gpu_seconds"] == pytest.approx(16 * per_gpu, abs=2e-3)
 
 
 @pytest.mark.parametrize("name", CASES)

@@ -92,6 +92,9 @@ class IterationEnergy:
     #: state -> GPU-seconds and joules, summed over every GPU of the job
     seconds: dict[str, float] = field(default_factory=dict)
     joules: dict[str, float] = field(default_factory=dict)
+    #: of the kernels' GPU-seconds (the compute and memory states), those the compute gave back to the
+    #: communication it hides (the breakdown's ``contention``), summed over every GPU of the job
+    contention_s: float = 0.0
 
     @property
     def total_J(self) -> float:
@@ -122,6 +125,7 @@ def iteration_energy(
         for s in STATES:
             out.seconds[s] += replicas * secs[s]
             out.joules[s] += replicas * secs[s] * watts[s]
+        out.contention_s += replicas * g.acc["contention"]
     return out
 
 

@@ -177,7 +177,9 @@ def priced(
     seconds["waiting"] -= replicas * extra
     joules["compute"] += replicas * compute_J
     joules["waiting"] -= replicas * extra * pm.waiting_W
-    energy = IterationEnergy(t, nominal.gpus, {s: seconds[s] for s in STATES}, {s: joules[s] for s in STATES})
+    energy = IterationEnergy(
+        t, nominal.gpus, {s: seconds[s] for s in STATES}, {s: joules[s] for s in STATES}, nominal.contention_s
+    )
     passes = sum(1 for e in eng.events if e.stream == "compute" and e.kind in PASSES)
     return UnitClocks({r: dict(v) for r, v in speeds.items()}, len(clocks), passes, t, energy)
 
