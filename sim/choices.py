@@ -45,7 +45,7 @@ MOE_DISPATCHERS = ("alltoall", "flex")
 #: attention (K/V chunks passed around the ring under the attention core), ``all_gather`` (K/V gathered
 #: before the core, their gradients reduce-scattered after), ``a2a`` (DeepSpeed-Ulysses: Q, K, V and
 #: the output exchanged by all-to-all over heads), ``a2a+p2p`` (hierarchical: a2a inside groups of
-#: ``cp_a2a_size`` adjacent ranks, ring attention across them); `simpar.sim.cost.workload._cp_layer_time`
+#: ``cp_a2a_size`` adjacent ranks, ring attention across them); `simpar.sim.cost.layer_comm.cp_layer_time`
 CP_COMM_TYPES = ("p2p", "all_gather", "a2a", "a2a+p2p")
 #: Optimizers (`simpar.sim.cost.optimizers`: state bytes and step cost of each).
 OPTIMIZERS = ("adamw", "adam", "adam-8bit", "adafactor", "sgd", "muon")

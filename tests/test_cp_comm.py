@@ -7,7 +7,7 @@ import pytest
 
 from simpar import ParallelPlan, load_cluster, load_model, simulate
 from simpar.cli.main import cli
-from simpar.sim.cost.workload import _cp_layer_time
+from simpar.sim.cost.layer_comm import cp_layer_time
 from simpar.sim.errors import PlanError
 from simpar.sim.interop.emit import megatron_launch
 from simpar.sim.layout import RankLayout
@@ -34,7 +34,7 @@ def test_each_type_times_its_own_collectives():
     for kind in ("p2p", "all_gather", "a2a"):
         m, c, plan = _setup(kind)
         layout = RankLayout(plan)
-        times[kind] = _cp_layer_time(m, plan, net, layout, _Lt())
+        times[kind] = cp_layer_time(m, plan, net, layout, _Lt())
     group = RankLayout(_setup("a2a")[2]).group(0, "cp")
     tokens = 1 * model.seq_len / 4
     kv = 2 * 2.0 * tokens * model.kv_heads * model.head_dim / 2
@@ -109,7 +109,7 @@ def test_hierarchical_is_the_a2a_inside_groups_and_the_ring_across_them():
     a2a = net.collective_time("all-to-all", group[:2], q + kv) + net.collective_time("all-to-all", group[:2], q)
     ring = group[::2]
     step = net.p2p_time(ring[0], ring[1], kv)
-    assert _cp_layer_time(model, plan, net, RankLayout(plan), _Lt()) == (
+    assert cp_layer_time(model, plan, net, RankLayout(plan), _Lt()) == (
         a2a + max(0.0, 3 * step - 1e-3),
         a2a + max(0.0, 6 * step - 2e-3),
     )

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from simpar.cli.main import cli
 from simpar.sim.cost.moe import dispatch_bytes, distinct_blocks, flex_dispatch_bytes
-from simpar.sim.cost.workload import _a2a_time
+from simpar.sim.cost.layer_comm import a2a_time
 from simpar.sim.errors import PlanError, SimparError
 from simpar.sim.iteration.simulate import simulate
 from simpar.sim.layout import RankLayout
@@ -108,7 +108,7 @@ def test_flex_buffers_inside_one_node_and_across_two():
 def _times(p: ParallelPlan):
     net = make_network(H100x16)
     layout = RankLayout(p)
-    return net, layout, _a2a_time(QWEN, p, net, layout)
+    return net, layout, a2a_time(QWEN, p, net, layout)
 
 
 def test_flex_inside_a_node_is_one_all_to_all_of_the_deduplicated_buffer():

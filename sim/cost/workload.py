@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field, replace
-from typing import NamedTuple, Protocol
+from typing import NamedTuple
 
 from ..layout import RankLayout
 from ..model import LayerKind, layer_kinds, mtp_kind
@@ -35,19 +35,13 @@ from ..specs import ModelSpec
 from . import lora
 from .activations import stage_offloaded_bytes
 from .compute import CostModel, PassTimes
-from .moe import dispatch_bytes, flex_dispatch_bytes, moe_layer_times
+from .layer_comm import CollectiveTimer, a2a_time, cp_layer_time, tp_layer_time, tp_overlapped, tp_small
+from .moe import dispatch_bytes, moe_layer_times
 from .offload import activation_exposure, offload_layers
 from .params import rank_expert_params, rank_params, stage_kinds, stage_layer_range, stage_signatures
 from .precision import element_bytes
 from .profile import MEGATRON, RuntimeProfile
 from .recompute import partial_recompute, selective_mode
-
-
-class CollectiveTimer(Protocol):
-    def collective_time(self, op: str, ranks: tuple[int, ...], nbytes: float) -> float: ...
-    def p2p_time(self, src: int, dst: int, nbytes: float) -> float: ...
-    def node_groups(self, ranks: tuple[int, ...]) -> tuple[tuple[int, ...], ...]: ...
-    def host_copy_time(self, rank: int, nbytes: float, to_host: bool, concurrent: bool = False) -> float: ...
 
 
 class PassParts(NamedTuple):
@@ -285,8 +279,8 @@ def stage_work(
         times = {kind: lora.layer_times(costs, m, plan, lt, tokens) for kind, lt in times.items()}
         lg, em = replace(lg, w=0.0), replace(em, w=0.0)
     act = element_bytes(plan) * tokens * m.hidden  # one b x s x h activation (per cp rank)
-    tp_layer = 0.0 if timed_with_tp is not None else _tp_layer_time(plan, net, layout, act)
-    a2a = _a2a_time(m, plan, net, layout)
+    tp_layer = 0.0 if timed_with_tp is not None else tp_layer_time(plan, net, layout, act)
+    a2a = a2a_time(m, plan, net, layout)
     # the engine runs alltoall-dispatcher all-to-alls on a network that shares links; the flex
     # dispatcher's two-tier exchange keeps its time here (`a2a_bytes` 0)
     shared = a2a > 0 and plan.moe_dispatcher == "alltoall"
@@ -324,7 +318,7 @@ def stage_work(
         moe_layers = sum(n for kind, n in counts.items() if kind.moe)
         if first:
             # the embedding, and its vocab-parallel all-reduce / reduce-scatter
-            fw = fw.adding(em.f, _tp_small(plan, net, layout, act))
+            fw = fw.adding(em.f, tp_small(plan, net, layout, act))
             ww = ww.adding(em.w)
         if last:
             heads = 1 + m.mtp_layers  # the output head, and each MTP module's logits and 2h -> h projection
@@ -333,7 +327,7 @@ def stage_work(
                 pw.adding(heads * lgx + m.mtp_layers * px)
                 for pw, lgx, px in ((fw, lg.f, proj[0]), (iw, lg.i, proj[1]), (ww, lg.w, proj[2]))
             )
-            fw = fw.adding(tp=heads * _tp_small(plan, net, layout, 4.0 * tokens * 3))  # vocab-parallel cross-entropy
+            fw = fw.adding(tp=heads * tp_small(plan, net, layout, 4.0 * tokens * 3))  # vocab-parallel cross-entropy
         fw, iw, ww, rw = fw.scaled(k, a), iw.scaled(k, a / 2), ww.scaled(k, a / 2), rw.scaled(k)
         if first and not profile.first_stage_input_grad:  # the first stage's I is empty, W does it all
             ww = PassWork(iw.compute + ww.compute, iw.expert + ww.expert, iw.tp + ww.tp)
@@ -381,8 +375,8 @@ def _layer_work(
     plan: ParallelPlan, net: CollectiveTimer, layout: RankLayout, m: ModelSpec, lt: PassTimes, tp: float, a2a: float
 ) -> LayerWork:
     """One layer's work by pass (``a2a``: one all-to-all of its MoE MLP, or 0)."""
-    cp_f, cp_b = _cp_layer_time(m, plan, net, layout, lt)
-    tp_f, tp_b = (_tp_overlapped(plan, tp, lt.tp_gemm_f), _tp_overlapped(plan, tp, lt.tp_gemm_b)) if tp else (0.0, 0.0)
+    cp_f, cp_b = cp_layer_time(m, plan, net, layout, lt)
+    tp_f, tp_b = (tp_overlapped(plan, tp, lt.tp_gemm_f), tp_overlapped(plan, tp, lt.tp_gemm_b)) if tp else (0.0, 0.0)
     full = plan.recompute == "full"
     rec = {"full": lt.f, "selective": lt.selective_f}.get(plan.recompute, 0.0)
     # op-level selective checkpointing saves the reduce-scatter outputs but re-runs the sequence-parallel
@@ -404,90 +398,3 @@ def _sum_layers(per: dict[LayerKind, LayerWork], counts: Counter) -> LayerWork:
     for kind, n in counts.items():
         total = total.plus(LayerWork(*(pw.times(n) for pw in per[kind])))
     return total
-
-
-def _a2a_time(m: ModelSpec, plan: ParallelPlan, net: CollectiveTimer, layout: RankLayout) -> float:
-    """One dispatch (or combine) of one MoE layer over the EP group of pipeline rank 0: one
-    all-to-all, or the flex dispatcher's NVLink and rail all-to-alls, pipelined (`moe` docstring)."""
-    if m.moe is None or plan.ep == 1:
-        return 0.0
-    group = layout.expert_group(layout.rank(pp=0), "ep")
-    if plan.moe_dispatcher == "alltoall":
-        return net.collective_time("all-to-all", group, dispatch_bytes(m, plan))
-    nodes = net.node_groups(group)
-    local, rail = flex_dispatch_bytes(m, plan, len(nodes))
-    t = max(net.collective_time("all-to-all", g, local) for g in nodes)
-    if len(nodes) > 1:
-        t = max(t, net.collective_time("all-to-all", tuple(g[0] for g in nodes), rail))
-    return t
-
-
-def _tp_layer_time(plan: ParallelPlan, net: CollectiveTimer, layout: RankLayout, act: float) -> float:
-    """Exposed TP communication of one layer for one pass direction (forward or backward)."""
-    if plan.tp == 1:
-        return 0.0
-    group = layout.group(0, "tp")
-    if plan.sequence_parallel:
-        return 2 * (net.collective_time("all-gather", group, act) + net.collective_time("reduce-scatter", group, act))
-    return 2 * net.collective_time("all-reduce", group, act)
-
-
-def _tp_overlapped(plan: ParallelPlan, comm: float, gemms: float) -> float:
-    """Exposed part of a layer's TP collectives (one pass direction) under TP-communication overlap
-    (Megatron-Core / Transformer Engine userbuffers, torch's async TP): each all-gather and
-    reduce-scatter is decomposed into tp steps, each hidden under the matching chunk of its GEMM
-    (Wang et al., ASPLOS'23, "Overlap communication with dependent computation via decomposition"),
-    so what shows is the step that has no GEMM chunk beside it, or the part the GEMMs are too short
-    to cover. The chunked GEMMs are priced as the whole ones (their smaller tiles are not charged)."""
-    if not plan.tp_comm_overlap:
-        return comm
-    return max(comm - gemms, comm / plan.tp)
-
-
-def _tp_small(plan: ParallelPlan, net: CollectiveTimer, layout: RankLayout, nbytes: float) -> float:
-    if plan.tp == 1:
-        return 0.0
-    return net.collective_time("all-reduce", layout.group(0, "tp"), nbytes)
-
-
-def _cp_layer_time(
-    m: ModelSpec, plan: ParallelPlan, net: CollectiveTimer, layout: RankLayout, lt
-) -> tuple[float, float]:
-    """Exposed context-parallel communication of one layer (forward, backward), by Megatron-Core's
-    ``--cp-comm-type`` (Transformer Engine's context-parallel attention; each rank holds s / cp tokens,
-    heads split over tp, 16-bit K/V/Q/O):
-
-    - ``p2p`` (ring attention): cp - 1 exchanges of the K and V chunks with the ring neighbours, each
-      hidden behind the attention core of the chunk before (forward; the backward moves K, V and their
-      gradients: twice the bytes, behind twice the work);
-    - ``all_gather``: K and V all-gathered over the cp group before the core, dK and dV reduce-scattered
-      after it in the backward; not overlapped with the core (the gathered K/V, one layer's at a time,
-      are transient and not counted in peak memory);
-    - ``a2a`` (DeepSpeed-Ulysses, Jacobs et al. 2023 §3): an all-to-all of Q, K and V over the cp group
-      (sequence chunks in, head groups out) before the core and one of the output after it; the
-      backward, the same two for the gradients; not overlapped;
-    - ``a2a+p2p`` (Megatron-Core's hierarchical context parallelism): the a2a pair inside each group of
-      ``cp_a2a_size`` adjacent cp ranks, then ring attention across the cp / cp_a2a_size groups (each
-      rank now holds its group's tokens for its heads: the same K/V bytes per step), its steps hidden
-      behind the attention core as p2p's."""
-    if plan.cp == 1:
-        return 0.0, 0.0
-    group = layout.group(0, "cp")
-    tokens = plan.micro_batch_size * m.seq_len / plan.cp
-    kv_bytes = 2 * 2.0 * tokens * m.kv_heads * m.head_dim / plan.tp  # K and V of this rank's chunk
-    if plan.cp_comm_type == "all_gather":
-        f = net.collective_time("all-gather", group, plan.cp * kv_bytes)
-        return f, net.collective_time("reduce-scatter", group, plan.cp * kv_bytes)
-    inner = {"a2a": plan.cp, "a2a+p2p": plan.cp_a2a_size or plan.cp}.get(plan.cp_comm_type, 1)
-    a2a = 0.0
-    if inner > 1:  # adjacent ranks of the cp group
-        q_bytes = 2.0 * tokens * m.heads * m.head_dim / plan.tp  # Q, and the output: the same size
-        a2a = net.collective_time("all-to-all", group[:inner], q_bytes + kv_bytes)
-        a2a += net.collective_time("all-to-all", group[:inner], q_bytes)
-    ring = group[::inner]
-    if len(ring) == 1:
-        return a2a, a2a
-    step = net.p2p_time(ring[0], ring[1], kv_bytes)
-    comm_f = (len(ring) - 1) * step
-    attn_f, attn_b = lt.attn_f, 2 * lt.attn_f
-    return a2a + max(0.0, comm_f - attn_f), a2a + max(0.0, 2 * comm_f - attn_b)
