@@ -12,8 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from simpar.cli.main import cli
-from simpar.sim.cost.moe import dispatch_bytes, distinct_blocks, flex_dispatch_bytes
 from simpar.sim.cost.layer_comm import a2a_time
+from simpar.sim.cost.moe import dispatch_bytes, distinct_blocks, flex_dispatch_bytes
 from simpar.sim.errors import PlanError, SimparError
 from simpar.sim.iteration.simulate import simulate
 from simpar.sim.layout import RankLayout
