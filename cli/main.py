@@ -58,6 +58,26 @@ def _show_version(ctx: click.Context, _param: click.Parameter, value: bool) -> N
     ctx.exit()
 
 
+def _usage_message(exc: click.UsageError) -> str:
+    """click's message, or for a missing required option every required option the command line
+    leaves out, in one line: click stops at the first, so a user missing three met three errors
+    one after the other. Click takes the options given on the command line before the others
+    (`click.Command.parse_args`: invocation order first), so when one is found missing every given
+    option is already in ``ctx.params``."""
+    ctx = exc.ctx
+    if not isinstance(exc, click.MissingParameter) or ctx is None or not isinstance(exc.param, click.Option):
+        return exc.format_message()
+    missing = [
+        p
+        for p in ctx.command.params
+        if isinstance(p, click.Option) and p.required and ctx.params.get(p.name or "") is None
+    ]
+    if len(missing) < 2:
+        return exc.format_message()
+    names = ", ".join(f"'{max(p.opts, key=len)}'" for p in missing)
+    return f"Missing options {names}."
+
+
 class SimparGroup(click.Group):
     """Loads a command's module on first use (`COMMANDS`), and turns SimparError and click's usage
     errors (a bad or missing option) into one line and exit code 2."""
@@ -109,7 +129,7 @@ class SimparGroup(click.Group):
             sys.exit(2)
         except click.UsageError as exc:
             cmd = exc.ctx.command_path if exc.ctx is not None else "simpar"
-            click.echo(f"error: {exc.format_message()} Fix: see `{cmd} --help`.", err=True)
+            click.echo(f"error: {_usage_message(exc)} Fix: see `{cmd} --help`.", err=True)
             sys.exit(2)
         except KeyboardInterrupt:  # Ctrl-C in any command: one line and the shell's 128 + SIGINT
             click.echo("interrupted: stopped by Ctrl-C (SIGINT); files already written are kept.", err=True)

@@ -675,3 +675,18 @@ def _plan_dir(factory) -> Path:
         assert res.exit_code == 0, res.output
         _PLAN.append(d)
     return _PLAN[0]
+
+
+# --- missing required options: all of them in the one line ------------------------------------------
+
+
+def test_every_missing_required_option_is_named_at_once() -> None:
+    """click stops at the first missing option; simpar's one error line names every one the
+    command line leaves out, in the command's order, and only those."""
+    base = ["goodput", "--model", "tiny", "--cluster", "cpu-host", "--gpus", "2", "--gbs", "8"]
+    line = one_error(invoke(base))
+    assert "Missing options '--tokens', '--storage-write-GBps', '--relaunch-min'." in line, line
+    line = one_error(invoke([*base, "--storage-write-GBps", "5"]))
+    assert "Missing options '--tokens', '--relaunch-min'." in line, line
+    line = one_error(invoke([*base, "--tokens", "1e9", "--storage-write-GBps", "5"]))
+    assert "Missing option '--relaunch-min'" in line and "options" not in line, line
