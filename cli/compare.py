@@ -11,7 +11,7 @@ from .common import Written
 
 
 def _read(path: str):
-    from simpar.sim.engine.trace import read_trace
+    from simpar.sim.trace import read_trace
 
     try:
         events, _ = read_trace(path)

@@ -267,7 +267,7 @@ def write_outputs(
     before it (`Written`)."""
     out = out if out is not None else Written()
     if trace_path:
-        from simpar.sim.engine.trace import write_trace
+        from simpar.sim.trace import write_trace
 
         with out.file(trace_path, "--trace"):
             write_trace(

@@ -21,9 +21,9 @@ import sys
 from datetime import timedelta
 from pathlib import Path
 
-from simpar.sim.engine.trace import write_trace
 from simpar.sim.errors import SimparError
 from simpar.sim.planfile import read_plan_file
+from simpar.sim.trace import write_trace
 
 from .guard import die_with_parent, leave
 from .launch import DEFAULT_TIMEOUT_S, check_device, check_inputs

@@ -31,8 +31,8 @@ from contextlib import contextmanager
 
 import torch
 
-from simpar.sim.engine.trace import TraceEvent
 from simpar.sim.schedules.ir import Action, Kind
+from simpar.sim.trace import TraceEvent
 
 _COMPUTE = {"F", "B", "I", "W"}
 _PP = {"SEND_F", "RECV_F", "SEND_B", "RECV_B"}

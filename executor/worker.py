@@ -18,10 +18,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from simpar.sim.engine.trace import TraceEvent, event_dict
 from simpar.sim.layout import RankLayout
 from simpar.sim.plan import ParallelPlan
 from simpar.sim.specs import ModelSpec
+from simpar.sim.trace import TraceEvent, event_dict
 
 from . import measure, parallel, verify
 from .checks import check_precision, check_run, has_comms, read_schedule_file, torch_rows

@@ -12,9 +12,9 @@ import pytest
 
 from simpar.sim.calibration.check import CHECK_PLANS, run_check, settled
 from simpar.sim.calibration.report import markdown
-from simpar.sim.engine.trace import TraceEvent, write_trace
 from simpar.sim.specs import load_cluster
 from simpar.sim.specs.calibration import Calibration, validate_calibration
+from simpar.sim.trace import TraceEvent, write_trace
 
 CASES = tuple(c for c in CHECK_PLANS if c.name in ("gpt-pp2-1f1b-mbs2", "gpt-dp2-zero0-mbs2", "gpt-single-mbs4-full"))
 

@@ -11,8 +11,8 @@ import math
 import pytest
 
 from simpar.cli.main import cli
-from simpar.sim.engine.trace import read_trace
 from simpar.sim.specs.calibration import load_calibration
+from simpar.sim.trace import read_trace
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 

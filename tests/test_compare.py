@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from simpar.cli.main import cli
-from simpar.sim.engine.trace import TraceEvent, write_trace
+from simpar.sim.trace import TraceEvent, write_trace
 from simpar.sim.validation.compare import compare_events, format_rows, makespan, plot_timelines
 
 

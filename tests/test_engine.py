@@ -3,6 +3,8 @@ with fixed times, and checks of sums, the list-scheduler oracle, overlap and con
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import simpy
 from hypothesis import given, settings
@@ -42,9 +44,13 @@ class FakeNet:
 
 
 class FixedCosts:
-    def __init__(self, opt: float = 0.0):
+    """A cost model's stand-in: a fixed optimizer step, and the share of the time it hides that
+    compute gives back to the collectives beside it (0: hiding is free, as these cases count)."""
+
+    def __init__(self, opt: float = 0.0, contention: float = 0.0):
         self.opt = opt
         self.source = "test"
+        self.eff = SimpleNamespace(overlap_contention=contention)
 
     def optimizer_time(self, params, optimizer="adamw", hidden=0):
         return self.opt

@@ -1,9 +1,10 @@
 """The sweep's oracle against the engine it stands in for: both sum the same iteration terms
 (sim/program/terms.py), so with the analytical network they agree to rounding, across
 schedules, ZeRO stages, overlap options, with and without a calibration, and under the executor
-profile. Where they may differ is documented in sim/sweep/estimator.py (queued sends, late
-ZeRO-1/2 gathers of later chunks); the cases here avoid neither on purpose. On every case the
-sweep's lower bound stays below the engine."""
+profile. Where they may differ is documented in sim/sweep/estimator.py (queued sends); the
+ZeRO gathers and gradient buckets beside the passes, and what they slow, the oracle walks as the
+engine does (`sweep.beside`), later chunks' gathers that arrive after their first forward included
+(the interleaved ZeRO-1 case). On every case the sweep's lower bound stays below the engine."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ CASES = [
     (4, 4, 2, 1, 1, 1, "1f1b", 1, "selective", True),
     (2, 4, 4, 1, 1, 2, "gpipe", 0, "full", False),
     (4, 2, 4, 1, 3, 1, "interleaved-1f1b", 0, "none", True),
+    (4, 2, 4, 1, 3, 1, "interleaved-1f1b", 1, "none", True),
     (4, 2, 4, 1, 2, 1, "looped-bfs", 1, "none", True),
     (4, 2, 4, 1, 2, 1, "interleaved-zb", 1, "selective", True),
     (2, 4, 4, 1, 1, 1, "zb-h1", 1, "none", True),

@@ -15,11 +15,11 @@ import pytest
 
 from simpar.cli.main import cli
 from simpar.executor.launch import write_schedule
-from simpar.sim.engine.trace import read_trace
 from simpar.sim.plan import ParallelPlan
 from simpar.sim.planfile import write_plan_file
 from simpar.sim.schedules import read_csv
 from simpar.sim.specs import load_model
+from simpar.sim.trace import read_trace
 
 COMPUTE = ("F", "B", "I", "W")
 

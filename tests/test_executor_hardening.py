@@ -337,7 +337,7 @@ def test_a_killed_run_leaves_no_process(lowered_1f1b, sig):
 def test_compare_panels_share_the_time_axis(tmp_path, monkeypatch):
     import matplotlib.figure
 
-    from simpar.sim.engine.trace import TraceEvent
+    from simpar.sim.trace import TraceEvent
     from simpar.sim.validation.compare import plot_timelines
 
     def ev(start: float, dur: float) -> TraceEvent:

@@ -203,7 +203,7 @@ def _hf_sample() -> bytes:
 
 
 def _trace_sample() -> bytes:
-    from simpar.sim.engine.trace import TraceEvent, to_chrome
+    from simpar.sim.trace import TraceEvent, to_chrome
 
     evs = [
         TraceEvent(0, "compute", "0F0", "F", 0.0, 0.01, 0, 0),

@@ -82,7 +82,8 @@ def test_import_simpar_is_cheap_and_the_api_resolves():
 
 
 #: simpar's layers, lowest first: a module imports only from its own layer or below (issue 66: "the
-#: layer order tested, not only no circles"). Plain values and utilities; files and how jobs run
+#: layer order tested, not only no circles"). Plain values and utilities; files, the trace (its
+#: events and file format, shared by the simulator, the executor and the readers) and how jobs run
 #: (`simpar.jobs`: worker processes, interrupts, locks); the specs of models,
 #: GPUs and clusters and the cluster graph; the schedule generators (which know no plan), the network
 #: and the model's layers; the plan; its layout, checks and files; the lowering of a plan onto its
@@ -102,7 +103,7 @@ LAYERS = (
         "sim.zero",
         "sim.collector",
     ),
-    ("sim.files", "simpar.jobs"),
+    ("sim.files", "sim.trace", "simpar.jobs"),
     ("sim.specs", "sim.topology"),
     ("sim.schedules", "sim.network", "sim.model"),
     ("sim.plan",),

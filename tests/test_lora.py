@@ -63,7 +63,10 @@ def test_lora_is_faster_and_smaller_than_full_training_and_qlora_smaller_still()
     assert rl.iter_time_s < rf.iter_time_s < 2 * rl.iter_time_s
     assert rq.iter_time_s > rl.iter_time_s  # dequantising before every base GEMM
     assert rl.breakdown_s["optimizer"] < 0.01 * rf.breakdown_s["optimizer"]
-    assert rl.breakdown_s.get("dp_comm", 0.0) <= rf.breakdown_s.get("dp_comm", 0.0)
+    # what the gradient reduction costs the iteration, exposed or given back by the compute beside
+    # it: the adapters' gradients are a sliver of the model's
+    dp = [r.breakdown_s["dp_comm"] + r.breakdown_s["contention"] for r in (rl, rf)]
+    assert dp[0] < 0.1 * dp[1]
     assert rq.memory.peak.total < rl.memory.peak.total < rf.memory.peak.total
     # model FLOPs: the frozen linears' weight gradients are gone (a third of the linear work; the
     # attention core's backward stays)

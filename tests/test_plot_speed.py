@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 from matplotlib.colors import to_rgba
 
-from simpar.sim.engine.trace import TraceEvent
 from simpar.sim.plot import label_cutoff
 from simpar.sim.plot import timeline as timeline_mod
 from simpar.sim.plot.schedule import plot_schedule
 from simpar.sim.plot.timeline import COLORS, LABELS, plot_timeline
 from simpar.sim.schedules import StageCosts, build_schedule, list_schedule
+from simpar.sim.trace import TraceEvent
 
 RANKS = 8
 STREAMS = ("compute", "pp", "dp")

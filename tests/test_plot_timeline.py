@@ -8,12 +8,12 @@ import matplotlib.figure
 import pytest
 from PIL import Image
 
-from simpar.sim.engine.trace import TraceEvent
 from simpar.sim.iteration.simulate import simulate
 from simpar.sim.plan import ParallelPlan
 from simpar.sim.plot import timeline as tl
 from simpar.sim.plot.timeline import IDLE, LABELS, plot_timeline, steady_round
 from simpar.sim.specs import load_cluster, load_model
+from simpar.sim.trace import TraceEvent
 
 
 @pytest.fixture

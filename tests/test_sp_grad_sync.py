@@ -16,12 +16,12 @@ from simpar.sim.calibration.score import kind_errors
 from simpar.sim.cost.profile import MEGATRON, ExecutorProfile
 from simpar.sim.cost.resolved import StageInputs
 from simpar.sim.engine.core import EngineOptions, run_engine
-from simpar.sim.engine.trace import TraceEvent
 from simpar.sim.lowering import lower, schedule_for_plan
 from simpar.sim.plan import ParallelPlan
 from simpar.sim.program.terms import sp_replicated_grads
 from simpar.sim.specs import ModelSpec, load_cluster, load_gpu
 from simpar.sim.specs.calibration import SpGradSyncRow, validate_calibration
+from simpar.sim.trace import TraceEvent
 
 GPT = ModelSpec(name="g", arch="gpt", layers=4, hidden=64, heads=4, vocab=512, seq_len=32)
 LLAMA = ModelSpec(name="l", arch="llama", layers=4, hidden=64, heads=4, kv_heads=2, ffn=192, vocab=512, seq_len=32)

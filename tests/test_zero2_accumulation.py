@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from simpar.sim.cost.compute import CostModel
 from simpar.sim.cost.profile import MEGATRON
 from simpar.sim.cost.resolved import build_work
 from simpar.sim.iteration.simulate import simulate
@@ -39,8 +40,11 @@ def test_only_zero2_reduces_every_microbatch() -> None:
 @pytest.mark.parametrize("m", [1, 2, 5])
 def test_reductions_queue_one_per_microbatch(m: int) -> None:
     """Not overlapped, micro-batch k's reduce-scatter starts at the end of its backward or of
-    the one before, whichever is later: with r longer than a micro-batch's F + B (c), the last
-    ends c + m r after the start, so the exposed part is m r - (m - 1) c, against ZeRO-1's r."""
+    the one before, whichever is later: with r longer than a micro-batch's F + B (c alone), the
+    reductions run back to back from c, and every later micro-batch computes beside them, slowed to
+    c' = c / (1 - rho) (`schedules.costs.slowed_end`, rho the calibration's overlap contention);
+    the last ends c + m r after the start, so the exposed part is m r - (m - 1) c', against ZeRO-1's
+    r, and the iteration is (m - 1)(r - c) longer than ZeRO-1's, as without contention."""
     res = {z: simulate(MODEL, CLUSTER, _plan(z, m), options=NOT_OVERLAPPED) for z in (1, 2)}
     work, _, _ = build_work(MODEL, CLUSTER, _plan(2, m))
     c = work[0].seconds("F", False) + work[0].seconds("B", False)
@@ -48,8 +52,10 @@ def test_reductions_queue_one_per_microbatch(m: int) -> None:
     group = tuple(range(32))
     (comm,) = it.grad_buckets(_plan(2, m), work[0], group, MEGATRON, NOT_OVERLAPPED)
     r = comm.time(net)
-    assert r > c  # the case this test is about
-    assert res[2].breakdown_s["dp_comm"] == pytest.approx(m * r - (m - 1) * c, rel=1e-9)
+    slowed = c / (1 - CostModel.for_gpu(CLUSTER.gpu).eff.overlap_contention)
+    assert r > slowed  # the case this test is about
+    assert res[2].breakdown_s["dp_comm"] == pytest.approx(m * r - (m - 1) * slowed, rel=1e-9)
+    assert res[2].breakdown_s["contention"] == pytest.approx((m - 1) * (slowed - c), rel=1e-9, abs=1e-15)
     assert res[1].breakdown_s["dp_comm"] == pytest.approx(r, rel=1e-9)
     assert res[2].iter_time_s - res[1].iter_time_s == pytest.approx((m - 1) * (r - c), rel=1e-9, abs=1e-12)
     reduces = [e for e in res[2].events if e.kind == "REDUCE_GRAD"]

@@ -37,7 +37,6 @@ from pydantic import BaseModel, ConfigDict
 
 from .. import files
 from ..cost.profile import ExecutorProfile
-from ..engine.trace import write_trace
 from ..errors import SimparError, SpecError
 from ..iteration.simulate import simulate
 from ..lowering import schedule_for_plan
@@ -49,6 +48,7 @@ from ..schedules import write_csv
 from ..specs import ClusterSpec, ModelSpec, load_model
 from ..specs.calibration import Calibration
 from ..specs.loader import build, presets_dir
+from ..trace import write_trace
 from .score import evaluate, summarize
 
 

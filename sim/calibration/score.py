@@ -10,7 +10,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from ..engine.trace import TraceEvent, read_trace
+from ..trace import TraceEvent, read_trace
 from ..validation.compare import compare_events
 
 

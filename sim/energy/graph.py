@@ -11,7 +11,9 @@ after a receive starts no earlier than the transfer's arrival.
 `pass_graph` reads those facts off the run; `build_dag` numbers the passes and sends predecessors
 first (`Dag`) with their nominal times, the compute-bound kernel seconds of each pass a lower clock
 may stretch, and the nodes pinned at their times: passes that release gradient buckets (a reduction
-starts with them) and each GPU's last pass (its tail follows it). Both planners read the `Dag`.
+starts with them), passes beside the GPU's gradient buckets or ZeRO gathers (which slow them by how
+long they overlap: a lower clock would change it) and each GPU's last pass (its tail follows it).
+Both planners read the `Dag`.
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ from dataclasses import dataclass, field
 from graphlib import TopologicalSorter
 
 from ..engine.core import Engine
-from ..engine.trace import TraceEvent
 from ..schedules.ir import Action, Kind, Pair
+from ..trace import TraceEvent
 
 #: the passes a lowered clock can stretch, as trace events name their kind
 STRETCHED = frozenset(k.value for k in (Kind.F, Kind.B, Kind.I, Kind.W, Kind.R))
@@ -58,6 +60,10 @@ class PassGraph:
     starts: dict[tuple[int, str], float] = field(default_factory=dict)
     #: (rank, action) of the passes that release gradient buckets (a reduction overlaps them)
     held: set[tuple[int, Action]] = field(default_factory=set)
+    #: (rank, pass name) of the passes that run, or could run stretched into the time before the
+    #: GPU's next pass, beside its gradient buckets or ZeRO gathers: those slow them by how long
+    #: they overlap (`schedules.costs.slowed_end`), which a lower clock would change
+    beside: set[tuple[int, str]] = field(default_factory=set)
 
 
 def pass_graph(eng: Engine) -> PassGraph:
@@ -99,6 +105,15 @@ def pass_graph(eng: Engine) -> PassGraph:
                 waiting, last, posts = [], str(a), 0
     out.consumers = dict(consumers)
     out.held = {(g.rank, a) for g in eng.gpus.values() for a in eng.release_at[g.prank]}
+    busy: dict[int, list[tuple[float, float]]] = defaultdict(list)  # the collectives that take SMs
+    for e in eng.events:
+        if e.stream in ("dp", "zero"):
+            busy[e.rank].append((e.start, e.start + e.duration))
+    for r, evs in compute.items():
+        for e, nxt in zip(evs, [*evs[1:], None]):
+            until = nxt.start if nxt is not None else float("inf")
+            if any(s < until and t > e.start for s, t in busy.get(r, ())):
+                out.beside.add((r, e.name))
     return out
 
 
@@ -247,8 +262,9 @@ def _action(e: TraceEvent) -> Action | None:
 
 
 def _pinned(gr: PassGraph) -> set[Node]:
-    """The passes kept at their times: those that release gradient buckets, each GPU's last pass."""
-    out: set[Node] = set()
+    """The passes kept at their times: those that release gradient buckets, those beside the GPU's
+    collectives (`PassGraph.beside`), each GPU's last pass."""
+    out: set[Node] = {("pass", rank, name) for rank, name in gr.beside}
     for rank, evs in gr.compute.items():
         if evs:
             out.add(("pass", rank, evs[-1].name))

@@ -17,7 +17,8 @@ for the waiting power it replaces, so the work costs k (P(x) - W) / x + k W, lea
 the iteration, its memory timeline and everything after the pipeline are unchanged: the plan is run
 through the engine with each pass at its speed (`core.Speeds.units`) and its iteration checked.
 
-Left at full speed: passes that release gradient buckets (the reduction overlaps them), passes that
+Left at full speed: passes that release gradient buckets (the reduction overlaps them), passes beside
+the GPU's gradient buckets or ZeRO gathers (they slow it by how long they overlap), passes that
 run at the engine's clock (FSDP's per-layer passes, waits on ZeRO gathers, all-to-alls on shared
 links), overlapped F&B pairs, and a GPU's last pass (the tail follows it).
 """

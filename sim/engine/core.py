@@ -34,11 +34,11 @@ from ..program import terms as it
 from ..program.program import iteration_program, releases
 from ..program.terms import EngineOptions
 from ..schedules.ir import Action, Kind, Pair, Schedule
+from ..trace import TraceEvent
 from .hostpath import HostCopies
 from .shards import DataParallel
 from .state import GpuState, Rendezvous, Transfer
 from .tail import IterationTail
-from .trace import TraceEvent
 from .transfers import PipelineTransfers
 from .walk import walk
 
@@ -132,7 +132,7 @@ class Engine(PipelineTransfers, DataParallel, HostCopies, IterationTail):
             d, c, t = key
             for pr in range(plan.pp):
                 rank = self.layout.rank(pp=pr, dp=d, cp=c, tp=t)
-                g = self.gpus[(key, pr)] = GpuState(env, rank, pr, key)
+                g = self.gpus[(key, pr)] = GpuState(env, rank, pr, key, costs.eff.overlap_contention)
                 if slow is not None:
                     g.slow = g.slow_step = float(slow.get(rank, 1.0))
                 if slow_step is not None:
@@ -189,13 +189,14 @@ class Engine(PipelineTransfers, DataParallel, HostCopies, IterationTail):
         w = self.work[a.stage]
         if a2a + ct > 0 and not self.timed_p2p and w.flows(a.kind.value):
             # a network that shares links: the MoE all-to-alls run on it, contending with DP/PP traffic
-            yield self.env.timeout(c + e + tp + off)
+            extra = yield from self._beside_comm(g, c + e + tp + off)
             t1 = self.env.now
             yield from self._all_to_alls(g, a)
             parts = PassParts(c, e, tp, self.env.now - t1, off)
         else:
-            yield self.env.timeout(c + e + tp + a2a + off + ct)
+            extra = yield from self._beside_comm(g, c + e + tp + a2a + off + ct)
         self._charge(g, acc, parts)
+        g.acc["contention"] += extra
         self._record(g, "compute", str(a), a.kind.value, t0, a.stage, a.microbatch)
 
     def _all_to_alls(self, g: GpuState, a: Action):
@@ -280,8 +281,9 @@ class Engine(PipelineTransfers, DataParallel, HostCopies, IterationTail):
         self._release(g, b, self.env.now, dur, False)
         self._mem(g, self.act_bytes[f.stage])
         t0 = self.env.now
-        yield self.env.timeout(dur)
+        extra = yield from self._beside_comm(g, dur)
         self._charge(g, "compute", charged)
+        g.acc["contention"] += extra
         self._record(g, "compute", str(a), Kind.OVERLAP_F_B.value, t0)
         self._release(g, b, t0, dur, True)
         self._mem(g, self._freed(b))

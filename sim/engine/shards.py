@@ -4,7 +4,13 @@ gathers (ZeRO-1/2 after the previous step, ZeRO-3 on use, resharded by RESHARD),
 buckets released by the backwards of `Engine.release_at` (`terms.reduction_calls`; booked at
 once, without a process, on a network that does not share links: `_booked_bucket`), FSDP's
 per-layer passes, and the UNSHARD / RESHARD / REDUCE_GRAD actions. What each collective costs comes
-from `iteration`. A base of `core.Engine`, whose state these methods use."""
+from `iteration`. A base of `core.Engine`, whose state these methods use.
+
+The buckets and gathers run beside the GPU's passes and take SMs from them (`schedules.costs.
+CommBeside`): booked (one pipeline walked, links not shared), a pass beside them is slowed at once;
+as processes (a full run, or links shared), it runs at the clock and follows them (`_beside_comm`).
+Not counted: an offloaded shard's copy up (copy engines), FSDP's per-layer collectives
+(`terms.fsdp_seconds`), pipeline transfers (one activation per micro-batch)."""
 
 from __future__ import annotations
 
@@ -14,8 +20,8 @@ import simpy
 
 from ..program import terms as it
 from ..schedules.ir import Action, Kind
+from ..trace import TraceEvent
 from .state import GpuState, Rendezvous
-from .trace import TraceEvent
 
 if TYPE_CHECKING:
     from ..cost.compute import CostModel
@@ -51,14 +57,18 @@ class DataParallel:
         def _start_grad_copies(self, g: GpuState, stage: int, start: float, dur: float, last: bool) -> None: ...
 
     # --- collectives ----------------------------------------------------------------------
-    def _comm(self, g: GpuState, res: simpy.Resource, comm: it.Comm, tag, stream: str, kind: str, stage=None):
+    def _comm(self, g: GpuState, res: simpy.Resource, comm: it.Comm, tag, stream: str, kind: str, stage=None, sm=False):
         """Run ``comm`` on the stream ``res``: measured seconds as they are, else the network's
-        collective (in a full run, once every member of the group has arrived)."""
+        collective (in a full run, once every member of the group has arrived). ``sm``: its
+        kernels take SMs from the compute beside them while they run (`_beside_comm`), waiting for
+        the group's other members included (NCCL's kernels spin on them)."""
         with res.request() as req:
             yield req
             t0 = self.env.now
             if comm.host_bytes and comm.seconds is None:  # an offloaded shard comes up first
                 yield self.env.timeout(comm.host_seconds(self.net))
+            if sm:
+                self._sm_toggle(g, 1)
             if comm.seconds is not None:
                 yield self.env.timeout(comm.seconds)
             elif self.opt.full and len(comm.group) > 1:
@@ -71,7 +81,42 @@ class DataParallel:
             else:
                 for _ in range(comm.count):
                     yield from self.net.collective(self.env, comm.op, comm.group, comm.call_bytes)
+            if sm:
+                self._sm_toggle(g, -1)
             self._record(g, stream, comm.op, kind, t0, stage)
+
+    # --- the compute beside them -------------------------------------------------------
+    def _sm_toggle(self, g: GpuState, delta: int) -> None:
+        """One more (``delta`` 1) or one fewer (-1) of the GPU's collectives running that take SMs;
+        fires the event a computation at the clock waits on (`_beside_comm`)."""
+        g.sm_active += delta
+        ev, g.sm_change = g.sm_change, None
+        if ev is not None:
+            ev.succeed()
+
+    def _beside_comm(self, g: GpuState, seconds: float):
+        """Run ``seconds`` of compute (its time alone) on the GPU at the clock beside its collectives
+        that take SMs: booked, by `slowed_end`; as processes, at ``1 - overlap_contention`` of its
+        speed while any runs (the same rule, followed event by event: `_sm_toggle`). Returns what
+        the contention added."""
+        env, t0 = self.env, self.env.now
+        if g.sm_open and self.costs.eff.overlap_contention > 0:
+            rate, left = 1.0 - min(self.costs.eff.overlap_contention, 1.0), seconds
+            while left > 0:
+                ch = g.sm_change = g.sm_change or env.event()
+                r = rate if g.sm_active else 1.0
+                if r <= 0:  # a contention of 1: the compute waits for the collectives
+                    yield ch
+                    continue
+                t, done = env.now, env.timeout(left / r)
+                got = yield done | ch
+                if done in got:
+                    break
+                left -= (env.now - t) * r
+            return max(0.0, env.now - t0 - seconds)
+        extra = g.beside.extra(t0, seconds)
+        yield env.timeout(seconds + extra)
+        return extra
 
     def _comms(self, g: GpuState, res: simpy.Resource, comms, tag, stream: str, kind: str, stage=None):
         """`_comm` of each of ``comms``, one after the other; returns when the last one ended."""
@@ -93,12 +138,34 @@ class DataParallel:
             if self.steps.unshard_actions:
                 self._params_mem(g, self.work[stage].params)
             comms = it.param_gathers(self.plan, self.work[stage], g.dp_group, self.profile, g.edp_group)
-            ev = g.gathered[stage] = self.env.process(self._gathers(g, comms, stage))
+            if self.timed_p2p and not self.opt.full:
+                ev = g.gathered[stage] = self._booked_gathers(g, comms, stage)
+            else:
+                g.sm_open += 1
+                ev = g.gathered[stage] = self.env.process(self._gathers(g, comms, stage))
         return ev
 
     def _gathers(self, g: GpuState, comms: list[it.Comm], stage: int):
         for comm in comms:
-            yield from self._comm(g, g.zero, comm, ("params", stage), "zero", "ZERO_GATHER", stage)
+            yield from self._comm(g, g.zero, comm, ("params", stage), "zero", "ZERO_GATHER", stage, sm=True)
+        g.sm_open -= 1
+
+    def _booked_gathers(self, g: GpuState, comms: list[it.Comm], stage: int) -> simpy.Event:
+        """`_gathers` on a network that does not share links, booked at once (as `_booked_bucket`
+        books a bucket): the GPU's ZeRO stream is FIFO in issue order and gathers are issued at the
+        clock, so each call starts when the one before it ends, an offloaded shard's copy up first
+        (no SMs), then the collective (SMs). Returns the event of their end; `GpuState.gather_at`
+        notes it for the walk."""
+        t = max(self.env.now, g.zero_free)
+        for comm in comms:
+            t0 = t
+            up = comm.host_seconds(self.net) if comm.host_bytes and comm.seconds is None else 0.0
+            t = t0 + comm.time(self.net)
+            g.beside.book(t0 + up, t)
+            if t > t0 and self.trace:
+                self.events.append(TraceEvent(g.rank, "zero", comm.op, "ZERO_GATHER", t0, t - t0, stage))
+        g.zero_free = g.gather_at[stage] = t
+        return self.env.timeout(t - self.env.now)
 
     def _wait_gather(self, g: GpuState, s: int):
         ev = self._zero_gather(g, s)
@@ -125,6 +192,7 @@ class DataParallel:
                 self._booked_bucket(g, comm, t, secs, tag[0])
             return
         for b, (comm, t, _) in enumerate(releases):
+            g.sm_open += 1
             g.reductions.append(self.env.process(self._bucket(g, comm, t, (*tag, b))))
 
     def _booked_bucket(self, g: GpuState, comm: it.Comm, ready: float, seconds: float, stage: int) -> None:
@@ -138,6 +206,7 @@ class DataParallel:
         g.dp_released = ready
         t0 = max(ready, g.dp_free)
         t = g.dp_free = t0 + seconds
+        g.beside.book(t0, t)
         if t > t0 and self.trace:
             self.events.append(TraceEvent(g.rank, "dp", comm.op, "REDUCE_GRAD", t0, t - t0, stage))
 
@@ -157,11 +226,13 @@ class DataParallel:
     def _bucket(self, g: GpuState, comm: it.Comm, ready: float, tag):
         if ready > self.env.now:
             yield self.env.timeout(ready - self.env.now)
-        yield from self._comm(g, g.dp, comm, ("grads",) + tag, "dp", "REDUCE_GRAD", tag[0])
+        yield from self._comm(g, g.dp, comm, ("grads",) + tag, "dp", "REDUCE_GRAD", tag[0], sm=True)
+        g.sm_open -= 1
 
     def _reshard(self, g: GpuState, s: int) -> None:
         """ZeRO-3 RESHARD: free the stage's gathered parameters; its next UNSHARD (or use)
         all-gathers them again. The unsharded bytes leave the memory timeline."""
+        g.gather_at.pop(s, None)
         if g.gathered.pop(s, None) is not None:
             self._params_mem(g, -self.work[s].params)
 

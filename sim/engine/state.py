@@ -8,6 +8,8 @@ from functools import cached_property
 
 import simpy
 
+from ..schedules.costs import CommBeside
+
 #: what a GPU's time is charged to (`results.BREAKDOWN_KEYS` adds the bubble)
 ACCOUNTS = (
     "compute",
@@ -38,7 +40,7 @@ def _stream(doc: str) -> cached_property[simpy.Resource]:
 class GpuState:
     """State of one simulated GPU."""
 
-    def __init__(self, env: simpy.Environment, rank: int, prank: int, key: tuple[int, ...]):
+    def __init__(self, env: simpy.Environment, rank: int, prank: int, key: tuple[int, ...], contention: float = 0.0):
         self.env, self.rank, self.prank, self.key = env, rank, prank, key
         #: how many times its nominal time the GPU's kernels take (a slow or throttled GPU: > 1;
         #: `simpar.sim.variability`); communication is the network's. ``slow_step``: the same for
@@ -59,6 +61,14 @@ class GpuState:
         self.dp_released = 0.0
         self.dp_free = 0.0
         self.gathered: dict[int, simpy.Event] = {}
+        #: ZeRO gathers booked without a process: when the stream is free, per stage when they end
+        self.zero_free = 0.0
+        self.gather_at: dict[int, float] = {}
+        #: the collectives beside its passes that take SMs from them (`engine.shards`): booked, and
+        #: as processes those issued and not ended, those running, the event of the next change
+        self.beside = CommBeside(contention)
+        self.sm_open = self.sm_active = 0
+        self.sm_change: simpy.Event | None = None
         self.reduced: set[int | tuple[int, int]] = set()  # stages reduced (ZeRO-2: (stage, micro-batch))
         self.unsharded = 0.0  # ZeRO-3: bytes of gathered 16-bit parameters held now, and their peak
         self.peak_unsharded = 0.0

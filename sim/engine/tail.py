@@ -148,6 +148,7 @@ class IterationTail:
         t0 = self.env.now
         for s in op.stages:
             g.gathered.pop(s, None)
+            g.gather_at.pop(s, None)
             yield self._zero_gather(g, s)
         g.acc["zero_comm"] += self.env.now - t0
 

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 import simpy
 
+from ..trace import TraceEvent
 from .state import GpuState, Transfer
-from .trace import TraceEvent
 
 if TYPE_CHECKING:
     from ..cost.workload import StageWork

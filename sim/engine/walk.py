@@ -17,6 +17,10 @@ all-to-alls run on shared links, FSDP's per-layer passes, and the stage-wide act
 RESHARD, which do nothing but under ZeRO-3 in a pipeline (data parallelism without it runs as
 torch's replicate, whose schedule has them), are skipped. Same times, same accounts, same events
 as a SimPy timeout per action; a few SimPy events per rank instead of one or two per action.
+
+A pass beside the GPU's booked gradient buckets or ZeRO gathers runs slowed by them
+(`schedules.costs.CommBeside`); while such collectives run as processes (a full
+run, or links shared), every pass runs at the clock, where `Engine._beside_comm` follows them.
 """
 
 from __future__ import annotations
@@ -25,10 +29,11 @@ from typing import Any
 
 from ..cost.workload import PassParts
 from ..schedules.ir import Action, Kind
+from ..trace import NO_ARGS, TraceEvent
 from .state import Arrival, Transfer
-from .trace import NO_ARGS, TraceEvent
 
 _COMPUTE = frozenset({Kind.F, Kind.B, Kind.I, Kind.W, Kind.R})
+INF = float("inf")
 
 
 def _compute_table(eng: Any, slow: float = 1.0) -> dict[Kind, list[tuple[PassParts, float, str, float]]]:
@@ -83,6 +88,11 @@ def walk(eng: Any, g: Any, actions):
     # releases gradient buckets (a stage's last backward; under ZeRO-2 every backward)
     steps = eng.steps
     gather_all, gather_f = steps.wait_gather_backward, steps.wait_gather_forward
+    # what runs beside the passes and takes SMs from them: before ``hold`` a pass may run beside a
+    # booked collective (then slowed: `CommBeside.extra`), or a collective issued as a process (inf:
+    # every pass at the clock); it changes only where the walk yields, and is read again there
+    gather_at, beside = g.gather_at, g.beside
+    hold = INF if g.sm_open else beside.until
     unshards = steps.unshard_actions
     # pipeline transfers booked at once (a network that does not share links), else processes
     booked = eng.timed_p2p
@@ -111,23 +121,26 @@ def walk(eng: Any, g: Any, actions):
                 g.snaps.append((t, dict(acc), g.act))
         if a.kind is OVERLAP:
             f, b = a.f, a.b
-            clock = steps.layer_passes or b in last
+            clock = steps.layer_passes or b in last or (hold > t and g.sm_open > 0)
             if gather_f and not clock:
                 ev = g.gathered.get(f.stage)
-                clock = ev is None or not ev.processed
+                clock = ev is None or not (ev.processed or gather_at.get(f.stage, INF) <= t)
             if gather_all and not clock:
                 ev = g.gathered.get(b.stage)
-                clock = ev is None or not ev.processed
+                clock = ev is None or not (ev.processed or gather_at.get(b.stage, INF) <= t)
             if clock:  # through its handler, at the clock
                 if t > env.now:
                     yield env.timeout(t - env.now)
                 yield from handlers[Kind.OVERLAP_F_B](eng, g, a)
-                t = env.now
+                t, hold = env.now, INF if g.sm_open else beside.until
                 continue
             cost = pairs.get((f.stage, b.stage, b.kind))  # what `Engine._pair` charges
             if cost is None:
                 cost = pairs[(f.stage, b.stage, b.kind)] = eng.pair_cost(f, b, g.slow)
             dur, (comp, ex, tp, a2a, off, ct) = cost
+            if hold > t:  # beside booked collectives that take SMs (`CommBeside.extra`)
+                extra = beside.extra(t, dur)
+                ct, dur = ct + extra, dur + extra
             g.act += act_bytes[f.stage]
             if trace:
                 mem.append((t, g.act))
@@ -150,16 +163,19 @@ def walk(eng: Any, g: Any, actions):
             continue
         st, k, mb = a
         if k in COMPUTE:
-            clock = at_clock[k][st] or ((k is B or k is W) and a in last)  # releases: B and W only
+            clock = at_clock[k][st] or ((k is B or k is W) and a in last) or (hold > t and g.sm_open > 0)
             if (gather_f if k is F else gather_all and k is not R) and not clock:
                 ev = g.gathered.get(st)
-                clock = ev is None or not ev.processed
+                clock = ev is None or not (ev.processed or gather_at.get(st, INF) <= t)
             if not clock:
                 (secs, ex, tp, a2a, off, ct), dur, name, frees = table[k][st]
                 if unit is not None and a in unit:  # this computation at its own clock
                     f = unit[a]
                     secs, ex = secs * f, ex * f
                     dur = secs + ex + tp + a2a + off + ct
+                if hold > t:  # beside booked collectives that take SMs (`CommBeside.extra`)
+                    extra = beside.extra(t, dur)
+                    ct, dur = ct + extra, dur + extra
                 if k is F:
                     g.act += act_bytes[st]
                     if trace:
@@ -235,6 +251,7 @@ def walk(eng: Any, g: Any, actions):
             # may come before the walk's clock; what comes after it is exposed communication
             arrival = tr.arrival = Arrival(env)
             yield arrival
+            hold = INF if g.sm_open else beside.until
             if env.now > t:
                 acc["pp_comm"] += env.now - max(t, tr.sent_at or 0.0)  # sent before it arrived
                 t = env.now
@@ -244,7 +261,7 @@ def walk(eng: Any, g: Any, actions):
         if t > env.now:  # anything else runs at the clock, through the engine's handler
             yield env.timeout(t - env.now)
         yield from handlers[k](eng, g, a)
-        t = env.now
+        t, hold = env.now, INF if g.sm_open else beside.until
     if marks is not None:
         g.starts.append(t)
     if t > env.now:

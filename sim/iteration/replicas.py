@@ -22,13 +22,13 @@ from collections.abc import Iterator, Sequence
 
 from ..cost.profile import RuntimeProfile
 from ..cost.workload import StageWork
-from ..engine.trace import TraceEvent
 from ..layout import RankLayout
 from ..plan import ParallelPlan
 from ..program import terms as it
 from ..program.program import ZeroSteps
 from ..program.terms import EngineOptions
 from ..specs import ModelSpec
+from ..trace import TraceEvent
 from .rounds import GpuOutcome, Outcome
 
 

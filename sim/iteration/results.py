@@ -9,7 +9,9 @@ up from the host), ``moe_a2a`` (exposed MoE all-to-all), ``optimizer`` (the GPU'
 part's copies and CPU step beyond the GPU's), ``contention`` (what the compute gives back to the
 communication it hides, its kernels running on the SMs the communication leaves them:
 `schedules.costs.with_contention`, in an overlapped F&B pair, the MoE all-to-all overlap and FSDP's
-per-layer gathers and reduce-scatters; the GPU is busy then, and energy prices it as kernel time),
+per-layer gathers and reduce-scatters, and, over time (`schedules.costs.slowed_end`), in every pass
+beside the data-parallel gradient buckets and the ZeRO parameter gathers; the GPU is busy then, and
+energy prices it as kernel time),
 ``bubble`` (idle: waiting for another stage's compute, or done early).
 """
 
@@ -21,7 +23,7 @@ from typing import Any
 
 from ..cost.memory import MemoryReport
 from ..engine.state import ACCOUNTS
-from ..engine.trace import TraceEvent
+from ..trace import TraceEvent
 from ..units import GiB
 
 #: what an iteration's seconds are charged to: the engine's accounts and the bubble

@@ -42,13 +42,13 @@ from dataclasses import dataclass, field
 from operator import itemgetter
 
 from ..engine.core import Engine
-from ..engine.trace import TraceEvent
 from ..lowering.memo import lowered_schedule
 from ..plan import ParallelPlan
 from ..program.terms import reduces_every_microbatch
 from ..schedules.ir import Action, Kind, Schedule
 from ..schedules.periodic import Rounds, find_rounds, shift
 from ..schedules.registry import spec
+from ..trace import TraceEvent
 
 #: relative tolerance of the periodicity checks (times are sums of a few thousand floats)
 RTOL = 1e-11

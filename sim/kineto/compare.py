@@ -27,8 +27,8 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from ..engine.trace import TraceEvent, to_chrome
 from ..plan import ParallelPlan
+from ..trace import TraceEvent, to_chrome
 from .classify import COMPUTE_KINDS, kernel_kind
 from .measure import RankMeasure, windows
 from .reader import RankTrace, Span

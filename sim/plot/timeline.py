@@ -15,7 +15,7 @@ from matplotlib.collections import PolyCollection  # noqa: E402
 from matplotlib.colors import to_rgba  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-from ..engine.trace import TraceEvent  # noqa: E402
+from ..trace import TraceEvent  # noqa: E402
 from ..units import GiB  # noqa: E402
 from . import label_cutoff  # noqa: E402
 

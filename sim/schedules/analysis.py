@@ -32,7 +32,7 @@ weight GEMMs, which the memory model accounts separately. With this choice ZB-H1
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ..errors import ScheduleError
@@ -98,8 +98,17 @@ def _durations(costs: StageCosts):
     return {Kind.F: costs.f, Kind.B: costs.b, Kind.I: costs.i, Kind.W: costs.w, Kind.R: costs.r}
 
 
-def list_schedule(schedule: Schedule, costs: StageCosts | None = None) -> ListScheduleResult:
+def list_schedule(
+    schedule: Schedule,
+    costs: StageCosts | None = None,
+    beside: Callable[[int, Action | Pair, float, float], tuple[float, float]] | None = None,
+) -> ListScheduleResult:
     """Time every action of ``schedule`` (fixed per-rank order, as-soon-as-possible).
+
+    ``beside(rank, action, start, seconds)``: where the rank's own streams change an action's
+    timing, its (start, end) given the earliest start its inputs allow and its seconds alone (the
+    sweep's oracle: parameter gathers it waits for, collectives beside it that slow it;
+    `sweep.beside`); by default it starts then and takes its seconds.
 
     Raises ScheduleError naming the rank and action where the order would hang (deadlock)."""
     costs = costs or StageCosts.uniform()
@@ -193,7 +202,10 @@ def list_schedule(schedule: Schedule, costs: StageCosts | None = None) -> ListSc
                 d = costs.fb(a.f.stage, a.b.stage, a.b.kind)
             else:
                 d = dur[a.kind](a.stage) if a.kind in dur else 0.0
-            t1 = t0 + d
+            if beside is None:
+                t1 = t0 + d
+            else:
+                t0, t1 = beside(r, a, t0, d)
             made = t1  # when the action's product (activation, gradient, sent data) exists
             if post and a.kind in _POSTED:
                 if a.kind in _RECV:  # post first (from when the rank is free), then wait for the data

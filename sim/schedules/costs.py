@@ -20,7 +20,7 @@ A tuple of length 1 applies to every stage, so ``StageCosts.uniform()`` fits any
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from ..errors import ScheduleError
@@ -55,6 +55,69 @@ def with_contention(ideal: float, alone: float, contention: float) -> float:
     (`cost.workload.StageWork.parts`), FSDP's gathers and reduce-scatters under a layer's compute
     (`program.terms.fsdp_seconds`)."""
     return ideal + contention * (alone - ideal)
+
+
+def slowed_end(start: float, seconds: float, busy: Iterable[tuple[float, float]], contention: float) -> float:
+    """When a computation of ``seconds`` (its time alone) that starts at ``start`` ends on a GPU
+    whose communication kernels run over the intervals ``busy`` ((start, end) pairs, in any order,
+    overlapping or not): `with_contention` over time. While communication runs beside it the
+    compute moves at ``1 - contention`` of its speed, so every second of communication it hides
+    gives back ``contention`` seconds: a computation that hides C <= seconds of communication ends
+    ``contention x C`` later than alone, as `with_contention` (seconds + C alone, seconds
+    ideally) gives. The one rule for communication that runs on a stream of its own beside the
+    walk of a rank's passes (the data-parallel gradient buckets, the ZeRO parameter gathers:
+    `engine.shards`, the sweep's oracle)."""
+    t, left = start, seconds
+    if left <= 0 or contention <= 0:
+        return t + max(left, 0.0)
+    rate = 1.0 - min(contention, 1.0)
+    spans = sorted(iv for iv in busy if iv[1] > start)
+    i, n = 0, len(spans)
+    while i < n:
+        s, e = spans[i]
+        i += 1
+        while i < n and spans[i][0] <= e:  # the union of the intervals that touch
+            e = max(e, spans[i][1])
+            i += 1
+        if s > t:  # alone until the communication starts
+            if t + left <= s:
+                return t + left
+            left -= s - t
+            t = s
+        run = (e - t) * rate  # the compute done beside it
+        if run >= left:
+            return t + left / rate
+        left -= run
+        t = e
+    return t + left
+
+
+class CommBeside:
+    """One GPU's collectives that run beside its passes and take SMs from them (the data-parallel
+    gradient buckets and ZeRO parameter gathers, booked when issued): their (start, end) intervals
+    not yet behind its passes, the latest end among them, and what they add to a pass
+    (`slowed_end`). The engine's record of them (`engine.shards`) and the sweep oracle's
+    (`sweep.beside`)."""
+
+    __slots__ = ("contention", "spans", "until")
+
+    def __init__(self, contention: float):
+        self.contention = contention
+        self.spans: list[tuple[float, float]] = []
+        self.until = 0.0
+
+    def book(self, start: float, end: float) -> None:
+        if end > start:
+            self.spans.append((start, end))
+            self.until = max(self.until, end)
+
+    def extra(self, t: float, seconds: float) -> float:
+        """Seconds they add to a pass of ``seconds`` alone from ``t`` (exactly 0 beside none); the
+        intervals behind it are dropped first (a GPU's passes only move forward)."""
+        if self.until <= t:
+            return 0.0
+        spans = self.spans = [iv for iv in self.spans if iv[1] > t]
+        return max(0.0, slowed_end(t, seconds, spans, self.contention) - (t + seconds))
 
 
 #: the fields that hold one value per stage (or one for every stage)

@@ -15,8 +15,9 @@ network) and add the same data-parallel, ZeRO and optimizer terms the engine cha
   (Li & Hoefler 2021 Table 2: D - 2 at F = B). With two pipelines (Chimera, DualPipe) each stage
   runs m / 2 micro-batches, so the periods are m / 2 of the rank's two-chunk work;
 - ``oracle`` (the best few hundred): the list scheduler of `schedules.analysis` times the very
-  schedule the engine would run (zb-1p/2p built with the same costs), which gives each rank's
-  last backward per stage; the gradient buckets are then queued exactly as the engine queues them.
+  schedule the engine would run (zb-1p/2p built with the same costs), with each rank's ZeRO gathers
+  and gradient buckets beside its passes as the engine books them (`beside`): a pass waits for its
+  stage's gathers and runs slowed beside them and the buckets (`schedules.costs.slowed_end`).
 
 The terms around the pipeline (`terms`) come from `simpar.sim.program.terms`, the functions the engine
 yields on: each stage's gradients go out in ``grad_buckets`` buckets released during its last
@@ -30,8 +31,11 @@ enter through the same functions and the stage work.
 
 Relation to the engine (tests/test_estimator_parity.py): with the analytical network the oracle
 equals the engine (to 1e-9 relative) except where a rank's pipeline sends queue behind each other
-on one link direction, or ZeRO-1/2 gathers of a rank's later chunks arrive after that chunk's first
-forward (vpp > 1): the engine then waits, and the oracle is a lower bound.
+on one link direction: the engine then waits, and the oracle is a lower bound. The quick form has
+no timeline for what runs beside the passes: it takes the ZeRO gathers' wait as a shift of the
+pipeline (`terms.zero_start`) and the buckets beside a rank's passes on one busy stretch from its
+first releasing pass (`terms.dp_tail`), exact at pp = 1 and, with the chain of last backwards, for
+1F1B and GPipe.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from ..program import terms as it
 from ..schedules import StageCosts, list_schedule, spec
 from ..schedules.ir import Kind, Pair
 from ..schedules.spec import FillCosts
+from .beside import Beside
 from .pairs import pair_effect, rank_savings
 from .tail import finish
 from .terms import Estimate, Inputs, RankTimes, fsdp_seconds
@@ -127,11 +132,12 @@ def _every_backward(x: Inputs, end: float, m: int) -> tuple[tuple[int, float, fl
 
 
 def oracle_estimate(x: Inputs, schedule=None) -> Estimate:
-    """List-scheduler timing of the engine's own lowered schedule, plus the iteration terms.
-    With pp = 1 the rank runs its micro-batches back to back and the quick form is exact."""
+    """List-scheduler timing of the engine's own lowered schedule, each rank's gathers and buckets
+    beside its passes (`beside`), plus the iteration terms. Under FSDP (pp = 1, per-layer passes
+    back to back) the quick form is exact and is the oracle."""
     from ..cost.resolved import plan_stage_costs
 
-    if x.fsdp or len(x.ranks) == 1:
+    if x.fsdp:
         q = quick_estimate(x)
         return Estimate(q.iter_time_s, q.breakdown_s, "oracle")
     scosts = plan_stage_costs(x.model, x.plan, x.work, x.p2p, x.costs)
@@ -154,7 +160,8 @@ def oracle_estimate(x: Inputs, schedule=None) -> Estimate:
         x_b=tuple(e[1] for e in exposed),
         contention=x.costs.eff.overlap_contention,
     )
-    res = list_schedule(sched, scosts)
+    beside = Beside(x, sched)
+    res = list_schedule(sched, scosts, beside)
     rts = []
     for r, acts in enumerate(sched.ranks):
         lb: dict[int, tuple[float, float, float]] = {}
@@ -169,5 +176,6 @@ def oracle_estimate(x: Inputs, schedule=None) -> Estimate:
             elif a.kind is Kind.REDUCE_GRAD:
                 lb[a.stage] = (*lb[a.stage][:2], t0)
         hid = (hidden[0], hidden[1], hidden[2], hidden[3])
-        rts.append(RankTimes(res.rank_start[r], res.end[r][-1] if acts else 0.0, lb, hid))
+        end = res.end[r][-1] if acts else 0.0
+        rts.append(RankTimes(res.rank_start[r], end, lb, hid, beside=beside.finish_rank(r, end)))
     return finish(x, rts, "oracle")

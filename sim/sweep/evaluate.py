@@ -12,6 +12,7 @@ variants) share their quick estimate's pipeline times and their lower bound's su
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +21,7 @@ from ..cost.memory import MemoryReport
 from ..cost.profile import MEGATRON, RuntimeProfile
 from ..cost.resolved import Resolved, build_work, resolve
 from ..cost.workload import StageWork
-from ..energy.account import job_energy, kernel_gpu_seconds, kernel_mix, mix_costs
+from ..energy.account import KERNEL_ACCOUNTS, job_energy, kernel_gpu_seconds, kernel_mix, mix_costs
 from ..energy.power import power_model
 from ..engine.core import EngineOptions
 from ..goodput.run import RunCostsOfPlan, RunSetup, closed_form, run_costs
@@ -269,15 +270,24 @@ class Evaluator:
         return out
 
     def energy_fields(
-        self, plan: ParallelPlan, t: float, bound: float | None = None, x: Inputs | None = None
+        self,
+        plan: ParallelPlan,
+        t: float,
+        bound: float | None = None,
+        x: Inputs | None = None,
+        beside: float | Callable[[float], float] = 0.0,
     ) -> dict[str, Any]:
         """The job's energy per iteration at ``t`` seconds, and at the time bound ``bound`` its lower
-        bound (`account.job_energy`); none without a power model."""
+        bound (`account.job_energy`); none without a power model. ``beside``: the kernel GPU-seconds
+        the timeline adds (the contention of the collectives beside the passes: the estimate's
+        `Estimate.beside_gpu_s`), or a function of the stage work's kernel GPU-seconds giving them
+        (an engine row: its run's own less those); the bound leaves them out."""
         if self.power is None:
             return {}
         share, kernels, opt = self.energy_terms(plan, x)
         n = plan.num_gpus
-        out = {"energy_J": job_energy(self.power, share, t, n, kernels, opt)}
+        more = beside(kernels) if callable(beside) else beside
+        out = {"energy_J": job_energy(self.power, share, t, n, kernels + more, opt)}
         if bound is not None:
             out["energy_lower_bound_J"] = job_energy(self.power, share, bound, n, kernels, opt)
         return out
@@ -299,7 +309,7 @@ class Evaluator:
             **row,
             **self._estimate_fields(plan, est),
             **self.host_fields(x),
-            **self.energy_fields(plan, est.iter_time_s, bound, x),
+            **self.energy_fields(plan, est.iter_time_s, bound, x, est.beside_gpu_s),
             **self.run_fields(plan, est.iter_time_s, bound),
             "status": "estimated",
             "quick_time_s": est.iter_time_s,
@@ -317,7 +327,7 @@ class Evaluator:
             **row,
             **self._estimate_fields(plan, est),
             **self.host_fields(x),
-            **self.energy_fields(plan, est.iter_time_s, x=x),
+            **self.energy_fields(plan, est.iter_time_s, x=x, beside=est.beside_gpu_s),
             **self.run_fields(plan, est.iter_time_s),
             "status": "refined",
             "quick_time_s": quick.iter_time_s,
@@ -334,7 +344,7 @@ class Evaluator:
             **self.base_row(cfg, plan),
             **self.memory_fields(res.memory),
             **self.result_fields(plan, res.iter_time_s, res.breakdown_s, "engine"),
-            **self.energy_fields(plan, res.iter_time_s),
+            **self.energy_fields(plan, res.iter_time_s, beside=lambda kernels: run_kernels(res, plan) - kernels),
             **self.run_fields(plan, res.iter_time_s),
             "reported_rank": res.reported_rank,
             "engine_time_s": res.iter_time_s,
@@ -346,6 +356,13 @@ class Evaluator:
 
     def _estimate_fields(self, plan: ParallelPlan, est: Estimate) -> dict[str, Any]:
         return self.result_fields(plan, est.iter_time_s, est.breakdown_s, est.source)
+
+
+def run_kernels(res, plan: ParallelPlan) -> float:
+    """A run's kernel GPU-seconds over the job (`energy.account.KERNEL_ACCOUNTS` of every walked
+    GPU, each standing for as many of the job's)."""
+    bds = res.rank_breakdowns
+    return sum(bd[k] for bd in bds.values() for k in KERNEL_ACCOUNTS) * plan.num_gpus / len(bds)
 
 
 def given_back(x: Inputs) -> float:

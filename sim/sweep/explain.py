@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 from ..iteration.results import BREAKDOWN_KEYS
-from ..zero import Sharding
 from .filters import matches, parse_filter
 from .space import Config
 from .store import num
@@ -61,7 +60,6 @@ def compare(best: dict, other: dict, objective: str = "throughput") -> str:
             f" and is {seconds(abs(dt))} per iteration {speed}{pct}{why}."
         )
     memtext = f"; peak memory {mb:.1f} vs {mo:.1f} GiB" if abs(mb - mo) >= 0.05 else ""
-    memtext += _unpriced(a, b)
     lead = _objective_lead(best, other, objective)
     if lead:
         timing = (
@@ -74,21 +72,6 @@ def compare(best: dict, other: dict, objective: str = "throughput") -> str:
         return f"{a.label(b)} ties with {b.label(a)} on iteration time{why}{memtext}."
     verb = "beats" if dt > 0 else "is slower than"
     return f"{a.label(b)} {verb} {b.label(a)} by {seconds(abs(dt))} per iteration{pct}{why}{memtext}."
-
-
-def _unpriced(a: Config, b: Config) -> str:
-    """What the comparison leaves out, where one of the two plans gathers its ZeRO-3 parameters
-    inside a pipeline: those gathers and the gradient buckets hide under compute at no cost there
-    (the SM contention FSDP's per-layer passes pay is not priced), so such a plan may be slower
-    than simpar says."""
-    gathers = [Sharding(c.zero, c.dp * c.cp, c.pp).gathers_per_stage for c in (a, b)]
-    if gathers[0] is gathers[1]:
-        return ""
-    this, that = (a, b) if gathers[0] else (b, a)
-    return (
-        f"; the {this.label(that)} plan gathers its parameters inside its pipeline (ZeRO-3), which simpar"
-        " hides under compute at no cost (no SM contention), so it may rank too well"
-    )
 
 
 def _objective_lead(best: dict, other: dict, objective: str) -> str:

@@ -14,13 +14,13 @@ from pathlib import Path
 
 from simpar.jobs.procs import Warm, fork_map, run_job
 
-from ..engine.trace import write_trace
 from ..errors import SpecError
 from ..interop.emit import recipe_files
 from ..iteration.results import SimResult
 from ..plan import ParallelPlan
 from ..planfile import write_plan_file
 from ..schedules import write_csv
+from ..trace import write_trace
 from .config_plan import checked_plan
 from .evaluate import SweepSetup
 from .space import Config

@@ -72,12 +72,22 @@ def own_tail(x: Inputs, prank: int, start: float = 0.0, bound: bool = False) -> 
 def finish(x: Inputs, rts: list[RankTimes], source: str) -> Estimate:
     """Add DP, ZeRO, tied-embedding, SP and optimizer terms to per-rank ends; breakdown of the
     busiest rank."""
-    shift = zero_start(x, [rt.first_f for rt in rts])
-    ready, tails = [], []
+    # the oracle's timelines hold the gathers' waits (`beside`); the closed form's start after them
+    inside = all(rt.beside is not None for rt in rts)
+    shift = 0.0 if inside else zero_start(x, [rt.first_f for rt in rts])
+    tails, slowed = [], []
     for r, rt in enumerate(rts):
-        tail = dp_tail(x, r, rt)
-        ready.append(shift + rt.end + tail)
+        tail, extra = dp_tail(x, r, rt)
         tails.append(tail)
+        slowed.append(extra)
+    # the closed form's ranks end their last backwards one after the other, from the last rank to
+    # the first, where the backward is not split and one pipeline runs: a rank's slowed last
+    # backward ends later, and so does every rank's after it (each starts on the gradient it sends)
+    later = list(slowed)
+    if len(rts) > 1 and not x.plan.split_backward and x.plan.pipelines == 1:
+        for r in range(len(rts) - 2, -1, -1):
+            later[r] += later[r + 1]
+    ready = [shift + rt.end + d + tail for rt, d, tail in zip(rts, later, tails)]
     for r in range(len(rts)):
         op = x.program.has(r, Tail.REPLICA_SYNC)
         if op is not None and op.ranks[1] > r:  # the two replicas meet, all-reduce, then go on
@@ -99,6 +109,7 @@ def finish(x: Inputs, rts: list[RankTimes], source: str) -> Estimate:
     ws = [x.work[s] for s in x.ranks[busy]]
     posts = m * sum(x.posts[s] for s in x.ranks[busy]) * x.post
     fsdp = fsdp_seconds(x) if x.fsdp else None
+    own = rts[busy].beside  # what the busiest rank's own streams did to its timeline (the oracle)
     # per pass (compute, expert compute, TP/CP, all-to-all, offload, contention), summed over the rank's stages
     run = [x.parts(w, k) for w in ws for k in ("F", "I", "W")]
     rec = [x.parts(w, "R") for w in ws]
@@ -111,10 +122,15 @@ def finish(x: Inputs, rts: list[RankTimes], source: str) -> Estimate:
         # activation copies a pass waits on; the offloaded optimizer part beyond the GPU's step below
         "pp_comm": posts + (t_tied if tied is not None and busy in tied else 0.0),
         "dp_comm": tails[busy],
-        "zero_comm": shift + zero_end(x, busy) + (m * fsdp[2] if fsdp else 0.0),
+        "zero_comm": shift + zero_end(x, busy) + (m * fsdp[2] if fsdp else 0.0) + (own[1] if own else 0.0),
         "optimizer": optimizer_time(x, busy),
         "offload": m * sum(p[4] for p in run + rec) - rts[busy].hidden[2] + host_wait(x, busy),
-        "contention": m * sum(p[5] for p in run + rec) - rts[busy].hidden[3] + (m * fsdp[3] if fsdp else 0.0),
+        "contention": m * sum(p[5] for p in run + rec)
+        - rts[busy].hidden[3]
+        + (m * fsdp[3] if fsdp else 0.0)
+        + (own[2] if own else slowed[busy]),
     }
     bd["bubble"] = max(0.0, t - sum(bd.values()))
-    return Estimate(t, bd, source)
+    gpus = x.plan.num_gpus // len(rts)  # the GPUs each pipeline rank stands for
+    beside = sum(rt.beside[2] if rt.beside is not None else s for rt, s in zip(rts, slowed)) * gpus
+    return Estimate(t, bd, source, beside)

@@ -22,6 +22,7 @@ from ..plan import ParallelPlan
 from ..program import terms as it
 from ..program.program import IterationProgram, Tail, iteration_program
 from ..program.terms import CollectiveTimer, Comm, EngineOptions
+from ..schedules.costs import slowed_end
 from ..schedules.registry import spec
 from ..specs import ModelSpec
 
@@ -33,6 +34,10 @@ class Estimate:
     iter_time_s: float
     breakdown_s: dict[str, float]
     source: str  # "quick" or "oracle"
+    #: GPU-seconds over the job that the collectives beside the ranks' passes (the DP buckets, the
+    #: ZeRO gathers) add to them (`beside`, `dp_tail`): contention, kernel time, a timeline's
+    #: own (the energy's `evaluate.given_back` has the passes' own)
+    beside_gpu_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -189,6 +194,11 @@ class RankTimes:
     #: ZeRO-2 (`terms.reduces_every_microbatch`): (stage, start, duration) of every
     #: weight-gradient pass, each releasing the buckets of its micro-batch; else empty
     every_bwd: tuple[tuple[int, float, float], ...] = ()
+    #: where the rank's timeline was made with its own streams beside it (the oracle, `beside`):
+    #: (when its DP stream is free after every gradient bucket, seconds its passes waited for
+    #: ZeRO gathers, seconds the collectives beside its passes added to them); None: the
+    #: closed form, whose terms add these after
+    beside: tuple[float, float, float] | None = None
 
 
 class _StageBuckets:
@@ -215,6 +225,27 @@ class _StageBuckets:
         return hit
 
 
+def stage_buckets(
+    x: Inputs, prank: int, stage: int, shape: tuple | None = None, edp: tuple[int, ...] | None = None
+) -> _StageBuckets:
+    """The stage's gradient buckets on the rank, timed (`_StageBuckets`), kept in the shared cache
+    per `reduction_shape` (``shape``, where the caller has it), stage size and rank."""
+    w = x.work[stage]
+    key = (
+        "buckets",
+        shape or reduction_shape(x),
+        w.params,
+        w.expert_params,
+        w.layers,
+        x.edp(prank) if edp is None else edp,
+        prank,
+    )
+    sb = x.cache.get(key)
+    if sb is None:
+        sb = x.cache[key] = _StageBuckets(x, prank, stage)
+    return sb
+
+
 def reduction_shape(x: Inputs) -> tuple:
     """What a stage's gradient reduction (`terms.grad_buckets`, and the time of its calls)
     depends on besides the stage's own size and the rank: the layout, the ZeRO stage and the
@@ -224,11 +255,18 @@ def reduction_shape(x: Inputs) -> tuple:
     return ("reduction", p.tp, p.cp, p.pp, p.dp, p.zero, p.precision, p.mesh_order)
 
 
-def dp_tail(x: Inputs, prank: int, rt: RankTimes) -> float:
-    """Seconds the rank's gradient buckets run past its last action, queued on one DP stream as
-    the engine queues them (`terms.reduction_calls`, with the calls timed once: `_StageBuckets`)."""
+def dp_tail(x: Inputs, prank: int, rt: RankTimes) -> tuple[float, float]:
+    """(seconds the rank's gradient buckets run past its last action, seconds they add to its
+    passes), queued on one DP stream as the engine queues them (`terms.reduction_calls`, with the
+    calls timed once: `_StageBuckets`). The oracle's timeline holds both (`beside`). The closed
+    form has no timeline to slow: it takes the rank's passes from the first that releases buckets
+    to its end as one busy stretch beside the queue (`schedules.costs.slowed_end`), which is the
+    engine's time where only the stage's last backward runs beside them (pp = 1, a rank's last
+    pass of 1F1B); the rank then ends that much later and less of the queue is left after it."""
     if not x.plan.reduces_gradients or x.fsdp:
-        return 0.0
+        return 0.0, 0.0
+    if rt.beside is not None:  # queued already, as the oracle walked the rank (`beside`)
+        return max(0.0, rt.beside[0] - rt.end), 0.0
     overlapped, shape, edp = x.options.overlap_grad_reduce, reduction_shape(x), x.edp(prank)
     buckets = []
     # (stage, start, duration, when a reduction not overlapped starts: a REDUCE_GRAD's time or,
@@ -237,17 +275,19 @@ def dp_tail(x: Inputs, prank: int, rt: RankTimes) -> float:
         (s, t0, d, at) for s, (t0, d, at) in sorted(rt.last_bwd.items())
     ]
     for s, t0, d, at in passes:
-        w = x.work[s]
-        key = ("buckets", shape, w.params, w.expert_params, w.layers, edp, prank)
-        sb = x.cache.get(key)
-        if sb is None:
-            sb = x.cache[key] = _StageBuckets(x, prank, s)
+        sb = stage_buckets(x, prank, s, shape, edp)
         releases = it.reduction_calls(sb.comms, t0, d, overlapped, at, sb.seconds, sb.split)
         buckets += [(t, s, b, dur) for b, (_, t, dur) in enumerate(releases)]
-    cur = 0.0
+    cur, busy = 0.0, []
     for ready_at, _, _, dur in sorted(buckets):
-        cur = max(cur, ready_at) + dur
-    return max(0.0, cur - rt.end)
+        start = max(cur, ready_at)
+        cur = start + dur
+        busy.append((start, cur))
+    first = min((t0 for _, t0, _, _ in passes), default=rt.end)
+    extra = 0.0
+    if busy and first < rt.end:
+        extra = max(0.0, slowed_end(first, rt.end - first, busy, x.costs.eff.overlap_contention) - rt.end)
+    return max(0.0, cur - (rt.end + extra)), extra
 
 
 def gather_seconds(x: Inputs, prank: int, stage: int, shape: tuple | None = None) -> float:

@@ -13,8 +13,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..engine.trace import TraceEvent
 from ..plot import label_cutoff
+from ..trace import TraceEvent
 
 #: Kinds compared by default, in display order (others are appended alphabetically).
 KIND_ORDER = (

@@ -15,8 +15,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
-from .. import files
-from ..errors import SpecError
+from . import files
+from .errors import SpecError
 
 TRACE_FORMAT_VERSION = 1
 
