@@ -87,6 +87,7 @@ class Engine(PipelineTransfers, DataParallel, HostCopies, IterationTail):
         keys: Sequence[tuple[int, ...]] | None = None,
     ):
         model, plan, work, costs, profile = inputs.model, inputs.plan, inputs.work, inputs.costs, inputs.profile
+        options = it.run_options(plan, options)  # as the plan's stack can run them
         slow, slow_step = speeds.kernels, speeds.step
         self.unit_slow: Mapping[int, Mapping[Action, float]] = speeds.units or {}
         if not schedule.lowered:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from ..cost import lora
@@ -57,6 +57,17 @@ class EngineOptions:
 #: with it, as Megatron's --overlap-grad-reduce does, the default). Everything else particular to
 #: the executor is its runtime profile (`simpar.sim.cost.profile.ExecutorProfile`).
 EXECUTOR_OPTIONS = EngineOptions(overlap_grad_reduce=False)
+
+
+def run_options(plan: ParallelPlan, options: EngineOptions) -> EngineOptions:
+    """The run's ``options`` as the plan's stack can run them: a stack whose data parallelism reduces
+    the gradients only after the whole backward (`StackSpec.grad_reduce_overlap` false: Megatron-LM
+    before --overlap-grad-reduce) does not overlap them, whatever the options ask. The engine and the
+    sweep's estimates take their options through it; the outputs say so where it is assumed
+    (`validation.error_bands.assumed_defaults`)."""
+    if options.overlap_grad_reduce and not load_stack(plan.stack).grad_reduce_overlap:
+        return replace(options, overlap_grad_reduce=False)
+    return options
 
 
 @dataclass(frozen=True)

@@ -276,6 +276,12 @@ class StackSpec(BaseModel):
         "bucket by bucket as the last backward reduces them (with ZeRO-2 and several micro-batches, each "
         "earlier micro-batch's gradients are added to the host's through the GPU, both ways)",
     )
+    grad_reduce_overlap: bool = Field(
+        True,
+        description="the stack's data parallelism can overlap the gradient reduction with the backward (Megatron-Core "
+        "--overlap-grad-reduce, DDP's buckets); false: it reduces the gradients after the whole backward, whatever "
+        "the run's options ask",
+    )
     states: StackStates
     grad_bucket: GradBucket
     zero3: Zero3Calls
@@ -312,7 +318,9 @@ class StackSpec(BaseModel):
             raise ValueError(f"fp8_casts names {extra[0]!r}, which is not one of fp8_recipes")
         if self.fp8_fused_casts and any(c.act_fused_B is None for c in self.fp8_casts.values()):
             raise ValueError("fp8_fused_casts is true but an fp8_casts entry has no act_fused_B")
-        optional = ["parallel_dims"] if self.parallel_dims is not None else []  # a restriction has a source
+        # a restriction has a source
+        free = {"parallel_dims": self.parallel_dims is None, "grad_reduce_overlap": self.grad_reduce_overlap}
+        optional = [f for f, unrestricted in free.items() if not unrestricted]
         missing = [f for f in (*_SOURCED, *optional) if f not in self.sources]
         if missing:
             raise ValueError(f"sources has no entry for {missing[0]!r} (every value needs its source)")

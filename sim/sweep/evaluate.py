@@ -29,6 +29,7 @@ from ..iteration.results import BREAKDOWN_KEYS
 from ..model import hardware_flops_per_iteration, model_flops_per_iteration
 from ..network import make_network
 from ..plan import ParallelPlan
+from ..program.terms import run_options
 from ..schedules import spec
 from ..specs import ClusterSpec, ModelSpec
 from ..specs.calibration import Calibration, calibrated_cluster
@@ -164,7 +165,7 @@ class Evaluator:
             hit[1],
             self.costs,
             self.net,
-            self.s.options,
+            run_options(plan, self.s.options),
             groups,
             self._times,
             self.s.profile,

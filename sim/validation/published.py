@@ -25,7 +25,7 @@ from ..plan_check import check_plan
 from ..program.terms import EngineOptions
 from ..specs import load_cluster
 from ..specs.model import ModelSpec
-from ..specs.stack import MEMORY_METRICS
+from ..specs.stack import DEFAULT_STACK, MEMORY_METRICS, load_stack
 from ..units import GB, GiB
 from .error_bands import assumed_defaults as shared_assumed_defaults
 from .moe_rows import MOE_COLUMNS, cell, is_moe_row, moe_model, moe_plan_fields
@@ -324,6 +324,13 @@ def row_options(r: dict[str, str]) -> dict[str, Any]:
         return {}
     if v not in ("0", "1"):
         raise SimparError(f"row {r.get('id')}: overlap_grad_reduce", f"is {v!r}.", "write 1 or 0 (or leave it empty).")
+    stack = (r.get("stack") or "").strip() or DEFAULT_STACK
+    if v == "1" and not load_stack(stack).grad_reduce_overlap:
+        raise SimparError(
+            f"row {r.get('id')}: overlap_grad_reduce",
+            f"is 1, but the {stack} stack reduces the gradients after the backward (`grad_reduce_overlap` false).",
+            "write 0 or leave it empty, or name the stack that ran an overlapped reduction.",
+        )
     return {"options": EngineOptions(overlap_grad_reduce=v == "1")}
 
 
