@@ -9,8 +9,8 @@ from __future__ import annotations
 import contextlib
 import math
 import sys
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +26,7 @@ from .imports import apply_import, import_options
 
 if TYPE_CHECKING:
     from simpar.sim.plan import ParallelPlan
+    from simpar.sim.program.terms import EngineOptions
     from simpar.sim.specs import ClusterSpec, ModelSpec
 
 
@@ -199,7 +200,17 @@ class Setup:
     model: ModelSpec
     cluster: ClusterSpec
     plan: ParallelPlan
-    imported: frozenset[str] = frozenset()  # the plan fields a --from-* configuration set
+    imported: frozenset[str] = frozenset()  # the plan fields and run settings a --from-* configuration set
+    #: the run settings it set (`EngineOptions` fields), as its framework runs them
+    run: Mapping[str, bool] = field(default_factory=dict)
+
+    def options(self, no_overlap_grad_reduce: bool = False, **kw: Any) -> EngineOptions:
+        """The engine's options for the command: ``kw``, with the configuration's run settings,
+        but --no-overlap-grad-reduce wins."""
+        from simpar.sim.program.terms import EngineOptions
+
+        run = {**self.run, **({"overlap_grad_reduce": False} if no_overlap_grad_reduce else {})}
+        return EngineOptions(**{**kw, **run})
 
 
 def setup_from_options(kw: dict[str, Any]) -> Setup:
@@ -209,7 +220,7 @@ def setup_from_options(kw: dict[str, Any]) -> Setup:
     from simpar.sim.specs import load_cluster, load_model
     from simpar.sim.specs.model import ModelSpec
 
-    kw, imported = apply_import(kw)
+    kw, imported, run = apply_import(kw)
     for name in ("model", "gpus", "gbs"):
         if not kw.get(name):
             raise PlanError(f"--{name}", "is missing.", f"pass --{name}, or a --from-* configuration that gives it.")
@@ -228,4 +239,4 @@ def setup_from_options(kw: dict[str, Any]) -> Setup:
     chosen = chosen_levers(kw)
     plan = make_plan(model, cluster, kw["gpus"], **chosen)  # every default: the library's (`plan_make`)
     check_plan(plan, model, cluster, kw["gpus"], calibration=calib)
-    return Setup(model, cluster, plan, imported)
+    return Setup(model, cluster, plan, imported, run)

@@ -90,7 +90,6 @@ def energy(
     from simpar.sim.energy.price import combined, parse_price
     from simpar.sim.energy.run import plan_energy
     from simpar.sim.errors import SimparError
-    from simpar.sim.program.terms import EngineOptions
     from simpar.sim.specs.power import die_power, load_power
 
     parsed = [parse_price(p) for p in prices]  # a bad price is refused before any work
@@ -104,7 +103,7 @@ def energy(
     if power_name is None:
         assumed.append(f"power {spec.name} (the GPU's die; no --power)")
     calib = load_calibration_option(calibration, gpu.name)
-    profile, opts = runtime_of(runtime, calib, EngineOptions(overlap_grad_reduce=not no_overlap_grad_reduce))
+    profile, opts = runtime_of(runtime, calib, st.options(no_overlap_grad_reduce))
     run = plan_energy(
         st.model,
         st.cluster,

@@ -136,13 +136,14 @@ def _fill_model_and_gpus(kw: dict[str, Any], imp: Any, out: dict[str, Any]) -> A
     return model_from_dict(imp.model, imp.source) if imp.model else None
 
 
-def apply_import(kw: dict[str, Any]) -> tuple[dict[str, Any], frozenset[str]]:
+def apply_import(kw: dict[str, Any]) -> tuple[dict[str, Any], frozenset[str], dict[str, bool]]:
     """(``kw`` with an imported configuration's values where the command's options were not given,
-    the plan fields the configuration set: read once, here)."""
+    the plan fields and run settings the configuration set, the run settings as `EngineOptions`
+    fields (`Imported.run`): read once, here)."""
     which = _chosen(kw)
     _require_seq_len(kw, which)
     if which is None:
-        return kw, frozenset()
+        return kw, frozenset(), {}
     out = dict(kw)
     imp = _read(kw, which, kw.get("gpus"))
     built = _fill_model_and_gpus(kw, imp, out)
@@ -156,7 +157,7 @@ def apply_import(kw: dict[str, Any]) -> tuple[dict[str, Any], frozenset[str]]:
             continue  # the command line wins
         out[key] = lv.to_flag(value)
     _echo_warning(imp)
-    return out, frozenset(imp.plan)
+    return out, frozenset(imp.plan) | frozenset(imp.run), dict(imp.run)
 
 
 #: what a sweep takes from an imported configuration (the rest it searches): option -> plan field
@@ -208,6 +209,11 @@ def apply_sweep_import(kw: dict[str, Any]) -> tuple[dict[str, Any], Any]:
     searched = sorted(k for k in imp.plan if k not in taken)
     if searched:
         imp.unmodelled.append("searched by the sweep, not taken: " + " ".join(searched))
+    imp.assumed += [
+        f"{k} 1 where the configuration runs 0: the sweep ranks its plans with its engine options"
+        for k, v in imp.run.items()
+        if not v
+    ]
     _echo_warning(imp)
     return out, model
 

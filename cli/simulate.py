@@ -78,7 +78,6 @@ def simulate(
     """Simulate one training iteration: time, throughput, MFU, breakdown, memory."""
     from simpar.sim.collector import settled
     from simpar.sim.cost.resolved import resolve
-    from simpar.sim.engine.core import EngineOptions
     from simpar.sim.iteration.simulate import simulate_resolved
 
     if emit and not plan_dir:
@@ -98,12 +97,7 @@ def simulate(
 
         check_size(st.plan.schedule, st.plan.pipeline_ranks, st.plan.vpp, st.plan.num_microbatches)
     calib = load_calibration_option(calibration, st.cluster.gpu.name)
-    opts = EngineOptions(
-        full=full,
-        compress=not uncompressed,
-        overlap_tp=overlap_tp,
-        overlap_grad_reduce=not no_overlap_grad_reduce,
-    )
+    opts = st.options(no_overlap_grad_reduce, full=full, compress=not uncompressed, overlap_tp=overlap_tp)
     profile, opts = runtime_of(runtime, calib, opts)
     settled()  # the imports and inputs, alive to the end: no collection walks them again
     resolved = resolve(st.model, st.cluster, st.plan, calib, profile=profile)  # once: the run and its folder

@@ -63,7 +63,6 @@ def stragglers(
     ranks that set it, and what one slow GPU does to the step."""
     from simpar.sim.errors import SimparError
     from simpar.sim.layout import RankLayout
-    from simpar.sim.program.terms import EngineOptions
     from simpar.sim.specs.variability import load_variability, with_settings
     from simpar.sim.variability.run import straggler_run
 
@@ -84,7 +83,7 @@ def stragglers(
     flags = ", ".join("--" + k.replace("_", "-") for k in sorted(settings))
     spec = with_settings(load_variability(variability), settings, flags or "variability")
     calib = load_calibration_option(calibration, st.cluster.gpu.name)
-    profile, opts = runtime_of(runtime, calib, EngineOptions(overlap_grad_reduce=not no_overlap_grad_reduce))
+    profile, opts = runtime_of(runtime, calib, st.options(no_overlap_grad_reduce))
     rep = straggler_run(
         st.model,
         st.cluster,

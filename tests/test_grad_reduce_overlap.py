@@ -1,8 +1,9 @@
 """A stack whose data parallelism reduces the gradients only after the whole backward
-(`StackSpec.grad_reduce_overlap` false: Megatron-LM's local DDP before --overlap-grad-reduce, the
-code of the SC'21 runs) is run that way whatever the options ask (`program.terms.run_options`): by
-the engine, by the sweep's estimates, and said where a validate row or `simpar simulate` leaves the
-setting out; a row that asks for the overlap on such a stack is refused, with the fix."""
+(`StackSpec.grad_reduce_overlap`: never for Megatron-LM's local DDP before --overlap-grad-reduce,
+the code of the SC'21 runs; without ZeRO for DeepSpeed's engine) is run that way whatever the
+options ask (`program.terms.run_options`): by the engine, by the sweep's estimates, and said where
+a validate row or `simpar simulate` leaves the setting out; a row that asks for the overlap on such
+a stack is refused, with the fix."""
 
 from __future__ import annotations
 
@@ -35,11 +36,16 @@ def _plan(stack: str) -> ParallelPlan:
 
 
 def test_only_the_legacy_megatron_code_reduces_after_the_backward() -> None:
-    assert not load_stack("megatron-lm-legacy").grad_reduce_overlap
-    assert load_stack("megatron-core").grad_reduce_overlap and load_stack("deepspeed").grad_reduce_overlap
+    assert load_stack("megatron-lm-legacy").grad_reduce_overlap == "never"
+    assert load_stack("megatron-core").grad_reduce_overlap == "always"
+    ds = load_stack("deepspeed")
+    assert ds.grad_reduce_overlap == "zero" and not ds.overlaps_grad_reduce(0) and ds.overlaps_grad_reduce(1)
     legacy, core = _plan("megatron-lm-legacy"), _plan("megatron-core")
     assert run_options(legacy, EngineOptions()) == NOT_OVERLAPPED
     assert run_options(core, EngineOptions()) == EngineOptions()
+    without_zero = ParallelPlan(tp=4, dp=8, global_batch_size=64, stack="deepspeed")
+    assert run_options(without_zero, EngineOptions()) == NOT_OVERLAPPED
+    assert run_options(without_zero.model_copy(update={"zero": 1}), EngineOptions()) == EngineOptions()
 
 
 def test_the_engine_and_the_oracle_run_the_legacy_stack_without_the_overlap() -> None:
@@ -93,11 +99,11 @@ def test_simpar_simulate_says_it_ran_the_legacy_stack_without_the_overlap() -> N
     assert "overlap_grad_reduce 0 (the megatron-lm-legacy stack's" in res.output.replace("\n", " ")
 
 
-@pytest.mark.parametrize("value", ["maybe", "2", "[false]", "null"])
+@pytest.mark.parametrize("value", ["maybe", "2", "[never]", "null", "false", "Zero"])
 def test_a_bad_grad_reduce_overlap_is_one_line_exit_2(tmp_path: Path, value: str) -> None:
     text = (ROOT / "topologies/stacks/megatron-lm-legacy.yaml").read_text()
     bad = tmp_path / "bad.yaml"
-    bad.write_text(text.replace("grad_reduce_overlap: false\n", f"grad_reduce_overlap: {value}\n"))
+    bad.write_text(text.replace("grad_reduce_overlap: never\n", f"grad_reduce_overlap: {value}\n"))
     args = ["simulate", "--model", "tiny", "--cluster", "dgx-h100", "--gpus", "8", "--gbs", "8", "--stack", str(bad)]
     res = CliRunner().invoke(cli, args)
     assert res.exit_code == 2, res.output
@@ -111,5 +117,5 @@ def test_reducing_after_the_backward_needs_a_source(tmp_path: Path) -> None:
     bad.write_text("\n".join(x for x in text.splitlines() if not x.startswith("  grad_reduce_overlap:")) + "\n")
     with pytest.raises(SimparError, match="grad_reduce_overlap"):
         load_stack(str(bad))
-    (tmp_path / "free.yaml").write_text(bad.read_text().replace("grad_reduce_overlap: false\n", ""))
-    assert load_stack(str(tmp_path / "free.yaml")).grad_reduce_overlap  # overlapped: no source needed
+    (tmp_path / "free.yaml").write_text(bad.read_text().replace("grad_reduce_overlap: never\n", ""))
+    assert load_stack(str(tmp_path / "free.yaml")).grad_reduce_overlap == "always"  # no source needed

@@ -35,6 +35,9 @@ class Imported:
 
     #: what the configuration does not say and simpar took, each with why (the model code it runs)
     assumed: list[str] = field(default_factory=list)
+    #: the run settings it decides (`EngineOptions` fields: whether the gradient reduction and the
+    #: ZeRO parameter gathers overlap the compute), as the framework runs it, its default included
+    run: dict[str, bool] = field(default_factory=dict)
 
     def warning(self) -> str:
         """The fields read but not modelled, then what was assumed: a line each ('' when none)."""

@@ -68,7 +68,6 @@ UNMODELLED = frozenset(
 ZERO_UNMODELLED = frozenset(
     {
         "contiguous_gradients",
-        "overlap_comm",
         "reduce_scatter",
         "reduce_bucket_size",
         "allgather_partitions",
@@ -169,6 +168,7 @@ SCHEMA = {
             "cpu_offload": Flag(),
             "cpu_offload_param": Flag(),
             "cpu_offload_params": Flag(),
+            "overlap_comm": Flag(),
         },
         '{"stage": 2}',
     ),
@@ -405,6 +405,13 @@ def _zero(z: dict[str, Any], plan: dict[str, Any], imp: Imported, where: str) ->
     optimizer on the GPU (``offload_optimizer`` 0), ``offload_optimizer`` alone keeps the
     parameters there; the older ``cpu_offload`` / ``cpu_offload_param(s)`` flags read as them."""
     plan["zero"] = z.get("stage", 0)
+    # DeepSpeed's ZeRO config: overlap_comm, when not given, is on under stage 3 only
+    # (deepspeed/runtime/zero/config.py `overlap_comm_valid`); without ZeRO the engine all-reduces
+    # the gradients after the backward whatever it says (the deepspeed stacks' `grad_reduce_overlap`)
+    overlap = z.get("overlap_comm")  # a boolean (`SCHEMA`)
+    imp.run["overlap_grad_reduce"] = bool(overlap if overlap is not None else plan["zero"] == 3) and plan["zero"] > 0
+    if overlap and not plan["zero"]:
+        imp.unmodelled.append("zero_optimization.overlap_comm (no effect without ZeRO)")
     z = dict(z)
     for key, new in _OLD_OFFLOAD.items():
         if key not in z:
@@ -417,7 +424,7 @@ def _zero(z: dict[str, Any], plan: dict[str, Any], imp: Imported, where: str) ->
         imp.unmodelled.append(f"zero_optimization.{key} (read as {new})")
     plan["offload_optimizer"] = 0.0
     for key, val in z.items():
-        if key == "stage":
+        if key in ("stage", "overlap_comm"):
             continue
         if key == "offload_optimizer":
             if _device(val, f"{where}: zero_optimization.offload_optimizer") == "cpu":

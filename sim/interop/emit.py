@@ -318,7 +318,9 @@ def deepspeed_recipe(
         "train_batch_size": plan.global_batch_size,
         "train_micro_batch_size_per_gpu": plan.micro_batch_size,
         "gradient_accumulation_steps": plan.global_batch_size // (plan.micro_batch_size * plan.dp),
-        "zero_optimization": {"stage": plan.zero},
+        # simpar's run overlaps the gradient reduction (`EngineOptions`); DeepSpeed does under ZeRO
+        # when asked (its default: stage 3 only), and never without ZeRO (the stack's grad_reduce_overlap)
+        "zero_optimization": {"stage": plan.zero} | ({"overlap_comm": True} if plan.zero else {}),
         # DeepSpeed runs type Adam as AdamW unless adam_w_mode is false (runtime/config.py ADAM_W_MODE_DEFAULT)
         "optimizer": {"type": {"adamw": "AdamW", "adam": "Adam", "sgd": "SGD"}[plan.optimizer]}
         | ({"params": {"adam_w_mode": False}} if plan.optimizer == "adam" else {}),

@@ -343,8 +343,9 @@ def read_megatron(text_or_path: str, model_given: bool = False) -> Imported:
     plan["tp_comm_overlap"] = bool(a.get("--tp-comm-overlap"))
     plan["moe_a2a_overlap"] = bool(a.get("--overlap-moe-expert-parallel-comm"))
     plan["delay_wgrad_compute"] = bool(a.get("--delay-wgrad-compute"))
-    if not (a.get("--overlap-grad-reduce") and a.get("--overlap-param-gather")):
-        imp.unmodelled.append("no --overlap-grad-reduce/--overlap-param-gather (simpar overlaps both by default)")
+    # Megatron-Core's DistributedDataParallelConfig: both off unless the launch sets them
+    imp.run["overlap_grad_reduce"] = bool(a.get("--overlap-grad-reduce"))
+    imp.run["overlap_param_gather"] = bool(a.get("--overlap-param-gather"))
     _precision(a, plan, where)
     _recompute(a, plan, where)
     _optimizer(a, plan, where)

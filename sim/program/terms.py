@@ -60,12 +60,12 @@ EXECUTOR_OPTIONS = EngineOptions(overlap_grad_reduce=False)
 
 
 def run_options(plan: ParallelPlan, options: EngineOptions) -> EngineOptions:
-    """The run's ``options`` as the plan's stack can run them: a stack whose data parallelism reduces
-    the gradients only after the whole backward (`StackSpec.grad_reduce_overlap` false: Megatron-LM
-    before --overlap-grad-reduce) does not overlap them, whatever the options ask. The engine and the
-    sweep's estimates take their options through it; the outputs say so where it is assumed
-    (`validation.error_bands.assumed_defaults`)."""
-    if options.overlap_grad_reduce and not load_stack(plan.stack).grad_reduce_overlap:
+    """The run's ``options`` as the plan's stack can run them: where the stack's data parallelism
+    reduces the gradients only after the whole backward (`StackSpec.grad_reduce_overlap`: never,
+    Megatron-LM before --overlap-grad-reduce; without ZeRO, DeepSpeed's engine) they are not
+    overlapped, whatever the options ask. The engine and the sweep's estimates take their options
+    through it; the outputs say so where it is assumed (`validation.error_bands.assumed_defaults`)."""
+    if options.overlap_grad_reduce and not load_stack(plan.stack).overlaps_grad_reduce(plan.zero):
         return replace(options, overlap_grad_reduce=False)
     return options
 

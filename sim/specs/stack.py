@@ -276,11 +276,12 @@ class StackSpec(BaseModel):
         "bucket by bucket as the last backward reduces them (with ZeRO-2 and several micro-batches, each "
         "earlier micro-batch's gradients are added to the host's through the GPU, both ways)",
     )
-    grad_reduce_overlap: bool = Field(
-        True,
-        description="the stack's data parallelism can overlap the gradient reduction with the backward (Megatron-Core "
-        "--overlap-grad-reduce, DDP's buckets); false: it reduces the gradients after the whole backward, whatever "
-        "the run's options ask",
+    grad_reduce_overlap: Literal["always", "zero", "never"] = Field(
+        "always",
+        description="when the stack's data parallelism can overlap the gradient reduction with the backward, as "
+        "a run asks (Megatron-Core --overlap-grad-reduce, DDP's buckets, DeepSpeed's overlap_comm): always; zero, "
+        "under ZeRO 1-3 only (without it the engine all-reduces after the backward); never, it reduces after the "
+        "whole backward",
     )
     states: StackStates
     grad_bucket: GradBucket
@@ -319,12 +320,20 @@ class StackSpec(BaseModel):
         if self.fp8_fused_casts and any(c.act_fused_B is None for c in self.fp8_casts.values()):
             raise ValueError("fp8_fused_casts is true but an fp8_casts entry has no act_fused_B")
         # a restriction has a source
-        free = {"parallel_dims": self.parallel_dims is None, "grad_reduce_overlap": self.grad_reduce_overlap}
+        free = {
+            "parallel_dims": self.parallel_dims is None,
+            "grad_reduce_overlap": self.grad_reduce_overlap == "always",
+        }
         optional = [f for f, unrestricted in free.items() if not unrestricted]
         missing = [f for f in (*_SOURCED, *optional) if f not in self.sources]
         if missing:
             raise ValueError(f"sources has no entry for {missing[0]!r} (every value needs its source)")
         return self
+
+    def overlaps_grad_reduce(self, zero: int) -> bool:
+        """Whether a plan of ZeRO stage ``zero`` on the stack can overlap its gradient reduction
+        with the backward (`grad_reduce_overlap`)."""
+        return self.grad_reduce_overlap == "always" or (self.grad_reduce_overlap == "zero" and zero > 0)
 
     def attention_kernel_on(self, die: str) -> str:
         """The attention implementation the stack runs on a GPU of compute die ``die``."""

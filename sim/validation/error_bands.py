@@ -377,7 +377,7 @@ def assumed_defaults(
             shown = int(value) if isinstance(value, bool) else value
             out.append(f"{lv.field} {shown}" + (f" ({whose})" if whose else ""))
     if plan.dp * plan.cp > 1 and not given("overlap_grad_reduce"):
-        if overlap_grad_reduce and not stack.grad_reduce_overlap:
+        if overlap_grad_reduce and not stack.overlaps_grad_reduce(plan.zero):
             out.append(f"overlap_grad_reduce 0 (the {plan.stack} stack's: it reduces the gradients after the backward)")
         else:
             out.append(f"overlap_grad_reduce {int(overlap_grad_reduce)} (the engine's default)")

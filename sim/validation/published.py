@@ -325,10 +325,11 @@ def row_options(r: dict[str, str]) -> dict[str, Any]:
     if v not in ("0", "1"):
         raise SimparError(f"row {r.get('id')}: overlap_grad_reduce", f"is {v!r}.", "write 1 or 0 (or leave it empty).")
     stack = (r.get("stack") or "").strip() or DEFAULT_STACK
-    if v == "1" and not load_stack(stack).grad_reduce_overlap:
+    zero = (r.get("zero") or "0").strip()
+    if v == "1" and not load_stack(stack).overlaps_grad_reduce(int(zero) if zero.isdigit() else 0):
         raise SimparError(
             f"row {r.get('id')}: overlap_grad_reduce",
-            f"is 1, but the {stack} stack reduces the gradients after the backward (`grad_reduce_overlap` false).",
+            f"is 1, but the {stack} stack reduces the gradients after the backward there (`grad_reduce_overlap`).",
             "write 0 or leave it empty, or name the stack that ran an overlapped reduction.",
         )
     return {"options": EngineOptions(overlap_grad_reduce=v == "1")}
