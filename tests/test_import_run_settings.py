@@ -69,3 +69,16 @@ def test_simulate_runs_a_deepspeed_zero2_config_without_the_overlap(tmp_path: Pa
         runs[name] = _simulate("--from-deepspeed", str(path), "--model", "llama3-8b")
     assert runs["off"]["breakdown_s"]["dp_comm"] > runs["on"]["breakdown_s"]["dp_comm"]
     assert not [a for a in runs["off"]["assumed"] if a.startswith("overlap_grad_reduce")]
+
+
+def test_a_sweep_from_a_launch_says_it_ranks_with_its_own_options(tmp_path: Path) -> None:
+    """A sweep searches plans with its engine options (the reduction overlapped): where the launch runs
+    without the overlap, its note says so instead of taking the launch's setting silently."""
+    tiny = (
+        "--num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 512 --vocab-size 1000 "
+        "--max-position-embeddings 512 --micro-batch-size 1 --global-batch-size 16 --bf16"
+    )
+    args = ["sweep", "--from-megatron", tiny, "--cluster", "dgx-h100", "--gpus", "8", "--schedules", "1f1b"]
+    res = cli_runner().invoke(cli, [*args, "--zero", "0", "--mbs", "1", "--out", str(tmp_path / "sweep")])
+    assert res.exit_code == 0, res.output
+    assert "assumed overlap_grad_reduce 1 where the configuration runs 0" in res.stderr
