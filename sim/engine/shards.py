@@ -96,7 +96,7 @@ class DataParallel:
 
     def _beside_comm(self, g: GpuState, seconds: float):
         """Run ``seconds`` of compute (its time alone) on the GPU at the clock beside its collectives
-        that take SMs: booked, by `slowed_end`; as processes, at ``1 - overlap_contention`` of its
+        that take SMs: booked, by `CommBeside.extra`; as processes, at ``1 - overlap_contention`` of its
         speed while any runs (the same rule, followed event by event: `_sm_toggle`). Returns what
         the contention added."""
         env, t0 = self.env, self.env.now
