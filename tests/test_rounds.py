@@ -34,6 +34,7 @@ def _lowered(name: str, pp: int, vpp: int, zero: int = 1, recompute: str = "none
         ("zb-v", 4, 2, 1),
         ("dualpipe-v", 4, 2, 1),
         ("interleaved-1f1b", 4, 2, 4),
+        ("interleaved-1f1b", 4, 4, 4),
         ("interleaved-zb", 4, 2, 4),
         ("none", 1, 1, 1),
     ],
@@ -46,6 +47,24 @@ def test_rounds_rebuild_the_generators_schedules(name, pp, vpp, d, zero, recompu
     assert rounds is not None and spec(name).rounds == ("grouped" if d > 1 else "single")
     for k in (0, 1, 3, 7):
         assert rounds.expand(k).ranks == build(m0 + k * d).ranks
+
+
+@pytest.mark.parametrize("zero", [0, 3])
+@pytest.mark.parametrize("pp,vpp", [(4, 4), (4, 6), (8, 4), (3, 8)])
+def test_interleaved_rounds_are_causal_from_three_groups(pp, vpp, zero) -> None:
+    """interleaved-1f1b with four or more chunks: each rank's latest matching cut puts rank r's
+    round a group of receives ahead of what rank r - 1's round sends, so its rounds were never
+    cut (`Rounds.dependencies` None at every microbatch count, without ZeRO or with ZeRO-3; ZeRO-1's
+    lowered actions happened to match at causal cuts). Moving the cuts down
+    (`periodic._causal_cuts`) gives the same schedules with causal rounds, from three groups of
+    pp microbatches on; the cuts stay where the match holds."""
+    build = _lowered("interleaved-1f1b", pp, vpp, zero)
+    rounds = find_rounds(build, 3 * pp, pp)
+    assert rounds is not None
+    dep = rounds.dependencies()
+    assert dep is not None and dep.span <= 1 and rounds.tail_holds_stage_ends()
+    for k in (0, 1, 4):
+        assert rounds.expand(k).ranks == build(3 * pp + k * pp).ranks
 
 
 def test_gpipe_has_no_single_round() -> None:
@@ -103,6 +122,10 @@ def _both(plan, backend="analytical", full=False):
         dict(schedule="zb-v", vpp=2),
         dict(schedule="dualpipe-v", vpp=2, zero=3, recompute="full"),
         dict(schedule="interleaved-1f1b", vpp=2, pp=2, global_batch_size=2 * 120),
+        dict(schedule="interleaved-1f1b", vpp=6, pp=4, global_batch_size=2 * 240),
+        dict(schedule="interleaved-1f1b", vpp=6, pp=2, global_batch_size=2 * 160, zero=0),
+        dict(schedule="interleaved-1f1b", vpp=4, pp=3, global_batch_size=2 * 120, zero=3, recompute="full"),
+        dict(schedule="interleaved-zb", vpp=3, pp=4, global_batch_size=2 * 512),
         dict(schedule="1f1b", recompute="full", tp=2, sequence_parallel=True),
     ],
 )

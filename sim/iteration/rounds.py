@@ -135,14 +135,20 @@ def _schedule_rounds(plan: ParallelPlan, build: Callable[[int], Schedule]) -> tu
         # remainder group or none: `schedules.interleaved`), so rounds read off other counts may not be m's
         return None, f"{m} microbatches: not a multiple of pp = {pp}, the grouping depends on m"
     stages = len(plan.placement)
-    # the steady state needs num_stages microbatches (1F1B) or twice as many (zb-h2)
-    for start in (stages + (d if d > 1 else 0), 2 * stages + d):
+    # the steady state needs num_stages microbatches (1F1B) or twice as many (zb-h2); a grouped
+    # schedule's rounds (interleaved: a group of pp microbatches through every chunk) usually
+    # show from three groups on (interleaved-1f1b's warm-up spans two), so those are tried first
+    starts = (stages, 2 * stages + d) if d == 1 else (3 * d, stages + d, 2 * stages + d)
+    found = None
+    for start in sorted(set(starts)):
         m0 = start + (m - start) % d
         if WORTH * (m0 + 4 * d) > m:  # a first look before building anything: the shortest run, ~5 rounds
             return None, f"{m} microbatches: too few for a steady state worth cutting"
-        rounds = find_rounds(build, m0, d)
-        if rounds is not None:
-            return rounds, ""
+        found = find_rounds(build, m0, d) or found
+        if found is not None and _engine_rounds(found) is not None:
+            return found, ""
+    if found is not None:  # rounds, but not ones the engine can cut (`compressed_run` says why)
+        return found, ""
     return None, f"schedule {plan.schedule}: no repeating round found"
 
 

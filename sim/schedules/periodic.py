@@ -182,9 +182,66 @@ def _fit(a: tuple[Step, ...], b: tuple[Step, ...], d: int) -> tuple[int, int] | 
     return None
 
 
+def _lowest_cut(a: Sequence[Step], cut: int, length: int, d: int) -> int:
+    """The lowest cut at which ``a`` takes the same round as at ``cut``: a cut one earlier inserts
+    the block rotated by one action, which gives the same schedule where the action before the
+    cut is the one ``length`` before it, ``d`` microbatches later (``a`` repeats there)."""
+    while cut > length and a[cut - 1] == shift(a[cut - 1 - length], d):
+        cut -= 1
+    return cut
+
+
+def _causal_cuts(rounds: Rounds, lowest: Sequence[int]) -> tuple[int, ...] | None:
+    """Cuts between ``lowest`` and ``rounds.cut`` (each rank's latest) at which no receive lies
+    in an earlier round than its send (`Rounds.dependencies`), or None if there are none.
+
+    Every cut of a rank in that range gives the same schedules (`_lowest_cut`), so only which
+    actions count as which round changes. A receive in round j whose send lies in round i > j
+    moves its rank's cut down until the receive is in round i; a lower cut only puts a rank's
+    actions in later rounds, which cannot make its own receives wait on a later round, so moving
+    each rank down no further than a violation asks finds the highest causal cuts where any exist
+    (a receiver's bound rises with its sender's cut). The rank's cuts are chosen independently
+    otherwise, from the end of the match: interleaved-1f1b's ranks with four or more chunks
+    then land out of phase, rank r's round taking a group of receives that rank r - 1's round
+    sends one round later."""
+    k = 3
+    sched = rounds.expand(k)
+    sent: dict[tuple[int | None, Kind, int | None], tuple[int, int]] = {}
+    for r, acts in enumerate(sched.ranks):
+        for i, a in enumerate(acts):
+            if a.kind is Kind.SEND_F:
+                sent[(sched.next_stage(a.stage), Kind.RECV_F, a.microbatch)] = (r, i)
+            elif a.kind is Kind.SEND_B:
+                sent[(sched.prev_stage(a.stage), Kind.RECV_B, a.microbatch)] = (r, i)
+    pairs = [
+        (r, i, *sent[(a.stage, a.kind, a.microbatch)])
+        for r, acts in enumerate(sched.ranks)
+        for i, a in enumerate(acts)
+        if a.kind is Kind.RECV_F or a.kind is Kind.RECV_B
+    ]
+    cut, n = list(rounds.cut), rounds.length
+
+    def region(r: int, pos: int) -> int:
+        return 0 if pos < cut[r] else min(k + 1, 1 + (pos - cut[r]) // n[r])
+
+    for _ in range(4 * len(cut) + 4):
+        moved = False
+        for r, i, s, j in pairs:
+            here, there = region(r, i), region(s, j)
+            if here <= k and there > here:
+                low = i - (there - 1) * n[r]  # the highest cut putting the receive in round `there`
+                if low < lowest[r]:
+                    return None
+                cut[r], moved = low, True
+        if not moved:
+            return tuple(cut)
+    return None
+
+
 def find_rounds(build: Callable[[int], Schedule], m: int, d: int) -> Rounds | None:
     """The rounds of the lowered schedules ``build(m)``, ``build(m + d)``, checked on
-    ``build(m + 2d)``; None when the generator does not repeat so."""
+    ``build(m + 2d)``; None when the generator does not repeat so. Each rank's cut is the latest
+    at which its schedules match, moved down where that makes the rounds causal (`_causal_cuts`)."""
     try:
         a, b, c = build(m), build(m + d), build(m + 2 * d)
     except ScheduleError:
@@ -197,4 +254,11 @@ def find_rounds(build: Callable[[int], Schedule], m: int, d: int) -> Rounds | No
     rounds = Rounds(a, d, cut, length)
     if rounds.expand(2).ranks != c.ranks:
         return None
+    if rounds.dependencies() is None:
+        lowest = [_lowest_cut(acts, p, n, d) for acts, p, n in zip(a.ranks, cut, length)]
+        causal = _causal_cuts(rounds, lowest)
+        if causal is not None:
+            moved = Rounds(a, d, causal, length)
+            if moved.expand(2).ranks == c.ranks:  # the same schedules (`_lowest_cut`), checked
+                return moved
     return rounds
