@@ -314,3 +314,17 @@ def overlapped_pairs(schedule: Schedule) -> tuple[tuple[tuple[tuple[int, int, Ki
                 counts[key] = counts.get(key, 0) + 1
         out.append(tuple(sorted(counts.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2].value))))
     return tuple(out)
+
+
+def split_backwards(schedule: Schedule) -> tuple[int, ...]:
+    """Per stage, how many of its backwards the schedule runs as an input gradient (I) with the
+    weight gradient (W) on its own: all ``m`` for the zero-bubble schedules, some of the
+    cool-down's for DualPipe(-V), none for a schedule of whole backwards (B). A split backward's
+    W may run after later input gradients of its rank (`sweep.bound` counts only the I there)."""
+    out = [0] * len(schedule.placement)
+    for acts in schedule.ranks:
+        for a in acts:
+            b = a.b if isinstance(a, Pair) else a
+            if b.kind is Kind.I:
+                out[b.stage] += 1
+    return tuple(out)

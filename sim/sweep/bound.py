@@ -5,8 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 from ..program import terms as it
+from ..schedules import build_schedule
+from ..schedules.analysis import split_backwards
 from ..schedules.registry import spec
 from .pairs import rank_savings
 from .tail import own_tail
@@ -69,9 +72,12 @@ def lower_bound(x: Inputs, backend: str = "analytical") -> float:
     - a rank's drain: every schedule runs a stage's forwards, and its input gradients, in
       micro-batch order, and a stage's input gradient waits for the later stage's; so before the
       rank's lowest stage finishes the last micro-batch's input gradient, the rank has run all
-      its forwards, recomputes and input gradients (after micro-batch 0 reached it, which left
-      stage 0 after that stage's gathers); then that gradient goes back through the earlier
-      stages to stage 0, its weight gradient, its step.
+      its forwards, recomputes and input gradients, and the weight gradients of the backwards it
+      runs whole (after micro-batch 0 reached it, which left stage 0 after that stage's
+      gathers); then that gradient goes back through the earlier stages to stage 0, its weight
+      gradient, its step. A backward run as I then W (every one under zero bubble, some of
+      DualPipe's cool-down: `analysis.split_backwards`, counted per stage) counts its I there;
+      its W may come later.
 
     With two pipelines (Chimera, DualPipe) "earlier stages" are those of the stage's own pipeline,
     a rank starts when the first of its two pipelines reaches it, and the drain follows the rank's
@@ -134,6 +140,18 @@ def lower_bound(x: Inputs, backend: str = "analytical") -> float:
     return max(*walks, chain, *drains)
 
 
+@lru_cache(maxsize=256)
+def _split_backwards(schedule: str, pp: int, vpp: int, m: int, stages: int) -> tuple[int, ...]:
+    """Per stage, its backwards run as I then W (`analysis.split_backwards`), on the compute-only
+    schedule of ``m`` micro-batches (lowering keeps every pass's kind); all of each stage's where
+    the schedule's spec splits every backward (zb-1p/2p are built from the stage costs, which
+    this count does not need)."""
+    sp = spec(schedule)
+    if sp.split_backward:
+        return (m // sp.pipelines,) * stages
+    return split_backwards(build_schedule(schedule, pp, vpp, m))
+
+
 @dataclass(frozen=True)
 class _Passes:
     """What `lower_bound` reads of the plan's passes but the ZeRO, optimizer and offload terms,
@@ -155,7 +173,11 @@ def _passes(x: Inputs, m: int, fsdp: bool) -> _Passes:
     fwd = list(d["F"])
     rec = d["R"]  # 0 without recompute
     back = [i + w for i, w in zip(d["I"], d["W"])]  # B, or I + W
-    back_in = list(d["I"]) if p.split_backward else back
+    # the input gradient a stage passes back: its I where the schedule splits any of the stage's
+    # backwards (every one under zero bubble; DualPipe(-V) some of its cool-down's), else its B
+    split = _split_backwards(p.schedule, p.pp, p.vpp, p.num_microbatches, len(x.work))
+    assert len(split) == len(back), "one count per stage"
+    back_in = [i if k else b for i, b, k in zip(d["I"], back, split)]
     if fsdp:
         # FSDP (pp = 1) on the analytical network: a pass waits out its first layer's gather, then
         # the longer of its compute and the rest of its gathers (and, in the backward, the
@@ -167,13 +189,21 @@ def _passes(x: Inputs, m: int, fsdp: bool) -> _Passes:
     # The drains' passes: an overlapped F&B pair saves at most (1 - contention) of its parts'
     # exposed communication (`overlap_seconds`), so each pass counts that much less there; one
     # pass on a chain across ranks still takes its whole time (a pair lasts its longer part).
-    fwd_r, back_in_r = fwd, back_in
+    fwd_r, back_r, back_in_r = fwd, back, back_in
     if spec(p.schedule).overlapped_pairs:
         keep = 1.0 - x.costs.eff.overlap_contention
         xf = [keep * sum(x.parts(w, "F")[2:]) for w in x.work]
         xb = [keep * sum(x.parts(w, "B")[2:]) for w in x.work]
         fwd_r = [t - e for t, e in zip(fwd, xf)]
+        back_r = [max(0.0, t - e) for t, e in zip(back, xb)]
         back_in_r = [max(0.0, t - e) for t, e in zip(back_in, xb)]
+
+    def whole(st: Sequence[int]) -> float:
+        """The W parts of the rank's backwards that run whole (B) on stages that split some: with the
+        input gradients (`back_in_r`) they precede the rank's last input gradient; a split one's W
+        may come after it. 0 where every backward of a stage is whole or every one split."""
+        return sum((m - split[s]) * (back_r[s] - back_in_r[s]) for s in st)
+
     n = p.num_chunks  # one pipeline's stages; with two, stage s is position s % n of its pipeline
 
     def ahead(s: int, times: Sequence[float]) -> float:
@@ -188,7 +218,7 @@ def _passes(x: Inputs, m: int, fsdp: bool) -> _Passes:
         drains = tuple(
             (
                 sum(fwd[: min(st)]),
-                m * sum(fwd_r[s] + rec[s] + back_in_r[s] for s in st),
+                m * sum(fwd_r[s] + rec[s] + back_in_r[s] for s in st) + whole(st),
                 sum(rec[: min(st)]),
                 sum(back_in[: min(st)]),
                 w0 * (min(st) > 0),
@@ -203,7 +233,7 @@ def _passes(x: Inputs, m: int, fsdp: bool) -> _Passes:
         drains = tuple(
             (
                 min(ahead(s, fwd) for s in st),
-                m * sum(fwd_r[s] + rec[s] + back_in_r[s] for s in st),
+                m * sum(fwd_r[s] + rec[s] + back_in_r[s] for s in st) + whole(st),
                 min(ahead(s, rec) + ahead(s, back_in) + w0 * (s % n > 0) for s in st),
             )
             for st in x.ranks
