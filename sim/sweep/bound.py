@@ -40,12 +40,24 @@ def _reduction(x: Inputs, prank: int, stage: int, shape: tuple) -> tuple[float, 
 
 
 def _after_last_backward(x: Inputs, prank: int, stage: int, longest: float, shape: tuple) -> float:
-    """Seconds the stage's gradient reduction runs past the end of its last backward, at least:
-    its last bucket, released at that end; and, when the buckets are released during that pass
-    (at most ``longest`` long), all of them less the pass; when they are released at its end, all
-    of them. The pass may be followed on the rank's walk by posting its sends, which overlap."""
+    """Seconds the stage's gradient reduction runs past the end of its last backward (the end that
+    pass would have alone), at least: its last bucket, released at that end; and, when the
+    buckets are released during that pass (at most ``longest`` long), all of them less the pass,
+    and the pass's slowdown by them; when they are released at its end, all of them. The pass
+    may be followed on the rank's walk by posting its sends, which overlap.
+
+    The slowdown: a pass of L seconds alone releases the buckets, R seconds of them on the rank's
+    data-parallel stream, within its L; while any runs beside it the pass moves at 1 - c of its
+    speed (`schedules.costs.slowed_end`, c the calibration's ``overlap_contention``). If O of the
+    R run before the pass ends at E, then E >= L + c O, and the R - O left run after E, so the
+    later of the pass's end and the reduction's is at least L + c O when O = R and E + R - O >=
+    L + R - (1 - c) O > L + c R otherwise: at least c R past L, whatever the buckets' release
+    times, the traffic queued before them on the stream or the other collectives beside."""
     last, total = _reduction(x, prank, stage, shape)
-    past = max(last, total - longest) if x.options.overlap_grad_reduce else total
+    if x.options.overlap_grad_reduce:
+        past = max(last, x.costs.eff.overlap_contention * total, total - longest)
+    else:
+        past = total
     return max(0.0, past - x.posts[stage] * x.post)
 
 
