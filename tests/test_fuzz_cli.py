@@ -510,7 +510,12 @@ def _children(pid: int) -> list[int]:
 def test_sigint_during_validate_workers_exits_130_and_leaves_no_process(tmp_path: Path) -> None:
     rows = (DATA / "published.csv").read_text().splitlines()
     (tmp_path / "many.csv").write_text("\n".join([rows[0], *rows[1:] * 4]) + "\n")  # seconds of work
-    code = "from simpar.cli.main import main; main()"
+    # Ctrl-C as Python takes it by default, even where this suite runs with SIGINT ignored (a
+    # background job's: Python then installs no handler, and the validation would run on)
+    code = (
+        "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+        "from simpar.cli.main import main; main()"
+    )
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(
         [sys.executable, "-c", code, "validate", str(tmp_path / "many.csv"), "--workers", "2"],
