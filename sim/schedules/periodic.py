@@ -39,6 +39,24 @@ def _shifted(acts: Sequence[Step], d: int) -> list[Step]:
     ]
 
 
+def _receives(sched: Schedule) -> list[tuple[int, int, int, int]]:
+    """Every pipeline receive of ``sched`` with its send: (receiving rank, position in its
+    actions, sending rank, position in its actions)."""
+    sent: dict[tuple[int | None, Kind, int | None], tuple[int, int]] = {}
+    for r, acts in enumerate(sched.ranks):
+        for i, a in enumerate(acts):
+            if a.kind is Kind.SEND_F:
+                sent[(sched.next_stage(a.stage), Kind.RECV_F, a.microbatch)] = (r, i)
+            elif a.kind is Kind.SEND_B:
+                sent[(sched.prev_stage(a.stage), Kind.RECV_B, a.microbatch)] = (r, i)
+    return [
+        (r, i, *sent[(a.stage, a.kind, a.microbatch)])
+        for r, acts in enumerate(sched.ranks)
+        for i, a in enumerate(acts)
+        if a.kind is Kind.RECV_F or a.kind is Kind.RECV_B
+    ]
+
+
 @dataclass(frozen=True)
 class Dependencies:
     """In rounds: ``span``, the furthest a receive in a round reaches back to its send in an
@@ -114,32 +132,21 @@ class Rounds:
 
     def _dependencies(self) -> Dependencies | None:
         k = 3
-        sched = self.expand(k)
-        sent: dict[tuple[int | None, Kind, int | None], int] = {}
-        for r, acts in enumerate(sched.ranks):
-            for i, a in enumerate(acts):
-                if a.kind is Kind.SEND_F:
-                    sent[(sched.next_stage(a.stage), Kind.RECV_F, a.microbatch)] = self.region(r, i, k)
-                elif a.kind is Kind.SEND_B:
-                    sent[(sched.prev_stage(a.stage), Kind.RECV_B, a.microbatch)] = self.region(r, i, k)
         span = first = tail = 0
-        for r, acts in enumerate(sched.ranks):
-            for i, a in enumerate(acts):
-                if a.kind is not Kind.RECV_F and a.kind is not Kind.RECV_B:
-                    continue
-                here, there = self.region(r, i, k), sent[(a.stage, a.kind, a.microbatch)]
-                if here == 0:
-                    if there != 0:
-                        return None
-                elif here <= k:
-                    if there > here:
-                        return None
-                    if there == 0:
-                        first = max(first, here)
-                    else:
-                        span = max(span, here - there)
-                elif there >= 1:
-                    tail = max(tail, here - there)
+        for r, i, s, j in _receives(self.expand(k)):
+            here, there = self.region(r, i, k), self.region(s, j, k)
+            if here == 0:
+                if there != 0:
+                    return None
+            elif here <= k:
+                if there > here:
+                    return None
+                if there == 0:
+                    first = max(first, here)
+                else:
+                    span = max(span, here - there)
+            elif there >= 1:
+                tail = max(tail, here - there)
         return Dependencies(span, first, tail)
 
     def tail_holds_stage_ends(self) -> bool:
@@ -205,20 +212,7 @@ def _causal_cuts(rounds: Rounds, lowest: Sequence[int]) -> tuple[int, ...] | Non
     then land out of phase, rank r's round taking a group of receives that rank r - 1's round
     sends one round later."""
     k = 3
-    sched = rounds.expand(k)
-    sent: dict[tuple[int | None, Kind, int | None], tuple[int, int]] = {}
-    for r, acts in enumerate(sched.ranks):
-        for i, a in enumerate(acts):
-            if a.kind is Kind.SEND_F:
-                sent[(sched.next_stage(a.stage), Kind.RECV_F, a.microbatch)] = (r, i)
-            elif a.kind is Kind.SEND_B:
-                sent[(sched.prev_stage(a.stage), Kind.RECV_B, a.microbatch)] = (r, i)
-    pairs = [
-        (r, i, *sent[(a.stage, a.kind, a.microbatch)])
-        for r, acts in enumerate(sched.ranks)
-        for i, a in enumerate(acts)
-        if a.kind is Kind.RECV_F or a.kind is Kind.RECV_B
-    ]
+    pairs = _receives(rounds.expand(k))
     cut, n = list(rounds.cut), rounds.length
 
     def region(r: int, pos: int) -> int:
