@@ -144,7 +144,7 @@ SPEC_V = ScheduleSpec(
     lambda pp, v, m, c: dualpipe_v(pp, m),
     stages=2,
     placement="v",
-    fill=lambda c: c.period + (c.ranks - 1) * _pair_bubble(c),  # PP = 2 pr stages of one chunk each
+    fill=lambda c: c.period + (c.ranks - 1) * _pair_bubble(c) + c.transfers,  # PP = 2 pr stages of one chunk each
     family="dualpipe",
     overlapped_pairs=True,
     rounds="single",
@@ -157,7 +157,7 @@ SPEC = ScheduleSpec(
     stages=2,
     placement="v",
     pipelines=2,
-    fill=lambda c: c.period + (c.ranks / 2 - 1) * _pair_bubble(c),  # PP = pr stages per pipeline
+    fill=lambda c: c.period + (c.ranks / 2 - 1) * _pair_bubble(c) + c.transfers,  # PP = pr stages per pipeline
     family="dualpipe",
     overlapped_pairs=True,
     refuse=_rules,

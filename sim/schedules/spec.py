@@ -22,8 +22,9 @@ The traits:
 - ``rounds``: how the generator is closed-form in the microbatch count (`periodic`): ``single``
   (one more microbatch adds one steady-state round), ``grouped`` (a group of pp microbatches
   does), or None (not built of repeating rounds);
-- ``fill``: the quick estimate's fill and drain beyond (m - 1) periods of the busiest rank
-  (`FillCosts`), from the schedule's paper;
+- ``fill``: the quick estimate's fill and drain beyond (m - 1) periods of the busiest rank,
+  transfers included (`FillCosts`): the schedule paper's closed form where it describes the order
+  built, else the order's own timing (Chimera);
 - ``refuse``: the pp / microbatch-count rules its generator needs, as a `Refusal` (field, problem,
   fix); ``plan_rule``: those the framework that runs it adds for a training plan (Megatron-LM's
   interleaved schedule wants pp >= 2 and m >= pp, though the generator, as torch's, builds more);
@@ -58,8 +59,9 @@ class Refusal:
 
 @dataclass(frozen=True)
 class FillCosts:
-    """What a closed-form fill needs: the busiest rank's work per micro-batch (``period``), the
-    pipeline ranks, each stage's F, I and W seconds, and what an overlapped pair saves on average."""
+    """What a fill needs: the busiest rank's work per micro-batch (``period``), the pipeline ranks,
+    each stage's F, I and W seconds, what an overlapped pair saves on average, the micro-batches
+    each stage runs, and the seconds of one pipeline transfer (``hop``: its latency and posting)."""
 
     period: float
     ranks: int
@@ -67,12 +69,19 @@ class FillCosts:
     i: tuple[float, ...]
     w: tuple[float, ...]
     pair_saving: float = 0.0
+    microbatches: int = 1
+    hop: float = 0.0
 
     @property
     def means(self) -> tuple[float, float, float]:
         """One stage's (chunk's) F, I and W on average."""
         n = len(self.f)
         return sum(self.f) / n, sum(self.i) / n, sum(self.w) / n
+
+    @property
+    def transfers(self) -> float:
+        """The closed forms' transfers: one micro-batch's hops down the ranks and back."""
+        return 2 * (self.ranks - 1) * self.hop
 
 
 def no_rule(pp: int, vpp: int, m: int) -> Refusal | None:
@@ -88,14 +97,14 @@ def raise_refusal(refusal: Refusal | None) -> None:
 def whole_pipeline_fill(c: FillCosts) -> float:
     """GPipe and 1F1B: a micro-batch's whole pass through every stage fills and drains
     (Narayanan et al. 2021: bubble (p - 1)(T_F + T_B) over m T per stage)."""
-    return sum(c.f) + sum(c.i) + sum(c.w)
+    return sum(c.f) + sum(c.i) + sum(c.w) + c.transfers
 
 
 def chunk_fill(c: FillCosts) -> float:
     """Interleaved schedules: one chunk's forward and backward per hop (Narayanan et al. 2021 §2.2:
     the bubble shrinks by vpp)."""
     mf, mi, mw = c.means
-    return c.period + (c.ranks - 1) * (mf + mi + mw)
+    return c.period + (c.ranks - 1) * (mf + mi + mw) + c.transfers
 
 
 def zero_bubble_fill(weight_passes: float) -> Callable[[FillCosts], float]:
@@ -105,7 +114,7 @@ def zero_bubble_fill(weight_passes: float) -> Callable[[FillCosts], float]:
 
     def fill(c: FillCosts) -> float:
         mf, mi, mw = c.means
-        return c.period + (c.ranks - 1) * max(0.0, mf + mi - weight_passes * mw)
+        return c.period + (c.ranks - 1) * max(0.0, mf + mi - weight_passes * mw) + c.transfers
 
     return fill
 

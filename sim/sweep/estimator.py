@@ -11,9 +11,11 @@ network) and add the same data-parallel, ZeRO and optimizer terms the engine cha
   2 T_W) for ZB-H2 (Qi et al. 2024, §2; their B is our I), ZB-1p/2p/V likewise; DualPipe and
   DualPipe-V's (PP/2 - 1)(F&B + B - 3W) (DeepSeek-V3 report Table 2; F&B is F + B less what a
   pair saves on average over `pairs.rank_savings`, and a rank's work per micro-batch is less what its
-  pairs save over the iteration, `pairs.rank_savings`, over m) and Chimera's (D/2 - 1)(F + B)
-  (Li & Hoefler 2021 Table 2: D - 2 at F = B). With two pipelines (Chimera, DualPipe) each stage
-  runs m / 2 micro-batches, so the periods are m / 2 of the rank's two-chunk work;
+  pairs save over the iteration, `pairs.rank_savings`, over m); Chimera's order is timed itself
+  (its paper's (D/2 - 1)(F + B), Table 2's bubble at F = B, undercounts this order's bubble once B
+  differs from F: `schedules.chimera._fill`). Each fill holds one micro-batch's transfers down and back.
+  With two pipelines (Chimera, DualPipe) each stage runs m / 2 micro-batches, so the periods are
+  m / 2 of the rank's two-chunk work;
 - ``oracle`` (the best few hundred): the list scheduler of `schedules.analysis` times the very
   schedule the engine would run (zb-1p/2p built with the same costs), with each rank's ZeRO gathers
   and gradient buckets beside its passes as the engine books them (`beside`): a pass waits for its
@@ -59,11 +61,12 @@ def _fill(x: Inputs, period: float, pair_saving: float) -> float:
     ``period``: the busiest rank's work per micro-batch; ``pair_saving``: what an overlapped pair
     saves on average (0 without pairs)."""
     f, i, w = x.seconds
-    pr, c = len(x.ranks), x.p2p
+    pr = len(x.ranks)
     if pr == 1:
         return x.rank_work[0]
-    comm = 2 * (pr - 1) * (c + x.post)
-    return spec(x.plan.schedule).fill(FillCosts(period, pr, tuple(f), tuple(i), tuple(w), pair_saving)) + comm
+    m = x.plan.num_microbatches // x.plan.pipelines
+    fc = FillCosts(period, pr, tuple(f), tuple(i), tuple(w), pair_saving, m, x.p2p + x.post)
+    return spec(x.plan.schedule).fill(fc)
 
 
 def quick_estimate(x: Inputs) -> Estimate:
