@@ -115,7 +115,7 @@ def _fill(c: FillCosts) -> float:
     plus transfers, from the first unit on. So the order is timed with the plan's own stage costs
     for up to three units and extended by the third unit's increment: exact up to three units, and
     beyond within 0.5 % of timing it whole where stages differ by up to 15 %, 2.3 % at 40 %
-    (tests/test_schedule_fill.py)."""
+    (tests/test_quick_estimate.py)."""
     D, m = c.ranks, c.microbatches
     costs = StageCosts(c.f, c.i, c.w, (c.hop,))
     k = max(1, 2 * m // D)  # basic units of D micro-batches, D / 2 in each direction

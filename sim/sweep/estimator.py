@@ -82,9 +82,53 @@ def quick_estimate(x: Inputs) -> Estimate:
     return finish(x, rts, "quick")
 
 
+def _short(x: Inputs) -> bool:
+    """Whether the plan's pipeline is too short for the closed forms: the zero-bubble schedules'
+    fills count W passes that fill each rank's warm-up gap, which a pipeline of fewer than twice the
+    micro-batches it may hold in flight (pp; ZB-2p's memory limit, 2 pp) does not provide. On GPT-3
+    175B's exhaustive space the closed forms were below the engine there: with m < pp by 14-28 %
+    (ZB-1p, ZB-2p, ZB-V), with m < 2 pp by 8-17 %, and ZB-2p with m < 4 pp by 7-10 %."""
+    sp = spec(x.plan.schedule)
+    held = (sp.mem_factor or 1) * x.plan.pp
+    return sp.split_backward and not sp.overlapped_pairs and x.plan.num_microbatches < 2 * held
+
+
+def _timed(x: Inputs) -> list[RankTimes]:
+    """A short pipeline (`_short`) timed itself: the list scheduler on the order the engine would
+    build (ZB-1p/2p from the same stage costs), with the quick form's passes and transfers and no
+    streams beside them (few micro-batches: hundreds to a few thousand actions)."""
+    from ..cost.resolved import plan_stage_costs
+    from ..lowering.memo import built_schedule
+
+    sched = built_schedule(x.plan, costs=plan_stage_costs(x.model, x.plan, x.work, x.p2p, x.costs))
+    f, i, w = x.seconds
+    res = list_schedule(sched, StageCosts(tuple(f), tuple(i), tuple(w), (x.p2p + x.post,)))
+    return [_rank_times(x, acts, res.start[r], res.end[r], res.rank_start[r]) for r, acts in enumerate(sched.ranks)]
+
+
+def _rank_times(x: Inputs, acts, starts, ends, first: float, beside=None) -> RankTimes:
+    """One rank's `RankTimes` read off a list-scheduled order: each stage's last backward (and its
+    REDUCE_GRAD where lowered), what its overlapped pairs hide, and its end."""
+    lb: dict[int, tuple[float, float, float]] = {}
+    hidden = [0.0, 0.0, 0.0, 0.0]
+    for a, t0, t1 in zip(acts, starts, ends):
+        if isinstance(a, Pair):  # an overlapped pair: what it hides, and its backward's gradients
+            h = pair_effect(x, a.f.stage, a.b.stage, a.b.kind)[1]
+            hidden = [hidden[j] + h[j] for j in range(4)]
+            a = a.b
+        if a.kind in (Kind.B, Kind.W):
+            lb[a.stage] = (t0, t1 - t0, t1)
+        elif a.kind is Kind.REDUCE_GRAD:
+            lb[a.stage] = (*lb[a.stage][:2], t0)
+    hid = (hidden[0], hidden[1], hidden[2], hidden[3])
+    return RankTimes(first, ends[-1] if acts else 0.0, lb, hid, beside=beside)
+
+
 def _pipeline(x: Inputs, m: int) -> list[RankTimes]:
     """Each pipeline rank's times in the closed form of `quick_estimate` (``m``: micro-batches each
-    stage runs)."""
+    stage runs), or timed where the pipeline is short (`_short`)."""
+    if _short(x):
+        return _timed(x)
     p = x.plan
     f, i, w = x.seconds
     pr, c = len(x.ranks), x.p2p + x.post
@@ -167,18 +211,6 @@ def oracle_estimate(x: Inputs, schedule=None) -> Estimate:
     res = list_schedule(sched, scosts, beside)
     rts = []
     for r, acts in enumerate(sched.ranks):
-        lb: dict[int, tuple[float, float, float]] = {}
-        hidden = [0.0, 0.0, 0.0, 0.0]
-        for a, t0, t1 in zip(acts, res.start[r], res.end[r]):
-            if isinstance(a, Pair):  # an overlapped pair: what it hides, and its backward's gradients
-                h = pair_effect(x, a.f.stage, a.b.stage, a.b.kind)[1]
-                hidden = [hidden[j] + h[j] for j in range(4)]
-                a = a.b
-            if a.kind in (Kind.B, Kind.W):
-                lb[a.stage] = (t0, t1 - t0, t1)
-            elif a.kind is Kind.REDUCE_GRAD:
-                lb[a.stage] = (*lb[a.stage][:2], t0)
-        hid = (hidden[0], hidden[1], hidden[2], hidden[3])
         end = res.end[r][-1] if acts else 0.0
-        rts.append(RankTimes(res.rank_start[r], end, lb, hid, beside=beside.finish_rank(r, end)))
+        rts.append(_rank_times(x, acts, res.start[r], res.end[r], res.rank_start[r], beside.finish_rank(r, end)))
     return finish(x, rts, "oracle")
