@@ -32,7 +32,7 @@ from .analysis import list_schedule
 from .common import check_sizes
 from .costs import StageCosts
 from .ir import Action, B, F, Schedule, v_placement
-from .spec import FillCosts, Refusal, ScheduleSpec, raise_refusal
+from .spec import FillCosts, Refusal, ScheduleSpec, raise_refusal, timed_below
 
 
 def _greedy(D: int, half: int, cap: list[int] | None) -> tuple[list[list[Action]], list[int]]:
@@ -134,6 +134,7 @@ SPEC = ScheduleSpec(
     placement="v",
     pipelines=2,
     fill=_fill,
+    timed=timed_below(4),  # up to three basic units its fill times whole anyway: read the ranks off it
     family="chimera",
     refuse=_rules,
 )

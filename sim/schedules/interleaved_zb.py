@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from .common import check_sizes
 from .ir import Action, Kind, Schedule, looped_placement
-from .spec import Refusal, ScheduleSpec, raise_refusal, zero_bubble_fill
+from .spec import Refusal, ScheduleSpec, raise_refusal, timed_below, zero_bubble_fill
 
 
 def interleaved_zb(pp: int, vpp: int, num_microbatches: int) -> Schedule:
@@ -74,6 +74,7 @@ SPEC = ScheduleSpec(
     lambda pp, v, m, c: interleaved_zb(pp, v, m),
     stages=None,
     fill=zero_bubble_fill(1.0),
+    timed=timed_below(2),
     family="zero bubble",
     split_backward=True,
     rounds="grouped",

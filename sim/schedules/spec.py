@@ -25,6 +25,8 @@ The traits:
 - ``fill``: the quick estimate's fill and drain beyond (m - 1) periods of the busiest rank,
   transfers included (`FillCosts`): the schedule paper's closed form where it describes the order
   built, else the order's own timing (Chimera);
+- ``timed``: at which (pp, m) the quick estimate times the order itself, where it is too short
+  for the fill to describe (`timed_below`);
 - ``refuse``: the pp / microbatch-count rules its generator needs, as a `Refusal` (field, problem,
   fix); ``plan_rule``: those the framework that runs it adds for a training plan (Megatron-LM's
   interleaved schedule wants pp >= 2 and m >= pp, though the generator, as torch's, builds more);
@@ -107,6 +109,23 @@ def chunk_fill(c: FillCosts) -> float:
     return c.period + (c.ranks - 1) * (mf + mi + mw) + c.transfers
 
 
+def never_timed(pp: int, m: int) -> bool:
+    return False
+
+
+def timed_below(groups: int) -> Callable[[int, int], bool]:
+    """A ``timed`` rule: the order is timed itself below ``groups`` x pp micro-batches. The
+    zero-bubble fills count W passes filling each rank's warm-up gap, which a pipeline holding
+    fewer than twice the micro-batches it may keep in flight (pp; ZB-2p's memory limit, 2 pp) does
+    not provide: with m < pp the closed forms were 14-28 % below the engine for ZB-1p, ZB-2p and
+    ZB-V on GPT-3 175B's exhaustive space, with m < 2 pp 8-17 %, and ZB-2p with m < 4 pp 7-10 %."""
+
+    def short(pp: int, m: int) -> bool:
+        return m < groups * pp
+
+    return short
+
+
 def zero_bubble_fill(weight_passes: float) -> Callable[[FillCosts], float]:
     """Zero-bubble family: ``weight_passes`` W passes fill each rank's warm-up gap: ZB-H1
     (p - 1)(T_F + T_B - T_W), ZB-H2 and ZB-V (p - 1)(T_F + T_B - 2 T_W) with per-chunk times (Qi et
@@ -128,6 +147,7 @@ class ScheduleSpec:
     stages: int | None
     fill: Callable[[FillCosts], float]
     family: str
+    timed: Callable[[int, int], bool] = never_timed
     min_vpp: int = 1
     placement: Literal["looped", "v"] = "looped"
     pipelines: int = 1

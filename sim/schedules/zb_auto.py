@@ -55,7 +55,7 @@ from ..errors import ScheduleError
 from .common import check_sizes
 from .costs import StageCosts
 from .ir import Action, Kind, Schedule, looped_placement
-from .spec import ScheduleSpec, zero_bubble_fill
+from .spec import ScheduleSpec, timed_below, zero_bubble_fill
 
 _F, _I, _W = 0, 1, 2
 _KINDS = (Kind.F, Kind.I, Kind.W)
@@ -454,6 +454,7 @@ def _spec(k: int) -> ScheduleSpec:
         build,
         stages=1,
         fill=zero_bubble_fill(float(k)),
+        timed=timed_below(2 * k),
         family="zero bubble",
         split_backward=True,
         mem_factor=k,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from .common import check_sizes
 from .ir import F, I, Schedule, W, looped_placement
-from .spec import ScheduleSpec, zero_bubble_fill
+from .spec import ScheduleSpec, timed_below, zero_bubble_fill
 
 
 def zb_h1(pp: int, num_microbatches: int) -> Schedule:
@@ -41,6 +41,7 @@ SPEC = ScheduleSpec(
     lambda pp, v, m, c: zb_h1(pp, m),
     stages=1,
     fill=zero_bubble_fill(1.0),
+    timed=timed_below(2),
     family="zero bubble",
     split_backward=True,
     rounds="single",

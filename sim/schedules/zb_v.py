@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from .common import check_sizes
 from .ir import Action, F, I, Schedule, W, v_placement
-from .spec import ScheduleSpec, zero_bubble_fill
+from .spec import ScheduleSpec, timed_below, zero_bubble_fill
 
 
 def _rank_order(r: int, pp: int, n: int) -> list[Action]:
@@ -68,6 +68,7 @@ SPEC = ScheduleSpec(
     stages=2,
     placement="v",
     fill=zero_bubble_fill(2.0),
+    timed=timed_below(2),
     family="zero bubble",
     split_backward=True,
     rounds="single",

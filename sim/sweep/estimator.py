@@ -15,7 +15,10 @@ network) and add the same data-parallel, ZeRO and optimizer terms the engine cha
   (its paper's (D/2 - 1)(F + B), Table 2's bubble at F = B, undercounts this order's bubble once B
   differs from F: `schedules.chimera._fill`). Each fill holds one micro-batch's transfers down and back.
   With two pipelines (Chimera, DualPipe) each stage runs m / 2 micro-batches, so the periods are
-  m / 2 of the rank's two-chunk work;
+  m / 2 of the rank's two-chunk work. A pipeline too short for its fill (`ScheduleSpec.timed`: the
+  zero-bubble family below twice the micro-batches it may hold in flight, Chimera up to three basic
+  units) is timed itself by the list scheduler, on the order the engine builds, without what runs
+  beside its passes (`_timed`);
 - ``oracle`` (the best few hundred): the list scheduler of `schedules.analysis` times the very
   schedule the engine would run (zb-1p/2p built with the same costs), with each rank's ZeRO gathers
   and gradient buckets beside its passes as the engine books them (`beside`): a pass waits for its
@@ -82,21 +85,11 @@ def quick_estimate(x: Inputs) -> Estimate:
     return finish(x, rts, "quick")
 
 
-def _short(x: Inputs) -> bool:
-    """Whether the plan's pipeline is too short for the closed forms: the zero-bubble schedules'
-    fills count W passes that fill each rank's warm-up gap, which a pipeline of fewer than twice the
-    micro-batches it may hold in flight (pp; ZB-2p's memory limit, 2 pp) does not provide. On GPT-3
-    175B's exhaustive space the closed forms were below the engine there: with m < pp by 14-28 %
-    (ZB-1p, ZB-2p, ZB-V), with m < 2 pp by 8-17 %, and ZB-2p with m < 4 pp by 7-10 %."""
-    sp = spec(x.plan.schedule)
-    held = (sp.mem_factor or 1) * x.plan.pp
-    return sp.split_backward and not sp.overlapped_pairs and x.plan.num_microbatches < 2 * held
-
-
 def _timed(x: Inputs) -> list[RankTimes]:
-    """A short pipeline (`_short`) timed itself: the list scheduler on the order the engine would
-    build (ZB-1p/2p from the same stage costs), with the quick form's passes and transfers and no
-    streams beside them (few micro-batches: hundreds to a few thousand actions)."""
+    """A pipeline too short for its fill (its spec's ``timed``) timed itself: the list scheduler
+    on the order the engine would build (ZB-1p/2p from the same stage costs), with the quick form's
+    passes and transfers and no streams beside them (few micro-batches: hundreds to a few thousand
+    actions)."""
     from ..cost.resolved import plan_stage_costs
     from ..lowering.memo import built_schedule
 
@@ -126,8 +119,8 @@ def _rank_times(x: Inputs, acts, starts, ends, first: float, beside=None) -> Ran
 
 def _pipeline(x: Inputs, m: int) -> list[RankTimes]:
     """Each pipeline rank's times in the closed form of `quick_estimate` (``m``: micro-batches each
-    stage runs), or timed where the pipeline is short (`_short`)."""
-    if _short(x):
+    stage runs), or timed where the pipeline is too short for the fill (its spec's ``timed``)."""
+    if spec(x.plan.schedule).timed(x.plan.pp, x.plan.num_microbatches):
         return _timed(x)
     p = x.plan
     f, i, w = x.seconds
