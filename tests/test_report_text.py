@@ -185,3 +185,26 @@ def test_report_why_writes_nothing(swept):
     assert _snapshot(swept) == before  # same files, same bytes, same modification times
     res = runner.invoke(cli, ["report", str(swept)])  # without --why the report is rebuilt
     assert res.exit_code == 0 and _snapshot(swept) != before
+
+
+def test_the_estimates_section_reads_the_sweeps_own_simulated_rows():
+    """The golden sweep's simulated rows keep their quick estimate: the section's per-schedule
+    median, lowest and highest are those rows' (quick - engine) / engine, and a sweep that
+    simulated every fitting plan (none estimated) has no such section."""
+    from statistics import median
+
+    from simpar.sim.sweep.report_estimates import estimate_parts
+
+    rows = _golden()
+    parts = estimate_parts(rows)
+    assert parts and parts[0].text == "How far the estimates are from the engine"
+    sims = [r for r in rows if r["status"] == "simulated"]
+    table = {row[0]: row[1:] for row in parts[2].rows}
+    assert set(table) == {r["schedule"] for r in sims}
+    for name, (n, med, low, high) in table.items():
+        errs = [float(r["quick_time_s"]) / float(r["iter_time_s"]) - 1 for r in sims if r["schedule"] == name]
+        assert int(n.replace(",", "")) == len(errs)
+        assert [med, low, high] == [f"{v * 100:+.1f} %" for v in (median(errs), min(errs), max(errs))]
+    n_est = sum(r["status"] == "estimated" for r in rows)
+    assert f"The {n_est:,} rows the engine did not run" in parts[1].text
+    assert estimate_parts([r for r in rows if r["status"] != "estimated"]) == []

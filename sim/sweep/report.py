@@ -1,9 +1,10 @@
-"""A sweep's report: report.md (inputs, counts, what the bounded search proves, the sweep's own
-speed per phase and what it means for sizing a cluster, the best plans, why the best wins, its
-timeline, throughput against memory, why configurations were dropped, the command that regenerates
-it), report.html (the same blocks, `report_parts`, as one interactive page) and pareto.png.
-Rebuilt from results.csv and sweep.json alone (`simpar report DIR`). Every file is replaced
-atomically (an interrupt leaves the old file or the new one, never half of one)."""
+"""A sweep's report: report.md (inputs, counts, what the bounded search proves, how far its
+estimates were from the engine, the sweep's own speed per phase and what it means for sizing a
+cluster, the best plans, why the best wins, its timeline, throughput against memory, why
+configurations were dropped, the command that regenerates it), report.html (the same blocks,
+`report_parts`, as one interactive page) and pareto.png. Rebuilt from results.csv and sweep.json
+alone (`simpar report DIR`). Every file is replaced atomically (an interrupt leaves the old file
+or the new one, never half of one)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from .explain import SOURCES, explain, seconds
 from .manifest import PHASES
 from .plans import PLAN_DIR, plan_dir_name
 from .report_energy import joules_per_token, pareto_parts
+from .report_estimates import estimate_parts
 from .report_html import REPORT_HTML, Part, to_markdown, write_html
 from .rows import plan_cell, ranked
 from .space import CP_MIN_TOKENS, Config
@@ -459,6 +461,7 @@ def report_parts(out: Path, rows: list[dict], manifest: dict, top: int = 10, tim
         parts += [Part("h2", "What the search proves"), Part("p", bound_line(manifest["bound"]))]
     if manifest.get("budget"):
         parts.append(Part("p", budget_line(manifest["budget"])))
+    parts += estimate_parts(rows)
     parts += throughput_parts(manifest.get("throughput") or {})
     if best:
         parts += [Part("h2", "Best plans"), _table_part(*top_table(rows, top)), *band_parts(rows, ident, top)]
