@@ -108,10 +108,11 @@ def test_short_zero_bubble_pipelines_are_timed(gpus, gbs, case):
 
 @pytest.mark.parametrize("gbs", [16, 128])
 def test_every_schedule_quick_estimate_is_near_the_engine(tmp_path, gbs):
-    """Every plan of a small space through the engine (GPT 7.5B on 16 A100, ZeRO-1, micro-batch counts from pp / 2 to
-    32 pp): per schedule, the quick estimate within 5 % of the engine at the median (DualPipe-V's is 4.4 %
-    above it at 16 sequences) and 10 % at worst (Chimera's paper fill was 17 % below it at 128 sequences, the
-    zero-bubble closed forms 11-15 % at 16), and the lower bound at or below it on every plan."""
+    """Every plan of a small space through the engine (GPT 7.5B on 16 A100, ZeRO-1, micro-batch
+    counts from pp / 2 to 32 pp): per schedule, the quick estimate within 3 % of the engine at the
+    median and 10 % at worst (Chimera's paper fill was 17 % below it at 128 sequences, the
+    zero-bubble closed forms 11-15 % at 16, DualPipe-V's 4.4 % above it at the median there), and
+    the lower bound at or below it on every plan."""
     space = SearchSpace(zero=(1,), recompute=("none", "full"), mbs=(1, 2), sequence_parallel=(True,))
     setup = SweepSetup(load_model("gpt-7.5b"), load_cluster("dgx-a100-80g", gpus=16), 16, gbs, space)
     res = run_sweep(setup, tmp_path, SweepOptions(workers=1, exhaustive=True))
@@ -123,5 +124,5 @@ def test_every_schedule_quick_estimate_is_near_the_engine(tmp_path, gbs):
             assert float(r["lower_bound_s"]) <= engine * (1 + 1e-12), r["id"]
     assert len(errors) >= 12  # every schedule but looped-bfs and envpipe competes
     for name, errs in errors.items():
-        assert statistics.median(errs) <= 0.05, name
+        assert statistics.median(errs) <= 0.03, name
         assert max(errs) <= 0.10, name

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from .common import check_sizes
 from .ir import Action, B, F, I, Pair, Schedule, Step, W, v_placement
-from .spec import FillCosts, Refusal, ScheduleSpec, raise_refusal
+from .spec import FillCosts, Refusal, ScheduleSpec, raise_refusal, timed_below
 
 
 def half_rank_order(n: int, h: int, c: int, s0: int, s1: int) -> list[Step]:
@@ -146,6 +146,7 @@ SPEC_V = ScheduleSpec(
     placement="v",
     fill=lambda c: c.period + (c.ranks - 1) * _pair_bubble(c) + c.transfers,  # PP = 2 pr stages of one chunk each
     family="dualpipe",
+    timed=timed_below(4),
     overlapped_pairs=True,
     rounds="single",
     refuse=_rules_v,
@@ -159,6 +160,7 @@ SPEC = ScheduleSpec(
     pipelines=2,
     fill=lambda c: c.period + (c.ranks / 2 - 1) * _pair_bubble(c) + c.transfers,  # PP = pr stages per pipeline
     family="dualpipe",
+    timed=timed_below(4),
     overlapped_pairs=True,
     refuse=_rules,
 )

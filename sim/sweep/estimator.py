@@ -94,8 +94,19 @@ def _timed(x: Inputs) -> list[RankTimes]:
     from ..lowering.memo import built_schedule
 
     sched = built_schedule(x.plan, costs=plan_stage_costs(x.model, x.plan, x.work, x.p2p, x.costs))
-    f, i, w = x.seconds
-    res = list_schedule(sched, StageCosts(tuple(f), tuple(i), tuple(w), (x.p2p + x.post,)))
+    f, i, w = x.seconds  # the backward's recompute inside its I (or B): the order is not lowered
+    exposed = [(sum(x.parts(s, "F")[2:]), sum(x.parts(s, "B")[2:])) for s in x.work]
+    costs = StageCosts(
+        tuple(f),
+        tuple(i),
+        tuple(w),
+        (x.p2p + x.post,),
+        t_b=tuple(x.dur(s, "B") + x.dur(s, "R") for s in x.work),
+        x_f=tuple(e[0] for e in exposed),
+        x_b=tuple(e[1] for e in exposed),
+        contention=x.costs.eff.overlap_contention,
+    )
+    res = list_schedule(sched, costs)
     return [_rank_times(x, acts, res.start[r], res.end[r], res.rank_start[r]) for r, acts in enumerate(sched.ranks)]
 
 
