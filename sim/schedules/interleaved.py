@@ -22,7 +22,7 @@ from __future__ import annotations
 from ..errors import ScheduleError
 from .common import check_sizes
 from .ir import B, F, Schedule, looped_placement
-from .spec import Refusal, ScheduleSpec, chunk_fill
+from .spec import Refusal, ScheduleSpec, chunk_fill, timed_below
 
 
 def microbatch_groups(num_microbatches: int, group: int) -> list[range]:
@@ -93,6 +93,7 @@ SPEC = ScheduleSpec(
     min_vpp=2,
     fill=chunk_fill,
     family="1f1b family",
+    timed=timed_below(2),
     rounds="grouped",
     plan_rule=_rules,
     moe_a2a_overlap=True,

@@ -114,11 +114,16 @@ def never_timed(pp: int, m: int) -> bool:
 
 
 def timed_below(groups: int) -> Callable[[int, int], bool]:
-    """A ``timed`` rule: the order is timed itself below ``groups`` x pp micro-batches. The
-    zero-bubble fills count W passes filling each rank's warm-up gap, which a pipeline holding
-    fewer than twice the micro-batches it may keep in flight (pp; ZB-2p's memory limit, 2 pp) does
-    not provide: with m < pp the closed forms were 14-28 % below the engine for ZB-1p, ZB-2p and
-    ZB-V on GPT-3 175B's exhaustive space, with m < 2 pp 8-17 %, and ZB-2p with m < 4 pp 7-10 %."""
+    """A ``timed`` rule: the order is timed itself below ``groups`` x pp micro-batches, where the
+    fill's steady state has not set in. Measured against the engine on GPT-3 175B's and Llama 3
+    70B's exhaustive spaces (benchmarks/estimate_audit.py), the closed forms were off there: the
+    zero-bubble family's fills count W passes filling each rank's warm-up gap, which a pipeline
+    holding fewer than twice the micro-batches it may keep in flight (pp; ZB-2p's limit, 2 pp) does
+    not provide (with m < pp 14-28 % below the engine for ZB-1p, ZB-2p and ZB-V, with m < 2 pp
+    8-17 %, ZB-2p with m < 4 pp 7-10 %); interleaved 1F1B with m < 2 pp 2.5 % below at the median;
+    DualPipe(-V) with m < 4 pp 1.6-5.9 % above. Each timed plan costs a list schedule of its order
+    (milliseconds), so the rules stop where the closed forms hold: timing interleaved 1F1B up to
+    4 pp made the GPT-3 sweep's screen 35-45 % slower."""
 
     def short(pp: int, m: int) -> bool:
         return m < groups * pp
