@@ -93,7 +93,8 @@ def _timed(x: Inputs) -> list[RankTimes]:
     from ..cost.resolved import plan_stage_costs
     from ..lowering.memo import built_schedule
 
-    sched = built_schedule(x.plan, costs=plan_stage_costs(x.model, x.plan, x.work, x.p2p, x.costs))
+    steer = plan_stage_costs(x.model, x.plan, x.work, x.p2p, x.costs) if spec(x.plan.schedule).cost_steered else None
+    sched = built_schedule(x.plan, costs=steer)
     f, i, w = x.seconds  # the backward's recompute inside its I (or B): the order is not lowered
     exposed = [(sum(x.parts(s, "F")[2:]), sum(x.parts(s, "B")[2:])) for s in x.work]
     costs = StageCosts(
