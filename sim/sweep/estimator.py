@@ -17,8 +17,9 @@ network) and add the same data-parallel, ZeRO and optimizer terms the engine cha
   With two pipelines (Chimera, DualPipe) each stage runs m / 2 micro-batches, so the periods are
   m / 2 of the rank's two-chunk work. A pipeline too short for its fill (`ScheduleSpec.timed`: the
   zero-bubble family below twice the micro-batches it may hold in flight, Chimera up to three basic
-  units) is timed itself by the list scheduler, on the order the engine builds, without what runs
-  beside its passes (`_timed`);
+  units, DualPipe(-V) below 4 pp, interleaved 1F1B below 2 pp: each spec's ``timed`` rule) is timed
+  itself by the list scheduler, on the order the engine builds, without what runs beside its
+  passes (`_timed`);
 - ``oracle`` (the best few hundred): the list scheduler of `schedules.analysis` times the very
   schedule the engine would run (zb-1p/2p built with the same costs), with each rank's ZeRO gathers
   and gradient buckets beside its passes as the engine books them (`beside`): a pass waits for its
@@ -95,20 +96,31 @@ def _timed(x: Inputs) -> list[RankTimes]:
 
     steer = plan_stage_costs(x.model, x.plan, x.work, x.p2p, x.costs) if spec(x.plan.schedule).cost_steered else None
     sched = built_schedule(x.plan, costs=steer)
-    f, i, w = x.seconds  # the backward's recompute inside its I (or B): the order is not lowered
+    res = list_schedule(sched, _pass_costs(x, lowered=False))
+    return [_rank_times(x, acts, res.start[r], res.end[r], res.rank_start[r]) for r, acts in enumerate(sched.ranks)]
+
+
+def _pass_costs(x: Inputs, lowered: bool) -> StageCosts:
+    """The passes' seconds as the list scheduler takes them, with each pass's exposed communication
+    and the overlap contention (what an overlapped pair costs). ``lowered``: for a lowered
+    schedule, whose R actions hold the recompute and whose sends and receives are posted; else
+    for the compute-only order, the recompute inside its I (or B) and the posting in the transfer."""
+    f, i_r, w = x.seconds
+    i = tuple(x.dur(s, "I") for s in x.work) if lowered else tuple(i_r)
+    rc = tuple(x.dur(s, "R") for s in x.work)
     exposed = [(sum(x.parts(s, "F")[2:]), sum(x.parts(s, "B")[2:])) for s in x.work]
-    costs = StageCosts(
+    return StageCosts(
         tuple(f),
-        tuple(i),
+        i,
         tuple(w),
-        (x.p2p + x.post,),
-        t_b=tuple(x.dur(s, "B") + x.dur(s, "R") for s in x.work),
+        (x.p2p if lowered else x.p2p + x.post,),
+        t_r=rc if lowered else None,
+        t_post=x.post if lowered else 0.0,
+        t_b=tuple(x.dur(s, "B") + (0.0 if lowered else r) for s, r in zip(x.work, rc)),
         x_f=tuple(e[0] for e in exposed),
         x_b=tuple(e[1] for e in exposed),
         contention=x.costs.eff.overlap_contention,
     )
-    res = list_schedule(sched, costs)
-    return [_rank_times(x, acts, res.start[r], res.end[r], res.rank_start[r]) for r, acts in enumerate(sched.ranks)]
 
 
 def _rank_times(x: Inputs, acts, starts, ends, first: float, beside=None) -> RankTimes:
@@ -196,22 +208,7 @@ def oracle_estimate(x: Inputs, schedule=None) -> Estimate:
     sched = schedule or lowered_schedule(x.plan, costs=scosts)
     if not sched.lowered:
         sched = lower(sched, x.plan)
-    f, _, w = x.seconds
-    i = tuple(x.dur(s, "I") for s in x.work)  # the lowered schedule's R actions hold the recompute
-    rc = tuple(x.dur(s, "R") for s in x.work)
-    exposed = [(sum(x.parts(s, "F")[2:]), sum(x.parts(s, "B")[2:])) for s in x.work]
-    scosts = StageCosts(
-        tuple(f),
-        i,
-        tuple(w),
-        (x.p2p,),
-        t_r=rc,
-        t_post=x.post,
-        t_b=tuple(x.dur(s, "B") for s in x.work),
-        x_f=tuple(e[0] for e in exposed),
-        x_b=tuple(e[1] for e in exposed),
-        contention=x.costs.eff.overlap_contention,
-    )
+    scosts = _pass_costs(x, lowered=True)
     beside = Beside(x, sched)
     res = list_schedule(sched, scosts, beside)
     rts = []
