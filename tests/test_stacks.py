@@ -132,6 +132,39 @@ def test_cast_bytes_follow_the_stacks_kernels() -> None:
     assert cast_bytes(ParallelPlan(), "mlp", shapes) == (0.0, 0.0)
 
 
+def test_a_gpu_taking_any_fp8_layout_gets_one_quantised_copy_where_the_stack_writes_one() -> None:
+    """Per-tensor fp8 on Blackwell (GPUSpec.fp8_any_layout): Transformer Engine writes no transpose,
+    so delayed scaling moves 2 + 1 B per element (a fused input 1 B), current scaling 2 + 2 + 1;
+    block-scaled recipes and torchao write what they write on every GPU."""
+    shapes = [(1000.0, 300.0, 200.0)]
+    mc = ParallelPlan(precision="fp8", dp=2, global_batch_size=8)
+    fused = cast_bytes(mc, "mlp", shapes, 1, any_layout=True)
+    assert fused == (1000 * 200 * 1.0 + 200 * 300 * 3.0 / 4, 1000 * 300 * 3.0)
+    assert cast_bytes(mc, "mlp", shapes, any_layout=True) == (1000 * 200 * 3.0 + 200 * 300 * 3.0 / 4, 1000 * 300 * 3.0)
+    cs = mc.model_copy(update={"fp8_recipe": "tensorwise"})
+    assert cast_bytes(cs, "mlp", shapes, any_layout=True) == (1000 * 200 * 5.0 + 200 * 300 * 5.0 / 4, 1000 * 300 * 5.0)
+    mx = mc.model_copy(update={"fp8_recipe": "mxfp8"})
+    assert cast_bytes(mx, "mlp", shapes, any_layout=True) == cast_bytes(mx, "mlp", shapes)
+    tt = ParallelPlan(precision="fp8", stack="torchtitan", dp=2, global_batch_size=8)
+    assert cast_bytes(tt, "mlp", shapes, any_layout=True) == cast_bytes(tt, "mlp", shapes)
+    # the GPU presets say which parts take any layout (sm100 / sm103, not Hopper)
+    assert [load_gpu(g).fp8_any_layout for g in ("b200", "b300", "gb300", "h100-sxm", "h200", "a100-80g")] == [
+        True,
+        True,
+        True,
+        False,
+        False,
+        False,
+    ]
+    # and a Blackwell forward is faster than the same GPU taking TN only by exactly those bytes
+    m = load_model("llama3-8b")
+    plan = ParallelPlan(precision="fp8", dp=8, global_batch_size=8)
+    b200 = load_gpu("b200")
+    tn_only = b200.model_copy(update={"fp8_any_layout": False})
+    one, two = CostModel.for_gpu(b200).layer_times(m, plan), CostModel.for_gpu(tn_only).layer_times(m, plan)
+    assert one.f < two.f and one.i < two.i and one.w == two.w
+
+
 def test_fp8_speed_follows_the_recipe_and_the_stacks_fusion() -> None:
     """fp8's gain on a small model is eaten by its cast traffic as the recipe and stack make it:
     fused delayed (Megatron-Core) < unfused tensorwise (torchtitan) < unfused rowwise < bf16, at 8,192
@@ -443,6 +476,37 @@ def test_bad_cast_and_eager_traffic_in_a_stack_file_are_refused_naming_the_field
     bad.write_text(text.replace(old, new))
     with pytest.raises(SimparError, match=needle):
         load_stack(str(bad))
+
+
+_ONE = "one_layout: {act_B: 3, act_fused_B: 1, weight_B: 3}"
+
+
+@pytest.mark.parametrize(
+    ("new", "needle"),
+    [
+        ("one_layout: {act_B: 5, act_fused_B: 1, weight_B: 3}", "moves more bytes"),
+        ("one_layout: {act_B: 3, act_fused_B: 1, weight_B: 4.5}", "moves more bytes"),
+        ("one_layout: {act_B: 3, weight_B: 3}", "act_fused_B exactly where"),
+        ("one_layout: {act_B: -3, act_fused_B: 1, weight_B: 3}", "act_B"),
+        ("one_layout: {act_B: .nan, act_fused_B: 1, weight_B: 3}", "act_B"),
+        ("one_layout: {act_B: '3', act_fused_B: 1, weight_B: 3}", "act_B"),
+        ("one_layout: {act_B: 3, act_fused_B: 1, weight_B: 3, y: 1}", "y"),
+        ("one_layout: 3", "one_layout"),
+        ("one_layout: {act_B: 3, act_fused_B: 1, weight_B: 3, one_layout: {act_B: 2, weight_B: 2}}", "one_layout"),
+    ],
+)
+def test_a_bad_one_layout_cast_is_refused_naming_the_field(tmp_path: Path, new: str, needle: str) -> None:
+    text = (Path(__file__).parents[1] / "topologies/stacks/megatron-core.yaml").read_text()
+    assert _ONE in text
+    bad = tmp_path / "s.yaml"
+    bad.write_text(text.replace(_ONE, new, 1))
+    with pytest.raises(SimparError, match=needle):
+        load_stack(str(bad))
+    res = CliRunner().invoke(
+        cli,
+        ["simulate", "--model", "llama3-8b", "--cluster", "dgx-b200", "--gpus", "8", "--gbs", "8", "--stack", str(bad)],
+    )
+    assert res.exit_code == 2 and "Traceback" not in res.output and len(res.output.strip().splitlines()) == 1
 
 
 def test_hf_deepspeed_prices_hf_model_code_op_by_op_and_deepspeeds_zero2_states() -> None:

@@ -337,7 +337,7 @@ class CostModel:
         recipe = recipe_of(plan)
         scale = recipe.gemm_scale if recipe is not None and dtype == recipe.dtype else 1.0
         f, i, w = self.gemm_times(shapes, dtype, groups, scale)
-        cast_f, cast_b = cast_bytes(plan, group, shapes, fused_inputs)
+        cast_f, cast_b = cast_bytes(plan, group, shapes, fused_inputs, self.gpu.fp8_any_layout)
         if cast_f:
             f += self.memory_time(groups * cast_f)
         if cast_b:

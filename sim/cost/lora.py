@@ -29,7 +29,8 @@ modules ``lora_modules`` of every transformer layer, Megatron-Bridge's ``target_
   (``fp8_model_init``; NeMo's ``fp8_params``, as MLPerf's Llama 2 70B LoRA runs it) keep the base
   linear weights in fp8 only, one byte per parameter (the per-tensor scale aside), which the fp8
   GEMMs read as they are: no 16-bit copy, no cached fp8 copy beside it (`memory`), no
-  dequantisation. The embedding, norms and output head stay in 16 bits.
+  dequantisation and no cast to fp8 before a GEMM (`precision.fp8_base_weights`). The embedding,
+  norms and output head stay in 16 bits.
 - **Activations** are kept as in full training: an adapted linear keeps its input for dA, and the
   r-wide intermediates (tokens x r per adapter) are not counted.
 
@@ -100,11 +101,6 @@ def base_linear_params_per_layer(m: ModelSpec, plan: ParallelPlan) -> float:
 def adapter_params(m: ModelSpec, plan: ParallelPlan, layers: int) -> float:
     """Adapter parameters one GPU holds for ``layers`` transformer layers."""
     return layers * adapter_params_per_layer(m, plan)
-
-
-def fp8_base(plan: ParallelPlan) -> bool:
-    """The frozen base's linear weights are kept in fp8 only (module docstring)."""
-    return active(plan) and plan.lora_base_bits == 8
 
 
 def frozen_weight_bytes(m: ModelSpec, plan: ParallelPlan, base_params: float, layers: int) -> float:

@@ -40,6 +40,7 @@ from .alive import plan_profile, unit_costs
 from .offload import host_state_bytes, offloads
 from .optimizers import optimizer_facts
 from .params import rank_expert_params, rank_params
+from .precision import fp8_base_weights
 from .states import MemoryConventions, stack_conventions, stack_state_bytes
 
 
@@ -218,8 +219,8 @@ def rank_memories(
     conventions = conventions or stack_conventions(plan)
     sb = conventions.states
     own = optimizer_facts(plan.optimizer).state_bytes_for(m.hidden)  # the optimizer's own state
-    # an fp8 LoRA base is the fp8 weights themselves: nothing cached beside it (`lora.fp8_base`)
-    fp8_cache = plan.precision == "fp8" and conventions.fp8_weight_cache and not lora.fp8_base(plan)
+    # an fp8 LoRA base is the fp8 weights themselves: nothing cached beside it (`precision.fp8_base_weights`)
+    fp8_cache = plan.precision == "fp8" and conventions.fp8_weight_cache and not fp8_base_weights(plan)
     policy = plan.zero_policy
     offloaded = offloads(plan)
     tuned = lora.active(plan)

@@ -22,7 +22,11 @@ layouts of an operand in one pass (``cast_transpose``), torchao casts each layou
 and rowwise goes through a 16-bit transpose. Each stack file says, per recipe, the bytes moved per
 element of an operand, both layouts, forward and backward (`StackSpec.fp8_casts`, with sources): a
 GEMM's operands are needed in two layouts (the forward's row-major input and the weight-gradient
-GEMM's transposed one; Hopper's fp8 MMA takes only the TN layout).
+GEMM's transposed one; Hopper's fp8 MMA takes only the TN layout). On a GPU whose per-tensor fp8
+GEMMs take any layout (`GPUSpec.fp8_any_layout`: B200, B300), Transformer Engine writes one copy of a
+delayed- or current-scaled tensor and the GEMMs read it transposed where they need to: the stack's
+entry then says its ``one_layout`` bytes. Block-scaled recipes scale along each direction and keep
+both copies everywhere.
 
 Per GEMM and micro-batch, the forward quantises its activation input X (tokens x k, ``act_B``) and the
 backward its output gradient dY (tokens x n, ``act_B``). A stack with fused casts
@@ -34,7 +38,8 @@ attention core), the experts (GroupedLinear after the token permutation) and the
 projections (plain Linears) cast their inputs on their own. The weight (k x n, ``weight_B``) is
 cast in every forward where the stack keeps no fp8 copy between micro-batches
 (`StackSpec.fp8_weight_cache`: torchao, Composer's te.Linear), else once per iteration (Transformer
-Engine's first micro-batch under Megatron), charged here as its share per micro-batch.
+Engine's first micro-batch under Megatron), charged here as its share per micro-batch. A LoRA
+base kept in fp8 (`fp8_base_weights`) is read as it is: no weight cast.
 
 What a quantised linear keeps for its backward (`saved_input_fraction`): Transformer Engine keeps
 the quantised X (its transposed copy, ``elem_bytes`` per element) for the weight-gradient GEMM;
@@ -83,19 +88,33 @@ def gemm_dtype(plan: ParallelPlan, group: str) -> str:
     return recipe.dtype if group in stack_of(plan).fp8_gemms else "bf16"
 
 
+def fp8_base_weights(plan: ParallelPlan) -> bool:
+    """A LoRA plan whose frozen base keeps its linear weights in fp8 only (``lora_base_bits`` 8:
+    Transformer Engine's fp8 parameters, `lora` module docstring): the GEMMs read them as they are."""
+    return plan.lora_rank is not None and plan.lora_base_bits == 8
+
+
 def cast_bytes(
-    plan: ParallelPlan, group: str, shapes: Sequence[tuple[float, float, float]], fused_inputs: int = 0
+    plan: ParallelPlan,
+    group: str,
+    shapes: Sequence[tuple[float, float, float]],
+    fused_inputs: int = 0,
+    any_layout: bool = False,
 ) -> tuple[float, float]:
     """(forward, backward) quantisation bytes of one layer group's GEMMs of (m, n, k) shapes for one
     micro-batch: X (m x k) and the weight (k x n) forward, dY (m x n) backward (module docstring); the
     first ``fused_inputs`` shapes read an X that a norm or an activation produced (fused where the
-    stack fuses casts)."""
+    stack fuses casts). ``any_layout``: the GPU's per-tensor fp8 GEMMs take any operand layout
+    (`GPUSpec.fp8_any_layout`), so a stack that then writes one quantised copy moves its
+    ``one_layout`` bytes. A LoRA base already in fp8 (`fp8_base_weights`) is not cast."""
     recipe, stack = recipe_of(plan), stack_of(plan)
     if recipe is None or group not in stack.fp8_gemms:
         return 0.0, 0.0
     cast = stack.fp8_casts[recipe.name]
+    if any_layout and cast.one_layout is not None:
+        cast = cast.one_layout
     fused_B = cast.act_fused_B if stack.fp8_fused_casts and cast.act_fused_B is not None else cast.act_B
-    per_weight = 1.0 / plan.num_microbatches if stack.fp8_weight_cache else 1.0
+    per_weight = 0.0 if fp8_base_weights(plan) else 1.0 / plan.num_microbatches if stack.fp8_weight_cache else 1.0
     fwd = sum(
         m * k * (fused_B if j < fused_inputs else cast.act_B) + k * n * cast.weight_B * per_weight
         for j, (m, n, k) in enumerate(shapes)

@@ -39,6 +39,13 @@ class GPUSpec(BaseModel):
         default=False,
         description="tensor cores take block-scaled operands (MXFP8, NVFP4: Blackwell's fifth-generation tensor cores)",
     )
+    fp8_any_layout: bool = Field(
+        default=False,
+        description="per-tensor-scaled fp8 GEMMs take their operands in any layout, so a quantised tensor is "
+        "written once, not also transposed (cuBLASLt non-TN fp8 GEMMs: compute capability 10.x-11.x "
+        "(B200, B300) and 13+; Hopper and Ada take TN only). Transformer Engine's "
+        "is_non_tn_fp8_gemm_supported (transformer_engine/pytorch/utils.py) tests exactly this",
+    )
 
     @field_validator("peak_TFLOPS")
     @classmethod

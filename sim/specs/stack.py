@@ -131,6 +131,26 @@ class FP8Cast(BaseModel):
         description="the same where the kernel producing the input writes it quantised (stacks with fp8_fused_casts)",
     )
     weight_B: float = Field(ge=0, strict=True, description="per weight element, each time the weight is cast")
+    one_layout: FP8Cast | None = Field(
+        None,
+        description="the same on a GPU whose per-tensor fp8 GEMMs take any operand layout (GPUSpec.fp8_any_layout), "
+        "where the stack then writes one quantised copy, not a transposed one beside it; absent: the stack "
+        "writes what it writes everywhere",
+    )
+
+    @model_validator(mode="after")
+    def _one_layout_moves_less(self) -> FP8Cast:
+        o = self.one_layout
+        if o is not None:
+            if o.one_layout is not None:
+                raise ValueError("one_layout cannot have a one_layout of its own")
+            if o.act_B > self.act_B or o.weight_B > self.weight_B:
+                raise ValueError(
+                    "one_layout moves more bytes than both layouts: its act_B and weight_B must not exceed theirs"
+                )
+            if (o.act_fused_B is None) != (self.act_fused_B is None):
+                raise ValueError("one_layout gives act_fused_B exactly where the entry does")
+        return self
 
 
 class EagerElementwise(BaseModel):
