@@ -103,7 +103,8 @@ def _validate(csv_file: str, calibration, backend: str, as_json: bool, workers: 
                 err,
                 mem,
                 ("ok" if r["status"] == "ok" else r["status"][:60])
-                + (f" (assumed: {', '.join(r['assumed'])})" if r.get("assumed") else ""),
+                + (f" (assumed: {', '.join(r['assumed'])})" if r.get("assumed") else "")
+                + (f"; predicted {r['fit_verdict']}" if r.get("fit_verdict") else ""),
             )
         )
     print_table(
@@ -122,6 +123,11 @@ def _validate(csv_file: str, calibration, backend: str, as_json: bool, workers: 
         click.echo(
             f"iteration time: n={s['n']} median |error| {s['median_abs_error']:.1%}, p90 {s['p90_abs_error']:.1%}, "
             f"max {s['max_abs_error']:.1%}; not simulated: {s['not_simulated']}"
+        )
+    if s.get("not_fitting"):
+        click.echo(
+            f"{s['not_fitting']} plan(s) that ran are predicted not to fit in memory (a memory-model error; "
+            "the status says by how much, on which rank)"
         )
     for src, v in doc["per_source"].items():
         if v["n"]:

@@ -287,6 +287,17 @@ LEVERS: tuple[Lever, ...] = (
         cli_default="uniform",
     ),
     _lv(
+        "activation_func_fp8_input_store",
+        "memory",
+        "bool",
+        "keep the input of the MLP's SwiGLU in fp8 for the backward, cast back before it (Megatron-Core's "
+        "activation_func_fp8_input_store, MLPerf's FP8_ACT): half the bytes of the gate and up, two casts "
+        "more; a gated MLP on a stack that runs it",
+        negatable=True,
+        cli_default_text="[default: off]",
+        csv="",
+    ),
+    _lv(
         "flash_attention",
         "memory",
         "bool",

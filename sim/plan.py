@@ -82,6 +82,9 @@ class ParallelPlan(BaseModel):
     #: what selective recompute re-runs, as Megatron-Core's --recompute-modules names it (None: the
     #: stack's selective recompute; Megatron's default is the attention core alone)
     recompute_modules: tuple[str, ...] | None = lever_field("recompute_modules", None)
+    #: a SwiGLU's input kept in fp8 for the backward (Megatron-Core's activation_func_fp8_input_store;
+    #: `cost.precision.activation_input_bytes`)
+    activation_func_fp8_input_store: bool = lever_field("activation_func_fp8_input_store", False)
     #: full recompute of only some layers (Megatron-Core --recompute-num-layers with
     #: --recompute-method): None recomputes every layer on its own (method uniform, one layer)
     recompute_layers: int | None = lever_field("recompute_layers", None, strict=True)

@@ -297,6 +297,20 @@ def _check_stack(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec) -> 
     problem = recipe_problem(plan.precision, plan.fp8_recipe, stack, gpu)
     if problem is not None:
         raise PlanError("fp8_recipe", *problem)
+    if plan.activation_func_fp8_input_store:
+        if not stack.fp8_activation_store:
+            raise PlanError(
+                "activation_func_fp8_input_store",
+                f"stack {stack.name} cannot keep the MLP activation's input in fp8 (Megatron-Core's fused "
+                "SwiGLU does).",
+                "drop --activation-func-fp8-input-store, or use megatron-core / megatron-bridge.",
+            )
+        if not model.gated_mlp:
+            raise PlanError(
+                "activation_func_fp8_input_store",
+                f"model {model.name} has an ungated MLP; the fp8 input store is the fused SwiGLU's.",
+                "drop --activation-func-fp8-input-store.",
+            )
     if plan.recompute_modules is not None:
         if plan.recompute != "selective":
             raise PlanError(

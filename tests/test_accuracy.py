@@ -146,3 +146,33 @@ def test_closed_loop_reads_calibrate_check_json(tmp_path: Path) -> None:
     [row] = read_closed_loop(tmp_path)
     assert row.id == "gpt-pp2-1f1b" and row.schedule == "1f1b" and row.source == "closed loop: cpu"
     assert row.error == pytest.approx(-0.1) and row.mem_error == pytest.approx(1.0)
+
+
+def test_a_plan_that_ran_but_is_predicted_not_to_fit_is_flagged(tmp_path: Path) -> None:
+    """Issue 62's target is no published plan predicted not to fit: validate and accuracy count them
+    and say, per row, by how much and on which rank; the row is still scored for its time."""
+    rows = read_rows(CSV)
+    big = {**rows[0], "id": "too_big", "cluster": "dgx-a100-40g", "num_gpus": "8", "dp": "8", "gbs": "128"}
+    big.update({"layers": "96", "hidden": "12288", "heads": "96", "kv_heads": "96", "ffn": "49152"})
+    path = tmp_path / "big.csv"
+    with path.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows([rows[0], big])
+    res = CliRunner().invoke(cli, ["validate", str(path), "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output)
+    by_id = {r["id"]: r for r in doc["rows"]}
+    assert by_id[rows[0]["id"]]["fits"] is True and by_id[rows[0]["id"]]["fit_verdict"] is None
+    assert by_id["too_big"]["fits"] is False and by_id["too_big"]["predicted_iter_time_s"] > 0
+    assert by_id["too_big"]["fit_verdict"].startswith("does not fit: pipeline rank 0 needs")
+    assert doc["summary"]["not_fitting"] == 1 and doc["summary"]["not_simulated"] == 0
+    res = CliRunner().invoke(cli, ["validate", str(path)])
+    assert "1 plan(s) that ran are predicted not to fit in memory" in res.output
+    res = CliRunner().invoke(cli, ["accuracy", "--published", str(path), "--out", str(tmp_path / "o")])
+    assert res.exit_code == 0, res.output
+    md = (tmp_path / "o" / "README.md").read_text()
+    assert "## Plans that ran, predicted not to fit" in md and "dense 1 of 2" in md
+    assert "**too_big**: does not fit: pipeline rank 0 needs" in md
+    row = {r["id"]: r for r in json.loads((tmp_path / "o" / "accuracy.json").read_text())["published"]["rows"]}
+    assert "predicted does not fit" in row["too_big"]["status"]

@@ -246,7 +246,8 @@ def test_validate_rows_with_pp_or_vpp_zero_are_reported_not_raised(tmp_path: Pat
 
 
 def _fake_result() -> SimpleNamespace:
-    return SimpleNamespace(iter_time_s=1.0, breakdown_s={}, memory=SimpleNamespace(reported_peak=lambda metric: 1e9))
+    memory = SimpleNamespace(reported_peak=lambda metric: 1e9, fits=True, verdict=lambda: "fits")
+    return SimpleNamespace(iter_time_s=1.0, breakdown_s={}, memory=memory)
 
 
 @st.composite

@@ -45,6 +45,8 @@ LEVERS: dict[str, list[str] | None] = {
     "--no-torch-compile": None,
     "--fp8-attention": None,
     "--no-fp8-attention": None,
+    "--activation-func-fp8-input-store": None,
+    "--no-activation-func-fp8-input-store": None,
     "--offload-overlap": None,
     "--offload-activations": NUM,
     "--precision": ["fp8", "fp4", "bf16", "fp16", "fp32", "tf32", "int8"],

@@ -36,6 +36,7 @@ PLAN = ParallelPlan(
     zero=1,
     recompute="selective",
     recompute_modules=("core_attn", "moe_act"),
+    activation_func_fp8_input_store=True,
     recompute_layers=2,
     recompute_method="block",
     optimizer="muon",

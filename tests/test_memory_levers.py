@@ -14,11 +14,11 @@ from simpar.sim.cost.memory import memory_report
 from simpar.sim.cost.optimizers import OPTIMIZER_FACTS, optimizer_facts
 from simpar.sim.cost.params import rank_params
 from simpar.sim.cost.resolved import build_work
-from simpar.sim.cost.states import stack_conventions
+from simpar.sim.cost.states import stack_conventions, stack_states
 from simpar.sim.errors import PlanError
 from simpar.sim.plan import ParallelPlan
 from simpar.sim.plan_check import check_plan
-from simpar.sim.specs import load_cluster, load_model
+from simpar.sim.specs import load_cluster, load_gpu, load_model
 
 MODEL, CLUSTER = load_model("llama3-8b"), load_cluster("dgx-h100", gpus=8)
 BASE = dict(tp=2, pp=2, dp=2, global_batch_size=32, sequence_parallel=True)
@@ -82,7 +82,7 @@ def test_optimizer_state_is_the_stack_master_plus_its_own_sharded_by_zero(name: 
     p = plan(optimizer=name, zero=zero)
     rank = memory_report(MODEL, p, CLUSTER.gpu).ranks[0]
     psi = rank_params(MODEL, p, p.rank_stages[0])
-    sb = stack_conventions(p).states
+    sb = stack_states(p)
     own = optimizer_facts(name).state_bytes_for(MODEL.hidden)
     nd = p.zero_shards if zero >= 1 else 1
     assert rank.optimizer == pytest.approx(psi * (sb.master + own) / nd, rel=1e-12)
@@ -131,7 +131,8 @@ def test_fp32_and_tf32_keep_four_byte_states_and_activations() -> None:
     assert stage_bytes(MODEL, fp32, 0) == pytest.approx(
         stage_bytes(MODEL, no_flash, 0), rel=1e-12
     )  # formulas: elements
-    assert stack_conventions(fp32).activation_scale == 2 and stack_conventions(bf16).activation_scale == 1
+    h100 = load_gpu("h100-sxm")
+    assert stack_conventions(fp32, h100).activation_scale == 2 and stack_conventions(bf16, h100).activation_scale == 1
     assert r32.activations == pytest.approx(2 * memory_report(MODEL, no_flash, CLUSTER.gpu).ranks[0].activations)
     t = {p.precision: build_work(MODEL, CLUSTER, p)[0][0].fwd.compute for p in (bf16, tf32, fp32)}
     assert t["bf16"] < t["tf32"] < t["fp32"]  # A100/H100 peaks: bf16 2x TF32, TF32 ~8x fp32

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from simpar.sim.cost.memory import memory_report
 from simpar.sim.cost.offload import HOST_GRAD_BYTES, IN_RUN_FRACTION, cpu_step_seconds, offload_fields
 from simpar.sim.cost.optimizers import optimizer_facts
-from simpar.sim.cost.states import stack_conventions
+from simpar.sim.cost.states import stack_states
 from simpar.sim.engine.hostpath import copy_ready_times
 from simpar.sim.errors import PlanError
 from simpar.sim.iteration.simulate import simulate
@@ -45,7 +45,7 @@ def test_optimizer_offload_moves_that_fraction_of_the_states(model):
     assert b.optimizer == pytest.approx(a.optimizer / 2)
     assert (b.weights, b.grads, b.activations) == (a.weights, a.grads, a.activations)
     owned = a.params / 8
-    sb = stack_conventions(half).states
+    sb = stack_states(half)
     state = sb.master + optimizer_facts("adamw").state_bytes_for(model.hidden)
     assert b.host == pytest.approx(0.5 * owned * (state + HOST_GRAD_BYTES))
     assert a.host == 0.0

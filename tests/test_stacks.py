@@ -227,22 +227,22 @@ def test_megatron_bf16_keeps_fp32_gradients_as_its_docs_count():
     """Megatron-LM dist_optimizer.md: bf16 params with fp32 grads, 18 bytes per parameter without the
     distributed optimizer and 6 + 12/d with it; fp16 params and grads, 16 while the fp32 gradient copy
     of the step is not alive."""
-    from simpar.sim.cost.states import stack_conventions, stack_state_bytes
+    from simpar.sim.cost.states import stack_state_bytes, stack_states
 
     psi, d = 1e9, 8
-    bf16 = stack_conventions(_mem_plan(precision="bf16")).states
+    bf16 = stack_states(_mem_plan(precision="bf16"))
     assert sum(stack_state_bytes(psi, 0, d, bf16)) == pytest.approx(18 * psi)
     assert sum(stack_state_bytes(psi, 1, d, bf16)) == pytest.approx((6 + 12 / d) * psi)
-    fp16 = stack_conventions(_mem_plan(precision="fp16")).states
+    fp16 = stack_states(_mem_plan(precision="fp16"))
     assert sum(stack_state_bytes(psi, 0, d, fp16)) == pytest.approx(16 * psi)
 
 
 def test_fsdp_stacks_keep_fp32_sharded_parameters_as_the_master():
-    from simpar.sim.cost.states import stack_conventions, stack_state_bytes
+    from simpar.sim.cost.states import stack_state_bytes, stack_states
 
     psi, d = 1e9, 8
     for stack in ("torchtitan", "llm-foundry"):
-        sb = stack_conventions(_mem_plan(zero=3, stack=stack)).states
+        sb = stack_states(_mem_plan(zero=3, stack=stack))
         assert sum(stack_state_bytes(psi, 3, d, sb)) == pytest.approx(16 * psi / d)
         assert sb.master == 0 and sb.weights == 4
 
@@ -476,6 +476,35 @@ def test_bad_cast_and_eager_traffic_in_a_stack_file_are_refused_naming_the_field
     bad.write_text(text.replace(old, new))
     with pytest.raises(SimparError, match=needle):
         load_stack(str(bad))
+
+
+def test_the_cached_fp8_weight_keeps_a_copy_per_layout_the_gemms_read() -> None:
+    """Transformer Engine's cached fp8 weight (tests/pytorch/test_cpu_offloading.py's expectation):
+    2 B per weight for delayed and current scaling where fp8 GEMMs take TN only (the transpose kept
+    beside it), 1 B where they take any layout; MXFP8 keeps its column-wise copy everywhere; a stack
+    without a cache, a 16-bit plan and an fp8 LoRA base keep none."""
+    from simpar.sim.cost.memory import memory_report
+    from simpar.sim.cost.precision import fp8_weight_cache_bytes
+
+    fp8 = ParallelPlan(precision="fp8", dp=8, global_batch_size=8)
+    assert [fp8_weight_cache_bytes(fp8, any_layout) for any_layout in (False, True)] == [2.0, 1.0]
+    cs = fp8.model_copy(update={"fp8_recipe": "tensorwise"})
+    assert [fp8_weight_cache_bytes(cs, any_layout) for any_layout in (False, True)] == [2.0, 1.0]
+    mx = fp8.model_copy(update={"fp8_recipe": "mxfp8"})
+    assert fp8_weight_cache_bytes(mx, True) == fp8_weight_cache_bytes(mx, False) == 2 * (1 + 1 / 32)
+    assert fp8_weight_cache_bytes(ParallelPlan(precision="fp8", stack="torchtitan"), False) == 0.0
+    assert fp8_weight_cache_bytes(ParallelPlan(dp=8, global_batch_size=8), False) == 0.0
+    lora8 = fp8.model_copy(update={"lora_rank": 16, "lora_base_bits": 8})
+    assert fp8_weight_cache_bytes(lora8, False) == 0.0
+    # the same plan on an H100 and on an H100 that took any layout: one byte per weight apart
+    m = load_model("llama3-8b")
+    h100 = load_gpu("h100-sxm")
+    any_h100 = h100.model_copy(update={"fp8_any_layout": True})
+    two, one = memory_report(m, fp8, h100), memory_report(m, fp8, any_h100)
+    r2, r1 = two.ranks[0], one.ranks[0]
+    assert r2.weights - r1.weights == pytest.approx(r2.params, rel=1e-12)
+    assert r2.total - r1.total == pytest.approx(r2.params, rel=1e-12)
+    assert r2.detail["fp8_weight_cache"] == pytest.approx(2 * r2.params, rel=1e-12)  # shown, inside weights
 
 
 _ONE = "one_layout: {act_B: 3, act_fused_B: 1, weight_B: 3}"

@@ -20,7 +20,7 @@ from ..specs.stack import load_stack
 from .moe import expert_rows, moe_mlp_activation_parts
 from .offload import offload_layers
 from .params import per_stage, stage_kinds, stage_layer_range
-from .precision import saved_input_fraction
+from .precision import activation_input_bytes, saved_input_fraction
 from .recompute import op_level_stored_bytes, partial_recompute, selective_mode, selective_modules
 
 
@@ -56,7 +56,7 @@ def layer_activation_bytes(
     replicated = sbh * (2 + 2 + 2 * qa + 2 * (1.0 if kind.moe else qm) + 2 * drop)
     # Always split by tp: Q, K, V (GQA shrinks K and V), projection input, MLP internals.
     # SwiGLU: gate, up, down input; GeLU: gelu in, fc2 in
-    mlp = ((4 if m.gated_mlp else 2) + 2 * qm) * s * b * f
+    mlp = (activation_input_bytes(m, plan) + 2 * qm) * s * b * f
     if kind.moe:
         mlp = 0.0
     # Q, K, V and the output projection's input, in units of h (heads x head_dim wide; GQA

@@ -52,7 +52,15 @@ from .kernels import (
     kernel_efficiencies,
 )
 from .optimizers import optimizer_facts
-from .precision import cast_bytes, element_bytes, gemm_dtype, recipe_of, stack_of
+from .precision import (
+    activation_bytes,
+    activation_store_cast_bytes,
+    cast_bytes,
+    element_bytes,
+    gemm_dtype,
+    recipe_of,
+    stack_of,
+)
 from .recompute import block_linears, selective_mode, selective_modules
 from .tables import MeasuredTables
 
@@ -73,12 +81,6 @@ def computed_attention_fraction(m: ModelSpec, kind: LayerKind) -> float:
 #: Element-wise bytes per layer and token, in units of hidden size, forward (norms, residuals,
 #: dropout, bias adds; GeLU/SwiGLU traffic is counted from ffn separately). Backward moves twice.
 ELEMENTWISE_BYTES_PER_TOKEN_H = 24
-
-
-def activation_bytes(m: ModelSpec) -> int:
-    """Bytes per hidden-width element of an MLP's fused activation: a gated MLP reads two 16-bit
-    inputs and writes one (SwiGLU: 6), an ungated one reads one and writes one (GeLU: 4)."""
-    return 6 if m.gated_mlp else 4
 
 
 def elementwise_bytes(m: ModelSpec, plan: ParallelPlan, kind: LayerKind, sp: int) -> float:
@@ -388,15 +390,18 @@ class CostModel:
         sp = t if plan.sequence_parallel else 1
         mlp_ew = 0 if kind.moe else activation_bytes(m) * f / t  # the MoE MLP times its own
         ew_f = self.memory_time(el * tokens * elementwise_bytes(m, plan, kind, sp))
+        # an fp8 input store's casts, one in each pass (`precision.activation_store_cast_bytes`)
+        store = 0.0 if kind.moe else tokens * activation_store_cast_bytes(m, plan) * f / t
+        cast = self.memory_time(store) if store else 0.0
         launch = KERNELS_PER_LAYER_FWD * self.eff.launch_s
-        f_time = max(fwd_mm + attn_f + ew_f, launch)
-        i_time = max(i_mm + attn_b + 2 * ew_f, 2 * launch)
+        f_time = max(fwd_mm + attn_f + ew_f + cast, launch)
+        i_time = max(i_mm + attn_b + 2 * ew_f + cast, 2 * launch)
         w_time = max(w_mm, launch)
         sel = None
         mode = selective_mode(plan)
         if mode == "op-level" and not kind.moe:
             unsaved = [lin for lin in block_linears(m, plan, tokens) if not lin.saved]
-            sel = ew_f + sum(self.linear_times(plan, lin.group, [lin.shape])[0] for lin in unsaved)
+            sel = ew_f + cast + sum(self.linear_times(plan, lin.group, [lin.shape])[0] for lin in unsaved)
         elif mode == "attention-core" and plan.recompute_modules:
             mods = selective_modules(plan)
             sel = attn_f if "core_attn" in mods else 0.0
@@ -415,8 +420,8 @@ class CostModel:
             tp_gemm_f=fwd_mm,
             tp_gemm_b=i_mm + w_mm,
             sel_f=sel,
-            memory_f=ew_f + softmax_f,
-            memory_b=2 * ew_f + softmax_b,
+            memory_f=ew_f + cast + softmax_f,
+            memory_b=2 * ew_f + cast + softmax_b,
         )
 
     def logits_times(self, m: ModelSpec, plan: ParallelPlan) -> PassTimes:

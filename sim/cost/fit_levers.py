@@ -73,6 +73,12 @@ def _lever_options(plan: ParallelPlan) -> dict[str, list[_Option]]:
     if plan.zero == 3 and not plan.offload_params:
         offload.append(("ZeRO-3 parameter shards offloaded to host memory", {"offload_params": True}))
     out["offload"] = offload
+    # a SwiGLU's input kept in fp8 (refused by `check_plan` where the stack or the model cannot)
+    out["fp8 activation store"] = (
+        []
+        if plan.activation_func_fp8_input_store
+        else [("the SwiGLU's input stored in fp8", {"activation_func_fp8_input_store": True})]
+    )
     return out
 
 
@@ -80,11 +86,11 @@ def fit_levers(
     m: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, check: Callable[[ParallelPlan], object] | None = None
 ) -> list[FitLever]:
     """The changes that make ``plan`` fit on ``cluster``, each with the memory it would need: for
-    each lever (recompute, ZeRO stage, tp, pp, micro-batch, host offload) the least change of it
-    alone that fits; where no lever alone fits, the least change of two together. Each candidate is
-    a valid plan (``check``, `plan_check.check_plan` by default) and its verdict is
-    `schedule_memory_report`'s, the model `simpar memory` prints: no second formula. Empty when
-    ``plan`` fits, or when nothing of this kind makes it fit."""
+    each lever (recompute, ZeRO stage, tp, pp, micro-batch, host offload, the fp8 activation store)
+    the least change of it alone that fits; where no lever alone fits, the least change of two
+    together. Each candidate is a valid plan (``check``, `plan_check.check_plan` by default) and its
+    verdict is `schedule_memory_report`'s, the model `simpar memory` prints: no second formula.
+    Empty when ``plan`` fits, or when nothing of this kind makes it fit."""
     from ..errors import PlanError, SimparError
     from ..plan_check import check_plan
 

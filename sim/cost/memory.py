@@ -40,7 +40,6 @@ from .alive import plan_profile, unit_costs
 from .offload import host_state_bytes, offloads
 from .optimizers import optimizer_facts
 from .params import rank_expert_params, rank_params
-from .precision import fp8_base_weights
 from .states import MemoryConventions, stack_conventions, stack_state_bytes
 
 
@@ -203,8 +202,8 @@ def rank_memories(
     acts: Sequence[float],
     transient: float,
     inflight: Sequence[float],
-    zero3_unsharded: Sequence[float] | None = None,
-    conventions: MemoryConventions | None = None,
+    zero3_unsharded: Sequence[float] | None,
+    conventions: MemoryConventions,
     expert_psis: Sequence[float] | None = None,
     host_acts: Sequence[float] | None = None,
 ) -> tuple[RankMemory, ...]:
@@ -216,11 +215,9 @@ def rank_memories(
     ``host_acts[r]`` bytes of activations sit in host memory at the peak (`offload`). The one
     place the per-rank sum is made (what depends on the plan alone, once)."""
     nd = plan.zero_shards
-    conventions = conventions or stack_conventions(plan)
     sb = conventions.states
     own = optimizer_facts(plan.optimizer).state_bytes_for(m.hidden)  # the optimizer's own state
-    # an fp8 LoRA base is the fp8 weights themselves: nothing cached beside it (`precision.fp8_base_weights`)
-    fp8_cache = plan.precision == "fp8" and conventions.fp8_weight_cache and not fp8_base_weights(plan)
+    fp8_cache = conventions.fp8_weight_cache_B  # bytes per weight (`precision.fp8_weight_cache_bytes`)
     policy = plan.zero_policy
     offloaded = offloads(plan)
     tuned = lora.active(plan)
@@ -236,10 +233,12 @@ def rank_memories(
         if expert_psi:
             ew, eg, eo = stack_state_bytes(expert_psi, plan.zero, plan.edp, sb, own)
             weights, grads, opt = weights + ew, grads + eg, opt + eo
-        if fp8_cache:  # cached fp8 weight copies (Transformer Engine)
-            weights += (psi - expert_psi) / plan.sharding.divisor("parameters") + expert_psi / (
-                plan.edp if plan.sharding.parameters else 1
-            )
+        # cached fp8 weight copies (Transformer Engine), fp8_cache bytes per weight, inside `weights`
+        cached = fp8_cache * (
+            (psi - expert_psi) / plan.sharding.divisor("parameters")
+            + expert_psi / (plan.edp if plan.sharding.parameters else 1)
+        )
+        weights += cached
         gather = 0.0
         if policy is ZeroPolicy.PER_LAYER:
             # FSDP without a pipeline: layer-wise gather with prefetch, gradients reduce-scattered per layer
@@ -290,6 +289,7 @@ def rank_memories(
                     "activations_stored": stored,
                     "recompute_transient": recomputed,
                     "zero3_gather": gather,
+                    "fp8_weight_cache": cached,
                     "context": context,
                     "fragmentation": frag,
                 },
@@ -327,7 +327,7 @@ def memory_report(
         if activation_peak is None:
             assert memory is not None
             activation_peak = prof.peaks(*memory)
-    conventions = conventions or stack_conventions(plan)
+    conventions = conventions or stack_conventions(plan, gpu)
     return _report(m, plan, gpu.hbm_bytes, inflight, activation_peak, zero3_unsharded, conventions, cluster)
 
 

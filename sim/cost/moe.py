@@ -48,8 +48,14 @@ from math import comb
 from ..model import LayerKind
 from ..plan import ParallelPlan
 from ..specs import ModelSpec
-from .compute import NORM_BYTES_PER_ELEMENT, CostModel, PassTimes, activation_bytes, measurable_attention
-from .precision import gemm_dtype, saved_input_fraction
+from .compute import NORM_BYTES_PER_ELEMENT, CostModel, PassTimes, measurable_attention
+from .precision import (
+    activation_bytes,
+    activation_input_bytes,
+    activation_store_cast_bytes,
+    gemm_dtype,
+    saved_input_fraction,
+)
 from .recompute import selective_mode, selective_modules
 
 #: Bytes moved per dispatched row element by the permutation before dispatch and the
@@ -167,8 +173,13 @@ def moe_mlp_times(cost: CostModel, m: ModelSpec, plan: ParallelPlan) -> PassTime
     rows = n * local
     moved = cost.memory_time(rows * h * PERMUTE_BYTES_PER_ELEMENT)
     act = cost.memory_time(rows * activation_bytes(m) * fe)
-    ef, ei = ef + moved + act, ei + moved + 2 * act
-    forward = rf + scores + shared_ew + ef
+    # an fp8 input store's casts, one in each pass (`precision.activation_store_cast_bytes`)
+    store_b = activation_store_cast_bytes(m, plan)
+    cast = cost.memory_time(rows * fe * store_b) if store_b else 0.0
+    fs = tok * moe.shared_experts * moe.shared_ffn / t
+    shared_cast = cost.memory_time(fs * store_b) if store_b and fs else 0.0
+    ef, ei = ef + moved + act + cast, ei + moved + 2 * act + cast
+    forward = rf + scores + shared_ew + shared_cast + ef
     sel = None
     if plan.recompute_modules and selective_mode(plan) == "attention-core":  # `recompute.selective_modules`
         mods = selective_modules(plan)
@@ -179,15 +190,15 @@ def moe_mlp_times(cost: CostModel, m: ModelSpec, plan: ParallelPlan) -> PassTime
             sel += act * ("moe_act" in mods) + (sh[0] + shared_ew) * ("shared_experts" in mods)
     return PassTimes(
         forward,
-        ri + scores + 2 * shared_ew + ei,
+        ri + scores + 2 * shared_ew + shared_cast + ei,
         rw + ew,
         0.0,
         ef,
         ei,
         ew,
         sel_f=sel,
-        memory_f=scores + shared_ew + moved + act,
-        memory_b=scores + 2 * shared_ew + moved + 2 * act,
+        memory_f=scores + shared_ew + shared_cast + moved + act + cast,
+        memory_b=scores + 2 * shared_ew + shared_cast + moved + 2 * act + cast,
     )
 
 
@@ -251,16 +262,16 @@ def moe_mlp_activation_parts(m: ModelSpec, plan: ParallelPlan) -> dict[str, floa
     tok = tokens(m, plan)
     held = tok / (plan.tp if plan.sequence_parallel else 1)
     rows = expert_rows(m, plan) * moe.experts / plan.ep
-    per_inner = 6 if m.gated_mlp else 4
+    act_in = activation_input_bytes(m, plan)  # gate and up (or the activation's input), as stored
     fe = moe.expert_ffn / plan.expert_tp
     # the experts' and shared experts' linear inputs as their stack keeps them (`precision.saved_input_fraction`)
     qe, qm = saved_input_fraction(plan, "experts"), saved_input_fraction(plan, "mlp")
     return {
         "router": 4.0 * held * moe.experts,
         "rows": rows * 2 * (1 + qe) * m.hidden,
-        "expert_inner": rows * (per_inner - 2) * fe,
+        "expert_inner": rows * act_in * fe,
         "expert_act": rows * 2 * qe * fe,
-        "shared": (per_inner - 2 + 2 * qm) * tok * moe.shared_experts * moe.shared_ffn / plan.tp,
+        "shared": (act_in + 2 * qm) * tok * moe.shared_experts * moe.shared_ffn / plan.tp,
     }
 
 

@@ -51,6 +51,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..plan import ParallelPlan
+from ..specs import ModelSpec
 from ..specs.recipes import RECIPES, Recipe
 from ..specs.stack import StackSpec, load_stack
 
@@ -121,6 +122,48 @@ def cast_bytes(
     )
     bwd = sum(m * n * cast.act_B for m, n, _k in shapes)
     return fwd, bwd
+
+
+def fp8_weight_cache_bytes(plan: ParallelPlan, any_layout: bool) -> float:
+    """Bytes per weight of the fp8 copy a stack keeps between micro-batches
+    (`StackSpec.fp8_weight_cache`): the recipe's quantised element, scales included, in each layout
+    the GEMMs read. Two where the GPU's per-tensor fp8 GEMMs take TN only (Transformer Engine keeps
+    the transpose beside the weight) or the recipe scales along each direction (MXFP8, blockwise:
+    its column-wise copy); one where the stack writes a single layout on a GPU taking any
+    (``one_layout``, `GPUSpec.fp8_any_layout`). Transformer Engine's own expectation of it:
+    tests/pytorch/test_cpu_offloading.py ``_estimate_cached_weight_size`` (1 or 2 B per weight for
+    delayed and current scaling as ``is_non_tn_fp8_gemm_supported``, 2 x (1 + 1/32) for MXFP8).
+    0 for a plan without an fp8 cache, and for a LoRA base already in fp8 (`fp8_base_weights`)."""
+    recipe, stack = recipe_of(plan), stack_of(plan)
+    if recipe is None or plan.precision != "fp8" or not stack.fp8_weight_cache or fp8_base_weights(plan):
+        return 0.0
+    cast = stack.fp8_casts[recipe.name]
+    layouts = 1 if any_layout and cast.one_layout is not None else 2
+    return layouts * recipe.elem_bytes
+
+
+def activation_input_bytes(m: ModelSpec, plan: ParallelPlan) -> float:
+    """Bytes an MLP's activation keeps of its input for the backward, per token and unit of ffn
+    width: a gated unit's gate and up (two elements), else the activation's input (one), 16-bit; one
+    byte each where the plan stores a SwiGLU's input in fp8 (``activation_func_fp8_input_store``:
+    Megatron-Core's fused bias_swiglu saves ``input.to(torch.float8_e4m3fn)``, unscaled, and casts
+    it back before its backward; megatron/core/fusions/fused_bias_swiglu.py)."""
+    if not m.gated_mlp:
+        return 2.0
+    return 2.0 * (1.0 if plan.activation_func_fp8_input_store else 2.0)
+
+
+def activation_bytes(m: ModelSpec) -> float:
+    """HBM bytes per ffn-width element of an MLP's fused activation in the forward: a gated MLP reads
+    two 16-bit inputs and writes one (SwiGLU: 6), an ungated one reads one and writes one (GeLU: 4)."""
+    return 6.0 if m.gated_mlp else 4.0
+
+
+def activation_store_cast_bytes(m: ModelSpec, plan: ParallelPlan) -> float:
+    """HBM bytes per ffn-width element that an fp8 input store adds to each pass: the forward casts
+    the SwiGLU's two 16-bit inputs to fp8 (read 2 B, write 1 B each), the backward casts them back
+    (read 1 B, write 2 B each) before the SwiGLU's own backward; 0 without the store."""
+    return 6.0 if plan.activation_func_fp8_input_store and m.gated_mlp else 0.0
 
 
 def saved_input_fraction(plan: ParallelPlan, group: str) -> float:

@@ -14,8 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..plan import ParallelPlan
+from ..specs import GPUSpec
 from ..specs.stack import StateBytes, load_stack
-from .precision import element_bytes
+from .precision import element_bytes, fp8_weight_cache_bytes
 
 #: fp32 master weights + Adam first and second moments (ZeRO paper, K = 12).
 OPTIMIZER_BYTES_PER_PARAM = 12
@@ -34,7 +35,8 @@ class MemoryConventions:
     ``context_bytes``: per GPU outside torch's caching allocator (CUDA context, NCCL buffers).
     ``fragmentation``: the caching allocator's cache beyond the live tensors, a fraction of
     activation bytes. ``reports``: what the runtime's memory figure counts (`MEMORY_METRICS`).
-    ``fp8_weight_cache``: an fp8 copy of each weight is kept between micro-batches.
+    ``fp8_weight_cache_B``: bytes per weight of the fp8 copy kept between micro-batches (0: none;
+    `precision.fp8_weight_cache_bytes`).
     ``offload_grads``: under ZeRO-2 the offloaded optimizer part's gradient partition lives on the
     host only (`specs.stack.StackSpec.offload_grads`)."""
 
@@ -43,7 +45,7 @@ class MemoryConventions:
     context_bytes: float
     fragmentation: float
     reports: str = "allocated"
-    fp8_weight_cache: bool = False
+    fp8_weight_cache_B: float = 0.0
     offload_grads: bool = False
 
     @property
@@ -52,18 +54,24 @@ class MemoryConventions:
         return self.activation_element_bytes / 2
 
 
-def stack_conventions(plan: ParallelPlan) -> MemoryConventions:
-    """16-bit mixed-precision training on a GPU (what the formulas above describe) as the plan's
-    stack keeps it (`specs.stack.StackSpec`: its state bytes, context, fragmentation, what it reports)."""
+def stack_states(plan: ParallelPlan) -> StateBytes:
+    """Model-state bytes per parameter as the plan's stack keeps them in its precision."""
+    return load_stack(plan.stack).states_for(plan.precision)
+
+
+def stack_conventions(plan: ParallelPlan, gpu: GPUSpec) -> MemoryConventions:
+    """16-bit mixed-precision training on ``gpu`` (what the formulas above describe) as the plan's
+    stack keeps it (`specs.stack.StackSpec`: its state bytes, context, fragmentation, what it
+    reports, and its cached fp8 weights, whose layouts depend on the GPU)."""
     stack = load_stack(plan.stack)
     mem = stack.memory
     return MemoryConventions(
         element_bytes(plan),
-        stack.states_for(plan.precision),
+        stack_states(plan),
         mem.context_bytes,
         mem.fragmentation,
         mem.reports,
-        stack.fp8_weight_cache,
+        fp8_weight_cache_bytes(plan, gpu.fp8_any_layout),
         stack.offload_grads,
     )
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from ..cost import lora
 from ..cost.optimizers import optimizer_facts
-from ..cost.states import stack_conventions
+from ..cost.states import stack_states
 from ..errors import SimparError
 from ..model import total_params
 from ..network import Network
@@ -101,7 +101,7 @@ class RunReport:
 
 def checkpoint_bytes(m: ModelSpec, plan: ParallelPlan) -> float:
     """The bytes one checkpoint of the plan's trainable states holds (module docstring)."""
-    sb = stack_conventions(plan).states
+    sb = stack_states(plan)
     per_param = sb.weights + sb.master + optimizer_facts(plan.optimizer).state_bytes_for(m.hidden)
     if lora.active(plan):
         whole = plan.model_copy(update={"tp": 1})

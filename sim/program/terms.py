@@ -22,7 +22,7 @@ from ..cost.compute import CostModel
 from ..cost.offload import HOST_GRAD_BYTES, cpu_step_seconds
 from ..cost.params import rank_expert_params, stage_layer_range
 from ..cost.profile import RuntimeProfile
-from ..cost.states import FP16_UNSCALE_BYTES, stack_conventions
+from ..cost.states import FP16_UNSCALE_BYTES, stack_states
 from ..cost.workload import StageWork
 from ..plan import ParallelPlan
 from ..schedules.costs import with_contention
@@ -221,7 +221,7 @@ def param_gathers(
         dense = 2.0 * (params - work.expert_params)
         return [Comm("all-gather", group, dense), Comm("all-gather", expert_group, 2.0 * work.expert_params)]
     nbytes = 2.0 * params
-    up = stack_conventions(plan).states.weights * params / len(group) if plan.offload_params else 0.0
+    up = stack_states(plan).weights * params / len(group) if plan.offload_params else 0.0
     return [Comm("all-gather", group, nbytes, profile.gather_seconds(plan, work.layers, nbytes), host_bytes=up)]
 
 
@@ -256,7 +256,7 @@ def fsdp_pass(
     calls = nl * z3.gathers_per_layer
     first_bytes = 2.0 * dense / nl
     # offloaded shards come up from host memory before each gather, as the stack keeps them (`cost.offload`)
-    up = stack_conventions(plan).states.weights / 2.0 / len(group) if plan.offload_params else 0.0
+    up = stack_states(plan).weights / 2.0 / len(group) if plan.offload_params else 0.0
     first = [Comm("all-gather", group, first_bytes, count=z3.gathers_per_layer, host_bytes=up * first_bytes)]
     rest = []
     if nl > 1:
@@ -432,7 +432,7 @@ def host_step(m: ModelSpec, plan: ParallelPlan, stages: list[int], cluster: Clus
     if plan.offload_optimizer <= 0:
         return None
     n = plan.offload_optimizer * local_params(m, plan, stages)
-    sb = stack_conventions(plan).states
+    sb = stack_states(plan)
     h2d = 0.0 if plan.offload_params else n * sb.weights
     d2h = n * (sb.grads if plan.offload_params else HOST_GRAD_BYTES)
     items = max(1, sum(len(stage_layer_range(m, plan, s)) for s in stages)) if plan.offload_overlap else 0

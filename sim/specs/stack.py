@@ -269,6 +269,11 @@ class StackSpec(BaseModel):
         "is refused); None: every one simpar models",
     )
     fp8_weight_cache: bool = Field(description="an fp8 copy of each weight is kept between micro-batches")
+    fp8_activation_store: bool = Field(
+        False,
+        description="the model code can keep a SwiGLU's input in fp8 for the backward (Megatron-Core's "
+        "activation_func_fp8_input_store); false: a plan asking for it is refused",
+    )
     fp8_saved_inputs: bool = Field(
         description="an fp8/fp4 linear keeps its input for the backward quantised (not in 16 bits)"
     )
@@ -343,6 +348,7 @@ class StackSpec(BaseModel):
         free = {
             "parallel_dims": self.parallel_dims is None,
             "grad_reduce_overlap": self.grad_reduce_overlap == "always",
+            "fp8_activation_store": not self.fp8_activation_store,
         }
         optional = [f for f, unrestricted in free.items() if not unrestricted]
         missing = [f for f in (*_SOURCED, *optional) if f not in self.sources]

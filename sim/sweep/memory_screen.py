@@ -119,7 +119,7 @@ class MemoryScreen:
         weights, transient, held = self._activations(plan)
         peaks, inflight = self._alive(plan, weights, held)
         cap = self.gpu.hbm_bytes
-        conventions = stack_conventions(plan)
+        conventions = stack_conventions(plan, self.gpu)
         host_acts = host_activation_bytes(self.m, plan, inflight)
         ranks = rank_memories(
             self.m,
@@ -131,7 +131,8 @@ class MemoryScreen:
             [float(x) for x in peaks],
             transient,
             [float(x) for x in inflight],
-            conventions=conventions,
+            None,
+            conventions,
             expert_psis=experts,
             host_acts=host_acts,
         )

@@ -323,6 +323,8 @@ def _measured_doc(
         d["note"] = notes.get(d["id"], "")
         if d["status"] == "ok" and d.get("assumed"):  # what the row left out, in its status
             d["status"] = f"ok (assumed: {'; '.join(d['assumed'])})"
+        if d.get("fit_verdict"):  # a plan that ran, predicted not to fit: said in its status
+            d["status"] += f"; predicted {d['fit_verdict']}"
     doc["worst_iter"] = [d["id"] for d in _worst(doc["rows"], "error", worst)]
     doc["worst_mem"] = [d["id"] for d in _worst(doc["rows"], "mem_error", max(3, worst // 2))]
     doc["csv"] = str(csv)

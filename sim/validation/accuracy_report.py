@@ -154,6 +154,7 @@ def markdown(data: dict[str, Any], command: str, plots: dict[str, bool], preface
     cl = data.get("closed_loop")
     if data.get("loso"):
         lines += _loso_headline(data["loso"])
+    lines += _not_fitting(data)
     lines += [
         "## Summary" + (" (in sample: the default calibrations, fitted on these rows)" if data.get("loso") else ""),
         "",
@@ -293,6 +294,30 @@ def markdown(data: dict[str, Any], command: str, plots: dict[str, bool], preface
             "",
         ]
     return "\n".join(lines)
+
+
+#: the measured-run sets of the report, in its order, with their titles
+_SETS = (("published", "dense"), ("moe", "Mixture-of-Experts"), ("offload", "host offload"), ("lora", "LoRA"))
+
+
+def _not_fitting(data: dict[str, Any]) -> list[str]:
+    """The plans that ran but are predicted not to fit in memory, each with its memory verdict: every
+    one is a memory-model error (issue 62's target is none)."""
+    rows = [(title, r) for key, title in _SETS for r in (data.get(key) or {}).get("rows", []) if r.get("fit_verdict")]
+    counts = ", ".join(
+        f"{title} {sum(1 for r in data[key]['rows'] if r.get('fit_verdict'))} of {data[key]['summary']['n']}"
+        for key, title in _SETS
+        if data.get(key)
+    )
+    lines = [
+        "## Plans that ran, predicted not to fit",
+        "",
+        f"Each measured run below fitted its GPUs; simpar's memory model says it does not ({counts}). "
+        + ("None." if not rows else "Each is a memory-model error, with the rank and the bytes:"),
+        "",
+    ]
+    lines += [f"- {title}: **{r['id']}**: {r['fit_verdict']}" for title, r in rows]
+    return lines + ([""] if rows else [])
 
 
 def _num(x: float | None) -> str:

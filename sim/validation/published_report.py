@@ -51,7 +51,8 @@ def markdown(doc: dict[str, Any], command: str) -> str:
         "",
         f"Regenerate with: `{command}`",
         "",
-        f"Rows: {s['rows']}, simulated: {s['n']}, not simulated: {s['not_simulated']}.",
+        f"Rows: {s['rows']}, simulated: {s['n']}, not simulated: {s['not_simulated']}, "
+        f"predicted not to fit though they ran: {s.get('not_fitting', 0)}.",
         f"Median |error| {_abs(s['median_abs_error'])}, p90 {_abs(s['p90_abs_error'])}, max "
         f"{_abs(s['max_abs_error'])}.",
         "",
@@ -87,9 +88,12 @@ def markdown(doc: dict[str, Any], command: str) -> str:
         meas = "—" if r["measured_iter_time_s"] is None else f"{r['measured_iter_time_s']:.4g}"
         mm = "—" if r["measured_peak_mem_gib"] is None else f"{r['measured_peak_mem_gib']:.1f}"
         mp = "—" if r["predicted_peak_mem_gib"] is None else f"{r['predicted_peak_mem_gib']:.1f}"
+        status = r["status"]
+        if r.get("fit_verdict") and r["fit_verdict"] not in status:  # `accuracy` has said it already
+            status += f"; predicted {r['fit_verdict']}"
         lines.append(
             f"| {r['id']} | {r['schedule']} | {meas} | {pred} | {_pct(r['error'])} "
-            f"| {mm} | {mp} | {_pct(r['mem_error'])} | {r['status']} |"
+            f"| {mm} | {mp} | {_pct(r['mem_error'])} | {status} |"
         )
     return "\n".join(lines) + "\n"
 
