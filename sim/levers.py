@@ -385,6 +385,36 @@ LEVERS: tuple[Lever, ...] = (
             ),
         ),
     ),
+    _lv(
+        "fp8_param_gather",
+        "precision",
+        "bool",
+        "keep the weights in fp8 alone, the fp32 masters in the distributed optimizer, and all-gather them in "
+        "fp8 (Megatron-LM --fp8-param-gather; Megatron-Bridge's fp8 recipes set it): an fp8 plan with ZeRO >= 1",
+        negatable=True,
+        cli_default_text="[default: the stack's, for an fp8 plan with ZeRO >= 1]",
+        csv="",
+        assumed=Assumed(
+            10, lambda p, st, moe: p.precision == "fp8" and st.fp8_params is not None, "the {stack} stack's default"
+        ),
+        rules=(
+            Rule(
+                lambda p: p.fp8_param_gather and p.precision != "fp8",
+                "a {precision} plan keeps its weights in {precision}; fp8 parameters belong to an fp8 recipe.",
+                "drop --fp8-param-gather, or use --precision fp8.",
+            ),
+            Rule(
+                lambda p: p.fp8_param_gather and p.zero == 0,
+                "fp8 parameters need the distributed optimizer's fp32 masters (Megatron-LM asserts it).",
+                "use --zero 1 (or more), or drop --fp8-param-gather.",
+            ),
+            Rule(
+                lambda p: p.fp8_param_gather and p.lora_rank is not None,
+                "a LoRA plan keeps its frozen base in fp8 with --lora-base-bits 8, not with fp8 parameters.",
+                "drop --fp8-param-gather (use --lora-base-bits 8).",
+            ),
+        ),
+    ),
     # MoE
     _lv("ep", "moe", "int", "expert-parallel size (MoE)", low=1, high=MAX_GPUS, cli_default=1, sweep="ep"),
     _lv(

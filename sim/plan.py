@@ -109,6 +109,9 @@ class ParallelPlan(BaseModel):
     #: the attention core's matmuls in fp8 (Transformer Engine's fp8_dot_product_attention), priced on
     #: the fp8 rows of the kernel data (`cost.compute.CostModel.attention_efficiencies`)
     fp8_attention: bool = lever_field("fp8_attention", False)
+    #: the weights kept in fp8 alone, all-gathered in fp8 (Megatron-LM --fp8-param-gather;
+    #: `cost.precision.fp8_weights`); an fp8 plan takes its stack's default
+    fp8_param_gather: bool = lever_field("fp8_param_gather", False)
     mesh_order: tuple[str, ...] = lever_field("mesh_order", DEFAULT_MESH_ORDER)
     layer_split: tuple[int, ...] | None = lever_field("layer_split", None)
     allow_tp_across_nodes: bool = lever_field("allow_tp_across_nodes", False)
@@ -152,6 +155,10 @@ class ParallelPlan(BaseModel):
             out.setdefault("fp8_recipe", "nvfp4" if "nvfp4" in stack.fp8_recipes else None)
         elif out.get("precision") == "fp8":
             out.setdefault("fp8_recipe", stack.fp8_default)
+            # fp8-only weights need the distributed optimizer or FSDP (ZeRO >= 1) and a full-training plan
+            zero, lora = out.get("zero", 0), out.get("lora_rank")
+            can = isinstance(zero, int) and not isinstance(zero, bool) and zero >= 1 and lora is None
+            out.setdefault("fp8_param_gather", bool(stack.fp8_params) and can)
         return out
 
     @field_validator("fp8_recipe")

@@ -297,6 +297,12 @@ def _check_stack(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec) -> 
     problem = recipe_problem(plan.precision, plan.fp8_recipe, stack, gpu)
     if problem is not None:
         raise PlanError("fp8_recipe", *problem)
+    if plan.fp8_param_gather and stack.fp8_params is None:
+        raise PlanError(
+            "fp8_param_gather",
+            f"stack {stack.name} cannot keep its weights in fp8 alone (Megatron-Core's --fp8-param-gather does).",
+            "drop --fp8-param-gather, or use megatron-core / megatron-bridge.",
+        )
     if plan.activation_func_fp8_input_store:
         if not stack.fp8_activation_store:
             raise PlanError(

@@ -215,6 +215,7 @@ def test_the_assumed_rule_is_shared_with_validate() -> None:
         "moe_a2a_overlap",
         "tp_comm_overlap",
         "fp8_attention",
+        "fp8_param_gather",
         "overlap_grad_reduce",
     ]
     assert every[0] == "stack megatron-bridge (no stack column)"

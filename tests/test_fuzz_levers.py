@@ -46,6 +46,8 @@ LEVERS: dict[str, list[str] | None] = {
     "--fp8-attention": None,
     "--no-fp8-attention": None,
     "--activation-func-fp8-input-store": None,
+    "--fp8-param-gather": None,
+    "--no-fp8-param-gather": None,
     "--no-activation-func-fp8-input-store": None,
     "--offload-overlap": None,
     "--offload-activations": NUM,

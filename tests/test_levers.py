@@ -52,6 +52,7 @@ PLAN = ParallelPlan(
     tp_comm_overlap=True,
     fp8_recipe="rowwise",
     fp8_attention=True,
+    fp8_param_gather=True,
     mesh_order=("dp", "pp", "cp", "tp"),
     layer_split=(1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12),
     allow_tp_across_nodes=True,

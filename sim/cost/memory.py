@@ -40,6 +40,7 @@ from .alive import plan_profile, unit_costs
 from .offload import host_state_bytes, offloads
 from .optimizers import optimizer_facts
 from .params import rank_expert_params, rank_params
+from .precision import param_gather_bytes
 from .states import MemoryConventions, stack_conventions, stack_state_bytes
 
 
@@ -243,7 +244,8 @@ def rank_memories(
         if policy is ZeroPolicy.PER_LAYER:
             # FSDP without a pipeline: layer-wise gather with prefetch, gradients reduce-scattered per layer
             layer = max(psi / max(1, layers[rank]), 0.0)
-            gather = 2 * 2 * layer + 2 * layer  # two unsharded 16-bit layers (current + prefetch) + one layer's grads
+            # two unsharded layers (current + prefetch; 16-bit, or fp8 gathered) + one layer's 16-bit grads
+            gather = 2 * param_gather_bytes(plan) * layer + 2 * layer
         elif policy is ZeroPolicy.PER_UNSHARD:
             # ZeRO-3 inside a pipeline, as torch.distributed.pipelining runs FSDP2: a stage stays
             # gathered from its UNSHARD to its RESHARD (window of the next 3 distinct stages the rank
@@ -253,7 +255,7 @@ def rank_memories(
             if zero3_unsharded is not None and zero3_unsharded[rank] is not None:
                 gather = float(zero3_unsharded[rank])
             else:
-                gather = 2.0 * sum(sorted(stage_params[rank], reverse=True)[:MAX_ACTIVE_STAGES])
+                gather = param_gather_bytes(plan) * sum(sorted(stage_params[rank], reverse=True)[:MAX_ACTIVE_STAGES])
             grads = sb.grads * (adapters if tuned else psi)
         host: Mapping[str, float] = _NO_HOST
         if offloaded:

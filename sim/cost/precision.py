@@ -95,6 +95,12 @@ def fp8_base_weights(plan: ParallelPlan) -> bool:
     return plan.lora_rank is not None and plan.lora_base_bits == 8
 
 
+def fp8_weights(plan: ParallelPlan) -> bool:
+    """The GEMMs' weights are fp8 parameters, read as they are: a LoRA base in fp8
+    (`fp8_base_weights`) or a plan keeping its weights in fp8 alone (``fp8_param_gather``)."""
+    return fp8_base_weights(plan) or plan.fp8_param_gather
+
+
 def cast_bytes(
     plan: ParallelPlan,
     group: str,
@@ -115,31 +121,65 @@ def cast_bytes(
     if any_layout and cast.one_layout is not None:
         cast = cast.one_layout
     fused_B = cast.act_fused_B if stack.fp8_fused_casts and cast.act_fused_B is not None else cast.act_B
-    per_weight = 0.0 if fp8_base_weights(plan) else 1.0 / plan.num_microbatches if stack.fp8_weight_cache else 1.0
+    per_weight = 1.0 / plan.num_microbatches if stack.fp8_weight_cache else 1.0
+    weight_B = cast.weight_B
+    if fp8_base_weights(plan):  # a frozen fp8 base: cast never, its transpose made once and kept
+        weight_B = 0.0
+    elif plan.fp8_param_gather:  # fp8 parameters: on a TN-only GPU the per-tensor transpose, once a step
+        weight_B = 2.0 if not any_layout and one_layout_recipe(plan) else 0.0
+        per_weight = 1.0 / plan.num_microbatches
     fwd = sum(
-        m * k * (fused_B if j < fused_inputs else cast.act_B) + k * n * cast.weight_B * per_weight
+        m * k * (fused_B if j < fused_inputs else cast.act_B) + k * n * weight_B * per_weight
         for j, (m, n, k) in enumerate(shapes)
     )
     bwd = sum(m * n * cast.act_B for m, n, _k in shapes)
     return fwd, bwd
 
 
-def fp8_weight_cache_bytes(plan: ParallelPlan, any_layout: bool) -> float:
-    """Bytes per weight of the fp8 copy a stack keeps between micro-batches
-    (`StackSpec.fp8_weight_cache`): the recipe's quantised element, scales included, in each layout
-    the GEMMs read. Two where the GPU's per-tensor fp8 GEMMs take TN only (Transformer Engine keeps
-    the transpose beside the weight) or the recipe scales along each direction (MXFP8, blockwise:
-    its column-wise copy); one where the stack writes a single layout on a GPU taking any
+def one_layout_recipe(plan: ParallelPlan) -> bool:
+    """The plan's recipe scales whole tensors, so its stack can write one layout where the GPU takes
+    any (its ``fp8_casts`` entry has ``one_layout``); false for block-scaled recipes."""
+    recipe = recipe_of(plan)
+    return recipe is not None and stack_of(plan).fp8_casts[recipe.name].one_layout is not None
+
+
+def fp8_weight_layout_bytes(plan: ParallelPlan, any_layout: bool) -> float:
+    """Bytes per weight of an fp8 weight in every layout the GEMMs read: the recipe's quantised
+    element, scales included, twice where the GPU's per-tensor fp8 GEMMs take TN only (Transformer
+    Engine keeps the transpose beside it) or the recipe scales along each direction (MXFP8, blockwise:
+    its column-wise copy), once where the stack writes a single layout on a GPU taking any
     (``one_layout``, `GPUSpec.fp8_any_layout`). Transformer Engine's own expectation of it:
     tests/pytorch/test_cpu_offloading.py ``_estimate_cached_weight_size`` (1 or 2 B per weight for
-    delayed and current scaling as ``is_non_tn_fp8_gemm_supported``, 2 x (1 + 1/32) for MXFP8).
-    0 for a plan without an fp8 cache, and for a LoRA base already in fp8 (`fp8_base_weights`)."""
-    recipe, stack = recipe_of(plan), stack_of(plan)
-    if recipe is None or plan.precision != "fp8" or not stack.fp8_weight_cache or fp8_base_weights(plan):
-        return 0.0
-    cast = stack.fp8_casts[recipe.name]
-    layouts = 1 if any_layout and cast.one_layout is not None else 2
+    delayed and current scaling as ``is_non_tn_fp8_gemm_supported``, 2 x (1 + 1/32) for MXFP8)."""
+    recipe = recipe_of(plan)
+    assert recipe is not None
+    layouts = 1 if any_layout and one_layout_recipe(plan) else 2
     return layouts * recipe.elem_bytes
+
+
+def fp8_weight_cache_bytes(plan: ParallelPlan, any_layout: bool) -> float:
+    """Bytes per weight of the fp8 copy a stack keeps between micro-batches beside 16-bit weights
+    (`StackSpec.fp8_weight_cache`): `fp8_weight_layout_bytes`. 0 for a plan without an fp8 cache, and
+    where the weights are fp8 already (`fp8_weights`: nothing is cached beside them)."""
+    recipe, stack = recipe_of(plan), stack_of(plan)
+    if recipe is None or plan.precision != "fp8" or not stack.fp8_weight_cache or fp8_weights(plan):
+        return 0.0
+    return fp8_weight_layout_bytes(plan, any_layout)
+
+
+def fp8_param_bytes(plan: ParallelPlan, any_layout: bool) -> float:
+    """Bytes per weight of a plan whose weights are kept in fp8 alone (``fp8_param_gather``: the fp32
+    masters live in the distributed optimizer, there is no 16-bit copy and no cache beside them):
+    `fp8_weight_layout_bytes`; 0 for a plan with 16-bit weights."""
+    return fp8_weight_layout_bytes(plan, any_layout) if plan.fp8_param_gather else 0.0
+
+
+def param_gather_bytes(plan: ParallelPlan) -> float:
+    """Bytes per weight a parameter all-gather moves: the 16-bit weight, or with fp8 parameters the
+    quantised one (the row-wise data with its scales; the rest is made locally: Megatron-LM
+    --fp8-param-gather, 'perform the param all-gather in fp8')."""
+    recipe = recipe_of(plan)
+    return recipe.elem_bytes if plan.fp8_param_gather and recipe is not None else 2.0
 
 
 def activation_input_bytes(m: ModelSpec, plan: ParallelPlan) -> float:

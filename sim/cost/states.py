@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from ..plan import ParallelPlan
 from ..specs import GPUSpec
 from ..specs.stack import StateBytes, load_stack
-from .precision import element_bytes, fp8_weight_cache_bytes
+from .precision import element_bytes, fp8_param_bytes, fp8_weight_cache_bytes
 
 #: fp32 master weights + Adam first and second moments (ZeRO paper, K = 12).
 OPTIMIZER_BYTES_PER_PARAM = 12
@@ -65,9 +65,12 @@ def stack_conventions(plan: ParallelPlan, gpu: GPUSpec) -> MemoryConventions:
     reports, and its cached fp8 weights, whose layouts depend on the GPU)."""
     stack = load_stack(plan.stack)
     mem = stack.memory
+    states = stack_states(plan)
+    if plan.fp8_param_gather:  # the weights in fp8 alone: no 16-bit copy (`precision.fp8_param_bytes`)
+        states = states.model_copy(update={"weights": fp8_param_bytes(plan, gpu.fp8_any_layout)})
     return MemoryConventions(
         element_bytes(plan),
-        stack_states(plan),
+        states,
         mem.context_bytes,
         mem.fragmentation,
         mem.reports,

@@ -27,6 +27,7 @@ from typing import Any, ClassVar
 import simpy
 
 from ..collector import paused
+from ..cost.precision import param_gather_bytes
 from ..cost.resolved import StageInputs
 from ..cost.workload import PassParts, pair_split
 from ..layout import RankLayout
@@ -94,6 +95,7 @@ class Engine(PipelineTransfers, DataParallel, HostCopies, IterationTail):
             raise ValueError("the engine runs lowered schedules (lowering.lower)")
         self.m, self.plan, self.sched, self.work, self.costs = model, plan, schedule, work, costs
         self.net, self.env, self.opt, self.profile = network, env, options, profile
+        self._gather_B = param_gather_bytes(plan)  # bytes per weight a ZeRO-3 gather holds
         #: per pipeline rank, the action positions to snapshot (None: record nothing)
         self.marks = marks
         #: transfers booked without a process where the network does not share links

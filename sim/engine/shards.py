@@ -49,6 +49,7 @@ class DataParallel:
         release_at: list[dict[Action, Release]]
         timed_p2p: bool
         events: list[TraceEvent]
+        _gather_B: float
 
         def _record(
             self, g: GpuState, stream: str, name: str, kind: str, start: float, stage=None, mb=None
@@ -237,7 +238,7 @@ class DataParallel:
             self._params_mem(g, -self.work[s].params)
 
     def _params_mem(self, g: GpuState, params: float) -> None:
-        g.unsharded += 2.0 * params  # 16-bit weights
+        g.unsharded += self._gather_B * params  # the gathered weights (`precision.param_gather_bytes`)
         g.peak_unsharded = max(g.peak_unsharded, g.unsharded)
 
     def _fsdp_pass(self, g: GpuState, a: Action, parts: PassParts):

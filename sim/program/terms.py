@@ -21,6 +21,7 @@ from ..cost import lora
 from ..cost.compute import CostModel
 from ..cost.offload import HOST_GRAD_BYTES, cpu_step_seconds
 from ..cost.params import rank_expert_params, stage_layer_range
+from ..cost.precision import param_gather_bytes
 from ..cost.profile import RuntimeProfile
 from ..cost.states import FP16_UNSCALE_BYTES, stack_states
 from ..cost.workload import StageWork
@@ -211,16 +212,18 @@ def param_gathers(
     profile: RuntimeProfile,
     expert_group: tuple[int, ...] = (),
 ) -> list[Comm]:
-    """All-gather of a stage's 16-bit parameters over the ZeRO group; routed experts over their
-    own ``expert_group`` (edp), one after the other. ZeRO-3 gathers every parameter to use it;
+    """All-gather of a stage's parameters (16-bit, or fp8: `precision.param_gather_bytes`) over the
+    ZeRO group; routed experts over their own ``expert_group`` (edp), one after the other. ZeRO-3
+    gathers every parameter to use it;
     ZeRO-1/2 gathers the parameters the step updated, so a LoRA plan's adapters only: its frozen
     base is neither sharded nor gathered (Megatron-Core's DDP buffers hold the parameters that
     require gradients; `cost.memory` keeps the base whole under ZeRO-1/2)."""
     params = work.params if plan.sharding.parameters else work.params - work.frozen_params
+    pg = param_gather_bytes(plan)  # 16-bit, or fp8 parameters gathered in fp8
     if work.expert_params and expert_group:
-        dense = 2.0 * (params - work.expert_params)
-        return [Comm("all-gather", group, dense), Comm("all-gather", expert_group, 2.0 * work.expert_params)]
-    nbytes = 2.0 * params
+        dense = pg * (params - work.expert_params)
+        return [Comm("all-gather", group, dense), Comm("all-gather", expert_group, pg * work.expert_params)]
+    nbytes = pg * params
     up = stack_states(plan).weights * params / len(group) if plan.offload_params else 0.0
     return [Comm("all-gather", group, nbytes, profile.gather_seconds(plan, work.layers, nbytes), host_bytes=up)]
 
@@ -254,19 +257,20 @@ def fsdp_pass(
     experts = work.expert_params if len(expert_group) > 1 and work.moe_layers else 0.0
     dense = work.params - experts
     calls = nl * z3.gathers_per_layer
-    first_bytes = 2.0 * dense / nl
+    pg = param_gather_bytes(plan)  # 16-bit, or fp8 parameters gathered in fp8
+    first_bytes = pg * dense / nl
     # offloaded shards come up from host memory before each gather, as the stack keeps them (`cost.offload`)
     up = stack_states(plan).weights / 2.0 / len(group) if plan.offload_params else 0.0
     first = [Comm("all-gather", group, first_bytes, count=z3.gathers_per_layer, host_bytes=up * first_bytes)]
     rest = []
     if nl > 1:
-        more = 2.0 * dense - first_bytes
+        more = pg * dense - first_bytes
         rest.append(Comm("all-gather", group, more, count=calls - z3.gathers_per_layer, host_bytes=up * more))
     reduces = nl if z3.reduce_per == "layer" else bucket_count(plan, dense)
     reduce = [Comm("reduce-scatter", group, dense * grad_bytes_per_param(plan), count=reduces)]
     if experts:
         k = work.moe_layers
-        per = 2.0 * experts / k
+        per = pg * experts / k
         exposed = 1 if work.first_moe else 0
         if exposed:
             first.append(Comm("all-gather", expert_group, per))

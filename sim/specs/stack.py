@@ -269,6 +269,12 @@ class StackSpec(BaseModel):
         "is refused); None: every one simpar models",
     )
     fp8_weight_cache: bool = Field(description="an fp8 copy of each weight is kept between micro-batches")
+    fp8_params: bool | None = Field(
+        None,
+        description="the model's weights can be kept in fp8 alone, the fp32 masters in the distributed optimizer "
+        "(Megatron-LM --fp8-param-gather; Transformer Engine's fp8_model_init): true where the stack's fp8 runs do "
+        "by default, false where it can but does not by default; None: it cannot (a plan asking is refused)",
+    )
     fp8_activation_store: bool = Field(
         False,
         description="the model code can keep a SwiGLU's input in fp8 for the backward (Megatron-Core's "
@@ -349,6 +355,7 @@ class StackSpec(BaseModel):
             "parallel_dims": self.parallel_dims is None,
             "grad_reduce_overlap": self.grad_reduce_overlap == "always",
             "fp8_activation_store": not self.fp8_activation_store,
+            "fp8_params": self.fp8_params is None,
         }
         optional = [f for f, unrestricted in free.items() if not unrestricted]
         missing = [f for f in (*_SOURCED, *optional) if f not in self.sources]
