@@ -38,8 +38,10 @@ attention core), the experts (GroupedLinear after the token permutation) and the
 projections (plain Linears) cast their inputs on their own. The weight (k x n, ``weight_B``) is
 cast in every forward where the stack keeps no fp8 copy between micro-batches
 (`StackSpec.fp8_weight_cache`: torchao, Composer's te.Linear), else once per iteration (Transformer
-Engine's first micro-batch under Megatron), charged here as its share per micro-batch. A LoRA
-base kept in fp8 (`fp8_base_weights`) is read as it is: no weight cast.
+Engine's first micro-batch under Megatron), charged here as its share per micro-batch. Weights that
+are fp8 already are read as they are: a LoRA base kept in fp8 (`fp8_base_weights`) is never cast, and
+fp8 parameters (``fp8_param_gather``) only have their per-tensor transpose made once a step on a GPU
+whose fp8 GEMMs take TN only (read 1 B, write 1 B).
 
 What a quantised linear keeps for its backward (`saved_input_fraction`): Transformer Engine keeps
 the quantised X (its transposed copy, ``elem_bytes`` per element) for the weight-gradient GEMM;
@@ -113,7 +115,8 @@ def cast_bytes(
     first ``fused_inputs`` shapes read an X that a norm or an activation produced (fused where the
     stack fuses casts). ``any_layout``: the GPU's per-tensor fp8 GEMMs take any operand layout
     (`GPUSpec.fp8_any_layout`), so a stack that then writes one quantised copy moves its
-    ``one_layout`` bytes. A LoRA base already in fp8 (`fp8_base_weights`) is not cast."""
+    ``one_layout`` bytes. Weights already in fp8 are not cast (module docstring: a LoRA base in fp8;
+    fp8 parameters, their transpose once a step on a TN-only GPU)."""
     recipe, stack = recipe_of(plan), stack_of(plan)
     if recipe is None or group not in stack.fp8_gemms:
         return 0.0, 0.0
