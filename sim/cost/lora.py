@@ -105,7 +105,10 @@ def adapter_params(m: ModelSpec, plan: ParallelPlan, layers: int) -> float:
 
 def frozen_weight_bytes(m: ModelSpec, plan: ParallelPlan, base_params: float, layers: int) -> float:
     """Bytes of ``base_params`` frozen parameters (``layers`` transformer layers' worth and the
-    rest) as stored: 16-bit, or the layers' linear weights in fp8 (one byte) or, under QLoRA, in NF4."""
+    rest) as stored: 16-bit, or the layers' linear weights in fp8 (one byte) or, under QLoRA, in NF4.
+    An fp8 base keeps no transpose on Hopper, unlike trained fp8 parameters
+    (`precision.fp8_param_bytes`): MLPerf's H200 runs at tp 1 could not hold a 70B base's (183 GiB
+    of 141), so Transformer Engine makes them per use there; unverified on a GPU."""
     if plan.lora_base_bits >= 16:
         return 2.0 * base_params
     quantised = min(base_params, layers * base_linear_params_per_layer(m, plan))
