@@ -129,3 +129,34 @@ def test_every_measured_run_fits_its_gpus(csv: str) -> None:
         if not rep.fits:
             bad.append(f"{r['id']}: {rep.verdict()}")
     assert not bad, bad
+
+
+def test_a_megatron_launch_says_it_with_fp8_param_gather() -> None:
+    from simpar.sim.errors import SpecError
+    from simpar.sim.interop.megatron import read_megatron
+
+    launch = (
+        "torchrun --nproc_per_node 8 pretrain_gpt.py --tensor-model-parallel-size 1 --micro-batch-size 1 "
+        "--global-batch-size 8 --seq-length 4096 --bf16 --use-distributed-optimizer {extra}"
+    )
+    on = read_megatron(launch.format(extra="--fp8-format hybrid --fp8-param-gather"), model_given=True).plan
+    off = read_megatron(launch.format(extra="--fp8-format hybrid"), model_given=True).plan
+    assert (on["fp8_param_gather"], off["fp8_param_gather"]) == (True, False)
+    with pytest.raises(SpecError, match="--fp8-param-gather"):
+        read_megatron(launch.format(extra="--fp8-param-gather"), model_given=True)
+
+
+def test_a_written_megatron_launch_reads_back_with_its_fp8_parameters() -> None:
+    from simpar.sim.errors import SpecError
+    from simpar.sim.interop.emit import megatron_launch
+    from simpar.sim.interop.megatron import read_megatron
+
+    m = load_model("llama3-8b")
+    plan = _fp8(fp8_param_gather=True)
+    text = megatron_launch(plan, m, 8, 8)
+    assert "--fp8-param-gather" in text
+    assert read_megatron(text).plan["fp8_param_gather"] is True
+    assert "--fp8-param-gather" not in megatron_launch(plan.model_copy(update={"fp8_param_gather": False}), m, 8, 8)
+    # the fp8 activation store has no Megatron-LM argument: said, not dropped
+    with pytest.raises(SpecError, match="activation_func_fp8_input_store"):
+        megatron_launch(plan.model_copy(update={"activation_func_fp8_input_store": True}), m, 8, 8)

@@ -121,7 +121,8 @@ def test_megatron_round_trip_of_a_moe_sweeps_top_20(tmp_path):
 # moe_a2a_overlap -> overlap_moe_expert_parallel_comm + delay_wgrad_compute), the library recipes
 # (src/megatron/bridge/recipes/qwen/qwen3_moe.py: etp 1, distributed optimizer, overlapped grad
 # reduce and param gather, grouped GEMM, 235B: embedding and loss counted in the pipeline split)
-# and the precisions (training/mixed_precision.py: fp8_cs = hybrid/tensorwise, fp8_mx = e4m3/mxfp8),
+# and the precisions (training/mixed_precision.py: fp8_cs = hybrid/tensorwise, fp8_mx = e4m3/mxfp8, both
+# with fp8_param_gather),
 # written as the Megatron-Core arguments of the same config fields. The 30B recipes ask for TP
 # overlap at tp 1, which Bridge turns off (training/comm_overlap.py: "Disabling tensor parallel
 # communication overlap due to TP size < 2") and Megatron-LM refuses without sequence parallelism.
@@ -135,7 +136,7 @@ _QWEN3_235B_H100 = (
     "torchrun --nproc_per_node 8 --nnodes 32 pretrain_gpt.py "
     "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 8 --context-parallel-size 1 "
     "--num-virtual-stages-per-pipeline-rank 4 --expert-model-parallel-size 32 --sequence-parallel "
-    "--micro-batch-size 1 --global-batch-size 8192 --fp8-format hybrid --fp8-recipe tensorwise "
+    "--micro-batch-size 1 --global-batch-size 8192 --fp8-format hybrid --fp8-recipe tensorwise --fp8-param-gather "
     "--moe-token-dispatcher-type alltoall --overlap-moe-expert-parallel-comm --delay-wgrad-compute "
     "--num-layers 94 --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split"
 )
@@ -144,7 +145,7 @@ BRIDGE_RECIPES = {
         "torchrun --nproc_per_node 8 --nnodes 2 pretrain_gpt.py "
         "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 --context-parallel-size 1 "
         "--expert-model-parallel-size 16 --micro-batch-size 1 --global-batch-size 1024 "
-        "--fp8-format hybrid --fp8-recipe tensorwise --moe-token-dispatcher-type flex"
+        "--fp8-format hybrid --fp8-recipe tensorwise --fp8-param-gather --moe-token-dispatcher-type flex"
     ),
     "mbridge_26.04.01_DGX-H100_Qwen3_235B_a22B_FP8_256g_tp2pp8cp1vp4mbs1gbs8192": _QWEN3_235B_H100,
     # v0.3.1 (26.02.01): the workload config names the deepep backend, but the recipe function
@@ -155,7 +156,7 @@ BRIDGE_RECIPES = {
         "torchrun --nproc_per_node 8 --nnodes 1 pretrain_gpt.py "
         "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 --context-parallel-size 1 "
         "--expert-model-parallel-size 8 --micro-batch-size 4 --global-batch-size 512 "
-        "--fp8-format e4m3 --fp8-recipe mxfp8 --moe-token-dispatcher-type flex"
+        "--fp8-format e4m3 --fp8-recipe mxfp8 --fp8-param-gather --moe-token-dispatcher-type flex"
     ),
 }
 

@@ -276,7 +276,7 @@ def test_first_layout_norm_types(tmp_path):
 # only with tp > 1; llama3_70b_h100_config: the library recipe's CommOverlapConfig(tp_comm_overlap=True)
 # with the fp8 userbuffers; set_llama3_common_configs: seq 8192), utils/utils.py (WorkloadBaseConfig:
 # sequence_parallel = tp > 1) and utils/helpers.py (get_precision_config("fp8_cs"):
-# bf16_with_fp8_current_scaling_mixed = fp8 "hybrid", fp8_recipe "tensorwise"
+# bf16_with_fp8_current_scaling_mixed = fp8 "hybrid", fp8_recipe "tensorwise", fp8_param_gather
 # (src/megatron/bridge/training/mixed_precision.py), first/last layers not in bf16).
 #
 # 25.09, v0.1.0rc3, scripts/performance: configs/llama3/llama3_8b_llm_pretrain.yaml (perf_matrix
@@ -297,8 +297,8 @@ def test_first_layout_norm_types(tmp_path):
 # "full_iteration"; v0.1.0rc3 cuda_graphs: true), the userbuffers configs, the 70B recipes'
 # embedding-wgrad deferral and parameter gather with the optimizer step, RoPE / TE cross-entropy fusion.
 _DENSE_BRIDGE_COMMON = (
-    "--seq-length 8192 --bf16 --fp8-format hybrid --use-distributed-optimizer --overlap-grad-reduce "
-    "--overlap-param-gather --cross-entropy-loss-fusion --manual-gc"
+    "--seq-length 8192 --bf16 --fp8-format hybrid --fp8-param-gather --use-distributed-optimizer "
+    "--overlap-grad-reduce --overlap-param-gather --cross-entropy-loss-fusion --manual-gc"
 )
 _LLAMA3_8B_B200 = (
     "torchrun --nproc_per_node 8 --nnodes 1 pretrain_gpt.py "
@@ -355,7 +355,7 @@ def test_the_25_09_rows_layout_is_an_fp8_entry_of_its_perf_matrix(row_id):
             .replace("--context-parallel-size 1", "--context-parallel-size 2")
             .replace(" --fp8-recipe tensorwise", "")
         )
-        common = _DENSE_BRIDGE_COMMON.replace(" --fp8-format hybrid", "")
+        common = _DENSE_BRIDGE_COMMON.replace(" --fp8-format hybrid --fp8-param-gather", "")
         plan = read_megatron(f"{bf16} {common}", model_given=True).plan
         assert (plan["pp"], plan["cp"], plan["precision"]) == (4, 2, "bf16") != (want.pp, want.cp, want.precision)
 

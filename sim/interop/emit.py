@@ -72,9 +72,18 @@ def megatron_launch(plan: ParallelPlan, model: ModelSpec | None, num_gpus: int, 
         a.append(f"--{plan.precision}")
     elif plan.precision == "fp8":
         a += ["--bf16", "--fp8-format", "hybrid", "--fp8-recipe", str(plan.fp8_recipe)]
+        a += ["--fp8-param-gather"] * plan.fp8_param_gather
     elif plan.precision != "fp32":
         raise _refuse(
             "precision", t, f"{plan.precision} has no Megatron-LM argument here", "use bf16, fp16, fp8 or fp32."
+        )
+    if plan.activation_func_fp8_input_store:
+        raise _refuse(
+            "activation_func_fp8_input_store",
+            t,
+            "Megatron-LM has no argument for it (a Megatron-Core TransformerConfig field that NeMo and "
+            "Megatron-Bridge set)",
+            "drop --activation-func-fp8-input-store, or write the plan as a Megatron-Bridge recipe.",
         )
     if plan.stack == "megatron-bridge" and plan.precision in ("bf16", "fp8"):
         a.append("--grad-reduce-in-bf16")  # Megatron-Bridge's recipes: grad_reduce_in_fp32 False

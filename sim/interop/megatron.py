@@ -577,8 +577,11 @@ def _precision(a: dict[str, Any], plan: dict[str, Any], where: str) -> None:
         one_of(a["--fp8-format"], f"{where}: --fp8-format", {"hybrid": 1, "e4m3": 1})
         plan["precision"] = "fp8"
         plan["fp8_recipe"] = one_of(a.get("--fp8-recipe", "delayed"), f"{where}: --fp8-recipe", FP8_RECIPE_ARGS)
+        plan["fp8_param_gather"] = bool(a.get("--fp8-param-gather"))  # fp8-only weights, gathered in fp8
     elif "--fp8-recipe" in a:
         raise SpecError(f"{where}: --fp8-recipe", "is given without --fp8-format.", "add --fp8-format hybrid.")
+    if a.get("--fp8-param-gather") and plan["precision"] != "fp8":
+        raise SpecError(f"{where}: --fp8-param-gather", "is given without --fp8-format.", "add --fp8-format hybrid.")
 
 
 def _recompute(a: dict[str, Any], plan: dict[str, Any], where: str) -> None:

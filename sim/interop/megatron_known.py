@@ -372,7 +372,7 @@ ARGUMENTS: dict[str, tuple[str, str]] = {
     "--fp8-interval": ("v", "harmless"),
     "--fp8-margin": ("v", "harmless"),
     "--fp8-output-proj": ("s", "harmless"),
-    "--fp8-param-gather": ("s", _R25),
+    "--fp8-param-gather": ("s", "modelled"),
     "--fp8-quantizer-factory": ("v", _R38),
     "--fp8-recipe": ("v", "modelled"),
     "--freeze-all-layers": ("s", _R47),
