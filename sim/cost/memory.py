@@ -220,6 +220,7 @@ def rank_memories(
     own = optimizer_facts(plan.optimizer).state_bytes_for(m.hidden)  # the optimizer's own state
     fp8_cache = conventions.fp8_weight_cache_B  # bytes per weight (`precision.fp8_weight_cache_bytes`)
     policy = plan.zero_policy
+    gathered_B = param_gather_bytes(plan)  # bytes per weight of a gathered ZeRO-3 weight
     offloaded = offloads(plan)
     tuned = lora.active(plan)
     scale, context, fragmentation = conventions.activation_scale, conventions.context_bytes, conventions.fragmentation
@@ -245,7 +246,7 @@ def rank_memories(
             # FSDP without a pipeline: layer-wise gather with prefetch, gradients reduce-scattered per layer
             layer = max(psi / max(1, layers[rank]), 0.0)
             # two unsharded layers (current + prefetch; 16-bit, or fp8 gathered) + one layer's 16-bit grads
-            gather = 2 * param_gather_bytes(plan) * layer + 2 * layer
+            gather = 2 * gathered_B * layer + 2 * layer
         elif policy is ZeroPolicy.PER_UNSHARD:
             # ZeRO-3 inside a pipeline, as torch.distributed.pipelining runs FSDP2: a stage stays
             # gathered from its UNSHARD to its RESHARD (window of the next 3 distinct stages the rank
@@ -255,7 +256,7 @@ def rank_memories(
             if zero3_unsharded is not None and zero3_unsharded[rank] is not None:
                 gather = float(zero3_unsharded[rank])
             else:
-                gather = param_gather_bytes(plan) * sum(sorted(stage_params[rank], reverse=True)[:MAX_ACTIVE_STAGES])
+                gather = gathered_B * sum(sorted(stage_params[rank], reverse=True)[:MAX_ACTIVE_STAGES])
             grads = sb.grads * (adapters if tuned else psi)
         host: Mapping[str, float] = _NO_HOST
         if offloaded:

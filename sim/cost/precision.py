@@ -121,6 +121,7 @@ def cast_bytes(
     if recipe is None or group not in stack.fp8_gemms:
         return 0.0, 0.0
     cast = stack.fp8_casts[recipe.name]
+    per_tensor = cast.one_layout is not None  # `one_layout_recipe`, read off the entry at hand
     if any_layout and cast.one_layout is not None:
         cast = cast.one_layout
     fused_B = cast.act_fused_B if stack.fp8_fused_casts and cast.act_fused_B is not None else cast.act_B
@@ -129,7 +130,7 @@ def cast_bytes(
     if fp8_base_weights(plan):  # a frozen fp8 base: cast never, its transpose made once and kept
         weight_B = 0.0
     elif plan.fp8_param_gather:  # fp8 parameters: on a TN-only GPU the per-tensor transpose, once a step
-        weight_B = 2.0 if not any_layout and one_layout_recipe(plan) else 0.0
+        weight_B = 2.0 if not any_layout and per_tensor else 0.0
         per_weight = 1.0 / plan.num_microbatches
     fwd = sum(
         m * k * (fused_B if j < fused_inputs else cast.act_B) + k * n * weight_B * per_weight
