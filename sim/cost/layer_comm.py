@@ -10,10 +10,14 @@ from typing import Protocol
 from ..layout import RankLayout
 from ..plan import ParallelPlan
 from ..specs import ModelSpec
+from ..specs.cluster import ClusterSpec
+from .ep_dispatch import flex_seconds
 from .moe import dispatch_bytes, flex_dispatch_bytes
 
 
 class CollectiveTimer(Protocol):
+    cluster: ClusterSpec
+
     def collective_time(self, op: str, ranks: tuple[int, ...], nbytes: float) -> float: ...
     def p2p_time(self, src: int, dst: int, nbytes: float) -> float: ...
     def node_groups(self, ranks: tuple[int, ...]) -> tuple[tuple[int, ...], ...]: ...
@@ -22,7 +26,8 @@ class CollectiveTimer(Protocol):
 
 def a2a_time(m: ModelSpec, plan: ParallelPlan, net: CollectiveTimer, layout: RankLayout) -> float:
     """One dispatch (or combine) of one MoE layer over the EP group of pipeline rank 0: one
-    all-to-all, or the flex dispatcher's NVLink and rail all-to-alls, pipelined (`moe` docstring)."""
+    all-to-all; or the flex dispatcher's measured kernels where its fabric has them
+    (`ep_dispatch.flex_seconds`), else its NVLink and rail all-to-alls, pipelined (`moe` docstring)."""
     if m.moe is None or plan.ep == 1:
         return 0.0
     group = layout.expert_group(layout.rank(pp=0), "ep")
@@ -30,6 +35,9 @@ def a2a_time(m: ModelSpec, plan: ParallelPlan, net: CollectiveTimer, layout: Ran
         return net.collective_time("all-to-all", group, dispatch_bytes(m, plan))
     nodes = net.node_groups(group)
     local, rail = flex_dispatch_bytes(m, plan, len(nodes))
+    measured = flex_seconds(net.cluster, len(group), len(nodes), local, rail)
+    if measured is not None:
+        return measured
     t = max(net.collective_time("all-to-all", g, local) for g in nodes)
     if len(nodes) > 1:
         t = max(t, net.collective_time("all-to-all", tuple(g[0] for g in nodes), rail))

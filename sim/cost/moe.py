@@ -31,7 +31,9 @@ blocks on average (`distinct_blocks`; force-balanced routing draws the top-k uni
 limited routing, as DeepSeek-V3's to at most 4 nodes, lowers it). So a GPU
 sends T / tp x h x 2 x D(ep) bytes over NVLink (its own tokens and those it forwards: the local
 all-to-all) and T / tp x h x 2 x D(M) to the M - 1 other nodes (an all-to-all among the GPUs of
-one rail), the two pipelined (`flex_dispatch_bytes`; `workload` takes the longer).
+one rail), the two pipelined (`flex_dispatch_bytes`; `workload` takes the longer). Where
+HybridEP's kernels were measured on the cluster's fabric, those bytes take the measured bandwidth
+instead (`ep_dispatch`).
 
 The routed experts are timed as grouped GEMMs (`CostModel.grouped_matmul_time`: one kernel, each
 expert's GEMM at the efficiency of its own small shape), plus the memory-bound permutation and

@@ -1,0 +1,163 @@
+"""The flex dispatcher priced from measured HybridEP kernels (topologies/kernels/ep.yaml, comm.csv):
+which rows are read, which clusters they price, exact times, and bad data refused."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from simpar.sim.cost import ep_dispatch
+from simpar.sim.cost.layer_comm import a2a_time
+from simpar.sim.cost.moe import flex_dispatch_bytes
+from simpar.sim.errors import SpecError
+from simpar.sim.layout import RankLayout
+from simpar.sim.network import make_network
+from simpar.sim.plan import ParallelPlan
+from simpar.sim.specs import load_cluster, load_model
+from simpar.sim.specs.ep_kernels import load_ep_curves
+from simpar.sim.specs.loader import presets_dir
+
+QWEN = load_model("qwen3-30b-a3b", seq_len=4096)
+KERNELS = Path(presets_dir("kernels"))
+#: HybridEP's "Kernel Only" columns at 16 SMs (docs/README_Hybrid-EP.md): (ranks, dispatch bf16, combine)
+H100_IB = ((16, 71.71, 62.95), (32, 57.69, 57.46), (64, 49.97, 49.77))
+GB200_NVL = ((8, 750.15, 684.27), (16, 661.93, 600.75), (24, 637.8, 565.53), (32, 629.79, 547.25), (36, 612.85, 543.27))
+
+
+def curves() -> dict[str, tuple]:
+    return {c.gpu: c for c in load_ep_curves()}
+
+
+def test_the_selected_rows_are_hybridep_kernel_times_at_megatron_cores_16_sms():
+    got = curves()
+    assert got["h100"].points == H100_IB and got["h100"].scope == "internode"
+    assert got["gb200"].points == GB200_NVL and got["gb200"].scope == "mnnvl"
+    assert got["b200"].points == ((8, 734.95, 673.84),)
+    assert all(c.implementation == "HybridEP" and c.timing == "kernel-only" and c.sms == 16 for c in got.values())
+    assert all(s.startswith("deepseek-ai/DeepEP:docs/README_Hybrid-EP.md") for c in got.values() for s in c.sources)
+
+
+def _flex(cluster_name: str, gpus: int, ep: int) -> tuple[float, float, float, int]:
+    """(a2a_time, NVLink bytes, network bytes, nodes) of a flex plan with ``ep`` on ``gpus`` GPUs."""
+    cluster = load_cluster(cluster_name, gpus=gpus)
+    p = ParallelPlan(dp=gpus, ep=ep, global_batch_size=gpus, schedule="none", zero=1, moe_dispatcher="flex")
+    net, layout = make_network(cluster), RankLayout(p)
+    nodes = len(net.node_groups(layout.expert_group(layout.rank(pp=0), "ep")))
+    local, rail = flex_dispatch_bytes(QWEN, p, nodes)
+    return a2a_time(QWEN, p, net, layout), local, rail, nodes
+
+
+def mean_time(nbytes: float, d: float, c: float) -> float:
+    return nbytes * (1 / d + 1 / c) / 2 / 1e9
+
+
+def test_two_h100_nodes_take_the_16_rank_figures_on_the_network_bytes():
+    t, _, rail, nodes = _flex("dgx-h100", 16, 16)
+    assert nodes == 2
+    assert t == pytest.approx(mean_time(rail, 71.71, 62.95), rel=1e-12)
+
+
+def test_three_nodes_lie_on_the_line_between_two_and_four():
+    t, _, rail, nodes = _flex("dgx-h100", 24, 24)
+    assert nodes == 3
+    assert t == pytest.approx(mean_time(rail, (71.71 + 57.69) / 2, (62.95 + 57.46) / 2), rel=1e-12)
+
+
+def test_sixteen_nodes_keep_the_largest_measured_size():
+    t, _, rail, nodes = _flex("dgx-h100", 128, 128)
+    assert nodes == 16
+    assert t == pytest.approx(mean_time(rail, 49.97, 49.77), rel=1e-12)
+
+
+def test_an_h200_node_has_the_h100s_fabric():
+    t, _, rail, _ = _flex("hgx-h200", 16, 16)
+    assert t == pytest.approx(mean_time(rail, 71.71, 62.95), rel=1e-12)
+
+
+def test_a_gb300_rack_takes_the_gb200_rack_figures_at_its_group_size():
+    t, local, _, nodes = _flex("gb300-nvl72", 64, 32)
+    assert nodes == 1
+    assert t == pytest.approx(mean_time(local, 629.79, 547.25), rel=1e-12)
+    t64, local64, _, _ = _flex("gb300-nvl72", 64, 64)  # beyond 36 ranks: the 36-rank figure
+    assert t64 == pytest.approx(mean_time(local64, 612.85, 543.27), rel=1e-12)
+
+
+def test_a_b300_node_takes_the_b200_node_figure():
+    t, local, _, _ = _flex("dgx-b300", 8, 8)
+    assert t == pytest.approx(mean_time(local, 734.95, 673.84), rel=1e-12)
+    t4, local4, _, _ = _flex("dgx-b300", 8, 4)  # below the smallest measured group: its figure
+    assert t4 == pytest.approx(mean_time(local4, 734.95, 673.84), rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("cluster", "gpus", "ep"),
+    [("dgx-a100-80g", 16, 16), ("dgx-h100", 8, 8), ("dgx-b200", 16, 16), ("gb300-nvl72", 144, 144)],
+)
+def test_fabrics_without_a_measurement_keep_nccls_model(cluster, gpus, ep):
+    c = load_cluster(cluster, gpus=gpus)
+    p = ParallelPlan(dp=gpus, ep=ep, global_batch_size=gpus, schedule="none", zero=1, moe_dispatcher="flex")
+    net, layout = make_network(c), RankLayout(p)
+    nodes = net.node_groups(layout.expert_group(layout.rank(pp=0), "ep"))
+    local, rail = flex_dispatch_bytes(QWEN, p, len(nodes))
+    assert ep_dispatch.flex_seconds(c, ep, len(nodes), local, rail) is None
+    nccl = max(net.collective_time("all-to-all", g, local) for g in nodes)
+    if len(nodes) > 1:
+        nccl = max(nccl, net.collective_time("all-to-all", tuple(g[0] for g in nodes), rail))
+    assert a2a_time(QWEN, p, net, layout) == pytest.approx(nccl, rel=1e-12)
+
+
+@given(st.floats(min_value=1, max_value=200))
+def test_the_curve_never_leaves_its_neighbouring_measurements(ranks):
+    curve = curves()["gb200"]
+    d, c = ep_dispatch.bandwidths(curve, ranks)
+    pts = curve.points
+    lo = max((p for p in pts if p[0] <= ranks), default=pts[0], key=lambda p: p[0])
+    hi = min((p for p in pts if p[0] >= ranks), default=pts[-1], key=lambda p: p[0])
+    assert min(lo[1], hi[1]) - 1e-9 <= d <= max(lo[1], hi[1]) + 1e-9
+    assert min(lo[2], hi[2]) - 1e-9 <= c <= max(lo[2], hi[2]) + 1e-9
+
+
+# --- bad data ----------------------------------------------------------------------------------
+def _copy(tmp_path: Path) -> Path:
+    for name in ("comm.csv", "ep.yaml"):
+        shutil.copy(KERNELS / name, tmp_path / name)
+    return tmp_path
+
+
+def test_a_repeated_figure_is_refused_naming_the_fabric(tmp_path):
+    folder = _copy(tmp_path)
+    lines = (folder / "comm.csv").read_text().splitlines(keepends=True)
+    tags = "timing=kernel-only; SM count=16;"
+    row = next(x for x in lines if x.startswith("h100,") and ",combine," in x and tags in x)
+    (folder / "comm.csv").write_text("".join(lines) + row)
+    with pytest.raises(SpecError, match="'h100'.*two"):
+        load_ep_curves(folder)
+
+
+def test_a_fabric_without_rows_is_refused(tmp_path):
+    folder = _copy(tmp_path)
+    text = (folder / "ep.yaml").read_text().replace("sms: 16", "sms: 12")
+    (folder / "ep.yaml").write_text(text)
+    with pytest.raises(SpecError, match="no internode row at 12 SMs"):
+        load_ep_curves(folder)
+
+
+def test_an_unknown_selection_key_is_refused(tmp_path):
+    folder = _copy(tmp_path)
+    (folder / "ep.yaml").write_text((folder / "ep.yaml").read_text() + "\nbogus: 1\n")
+    with pytest.raises(SpecError, match="bogus"):
+        load_ep_curves(folder)
+
+
+def test_a_size_without_its_combine_is_refused(tmp_path):
+    folder = _copy(tmp_path)
+    lines = (folder / "comm.csv").read_text().splitlines(keepends=True)
+    tags = "timing=kernel-only; SM count=16;"
+    drop = next(x for x in lines if x.startswith("gb200,") and ",combine,mnnvl,24," in x and tags in x)
+    (folder / "comm.csv").write_text("".join(x for x in lines if x is not drop))
+    with pytest.raises(SpecError, match="no combine figure at 24 ranks"):
+        load_ep_curves(folder)
