@@ -3,7 +3,8 @@
 Prints the GPU's compute die, its GEMM curve (best measured fraction of peak, tile-fill size, fp8
 scale, power-limit factor) with the rows and sources behind it, what that makes of a few GEMM shapes
 in a training step (times the fitted training fractions of its default calibration), the attention
-curves of each implementation measured on the die, and which implementation each stack runs there.
+curves of each implementation measured on the die, which implementation each stack runs there, and
+the measured MoE dispatch kernels that time the flex dispatcher on the GPU's cluster presets.
 """
 
 from __future__ import annotations
@@ -80,3 +81,14 @@ def kernels(gpu: str, as_json: bool) -> None:
     fwd, bwd = rep["attention_fallback"]
     con.print(f"without a curve for its implementation: the calibration's {fwd:.2f} / {bwd:.2f}")
     con.print("stacks: " + ", ".join(f"{k} runs {v}" for k, v in rep["stacks"].items()))
+    for d in rep["moe_dispatch"]:
+        pts = ", ".join(f"{n} {d['group']} {a:.0f} / {b:.0f}" for n, a, b in d["points"])
+        con.print(
+            f"MoE flex dispatch on {d['cluster']} {d['scope']} ({d['implementation']} measured on {d['measured_on']}, "
+            f"{d['timing']} at {d['sms']} SMs; GB/s dispatch / combine): {pts}",
+            markup=False,
+        )
+        for src in d["sources"]:
+            con.print(f"  source: {src}", markup=False)
+    if not rep["moe_dispatch"]:
+        con.print("MoE flex dispatch: no measured kernel on this GPU's clusters; NCCL's all-to-all model times it")

@@ -161,3 +161,34 @@ def test_a_size_without_its_combine_is_refused(tmp_path):
     (folder / "comm.csv").write_text("".join(x for x in lines if x is not drop))
     with pytest.raises(SpecError, match="no combine figure at 24 ranks"):
         load_ep_curves(folder)
+
+
+# --- what `simpar kernels` says ------------------------------------------------------------------
+def test_the_kernel_report_names_the_dispatch_figures_of_a_gpus_clusters():
+    from simpar.sim.cost.kernel_report import moe_dispatch
+    from simpar.sim.specs import load_gpu
+
+    h100 = moe_dispatch(load_gpu("h100-sxm"))
+    assert [(d["cluster"], d["scope"], d["group"]) for d in h100] == [("dgx-h100", "across nodes", "nodes")]
+    assert h100[0]["points"] == [[n, d, c] for n, (_, d, c) in zip((2, 4, 8), H100_IB)]
+    gb300 = moe_dispatch(load_gpu("gb300"))
+    assert [(d["cluster"], d["scope"], d["measured_on"]) for d in gb300] == [
+        ("gb300-nvl72", "inside a node", "gb200-nvl72")
+    ]
+    assert moe_dispatch(load_gpu("a100-80g")) == []
+
+
+def test_simpar_kernels_prints_them_or_says_nccls_model_times_it():
+    from click.testing import CliRunner
+
+    from simpar.cli.main import cli
+
+    def run(gpu: str) -> str:
+        out = CliRunner().invoke(cli, ["kernels", gpu])
+        assert out.exit_code == 0, out.output
+        return " ".join(out.output.split())  # rich wraps long lines
+
+    h100 = run("h100-sxm")
+    assert "MoE flex dispatch on dgx-h100 across nodes" in h100
+    assert "2 nodes 72 / 63" in h100 and "README_Hybrid-EP.md" in h100
+    assert "NCCL's all-to-all model times it" in run("a100-80g")

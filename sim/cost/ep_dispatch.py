@@ -59,6 +59,13 @@ def curve_for(cluster: ClusterSpec, scope: str) -> EpCurve | None:
     return None
 
 
+def cluster_curves(cluster: ClusterSpec) -> dict[str, EpCurve]:
+    """The measured curves that price a flex dispatch on ``cluster``: ``across nodes`` and ``inside
+    a node`` (an NVL72 rack's domain is a node), each where its fabric has one."""
+    out = {"across nodes": curve_for(cluster, "internode"), "inside a node": curve_for(cluster, "intranode")}
+    return {k: v for k, v in out.items() if v is not None}
+
+
 def bandwidths(curve: EpCurve, ranks: float) -> tuple[float, float]:
     """(dispatch, combine) GB/s at a group of ``ranks``: linear between measured sizes, the nearest
     measured size's outside them."""

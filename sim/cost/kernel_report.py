@@ -7,11 +7,13 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from ..specs import GPUSpec
+from ..specs import GPUSpec, load_cluster
 from ..specs.kernels import GemmRow, KernelData, load_kernel_data
+from ..specs.loader import preset_names
 from ..specs.recipes import RECIPES
 from ..specs.stack import load_stack, stack_names
 from .compute import CostModel
+from .ep_dispatch import MEASURED_NODE_GPUS, cluster_curves
 from .kernels import (
     LOW_PRECISION,
     ROOFLINE_HBM_EFF,
@@ -139,4 +141,32 @@ def kernel_report(gpu: GPUSpec) -> dict[str, Any]:
     out["attention"] = attention
     out["attention_fallback"] = [eff.attn_eff_fwd, eff.attn_eff_bwd]
     out["stacks"] = {name: load_stack(name).attention_kernel_on(die) for name in stack_names()}
+    out["moe_dispatch"] = moe_dispatch(gpu)
+    return out
+
+
+def moe_dispatch(gpu: GPUSpec) -> list[dict[str, Any]]:
+    """The measured kernels that time the flex dispatcher on the cluster presets of ``gpu``
+    (`ep_dispatch`): per cluster and scope, the bandwidths (GB/s, dispatch and combine) by group size
+    (GPUs, or nodes across nodes), with their sources."""
+    out = []
+    for name in preset_names("clusters"):
+        cluster = load_cluster(name)
+        if cluster.gpu.name != gpu.name:
+            continue
+        for scope, c in cluster_curves(cluster).items():
+            across = scope == "across nodes"
+            out.append(
+                {
+                    "cluster": name,
+                    "scope": scope,
+                    "measured_on": c.cluster,
+                    "implementation": c.implementation,
+                    "timing": c.timing,
+                    "sms": c.sms,
+                    "group": "nodes" if across else "GPUs",
+                    "points": [[r // MEASURED_NODE_GPUS if across else r, d, cb] for r, d, cb in c.points],
+                    "sources": list(c.sources),
+                }
+            )
     return out
