@@ -10,12 +10,14 @@ An EP group whose GPUs sit on a measured fabric takes that fabric's figures:
 - inside one NVLink domain (an 8-GPU node, or an NVL72 rack): the figures at the group's size,
   ``t = NVLink bytes / bw(ep)`` (the first buffer).
 
-A dispatch and a combine move the same bytes; one of either is priced as the mean of the two
-(``bytes x (1/bw_dispatch + 1/bw_combine) / 2``), as `layer_comm.a2a_time` charges a pass one
-all-to-all each way. Between measured group sizes the bandwidth is interpolated linearly; outside
-them the nearest measured size's figure holds (the tables flatten with size: 24 to 36 ranks of an NVL72
-rack differ by 4 %). The figures are of 4,096 tokens of hidden 7,168 per GPU with top-8 routing: a
-model of another hidden size sends shorter rows at the same measured rate.
+The figures are the kernels' own time at the SMs the published runs give HybridEP (ep.yaml: 32), or
+the most a fabric's table measured below that (`EpCurve.sms`). A dispatch and a combine move the same
+bytes; one of either is priced as the mean of the two (``bytes x (1/bw_dispatch + 1/bw_combine) / 2``),
+as `layer_comm.a2a_time` charges a pass one all-to-all each way. Between measured group sizes the
+bandwidth is interpolated linearly; outside them the nearest measured size's figure holds (the tables
+flatten with size: 24 to 36 ranks of an NVL72 rack differ by 4 %). The figures are of 4,096 tokens
+of hidden 7,168 per GPU with top-8 routing: a model of another hidden size sends shorter rows at the
+same measured rate.
 
 A fabric matches a cluster when its NVLink (generation, per-GPU bandwidth, whether the NVLink domain
 spans a rack: ``partial_nodes``) and, across nodes, its NIC rate and node size are those of the preset

@@ -3,8 +3,9 @@ topologies/kernels/comm.csv, the ones ``ep.yaml`` selects (one implementation, S
 dispatch data type), as a bandwidth curve per measured fabric.
 
 A row's ``notes`` begin with ``impl=...; timing=...; SM count=...;`` (comm.md); a selected fabric's
-rows are those of its ``gpu`` whose implementation, timing and SM count are ep.yaml's, dispatch rows
-of the selected data type and combine rows. Each group size must have one of each: a curve with a
+rows are those of its ``gpu`` whose implementation and timing are ep.yaml's, at the most SMs measured
+up to ep.yaml's ``sms`` (the curve says which: ``EpCurve.sms``), dispatch rows of the selected data
+type and combine rows. Each group size must have one of each: a curve with a
 missing or a repeated point is refused, naming the file and the fabric. Rows are read once and
 validated here; `simpar.sim.cost.ep_dispatch` prices a dispatch from the curves.
 """
@@ -113,12 +114,23 @@ def _rows(path: Path) -> list[EpRow]:
 
 def _curve(name: str, gpu: str, fab: EpFabric, sel: EpSelection, rows: list[EpRow]) -> EpCurve:
     where = f"{name}: the {sel.implementation} rows of {gpu!r} (ep.yaml fabrics)"
+    mine = [
+        r
+        for r in rows
+        if (r.gpu, r.scope) == (gpu, fab.scope) and (r.tag("impl"), r.tag("timing")) == (sel.implementation, sel.timing)
+    ]
+    counts = sorted({int(c) for c in (r.tag("SM count") for r in mine) if c.isdigit() and 0 < int(c) <= sel.sms})
+    if not counts:
+        raise SpecError(
+            where,
+            f"hold no {fab.scope} row at {sel.sms} SMs or fewer, timing {sel.timing}.",
+            "add the rows to comm.csv or drop the fabric from ep.yaml.",
+        )
+    sms = counts[-1]  # the most SMs measured up to the selection's
     by_ranks: dict[int, dict[str, float]] = {}
     sources: list[str] = []
-    for r in rows:
-        if (r.gpu, r.scope) != (gpu, fab.scope) or r.tag("impl") != sel.implementation:
-            continue
-        if r.tag("timing") != sel.timing or r.tag("SM count") != str(sel.sms):
+    for r in mine:
+        if r.tag("SM count") != str(sms):
             continue
         if r.kernel == "dispatch" and r.dtype != sel.dispatch_dtype:
             continue
@@ -128,12 +140,6 @@ def _curve(name: str, gpu: str, fab: EpFabric, sel: EpSelection, rows: list[EpRo
         got[r.kernel] = r.bw_GBps
         if r.source not in sources:
             sources.append(r.source)
-    if not by_ranks:
-        raise SpecError(
-            where,
-            f"hold no {fab.scope} row at {sel.sms} SMs, timing {sel.timing}.",
-            "add the rows to comm.csv or drop the fabric from ep.yaml.",
-        )
     points = []
     for ranks in sorted(by_ranks):
         got = by_ranks[ranks]
@@ -141,4 +147,4 @@ def _curve(name: str, gpu: str, fab: EpFabric, sel: EpSelection, rows: list[EpRo
         if missing:
             raise SpecError(where, f"hold no {missing.pop()} figure at {ranks} ranks.", "add it to comm.csv.")
         points.append((ranks, got["dispatch"], got["combine"]))
-    return EpCurve(gpu, fab.cluster, fab.scope, tuple(points), sel.implementation, sel.timing, sel.sms, tuple(sources))
+    return EpCurve(gpu, fab.cluster, fab.scope, tuple(points), sel.implementation, sel.timing, sms, tuple(sources))
