@@ -218,6 +218,8 @@ def print_result(st: Setup, res: SimResult, band: str = "", assumed: list[str] |
             " FLOPs and MFU count active parameters as Megatron-Core does (top-k routed and shared experts,"
             " no router, MTP layers included)"
         )
+        if res.stats.get("moe_dispatch"):
+            click.echo(f"MoE all-to-all: {res.stats['moe_dispatch']}")
     if st.plan.precision == "fp16":
         from simpar.sim.cost.states import skipped_step_fraction
 

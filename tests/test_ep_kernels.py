@@ -202,3 +202,20 @@ def test_simpar_kernels_prints_them_or_says_nccls_model_times_it():
     assert "MoE flex dispatch on dgx-h100 across nodes" in h100
     assert "2 nodes 72 / 63" in h100 and "README_Hybrid-EP.md" in h100
     assert "NCCL's all-to-all model times it" in run("a100-80g")
+
+
+# --- a result says what timed its all-to-all ------------------------------------------------------
+def test_a_result_names_what_timed_its_all_to_all():
+    from simpar.sim.iteration.simulate import simulate
+
+    h100 = load_cluster("dgx-h100", gpus=16)
+    p = ParallelPlan(dp=16, ep=16, global_batch_size=16, schedule="none", zero=1, moe_dispatcher="flex")
+    said = simulate(QWEN, h100, p).stats["moe_dispatch"]
+    assert "16 GPUs over 2 nodes" in said and "HybridEP's measured kernels on dgx-h100's fabric" in said
+    assert "72 GB/s dispatch, 63 GB/s combine" in said
+    nccl = simulate(QWEN, h100, p.model_copy(update={"moe_dispatcher": "alltoall"})).stats["moe_dispatch"]
+    assert nccl.startswith("alltoall dispatcher: NCCL's all-to-all model")
+    a100 = simulate(QWEN, load_cluster("dgx-a100-80g", gpus=16), p).stats["moe_dispatch"]
+    assert a100.endswith("NCCL's all-to-all model (no measured kernel here)")
+    dense = simulate(load_model("llama3-8b"), h100, ParallelPlan(dp=16, global_batch_size=16, schedule="none"))
+    assert "moe_dispatch" not in dense.stats

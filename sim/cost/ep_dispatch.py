@@ -86,12 +86,33 @@ def seconds(nbytes: float, bw: tuple[float, float]) -> float:
     return nbytes * (1.0 / bw[0] + 1.0 / bw[1]) / 2.0 / 1e9
 
 
+def _measured_at(cluster: ClusterSpec, ep: int, nodes: int) -> tuple[EpCurve, tuple[float, float]] | None:
+    """The curve that prices an EP group of ``ep`` GPUs over ``nodes`` nodes, and its (dispatch,
+    combine) bandwidths at the group's size (nodes across nodes, GPUs inside one); None: no curve."""
+    across = nodes > 1
+    curve = curve_for(cluster, "internode" if across else "intranode")
+    if curve is None:
+        return None
+    return curve, bandwidths(curve, nodes * MEASURED_NODE_GPUS if across else ep)
+
+
+def flex_source(cluster: ClusterSpec, ep: int, nodes: int) -> str:
+    """Which measured kernel `flex_seconds` prices a group with, in words; empty where none."""
+    hit = _measured_at(cluster, ep, nodes)
+    if hit is None:
+        return ""
+    curve, (d, c) = hit
+    return (
+        f"{curve.implementation}'s measured kernels on {curve.cluster}'s fabric ({curve.timing} at {curve.sms} SMs;"
+        f" {d:.0f} GB/s dispatch, {c:.0f} GB/s combine at this size; topologies/kernels/ep.yaml)"
+    )
+
+
 def flex_seconds(cluster: ClusterSpec, ep: int, nodes: int, local: float, rail: float) -> float | None:
     """One flex dispatch (or combine) of an EP group of ``ep`` GPUs over ``nodes`` nodes moving
     ``local`` bytes over NVLink and ``rail`` over the network (`moe.flex_dispatch_bytes`), from the
     measured kernels of ``cluster``'s fabric; None where it has none."""
-    if nodes > 1:
-        curve = curve_for(cluster, "internode")
-        return None if curve is None else seconds(rail, bandwidths(curve, nodes * MEASURED_NODE_GPUS))
-    curve = curve_for(cluster, "intranode")
-    return None if curve is None else seconds(local, bandwidths(curve, ep))
+    hit = _measured_at(cluster, ep, nodes)
+    if hit is None:
+        return None
+    return seconds(rail if nodes > 1 else local, hit[1])

@@ -11,7 +11,7 @@ from ..layout import RankLayout
 from ..plan import ParallelPlan
 from ..specs import ModelSpec
 from ..specs.cluster import ClusterSpec
-from .ep_dispatch import flex_seconds
+from .ep_dispatch import flex_seconds, flex_source
 from .moe import dispatch_bytes, flex_dispatch_bytes
 
 
@@ -42,6 +42,20 @@ def a2a_time(m: ModelSpec, plan: ParallelPlan, net: CollectiveTimer, layout: Ran
     if len(nodes) > 1:
         t = max(t, net.collective_time("all-to-all", tuple(g[0] for g in nodes), rail))
     return t
+
+
+def a2a_source(m: ModelSpec, plan: ParallelPlan, net: CollectiveTimer, layout: RankLayout) -> str:
+    """What times `a2a_time`'s all-to-all, in words (a result's ``stats['moe_dispatch']``); empty for a
+    plan without one."""
+    if m.moe is None or plan.ep == 1:
+        return ""
+    if plan.moe_dispatcher == "alltoall":
+        return "alltoall dispatcher: NCCL's all-to-all model of the EP group's links"
+    group = layout.expert_group(layout.rank(pp=0), "ep")
+    nodes = len(net.node_groups(group))
+    said = flex_source(net.cluster, len(group), nodes)
+    where = f"{len(group)} GPUs" + (f" over {nodes} nodes" if nodes > 1 else " in one NVLink domain")
+    return f"flex dispatcher, EP group of {where}: " + (said or "NCCL's all-to-all model (no measured kernel here)")
 
 
 def tp_layer_time(plan: ParallelPlan, net: CollectiveTimer, layout: RankLayout, act: float) -> float:

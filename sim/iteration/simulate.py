@@ -23,10 +23,12 @@ import simpy
 from ..collector import paused
 from ..cost import lora
 from ..cost.compute import CostModel
+from ..cost.layer_comm import a2a_source
 from ..cost.memory import memory_report
 from ..cost.profile import MEGATRON, RuntimeProfile
 from ..cost.resolved import Resolved, resolve
 from ..engine.core import Engine, EngineOptions, run_engine
+from ..layout import RankLayout
 from ..lowering.memo import built_inflight, lowered_key
 from ..model import hardware_flops_per_iteration, model_flops_per_iteration
 from ..network import make_network
@@ -148,6 +150,9 @@ def _simulate(r: Resolved, backend: str, options: EngineOptions, trace: bool) ->
         cluster=cluster,
     )
     gbs = plan.global_batch_size
+    moe_dispatch = ""
+    if model.moe is not None and plan.ep > 1:  # what times the all-to-all (`layer_comm.a2a_source`)
+        moe_dispatch = a2a_source(model, plan, make_network(cluster, calibration=calibration), RankLayout(plan))
     return SimResult(
         iter_time_s=t_iter,
         tokens_per_iter=float(gbs * model.seq_len),
@@ -172,6 +177,7 @@ def _simulate(r: Resolved, backend: str, options: EngineOptions, trace: bool) ->
             "full": options.full,
             "cost_source": costs.source,
             "runtime": profile.name,
+            **({"moe_dispatch": moe_dispatch} if moe_dispatch else {}),
             # zb-1p/2p: the stages that could not keep the schedule's memory limit (`zb_auto`)
             **({"zb_over_limit_stages": zb_ran.meta.get("over_limit_stages", [])} if zb_ran is not None else {}),
         },
