@@ -57,22 +57,18 @@ def mean_time(nbytes: float, d: float, c: float) -> float:
     return nbytes * (1 / d + 1 / c) / 2 / 1e9
 
 
-def test_two_h100_nodes_take_the_16_rank_figures_on_the_network_bytes():
-    t, _, rail, nodes = _flex("dgx-h100", 16, 16)
-    assert nodes == 2
-    assert t == pytest.approx(mean_time(rail, 71.71, 62.95), rel=1e-12)
-
-
-def test_three_nodes_lie_on_the_line_between_two_and_four():
-    t, _, rail, nodes = _flex("dgx-h100", 24, 24)
-    assert nodes == 3
-    assert t == pytest.approx(mean_time(rail, (71.71 + 57.69) / 2, (62.95 + 57.46) / 2), rel=1e-12)
-
-
-def test_sixteen_nodes_keep_the_largest_measured_size():
-    t, _, rail, nodes = _flex("dgx-h100", 128, 128)
-    assert nodes == 16
-    assert t == pytest.approx(mean_time(rail, 49.97, 49.77), rel=1e-12)
+@pytest.mark.parametrize(
+    ("gpus", "nodes", "bw"),
+    [
+        (16, 2, (71.71, 62.95)),  # two nodes: the 16-rank figures
+        (24, 3, ((71.71 + 57.69) / 2, (62.95 + 57.46) / 2)),  # on the line between two and four nodes
+        (128, 16, (49.97, 49.77)),  # beyond eight nodes: the largest measured size
+    ],
+)
+def test_h100_nodes_take_the_figures_at_their_node_count_on_the_network_bytes(gpus, nodes, bw):
+    t, _, rail, got = _flex("dgx-h100", gpus, gpus)
+    assert got == nodes
+    assert t == pytest.approx(mean_time(rail, *bw), rel=1e-12)
 
 
 def test_an_h200_node_has_the_h100s_fabric():
