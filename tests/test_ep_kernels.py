@@ -3,11 +3,13 @@ which rows are read, which clusters they price, exact times, and bad data refuse
 
 from __future__ import annotations
 
+import math
+import re
 import shutil
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from simpar.sim.cost import ep_dispatch
@@ -215,3 +217,49 @@ def test_a_result_names_what_timed_its_all_to_all():
     assert a100.endswith("NCCL's all-to-all model (no measured kernel here)")
     dense = simulate(load_model("llama3-8b"), h100, ParallelPlan(dp=16, global_batch_size=16, schedule="none"))
     assert "moe_dispatch" not in dense.stats
+
+
+# --- fuzz: a corrupted selection or table is refused in one line, never a traceback --------------
+BAD = ["NaN", ".nan", "Infinity", ".inf", "-1", "0", "1e400", "null", "[]", "{}", "café", "x"]
+
+
+@st.composite
+def corrupted(draw, data: bytes) -> bytes:
+    kind = draw(st.sampled_from(["truncate", "flip", "latin1", "value", "binary", "empty", "deep"]))
+    if kind == "truncate":
+        return data[: draw(st.integers(0, max(0, len(data) - 1)))]
+    if kind == "flip":
+        i = draw(st.integers(0, len(data) - 1))
+        return data[:i] + bytes([draw(st.integers(0, 255))]) + data[i + 1 :]
+    if kind == "latin1":
+        return data + "# é\n".encode("latin-1")
+    if kind == "binary":
+        return bytes(draw(st.lists(st.integers(0, 255), min_size=1, max_size=64)))
+    if kind == "empty":
+        return b""
+    if kind == "deep":
+        return b"fabrics: " + b"[" * 5000 + b"]" * 5000 + b"\n"
+    text = data.decode("utf-8")
+    spots = [m.span() for m in re.finditer(r"(?<=[:,\s])-?\d+(\.\d+)?(?=[\s,\n])", text)]
+    a, b = spots[draw(st.integers(0, len(spots) - 1))]
+    return (text[:a] + draw(st.sampled_from(BAD)) + text[b:]).encode("utf-8")
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(st.data())
+def test_fuzz_a_corrupted_ep_selection_or_table_is_refused_cleanly(tmp_path_factory, data):
+    folder = tmp_path_factory.mktemp("ep")
+    for name in ("comm.csv", "ep.yaml"):
+        shutil.copy(KERNELS / name, folder / name)
+    name = data.draw(st.sampled_from(["ep.yaml", "comm.csv"]))
+    (folder / name).write_bytes(data.draw(corrupted((KERNELS / name).read_bytes())))
+    try:
+        got = load_ep_curves(folder)
+    except SpecError as exc:
+        refused = str(exc).strip()
+        got = ()
+    else:
+        refused = ""
+    assert "\n" not in refused  # one line
+    for c in got:  # what loads is sound
+        assert c.points and all(math.isfinite(d) and d > 0 and math.isfinite(b) and b > 0 for _, d, b in c.points)
