@@ -24,16 +24,23 @@ class CollectiveTimer(Protocol):
     def host_copy_time(self, rank: int, nbytes: float, to_host: bool, concurrent: bool = False) -> float: ...
 
 
+def _ep_group(
+    plan: ParallelPlan, net: CollectiveTimer, layout: RankLayout
+) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]:
+    """The EP group of pipeline rank 0 and its ranks split by node."""
+    group = layout.expert_group(layout.rank(pp=0), "ep")
+    return group, net.node_groups(group)
+
+
 def a2a_time(m: ModelSpec, plan: ParallelPlan, net: CollectiveTimer, layout: RankLayout) -> float:
     """One dispatch (or combine) of one MoE layer over the EP group of pipeline rank 0: one
     all-to-all; or the flex dispatcher's measured kernels where its fabric has them
     (`ep_dispatch.flex_seconds`), else its NVLink and rail all-to-alls, pipelined (`moe` docstring)."""
     if m.moe is None or plan.ep == 1:
         return 0.0
-    group = layout.expert_group(layout.rank(pp=0), "ep")
+    group, nodes = _ep_group(plan, net, layout)
     if plan.moe_dispatcher == "alltoall":
         return net.collective_time("all-to-all", group, dispatch_bytes(m, plan))
-    nodes = net.node_groups(group)
     local, rail = flex_dispatch_bytes(m, plan, len(nodes))
     measured = flex_seconds(net.cluster, len(group), len(nodes), local, rail)
     if measured is not None:
@@ -51,8 +58,8 @@ def a2a_source(m: ModelSpec, plan: ParallelPlan, net: CollectiveTimer, layout: R
         return ""
     if plan.moe_dispatcher == "alltoall":
         return "alltoall dispatcher: NCCL's all-to-all model of the EP group's links"
-    group = layout.expert_group(layout.rank(pp=0), "ep")
-    nodes = len(net.node_groups(group))
+    group, by_node = _ep_group(plan, net, layout)
+    nodes = len(by_node)
     said = flex_source(net.cluster, len(group), nodes)
     where = f"{len(group)} GPUs" + (f" over {nodes} nodes" if nodes > 1 else " in one NVLink domain")
     return f"flex dispatcher, EP group of {where}: " + (said or "NCCL's all-to-all model (no measured kernel here)")

@@ -23,8 +23,6 @@ from .. import files
 from ..errors import SpecError
 from .loader import build, presets_dir
 
-SCOPES = ("internode", "intranode", "mnnvl")
-
 
 class EpRow(BaseModel):
     """One measured dispatch or combine of comm.csv (the columns the curves read)."""
